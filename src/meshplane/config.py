@@ -1,0 +1,106 @@
+"""Configuration: read from the environment once, overridable in code.
+
+Dynamo's variables keep their names and meanings; meshplane's own knobs are ``MESHPLANE_*``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from meshplane.core.envelope import Codec
+from meshplane.core.framing import DEFAULT_MAX_MESSAGE_BYTES, WireFormat
+from meshplane.errors import ConfigError
+
+TransportName = Literal["nats", "zmq"]
+DiscoveryName = Literal["etcd", "file", "mem"]
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "meshplane"
+
+
+@dataclass(frozen=True)
+class PlaneConfig:
+    """Everything a publisher or subscriber needs to know about its deployment."""
+
+    event_plane: TransportName = "nats"
+    nats_server: str = "nats://127.0.0.1:4222"
+    discovery_backend: DiscoveryName = "file"
+    file_kv: Path = field(default_factory=lambda: default_state_dir() / "kv")
+    file_kv_ttl: float = 10.0  # a file record untouched for this long is expired
+    file_kv_poll_interval: float = 0.1
+    etcd_endpoints: tuple[str, ...] = ("http://127.0.0.1:2379",)
+    etcd_lease_ttl: int = 10
+    host: str = "127.0.0.1"
+    wire_format: WireFormat = WireFormat.DYNAMO
+    codec: Codec = Codec.MSGPACK
+    send_hwm: int = 100_000
+    receive_hwm: int = 100_000
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    connect_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.event_plane not in ("nats", "zmq"):
+            raise ConfigError(f"DYN_EVENT_PLANE must be 'nats' or 'zmq', got {self.event_plane!r}")
+        if self.discovery_backend not in ("etcd", "file", "mem"):
+            raise ConfigError(
+                f"DYN_DISCOVERY_BACKEND must be 'etcd', 'file' or 'mem', got {self.discovery_backend!r}"
+            )
+        for name in ("file_kv_ttl", "file_kv_poll_interval", "connect_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("etcd_lease_ttl", "max_message_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("send_hwm", "receive_hwm"):  # 0 is ZeroMQ's "no limit"
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.etcd_endpoints:
+            raise ConfigError("ETCD_ENDPOINTS must name at least one endpoint")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> PlaneConfig:
+        """Read the environment (``os.environ`` by default); keyword arguments win over it."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+
+        def take(var: str, name: str, convert: Any = str) -> None:
+            raw = env.get(var)
+            if raw is None or raw == "":
+                return
+            try:
+                values[name] = convert(raw.strip())
+            except (ValueError, KeyError) as exc:
+                raise ConfigError(f"{var}={raw!r} is invalid: {exc}") from None
+
+        take("DYN_EVENT_PLANE", "event_plane", str.lower)
+        take("NATS_SERVER", "nats_server")
+        take("ETCD_ENDPOINTS", "etcd_endpoints", _split_endpoints)
+        if "ETCD_ENDPOINTS" in env and "DYN_DISCOVERY_BACKEND" not in env:
+            values["discovery_backend"] = "etcd"
+        take("DYN_DISCOVERY_BACKEND", "discovery_backend", str.lower)
+        take("DYN_FILE_KV", "file_kv", Path)
+        take("ETCD_LEASE_TTL", "etcd_lease_ttl", int)
+        take("DYN_EVENT_PLANE_HOST", "host")
+        take("MESHPLANE_WIRE_FORMAT", "wire_format", lambda v: WireFormat(v.lower()))
+        take("MESHPLANE_CODEC", "codec", lambda v: Codec[v.upper()])
+        take("MESHPLANE_SNDHWM", "send_hwm", int)
+        take("MESHPLANE_RCVHWM", "receive_hwm", int)
+        take("MESHPLANE_MAX_MESSAGE_BYTES", "max_message_bytes", int)
+        take("MESHPLANE_CONNECT_TIMEOUT", "connect_timeout", float)
+        take("MESHPLANE_FILE_KV_TTL", "file_kv_ttl", float)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> PlaneConfig:
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _split_endpoints(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.split(",") if part.strip())

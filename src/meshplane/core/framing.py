@@ -1,0 +1,178 @@
+"""Wire framing: the Dynamo 1.6.1 layout (version 1) and the seed's 8-byte-header layout (version 2).
+
+See docs/wire.md for the byte-level description. Every decoder raises a :class:`WireError` subclass
+that names what was wrong; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+
+from meshplane.core.envelope import Codec, EventEnvelope, decode_envelope, encode_envelope, encode_envelope_into
+from meshplane.errors import (
+    MalformedFrame,
+    OversizedFrame,
+    TruncatedFrame,
+    UnexpectedFrameCount,
+    UnsupportedVersion,
+)
+
+DYNAMO_VERSION = 1
+SEED_VERSION = 2
+_DYNAMO_HEADER = struct.Struct(">BI")  # version, envelope length
+_SEED_HEADER = struct.Struct(">BBBBI")  # version, message type, codec, flags, body length
+_U64 = struct.Struct(">Q")
+DYNAMO_HEADER_SIZE = _DYNAMO_HEADER.size
+SEED_HEADER_SIZE = _SEED_HEADER.size
+DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# A bare MessagePack envelope (Dynamo over NATS) starts with a map or array marker; neither
+# collides with a seed header, whose first byte is the version 2.
+_MSGPACK_CONTAINER_MARKERS = frozenset([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
+
+
+class WireFormat(str, Enum):
+    """Which layout a publisher sends. Receivers accept both."""
+
+    DYNAMO = "dynamo"
+    SEED = "seed"
+
+
+class MessageType(IntEnum):
+    EVENT = 1
+    HEARTBEAT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A decoded message: its type, its envelope and the routing topic it arrived under."""
+
+    message_type: MessageType
+    envelope: EventEnvelope
+    routing_topic: bytes
+
+
+def _check_size(length: int, max_bytes: int) -> None:
+    if length > max_bytes:
+        raise OversizedFrame(f"envelope of {length} bytes exceeds the limit of {max_bytes} bytes")
+
+
+def _seed_header(message_type: MessageType, codec: Codec, body_length: int) -> bytes:
+    return _SEED_HEADER.pack(SEED_VERSION, message_type, codec, 0, body_length)
+
+
+def _decode_seed(data: bytes | memoryview, routing_topic: bytes, max_bytes: int) -> Frame:
+    if len(data) < SEED_HEADER_SIZE:
+        raise TruncatedFrame(f"seed header needs {SEED_HEADER_SIZE} bytes, got {len(data)}")
+    version, raw_type, raw_codec, flags, length = _SEED_HEADER.unpack_from(data)
+    if version != SEED_VERSION:
+        raise UnsupportedVersion(f"unsupported protocol version {version} (expected {SEED_VERSION})")
+    try:
+        message_type = MessageType(raw_type)
+    except ValueError:
+        raise MalformedFrame(f"unknown message type {raw_type}") from None
+    try:
+        codec = Codec(raw_codec)
+    except ValueError:
+        raise MalformedFrame(f"unknown codec {raw_codec}") from None
+    if flags:
+        raise MalformedFrame(f"unknown flags 0x{flags:02x} (no flag is defined in version 2)")
+    _check_size(length, max_bytes)
+    body = memoryview(data)[SEED_HEADER_SIZE:]
+    if len(body) < length:
+        raise TruncatedFrame(f"header announces {length} body bytes, only {len(body)} arrived")
+    if len(body) > length:
+        raise MalformedFrame(f"header announces {length} body bytes, {len(body)} arrived")
+    return Frame(message_type, decode_envelope(body, codec), routing_topic)
+
+
+class ZmqEncoder:
+    """Builds the multipart frames of one publisher's events (topic and publisher id are fixed)."""
+
+    __slots__ = ("_codec", "_pid_frame", "_routing_topic", "_wire")
+
+    def __init__(self, routing_topic: bytes, publisher_id: int, wire: WireFormat, codec: Codec) -> None:
+        self._routing_topic = routing_topic
+        self._pid_frame = _U64.pack(publisher_id)
+        self._wire = wire
+        self._codec = codec
+
+    def encode(
+        self, envelope: EventEnvelope, message_type: MessageType = MessageType.EVENT
+    ) -> list[bytes | bytearray]:
+        if self._wire is WireFormat.DYNAMO:
+            return dynamo_zmq_frames(self._routing_topic, envelope, self._pid_frame)
+        body = encode_envelope(envelope, self._codec)
+        return [self._routing_topic, _seed_header(message_type, self._codec, len(body)) + body]
+
+
+def dynamo_zmq_frames(
+    routing_topic: bytes, envelope: EventEnvelope, pid_frame: bytes | None = None
+) -> list[bytes | bytearray]:
+    """The 4 frames Dynamo 1.6.1 sends: topic, publisher id, sequence, header + envelope."""
+    last = bytearray(DYNAMO_HEADER_SIZE)
+    encode_envelope_into(envelope, last, DYNAMO_HEADER_SIZE)
+    _DYNAMO_HEADER.pack_into(last, 0, DYNAMO_VERSION, len(last) - DYNAMO_HEADER_SIZE)
+    return [
+        routing_topic,
+        pid_frame if pid_frame is not None else _U64.pack(envelope.publisher_id),
+        _U64.pack(envelope.sequence),
+        last,
+    ]
+
+
+def decode_zmq(frames: list[bytes], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Frame:
+    """Decode a ZeroMQ multipart message in either layout (4 frames: Dynamo, 2 frames: seed)."""
+    if len(frames) == 4:
+        routing_topic, pid_frame, seq_frame, last = frames
+        if len(last) < DYNAMO_HEADER_SIZE:
+            raise TruncatedFrame(f"Dynamo header needs {DYNAMO_HEADER_SIZE} bytes, got {len(last)}")
+        version, length = _DYNAMO_HEADER.unpack_from(last)
+        if version != DYNAMO_VERSION:
+            raise UnsupportedVersion(
+                f"unsupported protocol version {version} in a 4-frame message (expected {DYNAMO_VERSION})"
+            )
+        _check_size(length, max_bytes)
+        body_length = len(last) - DYNAMO_HEADER_SIZE
+        if body_length != length:
+            kind = TruncatedFrame if body_length < length else MalformedFrame
+            raise kind(f"header announces {length} envelope bytes, {body_length} arrived")
+        if len(pid_frame) != 8 or len(seq_frame) != 8:
+            raise MalformedFrame("publisher id and sequence frames must be 8 bytes each")
+        envelope = decode_envelope(memoryview(last)[DYNAMO_HEADER_SIZE:])
+        if _U64.unpack(pid_frame)[0] != envelope.publisher_id or _U64.unpack(seq_frame)[0] != envelope.sequence:
+            raise MalformedFrame("publisher id / sequence frames disagree with the envelope")
+        return Frame(MessageType.EVENT, envelope, routing_topic)
+    if len(frames) == 2:
+        return _decode_seed(frames[1], frames[0], max_bytes)
+    raise UnexpectedFrameCount(f"unexpected ZMQ multipart frame count: {len(frames)} (expected 4 or 2)")
+
+
+def encode_nats(
+    envelope: EventEnvelope,
+    wire: WireFormat = WireFormat.DYNAMO,
+    codec: Codec = Codec.MSGPACK,
+    message_type: MessageType = MessageType.EVENT,
+) -> bytes:
+    """NATS message data: the bare envelope (Dynamo) or a seed header followed by the body."""
+    if wire is WireFormat.DYNAMO:
+        return encode_envelope(envelope)
+    body = encode_envelope(envelope, codec)
+    return _seed_header(message_type, codec, len(body)) + body
+
+
+def decode_nats(data: bytes, routing_topic: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Frame:
+    """Decode NATS message data in either layout; the first byte tells which."""
+    if not data:
+        raise TruncatedFrame("empty NATS message")
+    first = data[0]
+    if first in _MSGPACK_CONTAINER_MARKERS:
+        _check_size(len(data), max_bytes)
+        return Frame(MessageType.EVENT, decode_envelope(data), routing_topic)
+    if first == SEED_VERSION:
+        return _decode_seed(data, routing_topic, max_bytes)
+    raise UnsupportedVersion(
+        f"NATS message starts with 0x{first:02x}: neither a MessagePack envelope nor protocol version "
+        f"{SEED_VERSION}"
+    )

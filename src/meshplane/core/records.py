@@ -1,0 +1,136 @@
+"""Discovery records (Dynamo's ``EventChannel`` JSON) and the file backend's key <-> file name mapping."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshplane.core.names import EVENT_CHANNELS_BUCKET, Scope, validate_name
+from meshplane.errors import InvalidDiscoveryRecord, InvalidName
+
+MAX_INSTANCE_ID = 2**64 - 1
+_FILE_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_HEX = frozenset("0123456789abcdefABCDEF")
+TRANSPORT_ZMQ = "Zmq"
+TRANSPORT_NATS = "Nats"
+TRANSPORT_ZMQ_BROKER = "ZmqBroker"
+
+
+@dataclass(frozen=True, slots=True)
+class EventChannel:
+    """One publisher of one topic, as registered in discovery."""
+
+    scope: Scope
+    topic: str
+    instance_id: int
+    transport_kind: str
+    transport_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.scope.channel_key(self.topic, self.instance_id)
+
+    @property
+    def zmq_endpoint(self) -> str | None:
+        endpoint = self.transport_config.get("endpoint")
+        return endpoint if self.transport_kind == TRANSPORT_ZMQ and isinstance(endpoint, str) else None
+
+    def to_json(self) -> bytes:
+        value = {
+            "type": "EventChannel",
+            "scope": _scope_to_json(self.scope),
+            "topic": self.topic,
+            "instance_id": self.instance_id,
+            "transport": {"kind": self.transport_kind, "config": self.transport_config},
+        }
+        return json.dumps(value, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> EventChannel:
+        """Parse a record, raising :class:`InvalidDiscoveryRecord` that says what is wrong."""
+        try:
+            value = json.loads(data)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise InvalidDiscoveryRecord(f"record is not JSON: {exc}") from exc
+        if not isinstance(value, dict):
+            raise InvalidDiscoveryRecord("record is not a JSON object")
+        if value.get("type") != "EventChannel":
+            raise InvalidDiscoveryRecord(f"record type is {value.get('type')!r}, not 'EventChannel'")
+        instance_id = value.get("instance_id")
+        if type(instance_id) is not int or not 0 <= instance_id <= MAX_INSTANCE_ID:
+            raise InvalidDiscoveryRecord(f"instance_id {instance_id!r} is not a u64")
+        transport = value.get("transport")
+        if not isinstance(transport, dict) or not isinstance(transport.get("kind"), str):
+            raise InvalidDiscoveryRecord("record has no transport.kind")
+        config = transport.get("config", {})
+        if not isinstance(config, dict):
+            raise InvalidDiscoveryRecord("transport.config is not an object")
+        try:
+            topic = validate_name("topic", value.get("topic"))
+            scope = _scope_from_json(value.get("scope"))
+        except InvalidName as exc:
+            raise InvalidDiscoveryRecord(str(exc)) from exc
+        return cls(scope, topic, instance_id, transport["kind"], config)
+
+
+def _scope_to_json(scope: Scope) -> dict[str, Any]:
+    if scope.kind == "endpoint":
+        body = {"namespace": scope.namespace_name, "component": scope.component_name, "name": scope.endpoint_name}
+    elif scope.kind == "component":
+        body = {"namespace": scope.namespace_name, "name": scope.component_name}
+    else:
+        body = {"name": scope.namespace_name}
+    return {"kind": scope.kind, scope.kind: body}
+
+
+def _scope_from_json(value: object) -> Scope:
+    if not isinstance(value, dict):
+        raise InvalidDiscoveryRecord("record has no scope object")
+    kind = value.get("kind")
+    body = value.get(kind) if isinstance(kind, str) else None
+    if not isinstance(body, dict):
+        raise InvalidDiscoveryRecord(f"scope kind {kind!r} has no matching body")
+    if kind == "endpoint":
+        return Scope.endpoint(body.get("namespace"), body.get("component"), body.get("name"))  # type: ignore[arg-type]
+    if kind == "component":
+        return Scope.component(body.get("namespace"), body.get("name"))  # type: ignore[arg-type]
+    if kind == "namespace":
+        return Scope.namespace(body.get("name"))  # type: ignore[arg-type]
+    raise InvalidDiscoveryRecord(f"unknown scope kind {kind!r}")
+
+
+def key_to_file_name(key: str) -> tuple[str, str]:
+    """Split a key into (bucket folder, file name) the way Dynamo's file backend lays it out.
+
+    The bucket is the first two segments (``v1/event_channels``); the rest becomes one file name with
+    every non-alphanumeric byte written as ``%XX``.
+    """
+    parts = key.split("/", 2)
+    if len(parts) != 3 or not parts[2]:
+        raise InvalidName(f"key {key!r} has no bucket (expected e.g. {EVENT_CHANNELS_BUCKET}/...)")
+    rest = "".join(chr(b) if b in _FILE_SAFE else f"%{b:02X}" for b in parts[2].encode())
+    return f"{parts[0]}/{parts[1]}", rest
+
+
+def file_name_to_key(bucket: str, file_name: str) -> str:
+    """Invert :func:`key_to_file_name`; raises ``InvalidName`` for a name that is not an escaped key."""
+    out = bytearray()
+    i = 0
+    while i < len(file_name):
+        c = file_name[i]
+        if c == "%":
+            digits = file_name[i + 1 : i + 3]
+            if len(digits) != 2 or any(d not in _HEX for d in digits):
+                raise InvalidName(f"bad escape in discovery file name {file_name!r}")
+            out.append(int(digits, 16))
+            i += 3
+        elif c.isascii() and c.isalnum():
+            out.append(ord(c))
+            i += 1
+        else:
+            raise InvalidName(f"unescaped {c!r} in discovery file name {file_name!r}")
+    try:
+        return f"{bucket}/{out.decode()}"
+    except UnicodeDecodeError:
+        raise InvalidName(f"discovery file name {file_name!r} is not UTF-8") from None

@@ -1,0 +1,161 @@
+"""``EventPlane``: owns the configuration and the connections publishers and subscribers share."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import zmq.asyncio
+
+from meshplane.config import PlaneConfig
+from meshplane.core.names import Scope, validate_name
+from meshplane.discovery import Discovery, create_discovery
+from meshplane.errors import ClosedError
+from meshplane.transports.base import PublisherTransport, SubscriberTransport
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NatsClient
+
+    from meshplane.publisher import EventPublisher
+    from meshplane.subscriber import EventSubscriber
+
+log = logging.getLogger(__name__)
+
+
+class EventPlane:
+    """One deployment's event plane as seen from this process.
+
+    ``EventPlane()`` reads the environment; pass a :class:`PlaneConfig` or keyword overrides to
+    configure it in code. Publishers and subscribers made from one plane share its NATS connection,
+    ZeroMQ context and discovery lease; ``close()`` (or ``async with``) closes all of them.
+    """
+
+    def __init__(self, config: PlaneConfig | None = None, **overrides: Any) -> None:
+        if config is None:
+            config = PlaneConfig.from_env(**overrides)
+        elif overrides:
+            config = config.replace(**overrides)
+        self.config = config
+        self._discovery: Discovery | None = None
+        self._nats: NatsClient | None = None
+        self._zmq: zmq.asyncio.Context | None = None
+        self._lock = asyncio.Lock()
+        self._members: list[EventPublisher | EventSubscriber] = []
+        self._closed = False
+
+    async def __aenter__(self) -> EventPlane:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this EventPlane is closed")
+
+    async def discovery(self) -> Discovery:
+        """The started discovery backend (created on first use)."""
+        self._check_open()
+        async with self._lock:
+            if self._discovery is None:
+                discovery = create_discovery(self.config)
+                await discovery.start()
+                self._discovery = discovery
+            return self._discovery
+
+    async def nats(self) -> NatsClient:
+        """The plane's NATS connection (connected on first use)."""
+        self._check_open()
+        async with self._lock:
+            if self._nats is None:
+                from meshplane.transports.nats import connect_nats
+
+                self._nats = await connect_nats(self.config.nats_server, self.config.connect_timeout)
+            return self._nats
+
+    def zmq_context(self) -> zmq.asyncio.Context:
+        self._check_open()
+        if self._zmq is None:
+            self._zmq = zmq.asyncio.Context()
+        return self._zmq
+
+    async def publisher(self, scope: Scope, topic: str) -> EventPublisher:
+        from meshplane.publisher import EventPublisher
+
+        return await EventPublisher.create(scope, topic, plane=self)
+
+    async def subscriber(self, scope: Scope, topic: str) -> EventSubscriber:
+        from meshplane.subscriber import EventSubscriber
+
+        return await EventSubscriber.create(scope, topic, plane=self)
+
+    async def publisher_transport(self, scope: Scope, topic: str, publisher_id: int) -> PublisherTransport:
+        validate_name("topic", topic)
+        cfg = self.config
+        transport: PublisherTransport
+        if cfg.event_plane == "nats":
+            from meshplane.transports.nats import NatsPublisherTransport
+
+            transport = NatsPublisherTransport(
+                await self.nats(), scope.subject(topic), scope.subject_prefix, cfg.wire_format, cfg.codec
+            )
+        else:
+            from meshplane.transports.zmq import ZmqPublisherTransport
+
+            transport = ZmqPublisherTransport(
+                self.zmq_context(), topic.encode(), publisher_id, cfg.host, cfg.send_hwm,
+                cfg.wire_format, cfg.codec,
+            )
+        await transport.start()
+        return transport
+
+    async def subscriber_transport(self, scope: Scope, topic: str) -> SubscriberTransport:
+        validate_name("topic", topic)
+        cfg = self.config
+        transport: SubscriberTransport
+        if cfg.event_plane == "nats":
+            from meshplane.transports.nats import NatsSubscriberTransport
+
+            transport = NatsSubscriberTransport(
+                await self.nats(), scope.subject(topic), cfg.max_message_bytes, cfg.receive_hwm or 2**31
+            )
+        else:
+            from meshplane.transports.zmq import ZmqSubscriberTransport
+
+            transport = ZmqSubscriberTransport(
+                self.zmq_context(), topic.encode(), cfg.receive_hwm, cfg.max_message_bytes
+            )
+        await transport.start()
+        return transport
+
+    def _adopt(self, member: EventPublisher | EventSubscriber) -> None:
+        self._members.append(member)
+
+    def _release(self, member: EventPublisher | EventSubscriber) -> None:
+        with contextlib.suppress(ValueError):
+            self._members.remove(member)
+
+    async def close(self) -> None:
+        """Close every publisher and subscriber of this plane, then its connections."""
+        if self._closed:
+            return
+        for member in list(reversed(self._members)):
+            try:
+                await member.close()
+            except Exception as exc:
+                log.warning("closing %r failed: %s", member, exc)
+        self._closed = True
+        if self._discovery is not None:
+            await self._discovery.close()
+        if self._nats is not None:
+            with contextlib.suppress(Exception):
+                await self._nats.drain()
+            with contextlib.suppress(Exception):
+                await self._nats.close()
+        if self._zmq is not None:
+            self._zmq.destroy(linger=1000)  # members closed their sockets; this catches strays

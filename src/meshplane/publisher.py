@@ -1,0 +1,173 @@
+"""``EventPublisher``: publish events on one topic of one scope; registered in discovery while open."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from types import TracebackType
+from typing import Any
+
+import msgspec
+
+from meshplane.config import PlaneConfig
+from meshplane.core.envelope import EventEnvelope
+from meshplane.core.names import Scope, validate_name
+from meshplane.core.records import EventChannel
+from meshplane.discovery import Discovery
+from meshplane.errors import ClosedError, MeshplaneError, PayloadTooLarge
+from meshplane.plane import EventPlane
+from meshplane.transports.base import PublisherTransport
+
+log = logging.getLogger(__name__)
+_encode_payload = msgspec.msgpack.Encoder().encode
+
+
+def new_publisher_id() -> int:
+    """A random non-zero id below 2**53, so JSON consumers keep it exact."""
+    return secrets.randbits(53) or 1
+
+
+class EventPublisher:
+    """Publishes events on ``topic`` in ``scope``.
+
+    ``await EventPublisher.create(scope, topic)`` binds or connects the transport and registers the
+    publisher in discovery; ``close()`` (or leaving ``async with``) unregisters it.
+    """
+
+    def __init__(
+        self,
+        scope: Scope,
+        topic: str,
+        publisher_id: int,
+        plane: EventPlane,
+        transport: PublisherTransport,
+        discovery: Discovery,
+        owns_plane: bool,
+    ) -> None:
+        self.scope = scope
+        self.topic = topic
+        self.publisher_id = publisher_id
+        self.plane = plane
+        self._transport = transport
+        self._discovery = discovery
+        self._owns_plane = owns_plane
+        self._max_bytes = plane.config.max_message_bytes
+        self._sequence = 0
+        self._closed = False
+        self.channel = EventChannel(scope, topic, publisher_id, *transport.discovery_transport())
+
+    @classmethod
+    async def create(
+        cls,
+        scope: Scope,
+        topic: str,
+        *,
+        plane: EventPlane | None = None,
+        config: PlaneConfig | None = None,
+    ) -> EventPublisher:
+        """Create a publisher; without ``plane`` it gets a private one (configured from ``config``/env)."""
+        validate_name("topic", topic)
+        owns_plane = plane is None
+        plane = plane if plane is not None else EventPlane(config)
+        transport: PublisherTransport | None = None
+        try:
+            publisher_id = new_publisher_id()
+            discovery = await plane.discovery()
+            transport = await plane.publisher_transport(scope, topic, publisher_id)
+            publisher = cls(scope, topic, publisher_id, plane, transport, discovery, owns_plane)
+            await discovery.register(publisher.channel.key, publisher.channel.to_json())
+        except BaseException:
+            if transport is not None:
+                await transport.close()
+            if owns_plane:
+                await plane.close()
+            raise
+        plane._adopt(publisher)
+        log.info("publisher %x of %s/%s registered (%s)", publisher_id, scope, topic, publisher.channel.transport_kind)
+        return publisher
+
+    @classmethod
+    async def for_endpoint(cls, namespace: str, component: str, endpoint: str, topic: str, **kw: Any) -> EventPublisher:
+        return await cls.create(Scope.endpoint(namespace, component, endpoint), topic, **kw)
+
+    @classmethod
+    async def for_component(cls, namespace: str, component: str, topic: str, **kw: Any) -> EventPublisher:
+        return await cls.create(Scope.component(namespace, component), topic, **kw)
+
+    @classmethod
+    async def for_namespace(cls, namespace: str, topic: str, **kw: Any) -> EventPublisher:
+        return await cls.create(Scope.namespace(namespace), topic, **kw)
+
+    @property
+    def next_sequence(self) -> int:
+        return self._sequence
+
+    async def publish(self, event: Any) -> int:
+        """Publish ``event`` (bytes as they are, anything else as MessagePack); returns its sequence.
+
+        Does not wait for the network: the transport batches writes.
+        """
+        if self._closed:
+            raise ClosedError(f"publisher {self.publisher_id:x} of {self.topic!r} is closed")
+        payload = bytes(event) if isinstance(event, bytes | bytearray | memoryview) else _encode_payload(event)
+        if len(payload) > self._max_bytes:
+            raise PayloadTooLarge(
+                f"payload of {len(payload)} bytes exceeds max_message_bytes={self._max_bytes} "
+                "(MESHPLANE_MAX_MESSAGE_BYTES)"
+            )
+        sequence = self._sequence
+        envelope = EventEnvelope(self.publisher_id, sequence, time.time_ns() // 1_000_000, self.topic, payload)
+        await self._transport.send(envelope)
+        self._sequence = sequence + 1
+        return sequence
+
+    async def flush(self, timeout: float = 5.0) -> None:
+        """Wait until everything published so far has been handed to the network."""
+        await self._transport.flush(timeout)
+
+    @property
+    def subscriber_count(self) -> int | None:
+        """Subscribers connected to this publisher, where the transport can tell (ZeroMQ); else None."""
+        return self._transport.subscriber_count()
+
+    async def wait_for_subscribers(self, count: int = 1, timeout: float = 10.0) -> None:
+        """Wait until ``count`` subscribers are connected (ZeroMQ only), so early events are not lost."""
+        if self._transport.subscriber_count() is None:
+            raise MeshplaneError(f"the {self.plane.config.event_plane} transport cannot count subscribers")
+        deadline = asyncio.get_running_loop().time() + timeout
+        while (self._transport.subscriber_count() or 0) < count:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(
+                    f"{self._transport.subscriber_count()} of {count} subscribers connected after {timeout}s"
+                )
+            await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        """Unregister from discovery and release the transport (the plane too, if it is private)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.plane._release(self)
+        try:
+            await self._discovery.unregister(self.channel.key)
+        finally:
+            try:
+                await self._transport.flush(1.0)
+            except MeshplaneError as exc:
+                log.warning("publisher %x: final flush failed: %s", self.publisher_id, exc)
+            await self._transport.close()
+            if self._owns_plane:
+                await self.plane.close()
+
+    async def __aenter__(self) -> EventPublisher:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<EventPublisher {self.scope}/{self.topic} id={self.publisher_id:x}>"

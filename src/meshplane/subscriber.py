@@ -1,0 +1,231 @@
+"""``EventSubscriber``: every event of one topic in one scope, from every publisher, now and later."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from meshplane.config import PlaneConfig
+from meshplane.core.envelope import EventEnvelope
+from meshplane.core.framing import MessageType
+from meshplane.core.names import Scope, validate_name
+from meshplane.core.records import EventChannel
+from meshplane.core.sequence import Arrival, SequenceTracker
+from meshplane.discovery.channels import ChannelAdded, ChannelWatch, parse_channel
+from meshplane.errors import ClosedError, DiscoveryError, InvalidDiscoveryRecord, WireError
+from meshplane.plane import EventPlane
+from meshplane.transports.base import Received, SubscriberTransport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SubscriberStats:
+    """What a subscriber has seen. ``malformed`` counts dropped messages by reason."""
+
+    received: int = 0
+    filtered: int = 0  # right prefix, wrong topic (ZeroMQ prefix matching) or not an event
+    malformed: Counter[str] = field(default_factory=Counter)
+    gaps: int = 0
+    missing: int = 0
+    duplicates: int = 0
+    publishers_discovered: int = 0
+    invalid_records: int = 0
+    dropped_slow: int = 0
+
+    @property
+    def malformed_total(self) -> int:
+        return sum(self.malformed.values())
+
+
+class EventSubscriber:
+    """Receives ``topic`` in ``scope``: ``async for envelope in subscriber``.
+
+    Publishers are found through discovery, at creation and whenever they come and go; ZeroMQ
+    connects to each one and disconnects when its record is removed. Malformed messages are counted
+    in :attr:`stats` and logged, never raised into the iteration.
+    """
+
+    def __init__(
+        self, scope: Scope, topic: str, plane: EventPlane, transport: SubscriberTransport, owns_plane: bool
+    ) -> None:
+        self.scope = scope
+        self.topic = topic
+        self.plane = plane
+        self._transport = transport
+        self._owns_plane = owns_plane
+        self._topic_bytes = topic.encode()
+        self._routing_topics = {self._topic_bytes, scope.subject(topic).encode()}
+        self._buffer: deque[EventEnvelope] = deque()
+        self._tracker = SequenceTracker()
+        self._stats = SubscriberStats()
+        self._watch: ChannelWatch | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._logged_reasons: set[str] = set()
+
+    @classmethod
+    async def create(
+        cls,
+        scope: Scope,
+        topic: str,
+        *,
+        plane: EventPlane | None = None,
+        config: PlaneConfig | None = None,
+    ) -> EventSubscriber:
+        """Create a subscriber; it is connected to every publisher discovery knows when this returns."""
+        validate_name("topic", topic)
+        owns_plane = plane is None
+        plane = plane if plane is not None else EventPlane(config)
+        transport: SubscriberTransport | None = None
+        try:
+            transport = await plane.subscriber_transport(scope, topic)
+            subscriber = cls(scope, topic, plane, transport, owns_plane)
+            await subscriber._start_discovery()
+        except BaseException:
+            if transport is not None:
+                await transport.close()
+            if owns_plane:
+                await plane.close()
+            raise
+        plane._adopt(subscriber)
+        return subscriber
+
+    @classmethod
+    async def for_endpoint(cls, namespace: str, component: str, endpoint: str, topic: str, **kw: Any) -> EventSubscriber:
+        return await cls.create(Scope.endpoint(namespace, component, endpoint), topic, **kw)
+
+    @classmethod
+    async def for_component(cls, namespace: str, component: str, topic: str, **kw: Any) -> EventSubscriber:
+        return await cls.create(Scope.component(namespace, component), topic, **kw)
+
+    @classmethod
+    async def for_namespace(cls, namespace: str, topic: str, **kw: Any) -> EventSubscriber:
+        return await cls.create(Scope.namespace(namespace), topic, **kw)
+
+    async def _start_discovery(self) -> None:
+        prefix = self.scope.channel_prefix(self.topic)
+        try:
+            discovery = await self.plane.discovery()
+            initial = await discovery.list(prefix)
+        except DiscoveryError as exc:
+            if self.plane.config.event_plane != "nats":
+                raise
+            # NATS delivers by subject; discovery only tells us who is publishing.
+            log.warning("subscriber of %s/%s runs without discovery: %s", self.scope, self.topic, exc)
+            return
+        for key, value in initial.items():
+            try:
+                self._transport.add_publisher(parse_channel(key, value))
+            except InvalidDiscoveryRecord:
+                pass  # the watch below counts and logs it
+        self._watch = ChannelWatch(discovery, prefix)
+        self._watch_task = asyncio.create_task(self._follow(self._watch), name=f"meshplane-watch-{self.topic}")
+
+    async def _follow(self, watch: ChannelWatch) -> None:
+        while True:
+            try:
+                async for event in watch.events():
+                    if isinstance(event, ChannelAdded):
+                        log.info("publisher %x of %s/%s discovered", event.channel.instance_id, self.scope, self.topic)
+                        self._transport.add_publisher(event.channel)
+                    else:
+                        log.info("publisher %x of %s/%s left", event.channel.instance_id, self.scope, self.topic)
+                        self._transport.remove_publisher(event.channel)
+                        self._tracker.forget(event.channel.instance_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("discovery watch of %s/%s failed; restarting it", self.scope, self.topic)
+                await asyncio.sleep(0.5)
+
+    @property
+    def publishers(self) -> dict[str, EventChannel]:
+        """Publishers currently registered in discovery for this topic, by key."""
+        return dict(self._watch.channels) if self._watch is not None else {}
+
+    @property
+    def stats(self) -> SubscriberStats:
+        s = self._stats
+        s.gaps, s.missing, s.duplicates = self._tracker.gaps, self._tracker.missing, self._tracker.duplicates
+        s.publishers_discovered = len(self._watch.channels) if self._watch is not None else 0
+        s.invalid_records = self._watch.invalid if self._watch is not None else 0
+        s.dropped_slow = getattr(self._transport, "dropped", 0)
+        return s
+
+    def _accept(self, batch: list[Received]) -> None:
+        stats = self._stats
+        observe = self._tracker.observe
+        for item in batch:
+            if isinstance(item, WireError):
+                stats.malformed[item.reason] += 1
+                if item.reason not in self._logged_reasons:  # once per reason: a flood must not flood the log
+                    self._logged_reasons.add(item.reason)
+                    log.warning("dropping malformed message on %s/%s: %s (counted in stats.malformed)",
+                                self.scope, self.topic, item)
+                continue
+            envelope = item.envelope
+            if (
+                item.message_type is not MessageType.EVENT
+                or envelope.topic != self.topic
+                or item.routing_topic not in self._routing_topics
+            ):
+                stats.filtered += 1
+                continue
+            if observe(envelope.publisher_id, envelope.sequence).arrival is Arrival.GAP:
+                log.debug("gap before %x#%d", envelope.publisher_id, envelope.sequence)
+            stats.received += 1
+            self._buffer.append(envelope)
+
+    def __aiter__(self) -> EventSubscriber:
+        return self
+
+    async def __anext__(self) -> EventEnvelope:
+        while not self._buffer:
+            if self._closed:
+                raise StopAsyncIteration
+            try:
+                batch = await self._transport.receive()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self._closed and (task is None or not task.cancelling()):
+                    raise StopAsyncIteration from None  # close() cancelled the wait, not our caller
+                raise
+            self._accept(batch)
+        return self._buffer.popleft()
+
+    async def next(self, timeout: float | None = None) -> EventEnvelope:
+        """The next event; ``TimeoutError`` after ``timeout`` seconds, ``ClosedError`` once closed."""
+        try:
+            return await asyncio.wait_for(self.__anext__(), timeout)
+        except StopAsyncIteration:
+            raise ClosedError(f"subscriber of {self.scope}/{self.topic} is closed") from None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.plane._release(self)
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+        await self._transport.close()
+        if self._owns_plane:
+            await self.plane.close()
+
+    async def __aenter__(self) -> EventSubscriber:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<EventSubscriber {self.scope}/{self.topic}>"

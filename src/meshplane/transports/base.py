@@ -1,0 +1,62 @@
+"""The transport interface: every transport package has the same two classes."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from meshplane.core.envelope import EventEnvelope
+from meshplane.core.framing import Frame
+from meshplane.core.records import EventChannel
+from meshplane.errors import WireError
+
+Received = Frame | WireError
+
+
+class PublisherTransport(abc.ABC):
+    """Sends one publisher's envelopes; never awaits the network per message."""
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    def discovery_transport(self) -> tuple[str, dict[str, Any]]:
+        """``(kind, config)`` for the publisher's discovery record."""
+
+    @abc.abstractmethod
+    async def send(self, envelope: EventEnvelope) -> None: ...
+
+    @abc.abstractmethod
+    async def flush(self, timeout: float) -> None:
+        """Hand everything sent so far to the network (or the socket's queue)."""
+
+    def subscriber_count(self) -> int | None:
+        """Subscribers currently interested, where the transport can tell (None where it cannot)."""
+        return None
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+class SubscriberTransport(abc.ABC):
+    """Receives one topic's messages, in batches: one await per batch, not per message."""
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    def add_publisher(self, channel: EventChannel) -> None:
+        """A publisher was discovered (transports that connect per publisher act on it)."""
+
+    def remove_publisher(self, channel: EventChannel) -> None:
+        """A publisher left discovery."""
+
+    @property
+    def connected_publishers(self) -> int | None:
+        return None
+
+    @abc.abstractmethod
+    async def receive(self) -> list[Received]:
+        """Wait for at least one message, then return everything already waiting (bounded)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...

@@ -1,0 +1,146 @@
+"""NATS core transport (nats-py): subject per scope and topic, bare envelope (or seed frame) as data."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from meshplane.core.envelope import Codec, EventEnvelope
+from meshplane.core.framing import WireFormat, decode_nats, encode_nats
+from meshplane.core.records import TRANSPORT_NATS
+from meshplane.errors import TransportError, WireError
+from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
+
+log = logging.getLogger(__name__)
+_MAX_BATCH = 4096
+
+
+async def connect_nats(url: str, timeout: float, name: str = "meshplane") -> NatsClient:
+    """Connect, retrying until ``timeout``; once connected, reconnect forever after outages."""
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("NATS %s: %s", url, exc)
+
+    clients: list[NatsClient] = []
+
+    async def on_disconnect() -> None:
+        if clients and not (clients[0].is_closed or clients[0].is_draining):
+            log.warning("disconnected from NATS %s; reconnecting", url)
+
+    async def on_reconnect() -> None:
+        log.info("reconnected to NATS %s", url)
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    delay = 0.05
+    while True:
+        try:
+            client = await nats.connect(
+                url,
+                name=name,
+                connect_timeout=max(1, int(timeout)),
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                error_cb=on_error,
+                disconnected_cb=on_disconnect,
+                reconnected_cb=on_reconnect,
+            )
+            clients.append(client)
+            return client
+        except Exception as exc:
+            if asyncio.get_running_loop().time() + delay > deadline:
+                raise TransportError(
+                    f"cannot connect to NATS at {url} within {timeout}s ({exc!r}); "
+                    "start nats-server or point NATS_SERVER at one"
+                ) from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+class NatsPublisherTransport(PublisherTransport):
+    def __init__(
+        self, client: NatsClient, subject: str, subject_prefix: str, wire: WireFormat, codec: Codec
+    ) -> None:
+        self._client = client
+        self._subject = subject
+        self._subject_prefix = subject_prefix
+        self._wire = wire
+        self._codec = codec
+
+    async def start(self) -> None:
+        return None
+
+    def discovery_transport(self) -> tuple[str, dict[str, Any]]:
+        return TRANSPORT_NATS, {"subject_prefix": self._subject_prefix}
+
+    async def send(self, envelope: EventEnvelope) -> None:
+        # nats-py only appends to its write buffer here; its flusher task writes in batches.
+        await self._client.publish(self._subject, encode_nats(envelope, self._wire, self._codec))
+
+    async def flush(self, timeout: float) -> None:
+        try:
+            await self._client.flush(timeout=max(1, int(timeout)))
+        except Exception as exc:
+            raise TransportError(f"NATS flush failed: {exc!r}") from exc
+
+    async def close(self) -> None:
+        return None  # the connection belongs to the plane
+
+
+class NatsSubscriberTransport(SubscriberTransport):
+    def __init__(self, client: NatsClient, subject: str, max_bytes: int, pending_limit: int) -> None:
+        self._client = client
+        self._subject = subject
+        self._routing_topic = subject.encode()
+        self._max_bytes = max_bytes
+        self._pending_limit = pending_limit
+        self._pending: list[bytes] = []
+        self._ready = asyncio.Event()
+        self._sub: Any = None
+        self.dropped = 0
+
+    async def _on_message(self, msg: Msg) -> None:
+        if len(self._pending) >= self._pending_limit:
+            self.dropped += 1  # the application is not keeping up; shows up as a gap too
+            return
+        self._pending.append(msg.data)
+        self._ready.set()
+
+    async def start(self) -> None:
+        self._sub = await self._client.subscribe(
+            self._subject, cb=self._on_message, pending_msgs_limit=self._pending_limit
+        )
+        # Once the server has the subscription, nothing published afterwards is missed.
+        await self._client.flush()
+
+    async def receive(self) -> list[Received]:
+        await self._ready.wait()
+        if self._sub is None:
+            return []  # closed
+        if len(self._pending) <= _MAX_BATCH:
+            batch, self._pending = self._pending, []
+            self._ready.clear()
+        else:
+            batch = self._pending[:_MAX_BATCH]
+            del self._pending[:_MAX_BATCH]
+        out: list[Received] = []
+        for data in batch:
+            try:
+                out.append(decode_nats(data, self._routing_topic, self._max_bytes))
+            except WireError as exc:
+                out.append(exc)
+        return out
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception as exc:
+                log.debug("unsubscribe from %s failed: %s", self._subject, exc)
+            self._sub = None
+            self._ready.set()  # wake a pending receive()
