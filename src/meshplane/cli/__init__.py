@@ -1,0 +1,1 @@
+"""The ``meshplane`` command line."""

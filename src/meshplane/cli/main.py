@@ -1,0 +1,190 @@
+"""``meshplane``: run a local event plane, publish, subscribe and list event channels."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+import msgspec
+
+from meshplane.cli.options import add_plane_options, config_from_args, scope_arg
+from meshplane.core.envelope import EventEnvelope
+from meshplane.core.names import EVENT_CHANNELS_BUCKET
+from meshplane.discovery.channels import parse_channel
+from meshplane.errors import MeshplaneError
+
+SCOPE_HELP = "scope as ns, ns/component or ns/component/endpoint (e.g. dynamo/worker/generate)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="meshplane",
+        description="meshplane: a Python event plane over NATS and ZeroMQ, wire-compatible with Dynamo.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = commands.add_parser(
+        "up", help="run a local event plane with demo traffic",
+        description="Start a local event plane (an embedded nats-server on a free loopback port and file "
+                    "discovery in a state folder), run demo publishers and a subscriber, and show live what "
+                    "flows until Ctrl-C.",
+    )
+    from meshplane.cli.up import add_up_options
+
+    add_up_options(up)
+
+    pub = commands.add_parser(
+        "pub", help="publish events",
+        description="Publish MESSAGE (or each line of standard input) on TOPIC in SCOPE.",
+    )
+    pub.add_argument("scope", type=scope_arg, metavar="SCOPE", help=SCOPE_HELP)
+    pub.add_argument("topic", metavar="TOPIC", help="topic name, e.g. kv-events")
+    pub.add_argument("message", nargs="*", metavar="MESSAGE", help="messages to publish; none: read lines from stdin")
+    pub.add_argument("--json", action="store_true",
+                     help="parse each message as JSON and publish it MessagePack-encoded (default: raw bytes)")
+    pub.add_argument("--count", type=int, default=1, metavar="N", help="publish each message N times (default 1)")
+    pub.add_argument("--rate", type=float, default=0.0, metavar="R", help="at most R events per second (default: no limit)")
+    pub.add_argument("--wait-subscribers", type=int, default=0, metavar="N",
+                     help="ZeroMQ: first wait until N subscribers are connected, so none misses the first events")
+    pub.add_argument("--timeout", type=float, default=10.0, metavar="S", help="how long --wait-subscribers waits (default 10)")
+    add_plane_options(pub)
+
+    sub = commands.add_parser(
+        "sub", help="tail events",
+        description="Print every event of TOPIC in SCOPE from every publisher, as it arrives.",
+    )
+    sub.add_argument("scope", type=scope_arg, metavar="SCOPE", help=SCOPE_HELP)
+    sub.add_argument("topic", metavar="TOPIC", help="topic name, e.g. kv-events")
+    sub.add_argument("--json", action="store_true", help="one JSON object per line instead of the human format")
+    sub.add_argument("--count", type=int, default=0, metavar="N", help="exit after N events (default: run until Ctrl-C)")
+    sub.add_argument("--timeout", type=float, default=0.0, metavar="S",
+                     help="exit with status 1 if no event arrives for S seconds (default: wait forever)")
+    add_plane_options(sub)
+
+    ls = commands.add_parser(
+        "ls", help="list discovered event channels",
+        description="List the publishers registered in discovery (optionally only those under SCOPE).",
+    )
+    ls.add_argument("scope", type=scope_arg, nargs="?", metavar="SCOPE", help=SCOPE_HELP + "; default: all")
+    ls.add_argument("--json", action="store_true", help="print the raw records as JSON lines")
+    add_plane_options(ls)
+    return parser
+
+
+def _payload_view(payload: bytes) -> Any:
+    """The payload decoded as MessagePack when it is, else text when it is, else base64."""
+    try:
+        return msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError:
+        pass
+    try:
+        return payload.decode()
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(payload).decode()}
+
+
+def format_event(envelope: EventEnvelope, as_json: bool) -> str:
+    view = _payload_view(envelope.payload)
+    if as_json:
+        return json.dumps({
+            "topic": envelope.topic, "publisher_id": envelope.publisher_id, "sequence": envelope.sequence,
+            "published_at": envelope.published_at, "payload": view,
+        }, default=repr)
+    stamp = time.strftime("%H:%M:%S", time.localtime(envelope.published_at / 1000))
+    return (f"{stamp}.{envelope.published_at % 1000:03d} {envelope.topic} "
+            f"pub={envelope.publisher_id:x} seq={envelope.sequence} {view!r}")
+
+
+async def run_pub(args: argparse.Namespace) -> int:
+    from meshplane.publisher import EventPublisher
+
+    messages = args.message or (line.rstrip("\n") for line in sys.stdin)
+    async with await EventPublisher.create(args.scope, args.topic, config=config_from_args(args)) as pub:
+        if args.wait_subscribers:
+            await pub.wait_for_subscribers(args.wait_subscribers, args.timeout)
+        interval = 1.0 / args.rate if args.rate > 0 else 0.0
+        sent = 0
+        for text in messages:
+            event = json.loads(text) if args.json else text.encode()
+            for _ in range(args.count):
+                await pub.publish(event)
+                sent += 1
+                if interval:
+                    await asyncio.sleep(interval)
+        await pub.flush()
+        print(f"published {sent} events as {pub.publisher_id:x}", file=sys.stderr)
+    return 0
+
+
+async def run_sub(args: argparse.Namespace) -> int:
+    from meshplane.subscriber import EventSubscriber
+
+    async with await EventSubscriber.create(args.scope, args.topic, config=config_from_args(args)) as sub:
+        seen = 0
+        while not args.count or seen < args.count:
+            try:
+                envelope = await sub.next(args.timeout or None)
+            except TimeoutError:
+                print(f"no event for {args.timeout}s", file=sys.stderr)
+                return 1
+            print(format_event(envelope, args.json), flush=True)
+            seen += 1
+    return 0
+
+
+async def run_ls(args: argparse.Namespace) -> int:
+    from meshplane.discovery import create_discovery
+
+    discovery = create_discovery(config_from_args(args))
+    await discovery.start()
+    try:
+        records = await discovery.list(args.scope.key_prefix + "/" if args.scope else EVENT_CHANNELS_BUCKET + "/")
+    finally:
+        await discovery.close()
+    bad = 0
+    if not args.json:
+        print(f"{'SCOPE':<32} {'TOPIC':<24} {'PUBLISHER':<16} {'TRANSPORT':<9} ADDRESS")
+    for key, value in sorted(records.items()):
+        try:
+            channel = parse_channel(key, value)
+        except MeshplaneError as exc:
+            bad += 1
+            print(f"invalid record {key}: {exc}", file=sys.stderr)
+            continue
+        if args.json:
+            print(value.decode())
+            continue
+        address = channel.transport_config.get("endpoint") or channel.transport_config.get("subject_prefix", "")
+        print(f"{str(channel.scope):<32} {channel.topic:<24} {channel.instance_id:<16x} "
+              f"{channel.transport_kind:<9} {address}")
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "up":
+        from meshplane.cli.up import run_up
+
+        runner = run_up
+    else:
+        runner = {"pub": run_pub, "sub": run_sub, "ls": run_ls}[args.command]
+    try:
+        return asyncio.run(runner(args))
+    except KeyboardInterrupt:
+        return 130
+    except MeshplaneError as exc:
+        print(f"meshplane: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

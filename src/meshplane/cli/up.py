@@ -1,0 +1,121 @@
+"""``meshplane up``: a whole local event plane in one command, with demo traffic and a live view."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from meshplane.config import PlaneConfig
+from meshplane.core.names import Scope
+from meshplane.plane import EventPlane
+from meshplane.publisher import EventPublisher
+from meshplane.servers import NatsServer
+from meshplane.subscriber import EventSubscriber
+
+DEMO_SCOPE = Scope.endpoint("dynamo", "worker", "generate")
+DEMO_TOPIC = "kv-events"
+
+
+def add_up_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--transport", choices=["nats", "zmq"], default=os.environ.get("DYN_EVENT_PLANE", "nats"),
+                        help="transport of the demo: nats (embedded nats-server) or zmq (direct). Default nats")
+    parser.add_argument("--nats-server", metavar="URL",
+                        help="use this NATS server instead of starting an embedded one")
+    parser.add_argument("--state-dir", type=Path, default=Path(".meshplane"), metavar="DIR",
+                        help="folder for file discovery and server state (default ./.meshplane)")
+    parser.add_argument("--publishers", type=int, default=3, metavar="N", help="demo publishers (default 3)")
+    parser.add_argument("--rate", type=float, default=200.0, metavar="R",
+                        help="events per second of each demo publisher (default 200)")
+    parser.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between status lines (default 1)")
+    parser.add_argument("--duration", type=float, default=0.0, metavar="S",
+                        help="stop after S seconds (default: run until Ctrl-C)")
+
+
+async def _demo_publisher(pub: EventPublisher, worker: int, rate: float, stop: asyncio.Event) -> None:
+    interval = 1.0 / rate
+    next_at = time.monotonic()
+    while not stop.is_set():
+        await pub.publish({"worker": worker, "event": "stored", "block_hashes": [pub.next_sequence, worker]})
+        next_at += interval
+        delay = next_at - time.monotonic()
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+
+
+async def run_up(args: argparse.Namespace) -> int:
+    state_dir: Path = args.state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    nats_server: NatsServer | None = None
+    nats_url = args.nats_server
+    if args.transport == "nats" and not nats_url:
+        nats_server = NatsServer().start()
+        nats_url = nats_server.url
+    config = PlaneConfig.from_env(
+        event_plane=args.transport, discovery_backend="file", file_kv=state_dir / "kv", nats_server=nats_url
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if args.duration:
+        loop.call_later(args.duration, stop.set)
+
+    print(f"meshplane up: transport={config.event_plane} discovery=file:{config.file_kv}", flush=True)
+    if nats_server is not None:
+        print(f"  embedded nats-server pid {nats_server.pid} at {nats_url}", flush=True)
+    print("  try in another shell:", flush=True)
+    exports = f"DYN_EVENT_PLANE={config.event_plane} DYN_DISCOVERY_BACKEND=file DYN_FILE_KV={config.file_kv}"
+    if nats_url:
+        exports += f" NATS_SERVER={nats_url}"
+    print(f"    {exports} meshplane sub {DEMO_SCOPE} {DEMO_TOPIC}", flush=True)
+    print(f"    {exports} meshplane ls", flush=True)
+
+    try:
+        async with EventPlane(config) as plane:
+            subscriber = await EventSubscriber.create(DEMO_SCOPE, DEMO_TOPIC, plane=plane)
+            publishers = [await EventPublisher.create(DEMO_SCOPE, DEMO_TOPIC, plane=plane) for _ in range(args.publishers)]
+            if config.event_plane == "zmq":
+                for pub in publishers:
+                    await pub.wait_for_subscribers(1, timeout=10)
+            tasks = [asyncio.create_task(_demo_publisher(p, i, args.rate, stop)) for i, p in enumerate(publishers)]
+            consumer = asyncio.create_task(_consume(subscriber))
+            await _report(subscriber, args.interval, stop)
+            for task in [*tasks, consumer]:
+                task.cancel()
+            await asyncio.gather(*tasks, consumer, return_exceptions=True)
+            stats = subscriber.stats
+            print(f"\nstopped: {stats.received} events received from {len(publishers)} publishers, "
+                  f"gaps {stats.gaps}, malformed {stats.malformed_total}", flush=True)
+    finally:
+        if nats_server is not None:
+            nats_server.cleanup()
+    return 0
+
+
+async def _consume(subscriber: EventSubscriber) -> None:
+    async for _ in subscriber:
+        pass
+
+
+async def _report(subscriber: EventSubscriber, interval: float, stop: asyncio.Event) -> None:
+    started = last_at = time.monotonic()
+    last_received = 0
+    tty = sys.stdout.isatty()
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+        now = time.monotonic()
+        stats = subscriber.stats
+        rate = (stats.received - last_received) / max(now - last_at, 1e-9)
+        last_received, last_at = stats.received, now
+        line = (f"up {now - started:6.1f}s | publishers discovered {stats.publishers_discovered} | "
+                f"{rate:8.0f} events/s | received {stats.received} | gaps {stats.gaps} "
+                f"(missing {stats.missing}) | malformed {stats.malformed_total}")
+        print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
