@@ -108,8 +108,13 @@ class EventPlane:
             from meshplane.transports.zmq import ZmqPublisherTransport
 
             transport = ZmqPublisherTransport(
-                self.zmq_context(), topic.encode(), publisher_id, cfg.host, cfg.send_hwm,
-                cfg.wire_format, cfg.codec,
+                self.zmq_context(),
+                topic.encode(),
+                publisher_id,
+                cfg.host,
+                cfg.send_hwm,
+                cfg.wire_format,
+                cfg.codec,
             )
         await transport.start()
         return transport

@@ -85,11 +85,19 @@ class EventPublisher:
                 await plane.close()
             raise
         plane._adopt(publisher)
-        log.info("publisher %x of %s/%s registered (%s)", publisher_id, scope, topic, publisher.channel.transport_kind)
+        log.info(
+            "publisher %x of %s/%s registered (%s)",
+            publisher_id,
+            scope,
+            topic,
+            publisher.channel.transport_kind,
+        )
         return publisher
 
     @classmethod
-    async def for_endpoint(cls, namespace: str, component: str, endpoint: str, topic: str, **kw: Any) -> EventPublisher:
+    async def for_endpoint(
+        cls, namespace: str, component: str, endpoint: str, topic: str, **kw: Any
+    ) -> EventPublisher:
         return await cls.create(Scope.endpoint(namespace, component, endpoint), topic, **kw)
 
     @classmethod
@@ -111,14 +119,18 @@ class EventPublisher:
         """
         if self._closed:
             raise ClosedError(f"publisher {self.publisher_id:x} of {self.topic!r} is closed")
-        payload = bytes(event) if isinstance(event, bytes | bytearray | memoryview) else _encode_payload(event)
+        payload = (
+            bytes(event) if isinstance(event, bytes | bytearray | memoryview) else _encode_payload(event)
+        )
         if len(payload) > self._max_bytes:
             raise PayloadTooLarge(
                 f"payload of {len(payload)} bytes exceeds max_message_bytes={self._max_bytes} "
                 "(MESHPLANE_MAX_MESSAGE_BYTES)"
             )
         sequence = self._sequence
-        envelope = EventEnvelope(self.publisher_id, sequence, time.time_ns() // 1_000_000, self.topic, payload)
+        envelope = EventEnvelope(
+            self.publisher_id, sequence, time.time_ns() // 1_000_000, self.topic, payload
+        )
         await self._transport.send(envelope)
         self._sequence = sequence + 1
         return sequence

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from meshplane.errors import MeshplaneError
 
@@ -43,14 +44,15 @@ def find_binary(name: str) -> str:
 
 
 def _wait_for_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
+    name = Path(str(proc.args[0])).name  # type: ignore[index]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ServerError(f"{proc.args[0]} exited with {proc.returncode}: {log.read_text()[-2000:]}")
+            raise ServerError(f"{name} exited with {proc.returncode}: {log.read_text()[-2000:]}")
         with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
             return
         time.sleep(0.02)
-    raise ServerError(f"{proc.args[0]} did not listen on {host}:{port} within {timeout}s")
+    raise ServerError(f"{name} did not listen on {host}:{port} within {timeout}s")
 
 
 class _Process:
@@ -90,10 +92,12 @@ class _Process:
         self.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> _Process:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.cleanup()
 
 
@@ -112,8 +116,15 @@ class NatsServer(_Process):
         return f"nats://{auth}{self.host}:{self.port}"
 
     def start(self, timeout: float = 10.0) -> NatsServer:
-        argv = [find_binary("nats-server"), "-a", self.host, "-p", str(self.port or -1),
-                "--ports_file_dir", str(self.workdir)]
+        argv = [
+            find_binary("nats-server"),
+            "-a",
+            self.host,
+            "-p",
+            str(self.port or -1),
+            "--ports_file_dir",
+            str(self.workdir),
+        ]
         if self.token:
             argv += ["--auth", self.token]
         proc = self._spawn(argv)
@@ -153,12 +164,27 @@ class EtcdServer(_Process):
             if not self.client_port:
                 self.client_port, self.peer_port = free_port(self.host), free_port(self.host)
             client, peer = f"http://{self.host}:{self.client_port}", f"http://{self.host}:{self.peer_port}"
-            proc = self._spawn([
-                find_binary("etcd"), "--name", "meshplane-test", "--data-dir", str(data),
-                "--listen-client-urls", client, "--advertise-client-urls", client,
-                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"meshplane-test={peer}", "--log-level", "warn",
-            ])
+            proc = self._spawn(
+                [
+                    find_binary("etcd"),
+                    "--name",
+                    "meshplane-test",
+                    "--data-dir",
+                    str(data),
+                    "--listen-client-urls",
+                    client,
+                    "--advertise-client-urls",
+                    client,
+                    "--listen-peer-urls",
+                    peer,
+                    "--initial-advertise-peer-urls",
+                    peer,
+                    "--initial-cluster",
+                    f"meshplane-test={peer}",
+                    "--log-level",
+                    "warn",
+                ]
+            )
             try:
                 _wait_for_port(self.host, self.client_port, proc, timeout, self.log_path)
                 return self

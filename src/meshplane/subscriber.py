@@ -16,8 +16,8 @@ from meshplane.core.framing import MessageType
 from meshplane.core.names import Scope, validate_name
 from meshplane.core.records import EventChannel
 from meshplane.core.sequence import Arrival, SequenceTracker
-from meshplane.discovery.channels import ChannelAdded, ChannelWatch, parse_channel
-from meshplane.errors import ClosedError, DiscoveryError, InvalidDiscoveryRecord, WireError
+from meshplane.discovery.channels import ChannelAdded, ChannelWatch
+from meshplane.errors import ClosedError, DiscoveryError, WireError
 from meshplane.plane import EventPlane
 from meshplane.transports.base import Received, SubscriberTransport
 
@@ -97,7 +97,9 @@ class EventSubscriber:
         return subscriber
 
     @classmethod
-    async def for_endpoint(cls, namespace: str, component: str, endpoint: str, topic: str, **kw: Any) -> EventSubscriber:
+    async def for_endpoint(
+        cls, namespace: str, component: str, endpoint: str, topic: str, **kw: Any
+    ) -> EventSubscriber:
         return await cls.create(Scope.endpoint(namespace, component, endpoint), topic, **kw)
 
     @classmethod
@@ -119,23 +121,29 @@ class EventSubscriber:
             # NATS delivers by subject; discovery only tells us who is publishing.
             log.warning("subscriber of %s/%s runs without discovery: %s", self.scope, self.topic, exc)
             return
-        for key, value in initial.items():
-            try:
-                self._transport.add_publisher(parse_channel(key, value))
-            except InvalidDiscoveryRecord:
-                pass  # the watch below counts and logs it
         self._watch = ChannelWatch(discovery, prefix)
-        self._watch_task = asyncio.create_task(self._follow(self._watch), name=f"meshplane-watch-{self.topic}")
+        for channel in self._watch.seed(initial):
+            self._transport.add_publisher(channel)
+        self._watch_task = asyncio.create_task(
+            self._follow(self._watch), name=f"meshplane-watch-{self.topic}"
+        )
 
     async def _follow(self, watch: ChannelWatch) -> None:
         while True:
             try:
                 async for event in watch.events():
                     if isinstance(event, ChannelAdded):
-                        log.info("publisher %x of %s/%s discovered", event.channel.instance_id, self.scope, self.topic)
+                        log.info(
+                            "publisher %x of %s/%s discovered",
+                            event.channel.instance_id,
+                            self.scope,
+                            self.topic,
+                        )
                         self._transport.add_publisher(event.channel)
                     else:
-                        log.info("publisher %x of %s/%s left", event.channel.instance_id, self.scope, self.topic)
+                        log.info(
+                            "publisher %x of %s/%s left", event.channel.instance_id, self.scope, self.topic
+                        )
                         self._transport.remove_publisher(event.channel)
                         self._tracker.forget(event.channel.instance_id)
             except asyncio.CancelledError:
@@ -166,8 +174,12 @@ class EventSubscriber:
                 stats.malformed[item.reason] += 1
                 if item.reason not in self._logged_reasons:  # once per reason: a flood must not flood the log
                     self._logged_reasons.add(item.reason)
-                    log.warning("dropping malformed message on %s/%s: %s (counted in stats.malformed)",
-                                self.scope, self.topic, item)
+                    log.warning(
+                        "dropping malformed message on %s/%s: %s (counted in stats.malformed)",
+                        self.scope,
+                        self.topic,
+                        item,
+                    )
                 continue
             envelope = item.envelope
             if (

@@ -31,45 +31,78 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = commands.add_parser(
-        "up", help="run a local event plane with demo traffic",
+        "up",
+        help="run a local event plane with demo traffic",
         description="Start a local event plane (an embedded nats-server on a free loopback port and file "
-                    "discovery in a state folder), run demo publishers and a subscriber, and show live what "
-                    "flows until Ctrl-C.",
+        "discovery in a state folder), run demo publishers and a subscriber, and show live what "
+        "flows until Ctrl-C.",
     )
     from meshplane.cli.up import add_up_options
 
     add_up_options(up)
 
     pub = commands.add_parser(
-        "pub", help="publish events",
+        "pub",
+        help="publish events",
         description="Publish MESSAGE (or each line of standard input) on TOPIC in SCOPE.",
     )
     pub.add_argument("scope", type=scope_arg, metavar="SCOPE", help=SCOPE_HELP)
     pub.add_argument("topic", metavar="TOPIC", help="topic name, e.g. kv-events")
-    pub.add_argument("message", nargs="*", metavar="MESSAGE", help="messages to publish; none: read lines from stdin")
-    pub.add_argument("--json", action="store_true",
-                     help="parse each message as JSON and publish it MessagePack-encoded (default: raw bytes)")
-    pub.add_argument("--count", type=int, default=1, metavar="N", help="publish each message N times (default 1)")
-    pub.add_argument("--rate", type=float, default=0.0, metavar="R", help="at most R events per second (default: no limit)")
-    pub.add_argument("--wait-subscribers", type=int, default=0, metavar="N",
-                     help="ZeroMQ: first wait until N subscribers are connected, so none misses the first events")
-    pub.add_argument("--timeout", type=float, default=10.0, metavar="S", help="how long --wait-subscribers waits (default 10)")
+    pub.add_argument(
+        "message", nargs="*", metavar="MESSAGE", help="messages to publish; none: read lines from stdin"
+    )
+    pub.add_argument(
+        "--json",
+        action="store_true",
+        help="parse each message as JSON and publish it MessagePack-encoded (default: raw bytes)",
+    )
+    pub.add_argument(
+        "--count", type=int, default=1, metavar="N", help="publish each message N times (default 1)"
+    )
+    pub.add_argument(
+        "--rate", type=float, default=0.0, metavar="R", help="at most R events per second (default: no limit)"
+    )
+    pub.add_argument(
+        "--wait-subscribers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="ZeroMQ: first wait until N subscribers are connected, so none misses the first events",
+    )
+    pub.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="how long --wait-subscribers waits (default 10)",
+    )
     add_plane_options(pub)
 
     sub = commands.add_parser(
-        "sub", help="tail events",
+        "sub",
+        help="tail events",
         description="Print every event of TOPIC in SCOPE from every publisher, as it arrives.",
     )
     sub.add_argument("scope", type=scope_arg, metavar="SCOPE", help=SCOPE_HELP)
     sub.add_argument("topic", metavar="TOPIC", help="topic name, e.g. kv-events")
-    sub.add_argument("--json", action="store_true", help="one JSON object per line instead of the human format")
-    sub.add_argument("--count", type=int, default=0, metavar="N", help="exit after N events (default: run until Ctrl-C)")
-    sub.add_argument("--timeout", type=float, default=0.0, metavar="S",
-                     help="exit with status 1 if no event arrives for S seconds (default: wait forever)")
+    sub.add_argument(
+        "--json", action="store_true", help="one JSON object per line instead of the human format"
+    )
+    sub.add_argument(
+        "--count", type=int, default=0, metavar="N", help="exit after N events (default: run until Ctrl-C)"
+    )
+    sub.add_argument(
+        "--timeout",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="exit with status 1 if no event arrives for S seconds (default: wait forever)",
+    )
     add_plane_options(sub)
 
     ls = commands.add_parser(
-        "ls", help="list discovered event channels",
+        "ls",
+        help="list discovered event channels",
         description="List the publishers registered in discovery (optionally only those under SCOPE).",
     )
     ls.add_argument("scope", type=scope_arg, nargs="?", metavar="SCOPE", help=SCOPE_HELP + "; default: all")
@@ -93,13 +126,21 @@ def _payload_view(payload: bytes) -> Any:
 def format_event(envelope: EventEnvelope, as_json: bool) -> str:
     view = _payload_view(envelope.payload)
     if as_json:
-        return json.dumps({
-            "topic": envelope.topic, "publisher_id": envelope.publisher_id, "sequence": envelope.sequence,
-            "published_at": envelope.published_at, "payload": view,
-        }, default=repr)
+        return json.dumps(
+            {
+                "topic": envelope.topic,
+                "publisher_id": envelope.publisher_id,
+                "sequence": envelope.sequence,
+                "published_at": envelope.published_at,
+                "payload": view,
+            },
+            default=repr,
+        )
     stamp = time.strftime("%H:%M:%S", time.localtime(envelope.published_at / 1000))
-    return (f"{stamp}.{envelope.published_at % 1000:03d} {envelope.topic} "
-            f"pub={envelope.publisher_id:x} seq={envelope.sequence} {view!r}")
+    return (
+        f"{stamp}.{envelope.published_at % 1000:03d} {envelope.topic} "
+        f"pub={envelope.publisher_id:x} seq={envelope.sequence} {view!r}"
+    )
 
 
 async def run_pub(args: argparse.Namespace) -> int:
@@ -145,7 +186,9 @@ async def run_ls(args: argparse.Namespace) -> int:
     discovery = create_discovery(config_from_args(args))
     await discovery.start()
     try:
-        records = await discovery.list(args.scope.key_prefix + "/" if args.scope else EVENT_CHANNELS_BUCKET + "/")
+        records = await discovery.list(
+            args.scope.key_prefix + "/" if args.scope else EVENT_CHANNELS_BUCKET + "/"
+        )
     finally:
         await discovery.close()
     bad = 0
@@ -161,9 +204,13 @@ async def run_ls(args: argparse.Namespace) -> int:
         if args.json:
             print(value.decode())
             continue
-        address = channel.transport_config.get("endpoint") or channel.transport_config.get("subject_prefix", "")
-        print(f"{str(channel.scope):<32} {channel.topic:<24} {channel.instance_id:<16x} "
-              f"{channel.transport_kind:<9} {address}")
+        address = channel.transport_config.get("endpoint") or channel.transport_config.get(
+            "subject_prefix", ""
+        )
+        print(
+            f"{channel.scope!s:<32} {channel.topic:<24} {channel.instance_id:<16x} "
+            f"{channel.transport_kind:<9} {address}"
+        )
     return 1 if bad else 0
 
 

@@ -13,23 +13,46 @@ from meshplane.core.names import Scope
 
 def add_plane_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("event plane (each defaults to its environment variable)")
-    g.add_argument("--transport", choices=["nats", "zmq"],
-                   help="transport: nats (NATS core) or zmq (ZeroMQ direct). Env DYN_EVENT_PLANE, default nats")
-    g.add_argument("--nats-server", metavar="URL",
-                   help="NATS server URL, e.g. nats://127.0.0.1:4222. Env NATS_SERVER")
-    g.add_argument("--discovery", choices=["etcd", "file", "mem"],
-                   help="discovery backend. Env DYN_DISCOVERY_BACKEND, default file (etcd if ETCD_ENDPOINTS is set)")
-    g.add_argument("--file-kv", metavar="DIR", type=Path,
-                   help="folder of the file discovery backend. Env DYN_FILE_KV, default ~/.local/state/meshplane/kv")
-    g.add_argument("--etcd-endpoints", metavar="LIST",
-                   help="comma-separated etcd endpoints, e.g. http://127.0.0.1:2379. Env ETCD_ENDPOINTS")
-    g.add_argument("--host", metavar="HOST",
-                   help="address ZeroMQ publishers bind and advertise. Env DYN_EVENT_PLANE_HOST, default 127.0.0.1")
-    g.add_argument("--wire", choices=[w.value for w in WireFormat],
-                   help="layout publishers send: dynamo (4 frames, Dynamo 1.6.1) or seed (8-byte header). "
-                        "Receivers accept both. Env MESHPLANE_WIRE_FORMAT, default dynamo")
-    g.add_argument("--codec", choices=[c.name.lower() for c in Codec],
-                   help="envelope codec of the seed layout. Env MESHPLANE_CODEC, default msgpack")
+    g.add_argument(
+        "--transport",
+        choices=["nats", "zmq"],
+        help="transport: nats (NATS core) or zmq (ZeroMQ direct). Env DYN_EVENT_PLANE, default nats",
+    )
+    g.add_argument(
+        "--nats-server", metavar="URL", help="NATS server URL, e.g. nats://127.0.0.1:4222. Env NATS_SERVER"
+    )
+    g.add_argument(
+        "--discovery",
+        choices=["etcd", "file", "mem"],
+        help="discovery backend. Env DYN_DISCOVERY_BACKEND, default file (etcd if ETCD_ENDPOINTS is set)",
+    )
+    g.add_argument(
+        "--file-kv",
+        metavar="DIR",
+        type=Path,
+        help="folder of the file discovery backend. Env DYN_FILE_KV, default ~/.local/state/meshplane/kv",
+    )
+    g.add_argument(
+        "--etcd-endpoints",
+        metavar="LIST",
+        help="comma-separated etcd endpoints, e.g. http://127.0.0.1:2379. Env ETCD_ENDPOINTS",
+    )
+    g.add_argument(
+        "--host",
+        metavar="HOST",
+        help="address ZeroMQ publishers bind and advertise. Env DYN_EVENT_PLANE_HOST, default 127.0.0.1",
+    )
+    g.add_argument(
+        "--wire",
+        choices=[w.value for w in WireFormat],
+        help="layout publishers send: dynamo (4 frames, Dynamo 1.6.1) or seed (8-byte header). "
+        "Receivers accept both. Env MESHPLANE_WIRE_FORMAT, default dynamo",
+    )
+    g.add_argument(
+        "--codec",
+        choices=[c.name.lower() for c in Codec],
+        help="envelope codec of the seed layout. Env MESHPLANE_CODEC, default msgpack",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> PlaneConfig:
@@ -38,7 +61,9 @@ def config_from_args(args: argparse.Namespace) -> PlaneConfig:
         nats_server=args.nats_server,
         discovery_backend=args.discovery,
         file_kv=args.file_kv,
-        etcd_endpoints=tuple(e.strip() for e in args.etcd_endpoints.split(",")) if args.etcd_endpoints else None,
+        etcd_endpoints=tuple(e.strip() for e in args.etcd_endpoints.split(","))
+        if args.etcd_endpoints
+        else None,
         host=args.host,
         wire_format=WireFormat(args.wire) if args.wire else None,
         codec=Codec[args.codec.upper()] if args.codec else None,

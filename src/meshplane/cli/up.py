@@ -23,18 +23,40 @@ DEMO_TOPIC = "kv-events"
 
 
 def add_up_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--transport", choices=["nats", "zmq"], default=os.environ.get("DYN_EVENT_PLANE", "nats"),
-                        help="transport of the demo: nats (embedded nats-server) or zmq (direct). Default nats")
-    parser.add_argument("--nats-server", metavar="URL",
-                        help="use this NATS server instead of starting an embedded one")
-    parser.add_argument("--state-dir", type=Path, default=Path(".meshplane"), metavar="DIR",
-                        help="folder for file discovery and server state (default ./.meshplane)")
+    parser.add_argument(
+        "--transport",
+        choices=["nats", "zmq"],
+        default=os.environ.get("DYN_EVENT_PLANE", "nats"),
+        help="transport of the demo: nats (embedded nats-server) or zmq (direct). Default nats",
+    )
+    parser.add_argument(
+        "--nats-server", metavar="URL", help="use this NATS server instead of starting an embedded one"
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(".meshplane"),
+        metavar="DIR",
+        help="folder for file discovery and server state (default ./.meshplane)",
+    )
     parser.add_argument("--publishers", type=int, default=3, metavar="N", help="demo publishers (default 3)")
-    parser.add_argument("--rate", type=float, default=200.0, metavar="R",
-                        help="events per second of each demo publisher (default 200)")
-    parser.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between status lines (default 1)")
-    parser.add_argument("--duration", type=float, default=0.0, metavar="S",
-                        help="stop after S seconds (default: run until Ctrl-C)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=200.0,
+        metavar="R",
+        help="events per second of each demo publisher (default 200)",
+    )
+    parser.add_argument(
+        "--interval", type=float, default=1.0, metavar="S", help="seconds between status lines (default 1)"
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="stop after S seconds (default: run until Ctrl-C)",
+    )
 
 
 async def _demo_publisher(pub: EventPublisher, worker: int, rate: float, stop: asyncio.Event) -> None:
@@ -51,7 +73,7 @@ async def _demo_publisher(pub: EventPublisher, worker: int, rate: float, stop: a
 
 async def run_up(args: argparse.Namespace) -> int:
     state_dir: Path = args.state_dir.resolve()
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - start-up, before any traffic
     nats_server: NatsServer | None = None
     nats_url = args.nats_server
     if args.transport == "nats" and not nats_url:
@@ -80,19 +102,27 @@ async def run_up(args: argparse.Namespace) -> int:
     try:
         async with EventPlane(config) as plane:
             subscriber = await EventSubscriber.create(DEMO_SCOPE, DEMO_TOPIC, plane=plane)
-            publishers = [await EventPublisher.create(DEMO_SCOPE, DEMO_TOPIC, plane=plane) for _ in range(args.publishers)]
+            publishers = [
+                await EventPublisher.create(DEMO_SCOPE, DEMO_TOPIC, plane=plane)
+                for _ in range(args.publishers)
+            ]
             if config.event_plane == "zmq":
                 for pub in publishers:
                     await pub.wait_for_subscribers(1, timeout=10)
-            tasks = [asyncio.create_task(_demo_publisher(p, i, args.rate, stop)) for i, p in enumerate(publishers)]
+            tasks = [
+                asyncio.create_task(_demo_publisher(p, i, args.rate, stop)) for i, p in enumerate(publishers)
+            ]
             consumer = asyncio.create_task(_consume(subscriber))
             await _report(subscriber, args.interval, stop)
             for task in [*tasks, consumer]:
                 task.cancel()
             await asyncio.gather(*tasks, consumer, return_exceptions=True)
             stats = subscriber.stats
-            print(f"\nstopped: {stats.received} events received from {len(publishers)} publishers, "
-                  f"gaps {stats.gaps}, malformed {stats.malformed_total}", flush=True)
+            print(
+                f"\nstopped: {stats.received} events received from {len(publishers)} publishers, "
+                f"gaps {stats.gaps}, malformed {stats.malformed_total}",
+                flush=True,
+            )
     finally:
         if nats_server is not None:
             nats_server.cleanup()
@@ -115,7 +145,9 @@ async def _report(subscriber: EventSubscriber, interval: float, stop: asyncio.Ev
         stats = subscriber.stats
         rate = (stats.received - last_received) / max(now - last_at, 1e-9)
         last_received, last_at = stats.received, now
-        line = (f"up {now - started:6.1f}s | publishers discovered {stats.publishers_discovered} | "
-                f"{rate:8.0f} events/s | received {stats.received} | gaps {stats.gaps} "
-                f"(missing {stats.missing}) | malformed {stats.malformed_total}")
+        line = (
+            f"up {now - started:6.1f}s | publishers discovered {stats.publishers_discovered} | "
+            f"{rate:8.0f} events/s | received {stats.received} | gaps {stats.gaps} "
+            f"(missing {stats.missing}) | malformed {stats.malformed_total}"
+        )
         print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)

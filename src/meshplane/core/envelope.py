@@ -35,7 +35,9 @@ class EventEnvelope(msgspec.Struct, frozen=True, gc=False):
         try:
             return msgspec.msgpack.decode(self.payload, type=type)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise MalformedFrame(f"payload of {self.topic!r} #{self.sequence} is not a {type}: {exc}") from exc
+            raise MalformedFrame(
+                f"payload of {self.topic!r} #{self.sequence} is not a {type}: {exc}"
+            ) from exc
 
 
 class _EnvelopeArray(msgspec.Struct, array_like=True, gc=False):

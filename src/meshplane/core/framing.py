@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from enum import Enum, IntEnum
+from enum import IntEnum, StrEnum
 
-from meshplane.core.envelope import Codec, EventEnvelope, decode_envelope, encode_envelope, encode_envelope_into
+from meshplane.core.envelope import (
+    Codec,
+    EventEnvelope,
+    decode_envelope,
+    encode_envelope,
+    encode_envelope_into,
+)
 from meshplane.errors import (
     MalformedFrame,
     OversizedFrame,
@@ -32,7 +38,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 _MSGPACK_CONTAINER_MARKERS = frozenset([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 
 
-class WireFormat(str, Enum):
+class WireFormat(StrEnum):
     """Which layout a publisher sends. Receivers accept both."""
 
     DYNAMO = "dynamo"
@@ -141,7 +147,10 @@ def decode_zmq(frames: list[bytes], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) 
         if len(pid_frame) != 8 or len(seq_frame) != 8:
             raise MalformedFrame("publisher id and sequence frames must be 8 bytes each")
         envelope = decode_envelope(memoryview(last)[DYNAMO_HEADER_SIZE:])
-        if _U64.unpack(pid_frame)[0] != envelope.publisher_id or _U64.unpack(seq_frame)[0] != envelope.sequence:
+        if (
+            _U64.unpack(pid_frame)[0] != envelope.publisher_id
+            or _U64.unpack(seq_frame)[0] != envelope.sequence
+        ):
             raise MalformedFrame("publisher id / sequence frames disagree with the envelope")
         return Frame(MessageType.EVENT, envelope, routing_topic)
     if len(frames) == 2:

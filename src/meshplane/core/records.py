@@ -76,7 +76,11 @@ class EventChannel:
 
 def _scope_to_json(scope: Scope) -> dict[str, Any]:
     if scope.kind == "endpoint":
-        body = {"namespace": scope.namespace_name, "component": scope.component_name, "name": scope.endpoint_name}
+        body = {
+            "namespace": scope.namespace_name,
+            "component": scope.component_name,
+            "name": scope.endpoint_name,
+        }
     elif scope.kind == "component":
         body = {"namespace": scope.namespace_name, "name": scope.component_name}
     else:
@@ -91,13 +95,14 @@ def _scope_from_json(value: object) -> Scope:
     body = value.get(kind) if isinstance(kind, str) else None
     if not isinstance(body, dict):
         raise InvalidDiscoveryRecord(f"scope kind {kind!r} has no matching body")
-    if kind == "endpoint":
-        return Scope.endpoint(body.get("namespace"), body.get("component"), body.get("name"))  # type: ignore[arg-type]
-    if kind == "component":
-        return Scope.component(body.get("namespace"), body.get("name"))  # type: ignore[arg-type]
-    if kind == "namespace":
-        return Scope.namespace(body.get("name"))  # type: ignore[arg-type]
-    raise InvalidDiscoveryRecord(f"unknown scope kind {kind!r}")
+    fields = {
+        "endpoint": ("namespace", "component", "name"),
+        "component": ("namespace", "name"),
+        "namespace": ("name",),
+    }.get(kind)  # type: ignore[arg-type]
+    if fields is None:
+        raise InvalidDiscoveryRecord(f"unknown scope kind {kind!r}")
+    return Scope(*(validate_name(f"scope.{kind}.{f}", body.get(f)) for f in fields))
 
 
 def key_to_file_name(key: str) -> tuple[str, str]:

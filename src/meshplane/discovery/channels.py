@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -36,21 +37,31 @@ class ChannelWatch:
         self.channels: dict[str, EventChannel] = {}
         self.invalid = 0
 
+    def seed(self, records: dict[str, bytes]) -> list[EventChannel]:
+        """Take an initial listing (valid records only), so the watch does not report them again."""
+        for key, value in records.items():
+            with contextlib.suppress(InvalidDiscoveryRecord):  # counted when the watch reports it
+                self.channels[key] = parse_channel(key, value)
+        return list(self.channels.values())
+
     async def events(self) -> AsyncIterator[ChannelEvent]:
         async for event in self._discovery.list_and_watch(self._prefix):
-            previous = self.channels.pop(event.key, None)
+            channel: EventChannel | None = None
+            if isinstance(event, Added):
+                try:
+                    channel = parse_channel(event.key, event.value)
+                except InvalidDiscoveryRecord as exc:
+                    self.invalid += 1
+                    log.warning("skipping discovery record %s: %s", event.key, exc)
+            previous = self.channels.get(event.key)
+            if previous == channel:
+                continue
             if previous is not None:
+                del self.channels[event.key]
                 yield ChannelRemoved(previous)
-            if not isinstance(event, Added):
-                continue
-            try:
-                channel = parse_channel(event.key, event.value)
-            except InvalidDiscoveryRecord as exc:
-                self.invalid += 1
-                log.warning("skipping discovery record %s: %s", event.key, exc)
-                continue
-            self.channels[event.key] = channel
-            yield ChannelAdded(channel)
+            if channel is not None:
+                self.channels[event.key] = channel
+                yield ChannelAdded(channel)
 
 
 def parse_channel(key: str, value: bytes) -> EventChannel:

@@ -55,7 +55,9 @@ class EtcdDiscovery(Discovery):
                 errors.append(f"{host}:{port}: {exc}")
                 with contextlib.suppress(Exception):
                     await client.close()
-        raise DiscoveryError("cannot reach etcd (" + "; ".join(errors) + "); is etcd running? see ETCD_ENDPOINTS")
+        raise DiscoveryError(
+            "cannot reach etcd (" + "; ".join(errors) + "); is etcd running? see ETCD_ENDPOINTS"
+        )
 
     async def _ensure_client(self) -> aetcd.Client:
         if self._client is None:
@@ -100,7 +102,9 @@ class EtcdDiscovery(Discovery):
                 reply = await self._lease.refresh()
                 if reply is not None and reply.TTL > 0:
                     continue
-                log.warning("etcd lease %x expired; registering %d keys again", self._lease.id, len(self._owned))
+                log.warning(
+                    "etcd lease %x expired; registering %d keys again", self._lease.id, len(self._owned)
+                )
             except Exception as exc:
                 log.warning("etcd keep-alive failed (%s); reconnecting", exc)
             await self._recover()

@@ -60,7 +60,9 @@ class ZmqPublisherTransport(PublisherTransport):
             sock.bind(_tcp_url(self._host))
         except zmq.ZMQError as exc:
             sock.close(0)
-            raise TransportError(f"cannot bind a ZMQ socket on {self._host} (DYN_EVENT_PLANE_HOST): {exc}") from exc
+            raise TransportError(
+                f"cannot bind a ZMQ socket on {self._host} (DYN_EVENT_PLANE_HOST): {exc}"
+            ) from exc
         port = sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
         host = f"[{self._host}]" if ":" in self._host else self._host
         self._endpoint = f"tcp://{host}:{port}"
@@ -82,7 +84,9 @@ class ZmqPublisherTransport(PublisherTransport):
                 message = self._sync.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if message[1:] == self._routing_topic or (message[1:] and self._routing_topic.startswith(message[1:])):
+            if message[1:] == self._routing_topic or (
+                message[1:] and self._routing_topic.startswith(message[1:])
+            ):
                 self._subscribers += 1 if message[:1] == b"\x01" else -1
 
     async def _read_subscriptions(self) -> None:
@@ -90,7 +94,7 @@ class ZmqPublisherTransport(PublisherTransport):
         with contextlib.suppress(zmq.ZMQError):
             while True:
                 self._drain_subscriptions()
-                await self._socket.poll(_CONTROL_POLL_MS, zmq.POLLIN)
+                await self._socket.poll(_CONTROL_POLL_MS)
 
     def subscriber_count(self) -> int:
         return self._subscribers
@@ -117,7 +121,9 @@ class ZmqPublisherTransport(PublisherTransport):
 class ZmqSubscriberTransport(SubscriberTransport):
     """One SUB socket connected to every discovered publisher of the topic."""
 
-    def __init__(self, context: zmq.asyncio.Context, routing_topic: bytes, rcvhwm: int, max_bytes: int) -> None:
+    def __init__(
+        self, context: zmq.asyncio.Context, routing_topic: bytes, rcvhwm: int, max_bytes: int
+    ) -> None:
         self._context = context
         self._routing_topic = routing_topic
         self._rcvhwm = rcvhwm
@@ -145,8 +151,12 @@ class ZmqSubscriberTransport(SubscriberTransport):
     def add_publisher(self, channel: EventChannel) -> None:
         endpoint = channel.zmq_endpoint
         if endpoint is None:
-            log.warning("publisher %x of %s is not a ZMQ publisher (%s); not connecting",
-                        channel.instance_id, channel.topic, channel.transport_kind)
+            log.warning(
+                "publisher %x of %s is not a ZMQ publisher (%s); not connecting",
+                channel.instance_id,
+                channel.topic,
+                channel.transport_kind,
+            )
             return
         if self._endpoints.get(channel.instance_id) == endpoint or self._sync is None:
             return
@@ -167,13 +177,24 @@ class ZmqSubscriberTransport(SubscriberTransport):
         if endpoint is not None and self._sync is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._sync.disconnect(endpoint)
+            # The connection only closes once this socket processes the termination handshake, which
+            # otherwise waits for the application's next read; nudge it so the publisher sees us go.
+            loop = asyncio.get_running_loop()
+            for delay in (0.01, 0.1, 0.5):
+                loop.call_later(delay, self._process_commands)
             log.debug("disconnected from publisher %x at %s", channel.instance_id, endpoint)
 
+    def _process_commands(self) -> None:
+        if self._sync is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sync.getsockopt(zmq.EVENTS)
+
     async def receive(self) -> list[Received]:
-        assert self._socket is not None and self._sync is not None
+        assert self._socket is not None
+        assert self._sync is not None
         out: list[Received] = []
         while not out:
-            await self._socket.poll(None, zmq.POLLIN)
+            await self._socket.poll(None)
             recv = self._sync.recv_multipart
             for _ in range(_MAX_BATCH):
                 try:

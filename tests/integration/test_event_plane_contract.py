@@ -1,0 +1,193 @@
+"""One contract, every transport x discovery backend, on real servers (nats-server, etcd, ZeroMQ sockets)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from meshplane import (
+    ClosedError,
+    EventPlane,
+    EventPublisher,
+    EventSubscriber,
+    PayloadTooLarge,
+    PlaneConfig,
+    Scope,
+)
+from tests.helpers import eventually
+
+
+@pytest.fixture
+def scope() -> Scope:
+    """A namespace of the test's own: the servers outlive a test."""
+    return Scope.endpoint(f"contract-{uuid.uuid4().hex[:8]}", "worker", "generate")
+
+
+async def ready(pub: EventPublisher, subscribers: int = 1) -> None:
+    """ZeroMQ drops what is sent before a subscriber's subscription arrives; wait for it."""
+    if pub.plane.config.event_plane == "zmq":
+        await pub.wait_for_subscribers(subscribers, timeout=10)
+
+
+async def receive(sub: EventSubscriber, n: int) -> list:
+    return [await sub.next(timeout=10) for _ in range(n)]
+
+
+async def test_publish_then_receive_in_order(plane_config: PlaneConfig, scope: Scope):
+    async with EventPlane(plane_config) as plane:
+        sub = await plane.subscriber(scope, "kv-events")
+        pub = await plane.publisher(scope, "kv-events")
+        await ready(pub)
+        for i in range(500):
+            assert await pub.publish({"i": i}) == i
+        events = await receive(sub, 500)
+        assert [e.decode() for e in events] == [{"i": i} for i in range(500)]
+        assert [e.sequence for e in events] == list(range(500))
+        assert {e.publisher_id for e in events} == {pub.publisher_id}
+        assert {e.topic for e in events} == {"kv-events"}
+        assert sub.stats.received == 500
+        assert sub.stats.gaps == 0
+
+
+async def test_raw_bytes_payload_is_delivered_unchanged(plane_config: PlaneConfig, scope: Scope):
+    async with EventPlane(plane_config) as plane:
+        sub = await plane.subscriber(scope, "raw")
+        pub = await plane.publisher(scope, "raw")
+        await ready(pub)
+        await pub.publish(b"\x00\xffraw bytes")
+        assert (await sub.next(10)).payload == b"\x00\xffraw bytes"
+
+
+async def test_topic_matching_is_exact(plane_config: PlaneConfig, scope: Scope):
+    async with EventPlane(plane_config) as plane:
+        sub_kv = await plane.subscriber(scope, "kv")
+        sub_kv_events = await plane.subscriber(scope, "kv-events")
+        pub_kv_events = await plane.publisher(scope, "kv-events")
+        pub_kv = await plane.publisher(scope, "kv")
+        await ready(pub_kv_events)
+        await ready(pub_kv)
+        for i in range(20):
+            await pub_kv_events.publish(i)
+        await pub_kv.publish("only-kv")
+        assert (await sub_kv.next(10)).decode() == "only-kv"
+        assert [e.decode() for e in await receive(sub_kv_events, 20)] == list(range(20))
+        with pytest.raises(TimeoutError):
+            await sub_kv.next(timeout=0.3)
+
+
+async def test_fan_in_from_several_publishers_in_one_process(plane_config: PlaneConfig, scope: Scope):
+    async with EventPlane(plane_config) as plane:
+        sub = await plane.subscriber(scope, "fan-in")
+        pubs = [await plane.publisher(scope, "fan-in") for _ in range(3)]
+        assert len({p.publisher_id for p in pubs}) == 3
+        discovery = await plane.discovery()
+        keys = await discovery.list(scope.channel_prefix("fan-in"))
+        assert set(keys) == {p.channel.key for p in pubs}
+        for pub in pubs:
+            await ready(pub)
+        for i in range(100):
+            for pub in pubs:
+                await pub.publish(i)
+        events = await receive(sub, 300)
+        for pub in pubs:
+            mine = [e.decode() for e in events if e.publisher_id == pub.publisher_id]
+            assert mine == list(range(100))
+        await eventually(lambda: sub.stats.publishers_discovered == 3, what="3 publishers discovered")
+
+
+async def test_publisher_joining_late_is_picked_up(plane_config: PlaneConfig, scope: Scope):
+    async with EventPlane(plane_config) as plane:
+        sub = await plane.subscriber(scope, "late")
+        early = await plane.publisher(scope, "late")
+        await ready(early)
+        await early.publish("early")
+        assert (await sub.next(10)).decode() == "early"
+        late = await plane.publisher(scope, "late")
+        await ready(late)
+        await late.publish("late")
+        envelope = await sub.next(10)
+        assert (envelope.decode(), envelope.publisher_id) == ("late", late.publisher_id)
+
+
+async def test_subscriber_created_after_publisher_finds_it(plane_config: PlaneConfig, scope: Scope):
+    async with EventPlane(plane_config) as plane:
+        pub = await plane.publisher(scope, "before")
+        sub = await plane.subscriber(scope, "before")
+        await ready(pub)
+        await pub.publish("hello")
+        assert (await sub.next(10)).decode() == "hello"
+        assert [c.instance_id for c in sub.publishers.values()] == [pub.publisher_id]
+
+
+async def test_removed_publisher_is_disconnected(plane_config: PlaneConfig, scope: Scope):
+    async with EventPlane(plane_config) as plane:
+        sub = await plane.subscriber(scope, "removal")
+        staying = await plane.publisher(scope, "removal")
+        leaving = await plane.publisher(scope, "removal")
+        await ready(staying)
+        await ready(leaving)
+        await eventually(lambda: sub.stats.publishers_discovered == 2, what="both publishers discovered")
+        # Take the record away while the publisher's socket stays open: discovery is the authority.
+        await (await plane.discovery()).unregister(leaving.channel.key)
+        await eventually(lambda: sub.stats.publishers_discovered == 1, what="removal seen")
+        assert [c.instance_id for c in sub.publishers.values()] == [staying.publisher_id]
+        if plane_config.event_plane == "zmq":
+            await eventually(lambda: leaving.subscriber_count == 0, what="subscriber disconnected")
+            await leaving.publish("must not arrive")
+        await staying.publish("still here")
+        envelope = await sub.next(10)
+        assert envelope.publisher_id == staying.publisher_id
+
+
+async def test_close_unregisters(plane_config: PlaneConfig, scope: Scope):
+    async with EventPlane(plane_config) as plane:
+        discovery = await plane.discovery()
+        prefix = scope.channel_prefix("closing")
+        async with await plane.publisher(scope, "closing") as pub:
+            assert list(await discovery.list(prefix)) == [pub.channel.key]
+        assert await discovery.list(prefix) == {}
+        with pytest.raises(ClosedError):
+            await pub.publish(b"x")
+
+
+async def test_private_plane_from_config(plane_config: PlaneConfig, scope: Scope):
+    """``create`` without a plane builds and owns one; close releases it."""
+    sub = await EventSubscriber.create(scope, "private", config=plane_config)
+    pub = await EventPublisher.create(scope, "private", config=plane_config)
+    try:
+        await ready(pub)
+        await pub.publish("x")
+        assert (await sub.next(10)).decode() == "x"
+    finally:
+        await pub.close()
+        await sub.close()
+    with pytest.raises(ClosedError):
+        await sub.next(1)
+
+
+async def test_oversized_payload_is_refused_and_nothing_is_sent(plane_config: PlaneConfig, scope: Scope):
+    async with EventPlane(plane_config.replace(max_message_bytes=1000)) as plane:
+        sub = await plane.subscriber(scope, "big")
+        pub = await plane.publisher(scope, "big")
+        await ready(pub)
+        with pytest.raises(PayloadTooLarge, match="1000"):
+            await pub.publish(b"x" * 1001)
+        await pub.publish(b"small")
+        envelope = await sub.next(10)
+        assert (envelope.payload, envelope.sequence) == (b"small", 0)
+
+
+async def test_closing_a_subscriber_ends_iteration(plane_config: PlaneConfig, scope: Scope):
+    import asyncio
+
+    async with EventPlane(plane_config) as plane:
+        sub = await plane.subscriber(scope, "end")
+
+        async def consume() -> int:
+            return len([e async for e in sub])
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.05)
+        await sub.close()
+        assert await asyncio.wait_for(task, 5) == 0
