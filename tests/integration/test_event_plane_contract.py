@@ -8,6 +8,7 @@ import pytest
 
 from meshplane import (
     ClosedError,
+    EventEnvelope,
     EventPlane,
     EventPublisher,
     EventSubscriber,
@@ -30,11 +31,11 @@ async def ready(pub: EventPublisher, subscribers: int = 1) -> None:
         await pub.wait_for_subscribers(subscribers, timeout=10)
 
 
-async def receive(sub: EventSubscriber, n: int) -> list:
+async def receive(sub: EventSubscriber, n: int) -> list[EventEnvelope]:
     return [await sub.next(timeout=10) for _ in range(n)]
 
 
-async def test_publish_then_receive_in_order(plane_config: PlaneConfig, scope: Scope):
+async def test_publish_then_receive_in_order(plane_config: PlaneConfig, scope: Scope) -> None:
     async with EventPlane(plane_config) as plane:
         sub = await plane.subscriber(scope, "kv-events")
         pub = await plane.publisher(scope, "kv-events")
@@ -50,7 +51,7 @@ async def test_publish_then_receive_in_order(plane_config: PlaneConfig, scope: S
         assert sub.stats.gaps == 0
 
 
-async def test_raw_bytes_payload_is_delivered_unchanged(plane_config: PlaneConfig, scope: Scope):
+async def test_raw_bytes_payload_is_delivered_unchanged(plane_config: PlaneConfig, scope: Scope) -> None:
     async with EventPlane(plane_config) as plane:
         sub = await plane.subscriber(scope, "raw")
         pub = await plane.publisher(scope, "raw")
@@ -59,7 +60,7 @@ async def test_raw_bytes_payload_is_delivered_unchanged(plane_config: PlaneConfi
         assert (await sub.next(10)).payload == b"\x00\xffraw bytes"
 
 
-async def test_topic_matching_is_exact(plane_config: PlaneConfig, scope: Scope):
+async def test_topic_matching_is_exact(plane_config: PlaneConfig, scope: Scope) -> None:
     async with EventPlane(plane_config) as plane:
         sub_kv = await plane.subscriber(scope, "kv")
         sub_kv_events = await plane.subscriber(scope, "kv-events")
@@ -76,7 +77,7 @@ async def test_topic_matching_is_exact(plane_config: PlaneConfig, scope: Scope):
             await sub_kv.next(timeout=0.3)
 
 
-async def test_fan_in_from_several_publishers_in_one_process(plane_config: PlaneConfig, scope: Scope):
+async def test_fan_in_from_several_publishers_in_one_process(plane_config: PlaneConfig, scope: Scope) -> None:
     async with EventPlane(plane_config) as plane:
         sub = await plane.subscriber(scope, "fan-in")
         pubs = [await plane.publisher(scope, "fan-in") for _ in range(3)]
@@ -96,7 +97,7 @@ async def test_fan_in_from_several_publishers_in_one_process(plane_config: Plane
         await eventually(lambda: sub.stats.publishers_discovered == 3, what="3 publishers discovered")
 
 
-async def test_publisher_joining_late_is_picked_up(plane_config: PlaneConfig, scope: Scope):
+async def test_publisher_joining_late_is_picked_up(plane_config: PlaneConfig, scope: Scope) -> None:
     async with EventPlane(plane_config) as plane:
         sub = await plane.subscriber(scope, "late")
         early = await plane.publisher(scope, "late")
@@ -110,7 +111,7 @@ async def test_publisher_joining_late_is_picked_up(plane_config: PlaneConfig, sc
         assert (envelope.decode(), envelope.publisher_id) == ("late", late.publisher_id)
 
 
-async def test_subscriber_created_after_publisher_finds_it(plane_config: PlaneConfig, scope: Scope):
+async def test_subscriber_created_after_publisher_finds_it(plane_config: PlaneConfig, scope: Scope) -> None:
     async with EventPlane(plane_config) as plane:
         pub = await plane.publisher(scope, "before")
         sub = await plane.subscriber(scope, "before")
@@ -120,7 +121,7 @@ async def test_subscriber_created_after_publisher_finds_it(plane_config: PlaneCo
         assert [c.instance_id for c in sub.publishers.values()] == [pub.publisher_id]
 
 
-async def test_removed_publisher_is_disconnected(plane_config: PlaneConfig, scope: Scope):
+async def test_removed_publisher_is_disconnected(plane_config: PlaneConfig, scope: Scope) -> None:
     async with EventPlane(plane_config) as plane:
         sub = await plane.subscriber(scope, "removal")
         staying = await plane.publisher(scope, "removal")
@@ -140,7 +141,7 @@ async def test_removed_publisher_is_disconnected(plane_config: PlaneConfig, scop
         assert envelope.publisher_id == staying.publisher_id
 
 
-async def test_close_unregisters(plane_config: PlaneConfig, scope: Scope):
+async def test_close_unregisters(plane_config: PlaneConfig, scope: Scope) -> None:
     async with EventPlane(plane_config) as plane:
         discovery = await plane.discovery()
         prefix = scope.channel_prefix("closing")
@@ -151,7 +152,7 @@ async def test_close_unregisters(plane_config: PlaneConfig, scope: Scope):
             await pub.publish(b"x")
 
 
-async def test_private_plane_from_config(plane_config: PlaneConfig, scope: Scope):
+async def test_private_plane_from_config(plane_config: PlaneConfig, scope: Scope) -> None:
     """``create`` without a plane builds and owns one; close releases it."""
     sub = await EventSubscriber.create(scope, "private", config=plane_config)
     pub = await EventPublisher.create(scope, "private", config=plane_config)
@@ -166,7 +167,9 @@ async def test_private_plane_from_config(plane_config: PlaneConfig, scope: Scope
         await sub.next(1)
 
 
-async def test_oversized_payload_is_refused_and_nothing_is_sent(plane_config: PlaneConfig, scope: Scope):
+async def test_oversized_payload_is_refused_and_nothing_is_sent(
+    plane_config: PlaneConfig, scope: Scope
+) -> None:
     async with EventPlane(plane_config.replace(max_message_bytes=1000)) as plane:
         sub = await plane.subscriber(scope, "big")
         pub = await plane.publisher(scope, "big")
@@ -178,7 +181,7 @@ async def test_oversized_payload_is_refused_and_nothing_is_sent(plane_config: Pl
         assert (envelope.payload, envelope.sequence) == (b"small", 0)
 
 
-async def test_closing_a_subscriber_ends_iteration(plane_config: PlaneConfig, scope: Scope):
+async def test_closing_a_subscriber_ends_iteration(plane_config: PlaneConfig, scope: Scope) -> None:
     import asyncio
 
     async with EventPlane(plane_config) as plane:
