@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
@@ -22,44 +23,55 @@ _MAX_BATCH = 4096
 
 async def connect_nats(url: str, timeout: float, name: str = "meshplane") -> NatsClient:
     """Connect, retrying until ``timeout``; once connected, reconnect forever after outages."""
+    safe_url = _redact(url)
+    client = NatsClient()
 
     async def on_error(exc: Exception) -> None:
-        log.warning("NATS %s: %s", url, exc)
-
-    clients: list[NatsClient] = []
+        log.warning("NATS %s: %s", safe_url, exc)
 
     async def on_disconnect() -> None:
-        if clients and not (clients[0].is_closed or clients[0].is_draining):
-            log.warning("disconnected from NATS %s; reconnecting", url)
+        if not (client.is_closed or client.is_draining):
+            log.warning("disconnected from NATS %s; reconnecting", safe_url)
 
     async def on_reconnect() -> None:
-        log.info("reconnected to NATS %s", url)
+        log.info("reconnected to NATS %s", safe_url)
 
-    deadline = asyncio.get_running_loop().time() + timeout
-    delay = 0.05
-    while True:
-        try:
-            client = await nats.connect(
+    try:
+        # nats-py retries the first connection on its own (max_reconnect_attempts=-1 applies to it too),
+        # so bound the whole attempt instead of looping around it.
+        await asyncio.wait_for(
+            client.connect(
                 url,
                 name=name,
                 connect_timeout=max(1, int(timeout)),
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
+                reconnect_time_wait=1,
                 error_cb=on_error,
                 disconnected_cb=on_disconnect,
                 reconnected_cb=on_reconnect,
-            )
-            clients.append(client)
-            return client
-        except Exception as exc:
-            if asyncio.get_running_loop().time() + delay > deadline:
-                raise TransportError(
-                    f"cannot connect to NATS at {url} within {timeout}s ({exc!r}); "
-                    "start nats-server or point NATS_SERVER at one"
-                ) from exc
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            ),
+            timeout,
+        )
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            await client.close()
+        raise TransportError(
+            f"cannot connect to NATS at {_redact(url)} within {timeout}s ({type(exc).__name__}); "
+            "start nats-server or point NATS_SERVER at one"
+        ) from exc
+    return client
+
+
+def _redact(url: str) -> str:
+    """The URL without credentials, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        netloc = parts.hostname or ""
+        if parts.port:
+            netloc += f":{parts.port}"
+        return urlunsplit(parts._replace(netloc=f"***@{netloc}"))
+    return url
 
 
 class NatsPublisherTransport(PublisherTransport):

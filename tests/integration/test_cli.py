@@ -1,0 +1,164 @@
+"""The command line, run as a user would: real processes, real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshplane import EventPlane, Scope
+from tests.conftest import make_config
+
+MESHPLANE = [sys.executable, "-m", "meshplane.cli.main"]
+
+
+def env_for(tmp_path: Path, transport: str = "zmq") -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "ETCD_", "MESHPLANE_"))}
+    env.update(DYN_EVENT_PLANE=transport, DYN_DISCOVERY_BACKEND="file", DYN_FILE_KV=str(tmp_path / "kv"))
+    return env
+
+
+@pytest.mark.parametrize("transport", ["nats", "zmq"])
+def test_up_runs_a_local_plane_and_reports_what_flows(transport: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            *MESHPLANE,
+            "up",
+            "--transport",
+            transport,
+            "--state-dir",
+            str(tmp_path),
+            "--duration",
+            "2.5",
+            "--publishers",
+            "2",
+            "--rate",
+            "100",
+            "--interval",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env_for(tmp_path, transport),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "publishers discovered 2" in result.stdout
+    stopped = re.search(
+        r"stopped: (\d+) events received from 2 publishers, gaps 0, malformed 0", result.stdout
+    )
+    assert stopped, result.stdout
+    assert int(stopped.group(1)) >= 200  # 2 publishers x 100/s x >= 1 s of traffic
+    if transport == "nats":
+        pid = int(re.search(r"nats-server pid (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
+        assert not Path(f"/proc/{pid}").exists()  # the embedded server is stopped with `up`
+
+
+def test_pub_reaches_sub_and_sub_prints_json(tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    sub = subprocess.Popen(
+        [*MESHPLANE, "sub", "ns/comp/ep", "kv-events", "--json", "--count", "3", "--timeout", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    pub = subprocess.run(
+        [
+            *MESHPLANE,
+            "pub",
+            "ns/comp/ep",
+            "kv-events",
+            '{"a": 1}',
+            "[2]",
+            "--json",
+            "--count",
+            "1",
+            "--wait-subscribers",
+            "1",
+            "--timeout",
+            "30",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert pub.returncode == 0, pub.stderr
+    pub_lines = subprocess.run(
+        [*MESHPLANE, "pub", "ns/comp/ep", "kv-events", "--wait-subscribers", "1"],
+        input="plain text\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert pub_lines.returncode == 0, pub_lines.stderr
+    out, err = sub.communicate(timeout=60)
+    assert sub.returncode == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [e["payload"] for e in events] == [{"a": 1}, [2], "plain text"]
+    assert {e["topic"] for e in events} == {"kv-events"}
+    assert [e["sequence"] for e in events] == [0, 1, 0]
+
+
+async def test_ls_lists_registered_publishers(tmp_path: Path) -> None:
+    config = make_config("zmq", "file", tmp_path, None, None)
+    async with EventPlane(config) as plane:
+        pub = await plane.publisher(Scope.endpoint("ns", "comp", "ep"), "kv-events")
+        proc = await asyncio.create_subprocess_exec(
+            *MESHPLANE, "ls", stdout=asyncio.subprocess.PIPE, env=env_for(tmp_path)
+        )
+        table, _ = await proc.communicate()
+        proc = await asyncio.create_subprocess_exec(
+            *MESHPLANE, "ls", "ns", "--json", stdout=asyncio.subprocess.PIPE, env=env_for(tmp_path)
+        )
+        raw, _ = await proc.communicate()
+    assert f"{pub.publisher_id:x}" in table.decode()
+    assert str(pub.channel.zmq_endpoint) in table.decode()
+    assert [json.loads(line)["instance_id"] for line in raw.decode().splitlines()] == [pub.publisher_id]
+
+
+@pytest.mark.parametrize("command", ["up", "pub", "sub", "ls"])
+def test_every_option_is_explained(command: str) -> None:
+    result = subprocess.run([*MESHPLANE, command, "--help"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0
+    options = set(re.findall(r"^\s+(--[a-z-]+)", result.stdout, re.MULTILINE)) - {"--help"}
+    assert options
+    for option in options:
+        line = next(li for li in result.stdout.splitlines() if li.strip().startswith(option))
+        described = line.split(option, 1)[1].strip() or "next line"
+        assert described, f"{command} {option} has no description"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["sub", "bad.scope", "t"], {}, "contains '.'"),
+        (["sub", "a/b/c", "t"], {"DYN_EVENT_PLANE": "kafka"}, "DYN_EVENT_PLANE must be"),
+        (
+            ["pub", "a/b/c", "t", "x"],
+            {
+                "DYN_EVENT_PLANE": "nats",
+                "NATS_SERVER": "nats://127.0.0.1:1",
+                "MESHPLANE_CONNECT_TIMEOUT": "1",
+            },
+            "cannot connect to NATS",
+        ),
+    ],
+)
+def test_bad_input_is_a_clear_error(
+    args: list[str], env: dict[str, str], message: str, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [*MESHPLANE, *args], capture_output=True, text=True, timeout=60, env={**env_for(tmp_path), **env}
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
