@@ -8,7 +8,7 @@ import logging
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import zmq.asyncio
+import zmq
 
 from meshplane.config import PlaneConfig
 from meshplane.core.names import Scope, validate_name
@@ -41,7 +41,7 @@ class EventPlane:
         self.config = config
         self._discovery: Discovery | None = None
         self._nats: NatsClient | None = None
-        self._zmq: zmq.asyncio.Context | None = None
+        self._zmq: zmq.Context[zmq.Socket[bytes]] | None = None
         self._lock = asyncio.Lock()
         self._members: list[EventPublisher | EventSubscriber] = []
         self._closed = False
@@ -78,10 +78,10 @@ class EventPlane:
                 self._nats = await connect_nats(self.config.nats_server, self.config.connect_timeout)
             return self._nats
 
-    def zmq_context(self) -> zmq.asyncio.Context:
+    def zmq_context(self) -> zmq.Context[zmq.Socket[bytes]]:
         self._check_open()
         if self._zmq is None:
-            self._zmq = zmq.asyncio.Context()
+            self._zmq = zmq.Context()
         return self._zmq
 
     async def publisher(self, scope: Scope, topic: str) -> EventPublisher:

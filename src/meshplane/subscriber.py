@@ -213,6 +213,8 @@ class EventSubscriber:
 
     async def next(self, timeout: float | None = None) -> EventEnvelope:
         """The next event; ``TimeoutError`` after ``timeout`` seconds, ``ClosedError`` once closed."""
+        if self._buffer:
+            return self._buffer.popleft()  # no timer needed for what has already arrived
         try:
             return await asyncio.wait_for(self.__anext__(), timeout)
         except StopAsyncIteration:

@@ -1,4 +1,8 @@
-"""ZeroMQ direct mode (pyzmq): each publisher binds its own socket, subscribers connect to every one."""
+"""ZeroMQ direct mode (pyzmq): each publisher binds its own socket, subscribers connect to every one.
+
+Sockets are plain (synchronous) pyzmq sockets: sends never block (PUB semantics) and the receive side
+waits on the socket's notification descriptor through the event loop, then drains without awaiting.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ import logging
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from meshplane.core.envelope import Codec, EventEnvelope
 from meshplane.core.framing import WireFormat, ZmqEncoder, decode_zmq
@@ -18,13 +21,49 @@ from meshplane.transports.base import PublisherTransport, Received, SubscriberTr
 
 log = logging.getLogger(__name__)
 _MAX_BATCH = 4096
-# Sends through the synchronous shadow socket can swallow the edge that would wake the asyncio
-# reader, so readers of control traffic also wake up on this period.
-_CONTROL_POLL_MS = 100
+_MORE = zmq.SNDMORE | zmq.NOBLOCK
 
 
 def _tcp_url(host: str) -> str:
     return f"tcp://[{host}]:*" if ":" in host else f"tcp://{host}:*"
+
+
+class Readable:
+    """Lets a coroutine wait until a ZeroMQ socket has a message to read.
+
+    ZeroMQ signals through ``ZMQ_FD`` only when its state changes, and reading ``ZMQ_EVENTS`` is what
+    processes pending commands and re-arms the signal; so the loop's reader callback reads it every
+    time, and ``wait`` checks it before sleeping.
+    """
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._fd = int(sock.getsockopt(zmq.FD))
+        self._waiter: asyncio.Future[None] | None = None
+        self._loop.add_reader(self._fd, self._on_signal)
+
+    def _on_signal(self) -> None:
+        try:
+            readable = int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN
+        except zmq.ZMQError:
+            return
+        if readable and self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self) -> None:
+        if int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            return
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def close(self) -> None:
+        self._loop.remove_reader(self._fd)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.cancel()
 
 
 class ZmqPublisherTransport(PublisherTransport):
@@ -32,7 +71,7 @@ class ZmqPublisherTransport(PublisherTransport):
 
     def __init__(
         self,
-        context: zmq.asyncio.Context,
+        context: zmq.Context[zmq.Socket[bytes]],
         routing_topic: bytes,
         publisher_id: int,
         host: str,
@@ -45,11 +84,9 @@ class ZmqPublisherTransport(PublisherTransport):
         self._encoder = ZmqEncoder(routing_topic, publisher_id, wire, codec)
         self._host = host
         self._sndhwm = sndhwm
-        self._socket: zmq.asyncio.Socket | None = None
-        self._sync: zmq.Socket[bytes] | None = None
+        self._socket: zmq.Socket[bytes] | None = None
         self._endpoint = ""
         self._subscribers = 0
-        self._control: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         sock = self._context.socket(zmq.XPUB)
@@ -67,8 +104,6 @@ class ZmqPublisherTransport(PublisherTransport):
         host = f"[{self._host}]" if ":" in self._host else self._host
         self._endpoint = f"tcp://{host}:{port}"
         self._socket = sock
-        self._sync = zmq.Socket.shadow(sock.underlying)
-        self._control = asyncio.create_task(self._read_subscriptions(), name="meshplane-xpub-control")
 
     @property
     def endpoint(self) -> str:
@@ -77,59 +112,52 @@ class ZmqPublisherTransport(PublisherTransport):
     def discovery_transport(self) -> tuple[str, dict[str, Any]]:
         return TRANSPORT_ZMQ, {"endpoint": self._endpoint}
 
-    def _drain_subscriptions(self) -> None:
-        assert self._sync is not None
-        while True:
-            try:
-                message = self._sync.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if message[1:] == self._routing_topic or (
-                message[1:] and self._routing_topic.startswith(message[1:])
-            ):
-                self._subscribers += 1 if message[:1] == b"\x01" else -1
-
-    async def _read_subscriptions(self) -> None:
-        assert self._socket is not None
-        with contextlib.suppress(zmq.ZMQError):
-            while True:
-                self._drain_subscriptions()
-                await self._socket.poll(_CONTROL_POLL_MS)
-
     def subscriber_count(self) -> int:
+        # Subscription messages queue up in the socket until read; reading them here, on demand,
+        # keeps the publish path free of any background work.
+        if self._socket is not None:
+            while True:
+                try:
+                    message = self._socket.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                prefix = message[1:]
+                if prefix and self._routing_topic.startswith(prefix):
+                    self._subscribers += 1 if message[:1] == b"\x01" else -1
         return self._subscribers
 
     async def send(self, envelope: EventEnvelope) -> None:
-        assert self._sync is not None
+        sock = self._socket
+        if sock is None:
+            raise TransportError("ZMQ publisher socket is closed")
         # XPUB never blocks: at the high-water mark ZeroMQ drops, which subscribers see as a gap.
-        self._sync.send_multipart(self._encoder.encode(envelope), zmq.NOBLOCK, copy=False)
+        # Frame by frame: pyzmq's send_multipart re-validates every frame, which costs more than the send.
+        *head, last = self._encoder.encode(envelope)
+        for frame in head:
+            sock.send(frame, _MORE)
+        sock.send(last, zmq.NOBLOCK)
 
     async def flush(self, timeout: float) -> None:
         return None  # ZeroMQ's I/O thread sends on its own; LINGER covers close
 
     async def close(self) -> None:
-        if self._control is not None:
-            self._control.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._control
         if self._socket is not None:
             self._socket.close()
             self._socket = None
-            self._sync = None
 
 
 class ZmqSubscriberTransport(SubscriberTransport):
     """One SUB socket connected to every discovered publisher of the topic."""
 
     def __init__(
-        self, context: zmq.asyncio.Context, routing_topic: bytes, rcvhwm: int, max_bytes: int
+        self, context: zmq.Context[zmq.Socket[bytes]], routing_topic: bytes, rcvhwm: int, max_bytes: int
     ) -> None:
         self._context = context
         self._routing_topic = routing_topic
         self._rcvhwm = rcvhwm
         self._max_bytes = max_bytes
-        self._socket: zmq.asyncio.Socket | None = None
-        self._sync: zmq.Socket[bytes] | None = None
+        self._socket: zmq.Socket[bytes] | None = None
+        self._readable: Readable | None = None
         self._endpoints: dict[int, str] = {}
         self.connect_errors = 0
 
@@ -142,7 +170,7 @@ class ZmqSubscriberTransport(SubscriberTransport):
         # SUB filtering is a prefix match; the subscriber re-checks the topic exactly.
         sock.setsockopt(zmq.SUBSCRIBE, self._routing_topic)
         self._socket = sock
-        self._sync = zmq.Socket.shadow(sock.underlying)
+        self._readable = Readable(sock)
 
     @property
     def connected_publishers(self) -> int:
@@ -158,13 +186,13 @@ class ZmqSubscriberTransport(SubscriberTransport):
                 channel.transport_kind,
             )
             return
-        if self._endpoints.get(channel.instance_id) == endpoint or self._sync is None:
+        if self._endpoints.get(channel.instance_id) == endpoint or self._socket is None:
             return
         self.remove_publisher(channel)
         try:
             # ZeroMQ connects (and reconnects) in the background: a publisher that is not up yet
             # is picked up when it is, so one failed attempt never silences it.
-            self._sync.connect(endpoint)
+            self._socket.connect(endpoint)
         except zmq.ZMQError as exc:
             self.connect_errors += 1
             log.warning("cannot connect to publisher %x at %r: %s", channel.instance_id, endpoint, exc)
@@ -174,41 +202,40 @@ class ZmqSubscriberTransport(SubscriberTransport):
 
     def remove_publisher(self, channel: EventChannel) -> None:
         endpoint = self._endpoints.pop(channel.instance_id, None)
-        if endpoint is not None and self._sync is not None:
+        if endpoint is not None and self._socket is not None:
             with contextlib.suppress(zmq.ZMQError):
-                self._sync.disconnect(endpoint)
-            # The connection only closes once this socket processes the termination handshake, which
-            # otherwise waits for the application's next read; nudge it so the publisher sees us go.
-            loop = asyncio.get_running_loop()
-            for delay in (0.01, 0.1, 0.5):
-                loop.call_later(delay, self._process_commands)
+                self._socket.disconnect(endpoint)
             log.debug("disconnected from publisher %x at %s", channel.instance_id, endpoint)
 
-    def _process_commands(self) -> None:
-        if self._sync is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._sync.getsockopt(zmq.EVENTS)
-
     async def receive(self) -> list[Received]:
-        assert self._socket is not None
-        assert self._sync is not None
+        if self._socket is None or self._readable is None:
+            return []  # closed
+        recv = self._socket.recv
+        max_bytes = self._max_bytes
         out: list[Received] = []
         while not out:
-            await self._socket.poll(None)
-            recv = self._sync.recv_multipart
+            await self._readable.wait()
             for _ in range(_MAX_BATCH):
+                # Frame.more instead of recv_multipart: its RCVMORE getsockopt per frame costs more
+                # than the receive itself.
                 try:
-                    frames = recv(zmq.NOBLOCK)
+                    frame = recv(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
+                frames = [frame.bytes]
+                while frame.more:
+                    frame = recv(zmq.NOBLOCK, copy=False)
+                    frames.append(frame.bytes)
                 try:
-                    out.append(decode_zmq(frames, self._max_bytes))
+                    out.append(decode_zmq(frames, max_bytes))
                 except WireError as exc:
                     out.append(exc)
         return out
 
     async def close(self) -> None:
+        if self._readable is not None:
+            self._readable.close()
+            self._readable = None
         if self._socket is not None:
             self._socket.close(0)
             self._socket = None
-            self._sync = None
