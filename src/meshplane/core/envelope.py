@@ -56,7 +56,7 @@ class Codec(IntEnum):
 
 
 _msgpack_encoder = msgspec.msgpack.Encoder()
-_msgpack_decoder = msgspec.msgpack.Decoder(EventEnvelope)
+msgpack_envelope_decoder = msgspec.msgpack.Decoder(EventEnvelope)  # the map form, for hot paths
 _msgpack_array_decoder = msgspec.msgpack.Decoder(_EnvelopeArray)
 _json_encoder = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder(EventEnvelope)
@@ -82,6 +82,6 @@ def decode_envelope(data: bytes | memoryview, codec: Codec = Codec.MSGPACK) -> E
         if data and data[0] in _MSGPACK_ARRAY_MARKERS:
             a = _msgpack_array_decoder.decode(data)
             return EventEnvelope(a.publisher_id, a.sequence, a.published_at, a.topic, a.payload)
-        return _msgpack_decoder.decode(data)
+        return msgpack_envelope_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise MalformedFrame(f"invalid {codec.name} envelope: {exc}") from exc

@@ -7,8 +7,10 @@ that names what was wrong; nothing here does I/O.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from enum import IntEnum, StrEnum
+from typing import NamedTuple
+
+import msgspec
 
 from meshplane.core.envelope import (
     Codec,
@@ -16,6 +18,7 @@ from meshplane.core.envelope import (
     decode_envelope,
     encode_envelope,
     encode_envelope_into,
+    msgpack_envelope_decoder,
 )
 from meshplane.errors import (
     MalformedFrame,
@@ -30,6 +33,7 @@ SEED_VERSION = 2
 _DYNAMO_HEADER = struct.Struct(">BI")  # version, envelope length
 _SEED_HEADER = struct.Struct(">BBBBI")  # version, message type, codec, flags, body length
 _U64 = struct.Struct(">Q")
+_U64_PAIR = struct.Struct(">QQ")
 DYNAMO_HEADER_SIZE = _DYNAMO_HEADER.size
 SEED_HEADER_SIZE = _SEED_HEADER.size
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -50,8 +54,12 @@ class MessageType(IntEnum):
     HEARTBEAT = 2
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+_EVENT = MessageType.EVENT
+_MSGPACK_MAP_MARKERS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
+_decode_map_envelope = msgpack_envelope_decoder.decode
+
+
+class Frame(NamedTuple):
     """A decoded message: its type, its envelope and the routing topic it arrived under."""
 
     message_type: MessageType
@@ -139,20 +147,25 @@ def decode_zmq(frames: list[bytes], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) 
             raise UnsupportedVersion(
                 f"unsupported protocol version {version} in a 4-frame message (expected {DYNAMO_VERSION})"
             )
-        _check_size(length, max_bytes)
+        if length > max_bytes:
+            _check_size(length, max_bytes)
         body_length = len(last) - DYNAMO_HEADER_SIZE
         if body_length != length:
             kind = TruncatedFrame if body_length < length else MalformedFrame
             raise kind(f"header announces {length} envelope bytes, {body_length} arrived")
         if len(pid_frame) != 8 or len(seq_frame) != 8:
             raise MalformedFrame("publisher id and sequence frames must be 8 bytes each")
-        envelope = decode_envelope(memoryview(last)[DYNAMO_HEADER_SIZE:])
-        if (
-            _U64.unpack(pid_frame)[0] != envelope.publisher_id
-            or _U64.unpack(seq_frame)[0] != envelope.sequence
-        ):
+        body = memoryview(last)[DYNAMO_HEADER_SIZE:]
+        if body and body[0] in _MSGPACK_MAP_MARKERS:  # the common case, kept free of extra calls
+            try:
+                envelope = _decode_map_envelope(body)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise MalformedFrame(f"invalid MSGPACK envelope: {exc}") from exc
+        else:
+            envelope = decode_envelope(body)
+        if _U64_PAIR.unpack(pid_frame + seq_frame) != (envelope.publisher_id, envelope.sequence):
             raise MalformedFrame("publisher id / sequence frames disagree with the envelope")
-        return Frame(MessageType.EVENT, envelope, routing_topic)
+        return Frame(_EVENT, envelope, routing_topic)
     if len(frames) == 2:
         return _decode_seed(frames[1], frames[0], max_bytes)
     raise UnexpectedFrameCount(f"unexpected ZMQ multipart frame count: {len(frames)} (expected 4 or 2)")
@@ -176,9 +189,16 @@ def decode_nats(data: bytes, routing_topic: bytes, max_bytes: int = DEFAULT_MAX_
     if not data:
         raise TruncatedFrame("empty NATS message")
     first = data[0]
+    if first in _MSGPACK_MAP_MARKERS:  # the common case, kept free of extra calls
+        if len(data) > max_bytes:
+            _check_size(len(data), max_bytes)
+        try:
+            return Frame(_EVENT, _decode_map_envelope(data), routing_topic)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise MalformedFrame(f"invalid MSGPACK envelope: {exc}") from exc
     if first in _MSGPACK_CONTAINER_MARKERS:
         _check_size(len(data), max_bytes)
-        return Frame(MessageType.EVENT, decode_envelope(data), routing_topic)
+        return Frame(_EVENT, decode_envelope(data), routing_topic)
     if first == SEED_VERSION:
         return _decode_seed(data, routing_topic, max_bytes)
     raise UnsupportedVersion(
