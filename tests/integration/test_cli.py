@@ -162,3 +162,46 @@ def test_bad_input_is_a_clear_error(
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_up_with_a_token_requires_it_and_never_prints_it(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            *MESHPLANE,
+            "up",
+            "--token",
+            "s3cr3t-t0ken",
+            "--state-dir",
+            str(tmp_path),
+            "--duration",
+            "1.5",
+            "--publishers",
+            "1",
+            "--rate",
+            "50",
+            "--interval",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env_for(tmp_path, "nats"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "s3cr3t-t0ken" not in result.stdout + result.stderr
+    assert "NATS_SERVER=nats://YOUR_TOKEN@127.0.0.1:" in result.stdout
+    assert re.search(r"stopped: [1-9]\d* events received", result.stdout)
+
+
+async def test_embedded_nats_server_rejects_clients_without_the_token() -> None:
+    from meshplane import TransportError
+    from meshplane.servers import NatsServer
+    from meshplane.transports.nats import connect_nats
+
+    with NatsServer(token="s3cr3t") as server:
+        server.start()
+        client = await connect_nats(server.url, timeout=5)
+        await client.close()
+        with pytest.raises(TransportError) as error:
+            await connect_nats(f"nats://127.0.0.1:{server.port}", timeout=2)
+        assert "s3cr3t" not in str(error.value)

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -228,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(runner(args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. `meshplane sub ... | head`: the reader has gone, so are we
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except MeshplaneError as exc:
         print(f"meshplane: error: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from meshplane.plane import EventPlane
 from meshplane.publisher import EventPublisher
 from meshplane.servers import NatsServer
 from meshplane.subscriber import EventSubscriber
+from meshplane.transports.nats import redact_url
 
 DEMO_SCOPE = Scope.endpoint("dynamo", "worker", "generate")
 DEMO_TOPIC = "kv-events"
@@ -31,6 +32,13 @@ def add_up_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--nats-server", metavar="URL", help="use this NATS server instead of starting an embedded one"
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("MESHPLANE_TOKEN"),
+        metavar="TOKEN",
+        help="require this token from NATS clients of the embedded server (env MESHPLANE_TOKEN); "
+        "clients put it in NATS_SERVER as nats://TOKEN@host:port. Default: no token",
     )
     parser.add_argument(
         "--state-dir",
@@ -77,7 +85,7 @@ async def run_up(args: argparse.Namespace) -> int:
     nats_server: NatsServer | None = None
     nats_url = args.nats_server
     if args.transport == "nats" and not nats_url:
-        nats_server = NatsServer().start()
+        nats_server = NatsServer(token=args.token).start()
         nats_url = nats_server.url
     config = PlaneConfig.from_env(
         event_plane=args.transport, discovery_backend="file", file_kv=state_dir / "kv", nats_server=nats_url
@@ -90,12 +98,13 @@ async def run_up(args: argparse.Namespace) -> int:
         loop.call_later(args.duration, stop.set)
 
     print(f"meshplane up: transport={config.event_plane} discovery=file:{config.file_kv}", flush=True)
+    shown_url = redact_url(nats_url) if nats_url else None
     if nats_server is not None:
-        print(f"  embedded nats-server pid {nats_server.pid} at {nats_url}", flush=True)
+        print(f"  embedded nats-server pid {nats_server.pid} at {shown_url}", flush=True)
     print("  try in another shell:", flush=True)
     exports = f"DYN_EVENT_PLANE={config.event_plane} DYN_DISCOVERY_BACKEND=file DYN_FILE_KV={config.file_kv}"
-    if nats_url:
-        exports += f" NATS_SERVER={nats_url}"
+    if shown_url:
+        exports += f" NATS_SERVER={shown_url.replace('***@', 'YOUR_TOKEN@')}"
     print(f"    {exports} meshplane sub {DEMO_SCOPE} {DEMO_TOPIC}", flush=True)
     print(f"    {exports} meshplane ls", flush=True)
 
@@ -112,11 +121,13 @@ async def run_up(args: argparse.Namespace) -> int:
             tasks = [
                 asyncio.create_task(_demo_publisher(p, i, args.rate, stop)) for i, p in enumerate(publishers)
             ]
-            consumer = asyncio.create_task(_consume(subscriber))
-            await _report(subscriber, args.interval, stop)
-            for task in [*tasks, consumer]:
-                task.cancel()
-            await asyncio.gather(*tasks, consumer, return_exceptions=True)
+            tasks.append(asyncio.create_task(_consume(subscriber)))
+            try:
+                await _report(subscriber, args.interval, stop)
+            finally:  # stop the traffic before the plane closes what it flows through
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
             stats = subscriber.stats
             print(
                 f"\nstopped: {stats.received} events received from {len(publishers)} publishers, "

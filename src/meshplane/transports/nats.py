@@ -23,7 +23,7 @@ _MAX_BATCH = 4096
 
 async def connect_nats(url: str, timeout: float, name: str = "meshplane") -> NatsClient:
     """Connect, retrying until ``timeout``; once connected, reconnect forever after outages."""
-    safe_url = _redact(url)
+    safe_url = redact_url(url)
     client = NatsClient()
 
     async def on_error(exc: Exception) -> None:
@@ -57,13 +57,13 @@ async def connect_nats(url: str, timeout: float, name: str = "meshplane") -> Nat
         with contextlib.suppress(Exception):
             await client.close()
         raise TransportError(
-            f"cannot connect to NATS at {_redact(url)} within {timeout}s ({type(exc).__name__}); "
+            f"cannot connect to NATS at {redact_url(url)} within {timeout}s ({type(exc).__name__}); "
             "start nats-server or point NATS_SERVER at one"
         ) from exc
     return client
 
 
-def _redact(url: str) -> str:
+def redact_url(url: str) -> str:
     """The URL without credentials, for messages and logs."""
     parts = urlsplit(url)
     if parts.username or parts.password:
