@@ -43,6 +43,14 @@ def find_binary(name: str) -> str:
     return found
 
 
+def _die_with_parent() -> None:
+    if sys.platform == "linux":
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def _wait_for_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
     name = Path(str(proc.args[0])).name  # type: ignore[index]
     deadline = time.monotonic() + timeout
@@ -68,7 +76,16 @@ class _Process:
 
     def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        # Own session: a Ctrl-C in the terminal reaches us, and we stop the server after our clients
+        # have closed; the death signal takes it down with us if we are killed outright.
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         log.close()
         return self.proc
 
