@@ -44,14 +44,37 @@ def sent_at(data: bytes) -> int:
     return int(struct.unpack_from(">Q", data)[0])
 
 
-def summarise(count: int, first: float, last: float, latencies: list[int]) -> dict[str, Any]:
-    seconds = max(last - first, 1e-9)
-    result: dict[str, Any] = {"received": count, "seconds": round(seconds, 4), "rate": round(count / seconds)}
-    if latencies:
-        latencies.sort()
-        result["p50_us"] = round(latencies[len(latencies) // 2] / 1000, 1)
-        result["p99_us"] = round(latencies[int(len(latencies) * 0.99)] / 1000, 1)
-    return result
+class Tally:
+    """What a subscriber counts: events, the time of the first and the last, and latencies."""
+
+    def __init__(self, latency: bool) -> None:
+        self.latency = latency
+        self.count = 0
+        self.first = self.last = 0.0
+        self.latencies: list[int] = []
+
+    def add(self, data: bytes | None) -> None:
+        """Count one event; ``data`` is its payload when latencies are measured."""
+        now = time.perf_counter()
+        if not self.count:
+            self.first = now
+        self.last = now
+        self.count += 1
+        if data is not None:
+            self.latencies.append(time.time_ns() - sent_at(data))
+
+    def summary(self) -> dict[str, Any]:
+        seconds = max(self.last - self.first, 1e-9)
+        result: dict[str, Any] = {
+            "received": self.count,
+            "seconds": round(seconds, 4),
+            "rate": round(self.count / seconds),
+        }
+        if self.latencies:
+            self.latencies.sort()
+            result["p50_us"] = round(self.latencies[len(self.latencies) // 2] / 1000, 1)
+            result["p99_us"] = round(self.latencies[int(len(self.latencies) * 0.99)] / 1000, 1)
+        return result
 
 
 def emit(message: dict[str, Any]) -> None:
@@ -97,9 +120,9 @@ def zmq_raw_sub(endpoint: str, events: int, latency: bool) -> None:
     sock.setsockopt(zmq.SUBSCRIBE, TOPIC.encode())
     sock.connect(endpoint)
     sock.setsockopt(zmq.RCVTIMEO, int(IDLE_SECONDS * 1000))
-    count, first, last, latencies = 0, 0.0, 0.0, []
+    tally = Tally(latency)
     recv = sock.recv
-    while count < events:
+    while tally.count < events:
         # the fastest multipart receive pyzmq offers (Frame.more; recv_multipart is ~2x slower)
         try:
             frame = recv(copy=False)
@@ -109,14 +132,8 @@ def zmq_raw_sub(endpoint: str, events: int, latency: bool) -> None:
         while frame.more:
             frame = recv(copy=False)
             frames.append(frame.bytes)
-        last = time.perf_counter()
-        if not count:
-            first = last
-        count += 1
-        if latency:
-            body = msgspec.msgpack.decode(frames[3][5:])
-            latencies.append(time.time_ns() - sent_at(body["payload"]))
-    emit(summarise(count, first, last, latencies))
+        tally.add(msgspec.msgpack.decode(frames[3][5:])["payload"] if latency else None)
+    emit(tally.summary())
 
 
 # ---- raw NATS -------------------------------------------------------------------------------------------
@@ -154,38 +171,31 @@ async def nats_raw_sub(url: str, events: int, latency: bool) -> None:
     import nats
 
     nc = await nats.connect(url, pending_size=64 * 1024 * 1024)
-    state = {"count": 0, "first": 0.0, "last": 0.0}
-    latencies: list[int] = []
+    tally = Tally(latency)
     done = asyncio.Event()
 
     async def on_message(msg: Any) -> None:
-        now = time.perf_counter()
-        if not state["count"]:
-            state["first"] = now
-        state["last"] = now
-        state["count"] += 1
-        if latency:
-            latencies.append(time.time_ns() - sent_at(msgspec.msgpack.decode(msg.data)["payload"]))
-        if state["count"] >= events:
+        tally.add(msgspec.msgpack.decode(msg.data)["payload"] if latency else None)
+        if tally.count >= events:
             done.set()
 
     await nc.subscribe(f"namespace.bench.{TOPIC}", cb=on_message, pending_msgs_limit=2_000_000)
     await nc.flush()
     emit({"ready": True})
-    await _until_done_or_idle(done, lambda: int(state["count"]))
-    emit(summarise(int(state["count"]), state["first"], state["last"], latencies))
+    await _until_done_or_idle(done, tally)
+    emit(tally.summary())
     await nc.close()
 
 
-async def _until_done_or_idle(done: asyncio.Event, count: Any) -> None:
+async def _until_done_or_idle(done: asyncio.Event, tally: Tally) -> None:
     seen = -1
     while not done.is_set():
         try:
             await asyncio.wait_for(done.wait(), IDLE_SECONDS)
         except TimeoutError:
-            if count() == seen:
+            if tally.count == seen:
                 return
-            seen = count()
+            seen = tally.count
 
 
 # ---- meshplane ------------------------------------------------------------------------------------------
@@ -224,27 +234,20 @@ async def meshplane_sub(transport: str, kv: str, url: str, events: int, latency:
 
     sub = await EventSubscriber.create(Scope.namespace("bench"), TOPIC, config=_config(transport, kv, url))
     emit({"ready": True})
-    state = {"count": 0, "first": 0.0, "last": 0.0}
-    latencies: list[int] = []
+    tally = Tally(latency)
     done = asyncio.Event()
 
     async def consume() -> None:
         async for envelope in sub:
-            now = time.perf_counter()
-            if not state["count"]:
-                state["first"] = now
-            state["last"] = now
-            state["count"] += 1
-            if latency:
-                latencies.append(time.time_ns() - sent_at(envelope.payload))
-            if state["count"] >= events:
+            tally.add(envelope.payload if latency else None)
+            if tally.count >= events:
                 break
         done.set()
 
     consumer = asyncio.create_task(consume())
-    await _until_done_or_idle(done, lambda: int(state["count"]))
+    await _until_done_or_idle(done, tally)
     consumer.cancel()
-    result = summarise(int(state["count"]), state["first"], state["last"], latencies)
+    result = tally.summary()
     result["gaps"] = sub.stats.gaps
     emit(result)
     await sub.close()
