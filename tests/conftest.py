@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 
 from meshplane import PlaneConfig
-from meshplane.servers import EtcdServer, NatsServer
+from meshplane.servers import BrokerProcess, EtcdServer, NatsServer
 
 TRANSPORTS = ["nats", "zmq"]
 DISCOVERY_BACKENDS = ["mem", "file", "etcd"]
+# Broker mode finds no publishers in discovery, so one backend each is enough: brokers named in
+# DYN_ZMQ_BROKER_URL, and brokers registered in etcd (DYN_ZMQ_BROKER_ENABLED).
+BROKER_MODES = [("zmq-broker", "file"), ("zmq-broker-discovery", "etcd")]
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +29,20 @@ def etcd_server() -> Iterator[EtcdServer]:
     with EtcdServer() as server:
         server.start()
         yield server
+
+
+@pytest.fixture(scope="session")
+def session_brokers(etcd_server: EtcdServer) -> Iterator[list[BrokerProcess]]:
+    """Two brokers for the contract suite, registered in the session's etcd."""
+    args = ("--discovery", "etcd", "--etcd-endpoints", etcd_server.endpoint)
+    brokers = [BrokerProcess(extra_args=args) for _ in range(2)]
+    try:
+        for broker in brokers:
+            broker.start()
+        yield brokers
+    finally:
+        for broker in brokers:
+            broker.cleanup()
 
 
 def make_config(
@@ -49,11 +66,19 @@ def make_config(
 
 
 @pytest.fixture(
-    params=[(t, d) for t in TRANSPORTS for d in DISCOVERY_BACKENDS], ids=lambda p: f"{p[0]}-{p[1]}"
+    params=[(t, d) for t in TRANSPORTS for d in DISCOVERY_BACKENDS] + BROKER_MODES,
+    ids=lambda p: f"{p[0]}-{p[1]}",
 )
 def plane_config(request: pytest.FixtureRequest, tmp_path: Path) -> PlaneConfig:
-    """Every transport x discovery combination, on real servers."""
+    """Every transport x discovery combination, and both broker modes, on real servers."""
     transport, discovery = request.param
     nats = request.getfixturevalue("nats_server") if transport == "nats" else None
     etcd = request.getfixturevalue("etcd_server") if discovery == "etcd" else None
+    if transport.startswith("zmq-broker"):
+        brokers: list[BrokerProcess] = request.getfixturevalue("session_brokers")
+        if transport == "zmq-broker":
+            return make_config(
+                "zmq", discovery, tmp_path, None, etcd, zmq_brokers=tuple(b.address for b in brokers)
+            )
+        return make_config("zmq", discovery, tmp_path, None, etcd, zmq_broker_enabled=True)
     return make_config(transport, discovery, tmp_path, nats, etcd)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from meshplane.core.brokers import BrokerAddress, parse_broker_url
 from meshplane.core.envelope import Codec
 from meshplane.core.framing import DEFAULT_MAX_MESSAGE_BYTES, WireFormat
 from meshplane.errors import ConfigError
@@ -44,6 +45,15 @@ class PlaneConfig:
     receive_hwm: int = 100_000
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     connect_timeout: float = 5.0
+    zmq_brokers: tuple[BrokerAddress, ...] = ()  # DYN_ZMQ_BROKER_URL
+    zmq_broker_enabled: bool = False  # DYN_ZMQ_BROKER_ENABLED: brokers from discovery
+    broker_fanout: int = 0  # brokers each publisher sends through (HRW choice); 0 = all
+    dedup_capacity: int = 65_536  # (publisher, sequence) pairs remembered to drop broker duplicates
+
+    @property
+    def broker_mode(self) -> bool:
+        """ZeroMQ through XSUB/XPUB brokers instead of direct connections."""
+        return self.event_plane == "zmq" and (bool(self.zmq_brokers) or self.zmq_broker_enabled)
 
     def __post_init__(self) -> None:
         if self.event_plane not in ("nats", "zmq"):
@@ -61,6 +71,8 @@ class PlaneConfig:
         for name in ("send_hwm", "receive_hwm"):  # 0 is ZeroMQ's "no limit"
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.dedup_capacity < 1:
+            raise ConfigError(f"dedup_capacity must be positive, got {self.dedup_capacity!r}")
         if not self.etcd_endpoints:
             raise ConfigError("ETCD_ENDPOINTS must name at least one endpoint")
 
@@ -76,6 +88,8 @@ class PlaneConfig:
                 return
             try:
                 values[name] = convert(raw.strip())
+            except ConfigError:
+                raise
             except (ValueError, KeyError) as exc:
                 raise ConfigError(f"{var}={raw!r} is invalid: {exc}") from None
 
@@ -95,11 +109,24 @@ class PlaneConfig:
         take("MESHPLANE_MAX_MESSAGE_BYTES", "max_message_bytes", int)
         take("MESHPLANE_CONNECT_TIMEOUT", "connect_timeout", float)
         take("MESHPLANE_FILE_KV_TTL", "file_kv_ttl", float)
+        take("DYN_ZMQ_BROKER_URL", "zmq_brokers", parse_broker_url)
+        take("DYN_ZMQ_BROKER_ENABLED", "zmq_broker_enabled", _parse_bool)
+        take("MESHPLANE_ZMQ_BROKER_FANOUT", "broker_fanout", int)
+        take("MESHPLANE_DEDUP_CAPACITY", "dedup_capacity", int)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
     def replace(self, **changes: Any) -> PlaneConfig:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
 
 
 def _split_endpoints(raw: str) -> tuple[str, ...]:

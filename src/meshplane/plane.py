@@ -15,6 +15,11 @@ from meshplane.core.names import Scope, validate_name
 from meshplane.discovery import Discovery, create_discovery
 from meshplane.errors import ClosedError
 from meshplane.transports.base import PublisherTransport, SubscriberTransport
+from meshplane.transports.zmq_broker import (
+    BrokerDirectory,
+    ZmqBrokerPublisherTransport,
+    ZmqBrokerSubscriberTransport,
+)
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
@@ -23,6 +28,7 @@ if TYPE_CHECKING:
     from meshplane.subscriber import EventSubscriber
 
 log = logging.getLogger(__name__)
+_MAX_ZMQ_SOCKETS = 65_536
 
 
 class EventPlane:
@@ -42,6 +48,7 @@ class EventPlane:
         self._discovery: Discovery | None = None
         self._nats: NatsClient | None = None
         self._zmq: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._brokers: BrokerDirectory | None = None
         self._lock = asyncio.Lock()
         self._members: list[EventPublisher | EventSubscriber] = []
         self._closed = False
@@ -82,7 +89,19 @@ class EventPlane:
         self._check_open()
         if self._zmq is None:
             self._zmq = zmq.Context()
+            # ZeroMQ's default of 1023 sockets is too few for a process with hundreds of publishers.
+            self._zmq.set(zmq.MAX_SOCKETS, _MAX_ZMQ_SOCKETS)
         return self._zmq
+
+    async def broker_directory(self) -> BrokerDirectory:
+        """The brokers of broker mode: from DYN_ZMQ_BROKER_URL, or followed in discovery."""
+        self._check_open()
+        if self._brokers is None:
+            directory = BrokerDirectory(self.config.zmq_brokers)
+            if self.config.zmq_broker_enabled:
+                await directory.follow(await self.discovery())
+            self._brokers = directory
+        return self._brokers
 
     async def publisher(self, scope: Scope, topic: str) -> EventPublisher:
         from meshplane.publisher import EventPublisher
@@ -98,7 +117,18 @@ class EventPlane:
         validate_name("topic", topic)
         cfg = self.config
         transport: PublisherTransport
-        if cfg.event_plane == "nats":
+        if cfg.broker_mode:
+            transport = ZmqBrokerPublisherTransport(
+                self.zmq_context(),
+                await self.broker_directory(),
+                scope.subject(topic).encode(),
+                publisher_id,
+                cfg.send_hwm,
+                cfg.wire_format,
+                cfg.codec,
+                cfg.broker_fanout,
+            )
+        elif cfg.event_plane == "nats":
             from meshplane.transports.nats import NatsPublisherTransport
 
             transport = NatsPublisherTransport(
@@ -123,7 +153,16 @@ class EventPlane:
         validate_name("topic", topic)
         cfg = self.config
         transport: SubscriberTransport
-        if cfg.event_plane == "nats":
+        if cfg.broker_mode:
+            transport = ZmqBrokerSubscriberTransport(
+                self.zmq_context(),
+                await self.broker_directory(),
+                scope.subject(topic).encode(),
+                cfg.receive_hwm,
+                cfg.max_message_bytes,
+                cfg.dedup_capacity,
+            )
+        elif cfg.event_plane == "nats":
             from meshplane.transports.nats import NatsSubscriberTransport
 
             transport = NatsSubscriberTransport(
@@ -155,6 +194,8 @@ class EventPlane:
             except Exception as exc:
                 log.warning("closing %r failed: %s", member, exc)
         self._closed = True
+        if self._brokers is not None:
+            await self._brokers.close()
         if self._discovery is not None:
             await self._discovery.close()
         if self._nats is not None:

@@ -43,7 +43,7 @@ class EventPublisher:
         publisher_id: int,
         plane: EventPlane,
         transport: PublisherTransport,
-        discovery: Discovery,
+        discovery: Discovery | None,
         owns_plane: bool,
     ) -> None:
         self.scope = scope
@@ -56,7 +56,9 @@ class EventPublisher:
         self._max_bytes = plane.config.max_message_bytes
         self._sequence = 0
         self._closed = False
-        self.channel = EventChannel(scope, topic, publisher_id, *transport.discovery_transport())
+        registration = transport.discovery_transport()
+        #: The discovery record; None where the transport registers no publishers (broker mode).
+        self.channel = EventChannel(scope, topic, publisher_id, *registration) if registration else None
 
     @classmethod
     async def create(
@@ -74,10 +76,12 @@ class EventPublisher:
         transport: PublisherTransport | None = None
         try:
             publisher_id = new_publisher_id()
-            discovery = await plane.discovery()
             transport = await plane.publisher_transport(scope, topic, publisher_id)
+            registers = transport.discovery_transport() is not None
+            discovery = await plane.discovery() if registers else None
             publisher = cls(scope, topic, publisher_id, plane, transport, discovery, owns_plane)
-            await discovery.register(publisher.channel.key, publisher.channel.to_json())
+            if discovery is not None and publisher.channel is not None:
+                await discovery.register(publisher.channel.key, publisher.channel.to_json())
         except BaseException:
             if transport is not None:
                 await transport.close()
@@ -85,13 +89,7 @@ class EventPublisher:
                 await plane.close()
             raise
         plane._adopt(publisher)
-        log.info(
-            "publisher %x of %s/%s registered (%s)",
-            publisher_id,
-            scope,
-            topic,
-            publisher.channel.transport_kind,
-        )
+        log.info("publisher %x of %s/%s ready (%s)", publisher_id, scope, topic, type(transport).__name__)
         return publisher
 
     @classmethod
@@ -163,7 +161,8 @@ class EventPublisher:
         self._closed = True
         self.plane._release(self)
         try:
-            await self._discovery.unregister(self.channel.key)
+            if self._discovery is not None and self.channel is not None:
+                await self._discovery.unregister(self.channel.key)
         finally:
             try:
                 await self._transport.flush(1.0)

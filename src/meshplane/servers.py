@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from meshplane.core.brokers import BrokerAddress
 from meshplane.errors import MeshplaneError
 
 
@@ -210,3 +211,61 @@ class EtcdServer(_Process):
                     raise
                 self.client_port = 0  # lost a race for the port: pick new ones
         raise ServerError(f"etcd did not start: {self.log_path.read_text()[-2000:]}")
+
+
+class BrokerProcess(_Process):
+    """``meshplane broker`` as a child process; restartable on the same addresses."""
+
+    def __init__(
+        self,
+        xsub: str = "tcp://127.0.0.1:0",
+        xpub: str = "tcp://127.0.0.1:0",
+        extra_args: tuple[str, ...] = ("--no-register",),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.xsub, self.xpub = xsub, xpub
+        self.stats_endpoint = ""
+        self._extra_args = extra_args
+        self._env = env
+
+    @property
+    def address(self) -> BrokerAddress:
+        return BrokerAddress(self.xsub, self.xpub)
+
+    def start(self, timeout: float = 20.0) -> BrokerProcess:
+        self.log_path.write_bytes(b"")
+        argv = [
+            sys.executable,
+            "-m",
+            "meshplane.cli.main",
+            "broker",
+            "--xsub",
+            self.xsub,
+            "--xpub",
+            self.xpub,
+            *self._extra_args,
+        ]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.DEVNULL,
+            cwd=self.workdir,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            env=self._env,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = self.log_path.read_text().splitlines()
+            if lines and lines[0].startswith("{"):
+                ready = json.loads(lines[0])
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise ServerError(f"broker did not start: {self.log_path.read_text()[-2000:]}")
+            time.sleep(0.02)
+        # Restarts reuse the ports the first start picked.
+        self.xsub, self.xpub, self.stats_endpoint = ready["xsub"], ready["xpub"], ready["stats"]
+        return self

@@ -34,6 +34,7 @@ class SubscriberStats:
     gaps: int = 0
     missing: int = 0
     duplicates: int = 0
+    duplicates_dropped: int = 0  # copies removed before delivery (one per extra broker)
     publishers_discovered: int = 0
     invalid_records: int = 0
     dropped_slow: int = 0
@@ -111,14 +112,16 @@ class EventSubscriber:
         return await cls.create(Scope.namespace(namespace), topic, **kw)
 
     async def _start_discovery(self) -> None:
+        if self._transport.publisher_discovery == "none":
+            return  # broker mode: publishers are behind the brokers, not in discovery
         prefix = self.scope.channel_prefix(self.topic)
         try:
             discovery = await self.plane.discovery()
             initial = await discovery.list(prefix)
         except DiscoveryError as exc:
-            if self.plane.config.event_plane != "nats":
+            if self._transport.publisher_discovery == "required":
                 raise
-            # NATS delivers by subject; discovery only tells us who is publishing.
+            # The transport delivers by subject; discovery would only tell us who is publishing.
             log.warning("subscriber of %s/%s runs without discovery: %s", self.scope, self.topic, exc)
             return
         self._watch = ChannelWatch(discovery, prefix)
@@ -164,6 +167,7 @@ class EventSubscriber:
         s.publishers_discovered = len(self._watch.channels) if self._watch is not None else 0
         s.invalid_records = self._watch.invalid if self._watch is not None else 0
         s.dropped_slow = getattr(self._transport, "dropped", 0)
+        s.duplicates_dropped = self._transport.duplicates_dropped
         return s
 
     def _accept(self, batch: list[Received]) -> None:

@@ -121,6 +121,7 @@ async def test_ls_lists_registered_publishers(tmp_path: Path) -> None:
         )
         raw, _ = await proc.communicate()
     assert f"{pub.publisher_id:x}" in table.decode()
+    assert pub.channel is not None
     assert str(pub.channel.zmq_endpoint) in table.decode()
     assert [json.loads(line)["instance_id"] for line in raw.decode().splitlines()] == [pub.publisher_id]
 

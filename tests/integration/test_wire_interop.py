@@ -92,6 +92,7 @@ async def test_meshplane_zmq_publisher_speaks_dynamo_frames(zmq_config: PlaneCon
         ctx = zmq.asyncio.Context()
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"kv_metrics")
+        assert pub.channel is not None
         sub.connect(pub.channel.zmq_endpoint or "")
         await pub.wait_for_subscribers(1, 10)
         await pub.publish(b"payload-0")

@@ -101,6 +101,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_plane_options(sub)
 
+    from meshplane.cli.broker import add_broker_options, add_stats_options
+
+    broker = commands.add_parser(
+        "broker",
+        help="run a ZeroMQ broker (XSUB/XPUB relay) for broker mode",
+        description="Relay events from publishers (XSUB side) to subscribers (XPUB side), forwarding "
+        "subscriptions upstream. Counts messages in and out, drops, subscriptions and peers. Prints its "
+        "addresses as one JSON line, registers in discovery, and stops cleanly on SIGTERM or Ctrl-C.",
+    )
+    add_broker_options(broker)
+    broker_stats = commands.add_parser(
+        "broker-stats",
+        help="print a running broker's counters",
+        description="Print a broker's counters as JSON.",
+    )
+    add_stats_options(broker_stats)
+
     ls = commands.add_parser(
         "ls",
         help="list discovered event channels",
@@ -219,12 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "up":
-        from meshplane.cli.up import run_up
+    from meshplane.cli.broker import run_broker, run_broker_stats
+    from meshplane.cli.up import run_up
 
-        runner = run_up
-    else:
-        runner = {"pub": run_pub, "sub": run_sub, "ls": run_ls}[args.command]
+    runner = {
+        "up": run_up,
+        "pub": run_pub,
+        "sub": run_sub,
+        "ls": run_ls,
+        "broker": run_broker,
+        "broker-stats": run_broker_stats,
+    }[args.command]
     try:
         return asyncio.run(runner(args))
     except KeyboardInterrupt:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from meshplane.config import PlaneConfig
+from meshplane.core.brokers import parse_broker_url
 from meshplane.core.envelope import Codec
 from meshplane.core.framing import WireFormat
 from meshplane.core.names import Scope
@@ -43,6 +44,18 @@ def add_plane_options(parser: argparse.ArgumentParser) -> None:
         help="address ZeroMQ publishers bind and advertise. Env DYN_EVENT_PLANE_HOST, default 127.0.0.1",
     )
     g.add_argument(
+        "--broker-url",
+        metavar="URL",
+        help="ZeroMQ broker mode through these brokers: 'xsub=tcp://h:5555;tcp://h2:5555 , "
+        "xpub=tcp://h:5556;tcp://h2:5556'. Env DYN_ZMQ_BROKER_URL",
+    )
+    g.add_argument(
+        "--brokers-from-discovery",
+        action="store_true",
+        default=None,
+        help="ZeroMQ broker mode through the brokers registered in discovery. Env DYN_ZMQ_BROKER_ENABLED",
+    )
+    g.add_argument(
         "--wire",
         choices=[w.value for w in WireFormat],
         help="layout publishers send: dynamo (4 frames, Dynamo 1.6.1) or seed (8-byte header). "
@@ -67,6 +80,8 @@ def config_from_args(args: argparse.Namespace) -> PlaneConfig:
         host=args.host,
         wire_format=WireFormat(args.wire) if args.wire else None,
         codec=Codec[args.codec.upper()] if args.codec else None,
+        zmq_brokers=parse_broker_url(args.broker_url) if args.broker_url else None,
+        zmq_broker_enabled=args.brokers_from_discovery,
     )
 
 

@@ -20,8 +20,8 @@ class PublisherTransport(abc.ABC):
     async def start(self) -> None: ...
 
     @abc.abstractmethod
-    def discovery_transport(self) -> tuple[str, dict[str, Any]]:
-        """``(kind, config)`` for the publisher's discovery record."""
+    def discovery_transport(self) -> tuple[str, dict[str, Any]] | None:
+        """``(kind, config)`` for the publisher's discovery record; None: the publisher is not registered."""
 
     @abc.abstractmethod
     async def send(self, envelope: EventEnvelope) -> None: ...
@@ -40,6 +40,12 @@ class PublisherTransport(abc.ABC):
 
 class SubscriberTransport(abc.ABC):
     """Receives one topic's messages, in batches: one await per batch, not per message."""
+
+    #: How the transport depends on publishers' discovery records: "required" (it connects to each
+    #: publisher), "optional" (it receives without them; they only tell who publishes) or "none".
+    publisher_discovery = "optional"
+    #: Copies of an event dropped before delivery (multi-broker deduplication).
+    duplicates_dropped = 0
 
     @abc.abstractmethod
     async def start(self) -> None: ...

@@ -66,51 +66,35 @@ class Readable:
             self._waiter.cancel()
 
 
-class ZmqPublisherTransport(PublisherTransport):
-    """An XPUB socket: on the wire a PUB, but it also sees subscriptions, so it can count subscribers."""
+class XPubPublisher(PublisherTransport):
+    """An XPUB socket: on the wire a PUB, but it also sees subscriptions, so it can count subscribers.
+
+    Subclasses decide where it goes: bound on its own port (direct mode) or connected to brokers.
+    """
 
     def __init__(
         self,
         context: zmq.Context[zmq.Socket[bytes]],
         routing_topic: bytes,
         publisher_id: int,
-        host: str,
         sndhwm: int,
         wire: WireFormat,
         codec: Codec,
     ) -> None:
         self._context = context
         self._routing_topic = routing_topic
+        self._publisher_id = publisher_id
         self._encoder = ZmqEncoder(routing_topic, publisher_id, wire, codec)
-        self._host = host
         self._sndhwm = sndhwm
         self._socket: zmq.Socket[bytes] | None = None
-        self._endpoint = ""
         self._subscribers = 0
 
-    async def start(self) -> None:
+    def _open(self) -> zmq.Socket[bytes]:
         sock = self._context.socket(zmq.XPUB)
         sock.setsockopt(zmq.SNDHWM, self._sndhwm)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscribe, so counts stay exact
-        try:
-            sock.bind(_tcp_url(self._host))
-        except zmq.ZMQError as exc:
-            sock.close(0)
-            raise TransportError(
-                f"cannot bind a ZMQ socket on {self._host} (DYN_EVENT_PLANE_HOST): {exc}"
-            ) from exc
-        port = sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        self._endpoint = f"tcp://{host}:{port}"
-        self._socket = sock
-
-    @property
-    def endpoint(self) -> str:
-        return self._endpoint
-
-    def discovery_transport(self) -> tuple[str, dict[str, Any]]:
-        return TRANSPORT_ZMQ, {"endpoint": self._endpoint}
+        return sock
 
     def subscriber_count(self) -> int:
         # Subscription messages queue up in the socket until read; reading them here, on demand,
@@ -121,8 +105,8 @@ class ZmqPublisherTransport(PublisherTransport):
                     message = self._socket.recv(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                prefix = message[1:]
-                if prefix and self._routing_topic.startswith(prefix):
+                # Exact match: in broker mode a subscriber of `kv` must not count for `kv-events`.
+                if message[1:] == self._routing_topic:
                     self._subscribers += 1 if message[:1] == b"\x01" else -1
         return self._subscribers
 
@@ -146,8 +130,49 @@ class ZmqPublisherTransport(PublisherTransport):
             self._socket = None
 
 
+class ZmqPublisherTransport(XPubPublisher):
+    """Direct mode: bound on an OS-assigned port of ``host``, advertised in discovery."""
+
+    def __init__(
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        routing_topic: bytes,
+        publisher_id: int,
+        host: str,
+        sndhwm: int,
+        wire: WireFormat,
+        codec: Codec,
+    ) -> None:
+        super().__init__(context, routing_topic, publisher_id, sndhwm, wire, codec)
+        self._host = host
+        self._endpoint = ""
+
+    async def start(self) -> None:
+        sock = self._open()
+        try:
+            sock.bind(_tcp_url(self._host))
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            raise TransportError(
+                f"cannot bind a ZMQ socket on {self._host} (DYN_EVENT_PLANE_HOST): {exc}"
+            ) from exc
+        port = sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        self._endpoint = f"tcp://{host}:{port}"
+        self._socket = sock
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint
+
+    def discovery_transport(self) -> tuple[str, dict[str, Any]]:
+        return TRANSPORT_ZMQ, {"endpoint": self._endpoint}
+
+
 class ZmqSubscriberTransport(SubscriberTransport):
     """One SUB socket connected to every discovered publisher of the topic."""
+
+    publisher_discovery = "required"
 
     def __init__(
         self, context: zmq.Context[zmq.Socket[bytes]], routing_topic: bytes, rcvhwm: int, max_bytes: int
