@@ -159,6 +159,9 @@ class ZmqBrokerPublisherTransport(XPubPublisher):
 
     async def start(self) -> None:
         self._socket = self._open()
+        # Only live connections get a queue: events are not parked for a dead broker (the others carry
+        # them), and a lost broker's subscriptions are withdrawn, so subscriber counts stay true.
+        self._socket.setsockopt(zmq.IMMEDIATE, 1)
         self._monitor = ConnectionMonitor(self._socket, "publisher")
         self._directory.listen(self._rebalance)
         self._rebalance()

@@ -1,0 +1,267 @@
+"""Broker mode and multi-broker high availability, with real broker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from meshplane import EventPlane, PlaneConfig, Scope
+from meshplane.broker import query_stats
+from meshplane.servers import BrokerProcess, EtcdServer
+from tests.conftest import make_config
+from tests.helpers import eventually
+
+REPO = Path(__file__).resolve().parents[2]
+HA_SCOPE = Scope.endpoint("ha", "worker", "generate")
+
+
+@pytest.fixture
+def two_brokers() -> Iterator[list[BrokerProcess]]:
+    brokers = [BrokerProcess() for _ in range(2)]
+    try:
+        for broker in brokers:
+            broker.start()
+        yield brokers
+    finally:
+        for broker in brokers:
+            broker.cleanup()
+
+
+def broker_url(brokers: list[BrokerProcess]) -> str:
+    return f"xsub={';'.join(b.xsub for b in brokers)} , xpub={';'.join(b.xpub for b in brokers)}"
+
+
+@pytest.mark.parametrize("kill_one", [False, True], ids=["both-brokers-up", "one-broker-killed-midway"])
+async def test_2000_publishers_through_two_brokers_arrive_exactly_once(
+    two_brokers: list[BrokerProcess], tmp_path: Path, kill_one: bool
+) -> None:
+    """The seed's validation: 2,000 publishers x 10 events through 2 brokers = exactly 20,000 events."""
+    processes, per_process, per_phase = 4, 500, 5
+    env = {
+        **os.environ,
+        "DYN_EVENT_PLANE": "zmq",
+        "DYN_ZMQ_BROKER_URL": broker_url(two_brokers),
+        "DYN_DISCOVERY_BACKEND": "file",
+        "DYN_FILE_KV": str(tmp_path / "kv"),
+    }
+    config = make_config(
+        "zmq", "file", tmp_path, None, None, zmq_brokers=tuple(b.address for b in two_brokers)
+    )
+    async with EventPlane(config) as plane:
+        sub = await plane.subscriber(HA_SCOPE, "kv-events")
+        seen: set[tuple[int, int]] = set()
+        delivered = 0
+
+        async def consume() -> None:
+            nonlocal delivered
+            async for envelope in sub:
+                delivered += 1
+                seen.add((envelope.publisher_id, envelope.sequence))
+
+        consumer = asyncio.create_task(consume())
+        workers = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "tests.broker_publishers",
+                str(per_process),
+                str(per_phase),
+                cwd=REPO,
+                env=env,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+            )
+            for _ in range(processes)
+        ]
+
+        async def expect(line: bytes) -> None:
+            for worker in workers:
+                assert worker.stdout is not None
+                assert (await asyncio.wait_for(worker.stdout.readline(), 120)).strip() == line
+
+        async def go() -> None:
+            for worker in workers:
+                assert worker.stdin is not None
+                worker.stdin.write(b"go\n")
+                await worker.stdin.drain()
+
+        try:
+            await expect(b"ready")
+            await go()
+            await expect(b"sent")
+            half = processes * per_process * per_phase
+            await eventually(lambda: len(seen) == half, timeout=60, what=f"{half} events of the first half")
+            # the second broker's copy of each: dropped by the subscriber, never delivered
+            await eventually(lambda: sub.stats.duplicates_dropped == half, timeout=60, what="every copy")
+            if kill_one:
+                two_brokers[1].kill(signal.SIGKILL)
+            await go()
+            await expect(b"sent")
+            total = processes * per_process * per_phase * 2
+            await eventually(lambda: len(seen) == total, timeout=60, what=f"all {total} events")
+            await asyncio.sleep(0.5)  # let any late copy arrive: it must be dropped, not delivered
+            assert delivered == len(seen) == 20_000
+            stats = sub.stats
+            assert stats.received == 20_000
+            assert stats.gaps == 0
+            # a copy of every event through the second broker, while it lived
+            assert stats.duplicates_dropped == (half if kill_one else total)
+        finally:
+            for worker in workers:
+                if worker.stdin is not None:
+                    worker.stdin.write(b"exit\n")
+                    worker.stdin.close()
+            for worker in workers:
+                await asyncio.wait_for(worker.wait(), 30)
+            consumer.cancel()
+
+
+async def test_fanout_sends_each_publisher_through_its_rendezvous_brokers(
+    two_brokers: list[BrokerProcess], tmp_path: Path
+) -> None:
+    config = make_config(
+        "zmq",
+        "file",
+        tmp_path,
+        None,
+        None,
+        zmq_brokers=tuple(b.address for b in two_brokers),
+        broker_fanout=1,
+    )
+    scope = Scope.namespace(f"fan{uuid.uuid4().hex[:6]}")
+    async with EventPlane(config) as plane:
+        sub = await plane.subscriber(scope, "t")
+        pubs = [await plane.publisher(scope, "t") for _ in range(20)]
+        for pub in pubs:
+            await pub.wait_for_subscribers(1, timeout=10)
+            await pub.publish(b"x")
+        events = [await sub.next(10) for _ in range(20)]
+        assert {e.publisher_id for e in events} == {p.publisher_id for p in pubs}
+        assert sub.stats.duplicates_dropped == 0  # one broker each: no copies to drop
+        with pytest.raises(TimeoutError):
+            await sub.next(0.3)
+    per_broker = [query_stats(b.stats_endpoint)["messages_in"] for b in two_brokers]
+    assert sum(per_broker) == 20
+    assert all(n > 0 for n in per_broker), per_broker  # rendezvous hashing spreads the publishers
+
+
+async def test_a_killed_broker_that_comes_back_is_used_again(tmp_path: Path) -> None:
+    broker = BrokerProcess().start()
+    try:
+        config = make_config("zmq", "file", tmp_path, None, None, zmq_brokers=(broker.address,))
+        scope = Scope.namespace(f"rb{uuid.uuid4().hex[:6]}")
+        async with EventPlane(config) as plane:
+            sub = await plane.subscriber(scope, "t")
+            pub = await plane.publisher(scope, "t")
+            await pub.wait_for_subscribers(1, timeout=10)
+            await pub.publish("before")
+            assert (await sub.next(10)).decode() == "before"
+            broker.kill(signal.SIGKILL)
+            await eventually(
+                lambda: pub.subscriber_count == 0, timeout=10, what="publisher sees the broker go"
+            )
+            await asyncio.to_thread(broker.start)  # same addresses
+            await pub.wait_for_subscribers(1, timeout=20)  # both sides reconnected on their own
+            await pub.publish("after")
+            envelope = await sub.next(10)
+            assert (envelope.decode(), envelope.sequence) == ("after", 1)
+    finally:
+        broker.cleanup()
+
+
+async def test_brokers_are_found_in_discovery_even_when_they_start_later(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    prefix_env = {**os.environ, "DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": etcd_server.endpoint}
+    late = BrokerProcess(extra_args=(), env=prefix_env)
+    config = make_config("zmq", "etcd", tmp_path, None, etcd_server, zmq_broker_enabled=True)
+    scope = Scope.namespace(f"dis{uuid.uuid4().hex[:6]}")
+    try:
+        async with EventPlane(config) as plane:
+            sub = await plane.subscriber(scope, "t")
+            pub = await plane.publisher(scope, "t")
+            known = await plane.broker_directory()
+            before = set(known.brokers)
+            late.start()  # registers itself in etcd; both sides connect to it while running
+            await eventually(
+                lambda: len(set(known.brokers) - before) == 1, timeout=10, what="broker discovered"
+            )
+            await pub.wait_for_subscribers(len(known.brokers), timeout=20)
+            await pub.publish("via every broker")
+            assert (await sub.next(10)).decode() == "via every broker"
+            late.stop()  # SIGTERM: the broker unregisters
+            await eventually(
+                lambda: set(known.brokers) == before, timeout=15, what="broker gone from discovery"
+            )
+    finally:
+        late.cleanup()
+
+
+async def test_an_unreachable_broker_is_reported_not_a_hang(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from meshplane.servers import free_port
+
+    nowhere = f"tcp://127.0.0.1:{free_port()}"
+    config = make_config(
+        "zmq",
+        "file",
+        tmp_path,
+        None,
+        None,
+        zmq_brokers=PlaneConfig.from_env(
+            {"DYN_ZMQ_BROKER_URL": f"xsub={nowhere} , xpub={nowhere}"}
+        ).zmq_brokers,
+    )
+    async with EventPlane(config) as plane:
+        pub = await asyncio.wait_for(plane.publisher(Scope.namespace("x"), "t"), 5)
+        await pub.publish(b"dropped, not blocking")
+        with pytest.raises(TimeoutError, match="0 of 1 subscribers"):
+            await pub.wait_for_subscribers(1, timeout=1)
+        await eventually(lambda: "cannot reach broker" in caplog.text, timeout=10, what="the warning")
+
+
+def test_broker_cli_serves_stats_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    env = {**os.environ, "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(tmp_path / "kv")}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "meshplane.cli.main",
+            "broker",
+            "--xsub",
+            "tcp://127.0.0.1:0",
+            "--xpub",
+            "tcp://127.0.0.1:0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    ready = json.loads(proc.stdout.readline())
+    assert ready["registered"].startswith("v1/event_brokers/")
+    records = list((tmp_path / "kv" / "v1" / "event_brokers").iterdir())
+    assert len(records) == 1
+    stats = subprocess.run(
+        [sys.executable, "-m", "meshplane.cli.main", "broker-stats", ready["stats"]],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert json.loads(stats.stdout)["dropped"] == 0
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    assert "broker stopped" in err
+    assert list((tmp_path / "kv" / "v1" / "event_brokers").iterdir()) == []  # unregistered on the way out
