@@ -24,12 +24,14 @@ def env_for(tmp_path: Path, transport: str = "zmq") -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("transport", ["nats", "zmq"])
-def test_up_runs_a_local_plane_and_reports_what_flows(transport: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("transport", "brokers"), [("nats", "0"), ("zmq", "0"), ("zmq", "2")])
+def test_up_runs_a_local_plane_and_reports_what_flows(transport: str, brokers: str, tmp_path: Path) -> None:
     result = subprocess.run(
         [
             *MESHPLANE,
             "up",
+            "--brokers",
+            brokers,
             "--transport",
             transport,
             "--state-dir",
@@ -49,7 +51,8 @@ def test_up_runs_a_local_plane_and_reports_what_flows(transport: str, tmp_path: 
         env=env_for(tmp_path, transport),
     )
     assert result.returncode == 0, result.stderr
-    assert "publishers discovered 2" in result.stdout
+    assert f"publishers discovered {0 if brokers == '2' else 2}" in result.stdout
+    assert result.stdout.count("  broker: xsub tcp://127.0.0.1:") == int(brokers)
     stopped = re.search(
         r"stopped: (\d+) events received from 2 publishers, gaps 0, malformed 0", result.stdout
     )

@@ -11,10 +11,13 @@ import sys
 import time
 from pathlib import Path
 
+from meshplane.broker import Broker
 from meshplane.config import PlaneConfig
+from meshplane.core.brokers import BROKERS_BUCKET, broker_record
 from meshplane.core.names import Scope
+from meshplane.errors import ConfigError
 from meshplane.plane import EventPlane
-from meshplane.publisher import EventPublisher
+from meshplane.publisher import EventPublisher, new_publisher_id
 from meshplane.servers import NatsServer
 from meshplane.subscriber import EventSubscriber
 from meshplane.transports.nats import redact_url
@@ -32,6 +35,13 @@ def add_up_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--nats-server", metavar="URL", help="use this NATS server instead of starting an embedded one"
+    )
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --transport zmq: start N brokers and run in broker mode through them (default 0: direct)",
     )
     parser.add_argument(
         "--token",
@@ -87,8 +97,16 @@ async def run_up(args: argparse.Namespace) -> int:
     if args.transport == "nats" and not nats_url:
         nats_server = NatsServer(token=args.token).start()
         nats_url = nats_server.url
+    brokers = [Broker("tcp://127.0.0.1:0", "tcp://127.0.0.1:0") for _ in range(args.brokers)]
+    if brokers and args.transport != "zmq":
+        raise ConfigError("--brokers needs --transport zmq")
+    addresses = tuple(b.start() for b in brokers)
     config = PlaneConfig.from_env(
-        event_plane=args.transport, discovery_backend="file", file_kv=state_dir / "kv", nats_server=nats_url
+        event_plane=args.transport,
+        discovery_backend="file",
+        file_kv=state_dir / "kv",
+        nats_server=nats_url,
+        zmq_brokers=addresses or None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -101,15 +119,24 @@ async def run_up(args: argparse.Namespace) -> int:
     shown_url = redact_url(nats_url) if nats_url else None
     if nats_server is not None:
         print(f"  embedded nats-server pid {nats_server.pid} at {shown_url}", flush=True)
+    for address in addresses:
+        print(f"  broker: xsub {address.xsub}, xpub {address.xpub}", flush=True)
     print("  try in another shell:", flush=True)
     exports = f"DYN_EVENT_PLANE={config.event_plane} DYN_DISCOVERY_BACKEND=file DYN_FILE_KV={config.file_kv}"
     if shown_url:
         exports += f" NATS_SERVER={shown_url.replace('***@', 'YOUR_TOKEN@')}"
+    if addresses:
+        exports += " DYN_ZMQ_BROKER_ENABLED=true"
     print(f"    {exports} meshplane sub {DEMO_SCOPE} {DEMO_TOPIC}", flush=True)
     print(f"    {exports} meshplane ls", flush=True)
 
     try:
         async with EventPlane(config) as plane:
+            for address in addresses:  # so that other shells find them (DYN_ZMQ_BROKER_ENABLED=true)
+                broker_id = new_publisher_id()
+                await (await plane.discovery()).register(
+                    f"{BROKERS_BUCKET}/{broker_id:x}", broker_record(broker_id, address)
+                )
             subscriber = await EventSubscriber.create(DEMO_SCOPE, DEMO_TOPIC, plane=plane)
             publishers = [
                 await EventPublisher.create(DEMO_SCOPE, DEMO_TOPIC, plane=plane)
@@ -117,7 +144,7 @@ async def run_up(args: argparse.Namespace) -> int:
             ]
             if config.event_plane == "zmq":
                 for pub in publishers:
-                    await pub.wait_for_subscribers(1, timeout=10)
+                    await pub.wait_for_subscribers(max(1, len(addresses)), timeout=10)
             tasks = [
                 asyncio.create_task(_demo_publisher(p, i, args.rate, stop)) for i, p in enumerate(publishers)
             ]
@@ -135,6 +162,8 @@ async def run_up(args: argparse.Namespace) -> int:
                 flush=True,
             )
     finally:
+        for broker in brokers:
+            broker.stop()
         if nats_server is not None:
             nats_server.cleanup()
     return 0
@@ -161,4 +190,6 @@ async def _report(subscriber: EventSubscriber, interval: float, stop: asyncio.Ev
             f"{rate:8.0f} events/s | received {stats.received} | gaps {stats.gaps} "
             f"(missing {stats.missing}) | malformed {stats.malformed_total}"
         )
+        if stats.duplicates_dropped:
+            line += f" | broker copies dropped {stats.duplicates_dropped}"
         print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
