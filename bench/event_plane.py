@@ -96,12 +96,17 @@ def dynamo_frames(seq: int, data: bytes) -> list[bytes]:
     ]
 
 
-def zmq_raw_pub(events: int, interval: float) -> None:
+def zmq_raw_pub(events: int, interval: float, proxy: str = "") -> None:
+    """Bind and print the endpoint, or (``proxy``) connect to a relay's XSUB side."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.XPUB)  # a PUB on the wire; tells us when the subscriber is there
     sock.setsockopt(zmq.SNDHWM, 100_000)
-    sock.bind("tcp://127.0.0.1:*")
-    emit({"endpoint": sock.getsockopt_string(zmq.LAST_ENDPOINT)})
+    if proxy:
+        sock.connect(proxy)
+        emit({"ready": True})
+    else:
+        sock.bind("tcp://127.0.0.1:*")
+        emit({"endpoint": sock.getsockopt_string(zmq.LAST_ENDPOINT)})
     sock.recv()
     # The ceiling: one pre-built message sent over and over (receivers do the same work for every copy).
     template = dynamo_frames(0, payload(0))
@@ -204,18 +209,20 @@ async def _until_done_or_idle(done: asyncio.Event, tally: Tally) -> None:
 def _config(transport: str, kv: str, url: str) -> Any:
     from meshplane import PlaneConfig
 
+    # the environment may add broker mode (DYN_ZMQ_BROKER_URL)
     return PlaneConfig.from_env(
-        {}, event_plane=transport, discovery_backend="file", file_kv=Path(kv), nats_server=url or None
+        event_plane=transport, discovery_backend="file", file_kv=Path(kv), nats_server=url or None
     )
 
 
 async def meshplane_pub(transport: str, kv: str, url: str, events: int, interval: float) -> None:
     from meshplane import EventPublisher, Scope
 
-    pub = await EventPublisher.create(Scope.namespace("bench"), TOPIC, config=_config(transport, kv, url))
+    config = _config(transport, kv, url)
+    pub = await EventPublisher.create(Scope.namespace("bench"), TOPIC, config=config)
     emit({"ready": True})
-    if transport == "zmq":
-        await pub.wait_for_subscribers(1, timeout=30)
+    if transport == "zmq":  # in broker mode the subscription arrives once through each broker
+        await pub.wait_for_subscribers(max(1, len(config.zmq_brokers)), timeout=30)
     data = payload(0)
     publish = pub.publish
     for _ in range(events):
@@ -249,6 +256,7 @@ async def meshplane_sub(transport: str, kv: str, url: str, events: int, latency:
     consumer.cancel()
     result = tally.summary()
     result["gaps"] = sub.stats.gaps
+    result["duplicates_dropped"] = sub.stats.duplicates_dropped
     emit(result)
     await sub.close()
 
@@ -256,9 +264,11 @@ async def meshplane_sub(transport: str, kv: str, url: str, events: int, latency:
 # ---- orchestration --------------------------------------------------------------------------------------
 
 
-def _spawn(args: list[str], pin: bool) -> subprocess.Popen[str]:
+def _spawn(args: list[str], pin: bool, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     prefix = ["taskset", "-c", "0"] if pin and shutil.which("taskset") else []
-    return subprocess.Popen([*prefix, sys.executable, __file__, *args], stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*prefix, sys.executable, __file__, *args], stdout=subprocess.PIPE, text=True, env=env
+    )
 
 
 def _read(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -270,12 +280,25 @@ def _read(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return result
 
 
-def run_pair(kind: str, events: int, latency: bool, interval: float, nats_url: str) -> dict[str, Any]:
+def run_pair(
+    kind: str,
+    events: int,
+    latency: bool,
+    interval: float,
+    nats_url: str,
+    env: dict[str, str] | None = None,
+    proxy: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """One publisher process and one subscriber process; ``proxy`` = (xsub, xpub) of a relay for zmq-raw."""
     transport, impl = kind.split("-")
     pin = latency
     common = [str(events), "1" if latency else "0"]
     with tempfile.TemporaryDirectory() as kv:
-        if kind == "zmq-raw":
+        if kind == "zmq-raw" and proxy:
+            sub = _spawn(["_sub", kind, kv, proxy[1], *common], pin)
+            pub = _spawn(["_pub", kind, kv, proxy[0], str(events), str(interval)], pin)
+            _read(pub)
+        elif kind == "zmq-raw":
             pub = _spawn(["_pub", kind, kv, nats_url, str(events), str(interval)], pin)
             endpoint = _read(pub)["endpoint"]
             sub = _spawn(["_sub", kind, kv, endpoint, *common], pin)
@@ -284,9 +307,9 @@ def run_pair(kind: str, events: int, latency: bool, interval: float, nats_url: s
             _read(sub)  # subscribed: nothing published from now on is missed
             pub = _spawn(["_pub", kind, kv, nats_url, str(events), str(interval)], pin)
         else:  # zmq-meshplane: the publisher binds and registers, the subscriber discovers it
-            pub = _spawn(["_pub", kind, kv, nats_url, str(events), str(interval)], pin)
+            pub = _spawn(["_pub", kind, kv, nats_url, str(events), str(interval)], pin, env)
             _read(pub)
-            sub = _spawn(["_sub", kind, kv, nats_url, *common], pin)
+            sub = _spawn(["_sub", kind, kv, nats_url, *common], pin, env)
             _read(sub)
         result = _read(sub)
         pub.wait(120)
@@ -299,7 +322,7 @@ def child(argv: list[str]) -> None:
     if role == "_pub":
         interval = float(extra)
         if kind == "zmq-raw":
-            zmq_raw_pub(events, interval)
+            zmq_raw_pub(events, interval, where if where.startswith("tcp://") else "")
         elif kind == "nats-raw":
             asyncio.run(nats_raw_pub(where, events, interval))
         else:

@@ -159,43 +159,45 @@ class Broker:
 
     def _forward_events(self, xsub: zmq.Socket[bytes], xpub: zmq.Socket[bytes]) -> None:
         counters = self._counters
-        recv = xsub.recv
+        recv, send = xsub.recv, xpub.send
+        more = zmq.SNDMORE | zmq.NOBLOCK
         for _ in range(_BATCH):
             try:
                 frame = recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            frames = [frame]
-            while frame.more:
-                frame = recv(zmq.NOBLOCK, copy=False)
-                frames.append(frame)
             counters.messages_in += 1
-            if self._send(xpub, frames):
-                counters.messages_out += 1
-            else:
+            # Frame by frame, as they come: once the first part is accepted the rest of the message is
+            # too (ZeroMQ delivers multipart messages whole), so only the first send can be refused.
+            first_flags = more if frame.more else zmq.NOBLOCK
+            if not self._send_first(xpub, frame.bytes, first_flags):
                 counters.dropped += 1
                 if counters.dropped == 1 or counters.dropped % 10_000 == 0:
                     log.warning("broker dropped %d messages: a subscriber is too slow", counters.dropped)
+                while frame.more:  # discard the rest of the refused message
+                    frame = recv(zmq.NOBLOCK, copy=False)
+                continue
+            while frame.more:
+                frame = recv(zmq.NOBLOCK, copy=False)
+                send(frame.bytes, more if frame.more else zmq.NOBLOCK)
+            counters.messages_out += 1
 
-    def _send(self, xpub: zmq.Socket[bytes], frames: list[zmq.Frame]) -> bool:
-        deadline = 0.0
-        while True:
+    def _send_first(self, xpub: zmq.Socket[bytes], data: bytes, flags: int) -> bool:
+        try:
+            xpub.send(data, flags)
+            return True
+        except zmq.Again:
+            pass
+        # A subscriber's queue is full (XPUB_NODROP): wait a little for it (backpressure), then give up.
+        deadline = time.monotonic() + self._drop_after
+        while time.monotonic() < deadline:
+            time.sleep(0.0005)
             try:
-                xpub.send(
-                    frames[0], zmq.SNDMORE | zmq.NOBLOCK if len(frames) > 1 else zmq.NOBLOCK, copy=False
-                )
-                break
+                xpub.send(data, flags)
+                return True
             except zmq.Again:
-                # A subscriber's queue is full: wait a little for it (backpressure), then give up and count.
-                now = time.monotonic()
-                if not deadline:
-                    deadline = now + self._drop_after
-                elif now > deadline:
-                    return False
-                time.sleep(0.0005)
-        for i, frame in enumerate(frames[1:], 2):
-            xpub.send(frame, zmq.SNDMORE if i < len(frames) else 0, copy=False)
-        return True
+                continue
+        return False
 
 
 def _bindable(endpoint: str) -> str:
