@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,11 +32,12 @@ def etcd_server() -> Iterator[EtcdServer]:
         yield server
 
 
-@pytest.fixture(scope="session")
-def session_brokers(etcd_server: EtcdServer) -> Iterator[list[BrokerProcess]]:
-    """Two brokers for the contract suite, registered in the session's etcd."""
-    args = ("--discovery", "etcd", "--etcd-endpoints", etcd_server.endpoint)
-    brokers = [BrokerProcess(extra_args=args) for _ in range(2)]
+@contextlib.contextmanager
+def running_brokers(
+    count: int, extra_args: tuple[str, ...] = ("--no-register",)
+) -> Iterator[list[BrokerProcess]]:
+    """``count`` broker processes on free loopback ports, stopped by PID afterwards."""
+    brokers = [BrokerProcess(extra_args=extra_args) for _ in range(count)]
     try:
         for broker in brokers:
             broker.start()
@@ -43,6 +45,13 @@ def session_brokers(etcd_server: EtcdServer) -> Iterator[list[BrokerProcess]]:
     finally:
         for broker in brokers:
             broker.cleanup()
+
+
+@pytest.fixture(scope="session")
+def session_brokers(etcd_server: EtcdServer) -> Iterator[list[BrokerProcess]]:
+    """Two brokers for the contract suite, registered in the session's etcd."""
+    with running_brokers(2, ("--discovery", "etcd", "--etcd-endpoints", etcd_server.endpoint)) as brokers:
+        yield brokers
 
 
 def make_config(

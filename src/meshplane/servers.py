@@ -75,7 +75,7 @@ class _Process:
         assert self.proc is not None
         return self.proc.pid
 
-    def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
         # Own session: a Ctrl-C in the terminal reaches us, and we stop the server after our clients
         # have closed; the death signal takes it down with us if we are killed outright.
@@ -86,6 +86,7 @@ class _Process:
             cwd=self.workdir,
             start_new_session=True,
             preexec_fn=_die_with_parent,
+            env=env,
         )
         log.close()
         return self.proc
@@ -246,26 +247,17 @@ class BrokerProcess(_Process):
             self.xpub,
             *self._extra_args,
         ]
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.DEVNULL,
-            cwd=self.workdir,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-            env=self._env,
-        )
-        log.close()
+        proc = self._spawn(argv, self._env)
         deadline = time.monotonic() + timeout
-        while True:
+        while True:  # the broker prints its addresses as one JSON line when it is ready
             lines = self.log_path.read_text().splitlines()
-            if lines and lines[0].startswith("{"):
-                ready = json.loads(lines[0])
+            ready = next((line for line in lines if line.startswith("{")), None)
+            if ready is not None:
                 break
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is not None or time.monotonic() > deadline:
                 raise ServerError(f"broker did not start: {self.log_path.read_text()[-2000:]}")
             time.sleep(0.02)
+        addresses = json.loads(ready)
         # Restarts reuse the ports the first start picked.
-        self.xsub, self.xpub, self.stats_endpoint = ready["xsub"], ready["xpub"], ready["stats"]
+        self.xsub, self.xpub, self.stats_endpoint = addresses["xsub"], addresses["xpub"], addresses["stats"]
         return self

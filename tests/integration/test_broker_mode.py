@@ -17,7 +17,7 @@ import pytest
 from meshplane import EventPlane, PlaneConfig, Scope
 from meshplane.broker import query_stats
 from meshplane.servers import BrokerProcess, EtcdServer
-from tests.conftest import make_config
+from tests.conftest import make_config, running_brokers
 from tests.helpers import eventually
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,14 +26,8 @@ HA_SCOPE = Scope.endpoint("ha", "worker", "generate")
 
 @pytest.fixture
 def two_brokers() -> Iterator[list[BrokerProcess]]:
-    brokers = [BrokerProcess() for _ in range(2)]
-    try:
-        for broker in brokers:
-            broker.start()
+    with running_brokers(2) as brokers:
         yield brokers
-    finally:
-        for broker in brokers:
-            broker.cleanup()
 
 
 def broker_url(brokers: list[BrokerProcess]) -> str:

@@ -128,13 +128,22 @@ class ConnectionMonitor:
         self._monitor.close(0)
 
 
-def _connect(sock: zmq.Socket[bytes], endpoint: str) -> bool:
-    try:
-        sock.connect(endpoint)  # ZeroMQ keeps retrying in the background until the broker is there
-    except zmq.ZMQError as exc:
-        log.warning("cannot connect to broker endpoint %r: %s", endpoint, exc)
-        return False
-    return True
+def _reconcile(sock: zmq.Socket[bytes], connected: dict[str, str], wanted: dict[str, str]) -> None:
+    """Connect ``sock`` to exactly the ``wanted`` endpoints (by broker key); ``connected`` is updated."""
+    for key, endpoint in list(connected.items()):
+        if wanted.get(key) != endpoint:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disconnect(endpoint)
+            del connected[key]
+    for key, endpoint in wanted.items():
+        if key in connected:
+            continue
+        try:
+            sock.connect(endpoint)  # ZeroMQ keeps retrying in the background until the broker is there
+        except zmq.ZMQError as exc:
+            log.warning("cannot connect to broker endpoint %r: %s", endpoint, exc)
+            continue
+        connected[key] = endpoint
 
 
 class ZmqBrokerPublisherTransport(XPubPublisher):
@@ -171,14 +180,7 @@ class ZmqBrokerPublisherTransport(XPubPublisher):
             return
         chosen = select_brokers(self._publisher_id, list(self._directory.brokers.values()), self._fanout)
         wanted = {b.key: b.xsub for b in chosen}
-        for key, endpoint in list(self._connected.items()):
-            if wanted.get(key) != endpoint:
-                with contextlib.suppress(zmq.ZMQError):
-                    self._socket.disconnect(endpoint)
-                del self._connected[key]
-        for key, endpoint in wanted.items():
-            if key not in self._connected and _connect(self._socket, endpoint):
-                self._connected[key] = endpoint
+        _reconcile(self._socket, self._connected, wanted)
         if not wanted:
             log.warning("publisher %x has no broker to send through; events are dropped", self._publisher_id)
 
@@ -226,15 +228,7 @@ class ZmqBrokerSubscriberTransport(ZmqSubscriberTransport):
     def _follow_brokers(self) -> None:
         if self._socket is None:
             return
-        wanted = {key: b.xpub for key, b in self._directory.brokers.items()}
-        for key, endpoint in list(self._brokers.items()):
-            if wanted.get(key) != endpoint:
-                with contextlib.suppress(zmq.ZMQError):
-                    self._socket.disconnect(endpoint)
-                del self._brokers[key]
-        for key, endpoint in wanted.items():
-            if key not in self._brokers and _connect(self._socket, endpoint):
-                self._brokers[key] = endpoint
+        _reconcile(self._socket, self._brokers, {key: b.xpub for key, b in self._directory.brokers.items()})
 
     @property
     def connected_publishers(self) -> int:
