@@ -49,6 +49,13 @@ class PlaneConfig:
     zmq_broker_enabled: bool = False  # DYN_ZMQ_BROKER_ENABLED: brokers from discovery
     broker_fanout: int = 0  # brokers each publisher sends through (HRW choice); 0 = all
     dedup_capacity: int = 65_536  # (publisher, sequence) pairs remembered to drop broker duplicates
+    heartbeat_period: float = 1.0  # seconds between a publisher's heartbeats; 0 turns them off
+    heartbeat_misses: int = 3  # missed periods before a subscriber reports a publisher timed out
+
+    @property
+    def liveness_timeout(self) -> float:
+        """Silence after which a publisher counts as timed out (0: heartbeats are off)."""
+        return self.heartbeat_period * self.heartbeat_misses
 
     @property
     def broker_mode(self) -> bool:
@@ -71,6 +78,11 @@ class PlaneConfig:
         for name in ("send_hwm", "receive_hwm"):  # 0 is ZeroMQ's "no limit"
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.heartbeat_period < 0 or self.heartbeat_misses < 1:
+            raise ConfigError(
+                f"heartbeat_period must be >= 0 and heartbeat_misses >= 1, got {self.heartbeat_period!r} "
+                f"and {self.heartbeat_misses!r}"
+            )
         if self.dedup_capacity < 1:
             raise ConfigError(f"dedup_capacity must be positive, got {self.dedup_capacity!r}")
         if not self.etcd_endpoints:
@@ -113,6 +125,8 @@ class PlaneConfig:
         take("DYN_ZMQ_BROKER_ENABLED", "zmq_broker_enabled", _parse_bool)
         take("MESHPLANE_ZMQ_BROKER_FANOUT", "broker_fanout", int)
         take("MESHPLANE_DEDUP_CAPACITY", "dedup_capacity", int)
+        take("MESHPLANE_HEARTBEAT_PERIOD", "heartbeat_period", float)
+        take("MESHPLANE_HEARTBEAT_MISSES", "heartbeat_misses", int)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

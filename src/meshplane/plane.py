@@ -51,6 +51,7 @@ class EventPlane:
         self._brokers: BrokerDirectory | None = None
         self._lock = asyncio.Lock()
         self._members: list[EventPublisher | EventSubscriber] = []
+        self._heartbeats: asyncio.Task[None] | None = None
         self._closed = False
 
     async def __aenter__(self) -> EventPlane:
@@ -179,6 +180,21 @@ class EventPlane:
 
     def _adopt(self, member: EventPublisher | EventSubscriber) -> None:
         self._members.append(member)
+        if self.config.heartbeat_period and self._heartbeats is None:
+            self._heartbeats = asyncio.create_task(self._send_heartbeats(), name="meshplane-heartbeats")
+
+    async def _send_heartbeats(self) -> None:
+        """One timer for every publisher of the plane (thousands of publishers, one task)."""
+        from meshplane.publisher import EventPublisher
+
+        while True:
+            await asyncio.sleep(self.config.heartbeat_period)
+            for member in list(self._members):
+                if isinstance(member, EventPublisher):
+                    try:
+                        await member.send_heartbeat()
+                    except Exception as exc:  # a broken transport must not stop the others' heartbeats
+                        log.warning("heartbeat of %r failed: %s", member, exc)
 
     def _release(self, member: EventPublisher | EventSubscriber) -> None:
         with contextlib.suppress(ValueError):
@@ -194,6 +210,10 @@ class EventPlane:
             except Exception as exc:
                 log.warning("closing %r failed: %s", member, exc)
         self._closed = True
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeats
         if self._brokers is not None:
             await self._brokers.close()
         if self._discovery is not None:

@@ -133,6 +133,14 @@ class EventPublisher:
         self._sequence = sequence + 1
         return sequence
 
+    async def send_heartbeat(self) -> None:
+        """Tell subscribers this publisher is alive and which sequence comes next (the plane calls this)."""
+        if not self._closed:
+            now_ms = time.time_ns() // 1_000_000
+            await self._transport.send_heartbeat(
+                EventEnvelope(self.publisher_id, self._sequence, now_ms, self.topic, b"")
+            )
+
     async def flush(self, timeout: float = 5.0) -> None:
         """Wait until everything published so far has been handed to the network."""
         await self._transport.flush(timeout)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -13,15 +15,19 @@ from typing import Any
 from meshplane.config import PlaneConfig
 from meshplane.core.envelope import EventEnvelope
 from meshplane.core.framing import MessageType
+from meshplane.core.liveness import EventTimeout, LivenessTracker, PublisherRecovered
 from meshplane.core.names import Scope, validate_name
 from meshplane.core.records import EventChannel
-from meshplane.core.sequence import Arrival, SequenceTracker
+from meshplane.core.sequence import Arrival, EventGap, SequenceTracker
 from meshplane.discovery.channels import ChannelAdded, ChannelWatch
 from meshplane.errors import ClosedError, DiscoveryError, WireError
 from meshplane.plane import EventPlane
 from meshplane.transports.base import Received, SubscriberTransport
 
 log = logging.getLogger(__name__)
+
+#: What a subscriber reports besides events: a publisher timed out, came back, or events went missing.
+Notice = EventTimeout | PublisherRecovered | EventGap
 
 
 @dataclass
@@ -33,7 +39,10 @@ class SubscriberStats:
     malformed: Counter[str] = field(default_factory=Counter)
     gaps: int = 0
     missing: int = 0
-    duplicates: int = 0
+    duplicates: int = 0  # copies of an already delivered sequence, dropped
+    heartbeats: int = 0
+    timeouts: int = 0
+    recoveries: int = 0
     duplicates_dropped: int = 0  # copies removed before delivery (one per extra broker)
     publishers_discovered: int = 0
     invalid_records: int = 0
@@ -64,6 +73,12 @@ class EventSubscriber:
         self._routing_topics = {self._topic_bytes, scope.subject(topic).encode()}
         self._buffer: deque[EventEnvelope] = deque()
         self._tracker = SequenceTracker()
+        config = plane.config
+        self._liveness = LivenessTracker(config.liveness_timeout) if config.heartbeat_period else None
+        self._liveness_task: asyncio.Task[None] | None = None
+        self._listeners: list[Callable[[Notice], None]] = []
+        #: The latest notices, for those who look rather than listen.
+        self.recent_notices: deque[Notice] = deque(maxlen=1000)
         self._stats = SubscriberStats()
         self._watch: ChannelWatch | None = None
         self._watch_task: asyncio.Task[None] | None = None
@@ -88,6 +103,11 @@ class EventSubscriber:
             transport = await plane.subscriber_transport(scope, topic)
             subscriber = cls(scope, topic, plane, transport, owns_plane)
             await subscriber._start_discovery()
+            if subscriber._liveness is not None:
+                subscriber._liveness_task = asyncio.create_task(
+                    subscriber._watch_liveness(subscriber._liveness, plane.config.heartbeat_period),
+                    name=f"meshplane-liveness-{topic}",
+                )
         except BaseException:
             if transport is not None:
                 await transport.close()
@@ -149,6 +169,8 @@ class EventSubscriber:
                         )
                         self._transport.remove_publisher(event.channel)
                         self._tracker.forget(event.channel.instance_id)
+                        if self._liveness is not None:
+                            self._liveness.forget(event.channel.instance_id)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -168,11 +190,15 @@ class EventSubscriber:
         s.invalid_records = self._watch.invalid if self._watch is not None else 0
         s.dropped_slow = getattr(self._transport, "dropped", 0)
         s.duplicates_dropped = self._transport.duplicates_dropped
+        if self._liveness is not None:
+            s.timeouts, s.recoveries = self._liveness.timeouts, self._liveness.recoveries
         return s
 
     def _accept(self, batch: list[Received]) -> None:
         stats = self._stats
-        observe = self._tracker.observe
+        tracker = self._tracker
+        liveness = self._liveness
+        now = time.monotonic()
         for item in batch:
             if isinstance(item, WireError):
                 stats.malformed[item.reason] += 1
@@ -186,17 +212,83 @@ class EventSubscriber:
                     )
                 continue
             envelope = item.envelope
-            if (
-                item.message_type is not MessageType.EVENT
-                or envelope.topic != self.topic
-                or item.routing_topic not in self._routing_topics
-            ):
+            if envelope.topic != self.topic or item.routing_topic not in self._routing_topics:
                 stats.filtered += 1
                 continue
-            if observe(envelope.publisher_id, envelope.sequence).arrival is Arrival.GAP:
-                log.debug("gap before %x#%d", envelope.publisher_id, envelope.sequence)
-            stats.received += 1
-            self._buffer.append(envelope)
+            publisher_id = envelope.publisher_id
+            if liveness is not None:
+                recovered = liveness.seen(publisher_id, now)
+                if recovered is not None:
+                    self._notify(recovered)
+            if item.message_type is MessageType.HEARTBEAT:
+                stats.heartbeats += 1
+                observation = tracker.expect(publisher_id, envelope.sequence)
+            else:
+                observation = tracker.observe(publisher_id, envelope.sequence)
+                if observation.arrival is Arrival.DUPLICATE:
+                    continue  # counted by the tracker; the application never sees it twice
+                stats.received += 1
+                self._buffer.append(envelope)
+            if observation.arrival is Arrival.GAP:
+                self._notify(EventGap(publisher_id, observation.missing_from, observation.missing_to))
+
+    def on_notice(self, listener: Callable[[Notice], None]) -> None:
+        """Call ``listener`` with every :data:`Notice` (timeouts, recoveries, gaps) from now on."""
+        self._listeners.append(listener)
+
+    def remove_notice_listener(self, listener: Callable[[Notice], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
+
+    def _notify(self, notice: Notice) -> None:
+        self.recent_notices.append(notice)
+        if isinstance(notice, EventTimeout):
+            log.warning(
+                "publisher %x of %s/%s silent for %.1fs: timed out",
+                notice.publisher_id,
+                self.scope,
+                self.topic,
+                notice.silent_for,
+            )
+        elif isinstance(notice, PublisherRecovered):
+            log.info(
+                "publisher %x of %s/%s is back after %.1fs",
+                notice.publisher_id,
+                self.scope,
+                self.topic,
+                notice.silent_for,
+            )
+        else:
+            log.info(
+                "publisher %x of %s/%s: events %d..%d missing",
+                notice.publisher_id,
+                self.scope,
+                self.topic,
+                notice.missing_from,
+                notice.missing_to,
+            )
+        for listener in list(self._listeners):
+            try:
+                listener(notice)
+            except Exception:
+                log.exception("notice listener of %s/%s failed", self.scope, self.topic)
+
+    async def _watch_liveness(self, liveness: LivenessTracker, period: float) -> None:
+        """Report publishers that stopped talking, and keep reconnecting to them until they are back."""
+        reconnected_at: dict[int, float] = {}
+        while True:
+            await asyncio.sleep(period / 2)
+            now = time.monotonic()
+            for notice in liveness.check(now):
+                self._notify(notice)
+                self._transport.reconnect_publisher(notice.publisher_id)
+                reconnected_at[notice.publisher_id] = now
+            for publisher_id, at in list(reconnected_at.items()):
+                if not liveness.is_timed_out(publisher_id):
+                    del reconnected_at[publisher_id]
+                elif now - at > liveness.timeout:
+                    self._transport.reconnect_publisher(publisher_id)
+                    reconnected_at[publisher_id] = now
 
     def __aiter__(self) -> EventSubscriber:
         return self
@@ -229,10 +321,11 @@ class EventSubscriber:
             return
         self._closed = True
         self.plane._release(self)
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch_task
+        for task in (self._watch_task, self._liveness_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._transport.close()
         if self._owns_plane:
             await self.plane.close()

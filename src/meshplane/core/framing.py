@@ -101,6 +101,29 @@ def _decode_seed(data: bytes | memoryview, routing_topic: bytes, max_bytes: int)
     return Frame(message_type, decode_envelope(body, codec), routing_topic)
 
 
+# Heartbeats in the Dynamo layout travel under "<routing topic>/__heartbeat__" with the same suffix on
+# the envelope's topic: a Dynamo subscriber drops them as another topic (it checks the envelope topic),
+# and no real topic can collide because names cannot contain "/".
+HEARTBEAT_SUFFIX = "/__heartbeat__"
+HEARTBEAT_SUFFIX_BYTES = HEARTBEAT_SUFFIX.encode()
+
+
+def _dynamo_heartbeat(envelope: EventEnvelope) -> EventEnvelope:
+    return msgspec.structs.replace(envelope, topic=envelope.topic + HEARTBEAT_SUFFIX)
+
+
+def _classify(envelope: EventEnvelope, routing_topic: bytes) -> Frame:
+    """A Dynamo-layout envelope is an event, unless its topic carries the heartbeat suffix."""
+    if envelope.topic.endswith(HEARTBEAT_SUFFIX):
+        topic = envelope.topic[: -len(HEARTBEAT_SUFFIX)]
+        return Frame(
+            MessageType.HEARTBEAT,
+            msgspec.structs.replace(envelope, topic=topic),
+            routing_topic.removesuffix(HEARTBEAT_SUFFIX_BYTES),
+        )
+    return Frame(_EVENT, envelope, routing_topic)
+
+
 class ZmqEncoder:
     """Builds the multipart frames of one publisher's events (topic and publisher id are fixed)."""
 
@@ -116,6 +139,10 @@ class ZmqEncoder:
         self, envelope: EventEnvelope, message_type: MessageType = MessageType.EVENT
     ) -> list[bytes | bytearray]:
         if self._wire is WireFormat.DYNAMO:
+            if message_type is MessageType.HEARTBEAT:
+                return dynamo_zmq_frames(
+                    self._routing_topic + HEARTBEAT_SUFFIX_BYTES, _dynamo_heartbeat(envelope), self._pid_frame
+                )
             return dynamo_zmq_frames(self._routing_topic, envelope, self._pid_frame)
         body = encode_envelope(envelope, self._codec)
         return [self._routing_topic, _seed_header(message_type, self._codec, len(body)) + body]
@@ -165,7 +192,7 @@ def decode_zmq(frames: list[bytes], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) 
             envelope = decode_envelope(body)
         if _U64_PAIR.unpack(pid_frame + seq_frame) != (envelope.publisher_id, envelope.sequence):
             raise MalformedFrame("publisher id / sequence frames disagree with the envelope")
-        return Frame(_EVENT, envelope, routing_topic)
+        return _classify(envelope, routing_topic)
     if len(frames) == 2:
         return _decode_seed(frames[1], frames[0], max_bytes)
     raise UnexpectedFrameCount(f"unexpected ZMQ multipart frame count: {len(frames)} (expected 4 or 2)")
@@ -177,8 +204,13 @@ def encode_nats(
     codec: Codec = Codec.MSGPACK,
     message_type: MessageType = MessageType.EVENT,
 ) -> bytes:
-    """NATS message data: the bare envelope (Dynamo) or a seed header followed by the body."""
+    """NATS message data: the bare envelope (Dynamo) or a seed header followed by the body.
+
+    A Dynamo-layout heartbeat goes to the subject plus ``HEARTBEAT_SUFFIX`` (the caller's business).
+    """
     if wire is WireFormat.DYNAMO:
+        if message_type is MessageType.HEARTBEAT:
+            return encode_envelope(_dynamo_heartbeat(envelope))
         return encode_envelope(envelope)
     body = encode_envelope(envelope, codec)
     return _seed_header(message_type, codec, len(body)) + body
@@ -193,12 +225,12 @@ def decode_nats(data: bytes, routing_topic: bytes, max_bytes: int = DEFAULT_MAX_
         if len(data) > max_bytes:
             _check_size(len(data), max_bytes)
         try:
-            return Frame(_EVENT, _decode_map_envelope(data), routing_topic)
+            return _classify(_decode_map_envelope(data), routing_topic)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise MalformedFrame(f"invalid MSGPACK envelope: {exc}") from exc
     if first in _MSGPACK_CONTAINER_MARKERS:
         _check_size(len(data), max_bytes)
-        return Frame(_EVENT, decode_envelope(data), routing_topic)
+        return _classify(decode_envelope(data), routing_topic)
     if first == SEED_VERSION:
         return _decode_seed(data, routing_topic, max_bytes)
     raise UnsupportedVersion(

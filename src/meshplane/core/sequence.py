@@ -25,6 +25,19 @@ class Observation:
         return self.missing_to - self.missing_from + 1 if self.arrival is Arrival.GAP else 0
 
 
+@dataclass(frozen=True, slots=True)
+class EventGap:
+    """Events ``missing_from``..``missing_to`` (inclusive) of ``publisher_id`` never arrived."""
+
+    publisher_id: int
+    missing_from: int
+    missing_to: int
+
+    @property
+    def missing(self) -> int:
+        return self.missing_to - self.missing_from + 1
+
+
 _FIRST = Observation(Arrival.FIRST)
 _IN_ORDER = Observation(Arrival.IN_ORDER)
 _DUPLICATE = Observation(Arrival.DUPLICATE)
@@ -58,6 +71,22 @@ class SequenceTracker:
             return _RESTART
         self.duplicates += 1
         return _DUPLICATE
+
+    def expect(self, publisher_id: int, next_sequence: int) -> Observation:
+        """A heartbeat says the publisher's next event will be ``next_sequence``: detects lost tails.
+
+        Stale news (a heartbeat behind what already arrived) changes nothing.
+        """
+        last = self._last.get(publisher_id)
+        if last is None:
+            self._last[publisher_id] = next_sequence - 1
+            return _FIRST
+        if next_sequence - 1 > last:
+            self._last[publisher_id] = next_sequence - 1
+            self.gaps += 1
+            self.missing += next_sequence - 1 - last
+            return Observation(Arrival.GAP, last + 1, next_sequence - 1)
+        return _IN_ORDER
 
     def forget(self, publisher_id: int) -> None:
         self._last.pop(publisher_id, None)

@@ -27,6 +27,10 @@ class PublisherTransport(abc.ABC):
     async def send(self, envelope: EventEnvelope) -> None: ...
 
     @abc.abstractmethod
+    async def send_heartbeat(self, envelope: EventEnvelope) -> None:
+        """A heartbeat: ``envelope.sequence`` is the sequence the next event will carry."""
+
+    @abc.abstractmethod
     async def flush(self, timeout: float) -> None:
         """Hand everything sent so far to the network (or the socket's queue)."""
 
@@ -55,6 +59,9 @@ class SubscriberTransport(abc.ABC):
 
     def remove_publisher(self, channel: EventChannel) -> None:
         """A publisher left discovery."""
+
+    def reconnect_publisher(self, publisher_id: int) -> None:
+        """A publisher went silent: connect to it afresh (transports with a connection per publisher)."""
 
     @property
     def connected_publishers(self) -> int | None:

@@ -12,7 +12,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from meshplane.core.envelope import Codec, EventEnvelope
-from meshplane.core.framing import WireFormat, decode_nats, encode_nats
+from meshplane.core.framing import HEARTBEAT_SUFFIX, MessageType, WireFormat, decode_nats, encode_nats
 from meshplane.core.records import TRANSPORT_NATS
 from meshplane.errors import TransportError, WireError
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
@@ -94,6 +94,11 @@ class NatsPublisherTransport(PublisherTransport):
         # nats-py only appends to its write buffer here; its flusher task writes in batches.
         await self._client.publish(self._subject, encode_nats(envelope, self._wire, self._codec))
 
+    async def send_heartbeat(self, envelope: EventEnvelope) -> None:
+        data = encode_nats(envelope, self._wire, self._codec, MessageType.HEARTBEAT)
+        dynamo = self._wire is WireFormat.DYNAMO
+        await self._client.publish(self._subject + HEARTBEAT_SUFFIX if dynamo else self._subject, data)
+
     async def flush(self, timeout: float) -> None:
         try:
             await self._client.flush(timeout=max(1, int(timeout)))
@@ -113,7 +118,7 @@ class NatsSubscriberTransport(SubscriberTransport):
         self._pending_limit = pending_limit
         self._pending: list[bytes] = []
         self._ready = asyncio.Event()
-        self._sub: Any = None
+        self._subs: list[Any] = []
         self.dropped = 0
 
     async def _on_message(self, msg: Msg) -> None:
@@ -124,15 +129,19 @@ class NatsSubscriberTransport(SubscriberTransport):
         self._ready.set()
 
     async def start(self) -> None:
-        self._sub = await self._client.subscribe(
-            self._subject, cb=self._on_message, pending_msgs_limit=self._pending_limit
-        )
+        # Dynamo-layout heartbeats come on a subject of their own, so Dynamo subscribers never see them.
+        for subject in (self._subject, self._subject + HEARTBEAT_SUFFIX):
+            self._subs.append(
+                await self._client.subscribe(
+                    subject, cb=self._on_message, pending_msgs_limit=self._pending_limit
+                )
+            )
         # Once the server has the subscription, nothing published afterwards is missed.
         await self._client.flush()
 
     async def receive(self) -> list[Received]:
         await self._ready.wait()
-        if self._sub is None:
+        if not self._subs:
             return []  # closed
         if len(self._pending) <= _MAX_BATCH:
             batch, self._pending = self._pending, []
@@ -149,10 +158,10 @@ class NatsSubscriberTransport(SubscriberTransport):
         return out
 
     async def close(self) -> None:
-        if self._sub is not None:
+        subs, self._subs = self._subs, []
+        for sub in subs:
             try:
-                await self._sub.unsubscribe()
+                await sub.unsubscribe()
             except Exception as exc:
                 log.debug("unsubscribe from %s failed: %s", self._subject, exc)
-            self._sub = None
-            self._ready.set()  # wake a pending receive()
+        self._ready.set()  # wake a pending receive()

@@ -14,7 +14,7 @@ from typing import Any
 import zmq
 
 from meshplane.core.envelope import Codec, EventEnvelope
-from meshplane.core.framing import WireFormat, ZmqEncoder, decode_zmq
+from meshplane.core.framing import MessageType, WireFormat, ZmqEncoder, decode_zmq
 from meshplane.core.records import TRANSPORT_ZMQ, EventChannel
 from meshplane.errors import TransportError, WireError
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
@@ -121,6 +121,10 @@ class XPubPublisher(PublisherTransport):
             sock.send(frame, _MORE)
         sock.send(last, zmq.NOBLOCK)
 
+    async def send_heartbeat(self, envelope: EventEnvelope) -> None:
+        if self._socket is not None:
+            self._socket.send_multipart(self._encoder.encode(envelope, MessageType.HEARTBEAT), zmq.NOBLOCK)
+
     async def flush(self, timeout: float) -> None:
         return None  # ZeroMQ's I/O thread sends on its own; LINGER covers close
 
@@ -224,6 +228,15 @@ class ZmqSubscriberTransport(SubscriberTransport):
             return
         self._endpoints[channel.instance_id] = endpoint
         log.debug("connected to publisher %x at %s", channel.instance_id, endpoint)
+
+    def reconnect_publisher(self, publisher_id: int) -> None:
+        # Tango's keep-alive: a silent peer may be a half-open connection; start a fresh one.
+        endpoint = self._endpoints.get(publisher_id)
+        if endpoint is not None and self._socket is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._socket.disconnect(endpoint)
+                self._socket.connect(endpoint)
+            log.info("reconnecting to silent publisher %x at %s", publisher_id, endpoint)
 
     def remove_publisher(self, channel: EventChannel) -> None:
         endpoint = self._endpoints.pop(channel.instance_id, None)

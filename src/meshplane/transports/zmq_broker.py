@@ -23,7 +23,7 @@ from meshplane.core.brokers import (
     select_brokers,
 )
 from meshplane.core.envelope import Codec
-from meshplane.core.framing import Frame, WireFormat
+from meshplane.core.framing import Frame, MessageType, WireFormat
 from meshplane.core.watch import Added
 from meshplane.discovery.base import Discovery
 from meshplane.errors import InvalidDiscoveryRecord
@@ -252,10 +252,12 @@ class ZmqBrokerSubscriberTransport(ZmqSubscriberTransport):
         first_time = self._dedup.first_time
         while True:
             batch = await super().receive()
+            # Heartbeats skip deduplication: they carry the *next* sequence, which must not shadow its event.
             unique = [
                 item
                 for item in batch
                 if not isinstance(item, Frame)
+                or item.message_type is not MessageType.EVENT
                 or first_time(item.envelope.publisher_id, item.envelope.sequence)
             ]
             if unique or not batch:

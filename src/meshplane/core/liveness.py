@@ -1,0 +1,68 @@
+"""Publisher liveness, Tango-style: every sign of life resets a deadline; a missed deadline is a timeout.
+
+Pure and clock-injected: the caller says what time it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EventTimeout:
+    """No event or heartbeat from ``publisher_id`` for ``silent_for`` seconds."""
+
+    publisher_id: int
+    silent_for: float
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherRecovered:
+    """``publisher_id`` spoke again after a timeout."""
+
+    publisher_id: int
+    silent_for: float
+
+
+class LivenessTracker:
+    """Tracks the last sign of life of every publisher; a publisher silent for ``timeout`` has timed out."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._last_seen: dict[int, float] = {}
+        self._timed_out: dict[int, float] = {}  # publisher -> when it was last seen before timing out
+        self.timeouts = 0
+        self.recoveries = 0
+
+    def seen(self, publisher_id: int, now: float) -> PublisherRecovered | None:
+        """Record a sign of life; returns a recovery notice when the publisher had timed out."""
+        self._last_seen[publisher_id] = now
+        last = self._timed_out.pop(publisher_id, None)
+        if last is None:
+            return None
+        self.recoveries += 1
+        return PublisherRecovered(publisher_id, now - last)
+
+    def check(self, now: float) -> list[EventTimeout]:
+        """Publishers whose deadline passed since the last check (each reported once per silence)."""
+        expired = [
+            EventTimeout(pid, now - last)
+            for pid, last in self._last_seen.items()
+            if now - last > self.timeout and pid not in self._timed_out
+        ]
+        for notice in expired:
+            self._timed_out[notice.publisher_id] = now - notice.silent_for
+        self.timeouts += len(expired)
+        return expired
+
+    def forget(self, publisher_id: int) -> None:
+        """The publisher left (its record is gone): stop expecting it."""
+        self._last_seen.pop(publisher_id, None)
+        self._timed_out.pop(publisher_id, None)
+
+    def is_timed_out(self, publisher_id: int) -> bool:
+        return publisher_id in self._timed_out
+
+    @property
+    def tracked(self) -> int:
+        return len(self._last_seen)
