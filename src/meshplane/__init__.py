@@ -6,7 +6,9 @@
 from meshplane.config import PlaneConfig
 from meshplane.core.envelope import Codec, EventEnvelope
 from meshplane.core.framing import WireFormat
+from meshplane.core.liveness import EventTimeout, PublisherRecovered
 from meshplane.core.names import Scope
+from meshplane.core.sequence import EventGap
 from meshplane.errors import (
     ClosedError,
     ConfigError,
@@ -15,12 +17,13 @@ from meshplane.errors import (
     InvalidName,
     MeshplaneError,
     PayloadTooLarge,
+    SubscriptionError,
     TransportError,
     WireError,
 )
 from meshplane.plane import EventPlane
 from meshplane.publisher import EventPublisher
-from meshplane.subscriber import EventSubscriber, SubscriberStats
+from meshplane.subscriber import EventSubscriber, Notice, SubscriberStats
 
 __version__ = "0.1.0"
 
@@ -30,16 +33,21 @@ __all__ = [
     "ConfigError",
     "DiscoveryError",
     "EventEnvelope",
+    "EventGap",
     "EventPlane",
     "EventPublisher",
     "EventSubscriber",
+    "EventTimeout",
     "InvalidDiscoveryRecord",
     "InvalidName",
     "MeshplaneError",
+    "Notice",
     "PayloadTooLarge",
     "PlaneConfig",
+    "PublisherRecovered",
     "Scope",
     "SubscriberStats",
+    "SubscriptionError",
     "TransportError",
     "WireError",
     "WireFormat",

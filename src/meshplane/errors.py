@@ -61,5 +61,9 @@ class TransportError(MeshplaneError):
     """A transport (NATS, ZeroMQ) could not be reached or failed."""
 
 
+class SubscriptionError(MeshplaneError):
+    """A (non-stateless) subscription cannot be made now: nothing publishes, or discovery is unreachable."""
+
+
 class ClosedError(MeshplaneError):
     """The publisher, subscriber or plane was already closed."""

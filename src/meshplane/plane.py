@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import itertools
 import logging
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +16,7 @@ import zmq
 from meshplane.config import PlaneConfig
 from meshplane.core.names import Scope, validate_name
 from meshplane.discovery import Discovery, create_discovery
-from meshplane.errors import ClosedError
+from meshplane.errors import ClosedError, DiscoveryError, SubscriptionError, TransportError
 from meshplane.transports.base import PublisherTransport, SubscriberTransport
 from meshplane.transports.zmq_broker import (
     BrokerDirectory,
@@ -25,10 +28,40 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
 
     from meshplane.publisher import EventPublisher
-    from meshplane.subscriber import EventSubscriber
+    from meshplane.subscriber import EventSubscriber, Notice
 
 log = logging.getLogger(__name__)
 _MAX_ZMQ_SOCKETS = 65_536
+
+
+EventCallback = Callable[[Any], "Awaitable[None] | None"]
+
+
+class _Subscription:
+    """One ``subscribe_event``: its callback, the tasks feeding it, and the lock that serialises calls."""
+
+    def __init__(self, event_id: int, scope: Scope, topic: str, callback: EventCallback) -> None:
+        self.event_id = event_id
+        self.scope = scope
+        self.topic = topic
+        self.callback = callback
+        self.subscriber: EventSubscriber | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+        self.lock = asyncio.Lock()
+        self.active = True
+
+    async def deliver(self, item: Any) -> None:
+        async with self.lock:
+            if not self.active:
+                return
+            try:
+                result = self.callback(item)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception(
+                    "callback of subscription %d (%s/%s) failed", self.event_id, self.scope, self.topic
+                )
 
 
 class EventPlane:
@@ -52,6 +85,8 @@ class EventPlane:
         self._lock = asyncio.Lock()
         self._members: list[EventPublisher | EventSubscriber] = []
         self._heartbeats: asyncio.Task[None] | None = None
+        self._subscriptions: dict[int, _Subscription] = {}
+        self._event_ids = itertools.count(1)
         self._closed = False
 
     async def __aenter__(self) -> EventPlane:
@@ -113,6 +148,100 @@ class EventPlane:
         from meshplane.subscriber import EventSubscriber
 
         return await EventSubscriber.create(scope, topic, plane=self)
+
+    async def subscribe_event(
+        self, scope: Scope, topic: str, callback: EventCallback, *, stateless: bool = False
+    ) -> int:
+        """Tango-style subscription: ``callback`` gets every event, notice and error; returns an event id.
+
+        ``callback(item)`` may be a plain function or a coroutine function; ``item`` is an
+        :class:`EventEnvelope`, a notice (:class:`EventTimeout`, :class:`PublisherRecovered`,
+        :class:`EventGap`) or a :class:`MeshplaneError`. Calls never overlap, may subscribe or
+        unsubscribe themselves, and stop before :meth:`unsubscribe_event` returns.
+
+        ``stateless=False`` fails at once (:class:`SubscriptionError`) when discovery is unreachable or
+        no publisher is registered; ``stateless=True`` always succeeds and connects when it can,
+        reporting each failed attempt to the callback.
+        """
+        self._check_open()
+        validate_name("topic", topic)
+        event_id = next(self._event_ids)
+        subscription = _Subscription(event_id, scope, topic, callback)
+        if stateless:
+            subscription.tasks.append(asyncio.create_task(self._connect_later(subscription)))
+        else:
+            subscriber = await self._subscriber_with_publishers(scope, topic)
+            self._start_pumps(subscription, subscriber)
+        self._subscriptions[event_id] = subscription
+        return event_id
+
+    async def unsubscribe_event(self, event_id: int) -> None:
+        """End a subscription: once this returns, its callback is not called again."""
+        subscription = self._subscriptions.pop(event_id, None)
+        if subscription is None:
+            raise SubscriptionError(f"no subscription with event id {event_id}")
+        current = asyncio.current_task()
+        if current in subscription.tasks:  # called from its own callback: the lock is ours already
+            subscription.active = False
+        else:
+            async with subscription.lock:  # let a running callback finish
+                subscription.active = False
+        others = [t for t in subscription.tasks if t is not current]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        if subscription.subscriber is not None:
+            await subscription.subscriber.close()
+
+    async def _subscriber_with_publishers(self, scope: Scope, topic: str) -> EventSubscriber:
+        from meshplane.subscriber import EventSubscriber
+
+        try:
+            subscriber = await EventSubscriber.create(scope, topic, plane=self)
+        except (DiscoveryError, TransportError) as exc:
+            raise SubscriptionError(f"cannot subscribe to {scope}/{topic}: {exc}") from exc
+        if self.config.broker_mode:
+            found = bool((await self.broker_directory()).brokers)
+        else:
+            found = bool(await (await self.discovery()).list(scope.channel_prefix(topic)))
+        if not found:
+            await subscriber.close()
+            what = "broker is known" if self.config.broker_mode else "publisher is registered"
+            raise SubscriptionError(
+                f"no {what} for {scope}/{topic}; subscribe with stateless=True to wait for one"
+            )
+        return subscriber
+
+    async def _connect_later(self, subscription: _Subscription) -> None:
+        from meshplane.subscriber import EventSubscriber
+
+        delay = self.config.heartbeat_period or 1.0
+        while True:
+            try:
+                subscriber = await EventSubscriber.create(subscription.scope, subscription.topic, plane=self)
+            except (DiscoveryError, TransportError) as exc:
+                await subscription.deliver(exc)
+                await asyncio.sleep(delay)
+                continue
+            self._start_pumps(subscription, subscriber)
+            return
+
+    def _start_pumps(self, subscription: _Subscription, subscriber: EventSubscriber) -> None:
+        subscription.subscriber = subscriber
+        notices: asyncio.Queue[Notice] = asyncio.Queue()
+        subscriber.on_notice(notices.put_nowait)
+
+        async def pump_events() -> None:
+            async for envelope in subscriber:
+                await subscription.deliver(envelope)
+                if not subscription.active:
+                    return
+
+        async def pump_notices() -> None:
+            while subscription.active:
+                await subscription.deliver(await notices.get())
+
+        subscription.tasks += [asyncio.create_task(pump_events()), asyncio.create_task(pump_notices())]
 
     async def publisher_transport(self, scope: Scope, topic: str, publisher_id: int) -> PublisherTransport:
         validate_name("topic", topic)
@@ -204,6 +333,8 @@ class EventPlane:
         """Close every publisher and subscriber of this plane, then its connections."""
         if self._closed:
             return
+        for event_id in list(self._subscriptions):
+            await self.unsubscribe_event(event_id)
         for member in list(reversed(self._members)):
             try:
                 await member.close()

@@ -1,0 +1,328 @@
+"""Liveness on real processes: heartbeats, timeouts, recovery, gaps, and the Tango-style callback API."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import struct
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import nats
+import pytest
+import zmq
+import zmq.asyncio
+
+from meshplane import (
+    EventEnvelope,
+    EventGap,
+    EventPlane,
+    EventTimeout,
+    PlaneConfig,
+    PublisherRecovered,
+    Scope,
+    SubscriptionError,
+)
+from meshplane.servers import NatsServer
+from tests.conftest import make_config
+from tests.helpers import eventually
+
+REPO = Path(__file__).resolve().parents[2]
+PERIOD, MISSES = 0.25, 2
+
+
+@pytest.fixture(params=["nats", "zmq"])
+def live_config(request: pytest.FixtureRequest, tmp_path: Path) -> PlaneConfig:
+    nats_server = request.getfixturevalue("nats_server") if request.param == "nats" else None
+    return make_config(
+        request.param,
+        "file",
+        tmp_path,
+        nats_server,
+        None,
+        heartbeat_period=PERIOD,
+        heartbeat_misses=MISSES,
+        file_kv_ttl=30.0,
+    )
+
+
+def env_of(config: PlaneConfig) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DYN_EVENT_PLANE": config.event_plane,
+        "NATS_SERVER": config.nats_server,
+        "DYN_DISCOVERY_BACKEND": "file",
+        "DYN_FILE_KV": str(config.file_kv),
+        "MESHPLANE_HEARTBEAT_PERIOD": str(PERIOD),
+        "MESHPLANE_HEARTBEAT_MISSES": str(MISSES),
+        "MESHPLANE_FILE_KV_TTL": "30",
+    }
+
+
+@pytest.fixture
+def scope() -> Scope:
+    return Scope.endpoint(f"live{uuid.uuid4().hex[:8]}", "worker", "generate")
+
+
+async def start_ticker(config: PlaneConfig, scope: Scope) -> tuple[asyncio.subprocess.Process, int]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.ticker",
+        str(scope),
+        "ticks",
+        cwd=REPO,
+        env=env_of(config),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    publisher_id = int((await asyncio.wait_for(proc.stdout.readline(), 30)).strip(), 16)
+    return proc, publisher_id
+
+
+class Recorder:
+    """Everything a subscription's callback received, in order."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    def __call__(self, item: Any) -> None:
+        self.items.append(item)
+
+    def of(self, kind: type) -> list[Any]:
+        return [i for i in self.items if isinstance(i, kind)]
+
+
+async def test_killed_publisher_times_out_and_its_restart_is_picked_up(
+    live_config: PlaneConfig, scope: Scope
+) -> None:
+    async with EventPlane(live_config) as plane:
+        seen = Recorder()
+        await plane.subscribe_event(scope, "ticks", seen, stateless=True)
+        proc, first_id = await start_ticker(live_config, scope)
+        try:
+            await eventually(
+                lambda: any(e.publisher_id == first_id for e in seen.of(EventEnvelope)), timeout=20
+            )
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+            killed_at = time.monotonic()
+            await eventually(lambda: bool(seen.of(EventTimeout)), timeout=10, interval=0.005, what="timeout")
+            elapsed = time.monotonic() - killed_at
+            assert seen.of(EventTimeout)[0].publisher_id == first_id
+            assert elapsed <= (MISSES + 1) * PERIOD + 0.1, elapsed  # scheduling slack only
+            # a new process (new publisher id, new port): picked up with nothing done to the subscriber
+            proc, second_id = await start_ticker(live_config, scope)
+            await eventually(
+                lambda: any(e.publisher_id == second_id for e in seen.of(EventEnvelope)), timeout=20
+            )
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+async def test_frozen_publisher_times_out_then_recovers(live_config: PlaneConfig, scope: Scope) -> None:
+    async with EventPlane(live_config) as plane:
+        seen = Recorder()
+        proc, publisher_id = await start_ticker(live_config, scope)
+        try:
+            await plane.subscribe_event(scope, "ticks", seen)  # stateful: the publisher is registered
+            await eventually(lambda: len(seen.of(EventEnvelope)) > 5, timeout=20)
+            proc.send_signal(signal.SIGSTOP)
+            await eventually(lambda: bool(seen.of(EventTimeout)), timeout=10, what="a timeout while frozen")
+            count_at_timeout = len(seen.of(EventEnvelope))
+            proc.send_signal(signal.SIGCONT)
+            await eventually(lambda: bool(seen.of(PublisherRecovered)), timeout=20, what="a recovery")
+            assert seen.of(PublisherRecovered)[0].publisher_id == publisher_id
+            await eventually(
+                lambda: len(seen.of(EventEnvelope)) > count_at_timeout + 5,
+                timeout=20,
+                what="events flowing again",
+            )
+            sequences = [e.sequence for e in seen.of(EventEnvelope)]
+            assert sequences == sorted(set(sequences))  # in order, never twice
+        finally:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            await proc.wait()
+
+
+async def test_events_lost_to_a_high_water_mark_are_reported_as_exact_gaps(
+    tmp_path: Path, scope: Scope
+) -> None:
+    config = make_config(
+        "zmq", "file", tmp_path, None, None, send_hwm=5, receive_hwm=5, heartbeat_period=PERIOD
+    )
+    async with EventPlane(config) as plane:
+        sub = await plane.subscriber(scope, "burst")
+        gaps: list[EventGap] = []
+        sub.on_notice(lambda n: gaps.append(n) if isinstance(n, EventGap) else None)
+        pub = await plane.publisher(scope, "burst")
+        await pub.wait_for_subscribers(1, timeout=10)
+        total = 5000
+        for i in range(total):  # far faster than anyone drains a 5-message queue
+            await pub.publish(i)
+        delivered: list[int] = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                delivered.append((await sub.next(PERIOD * 4)).sequence)
+            except TimeoutError:
+                if sub.stats.missing + len(delivered) == total:
+                    break
+        missing = set(range(total)) - set(delivered)
+        reported = {s for g in gaps for s in range(g.missing_from, g.missing_to + 1)}
+        assert missing, "the burst should have overflowed the high-water marks"
+        assert reported == missing  # every lost event reported, with the right ranges, the tail included
+        assert sub.stats.missing == len(missing)
+
+
+async def test_callbacks_stop_at_unsubscribe_and_may_subscribe(
+    live_config: PlaneConfig, scope: Scope
+) -> None:
+    async with EventPlane(live_config) as plane:
+        outer, inner = Recorder(), Recorder()
+        inner_ids: list[int] = []
+
+        async def subscribing_callback(item: Any) -> None:
+            outer(item)
+            if isinstance(item, EventEnvelope) and not inner_ids:  # subscribe from inside a callback
+                inner_ids.append(await plane.subscribe_event(scope, "cb", inner, stateless=True))
+
+        event_id = await plane.subscribe_event(scope, "cb", subscribing_callback, stateless=True)
+        pub = await plane.publisher(scope, "cb")
+        if live_config.event_plane == "zmq":
+            await pub.wait_for_subscribers(1, timeout=10)
+        await pub.publish("first")
+        await eventually(lambda: bool(inner_ids), what="inner subscription made")
+        if live_config.event_plane == "zmq":
+            await pub.wait_for_subscribers(2, timeout=10)
+        for i in range(10):
+            await pub.publish(i)
+        await eventually(lambda: len(inner.of(EventEnvelope)) == 10, what="inner subscription receives")
+        await plane.unsubscribe_event(event_id)
+        calls = len(outer.items)
+        for i in range(10):
+            await pub.publish(i)
+        await eventually(
+            lambda: len(inner.of(EventEnvelope)) == 20, what="the other subscription still receives"
+        )
+        assert len(outer.items) == calls  # nothing after unsubscribe returned
+        await plane.unsubscribe_event(inner_ids[0])
+        with pytest.raises(SubscriptionError, match="no subscription"):
+            await plane.unsubscribe_event(event_id)
+
+
+async def test_a_callback_may_unsubscribe_itself(live_config: PlaneConfig, scope: Scope) -> None:
+    async with EventPlane(live_config) as plane:
+        calls: list[Any] = []
+
+        async def once(item: Any) -> None:
+            calls.append(item)
+            await plane.unsubscribe_event(event_id)
+
+        event_id = await plane.subscribe_event(scope, "self", once, stateless=True)
+        pub = await plane.publisher(scope, "self")
+        if live_config.event_plane == "zmq":
+            await pub.wait_for_subscribers(1, timeout=10)
+        for i in range(5):
+            await pub.publish(i)
+        await eventually(lambda: len(calls) == 1)
+        await asyncio.sleep(PERIOD)  # give a wrongly delivered second call its chance
+        assert len(calls) == 1
+
+
+async def test_stateful_subscription_fails_fast_and_stateless_waits(
+    live_config: PlaneConfig, scope: Scope
+) -> None:
+    async with EventPlane(live_config) as plane:
+        started = time.monotonic()
+        with pytest.raises(SubscriptionError, match=r"no publisher is registered.*stateless=True"):
+            await plane.subscribe_event(scope, "nobody", Recorder())
+        assert time.monotonic() - started < 5
+        seen = Recorder()
+        await plane.subscribe_event(scope, "nobody", seen, stateless=True)
+        pub = await plane.publisher(scope, "nobody")
+        if live_config.event_plane == "zmq":
+            await pub.wait_for_subscribers(1, timeout=10)
+        await pub.publish("late")
+        await eventually(lambda: [e.decode() for e in seen.of(EventEnvelope)] == ["late"])
+
+
+async def test_unreachable_discovery_fails_a_stateful_subscription_and_is_reported_to_a_stateless_one(
+    tmp_path: Path, scope: Scope
+) -> None:
+    from meshplane.servers import free_port
+
+    config = make_config("zmq", "file", tmp_path, None, None, heartbeat_period=PERIOD).replace(
+        discovery_backend="etcd", etcd_endpoints=(f"127.0.0.1:{free_port()}",), connect_timeout=0.5
+    )
+    async with EventPlane(config) as plane:
+        with pytest.raises(SubscriptionError, match="cannot reach etcd"):
+            await plane.subscribe_event(scope, "t", Recorder())
+        seen = Recorder()
+        await plane.subscribe_event(scope, "t", seen, stateless=True)
+        await eventually(lambda: len(seen.items) >= 2, timeout=10, what="retries reported to the callback")
+        assert all("cannot reach etcd" in str(e) for e in seen.items)
+
+
+@pytest.fixture
+async def raw_zmq_sub() -> AsyncIterator[zmq.asyncio.Socket]:
+    ctx = zmq.asyncio.Context()
+    sock = ctx.socket(zmq.SUB)
+    yield sock
+    sock.close(0)
+    ctx.term()
+
+
+async def test_heartbeats_never_reach_a_dynamo_consumer_as_events(
+    tmp_path: Path, scope: Scope, nats_server: NatsServer, raw_zmq_sub: zmq.asyncio.Socket
+) -> None:
+    """A Dynamo subscriber keeps an envelope only when its topic is the subscribed topic."""
+    for transport in ("zmq", "nats"):
+        config = make_config(
+            transport, "file", tmp_path / transport, nats_server, None, heartbeat_period=0.05
+        )
+        async with EventPlane(config) as plane:
+            pub = await plane.publisher(scope, "kv")
+            envelopes: list[dict[str, Any]] = []
+            if transport == "zmq":
+                assert pub.channel is not None
+                raw_zmq_sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+                raw_zmq_sub.connect(pub.channel.zmq_endpoint or "")
+                await pub.wait_for_subscribers(1, timeout=10)
+            else:
+                nc = await nats.connect(nats_server.url)
+                raw = await nc.subscribe(scope.subject("kv"))
+                await nc.flush()
+            for i in range(3):
+                await pub.publish(i)
+            await asyncio.sleep(0.5)  # ten heartbeat periods
+            await pub.flush()
+            if transport == "zmq":
+                # heartbeats keep coming: read for a bounded time
+                deadline = time.monotonic() + 0.5
+                while time.monotonic() < deadline and await raw_zmq_sub.poll(100):
+                    frames = await raw_zmq_sub.recv_multipart()
+                    assert struct.unpack(">BI", frames[3][:5])[0] == 1
+                    envelopes.append(msgpack.unpackb(frames[3][5:]))
+            else:
+                while True:
+                    try:
+                        envelopes.append(msgpack.unpackb((await raw.next_msg(0.3)).data))
+                    except nats.errors.TimeoutError:
+                        break
+                await nc.close()
+            kept = [e for e in envelopes if e["topic"] == "kv"]  # what Dynamo 1.6.1 keeps
+            assert [msgpack.unpackb(e["payload"]) for e in kept] == [0, 1, 2], transport
+            heartbeats = [e for e in envelopes if e["topic"] != "kv"]
+            assert all(e["topic"] == "kv/__heartbeat__" for e in heartbeats)
+            if transport == "zmq":
+                assert heartbeats  # same socket: Dynamo sees them, and drops them by topic
