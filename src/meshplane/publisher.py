@@ -151,16 +151,24 @@ class EventPublisher:
         return self._transport.subscriber_count()
 
     async def wait_for_subscribers(self, count: int = 1, timeout: float = 10.0) -> None:
-        """Wait until ``count`` subscribers are connected (ZeroMQ only), so early events are not lost."""
-        if self._transport.subscriber_count() is None:
-            raise MeshplaneError(f"the {self.plane.config.event_plane} transport cannot count subscribers")
+        """Wait until ``count`` subscribers can receive, so that the first events are not lost.
+
+        ZeroMQ counts the subscriptions that reached this publisher's socket (in broker mode one per
+        broker and subscriber); NATS counts the subscribers registered in discovery, which register
+        once the server has their subscription.
+        """
         deadline = asyncio.get_running_loop().time() + timeout
-        while (self._transport.subscriber_count() or 0) < count:
+        while (found := await self._count_subscribers()) < count:
             if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(
-                    f"{self._transport.subscriber_count()} of {count} subscribers connected after {timeout}s"
-                )
+                raise TimeoutError(f"{found} of {count} subscribers connected after {timeout}s")
             await asyncio.sleep(0.01)
+
+    async def _count_subscribers(self) -> int:
+        counted = self._transport.subscriber_count()
+        if counted is not None:
+            return counted
+        discovery = await self.plane.discovery()
+        return len(await discovery.list(self.scope.subscriber_prefix(self.topic)))
 
     async def close(self) -> None:
         """Unregister from discovery and release the transport (the plane too, if it is private)."""

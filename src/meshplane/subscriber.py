@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import Counter, deque
@@ -19,9 +20,11 @@ from meshplane.core.liveness import EventTimeout, LivenessTracker, PublisherReco
 from meshplane.core.names import Scope, validate_name
 from meshplane.core.records import EventChannel
 from meshplane.core.sequence import Arrival, EventGap, SequenceTracker
+from meshplane.discovery.base import Discovery
 from meshplane.discovery.channels import ChannelAdded, ChannelWatch
 from meshplane.errors import ClosedError, DiscoveryError, WireError
 from meshplane.plane import EventPlane
+from meshplane.publisher import new_publisher_id
 from meshplane.transports.base import Received, SubscriberTransport
 
 log = logging.getLogger(__name__)
@@ -82,6 +85,7 @@ class EventSubscriber:
         self._stats = SubscriberStats()
         self._watch: ChannelWatch | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._announced: tuple[Discovery, str] | None = None
         self._closed = False
         self._logged_reasons: set[str] = set()
 
@@ -131,7 +135,22 @@ class EventSubscriber:
     async def for_namespace(cls, namespace: str, topic: str, **kw: Any) -> EventSubscriber:
         return await cls.create(Scope.namespace(namespace), topic, **kw)
 
+    async def _announce(self) -> None:
+        """Register this subscriber, so that publishers can wait for it (NATS)."""
+        try:
+            discovery = await self.plane.discovery()
+            key = f"{self.scope.subscriber_prefix(self.topic)}{new_publisher_id():x}"
+            await discovery.register(
+                key, json.dumps({"type": "EventSubscriber", "topic": self.topic}).encode()
+            )
+        except DiscoveryError as exc:
+            log.warning("subscriber of %s/%s cannot announce itself: %s", self.scope, self.topic, exc)
+            return
+        self._announced = (discovery, key)
+
     async def _start_discovery(self) -> None:
+        if self._transport.announces:
+            await self._announce()
         if self._transport.publisher_discovery == "none":
             return  # broker mode: publishers are behind the brokers, not in discovery
         prefix = self.scope.channel_prefix(self.topic)
@@ -326,6 +345,10 @@ class EventSubscriber:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self._announced is not None:
+            discovery, key = self._announced
+            with contextlib.suppress(DiscoveryError):
+                await discovery.unregister(key)
         await self._transport.close()
         if self._owns_plane:
             await self.plane.close()

@@ -213,3 +213,18 @@ async def test_closing_a_subscriber_ends_iteration(plane_config: PlaneConfig, sc
         await asyncio.sleep(0.05)
         await sub.close()
         assert await asyncio.wait_for(task, 5) == 0
+
+
+async def test_a_publisher_can_wait_for_its_subscribers(plane_config: PlaneConfig, scope: Scope) -> None:
+    """The slow-joiner cure on every transport: nothing published after the wait is lost."""
+    async with EventPlane(plane_config) as pub_plane, EventPlane(plane_config) as sub_plane:
+        pub = await pub_plane.publisher(scope, "joiners")
+        with pytest.raises(TimeoutError, match="0 of 1 subscribers"):
+            await pub.wait_for_subscribers(1, timeout=0.2)
+        subs = [await sub_plane.subscriber(scope, "joiners") for _ in range(2)]
+        # in broker mode a subscription arrives through each broker
+        per_subscriber = len((await pub_plane.broker_directory()).brokers) if plane_config.broker_mode else 1
+        await pub.wait_for_subscribers(2 * per_subscriber, timeout=10)
+        await pub.publish("first")
+        for sub in subs:
+            assert (await sub.next(10)).decode() == "first"

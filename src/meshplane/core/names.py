@@ -14,6 +14,7 @@ MAX_NAME_BYTES = 255
 _FORBIDDEN = re.compile(r"[\s.*>/\\\x00-\x1f\x7f]")
 _KEY_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 EVENT_CHANNELS_BUCKET = "v1/event_channels"
+SUBSCRIBERS_BUCKET = "v1/event_subscribers"  # meshplane's own; Dynamo watches only event_channels
 
 ScopeKind = Literal["namespace", "component", "endpoint"]
 
@@ -116,6 +117,10 @@ class Scope:
 
     def channel_key(self, topic: str, instance_id: int) -> str:
         return f"{self.channel_prefix(topic)}{instance_id:x}"
+
+    def subscriber_prefix(self, topic: str) -> str:
+        """Where subscribers that announce themselves register (NATS: nothing else tells a publisher)."""
+        return SUBSCRIBERS_BUCKET + self.channel_prefix(topic)[len(EVENT_CHANNELS_BUCKET) :]
 
     def __str__(self) -> str:
         return "/".join(p for p in (self.namespace_name, self.component_name, self.endpoint_name) if p)

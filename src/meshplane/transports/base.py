@@ -48,6 +48,8 @@ class SubscriberTransport(abc.ABC):
     #: How the transport depends on publishers' discovery records: "required" (it connects to each
     #: publisher), "optional" (it receives without them; they only tell who publishes) or "none".
     publisher_discovery = "optional"
+    #: Whether the subscriber announces itself in discovery (where publishers cannot see subscriptions).
+    announces = False
     #: Copies of an event dropped before delivery (multi-broker deduplication).
     duplicates_dropped = 0
 

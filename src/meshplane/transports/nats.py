@@ -110,6 +110,8 @@ class NatsPublisherTransport(PublisherTransport):
 
 
 class NatsSubscriberTransport(SubscriberTransport):
+    announces = True
+
     def __init__(self, client: NatsClient, subject: str, max_bytes: int, pending_limit: int) -> None:
         self._client = client
         self._subject = subject
