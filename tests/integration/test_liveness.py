@@ -52,8 +52,22 @@ def live_config(request: pytest.FixtureRequest, tmp_path: Path) -> PlaneConfig:
     )
 
 
+@pytest.fixture(params=["nats", "zmq", "zmq-broker"])
+def any_transport(request: pytest.FixtureRequest, tmp_path: Path) -> PlaneConfig:
+    """NATS, ZeroMQ direct and ZeroMQ through two brokers."""
+    liveness = {"heartbeat_period": PERIOD, "heartbeat_misses": MISSES, "file_kv_ttl": 30.0}
+    if request.param == "nats":
+        return make_config("nats", "file", tmp_path, request.getfixturevalue("nats_server"), None, **liveness)
+    if request.param == "zmq":
+        return make_config("zmq", "file", tmp_path, None, None, **liveness)
+    brokers = request.getfixturevalue("session_brokers")
+    return make_config(
+        "zmq", "file", tmp_path, None, None, zmq_brokers=tuple(b.address for b in brokers), **liveness
+    )
+
+
 def env_of(config: PlaneConfig) -> dict[str, str]:
-    return {
+    env = {
         **os.environ,
         "DYN_EVENT_PLANE": config.event_plane,
         "NATS_SERVER": config.nats_server,
@@ -63,6 +77,11 @@ def env_of(config: PlaneConfig) -> dict[str, str]:
         "MESHPLANE_HEARTBEAT_MISSES": str(MISSES),
         "MESHPLANE_FILE_KV_TTL": "30",
     }
+    if config.zmq_brokers:
+        xsubs = ";".join(b.xsub for b in config.zmq_brokers)
+        xpubs = ";".join(b.xpub for b in config.zmq_brokers)
+        env["DYN_ZMQ_BROKER_URL"] = f"xsub={xsubs} , xpub={xpubs}"
+    return env
 
 
 @pytest.fixture
@@ -100,8 +119,9 @@ class Recorder:
 
 
 async def test_killed_publisher_times_out_and_its_restart_is_picked_up(
-    live_config: PlaneConfig, scope: Scope
+    any_transport: PlaneConfig, scope: Scope
 ) -> None:
+    live_config = any_transport
     async with EventPlane(live_config) as plane:
         seen = Recorder()
         await plane.subscribe_event(scope, "ticks", seen, stateless=True)
@@ -128,7 +148,8 @@ async def test_killed_publisher_times_out_and_its_restart_is_picked_up(
                 await proc.wait()
 
 
-async def test_frozen_publisher_times_out_then_recovers(live_config: PlaneConfig, scope: Scope) -> None:
+async def test_frozen_publisher_times_out_then_recovers(any_transport: PlaneConfig, scope: Scope) -> None:
+    live_config = any_transport
     async with EventPlane(live_config) as plane:
         seen = Recorder()
         proc, publisher_id = await start_ticker(live_config, scope)
