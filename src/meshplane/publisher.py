@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from types import TracebackType
 from typing import Any
@@ -14,7 +13,7 @@ import msgspec
 from meshplane.config import PlaneConfig
 from meshplane.core.envelope import EventEnvelope
 from meshplane.core.names import Scope, validate_name
-from meshplane.core.records import EventChannel
+from meshplane.core.records import EventChannel, new_instance_id
 from meshplane.discovery import Discovery
 from meshplane.errors import ClosedError, MeshplaneError, PayloadTooLarge
 from meshplane.plane import EventPlane
@@ -22,11 +21,6 @@ from meshplane.transports.base import PublisherTransport
 
 log = logging.getLogger(__name__)
 _encode_payload = msgspec.msgpack.Encoder().encode
-
-
-def new_publisher_id() -> int:
-    """A random non-zero id below 2**53, so JSON consumers keep it exact."""
-    return secrets.randbits(53) or 1
 
 
 class EventPublisher:
@@ -75,7 +69,7 @@ class EventPublisher:
         plane = plane if plane is not None else EventPlane(config)
         transport: PublisherTransport | None = None
         try:
-            publisher_id = new_publisher_id()
+            publisher_id = new_instance_id()
             transport = await plane.publisher_transport(scope, topic, publisher_id)
             registers = transport.discovery_transport() is not None
             discovery = await plane.discovery() if registers else None

@@ -18,13 +18,12 @@ from meshplane.core.envelope import EventEnvelope
 from meshplane.core.framing import MessageType
 from meshplane.core.liveness import EventTimeout, LivenessTracker, PublisherRecovered
 from meshplane.core.names import Scope, validate_name
-from meshplane.core.records import EventChannel
+from meshplane.core.records import EventChannel, new_instance_id
 from meshplane.core.sequence import Arrival, EventGap, SequenceTracker
 from meshplane.discovery.base import Discovery
 from meshplane.discovery.channels import ChannelAdded, ChannelWatch
 from meshplane.errors import ClosedError, DiscoveryError, WireError
 from meshplane.plane import EventPlane
-from meshplane.publisher import new_publisher_id
 from meshplane.transports.base import Received, SubscriberTransport
 
 log = logging.getLogger(__name__)
@@ -139,7 +138,7 @@ class EventSubscriber:
         """Register this subscriber, so that publishers can wait for it (NATS)."""
         try:
             discovery = await self.plane.discovery()
-            key = f"{self.scope.subscriber_prefix(self.topic)}{new_publisher_id():x}"
+            key = f"{self.scope.subscriber_prefix(self.topic)}{new_instance_id():x}"
             await discovery.register(
                 key, json.dumps({"type": "EventSubscriber", "topic": self.topic}).encode()
             )

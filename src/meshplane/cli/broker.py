@@ -6,13 +6,13 @@ import argparse
 import asyncio
 import contextlib
 import json
-import secrets
 import signal
 import sys
 
 from meshplane.broker import Broker, query_stats
 from meshplane.cli.options import add_plane_options, config_from_args
 from meshplane.core.brokers import BROKERS_BUCKET, broker_record
+from meshplane.core.records import new_instance_id
 from meshplane.discovery import create_discovery
 from meshplane.errors import MeshplaneError
 
@@ -71,12 +71,13 @@ async def run_broker(args: argparse.Namespace) -> int:
     broker = Broker(args.xsub, args.xpub, args.stats, args.hwm, args.drop_after)
     address = broker.start()
     discovery = None
-    key = f"{BROKERS_BUCKET}/{secrets.randbits(53):x}"
+    broker_id = new_instance_id()
+    key = f"{BROKERS_BUCKET}/{broker_id:x}"
     try:
         if not args.no_register:
             discovery = create_discovery(config)
             await discovery.start()
-            await discovery.register(key, broker_record(int(key.rsplit("/", 1)[1], 16), address))
+            await discovery.register(key, broker_record(broker_id, address))
         print(
             json.dumps(
                 {

@@ -15,9 +15,10 @@ from meshplane.broker import Broker
 from meshplane.config import PlaneConfig
 from meshplane.core.brokers import BROKERS_BUCKET, broker_record
 from meshplane.core.names import Scope
+from meshplane.core.records import new_instance_id
 from meshplane.errors import ConfigError
 from meshplane.plane import EventPlane
-from meshplane.publisher import EventPublisher, new_publisher_id
+from meshplane.publisher import EventPublisher
 from meshplane.servers import NatsServer
 from meshplane.subscriber import EventSubscriber
 from meshplane.transports.nats import redact_url
@@ -133,7 +134,7 @@ async def run_up(args: argparse.Namespace) -> int:
     try:
         async with EventPlane(config) as plane:
             for address in addresses:  # so that other shells find them (DYN_ZMQ_BROKER_ENABLED=true)
-                broker_id = new_publisher_id()
+                broker_id = new_instance_id()
                 await (await plane.discovery()).register(
                     f"{BROKERS_BUCKET}/{broker_id:x}", broker_record(broker_id, address)
                 )

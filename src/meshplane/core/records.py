@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,11 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 TRANSPORT_ZMQ = "Zmq"
 TRANSPORT_NATS = "Nats"
 TRANSPORT_ZMQ_BROKER = "ZmqBroker"
+
+
+def new_instance_id() -> int:
+    """A random non-zero id below 2**53 (JSON keeps it exact): publishers, subscribers, brokers."""
+    return secrets.randbits(53) or 1
 
 
 @dataclass(frozen=True, slots=True)
