@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+from meshplane.aio import cancel_and_wait
 from meshplane.config import PlaneConfig
 from meshplane.core.envelope import EventEnvelope
 from meshplane.core.framing import MessageType
@@ -340,10 +341,7 @@ class EventSubscriber:
         self._closed = True
         self.plane._release(self)
         for task in (self._watch_task, self._liveness_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(task)
         if self._announced is not None:
             discovery, key = self._announced
             with contextlib.suppress(DiscoveryError):

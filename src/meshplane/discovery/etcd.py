@@ -30,6 +30,19 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
         raise ConfigError(f"ETCD_ENDPOINTS entry {endpoint!r}: {exc}") from None
 
 
+_closing: set[asyncio.Task[None]] = set()
+
+
+async def _close_quietly(client: aetcd.Client, timeout: float = 2.0) -> None:
+    """Close a client without hanging: grpc.aio can stall closing a channel whose watch stream is still
+    being set up. Past ``timeout`` the close goes on in the background and we move on."""
+    closing = asyncio.ensure_future(client.close())
+    _closing.add(closing)
+    closing.add_done_callback(_closing.discard)
+    closing.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: nothing to report
+    await asyncio.wait({closing}, timeout=timeout)
+
+
 class EtcdDiscovery(Discovery):
     name = "etcd"
 
@@ -53,8 +66,7 @@ class EtcdDiscovery(Discovery):
                 return client
             except Exception as exc:
                 errors.append(f"{host}:{port}: {exc}")
-                with contextlib.suppress(Exception):
-                    await client.close()
+                await _close_quietly(client)
         raise DiscoveryError(
             "cannot reach etcd (" + "; ".join(errors) + "); is etcd running? see ETCD_ENDPOINTS"
         )
@@ -115,8 +127,7 @@ class EtcdDiscovery(Discovery):
             async with self._lock:
                 try:
                     if self._client is not None:
-                        with contextlib.suppress(Exception):
-                            await self._client.close()
+                        await _close_quietly(self._client)
                     self._client = None
                     self._lease = None
                     client = await self._ensure_client()
@@ -170,8 +181,7 @@ class EtcdDiscovery(Discovery):
                 log.warning("etcd watch on %s interrupted (%s); resyncing in %.1fs", prefix, exc, backoff)
             finally:
                 if client is not None:
-                    with contextlib.suppress(Exception):
-                        await client.close()
+                    await _close_quietly(client)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _MAX_BACKOFF)
 
@@ -186,8 +196,7 @@ class EtcdDiscovery(Discovery):
                     await self._lease.revoke()  # takes every key of ours away at once
                 except Exception as exc:
                     log.warning("cannot revoke etcd lease (keys expire in %ss): %s", self._lease_ttl, exc)
-            with contextlib.suppress(Exception):
-                await self._client.close()
+            await _close_quietly(self._client)
         self._client = None
         self._lease = None
         self._owned.clear()

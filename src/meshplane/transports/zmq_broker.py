@@ -15,6 +15,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from meshplane.aio import cancel_and_wait
 from meshplane.core.brokers import (
     BROKERS_BUCKET,
     BrokerAddress,
@@ -79,10 +80,7 @@ class BrokerDirectory:
             self._listeners.remove(listener)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
 
 class ConnectionMonitor:
