@@ -34,7 +34,7 @@ class EventEnvelope(msgspec.Struct, frozen=True, gc=False):
         """Decode the MessagePack payload, optionally into ``type`` (msgspec Struct, dataclass, dict...)."""
         try:
             return msgspec.msgpack.decode(self.payload, type=type)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except ValueError as exc:  # msgspec errors, and UnicodeDecodeError for a bad string
             raise MalformedFrame(
                 f"payload of {self.topic!r} #{self.sequence} is not a {type}: {exc}"
             ) from exc
@@ -83,5 +83,5 @@ def decode_envelope(data: bytes | memoryview, codec: Codec = Codec.MSGPACK) -> E
             a = _msgpack_array_decoder.decode(data)
             return EventEnvelope(a.publisher_id, a.sequence, a.published_at, a.topic, a.payload)
         return msgpack_envelope_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except ValueError as exc:  # msgspec errors, and UnicodeDecodeError for a bad string
         raise MalformedFrame(f"invalid {codec.name} envelope: {exc}") from exc

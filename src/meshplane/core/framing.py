@@ -186,7 +186,7 @@ def decode_zmq(frames: list[bytes], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) 
         if body and body[0] in _MSGPACK_MAP_MARKERS:  # the common case, kept free of extra calls
             try:
                 envelope = _decode_map_envelope(body)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except ValueError as exc:  # msgspec errors, and UnicodeDecodeError for a bad string
                 raise MalformedFrame(f"invalid MSGPACK envelope: {exc}") from exc
         else:
             envelope = decode_envelope(body)
@@ -226,7 +226,7 @@ def decode_nats(data: bytes, routing_topic: bytes, max_bytes: int = DEFAULT_MAX_
             _check_size(len(data), max_bytes)
         try:
             return _classify(_decode_map_envelope(data), routing_topic)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except ValueError as exc:  # msgspec errors, and UnicodeDecodeError for a bad string
             raise MalformedFrame(f"invalid MSGPACK envelope: {exc}") from exc
     if first in _MSGPACK_CONTAINER_MARKERS:
         _check_size(len(data), max_bytes)
