@@ -50,7 +50,9 @@ def test_array_form_is_accepted(envelope):
         msgpack.packb([1, 2, 3]),
         b"\xc1",  # never-used marker
         b"\x95\x00\x00\x00\xa5\x00\x00\x00\x00\x80",  # array form, topic not UTF-8 (found by hypothesis)
-        msgpack.packb({"publisher_id": 1, "sequence": 0, "published_at": 0, "topic": b"\x80", "payload": b""}),
+        msgpack.packb(
+            {"publisher_id": 1, "sequence": 0, "published_at": 0, "topic": b"\x80", "payload": b""}
+        ),
     ],
 )
 def test_malformed_envelopes_raise_wire_errors(data):
