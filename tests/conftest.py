@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from meshplane import PlaneConfig
 from meshplane.servers import BrokerProcess, EtcdServer, NatsServer
+
+# CI replays the same examples every run (deterministic); a developer's runs keep exploring.
+settings.register_profile("ci", derandomize=True, deadline=None)
+settings.register_profile("dev", deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 TRANSPORTS = ["nats", "zmq"]
 DISCOVERY_BACKENDS = ["mem", "file", "etcd"]
