@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from meshplane.aio import cancel_and_wait
 from meshplane.config import PlaneConfig
 from meshplane.core.names import Scope, validate_name
 from meshplane.discovery import Discovery, create_discovery
@@ -186,10 +187,9 @@ class EventPlane:
         else:
             async with subscription.lock:  # let a running callback finish
                 subscription.active = False
-        others = [t for t in subscription.tasks if t is not current]
-        for task in others:
-            task.cancel()
-        await asyncio.gather(*others, return_exceptions=True)
+        for task in subscription.tasks:
+            if task is not current:
+                await cancel_and_wait(task)
         if subscription.subscriber is not None:
             await subscription.subscriber.close()
 
