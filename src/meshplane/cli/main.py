@@ -186,6 +186,8 @@ async def run_sub(args: argparse.Namespace) -> int:
     from meshplane.subscriber import EventSubscriber
 
     async with await EventSubscriber.create(args.scope, args.topic, config=config_from_args(args)) as sub:
+        # timeouts, recoveries and gaps go to stderr, so that stdout stays one event per line
+        sub.on_notice(lambda notice: print(f"notice: {notice}", file=sys.stderr, flush=True))
         seen = 0
         while not args.count or seen < args.count:
             try:

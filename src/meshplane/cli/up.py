@@ -189,7 +189,7 @@ async def _report(subscriber: EventSubscriber, interval: float, stop: asyncio.Ev
         line = (
             f"up {now - started:6.1f}s | publishers discovered {stats.publishers_discovered} | "
             f"{rate:8.0f} events/s | received {stats.received} | gaps {stats.gaps} "
-            f"(missing {stats.missing}) | malformed {stats.malformed_total}"
+            f"(missing {stats.missing}) | malformed {stats.malformed_total} | timeouts {stats.timeouts}"
         )
         if stats.duplicates_dropped:
             line += f" | broker copies dropped {stats.duplicates_dropped}"
