@@ -118,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_stats_options(broker_stats)
 
+    from meshplane.cli.streams import add_client_commands, add_serve_options
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the streams server (rooms, partitioned topics, consumer groups; Synap-compatible HTTP)",
+        description="Serve durable event streams over HTTP, WebSocket and server-sent events. Prints its URL "
+        "as one JSON line; stops cleanly on SIGTERM or Ctrl-C.",
+    )
+    add_serve_options(serve)
+    add_client_commands(commands)
+
     ls = commands.add_parser(
         "ls",
         help="list discovered event channels",
@@ -239,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from meshplane.cli.broker import run_broker, run_broker_stats
+    from meshplane.cli.streams import run_client, run_serve
     from meshplane.cli.up import run_up
 
     runner = {
@@ -248,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         "ls": run_ls,
         "broker": run_broker,
         "broker-stats": run_broker_stats,
+        "serve": run_serve,
+        "stream": run_client,
+        "topic": run_client,
+        "group": run_client,
     }[args.command]
     try:
         return asyncio.run(runner(args))

@@ -1,0 +1,271 @@
+"""``meshplane serve`` and the streams client commands: ``stream``, ``topic`` and ``group``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from meshplane.config import default_state_dir
+from meshplane.streams.client import StreamsClient
+from meshplane.streams.engine import StreamEngine, StreamsConfig
+
+DEFAULT_URL = os.environ.get("MESHPLANE_STREAMS_URL", "http://127.0.0.1:15500")
+TOKEN_ENV = "MESHPLANE_STREAMS_TOKEN"
+
+
+def add_serve_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument(
+        "--port", type=int, default=15500, help="port (default 15500, Synap's; 0: a free one)"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=default_state_dir() / "streams",
+        help="where logs and metadata live (default ~/.local/state/meshplane/streams)",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"require this bearer token (default ${TOKEN_ENV}; unset: no auth)",
+    )
+    parser.add_argument(
+        "--fsync",
+        choices=["always", "interval", "never"],
+        default="interval",
+        help="always: acknowledge after fsync (group commit); interval: fsync every "
+        "--fsync-interval-ms; never: leave it to the OS (default interval)",
+    )
+    parser.add_argument("--fsync-interval-ms", type=float, default=10.0, metavar="MS")
+    parser.add_argument(
+        "--segment-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        metavar="N",
+        help="default segment size of new topics and rooms",
+    )
+    parser.add_argument(
+        "--max-payload-bytes",
+        type=int,
+        default=1024 * 1024,
+        metavar="N",
+        help="largest event accepted (413 beyond)",
+    )
+    parser.add_argument(
+        "--room-max-events",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="events a room keeps (its ring buffer)",
+    )
+    parser.add_argument("--room-retention-secs", type=float, default=24 * 3600.0, metavar="S")
+    parser.add_argument("--no-auto-create", action="store_true", help="rooms must be created before use")
+
+
+def streams_config_from_args(args: argparse.Namespace) -> StreamsConfig:
+    return StreamsConfig(
+        data_dir=args.data_dir,
+        fsync=args.fsync,
+        fsync_interval_ms=args.fsync_interval_ms,
+        segment_bytes=args.segment_bytes,
+        max_payload_bytes=args.max_payload_bytes,
+        room_max_events=args.room_max_events,
+        room_retention_secs=args.room_retention_secs,
+        auto_create_rooms=not args.no_auto_create,
+    )
+
+
+async def run_serve(args: argparse.Namespace) -> int:
+    from meshplane.streams.server import serve
+
+    engine = StreamEngine(streams_config_from_args(args))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    def ready(port: int) -> None:
+        print(
+            json.dumps(
+                {
+                    "url": f"http://{args.host}:{port}",
+                    "data_dir": str(args.data_dir),
+                    "auth": bool(args.token),
+                }
+            ),
+            flush=True,
+        )
+
+    await serve(engine, args.host, args.port, token=args.token, on_ready=ready, stop=stop)
+    return 0
+
+
+def add_client_commands(commands: Any) -> None:
+    def client_parser(name: str, help_text: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = commands.add_parser(name, help=help_text, description=help_text)
+        parser.add_argument("--url", default=DEFAULT_URL, help=f"server URL (default {DEFAULT_URL})")
+        parser.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (${TOKEN_ENV})")
+        return parser
+
+    stream = client_parser("stream", "rooms: publish, tail, history, stats, list")
+    actions = stream.add_subparsers(dest="action", required=True)
+    p = actions.add_parser("publish", help="publish DATA (JSON, else a string) as EVENT")
+    p.add_argument("room")
+    p.add_argument("event")
+    p.add_argument("data")
+    p = actions.add_parser("tail", help="print events as they are published (JSON lines)")
+    p.add_argument("room")
+    p.add_argument(
+        "--from-offset", type=int, default=None, help="start here (negative: the last N); default: new"
+    )
+    p.add_argument("--subscriber-id", default="meshplane-cli")
+    p.add_argument("--count", type=int, default=0, help="stop after N events (default: never)")
+    p = actions.add_parser("history", help="print stored events")
+    p.add_argument("room")
+    p.add_argument("--from-offset", type=int, default=None)
+    p.add_argument("--to-offset", type=int, default=None)
+    p.add_argument("--limit", type=int, default=100)
+    p = actions.add_parser("stats")
+    p.add_argument("room")
+    actions.add_parser("list")
+
+    topic = client_parser("topic", "partitioned topics: create, publish, consume, stats, list")
+    actions = topic.add_subparsers(dest="action", required=True)
+    p = actions.add_parser("create")
+    p.add_argument("topic")
+    p.add_argument("--partitions", type=int, default=3)
+    p.add_argument(
+        "--retention", default=None, help='JSON, e.g. \'{"type": "Messages", "max_messages": 1000}\''
+    )
+    p.add_argument("--segment-bytes", type=int, default=None)
+    p = actions.add_parser("publish")
+    p.add_argument("topic")
+    p.add_argument("event_type")
+    p.add_argument("data")
+    p.add_argument("--key", default=None)
+    p = actions.add_parser("consume")
+    p.add_argument("topic")
+    p.add_argument("partition", type=int)
+    p.add_argument("--from-offset", type=int, default=0)
+    p.add_argument("--limit", type=int, default=100)
+    p = actions.add_parser("stats")
+    p.add_argument("topic")
+    actions.add_parser("list")
+
+    group = client_parser(
+        "group", "consumer groups: create, join, assignment, heartbeat, commit, offset, leave, stats"
+    )
+    actions = group.add_subparsers(dest="action", required=True)
+    p = actions.add_parser("create")
+    p.add_argument("group")
+    p.add_argument("topic")
+    p.add_argument("--strategy", choices=["round_robin", "range", "sticky"], default="round_robin")
+    p.add_argument("--session-timeout", type=float, default=None)
+    p = actions.add_parser("join")
+    p.add_argument("group")
+    p.add_argument("--member-id", default=None)
+    for name in ("assignment", "heartbeat", "leave"):
+        p = actions.add_parser(name)
+        p.add_argument("group")
+        p.add_argument("member_id")
+    p = actions.add_parser("commit")
+    p.add_argument("group")
+    p.add_argument("partition", type=int)
+    p.add_argument("offset", type=int)
+    p.add_argument("--member-id", default=None)
+    p.add_argument("--generation", type=int, default=None)
+    p = actions.add_parser("offset")
+    p.add_argument("group")
+    p.add_argument("partition", type=int)
+    p = actions.add_parser("stats")
+    p.add_argument("group")
+
+
+def _data(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _print(value: Any) -> None:
+    print(json.dumps(value, default=str), flush=True)
+
+
+async def run_client(args: argparse.Namespace) -> int:
+    async with StreamsClient(args.url, token=args.token) as client:
+        command, action = args.command, args.action
+        if command == "stream":
+            if action == "publish":
+                _print({"offset": await client.publish(args.room, args.event, _data(args.data))})
+            elif action == "tail":
+                seen = 0
+                async for event in client.subscribe(args.room, args.subscriber_id, args.from_offset):
+                    _print(event)
+                    seen += 1
+                    if args.count and seen >= args.count:
+                        break
+            elif action == "history":
+                _print(await client.history(args.room, args.from_offset, args.to_offset, args.limit))
+            elif action == "stats":
+                _print(await client.room_stats(args.room))
+            else:
+                _print(await client.rooms())
+        elif command == "topic":
+            if action == "create":
+                retention = json.loads(args.retention) if args.retention else None
+                _print(
+                    await client.create_topic(
+                        args.topic,
+                        args.partitions,
+                        retention_policy=retention,
+                        segment_bytes=args.segment_bytes,
+                    )
+                )
+            elif action == "publish":
+                p, offset = await client.publish_to_topic(
+                    args.topic, args.event_type, _data(args.data), key=args.key
+                )
+                _print({"partition_id": p, "offset": offset})
+            elif action == "consume":
+                _print(
+                    await client.consume_partition(args.topic, args.partition, args.from_offset, args.limit)
+                )
+            elif action == "stats":
+                _print(await client.topic_stats(args.topic))
+            else:
+                _print(await client.topics())
+        else:
+            if action == "create":
+                _print(
+                    await client.create_group(
+                        args.group,
+                        args.topic,
+                        strategy=args.strategy,
+                        session_timeout_secs=args.session_timeout,
+                    )
+                )
+            elif action == "join":
+                _print(await client.join(args.group, member_id=args.member_id))
+            elif action in ("assignment", "heartbeat", "leave"):
+                _print(await getattr(client, action)(args.group, args.member_id))
+            elif action == "commit":
+                _print(
+                    await client.commit(
+                        args.group,
+                        args.partition,
+                        args.offset,
+                        member_id=args.member_id,
+                        generation=args.generation,
+                    )
+                )
+            elif action == "offset":
+                _print({"offset": await client.committed(args.group, args.partition)})
+            else:
+                _print(await client.group_stats(args.group))
+    return 0

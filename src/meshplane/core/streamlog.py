@@ -1,0 +1,248 @@
+"""The partition log's record format, retention decisions and key routing: pure code, no files.
+
+A log is a sequence of segments; a segment is a concatenation of records::
+
+    length  u32   bytes after the crc field (16 + len(payload))
+    crc     u32   zlib.crc32 of those bytes
+    offset  u64   the record's offset in its partition
+    time    i64   publish time, milliseconds since the epoch
+    payload bytes an encoded StoredEvent
+
+A crash can leave a torn or garbled tail; :func:`scan_records` stops at the first record that is
+incomplete, fails its crc or breaks the offset sequence, and reports where the valid bytes end so
+that the adapter truncates there.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+RECORD_HEADER = struct.Struct(">IIQq")
+HEADER_SIZE = RECORD_HEADER.size  # 24
+_AFTER_CRC = 16  # offset + time
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+
+
+class StoredEvent(msgspec.Struct, array_like=True, omit_defaults=True):
+    """What one record holds. ``data`` is any JSON-compatible value or bytes."""
+
+    id: str
+    event_type: str
+    data: Any = None
+    key: str | None = None
+    metadata: dict[str, str] | None = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(StoredEvent)
+
+
+def encode_event(event: StoredEvent) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode_event(payload: bytes | memoryview) -> StoredEvent:
+    return _decoder.decode(payload)
+
+
+def encode_record(offset: int, timestamp_ms: int, payload: bytes) -> bytes:
+    body = struct.pack(">Qq", offset, timestamp_ms) + payload
+    return struct.pack(">II", len(body), zlib.crc32(body)) + body
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    offset: int
+    timestamp_ms: int
+    payload: bytes
+    position: int  # where the record starts in its segment
+    size: int  # header + payload
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    records: list[Record]
+    valid_end: int  # position just after the last valid record
+    problem: str | None  # why scanning stopped before the end of the buffer, if it did
+
+
+def scan_records(
+    buffer: bytes | memoryview,
+    *,
+    start_position: int = 0,
+    expected_offset: int | None = None,
+    max_records: int | None = None,
+) -> ScanResult:
+    """Decode consecutive records from ``buffer`` (which starts at ``start_position`` in its segment).
+
+    Stops at the end of the buffer, after ``max_records``, or at the first record that is
+    incomplete, corrupt or out of sequence (``problem`` says which).
+    """
+    view = memoryview(buffer)
+    records: list[Record] = []
+    pos = 0
+    end = len(view)
+    problem: str | None = None
+    while pos < end and (max_records is None or len(records) < max_records):
+        if end - pos < HEADER_SIZE:
+            problem = "truncated header"
+            break
+        length, crc, offset, timestamp_ms = RECORD_HEADER.unpack_from(view, pos)
+        if length < _AFTER_CRC or length > MAX_RECORD_BYTES:
+            problem = f"bad record length {length}"
+            break
+        if end - pos - 8 < length:
+            problem = "truncated record"
+            break
+        body = view[pos + 8 : pos + 8 + length]
+        if zlib.crc32(body) != crc:
+            problem = "crc mismatch"
+            break
+        if expected_offset is not None and offset != expected_offset:
+            problem = f"offset {offset} where {expected_offset} was expected"
+            break
+        size = 8 + length
+        records.append(Record(offset, timestamp_ms, bytes(body[_AFTER_CRC:]), start_position + pos, size))
+        expected_offset = offset + 1
+        pos += size
+    return ScanResult(records, start_position + pos, problem)
+
+
+# --- retention -------------------------------------------------------------------------------------
+
+
+RetentionKind = Literal["infinite", "time", "size", "messages", "combined"]
+
+
+class RetentionPolicy(msgspec.Struct, frozen=True, omit_defaults=True):
+    """When whole segments may be deleted. ``None`` limits do not apply; the smallest limit wins."""
+
+    retention_secs: float | None = None
+    max_bytes: int | None = None
+    max_messages: int | None = None
+
+    @property
+    def kind(self) -> RetentionKind:
+        limits = [x is not None for x in (self.retention_secs, self.max_bytes, self.max_messages)]
+        if sum(limits) == 0:
+            return "infinite"
+        if sum(limits) > 1:
+            return "combined"
+        return "time" if limits[0] else "size" if limits[1] else "messages"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.kind.capitalize()}
+        for name in ("retention_secs", "max_bytes", "max_messages"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+    @classmethod
+    def from_json(cls, raw: object) -> RetentionPolicy:
+        """Parse Synap's ``{"type": "Time"|"Size"|"Messages"|"Combined"|"Infinite", ...}`` shape."""
+        if raw is None:
+            return cls()
+        if not isinstance(raw, dict):
+            raise ValueError("retention_policy must be an object")
+        kind = str(raw.get("type", "combined")).lower()
+        needed = {
+            "infinite": (),
+            "time": ("retention_secs",),
+            "size": ("max_bytes",),
+            "messages": ("max_messages",),
+            "combined": (),
+        }
+        if kind not in needed:
+            raise ValueError(
+                f"unknown retention type {raw.get('type')!r} (Time, Size, Messages, Combined, Infinite)"
+            )
+        for name in needed[kind]:
+            if name not in raw:
+                raise ValueError(f"retention type {raw['type']!r} needs {name}")
+        values: dict[str, Any] = {}
+        for name in ("retention_secs", "max_bytes", "max_messages"):
+            value = raw.get(name)
+            if value is None or kind == "infinite" or (kind != "combined" and name not in needed[kind]):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"retention {name} must be a positive number, not {value!r}")
+            values[name] = value if name == "retention_secs" else int(value)
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    base_offset: int
+    next_offset: int  # one past the last record
+    size_bytes: int
+    last_timestamp_ms: int | None
+
+    @property
+    def count(self) -> int:
+        return self.next_offset - self.base_offset
+
+
+def segments_to_delete(segments: Sequence[SegmentInfo], policy: RetentionPolicy, now_ms: int) -> int:
+    """How many of the oldest segments retention removes. The active (last) segment is never removed."""
+    total_bytes = sum(s.size_bytes for s in segments)
+    total_messages = sum(s.count for s in segments)
+    deleted = 0
+    for segment in segments[:-1]:
+        expired = (
+            policy.retention_secs is not None
+            and segment.last_timestamp_ms is not None
+            and now_ms - segment.last_timestamp_ms > policy.retention_secs * 1000
+        )
+        too_big = policy.max_bytes is not None and total_bytes - segment.size_bytes >= policy.max_bytes
+        too_many = policy.max_messages is not None and total_messages - segment.count >= policy.max_messages
+        if not (expired or too_big or too_many):
+            break
+        total_bytes -= segment.size_bytes
+        total_messages -= segment.count
+        deleted += 1
+    return deleted
+
+
+def logical_start_offset(segment_start: int, next_offset: int, policy: RetentionPolicy) -> int:
+    """The oldest readable offset: count retention is exact, not rounded to whole segments."""
+    if policy.max_messages is None:
+        return segment_start
+    return max(segment_start, next_offset - policy.max_messages)
+
+
+# --- offsets and routing ---------------------------------------------------------------------------
+
+
+class OffsetOutOfRange(ValueError):
+    """An offset below the oldest retained one (or beyond the next one)."""
+
+    def __init__(self, requested: int, oldest: int, newest: int | None) -> None:
+        self.requested, self.oldest, self.newest = requested, oldest, newest
+        super().__init__(f"offset {requested} is outside {oldest}..{newest}")
+
+
+def resolve_start_offset(from_offset: int | None, oldest: int, next_offset: int) -> int:
+    """Where a reader starts: None = latest (only new events), n >= 0 = that offset, -n = the last n.
+
+    An offset below ``oldest`` raises OffsetOutOfRange; one past ``next_offset`` too.
+    """
+    newest = next_offset - 1 if next_offset > oldest else None
+    if from_offset is None:
+        return next_offset
+    if from_offset < 0:
+        return max(oldest, next_offset + from_offset)
+    if from_offset < oldest or from_offset > next_offset:
+        raise OffsetOutOfRange(from_offset, oldest, newest)
+    return from_offset
+
+
+def partition_for_key(key: str | bytes, partitions: int) -> int:
+    """Synap's routing: ``crc32(key) % partitions``, so keyed events land where Synap users expect."""
+    raw = key.encode() if isinstance(key, str) else key
+    return zlib.crc32(raw) % partitions

@@ -1,0 +1,343 @@
+"""The partition log on disk: segment files of records, a sparse offset index, recovery and retention.
+
+Each segment is ``<base offset>.log`` (records, see :mod:`meshplane.core.streamlog`) plus
+``<base offset>.index`` (pairs of u64 offset / u64 position every ``index_interval`` bytes). Appends
+are ``os.write`` calls: once one returns, a process crash (kill -9) cannot lose the data, only a
+machine crash can, which is what :meth:`PartitionLog.sync` (driven by the fsync policy) is for.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import os
+import struct
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from meshplane.core.streamlog import (
+    HEADER_SIZE,
+    Record,
+    RetentionPolicy,
+    SegmentInfo,
+    encode_record,
+    logical_start_offset,
+    scan_records,
+    segments_to_delete,
+)
+
+log = logging.getLogger(__name__)
+
+INDEX_ENTRY = struct.Struct(">QQ")
+READ_CHUNK = 1 << 20
+
+
+@dataclass(slots=True)
+class Segment:
+    base_offset: int
+    path: Path
+    fd: int
+    index_fd: int
+    size: int = 0
+    next_offset: int = 0
+    last_timestamp_ms: int | None = None
+    index_offsets: list[int] = field(default_factory=list)
+    index_positions: list[int] = field(default_factory=list)
+    bytes_since_index: int = 0
+
+    @property
+    def index_path(self) -> Path:
+        return self.path.with_suffix(".index")
+
+    def info(self) -> SegmentInfo:
+        return SegmentInfo(self.base_offset, self.next_offset, self.size, self.last_timestamp_ms)
+
+    def position_for(self, offset: int) -> int:
+        i = bisect.bisect_right(self.index_offsets, offset) - 1
+        return self.index_positions[i] if i >= 0 else 0
+
+    def add_index(self, offset: int, position: int) -> None:
+        self.index_offsets.append(offset)
+        self.index_positions.append(position)
+        os.write(self.index_fd, INDEX_ENTRY.pack(offset, position))
+        self.bytes_since_index = 0
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self.index_fd)
+
+
+def _segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}.log"
+
+
+class PartitionLog:
+    """One append-only log in one directory."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_bytes: int = 64 * 1024 * 1024,
+        index_interval: int = 4096,
+        retention: RetentionPolicy | None = None,
+    ) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.index_interval = index_interval
+        self.retention = retention or RetentionPolicy()
+        self.segments: list[Segment] = []
+        self.truncated_bytes = 0  # torn or corrupt bytes removed by recovery
+        self.appended_bytes = 0
+        self.synced_bytes = 0
+        directory.mkdir(parents=True, exist_ok=True)
+        self._recover()
+
+    # --- recovery ------------------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
+        expected: int | None = None
+        for n, base in enumerate(bases):
+            path = self.directory / _segment_name(base)
+            if expected is not None and base != expected:
+                # A gap means the segments after it cannot be trusted to continue the sequence.
+                log.error(
+                    "log %s: segment %s does not continue at %d; removing it and later ones",
+                    self.directory,
+                    path.name,
+                    expected,
+                )
+                for later in bases[n:]:
+                    self._remove_files(self.directory / _segment_name(later))
+                break
+            segment = self._open_segment(base, path)
+            problem = self._recover_segment(segment)
+            self.segments.append(segment)
+            expected = segment.next_offset
+            if problem and n < len(bases) - 1:
+                log.error(
+                    "log %s: %s in sealed segment %s; later segments removed",
+                    self.directory,
+                    problem,
+                    path.name,
+                )
+                for later in bases[n + 1 :]:
+                    self._remove_files(self.directory / _segment_name(later))
+                break
+        if not self.segments:
+            self.segments.append(self._create_segment(0))
+
+    def _open_segment(self, base: int, path: Path) -> Segment:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        index_fd = os.open(path.with_suffix(".index"), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        return Segment(base, path, fd, index_fd, next_offset=base)
+
+    def _recover_segment(self, segment: Segment) -> str | None:
+        """Load the index, scan what it does not cover, truncate a torn or corrupt tail."""
+        file_size = os.fstat(segment.fd).st_size
+        raw_index = os.pread(segment.index_fd, os.fstat(segment.index_fd).st_size, 0)
+        usable = len(raw_index) - len(raw_index) % INDEX_ENTRY.size
+        for offset, position in INDEX_ENTRY.iter_unpack(raw_index[:usable]):
+            if position >= file_size or offset < segment.base_offset:
+                break
+            if segment.index_offsets and (offset <= segment.index_offsets[-1]):
+                break
+            segment.index_offsets.append(offset)
+            segment.index_positions.append(position)
+        start_offset, start = segment.base_offset, 0
+        if segment.index_offsets:
+            start_offset, start = segment.index_offsets[-1], segment.index_positions[-1]
+        problem: str | None = None
+        position, next_offset = start, start_offset
+        while position < file_size:
+            chunk = os.pread(segment.fd, READ_CHUNK, position)
+            result = scan_records(chunk, start_position=position, expected_offset=next_offset)
+            if (
+                result.problem
+                and result.problem.startswith("truncated")
+                and position + len(chunk) < file_size
+            ):
+                # The chunk, not the file, ended mid-record.
+                if not result.records:
+                    whole = os.pread(segment.fd, 8 + struct.unpack_from(">I", chunk)[0], position)
+                    result = scan_records(whole, start_position=position, expected_offset=next_offset)
+                if result.records:
+                    result = replace(result, problem=None)
+            if result.records:
+                next_offset = result.records[-1].offset + 1
+                segment.last_timestamp_ms = result.records[-1].timestamp_ms
+            position = result.valid_end
+            if result.problem is not None:
+                problem = result.problem
+                break
+        if position < file_size:
+            log.warning(
+                "log %s: %s at byte %d of %s; truncating %d bytes",
+                self.directory,
+                problem or "garbage",
+                position,
+                segment.path.name,
+                file_size - position,
+            )
+            self.truncated_bytes += file_size - position
+            os.ftruncate(segment.fd, position)
+            problem = problem or "garbage"
+        # Drop index entries that point past the truncation.
+        keep = bisect.bisect_left(segment.index_positions, position)
+        if keep < len(segment.index_positions) or usable != len(raw_index):
+            del segment.index_offsets[keep:], segment.index_positions[keep:]
+            os.ftruncate(segment.index_fd, 0)
+            os.write(
+                segment.index_fd,
+                b"".join(
+                    INDEX_ENTRY.pack(o, p)
+                    for o, p in zip(segment.index_offsets, segment.index_positions, strict=True)
+                ),
+            )
+        segment.size = position
+        segment.next_offset = next_offset
+        segment.bytes_since_index = position - (segment.index_positions[-1] if segment.index_positions else 0)
+        return problem
+
+    def _create_segment(self, base: int) -> Segment:
+        return self._open_segment(base, self.directory / _segment_name(base))
+
+    @staticmethod
+    def _remove_files(path: Path) -> None:
+        for p in (path, path.with_suffix(".index")):
+            p.unlink(missing_ok=True)
+
+    # --- positions -----------------------------------------------------------------------------------
+
+    @property
+    def active(self) -> Segment:
+        return self.segments[-1]
+
+    @property
+    def next_offset(self) -> int:
+        return self.active.next_offset
+
+    @property
+    def start_offset(self) -> int:
+        """The oldest readable offset."""
+        return logical_start_offset(self.segments[0].base_offset, self.next_offset, self.retention)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    @property
+    def last_timestamp_ms(self) -> int | None:
+        for segment in reversed(self.segments):
+            if segment.last_timestamp_ms is not None:
+                return segment.last_timestamp_ms
+        return None
+
+    # --- append and read -----------------------------------------------------------------------------
+
+    def append(self, payloads: list[bytes], timestamp_ms: int) -> int:
+        """Append records; returns the offset of the first. Durable against a process crash on return."""
+        segment = self.active
+        if segment.size and segment.size + sum(len(p) for p in payloads) > self.segment_bytes:
+            self._roll()
+            segment = self.active
+        first = segment.next_offset
+        offset = first
+        parts: list[bytes] = []
+        position = segment.size
+        for payload in payloads:
+            record = encode_record(offset, timestamp_ms, payload)
+            if segment.bytes_since_index >= self.index_interval:
+                segment.add_index(offset, position)
+            parts.append(record)
+            position += len(record)
+            segment.bytes_since_index += len(record)
+            offset += 1
+        blob = b"".join(parts)
+        written = os.write(segment.fd, blob)
+        if written != len(blob):  # a full disk; never leave a partial record behind
+            os.ftruncate(segment.fd, segment.size)
+            raise OSError(f"short write to {segment.path} ({written} of {len(blob)} bytes)")
+        segment.size = position
+        segment.next_offset = offset
+        segment.last_timestamp_ms = timestamp_ms
+        self.appended_bytes += len(blob)
+        return first
+
+    def _roll(self) -> None:
+        old = self.active
+        os.fsync(old.fd)
+        os.fsync(old.index_fd)
+        self.segments.append(self._create_segment(old.next_offset))
+
+    def sync(self) -> None:
+        """fsync the active segment (rolled segments were synced when they were sealed)."""
+        target = self.appended_bytes
+        segment = self.active
+        os.fsync(segment.fd)
+        self.synced_bytes = max(self.synced_bytes, target)
+
+    def read(self, from_offset: int, max_records: int, max_bytes: int = READ_CHUNK) -> list[Record]:
+        """Records from ``from_offset`` on (at most ``max_records``); the caller checks the range."""
+        records: list[Record] = []
+        bases = [s.base_offset for s in self.segments]
+        i = max(0, bisect.bisect_right(bases, from_offset) - 1)
+        offset = max(from_offset, self.segments[0].base_offset)
+        budget = max_bytes
+        while i < len(self.segments) and len(records) < max_records and budget > 0:
+            segment = self.segments[i]
+            if offset >= segment.next_offset:
+                i += 1
+                continue
+            position = segment.position_for(offset)
+            while position < segment.size and len(records) < max_records and budget > 0:
+                length = min(segment.size - position, max(budget, HEADER_SIZE))
+                chunk = os.pread(segment.fd, length, position)
+                result = scan_records(chunk, start_position=position)
+                if not result.records:
+                    need = struct.unpack_from(">I", chunk, 0)[0] + 8 if len(chunk) >= 4 else HEADER_SIZE
+                    chunk = os.pread(segment.fd, need, position)
+                    result = scan_records(chunk, start_position=position)
+                    if not result.records:
+                        raise OSError(f"unreadable record at byte {position} of {segment.path}")
+                for record in result.records:
+                    if record.offset >= offset and len(records) < max_records:
+                        records.append(record)
+                        budget -= record.size
+                position = result.valid_end
+            offset = segment.next_offset
+            i += 1
+        return records
+
+    # --- retention -----------------------------------------------------------------------------------
+
+    def apply_retention(self, now_ms: int, keep_from: int | None = None) -> int:
+        """Delete whole segments that retention (or ``keep_from``, everything below it) allows.
+
+        Returns the number of records removed.
+        """
+        count = segments_to_delete([s.info() for s in self.segments], self.retention, now_ms)
+        if keep_from is not None:
+            while count < len(self.segments) - 1 and self.segments[count].next_offset <= keep_from:
+                count += 1
+        removed = 0
+        for segment in self.segments[:count]:
+            segment.close()
+            self._remove_files(segment.path)
+            removed += segment.next_offset - segment.base_offset
+        del self.segments[:count]
+        return removed
+
+    def delete(self) -> None:
+        self.close()
+        for segment in self.segments:
+            self._remove_files(segment.path)
+        with contextlib.suppress(OSError):
+            self.directory.rmdir()
+
+    def close(self) -> None:
+        for segment in self.segments:
+            with contextlib.suppress(OSError):
+                segment.close()

@@ -1,0 +1,1191 @@
+"""``meshplane serve``: the streams engine over HTTP, WebSocket and server-sent events (aiohttp).
+
+Synap-compatible: the command endpoint ``POST /api/v1/command`` that synap-sdk uses over http://,
+the room REST routes and WebSockets, and the topic / consumer-group REST routes. Every route is
+declared once in :data:`ROUTES`, which also produces the OpenAPI description.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from aiohttp import WSMsgType, web
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from meshplane.core.groups import GroupError
+from meshplane.core.streamlog import RetentionPolicy, StoredEvent
+from meshplane.streams.engine import Room, StreamEngine, StreamEvent
+from meshplane.streams.errors import BadRequest, NotFound, OffsetOutOfRange, PayloadTooLarge, StreamError
+
+log = logging.getLogger(__name__)
+
+ENGINE: web.AppKey[StreamEngine] = web.AppKey("engine", StreamEngine)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MAX_CONSUME_LIMIT = 1000
+_json = msgspec.json.Encoder()
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_json.encode(body), status=status, content_type="application/json")
+
+
+def error_response(exc: StreamError | GroupError) -> web.Response:
+    status = exc.status
+    kind = exc.kind if isinstance(exc, StreamError) else type(exc).__name__
+    body: dict[str, Any] = {"error": str(exc), "code": status, "type": kind}
+    if isinstance(exc, StreamError):
+        body.update(exc.details())
+    return json_response(body, status)
+
+
+# --- request parsing -------------------------------------------------------------------------------
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object; an empty body is ``{}``."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLarge(f"request body too large: {exc.text}") from None
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"request body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+_MISSING = object()
+
+
+def get_int(
+    source: dict[str, Any],
+    name: str,
+    default: Any = _MISSING,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> Any:
+    value = source.get(name, default)
+    if value is _MISSING:
+        raise BadRequest(f"missing field {name!r}")
+    if value is None or value is default:
+        return value
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise BadRequest(f"{name} must be an integer, not {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{name} must be an integer, not {value!r}")
+    if minimum is not None and value < minimum:
+        raise BadRequest(f"{name} must be >= {minimum}, not {value}")
+    if maximum is not None and value > maximum:
+        raise BadRequest(f"{name} must be <= {maximum}, not {value}")
+    return value
+
+
+def get_str(source: dict[str, Any], name: str, default: Any = _MISSING) -> Any:
+    value = source.get(name, default)
+    if value is _MISSING:
+        raise BadRequest(f"missing field {name!r}")
+    if value is not default and not isinstance(value, str):
+        raise BadRequest(f"{name} must be a string, not {value!r}")
+    return value
+
+
+def get_metadata(source: dict[str, Any]) -> dict[str, str] | None:
+    metadata = source.get("metadata")
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise BadRequest("metadata must be an object of strings")
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+
+
+def event_type_of(source: dict[str, Any]) -> str:
+    """Synap's SDK sends ``event``, the seed ``event_type``: accept both."""
+    value = source.get("event_type", source.get("event"))
+    if not isinstance(value, str) or not value:
+        raise BadRequest("missing field 'event' (or 'event_type'): a non-empty string")
+    return value
+
+
+def query_int(request: web.Request, name: str, default: int | None = None, **bounds: int) -> Any:
+    return get_int(dict(request.query), name, default, **bounds)
+
+
+# --- the command endpoint (synap-sdk) --------------------------------------------------------------
+
+
+class Commands:
+    """``stream.*`` and ``pubsub.*`` commands: payload in, payload (always an object) out."""
+
+    def __init__(self, engine: StreamEngine) -> None:
+        self.engine = engine
+
+    async def run(self, command: str, payload: dict[str, Any]) -> dict[str, Any]:
+        handler = getattr(self, "cmd_" + command.replace(".", "_"), None)
+        if handler is None or not command.startswith(("stream.", "pubsub.")):
+            raise BadRequest(f"unknown command {command!r}")
+        result: dict[str, Any] = await handler(payload)
+        return result
+
+    async def cmd_stream_create(self, p: dict[str, Any]) -> dict[str, Any]:
+        room = get_str(p, "room")
+        self.engine.create_room(room, get_int(p, "max_events", None, minimum=1))
+        return {"success": True, "room": room}
+
+    async def cmd_stream_get_or_create(self, p: dict[str, Any]) -> dict[str, Any]:
+        room = get_str(p, "room")
+        _, created = self.engine.create_room(room, get_int(p, "max_events", None, minimum=1), exist_ok=True)
+        return {"success": True, "room": room, "created": created}
+
+    async def cmd_stream_delete(self, p: dict[str, Any]) -> dict[str, Any]:
+        room = get_str(p, "room")
+        if not self.engine.delete_room(room):
+            raise NotFound(f"room {room!r} not found")
+        return {"success": True, "deleted": True, "room": room}
+
+    async def cmd_stream_publish(self, p: dict[str, Any]) -> dict[str, Any]:
+        if "data" not in p:
+            raise BadRequest("missing field 'data'")
+        room, event = await self.engine.publish_room(
+            get_str(p, "room"), event_type_of(p), p["data"], get_metadata(p)
+        )
+        return {
+            "offset": event.offset,
+            "room": room.name,
+            "event_id": event.body.id,
+            "subscribers_notified": len(room.notifier),
+        }
+
+    async def cmd_stream_consume(self, p: dict[str, Any]) -> dict[str, Any]:
+        name = get_str(p, "room")
+        subscriber = get_str(p, "subscriber_id", "sdk-reader")
+        room = self.engine.room(name)
+        self.engine.touch_subscriber(room, subscriber)
+        limit = get_int(p, "limit", 100, minimum=1, maximum=MAX_CONSUME_LIMIT)
+        room, events = self.engine.read_room(name, get_int(p, "from_offset", 0), limit)
+        return {
+            "room": name,
+            "subscriber_id": subscriber,
+            "events": [e.room_json(name) for e in events],
+            "next_offset": events[-1].offset + 1
+            if events
+            else max(room.oldest, get_int(p, "from_offset", 0)),
+        }
+
+    async def cmd_stream_history(self, p: dict[str, Any]) -> dict[str, Any]:
+        name = get_str(p, "room")
+        return history(
+            self.engine,
+            name,
+            get_int(p, "from_offset", None),
+            get_int(p, "to_offset", None),
+            get_int(p, "limit", 100, minimum=1, maximum=MAX_CONSUME_LIMIT),
+        )
+
+    async def cmd_stream_stats(self, p: dict[str, Any]) -> dict[str, Any]:
+        return self.engine.room_stats(get_str(p, "room"))
+
+    async def cmd_stream_list(self, p: dict[str, Any]) -> dict[str, Any]:
+        rooms = sorted(self.engine.rooms)
+        return {"rooms": rooms, "count": len(rooms)}
+
+    async def cmd_pubsub_publish(self, p: dict[str, Any]) -> dict[str, Any]:
+        topic = get_str(p, "topic")
+        if not topic:
+            raise BadRequest("topic must not be empty")
+        if "payload" not in p and "data" not in p:
+            raise BadRequest("missing field 'payload' (or 'data')")
+        return self.engine.pubsub.publish(topic, p.get("payload", p.get("data")), get_metadata(p))
+
+    async def cmd_pubsub_subscribe(self, p: dict[str, Any]) -> dict[str, Any]:
+        topics = topic_list(p.get("topics"))
+        subscriber = get_str(p, "subscriber_id", None) or uuid.uuid4().hex
+        patterns = self.engine.pubsub.registered.setdefault(subscriber, set())
+        patterns.update(topics)
+        return {"subscriber_id": subscriber, "topics": sorted(patterns), "subscription_count": len(patterns)}
+
+    async def cmd_pubsub_unsubscribe(self, p: dict[str, Any]) -> dict[str, Any]:
+        subscriber = get_str(p, "subscriber_id")
+        patterns = self.engine.pubsub.registered.get(subscriber, set())
+        topics = topic_list(p.get("topics")) if p.get("topics") else sorted(patterns)
+        removed = [t for t in topics if t in patterns]
+        patterns.difference_update(topics)
+        if not patterns:
+            self.engine.pubsub.registered.pop(subscriber, None)
+        return {"subscriber_id": subscriber, "unsubscribed": len(removed), "topics": removed}
+
+    async def cmd_pubsub_topics(self, p: dict[str, Any]) -> dict[str, Any]:
+        topics = sorted(self.engine.pubsub.topics)
+        return {"topics": topics, "count": len(topics)}
+
+    async def cmd_pubsub_stats(self, p: dict[str, Any]) -> dict[str, Any]:
+        ps = self.engine.pubsub
+        return {
+            "topics": len(ps.topics),
+            "subscribers": len(ps.registered),
+            "live_listeners": len(ps.listeners),
+            "published": ps.published,
+            "delivered": ps.delivered,
+            "dropped": ps.dropped,
+        }
+
+
+def topic_list(raw: object) -> list[str]:
+    if isinstance(raw, str):
+        raw = [t for t in raw.split(",") if t]
+    if not isinstance(raw, list) or not raw or not all(isinstance(t, str) and t for t in raw):
+        raise BadRequest("topics must be a non-empty list of topic patterns")
+    return list(raw)
+
+
+def history(
+    engine: StreamEngine, name: str, from_offset: int | None, to_offset: int | None, limit: int
+) -> dict[str, Any]:
+    room = engine.room(name)
+    start = room.oldest if from_offset is None else from_offset
+    _, events = engine.read_room(name, start, limit, to_offset)
+    nxt = room.next_offset
+    return {
+        "room": name,
+        "events": [e.room_json(name) for e in events],
+        "oldest_offset": room.oldest,
+        "newest_offset": nxt - 1 if nxt > room.oldest else None,
+        "next_offset": nxt,
+    }
+
+
+# --- routes ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    tag: str
+    body: dict[str, str] = field(default_factory=dict)  # field -> JSON type, for the OpenAPI description
+    public: bool = False
+
+
+class Api:
+    def __init__(self, engine: StreamEngine) -> None:
+        self.engine = engine
+        self.commands = Commands(engine)
+
+    # health and meta
+
+    async def health(self, request: web.Request) -> web.Response:
+        return json_response({"status": "healthy", "service": "meshplane-streams", "version": _version()})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        ok = self.engine.ready
+        return json_response({"status": "ready" if ok else "starting"}, 200 if ok else 503)
+
+    async def command(self, request: web.Request) -> web.Response:
+        request_id: Any = None
+        try:
+            body = await read_json(request)
+            request_id = body.get("request_id")
+            command = get_str(body, "command")
+            payload = body.get("payload") or {}
+            if not isinstance(payload, dict):
+                raise BadRequest("payload must be an object")
+            result = await self.commands.run(command, payload)
+        except (StreamError, GroupError) as exc:
+            return json_response(
+                {
+                    "success": False,
+                    "request_id": request_id,
+                    "payload": None,
+                    "error": f"Invalid request: {exc}",
+                }
+            )
+        return json_response({"success": True, "request_id": request_id, "payload": result, "error": None})
+
+    # rooms
+
+    async def room_list(self, request: web.Request) -> web.Response:
+        return json_response(await self.commands.cmd_stream_list({}))
+
+    async def room_create(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        room, _ = self.engine.create_room(
+            request.match_info["room"], get_int(body, "max_events", None, minimum=1), _retention_secs(body)
+        )
+        return json_response({"success": True, "room": room.name}, 201)
+
+    async def room_get_or_create(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        room, created = self.engine.create_room(
+            request.match_info["room"],
+            get_int(body, "max_events", None, minimum=1),
+            _retention_secs(body),
+            exist_ok=True,
+        )
+        return json_response({"success": True, "room": room.name, "created": created})
+
+    async def room_delete(self, request: web.Request) -> web.Response:
+        name = request.match_info["room"]
+        if not self.engine.delete_room(name):
+            raise NotFound(f"room {name!r} not found")
+        return json_response({"success": True, "deleted": True, "room": name})
+
+    async def room_publish(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        body["room"] = request.match_info["room"]
+        return json_response(await self.commands.cmd_stream_publish(body))
+
+    async def room_consume(self, request: web.Request) -> web.Response:
+        p: dict[str, Any] = dict(request.query)
+        p.update(room=request.match_info["room"], subscriber_id=request.match_info["subscriber_id"])
+        return json_response(await self.commands.cmd_stream_consume(p))
+
+    async def room_history(self, request: web.Request) -> web.Response:
+        return json_response(
+            history(
+                self.engine,
+                request.match_info["room"],
+                query_int(request, "from_offset"),
+                query_int(request, "to_offset"),
+                query_int(request, "limit", 100, minimum=1, maximum=MAX_CONSUME_LIMIT),
+            )
+        )
+
+    async def room_stats(self, request: web.Request) -> web.Response:
+        return json_response(self.engine.room_stats(request.match_info["room"]))
+
+    async def room_ws(self, request: web.Request) -> web.StreamResponse:
+        name, subscriber = request.match_info["room"], request.match_info["subscriber_id"]
+        from_offset = query_int(request, "from_offset")
+        room = self.engine.room(name, create=True)
+        start = room.resolve(from_offset)
+        self.engine.touch_subscriber(room, subscriber)
+        ws = web.WebSocketResponse(heartbeat=30)
+        await ws.prepare(request)
+        await ws.send_str(
+            json.dumps({"type": "connected", "room": name, "subscriber_id": subscriber, "from_offset": start})
+        )
+        await self._push_room(ws, room, subscriber, start, lambda e: _json.encode(_ws_event(e, name)))
+        return ws
+
+    async def room_sse(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events for browsers; ``Last-Event-ID`` (an offset) resumes after it."""
+        name = request.match_info["room"]
+        last_id = request.headers.get("Last-Event-ID")
+        if last_id is not None:
+            from_offset: int | None = get_int({"Last-Event-ID": last_id}, "Last-Event-ID", minimum=-1) + 1
+        else:
+            from_offset = query_int(request, "from_offset")
+        room = self.engine.room(name, create=True)
+        start = room.resolve(from_offset)
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+
+        def frame(e: StreamEvent) -> bytes:
+            data = _json.encode(_ws_event(e, name))
+            return b"id: %d\nevent: %s\ndata: %s\n\n" % (e.offset, e.body.event_type.encode(), data)
+
+        await self._push_room(response, room, None, start, frame)
+        return response
+
+    async def _push_room(
+        self,
+        out: web.StreamResponse,
+        room: Room,
+        subscriber: str | None,
+        start: int,
+        render: Callable[[StreamEvent], bytes],
+    ) -> None:
+        """Push the room's events from ``start`` as they arrive, in order, until the peer goes away."""
+        waiter = room.notifier.waiter()
+        closed = asyncio.Event()
+        reader = (
+            asyncio.create_task(_drain_incoming(out, closed))
+            if isinstance(out, web.WebSocketResponse)
+            else None
+        )
+        cursor = start
+        try:
+            while not closed.is_set():
+                waiter.clear()
+                if self.engine.rooms.get(room.name) is not room:
+                    await _send_error(out, f"room {room.name!r} was deleted")
+                    break
+                if cursor < room.oldest:
+                    await _send_error(out, str(OffsetOutOfRange(cursor, room.oldest, room.next_offset - 1)))
+                    break
+                events = room.read(cursor, 1000)
+                for event in events:
+                    payload = render(event)
+                    if isinstance(out, web.WebSocketResponse):
+                        await out.send_str(payload.decode())
+                    else:
+                        await out.write(payload)
+                if events:
+                    cursor = events[-1].offset + 1
+                    if subscriber is not None:
+                        room.subscribers[subscriber] = time.time()
+                    continue
+                wait = asyncio.ensure_future(waiter.wait())
+                close_wait = asyncio.ensure_future(closed.wait())
+                await asyncio.wait({wait, close_wait}, return_when=asyncio.FIRST_COMPLETED)
+                wait.cancel()
+                close_wait.cancel()
+        except (ConnectionResetError, ConnectionError):
+            pass
+        finally:
+            room.notifier.forget(waiter)
+            if subscriber is not None:
+                room.subscribers.pop(subscriber, None)
+            if reader is not None:
+                reader.cancel()
+            if isinstance(out, web.WebSocketResponse):
+                await out.close()
+
+    # pub/sub
+
+    async def pubsub_publish(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        body["topic"] = request.match_info["topic"]
+        return json_response(await self.commands.cmd_pubsub_publish(body))
+
+    async def pubsub_topics(self, request: web.Request) -> web.Response:
+        return json_response(await self.commands.cmd_pubsub_topics({}))
+
+    async def pubsub_ws(self, request: web.Request) -> web.StreamResponse:
+        topics = topic_list(request.query.get("topics", ""))
+        listener_id = request.query.get("subscriber_id") or uuid.uuid4().hex
+        ws = web.WebSocketResponse(heartbeat=30)
+        await ws.prepare(request)
+        listener = self.engine.pubsub.listen(listener_id, topics)
+        closed = asyncio.Event()
+        reader = asyncio.create_task(_drain_incoming(ws, closed))
+        try:
+            await ws.send_str(
+                json.dumps({"type": "connected", "subscriber_id": listener_id, "topics": topics})
+            )
+            while not closed.is_set():
+                get = asyncio.ensure_future(listener.queue.get())
+                close_wait = asyncio.ensure_future(closed.wait())
+                await asyncio.wait({get, close_wait}, return_when=asyncio.FIRST_COMPLETED)
+                close_wait.cancel()
+                if not get.done():
+                    get.cancel()
+                    break
+                await ws.send_str(_json.encode(get.result()).decode())
+        except ConnectionError:
+            pass
+        finally:
+            self.engine.pubsub.listeners.pop(listener_id, None)
+            reader.cancel()
+            await ws.close()
+        return ws
+
+    # topics
+
+    async def topic_list(self, request: web.Request) -> web.Response:
+        topics = sorted(self.engine.topics)
+        return json_response({"topics": topics, "count": len(topics)})
+
+    async def topic_create(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        try:
+            retention = RetentionPolicy.from_json(body.get("retention_policy"))
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        topic = self.engine.create_topic(
+            request.match_info["topic"],
+            get_int(body, "num_partitions", None),
+            get_int(body, "replication_factor", 1),
+            retention,
+            get_int(body, "segment_bytes", None),
+        )
+        s = topic.settings
+        return json_response(
+            {
+                "success": True,
+                "topic": topic.name,
+                "num_partitions": s.num_partitions,
+                "replication_factor": s.replication_factor,
+                "retention_policy": s.retention.to_json(),
+                "segment_bytes": s.segment_bytes,
+            },
+            201,
+        )
+
+    async def topic_delete(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        if not self.engine.delete_topic(name):
+            raise NotFound(f"topic {name!r} not found")
+        return json_response({"success": True, "topic": name})
+
+    async def topic_publish(self, request: web.Request) -> web.Response:
+        """One event ({event_type, key?, data}) or a batch ({events: [...]}) with optional partition."""
+        name = request.match_info["topic"]
+        body = await read_json(request)
+        partition = get_int(body, "partition", None, minimum=0)
+        batch = body.get("events")
+        if batch is not None:
+            if not isinstance(batch, list) or not batch or not all(isinstance(e, dict) for e in batch):
+                raise BadRequest("events must be a non-empty list of objects")
+            items = batch
+        else:
+            items = [body]
+        events = [_topic_event(item) for item in items]
+        places = await self.engine.publish_topic(name, events, partition)
+        if batch is None:
+            ((p, offset),) = places
+            return json_response({"partition_id": p, "offset": offset, "topic": name})
+        return json_response(
+            {
+                "topic": name,
+                "count": len(places),
+                "results": [{"partition_id": p, "offset": o} for p, o in places],
+            }
+        )
+
+    async def topic_consume(self, request: web.Request) -> web.Response:
+        name = request.match_info["topic"]
+        partition = get_int(dict(request.match_info), "partition", minimum=0)
+        body = await read_json(request)
+        from_offset = get_int(body, "from_offset", 0, minimum=0)
+        limit = get_int(body, "limit", 100, minimum=1, maximum=MAX_CONSUME_LIMIT)
+        topic = self.engine.topic(name)
+        events = topic.read(partition, from_offset, limit)
+        self.engine.counters["events_consumed"] += len(events)
+        return json_response(
+            {
+                "topic": name,
+                "partition_id": partition,
+                "events": [e.topic_json(name) for e in events],
+                "next_offset": events[-1].offset + 1 if events else from_offset,
+                "count": len(events),
+            }
+        )
+
+    async def topic_stats(self, request: web.Request) -> web.Response:
+        topic = self.engine.topic(request.match_info["topic"])
+        s = topic.settings
+        return json_response(
+            {
+                "topic": topic.name,
+                "num_partitions": s.num_partitions,
+                "retention_policy": s.retention.to_json(),
+                "segment_bytes": s.segment_bytes,
+                "partitions": [topic.partition_stats(p) for p in range(len(topic.partitions))],
+            }
+        )
+
+    # consumer groups
+
+    async def group_list(self, request: web.Request) -> web.Response:
+        groups = sorted(self.engine.groups)
+        return json_response({"groups": groups, "count": len(groups)})
+
+    async def group_create(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        group = self.engine.create_group(
+            request.match_info["group"],
+            get_str(body, "topic"),
+            get_int(body, "partition_count", None, minimum=1),
+            get_str(body, "strategy", "round_robin"),
+            _positive(body, "session_timeout_secs"),
+        )
+        return json_response(
+            {
+                "success": True,
+                "group_id": group.group_id,
+                "topic": group.topic,
+                "strategy": group.strategy,
+                "partition_count": group.partitions,
+            },
+            201,
+        )
+
+    async def group_delete(self, request: web.Request) -> web.Response:
+        name = request.match_info["group"]
+        if not self.engine.delete_group(name):
+            raise NotFound(f"consumer group {name!r} not found")
+        return json_response({"success": True, "group_id": name})
+
+    async def group_join(self, request: web.Request) -> web.Response:
+        group = self.engine.group(request.match_info["group"])
+        body = await read_json(request)
+        member = get_str(body, "member_id", None) or str(uuid.uuid4())
+        result = group.join(member, time.monotonic(), _positive(body, "session_timeout_secs"))
+        self.engine.group_changed(group)
+        return json_response(
+            {
+                "member_id": member,
+                "group_id": group.group_id,
+                "generation": result.generation,
+                "partitions": result.assignment.get(member, []),
+            }
+        )
+
+    async def group_assignment(self, request: web.Request) -> web.Response:
+        group = self.engine.group(request.match_info["group"])
+        member = request.match_info["member"]
+        before = group.generation
+        partitions = group.assignment_of(member, time.monotonic())
+        if group.generation != before:
+            self.engine.group_changed(group)
+        return json_response(
+            {
+                "member_id": member,
+                "group_id": group.group_id,
+                "partitions": partitions,
+                "generation": group.generation,
+            }
+        )
+
+    async def group_heartbeat(self, request: web.Request) -> web.Response:
+        group = self.engine.group(request.match_info["group"])
+        member = request.match_info["member"]
+        before = group.generation
+        try:
+            generation = group.heartbeat(member, time.monotonic())
+        finally:
+            if group.generation != before:
+                self.engine.group_changed(group)
+        return json_response(
+            {
+                "success": True,
+                "member_id": member,
+                "generation": generation,
+                "partitions": group.assignment.get(member, []),
+            }
+        )
+
+    async def group_leave(self, request: web.Request) -> web.Response:
+        group = self.engine.group(request.match_info["group"])
+        member = request.match_info["member"]
+        group.leave(member, time.monotonic())
+        self.engine.group_changed(group)
+        return json_response({"success": True, "member_id": member, "generation": group.generation})
+
+    async def group_commit(self, request: web.Request) -> web.Response:
+        group_id = request.match_info["group"]
+        body = await read_json(request)
+        partition = get_int(body, "partition_id", minimum=0)
+        offset = get_int(body, "offset", minimum=0)
+        self.engine.commit(
+            group_id, partition, offset, get_str(body, "member_id", None), get_int(body, "generation", None)
+        )
+        return json_response({"success": True, "partition_id": partition, "offset": offset})
+
+    async def group_offset(self, request: web.Request) -> web.Response:
+        group = self.engine.group(request.match_info["group"])
+        partition = get_int(dict(request.match_info), "partition", minimum=0, maximum=group.partitions - 1)
+        return json_response(
+            {"group_id": group.group_id, "partition_id": partition, "offset": group.committed.get(partition)}
+        )
+
+    async def group_stats(self, request: web.Request) -> web.Response:
+        group = self.engine.group(request.match_info["group"])
+        group.expire(time.monotonic())
+        last = group.last_rebalance_at
+        lags = {p: lag for g, p, lag in self.engine.lag() if g == group.group_id}
+        return json_response(
+            {
+                "group_id": group.group_id,
+                "topic": group.topic,
+                "state": group.state,
+                "strategy": group.strategy,
+                "member_count": len(group.members),
+                "members": sorted(group.members),
+                "generation": group.generation,
+                "partition_count": group.partitions,
+                "committed_partitions": len(group.committed),
+                "assignment": group.assignment,
+                "committed": {str(p): o for p, o in group.committed.items()},
+                "lag": {str(p): v for p, v in lags.items()},
+                "last_rebalance_secs": None if last is None else round(time.monotonic() - last, 3),
+            }
+        )
+
+    # metrics and OpenAPI
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        registry: CollectorRegistry = request.app[REGISTRY]
+        return web.Response(body=generate_latest(registry), content_type="text/plain", charset="utf-8")
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return json_response(openapi_document(self.routes()))
+
+    def routes(self) -> list[Route]:
+        g = "/consumer-groups/{group}"
+        return [
+            Route(
+                "GET",
+                "/health",
+                self.health,
+                "Liveness: always 200 while the process serves",
+                "meta",
+                public=True,
+            ),
+            Route(
+                "GET",
+                "/ready",
+                self.ready,
+                "Readiness: 200 once the data directory is loaded",
+                "meta",
+                public=True,
+            ),
+            Route("GET", "/metrics", self.metrics, "Prometheus metrics", "meta"),
+            Route("GET", "/openapi.json", self.openapi, "This description", "meta", public=True),
+            Route(
+                "POST",
+                "/api/v1/command",
+                self.command,
+                "Synap command endpoint (stream.*, pubsub.*)",
+                "command",
+                {"command": "string", "request_id": "string", "payload": "object"},
+            ),
+            Route("GET", "/stream/list", self.room_list, "List rooms", "rooms"),
+            Route(
+                "POST",
+                "/stream/{room}",
+                self.room_create,
+                "Create a room (409 if it exists)",
+                "rooms",
+                {"max_events": "integer", "retention_secs": "number"},
+            ),
+            Route(
+                "PUT",
+                "/stream/{room}",
+                self.room_get_or_create,
+                "Get or create a room",
+                "rooms",
+                {"max_events": "integer", "retention_secs": "number"},
+            ),
+            Route("DELETE", "/stream/{room}", self.room_delete, "Delete a room and its history", "rooms"),
+            Route(
+                "POST",
+                "/stream/{room}/publish",
+                self.room_publish,
+                "Publish an event; returns its offset",
+                "rooms",
+                {"event": "string", "event_type": "string", "data": "any", "metadata": "object"},
+            ),
+            Route(
+                "GET",
+                "/stream/{room}/consume/{subscriber_id}",
+                self.room_consume,
+                "Read events from ?from_offset= (negative: the last N), ?limit=",
+                "rooms",
+            ),
+            Route(
+                "GET",
+                "/stream/{room}/history",
+                self.room_history,
+                "History between ?from_offset= and ?to_offset=, ?limit=",
+                "rooms",
+            ),
+            Route("GET", "/stream/{room}/stats", self.room_stats, "Room statistics", "rooms"),
+            Route(
+                "GET",
+                "/stream/{room}/ws/{subscriber_id}",
+                self.room_ws,
+                "WebSocket: replay from ?from_offset= then push events as they are published",
+                "rooms",
+            ),
+            Route(
+                "GET",
+                "/events/{room}",
+                self.room_sse,
+                "Server-sent events of a room (Last-Event-ID resumes)",
+                "rooms",
+            ),
+            Route(
+                "POST",
+                "/pubsub/{topic}/publish",
+                self.pubsub_publish,
+                "Publish a pub/sub message",
+                "pubsub",
+                {"payload": "any", "metadata": "object"},
+            ),
+            Route("GET", "/pubsub/topics", self.pubsub_topics, "Topics published so far", "pubsub"),
+            Route(
+                "GET",
+                "/pubsub/ws",
+                self.pubsub_ws,
+                "WebSocket: messages of ?topics=a,b (wildcards * and #)",
+                "pubsub",
+            ),
+            Route("GET", "/topics", self.topic_list, "List partitioned topics", "topics"),
+            Route(
+                "POST",
+                "/topics/{topic}",
+                self.topic_create,
+                "Create a partitioned topic",
+                "topics",
+                {
+                    "num_partitions": "integer",
+                    "replication_factor": "integer",
+                    "retention_policy": "object",
+                    "segment_bytes": "integer",
+                },
+            ),
+            Route("DELETE", "/topics/{topic}", self.topic_delete, "Delete a topic and its data", "topics"),
+            Route(
+                "POST",
+                "/topics/{topic}/publish",
+                self.topic_publish,
+                "Publish one event (key routes by crc32(key) % partitions) or a batch ({events: [...]})",
+                "topics",
+                {
+                    "event_type": "string",
+                    "key": "string",
+                    "data": "any",
+                    "metadata": "object",
+                    "partition": "integer",
+                    "events": "array",
+                },
+            ),
+            Route(
+                "POST",
+                "/topics/{topic}/partitions/{partition}/consume",
+                self.topic_consume,
+                "Read a partition from an offset",
+                "topics",
+                {"from_offset": "integer", "limit": "integer"},
+            ),
+            Route("GET", "/topics/{topic}/stats", self.topic_stats, "Per-partition statistics", "topics"),
+            Route("GET", "/consumer-groups", self.group_list, "List consumer groups", "groups"),
+            Route(
+                "POST",
+                g,
+                self.group_create,
+                "Create a consumer group",
+                "groups",
+                {
+                    "topic": "string",
+                    "partition_count": "integer",
+                    "strategy": "string",
+                    "session_timeout_secs": "number",
+                },
+            ),
+            Route("DELETE", g, self.group_delete, "Delete a consumer group and its offsets", "groups"),
+            Route(
+                "POST",
+                g + "/join",
+                self.group_join,
+                "Join: returns member_id, generation and partitions",
+                "groups",
+                {"member_id": "string", "session_timeout_secs": "number"},
+            ),
+            Route(
+                "GET",
+                g + "/members/{member}/assignment",
+                self.group_assignment,
+                "A member's partitions in the current generation",
+                "groups",
+            ),
+            Route(
+                "POST",
+                g + "/members/{member}/heartbeat",
+                self.group_heartbeat,
+                "Keep a member alive; returns the generation (changed: fetch the assignment)",
+                "groups",
+            ),
+            Route(
+                "DELETE",
+                g + "/members/{member}/leave",
+                self.group_leave,
+                "Leave the group (rebalances)",
+                "groups",
+            ),
+            Route(
+                "POST",
+                g + "/offsets/commit",
+                self.group_commit,
+                "Commit the next offset to read (fenced by member_id and generation)",
+                "groups",
+                {
+                    "partition_id": "integer",
+                    "offset": "integer",
+                    "member_id": "string",
+                    "generation": "integer",
+                },
+            ),
+            Route(
+                "GET",
+                g + "/offsets/{partition}",
+                self.group_offset,
+                "A partition's committed offset",
+                "groups",
+            ),
+            Route("GET", g + "/stats", self.group_stats, "Group state, members, generation, lag", "groups"),
+        ]
+
+
+def _positive(body: dict[str, Any], name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise BadRequest(f"{name} must be a positive number, not {value!r}")
+    return float(value)
+
+
+def _retention_secs(body: dict[str, Any]) -> float | None:
+    return _positive(body, "retention_secs")
+
+
+def _topic_event(item: dict[str, Any]) -> StoredEvent:
+    if "data" not in item:
+        raise BadRequest("missing field 'data'")
+    key = item.get("key")
+    if key is not None and not isinstance(key, str):
+        raise BadRequest(f"key must be a string, not {key!r}")
+    return StoredEvent(uuid.uuid4().hex, event_type_of(item), item["data"], key, get_metadata(item))
+
+
+def _ws_event(event: StreamEvent, room: str) -> dict[str, Any]:
+    return {
+        "type": "event",
+        "offset": event.offset,
+        "event_id": event.body.id,
+        "event": event.body.event_type,
+        "data": event.body.data,
+        "timestamp": event.timestamp_ms // 1000,
+        "timestamp_ms": event.timestamp_ms,
+        "metadata": event.body.metadata or {},
+        "room": room,
+    }
+
+
+async def _send_error(out: web.StreamResponse, message: str) -> None:
+    with contextlib.suppress(ConnectionError):
+        if isinstance(out, web.WebSocketResponse):
+            await out.send_str(json.dumps({"type": "error", "error": message}))
+        else:
+            await out.write(b"event: error\ndata: %s\n\n" % json.dumps({"error": message}).encode())
+
+
+async def _drain_incoming(ws: web.WebSocketResponse, closed: asyncio.Event) -> None:
+    """Read (and ignore) what the peer sends, so that a close is noticed."""
+    try:
+        async for msg in ws:
+            if msg.type in (WSMsgType.ERROR, WSMsgType.CLOSE):
+                break
+    finally:
+        closed.set()
+
+
+def _version() -> str:
+    from meshplane import __version__
+
+    return __version__
+
+
+def openapi_document(routes: list[Route]) -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        operation: dict[str, Any] = {
+            "summary": route.summary,
+            "tags": [route.tag],
+            "operationId": route.handler.__name__,
+            "responses": {
+                "200": {"description": "OK"},
+                "400": {"description": "bad input"},
+                "404": {"description": "unknown room, topic or group"},
+            },
+        }
+        params = [part[1:-1] for part in route.path.split("/") if part.startswith("{")]
+        if params:
+            operation["parameters"] = [
+                {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params
+            ]
+        if route.body:
+            operation["requestBody"] = {
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {
+                                k: ({} if v == "any" else {"type": v}) for k, v in route.body.items()
+                            },
+                        }
+                    }
+                }
+            }
+        if not route.public:
+            operation["security"] = [{"bearer": []}]
+        paths.setdefault(route.path, {})[route.method.lower()] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "meshplane streams", "version": _version()},
+        "paths": paths,
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }
+
+
+# --- metrics ---------------------------------------------------------------------------------------
+
+REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
+
+
+class EngineCollector(Collector):
+    """Reads the engine's counters at scrape time."""
+
+    def __init__(self, engine: StreamEngine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Any:
+        e = self.engine
+        for name, help_text in (
+            ("events_published", "Events appended (rooms and topics)"),
+            ("bytes_published", "Encoded bytes appended"),
+            ("events_consumed", "Events read by consumers"),
+            ("commits", "Offset commits accepted"),
+            ("commits_rejected", "Offset commits rejected (stale generation, not owner)"),
+            ("rebalances", "Consumer group rebalances"),
+        ):
+            yield CounterMetricFamily(f"meshplane_streams_{name}", help_text, value=e.counters[name])
+        published = CounterMetricFamily(
+            "meshplane_topic_events_published", "Events appended per partition", labels=["topic", "partition"]
+        )
+        end = GaugeMetricFamily(
+            "meshplane_topic_next_offset", "Next offset per partition", labels=["topic", "partition"]
+        )
+        for topic in e.topics.values():
+            for p, plog in enumerate(topic.partitions):
+                published.add_metric([topic.name, str(p)], topic.published[p])
+                end.add_metric([topic.name, str(p)], plog.next_offset)
+        yield published
+        yield end
+        lag = GaugeMetricFamily(
+            "meshplane_group_lag",
+            "Events not yet committed by a consumer group",
+            labels=["group", "partition"],
+        )
+        for group, p, value in e.lag():
+            lag.add_metric([group, str(p)], value)
+        yield lag
+        yield GaugeMetricFamily("meshplane_rooms", "Rooms", value=len(e.rooms))
+        yield GaugeMetricFamily(
+            "meshplane_room_live_subscribers",
+            "Pushed room subscribers (WebSocket, SSE)",
+            value=sum(len(r.notifier) for r in e.rooms.values()),
+        )
+        yield CounterMetricFamily(
+            "meshplane_pubsub_dropped", "Pub/sub messages dropped for slow listeners", value=e.pubsub.dropped
+        )
+
+
+# --- the application -------------------------------------------------------------------------------
+
+
+def create_app(
+    engine: StreamEngine, *, token: str | None = None, max_request_bytes: int | None = None
+) -> web.Application:
+    limit = max_request_bytes or max(engine.config.max_payload_bytes * 2, 1 << 20)
+    api = Api(engine)
+    routes = api.routes()
+    public = {(r.method, r.path) for r in routes if r.public}
+
+    @web.middleware
+    async def errors_and_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = request.match_info.route.resource
+        canonical = route.canonical if route is not None else request.path
+        if (
+            token is not None
+            and (request.method, canonical) not in public
+            and not _authorized(request, token)
+        ):
+            return web.Response(status=401)
+        try:
+            return await handler(request)
+        except (StreamError, GroupError) as exc:
+            return error_response(exc)
+        except web.HTTPRequestEntityTooLarge as exc:
+            return error_response(PayloadTooLarge(f"request body too large: {exc.text}"))
+        except web.HTTPException as exc:
+            if exc.status >= 400 and exc.empty_body is False:
+                return json_response(
+                    {"error": exc.reason, "code": exc.status, "type": "HttpError"}, exc.status
+                )
+            raise
+
+    app = web.Application(middlewares=[errors_and_auth], client_max_size=limit)
+    app[ENGINE] = engine
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(engine))
+    fsync_hist = Histogram(
+        "meshplane_fsync_seconds",
+        "fsync latency (group commit)",
+        registry=registry,
+        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+    )
+    engine.durability.on_fsync = fsync_hist.observe
+    app[REGISTRY] = registry
+    for route in routes:
+        app.router.add_route(route.method, route.path, route.handler)
+    return app
+
+
+def _authorized(request: web.Request, token: str) -> bool:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer":
+        return hmac.compare_digest(value.strip().encode(), token.encode())
+    if scheme.lower() == "basic":
+        try:
+            _, _, password = base64.b64decode(value.strip()).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        return hmac.compare_digest(password.encode(), token.encode())
+    # Browsers cannot set headers on WebSocket / EventSource: accept ?access_token= there.
+    query_token = request.query.get("access_token")
+    return query_token is not None and hmac.compare_digest(query_token.encode(), token.encode())
+
+
+async def serve(
+    engine: StreamEngine,
+    host: str,
+    port: int,
+    *,
+    token: str | None = None,
+    on_ready: Callable[[int], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run until ``stop`` is set (or forever)."""
+    await engine.start()
+    app = create_app(engine, token=token)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        bound = int(runner.addresses[0][1])
+        if on_ready is not None:
+            on_ready(bound)
+        await (stop or asyncio.Event()).wait()
+    finally:
+        await runner.cleanup()
+        await engine.close()
