@@ -261,3 +261,41 @@ class BrokerProcess(_Process):
         # Restarts reuse the ports the first start picked.
         self.xsub, self.xpub, self.stats_endpoint = addresses["xsub"], addresses["xpub"], addresses["stats"]
         return self
+
+
+class StreamsServerProcess(_Process):
+    """``meshplane serve`` as a child process; restarts keep the port and the data directory."""
+
+    def __init__(self, port: int = 0, data_dir: Path | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.port = port
+        self.data_dir = data_dir or self.workdir / "data"
+        self.url = ""
+        self._extra_args = extra_args
+
+    def start(self, timeout: float = 20.0) -> StreamsServerProcess:
+        self.log_path.write_bytes(b"")
+        argv = [
+            sys.executable,
+            "-m",
+            "meshplane.cli.main",
+            "serve",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            *self._extra_args,
+        ]
+        proc = self._spawn(argv)
+        deadline = time.monotonic() + timeout
+        while True:  # the server prints its URL as one JSON line when it is ready
+            lines = self.log_path.read_text().splitlines()
+            ready = next((line for line in lines if line.startswith("{")), None)
+            if ready is not None:
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise ServerError(f"streams server did not start: {self.log_path.read_text()[-2000:]}")
+            time.sleep(0.02)
+        self.url = json.loads(ready)["url"]
+        self.port = int(self.url.rsplit(":", 1)[1])
+        return self

@@ -61,7 +61,6 @@ class Segment:
         self.index_offsets.append(offset)
         self.index_positions.append(position)
         os.write(self.index_fd, INDEX_ENTRY.pack(offset, position))
-        self.bytes_since_index = 0
 
     def close(self) -> None:
         os.close(self.fd)
@@ -113,7 +112,7 @@ class PartitionLog:
                     self._remove_files(self.directory / _segment_name(later))
                 break
             segment = self._open_segment(base, path)
-            problem = self._recover_segment(segment)
+            problem = self._recover_segment(segment, active=n == len(bases) - 1)
             self.segments.append(segment)
             expected = segment.next_offset
             if problem and n < len(bases) - 1:
@@ -134,23 +133,30 @@ class PartitionLog:
         index_fd = os.open(path.with_suffix(".index"), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         return Segment(base, path, fd, index_fd, next_offset=base)
 
-    def _recover_segment(self, segment: Segment) -> str | None:
-        """Load the index, scan what it does not cover, truncate a torn or corrupt tail."""
+    def _recover_segment(self, segment: Segment, *, active: bool) -> str | None:
+        """Find where the valid records end and truncate a torn or corrupt tail.
+
+        The active segment is scanned whole and its index rebuilt (the index file may be ahead of
+        or behind the data after a crash); sealed segments were fsynced when they were rolled, so
+        their index is trusted and only the part after its last entry is scanned.
+        """
         file_size = os.fstat(segment.fd).st_size
-        raw_index = os.pread(segment.index_fd, os.fstat(segment.index_fd).st_size, 0)
-        usable = len(raw_index) - len(raw_index) % INDEX_ENTRY.size
-        for offset, position in INDEX_ENTRY.iter_unpack(raw_index[:usable]):
-            if position >= file_size or offset < segment.base_offset:
-                break
-            if segment.index_offsets and (offset <= segment.index_offsets[-1]):
-                break
-            segment.index_offsets.append(offset)
-            segment.index_positions.append(position)
+        if not active:
+            raw_index = os.pread(segment.index_fd, os.fstat(segment.index_fd).st_size, 0)
+            usable = len(raw_index) - len(raw_index) % INDEX_ENTRY.size
+            for offset, position in INDEX_ENTRY.iter_unpack(raw_index[:usable]):
+                if position >= file_size or offset < segment.base_offset:
+                    break
+                if segment.index_offsets and offset <= segment.index_offsets[-1]:
+                    break
+                segment.index_offsets.append(offset)
+                segment.index_positions.append(position)
         start_offset, start = segment.base_offset, 0
         if segment.index_offsets:
             start_offset, start = segment.index_offsets[-1], segment.index_positions[-1]
         problem: str | None = None
         position, next_offset = start, start_offset
+        since_index = 0
         while position < file_size:
             chunk = os.pread(segment.fd, READ_CHUNK, position)
             result = scan_records(chunk, start_position=position, expected_offset=next_offset)
@@ -165,6 +171,12 @@ class PartitionLog:
                     result = scan_records(whole, start_position=position, expected_offset=next_offset)
                 if result.records:
                     result = replace(result, problem=None)
+            for record in result.records:
+                if active and since_index >= self.index_interval:
+                    segment.index_offsets.append(record.offset)
+                    segment.index_positions.append(record.position)
+                    since_index = 0
+                since_index += record.size
             if result.records:
                 next_offset = result.records[-1].offset + 1
                 segment.last_timestamp_ms = result.records[-1].timestamp_ms
@@ -184,18 +196,12 @@ class PartitionLog:
             self.truncated_bytes += file_size - position
             os.ftruncate(segment.fd, position)
             problem = problem or "garbage"
-        # Drop index entries that point past the truncation.
-        keep = bisect.bisect_left(segment.index_positions, position)
-        if keep < len(segment.index_positions) or usable != len(raw_index):
+        if active or problem:
+            keep = bisect.bisect_left(segment.index_positions, position)
             del segment.index_offsets[keep:], segment.index_positions[keep:]
             os.ftruncate(segment.index_fd, 0)
-            os.write(
-                segment.index_fd,
-                b"".join(
-                    INDEX_ENTRY.pack(o, p)
-                    for o, p in zip(segment.index_offsets, segment.index_positions, strict=True)
-                ),
-            )
+            entries = zip(segment.index_offsets, segment.index_positions, strict=True)
+            os.write(segment.index_fd, b"".join(INDEX_ENTRY.pack(o, p) for o, p in entries))
         segment.size = position
         segment.next_offset = next_offset
         segment.bytes_since_index = position - (segment.index_positions[-1] if segment.index_positions else 0)
@@ -247,10 +253,12 @@ class PartitionLog:
         offset = first
         parts: list[bytes] = []
         position = segment.size
+        entries: list[tuple[int, int]] = []
         for payload in payloads:
             record = encode_record(offset, timestamp_ms, payload)
             if segment.bytes_since_index >= self.index_interval:
-                segment.add_index(offset, position)
+                entries.append((offset, position))
+                segment.bytes_since_index = 0
             parts.append(record)
             position += len(record)
             segment.bytes_since_index += len(record)
@@ -260,6 +268,8 @@ class PartitionLog:
         if written != len(blob):  # a full disk; never leave a partial record behind
             os.ftruncate(segment.fd, segment.size)
             raise OSError(f"short write to {segment.path} ({written} of {len(blob)} bytes)")
+        for entry in entries:  # after the data: an index entry never points past a write
+            segment.add_index(*entry)
         segment.size = position
         segment.next_offset = offset
         segment.last_timestamp_ms = timestamp_ms
@@ -297,6 +307,8 @@ class PartitionLog:
                 chunk = os.pread(segment.fd, length, position)
                 result = scan_records(chunk, start_position=position)
                 if not result.records:
+                    if records:
+                        return records  # the next record alone exceeds what is left of the budget
                     need = struct.unpack_from(">I", chunk, 0)[0] + 8 if len(chunk) >= 4 else HEADER_SIZE
                     chunk = os.pread(segment.fd, need, position)
                     result = scan_records(chunk, start_position=position)

@@ -179,17 +179,16 @@ class Commands:
     async def cmd_stream_consume(self, p: dict[str, Any]) -> dict[str, Any]:
         name = get_str(p, "room")
         subscriber = get_str(p, "subscriber_id", "sdk-reader")
-        room = self.engine.room(name)
-        self.engine.touch_subscriber(room, subscriber)
+        from_offset = get_int(p, "from_offset", 0)
         limit = get_int(p, "limit", 100, minimum=1, maximum=MAX_CONSUME_LIMIT)
-        room, events = self.engine.read_room(name, get_int(p, "from_offset", 0), limit)
+        self.engine.touch_subscriber(self.engine.room(name), subscriber)
+        room, events = self.engine.read_room(name, from_offset, limit)
+        next_offset = events[-1].offset + 1 if events else room.resolve(from_offset)
         return {
             "room": name,
             "subscriber_id": subscriber,
             "events": [e.room_json(name) for e in events],
-            "next_offset": events[-1].offset + 1
-            if events
-            else max(room.oldest, get_int(p, "from_offset", 0)),
+            "next_offset": next_offset,
         }
 
     async def cmd_stream_history(self, p: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,469 @@
+"""`meshplane serve` as a real process: Synap's SDK, REST, WebSocket, SSE, errors, auth, crash recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import signal
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+from synap_sdk import SynapClient, SynapConfig
+from synap_sdk.exceptions import SynapException
+
+from meshplane.servers import StreamsServerProcess
+from meshplane.streams.client import StreamsClient
+from meshplane.streams.errors import Conflict, NotFound, OffsetOutOfRange, StreamError
+from tests.helpers import eventually
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[StreamsServerProcess]:
+    with StreamsServerProcess(extra_args=("--max-payload-bytes", "4096", "--room-max-events", "50")) as proc:
+        yield proc.start()
+
+
+@pytest.fixture
+async def client(server: StreamsServerProcess) -> AsyncIterator[StreamsClient]:
+    async with StreamsClient(server.url) as c:
+        yield c
+
+
+@pytest.fixture
+async def http(server: StreamsServerProcess) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(server.url) as session:
+        yield session
+
+
+# --- synap-sdk, unchanged, over http:// -------------------------------------------------------------
+
+
+async def test_synap_sdk_rooms(server: StreamsServerProcess) -> None:
+    async with SynapClient(SynapConfig(server.url)) as synap:
+        assert (await synap.health())["status"] == "healthy"
+        assert await synap.stream.get_or_create_room("sdk-room") is True
+        assert await synap.stream.get_or_create_room("sdk-room") is False
+        offsets = [await synap.stream.publish("sdk-room", "message", {"n": i}) for i in range(5)]
+        assert offsets == [0, 1, 2, 3, 4]
+        events = await synap.stream.read("sdk-room", offset=2)
+        assert [(e.offset, e.event, e.data) for e in events] == [
+            (i, "message", {"n": i}) for i in range(2, 5)
+        ]
+        assert all(e.timestamp > 1_700_000_000 for e in events)
+        stats = await synap.stream.stats("sdk-room")
+        assert (stats["message_count"], stats["min_offset"], stats["max_offset"]) == (5, 0, 4)
+        assert "sdk-room" in await synap.stream.list_rooms()
+        with pytest.raises(SynapException, match="already exists"):
+            await synap.stream.create_room("sdk-room")
+        await synap.stream.delete_room("sdk-room")
+        assert "sdk-room" not in await synap.stream.list_rooms()
+
+
+async def test_synap_sdk_pubsub(server: StreamsServerProcess) -> None:
+    async with SynapClient(SynapConfig(server.url)) as synap:
+        assert await synap.pubsub.publish("alerts.cpu", {"v": 1}) == 0
+        await synap.pubsub.subscribe_topics("sub-1", ["alerts.*"])
+        await synap.pubsub.subscribe_topics("sub-2", ["alerts.#", "other"])
+        assert await synap.pubsub.publish("alerts.cpu", {"v": 2}) == 2
+        assert await synap.pubsub.publish("alerts.cpu.core1", {"v": 3}) == 1  # only '#' spans words
+        await synap.pubsub.unsubscribe_topics("sub-1", ["alerts.*"])
+        assert await synap.pubsub.publish("alerts.cpu", {"v": 4}) == 1
+        assert "alerts.cpu" in await synap.pubsub.list_topics()
+
+
+async def test_command_endpoint_envelope(http: aiohttp.ClientSession) -> None:
+    async with http.post("/api/v1/command", json={"command": "stream.list", "request_id": "r-1"}) as r:
+        body = await r.json()
+    assert r.status == 200
+    assert body["success"] is True
+    assert body["request_id"] == "r-1"
+    assert isinstance(body["payload"], dict)
+    assert body["error"] is None
+    async with http.post(
+        "/api/v1/command", json={"command": "stream.stats", "request_id": "r-2", "payload": {"room": "nope"}}
+    ) as r:
+        body = await r.json()
+    assert r.status == 200
+    assert body == {
+        "success": False,
+        "request_id": "r-2",
+        "payload": None,
+        "error": "Invalid request: room 'nope' not found",
+    }
+    async with http.post("/api/v1/command", json={"command": "kv.set", "payload": {}}) as r:
+        assert "unknown command" in (await r.json())["error"]
+
+
+# --- rooms ----------------------------------------------------------------------------------------
+
+
+async def test_room_history_replay_and_relative_offsets(client: StreamsClient) -> None:
+    for i in range(10):
+        assert await client.publish("hist", "tick", {"i": i}, metadata={"src": "test"}) == i
+    history = await client.history("hist", from_offset=3, to_offset=6)
+    assert [e["offset"] for e in history["events"]] == [3, 4, 5, 6]
+    assert (history["oldest_offset"], history["newest_offset"]) == (0, 9)
+    assert history["events"][0]["metadata"] == {"src": "test"}
+    last3 = await client.consume("hist", "reader", from_offset=-3)
+    assert [e["data"]["i"] for e in last3["events"]] == [7, 8, 9]
+    assert last3["next_offset"] == 10
+
+
+async def test_room_ring_keeps_max_events_and_reports_out_of_range(client: StreamsClient) -> None:
+    for i in range(60):  # the server keeps 50 per room
+        await client.publish("ring", "tick", i)
+    stats = await client.room_stats("ring")
+    assert (stats["min_offset"], stats["max_offset"], stats["message_count"]) == (10, 59, 50)
+    with pytest.raises(OffsetOutOfRange) as info:
+        await client.consume("ring", "late", from_offset=5)
+    assert (info.value.requested, info.value.oldest, info.value.newest) == (5, 10, 59)
+
+
+async def test_websocket_replays_then_pushes_in_order(client: StreamsClient) -> None:
+    for i in range(5):
+        await client.publish("live", "m", i)
+    received: list[dict[str, Any]] = []
+
+    async def subscriber() -> None:
+        async for event in client.subscribe("live", "ws-1", from_offset=-2):
+            received.append(event)
+            if len(received) == 7:
+                return
+
+    task = asyncio.create_task(subscriber())
+    await eventually(lambda: len(received) == 2, what="replay of the last two")
+    stats = await client.room_stats("live")
+    assert stats["live_subscribers"] == 1
+    for i in range(5, 10):
+        await client.publish("live", "m", i)
+    await asyncio.wait_for(task, 10)
+    assert [e["offset"] for e in received] == [3, 4, 5, 6, 7, 8, 9]
+    assert [e["data"] for e in received] == [3, 4, 5, 6, 7, 8, 9]
+    assert received[0]["event"] == "m"
+    assert received[0]["timestamp"] > 0
+
+
+async def test_websocket_frames_match_synap(server: StreamsServerProcess, client: StreamsClient) -> None:
+    await client.publish("frames", "hello", {"a": 1})
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(server.url.replace("http", "ws") + "/stream/frames/ws/sub-9?from_offset=0") as ws,
+    ):
+        connected = json.loads((await ws.receive(timeout=5)).data)
+        assert connected == {
+            "type": "connected",
+            "room": "frames",
+            "subscriber_id": "sub-9",
+            "from_offset": 0,
+        }
+        event = json.loads((await ws.receive(timeout=5)).data)
+        assert {k: event[k] for k in ("type", "offset", "event", "data")} == {
+            "type": "event",
+            "offset": 0,
+            "event": "hello",
+            "data": {"a": 1},
+        }
+
+
+async def test_pubsub_websocket_pushes_matching_messages(
+    server: StreamsServerProcess, client: StreamsClient
+) -> None:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(server.url.replace("http", "ws") + "/pubsub/ws?topics=orders.*") as ws,
+    ):
+        assert json.loads((await ws.receive(timeout=5)).data)["type"] == "connected"
+        assert await client.pubsub_publish("orders.new", {"id": 1}) == 1
+        assert await client.pubsub_publish("users.new", {"id": 2}) == 0
+        message = json.loads((await ws.receive(timeout=5)).data)
+        assert (message["type"], message["topic"], message["payload"]) == ("message", "orders.new", {"id": 1})
+
+
+async def test_server_sent_events_resume_after_last_event_id(
+    server: StreamsServerProcess, client: StreamsClient
+) -> None:
+    for i in range(4):
+        await client.publish("sse", "tick", i)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(server.url + "/events/sse", headers={"Last-Event-ID": "1"}) as response,
+    ):
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        frames: list[str] = []
+        while len(frames) < 2:
+            frames.append((await response.content.readuntil(b"\n\n")).decode())
+    assert frames[0].startswith("id: 2\nevent: tick\ndata: ")
+    assert json.loads(frames[1].split("data: ", 1)[1])["data"] == 3
+
+
+# --- topics and groups ----------------------------------------------------------------------------
+
+
+async def test_keyed_events_land_where_synap_puts_them(client: StreamsClient) -> None:
+    await client.create_topic("orders", 3)
+    for customer in ("customer-123", "customer-7", "alice"):
+        partition, _ = await client.publish_to_topic("orders", "order.created", {"c": customer}, key=customer)
+        assert partition == zlib.crc32(customer.encode()) % 3
+    unkeyed = [(await client.publish_to_topic("orders", "page.view", {}))[0] for _ in range(6)]
+    assert sorted(unkeyed) == [0, 0, 1, 1, 2, 2]  # round-robin
+    stats = await client.topic_stats("orders")
+    assert sum(p["message_count"] for p in stats["partitions"]) == 9
+    p = zlib.crc32(b"alice") % 3
+    events = (await client.consume_partition("orders", p, 0, 100))["events"]
+    assert any(e["key"] == "alice" and e["data"] == {"c": "alice"} and e["partition_id"] == p for e in events)
+
+
+async def test_batch_publish_and_partition_consume(client: StreamsClient) -> None:
+    await client.create_topic("batched", 2)
+    places = await client.publish_batch(
+        "batched", [{"event_type": "e", "data": i} for i in range(100)], partition=1
+    )
+    assert places == [(1, i) for i in range(100)]
+    page = await client.consume_partition("batched", 1, 40, 25)
+    assert [e["data"] for e in page["events"]] == list(range(40, 65))
+    assert (page["next_offset"], page["count"]) == (65, 25)
+
+
+async def test_consumer_group_flow_with_fencing(client: StreamsClient) -> None:
+    await client.create_topic("jobs", 4)
+    await client.create_group("workers", "jobs", strategy="range", session_timeout_secs=30)
+    a = await client.join("workers", member_id="a")
+    assert (a["generation"], a["partitions"]) == (1, [0, 1, 2, 3])
+    b = await client.join("workers", member_id="b")
+    assert b["generation"] == 2
+    assert (await client.assignment("workers", "a"))["partitions"] == [0, 1]
+    assert (await client.assignment("workers", "b"))["partitions"] == [2, 3]
+    assert (await client.heartbeat("workers", "a"))["generation"] == 2
+    with pytest.raises(Conflict, match="stale"):
+        await client.commit("workers", 0, 10, member_id="a", generation=1)
+    with pytest.raises(Conflict, match="does not own"):
+        await client.commit("workers", 2, 10, member_id="a", generation=2)
+    with pytest.raises(Conflict, match="live members"):
+        await client.commit("workers", 0, 10)
+    await client.commit("workers", 0, 10, member_id="a", generation=2)
+    assert await client.committed("workers", 0) == 10
+    assert await client.committed("workers", 1) is None
+    await client.leave("workers", "b")
+    stats = await client.group_stats("workers")
+    assert (stats["generation"], stats["member_count"], stats["committed_partitions"]) == (3, 1, 1)
+    assert stats["state"] == "Stable"
+    with pytest.raises(NotFound):
+        await client.heartbeat("workers", "b")
+
+
+async def test_session_timeout_evicts_a_silent_member(client: StreamsClient) -> None:
+    await client.create_topic("beats", 2)
+    await client.create_group("beaters", "beats", session_timeout_secs=0.3)
+    await client.join("beaters", member_id="quiet")
+    await client.join("beaters", member_id="busy", session_timeout_secs=30)
+
+    async def evicted() -> bool:
+        return bool((await client.heartbeat("beaters", "busy"))["partitions"] == [0, 1])
+
+    await eventually(evicted, timeout=10, interval=0.05, what="quiet member evicted")
+    assert (await client.group_stats("beaters"))["members"] == ["busy"]
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "fragment"),
+    [
+        ("POST", "/topics/bad-json/publish", b"{nope", 400, "not valid JSON"),
+        ("POST", "/topics/x", b"[1, 2]", 400, "must be a JSON object"),
+        (
+            "POST",
+            "/topics/wrong-type",
+            b'{"num_partitions": "three"}',
+            400,
+            "num_partitions must be an integer",
+        ),
+        ("POST", "/topics/zero", b'{"num_partitions": 0}', 400, "1..10000"),
+        ("POST", "/topics/../etc", b"{}", 404, ""),
+        ("POST", "/topics/bad%20name", b"{}", 400, "invalid topic name"),
+        ("POST", "/topics/nope/publish", b'{"event_type": "e", "data": 1}', 404, "topic 'nope' not found"),
+        ("POST", "/stream/r1/publish", b'{"data": 1}', 400, "missing field 'event'"),
+        ("POST", "/stream/r1/publish", b'{"event": "e"}', 400, "missing field 'data'"),
+        ("GET", "/stream/r1/consume/s?from_offset=abc", b"", 400, "from_offset must be an integer"),
+        ("GET", "/stream/nope/stats", b"", 404, "room 'nope' not found"),
+        ("POST", "/consumer-groups/g-bad", b'{"topic": "missing-topic"}', 404, "not found"),
+        (
+            "POST",
+            "/consumer-groups/g-bad",
+            b'{"topic": "t", "partition_count": 2, "strategy": "lifo"}',
+            400,
+            "unknown strategy",
+        ),
+        ("GET", "/consumer-groups/nope/offsets/0", b"", 404, "not found"),
+    ],
+)
+async def test_bad_requests_get_the_right_status_and_a_readable_body(
+    http, method, path, body, status, fragment
+):
+    async with http.request(method, path, data=body) as r:
+        assert r.status == status
+        if fragment:
+            answer = await r.json()
+            assert fragment in answer["error"]
+            assert answer["code"] == status
+
+
+async def test_oversized_and_negative_offsets_leave_stored_data_alone(
+    client: StreamsClient, http: aiohttp.ClientSession
+) -> None:
+    await client.create_topic("safe", 1)
+    await client.publish_to_topic("safe", "e", "kept")
+    async with http.post("/topics/safe/publish", json={"event_type": "e", "data": "x" * 10_000}) as r:
+        assert r.status == 413
+        assert "larger than the limit" in (await r.json())["error"]
+    async with http.post("/topics/safe/partitions/0/consume", json={"from_offset": -1}) as r:
+        assert r.status == 400
+        assert ">= 0" in (await r.json())["error"]
+    async with http.post("/topics/safe/partitions/0/consume", json={"from_offset": 5}) as r:
+        answer = await r.json()
+        assert r.status == 400
+        assert answer["type"] == "OffsetOutOfRange"
+        assert answer["newest"] == 0
+    async with http.post("/topics/safe/partitions/7/consume", json={}) as r:
+        assert r.status == 404
+    async with http.post("/topics/safe", json={}) as r:
+        assert r.status == 409
+    page = await client.consume_partition("safe", 0)
+    assert [e["data"] for e in page["events"]] == ["kept"]
+
+
+async def test_openapi_health_ready_and_metrics(client: StreamsClient, http: aiohttp.ClientSession) -> None:
+    async with http.get("/openapi.json") as r:
+        spec = await r.json()
+    assert spec["openapi"].startswith("3.")
+    for path in (
+        "/api/v1/command",
+        "/topics/{topic}/publish",
+        "/consumer-groups/{group}/offsets/commit",
+        "/stream/{room}/ws/{subscriber_id}",
+        "/events/{room}",
+    ):
+        assert path in spec["paths"]
+    async with http.get("/ready") as r:
+        assert r.status == 200
+    await client.publish("metered", "m", 1)
+    async with http.get("/metrics") as r:
+        text = await r.text()
+    assert "meshplane_streams_events_published_total" in text
+    assert "meshplane_group_lag" in text
+    assert "meshplane_fsync_seconds_bucket" in text
+
+
+# --- auth -----------------------------------------------------------------------------------------
+
+
+async def test_token_auth() -> None:
+    with StreamsServerProcess(extra_args=("--token", TOKEN)) as proc:
+        proc.start()
+        async with aiohttp.ClientSession(proc.url) as session:
+            async with session.get("/health") as r:
+                assert r.status == 200
+            async with session.post("/api/v1/command", json={"command": "stream.list"}) as r:
+                assert r.status == 401
+                assert await r.read() == b""
+            async with session.get("/topics", headers={"Authorization": "Bearer wrong"}) as r:
+                assert r.status == 401
+            basic = base64.b64encode(f"user:{TOKEN}".encode()).decode()
+            async with session.get("/topics", headers={"Authorization": f"Basic {basic}"}) as r:
+                assert r.status == 200
+        async with SynapClient(SynapConfig(proc.url, auth_token=TOKEN)) as synap:
+            assert await synap.stream.publish("authed", "e", 1) == 0
+        assert TOKEN not in proc.log_path.read_text()
+        async with StreamsClient(proc.url) as anonymous:
+            with pytest.raises(StreamError, match="401"):
+                await anonymous.rooms()
+
+
+# --- durability -----------------------------------------------------------------------------------
+
+
+async def test_sigkill_loses_no_acknowledged_event() -> None:
+    """Publish as fast as acknowledgements come back; SIGKILL mid-stream; all acked events survive."""
+    with StreamsServerProcess(extra_args=("--segment-bytes", "65536")) as proc:
+        proc.start()
+        acked: dict[tuple[int, int], Any] = {}
+        async with StreamsClient(proc.url) as c:
+            await c.create_topic("durable", 2)
+            await c.create_group("g", "durable")
+            member = await c.join("g", member_id="m1")
+            await c.commit("g", 0, 7, member_id="m1", generation=member["generation"])
+
+            async def publisher(n: int) -> None:
+                i = 0
+                while True:
+                    data = {"writer": n, "i": i, "pad": "x" * (i % 97)}
+                    try:
+                        place = await c.publish_to_topic("durable", "e", data, key=f"k{n}-{i}")
+                    except (TimeoutError, aiohttp.ClientError, StreamError):
+                        return
+                    acked[place] = data
+                    i += 1
+
+            writers = [asyncio.create_task(publisher(n)) for n in range(4)]
+            await eventually(lambda: len(acked) >= 2_000, timeout=60, what="2000 acknowledged publishes")
+            proc.kill(signal.SIGKILL)
+            await asyncio.gather(*writers)
+        proc.start()
+        async with StreamsClient(proc.url) as c:
+            found: dict[tuple[int, int], Any] = {}
+            for p in (0, 1):
+                offset = 0
+                while True:
+                    page = await c.consume_partition("durable", p, offset, 1000)
+                    found.update({(p, e["offset"]): e["data"] for e in page["events"]})
+                    if not page["events"]:
+                        break
+                    offset = page["next_offset"]
+            for place, data in acked.items():
+                assert found[place] == data
+            stats = await c.topic_stats("durable")
+            assert [s["max_offset"] + 1 for s in stats["partitions"]] == [
+                max(o for (p, o) in found if p == q) + 1 for q in (0, 1)
+            ]  # contiguous, no holes
+            assert sorted(found) == sorted(
+                (p, o) for p in (0, 1) for o in range(stats["partitions"][p]["next_offset"])
+            )
+            # Metadata came back too: the group, its member, its generation and its offset.
+            group = await c.group_stats("g")
+            assert (group["members"], group["generation"]) == (["m1"], member["generation"])
+            assert await c.committed("g", 0) == 7
+            place = await c.publish_to_topic("durable", "e", "after", partition=0)
+            assert place == (0, stats["partitions"][0]["next_offset"])
+
+
+async def test_retention_deletes_and_reports_out_of_range() -> None:
+    with StreamsServerProcess() as proc:
+        proc.start()
+        async with StreamsClient(proc.url) as c:
+            await c.create_topic(
+                "short", 1, retention_policy={"type": "Messages", "max_messages": 100}, segment_bytes=2048
+            )
+            for start in range(0, 300, 10):  # a batch goes into one segment, as in Kafka
+                await c.publish_batch(
+                    "short", [{"event_type": "e", "data": i} for i in range(start, start + 10)]
+                )
+            stats = (await c.topic_stats("short"))["partitions"][0]
+            assert (stats["min_offset"], stats["max_offset"], stats["message_count"]) == (200, 299, 100)
+            await eventually(lambda: _segments_fewer(proc), timeout=10, what="old segments deleted")
+            with pytest.raises(OffsetOutOfRange) as info:
+                await c.consume_partition("short", 0, 150)
+            assert (info.value.oldest, info.value.newest) == (200, 299)
+            page = await c.consume_partition("short", 0, 200, 1000)
+            assert [e["data"] for e in page["events"]] == list(range(200, 300))
+
+
+def _segments_fewer(proc: StreamsServerProcess) -> bool:
+    logs = sorted((proc.data_dir / "topics" / "short" / "0").glob("*.log"))
+    return bool(logs) and int(logs[0].stem) > 0 and int(logs[0].stem) <= 200
