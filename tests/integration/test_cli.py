@@ -9,10 +9,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from meshplane import EventPlane, Scope
+from meshplane.servers import StreamsServerProcess
 from tests.conftest import make_config
 
 MESHPLANE = [sys.executable, "-m", "meshplane.cli.main"]
@@ -44,6 +46,8 @@ def test_up_runs_a_local_plane_and_reports_what_flows(transport: str, brokers: s
             "100",
             "--interval",
             "0.5",
+            "--streams-port",
+            "0",
         ],
         capture_output=True,
         text=True,
@@ -58,6 +62,9 @@ def test_up_runs_a_local_plane_and_reports_what_flows(transport: str, brokers: s
     )
     assert stopped, result.stdout
     assert int(stopped.group(1)) >= 200  # 2 publishers x 100/s x >= 1 s of traffic
+    stored = [int(n) for n in re.findall(r"stored in demo-events (\d+)", result.stdout)]
+    assert stored
+    assert stored[-1] > 0
     if transport == "nats":
         pid = int(re.search(r"nats-server pid (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
         assert not Path(f"/proc/{pid}").exists()  # the embedded server is stopped with `up`
@@ -129,7 +136,7 @@ async def test_ls_lists_registered_publishers(tmp_path: Path) -> None:
     assert [json.loads(line)["instance_id"] for line in raw.decode().splitlines()] == [pub.publisher_id]
 
 
-@pytest.mark.parametrize("command", ["up", "pub", "sub", "ls"])
+@pytest.mark.parametrize("command", ["up", "pub", "sub", "ls", "serve"])
 def test_every_option_is_explained(command: str) -> None:
     result = subprocess.run([*MESHPLANE, command, "--help"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0
@@ -209,3 +216,68 @@ async def test_embedded_nats_server_rejects_clients_without_the_token() -> None:
         with pytest.raises(TransportError) as error:
             await connect_nats(f"nats://127.0.0.1:{server.port}", timeout=2)
         assert "s3cr3t" not in str(error.value)
+
+
+def test_stream_topic_and_group_commands(tmp_path: Path) -> None:
+    with StreamsServerProcess(data_dir=tmp_path / "data") as server:
+        server.start()
+
+        def run(*args: str) -> Any:
+            result = subprocess.run(
+                [*MESHPLANE, *args, "--url", server.url], capture_output=True, text=True, timeout=60
+            )
+            assert result.returncode == 0, result.stderr
+            return [json.loads(line) for line in result.stdout.splitlines()]
+
+        assert run("stream", "publish", "cli-room", "greeting", '{"hello": "world"}') == [{"offset": 0}]
+        assert run("stream", "publish", "cli-room", "greeting", "plain text") == [{"offset": 1}]
+        history = run("stream", "history", "cli-room")[0]
+        assert [e["data"] for e in history["events"]] == [{"hello": "world"}, "plain text"]
+        tail = run("stream", "tail", "cli-room", "--from-offset", "-1", "--count", "1")
+        assert [e["offset"] for e in tail] == [1]
+        run("topic", "create", "cli-topic", "--partitions", "2")
+        placed = run("topic", "publish", "cli-topic", "click", '{"x": 1}', "--key", "user-1")[0]
+        page = run("topic", "consume", "cli-topic", str(placed["partition_id"]))[0]
+        assert [e["data"] for e in page["events"]] == [{"x": 1}]
+        run("group", "create", "cli-group", "cli-topic", "--strategy", "sticky")
+        member = run("group", "join", "cli-group", "--member-id", "m1")[0]
+        assert member["partitions"] == [0, 1]
+        run(
+            "group",
+            "commit",
+            "cli-group",
+            "1",
+            "5",
+            "--member-id",
+            "m1",
+            "--generation",
+            str(member["generation"]),
+        )
+        assert run("group", "offset", "cli-group", "1") == [{"offset": 5}]
+        stale = subprocess.run(
+            [
+                *MESHPLANE,
+                "group",
+                "commit",
+                "cli-group",
+                "1",
+                "6",
+                "--member-id",
+                "m1",
+                "--generation",
+                "0",
+                "--url",
+                server.url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert stale.returncode == 2
+        assert "stale" in stale.stderr
+        assert "Traceback" not in stale.stderr
+    gone = subprocess.run(
+        [*MESHPLANE, "topic", "list", "--url", server.url], capture_output=True, text=True, timeout=60
+    )
+    assert gone.returncode == 2
+    assert "cannot reach the streams server" in gone.stderr

@@ -467,3 +467,19 @@ async def test_retention_deletes_and_reports_out_of_range() -> None:
 def _segments_fewer(proc: StreamsServerProcess) -> bool:
     logs = sorted((proc.data_dir / "topics" / "short" / "0").glob("*.log"))
     return bool(logs) and int(logs[0].stem) > 0 and int(logs[0].stem) <= 200
+
+
+async def test_rooms_survive_a_crash_and_offsets_continue() -> None:
+    with StreamsServerProcess(extra_args=("--room-max-events", "20")) as proc:
+        proc.start()
+        async with StreamsClient(proc.url) as c:
+            await c.create_room("persist", max_events=20)
+            for i in range(30):
+                await c.publish("persist", "tick", {"i": i})
+        proc.kill(signal.SIGKILL)
+        proc.start()
+        async with StreamsClient(proc.url) as c:
+            history = await c.history("persist", limit=100)
+            assert [e["data"]["i"] for e in history["events"]] == list(range(10, 30))
+            assert (history["oldest_offset"], history["newest_offset"]) == (10, 29)
+            assert await c.publish("persist", "tick", {"i": 30}) == 30

@@ -7,12 +7,16 @@ import asyncio
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from meshplane.config import default_state_dir
 from meshplane.streams.client import StreamsClient
 from meshplane.streams.engine import StreamEngine, StreamsConfig
+from meshplane.streams.errors import StreamError
 
 DEFAULT_URL = os.environ.get("MESHPLANE_STREAMS_URL", "http://127.0.0.1:15500")
 TOKEN_ENV = "MESHPLANE_STREAMS_TOKEN"
@@ -106,83 +110,89 @@ async def run_serve(args: argparse.Namespace) -> int:
 
 
 def add_client_commands(commands: Any) -> None:
-    def client_parser(name: str, help_text: str) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = commands.add_parser(name, help=help_text, description=help_text)
-        parser.add_argument("--url", default=DEFAULT_URL, help=f"server URL (default {DEFAULT_URL})")
-        parser.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (${TOKEN_ENV})")
-        return parser
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=DEFAULT_URL, help=f"server URL (default {DEFAULT_URL})")
+    common.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (${TOKEN_ENV})")
 
-    stream = client_parser("stream", "rooms: publish, tail, history, stats, list")
-    actions = stream.add_subparsers(dest="action", required=True)
-    p = actions.add_parser("publish", help="publish DATA (JSON, else a string) as EVENT")
+    def client_parser(name: str, help_text: str) -> Callable[..., argparse.ArgumentParser]:
+        """A command whose actions all take --url and --token (after the action, where users type them)."""
+        parser = commands.add_parser(name, help=help_text, description=help_text)
+        actions = parser.add_subparsers(dest="action", required=True)
+
+        def add_action(action_name: str, **kwargs: Any) -> argparse.ArgumentParser:
+            created: argparse.ArgumentParser = actions.add_parser(action_name, parents=[common], **kwargs)
+            return created
+
+        return add_action
+
+    action = client_parser("stream", "rooms: publish, tail, history, stats, list")
+    p = action("publish", help="publish DATA (JSON, else a string) as EVENT")
     p.add_argument("room")
     p.add_argument("event")
     p.add_argument("data")
-    p = actions.add_parser("tail", help="print events as they are published (JSON lines)")
+    p = action("tail", help="print events as they are published (JSON lines)")
     p.add_argument("room")
     p.add_argument(
         "--from-offset", type=int, default=None, help="start here (negative: the last N); default: new"
     )
     p.add_argument("--subscriber-id", default="meshplane-cli")
     p.add_argument("--count", type=int, default=0, help="stop after N events (default: never)")
-    p = actions.add_parser("history", help="print stored events")
+    p = action("history", help="print stored events")
     p.add_argument("room")
     p.add_argument("--from-offset", type=int, default=None)
     p.add_argument("--to-offset", type=int, default=None)
     p.add_argument("--limit", type=int, default=100)
-    p = actions.add_parser("stats")
+    p = action("stats")
     p.add_argument("room")
-    actions.add_parser("list")
+    action("list")
 
-    topic = client_parser("topic", "partitioned topics: create, publish, consume, stats, list")
-    actions = topic.add_subparsers(dest="action", required=True)
-    p = actions.add_parser("create")
+    action = client_parser("topic", "partitioned topics: create, publish, consume, stats, list")
+    p = action("create")
     p.add_argument("topic")
     p.add_argument("--partitions", type=int, default=3)
     p.add_argument(
         "--retention", default=None, help='JSON, e.g. \'{"type": "Messages", "max_messages": 1000}\''
     )
     p.add_argument("--segment-bytes", type=int, default=None)
-    p = actions.add_parser("publish")
+    p = action("publish")
     p.add_argument("topic")
     p.add_argument("event_type")
     p.add_argument("data")
     p.add_argument("--key", default=None)
-    p = actions.add_parser("consume")
+    p = action("consume")
     p.add_argument("topic")
     p.add_argument("partition", type=int)
     p.add_argument("--from-offset", type=int, default=0)
     p.add_argument("--limit", type=int, default=100)
-    p = actions.add_parser("stats")
+    p = action("stats")
     p.add_argument("topic")
-    actions.add_parser("list")
+    action("list")
 
-    group = client_parser(
+    action = client_parser(
         "group", "consumer groups: create, join, assignment, heartbeat, commit, offset, leave, stats"
     )
-    actions = group.add_subparsers(dest="action", required=True)
-    p = actions.add_parser("create")
+    p = action("create")
     p.add_argument("group")
     p.add_argument("topic")
     p.add_argument("--strategy", choices=["round_robin", "range", "sticky"], default="round_robin")
     p.add_argument("--session-timeout", type=float, default=None)
-    p = actions.add_parser("join")
+    p = action("join")
     p.add_argument("group")
     p.add_argument("--member-id", default=None)
     for name in ("assignment", "heartbeat", "leave"):
-        p = actions.add_parser(name)
+        p = action(name)
         p.add_argument("group")
         p.add_argument("member_id")
-    p = actions.add_parser("commit")
+    p = action("commit")
     p.add_argument("group")
     p.add_argument("partition", type=int)
     p.add_argument("offset", type=int)
     p.add_argument("--member-id", default=None)
     p.add_argument("--generation", type=int, default=None)
-    p = actions.add_parser("offset")
+    p = action("offset")
     p.add_argument("group")
     p.add_argument("partition", type=int)
-    p = actions.add_parser("stats")
+    p = action("stats")
     p.add_argument("group")
 
 
@@ -198,6 +208,13 @@ def _print(value: Any) -> None:
 
 
 async def run_client(args: argparse.Namespace) -> int:
+    try:
+        return await _run_client(args)
+    except aiohttp.ClientError as exc:
+        raise StreamError(f"cannot reach the streams server at {args.url}: {exc}") from None
+
+
+async def _run_client(args: argparse.Namespace) -> int:
     async with StreamsClient(args.url, token=args.token) as client:
         command, action = args.command, args.action
         if command == "stream":

@@ -10,21 +10,29 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from meshplane.broker import Broker
 from meshplane.config import PlaneConfig
 from meshplane.core.brokers import BROKERS_BUCKET, broker_record
 from meshplane.core.names import Scope
 from meshplane.core.records import new_instance_id
+from meshplane.core.streamlog import StoredEvent
 from meshplane.errors import ConfigError
 from meshplane.plane import EventPlane
 from meshplane.publisher import EventPublisher
 from meshplane.servers import NatsServer
+from meshplane.streams.engine import StreamEngine, StreamsConfig
 from meshplane.subscriber import EventSubscriber
 from meshplane.transports.nats import redact_url
 
 DEMO_SCOPE = Scope.endpoint("dynamo", "worker", "generate")
 DEMO_TOPIC = "kv-events"
+
+
+DEMO_STREAM_TOPIC = "demo-events"
 
 
 def add_up_options(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +65,14 @@ def add_up_options(parser: argparse.ArgumentParser) -> None:
         default=Path(".meshplane"),
         metavar="DIR",
         help="folder for file discovery and server state (default ./.meshplane)",
+    )
+    parser.add_argument(
+        "--streams-port",
+        type=int,
+        default=15500,
+        metavar="PORT",
+        help="port of the embedded streams server (default 15500, a free one if taken; -1: no streams). "
+        f"Demo events are also appended to the partitioned topic {DEMO_STREAM_TOPIC!r}",
     )
     parser.add_argument("--publishers", type=int, default=3, metavar="N", help="demo publishers (default 3)")
     parser.add_argument(
@@ -131,6 +147,11 @@ async def run_up(args: argparse.Namespace) -> int:
     print(f"    {exports} meshplane sub {DEMO_SCOPE} {DEMO_TOPIC}", flush=True)
     print(f"    {exports} meshplane ls", flush=True)
 
+    streams = await _start_streams(args, state_dir) if args.streams_port >= 0 else None
+    if streams is not None:
+        print(f"  streams server at {streams.url} (data in {state_dir / 'streams'}); try:", flush=True)
+        print(f"    meshplane topic stats {DEMO_STREAM_TOPIC} --url {streams.url}", flush=True)
+
     try:
         async with EventPlane(config) as plane:
             for address in addresses:  # so that other shells find them (DYN_ZMQ_BROKER_ENABLED=true)
@@ -149,9 +170,9 @@ async def run_up(args: argparse.Namespace) -> int:
             tasks = [
                 asyncio.create_task(_demo_publisher(p, i, args.rate, stop)) for i, p in enumerate(publishers)
             ]
-            tasks.append(asyncio.create_task(_consume(subscriber)))
+            tasks.append(asyncio.create_task(_consume(subscriber, streams)))
             try:
-                await _report(subscriber, args.interval, stop)
+                await _report(subscriber, args.interval, stop, streams)
             finally:  # stop the traffic before the plane closes what it flows through
                 for task in tasks:
                     task.cancel()
@@ -163,6 +184,8 @@ async def run_up(args: argparse.Namespace) -> int:
                 flush=True,
             )
     finally:
+        if streams is not None:
+            await streams.close()
         for broker in brokers:
             broker.stop()
         if nats_server is not None:
@@ -170,12 +193,57 @@ async def run_up(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _consume(subscriber: EventSubscriber) -> None:
-    async for _ in subscriber:
-        pass
+class _Streams:
+    """The embedded streams server of `up`, run on this loop."""
+
+    def __init__(self, engine: StreamEngine, task: asyncio.Task[None], stop: asyncio.Event, url: str) -> None:
+        self.engine, self.task, self.stop, self.url = engine, task, stop, url
+
+    async def close(self) -> None:
+        self.stop.set()
+        await asyncio.gather(self.task, return_exceptions=True)
 
 
-async def _report(subscriber: EventSubscriber, interval: float, stop: asyncio.Event) -> None:
+async def _start_streams(args: argparse.Namespace, state_dir: Path) -> _Streams:
+    from meshplane.streams.server import serve
+
+    for port in (args.streams_port, 0):
+        engine = StreamEngine(StreamsConfig(data_dir=state_dir / "streams"))
+        stop = asyncio.Event()
+        ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(
+            serve(engine, "127.0.0.1", port, token=args.token, on_ready=ready.set_result, stop=stop)
+        )
+        waiting: set[asyncio.Future[Any]] = {task, ready}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if ready.done():
+            if DEMO_STREAM_TOPIC not in engine.topics:
+                engine.create_topic(DEMO_STREAM_TOPIC, num_partitions=4)
+            return _Streams(engine, task, stop, f"http://127.0.0.1:{ready.result()}")
+        error = task.exception()
+        if not isinstance(error, OSError) or port == 0:
+            raise ConfigError(f"the streams server did not start: {error}")
+        print(f"  port {port} is taken: the streams server takes a free one", flush=True)
+    raise AssertionError("unreachable")
+
+
+async def _consume(subscriber: EventSubscriber, streams: _Streams | None) -> None:
+    """Receive the demo events; with streams, append them to the demo topic keyed by worker."""
+    async for envelope in subscriber:
+        if streams is None:
+            continue
+        try:
+            data = msgspec.msgpack.decode(envelope.payload)
+        except msgspec.DecodeError:
+            data = envelope.payload
+        key = str(data.get("worker")) if isinstance(data, dict) else None
+        event = StoredEvent(f"{envelope.publisher_id:x}-{envelope.sequence}", "demo", data, key)
+        await streams.engine.publish_topic(DEMO_STREAM_TOPIC, [event])
+
+
+async def _report(
+    subscriber: EventSubscriber, interval: float, stop: asyncio.Event, streams: _Streams | None
+) -> None:
     started = last_at = time.monotonic()
     last_received = 0
     tty = sys.stdout.isatty()
@@ -191,6 +259,8 @@ async def _report(subscriber: EventSubscriber, interval: float, stop: asyncio.Ev
             f"{rate:8.0f} events/s | received {stats.received} | gaps {stats.gaps} "
             f"(missing {stats.missing}) | malformed {stats.malformed_total} | timeouts {stats.timeouts}"
         )
+        if streams is not None:
+            line += f" | stored in {DEMO_STREAM_TOPIC} {streams.engine.counters['events_published']}"
         if stats.duplicates_dropped:
             line += f" | broker copies dropped {stats.duplicates_dropped}"
         print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
