@@ -192,12 +192,22 @@ class StreamsClient:
         return int(answer["partition_id"]), int(answer["offset"])
 
     async def publish_batch(
-        self, topic: str, events: list[dict[str, Any]], *, partition: int | None = None
+        self,
+        topic: str,
+        events: list[dict[str, Any]],
+        *,
+        partition: int | None = None,
+        idempotency_key: str | None = None,
     ) -> list[tuple[int, int]]:
-        """Publish many events in one request: each ``{event_type, data, key?, metadata?}``."""
+        """Publish many events in one request: each ``{event_type, data, key?, metadata?}``.
+
+        Repeating a request with the same ``idempotency_key`` appends nothing (and answers the same).
+        """
         body: dict[str, Any] = {"events": events}
         if partition is not None:
             body["partition"] = partition
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
         answer = await self.request("POST", f"/topics/{topic}/publish", body)
         return [(int(r["partition_id"]), int(r["offset"])) for r in answer["results"]]
 

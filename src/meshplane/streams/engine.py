@@ -22,6 +22,7 @@ import os
 import re
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -541,6 +542,7 @@ class StreamEngine:
             self.config.fsync, self.config.fsync_interval_ms, self.config.fsync_every_records
         )
         self.group_notifier = Notifier()
+        self.idempotency = IdempotencyTable()
         self._cleanup: asyncio.Task[None] | None = None
         self.counters: dict[str, int] = {
             "events_published": 0,
@@ -548,6 +550,7 @@ class StreamEngine:
             "events_consumed": 0,
             "commits": 0,
             "commits_rejected": 0,
+            "duplicates_skipped": 0,
             "rebalances": 0,
         }
         self.ready = False
@@ -572,6 +575,7 @@ class StreamEngine:
         for path in sorted((self.root / "topics").glob("*/topic.json")):
             settings = msgspec.json.decode(path.read_bytes(), type=TopicSettings)
             self.topics[path.parent.name] = Topic(path.parent.name, path.parent, settings)
+        self.idempotency.open(self.root / "idempotency.log")
         now = time.monotonic()
         for path in sorted((self.root / "groups").glob("*.json")):
             group = GroupCoordinator.restore(json.loads(path.read_text()), now)
@@ -597,6 +601,7 @@ class StreamEngine:
             for plog in topic.partitions:
                 plog.sync()
                 plog.close()
+        self.idempotency.close()
         for fd in self._offset_fds.values():
             os.close(fd)
         self._offset_fds.clear()
@@ -791,10 +796,22 @@ class StreamEngine:
         return True
 
     async def publish_topic(
-        self, name: str, events: list[StoredEvent], partition: int | None = None
+        self,
+        name: str,
+        events: list[StoredEvent],
+        partition: int | None = None,
+        idempotency_key: str | None = None,
     ) -> list[tuple[int, int]]:
-        """Append events (each routed by key, round-robin or ``partition``); returns (partition, offset)s."""
+        """Append events (each routed by key, round-robin or ``partition``); returns (partition, offset)s.
+
+        A request repeated with the same ``idempotency_key`` appends nothing and gets the first answer.
+        """
         topic = self.topic(name)
+        if idempotency_key is not None:
+            seen = self.idempotency.get(f"{name}/{idempotency_key}")
+            if seen is not None:
+                self.counters["duplicates_skipped"] += len(events)
+                return seen
         total = sum(self._check_size(e) for e in events)
         by_partition: dict[int, list[StoredEvent]] = {}
         places: list[tuple[int, int]] = []
@@ -809,9 +826,12 @@ class StreamEngine:
             topic.published[p] += len(batch)
             topic.notifiers[p].notify()
         self._count_publish(len(events), total)
+        result = [(p, firsts[p] + i) for p, i in places]
+        if idempotency_key is not None:  # before any await: a concurrent retry must see it
+            self.idempotency.put(f"{name}/{idempotency_key}", result)
         for p, batch in by_partition.items():
             await self.durability.written(topic.partitions[p], len(batch))
-        return [(p, firsts[p] + i) for p, i in places]
+        return result
 
     # --- consumer groups -----------------------------------------------------------------------------
 
@@ -941,6 +961,60 @@ class StreamEngine:
             for p, plog in enumerate(topic.partitions[: group.partitions]):
                 committed = group.committed.get(p, plog.start_offset)
                 yield group.group_id, p, max(0, plog.next_offset - committed)
+
+
+class IdempotencyTable:
+    """The answers to the last ``capacity`` idempotent publishes, kept in a file across restarts."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self.entries: OrderedDict[str, list[tuple[int, int]]] = OrderedDict()
+        self._fd: int | None = None
+        self._path: Path | None = None
+        self._seq = 0
+
+    def open(self, path: Path) -> None:
+        self._path = path
+        if path.exists():
+            for record in scan_records(path.read_bytes(), expected_offset=0).records:
+                key, places = msgspec.msgpack.decode(record.payload)
+                self._remember(key, [(int(p), int(o)) for p, o in places])
+        self._rewrite()
+
+    def get(self, key: str) -> list[tuple[int, int]] | None:
+        return self.entries.get(key)
+
+    def put(self, key: str, places: list[tuple[int, int]]) -> None:
+        self._remember(key, places)
+        if self._fd is not None:
+            os.write(self._fd, encode_record(self._seq, now_ms(), msgspec.msgpack.encode((key, places))))
+            self._seq += 1
+            if self._seq > 2 * self.capacity:
+                self._rewrite()
+
+    def _remember(self, key: str, places: list[tuple[int, int]]) -> None:
+        self.entries[key] = places
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.capacity:
+            self.entries.popitem(last=False)
+
+    def _rewrite(self) -> None:
+        """Compact the file to the entries kept."""
+        if self._path is None:
+            return
+        self.close()
+        records = [
+            encode_record(i, 0, msgspec.msgpack.encode((key, places)))
+            for i, (key, places) in enumerate(self.entries.items())
+        ]
+        _write_atomic(self._path, b"".join(records))
+        self._seq = len(records)
+        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -541,7 +541,9 @@ class Api:
         else:
             items = [body]
         events = [_topic_event(item) for item in items]
-        places = await self.engine.publish_topic(name, events, partition)
+        places = await self.engine.publish_topic(
+            name, events, partition, get_str(body, "idempotency_key", None)
+        )
         if batch is None:
             ((p, offset),) = places
             return json_response({"partition_id": p, "offset": offset, "topic": name})
@@ -861,6 +863,7 @@ class Api:
                     "metadata": "object",
                     "partition": "integer",
                     "events": "array",
+                    "idempotency_key": "string",
                 },
             ),
             Route(
