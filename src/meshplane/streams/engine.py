@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -67,6 +68,16 @@ def check_name(kind: str, name: object) -> str:
             f"invalid {kind} name {name!r}: use 1-200 of A-Z a-z 0-9 _ . : - (not starting with . : -)"
         )
     return name
+
+
+_ID_PREFIX = uuid.uuid4().hex[:12]
+_id_counter = itertools.count()
+
+
+def new_event_id() -> str:
+    """Unique event ids without a uuid4 per event (which costs a system call): a random per-process
+    prefix and a counter."""
+    return f"{_ID_PREFIX}{next(_id_counter):012x}"
 
 
 def now_ms() -> int:
@@ -327,8 +338,8 @@ class Room:
     def __len__(self) -> int:
         return len(self._ring) - self._head
 
-    def append(self, events: list[StoredEvent], timestamp_ms: int) -> int:
-        first = self.log.append([encode_event(e) for e in events], timestamp_ms)
+    def append(self, events: list[StoredEvent], payloads: list[bytes], timestamp_ms: int) -> int:
+        first = self.log.append(payloads, timestamp_ms)
         for i, event in enumerate(events):
             self._ring.append(StreamEvent(first + i, timestamp_ms, event))
         self.published += len(events)
@@ -699,11 +710,11 @@ class StreamEngine:
         metadata: dict[str, str] | None = None,
     ) -> tuple[Room, StreamEvent]:
         room = self.room(name, create=True)
-        body = StoredEvent(uuid.uuid4().hex, event_type, data, None, metadata)
-        payload_size = self._check_size(body)
+        body = StoredEvent(new_event_id(), event_type, data, None, metadata)
+        payload = self._encode_checked(body)
         timestamp = now_ms()
-        first = room.append([body], timestamp)
-        self._count_publish(1, payload_size)
+        first = room.append([body], [payload], timestamp)
+        self._count_publish(1, len(payload))
         await self.durability.written(room.log, 1)
         event = room.read(first, 1)[0] if first >= room.oldest else StreamEvent(first, timestamp, body)
         await room.broadcast(event)
@@ -812,17 +823,18 @@ class StreamEngine:
             if seen is not None:
                 self.counters["duplicates_skipped"] += len(events)
                 return seen
-        total = sum(self._check_size(e) for e in events)
-        by_partition: dict[int, list[StoredEvent]] = {}
+        encoded = [self._encode_checked(e) for e in events]  # all checked before anything is appended
+        total = sum(len(e) for e in encoded)
+        by_partition: dict[int, list[bytes]] = {}
         places: list[tuple[int, int]] = []
-        for event in events:
+        for event, payload in zip(events, encoded, strict=True):
             p = topic.choose_partition(event.key, partition)
-            by_partition.setdefault(p, []).append(event)
+            by_partition.setdefault(p, []).append(payload)
             places.append((p, len(by_partition[p]) - 1))
         timestamp = now_ms()
         firsts: dict[int, int] = {}
         for p, batch in by_partition.items():
-            firsts[p] = topic.partitions[p].append([encode_event(e) for e in batch], timestamp)
+            firsts[p] = topic.partitions[p].append(batch, timestamp)
             topic.published[p] += len(batch)
             topic.notifiers[p].notify()
         self._count_publish(len(events), total)
@@ -940,13 +952,12 @@ class StreamEngine:
 
     # --- helpers -------------------------------------------------------------------------------------
 
-    def _check_size(self, event: StoredEvent) -> int:
-        size = len(encode_event(event))
-        if size > self.config.max_payload_bytes:
-            raise PayloadTooLarge(
-                f"event of {size} bytes is larger than the limit of {self.config.max_payload_bytes} bytes"
-            )
-        return size
+    def _encode_checked(self, event: StoredEvent) -> bytes:
+        payload = encode_event(event)
+        limit = self.config.max_payload_bytes
+        if len(payload) > limit:
+            raise PayloadTooLarge(f"event of {len(payload)} bytes is larger than the limit of {limit} bytes")
+        return payload
 
     def _count_publish(self, events: int, size: int) -> None:
         self.counters["events_published"] += events

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from meshplane.core.groups import GroupError
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent
-from meshplane.streams.engine import Room, StreamEngine, StreamEvent
+from meshplane.streams.engine import Room, StreamEngine, StreamEvent, new_event_id
 from meshplane.streams.errors import BadRequest, NotFound, OffsetOutOfRange, PayloadTooLarge, StreamError
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ ENGINE: web.AppKey[StreamEngine] = web.AppKey("engine", StreamEngine)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_CONSUME_LIMIT = 1000
 _json = msgspec.json.Encoder()
+_json_decoder = msgspec.json.Decoder()
 
 
 def json_response(body: Any, status: int = 200) -> web.Response:
@@ -63,8 +64,8 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = _json_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, not {type(body).__name__}")
@@ -1051,7 +1052,7 @@ def _topic_event(item: dict[str, Any]) -> StoredEvent:
     key = item.get("key")
     if key is not None and not isinstance(key, str):
         raise BadRequest(f"key must be a string, not {key!r}")
-    return StoredEvent(uuid.uuid4().hex, event_type_of(item), item["data"], key, get_metadata(item))
+    return StoredEvent(new_event_id(), event_type_of(item), item["data"], key, get_metadata(item))
 
 
 def _ws_event(event: StreamEvent, room: str) -> dict[str, Any]:

@@ -1,0 +1,98 @@
+"""A small synchronous client for Spark's driver and executors (they run plain Python, no event loop)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.parse
+from typing import Any
+
+from meshplane.core.streamlog import Record, scan_records
+from meshplane.streams.errors import NotFound, OffsetOutOfRange, StreamError
+
+
+class SyncStreamsClient:
+    """Keep-alive HTTP to ``meshplane serve``; reconnects once when the server closed the connection."""
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 60.0) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise StreamError(f"url must look like http://host:port, not {url!r}")
+        self.url = url
+        self._host, self._port = parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
+        self._https = parsed.scheme == "https"
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._conn = cls(self._host, self._port, timeout=self._timeout)
+        return self._conn
+
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, dict[str, str], bytes]:
+        payload = None if body is None else json.dumps(body).encode()
+        headers = dict(self._headers)
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
+        for attempt in (0, 1):
+            conn = self._connection()
+            try:
+                conn.request(method, path, payload, headers)
+                response = conn.getresponse()
+                data = response.read()
+                return response.status, {k.lower(): v for k, v in response.getheaders()}, data
+            except (ConnectionError, http.client.HTTPException, OSError) as exc:
+                self.close()
+                if attempt:
+                    raise StreamError(f"cannot reach the streams server at {self.url}: {exc}") from None
+        raise AssertionError("unreachable")
+
+    def json(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        status, _, data = self.request(method, path, body)
+        answer: dict[str, Any] = json.loads(data) if data else {}
+        if status == 401:
+            raise StreamError("401 Unauthorized: set the token option")
+        if status >= 400:
+            raise _error(status, answer)
+        return answer
+
+    def bounds(self, topic: str) -> dict[str, tuple[int, int]]:
+        """partition -> (oldest retained offset, next offset to be written)."""
+        stats = self.json("GET", f"/topics/{urllib.parse.quote(topic)}/stats")
+        return {
+            str(p["partition_id"]): (int(p["min_offset"]), int(p["next_offset"])) for p in stats["partitions"]
+        }
+
+    def fetch(
+        self, topic: str, partition: int, from_offset: int, max_bytes: int
+    ) -> tuple[list[Record], int, int]:
+        """Whole records from ``from_offset``; with the log's start and end offsets."""
+        query = urllib.parse.urlencode({"from_offset": from_offset, "max_bytes": max_bytes})
+        status, headers, data = self.request(
+            "GET", f"/topics/{urllib.parse.quote(topic)}/partitions/{partition}/records?{query}"
+        )
+        if status >= 400:
+            raise _error(status, json.loads(data) if data else {})
+        records = scan_records(data, expected_offset=from_offset).records
+        return records, int(headers["x-log-start-offset"]), int(headers["x-log-end-offset"])
+
+    def publish_batch(self, topic: str, events: list[dict[str, Any]], idempotency_key: str | None) -> None:
+        body: dict[str, Any] = {"events": events}
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        self.json("POST", f"/topics/{urllib.parse.quote(topic)}/publish", body)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _error(status: int, body: dict[str, Any]) -> StreamError:
+    if body.get("type") == "OffsetOutOfRange":
+        return OffsetOutOfRange(int(body["requested"]), int(body["oldest"]), body.get("newest"))
+    if status == 404:
+        return NotFound(str(body.get("error")))
+    return StreamError(f"{status}: {body.get('error', body)}")

@@ -1,0 +1,125 @@
+"""Offsets of the Spark source: parsing, normalising and admission control. Pure: no Spark, no I/O.
+
+An offset is ``{topic: {partition: next offset to read}}`` with partitions as strings. Spark compares
+offsets as JSON text, so every offset this module returns has its keys sorted at both levels.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+TopicOffsets = dict[str, dict[str, int]]
+Bounds = Mapping[str, Mapping[str, tuple[int, int]]]  # topic -> partition -> (log start, log end)
+
+EARLIEST = -2
+LATEST = -1
+
+
+class OffsetsError(ValueError):
+    """A startingOffsets / endingOffsets option that cannot be used."""
+
+
+def normalize(offsets: Mapping[str, Mapping[str, int]]) -> TopicOffsets:
+    """Sorted keys at both levels, int values: equal offsets serialise to equal JSON."""
+    return {t: {p: int(offsets[t][p]) for p in sorted(offsets[t])} for t in sorted(offsets)}
+
+
+def resolve(option: str | None, bounds: Bounds, default: str) -> TopicOffsets:
+    """``earliest`` | ``latest`` | JSON ``{"topic": {"0": 12, "1": -2}}`` (-2 earliest, -1 latest).
+
+    Partitions missing from a JSON option take ``default``.
+    """
+    text = (option or default).strip()
+    if text in ("earliest", "latest"):
+        side = 0 if text == "earliest" else 1
+        return normalize({t: {p: b[side] for p, b in parts.items()} for t, parts in bounds.items()})
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise OffsetsError(
+            f'offsets must be earliest, latest or JSON like {{"topic": {{"0": 5}}}}: {exc}'
+        ) from None
+    if not isinstance(raw, dict):
+        raise OffsetsError("offsets JSON must be an object of topics")
+    unknown = sorted(set(raw) - set(bounds))
+    if unknown:
+        raise OffsetsError(f"offsets name topics that are not read: {', '.join(unknown)}")
+    fallback = resolve(default, bounds, default)
+    result: dict[str, dict[str, int]] = {}
+    for topic, parts in bounds.items():
+        given = raw.get(topic, {})
+        if not isinstance(given, dict):
+            raise OffsetsError(f"offsets of topic {topic!r} must be an object of partitions")
+        for p in given:
+            if p not in parts:
+                raise OffsetsError(
+                    f"topic {topic!r} has no partition {p!r} (it has {', '.join(sorted(parts))})"
+                )
+        result[topic] = {}
+        for p, (start, end) in parts.items():
+            value = given.get(p, fallback[topic][p])
+            if isinstance(value, bool) or not isinstance(value, int) or value < EARLIEST:
+                raise OffsetsError(f"offset of {topic}/{p} must be an integer >= -2, not {value!r}")
+            result[topic][p] = start if value == EARLIEST else end if value == LATEST else value
+    return normalize(result)
+
+
+def fill_new_partitions(start: Mapping[str, Mapping[str, int]], bounds: Bounds) -> TopicOffsets:
+    """``start`` plus partitions (and topics) that appeared since, from their earliest offset."""
+    filled = {t: dict(parts) for t, parts in start.items()}
+    for topic, parts in bounds.items():
+        for p, (log_start, _) in parts.items():
+            filled.setdefault(topic, {}).setdefault(p, log_start)
+    return normalize(filled)
+
+
+def cap(
+    latest: Mapping[str, Mapping[str, int]], target: Mapping[str, Mapping[str, int]] | None
+) -> TopicOffsets:
+    """``latest`` no further than ``target`` (Trigger.AvailableNow's end); unknown partitions stay."""
+    if target is None:
+        return normalize(latest)
+    return normalize(
+        {t: {p: min(o, target.get(t, {}).get(p, o)) for p, o in parts.items()} for t, parts in latest.items()}
+    )
+
+
+def admit(
+    start: Mapping[str, Mapping[str, int]], latest: Mapping[str, Mapping[str, int]], max_events: int | None
+) -> TopicOffsets:
+    """The end offset of the next micro-batch: at most ``max_events`` events in all.
+
+    The budget is shared in proportion to each partition's backlog (as Spark's Kafka source does);
+    what rounding leaves goes one event at a time to partitions in sorted order. Deterministic.
+    """
+    starts = {(t, p): start.get(t, {}).get(p, o) for t, parts in latest.items() for p, o in parts.items()}
+    backlog = {k: max(0, latest[k[0]][k[1]] - s) for k, s in starts.items()}
+    total = sum(backlog.values())
+    if max_events is None or total <= max_events:
+        return normalize(latest)
+    share = {k: backlog[k] * max_events // total for k in sorted(backlog)}
+    left = max_events - sum(share.values())
+    for k in sorted(backlog):
+        if left == 0:
+            break
+        if share[k] < backlog[k]:
+            share[k] += 1
+            left -= 1
+    end: dict[str, dict[str, int]] = {}
+    for (t, p), s in starts.items():
+        end.setdefault(t, {})[p] = s + share[(t, p)]
+    return normalize(end)
+
+
+def ranges(
+    start: Mapping[str, Mapping[str, int]], end: Mapping[str, Mapping[str, int]]
+) -> list[tuple[str, int, int, int]]:
+    """(topic, partition, from, until) for every partition with events between start and end."""
+    out = []
+    for topic in sorted(end):
+        for p in sorted(end[topic], key=int):
+            first = start.get(topic, {}).get(p, end[topic][p])
+            if end[topic][p] > first:
+                out.append((topic, int(p), first, end[topic][p]))
+    return out

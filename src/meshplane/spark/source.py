@@ -1,0 +1,425 @@
+"""The ``meshplane`` format for Spark: a Structured Streaming (and batch) source and sink.
+
+    spark.dataSource.register(MeshplaneDataSource)
+    events = (spark.readStream.format("meshplane")
+              .option("url", "http://127.0.0.1:15500").option("topic", "orders")
+              .option("startingOffsets", "earliest").option("maxEventsPerTrigger", 100000).load())
+    query = (rows.writeStream.format("meshplane").option("topic", "results")
+             .option("checkpointLocation", "/tmp/ckpt").start())
+
+Modelled on Spark's Kafka source: one Spark partition per topic partition, offsets
+``{"topic": {"0": 42}}``, ``startingOffsets`` / ``endingOffsets`` (earliest | latest | JSON, -2 / -1),
+``maxEventsPerTrigger`` (alias ``maxOffsetsPerTrigger``), ``failOnDataLoss``. Executors read raw
+records in large chunks and yield Arrow record batches. The sink publishes through the streams API
+with an idempotency key per (query, batchId, partition, chunk): a replayed batch publishes nothing twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from meshplane.core.streamlog import Record, decode_event
+from meshplane.spark import offsets as off
+from meshplane.spark.http import SyncStreamsClient
+from meshplane.streams.errors import OffsetOutOfRange
+
+log = logging.getLogger(__name__)
+
+SCHEMA = (
+    "key string, value binary, topic string, partition int, offset long, timestamp timestamp, "
+    "event_type string, id string, metadata map<string,string>"
+)
+ARROW_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("event_type", pa.string()),
+        ("id", pa.string()),
+        ("metadata", pa.map_(pa.string(), pa.string())),
+    ]
+)
+BASE64 = "meshplane.encoding"  # metadata marking a value that was not UTF-8 (carried as base64)
+PUBLISH_CHUNK = 1000
+
+
+class DataLossError(RuntimeError):
+    """Offsets a query needs were deleted by retention (and failOnDataLoss is true)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    url: str
+    token: str | None
+    topics: tuple[str, ...]
+    starting_offsets: str | None
+    ending_offsets: str | None
+    max_events_per_trigger: int | None
+    fail_on_data_loss: bool
+    fetch_max_bytes: int
+    event_type: str
+
+    @classmethod
+    def parse(cls, options: Any) -> Options:
+        get = options.get
+        topics_text = get("topics") or get("topic") or get("subscribe") or ""
+        topics = tuple(t.strip() for t in str(topics_text).split(",") if t.strip())
+        limit = get("maxEventsPerTrigger") or get("maxOffsetsPerTrigger")
+        fail = str(get("failOnDataLoss", "true")).lower()
+        if fail not in ("true", "false"):
+            raise ValueError(f"failOnDataLoss must be true or false, not {fail!r}")
+        try:
+            max_events = None if limit is None else int(limit)
+            fetch_bytes = int(get("fetchMaxBytes", 4 << 20))
+        except ValueError as exc:
+            raise ValueError(f"maxEventsPerTrigger and fetchMaxBytes must be integers: {exc}") from None
+        if max_events is not None and max_events < 1:
+            raise ValueError("maxEventsPerTrigger must be >= 1")
+        return cls(
+            url=str(get("url") or os.environ.get("MESHPLANE_STREAMS_URL", "http://127.0.0.1:15500")),
+            token=get("token") or os.environ.get("MESHPLANE_STREAMS_TOKEN"),
+            topics=topics,
+            starting_offsets=get("startingOffsets"),
+            ending_offsets=get("endingOffsets"),
+            max_events_per_trigger=max_events,
+            fail_on_data_loss=fail == "true",
+            fetch_max_bytes=fetch_bytes,
+            event_type=str(get("eventType", "spark")),
+        )
+
+    def client(self) -> SyncStreamsClient:
+        return SyncStreamsClient(self.url, self.token)
+
+    def need_topics(self) -> tuple[str, ...]:
+        if not self.topics:
+            raise ValueError("set the topic to read: .option('topic', 'name') (or 'topics' a,b)")
+        return self.topics
+
+
+class TopicRange(InputPartition):
+    """Events [start, end) of one topic partition: one Spark partition."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+
+def _value(data: Any, metadata: dict[str, str] | None) -> bytes:
+    if metadata and metadata.get(BASE64) == "base64" and isinstance(data, str):
+        return base64.b64decode(data)
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, str):
+        return data.encode()
+    return msgspec.json.encode(data)
+
+
+def to_arrow(records: Sequence[Record], topic: str, partition: int) -> pa.RecordBatch:
+    keys, values, stamps, types, ids, metas = [], [], [], [], [], []
+    for record in records:
+        event = decode_event(record.payload)
+        keys.append(event.key)
+        values.append(_value(event.data, event.metadata))
+        stamps.append(record.timestamp_ms * 1000)
+        types.append(event.event_type)
+        ids.append(event.id)
+        metas.append(list(event.metadata.items()) if event.metadata else [])
+    n = len(records)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(keys, pa.string()),
+            pa.array(values, pa.binary()),
+            pa.array([topic] * n, pa.string()),
+            pa.array([partition] * n, pa.int32()),
+            pa.array([r.offset for r in records], pa.int64()),
+            pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+            pa.array(types, pa.string()),
+            pa.array(ids, pa.string()),
+            pa.array(metas, pa.map_(pa.string(), pa.string())),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+def read_range(options: Options, part: TopicRange) -> Iterator[pa.RecordBatch]:
+    """Fetch [start, end) in large chunks; each chunk becomes one Arrow batch."""
+    client = options.client()
+    offset = part.start
+    try:
+        while offset < part.end:
+            try:
+                records, _, _ = client.fetch(part.topic, part.partition, offset, options.fetch_max_bytes)
+            except OffsetOutOfRange as exc:
+                if exc.oldest <= offset:
+                    raise
+                _data_lost(options, part.topic, part.partition, offset, exc.oldest)
+                offset = exc.oldest
+                continue
+            records = [r for r in records if r.offset < part.end]
+            if not records:
+                raise RuntimeError(
+                    f"meshplane {part.topic}/{part.partition}: no event at offset {offset} although the "
+                    f"planned range ends at {part.end}: was the topic deleted and created again?"
+                )
+            yield to_arrow(records, part.topic, part.partition)
+            offset = records[-1].offset + 1
+    finally:
+        client.close()
+
+
+def _data_lost(options: Options, topic: str, partition: int, first: int, oldest: int) -> None:
+    message = (
+        f"meshplane {topic}/{partition}: offsets {first}..{oldest - 1} ({oldest - first} events) were "
+        f"deleted by retention before this query read them"
+    )
+    if options.fail_on_data_loss:
+        raise DataLossError(
+            message + ". Set failOnDataLoss=false to skip them (the query then continues at "
+            f"offset {oldest})."
+        )
+    log.warning("%s; skipped (failOnDataLoss=false)", message)
+
+
+def plan(
+    options: Options, start: off.TopicOffsets, end: off.TopicOffsets, bounds: off.Bounds
+) -> list[TopicRange]:
+    """The Spark partitions for [start, end), checking for data deleted by retention."""
+    out = []
+    for topic, partition, first, until in off.ranges(off.fill_new_partitions(start, bounds), end):
+        oldest = bounds[topic][str(partition)][0]
+        if first < oldest:
+            _data_lost(options, topic, partition, first, oldest)
+            first = oldest
+        if first < until:
+            out.append(TopicRange(topic, partition, first, until))
+    return out
+
+
+class MeshplaneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.topics = options.need_topics()
+        self._client = options.client()
+        self._target: off.TopicOffsets | None = None
+
+    def _bounds(self) -> dict[str, dict[str, tuple[int, int]]]:
+        return {t: self._client.bounds(t) for t in self.topics}
+
+    @staticmethod
+    def _ends(bounds: off.Bounds) -> off.TopicOffsets:
+        return off.normalize({t: {p: b[1] for p, b in parts.items()} for t, parts in bounds.items()})
+
+    def initialOffset(self) -> dict:  # type: ignore[type-arg]
+        return off.resolve(self.options.starting_offsets, self._bounds(), "latest")
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_events_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._ends(self._bounds())
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # type: ignore[type-arg]
+        bounds = self._bounds()
+        begin = off.fill_new_partitions(start, bounds)
+        latest = off.cap(self._ends(bounds), self._target)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return off.admit(begin, latest, max_rows)
+
+    def reportLatestOffset(self) -> dict:  # type: ignore[type-arg]
+        return self._ends(self._bounds())
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:  # type: ignore[type-arg]
+        return plan(self.options, start, end, self._bounds())
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, TopicRange)
+        return read_range(self.options, partition)
+
+    def commit(self, end: dict) -> None:  # type: ignore[type-arg]
+        """Nothing to do: the checkpoint is the position (offsets are not committed to the server)."""
+
+    def stop(self) -> None:
+        self._client.close()
+
+
+class MeshplaneBatchReader(DataSourceReader):
+    """Backfills: startingOffsets (default earliest) to endingOffsets (default latest)."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        client = options.client()
+        try:
+            self.bounds = {t: client.bounds(t) for t in options.need_topics()}
+        finally:
+            client.close()
+        self.start = off.resolve(options.starting_offsets, self.bounds, "earliest")
+        self.end = off.resolve(options.ending_offsets, self.bounds, "latest")
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return plan(self.options, self.start, self.end, self.bounds)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, TopicRange)
+        return read_range(self.options, partition)
+
+
+# --- writing ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class PublishedRows(WriterCommitMessage):
+    rows: int
+
+
+def _check_sink_schema(schema: StructType, options: Options) -> None:
+    names = set(schema.fieldNames())
+    if "value" not in names:
+        raise ValueError(
+            f"the meshplane sink needs a 'value' column (binary or string); it got {sorted(names)}"
+        )
+    if "topic" not in names and not options.topics:
+        raise ValueError("the meshplane sink needs a 'topic' column or .option('topic', 'name')")
+
+
+def _event(row: Any, options: Options) -> tuple[str, dict[str, Any]]:
+    fields = row.asDict()
+    value = fields.get("value")
+    metadata = dict(fields.get("metadata") or {})
+    if isinstance(value, bytearray | bytes):
+        try:
+            data: Any = bytes(value).decode()
+        except UnicodeDecodeError:
+            data = base64.b64encode(bytes(value)).decode()
+            metadata[BASE64] = "base64"
+    else:
+        data = value
+    event: dict[str, Any] = {"event_type": fields.get("event_type") or options.event_type, "data": data}
+    if fields.get("key") is not None:
+        event["key"] = str(fields["key"])
+    if metadata:
+        event["metadata"] = metadata
+    topic = fields.get("topic") or options.topics[0]
+    return str(topic), event
+
+
+def publish_rows(options: Options, rows: Iterator[Any], key_prefix: str) -> PublishedRows:
+    """Publish in chunks, each with an idempotency key derived from ``key_prefix`` and its number."""
+    client = options.client()
+    pending: dict[str, list[dict[str, Any]]] = {}
+    chunk = count = 0
+
+    def flush(topic: str) -> None:
+        nonlocal chunk
+        client.publish_batch(topic, pending.pop(topic), f"{key_prefix}:{topic}:{chunk}")
+        chunk += 1
+
+    try:
+        for row in rows:
+            topic, event = _event(row, options)
+            pending.setdefault(topic, []).append(event)
+            count += 1
+            if len(pending[topic]) >= PUBLISH_CHUNK:
+                flush(topic)
+        for topic in sorted(pending):
+            flush(topic)
+    finally:
+        client.close()
+    return PublishedRows(count)
+
+
+class MeshplaneStreamWriter(DataSourceStreamWriter):
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.fallback_id = uuid.uuid4().hex
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        context = TaskContext.get()
+        query = batch = None
+        partition = 0
+        if context is not None:
+            query = context.getLocalProperty("sql.streaming.queryId")
+            batch = context.getLocalProperty("streaming.sql.batchId")
+            partition = context.partitionId()
+        # The same query, batch and partition always carry the same rows: a replay is recognised.
+        prefix = f"spark:{query or self.fallback_id}:{batch}:{partition}"
+        return publish_rows(self.options, iterator, prefix)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        rows = sum(m.rows for m in messages if isinstance(m, PublishedRows))
+        log.info("meshplane sink: batch %d published %d rows", batchId, rows)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning(
+            "meshplane sink: batch %d aborted; a retry publishes only what was not published", batchId
+        )
+
+
+class MeshplaneBatchWriter(DataSourceWriter):
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.write_id = uuid.uuid4().hex  # made on the driver: task retries of this write share it
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        return publish_rows(self.options, iterator, f"spark-write:{self.write_id}:{partition}")
+
+
+class MeshplaneDataSource(DataSource):
+    """``format("meshplane")``: see the module documentation for options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "meshplane"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return MeshplaneBatchReader(Options.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return MeshplaneStreamReader(Options.parse(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        options = Options.parse(self.options)
+        _check_sink_schema(schema, options)
+        return MeshplaneBatchWriter(options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        options = Options.parse(self.options)
+        _check_sink_schema(schema, options)
+        return MeshplaneStreamWriter(options)
