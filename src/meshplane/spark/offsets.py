@@ -97,7 +97,10 @@ def admit(
     backlog = {k: max(0, latest[k[0]][k[1]] - s) for k, s in starts.items()}
     total = sum(backlog.values())
     if max_events is None or total <= max_events:
-        return normalize(latest)
+        # Never behind the start (a log that was reset must not move a query backwards).
+        return normalize(
+            {t: {p: max(o, starts[(t, p)]) for p, o in parts.items()} for t, parts in latest.items()}
+        )
     share = {k: backlog[k] * max_events // total for k in sorted(backlog)}
     left = max_events - sum(share.values())
     for k in sorted(backlog):

@@ -1155,6 +1155,7 @@ class EngineCollector(Collector):
             ("commits", "Offset commits accepted"),
             ("commits_rejected", "Offset commits rejected (stale generation, not owner)"),
             ("rebalances", "Consumer group rebalances"),
+            ("duplicates_skipped", "Events of repeated idempotent publishes, not appended again"),
         ):
             yield CounterMetricFamily(f"meshplane_streams_{name}", help_text, value=e.counters[name])
         published = CounterMetricFamily(

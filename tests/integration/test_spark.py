@@ -1,0 +1,215 @@
+"""The Spark data source on a real local[2] Spark session against a real `meshplane serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers must run this venv's Python
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.utils import StreamingQueryException
+
+from meshplane.servers import StreamsServerProcess
+from meshplane.spark import register
+from meshplane.streams.client import StreamsClient
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[StreamsServerProcess]:
+    with StreamsServerProcess() as proc:
+        yield proc.start()
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("meshplane-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def publish(url: str, topic: str, first: int, count: int, partitions: int = 4) -> None:
+    async with StreamsClient(url) as client:
+        if topic not in await client.topics():
+            await client.create_topic(topic, partitions)
+        events = [
+            {"event_type": "order", "key": f"customer-{i % 13}", "data": {"i": i}}
+            for i in range(first, first + count)
+        ]
+        for start in range(0, len(events), 500):
+            await client.publish_batch(topic, events[start : start + 500])
+
+
+def reader(spark: SparkSession, url: str, topic: str, **options: Any) -> DataFrame:
+    stream = spark.readStream.format("meshplane").option("url", url).option("topic", topic)
+    for name, value in options.items():
+        stream = stream.option(name, value)
+    return stream.load()
+
+
+def collect_available_now(frame: DataFrame, checkpoint: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """Run with Trigger.AvailableNow; returns the rows and the size of each micro-batch."""
+    rows: list[dict[str, Any]] = []
+    sizes: list[int] = []
+
+    def each(batch: DataFrame, batch_id: int) -> None:
+        got = [r.asDict() for r in batch.collect()]
+        rows.extend(got)
+        sizes.append(len(got))
+
+    query = (
+        frame.writeStream.foreachBatch(each)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return rows, sizes
+
+
+def test_available_now_reads_exactly_what_was_published_and_resumes(
+    spark: SparkSession, server: StreamsServerProcess, tmp_path: Path
+) -> None:
+    run(publish(server.url, "orders", 0, 1000))
+    frame = reader(spark, server.url, "orders", startingOffsets="earliest")
+    rows, _ = collect_available_now(frame, tmp_path / "ckpt")
+    assert len(rows) == 1000
+    assert sorted(json.loads(r["value"])["i"] for r in rows) == list(range(1000))
+    by_partition: dict[int, list[int]] = {}
+    for r in rows:
+        by_partition.setdefault(r["partition"], []).append(r["offset"])
+        assert (r["topic"], r["event_type"]) == ("orders", "order")
+        assert r["key"].startswith("customer-")
+    for offsets in by_partition.values():
+        assert sorted(offsets) == list(range(len(offsets)))  # every offset once, from 0
+    run(publish(server.url, "orders", 1000, 300))
+    more, _ = collect_available_now(frame, tmp_path / "ckpt")  # restart from the checkpoint
+    assert sorted(json.loads(r["value"])["i"] for r in more) == list(range(1000, 1300))
+
+
+def test_max_events_per_trigger_splits_the_backlog(
+    spark: SparkSession, server: StreamsServerProcess, tmp_path: Path
+) -> None:
+    run(publish(server.url, "backlog", 0, 1000))
+    frame = reader(spark, server.url, "backlog", startingOffsets="earliest", maxEventsPerTrigger=300)
+    rows, sizes = collect_available_now(frame, tmp_path / "ckpt")
+    assert sizes == [300, 300, 300, 100]
+    assert len({(r["partition"], r["offset"]) for r in rows}) == 1000
+
+
+def test_batch_read_between_offsets(spark: SparkSession, server: StreamsServerProcess) -> None:
+    run(publish(server.url, "backfill", 0, 200, partitions=2))
+    frame = (
+        spark.read.format("meshplane")
+        .option("url", server.url)
+        .option("topic", "backfill")
+        .option("startingOffsets", json.dumps({"backfill": {"0": 10, "1": -2}}))
+        .option("endingOffsets", json.dumps({"backfill": {"0": 20, "1": 5}}))
+        .load()
+    )
+    got = sorted((r["partition"], r["offset"]) for r in frame.collect())
+    assert got == [(0, o) for o in range(10, 20)] + [(1, o) for o in range(5)]
+
+
+def test_retention_gap_fails_or_is_skipped(
+    spark: SparkSession, server: StreamsServerProcess, tmp_path: Path
+) -> None:
+    async def setup() -> None:
+        async with StreamsClient(server.url) as client:
+            await client.create_topic("short", 1, retention_policy={"type": "Messages", "max_messages": 100})
+            for start in range(0, 300, 50):
+                await client.publish_batch(
+                    "short", [{"event_type": "e", "data": i} for i in range(start, start + 50)]
+                )
+
+    run(setup())
+    from_zero = json.dumps({"short": {"0": 0}})
+    failing = reader(spark, server.url, "short", startingOffsets=from_zero)
+    with pytest.raises(
+        StreamingQueryException, match=r"offsets 0\.\.199 \(200 events\) were deleted by retention"
+    ):
+        collect_available_now(failing, tmp_path / "fail")
+    skipping = reader(spark, server.url, "short", startingOffsets=from_zero, failOnDataLoss="false")
+    rows, _ = collect_available_now(skipping, tmp_path / "skip")
+    assert sorted(r["offset"] for r in rows) == list(range(200, 300))
+
+
+def test_sink_lands_every_row_once_even_when_a_batch_is_replayed(
+    spark: SparkSession, server: StreamsServerProcess, tmp_path: Path
+) -> None:
+    run(publish(server.url, "sink-in", 0, 500, partitions=2))
+
+    async def create_out() -> None:
+        async with StreamsClient(server.url) as client:
+            await client.create_topic("sink-out", 2)
+
+    run(create_out())
+    checkpoint = tmp_path / "sink-ckpt"
+
+    def copy_all() -> None:
+        query = (
+            reader(spark, server.url, "sink-in", startingOffsets="earliest")
+            .selectExpr("key", "value", "'copied' AS event_type")
+            .writeStream.format("meshplane")
+            .option("url", server.url)
+            .option("topic", "sink-out")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    def landed() -> list[Any]:
+        frame = spark.read.format("meshplane").option("url", server.url).option("topic", "sink-out").load()
+        return frame.collect()
+
+    copy_all()
+    rows = landed()
+    assert len(rows) == 500
+    assert sorted(json.loads(r["value"])["i"] for r in rows) == list(range(500))
+    assert {r["event_type"] for r in rows} == {"copied"}
+    # Forget that batch 0 was committed: Spark runs it again with the same batchId.
+    commits = checkpoint / "commits"
+    for name in os.listdir(commits):
+        (commits / name).unlink()
+    skipped_before = duplicates_skipped(server.url)
+    copy_all()
+    assert duplicates_skipped(server.url) == skipped_before + 500  # batch 0 really ran again...
+    assert len(landed()) == 500  # ...and published nothing twice
+
+
+def duplicates_skipped(url: str) -> float:
+    with urllib.request.urlopen(url + "/metrics") as response:
+        text = response.read().decode()
+    return float(re.search(r"^meshplane_streams_duplicates_skipped_total (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
+
+
+def test_sink_needs_a_value_column(spark: SparkSession, server: StreamsServerProcess) -> None:
+    frame = spark.createDataFrame([("k",)], "key string")
+    with pytest.raises(Exception, match="needs a 'value' column"):
+        frame.write.format("meshplane").option("url", server.url).option("topic", "x").mode("append").save()
+    shutil.rmtree("spark-warehouse", ignore_errors=True)

@@ -1,0 +1,86 @@
+"""Offsets of the Spark source: resolution, admission control, ranges (pure, no Spark)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from meshplane.spark.offsets import OffsetsError, admit, cap, fill_new_partitions, normalize, ranges, resolve
+
+BOUNDS = {"orders": {"0": (10, 100), "1": (0, 50), "2": (5, 5)}}
+
+
+def test_earliest_and_latest():
+    assert resolve("earliest", BOUNDS, "latest") == {"orders": {"0": 10, "1": 0, "2": 5}}
+    assert resolve("latest", BOUNDS, "earliest") == {"orders": {"0": 100, "1": 50, "2": 5}}
+    assert resolve(None, BOUNDS, "earliest") == {"orders": {"0": 10, "1": 0, "2": 5}}
+
+
+def test_json_offsets_with_kafka_markers_and_defaults():
+    option = json.dumps({"orders": {"0": 42, "1": -2}})
+    assert resolve(option, BOUNDS, "latest") == {"orders": {"0": 42, "1": 0, "2": 5}}
+    assert resolve('{"orders": {"2": -1}}', BOUNDS, "earliest") == {"orders": {"0": 10, "1": 0, "2": 5}}
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("soonest", "earliest, latest or JSON"),
+        ("[1]", "object of topics"),
+        ('{"users": {"0": 1}}', "not read: users"),
+        ('{"orders": {"7": 1}}', "no partition '7'"),
+        ('{"orders": {"0": -3}}', ">= -2"),
+        ('{"orders": {"0": "5"}}', ">= -2"),
+    ],
+)
+def test_bad_offsets_are_clear_errors(option, message):
+    with pytest.raises(OffsetsError, match=message):
+        resolve(option, BOUNDS, "latest")
+
+
+def test_offsets_serialise_identically_whatever_the_insertion_order():
+    a = normalize({"b": {"1": 2, "0": 1}, "a": {"10": 3, "2": 4}})
+    b = normalize({"a": {"2": 4, "10": 3}, "b": {"0": 1, "1": 2}})
+    assert json.dumps(a) == json.dumps(b)
+
+
+def test_new_partitions_start_at_their_earliest_offset():
+    start = {"orders": {"0": 50}}
+    assert fill_new_partitions(start, BOUNDS) == {"orders": {"0": 50, "1": 0, "2": 5}}
+
+
+def test_available_now_caps_the_end():
+    latest = {"orders": {"0": 100, "1": 80}}
+    assert cap(latest, {"orders": {"0": 90}}) == {"orders": {"0": 90, "1": 80}}
+    assert cap(latest, None) == normalize(latest)
+
+
+def test_admission_shares_the_budget_by_backlog():
+    start = {"t": {"0": 0, "1": 0, "2": 0, "3": 0}}
+    latest = {"t": {"0": 250, "1": 250, "2": 250, "3": 250}}
+    assert admit(start, latest, 300) == {"t": {"0": 75, "1": 75, "2": 75, "3": 75}}
+    assert admit(start, latest, 301) == {"t": {"0": 76, "1": 75, "2": 75, "3": 75}}
+    assert admit(start, latest, None) == normalize(latest)
+    assert admit(start, {"t": {"0": 10, "1": 0, "2": 0, "3": 0}}, 300) == {
+        "t": {"0": 10, "1": 0, "2": 0, "3": 0}
+    }
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 1000)), min_size=1, max_size=6),
+    st.integers(1, 3000),
+)
+def test_admission_never_exceeds_the_budget_nor_the_backlog(parts, budget):
+    start = {"t": {str(i): s for i, (s, _) in enumerate(parts)}}
+    latest = {"t": {str(i): s + n for i, (s, n) in enumerate(parts)}}
+    end = admit(start, latest, budget)
+    taken = [end["t"][p] - start["t"][p] for p in start["t"]]
+    assert all(0 <= t <= latest["t"][p] - start["t"][p] for t, p in zip(taken, start["t"], strict=True))
+    assert sum(taken) == min(budget, sum(n for _, n in parts))  # the whole budget is used when it can be
+
+
+def test_ranges_skip_empty_partitions():
+    assert ranges({"t": {"0": 5, "1": 7}}, {"t": {"0": 9, "1": 7, "10": 3}}) == [("t", 0, 5, 9)]
