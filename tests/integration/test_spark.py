@@ -18,8 +18,8 @@ import pytest
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers must run this venv's Python
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.utils import StreamingQueryException
 
 from meshplane.servers import StreamsServerProcess
 from meshplane.spark import register
