@@ -213,3 +213,26 @@ def test_sink_needs_a_value_column(spark: SparkSession, server: StreamsServerPro
     with pytest.raises(Exception, match="needs a 'value' column"):
         frame.write.format("meshplane").option("url", server.url).option("topic", "x").mode("append").save()
     shutil.rmtree("spark-warehouse", ignore_errors=True)
+
+
+def test_pipeline_demo_writes_closed_windows_and_resumes_exactly(
+    spark: SparkSession, server: StreamsServerProcess, tmp_path: Path
+) -> None:
+    from meshplane.cli.pipeline import prepare_demo
+    from meshplane.spark.pipeline import PipelineSettings, run_pipeline
+
+    settings = PipelineSettings(url=server.url, source="pipe-in", sink="pipe-out", output=tmp_path)
+    run(prepare_demo(server.url, None, "pipe-in", "pipe-out", 2000))  # 100 s of event time, 4 keys
+    first = run_pipeline(spark, settings)
+    # 10 s windows, 10 s watermark: max event time 99.95 s, so windows ending by 89.95 s are closed:
+    # 8 windows x 4 keys of 50 events.
+    assert (first["windows"], first["events_in_windows"]) == (32, 1600)
+    run(prepare_demo(server.url, None, "pipe-in", "pipe-out", 1000, first=2000))  # 50 s more
+    second = run_pipeline(spark, settings)
+    windows = spark.read.parquet(str(tmp_path / "windows.parquet")).collect()
+    keys = [(r["window_start"], r["key"]) for r in windows]
+    assert len(keys) == len(set(keys)) == second["windows"]  # resumed: no window written twice
+    assert all(r["events"] == 50 for r in windows)
+    assert second["windows"] == 52  # max event time 149.95 s: 13 closed windows x 4 keys
+    published = spark.read.format("meshplane").option("url", server.url).option("topic", "pipe-out").load()
+    assert published.count() == second["windows"]  # the topic got each closed window once too

@@ -129,6 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_options(serve)
     add_client_commands(commands)
 
+    from meshplane.cli.pipeline import add_pipeline_options
+
+    pipeline = commands.add_parser(
+        "pipeline",
+        help="Spark pipelines over meshplane streams (needs the spark extra)",
+        description="Run the example Spark Structured Streaming pipeline.",
+    )
+    add_pipeline_options(pipeline)
+
     ls = commands.add_parser(
         "ls",
         help="list discovered event channels",
@@ -253,6 +262,14 @@ def main(argv: list[str] | None = None) -> int:
     from meshplane.cli.streams import run_client, run_serve
     from meshplane.cli.up import run_up
 
+    if args.command == "pipeline":  # Spark runs its own threads and JVM: not inside an event loop
+        from meshplane.cli.pipeline import run_pipeline_command
+
+        try:
+            return run_pipeline_command(args)
+        except MeshplaneError as exc:
+            print(f"meshplane: error: {exc}", file=sys.stderr)
+            return 2
     runner = {
         "up": run_up,
         "pub": run_pub,

@@ -74,6 +74,12 @@ def add_up_options(parser: argparse.ArgumentParser) -> None:
         help="port of the embedded streams server (default 15500, a free one if taken; -1: no streams). "
         f"Demo events are also appended to the partitioned topic {DEMO_STREAM_TOPIC!r}",
     )
+    parser.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="also run the Spark pipeline on the demo topic (`meshplane pipeline demo --follow`, "
+        "needs the spark extra and Java)",
+    )
     parser.add_argument("--publishers", type=int, default=3, metavar="N", help="demo publishers (default 3)")
     parser.add_argument(
         "--rate",
@@ -151,6 +157,31 @@ async def run_up(args: argparse.Namespace) -> int:
     if streams is not None:
         print(f"  streams server at {streams.url} (data in {state_dir / 'streams'}); try:", flush=True)
         print(f"    meshplane topic stats {DEMO_STREAM_TOPIC} --url {streams.url}", flush=True)
+        print(
+            f"    meshplane pipeline demo --url {streams.url} --source {DEMO_STREAM_TOPIC}   (Spark)",
+            flush=True,
+        )
+    pipeline = None
+    if args.pipeline:
+        if streams is None:
+            raise ConfigError("--pipeline needs the streams server (do not pass --streams-port -1)")
+        follow = str(args.duration or 10**9)
+        pipeline = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "meshplane.cli.main",
+            "pipeline",
+            "demo",
+            "--url",
+            streams.url,
+            "--source",
+            DEMO_STREAM_TOPIC,
+            "--state-dir",
+            str(state_dir),
+            "--follow",
+            follow,
+            start_new_session=True,
+        )
 
     try:
         async with EventPlane(config) as plane:
@@ -184,6 +215,9 @@ async def run_up(args: argparse.Namespace) -> int:
                 flush=True,
             )
     finally:
+        if pipeline is not None and pipeline.returncode is None:
+            pipeline.terminate()
+            await pipeline.wait()
         if streams is not None:
             await streams.close()
         for broker in brokers:
