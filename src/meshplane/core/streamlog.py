@@ -40,7 +40,7 @@ class StoredEvent(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(StoredEvent)
+EVENT_DECODER = msgspec.msgpack.Decoder(StoredEvent)
 
 
 def encode_event(event: StoredEvent) -> bytes:
@@ -48,7 +48,7 @@ def encode_event(event: StoredEvent) -> bytes:
 
 
 def decode_event(payload: bytes | memoryview) -> StoredEvent:
-    return _decoder.decode(payload)
+    return EVENT_DECODER.decode(payload)
 
 
 def encode_record(offset: int, timestamp_ms: int, payload: bytes) -> bytes:

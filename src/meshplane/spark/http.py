@@ -7,7 +7,6 @@ import json
 import urllib.parse
 from typing import Any
 
-from meshplane.core.streamlog import Record, scan_records
 from meshplane.streams.errors import NotFound, OffsetOutOfRange, StreamError
 
 
@@ -65,18 +64,17 @@ class SyncStreamsClient:
             str(p["partition_id"]): (int(p["min_offset"]), int(p["next_offset"])) for p in stats["partitions"]
         }
 
-    def fetch(
+    def fetch_raw(
         self, topic: str, partition: int, from_offset: int, max_bytes: int
-    ) -> tuple[list[Record], int, int]:
-        """Whole records from ``from_offset``; with the log's start and end offsets."""
+    ) -> tuple[bytes, int, int]:
+        """Record bytes from ``from_offset`` (the last may be cut); with the log's start and end offsets."""
         query = urllib.parse.urlencode({"from_offset": from_offset, "max_bytes": max_bytes})
         status, headers, data = self.request(
             "GET", f"/topics/{urllib.parse.quote(topic)}/partitions/{partition}/records?{query}"
         )
         if status >= 400:
             raise _error(status, json.loads(data) if data else {})
-        records = scan_records(data, expected_offset=from_offset).records
-        return records, int(headers["x-log-start-offset"]), int(headers["x-log-end-offset"])
+        return data, int(headers["x-log-start-offset"]), int(headers["x-log-end-offset"])
 
     def publish_batch(self, topic: str, events: list[dict[str, Any]], idempotency_key: str | None) -> None:
         body: dict[str, Any] = {"events": events}

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import base64
 import logging
+import operator
 import os
 import uuid
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -44,7 +47,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from meshplane.core.streamlog import Record, decode_event
+from meshplane.core.streamlog import EVENT_DECODER, HEADER_SIZE, RECORD_HEADER
 from meshplane.spark import offsets as off
 from meshplane.spark.http import SyncStreamsClient
 from meshplane.streams.errors import OffsetOutOfRange
@@ -87,6 +90,7 @@ class Options:
     fail_on_data_loss: bool
     fetch_max_bytes: int
     event_type: str
+    arrow: bool = True  # yield Arrow record batches (false: one tuple per row, slower; for comparison)
 
     @classmethod
     def parse(cls, options: Any) -> Options:
@@ -114,6 +118,7 @@ class Options:
             fail_on_data_loss=fail == "true",
             fetch_max_bytes=fetch_bytes,
             event_type=str(get("eventType", "spark")),
+            arrow=str(get("arrow", "true")).lower() != "false",
         )
 
     def client(self) -> SyncStreamsClient:
@@ -146,55 +151,121 @@ def _value(data: Any, metadata: dict[str, str] | None) -> bytes:
     return msgspec.json.encode(data)
 
 
-def to_arrow(records: Sequence[Record], topic: str, partition: int) -> pa.RecordBatch:
-    keys, values, stamps, types, ids, metas = [], [], [], [], [], []
-    for record in records:
-        event = decode_event(record.payload)
-        keys.append(event.key)
-        values.append(_value(event.data, event.metadata))
-        stamps.append(record.timestamp_ms * 1000)
-        types.append(event.event_type)
-        ids.append(event.id)
-        metas.append(list(event.metadata.items()) if event.metadata else [])
-    n = len(records)
+@dataclass
+class Columns:
+    """Decoded records of one fetch, column by column."""
+
+    keys: list[str | None]
+    values: list[bytes]
+    offsets: list[int]
+    stamps_us: list[int]
+    types: list[str]
+    ids: list[str]
+    metadata: list[list[tuple[str, str]]]
+
+
+def decode_columns(data: bytes, first: int, end: int) -> Columns:
+    """Records ``first``..``end - 1`` of a raw fetch, straight into columns (the hot loop of a read).
+
+    A record cut by the fetch size ends the chunk; a bad crc or a broken sequence is an error. Only
+    the framing runs in a Python loop; decoding and column extraction run in C (map/attrgetter).
+    """
+    bodies: list[memoryview] = []
+    offsets: list[int] = []
+    stamps: list[int] = []
+    add_body, add_offset, add_stamp = bodies.append, offsets.append, stamps.append
+    unpack, crc32 = RECORD_HEADER.unpack_from, zlib.crc32
+    view = memoryview(data)
+    size = len(view)
+    pos, expected = 0, first
+    while pos + HEADER_SIZE <= size and expected < end:
+        length, crc, offset, timestamp_ms = unpack(view, pos)
+        stop = pos + 8 + length
+        if stop > size:
+            break
+        body = view[pos + 8 : stop]
+        if crc32(body) != crc or offset != expected:
+            raise RuntimeError(f"corrupt record at offset {expected} (crc or sequence mismatch)")
+        add_body(body[16:])
+        add_offset(offset)
+        add_stamp(timestamp_ms * 1000)
+        expected += 1
+        pos = stop
+    events = list(map(EVENT_DECODER.decode, bodies))
+    datas = list(map(_DATA, events))
+    metas = list(map(_METADATA, events))
+    if any(metas) or not all(type(d) is str for d in datas):
+        values = [_value(d, m) for d, m in zip(datas, metas, strict=True)]
+        metadata = [list(m.items()) if m else [] for m in metas]
+    else:  # the common case: text payloads, no metadata
+        values = list(map(str.encode, datas))
+        metadata = [[]] * len(events)
+    return Columns(
+        list(map(_KEY, events)),
+        values,
+        offsets,
+        stamps,
+        list(map(_TYPE, events)),
+        list(map(_ID, events)),
+        metadata,
+    )
+
+
+_DATA, _METADATA = operator.attrgetter("data"), operator.attrgetter("metadata")
+_KEY, _TYPE, _ID = operator.attrgetter("key"), operator.attrgetter("event_type"), operator.attrgetter("id")
+
+
+def to_arrow(cols: Columns, topic: str, partition: int) -> pa.RecordBatch:
+    n = len(cols.offsets)
     return pa.RecordBatch.from_arrays(
         [
-            pa.array(keys, pa.string()),
-            pa.array(values, pa.binary()),
+            pa.array(cols.keys, pa.string()),
+            pa.array(cols.values, pa.binary()),
             pa.array([topic] * n, pa.string()),
             pa.array([partition] * n, pa.int32()),
-            pa.array([r.offset for r in records], pa.int64()),
-            pa.array(stamps, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-            pa.array(types, pa.string()),
-            pa.array(ids, pa.string()),
-            pa.array(metas, pa.map_(pa.string(), pa.string())),
+            pa.array(cols.offsets, pa.int64()),
+            pa.array(cols.stamps_us, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+            pa.array(cols.types, pa.string()),
+            pa.array(cols.ids, pa.string()),
+            pa.array(cols.metadata, pa.map_(pa.string(), pa.string())),
         ],
         schema=ARROW_SCHEMA,
     )
 
 
-def read_range(options: Options, part: TopicRange) -> Iterator[pa.RecordBatch]:
+def to_tuples(cols: Columns, topic: str, partition: int) -> Iterator[tuple[Any, ...]]:
+    for key, value, offset, stamp, event_type, event_id, meta in zip(
+        cols.keys, cols.values, cols.offsets, cols.stamps_us, cols.types, cols.ids, cols.metadata, strict=True
+    ):
+        when = datetime.fromtimestamp(stamp / 1e6, tz=UTC)
+        yield (key, value, topic, partition, offset, when, event_type, event_id, dict(meta))
+
+
+def read_range(options: Options, part: TopicRange) -> Iterator[Any]:
     """Fetch [start, end) in large chunks; each chunk becomes one Arrow batch."""
     client = options.client()
     offset = part.start
     try:
         while offset < part.end:
             try:
-                records, _, _ = client.fetch(part.topic, part.partition, offset, options.fetch_max_bytes)
+                data, _, _ = client.fetch_raw(part.topic, part.partition, offset, options.fetch_max_bytes)
             except OffsetOutOfRange as exc:
                 if exc.oldest <= offset:
                     raise
                 _data_lost(options, part.topic, part.partition, offset, exc.oldest)
                 offset = exc.oldest
                 continue
-            records = [r for r in records if r.offset < part.end]
-            if not records:
+            cols = decode_columns(data, offset, part.end)
+            if not cols.offsets:
                 raise RuntimeError(
                     f"meshplane {part.topic}/{part.partition}: no event at offset {offset} although the "
                     f"planned range ends at {part.end}: was the topic deleted and created again?"
                 )
-            yield to_arrow(records, part.topic, part.partition)
-            offset = records[-1].offset + 1
+            if options.arrow:
+                yield to_arrow(cols, part.topic, part.partition)
+            else:
+                yield from to_tuples(cols, part.topic, part.partition)
+            offset = cols.offsets[-1] + 1
     finally:
         client.close()
 
@@ -264,7 +335,7 @@ class MeshplaneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:  # type: ignore[type-arg]
         return plan(self.options, start, end, self._bounds())
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, TopicRange)
         return read_range(self.options, partition)
 
@@ -291,7 +362,7 @@ class MeshplaneBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         return plan(self.options, self.start, self.end, self.bounds)
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, TopicRange)
         return read_range(self.options, partition)
 

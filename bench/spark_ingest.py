@@ -1,0 +1,106 @@
+"""Spark ingest benchmark: rows/s from a meshplane topic into Spark, against Parquet, same run.
+
+    python bench/spark_ingest.py                  # 1 M events, 4 partitions, local[2]
+
+Every read is materialised with the ``noop`` sink (all columns produced, nothing written). The
+ceiling is Spark reading the same events from a Parquet file; the second comparison is the same
+source yielding Python tuples instead of Arrow record batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from meshplane.servers import StreamsServerProcess
+from meshplane.spark.pipeline import spark_session
+from meshplane.streams.client import StreamsClient
+
+PARTITIONS = 4
+
+
+async def publish(url: str, events: int) -> None:
+    async with StreamsClient(url, timeout=300) as client:
+        await client.create_topic("ingest", PARTITIONS)
+        batch = [{"event_type": "bench", "key": f"k{i % 100}", "data": "x" * 100} for i in range(1000)]
+        for _ in range(events // 1000):
+            await client.publish_batch("ingest", batch)
+
+
+def timed(run: Any, repeats: int) -> float:
+    """The median time of ``repeats`` runs (after one warm-up)."""
+    run()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "spark_ingest.json")
+    args = parser.parse_args()
+    spark = spark_session("meshplane-bench")
+    results: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "events": args.events,
+        "partitions": PARTITIONS,
+        "master": "local[2]",
+    }
+    with StreamsServerProcess() as server, tempfile.TemporaryDirectory() as tmp:
+        server.start()
+        asyncio.run(publish(server.url, args.events))
+
+        def source(arrow: bool) -> Any:
+            return (
+                spark.read.format("meshplane")
+                .option("url", server.url)
+                .option("topic", "ingest")
+                .option("arrow", str(arrow).lower())
+                .load()
+            )
+
+        parquet = str(Path(tmp) / "ingest.parquet")
+        source(True).write.parquet(parquet)
+        assert spark.read.parquet(parquet).count() == args.events
+        seconds = {
+            "parquet": timed(
+                lambda: spark.read.parquet(parquet).write.format("noop").mode("overwrite").save(),
+                args.repeats,
+            ),
+            "meshplane_arrow": timed(
+                lambda: source(True).write.format("noop").mode("overwrite").save(), args.repeats
+            ),
+            "meshplane_tuples": timed(
+                lambda: source(False).write.format("noop").mode("overwrite").save(), max(1, args.repeats - 2)
+            ),
+        }
+    spark.stop()
+    results["rows_per_s"] = {k: round(args.events / v) for k, v in seconds.items()}
+    rates = results["rows_per_s"]
+    results["ratios"] = {
+        "arrow_vs_parquet": round(rates["meshplane_arrow"] / rates["parquet"], 2),
+        "arrow_vs_tuples": round(rates["meshplane_arrow"] / rates["meshplane_tuples"], 2),
+    }
+    print(json.dumps(results, indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
