@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit bench etcd redis clean
+.PHONY: run test lint typecheck unit bench etcd java redis clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,14 +24,20 @@ etcd:
 	    $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq etcd-server; \
 	  else echo "etcd is missing and apt-get is not available: install etcd 3.4+ and retry" >&2; exit 1; fi; }
 
+## java: install a Java 17 runtime from Debian when java is missing (the Spark tests run a real Spark)
+java:
+	@command -v java >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openjdk-17-jre-headless; }
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-## test: ruff, mypy and the whole pytest suite (real nats-server, etcd, ZeroMQ)
-test: $(STAMP) etcd lint typecheck
+## test: ruff, mypy and the whole pytest suite (real nats-server, etcd, ZeroMQ, streams server, Spark)
+test: $(STAMP) etcd java lint typecheck
 	$(BIN)/pytest
 
 ## redis: install redis-server from Debian when it is missing (the streams benchmark runs it)
