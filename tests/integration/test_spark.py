@@ -236,3 +236,23 @@ def test_pipeline_demo_writes_closed_windows_and_resumes_exactly(
     assert second["windows"] == 52  # max event time 149.95 s: 13 closed windows x 4 keys
     published = spark.read.format("meshplane").option("url", server.url).option("topic", "pipe-out").load()
     assert published.count() == second["windows"]  # the topic got each closed window once too
+
+
+def test_new_partitions_are_picked_up(
+    spark: SparkSession, server: StreamsServerProcess, tmp_path: Path
+) -> None:
+    run(publish(server.url, "growing", 0, 100, partitions=2))
+    frame = reader(spark, server.url, "growing", startingOffsets="earliest")
+    rows, _ = collect_available_now(frame, tmp_path / "ckpt")
+    assert len(rows) == 100
+
+    async def grow_and_publish() -> None:
+        async with StreamsClient(server.url) as client:
+            await client.add_partitions("growing", 3)
+            await client.publish_batch(
+                "growing", [{"event_type": "e", "data": i} for i in range(7)], partition=2
+            )
+
+    run(grow_and_publish())
+    more, _ = collect_available_now(frame, tmp_path / "ckpt")
+    assert sorted((r["partition"], r["offset"]) for r in more) == [(2, o) for o in range(7)]

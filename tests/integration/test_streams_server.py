@@ -483,3 +483,16 @@ async def test_rooms_survive_a_crash_and_offsets_continue() -> None:
             assert [e["data"]["i"] for e in history["events"]] == list(range(10, 30))
             assert (history["oldest_offset"], history["newest_offset"]) == (10, 29)
             assert await c.publish("persist", "tick", {"i": 30}) == 30
+
+
+async def test_growing_a_topic_rebalances_its_groups(client: StreamsClient) -> None:
+    await client.create_topic("grow", 2)
+    await client.create_group("growers", "grow", strategy="range")
+    member = await client.join("growers", member_id="solo")
+    assert member["partitions"] == [0, 1]
+    assert (await client.add_partitions("grow", 4))["num_partitions"] == 4
+    beat = await client.heartbeat("growers", "solo")
+    assert (beat["generation"], beat["partitions"]) == (member["generation"] + 1, [0, 1, 2, 3])
+    assert len((await client.topic_stats("grow"))["partitions"]) == 4
+    with pytest.raises(StreamError, match="ask for more"):
+        await client.add_partitions("grow", 3)

@@ -169,6 +169,13 @@ class GroupCoordinator:
         del self.members[member_id]
         return self._rebalance(now, self._expired(now))
 
+    def resize(self, partitions: int, now: float) -> RebalanceResult:
+        """The topic grew: a rebalance spreads the new partitions."""
+        if partitions < self.partitions:
+            raise GroupError(f"a topic never shrinks ({self.partitions} -> {partitions} partitions)")
+        self.partitions = partitions
+        return self._rebalance(now, self._expired(now))
+
     def heartbeat(self, member_id: str, now: float) -> int:
         """Keep a member alive; returns the current generation (a new one means: fetch the assignment)."""
         self.expire(now)

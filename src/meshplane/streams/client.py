@@ -168,6 +168,10 @@ class StreamsClient:
             body["segment_bytes"] = segment_bytes
         return await self.request("POST", f"/topics/{topic}", body)
 
+    async def add_partitions(self, topic: str, num_partitions: int) -> dict[str, Any]:
+        """Grow ``topic`` to ``num_partitions``."""
+        return await self.request("POST", f"/topics/{topic}/partitions", {"num_partitions": num_partitions})
+
     async def delete_topic(self, topic: str) -> dict[str, Any]:
         return await self.request("DELETE", f"/topics/{topic}")
 

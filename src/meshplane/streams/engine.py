@@ -153,7 +153,8 @@ class Durability:
             await self.flush()
 
     async def flush(self) -> None:
-        logs, self._dirty = self._dirty, set()
+        logs = {lg for lg in self._dirty if not lg.closed}  # a deleted room or topic has nothing to sync
+        self._dirty = set()
         waiters, self._waiters = self._waiters, []
         self._pending_records = 0
         if logs:
@@ -338,6 +339,9 @@ class Room:
     def __len__(self) -> int:
         return len(self._ring) - self._head
 
+    def last_event_ms(self) -> int:
+        return self._ring[-1].timestamp_ms if self._ring else 0
+
     def append(self, events: list[StoredEvent], payloads: list[bytes], timestamp_ms: int) -> int:
         first = self.log.append(payloads, timestamp_ms)
         for i, event in enumerate(events):
@@ -401,16 +405,31 @@ class Topic:
         self.name = name
         self.directory = directory
         self.settings = settings
-        self.partitions = [
-            PartitionLog(
-                directory / str(p), segment_bytes=settings.segment_bytes, retention=settings.retention
-            )
-            for p in range(settings.num_partitions)
-        ]
-        self.notifiers = [Notifier() for _ in self.partitions]
+        self.partitions: list[PartitionLog] = []
+        self.notifiers: list[Notifier] = []
+        self.published: list[int] = []
+        self.consumed: list[int] = []
         self._next_partition = 0
-        self.published = [0] * len(self.partitions)
-        self.consumed = [0] * len(self.partitions)
+        self._open_partitions(settings.num_partitions)
+
+    def _open_partitions(self, count: int) -> None:
+        for p in range(len(self.partitions), count):
+            s = self.settings
+            self.partitions.append(
+                PartitionLog(self.directory / str(p), segment_bytes=s.segment_bytes, retention=s.retention)
+            )
+            self.notifiers.append(Notifier())
+            self.published.append(0)
+            self.consumed.append(0)
+
+    def grow(self, count: int) -> None:
+        """More partitions (never fewer, as in Kafka: keyed events of existing keys may move)."""
+        if count <= len(self.partitions):
+            raise BadRequest(
+                f"topic {self.name!r} has {len(self.partitions)} partitions: ask for more, not {count}"
+            )
+        self._open_partitions(count)
+        self.settings.num_partitions = count
 
     def choose_partition(self, key: str | None, partition: int | None) -> int:
         count = len(self.partitions)
@@ -794,6 +813,18 @@ class StreamEngine:
         if found is None:
             raise NotFound(f"topic {name!r} not found")
         return found
+
+    def add_partitions(self, name: str, count: int) -> Topic:
+        topic = self.topic(name)
+        if count > 10_000:
+            raise BadRequest("num_partitions must be <= 10000")
+        topic.grow(count)
+        _write_atomic(topic.directory / "topic.json", msgspec.json.encode(topic.settings))
+        for group in self.groups.values():
+            if group.topic == name:
+                group.resize(count, time.monotonic())
+                self.group_changed(group)
+        return topic
 
     def delete_topic(self, name: str) -> bool:
         topic = self.topics.pop(check_name("topic", name), None)

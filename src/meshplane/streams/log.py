@@ -91,6 +91,7 @@ class PartitionLog:
         self.truncated_bytes = 0  # torn or corrupt bytes removed by recovery
         self.appended_bytes = 0
         self.synced_bytes = 0
+        self.closed = False
         directory.mkdir(parents=True, exist_ok=True)
         self._recover()
 
@@ -386,6 +387,7 @@ class PartitionLog:
             self.directory.rmdir()
 
     def close(self) -> None:
+        self.closed = True
         for segment in self.segments:
             with contextlib.suppress(OSError):
                 segment.close()

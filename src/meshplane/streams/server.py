@@ -523,6 +523,13 @@ class Api:
             201,
         )
 
+    async def topic_partitions(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        topic = self.engine.add_partitions(
+            request.match_info["topic"], get_int(body, "num_partitions", minimum=1)
+        )
+        return json_response({"success": True, "topic": topic.name, "num_partitions": len(topic.partitions)})
+
     async def topic_delete(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]
         if not self.engine.delete_topic(name):
@@ -851,6 +858,14 @@ class Api:
                 },
             ),
             Route("DELETE", "/topics/{topic}", self.topic_delete, "Delete a topic and its data", "topics"),
+            Route(
+                "POST",
+                "/topics/{topic}/partitions",
+                self.topic_partitions,
+                "Grow a topic to num_partitions (never shrinks)",
+                "topics",
+                {"num_partitions": "integer"},
+            ),
             Route(
                 "POST",
                 "/topics/{topic}/publish",

@@ -1,0 +1,77 @@
+"""The streams engine in-process on real files: group commit, limits, room expiry, idempotency."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from meshplane.core.streamlog import StoredEvent
+from meshplane.streams.engine import StreamEngine, StreamsConfig
+from meshplane.streams.errors import LimitReached, NotFound, OffsetOutOfRange
+
+
+def event(i: int) -> StoredEvent:
+    return StoredEvent(f"id{i}", "e", {"i": i})
+
+
+async def test_fsync_always_acknowledges_after_a_shared_fsync(tmp_path: Path) -> None:
+    engine = StreamEngine(StreamsConfig(data_dir=tmp_path, fsync="always"))
+    await engine.start()
+    try:
+        engine.create_topic("t", 1)
+        places = await asyncio.gather(*(engine.publish_topic("t", [event(i)]) for i in range(200)))
+        assert sorted(p[0][1] for p in places) == list(range(200))
+        assert 1 <= engine.durability.fsyncs < 200  # concurrent publishers shared fsyncs (group commit)
+        assert engine.topics["t"].partitions[0].synced_bytes >= 0
+    finally:
+        await engine.close()
+
+
+async def test_room_and_subscriber_limits(tmp_path: Path) -> None:
+    engine = StreamEngine(StreamsConfig(data_dir=tmp_path, max_rooms=2, max_subscribers_per_room=1))
+    engine.open()
+    engine.create_room("a")
+    engine.create_room("b")
+    with pytest.raises(LimitReached, match="2 rooms"):
+        engine.create_room("c")
+    engine.touch_subscriber(engine.room("a"), "s1")
+    engine.touch_subscriber(engine.room("a"), "s1")  # the same subscriber again is fine
+    with pytest.raises(LimitReached, match="subscribers"):
+        engine.touch_subscriber(engine.room("a"), "s2")
+    await engine.close()
+
+
+async def test_rooms_expire_by_time_and_inactive_rooms_go(tmp_path: Path) -> None:
+    engine = StreamEngine(
+        StreamsConfig(data_dir=tmp_path, auto_create_rooms=False, room_inactive_timeout=3600)
+    )
+    engine.open()
+    with pytest.raises(NotFound):
+        await engine.publish_room("nope", "e", 1)  # auto-create is off
+    room, _ = engine.create_room("timed", retention_secs=10)
+    for i in range(5):
+        await engine.publish_room("timed", "e", i)
+    room.trim(room.last_event_ms() + 10_001)  # ten seconds and a bit later
+    assert len(room) == 0
+    with pytest.raises(OffsetOutOfRange):
+        engine.read_room("timed", 0, 10)
+    engine.config.room_inactive_timeout = 0.0
+    engine.maintain(0.0)
+    assert "timed" not in engine.rooms
+    await engine.close()
+
+
+async def test_idempotent_publishes_survive_a_restart(tmp_path: Path) -> None:
+    engine = StreamEngine(StreamsConfig(data_dir=tmp_path))
+    engine.open()
+    engine.create_topic("t", 2)
+    first = await engine.publish_topic("t", [event(1), event(2)], idempotency_key="k1")
+    await engine.close()
+    again = StreamEngine(StreamsConfig(data_dir=tmp_path))
+    again.open()
+    assert await again.publish_topic("t", [event(1), event(2)], idempotency_key="k1") == first
+    assert sum(p.next_offset for p in again.topics["t"].partitions) == 2
+    assert again.counters["duplicates_skipped"] == 2
+    await again.close()
