@@ -45,7 +45,20 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         help="always: acknowledge after fsync (group commit); interval: fsync every "
         "--fsync-interval-ms; never: leave it to the OS (default interval)",
     )
-    parser.add_argument("--fsync-interval-ms", type=float, default=10.0, metavar="MS")
+    parser.add_argument(
+        "--fsync-interval-ms",
+        type=float,
+        default=10.0,
+        metavar="MS",
+        help="with --fsync interval: milliseconds between fsyncs (default 10)",
+    )
+    parser.add_argument(
+        "--fsync-every-records",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --fsync interval: also fsync once N records wait (default 0: off)",
+    )
     parser.add_argument(
         "--segment-bytes",
         type=int,
@@ -76,6 +89,7 @@ def streams_config_from_args(args: argparse.Namespace) -> StreamsConfig:
         data_dir=args.data_dir,
         fsync=args.fsync,
         fsync_interval_ms=args.fsync_interval_ms,
+        fsync_every_records=args.fsync_every_records,
         segment_bytes=args.segment_bytes,
         max_payload_bytes=args.max_payload_bytes,
         room_max_events=args.room_max_events,
