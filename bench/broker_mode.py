@@ -5,6 +5,9 @@ processes of their own. Also counts TCP connections for P publishers x S subscri
 broker mode (the seed claims O(P x S) against O(P + S)).
 
     python bench/broker_mode.py [--events 300000] [--latency-events 5000]
+
+The broker cases run with both relays: python (the default, exact message counters) and c
+(`--relay c`, libzmq's proxy moves the events).
 """
 
 from __future__ import annotations
@@ -70,8 +73,9 @@ def run_case(case: str, events: int, latency: bool, interval: float) -> dict[str
             proc.wait()
     if case == "meshplane-direct":
         return run_pair("zmq-meshplane", events, latency, interval, "")
-    count = 1 if case == "meshplane-1-broker" else 2
-    brokers = [BrokerProcess() for _ in range(count)]
+    count = 2 if case.startswith("meshplane-2-brokers") else 1
+    relay = ("--relay", "c") if case.endswith("-c") else ()
+    brokers = [BrokerProcess(extra_args=("--no-register", *relay)) for _ in range(count)]
     try:
         for broker in brokers:
             broker.start()
@@ -124,7 +128,14 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.0005)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "broker_mode.json")
     args = parser.parse_args()
-    cases = ["raw-zmq-proxy", "meshplane-direct", "meshplane-1-broker", "meshplane-2-brokers"]
+    cases = [
+        "raw-zmq-proxy",
+        "meshplane-direct",
+        "meshplane-1-broker",
+        "meshplane-1-broker-c",
+        "meshplane-2-brokers",
+        "meshplane-2-brokers-c",
+    ]
     results: dict[str, Any] = {
         "events": args.events,
         "payload_bytes": 100,
@@ -159,6 +170,18 @@ def main() -> None:
         ),
         "two_brokers_throughput_vs_raw_proxy": round(
             t["meshplane-2-brokers"]["rate"] / t["raw-zmq-proxy"]["rate"], 2
+        ),
+        "one_broker_c_throughput_vs_raw_proxy": round(
+            t["meshplane-1-broker-c"]["rate"] / t["raw-zmq-proxy"]["rate"], 2
+        ),
+        "two_brokers_c_throughput_vs_raw_proxy": round(
+            t["meshplane-2-brokers-c"]["rate"] / t["raw-zmq-proxy"]["rate"], 2
+        ),
+        "one_broker_c_p50_vs_direct": round(
+            lat["meshplane-1-broker-c"]["p50_us"] / lat["meshplane-direct"]["p50_us"], 2
+        ),
+        "one_broker_c_p99_vs_direct": round(
+            lat["meshplane-1-broker-c"]["p99_us"] / lat["meshplane-direct"]["p99_us"], 2
         ),
         "one_broker_p50_vs_direct": round(
             lat["meshplane-1-broker"]["p50_us"] / lat["meshplane-direct"]["p50_us"], 2

@@ -3,16 +3,23 @@
 Publishers connect to the XSUB side, subscribers to the XPUB side. Subscriptions (and, with
 XPUB_VERBOSER, unsubscriptions) travel upstream to the publishers; events travel downstream. The relay
 runs in a thread of its own, so a Python event loop never sits between two hops.
+
+Two relays: ``python`` (the default) moves every message through Python and counts messages exactly;
+``c`` runs libzmq's proxy (zmq.proxy_steerable) so events never enter Python. The C relay counts
+frames and bytes (libzmq's proxy statistics) instead of messages, exact until a drop restarts the
+proxy (up to 100 ms of traffic before each drop may go uncounted); drops, subscriptions and peers
+stay exact (subscriptions are seen through the proxy's capture socket, filtered in C).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import struct
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -29,8 +36,13 @@ _STOP = b"stop"
 class BrokerStats:
     """The broker's counters (read them through :meth:`Broker.stats` or the stats socket)."""
 
-    messages_in: int = 0
+    relay: str = "python"
+    messages_in: int = 0  # reported as None by the C relay, which counts frames
     messages_out: int = 0
+    frames_in: int | None = None  # the C relay's counters
+    frames_out: int | None = None
+    bytes_in: int | None = None
+    bytes_out: int | None = None
     dropped: int = 0  # refused by a full subscriber queue for longer than drop_after
     subscriptions: int = 0  # live (un)subscription balance forwarded upstream
     subscription_messages: int = 0
@@ -48,18 +60,34 @@ class Broker:
         stats_endpoint: str | None = None,
         hwm: int = 100_000,
         drop_after: float = 0.1,
+        relay: Literal["python", "c"] = "python",
     ) -> None:
+        if relay not in ("python", "c"):
+            raise ValueError(f"relay must be python or c, not {relay!r}")
+        self._relay_kind = relay
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._requested = (xsub, xpub, stats_endpoint)
         self._hwm = hwm
         self._drop_after = drop_after
-        self._counters = BrokerStats()
+        self._counters = BrokerStats(relay=relay)
+        self._proxy_lock = threading.Lock()
+        self._proxy_run = 0
+        self._proxy_base = [0] * 8  # libzmq statistics of the proxy runs that ended (after drops)
+        self._proxy_last = [0] * 8  # the latest statistics of the running proxy
         self._thread: threading.Thread | None = None
         self._control_endpoint = f"inproc://meshplane-broker-{id(self):x}"
         self.address: BrokerAddress | None = None
         self.stats_endpoint: str | None = None
 
     def stats(self) -> dict[str, Any]:
+        if self._relay_kind == "c":
+            with self._proxy_lock:
+                total = [a + b for a, b in zip(self._proxy_base, self._proxy_last, strict=True)]
+            # libzmq order: frontend in (frames, bytes), frontend out, backend in, backend out.
+            counters = self._counters
+            counters.frames_in, counters.bytes_in = total[0], total[1]
+            counters.frames_out, counters.bytes_out = total[6], total[7]
+            return {**asdict(counters), "messages_in": None, "messages_out": None}
         return asdict(self._counters)
 
     def start(self) -> BrokerAddress:
@@ -87,8 +115,9 @@ class Broker:
         self.stats_endpoint = _bound(stats) if stats is not None else None
         control = ctx.socket(zmq.PAIR)
         control.bind(self._control_endpoint)
+        relay = self._relay if self._relay_kind == "python" else self._relay_c
         self._thread = threading.Thread(
-            target=self._relay, args=(xsub, xpub, stats, control), name="meshplane-broker", daemon=True
+            target=relay, args=(xsub, xpub, stats, control), name="meshplane-broker", daemon=True
         )
         self._thread.start()
         log.info("broker relaying %s -> %s", self.address.xsub, self.address.xpub)
@@ -142,6 +171,117 @@ class Broker:
             for opened in (xsub, xpub, stats, control, *monitors):
                 if opened is not None:
                     opened.close(0)
+
+    # --- the C relay ----------------------------------------------------------------------------------
+
+    def _relay_c(
+        self,
+        xsub: zmq.Socket[bytes],
+        xpub: zmq.Socket[bytes],
+        stats: zmq.Socket[bytes] | None,
+        control: zmq.Socket[bytes],
+    ) -> None:
+        """libzmq's proxy moves the events; this thread answers stats, watches peers and subscriptions."""
+        ctx = self._context
+        # A full subscriber queue makes the proxy's blocking send give up after drop_after: counted.
+        xpub.setsockopt(zmq.SNDTIMEO, max(1, int(self._drop_after * 1000)))
+        steer, steer_peer = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+        steer.bind(self._control_endpoint + "-steer")
+        steer_peer.connect(self._control_endpoint + "-steer")
+        # The capture socket is a PUB: libzmq copies every message to it and drops, in C, all but the
+        # (un)subscriptions this SUB asks for (they start with byte 1 or 0; event subjects never do).
+        capture, watch = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+        capture.bind(self._control_endpoint + "-capture")
+        watch.connect(self._control_endpoint + "-capture")
+        watch.setsockopt(zmq.SUBSCRIBE, b"\x00")
+        watch.setsockopt(zmq.SUBSCRIBE, b"\x01")
+        proxy = threading.Thread(
+            target=self._run_proxy, args=(xsub, xpub, capture, steer), name="meshplane-proxy", daemon=True
+        )
+        proxy.start()
+        monitors = {
+            xsub.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED): "publishers_connected",
+            xpub.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED): "subscribers_connected",
+        }
+        poller = zmq.Poller()
+        for sock in (control, watch, *monitors):
+            poller.register(sock, zmq.POLLIN)
+        if stats is not None:
+            poller.register(stats, zmq.POLLIN)
+        counters = self._counters
+        try:
+            while True:
+                ready = dict(poller.poll(100))
+                if control in ready:
+                    return
+                while watch in ready:
+                    try:
+                        message = watch.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    counters.subscription_messages += 1
+                    delta = 1 if message[:1] == b"\x01" else -1
+                    counters.subscriptions = max(0, counters.subscriptions + delta)
+                for monitor, name in monitors.items():
+                    if monitor in ready:
+                        event = parse_monitor_message(monitor.recv_multipart())
+                        delta = 1 if event["event"] == zmq.EVENT_ACCEPTED else -1
+                        setattr(counters, name, max(0, getattr(counters, name) + delta))
+                self._refresh_proxy_stats(steer_peer)
+                if stats is not None and stats in ready:
+                    stats.recv()
+                    stats.send(json.dumps(self.stats()).encode())
+        finally:
+            steer_peer.send(b"TERMINATE")
+            proxy.join(5)
+            for opened in (xsub, xpub, stats, control, steer, steer_peer, capture, watch, *monitors):
+                if opened is not None:
+                    opened.close(0)
+
+    def _refresh_proxy_stats(self, steer_peer: zmq.Socket[bytes]) -> None:
+        with self._proxy_lock:
+            run = self._proxy_run
+        steer_peer.send(b"STATISTICS")
+        if not steer_peer.poll(1000):
+            return
+        values = [struct.unpack("<Q", frame)[0] for frame in steer_peer.recv_multipart()]
+        with self._proxy_lock:
+            if run == self._proxy_run:  # else the answer may be from either run: keep the older snapshot
+                self._proxy_last = values
+
+    def _run_proxy(
+        self,
+        xsub: zmq.Socket[bytes],
+        xpub: zmq.Socket[bytes],
+        capture: zmq.Socket[bytes],
+        steer: zmq.Socket[bytes],
+    ) -> None:
+        counters = self._counters
+        while True:
+            try:
+                zmq.proxy_steerable(xsub, xpub, capture, steer)
+                return  # TERMINATE
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EAGAIN:
+                    if exc.errno != zmq.ETERM:
+                        log.error("broker proxy stopped: %s", exc)
+                    return
+                # A refused send leaves the rest of that message in XSUB; a spurious receive EAGAIN
+                # (nothing lost) leaves RCVMORE unset. Meshplane's broker messages are multipart.
+                if xsub.getsockopt(zmq.RCVMORE):
+                    counters.dropped += 1
+                    if counters.dropped == 1 or counters.dropped % 10_000 == 0:
+                        log.warning("broker dropped %d messages: a subscriber is too slow", counters.dropped)
+                    while xsub.getsockopt(zmq.RCVMORE):
+                        xsub.recv()
+                with self._proxy_lock:
+                    self._proxy_base = [
+                        a + b for a, b in zip(self._proxy_base, self._proxy_last, strict=True)
+                    ]
+                    self._proxy_last = [0] * 8
+                    self._proxy_run += 1
+
+    # --- the Python relay -----------------------------------------------------------------------------
 
     def _forward_subscriptions(self, xpub: zmq.Socket[bytes], xsub: zmq.Socket[bytes]) -> None:
         counters = self._counters

@@ -51,6 +51,13 @@ def add_broker_options(parser: argparse.ArgumentParser) -> None:
         help="how long to wait for a full subscriber queue before dropping (counted) (default 0.1)",
     )
     parser.add_argument(
+        "--relay",
+        choices=["python", "c"],
+        default="python",
+        help="python: every message through Python, counted exactly (default); c: libzmq's proxy moves "
+        "the events (faster; counts frames and bytes instead of messages)",
+    )
+    parser.add_argument(
         "--no-register",
         action="store_true",
         help="do not register in discovery (registered brokers are found by DYN_ZMQ_BROKER_ENABLED=true "
@@ -68,7 +75,7 @@ def add_stats_options(parser: argparse.ArgumentParser) -> None:
 
 async def run_broker(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    broker = Broker(args.xsub, args.xpub, args.stats, args.hwm, args.drop_after)
+    broker = Broker(args.xsub, args.xpub, args.stats, args.hwm, args.drop_after, args.relay)
     address = broker.start()
     discovery = None
     broker_id = new_instance_id()
