@@ -6,8 +6,8 @@ broker mode (the seed claims O(P x S) against O(P + S)).
 
     python bench/broker_mode.py [--events 300000] [--latency-events 5000]
 
-The broker cases run with both relays: python (the default, exact message counters) and c
-(`--relay c`, libzmq's proxy moves the events).
+The broker cases run with both relays: c (the default: libzmq's proxy moves the events) and python
+(`--relay python`, exact message counters).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def run_case(case: str, events: int, latency: bool, interval: float) -> dict[str
     if case == "meshplane-direct":
         return run_pair("zmq-meshplane", events, latency, interval, "")
     count = 2 if case.startswith("meshplane-2-brokers") else 1
-    relay = ("--relay", "c") if case.endswith("-c") else ()
+    relay = ("--relay", "c" if case.endswith("-c") else "python")
     brokers = [BrokerProcess(extra_args=("--no-register", *relay)) for _ in range(count)]
     try:
         for broker in brokers:

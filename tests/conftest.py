@@ -56,9 +56,19 @@ def running_brokers(
 
 @pytest.fixture(scope="session")
 def session_brokers(etcd_server: EtcdServer) -> Iterator[list[BrokerProcess]]:
-    """Two brokers for the contract suite, registered in the session's etcd."""
-    with running_brokers(2, ("--discovery", "etcd", "--etcd-endpoints", etcd_server.endpoint)) as brokers:
+    """Two brokers for the contract suite, registered in the session's etcd: one of each relay."""
+    registered = ("--discovery", "etcd", "--etcd-endpoints", etcd_server.endpoint)
+    brokers = [
+        BrokerProcess(extra_args=(*registered, "--relay", "python")),
+        BrokerProcess(extra_args=registered),
+    ]
+    try:
+        for broker in brokers:
+            broker.start()
         yield brokers
+    finally:
+        for broker in brokers:
+            broker.cleanup()
 
 
 def make_config(

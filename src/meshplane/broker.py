@@ -4,8 +4,8 @@ Publishers connect to the XSUB side, subscribers to the XPUB side. Subscriptions
 XPUB_VERBOSER, unsubscriptions) travel upstream to the publishers; events travel downstream. The relay
 runs in a thread of its own, so a Python event loop never sits between two hops.
 
-Two relays: ``python`` (the default) moves every message through Python and counts messages exactly;
-``c`` runs libzmq's proxy (zmq.proxy_steerable) so events never enter Python. The C relay counts
+Two relays: ``c`` (the default) runs libzmq's proxy (zmq.proxy_steerable) so events never enter
+Python; ``python`` moves every message through Python and counts messages exactly. The C relay counts
 frames and bytes (libzmq's proxy statistics) instead of messages, exact until a drop restarts the
 proxy (up to 100 ms of traffic before each drop may go uncounted); drops, subscriptions and peers
 stay exact (subscriptions are seen through the proxy's capture socket, filtered in C).
@@ -36,7 +36,7 @@ _STOP = b"stop"
 class BrokerStats:
     """The broker's counters (read them through :meth:`Broker.stats` or the stats socket)."""
 
-    relay: str = "python"
+    relay: str = "c"
     messages_in: int = 0  # reported as None by the C relay, which counts frames
     messages_out: int = 0
     frames_in: int | None = None  # the C relay's counters
@@ -60,7 +60,7 @@ class Broker:
         stats_endpoint: str | None = None,
         hwm: int = 100_000,
         drop_after: float = 0.1,
-        relay: Literal["python", "c"] = "python",
+        relay: Literal["python", "c"] = "c",
     ) -> None:
         if relay not in ("python", "c"):
             raise ValueError(f"relay must be python or c, not {relay!r}")
@@ -115,9 +115,14 @@ class Broker:
         self.stats_endpoint = _bound(stats) if stats is not None else None
         control = ctx.socket(zmq.PAIR)
         control.bind(self._control_endpoint)
+        # Monitors before any peer can connect: an ACCEPTED event must not be missed.
+        monitors = {
+            xsub.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED): "publishers_connected",
+            xpub.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED): "subscribers_connected",
+        }
         relay = self._relay if self._relay_kind == "python" else self._relay_c
         self._thread = threading.Thread(
-            target=relay, args=(xsub, xpub, stats, control), name="meshplane-broker", daemon=True
+            target=relay, args=(xsub, xpub, stats, control, monitors), name="meshplane-broker", daemon=True
         )
         self._thread.start()
         log.info("broker relaying %s -> %s", self.address.xsub, self.address.xpub)
@@ -139,11 +144,8 @@ class Broker:
         xpub: zmq.Socket[bytes],
         stats: zmq.Socket[bytes] | None,
         control: zmq.Socket[bytes],
+        monitors: dict[zmq.Socket[bytes], str],
     ) -> None:
-        monitors = {
-            xsub.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED): "publishers_connected",
-            xpub.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED): "subscribers_connected",
-        }
         poller = zmq.Poller()
         for sock in (xsub, xpub, control, *monitors):
             poller.register(sock, zmq.POLLIN)
@@ -180,6 +182,7 @@ class Broker:
         xpub: zmq.Socket[bytes],
         stats: zmq.Socket[bytes] | None,
         control: zmq.Socket[bytes],
+        monitors: dict[zmq.Socket[bytes], str],
     ) -> None:
         """libzmq's proxy moves the events; this thread answers stats, watches peers and subscriptions."""
         ctx = self._context
@@ -199,10 +202,6 @@ class Broker:
             target=self._run_proxy, args=(xsub, xpub, capture, steer), name="meshplane-proxy", daemon=True
         )
         proxy.start()
-        monitors = {
-            xsub.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED): "publishers_connected",
-            xpub.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED): "subscribers_connected",
-        }
         poller = zmq.Poller()
         for sock in (control, watch, *monitors):
             poller.register(sock, zmq.POLLIN)

@@ -53,9 +53,9 @@ def add_broker_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--relay",
         choices=["python", "c"],
-        default="python",
-        help="python: every message through Python, counted exactly (default); c: libzmq's proxy moves "
-        "the events (faster; counts frames and bytes instead of messages)",
+        default="c",
+        help="c: libzmq's proxy moves the events (default; counts frames and bytes, not messages); "
+        "python: every message through Python, counted exactly (slower)",
     )
     parser.add_argument(
         "--no-register",
