@@ -27,6 +27,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).parent))
 from event_plane import run_pair
+from meshplane.broker import query_stats
 from meshplane.servers import BrokerProcess
 
 
@@ -79,7 +80,9 @@ def run_case(case: str, events: int, latency: bool, interval: float) -> dict[str
     try:
         for broker in brokers:
             broker.start()
-        return run_pair("zmq-meshplane", events, latency, interval, "", env=broker_env(brokers))
+        result = run_pair("zmq-meshplane", events, latency, interval, "", env=broker_env(brokers))
+        result["broker_dropped"] = sum(query_stats(b.stats_endpoint)["dropped"] for b in brokers)
+        return result
     finally:
         for broker in brokers:
             broker.cleanup()
@@ -112,8 +115,17 @@ async def connection_count(publishers: int, subscribers: int, brokers: list[Brok
             scope = Scope.namespace("sockets")
             pubs = [await plane.publisher(scope, "t") for _ in range(publishers)]
             subs = [await plane.subscriber(scope, "t") for _ in range(subscribers)]
-            per_publisher = subscribers * max(1, len(brokers))
-            await asyncio.gather(*(p.wait_for_subscribers(per_publisher, timeout=60) for p in pubs))
+            if brokers:
+                # Through a broker a late publisher sees the subscriptions merged (XSUB replays each
+                # topic once), so wait for the route, then for every peer's connection to the broker.
+                await asyncio.gather(*(p.wait_for_subscribers(1, timeout=60) for p in pubs))
+                expected = 2 * (publishers + subscribers) * len(brokers)
+                for _ in range(300):
+                    if established_connections() - before >= expected:
+                        break
+                    await asyncio.sleep(0.1)
+            else:
+                await asyncio.gather(*(p.wait_for_subscribers(subscribers, timeout=60) for p in pubs))
             opened = established_connections() - before
             del subs
         return opened // 2  # both ends of each loopback connection are on this host
@@ -149,6 +161,7 @@ def main() -> None:
         print(
             f"{case:22} {result['rate']:>9,} events/s  received {result['received']:,}"
             f"  copies dropped {result.get('duplicates_dropped', 0):,}"
+            f"  broker drops {result.get('broker_dropped', 0):,}"
         )
     for case in cases:
         result = run_case(case, args.latency_events, True, args.interval)
