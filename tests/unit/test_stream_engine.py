@@ -24,7 +24,6 @@ async def test_fsync_always_acknowledges_after_a_shared_fsync(tmp_path: Path) ->
         places = await asyncio.gather(*(engine.publish_topic("t", [event(i)]) for i in range(200)))
         assert sorted(p[0][1] for p in places) == list(range(200))
         assert 1 <= engine.durability.fsyncs < 200  # concurrent publishers shared fsyncs (group commit)
-        assert engine.topics["t"].partitions[0].synced_bytes >= 0
     finally:
         await engine.close()
 

@@ -89,8 +89,6 @@ class PartitionLog:
         self.retention = retention or RetentionPolicy()
         self.segments: list[Segment] = []
         self.truncated_bytes = 0  # torn or corrupt bytes removed by recovery
-        self.appended_bytes = 0
-        self.synced_bytes = 0
         self.closed = False
         directory.mkdir(parents=True, exist_ok=True)
         self._recover()
@@ -275,7 +273,6 @@ class PartitionLog:
         segment.size = position
         segment.next_offset = offset
         segment.last_timestamp_ms = timestamp_ms
-        self.appended_bytes += len(blob)
         return first
 
     def _roll(self) -> None:
@@ -286,10 +283,7 @@ class PartitionLog:
 
     def sync(self) -> None:
         """fsync the active segment (rolled segments were synced when they were sealed)."""
-        target = self.appended_bytes
-        segment = self.active
-        os.fsync(segment.fd)
-        self.synced_bytes = max(self.synced_bytes, target)
+        os.fsync(self.active.fd)
 
     def read(self, from_offset: int, max_records: int, max_bytes: int = READ_CHUNK) -> list[Record]:
         """Records from ``from_offset`` on (at most ``max_records``); the caller checks the range.
