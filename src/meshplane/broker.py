@@ -146,12 +146,7 @@ class Broker:
         control: zmq.Socket[bytes],
         monitors: dict[zmq.Socket[bytes], str],
     ) -> None:
-        poller = zmq.Poller()
-        for sock in (xsub, xpub, control, *monitors):
-            poller.register(sock, zmq.POLLIN)
-        if stats is not None:
-            poller.register(stats, zmq.POLLIN)
-        counters = self._counters
+        poller = _poller(xsub, xpub, control, stats, *monitors)
         try:
             while True:
                 ready = dict(poller.poll(1000))
@@ -161,18 +156,34 @@ class Broker:
                     self._forward_subscriptions(xpub, xsub)
                 if xsub in ready:
                     self._forward_events(xsub, xpub)
-                if stats is not None and stats in ready:
-                    stats.recv()
-                    stats.send(json.dumps(self.stats()).encode())
-                for monitor, name in monitors.items():
-                    if monitor in ready:
-                        event = parse_monitor_message(monitor.recv_multipart())
-                        delta = 1 if event["event"] == zmq.EVENT_ACCEPTED else -1
-                        setattr(counters, name, max(0, getattr(counters, name) + delta))
+                self._count_peers(ready, monitors)
+                self._answer_stats(ready, stats)
         finally:
             for opened in (xsub, xpub, stats, control, *monitors):
                 if opened is not None:
                     opened.close(0)
+
+    def _count_subscription(self, message: bytes) -> None:
+        """An XPUB (un)subscription: byte 1 (or 0), then the topic prefix."""
+        counters = self._counters
+        counters.subscription_messages += 1
+        if message[:1] == b"\x01":
+            counters.subscriptions += 1
+        elif message[:1] == b"\x00":
+            counters.subscriptions = max(0, counters.subscriptions - 1)
+
+    def _count_peers(self, ready: dict[Any, int], monitors: dict[zmq.Socket[bytes], str]) -> None:
+        counters = self._counters
+        for monitor, name in monitors.items():
+            if monitor in ready:
+                event = parse_monitor_message(monitor.recv_multipart())
+                delta = 1 if event["event"] == zmq.EVENT_ACCEPTED else -1
+                setattr(counters, name, max(0, getattr(counters, name) + delta))
+
+    def _answer_stats(self, ready: dict[Any, int], stats: zmq.Socket[bytes] | None) -> None:
+        if stats is not None and stats in ready:
+            stats.recv()
+            stats.send(json.dumps(self.stats()).encode())
 
     # --- the C relay ----------------------------------------------------------------------------------
 
@@ -202,12 +213,7 @@ class Broker:
             target=self._run_proxy, args=(xsub, xpub, capture, steer), name="meshplane-proxy", daemon=True
         )
         proxy.start()
-        poller = zmq.Poller()
-        for sock in (control, watch, *monitors):
-            poller.register(sock, zmq.POLLIN)
-        if stats is not None:
-            poller.register(stats, zmq.POLLIN)
-        counters = self._counters
+        poller = _poller(control, watch, stats, *monitors)
         try:
             while True:
                 ready = dict(poller.poll(100))
@@ -215,21 +221,12 @@ class Broker:
                     return
                 while watch in ready:
                     try:
-                        message = watch.recv(zmq.NOBLOCK)
+                        self._count_subscription(watch.recv(zmq.NOBLOCK))
                     except zmq.Again:
                         break
-                    counters.subscription_messages += 1
-                    delta = 1 if message[:1] == b"\x01" else -1
-                    counters.subscriptions = max(0, counters.subscriptions + delta)
-                for monitor, name in monitors.items():
-                    if monitor in ready:
-                        event = parse_monitor_message(monitor.recv_multipart())
-                        delta = 1 if event["event"] == zmq.EVENT_ACCEPTED else -1
-                        setattr(counters, name, max(0, getattr(counters, name) + delta))
+                self._count_peers(ready, monitors)
                 self._refresh_proxy_stats(steer_peer)
-                if stats is not None and stats in ready:
-                    stats.recv()
-                    stats.send(json.dumps(self.stats()).encode())
+                self._answer_stats(ready, stats)
         finally:
             steer_peer.send(b"TERMINATE")
             proxy.join(5)
@@ -283,17 +280,12 @@ class Broker:
     # --- the Python relay -----------------------------------------------------------------------------
 
     def _forward_subscriptions(self, xpub: zmq.Socket[bytes], xsub: zmq.Socket[bytes]) -> None:
-        counters = self._counters
         for _ in range(_BATCH):
             try:
                 message = xpub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            counters.subscription_messages += 1
-            if message[:1] == b"\x01":
-                counters.subscriptions += 1
-            elif message[:1] == b"\x00":
-                counters.subscriptions = max(0, counters.subscriptions - 1)
+            self._count_subscription(message)
             xsub.send(message)
 
     def _forward_events(self, xsub: zmq.Socket[bytes], xpub: zmq.Socket[bytes]) -> None:
@@ -337,6 +329,14 @@ class Broker:
             except zmq.Again:
                 continue
         return False
+
+
+def _poller(*sockets: zmq.Socket[bytes] | None) -> zmq.Poller:
+    poller = zmq.Poller()
+    for sock in sockets:
+        if sock is not None:
+            poller.register(sock, zmq.POLLIN)
+    return poller
 
 
 def _bindable(endpoint: str) -> str:

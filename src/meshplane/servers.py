@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from meshplane.core.brokers import BrokerAddress
 from meshplane.errors import MeshplaneError
@@ -90,6 +90,19 @@ class _Process:
         )
         log.close()
         return self.proc
+
+    def _ready_line(self, proc: subprocess.Popen[bytes], timeout: float, what: str) -> dict[str, Any]:
+        """The JSON line meshplane's servers print once they listen."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = self.log_path.read_text().splitlines()
+            ready = next((line for line in lines if line.startswith("{")), None)
+            if ready is not None:
+                parsed: dict[str, Any] = json.loads(ready)
+                return parsed
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise ServerError(f"{what} did not start: {self.log_path.read_text()[-2000:]}")
+            time.sleep(0.02)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to the server (SIGKILL: simulate a crash)."""
@@ -252,17 +265,7 @@ class BrokerProcess(_Process):
             self.xpub,
             *self._extra_args,
         ]
-        proc = self._spawn(argv, self._env)
-        deadline = time.monotonic() + timeout
-        while True:  # the broker prints its addresses as one JSON line when it is ready
-            lines = self.log_path.read_text().splitlines()
-            ready = next((line for line in lines if line.startswith("{")), None)
-            if ready is not None:
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise ServerError(f"broker did not start: {self.log_path.read_text()[-2000:]}")
-            time.sleep(0.02)
-        addresses = json.loads(ready)
+        addresses = self._ready_line(self._spawn(argv, self._env), timeout, "broker")
         # Restarts reuse the ports the first start picked.
         self.xsub, self.xpub, self.stats_endpoint = addresses["xsub"], addresses["xpub"], addresses["stats"]
         return self
@@ -291,16 +294,6 @@ class StreamsServerProcess(_Process):
             str(self.data_dir),
             *self._extra_args,
         ]
-        proc = self._spawn(argv)
-        deadline = time.monotonic() + timeout
-        while True:  # the server prints its URL as one JSON line when it is ready
-            lines = self.log_path.read_text().splitlines()
-            ready = next((line for line in lines if line.startswith("{")), None)
-            if ready is not None:
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise ServerError(f"streams server did not start: {self.log_path.read_text()[-2000:]}")
-            time.sleep(0.02)
-        self.url = json.loads(ready)["url"]
+        self.url = self._ready_line(self._spawn(argv), timeout, "streams server")["url"]
         self.port = int(self.url.rsplit(":", 1)[1])
         return self

@@ -7,7 +7,7 @@ import json
 import urllib.parse
 from typing import Any
 
-from meshplane.streams.errors import NotFound, OffsetOutOfRange, StreamError
+from meshplane.streams.errors import StreamError, error_from_response
 
 
 class SyncStreamsClient:
@@ -54,7 +54,7 @@ class SyncStreamsClient:
         if status == 401:
             raise StreamError("401 Unauthorized: set the token option")
         if status >= 400:
-            raise _error(status, answer)
+            raise error_from_response(status, answer)
         return answer
 
     def bounds(self, topic: str) -> dict[str, tuple[int, int]]:
@@ -73,7 +73,7 @@ class SyncStreamsClient:
             "GET", f"/topics/{urllib.parse.quote(topic)}/partitions/{partition}/records?{query}"
         )
         if status >= 400:
-            raise _error(status, json.loads(data) if data else {})
+            raise error_from_response(status, json.loads(data) if data else {})
         return data, int(headers["x-log-start-offset"]), int(headers["x-log-end-offset"])
 
     def publish_batch(self, topic: str, events: list[dict[str, Any]], idempotency_key: str | None) -> None:
@@ -86,11 +86,3 @@ class SyncStreamsClient:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-
-
-def _error(status: int, body: dict[str, Any]) -> StreamError:
-    if body.get("type") == "OffsetOutOfRange":
-        return OffsetOutOfRange(int(body["requested"]), int(body["oldest"]), body.get("newest"))
-    if status == 404:
-        return NotFound(str(body.get("error")))
-    return StreamError(f"{status}: {body.get('error', body)}")

@@ -15,23 +15,7 @@ from typing import Any, NamedTuple
 import aiohttp
 
 from meshplane.core.streamlog import Record, scan_records
-from meshplane.streams.errors import (
-    BadRequest,
-    Conflict,
-    LimitReached,
-    NotFound,
-    OffsetOutOfRange,
-    PayloadTooLarge,
-    StreamError,
-)
-
-_BY_STATUS: dict[int, type[StreamError]] = {
-    400: BadRequest,
-    404: NotFound,
-    409: Conflict,
-    413: PayloadTooLarge,
-    429: LimitReached,
-}
+from meshplane.streams.errors import StreamError, error_from_response
 
 
 class Fetched(NamedTuple):
@@ -66,7 +50,7 @@ class StreamsClient:
                 raise StreamError("401 Unauthorized: pass the server's token")
             data = await response.json(content_type=None) if response.content_length != 0 else {}
             if response.status >= 400:
-                raise _error(response.status, data)
+                raise error_from_response(response.status, data)
             result: dict[str, Any] = data
             return result
 
@@ -232,7 +216,7 @@ class StreamsClient:
         params = {"from_offset": str(from_offset), "max_bytes": str(max_bytes)}
         async with self._session.get(url, params=params) as response:
             if response.status >= 400:
-                raise _error(response.status, await response.json(content_type=None))
+                raise error_from_response(response.status, await response.json(content_type=None))
             data = await response.read()
             start = int(response.headers["X-Log-Start-Offset"])
             end = int(response.headers["X-Log-End-Offset"])
@@ -303,10 +287,3 @@ class StreamsClient:
 
     async def group_stats(self, group: str) -> dict[str, Any]:
         return await self.request("GET", f"/consumer-groups/{group}/stats")
-
-
-def _error(status: int, body: Any) -> StreamError:
-    if isinstance(body, dict) and body.get("type") == "OffsetOutOfRange":
-        return OffsetOutOfRange(int(body["requested"]), int(body["oldest"]), body.get("newest"))
-    message = body.get("error") if isinstance(body, dict) else str(body)
-    return _BY_STATUS.get(status, StreamError)(f"{status}: {message}")

@@ -52,3 +52,20 @@ class OffsetOutOfRange(StreamError):
 
     def details(self) -> dict[str, Any]:
         return {"requested": self.requested, "oldest": self.oldest, "newest": self.newest}
+
+
+_BY_STATUS: dict[int, type[StreamError]] = {
+    400: BadRequest,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+    429: LimitReached,
+}
+
+
+def error_from_response(status: int, body: Any) -> StreamError:
+    """The error a client raises for an error answer of the server (``{"error", "code", "type", ...}``)."""
+    if isinstance(body, dict) and body.get("type") == "OffsetOutOfRange":
+        return OffsetOutOfRange(int(body["requested"]), int(body["oldest"]), body.get("newest"))
+    message = body.get("error") if isinstance(body, dict) else str(body)
+    return _BY_STATUS.get(status, StreamError)(f"{status}: {message}")
