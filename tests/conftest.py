@@ -40,11 +40,9 @@ def etcd_server() -> Iterator[EtcdServer]:
 
 
 @contextlib.contextmanager
-def running_brokers(
-    count: int, extra_args: tuple[str, ...] = ("--no-register",)
-) -> Iterator[list[BrokerProcess]]:
-    """``count`` broker processes on free loopback ports, stopped by PID afterwards."""
-    brokers = [BrokerProcess(extra_args=extra_args) for _ in range(count)]
+def running_brokers(*args_per_broker: tuple[str, ...]) -> Iterator[list[BrokerProcess]]:
+    """One broker process per argument tuple, on free loopback ports, stopped by PID afterwards."""
+    brokers = [BrokerProcess(extra_args=args) for args in args_per_broker]
     try:
         for broker in brokers:
             broker.start()
@@ -58,17 +56,8 @@ def running_brokers(
 def session_brokers(etcd_server: EtcdServer) -> Iterator[list[BrokerProcess]]:
     """Two brokers for the contract suite, registered in the session's etcd: one of each relay."""
     registered = ("--discovery", "etcd", "--etcd-endpoints", etcd_server.endpoint)
-    brokers = [
-        BrokerProcess(extra_args=(*registered, "--relay", "python")),
-        BrokerProcess(extra_args=registered),
-    ]
-    try:
-        for broker in brokers:
-            broker.start()
+    with running_brokers((*registered, "--relay", "python"), registered) as brokers:
         yield brokers
-    finally:
-        for broker in brokers:
-            broker.cleanup()
 
 
 def make_config(

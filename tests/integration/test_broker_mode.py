@@ -26,9 +26,8 @@ HA_SCOPE = Scope.endpoint("ha", "worker", "generate")
 
 @pytest.fixture
 def two_brokers() -> Iterator[list[BrokerProcess]]:
-    with running_brokers(1, ("--no-register", "--relay", "python")) as python, running_brokers(1) as c:
-        brokers = [*python, *c]  # one of each relay
-        yield brokers
+    with running_brokers(("--no-register", "--relay", "python"), ("--no-register",)) as brokers:
+        yield brokers  # one of each relay
 
 
 def broker_url(brokers: list[BrokerProcess]) -> str:

@@ -1071,17 +1071,8 @@ def _topic_event(item: dict[str, Any]) -> StoredEvent:
 
 
 def _ws_event(event: StreamEvent, room: str) -> dict[str, Any]:
-    return {
-        "type": "event",
-        "offset": event.offset,
-        "event_id": event.body.id,
-        "event": event.body.event_type,
-        "data": event.body.data,
-        "timestamp": event.timestamp_ms // 1000,
-        "timestamp_ms": event.timestamp_ms,
-        "metadata": event.body.metadata or {},
-        "room": room,
-    }
+    """Synap's WebSocket frame: the room event with ``type`` "event" (and ``event_id``)."""
+    return {**event.room_json(room), "type": "event", "event_id": event.body.id}
 
 
 async def _send_error(out: web.StreamResponse, message: str) -> None:
