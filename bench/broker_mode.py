@@ -76,7 +76,9 @@ def run_case(case: str, events: int, latency: bool, interval: float) -> dict[str
         return run_pair("zmq-meshplane", events, latency, interval, "")
     count = 2 if case.startswith("meshplane-2-brokers") else 1
     relay = ("--relay", "c" if case.endswith("-c") else "python")
-    brokers = [BrokerProcess(extra_args=("--no-register", *relay)) for _ in range(count)]
+    # Pinned like the raw proxy and the peers in latency runs: a hop to an idle vCPU costs a VM wake-up.
+    launcher = ("taskset", "-c", "0") if latency and shutil.which("taskset") else ()
+    brokers = [BrokerProcess(extra_args=("--no-register", *relay), launcher=launcher) for _ in range(count)]
     try:
         for broker in brokers:
             broker.start()

@@ -241,12 +241,14 @@ class BrokerProcess(_Process):
         xpub: str = "tcp://127.0.0.1:0",
         extra_args: tuple[str, ...] = ("--no-register",),
         env: dict[str, str] | None = None,
+        launcher: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
         self.xsub, self.xpub = xsub, xpub
         self.stats_endpoint = ""
         self._extra_args = extra_args
         self._env = env
+        self._launcher = launcher  # e.g. ("taskset", "-c", "0") to pin the broker like its peers
 
     @property
     def address(self) -> BrokerAddress:
@@ -255,6 +257,7 @@ class BrokerProcess(_Process):
     def start(self, timeout: float = 20.0) -> BrokerProcess:
         self.log_path.write_bytes(b"")
         argv = [
+            *self._launcher,
             sys.executable,
             "-m",
             "meshplane.cli.main",
