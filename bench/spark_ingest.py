@@ -3,8 +3,10 @@
     python bench/spark_ingest.py                  # 1 M events, 4 partitions, local[2]
 
 Every read is materialised with the ``noop`` sink (all columns produced, nothing written). The
-ceiling is Spark reading the same events from a Parquet file; the second comparison is the same
-source yielding Python tuples instead of Arrow record batches.
+ceiling is Spark reading the same events from a Parquet file; the other comparisons are the same
+source yielding Python tuples instead of Arrow record batches, and a Python data source that does no
+work at all (it yields one pre-built Arrow batch of the same schema over and over): what any
+Python source can reach here.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
 from meshplane.servers import StreamsServerProcess
 from meshplane.spark.pipeline import spark_session
+from meshplane.spark.source import SCHEMA
 from meshplane.streams.client import StreamsClient
 
 PARTITIONS = 4
@@ -33,6 +39,47 @@ async def publish(url: str, events: int) -> None:
         batch = [{"event_type": "bench", "key": f"k{i % 100}", "data": "x" * 100} for i in range(1000)]
         for _ in range(events // 1000):
             await client.publish_batch("ingest", batch)
+
+
+class _PrebuiltReader(DataSourceReader):
+    def __init__(self, events: int) -> None:
+        self.events = events
+
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(p) for p in range(PARTITIONS)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        from meshplane.spark.source import Columns, to_arrow
+
+        n = 30_000
+        cols = Columns(
+            [f"k{i % 100}" for i in range(n)],
+            [b"x" * 100] * n,
+            list(range(n)),
+            [10**15] * n,
+            ["bench"] * n,
+            ["0" * 24] * n,
+            [[]] * n,
+        )
+        batch = to_arrow(cols, "ingest", 0)
+        left = self.events // PARTITIONS
+        while left > 0:
+            yield batch.slice(0, min(n, left))
+            left -= n
+
+
+class PrebuiltSource(DataSource):
+    """A Python data source that does no work: the ceiling of the Python Data Source API here."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "prebuilt"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _PrebuiltReader(int(self.options["events"]))
 
 
 def timed(run: Any, repeats: int) -> float:
@@ -55,6 +102,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "spark_ingest.json")
     args = parser.parse_args()
     spark = spark_session("meshplane-bench")
+    spark.dataSource.register(PrebuiltSource)
     results: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "events": args.events,
@@ -85,6 +133,17 @@ def main() -> None:
             "meshplane_arrow": timed(
                 lambda: source(True).write.format("noop").mode("overwrite").save(), args.repeats
             ),
+            "python_source_doing_nothing": timed(
+                lambda: (
+                    spark.read.format("prebuilt")
+                    .option("events", args.events)
+                    .load()
+                    .write.format("noop")
+                    .mode("overwrite")
+                    .save()
+                ),
+                args.repeats,
+            ),
             "meshplane_tuples": timed(
                 lambda: source(False).write.format("noop").mode("overwrite").save(), max(1, args.repeats - 2)
             ),
@@ -95,6 +154,10 @@ def main() -> None:
     results["ratios"] = {
         "arrow_vs_parquet": round(rates["meshplane_arrow"] / rates["parquet"], 2),
         "arrow_vs_tuples": round(rates["meshplane_arrow"] / rates["meshplane_tuples"], 2),
+        "python_source_ceiling_vs_parquet": round(rates["python_source_doing_nothing"] / rates["parquet"], 2),
+        "arrow_vs_python_source_ceiling": round(
+            rates["meshplane_arrow"] / rates["python_source_doing_nothing"], 2
+        ),
     }
     print(json.dumps(results, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
