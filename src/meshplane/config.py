@@ -49,6 +49,7 @@ class PlaneConfig:
     zmq_broker_enabled: bool = False  # DYN_ZMQ_BROKER_ENABLED: brokers from discovery
     broker_fanout: int = 0  # brokers each publisher sends through (HRW choice); 0 = all
     dedup_capacity: int = 65_536  # (publisher, sequence) pairs remembered to drop broker duplicates
+    reorder_window: float = 0.5  # seconds an event waits for a missing predecessor on another broker
     heartbeat_period: float = 1.0  # seconds between a publisher's heartbeats; 0 turns them off
     heartbeat_misses: int = 3  # missed periods before a subscriber reports a publisher timed out
 
@@ -69,7 +70,7 @@ class PlaneConfig:
             raise ConfigError(
                 f"DYN_DISCOVERY_BACKEND must be 'etcd', 'file' or 'mem', got {self.discovery_backend!r}"
             )
-        for name in ("file_kv_ttl", "file_kv_poll_interval", "connect_timeout"):
+        for name in ("file_kv_ttl", "file_kv_poll_interval", "connect_timeout", "reorder_window"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
         for name in ("etcd_lease_ttl", "max_message_bytes"):
@@ -125,6 +126,7 @@ class PlaneConfig:
         take("DYN_ZMQ_BROKER_ENABLED", "zmq_broker_enabled", _parse_bool)
         take("MESHPLANE_ZMQ_BROKER_FANOUT", "broker_fanout", int)
         take("MESHPLANE_DEDUP_CAPACITY", "dedup_capacity", int)
+        take("MESHPLANE_REORDER_WINDOW", "reorder_window", float)
         take("MESHPLANE_HEARTBEAT_PERIOD", "heartbeat_period", float)
         take("MESHPLANE_HEARTBEAT_MISSES", "heartbeat_misses", int)
         values.update({k: v for k, v in overrides.items() if v is not None})

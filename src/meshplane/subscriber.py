@@ -16,11 +16,11 @@ from typing import Any
 from meshplane.aio import cancel_and_wait
 from meshplane.config import PlaneConfig
 from meshplane.core.envelope import EventEnvelope
-from meshplane.core.framing import MessageType
+from meshplane.core.framing import Frame, MessageType
 from meshplane.core.liveness import EventTimeout, LivenessTracker, PublisherRecovered
 from meshplane.core.names import Scope, validate_name
 from meshplane.core.records import EventChannel, new_instance_id
-from meshplane.core.sequence import Arrival, EventGap, SequenceTracker
+from meshplane.core.sequence import Arrival, EventGap, Reorderer, SequenceTracker
 from meshplane.discovery.base import Discovery
 from meshplane.discovery.channels import ChannelAdded, ChannelWatch
 from meshplane.errors import ClosedError, DiscoveryError, WireError
@@ -42,7 +42,8 @@ class SubscriberStats:
     malformed: Counter[str] = field(default_factory=Counter)
     gaps: int = 0
     missing: int = 0
-    duplicates: int = 0  # copies of an already delivered sequence, dropped
+    duplicates: int = 0  # copies of an already delivered sequence (or given up on as missing), dropped
+    reordered: int = 0  # events that overtook an earlier one (on another broker) and waited for it
     heartbeats: int = 0
     timeouts: int = 0
     recoveries: int = 0
@@ -77,6 +78,8 @@ class EventSubscriber:
         self._buffer: deque[EventEnvelope] = deque()
         self._tracker = SequenceTracker()
         config = plane.config
+        # Several brokers are several paths: restore each publisher's order before tracking sequences.
+        self._reorderer: Reorderer[Frame] = Reorderer(config.reorder_window)
         self._liveness = LivenessTracker(config.liveness_timeout) if config.heartbeat_period else None
         self._liveness_task: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[Notice], None]] = []
@@ -209,15 +212,16 @@ class EventSubscriber:
         s.invalid_records = self._watch.invalid if self._watch is not None else 0
         s.dropped_slow = getattr(self._transport, "dropped", 0)
         s.duplicates_dropped = self._transport.duplicates_dropped
+        s.reordered = self._reorderer.reordered
         if self._liveness is not None:
             s.timeouts, s.recoveries = self._liveness.timeouts, self._liveness.recoveries
         return s
 
     def _accept(self, batch: list[Received]) -> None:
         stats = self._stats
-        tracker = self._tracker
         liveness = self._liveness
         now = time.monotonic()
+        frames: list[Frame] = []
         for item in batch:
             if isinstance(item, WireError):
                 stats.malformed[item.reason] += 1
@@ -234,22 +238,53 @@ class EventSubscriber:
             if envelope.topic != self.topic or item.routing_topic not in self._routing_topics:
                 stats.filtered += 1
                 continue
-            publisher_id = envelope.publisher_id
             if liveness is not None:
-                recovered = liveness.seen(publisher_id, now)
+                recovered = liveness.seen(envelope.publisher_id, now)
                 if recovered is not None:
                     self._notify(recovered)
-            if item.message_type is MessageType.HEARTBEAT:
+            frames.append(item)
+        reorderer = self._reorderer
+        if self._transport.paths > 1 or reorderer.deadline is not None:
+            frames = self._reorder(frames, now)
+        tracker = self._tracker
+        for frame in frames:
+            envelope = frame.envelope
+            if frame.message_type is MessageType.HEARTBEAT:
                 stats.heartbeats += 1
-                observation = tracker.expect(publisher_id, envelope.sequence)
+                observation = tracker.expect(envelope.publisher_id, envelope.sequence)
             else:
-                observation = tracker.observe(publisher_id, envelope.sequence)
+                observation = tracker.observe(envelope.publisher_id, envelope.sequence)
                 if observation.arrival is Arrival.DUPLICATE:
                     continue  # counted by the tracker; the application never sees it twice
                 stats.received += 1
                 self._buffer.append(envelope)
             if observation.arrival is Arrival.GAP:
-                self._notify(EventGap(publisher_id, observation.missing_from, observation.missing_to))
+                self._notify(
+                    EventGap(envelope.publisher_id, observation.missing_from, observation.missing_to)
+                )
+
+    def _reorder(self, frames: list[Frame], now: float) -> list[Frame]:
+        reorderer = self._reorderer
+        out: list[Frame] = []
+        for frame in frames:
+            envelope = frame.envelope
+            heartbeat = frame.message_type is MessageType.HEARTBEAT
+            out.extend(reorderer.push(envelope.publisher_id, envelope.sequence, heartbeat, frame, now))
+        deadline = reorderer.deadline
+        if deadline is not None and (deadline <= now or self._transport.paths <= 1):
+            # Waited long enough (or the other paths are gone): a missing event is lost, not late.
+            out.extend(reorderer.expire(now if self._transport.paths > 1 else float("inf")))
+        return out
+
+    async def _receive(self) -> list[Received]:
+        """The transport's next batch; an empty one when held events are due for release first."""
+        deadline = self._reorderer.deadline
+        if deadline is None:
+            return await self._transport.receive()
+        try:
+            return await asyncio.wait_for(self._transport.receive(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            return []
 
     def on_notice(self, listener: Callable[[Notice], None]) -> None:
         """Call ``listener`` with every :data:`Notice` (timeouts, recoveries, gaps) from now on."""
@@ -317,7 +352,7 @@ class EventSubscriber:
             if self._closed:
                 raise StopAsyncIteration
             try:
-                batch = await self._transport.receive()
+                batch = await self._receive()
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if self._closed and (task is None or not task.cancelling()):

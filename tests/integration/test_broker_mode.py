@@ -174,6 +174,68 @@ async def test_a_killed_broker_that_comes_back_is_used_again(tmp_path: Path) -> 
         broker.cleanup()
 
 
+@pytest.mark.parametrize("slow_broker", ["resumes", "dies"])
+async def test_events_that_overtake_on_a_faster_broker_are_delivered_in_order(
+    tmp_path: Path, slow_broker: str
+) -> None:
+    """Events 1..49 go through broker A only, and A stalls; 50..99 go through both and B delivers first.
+
+    The subscriber holds 50..99 for up to the reorder window: if A resumes, all arrive in order; if A
+    dies, 50..99 are released in order once the window passes and 1..49 are reported missing.
+    """
+    from meshplane.core.sequence import EventGap
+    from meshplane.servers import free_port
+
+    slow = BrokerProcess().start()
+    fast = BrokerProcess(
+        xsub=f"tcp://127.0.0.1:{free_port()}", xpub=f"tcp://127.0.0.1:{free_port()}"
+    )  # named in the config, started later
+    window = 30.0 if slow_broker == "resumes" else 1.0
+    config = make_config(
+        "zmq", "file", tmp_path, None, None, zmq_brokers=(slow.address, fast.address), reorder_window=window
+    )
+    scope = Scope.namespace(f"ro{uuid.uuid4().hex[:6]}")
+    try:
+        async with EventPlane(config) as plane:
+            sub = await plane.subscriber(scope, "t")
+            pub = await plane.publisher(scope, "t")
+            await pub.wait_for_subscribers(1, timeout=10)  # through the slow broker only
+            await pub.publish(0)
+            assert (await sub.next(10)).sequence == 0
+            slow.kill(signal.SIGSTOP)
+            for i in range(1, 50):
+                await pub.publish(i)  # queued towards the stalled broker
+            await asyncio.to_thread(fast.start)
+            await pub.wait_for_subscribers(2, timeout=20)
+            for i in range(50, 100):
+                await pub.publish(i)
+
+            async def held_back() -> bool:
+                with pytest.raises(TimeoutError):  # nothing may overtake events 1..49
+                    await sub.next(timeout=0.1)
+                return sub.stats.reordered == 50
+
+            if slow_broker == "resumes":
+                await eventually(held_back, what="events 50..99 held behind 1..49")
+                slow.kill(signal.SIGCONT)
+                events = [await sub.next(10) for _ in range(99)]
+                assert [e.sequence for e in events] == list(range(1, 100))
+                assert [e.decode() for e in events] == list(range(1, 100))
+                assert (sub.stats.gaps, sub.stats.missing) == (0, 0)
+            else:
+                slow.kill(signal.SIGKILL)
+                events = [await sub.next(10) for _ in range(50)]
+                assert [e.sequence for e in events] == list(range(50, 100))
+                assert sub.stats.reordered == 50
+                assert (sub.stats.gaps, sub.stats.missing) == (1, 49)
+                assert EventGap(pub.publisher_id, 1, 49) in sub.recent_notices
+            assert sub.stats.received == 1 + len(events)
+    finally:
+        slow.kill(signal.SIGCONT)
+        slow.cleanup()
+        fast.cleanup()
+
+
 async def test_brokers_are_found_in_discovery_even_when_they_start_later(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:

@@ -1,9 +1,12 @@
-"""Per-publisher sequence tracking: in order, gap (with the missing range), duplicate, new stream."""
+"""Per-publisher sequences: classify each arrival (in order, gap, duplicate, restart); restore order."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 class Arrival(Enum):
@@ -94,3 +97,141 @@ class SequenceTracker:
     @property
     def publishers(self) -> int:
         return len(self._last)
+
+
+@dataclass(slots=True)
+class _Stream(Generic[T]):
+    next: int = 0  # the sequence to release next
+    held: dict[int, tuple[T, float]] = field(
+        default_factory=dict
+    )  # ahead of a missing one, with arrival time
+    heartbeat: tuple[int, T, float] | None = None  # the newest heartbeat announcing unreleased events
+
+
+class Reorderer(Generic[T]):
+    """Restores each publisher's sequence order where events travel several paths (one per broker).
+
+    An event behind a missing one is held until the missing one arrives or ``window`` seconds pass;
+    then what is held goes out in order, and the :class:`SequenceTracker` downstream sees (and reports)
+    the gap. A publisher's first events are held too unless they start at 0: earlier ones may still be
+    on a slower path. A heartbeat is released after the events it announces, so that it never reports
+    as lost what is merely late. Each publisher holds at most ``max_held`` events; past that, the
+    oldest hole is given up at once.
+    """
+
+    def __init__(self, window: float, max_held: int = 10_000) -> None:
+        if window < 0 or max_held < 1:
+            raise ValueError(f"window must be >= 0 and max_held >= 1, got {window!r} and {max_held!r}")
+        self.window = window
+        self.max_held = max_held
+        self._streams: dict[int, _Stream[T]] = {}
+        self._waiting: set[int] = set()  # publishers holding something
+        self.reordered = 0  # events that arrived ahead of a missing one and were held
+
+    @property
+    def held(self) -> int:
+        return sum(len(self._streams[p].held) for p in self._waiting)
+
+    @property
+    def deadline(self) -> float | None:
+        """When :meth:`expire` next has something to release (None: nothing is held)."""
+        if not self._waiting:
+            return None
+        return min(self._first_arrival(self._streams[p]) for p in self._waiting) + self.window
+
+    def push(self, publisher_id: int, sequence: int, heartbeat: bool, item: T, now: float) -> list[T]:
+        """Take one event (or heartbeat: ``sequence`` is the next event's); return what is now in order."""
+        stream = self._streams.get(publisher_id)
+        if stream is None:
+            stream = self._streams[publisher_id] = _Stream()
+        if heartbeat:
+            if sequence <= stream.next:
+                return [item]
+            if stream.heartbeat is None or sequence > stream.heartbeat[0]:
+                since = now if stream.heartbeat is None else stream.heartbeat[2]
+                stream.heartbeat = (sequence, item, since)
+            self._waiting.add(publisher_id)
+            return []
+        if sequence < stream.next:
+            if sequence != 0:
+                return [item]  # a duplicate: the tracker counts and drops it
+            # The publisher restarted its stream: what the old one left behind goes first.
+            released = self._release(publisher_id, stream, now, everything=True)
+            stream.next = 1
+            return [*released, item]
+        if sequence > stream.next:
+            if sequence not in stream.held:
+                stream.held[sequence] = (item, now)
+                self.reordered += 1
+            self._waiting.add(publisher_id)
+            if len(stream.held) > self.max_held:
+                return self._release(publisher_id, stream, now, give_up_first_hole=True)
+            return []
+        stream.next += 1
+        if publisher_id not in self._waiting:
+            return [item]
+        return [item, *self._release(publisher_id, stream, now)]
+
+    def expire(self, now: float) -> list[T]:
+        """Release what has waited ``window`` seconds for a missing event, in order."""
+        out: list[T] = []
+        for publisher_id in [
+            p for p in self._waiting if self._first_arrival(self._streams[p]) + self.window <= now
+        ]:
+            out.extend(self._release(publisher_id, self._streams[publisher_id], now))
+        return out
+
+    def _release(
+        self,
+        publisher_id: int,
+        stream: _Stream[T],
+        now: float,
+        everything: bool = False,
+        give_up_first_hole: bool = False,
+    ) -> list[T]:
+        """Release, in order, what is contiguous with ``next``, and everything up to what waited too long."""
+        held = stream.held
+        window = self.window
+        cut = stream.next - 1  # release every held sequence up to here, skipping the holes
+        if everything:
+            cut = max(held, default=cut)
+        else:
+            for sequence, (_, arrived) in held.items():  # in arrival order
+                if arrived + window > now:  # the same sum as the deadline: no rounding gap between them
+                    break
+                cut = max(cut, sequence)
+            if give_up_first_hole:
+                cut = max(cut, min(held))
+        beat = stream.heartbeat
+        if beat is not None and (everything or beat[2] + window <= now):
+            cut = max(cut, beat[0] - 1)
+        out: list[T] = []
+        if cut >= stream.next:
+            for sequence in sorted(s for s in held if s <= cut):
+                out.append(held.pop(sequence)[0])
+            stream.next = cut + 1
+        while stream.next in held:
+            out.append(held.pop(stream.next)[0])
+            stream.next += 1
+        if beat is not None and beat[0] <= stream.next:
+            out.append(beat[1])
+            stream.heartbeat = None
+        if not held and stream.heartbeat is None:
+            self._waiting.discard(publisher_id)
+        return out
+
+    @staticmethod
+    def _first_arrival(stream: _Stream[T]) -> float:
+        times = [next(iter(stream.held.values()))[1]] if stream.held else []
+        if stream.heartbeat is not None:
+            times.append(stream.heartbeat[2])
+        return min(times)
+
+    def forget(self, publisher_id: int) -> list[T]:
+        """The publisher is gone: release what it left behind, in order."""
+        stream = self._streams.pop(publisher_id, None)
+        if stream is None:
+            return []
+        released = self._release(publisher_id, stream, float("inf"), everything=True)
+        self._waiting.discard(publisher_id)
+        return released

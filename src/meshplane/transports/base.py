@@ -69,6 +69,11 @@ class SubscriberTransport(abc.ABC):
     def connected_publishers(self) -> int | None:
         return None
 
+    @property
+    def paths(self) -> int:
+        """Routes an event can take to this subscriber: above 1, events may arrive out of order."""
+        return 1
+
     @abc.abstractmethod
     async def receive(self) -> list[Received]:
         """Wait for at least one message, then return everything already waiting (bounded)."""

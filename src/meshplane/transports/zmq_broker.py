@@ -237,6 +237,10 @@ class ZmqBrokerSubscriberTransport(ZmqSubscriberTransport):
         return list(self._brokers.values())
 
     @property
+    def paths(self) -> int:
+        return len(self._brokers)  # every broker carries every event (fanout aside): any may be faster
+
+    @property
     def duplicates_dropped(self) -> int:  # type: ignore[override]
         return self._dedup.duplicates
 
