@@ -22,7 +22,7 @@ import operator
 import os
 import uuid
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -49,6 +49,7 @@ from pyspark.sql.types import StructType
 
 from meshplane.core.streamlog import EVENT_DECODER, HEADER_SIZE, RECORD_HEADER
 from meshplane.spark import offsets as off
+from meshplane.spark.columnar import scan_to_arrow
 from meshplane.spark.http import SyncStreamsClient
 from meshplane.streams.errors import OffsetOutOfRange
 
@@ -255,19 +256,30 @@ def read_range(options: Options, part: TopicRange) -> Iterator[Any]:
                 _data_lost(options, part.topic, part.partition, offset, exc.oldest)
                 offset = exc.oldest
                 continue
-            cols = decode_columns(data, offset, part.end)
-            if not cols.offsets:
+            rows, decoded = _decode(options, data, offset, part)
+            if not rows:
                 raise RuntimeError(
                     f"meshplane {part.topic}/{part.partition}: no event at offset {offset} although the "
                     f"planned range ends at {part.end}: was the topic deleted and created again?"
                 )
-            if options.arrow:
-                yield to_arrow(cols, part.topic, part.partition)
-            else:
-                yield from to_tuples(cols, part.topic, part.partition)
-            offset = cols.offsets[-1] + 1
+            yield from decoded
+            offset += rows
     finally:
         client.close()
+
+
+def _decode(options: Options, data: bytes, first: int, part: TopicRange) -> tuple[int, Iterable[Any]]:
+    """One fetched chunk: (records, Arrow batches or tuples). Arrow comes from the compiled scan, or
+    from the general decoder for chunks the scan does not take."""
+    if options.arrow:
+        fast = scan_to_arrow(data, first, part.end, part.topic, part.partition, ARROW_SCHEMA)
+        if fast is not None:
+            batch, rows = fast
+            return rows, [batch]
+    cols = decode_columns(data, first, part.end)
+    if options.arrow:
+        return len(cols.offsets), [to_arrow(cols, part.topic, part.partition)]
+    return len(cols.offsets), to_tuples(cols, part.topic, part.partition)
 
 
 def _data_lost(options: Options, topic: str, partition: int, first: int, oldest: int) -> None:

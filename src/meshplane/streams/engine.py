@@ -53,7 +53,7 @@ from meshplane.streams.errors import (
     PayloadTooLarge,
     StreamError,
 )
-from meshplane.streams.log import PartitionLog
+from meshplane.streams.log import PartitionLog, Segment
 
 log = logging.getLogger(__name__)
 
@@ -470,6 +470,10 @@ class Topic:
     def read_raw(self, partition: int, from_offset: int, max_bytes: int) -> bytes:
         """Record bytes as stored (see :func:`meshplane.core.streamlog.scan_records`)."""
         return self._checked(partition, from_offset).read_raw(from_offset, max_bytes)
+
+    def raw_span(self, partition: int, from_offset: int, max_bytes: int) -> tuple[Segment, int, int] | None:
+        """Where :meth:`read_raw`'s bytes are, for serving them with ``sendfile``."""
+        return self._checked(partition, from_offset).raw_span(from_offset, max_bytes)
 
     def partition_stats(self, partition: int) -> dict[str, Any]:
         plog = self.partitions[partition]

@@ -321,16 +321,23 @@ class PartitionLog:
         Whole records from one segment; the last one may be cut by ``max_bytes`` (a client drops
         it and asks again from there), but the first is always whole.
         """
+        span = self.raw_span(from_offset, max_bytes)
+        if span is None:
+            return b""
+        segment, position, count = span
+        return os.pread(segment.fd, count, position)
+
+    def raw_span(self, from_offset: int, max_bytes: int) -> tuple[Segment, int, int] | None:
+        """Where :meth:`read_raw`'s bytes are: (segment, position, length); None past the end."""
         located = self._locate(max(from_offset, self.segments[0].base_offset))
         if located is None:
-            return b""
+            return None
         segment, position = located
-        data = os.pread(segment.fd, min(segment.size - position, max_bytes), position)
-        if len(data) >= 4:
-            first = struct.unpack_from(">I", data)[0] + 8
-            if first > len(data):
-                data = os.pread(segment.fd, first, position)
-        return data
+        count = min(segment.size - position, max_bytes)
+        if count < segment.size - position:  # the first record must be whole, however long
+            first = struct.unpack(">I", os.pread(segment.fd, 4, position))[0] + 8
+            count = max(count, first)
+        return segment, position, count
 
     def _locate(self, offset: int) -> tuple[Segment, int] | None:
         """The segment holding ``offset`` and the exact position of its record (None: past the end)."""

@@ -1,0 +1,104 @@
+"""The compiled record scan gives exactly the Arrow batch the general decoder gives, or steps aside."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshplane.core.streamlog import StoredEvent, encode_event, encode_record
+from meshplane.spark.columnar import CRC_TABLE, _crc32, scan_to_arrow
+from meshplane.spark.source import ARROW_SCHEMA, decode_columns, to_arrow
+
+texts = st.text(max_size=300)  # up to 900 UTF-8 bytes: fixstr, str8 and str16 headers
+simple_events = st.builds(
+    StoredEvent,
+    id=texts,
+    event_type=texts,
+    data=st.one_of(texts, st.binary(max_size=70_000)),  # bin8, bin16 and bin32 headers
+    key=st.one_of(st.none(), texts),
+    metadata=st.one_of(st.none(), st.just({})),
+)
+json_values = st.one_of(
+    st.none(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.dictionaries(st.text(max_size=5), st.integers(0, 9), max_size=3),
+)
+complex_events = st.one_of(
+    st.builds(StoredEvent, id=texts, event_type=texts, data=json_values, key=st.one_of(st.none(), texts)),
+    st.builds(
+        StoredEvent,
+        id=texts,
+        event_type=texts,
+        data=texts,
+        metadata=st.dictionaries(st.text(max_size=5), st.text(max_size=5), min_size=1, max_size=3),
+    ),
+)
+
+
+def records(events: list[StoredEvent], first: int) -> bytes:
+    return b"".join(
+        encode_record(first + i, 1_700_000_000_000 + i, encode_event(e)) for i, e in enumerate(events)
+    )
+
+
+def general(data: bytes, first: int, end: int):  # type: ignore[no-untyped-def]
+    return to_arrow(decode_columns(data, first, end), "orders", 3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(simple_events, max_size=30), st.integers(0, 2**40), st.integers(0, 40))
+def test_the_scan_matches_the_general_decoder(events: list[StoredEvent], first: int, limit: int) -> None:
+    data = records(events, first)
+    end = first + limit
+    result = scan_to_arrow(data, first, end, "orders", 3, ARROW_SCHEMA)
+    assert result is not None
+    batch, rows = result
+    assert rows == min(limit, len(events))
+    assert batch.equals(general(data, first, end))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(simple_events, min_size=1, max_size=10), st.data())
+def test_a_record_cut_by_the_fetch_ends_the_batch(events: list[StoredEvent], draw: st.DataObject) -> None:
+    data = records(events, 0)
+    cut = draw.draw(st.integers(0, len(data) - 1))
+    result = scan_to_arrow(data[:cut], 0, len(events), "orders", 3, ARROW_SCHEMA)
+    assert result is not None
+    batch, rows = result
+    assert rows < len(events)
+    assert batch.equals(general(data[:cut], 0, len(events)))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(simple_events, max_size=5), complex_events, st.lists(simple_events, max_size=5))
+def test_json_data_or_metadata_goes_to_the_general_decoder(
+    before: list[StoredEvent], odd: StoredEvent, after: list[StoredEvent]
+) -> None:
+    events = [*before, odd, *after]
+    assert scan_to_arrow(records(events, 0), 0, len(events), "orders", 3, ARROW_SCHEMA) is None
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(simple_events, min_size=1, max_size=10), st.data())
+def test_any_flipped_byte_or_a_wrong_sequence_is_an_error(
+    events: list[StoredEvent], draw: st.DataObject
+) -> None:
+    encoded = [records([e], i) for i, e in enumerate(events)]
+    victim = draw.draw(st.integers(0, len(events) - 1))
+    at = sum(map(len, encoded[:victim])) + draw.draw(st.integers(4, len(encoded[victim]) - 1))
+    data = bytearray(b"".join(encoded))  # a flipped length field would only look like a cut record
+    data[at] ^= 1 + draw.draw(st.integers(0, 254))
+    with pytest.raises(RuntimeError, match=f"corrupt record at offset {victim}"):
+        scan_to_arrow(bytes(data), 0, len(events), "orders", 3, ARROW_SCHEMA)
+    with pytest.raises(RuntimeError, match="corrupt record at offset 5"):
+        scan_to_arrow(records(events, 6), 5, 20, "orders", 3, ARROW_SCHEMA)
+
+
+@given(st.binary(max_size=100), st.integers(0, 100), st.integers(0, 100))
+def test_the_crc_is_zlibs(data: bytes, a: int, b: int) -> None:
+    start, stop = sorted((min(a, len(data)), min(b, len(data))))
+    assert _crc32(np.frombuffer(data, np.uint8), start, stop, CRC_TABLE) == zlib.crc32(data[start:stop])
