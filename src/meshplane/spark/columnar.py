@@ -91,16 +91,19 @@ def _text(buf, pos, allow_bin):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def _put(buf, start, length, row, column, offsets, data):  # type: ignore[no-untyped-def]
-    at = offsets[column, row]
-    data[column, at : at + length] = buf[start : start + length]
-    offsets[column, row + 1] = at + length
+def _view(buf, start, length, row, column, views, ints):  # type: ignore[no-untyped-def]
+    """An Arrow view of ``buf[start:start + length]``: up to 12 bytes inline, else prefix + offset."""
+    ints[column, row, 0] = length
+    for i in range(length if length <= 12 else 4):
+        views[column, row, 4 + i] = buf[start + i]
+    if length > 12:
+        ints[column, row, 3] = start  # in data buffer 0 (zeroed): the fetched bytes themselves
 
 
 @numba.njit(cache=True, nogil=True)
 def scan(buf, first, end, table):  # type: ignore[no-untyped-def]
     """Records ``first``..``end - 1`` of ``buf`` into columns: (status, rows, offsets, stamps, key_valid,
-    column offsets, column bytes), the columns being key, value, event_type and id.
+    views), views being Arrow binary views into ``buf`` of key, value, event_type and id.
 
     status OK: ``rows`` records read (a record cut by the end of ``buf`` ends the scan); CORRUPT: record
     ``rows`` has a bad crc or sequence; COMPLEX: record ``rows`` needs the general decoder.
@@ -110,8 +113,8 @@ def scan(buf, first, end, table):  # type: ignore[no-untyped-def]
     offsets = np.empty(most, np.int64)
     stamps = np.empty(most, np.int64)
     key_valid = np.zeros(most, np.bool_)
-    column_offsets = np.zeros((4, most + 1), np.int32)
-    column_bytes = np.empty((4, size), np.uint8)
+    views = np.zeros((4, most, 16), np.uint8)
+    ints = views.view(np.int32)
     status = OK
     pos = np.int64(0)
     row = 0
@@ -158,34 +161,32 @@ def scan(buf, first, end, table):  # type: ignore[no-untyped-def]
             break
         if key_start >= 0:
             key_valid[row] = True
-            _put(buf, key_start, key_len, row, 0, column_offsets, column_bytes)
-        else:
-            column_offsets[0, row + 1] = column_offsets[0, row]
-        _put(buf, value_start, value_len, row, 1, column_offsets, column_bytes)
-        _put(buf, type_start, type_len, row, 2, column_offsets, column_bytes)
-        _put(buf, id_start, id_len, row, 3, column_offsets, column_bytes)
+            _view(buf, key_start, key_len, row, 0, views, ints)
+        _view(buf, value_start, value_len, row, 1, views, ints)
+        _view(buf, type_start, type_len, row, 2, views, ints)
+        _view(buf, id_start, id_len, row, 3, views, ints)
         row += 1
         pos = stop
-    return status, row, offsets, stamps, key_valid, column_offsets, column_bytes
+    return status, row, offsets, stamps, key_valid, views
 
 
-def _strings(
+def _column(
     kind: pa.DataType,
     rows: int,
-    offsets: npt.NDArray[np.int32],
-    data: npt.NDArray[np.uint8],
+    views: npt.NDArray[np.uint8],
+    data: pa.Buffer,
     valid: npt.NDArray[np.bool_] | None,
 ) -> pa.Array:
-    used = int(offsets[rows])
+    """Views into the fetched bytes, then one C++ cast copies them into a plain Arrow column."""
     nulls = None
     null_count = 0
     if valid is not None:
         null_count = rows - int(np.count_nonzero(valid[:rows]))
         if null_count:
             nulls = pa.py_buffer(np.packbits(valid[:rows], bitorder="little"))
-    return pa.Array.from_buffers(
-        kind, rows, [nulls, pa.py_buffer(offsets[: rows + 1]), pa.py_buffer(data[:used])], null_count
-    )
+    view_kind = pa.binary_view() if kind == pa.binary() else pa.string_view()
+    viewed = pa.Array.from_buffers(view_kind, rows, [nulls, pa.py_buffer(views[:rows]), data], null_count)
+    return viewed.cast(kind)
 
 
 def scan_to_arrow(
@@ -196,24 +197,25 @@ def scan_to_arrow(
     None when a record needs the general decoder (text/bytes data without metadata is the fast case).
     """
     buf = np.frombuffer(data, dtype=np.uint8)
-    status, rows, offsets, stamps, key_valid, columns, datas = scan(buf, first, end, CRC_TABLE)
+    status, rows, offsets, stamps, key_valid, views = scan(buf, first, end, CRC_TABLE)
     if status == CORRUPT:
         raise RuntimeError(f"corrupt record at offset {first + rows} (crc or sequence mismatch)")
     if status == COMPLEX:
         return None
+    fetched = pa.py_buffer(data)
     name = topic.encode()
     topic_offsets = np.arange(rows + 1, dtype=np.int32) * len(name)
     arrays = [
-        _strings(pa.string(), rows, columns[0], datas[0], key_valid),
-        _strings(pa.binary(), rows, columns[1], datas[1], None),
+        _column(pa.string(), rows, views[0], fetched, key_valid),
+        _column(pa.binary(), rows, views[1], fetched, None),
         pa.Array.from_buffers(
             pa.string(), rows, [None, pa.py_buffer(topic_offsets), pa.py_buffer(name * rows)]
         ),
         pa.array(np.full(rows, partition, np.int32)),
         pa.array(offsets[:rows]),
-        pa.array(stamps[:rows]).cast(pa.timestamp("us", tz="UTC")),
-        _strings(pa.string(), rows, columns[2], datas[2], None),
-        _strings(pa.string(), rows, columns[3], datas[3], None),
+        pa.array(stamps[:rows], pa.timestamp("us", tz="UTC")),
+        _column(pa.string(), rows, views[2], fetched, None),
+        _column(pa.string(), rows, views[3], fetched, None),
         pa.MapArray.from_arrays(
             pa.array(np.zeros(rows + 1, np.int32)), pa.array([], pa.string()), pa.array([], pa.string())
         ),
