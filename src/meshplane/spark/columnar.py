@@ -190,7 +190,7 @@ def _column(
 
 
 def scan_to_arrow(
-    data: bytes, first: int, end: int, topic: str, partition: int, schema: pa.Schema
+    data: bytes | memoryview, first: int, end: int, topic: str, partition: int, schema: pa.Schema
 ) -> tuple[pa.RecordBatch, int] | None:
     """An Arrow batch of the records ``first``..``end - 1`` in ``data``, and how many there were.
 

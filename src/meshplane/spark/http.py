@@ -5,9 +5,12 @@ from __future__ import annotations
 import http.client
 import json
 import urllib.parse
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from meshplane.streams.errors import StreamError, error_from_response
+
+Body = TypeVar("Body", bytes, bytes | memoryview)
 
 
 class SyncStreamsClient:
@@ -23,6 +26,7 @@ class SyncStreamsClient:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
+        self._fetch_buffer = bytearray()  # reused by fetch_raw: no fresh pages (and faults) per chunk
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
@@ -31,6 +35,11 @@ class SyncStreamsClient:
         return self._conn
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, dict[str, str], bytes]:
+        return self._exchange(method, path, body, http.client.HTTPResponse.read)
+
+    def _exchange(
+        self, method: str, path: str, body: Any, read: Callable[[http.client.HTTPResponse], Body]
+    ) -> tuple[int, dict[str, str], Body]:
         payload = None if body is None else json.dumps(body).encode()
         headers = dict(self._headers)
         if payload is not None:
@@ -40,13 +49,25 @@ class SyncStreamsClient:
             try:
                 conn.request(method, path, payload, headers)
                 response = conn.getresponse()
-                data = response.read()
+                data = read(response)
                 return response.status, {k.lower(): v for k, v in response.getheaders()}, data
             except (ConnectionError, http.client.HTTPException, OSError) as exc:
                 self.close()
                 if attempt:
                     raise StreamError(f"cannot reach the streams server at {self.url}: {exc}") from None
         raise AssertionError("unreachable")
+
+    def _read_into_buffer(self, response: http.client.HTTPResponse) -> bytes | memoryview:
+        """The body, read straight into the reused buffer (error bodies and unknown lengths: bytes)."""
+        length = response.length
+        if length is None or response.status != 200:
+            return response.read()
+        if len(self._fetch_buffer) < length:
+            self._fetch_buffer = bytearray(length)  # a new one: the caller may still hold a view of the old
+        view = memoryview(self._fetch_buffer)[:length]
+        if response.readinto(view) != length:
+            raise http.client.IncompleteRead(bytes(view), length)
+        return view
 
     def json(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         status, _, data = self.request(method, path, body)
@@ -66,14 +87,20 @@ class SyncStreamsClient:
 
     def fetch_raw(
         self, topic: str, partition: int, from_offset: int, max_bytes: int
-    ) -> tuple[bytes, int, int]:
-        """Record bytes from ``from_offset`` (the last may be cut); with the log's start and end offsets."""
+    ) -> tuple[bytes | memoryview, int, int]:
+        """Record bytes from ``from_offset`` (the last may be cut); with the log's start and end offsets.
+
+        The bytes live in a buffer the next call reuses: decode them before fetching again.
+        """
         query = urllib.parse.urlencode({"from_offset": from_offset, "max_bytes": max_bytes})
-        status, headers, data = self.request(
-            "GET", f"/topics/{urllib.parse.quote(topic)}/partitions/{partition}/records?{query}"
+        status, headers, data = self._exchange(
+            "GET",
+            f"/topics/{urllib.parse.quote(topic)}/partitions/{partition}/records?{query}",
+            None,
+            self._read_into_buffer,
         )
         if status >= 400:
-            raise error_from_response(status, json.loads(data) if data else {})
+            raise error_from_response(status, json.loads(bytes(data)) if data else {})
         return data, int(headers["x-log-start-offset"]), int(headers["x-log-end-offset"])
 
     def publish_batch(self, topic: str, events: list[dict[str, Any]], idempotency_key: str | None) -> None:

@@ -165,7 +165,7 @@ class Columns:
     metadata: list[list[tuple[str, str]]]
 
 
-def decode_columns(data: bytes, first: int, end: int) -> Columns:
+def decode_columns(data: bytes | memoryview, first: int, end: int) -> Columns:
     """Records ``first``..``end - 1`` of a raw fetch, straight into columns (the hot loop of a read).
 
     A record cut by the fetch size ends the chunk; a bad crc or a broken sequence is an error. Only
@@ -268,7 +268,9 @@ def read_range(options: Options, part: TopicRange) -> Iterator[Any]:
         client.close()
 
 
-def _decode(options: Options, data: bytes, first: int, part: TopicRange) -> tuple[int, Iterable[Any]]:
+def _decode(
+    options: Options, data: bytes | memoryview, first: int, part: TopicRange
+) -> tuple[int, Iterable[Any]]:
     """One fetched chunk: (records, Arrow batches or tuples). Arrow comes from the compiled scan, or
     from the general decoder for chunks the scan does not take."""
     if options.arrow:
