@@ -10,7 +10,7 @@
 Modelled on Spark's Kafka source: one Spark partition per topic partition, offsets
 ``{"topic": {"0": 42}}``, ``startingOffsets`` / ``endingOffsets`` (earliest | latest | JSON, -2 / -1),
 ``maxEventsPerTrigger`` (alias ``maxOffsetsPerTrigger``), ``failOnDataLoss``. Executors read raw
-records in large chunks and yield Arrow record batches. The sink publishes through the streams API
+records in large chunks and turn them into Arrow record batches with a compiled scan. The sink publishes through the streams API
 with an idempotency key per (query, batchId, partition, chunk): a replayed batch publishes nothing twice.
 """
 
@@ -166,7 +166,8 @@ class Columns:
 
 
 def decode_columns(data: bytes | memoryview, first: int, end: int) -> Columns:
-    """Records ``first``..``end - 1`` of a raw fetch, straight into columns (the hot loop of a read).
+    """Records ``first``..``end - 1`` of a raw fetch, into columns: the general decoder, for tuples and
+    for what the compiled scan (:mod:`meshplane.spark.columnar`) does not take.
 
     A record cut by the fetch size ends the chunk; a bad crc or a broken sequence is an error. Only
     the framing runs in a Python loop; decoding and column extraction run in C (map/attrgetter).
