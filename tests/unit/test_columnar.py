@@ -98,6 +98,34 @@ def test_any_flipped_byte_or_a_wrong_sequence_is_an_error(
         scan_to_arrow(records(events, 6), 5, 20, "orders", 3, ARROW_SCHEMA)
 
 
+@st.composite
+def damaged_payload(draw: st.DrawFn) -> bytes:
+    """A valid event cut short, with a byte changed, or both: msgpack that lies about its lengths."""
+    payload = bytearray(encode_event(draw(simple_events)))
+    if draw(st.booleans()):
+        payload[draw(st.integers(0, len(payload) - 1))] = draw(st.integers(0, 255))
+    return bytes(payload[: draw(st.integers(0, len(payload)))])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=40), damaged_payload()), min_size=1, max_size=5))
+def test_garbage_payloads_with_good_crcs_never_leave_their_record(payloads: list[bytes]) -> None:
+    """Whatever the msgpack inside says, the scan stays within each record: the general decoder's
+    answer (or its error) is the scan's, or the scan steps aside."""
+    data = b"".join(encode_record(i, 0, p) for i, p in enumerate(payloads))
+    result = scan_to_arrow(data, 0, len(payloads), "orders", 3, ARROW_SCHEMA)
+    if result is not None:
+        assert result[0].equals(general(data, 0, len(payloads)))
+
+
+def test_bytes_after_the_event_go_to_the_general_decoder() -> None:
+    event = encode_event(StoredEvent(id="a", event_type="t", data="x", key="k"))
+    shorter = bytes([0x93]) + event[1:]  # says 3 fields: the key is left over
+    assert scan_to_arrow(encode_record(0, 0, shorter), 0, 1, "orders", 3, ARROW_SCHEMA) is None
+    assert scan_to_arrow(encode_record(0, 0, event + b"\xc0"), 0, 1, "orders", 3, ARROW_SCHEMA) is None
+    assert scan_to_arrow(encode_record(0, 0, event), 0, 1, "orders", 3, ARROW_SCHEMA) is not None
+
+
 @given(st.binary(max_size=100), st.integers(0, 100), st.integers(0, 100))
 def test_the_crc_is_zlibs(data: bytes, a: int, b: int) -> None:
     start, stop = sorted((min(a, len(data)), min(b, len(data))))

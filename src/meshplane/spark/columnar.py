@@ -1,10 +1,11 @@
 """Raw log records straight into Arrow columns, in one compiled pass: the hot loop of a Spark read.
 
 The record layout is ``core.streamlog``'s (``len | crc32 | offset | time_ms | msgpack StoredEvent``).
-A numba-compiled scan checks every record's crc and sequence, walks its msgpack fields and copies
-key, value, event type and id into Arrow's own buffers (offsets + bytes), so a batch is built with
-no Python object per row. It takes the common shape: data as text or bytes, no metadata. A chunk
-holding anything else (JSON values, metadata) returns None and goes through the general decoder.
+A numba-compiled scan checks every record's crc and sequence, walks its msgpack fields and writes
+Arrow views of key, value, event type and id into the fetched bytes; one C++ cast per column then
+copies them into plain Arrow columns. No Python object is made per row. It takes the common shape:
+data as text or bytes, no metadata. A chunk holding anything else (JSON values, metadata) returns
+None and goes through the general decoder.
 """
 
 from __future__ import annotations
@@ -76,18 +77,28 @@ def _be(buf, pos, size):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def _text(buf, pos, allow_bin):  # type: ignore[no-untyped-def]
-    """A msgpack str (or bin, if allowed) at ``pos``: (start, length); start -1 when it is not one."""
-    b = buf[pos]
+def _text(buf, pos, stop, allow_bin):  # type: ignore[no-untyped-def]
+    """A msgpack str (or bin, if allowed) at ``pos`` in the record ending at ``stop``: (start, length).
+
+    start is -1 when it is not one, or when it would run past the record: no read leaves a record.
+    """
+    b = buf[pos] if pos < stop else 0
     if 0xA0 <= b <= 0xBF:
-        return pos + 1, np.int64(b & 0x1F)
-    if b == 0xD9 or (allow_bin and b == 0xC4):
-        return pos + 2, np.int64(buf[pos + 1])
-    if b == 0xDA or (allow_bin and b == 0xC5):
-        return pos + 3, np.int64(_be(buf, pos + 1, 2))
-    if b == 0xDB or (allow_bin and b == 0xC6):
-        return pos + 5, np.int64(_be(buf, pos + 1, 4))
-    return np.int64(-1), np.int64(0)
+        header = 1
+    elif b == 0xD9 or (allow_bin and b == 0xC4):
+        header = 2
+    elif b == 0xDA or (allow_bin and b == 0xC5):
+        header = 3
+    elif b == 0xDB or (allow_bin and b == 0xC6):
+        header = 5
+    else:
+        return np.int64(-1), np.int64(0)
+    if pos + header > stop:
+        return np.int64(-1), np.int64(0)
+    length = np.int64(b & 0x1F) if header == 1 else np.int64(_be(buf, pos + 1, header - 1))
+    if pos + header + length > stop:
+        return np.int64(-1), np.int64(0)
+    return pos + header, length
 
 
 @numba.njit(cache=True, nogil=True)
@@ -123,40 +134,52 @@ def scan(buf, first, end, table):  # type: ignore[no-untyped-def]
         stop = pos + 8 + length
         if stop > size:
             break
-        if _be(buf, pos + 4, 4) != _crc32(buf, pos + 8, stop, table) or _be(buf, pos + 8, 8) != first + row:
+        if (
+            length < HEADER_SIZE - 8
+            or _be(buf, pos + 4, 4) != _crc32(buf, pos + 8, stop, table)
+            or _be(buf, pos + 8, 8) != first + row
+        ):
             status = CORRUPT
             break
         offsets[row] = first + row
         stamps[row] = np.int64(_be(buf, pos + 16, 8)) * 1000
         p = pos + HEADER_SIZE
-        fields = buf[p] - 0x90  # StoredEvent: a fixarray of id, event_type, data[, key[, metadata]]
+        # StoredEvent: a fixarray of id, event_type, data[, key[, metadata]]. Anything unexpected goes
+        # to the general decoder, which names the problem.
+        fields = buf[p] - 0x90 if p < stop else 0
         if fields < 3 or fields > 5:
             status = COMPLEX
             break
-        id_start, id_len = _text(buf, p + 1, False)
+        id_start, id_len = _text(buf, p + 1, stop, False)
         if id_start < 0:
             status = COMPLEX
             break
-        type_start, type_len = _text(buf, id_start + id_len, False)
+        type_start, type_len = _text(buf, id_start + id_len, stop, False)
         if type_start < 0:
             status = COMPLEX
             break
-        value_start, value_len = _text(buf, type_start + type_len, True)
+        value_start, value_len = _text(buf, type_start + type_len, stop, True)
         if value_start < 0:  # null or a JSON value
             status = COMPLEX
             break
         p = value_start + value_len
         key_start, key_len = np.int64(-1), np.int64(0)
+        if fields >= 4 and p >= stop:
+            status = COMPLEX
+            break
         if fields >= 4:
             if buf[p] == 0xC0:
                 p += 1
             else:
-                key_start, key_len = _text(buf, p, False)
+                key_start, key_len = _text(buf, p, stop, False)
                 if key_start < 0:
                     status = COMPLEX
                     break
                 p = key_start + key_len
-        if fields == 5 and buf[p] != 0xC0 and buf[p] != 0x80:  # metadata other than null or {}
+        if fields == 5 and (p >= stop or (buf[p] != 0xC0 and buf[p] != 0x80)):  # metadata: only null or {}
+            status = COMPLEX
+            break
+        if p + (fields == 5) != stop:  # the event must fill its record exactly, as msgspec insists
             status = COMPLEX
             break
         if key_start >= 0:

@@ -10,8 +10,9 @@
 Modelled on Spark's Kafka source: one Spark partition per topic partition, offsets
 ``{"topic": {"0": 42}}``, ``startingOffsets`` / ``endingOffsets`` (earliest | latest | JSON, -2 / -1),
 ``maxEventsPerTrigger`` (alias ``maxOffsetsPerTrigger``), ``failOnDataLoss``. Executors read raw
-records in large chunks and turn them into Arrow record batches with a compiled scan. The sink publishes through the streams API
-with an idempotency key per (query, batchId, partition, chunk): a replayed batch publishes nothing twice.
+records in large chunks and turn them into Arrow record batches with a compiled scan. The sink
+publishes through the streams API with an idempotency key per (query, batchId, partition, chunk): a
+replayed batch publishes nothing twice.
 """
 
 from __future__ import annotations
