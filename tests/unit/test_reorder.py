@@ -104,13 +104,13 @@ def test_holding_is_bounded() -> None:
     assert r.held == 1
 
 
-def test_publishers_are_ordered_independently_and_forget_releases() -> None:
+def test_publishers_are_ordered_independently() -> None:
     r: Reorderer[str] = Reorderer(window=1.0)
     assert event(r, 0, publisher=1) == ["e0"]
     assert event(r, 0, publisher=2) == ["e0"]
     assert event(r, 2, publisher=1) == []
     assert event(r, 1, publisher=2) == ["e1"]
-    assert r.forget(1) == ["e2"]
+    assert r.expire(1.0) == ["e2"]
     assert r.deadline is None
 
 

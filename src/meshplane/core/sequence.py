@@ -226,12 +226,3 @@ class Reorderer(Generic[T]):
         if stream.heartbeat is not None:
             times.append(stream.heartbeat[2])
         return min(times)
-
-    def forget(self, publisher_id: int) -> list[T]:
-        """The publisher is gone: release what it left behind, in order."""
-        stream = self._streams.pop(publisher_id, None)
-        if stream is None:
-            return []
-        released = self._release(publisher_id, stream, float("inf"), everything=True)
-        self._waiting.discard(publisher_id)
-        return released
