@@ -15,6 +15,7 @@ import pytest
 from synap_sdk import SynapClient, SynapConfig
 from synap_sdk.exceptions import SynapException
 
+from meshplane.core.streamlog import decode_event
 from meshplane.servers import StreamsServerProcess
 from meshplane.streams.client import StreamsClient
 from meshplane.streams.errors import Conflict, NotFound, OffsetOutOfRange, StreamError
@@ -228,6 +229,29 @@ async def test_batch_publish_and_partition_consume(client: StreamsClient) -> Non
     page = await client.consume_partition("batched", 1, 40, 25)
     assert [e["data"] for e in page["events"]] == list(range(40, 65))
     assert (page["next_offset"], page["count"]) == (65, 25)
+
+
+async def test_bulk_fetch_sends_whole_records_from_any_offset(client: StreamsClient) -> None:
+    """The records route (sendfile from the segment files): whole records, in order, none twice."""
+    await client.create_topic("bulk", 1, segment_bytes=4096)
+    sent = ["x" * (i % 40 * 7) for i in range(200)]  # 0..273 bytes: several records per segment
+    await client.publish_batch("bulk", [{"event_type": "e", "data": d} for d in sent])
+    for start in (0, 1, 57, 199):
+        fetched = await client.fetch("bulk", 0, start, max_bytes=1000)
+        offsets = [r.offset for r in fetched.records]
+        assert offsets
+        assert offsets == list(range(start, start + len(offsets)))
+        assert [decode_event(r.payload).data for r in fetched.records] == sent[start : offsets[-1] + 1]
+        assert (fetched.log_start_offset, fetched.log_end_offset) == (0, 200)
+    walked: list[int] = []
+    while len(walked) < 200:
+        walked += [r.offset for r in (await client.fetch("bulk", 0, len(walked), max_bytes=700)).records]
+    assert walked == list(range(200))
+    one = await client.fetch("bulk", 0, 39, max_bytes=10)  # the first record comes whole, however long
+    assert [decode_event(r.payload).data for r in one.records] == [sent[39]]
+    assert (await client.fetch("bulk", 0, 200)).records == []
+    with pytest.raises(OffsetOutOfRange):
+        await client.fetch("bulk", 0, 201)
 
 
 async def test_consumer_group_flow_with_fencing(client: StreamsClient) -> None:
