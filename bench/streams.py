@@ -11,8 +11,13 @@ Measured (100-byte payloads, one partition / stream):
   every payload decoded), its JSON consume route (limit 1000) and engine reads; Redis XREADGROUP
   COUNT 1000 + XACK; JetStream pull fetch(1000) + ack.
 - consumer groups: rebalance time when a 10th member joins (HTTP round trip and the coordinator
-  alone), offset-commit latency p50/p99 over HTTP.
-- WebSocket fan-out: publish-to-receive latency to 100 WebSocket subscribers in another process.
+  alone), offset-commit latency p50/p99, each over REST (a request per call) and over the command
+  WebSocket (``StreamsClient(channel=True)``); for scale, one Redis round trip (XACK) p50/p99.
+- WebSocket fan-out: publish-to-receive latency to 100 WebSocket subscribers in other processes,
+  twice: aiohttp subscribers sharing both cores with the server and the publisher (REST), and picows
+  subscribers with the server on a core of its own and the publisher on the command WebSocket.
+  Subscribers are the clients' cost, not the server's: on this 2-core machine 100 Python WebSocket
+  clients take most of the CPU the server needs, which a deployment's subscribers elsewhere would not.
 """
 
 from __future__ import annotations
@@ -117,25 +122,39 @@ async def meshplane_engine(directory: Path, events: int) -> dict[str, float]:
     return {"append_per_s": rate(events, append), "consume_per_s": rate(events, consume)}
 
 
-async def group_timings(url: str, rounds: int, commits: int) -> dict[str, float]:
-    async with StreamsClient(url) as client:
-        await client.create_topic("grouped", 12)
-        await client.create_group("bench-group", "grouped", strategy="sticky")
+async def group_round_trips(url: str, channel: bool, rounds: int, commits: int) -> dict[str, float]:
+    """A 10th member joining 9 (rebalance), then offset commits one after another."""
+    kind = "channel" if channel else "http"
+    async with StreamsClient(url, channel=channel) as client:
+        await client.create_topic(f"grouped-{kind}", 12)
+        await client.create_group(f"bench-{kind}", f"grouped-{kind}", strategy="sticky")
         for i in range(9):
-            await client.join("bench-group", member_id=f"m{i}")
+            await client.join(f"bench-{kind}", member_id=f"m{i}")
         joins = []
         for _ in range(rounds):
             started = time.perf_counter()
-            await client.join("bench-group", member_id="m9")
+            await client.join(f"bench-{kind}", member_id="m9")
             joins.append(time.perf_counter() - started)
-            await client.leave("bench-group", "m9")
-        member = await client.join("bench-group", member_id="m9")
-        partition = member["partitions"][0]
+            await client.leave(f"bench-{kind}", "m9")
+        member = await client.join(f"bench-{kind}", member_id="m9")
+        partition, generation = member["partitions"][0], member["generation"]
         latencies = []
         for i in range(commits):
             started = time.perf_counter()
-            await client.commit("bench-group", partition, i, member_id="m9", generation=member["generation"])
+            await client.commit(f"bench-{kind}", partition, i, member_id="m9", generation=generation)
             latencies.append(time.perf_counter() - started)
+    return {
+        f"rebalance_{kind}_p50_ms": round(statistics.median(joins) * 1000, 3),
+        f"rebalance_{kind}_p99_ms": round(percentile(joins, 0.99) * 1000, 3),
+        f"commit_{kind}_p50_ms": round(statistics.median(latencies) * 1000, 3),
+        f"commit_{kind}_p99_ms": round(percentile(latencies, 0.99) * 1000, 3),
+    }
+
+
+async def group_timings(url: str, rounds: int, commits: int) -> dict[str, float]:
+    results: dict[str, float] = {}
+    for channel in (False, True):
+        results.update(await group_round_trips(url, channel, rounds, commits))
     group = GroupCoordinator("g", "t", 12, strategy="sticky")
     for i in range(9):
         group.join(f"m{i}", 0)
@@ -156,45 +175,80 @@ async def group_timings(url: str, rounds: int, commits: int) -> dict[str, float]
             engine.commit("g", 0, i, "m", generation)
             engine_commits.append(time.perf_counter() - started)
         await engine.close()
-    return {
-        "commit_engine_p99_us": round(percentile(engine_commits, 0.99) * 1e6, 1),
-        "rebalance_http_p50_ms": round(statistics.median(joins) * 1000, 3),
-        "rebalance_http_p99_ms": round(percentile(joins, 0.99) * 1000, 3),
-        "rebalance_coordinator_us": round(coordinator * 1e6, 1),
-        "commit_p50_ms": round(statistics.median(latencies) * 1000, 3),
-        "commit_p99_ms": round(percentile(latencies, 0.99) * 1000, 3),
-    }
+    results["commit_engine_p99_us"] = round(percentile(engine_commits, 0.99) * 1e6, 1)
+    results["rebalance_coordinator_us"] = round(coordinator * 1e6, 1)
+    return results
 
 
-async def ws_subscribers(url: str, count: int, events: int) -> None:
+def ws_subscribers(url: str, count: int, events: int, client: str) -> None:
     """Child process: ``count`` WebSocket subscribers; prints latencies (ms) as JSON when done."""
     latencies: list[float] = []
-    ready = 0
+    urls = [url.replace("http", "ws") + f"/stream/fanout/ws/{client}-{n}" for n in range(count)]
 
-    async def one(session: aiohttp.ClientSession, n: int) -> None:
-        nonlocal ready
-        async with session.ws_connect(url.replace("http", "ws") + f"/stream/fanout/ws/s{n}") as ws:
-            ready += 1
-            if ready == count:
-                print("ready", flush=True)
-            seen = 0
-            async for message in ws:
-                frame = msgspec.json.decode(message.data)
-                if frame["type"] == "event":
-                    latencies.append((time.time() - frame["data"]["t"]) * 1000)
-                    seen += 1
+    def received(data: bytes | str) -> bool:
+        frame = msgspec.json.decode(data)
+        if frame["type"] == "event":
+            latencies.append((time.time() - frame["data"]["t"]) * 1000)
+            return True
+        return False
+
+    async def with_aiohttp() -> None:
+        async def one(session: aiohttp.ClientSession, ws_url: str, ready: asyncio.Future[None]) -> None:
+            async with session.ws_connect(ws_url) as ws:
+                ready.set_result(None)
+                seen = 0
+                async for message in ws:
+                    seen += received(message.data)
                     if seen == events:
                         return
 
-    async with aiohttp.ClientSession() as session:
-        await asyncio.gather(*(one(session, n) for n in range(count)))
+        async with aiohttp.ClientSession() as session:
+            readies = [asyncio.get_running_loop().create_future() for _ in urls]
+            tasks = [asyncio.create_task(one(session, u, r)) for u, r in zip(urls, readies, strict=True)]
+            await asyncio.gather(*readies)
+            print("ready", flush=True)
+            await asyncio.gather(*tasks)
+
+    async def with_picows() -> None:
+        import picows
+
+        done = asyncio.get_running_loop().create_future()
+        finished = 0
+
+        class Subscriber(picows.WSListener):
+            seen = 0
+
+            def on_ws_frame(self, transport: picows.WSTransport, frame: picows.WSFrame) -> None:
+                nonlocal finished
+                if frame.msg_type == picows.WSMsgType.TEXT and received(frame.get_payload_as_bytes()):
+                    self.seen += 1
+                    if self.seen == events:
+                        finished += 1
+                        if finished == count:
+                            done.set_result(None)
+
+        connections = [await picows.ws_connect(Subscriber, u) for u in urls]
+        print("ready", flush=True)
+        await done
+        for transport, _ in connections:
+            transport.disconnect()
+
+    asyncio.run(with_picows() if client == "picows" else with_aiohttp())
     print(json.dumps(latencies), flush=True)
 
 
-async def ws_fanout(url: str, subscribers: int, events: int, processes: int = 2) -> dict[str, Any]:
+async def ws_fanout(
+    url: str,
+    subscribers: int,
+    events: int,
+    *,
+    client: str,
+    channel: bool,
+    processes: int = 2,
+) -> dict[str, Any]:
     """Subscribers spread over ``processes`` client processes (one Python process parses serially)."""
-    async with StreamsClient(url) as client:
-        await client.create_room("fanout", exist_ok=True)
+    async with StreamsClient(url, channel=channel) as publisher:
+        await publisher.create_room("fanout", exist_ok=True)
         children = []
         for n in range(processes):
             share = subscribers // processes + (1 if n < subscribers % processes else 0)
@@ -207,6 +261,8 @@ async def ws_fanout(url: str, subscribers: int, events: int, processes: int = 2)
                 str(share),
                 "--ws-events",
                 str(events),
+                "--ws-client",
+                client,
                 stdout=subprocess.PIPE,
             )
             children.append(child)
@@ -215,21 +271,41 @@ async def ws_fanout(url: str, subscribers: int, events: int, processes: int = 2)
             assert (await child.stdout.readline()).strip() == b"ready"
         await asyncio.sleep(0.5)  # every socket has finished its replay handshake
         for _ in range(events):
-            await client.publish("fanout", "tick", {"t": time.time()})
+            await publisher.publish("fanout", "tick", {"t": time.time()})
             await asyncio.sleep(0.02)
         latencies: list[float] = []
         for child in children:
             assert child.stdout is not None
             latencies += json.loads(await child.stdout.read())
             await child.wait()
+    assert len(latencies) == subscribers * events
     return {
         "subscribers": subscribers,
+        "subscriber_client": client,
         "client_processes": processes,
+        "publish_over": "command WebSocket" if channel else "REST",
         "events": events,
         "p50_ms": round(statistics.median(latencies), 3),
         "p99_ms": round(percentile(latencies, 0.99), 3),
         "max_ms": round(max(latencies), 3),
     }
+
+
+async def fanout_variants(server: StreamsServerProcess, events: int) -> dict[str, Any]:
+    shared = await ws_fanout(server.url, 100, events, client="aiohttp", channel=False)
+    own_cores = os.sched_getaffinity(0)
+    if len(own_cores) < 2:
+        return {"shared_cores": shared}
+    server_core, client_core = sorted(own_cores)[:2]
+    os.sched_setaffinity(server.pid, {server_core})
+    os.sched_setaffinity(0, {client_core})  # the publisher and, inherited, the subscriber processes
+    try:
+        own = await ws_fanout(server.url, 100, events, client="picows", channel=True)
+    finally:
+        os.sched_setaffinity(0, own_cores)
+        os.sched_setaffinity(server.pid, own_cores)
+    own["server_core"], own["client_core"] = server_core, client_core
+    return {"shared_cores": shared, "server_on_own_core": own}
 
 
 # --- Redis Streams ---------------------------------------------------------------------------------
@@ -284,12 +360,24 @@ def redis_streams(events: int) -> dict[str, float]:
             client.xack("bench", "g", *ids)
             read += len(ids)
         consume = time.perf_counter() - started
+        entries: Any = client.xrange("bench", count=2000)
+        ids = [entry_id for entry_id, _fields in entries]
+        round_trips = []
+        for entry_id in ids:  # one command, one answer: what an offset commit is to a broker
+            started = time.perf_counter()
+            client.xack("bench", "g", entry_id)
+            round_trips.append(time.perf_counter() - started)
         client.close()
     finally:
         proc.terminate()
         proc.wait(10)
         shutil.rmtree(workdir, ignore_errors=True)
-    return {"append_per_s": rate(events, append), "consume_per_s": rate(events, consume)}
+    return {
+        "append_per_s": rate(events, append),
+        "consume_per_s": rate(events, consume),
+        "xack_round_trip_p50_ms": round(statistics.median(round_trips) * 1000, 3),
+        "xack_round_trip_p99_ms": round(percentile(round_trips, 0.99) * 1000, 3),
+    }
 
 
 # --- NATS JetStream --------------------------------------------------------------------------------
@@ -340,7 +428,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         server.start()
         results["meshplane_http"] = await meshplane_http(server.url, args.events)
         results["groups"] = await group_timings(server.url, rounds=50, commits=2000)
-        results["websocket_fanout"] = await ws_fanout(server.url, 100, args.ws_events, processes=2)
+        results["websocket_fanout"] = await fanout_variants(server, args.ws_events)
     results["redis_streams"] = redis_streams(args.events)
     results["jetstream"] = await jetstream(args.events)
     redis, mesh = results["redis_streams"], results["meshplane_http"]
@@ -365,9 +453,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "streams.json")
     parser.add_argument("--ws-child", help=argparse.SUPPRESS)
     parser.add_argument("--ws-subscribers", type=int, default=100, help=argparse.SUPPRESS)
+    parser.add_argument("--ws-client", default="aiohttp", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ws_child:
-        asyncio.run(ws_subscribers(args.ws_child, args.ws_subscribers, args.ws_events))
+        ws_subscribers(args.ws_child, args.ws_subscribers, args.ws_events, args.ws_client)
         return
     results = asyncio.run(run(args))
     print(json.dumps(results, indent=2))

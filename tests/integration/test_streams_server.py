@@ -24,20 +24,35 @@ from tests.helpers import eventually
 TOKEN = "s3cret-token"
 
 
+SERVER_ARGS = ("--max-payload-bytes", "4096", "--room-max-events", "50")
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[StreamsServerProcess]:
-    with StreamsServerProcess(extra_args=("--max-payload-bytes", "4096", "--room-max-events", "50")) as proc:
+    with StreamsServerProcess(extra_args=SERVER_ARGS) as proc:
         yield proc.start()
 
 
-@pytest.fixture
-async def client(server: StreamsServerProcess) -> AsyncIterator[StreamsClient]:
-    async with StreamsClient(server.url) as c:
+@pytest.fixture(scope="module")
+def channel_server() -> Iterator[StreamsServerProcess]:
+    with StreamsServerProcess(extra_args=SERVER_ARGS) as proc:
+        yield proc.start()
+
+
+@pytest.fixture(params=[False, True], ids=["rest", "channel"])
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[StreamsClient]:
+    """Every client test runs twice, against its own server (names repeat): each call an HTTP
+    request, and with publishes and group calls as commands over the WebSocket."""
+    server = request.getfixturevalue("channel_server" if request.param else "server")
+    async with StreamsClient(server.url, channel=request.param) as c:
         yield c
 
 
 @pytest.fixture
-async def http(server: StreamsServerProcess) -> AsyncIterator[aiohttp.ClientSession]:
+async def http(request: pytest.FixtureRequest) -> AsyncIterator[aiohttp.ClientSession]:
+    """Raw HTTP to the server the test's ``client`` talks to (``server`` when it has none)."""
+    over_channel = "client" in request.fixturenames and request.node.callspec.params["client"]
+    server = request.getfixturevalue("channel_server" if over_channel else "server")
     async with aiohttp.ClientSession(server.url) as session:
         yield session
 
@@ -96,9 +111,52 @@ async def test_command_endpoint_envelope(http: aiohttp.ClientSession) -> None:
         "request_id": "r-2",
         "payload": None,
         "error": "Invalid request: room 'nope' not found",
+        "code": 404,
+        "type": "NotFound",
     }
     async with http.post("/api/v1/command", json={"command": "kv.set", "payload": {}}) as r:
         assert "unknown command" in (await r.json())["error"]
+
+
+async def test_command_websocket_answers_each_frame_and_survives_bad_ones(
+    http: aiohttp.ClientSession,
+) -> None:
+    publish = {"command": "stream.publish", "payload": {"room": "wsc", "event": "e", "data": 1}}
+    async with http.ws_connect("/api/v1/ws") as ws:
+        await ws.send_json({**publish, "request_id": 1})
+        await ws.send_str("{not json")
+        await ws.send_bytes(b"\x00\x01")
+        await ws.send_json({"command": "stream.stats", "request_id": "two", "payload": {"room": "nope"}})
+        await ws.send_json(["a", "list"])
+        await ws.send_json(
+            {"command": "group.commit", "request_id": 3, "payload": {"group": "g", "offset": "x"}}
+        )
+        await ws.send_json({**publish, "request_id": 4})
+        answers = [await ws.receive_json(timeout=10) for _ in range(7)]
+    first = answers[0]
+    assert (first["success"], first["request_id"], first["error"]) == (True, 1, None)
+    assert (first["payload"]["offset"], first["payload"]["room"]) == (0, "wsc")
+    assert (answers[1]["success"], answers[1]["code"], answers[1]["request_id"]) == (False, 400, None)
+    assert "not valid JSON" in answers[1]["error"]
+    assert "text frames" in answers[2]["error"]
+    assert (answers[3]["request_id"], answers[3]["code"], answers[3]["type"]) == ("two", 404, "NotFound")
+    assert "must be a JSON object" in answers[4]["error"]
+    assert answers[5]["request_id"] == 3
+    assert "partition_id" in answers[5]["error"]
+    assert (answers[6]["success"], answers[6]["payload"]["offset"]) == (
+        True,
+        1,
+    )  # still serving, nothing lost
+
+
+async def test_command_channel_carries_concurrent_calls(server: StreamsServerProcess) -> None:
+    async with StreamsClient(server.url, channel=True) as c:
+        await c.create_topic("piped", 1)
+        places = await asyncio.gather(*(c.publish_to_topic("piped", "e", {"i": i}) for i in range(200)))
+        assert sorted(places) == [(0, o) for o in range(200)]
+        page = await c.consume_partition("piped", 0, 0, 1000)
+        by_offset = {e["offset"]: e["data"]["i"] for e in page["events"]}
+        assert by_offset == {o: i for i, (_, o) in enumerate(places)}  # each caller got its own answer
 
 
 # --- rooms ----------------------------------------------------------------------------------------
@@ -150,11 +208,11 @@ async def test_websocket_replays_then_pushes_in_order(client: StreamsClient) -> 
     assert received[0]["timestamp"] > 0
 
 
-async def test_websocket_frames_match_synap(server: StreamsServerProcess, client: StreamsClient) -> None:
+async def test_websocket_frames_match_synap(client: StreamsClient) -> None:
     await client.publish("frames", "hello", {"a": 1})
     async with (
         aiohttp.ClientSession() as session,
-        session.ws_connect(server.url.replace("http", "ws") + "/stream/frames/ws/sub-9?from_offset=0") as ws,
+        session.ws_connect(client.url.replace("http", "ws") + "/stream/frames/ws/sub-9?from_offset=0") as ws,
     ):
         connected = json.loads((await ws.receive(timeout=5)).data)
         assert connected == {
@@ -172,12 +230,38 @@ async def test_websocket_frames_match_synap(server: StreamsServerProcess, client
         }
 
 
-async def test_pubsub_websocket_pushes_matching_messages(
-    server: StreamsServerProcess, client: StreamsClient
-) -> None:
+async def test_pushed_frames_of_every_length_reach_plain_and_compressed_subscribers() -> None:
+    """Caught-up plain sockets get one prebuilt frame per event (7-bit, 16-bit and 64-bit lengths);
+    a subscriber that negotiated compression gets the same events through aiohttp's writer."""
+    sizes = [10, 200, 70_000, 5]
+    with StreamsServerProcess(extra_args=("--max-payload-bytes", "200000")) as proc:
+        proc.start()
+        ws_url = proc.url.replace("http", "ws") + "/stream/sizes/ws/"
+        async with StreamsClient(proc.url) as c, aiohttp.ClientSession() as session:
+            await c.create_room("sizes")
+            async with (
+                session.ws_connect(ws_url + "plain") as plain,
+                session.ws_connect(ws_url + "zipped", compress=15) as zipped,
+            ):
+                for ws in (plain, zipped):
+                    assert (await ws.receive_json(timeout=5))["type"] == "connected"
+                await eventually(lambda: _live(c, "sizes", 2), what="both subscribers registered")
+                for n in sizes:
+                    await c.publish("sizes", "blob", "x" * n)
+                for ws in (plain, zipped):
+                    events = [await ws.receive_json(timeout=10) for _ in sizes]
+                    assert [(e["offset"], len(e["data"])) for e in events] == list(enumerate(sizes))
+            assert zipped.compress == 15
+
+
+async def _live(client: StreamsClient, room: str, count: int) -> bool:
+    return bool((await client.room_stats(room))["live_subscribers"] == count)
+
+
+async def test_pubsub_websocket_pushes_matching_messages(client: StreamsClient) -> None:
     async with (
         aiohttp.ClientSession() as session,
-        session.ws_connect(server.url.replace("http", "ws") + "/pubsub/ws?topics=orders.*") as ws,
+        session.ws_connect(client.url.replace("http", "ws") + "/pubsub/ws?topics=orders.*") as ws,
     ):
         assert json.loads((await ws.receive(timeout=5)).data)["type"] == "connected"
         assert await client.pubsub_publish("orders.new", {"id": 1}) == 1
@@ -186,14 +270,12 @@ async def test_pubsub_websocket_pushes_matching_messages(
         assert (message["type"], message["topic"], message["payload"]) == ("message", "orders.new", {"id": 1})
 
 
-async def test_server_sent_events_resume_after_last_event_id(
-    server: StreamsServerProcess, client: StreamsClient
-) -> None:
+async def test_server_sent_events_resume_after_last_event_id(client: StreamsClient) -> None:
     for i in range(4):
         await client.publish("sse", "tick", i)
     async with (
         aiohttp.ClientSession() as session,
-        session.get(server.url + "/events/sse", headers={"Last-Event-ID": "1"}) as response,
+        session.get(client.url + "/events/sse", headers={"Last-Event-ID": "1"}) as response,
     ):
         assert response.headers["Content-Type"].startswith("text/event-stream")
         frames: list[str] = []
@@ -413,12 +495,17 @@ async def test_token_auth() -> None:
 # --- durability -----------------------------------------------------------------------------------
 
 
-async def test_sigkill_loses_no_acknowledged_event() -> None:
-    """Publish as fast as acknowledgements come back; SIGKILL mid-stream; all acked events survive."""
+@pytest.mark.parametrize("channel", [False, True], ids=["rest", "channel"])
+async def test_sigkill_loses_no_acknowledged_event(channel: bool) -> None:
+    """Publish as fast as acknowledgements come back; SIGKILL mid-stream; all acked events survive.
+
+    Over the command channel, calls in flight when the server dies fail at once (no hang), and the
+    same client carries on over a new channel once the server is back.
+    """
     with StreamsServerProcess(extra_args=("--segment-bytes", "65536")) as proc:
         proc.start()
         acked: dict[tuple[int, int], Any] = {}
-        async with StreamsClient(proc.url) as c:
+        async with StreamsClient(proc.url, channel=channel) as c:
             await c.create_topic("durable", 2)
             await c.create_group("g", "durable")
             member = await c.join("g", member_id="m1")
@@ -438,8 +525,11 @@ async def test_sigkill_loses_no_acknowledged_event() -> None:
             writers = [asyncio.create_task(publisher(n)) for n in range(4)]
             await eventually(lambda: len(acked) >= 2_000, timeout=60, what="2000 acknowledged publishes")
             proc.kill(signal.SIGKILL)
-            await asyncio.gather(*writers)
-        proc.start()
+            await asyncio.wait_for(asyncio.gather(*writers), 10)
+            with pytest.raises((aiohttp.ClientError, StreamError)):
+                await c.publish("after-restart", "e", 1)
+            proc.start()
+            assert await c.publish("after-restart", "e", 2) == 0
         async with StreamsClient(proc.url) as c:
             found: dict[tuple[int, int], Any] = {}
             for p in (0, 1):

@@ -10,6 +10,7 @@ import pytest
 from meshplane.core.streamlog import StoredEvent
 from meshplane.streams.engine import StreamEngine, StreamsConfig
 from meshplane.streams.errors import LimitReached, NotFound, OffsetOutOfRange
+from tests.helpers import eventually
 
 
 def event(i: int) -> StoredEvent:
@@ -24,6 +25,37 @@ async def test_fsync_always_acknowledges_after_a_shared_fsync(tmp_path: Path) ->
         places = await asyncio.gather(*(engine.publish_topic("t", [event(i)]) for i in range(200)))
         assert sorted(p[0][1] for p in places) == list(range(200))
         assert 1 <= engine.durability.fsyncs < 200  # concurrent publishers shared fsyncs (group commit)
+    finally:
+        await engine.close()
+
+
+async def test_fsync_interval_syncs_after_the_first_write_or_once_enough_records_wait(tmp_path: Path) -> None:
+    engine = StreamEngine(
+        StreamsConfig(
+            data_dir=tmp_path, fsync="interval", fsync_interval_ms=3_600_000, fsync_every_records=10
+        )
+    )
+    await engine.start()
+    try:
+        engine.create_topic("t", 1)
+        for i in range(9):
+            await engine.publish_topic("t", [event(i)])
+        await asyncio.sleep(0.05)
+        assert engine.durability.fsyncs == 0  # an hour to go and 9 < 10 records
+        await engine.publish_topic("t", [event(9)])
+        await eventually(lambda: engine.durability.fsyncs == 1, what="the 10th record triggers the fsync")
+    finally:
+        await engine.close()
+
+
+async def test_fsync_interval_counts_from_the_first_unsynced_write(tmp_path: Path) -> None:
+    engine = StreamEngine(StreamsConfig(data_dir=tmp_path, fsync="interval", fsync_interval_ms=500))
+    await engine.start()
+    try:
+        engine.create_topic("t", 1)
+        await engine.publish_topic("t", [event(0)])
+        assert engine.durability.fsyncs == 0
+        await eventually(lambda: engine.durability.fsyncs == 1, what="synced within the interval")
     finally:
         await engine.close()
 

@@ -83,33 +83,42 @@ def scan_records(
     Stops at the end of the buffer, after ``max_records``, or at the first record that is
     incomplete, corrupt or out of sequence (``problem`` says which).
     """
-    view = memoryview(buffer)
+    data = buffer if isinstance(buffer, bytes) else bytes(buffer)
+    view = memoryview(data)  # crc32 over slices of it copies nothing
     records: list[Record] = []
+    # Bound once: this loop runs for every record a consumer reads.
+    append, unpack, crc32, new_record = records.append, RECORD_HEADER.unpack_from, zlib.crc32, tuple.__new__
     pos = 0
-    end = len(view)
+    end = len(data)
+    remaining = -1 if max_records is None else max_records
     problem: str | None = None
-    while pos < end and (max_records is None or len(records) < max_records):
+    while pos < end and remaining != 0:
         if end - pos < HEADER_SIZE:
             problem = "truncated header"
             break
-        length, crc, offset, timestamp_ms = RECORD_HEADER.unpack_from(view, pos)
+        length, crc, offset, timestamp_ms = unpack(data, pos)
         if length < _AFTER_CRC or length > MAX_RECORD_BYTES:
             problem = f"bad record length {length}"
             break
-        if end - pos - 8 < length:
+        stop = pos + 8 + length
+        if stop > end:
             problem = "truncated record"
             break
-        body = view[pos + 8 : pos + 8 + length]
-        if zlib.crc32(body) != crc:
+        if crc32(view[pos + 8 : stop]) != crc:
             problem = "crc mismatch"
             break
         if expected_offset is not None and offset != expected_offset:
             problem = f"offset {offset} where {expected_offset} was expected"
             break
-        size = 8 + length
-        records.append(Record(offset, timestamp_ms, body[_AFTER_CRC:].tobytes(), start_position + pos, size))
+        append(
+            new_record(
+                Record,
+                (offset, timestamp_ms, data[pos + HEADER_SIZE : stop], start_position + pos, stop - pos),
+            )
+        )
         expected_offset = offset + 1
-        pos += size
+        pos = stop
+        remaining -= 1
     return ScanResult(records, start_position + pos, problem)
 
 

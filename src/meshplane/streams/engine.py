@@ -108,7 +108,11 @@ class StreamsConfig:
 
 
 class Durability:
-    """Group commit: appenders that need an fsync share one, run in a thread."""
+    """Group commit: appenders that need an fsync share one, run in a thread.
+
+    ``interval``: data is on disk at most ``interval_ms`` after the first write not yet synced (Kafka's
+    ``flush.ms``), sooner once ``every_records`` wait. Nothing runs while nothing is written.
+    """
 
     def __init__(self, policy: FsyncPolicy, interval_ms: float, every_records: int) -> None:
         self.policy = policy
@@ -117,7 +121,8 @@ class Durability:
         self._dirty: set[PartitionLog] = set()
         self._waiters: list[asyncio.Future[None]] = []
         self._pending_records = 0
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # something waits to be synced
+        self._due = asyncio.Event()  # ... and it should be synced now
         self._task: asyncio.Task[None] | None = None
         self.fsyncs = 0
         self.fsync_seconds: list[float] = []  # drained by the metrics collector
@@ -132,24 +137,26 @@ class Durability:
         if self.policy == "never":
             return
         self._dirty.add(log_)
+        self._wake.set()
         if self.policy == "always":
             future = asyncio.get_running_loop().create_future()
             self._waiters.append(future)
-            self._wake.set()
+            self._due.set()
             await future
         else:
             self._pending_records += records
             if self.every_records and self._pending_records >= self.every_records:
-                self._wake.set()
+                self._due.set()
 
     async def _run(self) -> None:
         while True:
-            if self.policy == "interval":
+            await self._wake.wait()
+            if not self._due.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.interval)
-            else:
-                await self._wake.wait()
+                    async with asyncio.timeout(self.interval):
+                        await self._due.wait()
             self._wake.clear()
+            self._due.clear()
             await self.flush()
 
     async def flush(self) -> None:
@@ -275,7 +282,7 @@ class Notifier:
 
 
 class Pusher(Protocol):
-    async def offer(self, event: StreamEvent) -> bool: ...
+    def offer(self, event: StreamEvent) -> bool: ...
 
     def wake(self) -> None: ...
 
@@ -351,11 +358,11 @@ class Room:
         self.trim(timestamp_ms)
         return first
 
-    async def broadcast(self, event: StreamEvent) -> int:
+    def broadcast(self, event: StreamEvent) -> int:
         """Hand a new event to pushed subscribers; returns how many were written at once."""
         written = 0
         for pusher in list(self.pushers):
-            if await pusher.offer(event):
+            if pusher.offer(event):
                 written += 1
             else:
                 pusher.wake()
@@ -740,7 +747,7 @@ class StreamEngine:
         self._count_publish(1, len(payload))
         await self.durability.written(room.log, 1)
         event = room.read(first, 1)[0] if first >= room.oldest else StreamEvent(first, timestamp, body)
-        await room.broadcast(event)
+        room.broadcast(event)
         return room, event
 
     def read_room(

@@ -13,6 +13,7 @@ import contextlib
 import hmac
 import json
 import logging
+import struct
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -43,13 +44,16 @@ def json_response(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=_json.encode(body), status=status, content_type="application/json")
 
 
-def error_response(exc: StreamError | GroupError) -> web.Response:
-    status = exc.status
+def error_body(exc: StreamError | GroupError) -> dict[str, Any]:
     kind = exc.kind if isinstance(exc, StreamError) else type(exc).__name__
-    body: dict[str, Any] = {"error": str(exc), "code": status, "type": kind}
+    body: dict[str, Any] = {"error": str(exc), "code": exc.status, "type": kind}
     if isinstance(exc, StreamError):
         body.update(exc.details())
-    return json_response(body, status)
+    return body
+
+
+def error_response(exc: StreamError | GroupError) -> web.Response:
+    return json_response(error_body(exc), exc.status)
 
 
 # --- request parsing -------------------------------------------------------------------------------
@@ -61,14 +65,18 @@ async def read_json(request: web.Request) -> dict[str, Any]:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise PayloadTooLarge(f"request body too large: {exc.text}") from None
+    return parse_json_object(raw, "request body")
+
+
+def parse_json_object(raw: bytes | str, what: str) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
         body = _json_decoder.decode(raw)
     except msgspec.DecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        raise BadRequest(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
-        raise BadRequest(f"request body must be a JSON object, not {type(body).__name__}")
+        raise BadRequest(f"{what} must be a JSON object, not {type(body).__name__}")
     return body
 
 
@@ -136,17 +144,37 @@ def query_int(request: web.Request, name: str, default: int | None = None, **bou
 
 
 class Commands:
-    """``stream.*`` and ``pubsub.*`` commands: payload in, payload (always an object) out."""
+    """Commands: payload in, payload (always an object) out.
+
+    Synap's ``stream.*`` and ``pubsub.*``, and meshplane's ``topic.*`` and ``group.*`` (the REST routes
+    of topics and groups run these same functions, so both answer alike). They are served by
+    ``POST /api/v1/command`` and, one envelope per text frame, by the WebSocket ``/api/v1/ws``.
+    """
+
+    PREFIXES = ("stream.", "pubsub.", "topic.", "group.")
 
     def __init__(self, engine: StreamEngine) -> None:
         self.engine = engine
 
     async def run(self, command: str, payload: dict[str, Any]) -> dict[str, Any]:
         handler = getattr(self, "cmd_" + command.replace(".", "_"), None)
-        if handler is None or not command.startswith(("stream.", "pubsub.")):
+        if handler is None or not command.startswith(self.PREFIXES):
             raise BadRequest(f"unknown command {command!r}")
         result: dict[str, Any] = await handler(payload)
         return result
+
+    async def answer(self, envelope: dict[str, Any]) -> dict[str, Any]:
+        """The answer envelope for a request envelope ``{command, request_id, payload}``."""
+        request_id = envelope.get("request_id")
+        try:
+            command = get_str(envelope, "command")
+            payload = envelope.get("payload") or {}
+            if not isinstance(payload, dict):
+                raise BadRequest("payload must be an object")
+            result = await self.run(command, payload)
+        except (StreamError, GroupError) as exc:
+            return failure_envelope(request_id, exc)
+        return {"success": True, "request_id": request_id, "payload": result, "error": None}
 
     async def cmd_stream_create(self, p: dict[str, Any]) -> dict[str, Any]:
         room = get_str(p, "room")
@@ -249,6 +277,108 @@ class Commands:
             "dropped": ps.dropped,
         }
 
+    async def cmd_topic_publish(self, p: dict[str, Any]) -> dict[str, Any]:
+        """One event ({event_type, key?, data}) or a batch ({events: [...]}) with optional partition."""
+        name = get_str(p, "topic")
+        partition = get_int(p, "partition", None, minimum=0)
+        batch = p.get("events")
+        if batch is not None:
+            if not isinstance(batch, list) or not batch or not all(isinstance(e, dict) for e in batch):
+                raise BadRequest("events must be a non-empty list of objects")
+            items = batch
+        else:
+            items = [p]
+        events = [_topic_event(item) for item in items]
+        places = await self.engine.publish_topic(name, events, partition, get_str(p, "idempotency_key", None))
+        if batch is None:
+            ((partition_id, offset),) = places
+            return {"partition_id": partition_id, "offset": offset, "topic": name}
+        return {
+            "topic": name,
+            "count": len(places),
+            "results": [{"partition_id": pid, "offset": o} for pid, o in places],
+        }
+
+    async def cmd_group_join(self, p: dict[str, Any]) -> dict[str, Any]:
+        group = self.engine.group(get_str(p, "group"))
+        member = get_str(p, "member_id", None) or str(uuid.uuid4())
+        result = group.join(member, time.monotonic(), _positive(p, "session_timeout_secs"))
+        self.engine.group_changed(group)
+        return {
+            "member_id": member,
+            "group_id": group.group_id,
+            "generation": result.generation,
+            "partitions": result.assignment.get(member, []),
+        }
+
+    async def cmd_group_assignment(self, p: dict[str, Any]) -> dict[str, Any]:
+        group = self.engine.group(get_str(p, "group"))
+        member = get_str(p, "member_id")
+        before = group.generation
+        partitions = group.assignment_of(member, time.monotonic())
+        if group.generation != before:
+            self.engine.group_changed(group)
+        return {
+            "member_id": member,
+            "group_id": group.group_id,
+            "partitions": partitions,
+            "generation": group.generation,
+        }
+
+    async def cmd_group_heartbeat(self, p: dict[str, Any]) -> dict[str, Any]:
+        group = self.engine.group(get_str(p, "group"))
+        member = get_str(p, "member_id")
+        before = group.generation
+        try:
+            generation = group.heartbeat(member, time.monotonic())
+        finally:
+            if group.generation != before:
+                self.engine.group_changed(group)
+        return {
+            "success": True,
+            "member_id": member,
+            "generation": generation,
+            "partitions": group.assignment.get(member, []),
+        }
+
+    async def cmd_group_leave(self, p: dict[str, Any]) -> dict[str, Any]:
+        group = self.engine.group(get_str(p, "group"))
+        member = get_str(p, "member_id")
+        group.leave(member, time.monotonic())
+        self.engine.group_changed(group)
+        return {"success": True, "member_id": member, "generation": group.generation}
+
+    async def cmd_group_commit(self, p: dict[str, Any]) -> dict[str, Any]:
+        partition = get_int(p, "partition_id", minimum=0)
+        offset = get_int(p, "offset", minimum=0)
+        self.engine.commit(
+            get_str(p, "group"),
+            partition,
+            offset,
+            get_str(p, "member_id", None),
+            get_int(p, "generation", None),
+        )
+        return {"success": True, "partition_id": partition, "offset": offset}
+
+    async def cmd_group_offset(self, p: dict[str, Any]) -> dict[str, Any]:
+        group = self.engine.group(get_str(p, "group"))
+        partition = get_int(p, "partition_id", minimum=0, maximum=group.partitions - 1)
+        return {
+            "group_id": group.group_id,
+            "partition_id": partition,
+            "offset": group.committed.get(partition),
+        }
+
+
+_GROUP_PATH_FIELDS = {"group": "group", "member": "member_id", "partition": "partition_id"}
+
+
+def failure_envelope(request_id: Any, exc: StreamError | GroupError) -> dict[str, Any]:
+    """Synap's failure answer, plus the status and type the REST routes would give (for typed errors)."""
+    body = error_body(exc)
+    body["error"] = f"Invalid request: {exc}"
+    return {"success": False, "request_id": request_id, "payload": None, **body}
+
 
 def topic_list(raw: object) -> list[str]:
     if isinstance(raw, str):
@@ -303,25 +433,28 @@ class Api:
         return json_response({"status": "ready" if ok else "starting"}, 200 if ok else 503)
 
     async def command(self, request: web.Request) -> web.Response:
-        request_id: Any = None
         try:
-            body = await read_json(request)
-            request_id = body.get("request_id")
-            command = get_str(body, "command")
-            payload = body.get("payload") or {}
-            if not isinstance(payload, dict):
-                raise BadRequest("payload must be an object")
-            result = await self.commands.run(command, payload)
-        except (StreamError, GroupError) as exc:
-            return json_response(
-                {
-                    "success": False,
-                    "request_id": request_id,
-                    "payload": None,
-                    "error": f"Invalid request: {exc}",
-                }
-            )
-        return json_response({"success": True, "request_id": request_id, "payload": result, "error": None})
+            envelope = await read_json(request)
+        except StreamError as exc:
+            return json_response(failure_envelope(None, exc))
+        return json_response(await self.commands.answer(envelope))
+
+    async def command_ws(self, request: web.Request) -> web.StreamResponse:
+        """Commands over one WebSocket: an envelope per text frame, answered in order, no HTTP per call."""
+        ws = web.WebSocketResponse(heartbeat=30)
+        await ws.prepare(request)
+        async for message in ws:
+            if message.type == WSMsgType.TEXT:
+                try:
+                    answer = await self.commands.answer(parse_json_object(message.data, "a command"))
+                except StreamError as exc:
+                    answer = failure_envelope(None, exc)
+            elif message.type == WSMsgType.BINARY:
+                answer = failure_envelope(None, BadRequest("commands are JSON text frames, not binary"))
+            else:
+                break
+            await ws.send_frame(_json.encode(answer), WSMsgType.TEXT)
+        return ws
 
     # rooms
 
@@ -431,7 +564,11 @@ class Api:
         render: Callable[[StreamEvent], bytes],
     ) -> None:
         """Push the room's events from ``start`` as they arrive, in order, until the peer goes away."""
-        pusher = RoomPusher(out, request.transport, room, start, render, self.engine)
+        # Unmasked and uncompressed, a frame is the same bytes for every subscriber: built once.
+        plain_ws = isinstance(out, web.WebSocketResponse) and not out.compress
+        pusher = RoomPusher(
+            out, request.transport, room, start, render, _frames_of(render) if plain_ws else None, self.engine
+        )
         closed = asyncio.Event()
         reader = (
             asyncio.create_task(_drain_incoming(out, closed))
@@ -537,31 +674,9 @@ class Api:
         return json_response({"success": True, "topic": name})
 
     async def topic_publish(self, request: web.Request) -> web.Response:
-        """One event ({event_type, key?, data}) or a batch ({events: [...]}) with optional partition."""
-        name = request.match_info["topic"]
         body = await read_json(request)
-        partition = get_int(body, "partition", None, minimum=0)
-        batch = body.get("events")
-        if batch is not None:
-            if not isinstance(batch, list) or not batch or not all(isinstance(e, dict) for e in batch):
-                raise BadRequest("events must be a non-empty list of objects")
-            items = batch
-        else:
-            items = [body]
-        events = [_topic_event(item) for item in items]
-        places = await self.engine.publish_topic(
-            name, events, partition, get_str(body, "idempotency_key", None)
-        )
-        if batch is None:
-            ((p, offset),) = places
-            return json_response({"partition_id": p, "offset": offset, "topic": name})
-        return json_response(
-            {
-                "topic": name,
-                "count": len(places),
-                "results": [{"partition_id": p, "offset": o} for p, o in places],
-            }
-        )
+        body["topic"] = request.match_info["topic"]
+        return json_response(await self.commands.cmd_topic_publish(body))
 
     async def topic_consume(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]
@@ -656,78 +771,32 @@ class Api:
             raise NotFound(f"consumer group {name!r} not found")
         return json_response({"success": True, "group_id": name})
 
+    async def _group_command(
+        self, request: web.Request, run: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+    ) -> web.Response:
+        """A group route: the body (if any) and the path's names, handed to the group command."""
+        body = await read_json(request) if request.can_read_body else {}
+        for name, value in request.match_info.items():
+            body[_GROUP_PATH_FIELDS[name]] = value
+        return json_response(await run(body))
+
     async def group_join(self, request: web.Request) -> web.Response:
-        group = self.engine.group(request.match_info["group"])
-        body = await read_json(request)
-        member = get_str(body, "member_id", None) or str(uuid.uuid4())
-        result = group.join(member, time.monotonic(), _positive(body, "session_timeout_secs"))
-        self.engine.group_changed(group)
-        return json_response(
-            {
-                "member_id": member,
-                "group_id": group.group_id,
-                "generation": result.generation,
-                "partitions": result.assignment.get(member, []),
-            }
-        )
+        return await self._group_command(request, self.commands.cmd_group_join)
 
     async def group_assignment(self, request: web.Request) -> web.Response:
-        group = self.engine.group(request.match_info["group"])
-        member = request.match_info["member"]
-        before = group.generation
-        partitions = group.assignment_of(member, time.monotonic())
-        if group.generation != before:
-            self.engine.group_changed(group)
-        return json_response(
-            {
-                "member_id": member,
-                "group_id": group.group_id,
-                "partitions": partitions,
-                "generation": group.generation,
-            }
-        )
+        return await self._group_command(request, self.commands.cmd_group_assignment)
 
     async def group_heartbeat(self, request: web.Request) -> web.Response:
-        group = self.engine.group(request.match_info["group"])
-        member = request.match_info["member"]
-        before = group.generation
-        try:
-            generation = group.heartbeat(member, time.monotonic())
-        finally:
-            if group.generation != before:
-                self.engine.group_changed(group)
-        return json_response(
-            {
-                "success": True,
-                "member_id": member,
-                "generation": generation,
-                "partitions": group.assignment.get(member, []),
-            }
-        )
+        return await self._group_command(request, self.commands.cmd_group_heartbeat)
 
     async def group_leave(self, request: web.Request) -> web.Response:
-        group = self.engine.group(request.match_info["group"])
-        member = request.match_info["member"]
-        group.leave(member, time.monotonic())
-        self.engine.group_changed(group)
-        return json_response({"success": True, "member_id": member, "generation": group.generation})
+        return await self._group_command(request, self.commands.cmd_group_leave)
 
     async def group_commit(self, request: web.Request) -> web.Response:
-        group_id = request.match_info["group"]
-        body = await read_json(request)
-        partition = get_int(body, "partition_id", minimum=0)
-        offset = get_int(body, "offset", minimum=0)
-        self.engine.commit(
-            group_id, partition, offset, get_str(body, "member_id", None), get_int(body, "generation", None)
-        )
-        return json_response({"success": True, "partition_id": partition, "offset": offset})
+        return await self._group_command(request, self.commands.cmd_group_commit)
 
     async def group_offset(self, request: web.Request) -> web.Response:
-        group = self.engine.group(request.match_info["group"])
-        partition = get_int(dict(request.match_info), "partition", minimum=0, maximum=group.partitions - 1)
-        return json_response(
-            {"group_id": group.group_id, "partition_id": partition, "offset": group.committed.get(partition)}
-        )
+        return await self._group_command(request, self.commands.cmd_group_offset)
 
     async def group_stats(self, request: web.Request) -> web.Response:
         group = self.engine.group(request.match_info["group"])
@@ -786,9 +855,16 @@ class Api:
                 "POST",
                 "/api/v1/command",
                 self.command,
-                "Synap command endpoint (stream.*, pubsub.*)",
+                "Synap command endpoint (stream.*, pubsub.*; also topic.*, group.*)",
                 "command",
                 {"command": "string", "request_id": "string", "payload": "object"},
+            ),
+            Route(
+                "GET",
+                "/api/v1/ws",
+                self.command_ws,
+                "WebSocket: the command endpoint's envelopes, one per text frame, answered in order",
+                "command",
             ),
             Route("GET", "/stream/list", self.room_list, "List rooms", "rooms"),
             Route(
@@ -989,8 +1065,9 @@ class RoomPusher:
     """One pushed subscriber (WebSocket or SSE) of a room.
 
     A publish offers each new event to every pusher; a caught-up pusher whose socket is not backed
-    up gets the frame written at once, in the publisher's turn (no task wake-up per subscriber).
-    Others are woken and catch up from the room's ring in their own task, in order.
+    up gets the event's prebuilt frame written to its transport at once, in the publisher's turn
+    (no await, no task wake-up per subscriber). Others are woken and catch up from the room's ring
+    in their own task, in order.
     """
 
     BACKLOG_LIMIT = 1 << 20
@@ -1002,20 +1079,13 @@ class RoomPusher:
         room: Room,
         cursor: int,
         render: Callable[[StreamEvent], bytes],
+        wire: Callable[[StreamEvent], bytes] | None,
         engine: StreamEngine,
     ) -> None:
         self.out, self.transport, self.room, self.cursor = out, transport, room, cursor
-        self.render, self.engine = render, engine
+        self.render, self.wire, self.engine = render, wire, engine
         self.lock = asyncio.Lock()
         self.wakeup = asyncio.Event()
-
-    def _backlogged(self) -> bool:
-        transport = self.transport
-        return (
-            not isinstance(transport, asyncio.WriteTransport)
-            or transport.is_closing()
-            or transport.get_write_buffer_size() > self.BACKLOG_LIMIT
-        )
 
     async def _send(self, event: StreamEvent) -> None:
         frame = self.render(event)
@@ -1024,15 +1094,19 @@ class RoomPusher:
         else:
             await self.out.write(frame)
 
-    async def offer(self, event: StreamEvent) -> bool:
-        if self.lock.locked() or event.offset != self.cursor or self._backlogged():
+    def offer(self, event: StreamEvent) -> bool:
+        transport = self.transport
+        if (
+            self.wire is None
+            or self.lock.locked()  # catching up in its own task: it will reach this event in order
+            or event.offset != self.cursor
+            or not isinstance(transport, asyncio.WriteTransport)
+            or transport.is_closing()
+            or transport.get_write_buffer_size() > self.BACKLOG_LIMIT
+        ):
             return False
-        async with self.lock:
-            try:
-                await self._send(event)
-            except ConnectionError:
-                return False
-            self.cursor += 1
+        transport.write(self.wire(event))
+        self.cursor += 1
         return True
 
     def wake(self) -> None:
@@ -1086,6 +1160,23 @@ def _topic_event(item: dict[str, Any]) -> StoredEvent:
     if key is not None and not isinstance(key, str):
         raise BadRequest(f"key must be a string, not {key!r}")
     return StoredEvent(new_event_id(), event_type_of(item), item["data"], key, get_metadata(item))
+
+
+def websocket_text_frame(payload: bytes) -> bytes:
+    """A whole, final, unmasked WebSocket text frame (RFC 6455 section 5.2), as a server sends it."""
+    size = len(payload)
+    if size < 126:
+        return struct.pack("!BB", 0x81, size) + payload
+    if size < 1 << 16:
+        return struct.pack("!BBH", 0x81, 126, size) + payload
+    return struct.pack("!BBQ", 0x81, 127, size) + payload
+
+
+def _frames_of(render: Callable[[StreamEvent], bytes]) -> Callable[[StreamEvent], bytes]:
+    def frame(event: StreamEvent) -> bytes:
+        return event.render("ws-frame", lambda e: websocket_text_frame(render(e)))
+
+    return frame
 
 
 def _ws_event(event: StreamEvent, room: str) -> dict[str, Any]:
