@@ -6,7 +6,8 @@ Every read is materialised with the ``noop`` sink (all columns produced, nothing
 ceiling is Spark reading the same events from a Parquet file; the other comparisons are the same
 source yielding Python tuples instead of Arrow record batches, and a Python data source that does no
 work at all (it yields one pre-built Arrow batch of the same schema over and over): what any
-Python source can reach here.
+Python source can reach here. The reads take turns, round after round (7 by default); rates are
+medians, and the Arrow/Parquet ratio is the median of the rounds' ratios, each listed.
 """
 
 from __future__ import annotations
@@ -82,15 +83,18 @@ class PrebuiltSource(DataSource):
         return _PrebuiltReader(int(self.options["events"]))
 
 
-def timed(run: Any, repeats: int) -> float:
-    """The median time of ``repeats`` runs (after one warm-up)."""
-    run()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
+def timed_rounds(runs: dict[str, Any], repeats: int) -> dict[str, list[float]]:
+    """Seconds per run: one warm-up each, then ``repeats`` rounds of every run in turn, so that this
+    machine's drift (10-20% over minutes) falls on all of them alike and ratios pair runs of one round."""
+    for run in runs.values():
         run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            started = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - started)
+    return times
 
 
 def main() -> None:
@@ -98,7 +102,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "spark_ingest.json")
     args = parser.parse_args()
     spark = spark_session("meshplane-bench")
@@ -125,16 +129,11 @@ def main() -> None:
         parquet = str(Path(tmp) / "ingest.parquet")
         source(True).write.parquet(parquet)
         assert spark.read.parquet(parquet).count() == args.events
-        seconds = {
-            "parquet": timed(
-                lambda: spark.read.parquet(parquet).write.format("noop").mode("overwrite").save(),
-                args.repeats,
-            ),
-            "meshplane_arrow": timed(
-                lambda: source(True).write.format("noop").mode("overwrite").save(), args.repeats
-            ),
-            "python_source_doing_nothing": timed(
-                lambda: (
+        rounds = timed_rounds(
+            {
+                "parquet": lambda: spark.read.parquet(parquet).write.format("noop").mode("overwrite").save(),
+                "meshplane_arrow": lambda: source(True).write.format("noop").mode("overwrite").save(),
+                "python_source_doing_nothing": lambda: (
                     spark.read.format("prebuilt")
                     .option("events", args.events)
                     .load()
@@ -142,17 +141,22 @@ def main() -> None:
                     .mode("overwrite")
                     .save()
                 ),
-                args.repeats,
-            ),
-            "meshplane_tuples": timed(
-                lambda: source(False).write.format("noop").mode("overwrite").save(), max(1, args.repeats - 2)
-            ),
-        }
+            },
+            args.repeats,
+        )
+        rounds.update(
+            timed_rounds(
+                {"meshplane_tuples": lambda: source(False).write.format("noop").mode("overwrite").save()},
+                max(1, args.repeats - 2),
+            )
+        )
     spark.stop()
-    results["rows_per_s"] = {k: round(args.events / v) for k, v in seconds.items()}
+    results["rows_per_s"] = {k: round(args.events / statistics.median(v)) for k, v in rounds.items()}
     rates = results["rows_per_s"]
+    per_round = [p / m for p, m in zip(rounds["parquet"], rounds["meshplane_arrow"], strict=True)]
+    results["arrow_vs_parquet_per_round"] = [round(r, 3) for r in per_round]  # in the order run
     results["ratios"] = {
-        "arrow_vs_parquet": round(rates["meshplane_arrow"] / rates["parquet"], 2),
+        "arrow_vs_parquet": round(statistics.median(per_round), 2),
         "arrow_vs_tuples": round(rates["meshplane_arrow"] / rates["meshplane_tuples"], 2),
         "python_source_ceiling_vs_parquet": round(rates["python_source_doing_nothing"] / rates["parquet"], 2),
         "arrow_vs_python_source_ceiling": round(

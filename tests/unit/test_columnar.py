@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshplane.core.streamlog import StoredEvent, encode_event, encode_record
-from meshplane.spark.columnar import CRC_TABLE, _crc32, scan_to_arrow
+from meshplane.spark.columnar import CRC_TABLE, HAS_CLMUL, _crc32_clmul, _crc32_tables, scan_to_arrow
 from meshplane.spark.source import ARROW_SCHEMA, decode_columns, to_arrow
 
 texts = st.text(max_size=300)  # up to 900 UTF-8 bytes: fixstr, str8 and str16 headers
@@ -126,7 +126,19 @@ def test_bytes_after_the_event_go_to_the_general_decoder() -> None:
     assert scan_to_arrow(encode_record(0, 0, event), 0, 1, "orders", 3, ARROW_SCHEMA) is not None
 
 
-@given(st.binary(max_size=100), st.integers(0, 100), st.integers(0, 100))
-def test_the_crc_is_zlibs(data: bytes, a: int, b: int) -> None:
+CRCS = [_crc32_tables, _crc32_clmul] if HAS_CLMUL else [_crc32_tables]  # clmul: x86-64 PCLMULQDQ
+
+
+@pytest.mark.parametrize("crc32", CRCS, ids=lambda f: f.__name__)
+@given(data=st.binary(max_size=400), a=st.integers(0, 400), b=st.integers(0, 400))
+def test_the_crc_is_zlibs(crc32, data: bytes, a: int, b: int) -> None:  # type: ignore[no-untyped-def]
     start, stop = sorted((min(a, len(data)), min(b, len(data))))
-    assert _crc32(np.frombuffer(data, np.uint8), start, stop, CRC_TABLE) == zlib.crc32(data[start:stop])
+    assert crc32(np.frombuffer(data, np.uint8), start, stop, CRC_TABLE) == zlib.crc32(data[start:stop])
+
+
+@pytest.mark.parametrize("crc32", CRCS, ids=lambda f: f.__name__)
+def test_the_crc_is_zlibs_at_every_length_and_alignment(crc32) -> None:  # type: ignore[no-untyped-def]
+    data = np.random.default_rng(7).integers(0, 256, 400, dtype=np.uint8)
+    for start in range(16):
+        for stop in range(start, 400):
+            assert crc32(data, start, stop, CRC_TABLE) == zlib.crc32(data[start:stop].tobytes())

@@ -1,19 +1,28 @@
 """Raw log records straight into Arrow columns, in one compiled pass: the hot loop of a Spark read.
 
 The record layout is ``core.streamlog``'s (``len | crc32 | offset | time_ms | msgpack StoredEvent``).
-A numba-compiled scan checks every record's crc and sequence, walks its msgpack fields and writes
-Arrow views of key, value, event type and id into the fetched bytes; one C++ cast per column then
-copies them into plain Arrow columns. No Python object is made per row. It takes the common shape:
+A numba-compiled scan checks every record's crc and sequence and walks its msgpack fields, noting
+where key, value, event type and id lie in the fetched bytes; a second compiled pass copies each into
+a plain Arrow column (offsets + bytes), handed to Arrow without a copy. No Python object is made per
+row. It takes the common shape:
 data as text or bytes, no metadata. A chunk holding anything else (JSON values, metadata) returns
 None and goes through the general decoder.
 """
 
 from __future__ import annotations
 
+import platform
+from typing import Any
+
+import llvmlite.binding
 import numba
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from meshplane.core.streamlog import HEADER_SIZE
 
@@ -40,7 +49,7 @@ CRC_TABLE = _crc_table()
 
 
 @numba.njit(cache=True, nogil=True)
-def _crc32(buf, start, stop, t):  # type: ignore[no-untyped-def]
+def _crc32_tables(buf, start, stop, t):  # type: ignore[no-untyped-def]
     c = np.uint32(0xFFFFFFFF)
     i = start
     while i + 8 <= stop:
@@ -65,6 +74,122 @@ def _crc32(buf, start, stop, t):  # type: ignore[no-untyped-def]
         c = t[0, (c ^ buf[i]) & 0xFF] ^ (c >> 8)
         i += 1
     return c ^ np.uint32(0xFFFFFFFF)
+
+
+# --- crc32 with carry-less multiplication (x86-64 PCLMULQDQ): ~2x the tables on 150-byte records --------
+
+
+def _clmul_typer(typingctx: Any, a: Any, b: Any) -> Any:
+    """The 128-bit carry-less product of two uint64: (low, high) halves."""
+    sig = types.UniTuple(types.uint64, 2)(types.uint64, types.uint64)  # type: ignore[no-untyped-call]
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        pair = ir.VectorType(i64, 2)
+        function = cgutils.get_or_insert_function(  # type: ignore[no-untyped-call]
+            builder.module, ir.FunctionType(pair, [pair, pair, ir.IntType(8)]), "llvm.x86.pclmulqdq"
+        )
+        zeros = ir.Constant(pair, [ir.Constant(i64, 0), ir.Constant(i64, 0)])
+        product = builder.call(
+            function,
+            [
+                builder.insert_element(zeros, args[0], ir.Constant(i32, 0)),
+                builder.insert_element(zeros, args[1], ir.Constant(i32, 0)),
+                ir.Constant(ir.IntType(8), 0),
+            ],
+        )
+        halves = [builder.extract_element(product, ir.Constant(i32, k)) for k in (0, 1)]
+        return context.make_tuple(builder, signature.return_type, halves)
+
+    return sig, codegen
+
+
+def _le64_typer(typingctx: Any, buf: Any, index: Any) -> Any:
+    """Eight bytes of a uint8 array from ``index`` as a little-endian uint64 (one unaligned load)."""
+    sig = types.uint64(buf, index)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        address = builder.bitcast(builder.gep(array.data, [args[1]]), ir.IntType(64).as_pointer())
+        return builder.load(address, align=1)
+
+    return sig, codegen
+
+
+def _copy_typer(typingctx: Any, dst: Any, dst_at: Any, src: Any, src_at: Any, count: Any) -> Any:
+    """memcpy between two uint8 arrays (numba's slice assignment costs ~4x for short runs)."""
+    sig = types.void(dst, dst_at, src, src_at, count)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        to = context.make_array(signature.args[0])(context, builder, args[0])
+        source = context.make_array(signature.args[2])(context, builder, args[2])
+        cgutils.raw_memcpy(  # type: ignore[no-untyped-call]
+            builder, builder.gep(to.data, [args[1]]), builder.gep(source.data, [args[3]]), args[4], 1
+        )
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_clmul: Any = intrinsic(_clmul_typer)
+_le64: Any = intrinsic(_le64_typer)
+_copy: Any = intrinsic(_copy_typer)
+
+
+@numba.njit(inline="always")
+def _word(c, word, t):  # type: ignore[no-untyped-def]
+    """Eight message bytes (``word``, little-endian) through the slicing-by-8 tables."""
+    lo = c ^ np.uint32(word & np.uint64(0xFFFFFFFF))
+    hi = np.uint32(word >> np.uint64(32))
+    return (
+        t[7, lo & 0xFF]
+        ^ t[6, (lo >> 8) & 0xFF]
+        ^ t[5, (lo >> 16) & 0xFF]
+        ^ t[4, lo >> 24]
+        ^ t[3, hi & 0xFF]
+        ^ t[2, (hi >> 8) & 0xFF]
+        ^ t[1, (hi >> 16) & 0xFF]
+        ^ t[0, hi >> 24]
+    )
+
+
+# Folding 128 bits forward over the reflected gzip polynomial: x^(128+32) and x^(128-32) mod P, bit-
+# reflected (Intel's "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ", as zlib-ng uses).
+_FOLD_LOW = np.uint64(0x1751997D0)
+_FOLD_HIGH = np.uint64(0x0CCAA009E)
+
+
+@numba.njit(cache=True, nogil=True)
+def _crc32_clmul(buf, start, stop, t):  # type: ignore[no-untyped-def]
+    """Fold the bytes 16 at a time into 128 bits with the same remainder, then finish with tables."""
+    if stop - start < 32:
+        return _crc32_tables(buf, start, stop, t)
+    low = _le64(buf, start) ^ np.uint64(0xFFFFFFFF)  # the initial crc, xored into the first bytes
+    high = _le64(buf, start + 8)
+    i = start + 16
+    while i + 16 <= stop:
+        a_low, a_high = _clmul(low, _FOLD_LOW)
+        b_low, b_high = _clmul(high, _FOLD_HIGH)
+        low = a_low ^ b_low ^ _le64(buf, i)
+        high = a_high ^ b_high ^ _le64(buf, i + 8)
+        i += 16
+    c = _word(_word(np.uint32(0), low, t), high, t)
+    while i + 8 <= stop:
+        c = _word(c, _le64(buf, i), t)
+        i += 8
+    while i < stop:
+        c = t[0, (c ^ buf[i]) & 0xFF] ^ (c >> 8)
+        i += 1
+    return c ^ np.uint32(0xFFFFFFFF)
+
+
+def _has_clmul() -> bool:
+    features = llvmlite.binding.get_host_cpu_features()
+    return platform.machine().lower() in ("x86_64", "amd64") and features.get("pclmul", False)
+
+
+HAS_CLMUL = _has_clmul()
+_crc32 = _crc32_clmul if HAS_CLMUL else _crc32_tables  # zlib's crc32 of buf[start:stop]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -101,20 +226,20 @@ def _text(buf, pos, stop, allow_bin):  # type: ignore[no-untyped-def]
     return pos + header, length
 
 
-@numba.njit(cache=True, nogil=True)
-def _view(buf, start, length, row, column, views, ints):  # type: ignore[no-untyped-def]
-    """An Arrow view of ``buf[start:start + length]``: up to 12 bytes inline, else prefix + offset."""
-    ints[column, row, 0] = length
-    for i in range(length if length <= 12 else 4):
-        views[column, row, 4 + i] = buf[start + i]
-    if length > 12:
-        ints[column, row, 3] = start  # in data buffer 0 (zeroed): the fetched bytes themselves
+@numba.njit(inline="always")
+def _put(data, starts, fill, column, row, buf, start, length):  # type: ignore[no-untyped-def]
+    """Append ``buf[start:start + length]`` as row ``row`` of column ``column`` (Arrow's plain layout:
+    column c's bytes from ``c * len(buf)`` in ``data``, its int32 offsets in ``starts[c]``)."""
+    starts[column, row] = fill[column]
+    _copy(data, column * buf.shape[0] + fill[column], buf, start, length)
+    fill[column] += length
 
 
 @numba.njit(cache=True, nogil=True)
 def scan(buf, first, end, table):  # type: ignore[no-untyped-def]
     """Records ``first``..``end - 1`` of ``buf`` into columns: (status, rows, offsets, stamps, key_valid,
-    views), views being Arrow binary views into ``buf`` of key, value, event_type and id.
+    starts, data, fill): key, value, event_type and id copied out while each record is in cache, column
+    c's bytes at ``data[c * len(buf):][:fill[c]]``, its Arrow offsets in ``starts[c, :rows + 1]``.
 
     status OK: ``rows`` records read (a record cut by the end of ``buf`` ends the scan); CORRUPT: record
     ``rows`` has a bad crc or sequence; COMPLEX: record ``rows`` needs the general decoder.
@@ -123,9 +248,11 @@ def scan(buf, first, end, table):  # type: ignore[no-untyped-def]
     most = max(0, min(end - first, size // HEADER_SIZE))
     offsets = np.empty(most, np.int64)
     stamps = np.empty(most, np.int64)
-    key_valid = np.zeros(most, np.bool_)
-    views = np.zeros((4, most, 16), np.uint8)
-    ints = views.view(np.int32)
+    key_valid = np.empty(most, np.bool_)
+    # Not zeroed: only what the rows read write is used (the fields fill at most len(buf) per column).
+    starts = np.empty((4, most + 1), np.int32)
+    data = np.empty(4 * size, np.uint8)
+    fill = np.zeros(4, np.int64)
     status = OK
     pos = np.int64(0)
     row = 0
@@ -182,34 +309,33 @@ def scan(buf, first, end, table):  # type: ignore[no-untyped-def]
         if p + (fields == 5) != stop:  # the event must fill its record exactly, as msgspec insists
             status = COMPLEX
             break
-        if key_start >= 0:
-            key_valid[row] = True
-            _view(buf, key_start, key_len, row, 0, views, ints)
-        _view(buf, value_start, value_len, row, 1, views, ints)
-        _view(buf, type_start, type_len, row, 2, views, ints)
-        _view(buf, id_start, id_len, row, 3, views, ints)
+        key_valid[row] = key_start >= 0
+        _put(data, starts, fill, 0, row, buf, max(key_start, 0), key_len)
+        _put(data, starts, fill, 1, row, buf, value_start, value_len)
+        _put(data, starts, fill, 2, row, buf, type_start, type_len)
+        _put(data, starts, fill, 3, row, buf, id_start, id_len)
         row += 1
         pos = stop
-    return status, row, offsets, stamps, key_valid, views
+    for column in range(4):
+        starts[column, row] = fill[column]
+    return status, row, offsets, stamps, key_valid, starts, data, fill
 
 
 def _column(
     kind: pa.DataType,
     rows: int,
-    views: npt.NDArray[np.uint8],
-    data: pa.Buffer,
+    offsets: npt.NDArray[np.int32],
+    data: npt.NDArray[np.uint8],
     valid: npt.NDArray[np.bool_] | None,
 ) -> pa.Array:
-    """Views into the fetched bytes, then one C++ cast copies them into a plain Arrow column."""
+    """A plain Arrow column over the scan's arrays, without a copy."""
     nulls = None
     null_count = 0
     if valid is not None:
         null_count = rows - int(np.count_nonzero(valid[:rows]))
         if null_count:
             nulls = pa.py_buffer(np.packbits(valid[:rows], bitorder="little"))
-    view_kind = pa.binary_view() if kind == pa.binary() else pa.string_view()
-    viewed = pa.Array.from_buffers(view_kind, rows, [nulls, pa.py_buffer(views[:rows]), data], null_count)
-    return viewed.cast(kind)
+    return pa.Array.from_buffers(kind, rows, [nulls, pa.py_buffer(offsets), pa.py_buffer(data)], null_count)
 
 
 def scan_to_arrow(
@@ -220,25 +346,28 @@ def scan_to_arrow(
     None when a record needs the general decoder (text/bytes data without metadata is the fast case).
     """
     buf = np.frombuffer(data, dtype=np.uint8)
-    status, rows, offsets, stamps, key_valid, views = scan(buf, first, end, CRC_TABLE)
+    status, rows, offsets, stamps, key_valid, starts, fields, fill = scan(buf, first, end, CRC_TABLE)
     if status == CORRUPT:
         raise RuntimeError(f"corrupt record at offset {first + rows} (crc or sequence mismatch)")
     if status == COMPLEX:
         return None
-    fetched = pa.py_buffer(data)
+    size = len(buf)
+    key, value, event_type, event_id = (
+        (starts[c, : rows + 1], fields[c * size : c * size + fill[c]]) for c in range(4)
+    )
     name = topic.encode()
     topic_offsets = np.arange(rows + 1, dtype=np.int32) * len(name)
     arrays = [
-        _column(pa.string(), rows, views[0], fetched, key_valid),
-        _column(pa.binary(), rows, views[1], fetched, None),
+        _column(pa.string(), rows, *key, key_valid),
+        _column(pa.binary(), rows, *value, None),
         pa.Array.from_buffers(
             pa.string(), rows, [None, pa.py_buffer(topic_offsets), pa.py_buffer(name * rows)]
         ),
         pa.array(np.full(rows, partition, np.int32)),
         pa.array(offsets[:rows]),
         pa.array(stamps[:rows], pa.timestamp("us", tz="UTC")),
-        _column(pa.string(), rows, views[2], fetched, None),
-        _column(pa.string(), rows, views[3], fetched, None),
+        _column(pa.string(), rows, *event_type, None),
+        _column(pa.string(), rows, *event_id, None),
         pa.MapArray.from_arrays(
             pa.array(np.zeros(rows + 1, np.int32)), pa.array([], pa.string()), pa.array([], pa.string())
         ),
