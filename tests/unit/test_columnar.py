@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshplane.core.streamlog import StoredEvent, encode_event, encode_record
-from meshplane.spark.columnar import CRC_TABLE, HAS_CLMUL, _crc32_clmul, _crc32_tables, scan_to_arrow
+from meshplane.spark.columnar import CRC_TABLE, HAS_CLMUL, _crc32_clmul, _crc32_tables, _utf8, scan_to_arrow
 from meshplane.spark.source import ARROW_SCHEMA, decode_columns, to_arrow
 
 texts = st.text(max_size=300)  # up to 900 UTF-8 bytes: fixstr, str8 and str16 headers
@@ -142,3 +142,34 @@ def test_the_crc_is_zlibs_at_every_length_and_alignment(crc32) -> None:  # type:
     for start in range(16):
         for stop in range(start, 400):
             assert crc32(data, start, stop, CRC_TABLE) == zlib.crc32(data[start:stop].tobytes())
+
+
+def _well_formed(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@given(st.one_of(st.binary(max_size=40), st.text(max_size=20).map(str.encode)), st.integers(0, 3))
+def test_the_utf8_check_is_pythons(data: bytes, cut: int) -> None:
+    data = data[: max(0, len(data) - cut)]  # cut characters too
+    assert _utf8(np.frombuffer(data, np.uint8), 0, len(data)) == _well_formed(data)
+
+
+INVALID = [
+    b"\xc0\x80",
+    b"\xed\xa0\x80",
+    b"\xf4\x90\x80\x80",
+    b"\xf5\x80",
+    b"\xe2\x82",
+    b"\x80",
+    b"\xe0\x9f\xbf",
+]
+VALID = [b"ascii only!", "é€😀".encode(), b"x" * 17 + "é".encode()]
+
+
+@pytest.mark.parametrize("text", INVALID + VALID)
+def test_the_utf8_check_on_edge_sequences(text: bytes) -> None:
+    assert _utf8(np.frombuffer(text, np.uint8), 0, len(text)) == _well_formed(text)

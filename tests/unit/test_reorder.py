@@ -172,3 +172,14 @@ def test_nothing_is_lost_duplicated_or_held_past_the_window(
     assert r.deadline is None
     assert sorted(out) == sorted(sent)
     assert len(out) == len(set(out))
+
+
+def test_publishers_are_forgotten_by_generation_but_never_while_they_wait() -> None:
+    r: Reorderer[str] = Reorderer(window=1.0, remembered=4)
+    assert event(r, 0) == ["e0"]
+    assert event(r, 2) == []  # PUB waits for 1
+    for newcomer in range(100):  # many publishers come and go
+        assert event(r, 0, publisher=100 + newcomer) == ["e0"]
+        assert r.publishers <= 4 + 1  # two generations, and the one that waits
+    assert event(r, 1, now=0.5) == ["e1", "e2"]  # still remembered: released in order
+    assert (r.held, r.deadline) == (0, None)

@@ -46,3 +46,27 @@ def test_applying_the_diff_events_reproduces_each_snapshot(first, later):
                 del mirror[event.key]
         assert mirror == snapshot == known
     assert diff_snapshot(known, dict(known)) == []
+
+
+def test_publishers_silent_for_a_whole_generation_are_forgotten():
+    t = SequenceTracker(remembered=4)  # two generations of two
+    t.observe(1, 0)
+    t.observe(2, 0)
+    t.observe(3, 0)  # the newer generation was full: 1 and 2 become the older one
+    assert t.observe(1, 1).arrival is Arrival.IN_ORDER  # moved up, still known
+    t.observe(4, 0)  # full again: 2 (silent for a generation) is forgotten
+    assert (t.publishers, t.forgotten) == (3, 1)
+    assert t.observe(2, 5).arrival is Arrival.FIRST  # forgotten: new again, no false gap
+    assert t.expect(3, 2).arrival is Arrival.GAP  # 3 was kept: its lost tail is still detected
+
+
+@given(st.lists(st.integers(0, 300), max_size=400))
+def test_memory_is_bounded_and_a_busy_publisher_is_never_forgotten(newcomers):
+    t = SequenceTracker(remembered=20)
+    busy_next = 0
+    for n, publisher in enumerate(newcomers):
+        t.observe(1000 + publisher, n)  # unknown or stale ids come and go
+        if n % 5 == 0:  # the busy publisher speaks at least once per generation of 10
+            assert t.observe(1, busy_next).arrival is (Arrival.FIRST if busy_next == 0 else Arrival.IN_ORDER)
+            busy_next += 1
+        assert t.publishers <= 20

@@ -47,17 +47,42 @@ _DUPLICATE = Observation(Arrival.DUPLICATE)
 _RESTART = Observation(Arrival.RESTART)
 
 
-class SequenceTracker:
-    """Remembers the highest sequence per publisher id and classifies each arrival."""
+PUBLISHERS_REMEMBERED = 100_000
 
-    def __init__(self) -> None:
-        self._last: dict[int, int] = {}
+
+class SequenceTracker:
+    """Remembers the highest sequence per publisher id and classifies each arrival.
+
+    Memory stays bounded however many publishers come and go (broker mode never hears that one
+    left): publishers live in two generations of up to ``remembered / 2`` each; an arrival from the
+    older one moves it up, and when the newer one is full, the older one (publishers not heard from
+    for a whole generation) is forgotten. A forgotten publisher that speaks again counts as new.
+    """
+
+    def __init__(self, remembered: int = PUBLISHERS_REMEMBERED) -> None:
+        self._last: dict[int, int] = {}  # the newer generation: every arrival looks here first
+        self._older: dict[int, int] = {}
+        self._generation = max(1, remembered // 2)
         self.gaps = 0
         self.missing = 0
         self.duplicates = 0
+        self.forgotten = 0
+
+    def _revive(self, publisher_id: int) -> int | None:
+        """A publisher missing from the newer generation: moved up from the older, or None if new
+        (then room is made for it)."""
+        last = self._older.pop(publisher_id, None)
+        if last is not None:
+            self._last[publisher_id] = last
+        elif len(self._last) >= self._generation:
+            self.forgotten += len(self._older)
+            self._older, self._last = self._last, {}
+        return last
 
     def observe(self, publisher_id: int, sequence: int) -> Observation:
         last = self._last.get(publisher_id)
+        if last is None:
+            last = self._revive(publisher_id)
         if last is None:
             self._last[publisher_id] = sequence
             return _FIRST
@@ -82,6 +107,8 @@ class SequenceTracker:
         """
         last = self._last.get(publisher_id)
         if last is None:
+            last = self._revive(publisher_id)
+        if last is None:
             self._last[publisher_id] = next_sequence - 1
             return _FIRST
         if next_sequence - 1 > last:
@@ -93,10 +120,11 @@ class SequenceTracker:
 
     def forget(self, publisher_id: int) -> None:
         self._last.pop(publisher_id, None)
+        self._older.pop(publisher_id, None)
 
     @property
     def publishers(self) -> int:
-        return len(self._last)
+        return len(self._last) + len(self._older)
 
 
 @dataclass(slots=True)
@@ -116,21 +144,30 @@ class Reorderer(Generic[T]):
     the gap. A publisher's first events are held too unless they start at 0: earlier ones may still be
     on a slower path. A heartbeat is released after the events it announces, so that it never reports
     as lost what is merely late. Each publisher holds at most ``max_held`` events; past that, the
-    oldest hole is given up at once.
+    oldest hole is given up at once. Publishers are remembered in two generations, as by the
+    :class:`SequenceTracker`; one that holds something is never forgotten.
     """
 
-    def __init__(self, window: float, max_held: int = 10_000) -> None:
+    def __init__(
+        self, window: float, max_held: int = 10_000, remembered: int = PUBLISHERS_REMEMBERED
+    ) -> None:
         if window < 0 or max_held < 1:
             raise ValueError(f"window must be >= 0 and max_held >= 1, got {window!r} and {max_held!r}")
         self.window = window
         self.max_held = max_held
-        self._streams: dict[int, _Stream[T]] = {}
+        self._streams: dict[int, _Stream[T]] = {}  # the newer generation, and every waiting publisher
+        self._older: dict[int, _Stream[T]] = {}
+        self._generation = max(1, remembered // 2)
         self._waiting: set[int] = set()  # publishers holding something
         self.reordered = 0  # events that arrived ahead of a missing one and were held
 
     @property
     def held(self) -> int:
         return sum(len(self._streams[p].held) for p in self._waiting)
+
+    @property
+    def publishers(self) -> int:
+        return len(self._streams) + len(self._older)
 
     @property
     def deadline(self) -> float | None:
@@ -143,7 +180,14 @@ class Reorderer(Generic[T]):
         """Take one event (or heartbeat: ``sequence`` is the next event's); return what is now in order."""
         stream = self._streams.get(publisher_id)
         if stream is None:
-            stream = self._streams[publisher_id] = _Stream()
+            stream = self._older.pop(publisher_id, None)
+            if stream is None:
+                stream = _Stream()
+                if len(self._streams) >= self._generation:
+                    self._older, self._streams = self._streams, {}
+                    for waiting in self._waiting:  # never forget what still waits to be released
+                        self._streams[waiting] = self._older.pop(waiting)
+            self._streams[publisher_id] = stream
         if heartbeat:
             if sequence <= stream.next:
                 return [item]

@@ -227,6 +227,60 @@ def _text(buf, pos, stop, allow_bin):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(inline="always")
+def _high_bits(buf, start, length):  # type: ignore[no-untyped-def]
+    """Nonzero if any byte of ``buf[start:start + length]`` is not ASCII."""
+    bits = np.uint64(0)
+    i, end = start, start + length
+    while i + 8 <= end:
+        bits |= _le64(buf, i)
+        i += 8
+    while i < end:
+        bits |= np.uint64(buf[i])
+        i += 1
+    return bits & np.uint64(0x8080808080808080)
+
+
+@numba.njit(cache=True, nogil=True)
+def _utf8(buf, start, length):  # type: ignore[no-untyped-def]
+    """Whether ``buf[start:start + length]`` is well-formed UTF-8 (Unicode's table 3-7: no overlong
+    forms, surrogates or code points past U+10FFFF), as msgspec requires of a msgpack str."""
+    i, end = start, start + length
+    while i + 8 <= end and (_le64(buf, i) & np.uint64(0x8080808080808080)) == 0:
+        i += 8  # ASCII, eight bytes at a time
+    while i < end:
+        b = buf[i]
+        if b < 0x80:
+            i += 1
+            continue
+        low, high = 0x80, 0xBF  # the range of the byte after the lead byte
+        if 0xC2 <= b <= 0xDF:
+            more = 1
+        elif 0xE0 <= b <= 0xEF:
+            more = 2
+            if b == 0xE0:
+                low = 0xA0
+            elif b == 0xED:
+                high = 0x9F
+        elif 0xF0 <= b <= 0xF4:
+            more = 3
+            if b == 0xF0:
+                low = 0x90
+            elif b == 0xF4:
+                high = 0x8F
+        else:
+            return False
+        if i + more >= end:
+            return False
+        if not low <= buf[i + 1] <= high:
+            return False
+        for k in range(2, more + 1):
+            if not 0x80 <= buf[i + k] <= 0xBF:
+                return False
+        i += more + 1
+    return True
+
+
+@numba.njit(inline="always")
 def _put(data, starts, fill, column, row, buf, start, length):  # type: ignore[no-untyped-def]
     """Append ``buf[start:start + length]`` as row ``row`` of column ``column`` (Arrow's plain layout:
     column c's bytes from ``c * len(buf)`` in ``data``, its int32 offsets in ``starts[c]``)."""
@@ -308,6 +362,23 @@ def scan(buf, first, end, table):  # type: ignore[no-untyped-def]
             break
         if p + (fields == 5) != stop:  # the event must fill its record exactly, as msgspec insists
             status = COMPLEX
+            break
+        value_header = buf[type_start + type_len]
+        value_is_text = value_header < 0xC4 or value_header > 0xC6  # str, not bin
+        key_at = max(key_start, 0)
+        value_text_len = value_len if value_is_text else 0
+        if (
+            _high_bits(buf, id_start, id_len)
+            | _high_bits(buf, type_start, type_len)
+            | _high_bits(buf, key_at, key_len)
+            | _high_bits(buf, value_start, value_text_len)
+        ) and not (
+            _utf8(buf, id_start, id_len)
+            and _utf8(buf, type_start, type_len)
+            and _utf8(buf, key_at, key_len)
+            and _utf8(buf, value_start, value_text_len)
+        ):
+            status = COMPLEX  # the general decoder names the bad text
             break
         key_valid[row] = key_start >= 0
         _put(data, starts, fill, 0, row, buf, max(key_start, 0), key_len)
