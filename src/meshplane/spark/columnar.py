@@ -1,12 +1,12 @@
 """Raw log records straight into Arrow columns, in one compiled pass: the hot loop of a Spark read.
 
 The record layout is ``core.streamlog``'s (``len | crc32 | offset | time_ms | msgpack StoredEvent``).
-A numba-compiled scan checks every record's crc and sequence and walks its msgpack fields, noting
-where key, value, event type and id lie in the fetched bytes; a second compiled pass copies each into
-a plain Arrow column (offsets + bytes), handed to Arrow without a copy. No Python object is made per
-row. It takes the common shape:
-data as text or bytes, no metadata. A chunk holding anything else (JSON values, metadata) returns
-None and goes through the general decoder.
+A numba-compiled scan checks every record's crc and sequence, walks its msgpack fields, checks that
+their text is UTF-8 (as msgspec would) and copies key, value, event type and id into plain Arrow
+columns (offsets + bytes) while the record is in cache; Arrow takes the arrays without a copy. No
+Python object is made per row. It takes the common shape: data as text or bytes, no metadata. A
+chunk holding anything else (JSON values, metadata, bad text) returns None and goes through the
+general decoder, which names any problem.
 """
 
 from __future__ import annotations
