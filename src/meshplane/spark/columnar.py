@@ -48,32 +48,47 @@ def _crc_table() -> npt.NDArray[np.uint32]:
 CRC_TABLE = _crc_table()
 
 
-@numba.njit(cache=True, nogil=True)
-def _crc32_tables(buf, start, stop, t):  # type: ignore[no-untyped-def]
-    c = np.uint32(0xFFFFFFFF)
-    i = start
+@numba.njit(inline="always")
+def _word(c, word, t):  # type: ignore[no-untyped-def]
+    """Eight message bytes (``word``, little-endian) through the slicing-by-8 tables."""
+    lo = c ^ np.uint32(word & np.uint64(0xFFFFFFFF))
+    hi = np.uint32(word >> np.uint64(32))
+    return (
+        t[7, lo & 0xFF]
+        ^ t[6, (lo >> 8) & 0xFF]
+        ^ t[5, (lo >> 16) & 0xFF]
+        ^ t[4, lo >> 24]
+        ^ t[3, hi & 0xFF]
+        ^ t[2, (hi >> 8) & 0xFF]
+        ^ t[1, (hi >> 16) & 0xFF]
+        ^ t[0, hi >> 24]
+    )
+
+
+@numba.njit(inline="always")
+def _bytes_le64(buf, i):  # type: ignore[no-untyped-def]
+    """Eight bytes from ``i`` as a little-endian uint64, on any CPU (LLVM merges the loads on x86)."""
+    word = np.uint64(0)
+    for k in range(8):
+        word |= np.uint64(buf[i + k]) << np.uint64(8 * k)
+    return word
+
+
+@numba.njit(inline="always")
+def _crc_update(c, buf, i, stop, t):  # type: ignore[no-untyped-def]
+    """The running crc ``c`` (not inverted) carried over ``buf[i:stop]`` with the tables."""
     while i + 8 <= stop:
-        lo = c ^ (
-            np.uint32(buf[i])
-            | (np.uint32(buf[i + 1]) << 8)
-            | (np.uint32(buf[i + 2]) << 16)
-            | (np.uint32(buf[i + 3]) << 24)
-        )
-        c = (
-            t[7, lo & 0xFF]
-            ^ t[6, (lo >> 8) & 0xFF]
-            ^ t[5, (lo >> 16) & 0xFF]
-            ^ t[4, lo >> 24]
-            ^ t[3, buf[i + 4]]
-            ^ t[2, buf[i + 5]]
-            ^ t[1, buf[i + 6]]
-            ^ t[0, buf[i + 7]]
-        )
+        c = _word(c, _bytes_le64(buf, i), t)
         i += 8
     while i < stop:
         c = t[0, (c ^ buf[i]) & 0xFF] ^ (c >> 8)
         i += 1
-    return c ^ np.uint32(0xFFFFFFFF)
+    return c
+
+
+@numba.njit(cache=True, nogil=True)
+def _crc32_tables(buf, start, stop, t):  # type: ignore[no-untyped-def]
+    return _crc_update(np.uint32(0xFFFFFFFF), buf, start, stop, t) ^ np.uint32(0xFFFFFFFF)
 
 
 # --- crc32 with carry-less multiplication (x86-64 PCLMULQDQ): ~2x the tables on 150-byte records --------
@@ -136,23 +151,6 @@ _le64: Any = intrinsic(_le64_typer)
 _copy: Any = intrinsic(_copy_typer)
 
 
-@numba.njit(inline="always")
-def _word(c, word, t):  # type: ignore[no-untyped-def]
-    """Eight message bytes (``word``, little-endian) through the slicing-by-8 tables."""
-    lo = c ^ np.uint32(word & np.uint64(0xFFFFFFFF))
-    hi = np.uint32(word >> np.uint64(32))
-    return (
-        t[7, lo & 0xFF]
-        ^ t[6, (lo >> 8) & 0xFF]
-        ^ t[5, (lo >> 16) & 0xFF]
-        ^ t[4, lo >> 24]
-        ^ t[3, hi & 0xFF]
-        ^ t[2, (hi >> 8) & 0xFF]
-        ^ t[1, (hi >> 16) & 0xFF]
-        ^ t[0, hi >> 24]
-    )
-
-
 # Folding 128 bits forward over the reflected gzip polynomial: x^(128+32) and x^(128-32) mod P, bit-
 # reflected (Intel's "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ", as zlib-ng uses).
 _FOLD_LOW = np.uint64(0x1751997D0)
@@ -174,13 +172,7 @@ def _crc32_clmul(buf, start, stop, t):  # type: ignore[no-untyped-def]
         high = a_high ^ b_high ^ _le64(buf, i + 8)
         i += 16
     c = _word(_word(np.uint32(0), low, t), high, t)
-    while i + 8 <= stop:
-        c = _word(c, _le64(buf, i), t)
-        i += 8
-    while i < stop:
-        c = t[0, (c ^ buf[i]) & 0xFF] ^ (c >> 8)
-        i += 1
-    return c ^ np.uint32(0xFFFFFFFF)
+    return _crc_update(c, buf, i, stop, t) ^ np.uint32(0xFFFFFFFF)
 
 
 def _has_clmul() -> bool:
