@@ -7,22 +7,17 @@ import json
 import os
 import re
 import shutil
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers must run this venv's Python
-os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from meshplane.servers import StreamsServerProcess
-from meshplane.spark import register
+from meshplane.spark.pipeline import spark_session
 from meshplane.streams.client import StreamsClient
 
 
@@ -34,16 +29,7 @@ def server() -> Iterator[StreamsServerProcess]:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("meshplane-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    session = spark_session("meshplane-tests")  # the session `meshplane pipeline` and the benchmark use
     yield session
     session.stop()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -173,3 +175,10 @@ VALID = [b"ascii only!", "é€😀".encode(), b"x" * 17 + "é".encode()]
 @pytest.mark.parametrize("text", INVALID + VALID)
 def test_the_utf8_check_on_edge_sequences(text: bytes) -> None:
     assert _utf8(np.frombuffer(text, np.uint8), 0, len(text)) == _well_formed(text)
+
+
+def test_planning_the_source_does_not_load_numba() -> None:
+    """Spark's driver and planning workers unpickle the source module; only executors scan records."""
+    probe = "import sys, meshplane.spark.pipeline; print('numba' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "False"

@@ -18,12 +18,13 @@ replayed batch publishes nothing twice.
 from __future__ import annotations
 
 import base64
+import gc
 import logging
 import operator
 import os
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -50,7 +51,6 @@ from pyspark.sql.types import StructType
 
 from meshplane.core.streamlog import EVENT_DECODER, HEADER_SIZE, RECORD_HEADER
 from meshplane.spark import offsets as off
-from meshplane.spark.columnar import scan_to_arrow
 from meshplane.spark.http import SyncStreamsClient
 from meshplane.streams.errors import OffsetOutOfRange
 
@@ -73,6 +73,8 @@ ARROW_SCHEMA = pa.schema(
         ("metadata", pa.map_(pa.string(), pa.string())),
     ]
 )
+# columnar.scan_to_arrow: (raw records, first offset, end offset, topic, partition, schema) -> (batch, rows)
+ScanToArrow = Callable[[bytes | memoryview, int, int, str, int, pa.Schema], tuple[pa.RecordBatch, int] | None]
 BASE64 = "meshplane.encoding"  # metadata marking a value that was not UTF-8 (carried as base64)
 PUBLISH_CHUNK = 1000
 
@@ -245,7 +247,8 @@ def to_tuples(cols: Columns, topic: str, partition: int) -> Iterator[tuple[Any, 
 
 
 def read_range(options: Options, part: TopicRange) -> Iterator[Any]:
-    """Fetch [start, end) in large chunks; each chunk becomes one Arrow batch."""
+    """Fetch [start, end) in large chunks; each chunk becomes one Arrow batch (or its rows as tuples)."""
+    scan = _record_scan() if options.arrow else None
     client = options.client()
     offset = part.start
     try:
@@ -258,7 +261,7 @@ def read_range(options: Options, part: TopicRange) -> Iterator[Any]:
                 _data_lost(options, part.topic, part.partition, offset, exc.oldest)
                 offset = exc.oldest
                 continue
-            rows, decoded = _decode(options, data, offset, part)
+            rows, decoded = _decode(scan, data, offset, part)
             if not rows:
                 raise RuntimeError(
                     f"meshplane {part.topic}/{part.partition}: no event at offset {offset} although the "
@@ -270,18 +273,41 @@ def read_range(options: Options, part: TopicRange) -> Iterator[Any]:
         client.close()
 
 
+_loaded_scan: ScanToArrow | None = None
+
+
+def _record_scan() -> ScanToArrow:
+    """The compiled record scan, loaded on an executor's first Arrow read (never on the driver or in
+    Spark's planning workers, which only unpickle this module and need not load numba).
+
+    PySpark's daemon runs a full ``gc.collect()`` after every task of a reused Python worker, and
+    numba's loaded compiler adds ~90 k long-lived objects to walk: ~40 ms a task, about a tenth of a
+    small query's run. Once the scan is loaded, what exists is frozen out of later collections
+    (``gc.freeze``, made for long-lived objects), so each collection sees only a task's own objects.
+    """
+    global _loaded_scan
+    if _loaded_scan is None:
+        from meshplane.spark.columnar import scan_to_arrow
+
+        scan_to_arrow(b"", 0, 0, "", 0, ARROW_SCHEMA)  # loads the cached machine code now
+        gc.collect()  # nothing collectable is frozen with the rest
+        gc.freeze()
+        _loaded_scan = scan_to_arrow
+    return _loaded_scan
+
+
 def _decode(
-    options: Options, data: bytes | memoryview, first: int, part: TopicRange
+    scan: ScanToArrow | None, data: bytes | memoryview, first: int, part: TopicRange
 ) -> tuple[int, Iterable[Any]]:
-    """One fetched chunk: (records, Arrow batches or tuples). Arrow comes from the compiled scan, or
-    from the general decoder for chunks the scan does not take."""
-    if options.arrow:
-        fast = scan_to_arrow(data, first, part.end, part.topic, part.partition, ARROW_SCHEMA)
+    """One fetched chunk: (records, Arrow batches or tuples). With ``scan`` (Arrow), batches come from
+    the compiled scan, or from the general decoder for chunks the scan does not take."""
+    if scan is not None:
+        fast = scan(data, first, part.end, part.topic, part.partition, ARROW_SCHEMA)
         if fast is not None:
             batch, rows = fast
             return rows, [batch]
     cols = decode_columns(data, first, part.end)
-    if options.arrow:
+    if scan is not None:
         return len(cols.offsets), [to_arrow(cols, part.topic, part.partition)]
     return len(cols.offsets), to_tuples(cols, part.topic, part.partition)
 
