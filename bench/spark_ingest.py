@@ -7,7 +7,9 @@ ceiling is Spark reading the same events from a Parquet file; the other comparis
 source yielding Python tuples instead of Arrow record batches, and a Python data source that does no
 work at all (it yields one pre-built Arrow batch of the same schema over and over): what any
 Python source can reach here. The reads take turns, round after round (7 by default); rates are
-medians, and the Arrow/Parquet ratio is the median of the rounds' ratios, each listed.
+medians, and the Arrow/Parquet ratio is the median of the rounds' ratios, each listed. All of it runs
+twice: with Spark's Python workers on Unix sockets (``spark_session()``'s setting), then on Spark's
+default loopback TCP.
 """
 
 from __future__ import annotations
@@ -97,6 +99,58 @@ def timed_rounds(runs: dict[str, Any], repeats: int) -> dict[str, list[float]]:
     return times
 
 
+def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuples: bool) -> dict[str, Any]:
+    """Rates and ratios of one session: the reads take turns, round after round."""
+
+    def source(arrow: bool) -> Any:
+        return (
+            spark.read.format("meshplane")
+            .option("url", url)
+            .option("topic", "ingest")
+            .option("arrow", str(arrow).lower())
+            .load()
+        )
+
+    rounds = timed_rounds(
+        {
+            "parquet": lambda: spark.read.parquet(parquet).write.format("noop").mode("overwrite").save(),
+            "meshplane_arrow": lambda: source(True).write.format("noop").mode("overwrite").save(),
+            "python_source_doing_nothing": lambda: (
+                spark.read.format("prebuilt")
+                .option("events", events)
+                .load()
+                .write.format("noop")
+                .mode("overwrite")
+                .save()
+            ),
+        },
+        repeats,
+    )
+    if tuples:
+        rounds.update(
+            timed_rounds(
+                {"meshplane_tuples": lambda: source(False).write.format("noop").mode("overwrite").save()},
+                max(1, repeats - 2),
+            )
+        )
+    rates = {k: round(events / statistics.median(v)) for k, v in rounds.items()}
+    per_round = [p / m for p, m in zip(rounds["parquet"], rounds["meshplane_arrow"], strict=True)]
+    ratios = {
+        "arrow_vs_parquet": round(statistics.median(per_round), 2),
+        "python_source_ceiling_vs_parquet": round(rates["python_source_doing_nothing"] / rates["parquet"], 2),
+        "arrow_vs_python_source_ceiling": round(
+            rates["meshplane_arrow"] / rates["python_source_doing_nothing"], 2
+        ),
+    }
+    if tuples:
+        ratios["arrow_vs_tuples"] = round(rates["meshplane_arrow"] / rates["meshplane_tuples"], 2)
+    return {
+        "rows_per_s": rates,
+        "arrow_vs_parquet_per_round": [round(r, 3) for r in per_round],  # in the order run
+        "ratios": ratios,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -105,8 +159,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "spark_ingest.json")
     args = parser.parse_args()
-    spark = spark_session("meshplane-bench")
-    spark.dataSource.register(PrebuiltSource)
     results: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "events": args.events,
@@ -116,53 +168,20 @@ def main() -> None:
     with StreamsServerProcess() as server, tempfile.TemporaryDirectory() as tmp:
         server.start()
         asyncio.run(publish(server.url, args.events))
-
-        def source(arrow: bool) -> Any:
-            return (
-                spark.read.format("meshplane")
-                .option("url", server.url)
-                .option("topic", "ingest")
-                .option("arrow", str(arrow).lower())
-                .load()
-            )
-
         parquet = str(Path(tmp) / "ingest.parquet")
-        source(True).write.parquet(parquet)
-        assert spark.read.parquet(parquet).count() == args.events
-        rounds = timed_rounds(
-            {
-                "parquet": lambda: spark.read.parquet(parquet).write.format("noop").mode("overwrite").save(),
-                "meshplane_arrow": lambda: source(True).write.format("noop").mode("overwrite").save(),
-                "python_source_doing_nothing": lambda: (
-                    spark.read.format("prebuilt")
-                    .option("events", args.events)
-                    .load()
-                    .write.format("noop")
-                    .mode("overwrite")
-                    .save()
-                ),
-            },
-            args.repeats,
-        )
-        rounds.update(
-            timed_rounds(
-                {"meshplane_tuples": lambda: source(False).write.format("noop").mode("overwrite").save()},
-                max(1, args.repeats - 2),
+        # Python workers over Unix sockets (what spark_session() sets up), then over Spark's default,
+        # loopback TCP; a session of its own each, since the setting is fixed when Spark starts.
+        for transport, unix in (("unix_socket", True), ("tcp", False)):
+            spark = spark_session("meshplane-bench", python_over_unix_socket=unix)
+            spark.dataSource.register(PrebuiltSource)
+            if unix:
+                events = spark.read.format("meshplane").option("url", server.url).option("topic", "ingest")
+                events.load().write.parquet(parquet)
+                assert spark.read.parquet(parquet).count() == args.events
+            results[f"python_workers_over_{transport}"] = measure(
+                spark, server.url, parquet, args.events, args.repeats, tuples=unix
             )
-        )
-    spark.stop()
-    results["rows_per_s"] = {k: round(args.events / statistics.median(v)) for k, v in rounds.items()}
-    rates = results["rows_per_s"]
-    per_round = [p / m for p, m in zip(rounds["parquet"], rounds["meshplane_arrow"], strict=True)]
-    results["arrow_vs_parquet_per_round"] = [round(r, 3) for r in per_round]  # in the order run
-    results["ratios"] = {
-        "arrow_vs_parquet": round(statistics.median(per_round), 2),
-        "arrow_vs_tuples": round(rates["meshplane_arrow"] / rates["meshplane_tuples"], 2),
-        "python_source_ceiling_vs_parquet": round(rates["python_source_doing_nothing"] / rates["parquet"], 2),
-        "arrow_vs_python_source_ceiling": round(
-            rates["meshplane_arrow"] / rates["python_source_doing_nothing"], 2
-        ),
-    }
+            spark.stop()
     print(json.dumps(results, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

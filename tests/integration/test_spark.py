@@ -119,6 +119,11 @@ def test_batch_read_between_offsets(spark: SparkSession, server: StreamsServerPr
     )
     got = sorted((r["partition"], r["offset"]) for r in frame.collect())
     assert got == [(0, o) for o in range(10, 20)] + [(1, o) for o in range(5)]
+    past_the_end = json.dumps({"backfill": {"0": 10_000}})
+    with pytest.raises(Exception, match=r"endingOffsets lie past the written events: backfill/0 at 10000"):
+        spark.read.format("meshplane").option("url", server.url).option("topic", "backfill").option(
+            "endingOffsets", past_the_end
+        ).load().collect()
 
 
 def test_retention_gap_fails_or_is_skipped(

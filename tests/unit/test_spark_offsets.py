@@ -8,7 +8,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshplane.spark.offsets import OffsetsError, admit, cap, fill_new_partitions, normalize, ranges, resolve
+from meshplane.spark.offsets import (
+    OffsetsError,
+    admit,
+    cap,
+    check_written,
+    fill_new_partitions,
+    normalize,
+    ranges,
+    resolve,
+)
 
 BOUNDS = {"orders": {"0": (10, 100), "1": (0, 50), "2": (5, 5)}}
 
@@ -39,6 +48,12 @@ def test_json_offsets_with_kafka_markers_and_defaults():
 def test_bad_offsets_are_clear_errors(option, message):
     with pytest.raises(OffsetsError, match=message):
         resolve(option, BOUNDS, "latest")
+
+
+def test_ending_offsets_past_the_written_events_are_refused():
+    check_written(resolve('{"orders": {"0": 100}}', BOUNDS, "latest"), BOUNDS, "endingOffsets")
+    with pytest.raises(OffsetsError, match=r"endingOffsets lie past .*orders/0 at 101 \(it ends at 100\)"):
+        check_written(resolve('{"orders": {"0": 101}}', BOUNDS, "latest"), BOUNDS, "endingOffsets")
 
 
 def test_offsets_serialise_identically_whatever_the_insertion_order():

@@ -65,6 +65,22 @@ def resolve(option: str | None, bounds: Bounds, default: str) -> TopicOffsets:
     return normalize(result)
 
 
+def check_written(offsets: Mapping[str, Mapping[str, int]], bounds: Bounds, option: str) -> None:
+    """Fail when ``offsets`` (the end of a batch read) lie past what is written: those events do not
+    exist yet, and a backfill does not wait for them."""
+    ahead = [
+        f"{topic}/{p} at {o} (it ends at {bounds[topic][p][1]})"
+        for topic, parts in offsets.items()
+        for p, o in parts.items()
+        if o > bounds[topic][p][1]
+    ]
+    if ahead:
+        raise OffsetsError(
+            f"{option} lie past the written events: {', '.join(ahead)}; use offsets up to the end, or -1 "
+            "(latest)"
+        )
+
+
 def fill_new_partitions(start: Mapping[str, Mapping[str, int]], bounds: Bounds) -> TopicOffsets:
     """``start`` plus partitions (and topics) that appeared since, from their earliest offset."""
     filled = {t: dict(parts) for t, parts in start.items()}
