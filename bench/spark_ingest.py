@@ -20,6 +20,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -34,6 +36,7 @@ from meshplane.spark.source import SCHEMA
 from meshplane.streams.client import StreamsClient
 
 PARTITIONS = 4
+TRANSPORTS = ("unix_socket", "tcp")
 
 
 async def publish(url: str, events: int) -> None:
@@ -86,10 +89,12 @@ class PrebuiltSource(DataSource):
 
 
 def timed_rounds(runs: dict[str, Any], repeats: int) -> dict[str, list[float]]:
-    """Seconds per run: one warm-up each, then ``repeats`` rounds of every run in turn, so that this
-    machine's drift (10-20% over minutes) falls on all of them alike and ratios pair runs of one round."""
-    for run in runs.values():
-        run()
+    """Seconds per run: three warm-ups each (the JVM's JIT), then ``repeats`` rounds of every run in
+    turn, so that this machine's drift (10-20% over minutes) falls on all of them alike and ratios pair
+    runs of one round."""
+    for _ in range(3):
+        for run in runs.values():
+            run()
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
@@ -151,6 +156,22 @@ def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuple
     }
 
 
+def measure_in_this_process(url: str, transport: str, events: int, repeats: int) -> dict[str, Any]:
+    unix = transport == "unix_socket"
+    spark = spark_session("meshplane-bench", python_over_unix_socket=unix)
+    spark.dataSource.register(PrebuiltSource)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            parquet = str(Path(tmp) / "ingest.parquet")
+            spark.read.format("meshplane").option("url", url).option("topic", "ingest").load().write.parquet(
+                parquet
+            )
+            assert spark.read.parquet(parquet).count() == events
+            return measure(spark, url, parquet, events, repeats, tuples=unix)
+    finally:
+        spark.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -158,7 +179,13 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "spark_ingest.json")
+    parser.add_argument("--url", help=argparse.SUPPRESS)  # set for the child measuring one transport
+    parser.add_argument("--transport", choices=TRANSPORTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.transport:
+        result = measure_in_this_process(args.url, args.transport, args.events, args.repeats)
+        args.out.write_text(json.dumps(result))
+        return
     results: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "events": args.events,
@@ -168,20 +195,14 @@ def main() -> None:
     with StreamsServerProcess() as server, tempfile.TemporaryDirectory() as tmp:
         server.start()
         asyncio.run(publish(server.url, args.events))
-        parquet = str(Path(tmp) / "ingest.parquet")
-        # Python workers over Unix sockets (what spark_session() sets up), then over Spark's default,
-        # loopback TCP; a session of its own each, since the setting is fixed when Spark starts.
-        for transport, unix in (("unix_socket", True), ("tcp", False)):
-            spark = spark_session("meshplane-bench", python_over_unix_socket=unix)
-            spark.dataSource.register(PrebuiltSource)
-            if unix:
-                events = spark.read.format("meshplane").option("url", server.url).option("topic", "ingest")
-                events.load().write.parquet(parquet)
-                assert spark.read.parquet(parquet).count() == args.events
-            results[f"python_workers_over_{transport}"] = measure(
-                spark, server.url, parquet, args.events, args.repeats, tuples=unix
-            )
-            spark.stop()
+        # Spark's Python workers over Unix sockets (spark_session()'s setting), then over Spark's
+        # default, loopback TCP: each in a fresh process, so neither starts with the other's warm JVM.
+        for transport in TRANSPORTS:
+            out = Path(tmp) / f"{transport}.json"
+            child = [sys.executable, __file__, "--url", server.url, "--transport", transport]
+            child += ["--out", str(out), "--events", str(args.events), "--repeats", str(args.repeats)]
+            subprocess.run(child, check=True)
+            results[f"python_workers_over_{transport}"] = json.loads(out.read_text())
     print(json.dumps(results, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
