@@ -8,8 +8,8 @@ source yielding Python tuples instead of Arrow record batches, and a Python data
 work at all (it yields one pre-built Arrow batch of the same schema over and over): what any
 Python source can reach here. The reads take turns, round after round (7 by default); rates are
 medians, and the Arrow/Parquet ratio is the median of the rounds' ratios, each listed. All of it runs
-twice: with Spark's Python workers on Unix sockets (``spark_session()``'s setting), then on Spark's
-default loopback TCP.
+twice, each time in a fresh process: with Spark's Python workers on Unix sockets (``spark_session()``'s
+setting), then on Spark's default loopback TCP.
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ def timed_rounds(runs: dict[str, Any], repeats: int) -> dict[str, list[float]]:
 
 
 def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuples: bool) -> dict[str, Any]:
-    """Rates and ratios of one session: the reads take turns, round after round."""
+    """Rates and ratios of one session: the topic is written to ``parquet``, then the reads take turns,
+    round after round."""
 
     def source(arrow: bool) -> Any:
         return (
@@ -116,6 +117,8 @@ def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuple
             .load()
         )
 
+    source(True).write.parquet(parquet)
+    assert spark.read.parquet(parquet).count() == events
     rounds = timed_rounds(
         {
             "parquet": lambda: spark.read.parquet(parquet).write.format("noop").mode("overwrite").save(),
@@ -162,12 +165,7 @@ def measure_in_this_process(url: str, transport: str, events: int, repeats: int)
     spark.dataSource.register(PrebuiltSource)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            parquet = str(Path(tmp) / "ingest.parquet")
-            spark.read.format("meshplane").option("url", url).option("topic", "ingest").load().write.parquet(
-                parquet
-            )
-            assert spark.read.parquet(parquet).count() == events
-            return measure(spark, url, parquet, events, repeats, tuples=unix)
+            return measure(spark, url, str(Path(tmp) / "ingest.parquet"), events, repeats, tuples=unix)
     finally:
         spark.stop()
 
