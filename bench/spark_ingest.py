@@ -3,8 +3,11 @@
     python bench/spark_ingest.py                  # 1 M events, 4 partitions, local[2]
 
 Every read is materialised with the ``noop`` sink (all columns produced, nothing written). The
-ceiling is Spark reading the same events from a Parquet file; the other comparisons are the same
-source yielding Python tuples instead of Arrow record batches, and a Python data source that does no
+ceiling is Spark reading the same events from a Parquet file. meshplane is read twice: as configured
+by default (the executors share the server's host here, so they read its segment files: ``localReads``)
+and with ``localReads=false`` (every chunk over HTTP, as executors on other hosts read). The other
+comparisons are the same source yielding Python tuples instead of Arrow record batches, and a Python
+data source that does no
 work at all (it yields one pre-built Arrow batch of the same schema over and over): what any
 Python source can reach here. The reads take turns, round after round (7 by default); rates are
 medians, and the Arrow/Parquet ratio is the median of the rounds' ratios, each listed. All of it runs
@@ -108,12 +111,13 @@ def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuple
     """Rates and ratios of one session: the topic is written to ``parquet``, then the reads take turns,
     round after round."""
 
-    def source(arrow: bool) -> Any:
+    def source(arrow: bool, local_reads: bool = True) -> Any:
         return (
             spark.read.format("meshplane")
             .option("url", url)
             .option("topic", "ingest")
             .option("arrow", str(arrow).lower())
+            .option("localReads", str(local_reads).lower())
             .load()
         )
 
@@ -123,6 +127,9 @@ def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuple
         {
             "parquet": lambda: spark.read.parquet(parquet).write.format("noop").mode("overwrite").save(),
             "meshplane_arrow": lambda: source(True).write.format("noop").mode("overwrite").save(),
+            "meshplane_arrow_over_http": lambda: (
+                source(True, local_reads=False).write.format("noop").mode("overwrite").save()
+            ),
             "python_source_doing_nothing": lambda: (
                 spark.read.format("prebuilt")
                 .option("events", events)
@@ -142,9 +149,13 @@ def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuple
             )
         )
     rates = {k: round(events / statistics.median(v)) for k, v in rounds.items()}
-    per_round = [p / m for p, m in zip(rounds["parquet"], rounds["meshplane_arrow"], strict=True)]
+
+    def per_round(read: str) -> list[float]:
+        return [p / m for p, m in zip(rounds["parquet"], rounds[read], strict=True)]
+
     ratios = {
-        "arrow_vs_parquet": round(statistics.median(per_round), 2),
+        "arrow_vs_parquet": round(statistics.median(per_round("meshplane_arrow")), 2),
+        "arrow_over_http_vs_parquet": round(statistics.median(per_round("meshplane_arrow_over_http")), 2),
         "python_source_ceiling_vs_parquet": round(rates["python_source_doing_nothing"] / rates["parquet"], 2),
         "arrow_vs_python_source_ceiling": round(
             rates["meshplane_arrow"] / rates["python_source_doing_nothing"], 2
@@ -154,7 +165,7 @@ def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuple
         ratios["arrow_vs_tuples"] = round(rates["meshplane_arrow"] / rates["meshplane_tuples"], 2)
     return {
         "rows_per_s": rates,
-        "arrow_vs_parquet_per_round": [round(r, 3) for r in per_round],  # in the order run
+        "arrow_vs_parquet_per_round": [round(r, 3) for r in per_round("meshplane_arrow")],  # in the order run
         "ratios": ratios,
     }
 

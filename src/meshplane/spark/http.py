@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
+import logging
+import os
 import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -11,12 +14,29 @@ from typing import Any, TypeVar
 from meshplane.streams.errors import StreamError, error_from_response
 
 Body = TypeVar("Body", bytes, bytes | memoryview)
+log = logging.getLogger(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class SyncStreamsClient:
-    """Keep-alive HTTP to ``meshplane serve``; reconnects once when the server closed the connection."""
+    """Keep-alive HTTP to ``meshplane serve``; reconnects once when the server closed the connection.
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = 60.0) -> None:
+    With ``local_reads`` and a server on this host (a loopback URL), :meth:`fetch_raw` asks the server
+    where the records are and reads the segment file itself; when it cannot (another container, no
+    permission, the file gone), it falls back to HTTP for the rest of this client's life.
+    """
+
+    def __init__(
+        self, url: str, token: str | None = None, timeout: float = 60.0, local_reads: bool = False
+    ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise StreamError(f"url must look like http://host:port, not {url!r}")
@@ -27,6 +47,8 @@ class SyncStreamsClient:
         self._timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
         self._fetch_buffer = bytearray()  # reused by fetch_raw: no fresh pages (and faults) per chunk
+        self._local_reads = local_reads and is_loopback(self._host)
+        self._segment: tuple[str, int] | None = None  # (path, fd) of the segment file open for local reads
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
@@ -57,14 +79,17 @@ class SyncStreamsClient:
                     raise StreamError(f"cannot reach the streams server at {self.url}: {exc}") from None
         raise AssertionError("unreachable")
 
+    def _buffer(self, length: int) -> memoryview:
+        if len(self._fetch_buffer) < length:
+            self._fetch_buffer = bytearray(length)  # a new one: the caller may still hold a view of the old
+        return memoryview(self._fetch_buffer)[:length]
+
     def _read_into_buffer(self, response: http.client.HTTPResponse) -> bytes | memoryview:
         """The body, read straight into the reused buffer (error bodies and unknown lengths: bytes)."""
         length = response.length
         if length is None or response.status != 200:
             return response.read()
-        if len(self._fetch_buffer) < length:
-            self._fetch_buffer = bytearray(length)  # a new one: the caller may still hold a view of the old
-        view = memoryview(self._fetch_buffer)[:length]
+        view = self._buffer(length)
         if response.readinto(view) != length:
             raise http.client.IncompleteRead(bytes(view), length)
         return view
@@ -92,16 +117,53 @@ class SyncStreamsClient:
 
         The bytes live in a buffer the next call reuses: decode them before fetching again.
         """
+        path = f"/topics/{urllib.parse.quote(topic)}/partitions/{partition}/records"
         query = urllib.parse.urlencode({"from_offset": from_offset, "max_bytes": max_bytes})
-        status, headers, data = self._exchange(
-            "GET",
-            f"/topics/{urllib.parse.quote(topic)}/partitions/{partition}/records?{query}",
-            None,
-            self._read_into_buffer,
-        )
+        if self._local_reads:
+            where = self.json("GET", f"{path}/location?{query}")
+            read = self._read_segment(where)
+            if read is not None:
+                return read, int(where["log_start_offset"]), int(where["log_end_offset"])
+        status, headers, data = self._exchange("GET", f"{path}?{query}", None, self._read_into_buffer)
         if status >= 400:
             raise error_from_response(status, json.loads(bytes(data)) if data else {})
         return data, int(headers["x-log-start-offset"]), int(headers["x-log-end-offset"])
+
+    def _read_segment(self, where: dict[str, Any]) -> bytes | memoryview | None:
+        """The bytes ``where`` points at, read from the segment file; None (and HTTP from now on) when
+        the file cannot be opened, is not the server's (device and inode differ) or comes up short."""
+        if "path" not in where:
+            return b""  # nothing at or after the offset
+        fd = self._open_segment(where)
+        if fd is not None:
+            view = self._buffer(int(where["length"]))
+            if os.preadv(fd, [view], int(where["position"])) == len(view):
+                return view
+        log.info("reading %s over HTTP from now on: the segment file is not readable here", self.url)
+        self._local_reads = False
+        self._close_segment()
+        return None
+
+    def _open_segment(self, where: dict[str, Any]) -> int | None:
+        path = str(where["path"])
+        if self._segment is not None and self._segment[0] == path:
+            return self._segment[1]
+        self._close_segment()
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        stat = os.fstat(fd)
+        if (stat.st_dev, stat.st_ino) != (where["device"], where["inode"]):
+            os.close(fd)
+            return None
+        self._segment = (path, fd)
+        return fd
+
+    def _close_segment(self) -> None:
+        if self._segment is not None:
+            os.close(self._segment[1])
+            self._segment = None
 
     def publish_batch(self, topic: str, events: list[dict[str, Any]], idempotency_key: str | None) -> None:
         body: dict[str, Any] = {"events": events}
@@ -110,6 +172,7 @@ class SyncStreamsClient:
         self.json("POST", f"/topics/{urllib.parse.quote(topic)}/publish", body)
 
     def close(self) -> None:
+        self._close_segment()
         if self._conn is not None:
             self._conn.close()
             self._conn = None

@@ -95,6 +95,7 @@ class Options:
     fetch_max_bytes: int
     event_type: str
     arrow: bool = True  # yield Arrow record batches (false: one tuple per row, slower; for comparison)
+    local_reads: bool = True  # executors on the server's host read its segment files (see SyncStreamsClient)
 
     @classmethod
     def parse(cls, options: Any) -> Options:
@@ -102,9 +103,10 @@ class Options:
         topics_text = get("topics") or get("topic") or get("subscribe") or ""
         topics = tuple(t.strip() for t in str(topics_text).split(",") if t.strip())
         limit = get("maxEventsPerTrigger") or get("maxOffsetsPerTrigger")
-        fail = str(get("failOnDataLoss", "true")).lower()
-        if fail not in ("true", "false"):
-            raise ValueError(f"failOnDataLoss must be true or false, not {fail!r}")
+        fail, local = (str(get(name, "true")).lower() for name in ("failOnDataLoss", "localReads"))
+        for name, value in (("failOnDataLoss", fail), ("localReads", local)):
+            if value not in ("true", "false"):
+                raise ValueError(f"{name} must be true or false, not {value!r}")
         try:
             max_events = None if limit is None else int(limit)
             # 2 MiB: a chunk and its columns stay near the cache (4 MiB read ~5% slower, 512 KiB ~15%)
@@ -124,10 +126,11 @@ class Options:
             fetch_max_bytes=fetch_bytes,
             event_type=str(get("eventType", "spark")),
             arrow=str(get("arrow", "true")).lower() != "false",
+            local_reads=local == "true",
         )
 
     def client(self) -> SyncStreamsClient:
-        return SyncStreamsClient(self.url, self.token)
+        return SyncStreamsClient(self.url, self.token, local_reads=self.local_reads)
 
     def need_topics(self) -> tuple[str, ...]:
         if not self.topics:

@@ -13,6 +13,7 @@ import contextlib
 import hmac
 import json
 import logging
+import os
 import struct
 import time
 import uuid
@@ -726,6 +727,30 @@ class Api:
             await response.write_eof()
         return response
 
+    async def topic_records_location(self, request: web.Request) -> web.Response:
+        """Where the records that ``topic_records`` would send lie in their segment file: readers on this
+        host (Spark executors next to the server) read the file themselves, as HDFS's short-circuit
+        reads do, and skip two copies through a socket. The file's device and inode let a reader check
+        that the path it opens is this very file (not a namesake in another container or host)."""
+        topic = self.engine.topic(request.match_info["topic"])
+        partition = get_int(dict(request.match_info), "partition", minimum=0)
+        from_offset = query_int(request, "from_offset", 0, minimum=0)
+        max_bytes = query_int(request, "max_bytes", 1 << 20, minimum=1, maximum=64 << 20)
+        span = topic.raw_span(partition, from_offset, max_bytes)
+        plog = topic.partitions[partition]
+        body: dict[str, Any] = {"log_start_offset": plog.start_offset, "log_end_offset": plog.next_offset}
+        if span is not None:
+            segment, position, length = span
+            stat = os.fstat(segment.fd)
+            body.update(
+                path=str(segment.path.absolute()),
+                position=position,
+                length=length,
+                device=stat.st_dev,
+                inode=stat.st_ino,
+            )
+        return json_response(body)
+
     async def topic_stats(self, request: web.Request) -> web.Response:
         topic = self.engine.topic(request.match_info["topic"])
         s = topic.settings
@@ -990,6 +1015,14 @@ class Api:
                 self.topic_records,
                 "Raw records from ?from_offset= (up to ?max_bytes=) for bulk consumers; "
                 "X-Log-Start-Offset / X-Log-End-Offset headers",
+                "topics",
+            ),
+            Route(
+                "GET",
+                "/topics/{topic}/partitions/{partition}/records/location",
+                self.topic_records_location,
+                "Where .../records would read from (segment file path, position, length, device, "
+                "inode; log start and end offsets): for readers on the server's host",
                 "topics",
             ),
             Route("GET", "/topics/{topic}/stats", self.topic_stats, "Per-partition statistics", "topics"),
