@@ -18,6 +18,7 @@ replayed batch publishes nothing twice.
 from __future__ import annotations
 
 import base64
+import ctypes
 import gc
 import logging
 import operator
@@ -296,8 +297,30 @@ def _record_scan() -> ScanToArrow:
         scan_to_arrow(b"", 0, 0, "", 0, ARROW_SCHEMA)  # loads the cached machine code now
         gc.collect()  # nothing collectable is frozen with the rest
         gc.freeze()
+        _keep_freed_chunks()
         _loaded_scan = scan_to_arrow
     return _loaded_scan
+
+
+def _keep_freed_chunks() -> None:
+    """Let glibc's malloc keep freed blocks of up to 32 MiB instead of returning them to the kernel.
+
+    Every chunk's columns (8 MiB for a 2 MiB fetch) are freed once Spark has sent their batch on. By
+    default glibc maps such blocks fresh and unmaps them when freed, so the next chunk's columns fault
+    their pages in again, zeroed: ~16 k page faults and ~0.09 s of CPU per million rows in the
+    executors here, a quarter of their work. With these two settings (made for this, see
+    mallopt(3)) a worker reuses the memory; it holds at most ~128 MiB it no longer uses. Elsewhere
+    than glibc, nothing changes.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+    mallopt(_M_TRIM_THRESHOLD, 128 << 20)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 
 
 def _decode(
