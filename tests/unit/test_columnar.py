@@ -190,7 +190,8 @@ def test_an_executor_reuses_the_memory_of_freed_chunks() -> None:
 import resource
 from meshplane.core.streamlog import StoredEvent, encode_event, encode_record
 from meshplane.spark.source import ARROW_SCHEMA, _record_scan
-chunk = b"".join(encode_record(i, 1, encode_event(StoredEvent("i" * 24, "e", "x" * 100, "k"))) for i in range(13000))
+event = encode_event(StoredEvent("i" * 24, "e", "x" * 100, "k"))
+chunk = b"".join(encode_record(i, 1, event) for i in range(13000))
 scan = _record_scan()
 scan(chunk, 0, 13000, "t", 0, ARROW_SCHEMA)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
