@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 
 from meshplane.core.groups import GroupError
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent
-from meshplane.streams.engine import Room, StreamEngine, StreamEvent, new_event_id
+from meshplane.streams.engine import Room, StreamEngine, StreamEvent, Topic, new_event_id
 from meshplane.streams.errors import BadRequest, NotFound, OffsetOutOfRange, PayloadTooLarge, StreamError
 
 log = logging.getLogger(__name__)
@@ -698,12 +698,17 @@ class Api:
             }
         )
 
-    async def topic_records(self, request: web.Request) -> web.StreamResponse:
-        """Raw records for bulk consumers (Spark): sent from the segment file by the kernel (sendfile)."""
+    def _records_request(self, request: web.Request) -> tuple[Topic, int, int, int]:
+        """(topic, partition, from_offset, max_bytes) of a raw records request."""
         topic = self.engine.topic(request.match_info["topic"])
         partition = get_int(dict(request.match_info), "partition", minimum=0)
         from_offset = query_int(request, "from_offset", 0, minimum=0)
         max_bytes = query_int(request, "max_bytes", 1 << 20, minimum=1, maximum=64 << 20)
+        return topic, partition, from_offset, max_bytes
+
+    async def topic_records(self, request: web.Request) -> web.StreamResponse:
+        """Raw records for bulk consumers (Spark): sent from the segment file by the kernel (sendfile)."""
+        topic, partition, from_offset, max_bytes = self._records_request(request)
         span = topic.raw_span(partition, from_offset, max_bytes)
         plog = topic.partitions[partition]
         headers = {"X-Log-Start-Offset": str(plog.start_offset), "X-Log-End-Offset": str(plog.next_offset)}
@@ -732,10 +737,7 @@ class Api:
         host (Spark executors next to the server) read the file themselves, as HDFS's short-circuit
         reads do, and skip two copies through a socket. The file's device and inode let a reader check
         that the path it opens is this very file (not a namesake in another container or host)."""
-        topic = self.engine.topic(request.match_info["topic"])
-        partition = get_int(dict(request.match_info), "partition", minimum=0)
-        from_offset = query_int(request, "from_offset", 0, minimum=0)
-        max_bytes = query_int(request, "max_bytes", 1 << 20, minimum=1, maximum=64 << 20)
+        topic, partition, from_offset, max_bytes = self._records_request(request)
         span = topic.raw_span(partition, from_offset, max_bytes)
         plog = topic.partitions[partition]
         body: dict[str, Any] = {"log_start_offset": plog.start_offset, "log_end_offset": plog.next_offset}
