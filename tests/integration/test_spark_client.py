@@ -73,7 +73,9 @@ def test_a_file_that_is_not_the_servers_sends_the_client_back_to_http(
 ) -> None:
     """Same path, other file (another container's namesake): the inode differs, so HTTP from then on."""
     client = SyncStreamsClient(server.url, TOKEN, local_reads=True)
-    expected = list(chunks(SyncStreamsClient(server.url, TOKEN), 3000))
+    over_http = SyncStreamsClient(server.url, TOKEN)
+    expected = list(chunks(over_http, 3000))
+    over_http.close()
     asked: list[str] = []
     answer = client.json
 
