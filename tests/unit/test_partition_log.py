@@ -85,14 +85,25 @@ def test_recovery_after_a_crash_at_any_byte(count: int, data: st.DataObject) -> 
         again.close()
 
 
-def test_a_corrupt_index_is_rebuilt(tmp_path: Path) -> None:
-    plog = PartitionLog(tmp_path, index_interval=100)
+def test_a_torn_index_of_a_sealed_segment_is_cut_and_the_rest_scanned(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path, index_interval=100, segment_bytes=6_000)
     written = fill(plog, 200)
     plog.close()
-    index = next(tmp_path.glob("*.index"))
+    index = sorted(tmp_path.glob("*.index"))[0]  # sealed segments' indexes are written when they roll
     index.write_bytes(index.read_bytes()[:-5])  # a torn index entry
+    again = PartitionLog(tmp_path, index_interval=100, segment_bytes=6_000)
+    assert [r.payload for r in again.read(0, 200, max_bytes=1 << 20)] == written
+    assert [r.payload for r in again.read(50, 50)] == written[50:100]
+
+
+def test_the_active_segment_keeps_its_index_in_memory(tmp_path: Path) -> None:
+    plog = PartitionLog(tmp_path, index_interval=100)
+    fill(plog, 200)
+    assert len(plog.active.index_offsets) > 10
+    assert not list(tmp_path.glob("*.index"))  # one write per append: the index costs no syscall
+    plog.close()
     again = PartitionLog(tmp_path, index_interval=100)
-    assert [r.payload for r in again.read(150, 50)] == written[150:]
+    assert again.active.index_offsets == plog.active.index_offsets  # rebuilt by the scan on start
 
 
 def test_count_retention_is_exact_and_deletes_whole_segments(tmp_path: Path) -> None:

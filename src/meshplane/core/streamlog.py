@@ -122,6 +122,43 @@ def scan_records(
     return ScanResult(records, start_position + pos, problem)
 
 
+def resync(
+    buffer: bytes | memoryview,
+    *,
+    start_position: int = 0,
+    min_offset: int,
+    max_offset: int | None = None,
+) -> int | None:
+    """Where the next valid record starts after a corrupt one: the first position in ``buffer`` that
+    holds a whole record with a good crc and an offset in ``min_offset..max_offset``; None if none does.
+
+    Linear in the buffer: the crc is computed only where the length and offset already fit.
+    """
+    data = buffer if isinstance(buffer, bytes) else bytes(buffer)
+    view = memoryview(data)
+    unpack, end = RECORD_HEADER.unpack_from, len(data)
+    for pos in range(0, end - HEADER_SIZE + 1):
+        length, crc, offset, _ = unpack(data, pos)
+        if not _AFTER_CRC <= length <= MAX_RECORD_BYTES or pos + 8 + length > end:
+            continue
+        if offset < min_offset or (max_offset is not None and offset > max_offset):
+            continue
+        if zlib.crc32(view[pos + 8 : pos + 8 + length]) == crc:
+            return start_position + pos
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Hole:
+    """Offsets ``first..end-1`` whose records are unreadable (bytes ``position..end_position`` of their
+    segment); the records around them are intact."""
+
+    first: int
+    end: int
+    position: int
+    end_position: int
+
+
 # --- retention -------------------------------------------------------------------------------------
 
 

@@ -1,9 +1,19 @@
 """The partition log on disk: segment files of records, a sparse offset index, recovery and retention.
 
-Each segment is ``<base offset>.log`` (records, see :mod:`meshplane.core.streamlog`) plus
-``<base offset>.index`` (pairs of u64 offset / u64 position every ``index_interval`` bytes). Appends
-are ``os.write`` calls: once one returns, a process crash (kill -9) cannot lose the data, only a
-machine crash can, which is what :meth:`PartitionLog.sync` (driven by the fsync policy) is for.
+Each segment is ``<base offset>.log`` (records, see :mod:`meshplane.core.streamlog`). The active
+(last) segment's sparse index lives in memory and is rebuilt by scanning it on start; when a segment is
+sealed its index is written whole to ``<base offset>.index`` (atomically) and trusted from then on.
+
+Appends are one ``os.write``: once it returns, a process crash (kill -9) cannot lose the data, only a
+machine crash can, which is what :meth:`PartitionLog.sync` (driven by the fsync policy) is for. An
+append that fails at any step is undone (the file truncated back, nothing in memory moved) and raises
+:class:`StorageError`; if even the undo fails, the log rescans its tail before the next append, so
+an offset is never given twice.
+
+Corruption is kept to where it is: a bad record with good records after it becomes a :class:`Hole`
+(reads of its offsets raise :class:`CorruptRecords`, which says where reading can go on); a bad tail
+of the active segment (a torn write) is moved to ``quarantine/`` and cut off; later segments are
+never dropped for a bad record in an earlier one.
 """
 
 from __future__ import annotations
@@ -13,38 +23,50 @@ import contextlib
 import logging
 import os
 import struct
-from dataclasses import dataclass, field, replace
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshplane.core.streamlog import (
     HEADER_SIZE,
+    Hole,
     Record,
     RetentionPolicy,
     SegmentInfo,
     encode_record,
     logical_start_offset,
+    resync,
     scan_records,
     segments_to_delete,
 )
+from meshplane.streams.errors import CorruptRecords, StorageError, storage_error
+from meshplane.streams.files import FilePool, fsync_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
 INDEX_ENTRY = struct.Struct(">QQ")
 READ_CHUNK = 1 << 20
+QUARANTINE = "quarantine"
 
 
 @dataclass(slots=True)
 class Segment:
     base_offset: int
     path: Path
-    fd: int
-    index_fd: int
+    files: FilePool
     size: int = 0
     next_offset: int = 0
     last_timestamp_ms: int | None = None
     index_offsets: list[int] = field(default_factory=list)
     index_positions: list[int] = field(default_factory=list)
     bytes_since_index: int = 0
+    verified: int = 0  # records before this position had their crc checked since start
+    verified_offset: int = 0  # the offset of the record at ``verified``
+
+    @property
+    def fd(self) -> int:
+        """The open descriptor; take it where it is used, never keep it (the pool may close it)."""
+        return self.files.fd(self.path)
 
     @property
     def index_path(self) -> Path:
@@ -59,13 +81,30 @@ class Segment:
         return (self.index_offsets[i], self.index_positions[i]) if i >= 0 else (self.base_offset, 0)
 
     def add_index(self, offset: int, position: int) -> None:
-        self.index_offsets.append(offset)
-        self.index_positions.append(position)
-        os.write(self.index_fd, INDEX_ENTRY.pack(offset, position))
+        i = bisect.bisect_left(self.index_offsets, offset)
+        if i < len(self.index_offsets) and self.index_offsets[i] == offset:
+            return
+        self.index_offsets.insert(i, offset)
+        self.index_positions.insert(i, position)
+
+    def index_bytes(self) -> bytes:
+        entries = zip(self.index_offsets, self.index_positions, strict=True)
+        return b"".join(INDEX_ENTRY.pack(o, p) for o, p in entries)
 
     def close(self) -> None:
-        os.close(self.fd)
-        os.close(self.index_fd)
+        self.files.release(self.path)
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """The active segment's state before an append, to undo it."""
+
+    segments: int
+    size: int
+    next_offset: int
+    index_entries: int
+    bytes_since_index: int
+    last_timestamp_ms: int | None
 
 
 def _segment_name(base_offset: int) -> str:
@@ -82,138 +121,229 @@ class PartitionLog:
         segment_bytes: int = 64 * 1024 * 1024,
         index_interval: int = 4096,
         retention: RetentionPolicy | None = None,
+        files: FilePool | None = None,
     ) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.index_interval = index_interval
         self.retention = retention or RetentionPolicy()
+        self.files = files if files is not None else FilePool(64)
         self.segments: list[Segment] = []
-        self.truncated_bytes = 0  # torn or corrupt bytes removed by recovery
+        self.holes: list[Hole] = []  # sorted by offset
+        self.truncated_bytes = 0  # torn or corrupt bytes moved out by recovery
+        self.problems: list[str] = []  # what recovery and verification found, for stats and logs
         self.closed = False
-        directory.mkdir(parents=True, exist_ok=True)
-        self._recover()
+        self._needs_rescan = False
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._recover()
+        except OSError as exc:
+            self.close()
+            raise storage_error(exc, f"opening the log {directory}") from exc
 
     # --- recovery ------------------------------------------------------------------------------------
 
     def _recover(self) -> None:
         bases = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
-        expected: int | None = None
         for n, base in enumerate(bases):
             path = self.directory / _segment_name(base)
-            if expected is not None and base != expected:
-                # A gap means the segments after it cannot be trusted to continue the sequence.
-                log.error(
-                    "log %s: segment %s does not continue at %d; removing it and later ones",
-                    self.directory,
-                    path.name,
-                    expected,
-                )
-                for later in bases[n:]:
-                    self._remove_files(self.directory / _segment_name(later))
-                break
-            segment = self._open_segment(base, path)
-            problem = self._recover_segment(segment, active=n == len(bases) - 1)
+            expected = self.segments[-1].next_offset if self.segments else None
+            if expected is not None and base < expected:
+                # Its first offsets are already in the previous segment: keep the files aside.
+                self._report(f"segment {path.name} overlaps the one before it (which ends at {expected})")
+                self._quarantine_file(path)
+                self._quarantine_file(path.with_suffix(".index"))
+                continue
+            if expected is not None and base > expected:
+                self._report(f"offsets {expected}..{base - 1} are missing (no segment holds them)")
+                self.holes.append(Hole(expected, base, 0, 0))
+            segment = Segment(base, path, self.files, next_offset=base)
+            if n < len(bases) - 1:
+                self._load_index(segment)
+            self._scan(segment, active=n == len(bases) - 1)
             self.segments.append(segment)
-            expected = segment.next_offset
-            if problem and n < len(bases) - 1:
-                log.error(
-                    "log %s: %s in sealed segment %s; later segments removed",
-                    self.directory,
-                    problem,
-                    path.name,
-                )
-                for later in bases[n + 1 :]:
-                    self._remove_files(self.directory / _segment_name(later))
-                break
         if not self.segments:
             self.segments.append(self._create_segment(0))
 
-    def _open_segment(self, base: int, path: Path) -> Segment:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        index_fd = os.open(path.with_suffix(".index"), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        return Segment(base, path, fd, index_fd, next_offset=base)
+    def _load_index(self, segment: Segment) -> None:
+        """A sealed segment's index, as far as it is consistent (a torn or garbled index is cut)."""
+        try:
+            fd = os.open(segment.index_path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            raw = os.pread(fd, os.fstat(fd).st_size, 0)
+        finally:
+            os.close(fd)
+        file_size = os.fstat(segment.fd).st_size
+        usable = len(raw) - len(raw) % INDEX_ENTRY.size
+        for offset, position in INDEX_ENTRY.iter_unpack(raw[:usable]):
+            if position >= file_size or offset < segment.base_offset:
+                break
+            if segment.index_offsets and (
+                offset <= segment.index_offsets[-1] or position <= segment.index_positions[-1]
+            ):
+                break
+            segment.index_offsets.append(offset)
+            segment.index_positions.append(position)
 
-    def _recover_segment(self, segment: Segment, *, active: bool) -> str | None:
-        """Find where the valid records end and truncate a torn or corrupt tail.
+    def _scan(self, segment: Segment, *, active: bool) -> None:
+        """Find where the valid records end: from the last index entry of a sealed segment (its
+        records before that are checked later, by :meth:`verify_step`), the whole active segment.
 
-        The active segment is scanned whole and its index rebuilt (the index file may be ahead of
-        or behind the data after a crash); sealed segments were fsynced when they were rolled, so
-        their index is trusted and only the part after its last entry is scanned.
+        A bad record followed by good ones becomes a hole; a bad tail is quarantined and cut off.
         """
         file_size = os.fstat(segment.fd).st_size
-        if not active:
-            raw_index = os.pread(segment.index_fd, os.fstat(segment.index_fd).st_size, 0)
-            usable = len(raw_index) - len(raw_index) % INDEX_ENTRY.size
-            for offset, position in INDEX_ENTRY.iter_unpack(raw_index[:usable]):
-                if position >= file_size or offset < segment.base_offset:
-                    break
-                if segment.index_offsets and offset <= segment.index_offsets[-1]:
-                    break
-                segment.index_offsets.append(offset)
-                segment.index_positions.append(position)
-        start_offset, start = segment.base_offset, 0
-        if segment.index_offsets:
-            start_offset, start = segment.index_offsets[-1], segment.index_positions[-1]
-        problem: str | None = None
-        position, next_offset = start, start_offset
+        if not active and segment.index_offsets:
+            next_offset, position = segment.index_offsets[-1], segment.index_positions[-1]
+        else:
+            segment.index_offsets.clear()
+            segment.index_positions.clear()
+            next_offset, position = segment.base_offset, 0
         since_index = 0
         while position < file_size:
-            chunk = os.pread(segment.fd, READ_CHUNK, position)
-            result = scan_records(chunk, start_position=position, expected_offset=next_offset)
-            if (
-                result.problem
-                and result.problem.startswith("truncated")
-                and position + len(chunk) < file_size
-            ):
-                # The chunk, not the file, ended mid-record.
-                if not result.records:
-                    whole = os.pread(segment.fd, 8 + struct.unpack_from(">I", chunk)[0], position)
-                    result = scan_records(whole, start_position=position, expected_offset=next_offset)
-                if result.records:
-                    result = replace(result, problem=None)
-            for record in result.records:
-                if active and since_index >= self.index_interval:
-                    segment.index_offsets.append(record.offset)
-                    segment.index_positions.append(record.position)
+            records, end, problem = self._read_valid(segment, position, next_offset, file_size)
+            for record in records:
+                if since_index >= self.index_interval:
+                    segment.add_index(record.offset, record.position)
                     since_index = 0
                 since_index += record.size
-            if result.records:
-                next_offset = result.records[-1].offset + 1
-                segment.last_timestamp_ms = result.records[-1].timestamp_ms
-            position = result.valid_end
-            if result.problem is not None:
-                problem = result.problem
+            if records:
+                next_offset = records[-1].offset + 1
+                segment.last_timestamp_ms = records[-1].timestamp_ms
+            position = end
+            if problem is None:
+                continue
+            found = self._resync(segment, position, next_offset, file_size)
+            if found is None:  # nothing valid after it: a torn or garbled tail
+                self._report(f"{problem} at byte {position} of {segment.path.name}: tail set aside")
+                self._quarantine_tail(segment, position, file_size)
+                file_size = position
                 break
-        if position < file_size:
-            log.warning(
-                "log %s: %s at byte %d of %s; truncating %d bytes",
-                self.directory,
-                problem or "garbage",
-                position,
-                segment.path.name,
-                file_size - position,
+            resumed_at, resumed_offset = found
+            self._report(
+                f"{problem} at byte {position} of {segment.path.name}: offsets "
+                f"{next_offset}..{resumed_offset - 1} unreadable, records go on at {resumed_offset}"
             )
-            self.truncated_bytes += file_size - position
-            os.ftruncate(segment.fd, position)
-            problem = problem or "garbage"
-        if active or problem:
-            keep = bisect.bisect_left(segment.index_positions, position)
-            del segment.index_offsets[keep:], segment.index_positions[keep:]
-            os.ftruncate(segment.index_fd, 0)
-            entries = zip(segment.index_offsets, segment.index_positions, strict=True)
-            os.write(segment.index_fd, b"".join(INDEX_ENTRY.pack(o, p) for o, p in entries))
+            self._add_hole(Hole(next_offset, resumed_offset, position, resumed_at))
+            segment.add_index(resumed_offset, resumed_at)
+            position, next_offset, since_index = resumed_at, resumed_offset, 0
         segment.size = position
         segment.next_offset = next_offset
         segment.bytes_since_index = position - (segment.index_positions[-1] if segment.index_positions else 0)
-        return problem
+        if active or not segment.index_offsets:
+            segment.verified, segment.verified_offset = position, next_offset
+        else:
+            segment.verified, segment.verified_offset = 0, segment.base_offset
+
+    def _read_valid(
+        self, segment: Segment, position: int, expected: int, file_size: int
+    ) -> tuple[list[Record], int, str | None]:
+        """Valid records from ``position`` (one read chunk): (records, where they end, problem)."""
+        chunk = os.pread(segment.fd, min(READ_CHUNK, file_size - position), position)
+        result = scan_records(chunk, start_position=position, expected_offset=expected)
+        problem = result.problem
+        if problem and problem.startswith("truncated") and position + len(chunk) < file_size:
+            if result.records:  # the chunk, not the file, ended mid-record
+                problem = None
+            else:  # one record longer than a chunk
+                length = struct.unpack_from(">I", chunk)[0] if len(chunk) >= 4 else 0
+                whole = os.pread(segment.fd, min(8 + length, file_size - position), position)
+                result = scan_records(whole, start_position=position, expected_offset=expected)
+                problem = result.problem
+        return result.records, result.valid_end, problem
+
+    def _resync(self, segment: Segment, position: int, expected: int, file_size: int) -> tuple[int, int] | None:
+        """(position, offset) of the first good record after a bad one at ``position``, if any."""
+        following = self._next_base_after(segment)
+        max_offset = None if following is None else following - 1
+        step = READ_CHUNK
+        at = position + 1
+        while at < file_size:
+            chunk = os.pread(segment.fd, min(step + (1 << 16), file_size - at), at)
+            found = resync(chunk, start_position=at, min_offset=expected, max_offset=max_offset)
+            if found is not None:
+                offset = struct.unpack(">Q", os.pread(segment.fd, 8, found + 8))[0]
+                return found, offset
+            at += step
+        return None
+
+    def _next_base_after(self, segment: Segment) -> int | None:
+        names = sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
+        later = [b for b in names if b > segment.base_offset]
+        return later[0] if later else None
+
+    def _add_hole(self, hole: Hole) -> None:
+        if any(h.first == hole.first for h in self.holes):
+            return
+        bisect.insort(self.holes, hole, key=lambda h: h.first)
+
+    def _report(self, problem: str) -> None:
+        log.error("log %s: %s", self.directory, problem)
+        self.problems.append(problem)
+        del self.problems[:-100]
+
+    def _quarantine_tail(self, segment: Segment, position: int, file_size: int) -> None:
+        """Copy bytes ``position..`` of the segment aside (for inspection), then cut them off."""
+        tail = os.pread(segment.fd, file_size - position, position)
+        folder = self.directory / QUARANTINE
+        folder.mkdir(exist_ok=True)
+        write_atomic(folder / f"{segment.path.name}.{position}.{time.time_ns()}", tail)
+        os.ftruncate(segment.fd, position)
+        self.truncated_bytes += len(tail)
+
+    def _quarantine_file(self, path: Path) -> None:
+        if path.exists():
+            folder = self.directory / QUARANTINE
+            folder.mkdir(exist_ok=True)
+            os.replace(path, folder / f"{path.name}.{time.time_ns()}")
 
     def _create_segment(self, base: int) -> Segment:
-        return self._open_segment(base, self.directory / _segment_name(base))
+        segment = Segment(base, self.directory / _segment_name(base), self.files, next_offset=base)
+        self.files.fd(segment.path, create=True)
+        return segment
+
+    # --- verification --------------------------------------------------------------------------------
+
+    def verify_step(self, max_bytes: int) -> int:
+        """Check the crc of up to about ``max_bytes`` of sealed segments not yet verified since start
+        (when the log opens they are trusted up to their last index entry); bad records become
+        holes. Returns the bytes checked: 0 once everything is verified."""
+        checked = 0
+        for segment in self.segments[:-1]:
+            while segment.verified < segment.size and checked < max_bytes:
+                checked += self._verify_chunk(segment)
+            if checked >= max_bytes:
+                break
+        return checked
+
+    def _verify_chunk(self, segment: Segment) -> int:
+        position, expected = segment.verified, segment.verified_offset
+        records, end, problem = self._read_valid(segment, position, expected, segment.size)
+        if records:
+            expected = records[-1].offset + 1
+        if problem is not None:
+            resumed = self._first_index_after(segment, end)
+            if resumed is None:
+                resumed = self._resync(segment, end, expected, segment.size)
+            resumed_at, resumed_offset = resumed or (segment.size, segment.next_offset)
+            self._report(
+                f"{problem} at byte {end} of sealed segment {segment.path.name}: offsets "
+                f"{expected}..{resumed_offset - 1} unreadable"
+            )
+            self._add_hole(Hole(expected, resumed_offset, end, resumed_at))
+            if resumed_at < segment.size:
+                segment.add_index(resumed_offset, resumed_at)
+            end, expected = resumed_at, resumed_offset
+        segment.verified, segment.verified_offset = end, expected
+        return max(end - position, 1)
 
     @staticmethod
-    def _remove_files(path: Path) -> None:
-        for p in (path, path.with_suffix(".index")):
-            p.unlink(missing_ok=True)
+    def _first_index_after(segment: Segment, position: int) -> tuple[int, int] | None:
+        i = bisect.bisect_right(segment.index_positions, position)
+        if i < len(segment.index_positions):
+            return segment.index_positions[i], segment.index_offsets[i]
+        return None
 
     # --- positions -----------------------------------------------------------------------------------
 
@@ -241,10 +371,61 @@ class PartitionLog:
                 return segment.last_timestamp_ms
         return None
 
+    def sync_fd(self) -> int:
+        """The descriptor an fsync of the unsynced appends needs (rolled segments were synced)."""
+        return self.active.fd
+
     # --- append and read -----------------------------------------------------------------------------
 
+    def mark(self) -> _Mark:
+        a = self.active
+        return _Mark(
+            len(self.segments),
+            a.size,
+            a.next_offset,
+            len(a.index_offsets),
+            a.bytes_since_index,
+            a.last_timestamp_ms,
+        )
+
+    def undo(self, mark: _Mark) -> None:
+        """Take back appends made since ``mark`` (all in one synchronous step: nobody read them)."""
+        segment = self.active
+        same = len(self.segments) == mark.segments
+        size = mark.size if same else 0
+        try:
+            os.ftruncate(segment.fd, size)
+        except OSError as exc:
+            # The records stay in the file: rescan before the next append so that their offsets
+            # are never given again.
+            log.error("log %s: cannot undo a failed append (%s); rescanning", self.directory, exc)
+            self._needs_rescan = True
+        segment.size = size
+        if same:
+            segment.next_offset = mark.next_offset
+            del segment.index_offsets[mark.index_entries :], segment.index_positions[mark.index_entries :]
+            segment.bytes_since_index = mark.bytes_since_index
+            segment.last_timestamp_ms = mark.last_timestamp_ms
+        else:  # a fresh segment rolled for the undone append: empty again
+            segment.next_offset = segment.base_offset
+            segment.index_offsets.clear()
+            segment.index_positions.clear()
+            segment.bytes_since_index = 0
+            segment.last_timestamp_ms = None
+
     def append(self, payloads: list[bytes], timestamp_ms: int) -> int:
-        """Append records; returns the offset of the first. Durable against a process crash on return."""
+        """Append records; returns the offset of the first. Durable against a process crash on return;
+        on failure nothing was appended and :class:`StorageError` says why."""
+        if self._needs_rescan:
+            self._rescan_active()
+        mark = self.mark()
+        try:
+            return self._append(payloads, timestamp_ms)
+        except OSError as exc:
+            self.undo(mark)
+            raise storage_error(exc, f"append to {self.directory}") from exc
+
+    def _append(self, payloads: list[bytes], timestamp_ms: int) -> int:
         segment = self.active
         if segment.size and segment.size + sum(len(p) for p in payloads) > self.segment_bytes:
             self._roll()
@@ -253,11 +434,11 @@ class PartitionLog:
         offset = first
         parts: list[bytes] = []
         position = segment.size
-        entries: list[tuple[int, int]] = []
         for payload in payloads:
             record = encode_record(offset, timestamp_ms, payload)
             if segment.bytes_since_index >= self.index_interval:
-                entries.append((offset, position))
+                segment.index_offsets.append(offset)
+                segment.index_positions.append(position)
                 segment.bytes_since_index = 0
             parts.append(record)
             position += len(record)
@@ -265,55 +446,121 @@ class PartitionLog:
             offset += 1
         blob = b"".join(parts)
         written = os.write(segment.fd, blob)
-        if written != len(blob):  # a full disk; never leave a partial record behind
-            os.ftruncate(segment.fd, segment.size)
-            raise OSError(f"short write to {segment.path} ({written} of {len(blob)} bytes)")
-        for entry in entries:  # after the data: an index entry never points past a write
-            segment.add_index(*entry)
+        if written != len(blob):  # a full disk wrote part of it
+            raise OSError(28, f"short write ({written} of {len(blob)} bytes)")
         segment.size = position
         segment.next_offset = offset
         segment.last_timestamp_ms = timestamp_ms
         return first
 
+    def _rescan_active(self) -> None:
+        segment = self.active
+        try:
+            self._scan(segment, active=True)
+        except OSError as exc:
+            raise storage_error(exc, f"recovering the log {self.directory}") from exc
+        self._needs_rescan = False
+
     def _roll(self) -> None:
+        """Seal the active segment (data fsynced, index written whole) and start the next one."""
         old = self.active
         os.fsync(old.fd)
-        os.fsync(old.index_fd)
-        self.segments.append(self._create_segment(old.next_offset))
+        write_atomic(old.index_path, old.index_bytes())
+        old.verified, old.verified_offset = old.size, old.next_offset  # written by this process
+        segment = self._create_segment(old.next_offset)
+        try:
+            fsync_dir(self.directory)
+        except OSError:
+            self.files.release(segment.path)
+            with contextlib.suppress(OSError):
+                segment.path.unlink()
+            raise
+        self.segments.append(segment)
 
     def sync(self) -> None:
         """fsync the active segment (rolled segments were synced when they were sealed)."""
         os.fsync(self.active.fd)
 
+    def hole_at(self, offset: int) -> Hole | None:
+        i = bisect.bisect_right(self.holes, offset, key=lambda h: h.first) - 1
+        if i >= 0 and offset < self.holes[i].end:
+            return self.holes[i]
+        return None
+
+    def _next_hole_from(self, offset: int) -> Hole | None:
+        i = bisect.bisect_right(self.holes, offset, key=lambda h: h.first)
+        return self.holes[i] if i < len(self.holes) else None
+
+    def _corrupt(self, offset: int, hole: Hole) -> CorruptRecords:
+        return CorruptRecords(offset, hole.first, hole.end, str(self.directory))
+
     def read(self, from_offset: int, max_records: int, max_bytes: int = READ_CHUNK) -> list[Record]:
         """Records from ``from_offset`` on (at most ``max_records``); the caller checks the range.
 
-        ``max_bytes`` is a soft limit: the first record is returned whatever its size.
+        ``max_bytes`` is a soft limit: the first record is returned whatever its size. Reading stops
+        before unreadable records; starting on one raises :class:`CorruptRecords`.
         """
         records: list[Record] = []
         offset = max(from_offset, self.segments[0].base_offset)
+        hole = self.hole_at(offset)
+        if hole is not None:
+            raise self._corrupt(offset, hole)
+        next_hole = self._next_hole_from(offset)
         while len(records) < max_records and max_bytes > 0:
+            if next_hole is not None and offset >= next_hole.first:
+                break
             located = self._locate(offset)
             if located is None:
                 break
             segment, position = located
-            while position < segment.size and len(records) < max_records and max_bytes > 0:
-                chunk = os.pread(
-                    segment.fd, min(segment.size - position, max(max_bytes, HEADER_SIZE)), position
-                )
+            end = self._readable_end(segment, next_hole)
+            while position < end and len(records) < max_records and max_bytes > 0:
+                chunk = os.pread(segment.fd, min(end - position, max(max_bytes, HEADER_SIZE)), position)
                 result = scan_records(chunk, start_position=position, max_records=max_records - len(records))
                 if not result.records:
                     if records:
                         return records  # the next record alone exceeds what is left of the budget
-                    chunk = os.pread(segment.fd, struct.unpack_from(">I", chunk)[0] + 8, position)
+                    length = struct.unpack_from(">I", chunk)[0] if len(chunk) >= 4 else 0
+                    chunk = os.pread(segment.fd, min(length + 8, end - position), position)
                     result = scan_records(chunk, start_position=position, max_records=1)
                     if not result.records:
-                        raise OSError(f"unreadable record at byte {position} of {segment.path}")
+                        raise self._found_corrupt(segment, position, offset)
                 records.extend(result.records)
                 max_bytes -= result.valid_end - position
                 position = result.valid_end
-            offset = segment.next_offset
+                offset = records[-1].offset + 1
+                if result.problem is not None and not result.problem.startswith("truncated"):
+                    if records:
+                        return records
+                    raise self._found_corrupt(segment, position, offset)
+            if position >= segment.size:
+                offset = segment.next_offset
         return records
+
+    @staticmethod
+    def _readable_end(segment: Segment, hole: Hole | None) -> int:
+        """Where the readable bytes of ``segment`` end: its size, or the start of a hole inside it."""
+        if hole is not None and hole.end_position > hole.position and segment.base_offset <= hole.first:
+            if hole.first < segment.next_offset:
+                return hole.position
+        return segment.size
+
+    def _found_corrupt(self, segment: Segment, position: int, offset: int) -> CorruptRecords:
+        """A record that failed its check at read time (a sealed segment not yet verified)."""
+        resumed = self._first_index_after(segment, position)
+        if resumed is None:
+            found = self._resync(segment, position, offset, segment.size)
+            resumed = found or (segment.size, segment.next_offset)
+        resumed_at, resumed_offset = resumed
+        self._report(
+            f"unreadable record at byte {position} of {segment.path.name}: offsets "
+            f"{offset}..{resumed_offset - 1} set aside"
+        )
+        hole = Hole(offset, resumed_offset, position, resumed_at)
+        self._add_hole(hole)
+        if resumed_at < segment.size:
+            segment.add_index(resumed_offset, resumed_at)
+        return self._corrupt(offset, hole)
 
     def read_raw(self, from_offset: int, max_bytes: int) -> bytes:
         """Record bytes from ``from_offset`` on, for clients that decode records themselves.
@@ -328,15 +575,21 @@ class PartitionLog:
         return os.pread(segment.fd, count, position)
 
     def raw_span(self, from_offset: int, max_bytes: int) -> tuple[Segment, int, int] | None:
-        """Where :meth:`read_raw`'s bytes are: (segment, position, length); None past the end."""
-        located = self._locate(max(from_offset, self.segments[0].base_offset))
+        """Where :meth:`read_raw`'s bytes are: (segment, position, length); None past the end.
+        The span stops before unreadable records; starting on one raises :class:`CorruptRecords`."""
+        offset = max(from_offset, self.segments[0].base_offset)
+        hole = self.hole_at(offset)
+        if hole is not None:
+            raise self._corrupt(offset, hole)
+        located = self._locate(offset)
         if located is None:
             return None
         segment, position = located
-        count = min(segment.size - position, max_bytes)
-        if count < segment.size - position:  # the first record must be whole, however long
+        end = self._readable_end(segment, self._next_hole_from(offset))
+        count = min(end - position, max_bytes)
+        if count < end - position:  # the first record must be whole, however long
             first = struct.unpack(">I", os.pread(segment.fd, 4, position))[0] + 8
-            count = max(count, first)
+            count = max(count, min(first, end - position))
         return segment, position, count
 
     def _locate(self, offset: int) -> tuple[Segment, int] | None:
@@ -347,6 +600,7 @@ class PartitionLog:
         if i < 0 or i >= len(self.segments):
             return None
         segment = self.segments[i]
+        offset = max(offset, segment.base_offset)
         at, position = segment.index_entry_for(offset)
         if at == offset:
             return segment, position
@@ -357,6 +611,8 @@ class PartitionLog:
             if pos + 4 > len(buffer):
                 buffer = os.pread(segment.fd, min(segment.size - position - pos, 1 << 20), position + pos)
                 position, pos = position + pos, 0
+                if len(buffer) < 4:
+                    raise self._found_corrupt(segment, position, at)
             pos += struct.unpack_from(">I", buffer, pos)[0] + 8
             at += 1
         return segment, position + pos
@@ -378,17 +634,29 @@ class PartitionLog:
             self._remove_files(segment.path)
             removed += segment.next_offset - segment.base_offset
         del self.segments[:count]
+        first = self.segments[0].base_offset
+        self.holes = [h for h in self.holes if h.end > first]
         return removed
+
+    @staticmethod
+    def _remove_files(path: Path) -> None:
+        for p in (path, path.with_suffix(".index")):
+            p.unlink(missing_ok=True)
 
     def delete(self) -> None:
         self.close()
         for segment in self.segments:
             self._remove_files(segment.path)
-        with contextlib.suppress(OSError):
-            self.directory.rmdir()
+        for path in self.directory.glob(f"{QUARANTINE}/*"):
+            path.unlink(missing_ok=True)
+        for path in (self.directory / QUARANTINE, self.directory):
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
     def close(self) -> None:
         self.closed = True
         for segment in self.segments:
-            with contextlib.suppress(OSError):
-                segment.close()
+            segment.close()
+
+
+__all__ = ["CorruptRecords", "PartitionLog", "Segment", "StorageError"]
