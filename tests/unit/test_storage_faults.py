@@ -36,7 +36,7 @@ def append_workload(plog: PartitionLog, acked: dict[int, bytes], seen: dict[int,
         for i, record in enumerate(records):
             acked[first + i] = record
         for record in plog.read(first, len(records)):
-            assert seen.setdefault(record.offset, record.payload) == record.payload, "an offset answered twice"
+            assert seen.setdefault(record.offset, record.payload) == record.payload, "offset answered twice"
     return failures
 
 

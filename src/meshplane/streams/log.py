@@ -253,7 +253,9 @@ class PartitionLog:
                 problem = result.problem
         return result.records, result.valid_end, problem
 
-    def _resync(self, segment: Segment, position: int, expected: int, file_size: int) -> tuple[int, int] | None:
+    def _resync(
+        self, segment: Segment, position: int, expected: int, file_size: int
+    ) -> tuple[int, int] | None:
         """(position, offset) of the first good record after a bad one at ``position``, if any."""
         following = self._next_base_after(segment)
         max_offset = None if following is None else following - 1
@@ -540,9 +542,9 @@ class PartitionLog:
     @staticmethod
     def _readable_end(segment: Segment, hole: Hole | None) -> int:
         """Where the readable bytes of ``segment`` end: its size, or the start of a hole inside it."""
-        if hole is not None and hole.end_position > hole.position and segment.base_offset <= hole.first:
-            if hole.first < segment.next_offset:
-                return hole.position
+        inside = hole is not None and segment.base_offset <= hole.first < segment.next_offset
+        if hole is not None and inside and hole.end_position > hole.position:
+            return hole.position
         return segment.size
 
     def _found_corrupt(self, segment: Segment, position: int, offset: int) -> CorruptRecords:
