@@ -172,7 +172,7 @@ async def group_timings(url: str, rounds: int, commits: int) -> dict[str, float]
         engine_commits = []
         for i in range(commits):
             started = time.perf_counter()
-            engine.commit("g", 0, i, "m", generation)
+            await engine.commit("g", 0, i, "m", generation)
             engine_commits.append(time.perf_counter() - started)
         await engine.close()
     results["commit_engine_p99_us"] = round(percentile(engine_commits, 0.99) * 1e6, 1)

@@ -35,8 +35,8 @@ def append_workload(plog: PartitionLog, acked: dict[int, bytes], seen: dict[int,
             continue
         for i, record in enumerate(records):
             acked[first + i] = record
-        for record in plog.read(first, len(records)):
-            assert seen.setdefault(record.offset, record.payload) == record.payload, "offset answered twice"
+        for read in plog.read(first, len(records)):
+            assert seen.setdefault(read.offset, read.payload) == read.payload, "an offset answered twice"
     return failures
 
 

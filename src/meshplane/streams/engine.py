@@ -39,20 +39,22 @@ from meshplane.core.streamlog import (
     StoredEvent,
     decode_event,
     encode_event,
-    encode_record,
     partition_for_key,
     resolve_start_offset,
-    scan_records,
 )
 from meshplane.streams.errors import (
     BadRequest,
     Conflict,
+    CorruptRecords,
     LimitReached,
     NotFound,
     OffsetOutOfRange,
     PayloadTooLarge,
+    StorageError,
     StreamError,
+    storage_error,
 )
+from meshplane.streams.files import FilePool, RecordFile, write_atomic
 from meshplane.streams.log import PartitionLog, Segment
 
 log = logging.getLogger(__name__)
@@ -95,10 +97,22 @@ class StreamsConfig:
     auto_create_rooms: bool = True
     room_max_events: int = 10_000
     room_retention_secs: float | None = 24 * 3600.0
-    max_rooms: int = 100_000
+    max_rooms: int = 10_000
+    room_max_events_limit: int = 1_000_000  # the largest max_events a room may ask for
+    room_max_bytes: int = 16 * 1024 * 1024  # each room's in-memory history
+    room_memory_bytes: int = 512 * 1024 * 1024  # all rooms' histories together
+    max_topics: int = 10_000
+    max_partitions: int = 100_000  # all topics' partitions together
+    max_open_files: int | None = None  # segment files open at once (None: half of RLIMIT_NOFILE)
+    idempotency_keys: int = 100_000  # idempotent publishes remembered ...
+    idempotency_bytes: int = 64 * 1024 * 1024  # ... in at most this much memory ...
+    idempotency_ttl_secs: float = 7 * 24 * 3600.0  # ... for at most this long
     max_subscribers_per_room: int = 10_000
     room_inactive_timeout: float = 24 * 3600.0
     cleanup_interval: float = 1.0
+    # Sealed segments are trusted up to their index when the server starts; their crcs are then
+    # checked in the background, this many bytes per cleanup cycle (0: never).
+    verify_bytes_per_cycle: int = 4 * 1024 * 1024
     default_partitions: int = 3
     default_session_timeout: float = 30.0
     pubsub_queue_size: int = 10_000
@@ -107,43 +121,53 @@ class StreamsConfig:
 # --- durability ------------------------------------------------------------------------------------
 
 
+class Syncable(Protocol):
+    """What the durability loop fsyncs: a partition log or a small record file."""
+
+    closed: bool
+
+    def sync_fd(self) -> int: ...
+
+
 class Durability:
     """Group commit: appenders that need an fsync share one, run in a thread.
 
     ``interval``: data is on disk at most ``interval_ms`` after the first write not yet synced (Kafka's
-    ``flush.ms``), sooner once ``every_records`` wait. Nothing runs while nothing is written.
+    ``flush.ms``), sooner once ``every_records`` wait. Nothing runs while nothing is written. A failed
+    fsync fails the writes waiting on that file (503) and is counted; the others are acknowledged.
     """
 
     def __init__(self, policy: FsyncPolicy, interval_ms: float, every_records: int) -> None:
         self.policy = policy
         self.interval = interval_ms / 1000
         self.every_records = every_records
-        self._dirty: set[PartitionLog] = set()
-        self._waiters: list[asyncio.Future[None]] = []
+        self._dirty: dict[Syncable, list[asyncio.Future[None]]] = {}
         self._pending_records = 0
         self._wake = asyncio.Event()  # something waits to be synced
         self._due = asyncio.Event()  # ... and it should be synced now
         self._task: asyncio.Task[None] | None = None
         self.fsyncs = 0
-        self.fsync_seconds: list[float] = []  # drained by the metrics collector
+        self.fsync_errors = 0
         self.on_fsync: Callable[[float], None] | None = None
 
     def start(self) -> None:
         if self.policy != "never" and self._task is None:
             self._task = asyncio.create_task(self._run(), name="meshplane-fsync")
 
-    async def written(self, log_: PartitionLog, records: int) -> None:
-        """Call after an append; with ``always`` this returns once the append is on disk."""
+    async def written(self, *targets: Syncable, records: int = 1) -> None:
+        """Call after a write; with ``always`` this returns once it is on disk (or raises StorageError)."""
         if self.policy == "never":
             return
-        self._dirty.add(log_)
         self._wake.set()
         if self.policy == "always":
             future = asyncio.get_running_loop().create_future()
-            self._waiters.append(future)
+            for target in targets:
+                self._dirty.setdefault(target, []).append(future)
             self._due.set()
             await future
         else:
+            for target in targets:
+                self._dirty.setdefault(target, [])
             self._pending_records += records
             if self.every_records and self._pending_records >= self.every_records:
                 self._due.set()
@@ -160,29 +184,48 @@ class Durability:
             await self.flush()
 
     async def flush(self) -> None:
-        logs = {lg for lg in self._dirty if not lg.closed}  # a deleted room or topic has nothing to sync
-        self._dirty = set()
-        waiters, self._waiters = self._waiters, []
+        dirty, self._dirty = self._dirty, {}
         self._pending_records = 0
-        if logs:
+        targets = [t for t in dirty if not t.closed]  # a deleted room or topic has nothing to sync
+        failed: dict[Syncable, str] = {}
+        if targets:
             # Duplicated descriptors: retention may close a segment while the thread syncs it.
-            fds = [os.dup(lg.active.fd) for lg in logs]
+            fds: list[tuple[Syncable, int]] = []
+            for target in targets:
+                try:
+                    fds.append((target, os.dup(target.sync_fd())))
+                except OSError as exc:
+                    failed[target] = exc.strerror or str(exc)
             started = time.perf_counter()
             try:
-                await asyncio.to_thread(_fsync_all, fds)
-            except BaseException as exc:
-                for future in waiters:
-                    if not future.done():
-                        future.set_exception(
-                            exc if isinstance(exc, Exception) else OSError("fsync cancelled")
-                        )
+                errors = await asyncio.to_thread(_fsync_each, [fd for _, fd in fds])
+            except BaseException:
+                for futures in dirty.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(StorageError("fsync cancelled: the server is stopping"))
                 raise
+            failed.update({target: error for (target, _), error in zip(fds, errors, strict=True) if error})
             if self.on_fsync:
                 self.on_fsync(time.perf_counter() - started)
             self.fsyncs += 1
-        for future in waiters:
-            if not future.done():
-                future.set_result(None)
+        if failed:
+            self.fsync_errors += len(failed)
+            log.error("fsync failed: %s", "; ".join(f"{t}: {e}" for t, e in failed.items()))
+        # A write waiting on several files fails if any of them failed.
+        for target, error in failed.items():
+            for future in dirty.get(target, ()):
+                if not future.done():
+                    future.set_exception(
+                        StorageError(
+                            f"fsync failed ({error}): the write is not known to be on disk; "
+                            "retry it (with an idempotency key, a retry cannot duplicate it)"
+                        )
+                    )
+        for futures in dirty.values():
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -192,13 +235,18 @@ class Durability:
         await self.flush()
 
 
-def _fsync_all(fds: list[int]) -> None:
-    try:
-        for fd in fds:
+def _fsync_each(fds: list[int]) -> list[str | None]:
+    """fsync each descriptor (and close it); the error of each, or None."""
+    errors: list[str | None] = []
+    for fd in fds:
+        try:
             os.fsync(fd)
-    finally:
-        for fd in fds:
+            errors.append(None)
+        except OSError as exc:
+            errors.append(exc.strerror or str(exc))
+        finally:
             os.close(fd)
+    return errors
 
 
 # --- rooms -----------------------------------------------------------------------------------------
@@ -298,20 +346,27 @@ class Room:
         retention_secs: float | None,
         segment_bytes: int,
         created_at: float,
+        files: FilePool | None = None,
+        max_bytes: Callable[[], int] = lambda: 1 << 62,
     ) -> None:
         self.name = name
         self.directory = directory
         self.max_events = max_events
         self.retention_secs = retention_secs
         self.created_at = created_at
+        self.max_bytes = max_bytes  # the in-memory history's byte bound, which shrinks as rooms are added
         self.log = PartitionLog(
-            directory, segment_bytes=segment_bytes, retention=RetentionPolicy(max_messages=max_events)
+            directory,
+            segment_bytes=segment_bytes,
+            retention=RetentionPolicy(max_messages=max_events),
+            files=files,
         )
         self.notifier = Notifier()  # long polls and other waiters
         self.pushers: set[Pusher] = set()  # WebSocket / SSE subscribers
         self.subscribers: dict[str, float] = {}  # subscriber id -> last seen
         self._ring: list[StreamEvent] = []
         self._head = 0
+        self.ring_bytes = 0  # of the events from _head on
         self.last_event_at: float | None = None
         self.published = 0
         self._reload()
@@ -319,10 +374,19 @@ class Room:
     def _reload(self) -> None:
         start = self.log.start_offset
         while start < self.log.next_offset:
-            records = self.log.read(start, 10_000, 16 << 20)
+            try:
+                records = self.log.read(start, 10_000, 16 << 20)
+            except CorruptRecords as exc:
+                # The history is served from memory by offset arithmetic: keep what follows the hole.
+                self._ring.clear()
+                self.ring_bytes = 0
+                start = exc.next_offset
+                continue
             if not records:
                 break
-            self._ring.extend(_decode(r) for r in records)
+            for r in records:
+                self._ring.append(_decode(r))
+                self.ring_bytes += r.size
             start = records[-1].offset + 1
         if self._ring:
             self.last_event_at = self._ring[-1].timestamp_ms / 1000
@@ -351,8 +415,10 @@ class Room:
 
     def append(self, events: list[StoredEvent], payloads: list[bytes], timestamp_ms: int) -> int:
         first = self.log.append(payloads, timestamp_ms)
-        for i, event in enumerate(events):
-            self._ring.append(StreamEvent(first + i, timestamp_ms, event))
+        for i, (event, payload) in enumerate(zip(events, payloads, strict=True)):
+            size = len(payload) + streamlog.HEADER_SIZE
+            self._ring.append(StreamEvent(first + i, timestamp_ms, event, size))
+            self.ring_bytes += size
         self.published += len(events)
         self.last_event_at = timestamp_ms / 1000
         self.trim(timestamp_ms)
@@ -370,12 +436,21 @@ class Room:
         return written
 
     def trim(self, now: int) -> None:
-        """Keep at most max_events, none older than retention_secs."""
-        head = max(self._head, len(self._ring) - self.max_events)
-        if self.retention_secs is not None:
-            cutoff = now - self.retention_secs * 1000
-            while head < len(self._ring) and self._ring[head].timestamp_ms < cutoff:
-                head += 1
+        """Keep at most max_events and max_bytes (but the newest event), none older than retention_secs."""
+        head = self._head
+        while len(self._ring) - head > self.max_events:
+            self.ring_bytes -= self._ring[head].size
+            head += 1
+        cutoff = now - self.retention_secs * 1000 if self.retention_secs is not None else None
+        limit = self.max_bytes()
+        while head < len(self._ring) - 1 and (
+            self.ring_bytes > limit or (cutoff is not None and self._ring[head].timestamp_ms < cutoff)
+        ):
+            self.ring_bytes -= self._ring[head].size
+            head += 1
+        if head == len(self._ring) - 1 and cutoff is not None and self._ring[head].timestamp_ms < cutoff:
+            self.ring_bytes -= self._ring[head].size
+            head += 1
         self._head = head
         if self._head > 1024 and self._head * 2 > len(self._ring):
             del self._ring[: self._head]
@@ -405,13 +480,19 @@ class TopicSettings(msgspec.Struct):
     retention: RetentionPolicy = msgspec.field(default_factory=RetentionPolicy)
     segment_bytes: int = 64 * 1024 * 1024
     created_at: float = 0.0
+    # Which life of the name this is: a topic deleted and created again is another incarnation, and
+    # nothing of the old one (idempotency answers) applies to it.
+    incarnation: str = ""
 
 
 class Topic:
-    def __init__(self, name: str, directory: Path, settings: TopicSettings) -> None:
+    def __init__(
+        self, name: str, directory: Path, settings: TopicSettings, files: FilePool | None = None
+    ) -> None:
         self.name = name
         self.directory = directory
         self.settings = settings
+        self.files = files
         self.partitions: list[PartitionLog] = []
         self.notifiers: list[Notifier] = []
         self.published: list[int] = []
@@ -420,10 +501,27 @@ class Topic:
         self._open_partitions(settings.num_partitions)
 
     def _open_partitions(self, count: int) -> None:
+        """Open partitions up to ``count``; if one fails, those opened here are removed again."""
+        before = len(self.partitions)
+        try:
+            self._open_more(count)
+        except BaseException:
+            for plog in self.partitions[before:]:
+                plog.delete()
+            del self.partitions[before:], self.notifiers[before:]
+            del self.published[before:], self.consumed[before:]
+            raise
+
+    def _open_more(self, count: int) -> None:
         for p in range(len(self.partitions), count):
             s = self.settings
             self.partitions.append(
-                PartitionLog(self.directory / str(p), segment_bytes=s.segment_bytes, retention=s.retention)
+                PartitionLog(
+                    self.directory / str(p),
+                    segment_bytes=s.segment_bytes,
+                    retention=s.retention,
+                    files=self.files,
+                )
             )
             self.notifiers.append(Notifier())
             self.published.append(0)
@@ -576,14 +674,17 @@ class StreamEngine:
         self.rooms: dict[str, Room] = {}
         self.topics: dict[str, Topic] = {}
         self.groups: dict[str, GroupCoordinator] = {}
-        self._offset_fds: dict[str, int] = {}
-        self._offset_seq: dict[str, int] = {}
+        self._commit_files: dict[str, RecordFile] = {}
+        self.files = FilePool(self.config.max_open_files)
+        self.problems: list[str] = []  # what was found wrong in the data directory, and set aside
         self.pubsub = PubSub(self.config.pubsub_queue_size)
         self.durability = Durability(
             self.config.fsync, self.config.fsync_interval_ms, self.config.fsync_every_records
         )
         self.group_notifier = Notifier()
-        self.idempotency = IdempotencyTable()
+        self.idempotency = IdempotencyTable(
+            self.config.idempotency_keys, self.config.idempotency_bytes, self.config.idempotency_ttl_secs
+        )
         self._cleanup: asyncio.Task[None] | None = None
         self.counters: dict[str, int] = {
             "events_published": 0,
@@ -599,31 +700,90 @@ class StreamEngine:
     # --- lifecycle -----------------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Load everything under the data directory (recovering torn logs)."""
+        """Load everything under the data directory (recovering torn logs). A metadata file that
+        cannot be read is set aside (``<name>.corrupt-<time>``) and reported; the server starts."""
         for sub in ("rooms", "topics", "groups"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        for path in sorted((self.root / "rooms").glob("*/room.json")):
-            settings = json.loads(path.read_text())
-            name = path.parent.name
-            self.rooms[name] = Room(
-                name,
-                path.parent,
-                int(settings["max_events"]),
-                settings.get("retention_secs"),
-                self.config.segment_bytes,
-                float(settings.get("created_at", time.time())),
-            )
-        for path in sorted((self.root / "topics").glob("*/topic.json")):
-            settings = msgspec.json.decode(path.read_bytes(), type=TopicSettings)
-            self.topics[path.parent.name] = Topic(path.parent.name, path.parent, settings)
-        self.idempotency.open(self.root / "idempotency.log")
+        for directory in sorted(p for p in (self.root / "rooms").iterdir() if p.is_dir()):
+            self._load_room(directory)
+        for directory in sorted(p for p in (self.root / "topics").iterdir() if p.is_dir()):
+            self._load_topic(directory)
+        self.idempotency.open(self.root / "idempotency.log", sync=self.config.fsync != "never")
         now = time.monotonic()
         for path in sorted((self.root / "groups").glob("*.json")):
-            group = GroupCoordinator.restore(json.loads(path.read_text()), now)
+            try:
+                group = GroupCoordinator.restore(json.loads(path.read_bytes()), now)
+            except (ValueError, KeyError, TypeError) as exc:
+                self._set_aside(path, f"consumer group file {path.name} is unreadable ({exc})")
+                continue
             self._replay_commits(group)
             self.groups[group.group_id] = group
             self._save_group(group)  # folds the replayed commits into the snapshot
         self.ready = True
+
+    def _load_room(self, directory: Path) -> None:
+        path = directory / "room.json"
+        settings: dict[str, Any] = {}
+        try:
+            settings = json.loads(path.read_bytes())
+            if not isinstance(settings, dict):
+                raise ValueError("not an object")
+            max_events = int(settings["max_events"])
+        except FileNotFoundError:
+            if not any(directory.glob("*.log")):
+                return  # a room deleted while the server stopped halfway
+            self._report(f"room {directory.name}: room.json is missing; defaults used")
+            max_events = self.config.room_max_events
+        except (ValueError, KeyError, TypeError) as exc:
+            self._set_aside(path, f"room {directory.name}: room.json is unreadable ({exc}); defaults used")
+            settings, max_events = {}, self.config.room_max_events
+        room = self._new_room(
+            directory.name,
+            max_events,
+            settings.get("retention_secs", self.config.room_retention_secs),
+            float(settings.get("created_at") or time.time()),
+        )
+        if not path.exists():
+            write_atomic(path, json.dumps(room.settings()).encode())
+
+    def _load_topic(self, directory: Path) -> None:
+        path = directory / "topic.json"
+        partitions = sum(1 for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+        try:
+            settings = msgspec.json.decode(path.read_bytes(), type=TopicSettings)
+        except FileNotFoundError:
+            if not partitions:
+                return
+            self._report(f"topic {directory.name}: topic.json is missing; {partitions} partitions found")
+            settings = TopicSettings(partitions, segment_bytes=self.config.segment_bytes)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._set_aside(path, f"topic {directory.name}: topic.json is unreadable ({exc})")
+            settings = TopicSettings(max(partitions, 1), segment_bytes=self.config.segment_bytes)
+        settings.num_partitions = max(settings.num_partitions, partitions)
+        if not settings.incarnation:
+            settings.incarnation = uuid.uuid4().hex
+        self.topics[directory.name] = Topic(directory.name, directory, settings, self.files)
+        write_atomic(path, msgspec.json.encode(settings))
+
+    def _set_aside(self, path: Path, problem: str) -> None:
+        with contextlib.suppress(OSError):
+            os.replace(path, path.with_name(f"{path.name}.corrupt-{time.time_ns()}"))
+        self._report(problem + f"; the file was set aside as {path.name}.corrupt-*")
+
+    def _report(self, problem: str) -> None:
+        log.error("streams data %s: %s", self.root, problem)
+        self.problems.append(problem)
+        del self.problems[:-100]
+
+    def storage_problems(self) -> list[str]:
+        """What recovery found and set aside, in metadata and in every log."""
+        found = list(self.problems)
+        for room in self.rooms.values():
+            found.extend(f"room {room.name}: {p}" for p in room.log.problems)
+        for topic in self.topics.values():
+            for n, plog in enumerate(topic.partitions):
+                found.extend(f"topic {topic.name}/{n}: {p}" for p in plog.problems)
+        return found
 
     async def start(self) -> None:
         self.open()
@@ -643,9 +803,10 @@ class StreamEngine:
                 plog.sync()
                 plog.close()
         self.idempotency.close()
-        for fd in self._offset_fds.values():
-            os.close(fd)
-        self._offset_fds.clear()
+        for commits in self._commit_files.values():
+            commits.close()
+        self._commit_files.clear()
+        self.files.close()
 
     async def _cleanup_loop(self) -> None:
         while True:
@@ -669,9 +830,13 @@ class StreamEngine:
             ):
                 log.info("room %s inactive since %.0f s: removed", room.name, time.time() - idle_since)
                 self.delete_room(room.name)
+        budget = self.config.verify_bytes_per_cycle
         for topic in self.topics.values():
             for plog in topic.partitions:
                 plog.apply_retention(wall_ms)
+                if budget > 0:
+                    budget -= plog.verify_step(budget)
+        self.idempotency.expire(time.time())
         for group in self.groups.values():
             if group.expire(monotonic_now) is not None:
                 self.counters["rebalances"] += 1
@@ -696,20 +861,40 @@ class StreamEngine:
         if len(self.rooms) >= self.config.max_rooms:
             raise LimitReached(f"room limit reached ({self.config.max_rooms} rooms)")
         max_events = self.config.room_max_events if max_events is None else max_events
-        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
-            raise BadRequest(f"max_events must be a positive integer, not {max_events!r}")
-        directory = self.root / "rooms" / name
-        room = Room(
+        most = self.config.room_max_events_limit
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or not 1 <= max_events <= most:
+            raise BadRequest(f"max_events must be an integer in 1..{most}, not {max_events!r}")
+        room = self._new_room(
             name,
-            directory,
             max_events,
             self.config.room_retention_secs if retention_secs is None else retention_secs,
-            self.config.segment_bytes,
             time.time(),
         )
-        _write_atomic(directory / "room.json", json.dumps(room.settings()).encode())
-        self.rooms[name] = room
+        try:
+            write_atomic(room.directory / "room.json", json.dumps(room.settings()).encode())
+        except OSError as exc:
+            self.rooms.pop(name, None)
+            room.log.delete()
+            raise storage_error(exc, f"creating room {name!r}") from exc
         return room, True
+
+    def _new_room(self, name: str, max_events: int, retention_secs: float | None, created: float) -> Room:
+        room = Room(
+            name,
+            self.root / "rooms" / name,
+            max_events,
+            retention_secs,
+            self.config.segment_bytes,
+            created,
+            self.files,
+            self._room_byte_limit,
+        )
+        self.rooms[name] = room
+        return room
+
+    def _room_byte_limit(self) -> int:
+        """Each room's share of the rooms' memory: rooms' histories together stay within the budget."""
+        return min(self.config.room_max_bytes, self.config.room_memory_bytes // max(1, len(self.rooms)))
 
     def room(self, name: str, *, create: bool = False) -> Room:
         found = self.rooms.get(check_name("room", name))
@@ -739,13 +924,13 @@ class StreamEngine:
         data: Any,
         metadata: dict[str, str] | None = None,
     ) -> tuple[Room, StreamEvent]:
-        room = self.room(name, create=True)
         body = StoredEvent(new_event_id(), event_type, data, None, metadata)
-        payload = self._encode_checked(body)
+        payload = self._encode_checked(body)  # before the room is made: a refused event makes none
+        room = self.room(name, create=True)
         timestamp = now_ms()
         first = room.append([body], [payload], timestamp)
         self._count_publish(1, len(payload))
-        await self.durability.written(room.log, 1)
+        await self.durability.written(room.log)
         event = room.read(first, 1)[0] if first >= room.oldest else StreamEvent(first, timestamp, body)
         room.broadcast(event)
         return room, event
@@ -802,22 +987,49 @@ class StreamEngine:
         check_name("topic", name)
         if name in self.topics:
             raise Conflict(f"topic {name!r} already exists")
+        if len(self.topics) >= self.config.max_topics:
+            raise LimitReached(f"topic limit reached ({self.config.max_topics} topics)")
         partitions = self.config.default_partitions if num_partitions is None else num_partitions
         if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 10_000:
             raise BadRequest(f"num_partitions must be an integer in 1..10000, not {partitions!r}")
+        self._check_partition_budget(partitions)
         if replication_factor != 1:
             raise BadRequest("replication_factor must be 1: meshplane streams run on one node")
         segment = self.config.segment_bytes if segment_bytes is None else segment_bytes
         if isinstance(segment, bool) or not isinstance(segment, int) or segment < 1024:
             raise BadRequest(f"segment_bytes must be an integer >= 1024, not {segment!r}")
         settings = TopicSettings(
-            partitions, replication_factor, retention or RetentionPolicy(), segment, time.time()
+            partitions,
+            replication_factor,
+            retention or RetentionPolicy(),
+            segment,
+            time.time(),
+            incarnation=uuid.uuid4().hex,
         )
         directory = self.root / "topics" / name
-        topic = Topic(name, directory, settings)
-        _write_atomic(directory / "topic.json", msgspec.json.encode(settings))
+        try:
+            topic = Topic(name, directory, settings, self.files)
+        except (OSError, StorageError) as exc:
+            _remove_tree(directory)
+            if isinstance(exc, StorageError):
+                raise
+            raise storage_error(exc, f"creating topic {name!r}") from exc
+        try:
+            write_atomic(directory / "topic.json", msgspec.json.encode(settings))
+        except OSError as exc:
+            for plog in topic.partitions:
+                plog.delete()
+            _remove_tree(directory)
+            raise storage_error(exc, f"creating topic {name!r}") from exc
         self.topics[name] = topic
         return topic
+
+    def _check_partition_budget(self, adding: int) -> None:
+        total = sum(len(t.partitions) for t in self.topics.values())
+        if total + adding > self.config.max_partitions:
+            raise LimitReached(
+                f"partition limit reached: {total} of {self.config.max_partitions} in use, {adding} asked"
+            )
 
     def topic(self, name: str) -> Topic:
         found = self.topics.get(check_name("topic", name))
@@ -829,8 +1041,12 @@ class StreamEngine:
         topic = self.topic(name)
         if count > 10_000:
             raise BadRequest("num_partitions must be <= 10000")
-        topic.grow(count)
-        _write_atomic(topic.directory / "topic.json", msgspec.json.encode(topic.settings))
+        self._check_partition_budget(count - len(topic.partitions))
+        try:
+            topic.grow(count)
+            write_atomic(topic.directory / "topic.json", msgspec.json.encode(topic.settings))
+        except OSError as exc:
+            raise storage_error(exc, f"adding partitions to {name!r}") from exc
         for group in self.groups.values():
             if group.topic == name:
                 group.resize(count, time.monotonic())
@@ -846,6 +1062,7 @@ class StreamEngine:
         (topic.directory / "topic.json").unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             topic.directory.rmdir()
+        self.idempotency.forget_topic(name)
         return True
 
     async def publish_topic(
@@ -860,8 +1077,12 @@ class StreamEngine:
         A request repeated with the same ``idempotency_key`` appends nothing and gets the first answer.
         """
         topic = self.topic(name)
+        key = None
         if idempotency_key is not None:
-            seen = self.idempotency.get(f"{name}/{idempotency_key}")
+            if not 1 <= len(idempotency_key) <= 256:
+                raise BadRequest("idempotency_key must be 1..256 characters")
+            key = f"{name}/{topic.settings.incarnation}/{idempotency_key}"
+            seen = self.idempotency.get(key)
             if seen is not None:
                 self.counters["duplicates_skipped"] += len(events)
                 return seen
@@ -875,16 +1096,28 @@ class StreamEngine:
             places.append((p, len(by_partition[p]) - 1))
         timestamp = now_ms()
         firsts: dict[int, int] = {}
+        marks = {p: topic.partitions[p].mark() for p in by_partition}
+        try:
+            for p, batch in by_partition.items():
+                firsts[p] = topic.partitions[p].append(batch, timestamp)
+            result = [(p, firsts[p] + i) for p, i in places]
+            if key is not None:  # before any await: a concurrent retry must see it
+                self.idempotency.put(key, result)
+        except (OSError, StorageError) as exc:
+            # All or nothing: what the other partitions took is taken back (nobody has read it).
+            for p in firsts:
+                topic.partitions[p].undo(marks[p])
+            if isinstance(exc, StorageError):
+                raise
+            raise storage_error(exc, f"publish to {name!r}") from exc
         for p, batch in by_partition.items():
-            firsts[p] = topic.partitions[p].append(batch, timestamp)
             topic.published[p] += len(batch)
             topic.notifiers[p].notify()
         self._count_publish(len(events), total)
-        result = [(p, firsts[p] + i) for p, i in places]
-        if idempotency_key is not None:  # before any await: a concurrent retry must see it
-            self.idempotency.put(f"{name}/{idempotency_key}", result)
-        for p, batch in by_partition.items():
-            await self.durability.written(topic.partitions[p], len(batch))
+        synced: list[Syncable] = [topic.partitions[p] for p in by_partition]
+        if key is not None:
+            synced.append(self.idempotency)
+        await self.durability.written(*synced, records=len(events))
         return result
 
     # --- consumer groups -----------------------------------------------------------------------------
@@ -934,23 +1167,29 @@ class StreamEngine:
         group = self.groups.pop(check_name("group", group_id), None)
         if group is None:
             return False
-        fd = self._offset_fds.pop(group_id, None)
-        if fd is not None:
-            os.close(fd)
-        for suffix in (".json", ".offsets"):
-            (self.root / "groups" / f"{group_id}{suffix}").unlink(missing_ok=True)
+        self._commits(group_id).remove()
+        del self._commit_files[group_id]
+        (self.root / "groups" / f"{group_id}.json").unlink(missing_ok=True)
         return True
 
     def group_changed(self, group: GroupCoordinator) -> None:
         self.counters["rebalances"] += 1
-        self._save_group(group)
-        self.group_notifier.notify()
+        try:
+            self._save_group(group)
+        except OSError as exc:
+            # Membership is soft state (members rejoin after a restart); the commits are safe in
+            # the snapshot and commit file as they were.
+            raise storage_error(exc, f"saving consumer group {group.group_id!r}") from exc
+        finally:
+            self.group_notifier.notify()
 
-    def commit(
+    async def commit(
         self, group_id: str, partition: int, offset: int, member_id: str | None, generation: int | None
     ) -> None:
+        """Commit an offset: acknowledged once written (and, with ``fsync=always``, synced)."""
         group = self.group(group_id)
         before = group.generation
+        previous = group.committed.get(partition)
         try:
             group.commit(partition, offset, time.monotonic(), member_id, generation)
         except GroupError:
@@ -958,39 +1197,43 @@ class StreamEngine:
             if group.generation != before:
                 self.group_changed(group)
             raise
+        commits = self._commits(group_id)
+        try:
+            commits.append(msgspec.msgpack.encode((partition, offset)))
+        except OSError as exc:
+            if previous is None:
+                group.committed.pop(partition, None)
+            else:
+                group.committed[partition] = previous
+            raise storage_error(exc, f"commit of {group_id!r} partition {partition}") from exc
         self.counters["commits"] += 1
-        self._append_commit(group, partition, offset)
+        if commits.records >= 10_000:
+            try:
+                self._save_group(group)  # compact: the snapshot holds every commit
+            except OSError as exc:
+                log.warning("compacting the commits of %s failed (%s); kept as they are", group_id, exc)
+        await self.durability.written(commits)
+
+    def _commits(self, group_id: str) -> RecordFile:
+        commits = self._commit_files.get(group_id)
+        if commits is None:
+            commits = RecordFile(self.root / "groups" / f"{group_id}.offsets")
+            self._commit_files[group_id] = commits
+        return commits
 
     def _save_group(self, group: GroupCoordinator) -> None:
+        """The group's snapshot, written atomically; then the commits it holds are dropped."""
         path = self.root / "groups" / f"{group.group_id}.json"
-        _write_atomic(path, json.dumps(group.snapshot()).encode())
-        fd = self._offset_fds.pop(group.group_id, None)
-        if fd is not None:
-            os.close(fd)
-        (self.root / "groups" / f"{group.group_id}.offsets").unlink(missing_ok=True)
-        self._offset_seq[group.group_id] = 0
-
-    def _append_commit(self, group: GroupCoordinator, partition: int, offset: int) -> None:
-        """Commits go to an append-only file (a write, no fsync): cheap enough for sub-ms commits."""
-        fd = self._offset_fds.get(group.group_id)
-        if fd is None:
-            path = self.root / "groups" / f"{group.group_id}.offsets"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            self._offset_fds[group.group_id] = fd
-        seq = self._offset_seq.get(group.group_id, 0)
-        os.write(fd, encode_record(seq, now_ms(), msgspec.msgpack.encode((partition, offset))))
-        self._offset_seq[group.group_id] = seq + 1
-        if seq >= 10_000:
-            self._save_group(group)  # compact
+        write_atomic(path, json.dumps(group.snapshot()).encode(), sync=self.config.fsync != "never")
+        self._commits(group.group_id).remove()
 
     def _replay_commits(self, group: GroupCoordinator) -> None:
-        path = self.root / "groups" / f"{group.group_id}.offsets"
-        if not path.exists():
-            return
-        result = scan_records(path.read_bytes(), expected_offset=0)
-        for record in result.records:
-            partition, offset = msgspec.msgpack.decode(record.payload)
-            group.committed[int(partition)] = int(offset)
+        for payload in self._commits(group.group_id).load():
+            try:
+                partition, offset = msgspec.msgpack.decode(payload)
+                group.committed[int(partition)] = int(offset)
+            except (msgspec.DecodeError, ValueError, TypeError):
+                self._report(f"consumer group {group.group_id}: an unreadable commit record skipped")
 
     # --- helpers -------------------------------------------------------------------------------------
 
@@ -1017,67 +1260,104 @@ class StreamEngine:
 
 
 class IdempotencyTable:
-    """The answers to the last ``capacity`` idempotent publishes, kept in a file across restarts."""
+    """The answers to recent idempotent publishes, kept in a file across restarts.
 
-    def __init__(self, capacity: int = 100_000) -> None:
+    Bounded three ways: at most ``capacity`` keys, about ``max_bytes`` of memory, and ``ttl`` seconds
+    each; the oldest go first. A publish repeated within those bounds appends nothing; one repeated
+    later appends again. Keys carry the topic's incarnation, so a topic deleted and made again
+    starts with none.
+    """
+
+    ENTRY_OVERHEAD = 200  # bytes of a dict entry, its tuple and list, roughly
+
+    def __init__(self, capacity: int = 100_000, max_bytes: int = 64 << 20, ttl: float = 7 * 86400.0) -> None:
         self.capacity = capacity
-        self.entries: OrderedDict[str, list[tuple[int, int]]] = OrderedDict()
-        self._fd: int | None = None
-        self._path: Path | None = None
-        self._seq = 0
+        self.max_bytes = max_bytes
+        self.ttl = ttl
+        self.entries: OrderedDict[str, tuple[float, list[tuple[int, int]]]] = OrderedDict()
+        self.bytes = 0
+        self._file: RecordFile | None = None
+        self._sync = True
+        self.closed = False
 
-    def open(self, path: Path) -> None:
-        self._path = path
-        if path.exists():
-            for record in scan_records(path.read_bytes(), expected_offset=0).records:
-                key, places = msgspec.msgpack.decode(record.payload)
-                self._remember(key, [(int(p), int(o)) for p, o in places])
+    def open(self, path: Path, *, sync: bool = True) -> None:
+        self._file, self._sync = RecordFile(path), sync
+        now = time.time()
+        for payload in self._file.load():
+            try:
+                key, places, at = msgspec.msgpack.decode(payload)
+                self._remember(key, [(int(p), int(o)) for p, o in places], float(at))
+            except (msgspec.DecodeError, ValueError, TypeError):
+                continue  # an entry of an older format, or garbage: forgotten (the bound allows it)
+        self.expire(now)
         self._rewrite()
 
     def get(self, key: str) -> list[tuple[int, int]] | None:
-        return self.entries.get(key)
+        found = self.entries.get(key)
+        if found is None or found[0] < time.time() - self.ttl:
+            return None
+        return found[1]
 
     def put(self, key: str, places: list[tuple[int, int]]) -> None:
-        self._remember(key, places)
-        if self._fd is not None:
-            os.write(self._fd, encode_record(self._seq, now_ms(), msgspec.msgpack.encode((key, places))))
-            self._seq += 1
-            if self._seq > 2 * self.capacity:
+        """Remember an answer; written to the file first (an OSError leaves nothing remembered)."""
+        at = time.time()
+        if self._file is not None:
+            self._file.append(msgspec.msgpack.encode((key, places, at)))
+        self._remember(key, places, at)
+        if self._file is not None and self._file.records > 2 * self.capacity:
+            with contextlib.suppress(OSError):  # compaction can wait for a later put
                 self._rewrite()
 
-    def _remember(self, key: str, places: list[tuple[int, int]]) -> None:
-        self.entries[key] = places
-        self.entries.move_to_end(key)
-        while len(self.entries) > self.capacity:
-            self.entries.popitem(last=False)
+    def forget_topic(self, topic: str) -> None:
+        prefix = topic + "/"
+        for key in [k for k in self.entries if k.startswith(prefix)]:
+            self._drop(key)
+
+    def expire(self, now: float) -> None:
+        while self.entries:
+            key, (at, _) = next(iter(self.entries.items()))
+            if at >= now - self.ttl:
+                break
+            self._drop(key)
+
+    def _cost(self, key: str, places: list[tuple[int, int]]) -> int:
+        return self.ENTRY_OVERHEAD + len(key) + 72 * len(places)
+
+    def _remember(self, key: str, places: list[tuple[int, int]], at: float) -> None:
+        if key in self.entries:
+            self._drop(key)
+        self.entries[key] = (at, places)
+        self.bytes += self._cost(key, places)
+        while len(self.entries) > self.capacity or (self.bytes > self.max_bytes and len(self.entries) > 1):
+            self._drop(next(iter(self.entries)))
+
+    def _drop(self, key: str) -> None:
+        _, places = self.entries.pop(key)
+        self.bytes -= self._cost(key, places)
 
     def _rewrite(self) -> None:
         """Compact the file to the entries kept."""
-        if self._path is None:
-            return
-        self.close()
-        records = [
-            encode_record(i, 0, msgspec.msgpack.encode((key, places)))
-            for i, (key, places) in enumerate(self.entries.items())
-        ]
-        _write_atomic(self._path, b"".join(records))
-        self._seq = len(records)
-        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND)
+        if self._file is not None:
+            payloads = [msgspec.msgpack.encode((k, p, at)) for k, (at, p) in self.entries.items()]
+            self._file.rewrite(payloads, sync=self._sync)
+
+    def sync_fd(self) -> int:
+        assert self._file is not None
+        return self._file.sync_fd()
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self.closed = True
+        if self._file is not None:
+            self._file.close()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _remove_tree(directory: Path) -> None:
+    """Remove what a failed create left (best effort: the disk may be failing)."""
+    for path in sorted(directory.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            path.rmdir() if path.is_dir() else path.unlink()
+    with contextlib.suppress(OSError):
+        directory.rmdir()
 
 
 __all__ = ["StreamEngine", "StreamError", "StreamsConfig"]

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import resource
 from collections import OrderedDict
 from pathlib import Path
+
+from meshplane.core.streamlog import encode_record, scan_records
+
+log = logging.getLogger(__name__)
 
 
 def fsync_dir(directory: Path) -> None:
@@ -93,3 +99,71 @@ class FilePool:
 
     def __len__(self) -> int:
         return len(self._open)
+
+
+class RecordFile:
+    """A small append-only file of records (the partition log's format): group commits, idempotency
+    answers. An append is one ``write``, undone if it fails; a torn tail is cut when it is loaded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.closed = False
+        self.records = 0  # appended since the file was last rewritten
+        self._fd: int | None = None
+        self._size = 0
+
+    def load(self) -> list[bytes]:
+        """The payloads of the valid records (a torn or garbled tail is cut off)."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        result = scan_records(data, expected_offset=0)
+        if result.valid_end < len(data):
+            log.warning("%s: %s at byte %d; cut", self.path, result.problem, result.valid_end)
+            os.truncate(self.path, result.valid_end)
+        self._size, self.records = result.valid_end, len(result.records)
+        return [r.payload for r in result.records]
+
+    def append(self, payload: bytes) -> None:
+        self.sync_fd()
+        assert self._fd is not None
+        record = encode_record(self.records, 0, payload)
+        try:
+            written = os.write(self._fd, record)
+            if written != len(record):
+                raise OSError(errno.ENOSPC, f"short write ({written} of {len(record)} bytes)")
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+            raise
+        self._size += len(record)
+        self.records += 1
+
+    def rewrite(self, payloads: list[bytes], *, sync: bool = True) -> None:
+        """Replace the file with these records, atomically (compaction)."""
+        self.close()
+        write_atomic(
+            self.path, b"".join(encode_record(i, 0, p) for i, p in enumerate(payloads)), sync=sync
+        )
+        self.closed = False
+        self.records, self._size = len(payloads), 0
+
+    def remove(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+        self.records = 0
+
+    def sync_fd(self) -> int:
+        """The open descriptor (opened on first use)."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._size = os.fstat(self._fd).st_size
+            self.closed = False
+        return self._fd
+
+    def close(self) -> None:
+        self.closed = True
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)

@@ -380,6 +380,8 @@ class PartitionLog:
     # --- append and read -----------------------------------------------------------------------------
 
     def mark(self) -> _Mark:
+        if self._needs_rescan:
+            self._rescan_active()
         a = self.active
         return _Mark(
             len(self.segments),
@@ -418,8 +420,6 @@ class PartitionLog:
     def append(self, payloads: list[bytes], timestamp_ms: int) -> int:
         """Append records; returns the offset of the first. Durable against a process crash on return;
         on failure nothing was appended and :class:`StorageError` says why."""
-        if self._needs_rescan:
-            self._rescan_active()
         mark = self.mark()
         try:
             return self._append(payloads, timestamp_ms)

@@ -352,7 +352,7 @@ class Commands:
     async def cmd_group_commit(self, p: dict[str, Any]) -> dict[str, Any]:
         partition = get_int(p, "partition_id", minimum=0)
         offset = get_int(p, "offset", minimum=0)
-        self.engine.commit(
+        await self.engine.commit(
             get_str(p, "group"),
             partition,
             offset,
