@@ -5,10 +5,13 @@ different records."""
 from __future__ import annotations
 
 import errno
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
+from meshplane.core.streamlog import StoredEvent
+from meshplane.streams.engine import StreamEngine, StreamsConfig
 from meshplane.streams.errors import StorageError
 from meshplane.streams.log import PartitionLog
 from tests.faults import FaultInjector
@@ -80,3 +83,146 @@ def test_a_failed_append_leaves_no_trace_and_a_crash_loses_nothing_acknowledged(
         # And the log goes on: the next append takes the next offset.
         assert recovered.append([b"after"], 5) == len(records)
         recovered.close()
+
+
+# --- the engine: creates, publishes, idempotent retries, commits, rooms ------------------------------
+
+
+def event(i: int, key: str | None = None) -> StoredEvent:
+    return StoredEvent(f"ev-{i}", "e", {"i": i, "pad": "x" * 300}, key)
+
+
+class Acknowledged:
+    def __init__(self) -> None:
+        self.events: dict[tuple[int, int], str] = {}  # (partition, offset) -> event id
+        self.room: dict[int, int] = {}  # room offset -> data
+        self.commits: dict[int, int] = {}  # partition -> last acknowledged commit
+        self.unsynced_commits: dict[int, int] = {}  # written, then its fsync failed: may be kept
+        self.idempotent: dict[str, list[tuple[int, int]]] = {}
+        self.failures: list[str] = []
+
+
+async def engine_workload(engine: StreamEngine, ack: Acknowledged) -> None:
+    async def attempt(what: str, action: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await action()
+        except StorageError as exc:
+            ack.failures.append(f"{what}: {exc.status} {exc}")
+
+    async def create() -> None:
+        if "t" not in engine.topics:
+            engine.create_topic("t", 2, segment_bytes=4_096)
+        if "g" not in engine.groups:
+            engine.create_group("g", "t")
+
+    for round_ in range(12):
+        await attempt("create", create)
+        if "t" not in engine.topics:
+            continue
+        # Every batch is sent twice with its key (a retry): the second time appends nothing.
+        first = 3 * (round_ // 2)
+        batch = [event(first + i, key=f"k{(first + i) % 5}") for i in range(3)]
+
+        async def publish(batch: list[StoredEvent] = batch, round_: int = round_) -> None:
+            key = f"idem-{round_ // 2}"
+            places = await engine.publish_topic("t", batch, idempotency_key=key)
+            if key in ack.idempotent:
+                assert places == ack.idempotent[key]
+                return
+            ack.idempotent[key] = places
+            for (p, offset), e in zip(places, batch, strict=True):
+                ack.events[(p, offset)] = e.id
+
+        await attempt("publish", publish)
+
+        async def commit(round_: int = round_) -> None:
+            if "g" in engine.groups:
+                partition = round_ % 2
+                try:
+                    await engine.commit("g", partition, round_, None, None)
+                except StorageError as exc:
+                    if "fsync" in str(exc):
+                        ack.unsynced_commits[partition] = round_
+                    raise
+                ack.commits[partition] = round_
+
+        await attempt("commit", commit)
+
+        async def room(round_: int = round_) -> None:
+            _, published = await engine.publish_room("r", "e", round_)
+            ack.room[published.offset] = round_
+
+        await attempt("room", room)
+
+
+def crash(engine: StreamEngine) -> None:
+    """What kill -9 leaves: the files as written, nothing flushed or synced on the way out."""
+    for task in (engine._cleanup, engine.durability._task):
+        if task is not None:
+            task.cancel()
+    engine.files.close()
+    engine.idempotency.close()
+    for commits in engine._commit_files.values():
+        commits.close()
+
+
+async def check_recovered(directory: Path, ack: Acknowledged, where: str) -> None:
+    engine = StreamEngine(StreamsConfig(data_dir=directory, fsync="always"))
+    await engine.start()
+    try:
+        if ack.events or ack.commits:
+            topic = engine.topic("t")
+            for (p, offset), event_id in ack.events.items():
+                (read,) = topic.read(p, offset, 1)
+                assert read.body.id == event_id, f"acknowledged {p}/{offset} lost after {where}"
+            for plog in topic.partitions:
+                offsets = [r.offset for r in plog.read(0, 1_000, 1 << 30)]
+                assert offsets == list(range(plog.next_offset)), where
+            for key, places in ack.idempotent.items():  # a retry after the crash appends nothing
+                retry = [event(0)] * len(places)
+                assert await engine.publish_topic("t", retry, idempotency_key=key) == places
+        for partition, offset in ack.commits.items():
+            allowed = {offset, ack.unsynced_commits.get(partition)}
+            assert engine.group("g").committed.get(partition) in allowed, f"commit lost after {where}"
+        if ack.room:
+            # A publish whose fsync failed was refused but may be kept (as it was read by then).
+            _, events = engine.read_room("r", 0, 1_000)
+            recovered = {e.offset: e.body.data for e in events}
+            assert {o: recovered.get(o) for o in ack.room} == ack.room, where
+    finally:
+        await engine.close()
+
+
+async def run_engine_faults(tmp_path: Path, error: int) -> None:
+    dry = tmp_path / "dry"
+    with FaultInjector(dry).installed() as counter:
+        engine = StreamEngine(StreamsConfig(data_dir=dry, fsync="always"))
+        await engine.start()
+        await engine_workload(engine, Acknowledged())
+        total = counter.count  # what the workload does (a crash skips what close() would)
+        await engine.close()
+    assert {op for op, _ in counter.seen[:total]} >= {"open", "write", "fsync", "replace"}
+    for fail_at in range(1, total + 1):
+        directory = tmp_path / f"{error}-{fail_at}"
+        ack = Acknowledged()
+        injector = FaultInjector(directory, fail_at, error)
+        with injector.installed():
+            engine = StreamEngine(StreamsConfig(data_dir=directory, fsync="always"))
+            try:
+                await engine.start()
+            except StorageError:
+                crash(engine)
+                continue
+            await engine_workload(engine, ack)
+        crash(engine)
+        assert injector.failed is not None
+        assert len(ack.failures) <= 1, ack.failures
+        assert all(f.split(": ", 1)[1].startswith(("503 ", "507 ")) for f in ack.failures), ack.failures
+        await check_recovered(directory, ack, f"failure at {injector.failed} ({fail_at} of {total})")
+
+
+@pytest.mark.parametrize("error", ERRORS, ids=errno.errorcode.get)
+async def test_engine_operations_fail_in_turn_and_nothing_acknowledged_is_lost(
+    tmp_path: Path, error: int
+) -> None:
+    await run_engine_faults(tmp_path, error)

@@ -702,6 +702,12 @@ class StreamEngine:
     def open(self) -> None:
         """Load everything under the data directory (recovering torn logs). A metadata file that
         cannot be read is set aside (``<name>.corrupt-<time>``) and reported; the server starts."""
+        try:
+            self._open()
+        except OSError as exc:
+            raise storage_error(exc, f"opening the data directory {self.root}") from exc
+
+    def _open(self) -> None:
         for sub in ("rooms", "topics", "groups"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         for directory in sorted(p for p in (self.root / "rooms").iterdir() if p.is_dir()):
@@ -1153,8 +1159,11 @@ class StreamEngine:
             )
         except GroupError as exc:
             raise BadRequest(str(exc)) from None
+        try:
+            self._save_group(group)
+        except OSError as exc:
+            raise storage_error(exc, f"creating consumer group {group_id!r}") from exc
         self.groups[group_id] = group
-        self._save_group(group)
         return group
 
     def group(self, group_id: str) -> GroupCoordinator:
@@ -1344,6 +1353,9 @@ class IdempotencyTable:
     def sync_fd(self) -> int:
         assert self._file is not None
         return self._file.sync_fd()
+
+    def __repr__(self) -> str:
+        return f"idempotency answers {self._file}"
 
     def close(self) -> None:
         self.closed = True

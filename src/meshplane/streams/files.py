@@ -112,6 +112,9 @@ class RecordFile:
         self._fd: int | None = None
         self._size = 0
 
+    def __repr__(self) -> str:
+        return str(self.path)
+
     def load(self) -> list[bytes]:
         """The payloads of the valid records (a torn or garbled tail is cut off)."""
         try:

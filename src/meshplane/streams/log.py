@@ -141,6 +141,9 @@ class PartitionLog:
             self.close()
             raise storage_error(exc, f"opening the log {directory}") from exc
 
+    def __repr__(self) -> str:
+        return f"log {self.directory}"
+
     # --- recovery ------------------------------------------------------------------------------------
 
     def _recover(self) -> None:
