@@ -56,6 +56,7 @@ from meshplane.streams.errors import (
 )
 from meshplane.streams.files import FilePool, RecordFile, write_atomic
 from meshplane.streams.log import PartitionLog, Segment
+from meshplane.streams.pubsub import PubSub, PubSubLimits
 
 log = logging.getLogger(__name__)
 
@@ -597,73 +598,6 @@ class Topic:
         }
 
 
-# --- pub/sub ---------------------------------------------------------------------------------------
-
-
-def topic_matches(pattern: str, topic: str) -> bool:
-    """Synap's wildcards: ``*`` matches one dot-separated word, ``#`` any number (also zero)."""
-    pat, words = pattern.split("."), topic.split(".")
-
-    def match(i: int, j: int) -> bool:
-        if i == len(pat):
-            return j == len(words)
-        if pat[i] == "#":
-            return any(match(i + 1, k) for k in range(j, len(words) + 1))
-        if j == len(words):
-            return False
-        return (pat[i] == "*" or pat[i] == words[j]) and match(i + 1, j + 1)
-
-    return match(0, 0)
-
-
-@dataclass
-class PubSubListener:
-    patterns: list[str]
-    queue: asyncio.Queue[dict[str, Any]]
-    dropped: int = 0
-
-
-class PubSub:
-    """Fire-and-forget topics with wildcard subscriptions (no history, as in Synap)."""
-
-    def __init__(self, queue_size: int) -> None:
-        self.queue_size = queue_size
-        self.registered: dict[str, set[str]] = {}  # subscriber id -> patterns (HTTP-registered)
-        self.listeners: dict[str, PubSubListener] = {}  # live WebSocket / SSE listeners
-        self.topics: dict[str, int] = {}  # topic -> messages published
-        self.published = 0
-        self.delivered = 0
-        self.dropped = 0
-
-    def listen(self, listener_id: str, patterns: list[str]) -> PubSubListener:
-        listener = PubSubListener(patterns, asyncio.Queue(self.queue_size))
-        self.listeners[listener_id] = listener
-        return listener
-
-    def publish(self, topic: str, payload: Any, metadata: dict[str, str] | None) -> dict[str, Any]:
-        message = {
-            "type": "message",
-            "message_id": uuid.uuid4().hex,
-            "topic": topic,
-            "payload": payload,
-            "metadata": metadata or {},
-            "timestamp": time.time(),
-        }
-        self.published += 1
-        self.topics[topic] = self.topics.get(topic, 0) + 1
-        matched = sum(1 for ps in self.registered.values() if any(topic_matches(p, topic) for p in ps))
-        for listener in self.listeners.values():
-            if any(topic_matches(p, topic) for p in listener.patterns):
-                matched += 1
-                try:
-                    listener.queue.put_nowait(message)
-                    self.delivered += 1
-                except asyncio.QueueFull:
-                    listener.dropped += 1
-                    self.dropped += 1
-        return {"message_id": message["message_id"], "topic": topic, "subscribers_matched": matched}
-
-
 # --- the engine ------------------------------------------------------------------------------------
 
 
@@ -677,7 +611,7 @@ class StreamEngine:
         self._commit_files: dict[str, RecordFile] = {}
         self.files = FilePool(self.config.max_open_files)
         self.problems: list[str] = []  # what was found wrong in the data directory, and set aside
-        self.pubsub = PubSub(self.config.pubsub_queue_size)
+        self.pubsub = PubSub(PubSubLimits(queue_messages=self.config.pubsub_queue_size))
         self.durability = Durability(
             self.config.fsync, self.config.fsync_interval_ms, self.config.fsync_every_records
         )
@@ -843,6 +777,7 @@ class StreamEngine:
                 if budget > 0:
                     budget -= plog.verify_step(budget)
         self.idempotency.expire(time.time())
+        self.pubsub.expire(monotonic_now)
         for group in self.groups.values():
             if group.expire(monotonic_now) is not None:
                 self.counters["rebalances"] += 1

@@ -240,8 +240,6 @@ class Commands:
 
     async def cmd_pubsub_publish(self, p: dict[str, Any]) -> dict[str, Any]:
         topic = get_str(p, "topic")
-        if not topic:
-            raise BadRequest("topic must not be empty")
         if "payload" not in p and "data" not in p:
             raise BadRequest("missing field 'payload' (or 'data')")
         return self.engine.pubsub.publish(topic, p.get("payload", p.get("data")), get_metadata(p))
@@ -249,18 +247,13 @@ class Commands:
     async def cmd_pubsub_subscribe(self, p: dict[str, Any]) -> dict[str, Any]:
         topics = topic_list(p.get("topics"))
         subscriber = get_str(p, "subscriber_id", None) or uuid.uuid4().hex
-        patterns = self.engine.pubsub.registered.setdefault(subscriber, set())
-        patterns.update(topics)
+        patterns = self.engine.pubsub.register(subscriber, topics)
         return {"subscriber_id": subscriber, "topics": sorted(patterns), "subscription_count": len(patterns)}
 
     async def cmd_pubsub_unsubscribe(self, p: dict[str, Any]) -> dict[str, Any]:
         subscriber = get_str(p, "subscriber_id")
-        patterns = self.engine.pubsub.registered.get(subscriber, set())
-        topics = topic_list(p.get("topics")) if p.get("topics") else sorted(patterns)
-        removed = [t for t in topics if t in patterns]
-        patterns.difference_update(topics)
-        if not patterns:
-            self.engine.pubsub.registered.pop(subscriber, None)
+        topics = topic_list(p.get("topics")) if p.get("topics") else None
+        removed = self.engine.pubsub.unregister(subscriber, topics)
         return {"subscriber_id": subscriber, "unsubscribed": len(removed), "topics": removed}
 
     async def cmd_pubsub_topics(self, p: dict[str, Any]) -> dict[str, Any]:
@@ -604,8 +597,8 @@ class Api:
         topics = topic_list(request.query.get("topics", ""))
         listener_id = request.query.get("subscriber_id") or uuid.uuid4().hex
         ws = web.WebSocketResponse(heartbeat=30)
+        listener = self.engine.pubsub.listen(listener_id, topics)  # refused before the upgrade
         await ws.prepare(request)
-        listener = self.engine.pubsub.listen(listener_id, topics)
         closed = asyncio.Event()
         reader = asyncio.create_task(_drain_incoming(ws, closed))
         try:
@@ -613,18 +606,18 @@ class Api:
                 json.dumps({"type": "connected", "subscriber_id": listener_id, "topics": topics})
             )
             while not closed.is_set():
-                get = asyncio.ensure_future(listener.queue.get())
+                get = asyncio.ensure_future(listener.next_frame())
                 close_wait = asyncio.ensure_future(closed.wait())
                 await asyncio.wait({get, close_wait}, return_when=asyncio.FIRST_COMPLETED)
                 close_wait.cancel()
                 if not get.done():
                     get.cancel()
                     break
-                await ws.send_str(_json.encode(get.result()).decode())
+                await ws.send_str(get.result().decode())
         except ConnectionError:
             pass
         finally:
-            self.engine.pubsub.listeners.pop(listener_id, None)
+            self.engine.pubsub.forget(listener_id)
             reader.cancel()
             await ws.close()
         return ws

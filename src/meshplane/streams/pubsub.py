@@ -1,0 +1,180 @@
+"""Fire-and-forget pub/sub with wildcard subscriptions (no history, as in Synap), bounded everywhere.
+
+Patterns live in one :class:`~meshplane.core.subjects.SubjectTrie` (matching is linear). Live
+listeners (WebSocket) get each message as a JSON frame built once, through a queue bounded in count
+and bytes; a listener that falls behind loses messages, counted. Subscriptions registered over
+HTTP (Synap's ``pubsub.subscribe``) count towards ``subscribers_matched`` and expire unless renewed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from meshplane.core.subjects import InvalidSubject, SubjectTrie, validate
+from meshplane.streams.errors import BadRequest, LimitReached
+
+_json = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class PubSubLimits:
+    queue_messages: int = 10_000  # per live listener
+    queue_bytes: int = 16 * 1024 * 1024  # per live listener
+    patterns_per_subscriber: int = 1_000
+    registered_subscribers: int = 100_000
+    registration_ttl_secs: float = 3600.0  # a registration not renewed for this long is dropped
+    listeners: int = 10_000
+    topics_remembered: int = 10_000  # for pubsub.topics: the most recently published
+
+
+def check_subject(subject: object) -> str:
+    try:
+        return validate(subject, wildcards=False)
+    except InvalidSubject as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def check_patterns(patterns: list[str], limit: int) -> list[str]:
+    if len(patterns) > limit:
+        raise BadRequest(f"{len(patterns)} patterns; at most {limit} per subscriber")
+    try:
+        return [validate(p, wildcards=True) for p in patterns]
+    except InvalidSubject as exc:
+        raise BadRequest(str(exc)) from None
+
+
+class PubSubListener:
+    """A live subscriber: frames wait in a queue bounded in count and bytes."""
+
+    def __init__(self, listener_id: str, patterns: list[str], limits: PubSubLimits) -> None:
+        self.listener_id = listener_id
+        self.patterns = patterns
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue(limits.queue_messages)
+        self.max_bytes = limits.queue_bytes
+        self.queued_bytes = 0
+        self.dropped = 0
+
+    def offer(self, frame: bytes) -> bool:
+        if self.queued_bytes + len(frame) > self.max_bytes or self.queue.full():
+            self.dropped += 1
+            return False
+        self.queue.put_nowait(frame)
+        self.queued_bytes += len(frame)
+        return True
+
+    async def next_frame(self) -> bytes:
+        frame = await self.queue.get()
+        self.queued_bytes -= len(frame)
+        return frame
+
+
+class PubSub:
+    def __init__(self, limits: PubSubLimits | None = None) -> None:
+        self.limits = limits or PubSubLimits()
+        self._trie: SubjectTrie[str] = SubjectTrie()  # values: "r:<subscriber>" or "l:<listener>"
+        self.registered: OrderedDict[str, tuple[float, set[str]]] = OrderedDict()  # oldest renewal first
+        self.listeners: dict[str, PubSubListener] = {}
+        self.topics: OrderedDict[str, int] = OrderedDict()  # topic -> messages, most recent last
+        self.published = 0
+        self.delivered = 0
+        self.dropped = 0
+        self.expired = 0
+
+    # --- HTTP-registered subscriptions ---------------------------------------------------------------
+
+    def register(self, subscriber: str, patterns: list[str], now: float | None = None) -> set[str]:
+        """Add patterns to a subscriber (renewing it); returns all its patterns."""
+        now = time.monotonic() if now is None else now
+        self.expire(now)
+        check_patterns(patterns, self.limits.patterns_per_subscriber)
+        _, held = self.registered.pop(subscriber, (now, set()))
+        if not held and len(self.registered) >= self.limits.registered_subscribers:
+            raise LimitReached(f"{self.limits.registered_subscribers} registered subscribers (the limit)")
+        if len(held | set(patterns)) > self.limits.patterns_per_subscriber:
+            self.registered[subscriber] = (now, held)
+            raise BadRequest(f"at most {self.limits.patterns_per_subscriber} patterns per subscriber")
+        for pattern in patterns:
+            if pattern not in held:
+                self._trie.insert(pattern, "r:" + subscriber)
+                held.add(pattern)
+        self.registered[subscriber] = (now, held)
+        return held
+
+    def unregister(self, subscriber: str, patterns: list[str] | None) -> list[str]:
+        """Remove patterns (all when None) from a subscriber; returns those removed."""
+        _, held = self.registered.get(subscriber, (0.0, set()))
+        removed = [p for p in (sorted(held) if patterns is None else patterns) if p in held]
+        for pattern in removed:
+            held.discard(pattern)
+            self._trie.remove(pattern, "r:" + subscriber)
+        if not held:
+            self.registered.pop(subscriber, None)
+        return removed
+
+    def expire(self, now: float) -> None:
+        cutoff = now - self.limits.registration_ttl_secs
+        while self.registered:
+            subscriber, (renewed, _) = next(iter(self.registered.items()))
+            if renewed >= cutoff:
+                break
+            self.unregister(subscriber, None)
+            self.expired += 1
+
+    # --- live listeners ------------------------------------------------------------------------------
+
+    def listen(self, listener_id: str, patterns: list[str]) -> PubSubListener:
+        check_patterns(patterns, self.limits.patterns_per_subscriber)
+        if listener_id in self.listeners:
+            raise BadRequest(f"listener {listener_id!r} is already connected")
+        if len(self.listeners) >= self.limits.listeners:
+            raise LimitReached(f"{self.limits.listeners} live pub/sub listeners (the limit)")
+        listener = PubSubListener(listener_id, patterns, self.limits)
+        self.listeners[listener_id] = listener
+        for pattern in patterns:
+            self._trie.insert(pattern, "l:" + listener_id)
+        return listener
+
+    def forget(self, listener_id: str) -> None:
+        listener = self.listeners.pop(listener_id, None)
+        if listener is not None:
+            for pattern in listener.patterns:
+                self._trie.remove(pattern, "l:" + listener_id)
+
+    # --- publishing ----------------------------------------------------------------------------------
+
+    def publish(self, topic: str, payload: Any, metadata: dict[str, str] | None) -> dict[str, Any]:
+        check_subject(topic)
+        message = {
+            "type": "message",
+            "message_id": uuid.uuid4().hex,
+            "topic": topic,
+            "payload": payload,
+            "metadata": metadata or {},
+            "timestamp": time.time(),
+        }
+        self.published += 1
+        self.topics[topic] = self.topics.pop(topic, 0) + 1
+        while len(self.topics) > self.limits.topics_remembered:
+            self.topics.popitem(last=False)
+        matched = self._trie.match(topic)
+        frame: bytes | None = None
+        for value in matched:
+            if not value.startswith("l:"):
+                continue
+            listener = self.listeners.get(value[2:])
+            if listener is None:
+                continue
+            if frame is None:
+                frame = _json.encode(message)
+            if listener.offer(frame):
+                self.delivered += 1
+            else:
+                self.dropped += 1
+        return {"message_id": message["message_id"], "topic": topic, "subscribers_matched": len(matched)}
