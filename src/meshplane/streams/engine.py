@@ -715,6 +715,21 @@ class StreamEngine:
         self.problems.append(problem)
         del self.problems[:-100]
 
+    def limits(self) -> dict[str, tuple[int, int]]:
+        """Each bounded resource: (in use, limit)."""
+        c = self.config
+        return {
+            "topics": (len(self.topics), c.max_topics),
+            "partitions": (sum(len(t.partitions) for t in self.topics.values()), c.max_partitions),
+            "rooms": (len(self.rooms), c.max_rooms),
+            "room_memory_bytes": (sum(r.ring_bytes for r in self.rooms.values()), c.room_memory_bytes),
+            "open_files": (len(self.files), self.files.capacity),
+            "idempotency_keys": (len(self.idempotency.entries), c.idempotency_keys),
+            "idempotency_bytes": (self.idempotency.bytes, c.idempotency_bytes),
+            "pubsub_registrations": (len(self.pubsub.registered), self.pubsub.limits.registered_subscribers),
+            "pubsub_listeners": (len(self.pubsub.listeners), self.pubsub.limits.listeners),
+        }
+
     def storage_problems(self) -> list[str]:
         """What recovery found and set aside, in metadata and in every log."""
         found = list(self.problems)

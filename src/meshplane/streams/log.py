@@ -328,10 +328,7 @@ class PartitionLog:
         if records:
             expected = records[-1].offset + 1
         if problem is not None:
-            resumed = self._first_index_after(segment, end)
-            if resumed is None:
-                resumed = self._resync(segment, end, expected, segment.size)
-            resumed_at, resumed_offset = resumed or (segment.size, segment.next_offset)
+            resumed_at, resumed_offset = self._skip_bad(segment, end, expected)
             self._report(
                 f"{problem} at byte {end} of sealed segment {segment.path.name}: offsets "
                 f"{expected}..{resumed_offset - 1} unreadable"
@@ -343,12 +340,18 @@ class PartitionLog:
         segment.verified, segment.verified_offset = end, expected
         return max(end - position, 1)
 
-    @staticmethod
-    def _first_index_after(segment: Segment, position: int) -> tuple[int, int] | None:
+    def _skip_bad(self, segment: Segment, position: int, expected: int) -> tuple[int, int]:
+        """(position, offset) where good records go on after a bad one at ``position``: the first
+        valid record found by resynchronising, at the latest the next index entry, or the end."""
         i = bisect.bisect_right(segment.index_positions, position)
-        if i < len(segment.index_positions):
-            return segment.index_positions[i], segment.index_offsets[i]
-        return None
+        indexed = (
+            (segment.index_positions[i], segment.index_offsets[i])
+            if i < len(segment.index_positions)
+            else None
+        )
+        limit = segment.size if indexed is None else min(segment.size, indexed[0] + READ_CHUNK)
+        found = self._resync(segment, position, expected, limit)
+        return found or indexed or (segment.size, segment.next_offset)
 
     # --- positions -----------------------------------------------------------------------------------
 
@@ -552,11 +555,7 @@ class PartitionLog:
 
     def _found_corrupt(self, segment: Segment, position: int, offset: int) -> CorruptRecords:
         """A record that failed its check at read time (a sealed segment not yet verified)."""
-        resumed = self._first_index_after(segment, position)
-        if resumed is None:
-            found = self._resync(segment, position, offset, segment.size)
-            resumed = found or (segment.size, segment.next_offset)
-        resumed_at, resumed_offset = resumed
+        resumed_at, resumed_offset = self._skip_bad(segment, position, offset)
         self._report(
             f"unreadable record at byte {position} of {segment.path.name}: offsets "
             f"{offset}..{resumed_offset - 1} set aside"

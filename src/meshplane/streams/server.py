@@ -422,6 +422,16 @@ class Api:
     async def health(self, request: web.Request) -> web.Response:
         return json_response({"status": "healthy", "service": "meshplane-streams", "version": _version()})
 
+    async def storage(self, request: web.Request) -> web.Response:
+        e = self.engine
+        return json_response(
+            {
+                "problems": e.storage_problems(),
+                "fsync_errors": e.durability.fsync_errors,
+                "limits": {name: {"used": used, "limit": most} for name, (used, most) in e.limits().items()},
+            }
+        )
+
     async def ready(self, request: web.Request) -> web.Response:
         ok = self.engine.ready
         return json_response({"status": "ready" if ok else "starting"}, 200 if ok else 503)
@@ -870,6 +880,13 @@ class Api:
                 public=True,
             ),
             Route("GET", "/metrics", self.metrics, "Prometheus metrics", "meta"),
+            Route(
+                "GET",
+                "/storage",
+                self.storage,
+                "What recovery and verification found and set aside; descriptors; limits",
+                "meta",
+            ),
             Route("GET", "/openapi.json", self.openapi, "This description", "meta", public=True),
             Route(
                 "POST",
@@ -1330,6 +1347,25 @@ class EngineCollector(Collector):
         yield CounterMetricFamily(
             "meshplane_pubsub_dropped", "Pub/sub messages dropped for slow listeners", value=e.pubsub.dropped
         )
+        yield CounterMetricFamily(
+            "meshplane_pubsub_registrations_expired",
+            "Pub/sub registrations dropped for not being renewed",
+            value=e.pubsub.expired,
+        )
+        yield GaugeMetricFamily(
+            "meshplane_storage_problems",
+            "Corrupt records, tails and metadata found and set aside (GET /storage lists them)",
+            value=len(e.storage_problems()),
+        )
+        yield CounterMetricFamily("meshplane_fsync_errors", "Failed fsyncs", value=e.durability.fsync_errors)
+        yield GaugeMetricFamily("meshplane_open_segment_files", "Segment files open", value=len(e.files))
+        used = GaugeMetricFamily("meshplane_limit_used", "Use of each configured limit", labels=["limit"])
+        limit = GaugeMetricFamily("meshplane_limit", "Configured limits", labels=["limit"])
+        for name, (value, most) in e.limits().items():
+            used.add_metric([name], value)
+            limit.add_metric([name], most)
+        yield used
+        yield limit
 
 
 # --- the application -------------------------------------------------------------------------------
