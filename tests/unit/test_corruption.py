@@ -50,12 +50,11 @@ def readable(plog: PartitionLog) -> dict[int, bytes]:
     out: dict[int, bytes] = {}
     offset = plog.start_offset
     while offset < plog.next_offset:
+        skip_to: int | None = None
         try:
             records = plog.read(offset, 1_000, 1 << 30)
         except CorruptRecords as exc:
             skip_to = exc.next_offset
-        else:
-            skip_to = None
         if skip_to is not None:
             assert skip_to > offset
             offset = skip_to
