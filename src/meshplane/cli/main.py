@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_options(serve)
     add_client_commands(commands)
 
+    from meshplane.cli.log import add_log_commands
+
+    add_log_commands(commands)
+
     from meshplane.cli.pipeline import add_pipeline_options
 
     pipeline = commands.add_parser(
@@ -262,6 +266,14 @@ def main(argv: list[str] | None = None) -> int:
     from meshplane.cli.streams import run_client, run_serve
     from meshplane.cli.up import run_up
 
+    if args.command == "log":
+        from meshplane.cli.log import run_log
+
+        try:
+            return run_log(args)
+        except MeshplaneError as exc:
+            print(f"meshplane: error: {exc}", file=sys.stderr)
+            return 2
     if args.command == "pipeline":  # Spark runs its own threads and JVM: not inside an event loop
         from meshplane.cli.pipeline import run_pipeline_command
 

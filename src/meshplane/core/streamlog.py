@@ -159,6 +159,46 @@ class Hole:
     end_position: int
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentAudit:
+    """What a whole segment holds: valid records, and each bad stretch with where records resume."""
+
+    records: int
+    first_offset: int | None
+    next_offset: int  # one past the last valid record (the base offset if none)
+    valid_bytes: int
+    problems: list[tuple[int, str, int | None]]  # (position, problem, position records resume at or None)
+
+
+def audit_segment(data: bytes, base_offset: int, max_offset: int | None = None) -> SegmentAudit:
+    """Check every record of a segment's bytes, resynchronising after each bad one (read-only)."""
+    position, expected, records, valid = 0, base_offset, 0, 0
+    first: int | None = None
+    problems: list[tuple[int, str, int | None]] = []
+    while position < len(data):
+        result = scan_records(memoryview(data)[position:], start_position=position, expected_offset=expected)
+        if result.records:
+            first = result.records[0].offset if first is None else first
+            expected = result.records[-1].offset + 1
+            records += len(result.records)
+            valid += result.valid_end - position
+        position = result.valid_end
+        if result.problem is None:
+            break
+        resumed = resync(
+            memoryview(data)[position + 1 :],
+            start_position=position + 1,
+            min_offset=expected,
+            max_offset=max_offset,
+        )
+        problems.append((position, result.problem, resumed))
+        if resumed is None:
+            break
+        position = resumed
+        expected = RECORD_HEADER.unpack_from(data, resumed)[2]
+    return SegmentAudit(records, first, expected, valid, problems)
+
+
 # --- retention -------------------------------------------------------------------------------------
 
 
