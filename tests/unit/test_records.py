@@ -64,6 +64,8 @@ def mutate(**changes: object) -> bytes:
         (b"not json", "not JSON"),
         (b"\xff\xfe", "not JSON"),
         (b"[1,2]", "not a JSON object"),
+        (b"[" * 60_000, "not JSON"),  # nested past the parser's recursion limit
+        (b" " * 70_000 + b"{}", "larger than"),
         (mutate(type="Endpoint"), "not 'EventChannel'"),
         (mutate(instance_id=-1), "not a u64"),
         (mutate(instance_id="12"), "not a u64"),

@@ -82,6 +82,28 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--room-retention-secs", type=float, default=24 * 3600.0, metavar="S")
     parser.add_argument("--no-auto-create", action="store_true", help="rooms must be created before use")
+    limits = parser.add_argument_group("limits (each visible in /metrics and GET /storage)")
+    defaults = StreamsConfig()
+    for flag, kind, help_text in (
+        ("--max-topics", int, "topics"),
+        ("--max-partitions", int, "partitions of all topics together"),
+        ("--max-rooms", int, "rooms"),
+        ("--room-memory-bytes", int, "memory for all rooms' histories together"),
+        ("--max-open-files", int, "segment files open at once (default: half of RLIMIT_NOFILE)"),
+        ("--idempotency-ttl-secs", float, "how long an idempotent publish is remembered"),
+        ("--idle-timeout", float, "seconds a connection may take to send a whole request"),
+        ("--body-timeout", float, "seconds a request body may take to arrive (then 408)"),
+        ("--push-keepalive", float, "seconds between keep-alive comments to idle SSE subscribers"),
+    ):
+        field_name = _CONFIG_FIELDS[flag]
+        default = getattr(defaults, field_name)
+        limits.add_argument(
+            flag,
+            type=kind,
+            default=default,
+            metavar="N",
+            help=f"{help_text} (default {default})" if default is not None else help_text,
+        )
 
 
 def streams_config_from_args(args: argparse.Namespace) -> StreamsConfig:
@@ -95,7 +117,21 @@ def streams_config_from_args(args: argparse.Namespace) -> StreamsConfig:
         room_max_events=args.room_max_events,
         room_retention_secs=args.room_retention_secs,
         auto_create_rooms=not args.no_auto_create,
+        **{field: getattr(args, flag[2:].replace("-", "_")) for flag, field in _CONFIG_FIELDS.items()},
     )
+
+
+_CONFIG_FIELDS = {  # serve's flag -> StreamsConfig field
+    "--max-topics": "max_topics",
+    "--max-partitions": "max_partitions",
+    "--max-rooms": "max_rooms",
+    "--room-memory-bytes": "room_memory_bytes",
+    "--max-open-files": "max_open_files",
+    "--idempotency-ttl-secs": "idempotency_ttl_secs",
+    "--idle-timeout": "idle_timeout_secs",
+    "--body-timeout": "body_timeout_secs",
+    "--push-keepalive": "push_keepalive_secs",
+}
 
 
 async def run_serve(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from meshplane.core.names import EVENT_CHANNELS_BUCKET, Scope, validate_name
 from meshplane.errors import InvalidDiscoveryRecord, InvalidName
 
 MAX_INSTANCE_ID = 2**64 - 1
+MAX_RECORD_BYTES = 64 * 1024  # a real record is ~300 bytes
 _FILE_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 _HEX = frozenset("0123456789abcdefABCDEF")
 TRANSPORT_ZMQ = "Zmq"
@@ -55,9 +56,11 @@ class EventChannel:
     @classmethod
     def from_json(cls, data: bytes) -> EventChannel:
         """Parse a record, raising :class:`InvalidDiscoveryRecord` that says what is wrong."""
+        if len(data) > MAX_RECORD_BYTES:
+            raise InvalidDiscoveryRecord(f"record of {len(data)} bytes is larger than {MAX_RECORD_BYTES}")
         try:
             value = json.loads(data)
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise InvalidDiscoveryRecord(f"record is not JSON: {exc}") from exc
         if not isinstance(value, dict):
             raise InvalidDiscoveryRecord("record is not a JSON object")

@@ -117,6 +117,12 @@ class StreamsConfig:
     default_partitions: int = 3
     default_session_timeout: float = 30.0
     pubsub_queue_size: int = 10_000
+    # The HTTP side: a connection that sends no whole request (headers) within idle_timeout_secs, or
+    # not its whole body within body_timeout_secs, is closed; pushed SSE subscribers get a comment
+    # every push_keepalive_secs, so one that vanished is noticed on an idle room.
+    idle_timeout_secs: float = 15.0
+    body_timeout_secs: float = 30.0
+    push_keepalive_secs: float = 15.0
 
 
 # --- durability ------------------------------------------------------------------------------------
@@ -1197,7 +1203,10 @@ class StreamEngine:
     # --- helpers -------------------------------------------------------------------------------------
 
     def _encode_checked(self, event: StoredEvent) -> bytes:
-        payload = encode_event(event)
+        try:
+            payload = encode_event(event)
+        except (OverflowError, msgspec.EncodeError) as exc:
+            raise BadRequest(f"event cannot be stored: {exc} (integers must fit in 64 bits)") from None
         limit = self.config.max_payload_bytes
         if len(payload) > limit:
             raise PayloadTooLarge(f"event of {len(payload)} bytes is larger than the limit of {limit} bytes")

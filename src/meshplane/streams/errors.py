@@ -30,6 +30,11 @@ class Conflict(StreamError):
     kind = "Conflict"
 
 
+class RequestTimeout(StreamError):
+    status = 408
+    kind = "RequestTimeout"
+
+
 class LimitReached(StreamError):
     status = 429
     kind = "LimitReached"
@@ -97,6 +102,7 @@ class CorruptRecords(StreamError):
 _BY_STATUS: dict[int, type[StreamError]] = {
     400: BadRequest,
     404: NotFound,
+    408: RequestTimeout,
     409: Conflict,
     413: PayloadTooLarge,
     429: LimitReached,

@@ -30,13 +30,22 @@ from prometheus_client.registry import Collector
 from meshplane.core.groups import GroupError
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent
 from meshplane.streams.engine import Room, StreamEngine, StreamEvent, Topic, new_event_id
-from meshplane.streams.errors import BadRequest, NotFound, OffsetOutOfRange, PayloadTooLarge, StreamError
+from meshplane.streams.errors import (
+    BadRequest,
+    LimitReached,
+    NotFound,
+    OffsetOutOfRange,
+    PayloadTooLarge,
+    RequestTimeout,
+    StreamError,
+)
 
 log = logging.getLogger(__name__)
 
 ENGINE: web.AppKey[StreamEngine] = web.AppKey("engine", StreamEngine)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_CONSUME_LIMIT = 1000
+INT64_MAX = 2**63 - 1
 _json = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder()
 
@@ -62,10 +71,16 @@ def error_response(exc: StreamError | GroupError) -> web.Response:
 
 async def read_json(request: web.Request) -> dict[str, Any]:
     """The request body as a JSON object; an empty body is ``{}``."""
+    seconds = request.app[ENGINE].config.body_timeout_secs
     try:
-        raw = await request.read()
+        async with asyncio.timeout(seconds):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise PayloadTooLarge(f"request body too large: {exc.text}") from None
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.close()  # what was sent of the body is unusable
+        raise RequestTimeout(f"the request body did not arrive within {seconds:g} s") from None
     return parse_json_object(raw, "request body")
 
 
@@ -76,6 +91,8 @@ def parse_json_object(raw: bytes | str, what: str) -> dict[str, Any]:
         body = _json_decoder.decode(raw)
     except msgspec.DecodeError as exc:
         raise BadRequest(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest(f"{what} is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest(f"{what} must be a JSON object, not {type(body).__name__}")
     return body
@@ -95,6 +112,8 @@ def get_int(
     value = source.get(name, default)
     if value is _MISSING:
         raise BadRequest(f"missing field {name!r}")
+    if value is None and default is _MISSING:
+        raise BadRequest(f"{name} must be an integer, not null")
     if value is None or value is default:
         return value
     if isinstance(value, str):
@@ -106,7 +125,8 @@ def get_int(
         raise BadRequest(f"{name} must be an integer, not {value!r}")
     if minimum is not None and value < minimum:
         raise BadRequest(f"{name} must be >= {minimum}, not {value}")
-    if maximum is not None and value > maximum:
+    maximum = INT64_MAX if maximum is None else maximum
+    if value > maximum:
         raise BadRequest(f"{name} must be <= {maximum}, not {value}")
     return value
 
@@ -453,6 +473,10 @@ class Api:
                     answer = await self.commands.answer(parse_json_object(message.data, "a command"))
                 except StreamError as exc:
                     answer = failure_envelope(None, exc)
+                except Exception as exc:  # a bug must not close everyone's pipelined commands
+                    log.exception("command failed")
+                    answer = failure_envelope(None, StreamError(f"internal error: {type(exc).__name__}"))
+                    answer["code"] = 500
             elif message.type == WSMsgType.BINARY:
                 answer = failure_envelope(None, BadRequest("commands are JSON text frames, not binary"))
             else:
@@ -543,6 +567,8 @@ class Api:
             from_offset = query_int(request, "from_offset")
         room = self.engine.room(name, create=True)
         start = room.resolve(from_offset)
+        if len(room.pushers) >= self.engine.config.max_subscribers_per_room:
+            raise LimitReached(f"room {name!r} has {len(room.pushers)} live subscribers (the limit)")
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
@@ -1180,9 +1206,23 @@ class RoomPusher:
                 continue
             woken = asyncio.ensure_future(self.wakeup.wait())
             close_wait = asyncio.ensure_future(closed.wait())
-            await asyncio.wait({woken, close_wait}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {woken, close_wait},
+                timeout=self.engine.config.push_keepalive_secs,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             woken.cancel()
             close_wait.cancel()
+            if not done:
+                await self._keepalive()
+
+    async def _keepalive(self) -> None:
+        """On an idle room: an SSE comment (a WebSocket has its own pings), which fails if the peer is
+        gone; a closed transport is noticed without writing."""
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("the subscriber went away")
+        if not isinstance(self.out, web.WebSocketResponse):
+            await self.out.write(b": keep-alive\n\n")
 
 
 def _positive(body: dict[str, Any], name: str) -> float | None:
@@ -1447,7 +1487,14 @@ async def serve(
     """Run until ``stop`` is set (or forever)."""
     await engine.start()
     app = create_app(engine, token=token)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=1.0,
+        # Also closes a connection that sends no whole request (slowloris) in this time.
+        keepalive_timeout=engine.config.idle_timeout_secs,
+    )
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, reuse_address=True)
