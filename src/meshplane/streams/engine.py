@@ -664,7 +664,10 @@ class StreamEngine:
                 continue
             self._replay_commits(group)
             self.groups[group.group_id] = group
-            self._save_group(group)  # folds the replayed commits into the snapshot
+            try:
+                self._save_group(group)  # folds the replayed commits into the snapshot
+            except OSError as exc:  # a full disk: the commit file stays as it is, and is appended to
+                log.warning("consumer group %s: not compacted (%s)", group.group_id, exc)
         self.ready = True
 
     def _load_room(self, directory: Path) -> None:
@@ -705,11 +708,15 @@ class StreamEngine:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self._set_aside(path, f"topic {directory.name}: topic.json is unreadable ({exc})")
             settings = TopicSettings(max(partitions, 1), segment_bytes=self.config.segment_bytes)
+        changed = not settings.incarnation or not path.exists() or partitions > settings.num_partitions
         settings.num_partitions = max(settings.num_partitions, partitions)
-        if not settings.incarnation:
-            settings.incarnation = uuid.uuid4().hex
+        settings.incarnation = settings.incarnation or uuid.uuid4().hex
         self.topics[directory.name] = Topic(directory.name, directory, settings, self.files)
-        write_atomic(path, msgspec.json.encode(settings))
+        if changed:
+            try:
+                write_atomic(path, msgspec.json.encode(settings))
+            except OSError as exc:
+                self._report(f"topic {directory.name}: topic.json not rewritten ({exc})")
 
     def _set_aside(self, path: Path, problem: str) -> None:
         with contextlib.suppress(OSError):
@@ -1258,7 +1265,10 @@ class IdempotencyTable:
             except (msgspec.DecodeError, ValueError, TypeError):
                 continue  # an entry of an older format, or garbage: forgotten (the bound allows it)
         self.expire(now)
-        self._rewrite()
+        try:
+            self._rewrite()
+        except OSError as exc:  # a full disk: appended to as it is, compacted later
+            log.warning("%s: not compacted (%s)", path, exc)
 
     def get(self, key: str) -> list[tuple[int, int]] | None:
         found = self.entries.get(key)

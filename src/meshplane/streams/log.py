@@ -291,9 +291,12 @@ class PartitionLog:
     def _quarantine_tail(self, segment: Segment, position: int, file_size: int) -> None:
         """Copy bytes ``position..`` of the segment aside (for inspection), then cut them off."""
         tail = os.pread(segment.fd, file_size - position, position)
-        folder = self.directory / QUARANTINE
-        folder.mkdir(exist_ok=True)
-        write_atomic(folder / f"{segment.path.name}.{position}.{time.time_ns()}", tail)
+        try:
+            folder = self.directory / QUARANTINE
+            folder.mkdir(exist_ok=True)
+            write_atomic(folder / f"{segment.path.name}.{position}.{time.time_ns()}", tail)
+        except OSError as exc:  # a full disk: the tail must go all the same, or the log cannot go on
+            self._report(f"could not set {len(tail)} bytes aside ({exc}); cut off")
         os.ftruncate(segment.fd, position)
         self.truncated_bytes += len(tail)
 
