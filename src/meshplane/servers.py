@@ -160,8 +160,11 @@ class NatsServer(_Process):
             "--ports_file_dir",
             str(self.workdir),
         ]
-        if self.token:
-            argv += ["--auth", self.token]
+        if self.token:  # in a config file only we can read: on argv, `ps` would show it
+            config = self.workdir / "auth.conf"
+            config.touch(mode=0o600)
+            config.write_text(f"authorization {{ token: {json.dumps(self.token)} }}\n")
+            argv += ["-c", str(config)]
         if self.jetstream:
             argv += ["--jetstream", "--store_dir", str(self.workdir / "jetstream")]
         proc = self._spawn(argv)
@@ -277,12 +280,19 @@ class BrokerProcess(_Process):
 class StreamsServerProcess(_Process):
     """``meshplane serve`` as a child process; restarts keep the port and the data directory."""
 
-    def __init__(self, port: int = 0, data_dir: Path | None = None, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        port: int = 0,
+        data_dir: Path | None = None,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         super().__init__()
         self.port = port
         self.data_dir = data_dir or self.workdir / "data"
         self.url = ""
         self._extra_args = extra_args
+        self._env = env  # added to this process's environment (tokens go there, never on argv)
 
     def start(self, timeout: float = 20.0) -> StreamsServerProcess:
         self.log_path.write_bytes(b"")
@@ -297,6 +307,7 @@ class StreamsServerProcess(_Process):
             str(self.data_dir),
             *self._extra_args,
         ]
-        self.url = self._ready_line(self._spawn(argv), timeout, "streams server")["url"]
+        env = {**os.environ, **self._env} if self._env else None
+        self.url = self._ready_line(self._spawn(argv, env), timeout, "streams server")["url"]
         self.port = int(self.url.rsplit(":", 1)[1])
         return self

@@ -180,8 +180,6 @@ def test_up_with_a_token_requires_it_and_never_prints_it(tmp_path: Path) -> None
         [
             *MESHPLANE,
             "up",
-            "--token",
-            "s3cr3t-t0ken",
             "--state-dir",
             str(tmp_path),
             "--duration",
@@ -196,7 +194,7 @@ def test_up_with_a_token_requires_it_and_never_prints_it(tmp_path: Path) -> None
         capture_output=True,
         text=True,
         timeout=60,
-        env=env_for(tmp_path, "nats"),
+        env={**env_for(tmp_path, "nats"), "MESHPLANE_TOKEN": "s3cr3t-t0ken"},  # never on argv
     )
     assert result.returncode == 0, result.stderr
     assert "s3cr3t-t0ken" not in result.stdout + result.stderr

@@ -253,3 +253,25 @@ def test_new_partitions_are_picked_up(
     run(grow_and_publish())
     more, _ = collect_available_now(frame, tmp_path / "ckpt")
     assert sorted((r["partition"], r["offset"]) for r in more) == [(2, o) for o in range(7)]
+
+
+def test_corrupt_records_fail_the_query_or_are_skipped(spark: SparkSession, tmp_path: Path) -> None:
+    with StreamsServerProcess() as proc:
+        proc.start()
+        run(publish(proc.url, "damaged", 0, 300, partitions=1))
+        proc.stop()
+        segment = sorted((proc.data_dir / "topics" / "damaged" / "0").glob("*.log"))[0]
+        data = bytearray(segment.read_bytes())
+        position = 0
+        for _ in range(100):  # to record 100, header by header
+            position += int.from_bytes(data[position : position + 4], "big") + 8
+        data[position + 30] ^= 1  # a flipped bit on disk
+        segment.write_bytes(bytes(data))
+        proc.start()  # recovery finds it: the records after it are kept
+        from_zero = json.dumps({"damaged": {"0": 0}})
+        failing = reader(spark, proc.url, "damaged", startingOffsets=from_zero)
+        with pytest.raises(StreamingQueryException, match=r"offsets 100\.\.100 \(1 events\) were unreadable"):
+            collect_available_now(failing, tmp_path / "fail")
+        skipping = reader(spark, proc.url, "damaged", startingOffsets=from_zero, failOnDataLoss="false")
+        rows, _ = collect_available_now(skipping, tmp_path / "skip")
+        assert sorted(r["offset"] for r in rows) == [*range(100), *range(101, 300)]

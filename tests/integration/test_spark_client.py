@@ -21,7 +21,9 @@ EVENTS = 600
 @pytest.fixture(scope="module")
 def server() -> Iterator[StreamsServerProcess]:
     # Small segments: reads cross many segment boundaries.
-    with StreamsServerProcess(extra_args=("--token", TOKEN, "--segment-bytes", "8192")) as proc:
+    with StreamsServerProcess(
+        extra_args=("--segment-bytes", "8192"), env={"MESHPLANE_STREAMS_TOKEN": TOKEN}
+    ) as proc:
         proc.start()
 
         async def publish() -> None:

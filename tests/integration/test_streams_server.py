@@ -8,6 +8,7 @@ import json
 import signal
 import zlib
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -471,8 +472,10 @@ async def test_openapi_health_ready_and_metrics(client: StreamsClient, http: aio
 
 
 async def test_token_auth() -> None:
-    with StreamsServerProcess(extra_args=("--token", TOKEN)) as proc:
+    with StreamsServerProcess(env={"MESHPLANE_STREAMS_TOKEN": TOKEN}) as proc:
         proc.start()
+        assert proc.proc is not None
+        assert TOKEN not in str(proc.proc.args)  # the command line, which `ps` shows
         async with aiohttp.ClientSession(proc.url) as session:
             async with session.get("/health") as r:
                 assert r.status == 200
@@ -490,6 +493,63 @@ async def test_token_auth() -> None:
         async with StreamsClient(proc.url) as anonymous:
             with pytest.raises(StreamError, match="401"):
                 await anonymous.rooms()
+        async with aiohttp.ClientSession(proc.url) as session:
+            # ?access_token= only where browsers need it (WebSocket, SSE), nowhere else.
+            async with session.get("/topics", params={"access_token": TOKEN}) as r:
+                assert r.status == 401
+            async with session.ws_connect("/api/v1/ws", params={"access_token": TOKEN}) as ws:
+                await ws.send_str(json.dumps({"command": "stream.list", "request_id": 1}))
+                assert json.loads((await ws.receive(timeout=10)).data)["success"] is True
+
+
+SCOPED_TOKENS = """
+# token                              scopes
+admin-0123456789abcdef
+orders-writer-0123456789             write:orders. read:orders.
+reader-0123456789abcdef              read
+"""
+
+
+async def test_scoped_tokens(tmp_path: Path) -> None:
+    token_file = tmp_path / "tokens"
+    token_file.write_text(SCOPED_TOKENS)
+    with StreamsServerProcess(extra_args=("--token-file", str(token_file))) as proc:
+        proc.start()
+        admin = {"Authorization": "Bearer admin-0123456789abcdef"}
+        writer = {"Authorization": "Bearer orders-writer-0123456789"}
+        reader = {"Authorization": "Bearer reader-0123456789abcdef"}
+        event = {"event_type": "e", "data": 1}
+        async with aiohttp.ClientSession(proc.url) as http:
+            for name in ("orders.eu", "billing"):
+                async with http.post(f"/topics/{name}", json={"num_partitions": 1}, headers=writer) as r:
+                    assert r.status == 403  # creating is admin
+                async with http.post(f"/topics/{name}", json={"num_partitions": 1}, headers=admin) as r:
+                    assert r.status in (200, 201)
+            async with http.post("/topics/orders.eu/publish", json=event, headers=writer) as r:
+                assert r.status == 200
+            async with http.post("/topics/billing/publish", json=event, headers=writer) as r:
+                assert r.status == 403  # outside its prefix
+                assert (await r.json())["type"] == "Forbidden"
+            async with http.post("/topics/billing/publish", json=event, headers=reader) as r:
+                assert r.status == 403  # read only
+            consume = {"from_offset": 0}
+            async with http.post("/topics/billing/partitions/0/consume", json=consume, headers=reader) as r:
+                assert r.status == 200
+            async with http.delete("/topics/orders.eu", headers=writer) as r:
+                assert r.status == 403
+            # The command endpoint checks each command the same way.
+            for headers, command, allowed in (
+                (writer, {"command": "topic.publish", "payload": {"topic": "orders.eu", **event}}, True),
+                (writer, {"command": "topic.publish", "payload": {"topic": "billing", **event}}, False),
+                (reader, {"command": "stream.publish", "payload": {"room": "r", **event}}, False),
+                (writer, {"command": "pubsub.subscribe", "payload": {"topics": ["orders.#", "#"]}}, False),
+                (writer, {"command": "pubsub.subscribe", "payload": {"topics": ["orders.eu.#"]}}, True),
+            ):
+                async with http.post("/api/v1/command", json=command, headers=headers) as r:
+                    answer = await r.json()
+                assert answer["success"] is allowed, (command, answer)
+                if not allowed:
+                    assert answer["code"] == 403
 
 
 # --- durability -----------------------------------------------------------------------------------

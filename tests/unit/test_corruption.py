@@ -245,3 +245,15 @@ def test_the_engine_checks_sealed_segments_in_the_background(tmp_path: Path) -> 
             await engine.close()
 
     asyncio.run(scenario())
+
+
+def test_raw_reads_of_a_sealed_segment_are_checked_before_they_are_handed_out(tmp_path: Path) -> None:
+    written_log(tmp_path)
+    first = segments(tmp_path)[0]
+    flip(first, 144 * 10 + 60)  # indexed part: trusted when the log opens
+    plog = reopen(tmp_path)
+    span = plog.raw_span(0, 1 << 20)
+    assert span is not None
+    assert span[2] == 144 * 10  # records 0..9, never the damaged bytes
+    with pytest.raises(CorruptRecords):
+        plog.raw_span(10, 1 << 20)

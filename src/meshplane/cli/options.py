@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+from typing import Any
 
 from meshplane.config import PlaneConfig
 from meshplane.core.brokers import parse_broker_url
@@ -90,3 +92,31 @@ def scope_arg(text: str) -> Scope:
         return Scope.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+class _ReadTokenFile(argparse.Action):
+    """Stores the token read from the file given (the default, from the environment, is the token)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any, _: Any = None
+    ) -> None:
+        from meshplane.errors import ConfigError
+        from meshplane.streams.access import read_token_file
+
+        try:
+            setattr(namespace, self.dest, read_token_file(Path(value)))
+        except ConfigError as exc:
+            parser.error(f"--token-file: {exc}")
+
+
+def add_token_option(parser: argparse.ArgumentParser, env: str, what: str) -> None:
+    """``--token-file FILE`` (its first word), else ``$env``: a token never goes on the command line,
+    where ``ps`` and shell histories show it. The value lands in ``args.token``."""
+    parser.add_argument(
+        "--token-file",
+        dest="token",
+        action=_ReadTokenFile,
+        default=os.environ.get(env),
+        metavar="FILE",
+        help=f"{what}: read from FILE (default: ${env})",
+    )

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from meshplane.cli.options import add_token_option
 from meshplane.streams.client import StreamsClient
 
 DEMO_BASE_TIME = 1_767_225_600.0  # 2026-01-01T00:00:00Z: synthetic event times, so windows are reproducible
@@ -30,11 +30,7 @@ def add_pipeline_options(parser: argparse.ArgumentParser) -> None:
         help="a running streams server (e.g. the one `meshplane up` "
         "prints); default: start one in --state-dir",
     )
-    demo.add_argument(
-        "--token",
-        default=os.environ.get("MESHPLANE_STREAMS_TOKEN"),
-        help="bearer token of the server (default $MESHPLANE_STREAMS_TOKEN)",
-    )
+    add_token_option(demo, "MESHPLANE_STREAMS_TOKEN", "bearer token of the server")
     demo.add_argument("--source", default="demo-events", help="topic to read (default demo-events)")
     demo.add_argument(
         "--sink", default="demo-windows", help="topic the window counts go to (default demo-windows)"

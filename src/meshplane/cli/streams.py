@@ -13,7 +13,9 @@ from typing import Any
 
 import aiohttp
 
+from meshplane.cli.options import add_token_option
 from meshplane.config import default_state_dir
+from meshplane.streams.access import Tokens
 from meshplane.streams.client import StreamsClient
 from meshplane.streams.engine import StreamEngine, StreamsConfig
 from meshplane.streams.errors import StreamError
@@ -34,9 +36,11 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         help="where logs and metadata live (default ~/.local/state/meshplane/streams)",
     )
     parser.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV),
-        help=f"require this bearer token (default ${TOKEN_ENV}; unset: no auth)",
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="require tokens: one a line, each with its scopes (read, write, admin, optionally :PREFIX; "
+        f"none: admin). ${TOKEN_ENV} adds one admin token. Neither: no auth",
     )
     parser.add_argument(
         "--fsync",
@@ -137,6 +141,7 @@ _CONFIG_FIELDS = {  # serve's flag -> StreamsConfig field
 async def run_serve(args: argparse.Namespace) -> int:
     from meshplane.streams.server import serve
 
+    tokens = Tokens.load(args.token_file, os.environ.get(TOKEN_ENV))
     engine = StreamEngine(streams_config_from_args(args))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -149,23 +154,23 @@ async def run_serve(args: argparse.Namespace) -> int:
                 {
                     "url": f"http://{args.host}:{port}",
                     "data_dir": str(args.data_dir),
-                    "auth": bool(args.token),
+                    "auth": tokens is not None,
                 }
             ),
             flush=True,
         )
 
-    await serve(engine, args.host, args.port, token=args.token, on_ready=ready, stop=stop)
+    await serve(engine, args.host, args.port, tokens=tokens, on_ready=ready, stop=stop)
     return 0
 
 
 def add_client_commands(commands: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=DEFAULT_URL, help=f"server URL (default {DEFAULT_URL})")
-    common.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (${TOKEN_ENV})")
+    add_token_option(common, TOKEN_ENV, "the server's bearer token")
 
     def client_parser(name: str, help_text: str) -> Callable[..., argparse.ArgumentParser]:
-        """A command whose actions all take --url and --token (after the action, where users type them)."""
+        """A command whose actions all take --url and --token-file (after the action, as users type them)."""
         parser = commands.add_parser(name, help=help_text, description=help_text)
         actions = parser.add_subparsers(dest="action", required=True)
 

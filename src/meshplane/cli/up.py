@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from meshplane.broker import Broker
+from meshplane.cli.options import add_token_option
 from meshplane.config import PlaneConfig
 from meshplane.core.brokers import BROKERS_BUCKET, broker_record
 from meshplane.core.names import Scope
@@ -24,6 +25,7 @@ from meshplane.errors import ConfigError
 from meshplane.plane import EventPlane
 from meshplane.publisher import EventPublisher
 from meshplane.servers import NatsServer
+from meshplane.streams.access import ADMIN, Tokens
 from meshplane.streams.engine import StreamEngine, StreamsConfig
 from meshplane.subscriber import EventSubscriber
 from meshplane.transports.nats import redact_url
@@ -52,12 +54,11 @@ def add_up_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="with --transport zmq: start N brokers and run in broker mode through them (default 0: direct)",
     )
-    parser.add_argument(
-        "--token",
-        default=os.environ.get("MESHPLANE_TOKEN"),
-        metavar="TOKEN",
-        help="require this token from NATS clients of the embedded server (env MESHPLANE_TOKEN); "
-        "clients put it in NATS_SERVER as nats://TOKEN@host:port. Default: no token",
+    add_token_option(
+        parser,
+        "MESHPLANE_TOKEN",
+        "require this token from clients of the embedded nats-server (which put it in NATS_SERVER as "
+        "nats://TOKEN@host:port) and of the streams server. Default: no token",
     )
     parser.add_argument(
         "--state-dir",
@@ -241,12 +242,13 @@ class _Streams:
 async def _start_streams(args: argparse.Namespace, state_dir: Path) -> _Streams:
     from meshplane.streams.server import serve
 
+    tokens = Tokens({args.token: ADMIN}) if args.token else None
     for port in (args.streams_port, 0):
         engine = StreamEngine(StreamsConfig(data_dir=state_dir / "streams"))
         stop = asyncio.Event()
         ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(
-            serve(engine, "127.0.0.1", port, token=args.token, on_ready=ready.set_result, stop=stop)
+            serve(engine, "127.0.0.1", port, tokens=tokens, on_ready=ready.set_result, stop=stop)
         )
         waiting: set[asyncio.Future[Any]] = {task, ready}
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)

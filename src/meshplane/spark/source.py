@@ -53,7 +53,7 @@ from pyspark.sql.types import StructType
 from meshplane.core.streamlog import EVENT_DECODER, HEADER_SIZE, RECORD_HEADER
 from meshplane.spark import offsets as off
 from meshplane.spark.http import SyncStreamsClient
-from meshplane.streams.errors import OffsetOutOfRange
+from meshplane.streams.errors import CorruptRecords, OffsetOutOfRange
 
 log = logging.getLogger(__name__)
 
@@ -263,8 +263,13 @@ def read_range(options: Options, part: TopicRange) -> Iterator[Any]:
             except OffsetOutOfRange as exc:
                 if exc.oldest <= offset:
                     raise
-                _data_lost(options, part.topic, part.partition, offset, exc.oldest)
+                _data_lost(options, part.topic, part.partition, offset, exc.oldest, "deleted by retention")
                 offset = exc.oldest
+                continue
+            except CorruptRecords as exc:  # the server found them damaged on its disk
+                lost_to = exc.next_offset
+                _data_lost(options, part.topic, part.partition, offset, lost_to, "unreadable (corrupt)")
+                offset = exc.next_offset
                 continue
             rows, decoded = _decode(scan, data, offset, part)
             if not rows:
@@ -339,10 +344,10 @@ def _decode(
     return len(cols.offsets), to_tuples(cols, part.topic, part.partition)
 
 
-def _data_lost(options: Options, topic: str, partition: int, first: int, oldest: int) -> None:
+def _data_lost(options: Options, topic: str, partition: int, first: int, oldest: int, why: str) -> None:
     message = (
         f"meshplane {topic}/{partition}: offsets {first}..{oldest - 1} ({oldest - first} events) were "
-        f"deleted by retention before this query read them"
+        f"{why} before this query read them"
     )
     if options.fail_on_data_loss:
         raise DataLossError(
@@ -360,7 +365,7 @@ def plan(
     for topic, partition, first, until in off.ranges(off.fill_new_partitions(start, bounds), end):
         oldest = bounds[topic][str(partition)][0]
         if first < oldest:
-            _data_lost(options, topic, partition, first, oldest)
+            _data_lost(options, topic, partition, first, oldest, "deleted by retention")
             first = oldest
         if first < until:
             out.append(TopicRange(topic, partition, first, until))

@@ -20,6 +20,11 @@ class BadRequest(StreamError):
     pass
 
 
+class Forbidden(StreamError):
+    status = 403
+    kind = "Forbidden"
+
+
 class NotFound(StreamError):
     status = 404
     kind = "NotFound"
@@ -101,6 +106,7 @@ class CorruptRecords(StreamError):
 
 _BY_STATUS: dict[int, type[StreamError]] = {
     400: BadRequest,
+    403: Forbidden,
     404: NotFound,
     408: RequestTimeout,
     409: Conflict,

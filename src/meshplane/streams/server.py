@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import hmac
 import json
 import logging
 import os
@@ -29,9 +28,11 @@ from prometheus_client.registry import Collector
 
 from meshplane.core.groups import GroupError
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent
+from meshplane.streams.access import Grant, Level, Tokens
 from meshplane.streams.engine import Room, StreamEngine, StreamEvent, Topic, new_event_id
 from meshplane.streams.errors import (
     BadRequest,
+    Forbidden,
     LimitReached,
     NotFound,
     OffsetOutOfRange,
@@ -43,6 +44,7 @@ from meshplane.streams.errors import (
 log = logging.getLogger(__name__)
 
 ENGINE: web.AppKey[StreamEngine] = web.AppKey("engine", StreamEngine)
+GRANT = "meshplane.grant"  # the request's grant, when the server requires tokens
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_CONSUME_LIMIT = 1000
 INT64_MAX = 2**63 - 1
@@ -177,14 +179,20 @@ class Commands:
     def __init__(self, engine: StreamEngine) -> None:
         self.engine = engine
 
-    async def run(self, command: str, payload: dict[str, Any]) -> dict[str, Any]:
+    async def run(self, command: str, payload: dict[str, Any], grant: Grant | None = None) -> dict[str, Any]:
         handler = getattr(self, "cmd_" + command.replace(".", "_"), None)
-        if handler is None or not command.startswith(self.PREFIXES):
+        if handler is None or not command.startswith(self.PREFIXES) or command not in COMMAND_ACCESS:
             raise BadRequest(f"unknown command {command!r}")
+        if grant is not None:
+            level, field_name = COMMAND_ACCESS[command]
+            named = payload.get(field_name) if field_name else None
+            names = named if isinstance(named, list) else [named if isinstance(named, str) else None]
+            if not grant.allows(level, names):
+                raise Forbidden(f"this token may not {command} {named or ''}".rstrip())
         result: dict[str, Any] = await handler(payload)
         return result
 
-    async def answer(self, envelope: dict[str, Any]) -> dict[str, Any]:
+    async def answer(self, envelope: dict[str, Any], grant: Grant | None = None) -> dict[str, Any]:
         """The answer envelope for a request envelope ``{command, request_id, payload}``."""
         request_id = envelope.get("request_id")
         try:
@@ -192,7 +200,7 @@ class Commands:
             payload = envelope.get("payload") or {}
             if not isinstance(payload, dict):
                 raise BadRequest("payload must be an object")
-            result = await self.run(command, payload)
+            result = await self.run(command, payload, grant)
         except (StreamError, GroupError) as exc:
             return failure_envelope(request_id, exc)
         return {"success": True, "request_id": request_id, "payload": result, "error": None}
@@ -431,6 +439,50 @@ class Route:
     body: dict[str, str] = field(default_factory=dict)  # field -> JSON type, for the OpenAPI description
     public: bool = False
 
+    @property
+    def access(self) -> Level | None:
+        """What a token needs for this route (None: each command says, on the command routes)."""
+        if self.tag == "command":
+            return None
+        if self.method == "GET" or self.path.endswith(_READ_ACTIONS):
+            return "read"
+        return "write" if self.path.endswith("/publish") else "admin"
+
+    @property
+    def browser(self) -> bool:
+        """A route browsers open with WebSocket or EventSource, which cannot set headers: the only
+        routes that take the token from ``?access_token=``."""
+        pushed = self.path.endswith(("/ws", "/ws/{subscriber_id}")) or self.path.startswith("/events/")
+        return self.method == "GET" and pushed
+
+
+# Consumer-side actions that change state: what a consumer with a read token does.
+_READ_ACTIONS = ("/consume", "/join", "/heartbeat", "/leave", "/offsets/commit")
+
+# Each command: the access it needs and the payload field naming what it touches.
+COMMAND_ACCESS: dict[str, tuple[Level, str | None]] = {
+    "stream.create": ("write", "room"),
+    "stream.get_or_create": ("write", "room"),
+    "stream.delete": ("admin", "room"),
+    "stream.publish": ("write", "room"),
+    "stream.consume": ("read", "room"),
+    "stream.history": ("read", "room"),
+    "stream.stats": ("read", "room"),
+    "stream.list": ("read", None),
+    "pubsub.publish": ("write", "topic"),
+    "pubsub.subscribe": ("read", "topics"),
+    "pubsub.unsubscribe": ("read", None),
+    "pubsub.topics": ("read", None),
+    "pubsub.stats": ("read", None),
+    "topic.publish": ("write", "topic"),
+    "group.join": ("read", "group"),
+    "group.assignment": ("read", "group"),
+    "group.heartbeat": ("read", "group"),
+    "group.leave": ("read", "group"),
+    "group.commit": ("read", "group"),
+    "group.offset": ("read", "group"),
+}
+
 
 class Api:
     def __init__(self, engine: StreamEngine) -> None:
@@ -461,7 +513,7 @@ class Api:
             envelope = await read_json(request)
         except StreamError as exc:
             return json_response(failure_envelope(None, exc))
-        return json_response(await self.commands.answer(envelope))
+        return json_response(await self.commands.answer(envelope, request.get(GRANT)))
 
     async def command_ws(self, request: web.Request) -> web.StreamResponse:
         """Commands over one WebSocket: an envelope per text frame, answered in order, no HTTP per call."""
@@ -470,7 +522,8 @@ class Api:
         async for message in ws:
             if message.type == WSMsgType.TEXT:
                 try:
-                    answer = await self.commands.answer(parse_json_object(message.data, "a command"))
+                    envelope = parse_json_object(message.data, "a command")
+                    answer = await self.commands.answer(envelope, request.get(GRANT))
                 except StreamError as exc:
                     answer = failure_envelope(None, exc)
                 except Exception as exc:  # a bug must not close everyone's pipelined commands
@@ -1412,23 +1465,25 @@ class EngineCollector(Collector):
 
 
 def create_app(
-    engine: StreamEngine, *, token: str | None = None, max_request_bytes: int | None = None
+    engine: StreamEngine, *, tokens: Tokens | None = None, max_request_bytes: int | None = None
 ) -> web.Application:
     limit = max_request_bytes or max(engine.config.max_payload_bytes * 2, 1 << 20)
     api = Api(engine)
     routes = api.routes()
-    public = {(r.method, r.path) for r in routes if r.public}
+    by_key = {(r.method, r.path): r for r in routes}
 
     @web.middleware
     async def errors_and_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        route = request.match_info.route.resource
-        canonical = route.canonical if route is not None else request.path
-        if (
-            token is not None
-            and (request.method, canonical) not in public
-            and not _authorized(request, token)
-        ):
-            return web.Response(status=401)
+        resource = request.match_info.route.resource
+        route = by_key.get((request.method, resource.canonical if resource is not None else request.path))
+        if tokens is not None and route is not None and not route.public:
+            grant = _grant(request, tokens, query=route.browser)
+            if grant is None:
+                return web.Response(status=401, headers={"WWW-Authenticate": "Bearer"})
+            names = [request.match_info[k] for k in ("room", "topic", "group") if k in request.match_info]
+            if route.access is not None and not grant.allows(route.access, names or [None]):
+                return error_response(Forbidden(f"this token may not {route.access} {', '.join(names)}"))
+            request[GRANT] = grant
         try:
             return await handler(request)
         except (StreamError, GroupError) as exc:
@@ -1459,20 +1514,21 @@ def create_app(
     return app
 
 
-def _authorized(request: web.Request, token: str) -> bool:
+def _grant(request: web.Request, tokens: Tokens, *, query: bool) -> Grant | None:
+    """The grant of the token the request presents: a bearer token, Basic auth's password, or (on
+    the WebSocket and SSE routes only, as browsers cannot set headers there) ``?access_token=``."""
     header = request.headers.get("Authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer":
-        return hmac.compare_digest(value.strip().encode(), token.encode())
+        return tokens.grant_for(value.strip())
     if scheme.lower() == "basic":
         try:
             _, _, password = base64.b64decode(value.strip()).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
-            return False
-        return hmac.compare_digest(password.encode(), token.encode())
-    # Browsers cannot set headers on WebSocket / EventSource: accept ?access_token= there.
-    query_token = request.query.get("access_token")
-    return query_token is not None and hmac.compare_digest(query_token.encode(), token.encode())
+            return None
+        return tokens.grant_for(password)
+    presented = request.query.get("access_token") if query else None
+    return tokens.grant_for(presented) if presented is not None else None
 
 
 async def serve(
@@ -1480,13 +1536,13 @@ async def serve(
     host: str,
     port: int,
     *,
-    token: str | None = None,
+    tokens: Tokens | None = None,
     on_ready: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
     """Run until ``stop`` is set (or forever)."""
     await engine.start()
-    app = create_app(engine, token=token)
+    app = create_app(engine, tokens=tokens)
     runner = web.AppRunner(
         app,
         access_log=None,

@@ -1,0 +1,119 @@
+"""Who may do what on the streams server: tokens, each with scopes of read / write / admin per name
+prefix (room, topic, group or pub/sub subject).
+
+A token file has one token a line, then its scopes (none: ``admin``, everything)::
+
+    # token                           scopes
+    4f0c...e1                         admin
+    9a77...02                         write:orders. read:orders.
+    c3d1...5b                         read
+
+``read`` covers reading, subscribing, consumer-group membership and commits; ``write`` adds
+publishing (and rooms made by a publish); ``admin`` adds creating and deleting topics, rooms and
+groups. A scope's prefix limits it to names that start with it. Tokens come from a file or the
+environment, never from the command line (where ``ps`` shows them).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from meshplane.errors import ConfigError
+
+Level = Literal["read", "write", "admin"]
+RANK: dict[str, int] = {"read": 0, "write": 1, "admin": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    level: Level
+    prefix: str = ""
+
+    def allows(self, level: Level, name: str | None) -> bool:
+        if RANK[self.level] < RANK[level]:
+            return False
+        # Unnamed operations (listings, metrics) need a scope over every name, except to read.
+        return self.prefix == "" or level == "read" if name is None else name.startswith(self.prefix)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What one presented token may do."""
+
+    scopes: tuple[Scope, ...]
+
+    def allows(self, level: Level, names: Iterable[str | None] = (None,)) -> bool:
+        return all(any(s.allows(level, name) for s in self.scopes) for name in names)
+
+
+ADMIN = Grant((Scope("admin"),))
+
+
+def parse_scope(text: str) -> Scope:
+    level, _, prefix = text.partition(":")
+    if level not in RANK:
+        raise ConfigError(f"unknown scope {text!r}: read, write or admin, optionally :PREFIX")
+    return Scope(level, prefix)  # type: ignore[arg-type]
+
+
+class Tokens:
+    """The accepted tokens and their grants; a lookup compares in constant time against each."""
+
+    def __init__(self, grants: dict[str, Grant]) -> None:
+        if not grants:
+            raise ConfigError("no tokens given")
+        self._grants = [(token.encode(), grant) for token, grant in grants.items()]
+
+    @classmethod
+    def parse(cls, text: str) -> Tokens:
+        grants: dict[str, Grant] = {}
+        for number, line in enumerate(text.splitlines(), 1):
+            words = line.split("#", 1)[0].split()
+            if not words:
+                continue
+            token, scopes = words[0], words[1:]
+            if len(token) < 16:
+                raise ConfigError(f"token file line {number}: a token must have at least 16 characters")
+            grants[token] = Grant(tuple(parse_scope(s) for s in scopes)) if scopes else ADMIN
+        return cls(grants)
+
+    @classmethod
+    def load(cls, token_file: Path | None, env_token: str | None) -> Tokens | None:
+        """Tokens from ``token_file`` and/or one admin token from the environment; None: no auth."""
+        grants: dict[str, Grant] = {}
+        if token_file is not None:
+            try:
+                grants.update(cls.parse(token_file.read_text())._as_dict())
+            except OSError as exc:
+                raise ConfigError(f"cannot read the token file {token_file}: {exc.strerror}") from None
+        if env_token:
+            grants[env_token] = ADMIN
+        return cls(grants) if grants else None
+
+    def _as_dict(self) -> dict[str, Grant]:
+        return {token.decode(): grant for token, grant in self._grants}
+
+    def grant_for(self, presented: str) -> Grant | None:
+        found: Grant | None = None
+        raw = presented.encode()
+        for token, grant in self._grants:  # every comparison is made: timing tells nothing
+            if hmac.compare_digest(raw, token):
+                found = grant
+        return found
+
+
+def read_token_file(path: Path | None) -> str | None:
+    """A client's token: the first word of ``path`` (for commands that send one token)."""
+    if path is None:
+        return None
+    try:
+        words = path.read_text().split()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the token file {path}: {exc.strerror}") from None
+    if not words:
+        raise ConfigError(f"the token file {path} is empty")
+    return words[0]
