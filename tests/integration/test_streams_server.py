@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import signal
+import ssl
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import trustme
 from synap_sdk import SynapClient, SynapConfig
 from synap_sdk.exceptions import SynapException
 
@@ -670,3 +672,29 @@ async def test_growing_a_topic_rebalances_its_groups(client: StreamsClient) -> N
     assert len((await client.topic_stats("grow"))["partitions"]) == 4
     with pytest.raises(StreamError, match="ask for more"):
         await client.add_partitions("grow", 3)
+
+
+# --- TLS ------------------------------------------------------------------------------------------
+
+
+async def test_tls_serves_https_and_refuses_plain_http(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    args = ("--tls-cert", str(tmp_path / "cert.pem"), "--tls-key", str(tmp_path / "key.pem"))
+    with StreamsServerProcess(extra_args=args, env={"MESHPLANE_STREAMS_TOKEN": TOKEN}) as proc:
+        proc.start()
+        assert proc.url.startswith("https://")
+        client_tls = ssl.create_default_context()
+        ca.configure_trust(client_tls)
+        async with StreamsClient(proc.url, token=TOKEN, tls=client_tls) as client:
+            await client.create_topic("secure", 1)
+            partition, offset = await client.publish_to_topic("secure", "e", {"n": 1})
+            assert (partition, offset) == (0, 0)
+        async with StreamsClient(proc.url, token=TOKEN) as untrusting:  # the system's CAs: refused
+            with pytest.raises(aiohttp.ClientConnectorCertificateError, match="certificate verify failed"):
+                await untrusting.topics()
+        async with aiohttp.ClientSession() as plain:
+            with pytest.raises(aiohttp.ClientError):
+                await plain.get(proc.url.replace("https://", "http://") + "/health")

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import aiohttp
 
 from meshplane.cli.options import add_token_option
 from meshplane.config import default_state_dir
+from meshplane.errors import ConfigError
 from meshplane.streams.access import Tokens
 from meshplane.streams.client import StreamsClient
 from meshplane.streams.engine import StreamEngine, StreamsConfig
@@ -42,6 +44,8 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         help="require tokens: one a line, each with its scopes (read, write, admin, optionally :PREFIX; "
         f"none: admin). ${TOKEN_ENV} adds one admin token. Neither: no auth",
     )
+    parser.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate")
+    parser.add_argument("--tls-key", type=Path, metavar="PEM", help="... and this private key")
     parser.add_argument(
         "--fsync",
         choices=["always", "interval", "never"],
@@ -139,9 +143,15 @@ _CONFIG_FIELDS = {  # serve's flag -> StreamsConfig field
 
 
 async def run_serve(args: argparse.Namespace) -> int:
-    from meshplane.streams.server import serve
+    from meshplane.streams.server import serve, server_tls
 
     tokens = Tokens.load(args.token_file, os.environ.get(TOKEN_ENV))
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    try:
+        tls = server_tls(args.tls_cert, args.tls_key) if args.tls_cert else None
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the TLS certificate or key: {exc}") from None
     engine = StreamEngine(streams_config_from_args(args))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -152,7 +162,7 @@ async def run_serve(args: argparse.Namespace) -> int:
         print(
             json.dumps(
                 {
-                    "url": f"http://{args.host}:{port}",
+                    "url": f"{'https' if tls else 'http'}://{args.host}:{port}",
                     "data_dir": str(args.data_dir),
                     "auth": tokens is not None,
                 }
@@ -160,7 +170,7 @@ async def run_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    await serve(engine, args.host, args.port, tokens=tokens, on_ready=ready, stop=stop)
+    await serve(engine, args.host, args.port, tokens=tokens, tls=tls, on_ready=ready, stop=stop)
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
@@ -98,10 +99,16 @@ class StreamsClient:
         token: str | None = None,
         timeout: float = 30.0,
         channel: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        """``tls``: how to check an https server (default: the system's CAs, or $SSL_CERT_FILE)."""
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._session = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=timeout))
+        self._session = aiohttp.ClientSession(
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            connector=aiohttp.TCPConnector(ssl=tls if tls is not None else True),
+        )
         self._timeout = timeout
         self._use_channel = channel
         self._channel: CommandChannel | None = None

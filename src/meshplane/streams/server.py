@@ -13,11 +13,13 @@ import contextlib
 import json
 import logging
 import os
+import ssl
 import struct
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -1514,6 +1516,14 @@ def create_app(
     return app
 
 
+def server_tls(cert: Path, key: Path) -> ssl.SSLContext:
+    """A TLS context for ``serve`` from PEM files (the key never in the certificate's file)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    return context
+
+
 def _grant(request: web.Request, tokens: Tokens, *, query: bool) -> Grant | None:
     """The grant of the token the request presents: a bearer token, Basic auth's password, or (on
     the WebSocket and SSE routes only, as browsers cannot set headers there) ``?access_token=``."""
@@ -1537,6 +1547,7 @@ async def serve(
     port: int,
     *,
     tokens: Tokens | None = None,
+    tls: ssl.SSLContext | None = None,
     on_ready: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
@@ -1553,7 +1564,7 @@ async def serve(
     )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=tls)
         await site.start()
         bound = int(runner.addresses[0][1])
         if on_ready is not None:
