@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,57 @@ DISCOVERY_BACKENDS = ["mem", "file", "etcd"]
 # Broker mode finds no publishers in discovery, so one backend each is enough: brokers named in
 # DYN_ZMQ_BROKER_URL, and brokers registered in etcd (DYN_ZMQ_BROKER_ENABLED).
 BROKER_MODES = [("zmq-broker", "file"), ("zmq-broker-discovery", "etcd")]
+# ZeroMQ with CURVE on: direct (publisher keys from discovery records) and through CURVE brokers.
+CURVE_MODES = [("zmq-curve", "file"), ("zmq-curve-broker", "file")]
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """Key pairs made with zmq.auth: one for the test's publishers and subscribers, one for brokers,
+    one that nobody allows; ``allowed`` holds the trusted public keys (plane's and broker's)."""
+
+    folder: Path
+
+    def secret(self, name: str) -> Path:
+        return self.folder / f"{name}.key_secret"
+
+    def public(self, name: str) -> Path:
+        return self.folder / f"{name}.key"
+
+    @property
+    def allowed(self) -> Path:
+        return self.folder / "allowed"
+
+
+@pytest.fixture(scope="session")
+def curve_keys(tmp_path_factory: pytest.TempPathFactory) -> CurveKeys:
+    import zmq.auth
+
+    keys = CurveKeys(tmp_path_factory.mktemp("curve"))
+    keys.allowed.mkdir()
+    for name in ("plane", "broker", "intruder"):
+        public, _ = zmq.auth.create_certificates(keys.folder, name)
+        if name != "intruder":
+            shutil.copy(public, keys.allowed)
+    return keys
+
+
+@pytest.fixture(scope="session")
+def curve_brokers(curve_keys: CurveKeys) -> Iterator[list[BrokerProcess]]:
+    """Two brokers with CURVE (the broker key pair; clients allowed by the plane's key)."""
+    env = {
+        **os.environ,
+        "MESHPLANE_ZMQ_CURVE_CERT": str(curve_keys.secret("broker")),
+        "MESHPLANE_ZMQ_CURVE_ALLOWED": str(curve_keys.allowed),
+    }
+    brokers = [BrokerProcess(env=env), BrokerProcess(env=env)]
+    try:
+        for broker in brokers:
+            broker.start()
+        yield brokers
+    finally:
+        for broker in brokers:
+            broker.cleanup()
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +134,7 @@ def make_config(
 
 
 @pytest.fixture(
-    params=[(t, d) for t in TRANSPORTS for d in DISCOVERY_BACKENDS] + BROKER_MODES,
+    params=[(t, d) for t in TRANSPORTS for d in DISCOVERY_BACKENDS] + BROKER_MODES + CURVE_MODES,
     ids=lambda p: f"{p[0]}-{p[1]}",
 )
 def plane_config(request: pytest.FixtureRequest, tmp_path: Path) -> PlaneConfig:
@@ -89,6 +142,17 @@ def plane_config(request: pytest.FixtureRequest, tmp_path: Path) -> PlaneConfig:
     transport, discovery = request.param
     nats = request.getfixturevalue("nats_server") if transport == "nats" else None
     etcd = request.getfixturevalue("etcd_server") if discovery == "etcd" else None
+    if transport.startswith("zmq-curve"):
+        keys: CurveKeys = request.getfixturevalue("curve_keys")
+        curve: dict[str, object] = {
+            "zmq_curve_cert": keys.secret("plane"),
+            "zmq_curve_allowed": keys.allowed,
+        }
+        if transport == "zmq-curve-broker":
+            brokers_: list[BrokerProcess] = request.getfixturevalue("curve_brokers")
+            curve["zmq_brokers"] = tuple(b.address for b in brokers_)
+            curve["zmq_curve_broker_key"] = str(keys.public("broker"))
+        return make_config("zmq", discovery, tmp_path, None, etcd, **curve)
     if transport.startswith("zmq-broker"):
         brokers: list[BrokerProcess] = request.getfixturevalue("session_brokers")
         if transport == "zmq-broker":

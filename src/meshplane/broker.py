@@ -22,10 +22,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import parse_monitor_message
 
 from meshplane.core.brokers import BrokerAddress
 from meshplane.errors import TransportError
+from meshplane.transports.curve import Curve
 
 log = logging.getLogger(__name__)
 _BATCH = 1024
@@ -61,11 +63,14 @@ class Broker:
         hwm: int = 100_000,
         drop_after: float = 0.1,
         relay: Literal["python", "c"] = "c",
+        curve: Curve | None = None,
     ) -> None:
         if relay not in ("python", "c"):
             raise ValueError(f"relay must be python or c, not {relay!r}")
         self._relay_kind = relay
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._curve = curve
+        self._zap: ThreadAuthenticator | None = None
         self._requested = (xsub, xpub, stats_endpoint)
         self._hwm = hwm
         self._drop_after = drop_after
@@ -100,6 +105,10 @@ class Broker:
         xpub.setsockopt(zmq.XPUB_NODROP, 1)  # a full subscriber queue is an error we count, not a silent drop
         for sock in (xsub, xpub):
             sock.setsockopt(zmq.LINGER, 0)
+            if self._curve is not None:
+                self._curve.serve(sock)
+        if self._curve is not None and self._zap is None:
+            self._zap = self._curve.authenticator(ctx)
         stats = ctx.socket(zmq.REP) if stats_url else None
         try:
             xsub.bind(_bindable(xsub_url))
@@ -136,6 +145,9 @@ class Broker:
             self._thread.join(10)
             control.close(0)
             self._thread = None
+        if self._zap is not None:
+            self._zap.stop()
+            self._zap = None
         self._context.destroy(linger=0)
 
     def _relay(

@@ -48,6 +48,11 @@ class PlaneConfig:
     zmq_brokers: tuple[BrokerAddress, ...] = ()  # DYN_ZMQ_BROKER_URL
     zmq_broker_enabled: bool = False  # DYN_ZMQ_BROKER_ENABLED: brokers from discovery
     broker_fanout: int = 0  # brokers each publisher sends through (HRW choice); 0 = all
+    # ZeroMQ CURVE (see meshplane.transports.curve): this process's certificate (the .key_secret file),
+    # the folder of public keys it trusts, and the brokers' public key in broker mode.
+    zmq_curve_cert: Path | None = None  # MESHPLANE_ZMQ_CURVE_CERT
+    zmq_curve_allowed: Path | None = None  # MESHPLANE_ZMQ_CURVE_ALLOWED
+    zmq_curve_broker_key: str | None = None  # MESHPLANE_ZMQ_CURVE_BROKER_KEY (Z85, or a .key file)
     dedup_capacity: int = 65_536  # (publisher, sequence) pairs remembered to drop broker duplicates
     reorder_window: float = 0.5  # seconds an event waits for a missing predecessor on another broker
     heartbeat_period: float = 1.0  # seconds between a publisher's heartbeats; 0 turns them off
@@ -125,6 +130,9 @@ class PlaneConfig:
         take("DYN_ZMQ_BROKER_URL", "zmq_brokers", parse_broker_url)
         take("DYN_ZMQ_BROKER_ENABLED", "zmq_broker_enabled", _parse_bool)
         take("MESHPLANE_ZMQ_BROKER_FANOUT", "broker_fanout", int)
+        take("MESHPLANE_ZMQ_CURVE_CERT", "zmq_curve_cert", Path)
+        take("MESHPLANE_ZMQ_CURVE_ALLOWED", "zmq_curve_allowed", Path)
+        take("MESHPLANE_ZMQ_CURVE_BROKER_KEY", "zmq_curve_broker_key")
         take("MESHPLANE_DEDUP_CAPACITY", "dedup_capacity", int)
         take("MESHPLANE_REORDER_WINDOW", "reorder_window", float)
         take("MESHPLANE_HEARTBEAT_PERIOD", "heartbeat_period", float)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import itertools
 import logging
@@ -12,6 +13,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from meshplane.aio import cancel_and_wait
 from meshplane.config import PlaneConfig
@@ -19,6 +21,7 @@ from meshplane.core.names import Scope, validate_name
 from meshplane.discovery import Discovery, create_discovery
 from meshplane.errors import ClosedError, DiscoveryError, SubscriptionError, TransportError
 from meshplane.transports.base import PublisherTransport, SubscriberTransport
+from meshplane.transports.curve import Curve
 from meshplane.transports.zmq_broker import (
     BrokerDirectory,
     ZmqBrokerPublisherTransport,
@@ -82,6 +85,7 @@ class EventPlane:
         self._discovery: Discovery | None = None
         self._nats: NatsClient | None = None
         self._zmq: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._zap: ThreadAuthenticator | None = None
         self._brokers: BrokerDirectory | None = None
         self._lock = asyncio.Lock()
         self._members: list[EventPublisher | EventSubscriber] = []
@@ -128,7 +132,17 @@ class EventPlane:
             self._zmq = zmq.Context()
             # ZeroMQ's default of 1023 sockets is too few for a process with hundreds of publishers.
             self._zmq.set(zmq.MAX_SOCKETS, _MAX_ZMQ_SOCKETS)
+            if self.curve is not None:
+                self._zap = self.curve.authenticator(self._zmq)
         return self._zmq
+
+    @functools.cached_property
+    def curve(self) -> Curve | None:
+        """The CURVE keys when MESHPLANE_ZMQ_CURVE_CERT is set (ZeroMQ only)."""
+        cfg = self.config
+        if cfg.zmq_curve_cert is None:
+            return None
+        return Curve.load(cfg.zmq_curve_cert, cfg.zmq_curve_allowed, cfg.zmq_curve_broker_key)
 
     async def broker_directory(self) -> BrokerDirectory:
         """The brokers of broker mode: from DYN_ZMQ_BROKER_URL, or followed in discovery."""
@@ -257,6 +271,7 @@ class EventPlane:
                 cfg.wire_format,
                 cfg.codec,
                 cfg.broker_fanout,
+                self.curve,
             )
         elif cfg.event_plane == "nats":
             from meshplane.transports.nats import NatsPublisherTransport
@@ -275,6 +290,7 @@ class EventPlane:
                 cfg.send_hwm,
                 cfg.wire_format,
                 cfg.codec,
+                self.curve,
             )
         await transport.start()
         return transport
@@ -291,6 +307,7 @@ class EventPlane:
                 cfg.receive_hwm,
                 cfg.max_message_bytes,
                 cfg.dedup_capacity,
+                self.curve,
             )
         elif cfg.event_plane == "nats":
             from meshplane.transports.nats import NatsSubscriberTransport
@@ -302,7 +319,7 @@ class EventPlane:
             from meshplane.transports.zmq import ZmqSubscriberTransport
 
             transport = ZmqSubscriberTransport(
-                self.zmq_context(), topic.encode(), cfg.receive_hwm, cfg.max_message_bytes
+                self.zmq_context(), topic.encode(), cfg.receive_hwm, cfg.max_message_bytes, self.curve
             )
         await transport.start()
         return transport
@@ -354,5 +371,7 @@ class EventPlane:
                 await self._nats.drain()
             with contextlib.suppress(Exception):
                 await self._nats.close()
+        if self._zap is not None:
+            self._zap.stop()
         if self._zmq is not None:
             self._zmq.destroy(linger=1000)  # members closed their sockets; this catches strays

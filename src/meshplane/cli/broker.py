@@ -15,6 +15,7 @@ from meshplane.core.brokers import BROKERS_BUCKET, broker_record
 from meshplane.core.records import new_instance_id
 from meshplane.discovery import create_discovery
 from meshplane.errors import MeshplaneError
+from meshplane.transports.curve import Curve
 
 
 def add_broker_options(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +76,10 @@ def add_stats_options(parser: argparse.ArgumentParser) -> None:
 
 async def run_broker(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    broker = Broker(args.xsub, args.xpub, args.stats, args.hwm, args.drop_after, args.relay)
+    curve = None
+    if config.zmq_curve_cert is not None:  # MESHPLANE_ZMQ_CURVE_CERT and _ALLOWED, as for clients
+        curve = Curve.load(config.zmq_curve_cert, config.zmq_curve_allowed)
+    broker = Broker(args.xsub, args.xpub, args.stats, args.hwm, args.drop_after, args.relay, curve)
     address = broker.start()
     discovery = None
     broker_id = new_instance_id()

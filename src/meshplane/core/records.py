@@ -43,6 +43,12 @@ class EventChannel:
         endpoint = self.transport_config.get("endpoint")
         return endpoint if self.transport_kind == TRANSPORT_ZMQ and isinstance(endpoint, str) else None
 
+    @property
+    def zmq_curve_key(self) -> bytes | None:
+        """The publisher's CURVE public key (Z85), when it runs with CURVE."""
+        key = self.transport_config.get("curve_public_key")
+        return key.encode() if isinstance(key, str) and len(key) == 40 else None
+
     def to_json(self) -> bytes:
         value = {
             "type": "EventChannel",

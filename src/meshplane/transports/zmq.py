@@ -18,6 +18,7 @@ from meshplane.core.framing import MessageType, WireFormat, ZmqEncoder, decode_z
 from meshplane.core.records import TRANSPORT_ZMQ, EventChannel
 from meshplane.errors import TransportError, WireError
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
+from meshplane.transports.curve import Curve
 
 log = logging.getLogger(__name__)
 _MAX_BATCH = 4096
@@ -80,8 +81,10 @@ class XPubPublisher(PublisherTransport):
         sndhwm: int,
         wire: WireFormat,
         codec: Codec,
+        curve: Curve | None = None,
     ) -> None:
         self._context = context
+        self._curve = curve
         self._routing_topic = routing_topic
         self._publisher_id = publisher_id
         self._encoder = ZmqEncoder(routing_topic, publisher_id, wire, codec)
@@ -146,13 +149,16 @@ class ZmqPublisherTransport(XPubPublisher):
         sndhwm: int,
         wire: WireFormat,
         codec: Codec,
+        curve: Curve | None = None,
     ) -> None:
-        super().__init__(context, routing_topic, publisher_id, sndhwm, wire, codec)
+        super().__init__(context, routing_topic, publisher_id, sndhwm, wire, codec, curve)
         self._host = host
         self._endpoint = ""
 
     async def start(self) -> None:
         sock = self._open()
+        if self._curve is not None:
+            self._curve.serve(sock)
         try:
             sock.bind(_tcp_url(self._host))
         except zmq.ZMQError as exc:
@@ -170,7 +176,10 @@ class ZmqPublisherTransport(XPubPublisher):
         return self._endpoint
 
     def discovery_transport(self) -> tuple[str, dict[str, Any]]:
-        return TRANSPORT_ZMQ, {"endpoint": self._endpoint}
+        config: dict[str, Any] = {"endpoint": self._endpoint}
+        if self._curve is not None:  # only then: Dynamo's records stay as they are
+            config["curve_public_key"] = self._curve.public.decode()
+        return TRANSPORT_ZMQ, config
 
 
 class ZmqSubscriberTransport(SubscriberTransport):
@@ -179,9 +188,17 @@ class ZmqSubscriberTransport(SubscriberTransport):
     publisher_discovery = "required"
 
     def __init__(
-        self, context: zmq.Context[zmq.Socket[bytes]], routing_topic: bytes, rcvhwm: int, max_bytes: int
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        routing_topic: bytes,
+        rcvhwm: int,
+        max_bytes: int,
+        curve: Curve | None = None,
     ) -> None:
         self._context = context
+        self._curve = curve
+        self._server_keys: dict[int, bytes] = {}
+        self.untrusted_publishers = 0  # records refused: no CURVE key, or one not trusted
         self._routing_topic = routing_topic
         self._rcvhwm = rcvhwm
         self._max_bytes = max_bytes
@@ -198,6 +215,8 @@ class ZmqSubscriberTransport(SubscriberTransport):
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         # SUB filtering is a prefix match; the subscriber re-checks the topic exactly.
         sock.setsockopt(zmq.SUBSCRIBE, self._routing_topic)
+        if self._curve is not None:
+            self._curve.client(sock)
         self._socket = sock
         self._readable = Readable(sock)
 
@@ -218,6 +237,8 @@ class ZmqSubscriberTransport(SubscriberTransport):
         if self._endpoints.get(channel.instance_id) == endpoint or self._socket is None:
             return
         self.remove_publisher(channel)
+        if self._curve is not None and not self._trust(channel):
+            return
         try:
             # ZeroMQ connects (and reconnects) in the background: a publisher that is not up yet
             # is picked up when it is, so one failed attempt never silences it.
@@ -229,12 +250,32 @@ class ZmqSubscriberTransport(SubscriberTransport):
         self._endpoints[channel.instance_id] = endpoint
         log.debug("connected to publisher %x at %s", channel.instance_id, endpoint)
 
+    def _trust(self, channel: EventChannel) -> bool:
+        """With CURVE: connect only to a publisher whose key we trust, and check that key on connect."""
+        assert self._curve is not None
+        assert self._socket is not None
+        key = channel.zmq_curve_key
+        if key is None or not self._curve.trusts(key):
+            self.untrusted_publishers += 1
+            log.warning(
+                "not connecting to publisher %x of %s: %s",
+                channel.instance_id,
+                channel.topic,
+                "its record has no CURVE key" if key is None else "its CURVE key is not an allowed one",
+            )
+            return False
+        self._socket.curve_serverkey = key  # read by the next connect()
+        self._server_keys[channel.instance_id] = key
+        return True
+
     def reconnect_publisher(self, publisher_id: int) -> None:
         # Tango's keep-alive: a silent peer may be a half-open connection; start a fresh one.
         endpoint = self._endpoints.get(publisher_id)
         if endpoint is not None and self._socket is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._socket.disconnect(endpoint)
+                if publisher_id in self._server_keys:
+                    self._socket.curve_serverkey = self._server_keys[publisher_id]
                 self._socket.connect(endpoint)
             log.info("reconnecting to silent publisher %x at %s", publisher_id, endpoint)
 

@@ -27,12 +27,19 @@ from meshplane.core.envelope import Codec
 from meshplane.core.framing import Frame, MessageType, WireFormat
 from meshplane.core.watch import Added
 from meshplane.discovery.base import Discovery
-from meshplane.errors import InvalidDiscoveryRecord
+from meshplane.errors import ConfigError, InvalidDiscoveryRecord
 from meshplane.transports.base import Received
+from meshplane.transports.curve import Curve
 from meshplane.transports.zmq import Readable, XPubPublisher, ZmqSubscriberTransport
 
 log = logging.getLogger(__name__)
 _MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+
+
+def _broker_key(curve: Curve) -> bytes:
+    if curve.broker_key is None:
+        raise ConfigError("broker mode with CURVE needs the brokers' key: MESHPLANE_ZMQ_CURVE_BROKER_KEY")
+    return curve.broker_key
 
 
 class BrokerDirectory:
@@ -157,8 +164,9 @@ class ZmqBrokerPublisherTransport(XPubPublisher):
         wire: WireFormat,
         codec: Codec,
         fanout: int,
+        curve: Curve | None = None,
     ) -> None:
-        super().__init__(context, subject, publisher_id, sndhwm, wire, codec)
+        super().__init__(context, subject, publisher_id, sndhwm, wire, codec, curve)
         self._directory = directory
         self._fanout = fanout
         self._connected: dict[str, str] = {}  # broker key -> xsub endpoint
@@ -166,6 +174,8 @@ class ZmqBrokerPublisherTransport(XPubPublisher):
 
     async def start(self) -> None:
         self._socket = self._open()
+        if self._curve is not None:
+            self._curve.client(self._socket, _broker_key(self._curve))
         # Only live connections get a queue: events are not parked for a dead broker (the others carry
         # them), and a lost broker's subscriptions are withdrawn, so subscriber counts stay true.
         self._socket.setsockopt(zmq.IMMEDIATE, 1)
@@ -209,8 +219,9 @@ class ZmqBrokerSubscriberTransport(ZmqSubscriberTransport):
         rcvhwm: int,
         max_bytes: int,
         dedup_capacity: int,
+        curve: Curve | None = None,
     ) -> None:
-        super().__init__(context, subject, rcvhwm, max_bytes)
+        super().__init__(context, subject, rcvhwm, max_bytes, curve)
         self._directory = directory
         self._dedup = DedupCache(dedup_capacity)
         self._brokers: dict[str, str] = {}
@@ -219,6 +230,8 @@ class ZmqBrokerSubscriberTransport(ZmqSubscriberTransport):
     async def start(self) -> None:
         await super().start()
         assert self._socket is not None
+        if self._curve is not None:
+            self._curve.client(self._socket, _broker_key(self._curve))
         self._monitor = ConnectionMonitor(self._socket, "subscriber")
         self._directory.listen(self._follow_brokers)
         self._follow_brokers()
