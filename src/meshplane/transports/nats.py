@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -21,8 +22,12 @@ log = logging.getLogger(__name__)
 _MAX_BATCH = 4096
 
 
-async def connect_nats(url: str, timeout: float, name: str = "meshplane") -> NatsClient:
-    """Connect, retrying until ``timeout``; once connected, reconnect forever after outages."""
+async def connect_nats(
+    url: str, timeout: float, name: str = "meshplane", tls: ssl.SSLContext | None = None
+) -> NatsClient:
+    """Connect, retrying until ``timeout``; once connected, reconnect forever after outages.
+
+    ``tls``: a TLS context (a tls:// URL alone uses the system's CAs)."""
     safe_url = redact_url(url)
     client = NatsClient()
 
@@ -50,6 +55,7 @@ async def connect_nats(url: str, timeout: float, name: str = "meshplane") -> Nat
                 error_cb=on_error,
                 disconnected_cb=on_disconnect,
                 reconnected_cb=on_reconnect,
+                tls=tls,
             ),
             timeout,
         )

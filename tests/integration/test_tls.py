@@ -1,0 +1,71 @@
+"""TLS to NATS (and mutual TLS), against a real nats-server run with certificates made for the test."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+
+from meshplane import EventPlane, Scope, TransportError
+from meshplane.servers import NatsServer
+from tests.conftest import make_config
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files."""
+    folder = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    server.private_key_pem.write_to_path(str(folder / "server.key"))
+    server.cert_chain_pems[0].write_to_path(str(folder / "server.pem"))
+    client = ca.issue_cert("meshplane-client")
+    client.private_key_pem.write_to_path(str(folder / "client.key"))
+    client.cert_chain_pems[0].write_to_path(str(folder / "client.pem"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tls_nats(pki: Path) -> Iterator[NatsServer]:
+    """nats-server with TLS that also requires client certificates signed by the CA."""
+    with NatsServer(tls=(pki / "server.pem", pki / "server.key", pki / "ca.pem")) as server:
+        yield server.start()
+
+
+async def test_publish_and_subscribe_over_mutual_tls(tmp_path: Path, pki: Path, tls_nats: NatsServer) -> None:
+    assert tls_nats.url.startswith("tls://")
+    config = make_config(
+        "nats",
+        "file",
+        tmp_path,
+        tls_nats,
+        None,
+        nats_tls_ca=pki / "ca.pem",
+        nats_tls_cert=pki / "client.pem",
+        nats_tls_key=pki / "client.key",
+    )
+    scope = Scope.endpoint(f"tls-{uuid.uuid4().hex[:8]}", "worker", "generate")
+    async with EventPlane(config) as plane:
+        sub = await plane.subscriber(scope, "t")
+        pub = await plane.publisher(scope, "t")
+        await pub.wait_for_subscribers(1, timeout=10)
+        await pub.publish(b"over tls")
+        assert (await sub.next(timeout=10)).payload == b"over tls"
+
+
+@pytest.mark.parametrize(
+    "missing", ["client certificate", "the CA"], ids=["no-client-certificate", "untrusted-server"]
+)
+async def test_tls_without_the_right_files_is_refused(
+    tmp_path: Path, pki: Path, tls_nats: NatsServer, missing: str
+) -> None:
+    files = {"nats_tls_ca": pki / "ca.pem"} if missing == "client certificate" else {}
+    config = make_config("nats", "file", tmp_path, tls_nats, None, connect_timeout=2.0, **files)
+    scope = Scope.endpoint("tls-refused", "worker", "generate")
+    with pytest.raises(TransportError, match="cannot connect to NATS"):
+        async with EventPlane(config) as plane:
+            await plane.publisher(scope, "t")
