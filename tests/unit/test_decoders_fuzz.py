@@ -1,0 +1,96 @@
+"""Every decoder that takes bytes or text from outside, fed anything: it answers with its own clear
+error (which callers count and turn into a 4xx), never with another exception."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from meshplane.core.brokers import parse_broker_record
+from meshplane.core.records import EventChannel
+from meshplane.core.streamlog import RetentionPolicy, audit_segment, decode_event, encode_record
+from meshplane.core.subjects import InvalidSubject, validate
+from meshplane.errors import ConfigError, InvalidDiscoveryRecord
+from meshplane.streams.access import Tokens
+from meshplane.streams.errors import BadRequest, StreamError
+from meshplane.streams.server import parse_json_object
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
+JSON_BYTES = JSON.map(lambda v: json.dumps(v).encode())
+RECORD_LIKE = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(["EventChannel", "x"]),
+        "instance_id": JSON,
+        "transport": JSON,
+        "topic": JSON,
+        "scope": JSON,
+    }
+).map(lambda v: json.dumps(v).encode())
+
+
+@given(st.binary(max_size=300) | JSON_BYTES | RECORD_LIKE)
+def test_discovery_records(data: bytes) -> None:
+    with contextlib.suppress(InvalidDiscoveryRecord):
+        EventChannel.from_json(data)
+
+
+@given(st.binary(max_size=300) | JSON_BYTES)
+def test_broker_records(data: bytes) -> None:
+    with contextlib.suppress(InvalidDiscoveryRecord):
+        parse_broker_record(data)
+
+
+@given(st.binary(max_size=300))
+def test_stored_events(data: bytes) -> None:
+    with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+        decode_event(data)
+
+
+@given(st.lists(st.binary(max_size=60), max_size=6), st.binary(max_size=80), st.integers(0, 400))
+def test_segment_audit_of_damaged_bytes(payloads: list[bytes], garbage: bytes, at: int) -> None:
+    data = b"".join(encode_record(i, 0, p) for i, p in enumerate(payloads))
+    damaged = data[:at] + garbage + data[at:]
+    audit = audit_segment(damaged, 0)
+    assert audit.records <= len(payloads) + len(garbage) // 24
+    assert audit.valid_bytes <= len(damaged)
+    if not garbage or at >= len(data):
+        assert audit.records == len(payloads)
+
+
+@given(JSON)
+def test_retention_policies(raw: object) -> None:
+    with contextlib.suppress(ValueError):
+        RetentionPolicy.from_json(raw)
+
+
+@given(st.binary(max_size=200) | JSON_BYTES)
+def test_request_bodies(raw: bytes) -> None:
+    with contextlib.suppress(BadRequest):  # a 400, and no other error
+        parse_json_object(raw, "body")
+
+
+@given(st.text(max_size=80))
+def test_subjects_and_patterns(text: str) -> None:
+    for wildcards in (False, True):
+        with contextlib.suppress(InvalidSubject):
+            validate(text, wildcards=wildcards)
+
+
+@given(st.text(max_size=200))
+def test_token_files(text: str) -> None:
+    with contextlib.suppress(ConfigError):
+        Tokens.parse(text)
+
+
+def test_a_deeply_nested_body_is_a_400() -> None:
+    with pytest.raises(StreamError, match="nested too deeply"):
+        parse_json_object(b"[" * 100_000, "body")
