@@ -303,9 +303,9 @@ def run_pair(
             endpoint = _read(pub)["endpoint"]
             sub = _spawn(["_sub", kind, kv, endpoint, *common], pin)
         elif impl == "raw" or transport == "nats":
-            sub = _spawn(["_sub", kind, kv, nats_url, *common], pin)
+            sub = _spawn(["_sub", kind, kv, nats_url, *common], pin, env)
             _read(sub)  # subscribed: nothing published from now on is missed
-            pub = _spawn(["_pub", kind, kv, nats_url, str(events), str(interval)], pin)
+            pub = _spawn(["_pub", kind, kv, nats_url, str(events), str(interval)], pin, env)
         else:  # zmq-meshplane: the publisher binds and registers, the subscriber discovers it
             pub = _spawn(["_pub", kind, kv, nats_url, str(events), str(interval)], pin, env)
             _read(pub)

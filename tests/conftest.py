@@ -161,3 +161,10 @@ def plane_config(request: pytest.FixtureRequest, tmp_path: Path) -> PlaneConfig:
             )
         return make_config("zmq", discovery, tmp_path, None, etcd, zmq_broker_enabled=True)
     return make_config(transport, discovery, tmp_path, nats, etcd)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The Spark tests first. PySpark starts its JVM with a Python ``preexec_fn``: Python runs in a
+    forked child of this process, which is only safe while the process has no other threads. Later it
+    has gRPC's (etcd), libzmq's and asyncio's, and the child crashed now and then (SIGSEGV)."""
+    items.sort(key=lambda item: 0 if item.path.name.startswith("test_spark") else 1)
