@@ -53,6 +53,9 @@ class PlaneConfig:
     # the folder of public keys it trusts, and the brokers' public key in broker mode.
     # TLS to NATS: the CA that signed the server's certificate, and a client certificate and key for
     # servers that verify clients (nats-server --tlsverify).
+    etcd_tls_ca: Path | None = None  # MESHPLANE_ETCD_TLS_CA (also: https:// in ETCD_ENDPOINTS)
+    etcd_tls_cert: Path | None = None  # MESHPLANE_ETCD_TLS_CERT
+    etcd_tls_key: Path | None = None  # MESHPLANE_ETCD_TLS_KEY
     nats_tls_ca: Path | None = None  # MESHPLANE_NATS_TLS_CA
     nats_tls_cert: Path | None = None  # MESHPLANE_NATS_TLS_CERT
     nats_tls_key: Path | None = None  # MESHPLANE_NATS_TLS_KEY
@@ -136,6 +139,9 @@ class PlaneConfig:
         take("DYN_ZMQ_BROKER_URL", "zmq_brokers", parse_broker_url)
         take("DYN_ZMQ_BROKER_ENABLED", "zmq_broker_enabled", _parse_bool)
         take("MESHPLANE_ZMQ_BROKER_FANOUT", "broker_fanout", int)
+        take("MESHPLANE_ETCD_TLS_CA", "etcd_tls_ca", Path)
+        take("MESHPLANE_ETCD_TLS_CERT", "etcd_tls_cert", Path)
+        take("MESHPLANE_ETCD_TLS_KEY", "etcd_tls_key", Path)
         take("MESHPLANE_NATS_TLS_CA", "nats_tls_ca", Path)
         take("MESHPLANE_NATS_TLS_CERT", "nats_tls_cert", Path)
         take("MESHPLANE_NATS_TLS_KEY", "nats_tls_key", Path)

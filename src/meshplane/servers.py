@@ -197,15 +197,17 @@ class NatsServer(_Process):
 class EtcdServer(_Process):
     """etcd (Debian's ``etcd-server``) with its data in a temporary folder, kept across restarts."""
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", tls: tuple[Path, Path, Path | None] | None = None) -> None:
+        """``tls``: (certificate, key, CA that clients' certificates must chain to, or None)."""
         super().__init__()
         self.host = host
+        self.tls = tls
         self.client_port = 0
         self.peer_port = 0
 
     @property
     def endpoint(self) -> str:
-        return f"http://{self.host}:{self.client_port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.client_port}"
 
     def start(self, timeout: float = 20.0, wipe: bool = False) -> EtcdServer:
         """Start (or restart on the same ports); ``wipe`` deletes the data first."""
@@ -215,7 +217,13 @@ class EtcdServer(_Process):
         for _ in range(5):
             if not self.client_port:
                 self.client_port, self.peer_port = free_port(self.host), free_port(self.host)
-            client, peer = f"http://{self.host}:{self.client_port}", f"http://{self.host}:{self.peer_port}"
+            client, peer = self.endpoint, f"http://{self.host}:{self.peer_port}"
+            tls: list[str] = []
+            if self.tls:
+                cert, key, client_ca = self.tls
+                tls = ["--cert-file", str(cert), "--key-file", str(key)]
+                if client_ca is not None:
+                    tls += ["--client-cert-auth", "--trusted-ca-file", str(client_ca)]
             proc = self._spawn(
                 [
                     find_binary("etcd"),
@@ -235,6 +243,7 @@ class EtcdServer(_Process):
                     f"meshplane-test={peer}",
                     "--log-level",
                     "warn",
+                    *tls,
                 ]
             )
             try:

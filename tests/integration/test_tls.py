@@ -1,4 +1,4 @@
-"""TLS to NATS (and mutual TLS), against a real nats-server run with certificates made for the test."""
+"""TLS to NATS and to etcd (mutual TLS), against real servers run with certificates made for the test."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import trustme
 
-from meshplane import EventPlane, Scope, TransportError
-from meshplane.servers import NatsServer
+from meshplane import DiscoveryError, EventPlane, Scope, TransportError
+from meshplane.servers import EtcdServer, NatsServer
 from tests.conftest import make_config
 
 
@@ -69,3 +69,42 @@ async def test_tls_without_the_right_files_is_refused(
     with pytest.raises(TransportError, match="cannot connect to NATS"):
         async with EventPlane(config) as plane:
             await plane.publisher(scope, "t")
+
+
+@pytest.fixture(scope="module")
+def tls_etcd(pki: Path) -> Iterator[EtcdServer]:
+    """etcd serving its clients over TLS and requiring client certificates signed by the CA."""
+    with EtcdServer(tls=(pki / "server.pem", pki / "server.key", pki / "ca.pem")) as server:
+        yield server.start()
+
+
+async def test_etcd_discovery_over_mutual_tls(tmp_path: Path, pki: Path, tls_etcd: EtcdServer) -> None:
+    assert tls_etcd.endpoint.startswith("https://")
+    config = make_config(
+        "zmq",
+        "etcd",
+        tmp_path,
+        None,
+        tls_etcd,
+        etcd_tls_ca=pki / "ca.pem",
+        etcd_tls_cert=pki / "client.pem",
+        etcd_tls_key=pki / "client.key",
+    )
+    scope = Scope.endpoint(f"etcd-tls-{uuid.uuid4().hex[:8]}", "worker", "generate")
+    async with EventPlane(config) as plane:
+        sub = await plane.subscriber(scope, "t")  # finds the publisher through etcd
+        pub = await plane.publisher(scope, "t")
+        await pub.wait_for_subscribers(1, timeout=10)
+        await pub.publish(b"found over tls")
+        assert (await sub.next(timeout=10)).payload == b"found over tls"
+
+
+async def test_etcd_without_a_client_certificate_is_refused(
+    tmp_path: Path, pki: Path, tls_etcd: EtcdServer
+) -> None:
+    config = make_config(
+        "zmq", "etcd", tmp_path, None, tls_etcd, connect_timeout=2.0, etcd_tls_ca=pki / "ca.pem"
+    )
+    with pytest.raises(DiscoveryError, match="cannot reach etcd"):
+        async with EventPlane(config) as plane:
+            await plane.publisher(Scope.endpoint("etcd-tls", "w", "g"), "t")

@@ -18,7 +18,12 @@ def create_discovery(config: PlaneConfig) -> Discovery:
         return FileDiscovery(config.file_kv, config.file_kv_ttl, config.file_kv_poll_interval)
     from meshplane.discovery.etcd import EtcdDiscovery
 
-    return EtcdDiscovery(config.etcd_endpoints, config.etcd_lease_ttl, config.connect_timeout)
+    tls = None
+    if config.etcd_tls_ca or config.etcd_tls_cert:
+        from meshplane.discovery.etcd import EtcdTls
+
+        tls = EtcdTls(config.etcd_tls_ca, config.etcd_tls_cert, config.etcd_tls_key)
+    return EtcdDiscovery(config.etcd_endpoints, config.etcd_lease_ttl, config.connect_timeout, tls)
 
 
 __all__ = ["Discovery", "create_discovery"]

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import aetcd
+import aetcd.rpc
+import grpc
 
 from meshplane.core.watch import Added, DiscoveryEvent, Removed, diff_snapshot
 from meshplane.discovery.base import Discovery
@@ -43,11 +48,61 @@ async def _close_quietly(client: aetcd.Client, timeout: float = 2.0) -> None:
     await asyncio.wait({closing}, timeout=timeout)
 
 
+@dataclass(frozen=True, slots=True)
+class EtcdTls:
+    """PEM files for TLS to etcd: the CA of its certificate, and a client certificate and key for
+    an etcd that verifies clients (--client-cert-auth)."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        def read(path: Path | None) -> bytes | None:
+            try:
+                return path.read_bytes() if path is not None else None
+            except OSError as exc:
+                raise ConfigError(f"cannot read the etcd TLS file {path}: {exc.strerror}") from None
+
+        return grpc.ssl_channel_credentials(read(self.ca), read(self.key), read(self.cert))
+
+
+class _TlsClient(aetcd.Client):  # type: ignore[misc]  # aetcd has no type information
+    """aetcd 1.0 opens only plaintext channels (``rpc.insecure_channel``); this client gives its
+    connect a TLS channel instead. The swap is made under a lock every connect of ours takes, so no
+    plaintext connect in this process can see it."""
+
+    def __init__(self, credentials: grpc.ChannelCredentials, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._credentials = credentials
+
+    async def connect(self) -> None:
+        plaintext = aetcd.rpc.insecure_channel
+        secure = functools.partial(aetcd.rpc.secure_channel, credentials=self._credentials)
+        aetcd.rpc.insecure_channel = secure
+        try:
+            await super().connect()
+        finally:
+            aetcd.rpc.insecure_channel = plaintext
+
+
+_CONNECTS = asyncio.Lock()
+
+
 class EtcdDiscovery(Discovery):
     name = "etcd"
 
-    def __init__(self, endpoints: tuple[str, ...], lease_ttl: int = 10, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        endpoints: tuple[str, ...],
+        lease_ttl: int = 10,
+        connect_timeout: float = 5.0,
+        tls: EtcdTls | None = None,
+    ) -> None:
         self._endpoints = [parse_endpoint(e) for e in endpoints]
+        # https:// endpoints, or TLS files, mean TLS (with the system's CAs when no CA is given).
+        use_tls = tls is not None or any(e.startswith("https://") for e in endpoints)
+        self._credentials = (tls or EtcdTls()).credentials() if use_tls else None
         self._lease_ttl = lease_ttl
         self._connect_timeout = connect_timeout
         self._client: aetcd.Client | None = None
@@ -59,9 +114,14 @@ class EtcdDiscovery(Discovery):
     async def _connect(self) -> aetcd.Client:
         errors = []
         for host, port in self._endpoints:
-            client = aetcd.Client(host=host, port=port, timeout=self._connect_timeout)
+            client = (
+                aetcd.Client(host=host, port=port, timeout=self._connect_timeout)
+                if self._credentials is None
+                else _TlsClient(self._credentials, host=host, port=port, timeout=self._connect_timeout)
+            )
             try:
-                await client.connect()
+                async with _CONNECTS:
+                    await client.connect()
                 await client.status()  # gRPC connects lazily; make sure someone answers
                 return client
             except Exception as exc:
