@@ -51,6 +51,7 @@ bench: $(STAMP) redis
 	$(BIN)/python bench/event_plane.py
 	$(BIN)/python bench/broker_mode.py
 	$(BIN)/python bench/streams.py
+	$(BIN)/python bench/security_cost.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
