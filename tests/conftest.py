@@ -46,6 +46,19 @@ class CurveKeys:
     def allowed(self) -> Path:
         return self.folder / "allowed"
 
+    def public_key(self, name: str) -> bytes:
+        import zmq.auth
+
+        return zmq.auth.load_certificate(self.public(name))[0]
+
+    def broker_env(self) -> dict[str, str]:
+        """A broker process's environment: the broker key pair, clients allowed by the plane's key."""
+        return {
+            **os.environ,
+            "MESHPLANE_ZMQ_CURVE_CERT": str(self.secret("broker")),
+            "MESHPLANE_ZMQ_CURVE_ALLOWED": str(self.allowed),
+        }
+
 
 @pytest.fixture(scope="session")
 def curve_keys(tmp_path_factory: pytest.TempPathFactory) -> CurveKeys:
@@ -62,20 +75,9 @@ def curve_keys(tmp_path_factory: pytest.TempPathFactory) -> CurveKeys:
 
 @pytest.fixture(scope="session")
 def curve_brokers(curve_keys: CurveKeys) -> Iterator[list[BrokerProcess]]:
-    """Two brokers with CURVE (the broker key pair; clients allowed by the plane's key)."""
-    env = {
-        **os.environ,
-        "MESHPLANE_ZMQ_CURVE_CERT": str(curve_keys.secret("broker")),
-        "MESHPLANE_ZMQ_CURVE_ALLOWED": str(curve_keys.allowed),
-    }
-    brokers = [BrokerProcess(env=env), BrokerProcess(env=env)]
-    try:
-        for broker in brokers:
-            broker.start()
+    """Two brokers with CURVE."""
+    with running_brokers(("--no-register",), ("--no-register",), env=curve_keys.broker_env()) as brokers:
         yield brokers
-    finally:
-        for broker in brokers:
-            broker.cleanup()
 
 
 @pytest.fixture(scope="session")
@@ -93,9 +95,11 @@ def etcd_server() -> Iterator[EtcdServer]:
 
 
 @contextlib.contextmanager
-def running_brokers(*args_per_broker: tuple[str, ...]) -> Iterator[list[BrokerProcess]]:
+def running_brokers(
+    *args_per_broker: tuple[str, ...], env: dict[str, str] | None = None
+) -> Iterator[list[BrokerProcess]]:
     """One broker process per argument tuple, on free loopback ports, stopped by PID afterwards."""
-    brokers = [BrokerProcess(extra_args=args) for args in args_per_broker]
+    brokers = [BrokerProcess(extra_args=args, env=env) for args in args_per_broker]
     try:
         for broker in brokers:
             broker.start()

@@ -6,6 +6,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from meshplane import EventPlane, Scope
+
 
 async def eventually(
     condition: Callable[[], bool | Awaitable[bool]],
@@ -24,6 +26,16 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {what or condition}")
         await asyncio.sleep(interval)
+
+
+async def one_event_through(plane: EventPlane, scope: Scope, payload: bytes, topic: str = "t") -> bytes:
+    """A subscriber and a publisher on ``plane``: once the publisher sees it, one event goes through;
+    returns the payload the subscriber got."""
+    sub = await plane.subscriber(scope, topic)
+    pub = await plane.publisher(scope, topic)
+    await pub.wait_for_subscribers(1, timeout=10)
+    await pub.publish(payload)
+    return (await sub.next(timeout=10)).payload
 
 
 def wait_until(

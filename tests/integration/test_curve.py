@@ -4,7 +4,6 @@ forged discovery record pointing at a rogue publisher, a client of a broker with
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from pathlib import Path
 
@@ -12,12 +11,11 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from meshplane import EventPlane, PlaneConfig, Scope
+from meshplane import EventPlane, EventPublisher, PlaneConfig, Scope
 from meshplane.core.records import TRANSPORT_ZMQ, EventChannel
-from meshplane.servers import BrokerProcess
 from meshplane.transports.zmq import ZmqSubscriberTransport
-from tests.conftest import CurveKeys, make_config
-from tests.helpers import eventually
+from tests.conftest import CurveKeys, make_config, running_brokers
+from tests.helpers import eventually, one_event_through
 
 
 def curve_config(tmp_path: Path, keys: CurveKeys, name: str = "plane", **extra: object) -> PlaneConfig:
@@ -38,7 +36,7 @@ def scope() -> Scope:
     return Scope.endpoint(f"curve-{uuid.uuid4().hex[:8]}", "worker", "generate")
 
 
-async def publish_for(pub, seconds: float) -> None:  # type: ignore[no-untyped-def]
+async def publish_for(pub: EventPublisher, seconds: float) -> None:
     deadline = asyncio.get_running_loop().time() + seconds
     while asyncio.get_running_loop().time() < deadline:
         await pub.publish(b"secret")
@@ -49,13 +47,10 @@ async def test_the_record_carries_the_key_and_an_allowed_subscriber_receives(
     tmp_path: Path, curve_keys: CurveKeys, scope: Scope
 ) -> None:
     async with EventPlane(curve_config(tmp_path, curve_keys)) as plane:
-        pub = await plane.publisher(scope, "t")
+        pub = await plane.publisher(scope, "keyed")
         assert pub.channel is not None
-        assert pub.channel.zmq_curve_key == curve_keys.public("plane").read_text().split('"')[1].encode()
-        sub = await plane.subscriber(scope, "t")
-        await pub.wait_for_subscribers(1, timeout=10)
-        await pub.publish(b"hello")
-        assert (await sub.next(timeout=10)).payload == b"hello"
+        assert pub.channel.zmq_curve_key == curve_keys.public_key("plane")
+        assert await one_event_through(plane, scope, b"hello") == b"hello"
 
 
 async def test_a_subscriber_without_an_allowed_key_gets_nothing(
@@ -99,30 +94,20 @@ async def test_a_forged_record_cannot_point_a_subscriber_at_a_rogue_publisher(
         assert rogue.channel is not None
         await eventually(lambda: transport.untrusted_publishers >= 1, what="the rogue's record refused")
         # A record claiming the trusted key, at the rogue's address: the handshake fails.
-        trusted_key = curve_keys.public("plane").read_text().split('"')[1]
-        forged = EventChannel(
-            scope,
-            "t",
-            77,
-            TRANSPORT_ZMQ,
-            {"endpoint": rogue.channel.zmq_endpoint, "curve_public_key": trusted_key},
-        )
+        claims = {
+            "endpoint": rogue.channel.zmq_endpoint,
+            "curve_public_key": curve_keys.public_key("plane").decode(),
+        }
+        forged = EventChannel(scope, "t", 77, TRANSPORT_ZMQ, claims)
         await (await plane.discovery()).register(forged.key, forged.to_json())
-        await eventually(
-            lambda: transport.connected_publishers == 1, what="connecting to the forged record"
-        )
+        await eventually(lambda: transport.connected_publishers == 1, what="connecting to the forged record")
         await publish_for(rogue, 1.0)
         assert sub.stats.received == 0
         assert rogue.subscriber_count == 0
 
 
 async def test_broker_clients_need_the_keys(tmp_path: Path, curve_keys: CurveKeys, scope: Scope) -> None:
-    env = {
-        "MESHPLANE_ZMQ_CURVE_CERT": str(curve_keys.secret("broker")),
-        "MESHPLANE_ZMQ_CURVE_ALLOWED": str(curve_keys.allowed),
-    }
-    with BrokerProcess(env={**os.environ, **env}) as broker:
-        broker.start()
+    with running_brokers(("--no-register",), env=curve_keys.broker_env()) as (broker,):
         brokers = (broker.address,)
         allowed = curve_config(
             tmp_path, curve_keys, zmq_brokers=brokers, zmq_curve_broker_key=str(curve_keys.public("broker"))
@@ -135,11 +120,7 @@ async def test_broker_clients_need_the_keys(tmp_path: Path, curve_keys: CurveKey
             zmq_curve_broker_key=str(curve_keys.public("broker")),
         )
         async with EventPlane(allowed) as plane, EventPlane(intruder) as intruders:
-            sub = await plane.subscriber(scope, "t")
             snoop = await intruders.subscriber(scope, "t")
-            pub = await plane.publisher(scope, "t")
-            await pub.wait_for_subscribers(1, timeout=10)
-            await pub.publish(b"through the broker")
-            assert (await sub.next(timeout=10)).payload == b"through the broker"
-            await publish_for(pub, 0.5)
+            assert await one_event_through(plane, scope, b"through the broker") == b"through the broker"
+            await publish_for(await plane.publisher(scope, "t"), 0.5)
             assert snoop.stats.received == 0

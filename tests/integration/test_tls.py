@@ -12,6 +12,7 @@ import trustme
 from meshplane import DiscoveryError, EventPlane, Scope, TransportError
 from meshplane.servers import EtcdServer, NatsServer
 from tests.conftest import make_config
+from tests.helpers import one_event_through
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +51,7 @@ async def test_publish_and_subscribe_over_mutual_tls(tmp_path: Path, pki: Path, 
     )
     scope = Scope.endpoint(f"tls-{uuid.uuid4().hex[:8]}", "worker", "generate")
     async with EventPlane(config) as plane:
-        sub = await plane.subscriber(scope, "t")
-        pub = await plane.publisher(scope, "t")
-        await pub.wait_for_subscribers(1, timeout=10)
-        await pub.publish(b"over tls")
-        assert (await sub.next(timeout=10)).payload == b"over tls"
+        assert await one_event_through(plane, scope, b"over tls") == b"over tls"
 
 
 @pytest.mark.parametrize(
@@ -91,12 +88,8 @@ async def test_etcd_discovery_over_mutual_tls(tmp_path: Path, pki: Path, tls_etc
         etcd_tls_key=pki / "client.key",
     )
     scope = Scope.endpoint(f"etcd-tls-{uuid.uuid4().hex[:8]}", "worker", "generate")
-    async with EventPlane(config) as plane:
-        sub = await plane.subscriber(scope, "t")  # finds the publisher through etcd
-        pub = await plane.publisher(scope, "t")
-        await pub.wait_for_subscribers(1, timeout=10)
-        await pub.publish(b"found over tls")
-        assert (await sub.next(timeout=10)).payload == b"found over tls"
+    async with EventPlane(config) as plane:  # the subscriber finds the publisher through etcd
+        assert await one_event_through(plane, scope, b"found over tls") == b"found over tls"
 
 
 async def test_etcd_without_a_client_certificate_is_refused(
