@@ -43,8 +43,8 @@ from meshplane.core.groups import GroupCoordinator
 from meshplane.core.streamlog import StoredEvent, decode_event, encode_event
 from meshplane.servers import NatsServer, StreamsServerProcess, free_port
 from meshplane.streams.client import StreamsClient
-from meshplane.streams.engine import StreamEngine, StreamsConfig
 from meshplane.streams.log import PartitionLog
+from meshplane.streams.service import StreamsConfig, StreamsService
 
 DATA = "x" * 100
 BATCH = 1000
@@ -164,7 +164,7 @@ async def group_timings(url: str, rounds: int, commits: int) -> dict[str, float]
         group.leave("m9", 0)
     coordinator = (time.perf_counter() - started) / 2000
     with tempfile.TemporaryDirectory() as tmp:  # the commit path without HTTP: fencing + an append
-        engine = StreamEngine(StreamsConfig(data_dir=Path(tmp)))
+        engine = StreamsService(StreamsConfig(data_dir=Path(tmp)))
         engine.open()
         engine.create_topic("t", 12)
         engine.create_group("g", "t")

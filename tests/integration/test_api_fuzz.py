@@ -13,11 +13,11 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from meshplane.servers import StreamsServerProcess
-from meshplane.streams.engine import StreamEngine, StreamsConfig
 from meshplane.streams.server import Api, openapi_document
+from meshplane.streams.service import StreamsConfig, StreamsService
 
 # The description is static (one route table), so it is built here rather than fetched.
-schema = schemathesis.openapi.from_dict(openapi_document(Api(StreamEngine(StreamsConfig())).routes()))
+schema = schemathesis.openapi.from_dict(openapi_document(Api(StreamsService(StreamsConfig())).routes()))
 EXAMPLES = int(os.environ.get("MESHPLANE_FUZZ_EXAMPLES", "15"))
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from meshplane.core.streamlog import StoredEvent
-from meshplane.streams.engine import StreamEngine, StreamsConfig
 from meshplane.streams.errors import CorruptRecords
 from meshplane.streams.log import QUARANTINE, PartitionLog
+from meshplane.streams.service import StreamsConfig, StreamsService
 
 SEGMENT = 4_000
 
@@ -171,7 +171,7 @@ def test_a_missing_segment_is_a_reported_hole(tmp_path: Path) -> None:
 
 
 async def engine_with_data(directory: Path) -> None:
-    engine = StreamEngine(StreamsConfig(data_dir=directory))
+    engine = StreamsService(StreamsConfig(data_dir=directory))
     await engine.start()
     engine.create_topic("t", 2)
     await engine.publish_topic("t", [StoredEvent(f"e{i}", "e", i) for i in range(10)])
@@ -202,7 +202,7 @@ async def test_garbage_or_missing_metadata_is_set_aside_and_the_server_starts(
         target.unlink()
     else:
         target.write_bytes(damage)
-    engine = StreamEngine(StreamsConfig(data_dir=tmp_path))
+    engine = StreamsService(StreamsConfig(data_dir=tmp_path))
     await engine.start()
     try:
         # The events are all there whatever metadata was lost: settings come back as defaults.
@@ -227,7 +227,7 @@ async def test_garbage_or_missing_metadata_is_set_aside_and_the_server_starts(
 
 def test_the_engine_checks_sealed_segments_in_the_background(tmp_path: Path) -> None:
     async def scenario() -> None:
-        engine = StreamEngine(StreamsConfig(data_dir=tmp_path, segment_bytes=20_000))
+        engine = StreamsService(StreamsConfig(data_dir=tmp_path, segment_bytes=20_000))
         await engine.start()
         engine.create_topic("t", 1)
         for i in range(300):  # ~150 bytes each: two sealed segments, indexed every 4 KiB
@@ -235,7 +235,7 @@ def test_the_engine_checks_sealed_segments_in_the_background(tmp_path: Path) -> 
         await engine.close()
         first = sorted((tmp_path / "topics/t/0").glob("*.log"))[0]
         flip(first, 100)
-        engine = StreamEngine(StreamsConfig(data_dir=tmp_path, segment_bytes=20_000))
+        engine = StreamsService(StreamsConfig(data_dir=tmp_path, segment_bytes=20_000))
         await engine.start()
         try:
             assert not engine.storage_problems()

@@ -10,12 +10,12 @@ import pytest
 
 from meshplane.cli.main import main
 from meshplane.core.streamlog import StoredEvent
-from meshplane.streams.engine import StreamEngine, StreamsConfig
+from meshplane.streams.service import StreamsConfig, StreamsService
 
 
 def make_data(root: Path) -> None:
     async def fill() -> None:
-        engine = StreamEngine(StreamsConfig(data_dir=root, segment_bytes=2_000))
+        engine = StreamsService(StreamsConfig(data_dir=root, segment_bytes=2_000))
         await engine.start()
         engine.create_topic("orders", 2)
         events = [StoredEvent(f"e{i}", "order.created", {"n": i}, f"k{i}") for i in range(60)]

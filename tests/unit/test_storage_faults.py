@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from meshplane.core.streamlog import StoredEvent
-from meshplane.streams.engine import StreamEngine, StreamsConfig
 from meshplane.streams.errors import StorageError
 from meshplane.streams.log import PartitionLog
+from meshplane.streams.service import StreamsConfig, StreamsService
 from tests.faults import FaultInjector
 
 ERRORS = [errno.ENOSPC, errno.EIO]
@@ -102,7 +102,7 @@ class Acknowledged:
         self.failures: list[str] = []
 
 
-async def engine_workload(engine: StreamEngine, ack: Acknowledged) -> None:
+async def engine_workload(engine: StreamsService, ack: Acknowledged) -> None:
     async def attempt(what: str, action: Callable[[], Awaitable[None]]) -> None:
         try:
             await action()
@@ -155,19 +155,18 @@ async def engine_workload(engine: StreamEngine, ack: Acknowledged) -> None:
         await attempt("room", room)
 
 
-def crash(engine: StreamEngine) -> None:
+def crash(engine: StreamsService) -> None:
     """What kill -9 leaves: the files as written, nothing flushed or synced on the way out."""
     for task in (engine._cleanup, engine.durability._task):
         if task is not None:
             task.cancel()
     engine.files.close()
     engine.idempotency.close()
-    for commits in engine._commit_files.values():
-        commits.close()
+    engine.group_store.close()
 
 
 async def check_recovered(directory: Path, ack: Acknowledged, where: str) -> None:
-    engine = StreamEngine(StreamsConfig(data_dir=directory, fsync="always"))
+    engine = StreamsService(StreamsConfig(data_dir=directory, fsync="always"))
     await engine.start()
     try:
         if ack.events or ack.commits:
@@ -196,7 +195,7 @@ async def check_recovered(directory: Path, ack: Acknowledged, where: str) -> Non
 async def run_engine_faults(tmp_path: Path, error: int) -> None:
     dry = tmp_path / "dry"
     with FaultInjector(dry).installed() as counter:
-        engine = StreamEngine(StreamsConfig(data_dir=dry, fsync="always"))
+        engine = StreamsService(StreamsConfig(data_dir=dry, fsync="always"))
         await engine.start()
         await engine_workload(engine, Acknowledged())
         total = counter.count  # what the workload does (a crash skips what close() would)
@@ -207,7 +206,7 @@ async def run_engine_faults(tmp_path: Path, error: int) -> None:
         ack = Acknowledged()
         injector = FaultInjector(directory, fail_at, error)
         with injector.installed():
-            engine = StreamEngine(StreamsConfig(data_dir=directory, fsync="always"))
+            engine = StreamsService(StreamsConfig(data_dir=directory, fsync="always"))
             try:
                 await engine.start()
             except StorageError:

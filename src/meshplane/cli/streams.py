@@ -19,8 +19,8 @@ from meshplane.config import default_state_dir
 from meshplane.errors import ConfigError
 from meshplane.streams.access import Tokens
 from meshplane.streams.client import StreamsClient
-from meshplane.streams.engine import StreamEngine, StreamsConfig
 from meshplane.streams.errors import StreamError
+from meshplane.streams.service import StreamsConfig, StreamsService
 
 DEFAULT_URL = os.environ.get("MESHPLANE_STREAMS_URL", "http://127.0.0.1:15500")
 TOKEN_ENV = "MESHPLANE_STREAMS_TOKEN"
@@ -152,7 +152,7 @@ async def run_serve(args: argparse.Namespace) -> int:
         tls = server_tls(args.tls_cert, args.tls_key) if args.tls_cert else None
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load the TLS certificate or key: {exc}") from None
-    engine = StreamEngine(streams_config_from_args(args))
+    engine = StreamsService(streams_config_from_args(args))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

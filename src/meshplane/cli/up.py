@@ -26,7 +26,7 @@ from meshplane.plane import EventPlane
 from meshplane.publisher import EventPublisher
 from meshplane.servers import NatsServer
 from meshplane.streams.access import ADMIN, Tokens
-from meshplane.streams.engine import StreamEngine, StreamsConfig
+from meshplane.streams.service import StreamsConfig, StreamsService
 from meshplane.subscriber import EventSubscriber
 from meshplane.transports.nats import redact_url
 
@@ -231,7 +231,9 @@ async def run_up(args: argparse.Namespace) -> int:
 class _Streams:
     """The embedded streams server of `up`, run on this loop."""
 
-    def __init__(self, engine: StreamEngine, task: asyncio.Task[None], stop: asyncio.Event, url: str) -> None:
+    def __init__(
+        self, engine: StreamsService, task: asyncio.Task[None], stop: asyncio.Event, url: str
+    ) -> None:
         self.engine, self.task, self.stop, self.url = engine, task, stop, url
 
     async def close(self) -> None:
@@ -244,7 +246,7 @@ async def _start_streams(args: argparse.Namespace, state_dir: Path) -> _Streams:
 
     tokens = Tokens({args.token: ADMIN}) if args.token else None
     for port in (args.streams_port, 0):
-        engine = StreamEngine(StreamsConfig(data_dir=state_dir / "streams"))
+        engine = StreamsService(StreamsConfig(data_dir=state_dir / "streams"))
         stop = asyncio.Event()
         ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(

@@ -1,4 +1,4 @@
-"""``meshplane serve``: the streams engine over HTTP, WebSocket and server-sent events (aiohttp).
+"""``meshplane serve``: the streams service over HTTP, WebSocket and server-sent events (aiohttp).
 
 Synap-compatible: the command endpoint ``POST /api/v1/command`` that synap-sdk uses over http://,
 the room REST routes and WebSockets, and the topic / consumer-group REST routes. Every route is
@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 from meshplane.core.groups import GroupError
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent
 from meshplane.streams.access import Grant, Level, Tokens
-from meshplane.streams.engine import Room, StreamEngine, StreamEvent, Topic, new_event_id
+from meshplane.streams.config import new_event_id
 from meshplane.streams.errors import (
     BadRequest,
     Forbidden,
@@ -42,10 +42,14 @@ from meshplane.streams.errors import (
     RequestTimeout,
     StreamError,
 )
+from meshplane.streams.events import StreamEvent
+from meshplane.streams.rooms import Room
+from meshplane.streams.service import StreamsService
+from meshplane.streams.topics import Topic
 
 log = logging.getLogger(__name__)
 
-ENGINE: web.AppKey[StreamEngine] = web.AppKey("engine", StreamEngine)
+ENGINE: web.AppKey[StreamsService] = web.AppKey("engine", StreamsService)
 GRANT = "meshplane.grant"  # the request's grant, when the server requires tokens
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_CONSUME_LIMIT = 1000
@@ -178,7 +182,7 @@ class Commands:
 
     PREFIXES = ("stream.", "pubsub.", "topic.", "group.")
 
-    def __init__(self, engine: StreamEngine) -> None:
+    def __init__(self, engine: StreamsService) -> None:
         self.engine = engine
 
     async def run(self, command: str, payload: dict[str, Any], grant: Grant | None = None) -> dict[str, Any]:
@@ -324,53 +328,37 @@ class Commands:
         }
 
     async def cmd_group_join(self, p: dict[str, Any]) -> dict[str, Any]:
-        group = self.engine.group(get_str(p, "group"))
+        group_id = get_str(p, "group")
         member = get_str(p, "member_id", None) or str(uuid.uuid4())
-        result = group.join(member, time.monotonic(), _positive(p, "session_timeout_secs"))
-        self.engine.group_changed(group)
-        return {
-            "member_id": member,
-            "group_id": group.group_id,
-            "generation": result.generation,
-            "partitions": result.assignment.get(member, []),
-        }
+        generation, partitions = self.engine.group_store.join(
+            group_id, member, _positive(p, "session_timeout_secs")
+        )
+        return {"member_id": member, "group_id": group_id, "generation": generation, "partitions": partitions}
 
     async def cmd_group_assignment(self, p: dict[str, Any]) -> dict[str, Any]:
-        group = self.engine.group(get_str(p, "group"))
-        member = get_str(p, "member_id")
-        before = group.generation
-        partitions = group.assignment_of(member, time.monotonic())
-        if group.generation != before:
-            self.engine.group_changed(group)
+        group_id, member = get_str(p, "group"), get_str(p, "member_id")
+        partitions = self.engine.group_store.assignment(group_id, member)
         return {
             "member_id": member,
-            "group_id": group.group_id,
+            "group_id": group_id,
             "partitions": partitions,
-            "generation": group.generation,
+            "generation": self.engine.group(group_id).generation,
         }
 
     async def cmd_group_heartbeat(self, p: dict[str, Any]) -> dict[str, Any]:
-        group = self.engine.group(get_str(p, "group"))
-        member = get_str(p, "member_id")
-        before = group.generation
-        try:
-            generation = group.heartbeat(member, time.monotonic())
-        finally:
-            if group.generation != before:
-                self.engine.group_changed(group)
+        group_id, member = get_str(p, "group"), get_str(p, "member_id")
+        generation = self.engine.group_store.heartbeat(group_id, member)
         return {
             "success": True,
             "member_id": member,
             "generation": generation,
-            "partitions": group.assignment.get(member, []),
+            "partitions": self.engine.group(group_id).assignment.get(member, []),
         }
 
     async def cmd_group_leave(self, p: dict[str, Any]) -> dict[str, Any]:
-        group = self.engine.group(get_str(p, "group"))
         member = get_str(p, "member_id")
-        group.leave(member, time.monotonic())
-        self.engine.group_changed(group)
-        return {"success": True, "member_id": member, "generation": group.generation}
+        generation = self.engine.group_store.leave(get_str(p, "group"), member)
+        return {"success": True, "member_id": member, "generation": generation}
 
     async def cmd_group_commit(self, p: dict[str, Any]) -> dict[str, Any]:
         partition = get_int(p, "partition_id", minimum=0)
@@ -413,7 +401,7 @@ def topic_list(raw: object) -> list[str]:
 
 
 def history(
-    engine: StreamEngine, name: str, from_offset: int | None, to_offset: int | None, limit: int
+    engine: StreamsService, name: str, from_offset: int | None, to_offset: int | None, limit: int
 ) -> dict[str, Any]:
     room = engine.room(name)
     start = room.oldest if from_offset is None else from_offset
@@ -487,7 +475,7 @@ COMMAND_ACCESS: dict[str, tuple[Level, str | None]] = {
 
 
 class Api:
-    def __init__(self, engine: StreamEngine) -> None:
+    def __init__(self, engine: StreamsService) -> None:
         self.engine = engine
         self.commands = Commands(engine)
 
@@ -910,27 +898,7 @@ class Api:
         return await self._group_command(request, self.commands.cmd_group_offset)
 
     async def group_stats(self, request: web.Request) -> web.Response:
-        group = self.engine.group(request.match_info["group"])
-        group.expire(time.monotonic())
-        last = group.last_rebalance_at
-        lags = {p: lag for g, p, lag in self.engine.lag() if g == group.group_id}
-        return json_response(
-            {
-                "group_id": group.group_id,
-                "topic": group.topic,
-                "state": group.state,
-                "strategy": group.strategy,
-                "member_count": len(group.members),
-                "members": sorted(group.members),
-                "generation": group.generation,
-                "partition_count": group.partitions,
-                "committed_partitions": len(group.committed),
-                "assignment": group.assignment,
-                "committed": {str(p): o for p, o in group.committed.items()},
-                "lag": {str(p): v for p, v in lags.items()},
-                "last_rebalance_secs": None if last is None else round(time.monotonic() - last, 3),
-            }
-        )
+        return json_response(self.engine.group_stats(request.match_info["group"]))
 
     # metrics and OpenAPI
 
@@ -1206,7 +1174,7 @@ class RoomPusher:
         cursor: int,
         render: Callable[[StreamEvent], bytes],
         wire: Callable[[StreamEvent], bytes] | None,
-        engine: StreamEngine,
+        engine: StreamsService,
     ) -> None:
         self.out, self.transport, self.room, self.cursor = out, transport, room, cursor
         self.render, self.wire, self.engine = render, wire, engine
@@ -1398,7 +1366,7 @@ REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegist
 class EngineCollector(Collector):
     """Reads the engine's counters at scrape time."""
 
-    def __init__(self, engine: StreamEngine) -> None:
+    def __init__(self, engine: StreamsService) -> None:
         self.engine = engine
 
     def collect(self) -> Any:
@@ -1467,7 +1435,7 @@ class EngineCollector(Collector):
 
 
 def create_app(
-    engine: StreamEngine, *, tokens: Tokens | None = None, max_request_bytes: int | None = None
+    engine: StreamsService, *, tokens: Tokens | None = None, max_request_bytes: int | None = None
 ) -> web.Application:
     limit = max_request_bytes or max(engine.config.max_payload_bytes * 2, 1 << 20)
     api = Api(engine)
@@ -1542,7 +1510,7 @@ def _grant(request: web.Request, tokens: Tokens, *, query: bool) -> Grant | None
 
 
 async def serve(
-    engine: StreamEngine,
+    engine: StreamsService,
     host: str,
     port: int,
     *,

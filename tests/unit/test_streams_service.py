@@ -1,4 +1,4 @@
-"""The streams engine in-process on real files: group commit, limits, room expiry, idempotency."""
+"""The streams service in-process on real files: group commit, limits, room expiry, idempotency, groups."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from meshplane.core.streamlog import StoredEvent
-from meshplane.streams.engine import StreamEngine, StreamsConfig
 from meshplane.streams.errors import LimitReached, NotFound, OffsetOutOfRange
+from meshplane.streams.service import StreamsConfig, StreamsService
 from tests.helpers import eventually
 
 
@@ -18,7 +18,7 @@ def event(i: int) -> StoredEvent:
 
 
 async def test_fsync_always_acknowledges_after_a_shared_fsync(tmp_path: Path) -> None:
-    engine = StreamEngine(StreamsConfig(data_dir=tmp_path, fsync="always"))
+    engine = StreamsService(StreamsConfig(data_dir=tmp_path, fsync="always"))
     await engine.start()
     try:
         engine.create_topic("t", 1)
@@ -30,7 +30,7 @@ async def test_fsync_always_acknowledges_after_a_shared_fsync(tmp_path: Path) ->
 
 
 async def test_fsync_interval_syncs_after_the_first_write_or_once_enough_records_wait(tmp_path: Path) -> None:
-    engine = StreamEngine(
+    engine = StreamsService(
         StreamsConfig(
             data_dir=tmp_path, fsync="interval", fsync_interval_ms=3_600_000, fsync_every_records=10
         )
@@ -49,7 +49,7 @@ async def test_fsync_interval_syncs_after_the_first_write_or_once_enough_records
 
 
 async def test_fsync_interval_counts_from_the_first_unsynced_write(tmp_path: Path) -> None:
-    engine = StreamEngine(StreamsConfig(data_dir=tmp_path, fsync="interval", fsync_interval_ms=500))
+    engine = StreamsService(StreamsConfig(data_dir=tmp_path, fsync="interval", fsync_interval_ms=500))
     await engine.start()
     try:
         engine.create_topic("t", 1)
@@ -61,7 +61,7 @@ async def test_fsync_interval_counts_from_the_first_unsynced_write(tmp_path: Pat
 
 
 async def test_room_and_subscriber_limits(tmp_path: Path) -> None:
-    engine = StreamEngine(StreamsConfig(data_dir=tmp_path, max_rooms=2, max_subscribers_per_room=1))
+    engine = StreamsService(StreamsConfig(data_dir=tmp_path, max_rooms=2, max_subscribers_per_room=1))
     engine.open()
     engine.create_room("a")
     engine.create_room("b")
@@ -75,7 +75,7 @@ async def test_room_and_subscriber_limits(tmp_path: Path) -> None:
 
 
 async def test_rooms_expire_by_time_and_inactive_rooms_go(tmp_path: Path) -> None:
-    engine = StreamEngine(
+    engine = StreamsService(
         StreamsConfig(data_dir=tmp_path, auto_create_rooms=False, room_inactive_timeout=3600)
     )
     engine.open()
@@ -95,14 +95,41 @@ async def test_rooms_expire_by_time_and_inactive_rooms_go(tmp_path: Path) -> Non
 
 
 async def test_idempotent_publishes_survive_a_restart(tmp_path: Path) -> None:
-    engine = StreamEngine(StreamsConfig(data_dir=tmp_path))
+    engine = StreamsService(StreamsConfig(data_dir=tmp_path))
     engine.open()
     engine.create_topic("t", 2)
     first = await engine.publish_topic("t", [event(1), event(2)], idempotency_key="k1")
     await engine.close()
-    again = StreamEngine(StreamsConfig(data_dir=tmp_path))
+    again = StreamsService(StreamsConfig(data_dir=tmp_path))
     again.open()
     assert await again.publish_topic("t", [event(1), event(2)], idempotency_key="k1") == first
     assert sum(p.next_offset for p in again.topics["t"].partitions) == 2
     assert again.counters["duplicates_skipped"] == 2
+    await again.close()
+
+
+async def test_an_eviction_seen_through_group_stats_is_saved_counted_and_notified(tmp_path: Path) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from meshplane.streams.server import create_app
+
+    engine = StreamsService(StreamsConfig(data_dir=tmp_path, cleanup_interval=3600))  # no sweep meanwhile
+    await engine.start()
+    async with TestClient(TestServer(create_app(engine))) as http:
+        engine.create_topic("t", 2)
+        engine.create_group("g", "t")
+        joined = await http.post(
+            "/consumer-groups/g/join", json={"member_id": "m", "session_timeout_secs": 0.05}
+        )
+        assert (await joined.json())["generation"] == 1
+        await asyncio.sleep(0.1)  # the member's session has run out; only the stats route sees it
+        woken = engine.group_store.notifier.waiter()
+        stats = await (await http.get("/consumer-groups/g/stats")).json()
+        assert (stats["generation"], stats["members"]) == (2, [])
+        assert woken.is_set()  # waiting members learn of the rebalance
+        assert engine.counters["rebalances"] == 2  # the join and the eviction
+    await engine.close()
+    again = StreamsService(StreamsConfig(data_dir=tmp_path))
+    again.open()
+    assert again.group("g").generation == 2  # saved
     await again.close()

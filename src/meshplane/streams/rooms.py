@@ -1,0 +1,159 @@
+"""Rooms: a log plus an in-memory ring of the most recent events (Synap's event streams)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from meshplane.core import streamlog
+from meshplane.core.streamlog import RetentionPolicy, StoredEvent, resolve_start_offset
+from meshplane.streams.config import now_ms
+from meshplane.streams.errors import CorruptRecords, OffsetOutOfRange
+from meshplane.streams.events import Notifier, StreamEvent, decode_stream_event
+from meshplane.streams.files import FilePool
+from meshplane.streams.log import PartitionLog
+
+
+class Pusher(Protocol):
+    def offer(self, event: StreamEvent) -> bool: ...
+
+    def wake(self) -> None: ...
+
+
+class Room:
+    """A room: a log plus an in-memory ring of its most recent events (the retained history)."""
+
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        max_events: int,
+        retention_secs: float | None,
+        segment_bytes: int,
+        created_at: float,
+        files: FilePool | None = None,
+        max_bytes: Callable[[], int] = lambda: 1 << 62,
+    ) -> None:
+        self.name = name
+        self.directory = directory
+        self.max_events = max_events
+        self.retention_secs = retention_secs
+        self.created_at = created_at
+        self.max_bytes = max_bytes  # the in-memory history's byte bound, which shrinks as rooms are added
+        self.log = PartitionLog(
+            directory,
+            segment_bytes=segment_bytes,
+            retention=RetentionPolicy(max_messages=max_events),
+            files=files,
+        )
+        self.notifier = Notifier()  # long polls and other waiters
+        self.pushers: set[Pusher] = set()  # WebSocket / SSE subscribers
+        self.subscribers: dict[str, float] = {}  # subscriber id -> last seen
+        self._ring: list[StreamEvent] = []
+        self._head = 0
+        self.ring_bytes = 0  # of the events from _head on
+        self.last_event_at: float | None = None
+        self.published = 0
+        self._reload()
+
+    def _reload(self) -> None:
+        start = self.log.start_offset
+        while start < self.log.next_offset:
+            try:
+                records = self.log.read(start, 10_000, 16 << 20)
+            except CorruptRecords as exc:
+                # The history is served from memory by offset arithmetic: keep what follows the hole.
+                self._ring.clear()
+                self.ring_bytes = 0
+                start = exc.next_offset
+                continue
+            if not records:
+                break
+            for r in records:
+                self._ring.append(decode_stream_event(r))
+                self.ring_bytes += r.size
+            start = records[-1].offset + 1
+        if self._ring:
+            self.last_event_at = self._ring[-1].timestamp_ms / 1000
+        self.trim(now_ms())
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "max_events": self.max_events,
+            "retention_secs": self.retention_secs,
+            "created_at": self.created_at,
+        }
+
+    @property
+    def next_offset(self) -> int:
+        return self.log.next_offset
+
+    @property
+    def oldest(self) -> int:
+        return self._ring[self._head].offset if self._head < len(self._ring) else self.next_offset
+
+    def __len__(self) -> int:
+        return len(self._ring) - self._head
+
+    def last_event_ms(self) -> int:
+        return self._ring[-1].timestamp_ms if self._ring else 0
+
+    def append(self, events: list[StoredEvent], payloads: list[bytes], timestamp_ms: int) -> int:
+        first = self.log.append(payloads, timestamp_ms)
+        for i, (event, payload) in enumerate(zip(events, payloads, strict=True)):
+            size = len(payload) + streamlog.HEADER_SIZE
+            self._ring.append(StreamEvent(first + i, timestamp_ms, event, size))
+            self.ring_bytes += size
+        self.published += len(events)
+        self.last_event_at = timestamp_ms / 1000
+        self.trim(timestamp_ms)
+        return first
+
+    def broadcast(self, event: StreamEvent) -> int:
+        """Hand a new event to pushed subscribers; returns how many were written at once."""
+        written = 0
+        for pusher in list(self.pushers):
+            if pusher.offer(event):
+                written += 1
+            else:
+                pusher.wake()
+        self.notifier.notify()
+        return written
+
+    def trim(self, now: int) -> None:
+        """Keep at most max_events and max_bytes (but the newest event), none older than retention_secs."""
+        head = self._head
+        while len(self._ring) - head > self.max_events:
+            self.ring_bytes -= self._ring[head].size
+            head += 1
+        cutoff = now - self.retention_secs * 1000 if self.retention_secs is not None else None
+        limit = self.max_bytes()
+        while head < len(self._ring) - 1 and (
+            self.ring_bytes > limit or (cutoff is not None and self._ring[head].timestamp_ms < cutoff)
+        ):
+            self.ring_bytes -= self._ring[head].size
+            head += 1
+        if head == len(self._ring) - 1 and cutoff is not None and self._ring[head].timestamp_ms < cutoff:
+            self.ring_bytes -= self._ring[head].size
+            head += 1
+        self._head = head
+        if self._head > 1024 and self._head * 2 > len(self._ring):
+            del self._ring[: self._head]
+            self._head = 0
+
+    def read(self, from_offset: int, limit: int, to_offset: int | None = None) -> list[StreamEvent]:
+        """Events from ``from_offset`` (already resolved and checked) on, up to ``to_offset`` inclusive."""
+        start = self._head + (from_offset - self.oldest)
+        stop = start + limit
+        if to_offset is not None:
+            stop = min(stop, self._head + (to_offset - self.oldest) + 1)
+        return self._ring[max(start, self._head) : max(stop, start)]
+
+    def resolve(self, from_offset: int | None) -> int:
+        try:
+            return resolve_start_offset(from_offset, self.oldest, self.next_offset)
+        except streamlog.OffsetOutOfRange as exc:
+            raise OffsetOutOfRange(exc.requested, exc.oldest, exc.newest) from None
+
+

@@ -1,0 +1,600 @@
+"""The streams service: rooms, partitioned topics, consumer groups and pub/sub over one data directory.
+
+Layout of ``data_dir``::
+
+    rooms/<room>/room.json              settings
+    rooms/<room>/<base>.log|.index      the room's log
+    topics/<topic>/topic.json           partitions, retention, segment size, incarnation
+    topics/<topic>/<partition>/...      one log per partition
+    groups/<group>.json                 group snapshot (members, generation, assignment, offsets)
+    groups/<group>.offsets              commits since the snapshot (records, replayed on start)
+    idempotency.log                     answers to recent idempotent publishes
+
+Everything runs on one asyncio loop; only fsync goes to a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from meshplane.core.groups import GroupCoordinator
+from meshplane.core.streamlog import RetentionPolicy, StoredEvent, encode_event
+from meshplane.streams.config import StreamsConfig, check_name, new_event_id, now_ms
+from meshplane.streams.durability import Durability, Syncable
+from meshplane.streams.errors import (
+    BadRequest,
+    Conflict,
+    LimitReached,
+    NotFound,
+    PayloadTooLarge,
+    StorageError,
+    storage_error,
+)
+from meshplane.streams.events import StreamEvent
+from meshplane.streams.files import FilePool, write_atomic
+from meshplane.streams.groups import GroupStore
+from meshplane.streams.idempotency import IdempotencyTable
+from meshplane.streams.pubsub import PubSub, PubSubLimits
+from meshplane.streams.rooms import Room
+from meshplane.streams.topics import Topic, TopicSettings
+
+log = logging.getLogger(__name__)
+
+
+class StreamsService:
+    """Rooms, partitioned topics, consumer groups and pub/sub over one data directory.
+
+    Every state change goes through here (persisted, counted, waiters woken) and raises the streams
+    error family; the HTTP, WebSocket, SSE and command adapters only translate.
+    """
+
+    def __init__(self, config: StreamsConfig | None = None) -> None:
+        self.config = config or StreamsConfig()
+        self.root = Path(self.config.data_dir)
+        self.rooms: dict[str, Room] = {}
+        self.topics: dict[str, Topic] = {}
+        self.files = FilePool(self.config.max_open_files)
+        self.problems: list[str] = []  # what was found wrong in the data directory, and set aside
+        self.pubsub = PubSub(PubSubLimits(queue_messages=self.config.pubsub_queue_size))
+        self.durability = Durability(
+            self.config.fsync, self.config.fsync_interval_ms, self.config.fsync_every_records
+        )
+        self.idempotency = IdempotencyTable(
+            self.config.idempotency_keys, self.config.idempotency_bytes, self.config.idempotency_ttl_secs
+        )
+        self._cleanup: asyncio.Task[None] | None = None
+        self.counters: dict[str, int] = {
+            "events_published": 0,
+            "bytes_published": 0,
+            "events_consumed": 0,
+            "commits": 0,
+            "commits_rejected": 0,
+            "duplicates_skipped": 0,
+            "rebalances": 0,
+        }
+        self.group_store = GroupStore(
+            self.root / "groups", self.counters, sync=self.config.fsync != "never", report=self._report
+        )
+        self.ready = False
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Load everything under the data directory (recovering torn logs). A metadata file that
+        cannot be read is set aside (``<name>.corrupt-<time>``) and reported; the server starts."""
+        try:
+            self._open()
+        except OSError as exc:
+            raise storage_error(exc, f"opening the data directory {self.root}") from exc
+
+    def _open(self) -> None:
+        for sub in ("rooms", "topics", "groups"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        for directory in sorted(p for p in (self.root / "rooms").iterdir() if p.is_dir()):
+            self._load_room(directory)
+        for directory in sorted(p for p in (self.root / "topics").iterdir() if p.is_dir()):
+            self._load_topic(directory)
+        self.idempotency.open(self.root / "idempotency.log", sync=self.config.fsync != "never")
+        self.group_store.load(self._set_aside)
+        self.ready = True
+
+    def _load_room(self, directory: Path) -> None:
+        path = directory / "room.json"
+        settings: dict[str, Any] = {}
+        try:
+            settings = json.loads(path.read_bytes())
+            if not isinstance(settings, dict):
+                raise ValueError("not an object")
+            max_events = int(settings["max_events"])
+        except FileNotFoundError:
+            if not any(directory.glob("*.log")):
+                return  # a room deleted while the server stopped halfway
+            self._report(f"room {directory.name}: room.json is missing; defaults used")
+            max_events = self.config.room_max_events
+        except (ValueError, KeyError, TypeError) as exc:
+            self._set_aside(path, f"room {directory.name}: room.json is unreadable ({exc}); defaults used")
+            settings, max_events = {}, self.config.room_max_events
+        room = self._new_room(
+            directory.name,
+            max_events,
+            settings.get("retention_secs", self.config.room_retention_secs),
+            float(settings.get("created_at") or time.time()),
+        )
+        if not path.exists():
+            write_atomic(path, json.dumps(room.settings()).encode())
+
+    def _load_topic(self, directory: Path) -> None:
+        path = directory / "topic.json"
+        partitions = sum(1 for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+        try:
+            settings = msgspec.json.decode(path.read_bytes(), type=TopicSettings)
+        except FileNotFoundError:
+            if not partitions:
+                return
+            self._report(f"topic {directory.name}: topic.json is missing; {partitions} partitions found")
+            settings = TopicSettings(partitions, segment_bytes=self.config.segment_bytes)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._set_aside(path, f"topic {directory.name}: topic.json is unreadable ({exc})")
+            settings = TopicSettings(max(partitions, 1), segment_bytes=self.config.segment_bytes)
+        changed = not settings.incarnation or not path.exists() or partitions > settings.num_partitions
+        settings.num_partitions = max(settings.num_partitions, partitions)
+        settings.incarnation = settings.incarnation or uuid.uuid4().hex
+        self.topics[directory.name] = Topic(directory.name, directory, settings, self.files)
+        if changed:
+            try:
+                write_atomic(path, msgspec.json.encode(settings))
+            except OSError as exc:
+                self._report(f"topic {directory.name}: topic.json not rewritten ({exc})")
+
+    def _set_aside(self, path: Path, problem: str) -> None:
+        with contextlib.suppress(OSError):
+            os.replace(path, path.with_name(f"{path.name}.corrupt-{time.time_ns()}"))
+        self._report(problem + f"; the file was set aside as {path.name}.corrupt-*")
+
+    def _report(self, problem: str) -> None:
+        log.error("streams data %s: %s", self.root, problem)
+        self.problems.append(problem)
+        del self.problems[:-100]
+
+    def limits(self) -> dict[str, tuple[int, int]]:
+        """Each bounded resource: (in use, limit)."""
+        c = self.config
+        return {
+            "topics": (len(self.topics), c.max_topics),
+            "partitions": (sum(len(t.partitions) for t in self.topics.values()), c.max_partitions),
+            "rooms": (len(self.rooms), c.max_rooms),
+            "room_memory_bytes": (sum(r.ring_bytes for r in self.rooms.values()), c.room_memory_bytes),
+            "open_files": (len(self.files), self.files.capacity),
+            "idempotency_keys": (len(self.idempotency.entries), c.idempotency_keys),
+            "idempotency_bytes": (self.idempotency.bytes, c.idempotency_bytes),
+            "pubsub_registrations": (len(self.pubsub.registered), self.pubsub.limits.registered_subscribers),
+            "pubsub_listeners": (len(self.pubsub.listeners), self.pubsub.limits.listeners),
+        }
+
+    def storage_problems(self) -> list[str]:
+        """What recovery found and set aside, in metadata and in every log."""
+        found = list(self.problems)
+        for room in self.rooms.values():
+            found.extend(f"room {room.name}: {p}" for p in room.log.problems)
+        for topic in self.topics.values():
+            for n, plog in enumerate(topic.partitions):
+                found.extend(f"topic {topic.name}/{n}: {p}" for p in plog.problems)
+        return found
+
+    async def start(self) -> None:
+        self.open()
+        self.durability.start()
+        self._cleanup = asyncio.create_task(self._cleanup_loop(), name="meshplane-streams-cleanup")
+
+    async def close(self) -> None:
+        if self._cleanup is not None:
+            self._cleanup.cancel()
+            await asyncio.gather(self._cleanup, return_exceptions=True)
+        await self.durability.close()
+        for room in self.rooms.values():
+            room.log.sync()
+            room.log.close()
+        for topic in self.topics.values():
+            for plog in topic.partitions:
+                plog.sync()
+                plog.close()
+        self.idempotency.close()
+        self.group_store.close()
+        self.files.close()
+
+    async def _cleanup_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.cleanup_interval)
+            try:
+                self.maintain(time.monotonic())
+            except Exception:
+                log.exception("streams maintenance failed")
+
+    def maintain(self, monotonic_now: float) -> None:
+        """Retention, room expiry, inactive rooms and group session timeouts."""
+        wall_ms = now_ms()
+        for room in list(self.rooms.values()):
+            room.trim(wall_ms)
+            room.log.apply_retention(wall_ms, keep_from=room.oldest)
+            idle_since = room.last_event_at or room.created_at
+            if (
+                not room.pushers
+                and not room.subscribers
+                and time.time() - idle_since > self.config.room_inactive_timeout
+            ):
+                log.info("room %s inactive since %.0f s: removed", room.name, time.time() - idle_since)
+                self.delete_room(room.name)
+        budget = self.config.verify_bytes_per_cycle
+        for topic in self.topics.values():
+            for plog in topic.partitions:
+                plog.apply_retention(wall_ms)
+                if budget > 0:
+                    budget -= plog.verify_step(budget)
+        self.idempotency.expire(time.time())
+        self.pubsub.expire(monotonic_now)
+        self.group_store.expire()
+
+    # --- rooms ---------------------------------------------------------------------------------------
+
+    def create_room(
+        self,
+        name: str,
+        max_events: int | None = None,
+        retention_secs: float | None = None,
+        *,
+        exist_ok: bool = False,
+    ) -> tuple[Room, bool]:
+        check_name("room", name)
+        if name in self.rooms:
+            if exist_ok:
+                return self.rooms[name], False
+            raise Conflict(f"room {name!r} already exists")
+        if len(self.rooms) >= self.config.max_rooms:
+            raise LimitReached(f"room limit reached ({self.config.max_rooms} rooms)")
+        max_events = self.config.room_max_events if max_events is None else max_events
+        most = self.config.room_max_events_limit
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or not 1 <= max_events <= most:
+            raise BadRequest(f"max_events must be an integer in 1..{most}, not {max_events!r}")
+        room = self._new_room(
+            name,
+            max_events,
+            self.config.room_retention_secs if retention_secs is None else retention_secs,
+            time.time(),
+        )
+        try:
+            write_atomic(room.directory / "room.json", json.dumps(room.settings()).encode())
+        except OSError as exc:
+            self.rooms.pop(name, None)
+            room.log.delete()
+            raise storage_error(exc, f"creating room {name!r}") from exc
+        return room, True
+
+    def _new_room(self, name: str, max_events: int, retention_secs: float | None, created: float) -> Room:
+        room = Room(
+            name,
+            self.root / "rooms" / name,
+            max_events,
+            retention_secs,
+            self.config.segment_bytes,
+            created,
+            self.files,
+            self._room_byte_limit,
+        )
+        self.rooms[name] = room
+        return room
+
+    def _room_byte_limit(self) -> int:
+        """Each room's share of the rooms' memory: rooms' histories together stay within the budget."""
+        return min(self.config.room_max_bytes, self.config.room_memory_bytes // max(1, len(self.rooms)))
+
+    def room(self, name: str, *, create: bool = False) -> Room:
+        found = self.rooms.get(check_name("room", name))
+        if found is not None:
+            return found
+        if create and self.config.auto_create_rooms:
+            return self.create_room(name, exist_ok=True)[0]
+        raise NotFound(f"room {name!r} not found")
+
+    def delete_room(self, name: str) -> bool:
+        room = self.rooms.pop(check_name("room", name), None)
+        if room is None:
+            return False
+        room.log.delete()
+        (room.directory / "room.json").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            room.directory.rmdir()
+        room.notifier.notify()
+        for pusher in room.pushers:  # they see the room is gone
+            pusher.wake()
+        return True
+
+    async def publish_room(
+        self,
+        name: str,
+        event_type: str,
+        data: Any,
+        metadata: dict[str, str] | None = None,
+    ) -> tuple[Room, StreamEvent]:
+        body = StoredEvent(new_event_id(), event_type, data, None, metadata)
+        payload = self._encode_checked(body)  # before the room is made: a refused event makes none
+        room = self.room(name, create=True)
+        timestamp = now_ms()
+        first = room.append([body], [payload], timestamp)
+        self._count_publish(1, len(payload))
+        await self.durability.written(room.log)
+        event = room.read(first, 1)[0] if first >= room.oldest else StreamEvent(first, timestamp, body)
+        room.broadcast(event)
+        return room, event
+
+    def read_room(
+        self, name: str, from_offset: int | None, limit: int, to_offset: int | None = None
+    ) -> tuple[Room, list[StreamEvent]]:
+        room = self.room(name)
+        start = room.resolve(from_offset)
+        events = room.read(start, limit, to_offset)
+        self.counters["events_consumed"] += len(events)
+        return room, events
+
+    def room_stats(self, name: str) -> dict[str, Any]:
+        room = self.room(name)
+        oldest, nxt = room.oldest, room.next_offset
+        return {
+            "name": name,
+            "room": name,
+            "message_count": len(room),
+            "min_offset": oldest,
+            "max_offset": nxt - 1 if nxt > oldest else None,
+            "next_offset": nxt,
+            "subscriber_count": len(room.subscribers),
+            "live_subscribers": len(room.pushers),
+            "published": room.published,
+            "max_events": room.max_events,
+            "retention_secs": room.retention_secs,
+            "total_bytes": room.log.size_bytes,
+            "created_at": room.created_at,
+            "last_event_at": room.last_event_at,
+        }
+
+    def touch_subscriber(self, room: Room, subscriber_id: str) -> None:
+        if (
+            subscriber_id not in room.subscribers
+            and len(room.subscribers) >= self.config.max_subscribers_per_room
+        ):
+            raise LimitReached(
+                f"room {room.name!r} has {self.config.max_subscribers_per_room} subscribers (the limit)"
+            )
+        room.subscribers[subscriber_id] = time.time()
+
+    # --- topics --------------------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        num_partitions: int | None = None,
+        replication_factor: int = 1,
+        retention: RetentionPolicy | None = None,
+        segment_bytes: int | None = None,
+    ) -> Topic:
+        check_name("topic", name)
+        if name in self.topics:
+            raise Conflict(f"topic {name!r} already exists")
+        if len(self.topics) >= self.config.max_topics:
+            raise LimitReached(f"topic limit reached ({self.config.max_topics} topics)")
+        partitions = self.config.default_partitions if num_partitions is None else num_partitions
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 10_000:
+            raise BadRequest(f"num_partitions must be an integer in 1..10000, not {partitions!r}")
+        self._check_partition_budget(partitions)
+        if replication_factor != 1:
+            raise BadRequest("replication_factor must be 1: meshplane streams run on one node")
+        segment = self.config.segment_bytes if segment_bytes is None else segment_bytes
+        if isinstance(segment, bool) or not isinstance(segment, int) or segment < 1024:
+            raise BadRequest(f"segment_bytes must be an integer >= 1024, not {segment!r}")
+        settings = TopicSettings(
+            partitions,
+            replication_factor,
+            retention or RetentionPolicy(),
+            segment,
+            time.time(),
+            incarnation=uuid.uuid4().hex,
+        )
+        directory = self.root / "topics" / name
+        try:
+            topic = Topic(name, directory, settings, self.files)
+        except (OSError, StorageError) as exc:
+            _remove_tree(directory)
+            if isinstance(exc, StorageError):
+                raise
+            raise storage_error(exc, f"creating topic {name!r}") from exc
+        try:
+            write_atomic(directory / "topic.json", msgspec.json.encode(settings))
+        except OSError as exc:
+            for plog in topic.partitions:
+                plog.delete()
+            _remove_tree(directory)
+            raise storage_error(exc, f"creating topic {name!r}") from exc
+        self.topics[name] = topic
+        return topic
+
+    def _check_partition_budget(self, adding: int) -> None:
+        total = sum(len(t.partitions) for t in self.topics.values())
+        if total + adding > self.config.max_partitions:
+            raise LimitReached(
+                f"partition limit reached: {total} of {self.config.max_partitions} in use, {adding} asked"
+            )
+
+    def topic(self, name: str) -> Topic:
+        found = self.topics.get(check_name("topic", name))
+        if found is None:
+            raise NotFound(f"topic {name!r} not found")
+        return found
+
+    def add_partitions(self, name: str, count: int) -> Topic:
+        topic = self.topic(name)
+        if count > 10_000:
+            raise BadRequest("num_partitions must be <= 10000")
+        self._check_partition_budget(count - len(topic.partitions))
+        try:
+            topic.grow(count)
+            write_atomic(topic.directory / "topic.json", msgspec.json.encode(topic.settings))
+        except OSError as exc:
+            raise storage_error(exc, f"adding partitions to {name!r}") from exc
+        self.group_store.resize(name, count)
+        return topic
+
+    def delete_topic(self, name: str) -> bool:
+        topic = self.topics.pop(check_name("topic", name), None)
+        if topic is None:
+            return False
+        for plog in topic.partitions:
+            plog.delete()
+        (topic.directory / "topic.json").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            topic.directory.rmdir()
+        self.idempotency.forget_topic(name)
+        return True
+
+    async def publish_topic(
+        self,
+        name: str,
+        events: list[StoredEvent],
+        partition: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> list[tuple[int, int]]:
+        """Append events (each routed by key, round-robin or ``partition``); returns (partition, offset)s.
+
+        A request repeated with the same ``idempotency_key`` appends nothing and gets the first answer.
+        """
+        topic = self.topic(name)
+        key = None
+        if idempotency_key is not None:
+            if not 1 <= len(idempotency_key) <= 256:
+                raise BadRequest("idempotency_key must be 1..256 characters")
+            key = f"{name}/{topic.settings.incarnation}/{idempotency_key}"
+            seen = self.idempotency.get(key)
+            if seen is not None:
+                self.counters["duplicates_skipped"] += len(events)
+                return seen
+        encoded = [self._encode_checked(e) for e in events]  # all checked before anything is appended
+        total = sum(len(e) for e in encoded)
+        by_partition: dict[int, list[bytes]] = {}
+        places: list[tuple[int, int]] = []
+        for event, payload in zip(events, encoded, strict=True):
+            p = topic.choose_partition(event.key, partition)
+            by_partition.setdefault(p, []).append(payload)
+            places.append((p, len(by_partition[p]) - 1))
+        timestamp = now_ms()
+        firsts: dict[int, int] = {}
+        marks = {p: topic.partitions[p].mark() for p in by_partition}
+        try:
+            for p, batch in by_partition.items():
+                firsts[p] = topic.partitions[p].append(batch, timestamp)
+            result = [(p, firsts[p] + i) for p, i in places]
+            if key is not None:  # before any await: a concurrent retry must see it
+                self.idempotency.put(key, result)
+        except (OSError, StorageError) as exc:
+            # All or nothing: what the other partitions took is taken back (nobody has read it).
+            for p in firsts:
+                topic.partitions[p].undo(marks[p])
+            if isinstance(exc, StorageError):
+                raise
+            raise storage_error(exc, f"publish to {name!r}") from exc
+        for p, batch in by_partition.items():
+            topic.published[p] += len(batch)
+            topic.notifiers[p].notify()
+        self._count_publish(len(events), total)
+        synced: list[Syncable] = [topic.partitions[p] for p in by_partition]
+        if key is not None:
+            synced.append(self.idempotency)
+        await self.durability.written(*synced, records=len(events))
+        return result
+
+    # --- consumer groups -----------------------------------------------------------------------------
+
+    def create_group(
+        self,
+        group_id: str,
+        topic: str,
+        partition_count: int | None = None,
+        strategy: str = "round_robin",
+        session_timeout: float | None = None,
+    ) -> GroupCoordinator:
+        found = self.topics.get(topic)
+        if partition_count is None:
+            if found is None:
+                raise NotFound(f"topic {topic!r} not found (create it, or pass partition_count)")
+            partition_count = len(found.partitions)
+        elif found is not None and partition_count != len(found.partitions):
+            raise BadRequest(f"topic {topic!r} has {len(found.partitions)} partitions, not {partition_count}")
+        timeout = session_timeout or self.config.default_session_timeout
+        return self.group_store.create(group_id, topic, partition_count, strategy, timeout)
+
+    @property
+    def groups(self) -> dict[str, GroupCoordinator]:
+        return self.group_store.groups
+
+    def group(self, group_id: str) -> GroupCoordinator:
+        return self.group_store.get(group_id)
+
+    def delete_group(self, group_id: str) -> bool:
+        return self.group_store.delete(group_id)
+
+    async def commit(
+        self, group_id: str, partition: int, offset: int, member_id: str | None, generation: int | None
+    ) -> None:
+        """Commit an offset: acknowledged once written (and, with ``fsync=always``, synced)."""
+        commits = self.group_store.commit(group_id, partition, offset, member_id, generation)
+        await self.durability.written(commits)
+
+    def group_stats(self, group_id: str) -> dict[str, Any]:
+        stats = self.group_store.stats(group_id)
+        stats["lag"] = {str(p): lag for g, p, lag in self.lag() if g == group_id}
+        return stats
+
+    # --- helpers -------------------------------------------------------------------------------------
+
+    def _encode_checked(self, event: StoredEvent) -> bytes:
+        try:
+            payload = encode_event(event)
+        except (OverflowError, msgspec.EncodeError) as exc:
+            raise BadRequest(f"event cannot be stored: {exc} (integers must fit in 64 bits)") from None
+        limit = self.config.max_payload_bytes
+        if len(payload) > limit:
+            raise PayloadTooLarge(f"event of {len(payload)} bytes is larger than the limit of {limit} bytes")
+        return payload
+
+    def _count_publish(self, events: int, size: int) -> None:
+        self.counters["events_published"] += events
+        self.counters["bytes_published"] += size
+
+    def lag(self) -> Iterable[tuple[str, int, int]]:
+        """(group, partition, lag) for every group of an existing topic."""
+        for group in self.groups.values():
+            topic = self.topics.get(group.topic)
+            if topic is None:
+                continue
+            for p, plog in enumerate(topic.partitions[: group.partitions]):
+                committed = group.committed.get(p, plog.start_offset)
+                yield group.group_id, p, max(0, plog.next_offset - committed)
+
+
+def _remove_tree(directory: Path) -> None:
+    """Remove what a failed create left (best effort: the disk may be failing)."""
+    for path in sorted(directory.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            path.rmdir() if path.is_dir() else path.unlink()
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+
+
+__all__ = ["StreamsConfig", "StreamsService"]
