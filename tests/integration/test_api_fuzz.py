@@ -13,7 +13,8 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from meshplane.servers import StreamsServerProcess
-from meshplane.streams.server import Api, openapi_document
+from meshplane.streams.http.api import Api
+from meshplane.streams.http.routes import openapi_document
 from meshplane.streams.service import StreamsConfig, StreamsService
 
 # The description is static (one route table), so it is built here rather than fetched.

@@ -18,7 +18,7 @@ from meshplane.core.subjects import InvalidSubject, validate
 from meshplane.errors import ConfigError, InvalidDiscoveryRecord
 from meshplane.streams.access import Tokens
 from meshplane.streams.errors import BadRequest, StreamError
-from meshplane.streams.server import parse_json_object
+from meshplane.streams.http.params import parse_json_object
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

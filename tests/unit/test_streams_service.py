@@ -111,7 +111,7 @@ async def test_idempotent_publishes_survive_a_restart(tmp_path: Path) -> None:
 async def test_an_eviction_seen_through_group_stats_is_saved_counted_and_notified(tmp_path: Path) -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
-    from meshplane.streams.server import create_app
+    from meshplane.streams.http.app import create_app
 
     engine = StreamsService(StreamsConfig(data_dir=tmp_path, cleanup_interval=3600))  # no sweep meanwhile
     await engine.start()

@@ -143,7 +143,7 @@ _CONFIG_FIELDS = {  # serve's flag -> StreamsConfig field
 
 
 async def run_serve(args: argparse.Namespace) -> int:
-    from meshplane.streams.server import serve, server_tls
+    from meshplane.streams.http.app import serve, server_tls
 
     tokens = Tokens.load(args.token_file, os.environ.get(TOKEN_ENV))
     if (args.tls_cert is None) != (args.tls_key is None):

@@ -242,7 +242,7 @@ class _Streams:
 
 
 async def _start_streams(args: argparse.Namespace, state_dir: Path) -> _Streams:
-    from meshplane.streams.server import serve
+    from meshplane.streams.http.app import serve
 
     tokens = Tokens({args.token: ADMIN}) if args.token else None
     for port in (args.streams_port, 0):

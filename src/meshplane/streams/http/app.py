@@ -1,0 +1,138 @@
+"""``meshplane serve``: the aiohttp application (authentication, errors, routes) and the server loop.
+
+Synap-compatible: the command endpoint ``POST /api/v1/command`` that synap-sdk uses over http://,
+the room REST routes and WebSockets, and the topic / consumer-group REST routes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram
+
+from meshplane.core.groups import GroupError
+from meshplane.streams.access import Grant, Tokens
+from meshplane.streams.errors import (
+    Forbidden,
+    PayloadTooLarge,
+    StreamError,
+)
+from meshplane.streams.http.api import Api
+from meshplane.streams.http.metrics import REGISTRY, EngineCollector
+from meshplane.streams.http.params import ENGINE, GRANT, Handler, error_response, json_response
+from meshplane.streams.service import StreamsService
+
+# --- the application -------------------------------------------------------------------------------
+
+
+def create_app(
+    engine: StreamsService, *, tokens: Tokens | None = None, max_request_bytes: int | None = None
+) -> web.Application:
+    limit = max_request_bytes or max(engine.config.max_payload_bytes * 2, 1 << 20)
+    api = Api(engine)
+    routes = api.routes()
+    by_key = {(r.method, r.path): r for r in routes}
+
+    @web.middleware
+    async def errors_and_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        route = by_key.get((request.method, resource.canonical if resource is not None else request.path))
+        if tokens is not None and route is not None and not route.public:
+            grant = _grant(request, tokens, query=route.browser)
+            if grant is None:
+                return web.Response(status=401, headers={"WWW-Authenticate": "Bearer"})
+            names = [request.match_info[k] for k in ("room", "topic", "group") if k in request.match_info]
+            if route.access is not None and not grant.allows(route.access, names or [None]):
+                return error_response(Forbidden(f"this token may not {route.access} {', '.join(names)}"))
+            request[GRANT] = grant
+        try:
+            return await handler(request)
+        except (StreamError, GroupError) as exc:
+            return error_response(exc)
+        except web.HTTPRequestEntityTooLarge as exc:
+            return error_response(PayloadTooLarge(f"request body too large: {exc.text}"))
+        except web.HTTPException as exc:
+            if exc.status >= 400 and exc.empty_body is False:
+                return json_response(
+                    {"error": exc.reason, "code": exc.status, "type": "HttpError"}, exc.status
+                )
+            raise
+
+    app = web.Application(middlewares=[errors_and_auth], client_max_size=limit)
+    app[ENGINE] = engine
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(engine))
+    fsync_hist = Histogram(
+        "meshplane_fsync_seconds",
+        "fsync latency (group commit)",
+        registry=registry,
+        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+    )
+    engine.durability.on_fsync = fsync_hist.observe
+    app[REGISTRY] = registry
+    for route in routes:
+        app.router.add_route(route.method, route.path, route.handler)
+    return app
+
+
+def server_tls(cert: Path, key: Path) -> ssl.SSLContext:
+    """A TLS context for ``serve`` from PEM files (the key never in the certificate's file)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    return context
+
+
+def _grant(request: web.Request, tokens: Tokens, *, query: bool) -> Grant | None:
+    """The grant of the token the request presents: a bearer token, Basic auth's password, or (on
+    the WebSocket and SSE routes only, as browsers cannot set headers there) ``?access_token=``."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer":
+        return tokens.grant_for(value.strip())
+    if scheme.lower() == "basic":
+        try:
+            _, _, password = base64.b64decode(value.strip()).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return tokens.grant_for(password)
+    presented = request.query.get("access_token") if query else None
+    return tokens.grant_for(presented) if presented is not None else None
+
+
+async def serve(
+    engine: StreamsService,
+    host: str,
+    port: int,
+    *,
+    tokens: Tokens | None = None,
+    tls: ssl.SSLContext | None = None,
+    on_ready: Callable[[int], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run until ``stop`` is set (or forever)."""
+    await engine.start()
+    app = create_app(engine, tokens=tokens)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=1.0,
+        # Also closes a connection that sends no whole request (slowloris) in this time.
+        keepalive_timeout=engine.config.idle_timeout_secs,
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=tls)
+        await site.start()
+        bound = int(runner.addresses[0][1])
+        if on_ready is not None:
+            on_ready(bound)
+        await (stop or asyncio.Event()).wait()
+    finally:
+        await runner.cleanup()
+        await engine.close()

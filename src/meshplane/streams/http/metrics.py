@@ -1,0 +1,84 @@
+"""Prometheus metrics, read from the service at scrape time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from meshplane.streams.service import StreamsService
+
+# --- metrics ---------------------------------------------------------------------------------------
+
+REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
+
+
+class EngineCollector(Collector):
+    """Reads the engine's counters at scrape time."""
+
+    def __init__(self, engine: StreamsService) -> None:
+        self.engine = engine
+
+    def collect(self) -> Any:
+        e = self.engine
+        for name, help_text in (
+            ("events_published", "Events appended (rooms and topics)"),
+            ("bytes_published", "Encoded bytes appended"),
+            ("events_consumed", "Events read by consumers"),
+            ("commits", "Offset commits accepted"),
+            ("commits_rejected", "Offset commits rejected (stale generation, not owner)"),
+            ("rebalances", "Consumer group rebalances"),
+            ("duplicates_skipped", "Events of repeated idempotent publishes, not appended again"),
+        ):
+            yield CounterMetricFamily(f"meshplane_streams_{name}", help_text, value=e.counters[name])
+        published = CounterMetricFamily(
+            "meshplane_topic_events_published", "Events appended per partition", labels=["topic", "partition"]
+        )
+        end = GaugeMetricFamily(
+            "meshplane_topic_next_offset", "Next offset per partition", labels=["topic", "partition"]
+        )
+        for topic in e.topics.values():
+            for p, plog in enumerate(topic.partitions):
+                published.add_metric([topic.name, str(p)], topic.published[p])
+                end.add_metric([topic.name, str(p)], plog.next_offset)
+        yield published
+        yield end
+        lag = GaugeMetricFamily(
+            "meshplane_group_lag",
+            "Events not yet committed by a consumer group",
+            labels=["group", "partition"],
+        )
+        for group, p, value in e.lag():
+            lag.add_metric([group, str(p)], value)
+        yield lag
+        yield GaugeMetricFamily("meshplane_rooms", "Rooms", value=len(e.rooms))
+        yield GaugeMetricFamily(
+            "meshplane_room_live_subscribers",
+            "Pushed room subscribers (WebSocket, SSE)",
+            value=sum(len(r.pushers) for r in e.rooms.values()),
+        )
+        yield CounterMetricFamily(
+            "meshplane_pubsub_dropped", "Pub/sub messages dropped for slow listeners", value=e.pubsub.dropped
+        )
+        yield CounterMetricFamily(
+            "meshplane_pubsub_registrations_expired",
+            "Pub/sub registrations dropped for not being renewed",
+            value=e.pubsub.expired,
+        )
+        yield GaugeMetricFamily(
+            "meshplane_storage_problems",
+            "Corrupt records, tails and metadata found and set aside (GET /storage lists them)",
+            value=len(e.storage_problems()),
+        )
+        yield CounterMetricFamily("meshplane_fsync_errors", "Failed fsyncs", value=e.durability.fsync_errors)
+        yield GaugeMetricFamily("meshplane_open_segment_files", "Segment files open", value=len(e.files))
+        used = GaugeMetricFamily("meshplane_limit_used", "Use of each configured limit", labels=["limit"])
+        limit = GaugeMetricFamily("meshplane_limit", "Configured limits", labels=["limit"])
+        for name, (value, most) in e.limits().items():
+            used.add_metric([name], value)
+            limit.add_metric([name], most)
+        yield used
+        yield limit

@@ -1,0 +1,173 @@
+"""Request parsing and JSON answers, shared by the routes and the command endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from meshplane.core.groups import GroupError
+from meshplane.core.streamlog import StoredEvent
+from meshplane.streams.config import new_event_id
+from meshplane.streams.errors import (
+    BadRequest,
+    PayloadTooLarge,
+    RequestTimeout,
+    StreamError,
+)
+from meshplane.streams.service import StreamsService
+
+_json = msgspec.json.Encoder()
+
+
+ENGINE: web.AppKey[StreamsService] = web.AppKey("engine", StreamsService)
+GRANT = "meshplane.grant"  # the request's grant, when the server requires tokens
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MAX_CONSUME_LIMIT = 1000
+INT64_MAX = 2**63 - 1
+_json_decoder = msgspec.json.Decoder()
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_json.encode(body), status=status, content_type="application/json")
+
+
+def error_body(exc: StreamError | GroupError) -> dict[str, Any]:
+    kind = exc.kind if isinstance(exc, StreamError) else type(exc).__name__
+    body: dict[str, Any] = {"error": str(exc), "code": exc.status, "type": kind}
+    if isinstance(exc, StreamError):
+        body.update(exc.details())
+    return body
+
+
+def error_response(exc: StreamError | GroupError) -> web.Response:
+    return json_response(error_body(exc), exc.status)
+
+
+# --- request parsing -------------------------------------------------------------------------------
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object; an empty body is ``{}``."""
+    seconds = request.app[ENGINE].config.body_timeout_secs
+    try:
+        async with asyncio.timeout(seconds):
+            raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLarge(f"request body too large: {exc.text}") from None
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.close()  # what was sent of the body is unusable
+        raise RequestTimeout(f"the request body did not arrive within {seconds:g} s") from None
+    return parse_json_object(raw, "request body")
+
+
+def parse_json_object(raw: bytes | str, what: str) -> dict[str, Any]:
+    if not raw.strip():
+        return {}
+    try:
+        body = _json_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest(f"{what} is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"{what} must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+_MISSING = object()
+
+
+def get_int(
+    source: dict[str, Any],
+    name: str,
+    default: Any = _MISSING,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> Any:
+    value = source.get(name, default)
+    if value is _MISSING:
+        raise BadRequest(f"missing field {name!r}")
+    if value is None and default is _MISSING:
+        raise BadRequest(f"{name} must be an integer, not null")
+    if value is None or value is default:
+        return value
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise BadRequest(f"{name} must be an integer, not {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{name} must be an integer, not {value!r}")
+    if minimum is not None and value < minimum:
+        raise BadRequest(f"{name} must be >= {minimum}, not {value}")
+    maximum = INT64_MAX if maximum is None else maximum
+    if value > maximum:
+        raise BadRequest(f"{name} must be <= {maximum}, not {value}")
+    return value
+
+
+def get_str(source: dict[str, Any], name: str, default: Any = _MISSING) -> Any:
+    value = source.get(name, default)
+    if value is _MISSING:
+        raise BadRequest(f"missing field {name!r}")
+    if value is not default and not isinstance(value, str):
+        raise BadRequest(f"{name} must be a string, not {value!r}")
+    return value
+
+
+def get_metadata(source: dict[str, Any]) -> dict[str, str] | None:
+    metadata = source.get("metadata")
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise BadRequest("metadata must be an object of strings")
+    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+
+
+def event_type_of(source: dict[str, Any]) -> str:
+    """Synap's SDK sends ``event``, the seed ``event_type``: accept both."""
+    value = source.get("event_type", source.get("event"))
+    if not isinstance(value, str) or not value:
+        raise BadRequest("missing field 'event' (or 'event_type'): a non-empty string")
+    return value
+
+
+def query_int(request: web.Request, name: str, default: int | None = None, **bounds: int) -> Any:
+    return get_int(dict(request.query), name, default, **bounds)
+
+
+def topic_list(raw: object) -> list[str]:
+    if isinstance(raw, str):
+        raw = [t for t in raw.split(",") if t]
+    if not isinstance(raw, list) or not raw or not all(isinstance(t, str) and t for t in raw):
+        raise BadRequest("topics must be a non-empty list of topic patterns")
+    return list(raw)
+
+
+def positive(body: dict[str, Any], name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise BadRequest(f"{name} must be a positive number, not {value!r}")
+    return float(value)
+
+
+def retention_secs_of(body: dict[str, Any]) -> float | None:
+    return positive(body, "retention_secs")
+
+
+def topic_event(item: dict[str, Any]) -> StoredEvent:
+    if "data" not in item:
+        raise BadRequest("missing field 'data'")
+    key = item.get("key")
+    if key is not None and not isinstance(key, str):
+        raise BadRequest(f"key must be a string, not {key!r}")
+    return StoredEvent(new_event_id(), event_type_of(item), item["data"], key, get_metadata(item))

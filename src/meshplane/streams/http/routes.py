@@ -1,0 +1,344 @@
+"""Every route, declared once as data: method, path, handler, summary, tag, body, the access it needs.
+The OpenAPI description is made from the same table."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from meshplane.streams.access import Level
+from meshplane.streams.http.params import Handler
+
+if TYPE_CHECKING:
+    from meshplane.streams.http.api import Api
+
+log = logging.getLogger(__name__)
+
+
+# --- routes ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    tag: str
+    body: dict[str, str] = field(default_factory=dict)  # field -> JSON type, for the OpenAPI description
+    public: bool = False
+
+    @property
+    def access(self) -> Level | None:
+        """What a token needs for this route (None: each command says, on the command routes)."""
+        if self.tag == "command":
+            return None
+        if self.method == "GET" or self.path.endswith(_READ_ACTIONS):
+            return "read"
+        return "write" if self.path.endswith("/publish") else "admin"
+
+    @property
+    def browser(self) -> bool:
+        """A route browsers open with WebSocket or EventSource, which cannot set headers: the only
+        routes that take the token from ``?access_token=``."""
+        pushed = self.path.endswith(("/ws", "/ws/{subscriber_id}")) or self.path.startswith("/events/")
+        return self.method == "GET" and pushed
+
+
+# Consumer-side actions that change state: what a consumer with a read token does.
+_READ_ACTIONS = ("/consume", "/join", "/heartbeat", "/leave", "/offsets/commit")
+
+
+def route_table(api: Api) -> list[Route]:
+    g = "/consumer-groups/{group}"
+    return [
+        Route(
+            "GET",
+            "/health",
+            api.health,
+            "Liveness: always 200 while the process serves",
+            "meta",
+            public=True,
+        ),
+        Route(
+            "GET",
+            "/ready",
+            api.ready,
+            "Readiness: 200 once the data directory is loaded",
+            "meta",
+            public=True,
+        ),
+        Route("GET", "/metrics", api.metrics, "Prometheus metrics", "meta"),
+        Route(
+            "GET",
+            "/storage",
+            api.storage,
+            "What recovery and verification found and set aside; descriptors; limits",
+            "meta",
+        ),
+        Route("GET", "/openapi.json", api.openapi, "This description", "meta", public=True),
+        Route(
+            "POST",
+            "/api/v1/command",
+            api.command,
+            "Synap command endpoint (stream.*, pubsub.*; also topic.*, group.*)",
+            "command",
+            {"command": "string", "request_id": "string", "payload": "object"},
+        ),
+        Route(
+            "GET",
+            "/api/v1/ws",
+            api.command_ws,
+            "WebSocket: the command endpoint's envelopes, one per text frame, answered in order",
+            "command",
+        ),
+        Route("GET", "/stream/list", api.room_list, "List rooms", "rooms"),
+        Route(
+            "POST",
+            "/stream/{room}",
+            api.room_create,
+            "Create a room (409 if it exists)",
+            "rooms",
+            {"max_events": "integer", "retention_secs": "number"},
+        ),
+        Route(
+            "PUT",
+            "/stream/{room}",
+            api.room_get_or_create,
+            "Get or create a room",
+            "rooms",
+            {"max_events": "integer", "retention_secs": "number"},
+        ),
+        Route("DELETE", "/stream/{room}", api.room_delete, "Delete a room and its history", "rooms"),
+        Route(
+            "POST",
+            "/stream/{room}/publish",
+            api.room_publish,
+            "Publish an event; returns its offset",
+            "rooms",
+            {"event": "string", "event_type": "string", "data": "any", "metadata": "object"},
+        ),
+        Route(
+            "GET",
+            "/stream/{room}/consume/{subscriber_id}",
+            api.room_consume,
+            "Read events from ?from_offset= (negative: the last N), ?limit=",
+            "rooms",
+        ),
+        Route(
+            "GET",
+            "/stream/{room}/history",
+            api.room_history,
+            "History between ?from_offset= and ?to_offset=, ?limit=",
+            "rooms",
+        ),
+        Route("GET", "/stream/{room}/stats", api.room_stats, "Room statistics", "rooms"),
+        Route(
+            "GET",
+            "/stream/{room}/ws/{subscriber_id}",
+            api.room_ws,
+            "WebSocket: replay from ?from_offset= then push events as they are published",
+            "rooms",
+        ),
+        Route(
+            "GET",
+            "/events/{room}",
+            api.room_sse,
+            "Server-sent events of a room (Last-Event-ID resumes)",
+            "rooms",
+        ),
+        Route(
+            "POST",
+            "/pubsub/{topic}/publish",
+            api.pubsub_publish,
+            "Publish a pub/sub message",
+            "pubsub",
+            {"payload": "any", "metadata": "object"},
+        ),
+        Route("GET", "/pubsub/topics", api.pubsub_topics, "Topics published so far", "pubsub"),
+        Route(
+            "GET",
+            "/pubsub/ws",
+            api.pubsub_ws,
+            "WebSocket: messages of ?topics=a,b (wildcards * and #)",
+            "pubsub",
+        ),
+        Route("GET", "/topics", api.topic_list, "List partitioned topics", "topics"),
+        Route(
+            "POST",
+            "/topics/{topic}",
+            api.topic_create,
+            "Create a partitioned topic",
+            "topics",
+            {
+                "num_partitions": "integer",
+                "replication_factor": "integer",
+                "retention_policy": "object",
+                "segment_bytes": "integer",
+            },
+        ),
+        Route("DELETE", "/topics/{topic}", api.topic_delete, "Delete a topic and its data", "topics"),
+        Route(
+            "POST",
+            "/topics/{topic}/partitions",
+            api.topic_partitions,
+            "Grow a topic to num_partitions (never shrinks)",
+            "topics",
+            {"num_partitions": "integer"},
+        ),
+        Route(
+            "POST",
+            "/topics/{topic}/publish",
+            api.topic_publish,
+            "Publish one event (key routes by crc32(key) % partitions) or a batch ({events: [...]})",
+            "topics",
+            {
+                "event_type": "string",
+                "key": "string",
+                "data": "any",
+                "metadata": "object",
+                "partition": "integer",
+                "events": "array",
+                "idempotency_key": "string",
+            },
+        ),
+        Route(
+            "POST",
+            "/topics/{topic}/partitions/{partition}/consume",
+            api.topic_consume,
+            "Read a partition from an offset",
+            "topics",
+            {"from_offset": "integer", "limit": "integer"},
+        ),
+        Route(
+            "GET",
+            "/topics/{topic}/partitions/{partition}/records",
+            api.topic_records,
+            "Raw records from ?from_offset= (up to ?max_bytes=) for bulk consumers; "
+            "X-Log-Start-Offset / X-Log-End-Offset headers",
+            "topics",
+        ),
+        Route(
+            "GET",
+            "/topics/{topic}/partitions/{partition}/records/location",
+            api.topic_records_location,
+            "Where .../records would read from (segment file path, position, length, device, "
+            "inode; log start and end offsets): for readers on the server's host",
+            "topics",
+        ),
+        Route("GET", "/topics/{topic}/stats", api.topic_stats, "Per-partition statistics", "topics"),
+        Route("GET", "/consumer-groups", api.group_list, "List consumer groups", "groups"),
+        Route(
+            "POST",
+            g,
+            api.group_create,
+            "Create a consumer group",
+            "groups",
+            {
+                "topic": "string",
+                "partition_count": "integer",
+                "strategy": "string",
+                "session_timeout_secs": "number",
+            },
+        ),
+        Route("DELETE", g, api.group_delete, "Delete a consumer group and its offsets", "groups"),
+        Route(
+            "POST",
+            g + "/join",
+            api.group_join,
+            "Join: returns member_id, generation and partitions",
+            "groups",
+            {"member_id": "string", "session_timeout_secs": "number"},
+        ),
+        Route(
+            "GET",
+            g + "/members/{member}/assignment",
+            api.group_assignment,
+            "A member's partitions in the current generation",
+            "groups",
+        ),
+        Route(
+            "POST",
+            g + "/members/{member}/heartbeat",
+            api.group_heartbeat,
+            "Keep a member alive; returns the generation (changed: fetch the assignment)",
+            "groups",
+        ),
+        Route(
+            "DELETE",
+            g + "/members/{member}/leave",
+            api.group_leave,
+            "Leave the group (rebalances)",
+            "groups",
+        ),
+        Route(
+            "POST",
+            g + "/offsets/commit",
+            api.group_commit,
+            "Commit the next offset to read (fenced by member_id and generation)",
+            "groups",
+            {
+                "partition_id": "integer",
+                "offset": "integer",
+                "member_id": "string",
+                "generation": "integer",
+            },
+        ),
+        Route(
+            "GET",
+            g + "/offsets/{partition}",
+            api.group_offset,
+            "A partition's committed offset",
+            "groups",
+        ),
+        Route("GET", g + "/stats", api.group_stats, "Group state, members, generation, lag", "groups"),
+    ]
+
+
+def version() -> str:
+    from meshplane import __version__
+
+    return __version__
+
+
+def openapi_document(routes: list[Route]) -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        operation: dict[str, Any] = {
+            "summary": route.summary,
+            "tags": [route.tag],
+            "operationId": route.handler.__name__,
+            "responses": {
+                "200": {"description": "OK"},
+                "400": {"description": "bad input"},
+                "404": {"description": "unknown room, topic or group"},
+            },
+        }
+        params = [part[1:-1] for part in route.path.split("/") if part.startswith("{")]
+        if params:
+            operation["parameters"] = [
+                {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params
+            ]
+        if route.body:
+            operation["requestBody"] = {
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {
+                                k: ({} if v == "any" else {"type": v}) for k, v in route.body.items()
+                            },
+                        }
+                    }
+                }
+            }
+        if not route.public:
+            operation["security"] = [{"bearer": []}]
+        paths.setdefault(route.path, {})[route.method.lower()] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "meshplane streams", "version": version()},
+        "paths": paths,
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }
