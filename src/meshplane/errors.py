@@ -2,9 +2,53 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MeshplaneError(Exception):
     """Base class of every error meshplane raises on purpose."""
+
+
+class StreamError(MeshplaneError):
+    """An operation of the streams service that cannot be done. ``kind`` names what went wrong; an
+    adapter maps it to its own terms (HTTP statuses: ``meshplane.streams.errors.HTTP_STATUS``)."""
+
+    kind = "BadRequest"
+
+    def details(self) -> dict[str, Any]:
+        """What a client needs beyond the message (offsets, bounds), as JSON-ready values."""
+        return {}
+
+
+class BadRequest(StreamError):
+    """The request itself is wrong (a missing field, a bad value)."""
+
+
+class NotFound(StreamError):
+    kind = "NotFound"
+
+
+class Conflict(StreamError):
+    """The request clashes with the current state (exists already, stale generation, not the owner)."""
+
+    kind = "Conflict"
+
+
+class OffsetOutOfRange(StreamError, ValueError):
+    """An offset below the oldest retained one (or beyond the next one)."""
+
+    kind = "OffsetOutOfRange"
+
+    def __init__(self, requested: int, oldest: int, newest: int | None) -> None:
+        self.requested, self.oldest, self.newest = requested, oldest, newest
+        newest_text = "none (empty)" if newest is None else str(newest)
+        super().__init__(
+            f"OffsetOutOfRange: offset {requested} is not available "
+            f"(oldest retained {oldest}, newest {newest_text})"
+        )
+
+    def details(self) -> dict[str, Any]:
+        return {"requested": self.requested, "oldest": self.oldest, "newest": self.newest}
 
 
 class ConfigError(MeshplaneError, ValueError):

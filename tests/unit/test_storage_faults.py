@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from meshplane.core.streamlog import StoredEvent
-from meshplane.streams.errors import StorageError
+from meshplane.streams.errors import StorageError, http_status
 from meshplane.streams.log import PartitionLog
 from meshplane.streams.service import StreamsConfig, StreamsService
 from tests.faults import FaultInjector
@@ -107,7 +107,7 @@ async def engine_workload(engine: StreamsService, ack: Acknowledged) -> None:
         try:
             await action()
         except StorageError as exc:
-            ack.failures.append(f"{what}: {exc.status} {exc}")
+            ack.failures.append(f"{what}: {http_status(exc)} {exc}")
 
     async def create() -> None:
         if "t" not in engine.topics:

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from meshplane.core.streamlog import (
     HEADER_SIZE,
-    OffsetOutOfRange,
     RetentionPolicy,
     SegmentInfo,
     StoredEvent,
@@ -23,6 +22,7 @@ from meshplane.core.streamlog import (
     scan_records,
     segments_to_delete,
 )
+from meshplane.errors import OffsetOutOfRange
 
 payloads = st.lists(st.binary(max_size=300), max_size=20)
 

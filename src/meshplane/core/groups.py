@@ -17,30 +17,32 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from meshplane.errors import BadRequest, Conflict, NotFound
+
 Strategy = Literal["round_robin", "range", "sticky"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 
 
-class GroupError(ValueError):
-    """A group operation that cannot be done; ``status`` is the HTTP status that describes it."""
+class GroupError(BadRequest, ValueError):
+    """A group operation that cannot be done (its ``kind`` says which rule it broke)."""
 
-    status = 400
-
-
-class UnknownMember(GroupError):
-    status = 404
+    kind = "GroupError"
 
 
-class IllegalGeneration(GroupError):
-    status = 409
+class UnknownMember(GroupError, NotFound):
+    kind = "UnknownMember"
 
 
-class NotPartitionOwner(GroupError):
-    status = 409
+class IllegalGeneration(GroupError, Conflict):
+    kind = "IllegalGeneration"
 
 
-class GroupNotEmpty(GroupError):
-    status = 409
+class NotPartitionOwner(GroupError, Conflict):
+    kind = "NotPartitionOwner"
+
+
+class GroupNotEmpty(GroupError, Conflict):
+    kind = "GroupNotEmpty"
 
 
 @dataclass(slots=True)

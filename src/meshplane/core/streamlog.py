@@ -23,6 +23,8 @@ from typing import Any, Literal, NamedTuple
 
 import msgspec
 
+from meshplane.errors import OffsetOutOfRange
+
 RECORD_HEADER = struct.Struct(">IIQq")
 HEADER_SIZE = RECORD_HEADER.size  # 24
 _AFTER_CRC = 16  # offset + time
@@ -302,14 +304,6 @@ def logical_start_offset(segment_start: int, next_offset: int, policy: Retention
 
 
 # --- offsets and routing ---------------------------------------------------------------------------
-
-
-class OffsetOutOfRange(ValueError):
-    """An offset below the oldest retained one (or beyond the next one)."""
-
-    def __init__(self, requested: int, oldest: int, newest: int | None) -> None:
-        self.requested, self.oldest, self.newest = requested, oldest, newest
-        super().__init__(f"offset {requested} is outside {oldest}..{newest}")
 
 
 def resolve_start_offset(from_offset: int | None, oldest: int, next_offset: int) -> int:

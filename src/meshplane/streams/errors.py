@@ -1,64 +1,41 @@
-"""Errors of the streams API; each carries the HTTP status that describes it."""
+"""The streams service's errors: one family under :class:`meshplane.errors.StreamError`, each with a
+``kind`` and no transport in it; :data:`HTTP_STATUS` is the one table from kinds to HTTP statuses."""
 
 from __future__ import annotations
 
 import errno
 from typing import Any
 
-from meshplane.errors import MeshplaneError
-
-
-class StreamError(MeshplaneError):
-    status = 400
-    kind = "BadRequest"
-
-    def details(self) -> dict[str, Any]:
-        return {}
-
-
-class BadRequest(StreamError):
-    pass
+import meshplane.core.groups  # noqa: F401 - the group kinds, so that answers map back to them
+from meshplane import errors
+from meshplane.errors import BadRequest, Conflict, NotFound, OffsetOutOfRange, StreamError
 
 
 class Forbidden(StreamError):
-    status = 403
     kind = "Forbidden"
 
 
-class NotFound(StreamError):
-    status = 404
-    kind = "NotFound"
-
-
-class Conflict(StreamError):
-    status = 409
-    kind = "Conflict"
-
-
 class RequestTimeout(StreamError):
-    status = 408
     kind = "RequestTimeout"
 
 
 class LimitReached(StreamError):
-    status = 429
     kind = "LimitReached"
 
 
-class PayloadTooLarge(StreamError):
-    status = 413
+class PayloadTooLarge(StreamError, errors.PayloadTooLarge):
+    """An event, or a request, over the server's limit (the event plane's error, in this family)."""
+
     kind = "PayloadTooLarge"
 
 
 class StorageError(StreamError):
     """A write, fsync or rename failed; what the request asked for was not stored (and left no trace)."""
 
-    status = 503
     kind = "StorageUnavailable"
 
 
 class StorageFull(StorageError):
-    status = 507
     kind = "InsufficientStorage"
 
 
@@ -69,27 +46,11 @@ def storage_error(exc: OSError, what: str) -> StorageError:
     return kind(f"{what} failed, nothing was stored: {exc.strerror or exc}")
 
 
-class OffsetOutOfRange(StreamError):
-    kind = "OffsetOutOfRange"
-
-    def __init__(self, requested: int, oldest: int, newest: int | None) -> None:
-        self.requested, self.oldest, self.newest = requested, oldest, newest
-        newest_text = "none (empty)" if newest is None else str(newest)
-        super().__init__(
-            f"OffsetOutOfRange: offset {requested} is not available "
-            f"(oldest retained {oldest}, newest {newest_text})"
-        )
-
-    def details(self) -> dict[str, Any]:
-        return {"requested": self.requested, "oldest": self.oldest, "newest": self.newest}
-
-
 class CorruptRecords(StreamError):
     """Offsets whose records failed their checks on disk (a flipped bit, a bad sector): skippable,
     reading goes on at ``next_offset``. Like Kafka's CORRUPT_MESSAGE, a reader that must not lose
     data stops here; one that may, skips."""
 
-    status = 410
     kind = "CorruptRecords"
 
     def __init__(self, requested: int, first: int, next_offset: int, where: str = "") -> None:
@@ -104,24 +65,71 @@ class CorruptRecords(StreamError):
         return {"requested": self.requested, "corrupt_from": self.first, "next_offset": self.next_offset}
 
 
-_BY_STATUS: dict[int, type[StreamError]] = {
-    400: BadRequest,
-    403: Forbidden,
-    404: NotFound,
-    408: RequestTimeout,
-    409: Conflict,
-    413: PayloadTooLarge,
-    429: LimitReached,
-    503: StorageError,
-    507: StorageFull,
+# What each kind is over HTTP: the one place statuses are decided (the server answers with them,
+# clients map answers back by kind, or by status when a body has none).
+HTTP_STATUS: dict[str, int] = {
+    "BadRequest": 400,
+    "OffsetOutOfRange": 400,
+    "GroupError": 400,
+    "Forbidden": 403,
+    "NotFound": 404,
+    "UnknownMember": 404,
+    "RequestTimeout": 408,
+    "Conflict": 409,
+    "IllegalGeneration": 409,
+    "NotPartitionOwner": 409,
+    "GroupNotEmpty": 409,
+    "CorruptRecords": 410,
+    "PayloadTooLarge": 413,
+    "LimitReached": 429,
+    "StorageUnavailable": 503,
+    "InsufficientStorage": 507,
 }
+
+
+def http_status(exc: StreamError) -> int:
+    return HTTP_STATUS.get(exc.kind, 400)
+
+
+def _kinds(base: type[StreamError]) -> dict[str, type[StreamError]]:
+    found = {base.kind: base}
+    for sub in base.__subclasses__():
+        found.update(_kinds(sub))
+    return found
 
 
 def error_from_response(status: int, body: Any) -> StreamError:
     """The error a client raises for an error answer of the server (``{"error", "code", "type", ...}``)."""
-    if isinstance(body, dict) and body.get("type") == "CorruptRecords":
+    kind = body.get("type") if isinstance(body, dict) else None
+    if kind == "CorruptRecords":
         return CorruptRecords(int(body["requested"]), int(body["corrupt_from"]), int(body["next_offset"]))
-    if isinstance(body, dict) and body.get("type") == "OffsetOutOfRange":
+    if kind == "OffsetOutOfRange":
         return OffsetOutOfRange(int(body["requested"]), int(body["oldest"]), body.get("newest"))
     message = body.get("error") if isinstance(body, dict) else str(body)
-    return _BY_STATUS.get(status, StreamError)(f"{status}: {message}")
+    by_kind = _kinds(StreamError)
+    cls = by_kind.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        cls = next((by_kind.get(k) for k, code in HTTP_STATUS.items() if code == status), None) or StreamError
+    if cls in (CorruptRecords, OffsetOutOfRange):  # without their details: the plain family error
+        cls = StreamError
+    return cls(f"{status}: {message}")
+
+
+__all__ = [
+    "HTTP_STATUS",
+    "BadRequest",
+    "Conflict",
+    "CorruptRecords",
+    "Forbidden",
+    "LimitReached",
+    "NotFound",
+    "OffsetOutOfRange",
+    "PayloadTooLarge",
+    "RequestTimeout",
+    "StorageError",
+    "StorageFull",
+    "StreamError",
+    "error_from_response",
+    "http_status",
+    "storage_error",
+]

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from meshplane.core import streamlog
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent, resolve_start_offset
 from meshplane.streams.config import now_ms
-from meshplane.streams.errors import CorruptRecords, OffsetOutOfRange
+from meshplane.streams.errors import CorruptRecords
 from meshplane.streams.events import Notifier, StreamEvent, decode_stream_event
 from meshplane.streams.files import FilePool
 from meshplane.streams.log import PartitionLog
@@ -151,9 +151,6 @@ class Room:
         return self._ring[max(start, self._head) : max(stop, start)]
 
     def resolve(self, from_offset: int | None) -> int:
-        try:
-            return resolve_start_offset(from_offset, self.oldest, self.next_offset)
-        except streamlog.OffsetOutOfRange as exc:
-            raise OffsetOutOfRange(exc.requested, exc.oldest, exc.newest) from None
+        return resolve_start_offset(from_offset, self.oldest, self.next_offset)
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 
-from meshplane.core.groups import GroupError
 from meshplane.streams.access import Grant, Tokens
 from meshplane.streams.errors import (
     Forbidden,
@@ -51,7 +50,7 @@ def create_app(
             request[GRANT] = grant
         try:
             return await handler(request)
-        except (StreamError, GroupError) as exc:
+        except StreamError as exc:
             return error_response(exc)
         except web.HTTPRequestEntityTooLarge as exc:
             return error_response(PayloadTooLarge(f"request body too large: {exc.text}"))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from meshplane.core.groups import GroupError
 from meshplane.streams.access import Grant, Level
 from meshplane.streams.errors import (
     BadRequest,
@@ -90,7 +89,7 @@ class Commands:
             if not isinstance(payload, dict):
                 raise BadRequest("payload must be an object")
             result = await self.run(command, payload, grant)
-        except (StreamError, GroupError) as exc:
+        except StreamError as exc:
             return failure_envelope(request_id, exc)
         return {"success": True, "request_id": request_id, "payload": result, "error": None}
 
@@ -265,7 +264,7 @@ class Commands:
         }
 
 
-def failure_envelope(request_id: Any, exc: StreamError | GroupError) -> dict[str, Any]:
+def failure_envelope(request_id: Any, exc: StreamError) -> dict[str, Any]:
     """Synap's failure answer, plus the status and type the REST routes would give (for typed errors)."""
     body = error_body(exc)
     body["error"] = f"Invalid request: {exc}"

@@ -10,7 +10,6 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from meshplane.core.groups import GroupError
 from meshplane.core.streamlog import StoredEvent
 from meshplane.streams.config import new_event_id
 from meshplane.streams.errors import (
@@ -18,6 +17,7 @@ from meshplane.streams.errors import (
     PayloadTooLarge,
     RequestTimeout,
     StreamError,
+    http_status,
 )
 from meshplane.streams.service import StreamsService
 
@@ -36,16 +36,13 @@ def json_response(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=_json.encode(body), status=status, content_type="application/json")
 
 
-def error_body(exc: StreamError | GroupError) -> dict[str, Any]:
-    kind = exc.kind if isinstance(exc, StreamError) else type(exc).__name__
-    body: dict[str, Any] = {"error": str(exc), "code": exc.status, "type": kind}
-    if isinstance(exc, StreamError):
-        body.update(exc.details())
-    return body
+def error_body(exc: StreamError) -> dict[str, Any]:
+    """``{"error", "code", "type"}`` and the error's details: what every error answer carries."""
+    return {"error": str(exc), "code": http_status(exc), "type": exc.kind, **exc.details()}
 
 
-def error_response(exc: StreamError | GroupError) -> web.Response:
-    return json_response(error_body(exc), exc.status)
+def error_response(exc: StreamError) -> web.Response:
+    return json_response(error_body(exc), http_status(exc))
 
 
 # --- request parsing -------------------------------------------------------------------------------
