@@ -86,20 +86,6 @@ class EventPublisher:
         log.info("publisher %x of %s/%s ready (%s)", publisher_id, scope, topic, type(transport).__name__)
         return publisher
 
-    @classmethod
-    async def for_endpoint(
-        cls, namespace: str, component: str, endpoint: str, topic: str, **kw: Any
-    ) -> EventPublisher:
-        return await cls.create(Scope.endpoint(namespace, component, endpoint), topic, **kw)
-
-    @classmethod
-    async def for_component(cls, namespace: str, component: str, topic: str, **kw: Any) -> EventPublisher:
-        return await cls.create(Scope.component(namespace, component), topic, **kw)
-
-    @classmethod
-    async def for_namespace(cls, namespace: str, topic: str, **kw: Any) -> EventPublisher:
-        return await cls.create(Scope.namespace(namespace), topic, **kw)
-
     @property
     def next_sequence(self) -> int:
         return self._sequence

@@ -11,7 +11,6 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
 
 from meshplane.aio import cancel_and_wait
 from meshplane.config import PlaneConfig
@@ -123,20 +122,6 @@ class EventSubscriber:
             raise
         plane._adopt(subscriber)
         return subscriber
-
-    @classmethod
-    async def for_endpoint(
-        cls, namespace: str, component: str, endpoint: str, topic: str, **kw: Any
-    ) -> EventSubscriber:
-        return await cls.create(Scope.endpoint(namespace, component, endpoint), topic, **kw)
-
-    @classmethod
-    async def for_component(cls, namespace: str, component: str, topic: str, **kw: Any) -> EventSubscriber:
-        return await cls.create(Scope.component(namespace, component), topic, **kw)
-
-    @classmethod
-    async def for_namespace(cls, namespace: str, topic: str, **kw: Any) -> EventSubscriber:
-        return await cls.create(Scope.namespace(namespace), topic, **kw)
 
     async def _announce(self) -> None:
         """Register this subscriber, so that publishers can wait for it (NATS)."""

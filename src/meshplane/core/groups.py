@@ -195,9 +195,6 @@ class GroupCoordinator:
             del self.members[member_id]
         return gone
 
-    def next_deadline(self) -> float | None:
-        return min((m.deadline for m in self.members.values()), default=None)
-
     def assignment_of(self, member_id: str, now: float) -> list[int]:
         self.expire(now)
         self._require(member_id)

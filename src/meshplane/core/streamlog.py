@@ -66,6 +66,23 @@ class Record(NamedTuple):  # a tuple: cheapest to create on the hot read path
     size: int  # header + payload
 
 
+_LENGTH = struct.Struct(">I")
+_OFFSET = struct.Struct(">Q")
+
+
+def record_size(buffer: bytes | memoryview, position: int = 0) -> int:
+    """The whole size (header and payload) of the record at ``position``, from its length field;
+    0 when its length field is not all there."""
+    if len(buffer) - position < _LENGTH.size:
+        return 0
+    return 8 + int(_LENGTH.unpack_from(buffer, position)[0])
+
+
+def record_offset(buffer: bytes | memoryview, position: int = 0) -> int:
+    """The offset field of the record at ``position``."""
+    return int(_OFFSET.unpack_from(buffer, position + 8)[0])
+
+
 @dataclass(frozen=True, slots=True)
 class ScanResult:
     records: list[Record]

@@ -16,6 +16,7 @@ import aetcd
 import aetcd.rpc
 import grpc
 
+from meshplane.aio import wait_at_most
 from meshplane.core.watch import Added, DiscoveryEvent, Removed, diff_snapshot
 from meshplane.discovery.base import Discovery
 from meshplane.errors import ConfigError, DiscoveryError
@@ -35,17 +36,10 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
         raise ConfigError(f"ETCD_ENDPOINTS entry {endpoint!r}: {exc}") from None
 
 
-_closing: set[asyncio.Task[None]] = set()
-
-
 async def _close_quietly(client: aetcd.Client, timeout: float = 2.0) -> None:
     """Close a client without hanging: grpc.aio can stall closing a channel whose watch stream is still
     being set up. Past ``timeout`` the close goes on in the background and we move on."""
-    closing = asyncio.ensure_future(client.close())
-    _closing.add(closing)
-    closing.add_done_callback(_closing.discard)
-    closing.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: nothing to report
-    await asyncio.wait({closing}, timeout=timeout)
+    await wait_at_most(client.close(), timeout)
 
 
 @dataclass(frozen=True, slots=True)

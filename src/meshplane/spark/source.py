@@ -24,7 +24,6 @@ import logging
 import operator
 import os
 import uuid
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -50,7 +49,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from meshplane.core.streamlog import EVENT_DECODER, HEADER_SIZE, RECORD_HEADER
+from meshplane.core.streamlog import EVENT_DECODER, scan_records
 from meshplane.spark import offsets as off
 from meshplane.spark.http import SyncStreamsClient
 from meshplane.streams.errors import CorruptRecords, OffsetOutOfRange
@@ -177,30 +176,16 @@ def decode_columns(data: bytes | memoryview, first: int, end: int) -> Columns:
     """Records ``first``..``end - 1`` of a raw fetch, into columns: the general decoder, for tuples and
     for what the compiled scan (:mod:`meshplane.spark.columnar`) does not take.
 
-    A record cut by the fetch size ends the chunk; a bad crc or a broken sequence is an error. Only
-    the framing runs in a Python loop; decoding and column extraction run in C (map/attrgetter).
+    A record cut by the fetch size ends the chunk; a bad crc or a broken sequence is an error. The
+    framing is the core's :func:`~meshplane.core.streamlog.scan_records`; decoding and column extraction
+    run in C (map/attrgetter).
     """
-    bodies: list[memoryview] = []
-    offsets: list[int] = []
-    stamps: list[int] = []
-    add_body, add_offset, add_stamp = bodies.append, offsets.append, stamps.append
-    unpack, crc32 = RECORD_HEADER.unpack_from, zlib.crc32
-    view = memoryview(data)
-    size = len(view)
-    pos, expected = 0, first
-    while pos + HEADER_SIZE <= size and expected < end:
-        length, crc, offset, timestamp_ms = unpack(view, pos)
-        stop = pos + 8 + length
-        if stop > size:
-            break
-        body = view[pos + 8 : stop]
-        if crc32(body) != crc or offset != expected:
-            raise RuntimeError(f"corrupt record at offset {expected} (crc or sequence mismatch)")
-        add_body(body[16:])
-        add_offset(offset)
-        add_stamp(timestamp_ms * 1000)
-        expected += 1
-        pos = stop
+    scanned = scan_records(data, expected_offset=first, max_records=max(0, end - first))
+    if scanned.problem is not None and not scanned.problem.startswith("truncated"):  # cut by the fetch
+        raise RuntimeError(f"corrupt record at offset {first + len(scanned.records)} ({scanned.problem})")
+    bodies = [r.payload for r in scanned.records]
+    offsets = [r.offset for r in scanned.records]
+    stamps = [r.timestamp_ms * 1000 for r in scanned.records]
     events = list(map(EVENT_DECODER.decode, bodies))
     datas = list(map(_DATA, events))
     metas = list(map(_METADATA, events))

@@ -35,6 +35,8 @@ from meshplane.core.streamlog import (
     SegmentInfo,
     encode_record,
     logical_start_offset,
+    record_offset,
+    record_size,
     resync,
     scan_records,
     segments_to_delete,
@@ -250,8 +252,7 @@ class PartitionLog:
             if result.records:  # the chunk, not the file, ended mid-record
                 problem = None
             else:  # one record longer than a chunk
-                length = struct.unpack_from(">I", chunk)[0] if len(chunk) >= 4 else 0
-                whole = os.pread(segment.fd, min(8 + length, file_size - position), position)
+                whole = os.pread(segment.fd, min(record_size(chunk), file_size - position), position)
                 result = scan_records(whole, start_position=position, expected_offset=expected)
                 problem = result.problem
         return result.records, result.valid_end, problem
@@ -268,7 +269,7 @@ class PartitionLog:
             chunk = os.pread(segment.fd, min(step + (1 << 16), file_size - at), at)
             found = resync(chunk, start_position=at, min_offset=expected, max_offset=max_offset)
             if found is not None:
-                offset = struct.unpack(">Q", os.pread(segment.fd, 8, found + 8))[0]
+                offset = record_offset(os.pread(segment.fd, HEADER_SIZE, found))
                 return found, offset
             at += step
         return None
@@ -531,8 +532,7 @@ class PartitionLog:
                 if not result.records:
                     if records:
                         return records  # the next record alone exceeds what is left of the budget
-                    length = struct.unpack_from(">I", chunk)[0] if len(chunk) >= 4 else 0
-                    chunk = os.pread(segment.fd, min(length + 8, end - position), position)
+                    chunk = os.pread(segment.fd, min(record_size(chunk), end - position), position)
                     result = scan_records(chunk, start_position=position, max_records=1)
                     if not result.records:
                         raise self._found_corrupt(segment, position, offset)
@@ -600,7 +600,7 @@ class PartitionLog:
             end = self._readable_end(segment, self._next_hole_from(offset))
             count = min(end - position, max_bytes)
             if count < end - position:  # the first record must be whole, however long
-                first = struct.unpack(">I", os.pread(segment.fd, 4, position))[0] + 8
+                first = record_size(os.pread(segment.fd, 4, position))
                 count = max(count, min(first, end - position))
             if segment is self.active or segment.verified >= position + count:
                 return segment, position, count
@@ -628,7 +628,7 @@ class PartitionLog:
                 position, pos = position + pos, 0
                 if len(buffer) < 4:
                     raise self._found_corrupt(segment, position, at)
-            pos += struct.unpack_from(">I", buffer, pos)[0] + 8
+            pos += record_size(buffer, pos)
             at += 1
         return segment, position + pos
 

@@ -439,6 +439,11 @@ class StreamsService:
             raise NotFound(f"topic {name!r} not found")
         return found
 
+    def read_topic(self, name: str, partition: int, from_offset: int, limit: int) -> list[StreamEvent]:
+        events = self.topic(name).read(partition, from_offset, limit)
+        self.counters["events_consumed"] += len(events)
+        return events
+
     def add_partitions(self, name: str, count: int) -> Topic:
         topic = self.topic(name)
         if count > 10_000:

@@ -66,10 +66,6 @@ class SubscriberTransport(abc.ABC):
         """A publisher went silent: connect to it afresh (transports with a connection per publisher)."""
 
     @property
-    def connected_publishers(self) -> int | None:
-        return None
-
-    @property
     def paths(self) -> int:
         """Routes an event can take to this subscriber: above 1, events may arrive out of order."""
         return 1

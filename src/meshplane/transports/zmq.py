@@ -205,7 +205,6 @@ class ZmqSubscriberTransport(SubscriberTransport):
         self._socket: zmq.Socket[bytes] | None = None
         self._readable: Readable | None = None
         self._endpoints: dict[int, str] = {}
-        self.connect_errors = 0
 
     async def start(self) -> None:
         sock = self._context.socket(zmq.SUB)
@@ -244,7 +243,6 @@ class ZmqSubscriberTransport(SubscriberTransport):
             # is picked up when it is, so one failed attempt never silences it.
             self._socket.connect(endpoint)
         except zmq.ZMQError as exc:
-            self.connect_errors += 1
             log.warning("cannot connect to publisher %x at %r: %s", channel.instance_id, endpoint, exc)
             return
         self._endpoints[channel.instance_id] = endpoint

@@ -192,10 +192,6 @@ class ZmqBrokerPublisherTransport(XPubPublisher):
         if not wanted:
             log.warning("publisher %x has no broker to send through; events are dropped", self._publisher_id)
 
-    @property
-    def brokers(self) -> list[str]:
-        return list(self._connected.values())
-
     def discovery_transport(self) -> None:
         return None  # as in Dynamo: brokers are registered, publishers are not
 
@@ -240,14 +236,6 @@ class ZmqBrokerSubscriberTransport(ZmqSubscriberTransport):
         if self._socket is None:
             return
         _reconcile(self._socket, self._brokers, {key: b.xpub for key, b in self._directory.brokers.items()})
-
-    @property
-    def connected_publishers(self) -> int:
-        return 0  # publishers are behind the brokers
-
-    @property
-    def brokers(self) -> list[str]:
-        return list(self._brokers.values())
 
     @property
     def paths(self) -> int:

@@ -333,9 +333,7 @@ class Api:
         body = await read_json(request)
         from_offset = get_int(body, "from_offset", 0, minimum=0)
         limit = get_int(body, "limit", 100, minimum=1, maximum=MAX_CONSUME_LIMIT)
-        topic = self.engine.topic(name)
-        events = topic.read(partition, from_offset, limit)
-        self.engine.counters["events_consumed"] += len(events)
+        events = self.engine.read_topic(name, partition, from_offset, limit)
         return json_response(
             {
                 "topic": name,
