@@ -6,10 +6,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint typecheck unit bench etcd java redis clean
 
-$(STAMP): pyproject.toml
+# Everything (the event plane, streams, Spark, nats-server, test and bench tools) at the exact versions
+# of constraints.txt; a user's `pip install meshplane[...]` takes any version in pyproject's ranges.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,spark,bench]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,dev,bench]'
 	touch $(STAMP)
 
 ## run: start a local event plane (embedded nats-server, file discovery) with demo traffic; Ctrl-C stops it

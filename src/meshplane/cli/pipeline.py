@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from meshplane.cli.options import add_token_option
-from meshplane.streams.client import StreamsClient
 
 DEMO_BASE_TIME = 1_767_225_600.0  # 2026-01-01T00:00:00Z: synthetic event times, so windows are reproducible
 
@@ -65,6 +64,8 @@ async def prepare_demo(
     url: str, token: str | None, source: str, sink: str, publish: int, first: int = 0
 ) -> None:
     """Create the topics if needed and publish ``publish`` synthetic events numbered from ``first``."""
+    from meshplane.streams.client import StreamsClient
+
     async with StreamsClient(url, token=token) as client:
         topics = await client.topics()
         if source not in topics:

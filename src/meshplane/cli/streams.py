@@ -12,13 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from meshplane.cli.options import add_token_option
 from meshplane.config import default_state_dir
 from meshplane.errors import ConfigError
 from meshplane.streams.access import Tokens
-from meshplane.streams.client import StreamsClient
 from meshplane.streams.errors import StreamError
 from meshplane.streams.service import StreamsConfig, StreamsService
 
@@ -143,6 +140,7 @@ _CONFIG_FIELDS = {  # serve's flag -> StreamsConfig field
 
 
 async def run_serve(args: argparse.Namespace) -> int:
+    require_streams_extra()
     from meshplane.streams.http.app import serve, server_tls
 
     tokens = Tokens.load(args.token_file, os.environ.get(TOKEN_ENV))
@@ -272,7 +270,19 @@ def _print(value: Any) -> None:
     print(json.dumps(value, default=str), flush=True)
 
 
+def require_streams_extra() -> None:
+    """The streams server and client run on aiohttp and prometheus-client: the ``streams`` extra."""
+    try:
+        import aiohttp  # noqa: F401
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise ConfigError("the streams commands need: pip install 'meshplane[streams]'") from None
+
+
 async def run_client(args: argparse.Namespace) -> int:
+    require_streams_extra()
+    import aiohttp
+
     try:
         return await _run_client(args)
     except aiohttp.ClientError as exc:
@@ -280,6 +290,8 @@ async def run_client(args: argparse.Namespace) -> int:
 
 
 async def _run_client(args: argparse.Namespace) -> int:
+    from meshplane.streams.client import StreamsClient
+
     async with StreamsClient(args.url, token=args.token) as client:
         command, action = args.command, args.action
         if command == "stream":
