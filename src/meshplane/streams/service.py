@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ from meshplane.streams.groups import GroupStore
 from meshplane.streams.idempotency import IdempotencyTable
 from meshplane.streams.pubsub import PubSub, PubSubLimits
 from meshplane.streams.rooms import Room
-from meshplane.streams.topics import Topic, TopicSettings
+from meshplane.streams.topics import Topic, TopicStore
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,6 @@ class StreamsService:
         self.config = config or StreamsConfig()
         self.root = Path(self.config.data_dir)
         self.rooms: dict[str, Room] = {}
-        self.topics: dict[str, Topic] = {}
         self.files = FilePool(self.config.max_open_files)
         self.problems: list[str] = []  # what was found wrong in the data directory, and set aside
         self.pubsub = PubSub(PubSubLimits(queue_messages=self.config.pubsub_queue_size))
@@ -83,6 +81,9 @@ class StreamsService:
             "duplicates_skipped": 0,
             "rebalances": 0,
         }
+        self.topic_store = TopicStore(
+            self.root / "topics", self.files, self.config, self._report, self._set_aside
+        )
         self.group_store = GroupStore(
             self.root / "groups", self.counters, sync=self.config.fsync != "never", report=self._report
         )
@@ -104,7 +105,7 @@ class StreamsService:
         for directory in sorted(p for p in (self.root / "rooms").iterdir() if p.is_dir()):
             self._load_room(directory)
         for directory in sorted(p for p in (self.root / "topics").iterdir() if p.is_dir()):
-            self._load_topic(directory)
+            self.topic_store.load(directory)
         self.idempotency.open(self.root / "idempotency.log", sync=self.config.fsync != "never")
         self.group_store.load(self._set_aside)
         self.ready = True
@@ -134,29 +135,6 @@ class StreamsService:
         if not path.exists():
             write_atomic(path, json.dumps(room.settings()).encode())
 
-    def _load_topic(self, directory: Path) -> None:
-        path = directory / "topic.json"
-        partitions = sum(1 for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
-        try:
-            settings = msgspec.json.decode(path.read_bytes(), type=TopicSettings)
-        except FileNotFoundError:
-            if not partitions:
-                return
-            self._report(f"topic {directory.name}: topic.json is missing; {partitions} partitions found")
-            settings = TopicSettings(partitions, segment_bytes=self.config.segment_bytes)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self._set_aside(path, f"topic {directory.name}: topic.json is unreadable ({exc})")
-            settings = TopicSettings(max(partitions, 1), segment_bytes=self.config.segment_bytes)
-        changed = not settings.incarnation or not path.exists() or partitions > settings.num_partitions
-        settings.num_partitions = max(settings.num_partitions, partitions)
-        settings.incarnation = settings.incarnation or uuid.uuid4().hex
-        self.topics[directory.name] = Topic(directory.name, directory, settings, self.files)
-        if changed:
-            try:
-                write_atomic(path, msgspec.json.encode(settings))
-            except OSError as exc:
-                self._report(f"topic {directory.name}: topic.json not rewritten ({exc})")
-
     def _set_aside(self, path: Path, problem: str) -> None:
         with contextlib.suppress(OSError):
             os.replace(path, path.with_name(f"{path.name}.corrupt-{time.time_ns()}"))
@@ -172,7 +150,7 @@ class StreamsService:
         c = self.config
         return {
             "topics": (len(self.topics), c.max_topics),
-            "partitions": (sum(len(t.partitions) for t in self.topics.values()), c.max_partitions),
+            "partitions": (self.topic_store.partition_count, c.max_partitions),
             "rooms": (len(self.rooms), c.max_rooms),
             "room_memory_bytes": (sum(r.ring_bytes for r in self.rooms.values()), c.room_memory_bytes),
             "open_files": (len(self.files), self.files.capacity),
@@ -378,6 +356,10 @@ class StreamsService:
 
     # --- topics --------------------------------------------------------------------------------------
 
+    @property
+    def topics(self) -> dict[str, Topic]:
+        return self.topic_store.topics
+
     def create_topic(
         self,
         name: str,
@@ -386,88 +368,25 @@ class StreamsService:
         retention: RetentionPolicy | None = None,
         segment_bytes: int | None = None,
     ) -> Topic:
-        check_name("topic", name)
-        if name in self.topics:
-            raise Conflict(f"topic {name!r} already exists")
-        if len(self.topics) >= self.config.max_topics:
-            raise LimitReached(f"topic limit reached ({self.config.max_topics} topics)")
-        partitions = self.config.default_partitions if num_partitions is None else num_partitions
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 10_000:
-            raise BadRequest(f"num_partitions must be an integer in 1..10000, not {partitions!r}")
-        self._check_partition_budget(partitions)
-        if replication_factor != 1:
-            raise BadRequest("replication_factor must be 1: meshplane streams run on one node")
-        segment = self.config.segment_bytes if segment_bytes is None else segment_bytes
-        if isinstance(segment, bool) or not isinstance(segment, int) or segment < 1024:
-            raise BadRequest(f"segment_bytes must be an integer >= 1024, not {segment!r}")
-        settings = TopicSettings(
-            partitions,
-            replication_factor,
-            retention or RetentionPolicy(),
-            segment,
-            time.time(),
-            incarnation=uuid.uuid4().hex,
-        )
-        directory = self.root / "topics" / name
-        try:
-            topic = Topic(name, directory, settings, self.files)
-        except (OSError, StorageError) as exc:
-            _remove_tree(directory)
-            if isinstance(exc, StorageError):
-                raise
-            raise storage_error(exc, f"creating topic {name!r}") from exc
-        try:
-            write_atomic(directory / "topic.json", msgspec.json.encode(settings))
-        except OSError as exc:
-            for plog in topic.partitions:
-                plog.delete()
-            _remove_tree(directory)
-            raise storage_error(exc, f"creating topic {name!r}") from exc
-        self.topics[name] = topic
-        return topic
-
-    def _check_partition_budget(self, adding: int) -> None:
-        total = sum(len(t.partitions) for t in self.topics.values())
-        if total + adding > self.config.max_partitions:
-            raise LimitReached(
-                f"partition limit reached: {total} of {self.config.max_partitions} in use, {adding} asked"
-            )
+        return self.topic_store.create(name, num_partitions, replication_factor, retention, segment_bytes)
 
     def topic(self, name: str) -> Topic:
-        found = self.topics.get(check_name("topic", name))
-        if found is None:
-            raise NotFound(f"topic {name!r} not found")
-        return found
+        return self.topic_store.get(name)
+
+    def add_partitions(self, name: str, count: int) -> Topic:
+        topic = self.topic_store.grow(name, count)
+        self.group_store.resize(name, count)
+        return topic
+
+    def delete_topic(self, name: str) -> bool:
+        deleted = self.topic_store.delete(name)
+        self.idempotency.forget_topic(name)
+        return deleted
 
     def read_topic(self, name: str, partition: int, from_offset: int, limit: int) -> list[StreamEvent]:
         events = self.topic(name).read(partition, from_offset, limit)
         self.counters["events_consumed"] += len(events)
         return events
-
-    def add_partitions(self, name: str, count: int) -> Topic:
-        topic = self.topic(name)
-        if count > 10_000:
-            raise BadRequest("num_partitions must be <= 10000")
-        self._check_partition_budget(count - len(topic.partitions))
-        try:
-            topic.grow(count)
-            write_atomic(topic.directory / "topic.json", msgspec.json.encode(topic.settings))
-        except OSError as exc:
-            raise storage_error(exc, f"adding partitions to {name!r}") from exc
-        self.group_store.resize(name, count)
-        return topic
-
-    def delete_topic(self, name: str) -> bool:
-        topic = self.topics.pop(check_name("topic", name), None)
-        if topic is None:
-            return False
-        for plog in topic.partitions:
-            plog.delete()
-        (topic.directory / "topic.json").unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            topic.directory.rmdir()
-        self.idempotency.forget_topic(name)
-        return True
 
     async def publish_topic(
         self,
@@ -591,15 +510,6 @@ class StreamsService:
             for p, plog in enumerate(topic.partitions[: group.partitions]):
                 committed = group.committed.get(p, plog.start_offset)
                 yield group.group_id, p, max(0, plog.next_offset - committed)
-
-
-def _remove_tree(directory: Path) -> None:
-    """Remove what a failed create left (best effort: the disk may be failing)."""
-    for path in sorted(directory.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-        with contextlib.suppress(OSError):
-            path.rmdir() if path.is_dir() else path.unlink()
-    with contextlib.suppress(OSError):
-        directory.rmdir()
 
 
 __all__ = ["StreamsConfig", "StreamsService"]

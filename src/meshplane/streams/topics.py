@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from meshplane.core.streamlog import RetentionPolicy, partition_for_key
-from meshplane.streams.errors import BadRequest, NotFound, OffsetOutOfRange
+from meshplane.streams.config import StreamsConfig, check_name
+from meshplane.streams.errors import (
+    BadRequest,
+    Conflict,
+    LimitReached,
+    NotFound,
+    OffsetOutOfRange,
+    StorageError,
+    storage_error,
+)
 from meshplane.streams.events import Notifier, StreamEvent, decode_stream_event
-from meshplane.streams.files import FilePool
+from meshplane.streams.files import FilePool, write_atomic
 from meshplane.streams.log import PartitionLog, Segment
 
 
@@ -136,3 +149,140 @@ class Topic:
         }
 
 
+class TopicStore:
+    """The topics of a data directory: loaded, created (or not at all), grown and deleted."""
+
+    def __init__(
+        self,
+        folder: Path,
+        files: FilePool,
+        config: StreamsConfig,
+        report: Callable[[str], None],
+        set_aside: Callable[[Path, str], None],
+    ) -> None:
+        self.folder = folder
+        self.topics: dict[str, Topic] = {}
+        self.config = config
+        self._files = files
+        self._report = report
+        self._set_aside = set_aside
+
+    def load(self, directory: Path) -> None:
+        path = directory / "topic.json"
+        partitions = sum(1 for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+        try:
+            settings = msgspec.json.decode(path.read_bytes(), type=TopicSettings)
+        except FileNotFoundError:
+            if not partitions:
+                return
+            self._report(f"topic {directory.name}: topic.json is missing; {partitions} partitions found")
+            settings = TopicSettings(partitions, segment_bytes=self.config.segment_bytes)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._set_aside(path, f"topic {directory.name}: topic.json is unreadable ({exc})")
+            settings = TopicSettings(max(partitions, 1), segment_bytes=self.config.segment_bytes)
+        changed = not settings.incarnation or not path.exists() or partitions > settings.num_partitions
+        settings.num_partitions = max(settings.num_partitions, partitions)
+        settings.incarnation = settings.incarnation or uuid.uuid4().hex
+        self.topics[directory.name] = Topic(directory.name, directory, settings, self._files)
+        if changed:
+            try:
+                write_atomic(path, msgspec.json.encode(settings))
+            except OSError as exc:
+                self._report(f"topic {directory.name}: topic.json not rewritten ({exc})")
+
+    def create(
+        self,
+        name: str,
+        num_partitions: int | None = None,
+        replication_factor: int = 1,
+        retention: RetentionPolicy | None = None,
+        segment_bytes: int | None = None,
+    ) -> Topic:
+        check_name("topic", name)
+        if name in self.topics:
+            raise Conflict(f"topic {name!r} already exists")
+        if len(self.topics) >= self.config.max_topics:
+            raise LimitReached(f"topic limit reached ({self.config.max_topics} topics)")
+        partitions = self.config.default_partitions if num_partitions is None else num_partitions
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 10_000:
+            raise BadRequest(f"num_partitions must be an integer in 1..10000, not {partitions!r}")
+        self._check_partition_budget(partitions)
+        if replication_factor != 1:
+            raise BadRequest("replication_factor must be 1: meshplane streams run on one node")
+        segment = self.config.segment_bytes if segment_bytes is None else segment_bytes
+        if isinstance(segment, bool) or not isinstance(segment, int) or segment < 1024:
+            raise BadRequest(f"segment_bytes must be an integer >= 1024, not {segment!r}")
+        settings = TopicSettings(
+            partitions,
+            replication_factor,
+            retention or RetentionPolicy(),
+            segment,
+            time.time(),
+            incarnation=uuid.uuid4().hex,
+        )
+        directory = self.folder / name
+        try:
+            topic = Topic(name, directory, settings, self._files)
+        except (OSError, StorageError) as exc:
+            _remove_tree(directory)
+            if isinstance(exc, StorageError):
+                raise
+            raise storage_error(exc, f"creating topic {name!r}") from exc
+        try:
+            write_atomic(directory / "topic.json", msgspec.json.encode(settings))
+        except OSError as exc:
+            for plog in topic.partitions:
+                plog.delete()
+            _remove_tree(directory)
+            raise storage_error(exc, f"creating topic {name!r}") from exc
+        self.topics[name] = topic
+        return topic
+
+    def _check_partition_budget(self, adding: int) -> None:
+        total = sum(len(t.partitions) for t in self.topics.values())
+        if total + adding > self.config.max_partitions:
+            raise LimitReached(
+                f"partition limit reached: {total} of {self.config.max_partitions} in use, {adding} asked"
+            )
+
+    def get(self, name: str) -> Topic:
+        found = self.topics.get(check_name("topic", name))
+        if found is None:
+            raise NotFound(f"topic {name!r} not found")
+        return found
+
+    def grow(self, name: str, count: int) -> Topic:
+        topic = self.get(name)
+        if count > 10_000:
+            raise BadRequest("num_partitions must be <= 10000")
+        self._check_partition_budget(count - len(topic.partitions))
+        try:
+            topic.grow(count)
+            write_atomic(topic.directory / "topic.json", msgspec.json.encode(topic.settings))
+        except OSError as exc:
+            raise storage_error(exc, f"adding partitions to {name!r}") from exc
+        return topic
+
+    def delete(self, name: str) -> bool:
+        topic = self.topics.pop(check_name("topic", name), None)
+        if topic is None:
+            return False
+        for plog in topic.partitions:
+            plog.delete()
+        (topic.directory / "topic.json").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            topic.directory.rmdir()
+        return True
+
+    @property
+    def partition_count(self) -> int:
+        return sum(len(t.partitions) for t in self.topics.values())
+
+
+def _remove_tree(directory: Path) -> None:
+    """Remove what a failed create left (best effort: the disk may be failing)."""
+    for path in sorted(directory.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            path.rmdir() if path.is_dir() else path.unlink()
+    with contextlib.suppress(OSError):
+        directory.rmdir()
