@@ -12,7 +12,8 @@ import pytest
 
 from meshplane.core.streamlog import StoredEvent
 from meshplane.streams.errors import CorruptRecords
-from meshplane.streams.log import QUARANTINE, PartitionLog
+from meshplane.streams.log import PartitionLog
+from meshplane.streams.segments import QUARANTINE
 from meshplane.streams.service import StreamsConfig, StreamsService
 
 SEGMENT = 4_000
