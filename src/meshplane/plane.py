@@ -20,13 +20,10 @@ from meshplane.config import PlaneConfig
 from meshplane.core.names import Scope, validate_name
 from meshplane.discovery import Discovery, create_discovery
 from meshplane.errors import ClosedError, DiscoveryError, SubscriptionError, TransportError
+from meshplane.transports import create_publisher_transport, create_subscriber_transport
 from meshplane.transports.base import PublisherTransport, SubscriberTransport
 from meshplane.transports.curve import Curve
-from meshplane.transports.zmq_broker import (
-    BrokerDirectory,
-    ZmqBrokerPublisherTransport,
-    ZmqBrokerSubscriberTransport,
-)
+from meshplane.transports.zmq_broker import BrokerDirectory
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
@@ -260,71 +257,10 @@ class EventPlane:
         subscription.tasks += [asyncio.create_task(pump_events()), asyncio.create_task(pump_notices())]
 
     async def publisher_transport(self, scope: Scope, topic: str, publisher_id: int) -> PublisherTransport:
-        validate_name("topic", topic)
-        cfg = self.config
-        transport: PublisherTransport
-        if cfg.broker_mode:
-            transport = ZmqBrokerPublisherTransport(
-                self.zmq_context(),
-                await self.broker_directory(),
-                scope.subject(topic).encode(),
-                publisher_id,
-                cfg.send_hwm,
-                cfg.wire_format,
-                cfg.codec,
-                cfg.broker_fanout,
-                self.curve,
-            )
-        elif cfg.event_plane == "nats":
-            from meshplane.transports.nats import NatsPublisherTransport
-
-            transport = NatsPublisherTransport(
-                await self.nats(), scope.subject(topic), scope.subject_prefix, cfg.wire_format, cfg.codec
-            )
-        else:
-            from meshplane.transports.zmq import ZmqPublisherTransport
-
-            transport = ZmqPublisherTransport(
-                self.zmq_context(),
-                topic.encode(),
-                publisher_id,
-                cfg.host,
-                cfg.send_hwm,
-                cfg.wire_format,
-                cfg.codec,
-                self.curve,
-            )
-        await transport.start()
-        return transport
+        return await create_publisher_transport(self, scope, topic, publisher_id)
 
     async def subscriber_transport(self, scope: Scope, topic: str) -> SubscriberTransport:
-        validate_name("topic", topic)
-        cfg = self.config
-        transport: SubscriberTransport
-        if cfg.broker_mode:
-            transport = ZmqBrokerSubscriberTransport(
-                self.zmq_context(),
-                await self.broker_directory(),
-                scope.subject(topic).encode(),
-                cfg.receive_hwm,
-                cfg.max_message_bytes,
-                cfg.dedup_capacity,
-                self.curve,
-            )
-        elif cfg.event_plane == "nats":
-            from meshplane.transports.nats import NatsSubscriberTransport
-
-            transport = NatsSubscriberTransport(
-                await self.nats(), scope.subject(topic), cfg.max_message_bytes, cfg.receive_hwm or 2**31
-            )
-        else:
-            from meshplane.transports.zmq import ZmqSubscriberTransport
-
-            transport = ZmqSubscriberTransport(
-                self.zmq_context(), topic.encode(), cfg.receive_hwm, cfg.max_message_bytes, self.curve
-            )
-        await transport.start()
-        return transport
+        return await create_subscriber_transport(self, scope, topic)
 
     def _adopt(self, member: EventPublisher | EventSubscriber) -> None:
         self._members.append(member)
