@@ -219,7 +219,7 @@ async def test_seed_framing_is_understood_by_a_default_subscriber(
 ) -> None:
     nats_server = request.getfixturevalue("nats_server") if transport == "nats" else None
     receiver = make_config(transport, "file", tmp_path, nats_server, None)
-    sender = receiver.replace(wire_format=WireFormat.SEED, codec=codec)
+    sender = receiver.replace(wire_format=WireFormat.HEADER8, codec=codec)
     async with EventPlane(receiver) as sub_plane, EventPlane(sender) as pub_plane:
         sub = await sub_plane.subscriber(SCOPE, "seed")
         pub = await pub_plane.publisher(SCOPE, "seed")

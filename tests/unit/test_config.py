@@ -36,7 +36,7 @@ def test_environment_is_read():
     assert cfg.etcd_endpoints == ("http://a:1", "b:2")
     assert cfg.etcd_lease_ttl == 7
     assert cfg.host == "10.0.0.1"
-    assert (cfg.wire_format, cfg.codec) == (WireFormat.SEED, Codec.JSON)
+    assert (cfg.wire_format, cfg.codec) == (WireFormat.HEADER8, Codec.JSON)
     assert (cfg.send_hwm, cfg.receive_hwm) == (5, 0)
 
 

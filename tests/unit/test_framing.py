@@ -83,7 +83,7 @@ def test_nats_round_trip_in_both_layouts(envelope, wire, codec):
 
 def test_seed_header_layout():
     envelope = spec_like_envelope()
-    data = encode_nats(envelope, WireFormat.SEED, Codec.JSON, MessageType.HEARTBEAT)
+    data = encode_nats(envelope, WireFormat.HEADER8, Codec.JSON, MessageType.HEARTBEAT)
     version, message_type, codec, flags, length = struct.unpack(">BBBBI", data[:8])
     assert (version, message_type, codec, flags) == (2, 2, 2, 0)
     assert length == len(data) - 8
@@ -97,7 +97,9 @@ def dynamo_frames() -> list[bytes]:
 def seed_frames() -> list[bytes]:
     return [
         bytes(f)
-        for f in ZmqEncoder(b"t", 1, WireFormat.SEED, Codec.MSGPACK).encode(EventEnvelope(1, 2, 3, "t", b"p"))
+        for f in ZmqEncoder(b"t", 1, WireFormat.HEADER8, Codec.MSGPACK).encode(
+            EventEnvelope(1, 2, 3, "t", b"p")
+        )
     ]
 
 
@@ -117,7 +119,7 @@ def with_last(frames: list[bytes], last: bytes) -> list[bytes]:
         ([b"t", b"\x00" * 8, b"\x00" * 7 + b"\x02", dynamo_frames()[3]], MalformedFrame, "disagree"),
         ([b"t", b"\x00" * 4, b"\x00" * 8, dynamo_frames()[3]], MalformedFrame, "8 bytes"),
         (with_last(seed_frames(), b"\x01" + seed_frames()[1][1:]), UnsupportedVersion, "version 1"),
-        (with_last(seed_frames(), seed_frames()[1][:6]), TruncatedFrame, "seed header"),
+        (with_last(seed_frames(), seed_frames()[1][:6]), TruncatedFrame, "8-byte header"),
         (with_last(seed_frames(), seed_frames()[1][:-2]), TruncatedFrame, "announces"),
         (
             with_last(seed_frames(), seed_frames()[1][:1] + b"\x09" + seed_frames()[1][2:]),
@@ -153,7 +155,7 @@ def test_oversized_messages_are_rejected_before_decoding():
     with pytest.raises(OversizedFrame):
         decode_nats(encode_nats(envelope), b"s", max_bytes=100)
     with pytest.raises(OversizedFrame):
-        decode_nats(encode_nats(envelope, WireFormat.SEED), b"s", max_bytes=100)
+        decode_nats(encode_nats(envelope, WireFormat.HEADER8), b"s", max_bytes=100)
     # a header that lies about a huge body is refused without waiting for it
     with pytest.raises(OversizedFrame):
         decode_zmq([b"t", b"\x00" * 8, b"\x00" * 8, b"\x01\xff\xff\xff\xff"], max_bytes=100)

@@ -59,14 +59,14 @@ def add_plane_options(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--wire",
-        choices=[w.value for w in WireFormat],
-        help="layout publishers send: dynamo (4 frames, Dynamo 1.6.1) or seed (8-byte header). "
+        choices=[*(w.value for w in WireFormat), "seed"],
+        help="layout publishers send: dynamo (4 frames, Dynamo 1.6.1) or header8 (8-byte header, was: seed). "
         "Receivers accept both. Env MESHPLANE_WIRE_FORMAT, default dynamo",
     )
     g.add_argument(
         "--codec",
         choices=[c.name.lower() for c in Codec],
-        help="envelope codec of the seed layout. Env MESHPLANE_CODEC, default msgpack",
+        help="envelope codec of the 8-byte-header layout. Env MESHPLANE_CODEC, default msgpack",
     )
 
 

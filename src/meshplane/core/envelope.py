@@ -49,7 +49,7 @@ class _EnvelopeArray(msgspec.Struct, array_like=True, gc=False):
 
 
 class Codec(IntEnum):
-    """How the envelope body is serialised (seed framing only; the Dynamo layout is always MessagePack)."""
+    """How the envelope body is serialised (8-byte-header layout only; Dynamo's is always MessagePack)."""
 
     MSGPACK = 1
     JSON = 2

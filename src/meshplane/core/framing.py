@@ -1,4 +1,4 @@
-"""Wire framing: the Dynamo 1.6.1 layout (version 1) and the seed's 8-byte-header layout (version 2).
+"""Wire framing: the Dynamo 1.6.1 layout (version 1) and the 8-byte-header layout (version 2, from the seed).
 
 See docs/wire.md for the byte-level description. Every decoder raises a :class:`WireError` subclass
 that names what was wrong; nothing here does I/O.
@@ -29,16 +29,16 @@ from meshplane.errors import (
 )
 
 DYNAMO_VERSION = 1
-SEED_VERSION = 2
+HEADER8_VERSION = 2
 _DYNAMO_HEADER = struct.Struct(">BI")  # version, envelope length
-_SEED_HEADER = struct.Struct(">BBBBI")  # version, message type, codec, flags, body length
+_HEADER8 = struct.Struct(">BBBBI")  # version, message type, codec, flags, body length
 _U64 = struct.Struct(">Q")
 _U64_PAIR = struct.Struct(">QQ")
 DYNAMO_HEADER_SIZE = _DYNAMO_HEADER.size
-SEED_HEADER_SIZE = _SEED_HEADER.size
+HEADER8_SIZE = _HEADER8.size
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 # A bare MessagePack envelope (Dynamo over NATS) starts with a map or array marker; neither
-# collides with a seed header, whose first byte is the version 2.
+# collides with an 8-byte header, whose first byte is the version 2.
 _MSGPACK_CONTAINER_MARKERS = frozenset([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
 
 
@@ -46,7 +46,11 @@ class WireFormat(StrEnum):
     """Which layout a publisher sends. Receivers accept both."""
 
     DYNAMO = "dynamo"
-    SEED = "seed"
+    HEADER8 = "header8"  # the 8-byte-header layout (version 2)
+
+    @classmethod
+    def _missing_(cls, value: object) -> WireFormat | None:
+        return cls.HEADER8 if value == "seed" else None  # its name until 0.1: still accepted
 
 
 class MessageType(IntEnum):
@@ -72,16 +76,16 @@ def _check_size(length: int, max_bytes: int) -> None:
         raise OversizedFrame(f"envelope of {length} bytes exceeds the limit of {max_bytes} bytes")
 
 
-def _seed_header(message_type: MessageType, codec: Codec, body_length: int) -> bytes:
-    return _SEED_HEADER.pack(SEED_VERSION, message_type, codec, 0, body_length)
+def _header8(message_type: MessageType, codec: Codec, body_length: int) -> bytes:
+    return _HEADER8.pack(HEADER8_VERSION, message_type, codec, 0, body_length)
 
 
-def _decode_seed(data: bytes | memoryview, routing_topic: bytes, max_bytes: int) -> Frame:
-    if len(data) < SEED_HEADER_SIZE:
-        raise TruncatedFrame(f"seed header needs {SEED_HEADER_SIZE} bytes, got {len(data)}")
-    version, raw_type, raw_codec, flags, length = _SEED_HEADER.unpack_from(data)
-    if version != SEED_VERSION:
-        raise UnsupportedVersion(f"unsupported protocol version {version} (expected {SEED_VERSION})")
+def _decode_header8(data: bytes | memoryview, routing_topic: bytes, max_bytes: int) -> Frame:
+    if len(data) < HEADER8_SIZE:
+        raise TruncatedFrame(f"8-byte header needs {HEADER8_SIZE} bytes, got {len(data)}")
+    version, raw_type, raw_codec, flags, length = _HEADER8.unpack_from(data)
+    if version != HEADER8_VERSION:
+        raise UnsupportedVersion(f"unsupported protocol version {version} (expected {HEADER8_VERSION})")
     try:
         message_type = MessageType(raw_type)
     except ValueError:
@@ -93,7 +97,7 @@ def _decode_seed(data: bytes | memoryview, routing_topic: bytes, max_bytes: int)
     if flags:
         raise MalformedFrame(f"unknown flags 0x{flags:02x} (no flag is defined in version 2)")
     _check_size(length, max_bytes)
-    body = memoryview(data)[SEED_HEADER_SIZE:]
+    body = memoryview(data)[HEADER8_SIZE:]
     if len(body) < length:
         raise TruncatedFrame(f"header announces {length} body bytes, only {len(body)} arrived")
     if len(body) > length:
@@ -145,7 +149,7 @@ class ZmqEncoder:
                 )
             return dynamo_zmq_frames(self._routing_topic, envelope, self._pid_frame)
         body = encode_envelope(envelope, self._codec)
-        return [self._routing_topic, _seed_header(message_type, self._codec, len(body)) + body]
+        return [self._routing_topic, _header8(message_type, self._codec, len(body)) + body]
 
 
 def dynamo_zmq_frames(
@@ -164,7 +168,7 @@ def dynamo_zmq_frames(
 
 
 def decode_zmq(frames: list[bytes], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Frame:
-    """Decode a ZeroMQ multipart message in either layout (4 frames: Dynamo, 2 frames: seed)."""
+    """Decode a ZeroMQ multipart message in either layout (4 frames: Dynamo, 2 frames: 8-byte header)."""
     if len(frames) == 4:
         routing_topic, pid_frame, seq_frame, last = frames
         if len(last) < DYNAMO_HEADER_SIZE:
@@ -194,7 +198,7 @@ def decode_zmq(frames: list[bytes], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) 
             raise MalformedFrame("publisher id / sequence frames disagree with the envelope")
         return _classify(envelope, routing_topic)
     if len(frames) == 2:
-        return _decode_seed(frames[1], frames[0], max_bytes)
+        return _decode_header8(frames[1], frames[0], max_bytes)
     raise UnexpectedFrameCount(f"unexpected ZMQ multipart frame count: {len(frames)} (expected 4 or 2)")
 
 
@@ -204,7 +208,7 @@ def encode_nats(
     codec: Codec = Codec.MSGPACK,
     message_type: MessageType = MessageType.EVENT,
 ) -> bytes:
-    """NATS message data: the bare envelope (Dynamo) or a seed header followed by the body.
+    """NATS message data: the bare envelope (Dynamo) or an 8-byte header followed by the body.
 
     A Dynamo-layout heartbeat goes to the subject plus ``HEARTBEAT_SUFFIX`` (the caller's business).
     """
@@ -213,7 +217,7 @@ def encode_nats(
             return encode_envelope(_dynamo_heartbeat(envelope))
         return encode_envelope(envelope)
     body = encode_envelope(envelope, codec)
-    return _seed_header(message_type, codec, len(body)) + body
+    return _header8(message_type, codec, len(body)) + body
 
 
 def decode_nats(data: bytes, routing_topic: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Frame:
@@ -231,9 +235,9 @@ def decode_nats(data: bytes, routing_topic: bytes, max_bytes: int = DEFAULT_MAX_
     if first in _MSGPACK_CONTAINER_MARKERS:
         _check_size(len(data), max_bytes)
         return _classify(decode_envelope(data), routing_topic)
-    if first == SEED_VERSION:
-        return _decode_seed(data, routing_topic, max_bytes)
+    if first == HEADER8_VERSION:
+        return _decode_header8(data, routing_topic, max_bytes)
     raise UnsupportedVersion(
         f"NATS message starts with 0x{first:02x}: neither a MessagePack envelope nor protocol version "
-        f"{SEED_VERSION}"
+        f"{HEADER8_VERSION}"
     )

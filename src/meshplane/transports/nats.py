@@ -1,4 +1,4 @@
-"""NATS core transport (nats-py): subject per scope and topic, bare envelope (or seed frame) as data."""
+"""NATS core transport (nats-py): a subject per scope and topic, the envelope or an 8-byte-header frame."""
 
 from __future__ import annotations
 
