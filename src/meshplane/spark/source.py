@@ -276,8 +276,7 @@ def _record_scan() -> ScanToArrow:
     Spark's planning workers, which only unpickle this module and need not load numba).
 
     PySpark's daemon runs a full ``gc.collect()`` after every task of a reused Python worker, and
-    numba's loaded compiler adds ~90 k long-lived objects to walk: ~40 ms a task, about a tenth of a
-    small query's run. Once the scan is loaded, what exists is frozen out of later collections
+    numba's loaded compiler adds tens of thousands of long-lived objects to walk in each. Once the scan is loaded, what exists is frozen out of later collections
     (``gc.freeze``, made for long-lived objects), so each collection sees only a task's own objects.
     """
     global _loaded_scan
@@ -297,8 +296,8 @@ def _keep_freed_chunks() -> None:
 
     Every chunk's columns (8 MiB for a 2 MiB fetch) are freed once Spark has sent their batch on. By
     default glibc maps such blocks fresh and unmaps them when freed, so the next chunk's columns fault
-    their pages in again, zeroed: ~16 k page faults and ~0.09 s of CPU per million rows in the
-    executors here, a quarter of their work. With these two settings (made for this, see
+    their pages in again, zeroed (a large share of the executors' work; bench/results has the
+    figures). With these two settings (made for this, see
     mallopt(3)) a worker reuses the memory; it holds at most ~128 MiB it no longer uses. Elsewhere
     than glibc, nothing changes.
     """
