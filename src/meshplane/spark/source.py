@@ -276,8 +276,9 @@ def _record_scan() -> ScanToArrow:
     Spark's planning workers, which only unpickle this module and need not load numba).
 
     PySpark's daemon runs a full ``gc.collect()`` after every task of a reused Python worker, and
-    numba's loaded compiler adds tens of thousands of long-lived objects to walk in each. Once the scan is loaded, what exists is frozen out of later collections
-    (``gc.freeze``, made for long-lived objects), so each collection sees only a task's own objects.
+    numba's loaded compiler adds tens of thousands of long-lived objects to walk in each. Once the
+    scan is loaded, what exists is frozen out of later collections (``gc.freeze``, made for
+    long-lived objects), so each collection sees only a task's own objects.
     """
     global _loaded_scan
     if _loaded_scan is None:
