@@ -45,16 +45,17 @@ def find_binary(name: str) -> str:
     return found
 
 
-def _die_with_parent() -> None:
-    if sys.platform == "linux":
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
+def _with_parent_death_signal(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGTERM if we die (util-linux's setpriv sets the signal and execs
+    it: the pid is the server's). Not a ``preexec_fn``: Python code in a forked child of a process
+    with gRPC's or libzmq's threads can crash (gRPC's fork handlers)."""
+    setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
+    return [setpriv, "--pdeathsig", "TERM", *argv] if setpriv else argv
 
 
 def _wait_for_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
-    name = Path(str(proc.args[0])).name  # type: ignore[index]
+    args = [str(a) for a in proc.args]  # type: ignore[union-attr]
+    name = Path(args[3] if Path(args[0]).name == "setpriv" else args[0]).name
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -81,12 +82,11 @@ class _Process:
         # Own session: a Ctrl-C in the terminal reaches us, and we stop the server after our clients
         # have closed; the death signal takes it down with us if we are killed outright.
         self.proc = subprocess.Popen(
-            argv,
+            _with_parent_death_signal(argv),
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=self.workdir,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
             env=env,
         )
         log.close()
