@@ -15,21 +15,19 @@ from types import TracebackType
 from meshplane.aio import cancel_and_wait
 from meshplane.config import PlaneConfig
 from meshplane.core.envelope import EventEnvelope
-from meshplane.core.framing import Frame, MessageType
+from meshplane.core.intake import Intake, Notice
 from meshplane.core.liveness import EventTimeout, LivenessTracker, PublisherRecovered
 from meshplane.core.names import Scope, validate_name
 from meshplane.core.records import EventChannel, new_instance_id
-from meshplane.core.sequence import Arrival, EventGap, Reorderer, SequenceTracker
 from meshplane.discovery.base import Discovery
 from meshplane.discovery.channels import ChannelAdded, ChannelWatch
-from meshplane.errors import ClosedError, DiscoveryError, WireError
+from meshplane.errors import ClosedError, DiscoveryError
 from meshplane.plane import EventPlane
 from meshplane.transports.base import Received, SubscriberTransport
 
 log = logging.getLogger(__name__)
 
-#: What a subscriber reports besides events: a publisher timed out, came back, or events went missing.
-Notice = EventTimeout | PublisherRecovered | EventGap
+__all__ = ["EventSubscriber", "Notice", "SubscriberStats"]
 
 
 @dataclass
@@ -72,14 +70,15 @@ class EventSubscriber:
         self.plane = plane
         self._transport = transport
         self._owns_plane = owns_plane
-        self._topic_bytes = topic.encode()
-        self._routing_topics = {self._topic_bytes, scope.subject(topic).encode()}
         self._buffer: deque[EventEnvelope] = deque()
-        self._tracker = SequenceTracker()
         config = plane.config
-        # Several brokers are several paths: restore each publisher's order before tracking sequences.
-        self._reorderer: Reorderer[Frame] = Reorderer(config.reorder_window)
-        self._liveness = LivenessTracker(config.liveness_timeout) if config.heartbeat_period else None
+        # The arrival pipeline (filter, liveness, reorder, sequence) is pure: this class only drives it.
+        self._intake = Intake(
+            topic,
+            {topic.encode(), scope.subject(topic).encode()},
+            liveness_timeout=config.liveness_timeout if config.heartbeat_period else None,
+            reorder_window=config.reorder_window,
+        )
         self._liveness_task: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[Notice], None]] = []
         #: The latest notices, for those who look rather than listen.
@@ -89,7 +88,6 @@ class EventSubscriber:
         self._watch_task: asyncio.Task[None] | None = None
         self._announced: tuple[Discovery, str] | None = None
         self._closed = False
-        self._logged_reasons: set[str] = set()
 
     @classmethod
     async def create(
@@ -109,9 +107,9 @@ class EventSubscriber:
             transport = await plane.subscriber_transport(scope, topic)
             subscriber = cls(scope, topic, plane, transport, owns_plane)
             await subscriber._start_discovery()
-            if subscriber._liveness is not None:
+            if subscriber._intake.liveness is not None:
                 subscriber._liveness_task = asyncio.create_task(
-                    subscriber._watch_liveness(subscriber._liveness, plane.config.heartbeat_period),
+                    subscriber._watch_liveness(subscriber._intake.liveness, plane.config.heartbeat_period),
                     name=f"meshplane-liveness-{topic}",
                 )
         except BaseException:
@@ -175,9 +173,7 @@ class EventSubscriber:
                             "publisher %x of %s/%s left", event.channel.instance_id, self.scope, self.topic
                         )
                         self._transport.remove_publisher(event.channel)
-                        self._tracker.forget(event.channel.instance_id)
-                        if self._liveness is not None:
-                            self._liveness.forget(event.channel.instance_id)
+                        self._intake.forget(event.channel.instance_id)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -191,79 +187,39 @@ class EventSubscriber:
 
     @property
     def stats(self) -> SubscriberStats:
-        s = self._stats
-        s.gaps, s.missing, s.duplicates = self._tracker.gaps, self._tracker.missing, self._tracker.duplicates
+        s, intake = self._stats, self._intake
+        s.received, s.filtered, s.heartbeats = intake.received, intake.filtered, intake.heartbeats
+        s.malformed = intake.malformed
+        s.gaps, s.missing, s.duplicates = (
+            intake.tracker.gaps,
+            intake.tracker.missing,
+            intake.tracker.duplicates,
+        )
         s.publishers_discovered = len(self._watch.channels) if self._watch is not None else 0
         s.invalid_records = self._watch.invalid if self._watch is not None else 0
         s.dropped_slow = getattr(self._transport, "dropped", 0)
         s.duplicates_dropped = self._transport.duplicates_dropped
-        s.reordered = self._reorderer.reordered
-        if self._liveness is not None:
-            s.timeouts, s.recoveries = self._liveness.timeouts, self._liveness.recoveries
+        s.reordered = intake.reorderer.reordered
+        if intake.liveness is not None:
+            s.timeouts, s.recoveries = intake.liveness.timeouts, intake.liveness.recoveries
         return s
 
     def _accept(self, batch: list[Received]) -> None:
-        stats = self._stats
-        liveness = self._liveness
-        now = time.monotonic()
-        frames: list[Frame] = []
-        for item in batch:
-            if isinstance(item, WireError):
-                stats.malformed[item.reason] += 1
-                if item.reason not in self._logged_reasons:  # once per reason: a flood must not flood the log
-                    self._logged_reasons.add(item.reason)
-                    log.warning(
-                        "dropping malformed message on %s/%s: %s (counted in stats.malformed)",
-                        self.scope,
-                        self.topic,
-                        item,
-                    )
-                continue
-            envelope = item.envelope
-            if envelope.topic != self.topic or item.routing_topic not in self._routing_topics:
-                stats.filtered += 1
-                continue
-            if liveness is not None:
-                recovered = liveness.seen(envelope.publisher_id, now)
-                if recovered is not None:
-                    self._notify(recovered)
-            frames.append(item)
-        reorderer = self._reorderer
-        if self._transport.paths > 1 or reorderer.deadline is not None:
-            frames = self._reorder(frames, now)
-        tracker = self._tracker
-        for frame in frames:
-            envelope = frame.envelope
-            if frame.message_type is MessageType.HEARTBEAT:
-                stats.heartbeats += 1
-                observation = tracker.expect(envelope.publisher_id, envelope.sequence)
-            else:
-                observation = tracker.observe(envelope.publisher_id, envelope.sequence)
-                if observation.arrival is Arrival.DUPLICATE:
-                    continue  # counted by the tracker; the application never sees it twice
-                stats.received += 1
-                self._buffer.append(envelope)
-            if observation.arrival is Arrival.GAP:
-                self._notify(
-                    EventGap(envelope.publisher_id, observation.missing_from, observation.missing_to)
-                )
-
-    def _reorder(self, frames: list[Frame], now: float) -> list[Frame]:
-        reorderer = self._reorderer
-        out: list[Frame] = []
-        for frame in frames:
-            envelope = frame.envelope
-            heartbeat = frame.message_type is MessageType.HEARTBEAT
-            out.extend(reorderer.push(envelope.publisher_id, envelope.sequence, heartbeat, frame, now))
-        deadline = reorderer.deadline
-        if deadline is not None and (deadline <= now or self._transport.paths <= 1):
-            # Waited long enough (or the other paths are gone): a missing event is lost, not late.
-            out.extend(reorderer.expire(now if self._transport.paths > 1 else float("inf")))
-        return out
+        outcome = self._intake.accept(batch, time.monotonic(), self._transport.paths)
+        for error in outcome.new_errors:  # once per reason: a flood must not flood the log
+            log.warning(
+                "dropping malformed message on %s/%s: %s (counted in stats.malformed)",
+                self.scope,
+                self.topic,
+                error,
+            )
+        self._buffer.extend(outcome.envelopes)
+        for notice in outcome.notices:
+            self._notify(notice)
 
     async def _receive(self) -> list[Received]:
         """The transport's next batch; an empty one when held events are due for release first."""
-        deadline = self._reorderer.deadline
+        deadline = self._intake.deadline
         if deadline is None:
             return await self._transport.receive()
         try:

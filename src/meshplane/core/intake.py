@@ -1,0 +1,129 @@
+"""A subscriber's arrival pipeline as a pure state machine: filter, liveness, reorder, sequence, notices.
+
+:meth:`Intake.accept` takes what a transport received (decoded frames, or the :class:`WireError` of
+what could not be decoded) at a time ``now`` and answers the envelopes to deliver, in order, and the
+notices to report; :meth:`Intake.tick` releases what waited for a missing event once its window is
+over (:attr:`Intake.deadline` says when). No clock, no I/O: the asyncio subscriber only drives it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from meshplane.core.envelope import EventEnvelope
+from meshplane.core.framing import Frame, MessageType
+from meshplane.core.liveness import EventTimeout, LivenessTracker, PublisherRecovered
+from meshplane.core.sequence import Arrival, EventGap, Reorderer, SequenceTracker
+from meshplane.errors import WireError
+
+#: What a subscriber reports besides events: a publisher timed out, came back, or events went missing.
+Notice = EventTimeout | PublisherRecovered | EventGap
+
+
+@dataclass
+class Outcome:
+    """What one step of the intake produced."""
+
+    envelopes: list[EventEnvelope] = field(default_factory=list)
+    notices: list[Notice] = field(default_factory=list)
+    new_errors: list[WireError] = field(default_factory=list)  # the first of each reason, to log once
+
+
+class Intake:
+    """Arrivals of one topic from every publisher: each event delivered once, in each publisher's order.
+
+    ``paths`` (given with each step) is how many routes an event can take (brokers); above 1, events
+    that overtook a missing one wait for it up to ``reorder_window`` seconds.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        routing_topics: Iterable[bytes],
+        *,
+        liveness_timeout: float | None,
+        reorder_window: float,
+    ) -> None:
+        self.topic = topic
+        self.routing_topics = frozenset(routing_topics)
+        self.tracker = SequenceTracker()
+        self.reorderer: Reorderer[Frame] = Reorderer(reorder_window)
+        self.liveness = LivenessTracker(liveness_timeout) if liveness_timeout else None
+        self.received = 0
+        self.filtered = 0  # right prefix, wrong topic (ZeroMQ prefix matching)
+        self.heartbeats = 0
+        self.malformed: Counter[str] = Counter()
+
+    @property
+    def deadline(self) -> float | None:
+        """When events held for a missing one must be released (:meth:`tick`), if any are held."""
+        return self.reorderer.deadline
+
+    def accept(self, batch: Iterable[Frame | WireError], now: float, paths: int = 1) -> Outcome:
+        out = Outcome()
+        frames: list[Frame] = []
+        for item in batch:
+            if isinstance(item, WireError):
+                if not self.malformed[item.reason]:
+                    out.new_errors.append(item)
+                self.malformed[item.reason] += 1
+                continue
+            envelope = item.envelope
+            if envelope.topic != self.topic or item.routing_topic not in self.routing_topics:
+                self.filtered += 1
+                continue
+            if self.liveness is not None:
+                recovered = self.liveness.seen(envelope.publisher_id, now)
+                if recovered is not None:
+                    out.notices.append(recovered)
+            frames.append(item)
+        if paths > 1 or self.reorderer.deadline is not None:
+            frames = self._reorder(frames, now, paths)
+        self._sequence(frames, out)
+        return out
+
+    def tick(self, now: float, paths: int = 1) -> Outcome:
+        """Release what waited past its window (or, with one path left, everything that waits)."""
+        return self.accept((), now, paths)
+
+    def check_liveness(self, now: float) -> list[EventTimeout]:
+        return self.liveness.check(now) if self.liveness is not None else []
+
+    def forget(self, publisher_id: int) -> None:
+        """A publisher left (its record is gone): its sequence and signs of life are no longer expected."""
+        self.tracker.forget(publisher_id)
+        if self.liveness is not None:
+            self.liveness.forget(publisher_id)
+
+    def _reorder(self, frames: list[Frame], now: float, paths: int) -> list[Frame]:
+        reorderer = self.reorderer
+        out: list[Frame] = []
+        for frame in frames:
+            envelope = frame.envelope
+            heartbeat = frame.message_type is MessageType.HEARTBEAT
+            out.extend(reorderer.push(envelope.publisher_id, envelope.sequence, heartbeat, frame, now))
+        deadline = reorderer.deadline
+        if deadline is not None and (deadline <= now or paths <= 1):
+            # Waited long enough (or the other paths are gone): a missing event is lost, not late.
+            out.extend(reorderer.expire(now if paths > 1 else float("inf")))
+        return out
+
+    def _sequence(self, frames: list[Frame], out: Outcome) -> None:
+        tracker = self.tracker
+        for frame in frames:
+            envelope = frame.envelope
+            if frame.message_type is MessageType.HEARTBEAT:
+                self.heartbeats += 1
+                observation = tracker.expect(envelope.publisher_id, envelope.sequence)
+            else:
+                observation = tracker.observe(envelope.publisher_id, envelope.sequence)
+                if observation.arrival is Arrival.DUPLICATE:
+                    continue  # counted by the tracker; the application never sees it twice
+                self.received += 1
+                out.envelopes.append(envelope)
+            if observation.arrival is Arrival.GAP:
+                out.notices.append(
+                    EventGap(envelope.publisher_id, observation.missing_from, observation.missing_to)
+                )
