@@ -28,7 +28,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).parent))
 from event_plane import run_pair
 from meshplane.broker import query_stats
-from meshplane.servers import BrokerProcess
+from meshplane.launchers import BrokerProcess
 
 
 def proxy_child() -> None:

@@ -350,7 +350,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "event_plane.json")
     args = parser.parse_args()
 
-    from meshplane.servers import NatsServer
+    from meshplane.launchers import NatsServer
 
     results: dict[str, Any] = {
         "machine": {

@@ -28,7 +28,7 @@ import zmq.auth
 
 sys.path.insert(0, str(Path(__file__).parent))
 from event_plane import run_pair
-from meshplane.servers import NatsServer, StreamsServerProcess
+from meshplane.launchers import NatsServer, StreamsServerProcess
 from meshplane.streams.client import StreamsClient
 
 

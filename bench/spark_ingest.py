@@ -33,7 +33,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from meshplane.servers import StreamsServerProcess
+from meshplane.launchers import StreamsServerProcess
 from meshplane.spark.pipeline import spark_session
 from meshplane.spark.source import SCHEMA
 from meshplane.streams.client import StreamsClient

@@ -41,7 +41,7 @@ import msgspec
 
 from meshplane.core.groups import GroupCoordinator
 from meshplane.core.streamlog import StoredEvent, decode_event, encode_event
-from meshplane.servers import NatsServer, StreamsServerProcess, free_port
+from meshplane.launchers import NatsServer, StreamsServerProcess, free_port
 from meshplane.streams.client import StreamsClient
 from meshplane.streams.log import PartitionLog
 from meshplane.streams.service import StreamsConfig, StreamsService

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import settings
 
 from meshplane import PlaneConfig
-from meshplane.servers import BrokerProcess, EtcdServer, NatsServer
+from meshplane.launchers import BrokerProcess, EtcdServer, NatsServer
 
 # CI replays the same examples every run (deterministic); a developer's runs keep exploring.
 settings.register_profile("ci", derandomize=True, deadline=None)

@@ -12,7 +12,7 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from meshplane.servers import StreamsServerProcess
+from meshplane.launchers import StreamsServerProcess
 from meshplane.streams.http.api import Api
 from meshplane.streams.http.routes import openapi_document
 from meshplane.streams.service import StreamsConfig, StreamsService

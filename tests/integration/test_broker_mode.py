@@ -17,7 +17,7 @@ import pytest
 
 from meshplane import EventPlane, PlaneConfig, Scope
 from meshplane.broker import query_stats
-from meshplane.servers import BrokerProcess, EtcdServer
+from meshplane.launchers import BrokerProcess, EtcdServer
 from tests.conftest import make_config, running_brokers
 from tests.helpers import eventually
 
@@ -185,7 +185,7 @@ async def test_events_that_overtake_on_a_faster_broker_are_delivered_in_order(
     dies, 50..99 are released in order once the window passes and 1..49 are reported missing.
     """
     from meshplane.core.sequence import EventGap
-    from meshplane.servers import free_port
+    from meshplane.launchers import free_port
 
     slow = BrokerProcess().start()
     fast = BrokerProcess(
@@ -278,7 +278,7 @@ async def test_brokers_are_found_in_discovery_even_when_they_start_later(
 async def test_an_unreachable_broker_is_reported_not_a_hang(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from meshplane.servers import free_port
+    from meshplane.launchers import free_port
 
     nowhere = f"tcp://127.0.0.1:{free_port()}"
     config = make_config(

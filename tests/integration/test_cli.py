@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from meshplane import EventPlane, Scope
-from meshplane.servers import StreamsServerProcess
+from meshplane.launchers import StreamsServerProcess
 from tests.conftest import make_config
 
 MESHPLANE = [sys.executable, "-m", "meshplane.cli.main"]
@@ -204,7 +204,7 @@ def test_up_with_a_token_requires_it_and_never_prints_it(tmp_path: Path) -> None
 
 async def test_embedded_nats_server_rejects_clients_without_the_token() -> None:
     from meshplane import TransportError
-    from meshplane.servers import NatsServer
+    from meshplane.launchers import NatsServer
     from meshplane.transports.nats import connect_nats
 
     with NatsServer(token="s3cr3t") as server:

@@ -17,13 +17,13 @@ import pytest
 
 from meshplane import DiscoveryError, Scope
 from meshplane.core.records import EventChannel, key_to_file_name
-from meshplane.core.watch import Added, DiscoveryEvent, Removed
+from meshplane.core.snapshots import Added, DiscoveryEvent, Removed
 from meshplane.discovery.base import Discovery
 from meshplane.discovery.channels import ChannelAdded, ChannelWatch
 from meshplane.discovery.etcd import EtcdDiscovery
 from meshplane.discovery.file import FileDiscovery
 from meshplane.discovery.mem import MemoryDiscovery
-from meshplane.servers import EtcdServer
+from meshplane.launchers import EtcdServer
 from tests.helpers import eventually
 
 REPO = Path(__file__).resolve().parents[2]
@@ -277,7 +277,7 @@ async def test_etcd_restart_reregisters_and_resumes_watches(private_etcd: EtcdSe
 
 
 async def test_unreachable_etcd_is_a_clear_error() -> None:
-    from meshplane.servers import free_port
+    from meshplane.launchers import free_port
 
     discovery = EtcdDiscovery((f"127.0.0.1:{free_port()}",), connect_timeout=1)
     started = time.monotonic()

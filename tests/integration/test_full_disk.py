@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from meshplane.servers import StreamsServerProcess
+from meshplane.launchers import StreamsServerProcess
 
 PAD = "x" * 5_000  # 5 KB events, as in the report
 

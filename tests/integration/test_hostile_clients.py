@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from meshplane.servers import StreamsServerProcess
+from meshplane.launchers import StreamsServerProcess
 from tests.helpers import eventually
 
 SERVER_ARGS = (

@@ -29,7 +29,7 @@ from meshplane import (
     Scope,
     SubscriptionError,
 )
-from meshplane.servers import NatsServer
+from meshplane.launchers import NatsServer
 from tests.conftest import make_config
 from tests.helpers import eventually
 
@@ -280,7 +280,7 @@ async def test_stateful_subscription_fails_fast_and_stateless_waits(
 async def test_unreachable_discovery_fails_a_stateful_subscription_and_is_reported_to_a_stateless_one(
     tmp_path: Path, scope: Scope
 ) -> None:
-    from meshplane.servers import free_port
+    from meshplane.launchers import free_port
 
     config = make_config("zmq", "file", tmp_path, None, None, heartbeat_period=PERIOD).replace(
         discovery_backend="etcd", etcd_endpoints=(f"127.0.0.1:{free_port()}",), connect_timeout=0.5

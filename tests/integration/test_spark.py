@@ -16,7 +16,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
-from meshplane.servers import StreamsServerProcess
+from meshplane.launchers import StreamsServerProcess
 from meshplane.spark.pipeline import spark_session
 from meshplane.streams.client import StreamsClient
 

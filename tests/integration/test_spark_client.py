@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from meshplane.core.streamlog import scan_records
-from meshplane.servers import StreamsServerProcess
+from meshplane.launchers import StreamsServerProcess
 from meshplane.spark.http import SyncStreamsClient, is_loopback
 from meshplane.streams.client import StreamsClient
 from meshplane.streams.errors import OffsetOutOfRange, StreamError

@@ -19,7 +19,7 @@ from synap_sdk import SynapClient, SynapConfig
 from synap_sdk.exceptions import SynapException
 
 from meshplane.core.streamlog import decode_event
-from meshplane.servers import StreamsServerProcess
+from meshplane.launchers import StreamsServerProcess
 from meshplane.streams.client import StreamsClient
 from meshplane.streams.errors import Conflict, NotFound, OffsetOutOfRange, StreamError
 from tests.helpers import eventually

@@ -10,7 +10,7 @@ import pytest
 import trustme
 
 from meshplane import DiscoveryError, EventPlane, Scope, TransportError
-from meshplane.servers import EtcdServer, NatsServer
+from meshplane.launchers import EtcdServer, NatsServer
 from tests.conftest import make_config
 from tests.helpers import one_event_through
 

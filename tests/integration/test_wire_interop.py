@@ -20,7 +20,7 @@ import zmq
 import zmq.asyncio
 
 from meshplane import Codec, EventPlane, PlaneConfig, Scope, WireFormat
-from meshplane.servers import NatsServer
+from meshplane.launchers import NatsServer
 from tests.conftest import make_config
 from tests.helpers import eventually
 
@@ -234,7 +234,7 @@ async def test_a_publisher_that_starts_after_its_record_is_still_reached(
     zmq_config: PlaneConfig,
 ) -> None:
     """A failed first connect must not silence a publisher (Dynamo 1.6.1's weak spot)."""
-    from meshplane.servers import free_port
+    from meshplane.launchers import free_port
 
     port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"

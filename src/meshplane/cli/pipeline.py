@@ -85,7 +85,7 @@ async def prepare_demo(
 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
-    from meshplane.servers import StreamsServerProcess
+    from meshplane.launchers import StreamsServerProcess
     from meshplane.spark.pipeline import PipelineSettings, run_pipeline, spark_session
 
     state_dir: Path = args.state_dir.resolve()

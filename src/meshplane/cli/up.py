@@ -22,9 +22,9 @@ from meshplane.core.names import Scope
 from meshplane.core.records import new_instance_id
 from meshplane.core.streamlog import StoredEvent
 from meshplane.errors import ConfigError
+from meshplane.launchers import NatsServer
 from meshplane.plane import EventPlane
 from meshplane.publisher import EventPublisher
-from meshplane.servers import NatsServer
 from meshplane.streams.access import ADMIN, Tokens
 from meshplane.streams.service import StreamsConfig, StreamsService
 from meshplane.subscriber import EventSubscriber

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 
-from meshplane.core.watch import DiscoveryEvent
+from meshplane.core.snapshots import DiscoveryEvent
 
 
 class Discovery(abc.ABC):

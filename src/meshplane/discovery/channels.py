@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from meshplane.core.records import EventChannel
-from meshplane.core.watch import Added
+from meshplane.core.snapshots import Added
 from meshplane.discovery.base import Discovery
 from meshplane.errors import InvalidDiscoveryRecord
 

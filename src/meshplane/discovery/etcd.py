@@ -17,7 +17,7 @@ import aetcd.rpc
 import grpc
 
 from meshplane.aio import wait_at_most
-from meshplane.core.watch import Added, DiscoveryEvent, Removed, diff_snapshot
+from meshplane.core.snapshots import Added, DiscoveryEvent, Removed, diff_snapshot
 from meshplane.discovery.base import Discovery
 from meshplane.errors import ConfigError, DiscoveryError
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from meshplane.core.records import file_name_to_key, key_to_file_name
-from meshplane.core.watch import DiscoveryEvent, diff_snapshot
+from meshplane.core.snapshots import DiscoveryEvent, diff_snapshot
 from meshplane.discovery.base import Discovery
 from meshplane.errors import DiscoveryError, InvalidName
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from meshplane.core.watch import Added, DiscoveryEvent, Removed
+from meshplane.core.snapshots import Added, DiscoveryEvent, Removed
 from meshplane.discovery.base import Discovery
 
 

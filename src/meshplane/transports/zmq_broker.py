@@ -25,7 +25,7 @@ from meshplane.core.brokers import (
 )
 from meshplane.core.envelope import Codec
 from meshplane.core.framing import Frame, MessageType, WireFormat
-from meshplane.core.watch import Added
+from meshplane.core.snapshots import Added
 from meshplane.discovery.base import Discovery
 from meshplane.errors import ConfigError, InvalidDiscoveryRecord
 from meshplane.transports.base import Received

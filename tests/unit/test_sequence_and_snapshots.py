@@ -2,7 +2,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from meshplane.core.sequence import Arrival, SequenceTracker
-from meshplane.core.watch import Added, Removed, diff_snapshot
+from meshplane.core.snapshots import Added, Removed, diff_snapshot
 
 
 def test_sequence_classification():
