@@ -20,6 +20,8 @@ from meshplane.config import PlaneConfig
 from meshplane.core.names import Scope, validate_name
 from meshplane.discovery import Discovery, create_discovery
 from meshplane.errors import ClosedError, DiscoveryError, SubscriptionError, TransportError
+from meshplane.publisher import EventPublisher
+from meshplane.subscriber import EventSubscriber, Notice
 from meshplane.transports import create_publisher_transport, create_subscriber_transport
 from meshplane.transports.base import PublisherTransport, SubscriberTransport
 from meshplane.transports.curve import Curve
@@ -27,9 +29,6 @@ from meshplane.transports.zmq_broker import BrokerDirectory
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
-
-    from meshplane.publisher import EventPublisher
-    from meshplane.subscriber import EventSubscriber, Notice
 
 log = logging.getLogger(__name__)
 _MAX_ZMQ_SOCKETS = 65_536
@@ -154,13 +153,9 @@ class EventPlane:
         return self._brokers
 
     async def publisher(self, scope: Scope, topic: str) -> EventPublisher:
-        from meshplane.publisher import EventPublisher
-
         return await EventPublisher.create(scope, topic, plane=self)
 
     async def subscriber(self, scope: Scope, topic: str) -> EventSubscriber:
-        from meshplane.subscriber import EventSubscriber
-
         return await EventSubscriber.create(scope, topic, plane=self)
 
     async def subscribe_event(
@@ -207,8 +202,6 @@ class EventPlane:
             await subscription.subscriber.close()
 
     async def _subscriber_with_publishers(self, scope: Scope, topic: str) -> EventSubscriber:
-        from meshplane.subscriber import EventSubscriber
-
         try:
             subscriber = await EventSubscriber.create(scope, topic, plane=self)
         except (DiscoveryError, TransportError) as exc:
@@ -226,8 +219,6 @@ class EventPlane:
         return subscriber
 
     async def _connect_later(self, subscription: _Subscription) -> None:
-        from meshplane.subscriber import EventSubscriber
-
         delay = self.config.heartbeat_period or 1.0
         while True:
             try:
@@ -269,8 +260,6 @@ class EventPlane:
 
     async def _send_heartbeats(self) -> None:
         """One timer for every publisher of the plane (thousands of publishers, one task)."""
-        from meshplane.publisher import EventPublisher
-
         while True:
             await asyncio.sleep(self.config.heartbeat_period)
             for member in list(self._members):

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -16,8 +16,10 @@ from meshplane.core.names import Scope, validate_name
 from meshplane.core.records import EventChannel, new_instance_id
 from meshplane.discovery import Discovery
 from meshplane.errors import ClosedError, MeshplaneError, PayloadTooLarge
-from meshplane.plane import EventPlane
 from meshplane.transports.base import PublisherTransport
+
+if TYPE_CHECKING:
+    from meshplane.plane import EventPlane
 
 log = logging.getLogger(__name__)
 _encode_payload = msgspec.msgpack.Encoder().encode
@@ -66,7 +68,10 @@ class EventPublisher:
         """Create a publisher; without ``plane`` it gets a private one (configured from ``config``/env)."""
         validate_name("topic", topic)
         owns_plane = plane is None
-        plane = plane if plane is not None else EventPlane(config)
+        if plane is None:
+            from meshplane.plane import EventPlane  # the plane makes members; only here the reverse
+
+            plane = EventPlane(config)
         transport: PublisherTransport | None = None
         try:
             publisher_id = new_instance_id()

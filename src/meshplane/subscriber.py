@@ -11,6 +11,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from meshplane.aio import cancel_and_wait
 from meshplane.config import PlaneConfig
@@ -22,8 +23,10 @@ from meshplane.core.records import EventChannel, new_instance_id
 from meshplane.discovery.base import Discovery
 from meshplane.discovery.channels import ChannelAdded, ChannelWatch
 from meshplane.errors import ClosedError, DiscoveryError
-from meshplane.plane import EventPlane
 from meshplane.transports.base import Received, SubscriberTransport
+
+if TYPE_CHECKING:
+    from meshplane.plane import EventPlane
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +104,10 @@ class EventSubscriber:
         """Create a subscriber; it is connected to every publisher discovery knows when this returns."""
         validate_name("topic", topic)
         owns_plane = plane is None
-        plane = plane if plane is not None else EventPlane(config)
+        if plane is None:
+            from meshplane.plane import EventPlane  # the plane makes members; only here the reverse
+
+            plane = EventPlane(config)
         transport: SubscriberTransport | None = None
         try:
             transport = await plane.subscriber_transport(scope, topic)
