@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -154,3 +155,29 @@ class Room:
         return resolve_start_offset(from_offset, self.oldest, self.next_offset)
 
 
+def read_room_settings(
+    directory: Path,
+    defaults: tuple[int, float | None, float],
+    report: Callable[[str], None],
+    set_aside: Callable[[Path, str], None],
+) -> tuple[int, float | None, float] | None:
+    """A room's (max_events, retention_secs, created_at) from its ``room.json``: ``defaults`` where it
+    is missing (reported) or unreadable (set aside); None for a folder with no room left in it."""
+    path = directory / "room.json"
+    max_events, retention_secs, created_at = defaults
+    try:
+        settings = json.loads(path.read_bytes())
+        if not isinstance(settings, dict):
+            raise ValueError("not an object")
+        return (
+            int(settings["max_events"]),
+            settings.get("retention_secs", retention_secs),
+            float(settings.get("created_at") or created_at),
+        )
+    except FileNotFoundError:
+        if not any(directory.glob("*.log")):
+            return None
+        report(f"room {directory.name}: room.json is missing; defaults used")
+    except (ValueError, KeyError, TypeError) as exc:
+        set_aside(path, f"room {directory.name}: room.json is unreadable ({exc}); defaults used")
+    return max_events, retention_secs, created_at

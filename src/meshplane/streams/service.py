@@ -45,7 +45,7 @@ from meshplane.streams.files import FilePool, write_atomic
 from meshplane.streams.groups import GroupStore
 from meshplane.streams.idempotency import IdempotencyTable
 from meshplane.streams.pubsub import PubSub, PubSubLimits
-from meshplane.streams.rooms import Room
+from meshplane.streams.rooms import Room, read_room_settings
 from meshplane.streams.topics import Topic, TopicStore
 
 log = logging.getLogger(__name__)
@@ -111,29 +111,13 @@ class StreamsService:
         self.ready = True
 
     def _load_room(self, directory: Path) -> None:
-        path = directory / "room.json"
-        settings: dict[str, Any] = {}
-        try:
-            settings = json.loads(path.read_bytes())
-            if not isinstance(settings, dict):
-                raise ValueError("not an object")
-            max_events = int(settings["max_events"])
-        except FileNotFoundError:
-            if not any(directory.glob("*.log")):
-                return  # a room deleted while the server stopped halfway
-            self._report(f"room {directory.name}: room.json is missing; defaults used")
-            max_events = self.config.room_max_events
-        except (ValueError, KeyError, TypeError) as exc:
-            self._set_aside(path, f"room {directory.name}: room.json is unreadable ({exc}); defaults used")
-            settings, max_events = {}, self.config.room_max_events
-        room = self._new_room(
-            directory.name,
-            max_events,
-            settings.get("retention_secs", self.config.room_retention_secs),
-            float(settings.get("created_at") or time.time()),
-        )
-        if not path.exists():
-            write_atomic(path, json.dumps(room.settings()).encode())
+        defaults = (self.config.room_max_events, self.config.room_retention_secs, time.time())
+        settings = read_room_settings(directory, defaults, self._report, self._set_aside)
+        if settings is None:
+            return  # a room deleted while the server stopped halfway
+        room = self._new_room(directory.name, *settings)
+        if not (directory / "room.json").exists():
+            write_atomic(directory / "room.json", json.dumps(room.settings()).encode())
 
     def _set_aside(self, path: Path, problem: str) -> None:
         with contextlib.suppress(OSError):
