@@ -5,23 +5,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import inspect
-import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from meshplane.aio import cancel_and_wait
+from meshplane.callbacks import CallbackSubscriptions, EventCallback
 from meshplane.config import PlaneConfig
 from meshplane.core.names import Scope, validate_name
+from meshplane.core.records import new_instance_id
 from meshplane.discovery import Discovery, create_discovery
-from meshplane.errors import ClosedError, DiscoveryError, SubscriptionError, TransportError
+from meshplane.errors import ClosedError, DiscoveryError, SubscriptionError
+from meshplane.membership import Membership
 from meshplane.publisher import EventPublisher
-from meshplane.subscriber import EventSubscriber, Notice
+from meshplane.subscriber import EventSubscriber
 from meshplane.transports import create_publisher_transport, create_subscriber_transport
 from meshplane.transports.base import PublisherTransport, SubscriberTransport
 from meshplane.transports.curve import Curve
@@ -34,34 +34,13 @@ log = logging.getLogger(__name__)
 _MAX_ZMQ_SOCKETS = 65_536
 
 
-EventCallback = Callable[[Any], "Awaitable[None] | None"]
-
-
-class _Subscription:
-    """One ``subscribe_event``: its callback, the tasks feeding it, and the lock that serialises calls."""
-
-    def __init__(self, event_id: int, scope: Scope, topic: str, callback: EventCallback) -> None:
-        self.event_id = event_id
-        self.scope = scope
-        self.topic = topic
-        self.callback = callback
-        self.subscriber: EventSubscriber | None = None
-        self.tasks: list[asyncio.Task[None]] = []
-        self.lock = asyncio.Lock()
-        self.active = True
-
-    async def deliver(self, item: Any) -> None:
-        async with self.lock:
-            if not self.active:
-                return
-            try:
-                result = self.callback(item)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                log.exception(
-                    "callback of subscription %d (%s/%s) failed", self.event_id, self.scope, self.topic
-                )
+@contextlib.asynccontextmanager
+async def _closed_on_failure(transport: PublisherTransport | SubscriberTransport) -> AsyncIterator[None]:
+    try:
+        yield
+    except BaseException:
+        await transport.close()
+        raise
 
 
 class EventPlane:
@@ -86,8 +65,10 @@ class EventPlane:
         self._lock = asyncio.Lock()
         self._members: list[EventPublisher | EventSubscriber] = []
         self._heartbeats: asyncio.Task[None] | None = None
-        self._subscriptions: dict[int, _Subscription] = {}
-        self._event_ids = itertools.count(1)
+        self._membership = Membership(config, self.discovery, self._forget)
+        self._callbacks = CallbackSubscriptions(
+            self.subscriber, self._check_publishers, retry_every=config.heartbeat_period or 1.0
+        )
         self._closed = False
 
     async def __aenter__(self) -> EventPlane:
@@ -153,10 +134,27 @@ class EventPlane:
         return self._brokers
 
     async def publisher(self, scope: Scope, topic: str) -> EventPublisher:
-        return await EventPublisher.create(scope, topic, plane=self)
+        """A publisher of ``topic`` in ``scope``, registered in discovery (where the transport registers)."""
+        self._check_open()
+        validate_name("topic", topic)
+        publisher_id = new_instance_id()
+        transport = await create_publisher_transport(self, scope, topic, publisher_id)
+        async with _closed_on_failure(transport):
+            publisher = EventPublisher(scope, topic, publisher_id, transport, self._membership)
+            await publisher._start()
+        self._adopt(publisher)
+        return publisher
 
     async def subscriber(self, scope: Scope, topic: str) -> EventSubscriber:
-        return await EventSubscriber.create(scope, topic, plane=self)
+        """A subscriber of ``topic`` in ``scope``, connected to every publisher discovery knows."""
+        self._check_open()
+        validate_name("topic", topic)
+        transport = await create_subscriber_transport(self, scope, topic)
+        async with _closed_on_failure(transport):
+            subscriber = EventSubscriber(scope, topic, transport, self._membership)
+            await subscriber._start()
+        self._adopt(subscriber)
+        return subscriber
 
     async def subscribe_event(
         self, scope: Scope, topic: str, callback: EventCallback, *, stateless: bool = False
@@ -173,85 +171,25 @@ class EventPlane:
         reporting each failed attempt to the callback.
         """
         self._check_open()
-        validate_name("topic", topic)
-        event_id = next(self._event_ids)
-        subscription = _Subscription(event_id, scope, topic, callback)
-        if stateless:
-            subscription.tasks.append(asyncio.create_task(self._connect_later(subscription)))
-        else:
-            subscriber = await self._subscriber_with_publishers(scope, topic)
-            self._start_pumps(subscription, subscriber)
-        self._subscriptions[event_id] = subscription
-        return event_id
+        return await self._callbacks.subscribe(scope, topic, callback, stateless=stateless)
 
     async def unsubscribe_event(self, event_id: int) -> None:
         """End a subscription: once this returns, its callback is not called again."""
-        subscription = self._subscriptions.pop(event_id, None)
-        if subscription is None:
-            raise SubscriptionError(f"no subscription with event id {event_id}")
-        current = asyncio.current_task()
-        if current in subscription.tasks:  # called from its own callback: the lock is ours already
-            subscription.active = False
-        else:
-            async with subscription.lock:  # let a running callback finish
-                subscription.active = False
-        for task in subscription.tasks:
-            if task is not current:
-                await cancel_and_wait(task)
-        if subscription.subscriber is not None:
-            await subscription.subscriber.close()
+        await self._callbacks.unsubscribe(event_id)
 
-    async def _subscriber_with_publishers(self, scope: Scope, topic: str) -> EventSubscriber:
+    async def _check_publishers(self, scope: Scope, topic: str) -> None:
         try:
-            subscriber = await EventSubscriber.create(scope, topic, plane=self)
-        except (DiscoveryError, TransportError) as exc:
+            if self.config.broker_mode:
+                found = bool((await self.broker_directory()).brokers)
+            else:
+                found = bool(await (await self.discovery()).list(scope.channel_prefix(topic)))
+        except DiscoveryError as exc:
             raise SubscriptionError(f"cannot subscribe to {scope}/{topic}: {exc}") from exc
-        if self.config.broker_mode:
-            found = bool((await self.broker_directory()).brokers)
-        else:
-            found = bool(await (await self.discovery()).list(scope.channel_prefix(topic)))
         if not found:
-            await subscriber.close()
             what = "broker is known" if self.config.broker_mode else "publisher is registered"
             raise SubscriptionError(
                 f"no {what} for {scope}/{topic}; subscribe with stateless=True to wait for one"
             )
-        return subscriber
-
-    async def _connect_later(self, subscription: _Subscription) -> None:
-        delay = self.config.heartbeat_period or 1.0
-        while True:
-            try:
-                subscriber = await EventSubscriber.create(subscription.scope, subscription.topic, plane=self)
-            except (DiscoveryError, TransportError) as exc:
-                await subscription.deliver(exc)
-                await asyncio.sleep(delay)
-                continue
-            self._start_pumps(subscription, subscriber)
-            return
-
-    def _start_pumps(self, subscription: _Subscription, subscriber: EventSubscriber) -> None:
-        subscription.subscriber = subscriber
-        notices: asyncio.Queue[Notice] = asyncio.Queue()
-        subscriber.on_notice(notices.put_nowait)
-
-        async def pump_events() -> None:
-            async for envelope in subscriber:
-                await subscription.deliver(envelope)
-                if not subscription.active:
-                    return
-
-        async def pump_notices() -> None:
-            while subscription.active:
-                await subscription.deliver(await notices.get())
-
-        subscription.tasks += [asyncio.create_task(pump_events()), asyncio.create_task(pump_notices())]
-
-    async def publisher_transport(self, scope: Scope, topic: str, publisher_id: int) -> PublisherTransport:
-        return await create_publisher_transport(self, scope, topic, publisher_id)
-
-    async def subscriber_transport(self, scope: Scope, topic: str) -> SubscriberTransport:
-        return await create_subscriber_transport(self, scope, topic)
 
     def _adopt(self, member: EventPublisher | EventSubscriber) -> None:
         self._members.append(member)
@@ -269,7 +207,7 @@ class EventPlane:
                     except Exception as exc:  # a broken transport must not stop the others' heartbeats
                         log.warning("heartbeat of %r failed: %s", member, exc)
 
-    def _release(self, member: EventPublisher | EventSubscriber) -> None:
+    def _forget(self, member: EventPublisher | EventSubscriber) -> None:
         with contextlib.suppress(ValueError):
             self._members.remove(member)
 
@@ -277,8 +215,7 @@ class EventPlane:
         """Close every publisher and subscriber of this plane, then its connections."""
         if self._closed:
             return
-        for event_id in list(self._subscriptions):
-            await self.unsubscribe_event(event_id)
+        await self._callbacks.close()
         for member in list(reversed(self._members)):
             try:
                 await member.close()

@@ -5,17 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from meshplane.config import PlaneConfig
 from meshplane.core.envelope import EventEnvelope
-from meshplane.core.names import Scope, validate_name
-from meshplane.core.records import EventChannel, new_instance_id
+from meshplane.core.names import Scope
+from meshplane.core.records import EventChannel
 from meshplane.discovery import Discovery
 from meshplane.errors import ClosedError, MeshplaneError, PayloadTooLarge
+from meshplane.membership import Membership, PlaneMember
 from meshplane.transports.base import PublisherTransport
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 _encode_payload = msgspec.msgpack.Encoder().encode
 
 
-class EventPublisher:
+class EventPublisher(PlaneMember):
     """Publishes events on ``topic`` in ``scope``.
 
     ``await EventPublisher.create(scope, topic)`` binds or connects the transport and registers the
@@ -37,59 +38,39 @@ class EventPublisher:
         scope: Scope,
         topic: str,
         publisher_id: int,
-        plane: EventPlane,
         transport: PublisherTransport,
-        discovery: Discovery | None,
-        owns_plane: bool,
+        membership: Membership,
     ) -> None:
+        super().__init__(membership)
         self.scope = scope
         self.topic = topic
         self.publisher_id = publisher_id
-        self.plane = plane
         self._transport = transport
-        self._discovery = discovery
-        self._owns_plane = owns_plane
-        self._max_bytes = plane.config.max_message_bytes
+        self._max_bytes = membership.config.max_message_bytes
         self._sequence = 0
         self._closed = False
+        self._registered_in: Discovery | None = None
         registration = transport.discovery_transport()
         #: The discovery record; None where the transport registers no publishers (broker mode).
         self.channel = EventChannel(scope, topic, publisher_id, *registration) if registration else None
 
     @classmethod
-    async def create(
-        cls,
-        scope: Scope,
-        topic: str,
-        *,
-        plane: EventPlane | None = None,
-        config: PlaneConfig | None = None,
-    ) -> EventPublisher:
-        """Create a publisher; without ``plane`` it gets a private one (configured from ``config``/env)."""
-        validate_name("topic", topic)
-        owns_plane = plane is None
-        if plane is None:
-            from meshplane.plane import EventPlane  # the plane makes members; only here the reverse
+    def _made_by(cls, plane: EventPlane) -> Callable[[Scope, str], Awaitable[EventPublisher]]:
+        return plane.publisher
 
-            plane = EventPlane(config)
-        transport: PublisherTransport | None = None
-        try:
-            publisher_id = new_instance_id()
-            transport = await plane.publisher_transport(scope, topic, publisher_id)
-            registers = transport.discovery_transport() is not None
-            discovery = await plane.discovery() if registers else None
-            publisher = cls(scope, topic, publisher_id, plane, transport, discovery, owns_plane)
-            if discovery is not None and publisher.channel is not None:
-                await discovery.register(publisher.channel.key, publisher.channel.to_json())
-        except BaseException:
-            if transport is not None:
-                await transport.close()
-            if owns_plane:
-                await plane.close()
-            raise
-        plane._adopt(publisher)
-        log.info("publisher %x of %s/%s ready (%s)", publisher_id, scope, topic, type(transport).__name__)
-        return publisher
+    async def _start(self) -> None:
+        """Put this publisher's record in discovery (the plane calls this once, after opening it)."""
+        if self.channel is not None:
+            discovery = await self._membership.discovery()
+            await discovery.register(self.channel.key, self.channel.to_json())
+            self._registered_in = discovery
+        log.info(
+            "publisher %x of %s/%s ready (%s)",
+            self.publisher_id,
+            self.scope,
+            self.topic,
+            type(self._transport).__name__,
+        )
 
     @property
     def next_sequence(self) -> int:
@@ -152,7 +133,7 @@ class EventPublisher:
         counted = self._transport.subscriber_count()
         if counted is not None:
             return counted
-        discovery = await self.plane.discovery()
+        discovery = await self._membership.discovery()
         return len(await discovery.list(self.scope.subscriber_prefix(self.topic)))
 
     async def close(self) -> None:
@@ -160,18 +141,17 @@ class EventPublisher:
         if self._closed:
             return
         self._closed = True
-        self.plane._release(self)
+        self._leave_plane()
         try:
-            if self._discovery is not None and self.channel is not None:
-                await self._discovery.unregister(self.channel.key)
+            if self._registered_in is not None and self.channel is not None:
+                await self._registered_in.unregister(self.channel.key)
         finally:
             try:
                 await self._transport.flush(1.0)
             except MeshplaneError as exc:
                 log.warning("publisher %x: final flush failed: %s", self.publisher_id, exc)
             await self._transport.close()
-            if self._owns_plane:
-                await self.plane.close()
+            await self._close_private_plane()
 
     async def __aenter__(self) -> EventPublisher:
         return self

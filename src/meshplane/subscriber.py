@@ -8,21 +8,21 @@ import json
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
 from meshplane.aio import cancel_and_wait
-from meshplane.config import PlaneConfig
 from meshplane.core.envelope import EventEnvelope
 from meshplane.core.intake import Intake, Notice
 from meshplane.core.liveness import EventTimeout, LivenessTracker, PublisherRecovered
-from meshplane.core.names import Scope, validate_name
+from meshplane.core.names import Scope
 from meshplane.core.records import EventChannel, new_instance_id
 from meshplane.discovery.base import Discovery
 from meshplane.discovery.channels import ChannelAdded, ChannelWatch
 from meshplane.errors import ClosedError, DiscoveryError
+from meshplane.membership import Membership, PlaneMember
 from meshplane.transports.base import Received, SubscriberTransport
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class SubscriberStats:
         return sum(self.malformed.values())
 
 
-class EventSubscriber:
+class EventSubscriber(PlaneMember):
     """Receives ``topic`` in ``scope``: ``async for envelope in subscriber``.
 
     Publishers are found through discovery, at creation and whenever they come and go; ZeroMQ
@@ -66,15 +66,14 @@ class EventSubscriber:
     """
 
     def __init__(
-        self, scope: Scope, topic: str, plane: EventPlane, transport: SubscriberTransport, owns_plane: bool
+        self, scope: Scope, topic: str, transport: SubscriberTransport, membership: Membership
     ) -> None:
+        super().__init__(membership)
         self.scope = scope
         self.topic = topic
-        self.plane = plane
         self._transport = transport
-        self._owns_plane = owns_plane
         self._buffer: deque[EventEnvelope] = deque()
-        config = plane.config
+        config = membership.config
         # The arrival pipeline (filter, liveness, reorder, sequence) is pure: this class only drives it.
         self._intake = Intake(
             topic,
@@ -93,44 +92,23 @@ class EventSubscriber:
         self._closed = False
 
     @classmethod
-    async def create(
-        cls,
-        scope: Scope,
-        topic: str,
-        *,
-        plane: EventPlane | None = None,
-        config: PlaneConfig | None = None,
-    ) -> EventSubscriber:
-        """Create a subscriber; it is connected to every publisher discovery knows when this returns."""
-        validate_name("topic", topic)
-        owns_plane = plane is None
-        if plane is None:
-            from meshplane.plane import EventPlane  # the plane makes members; only here the reverse
+    def _made_by(cls, plane: EventPlane) -> Callable[[Scope, str], Awaitable[EventSubscriber]]:
+        return plane.subscriber
 
-            plane = EventPlane(config)
-        transport: SubscriberTransport | None = None
-        try:
-            transport = await plane.subscriber_transport(scope, topic)
-            subscriber = cls(scope, topic, plane, transport, owns_plane)
-            await subscriber._start_discovery()
-            if subscriber._intake.liveness is not None:
-                subscriber._liveness_task = asyncio.create_task(
-                    subscriber._watch_liveness(subscriber._intake.liveness, plane.config.heartbeat_period),
-                    name=f"meshplane-liveness-{topic}",
-                )
-        except BaseException:
-            if transport is not None:
-                await transport.close()
-            if owns_plane:
-                await plane.close()
-            raise
-        plane._adopt(subscriber)
-        return subscriber
+    async def _start(self) -> None:
+        """Find the publishers and start watching them (the plane calls this once, after opening it);
+        connected to every publisher discovery knows when this returns."""
+        await self._start_discovery()
+        if self._intake.liveness is not None:
+            self._liveness_task = asyncio.create_task(
+                self._watch_liveness(self._intake.liveness, self.config.heartbeat_period),
+                name=f"meshplane-liveness-{self.topic}",
+            )
 
     async def _announce(self) -> None:
         """Register this subscriber, so that publishers can wait for it (NATS)."""
         try:
-            discovery = await self.plane.discovery()
+            discovery = await self._membership.discovery()
             key = f"{self.scope.subscriber_prefix(self.topic)}{new_instance_id():x}"
             await discovery.register(
                 key, json.dumps({"type": "EventSubscriber", "topic": self.topic}).encode()
@@ -147,7 +125,7 @@ class EventSubscriber:
             return  # broker mode: publishers are behind the brokers, not in discovery
         prefix = self.scope.channel_prefix(self.topic)
         try:
-            discovery = await self.plane.discovery()
+            discovery = await self._membership.discovery()
             initial = await discovery.list(prefix)
         except DiscoveryError as exc:
             if self._transport.publisher_discovery == "required":
@@ -321,7 +299,7 @@ class EventSubscriber:
         if self._closed:
             return
         self._closed = True
-        self.plane._release(self)
+        self._leave_plane()
         for task in (self._watch_task, self._liveness_task):
             await cancel_and_wait(task)
         if self._announced is not None:
@@ -329,8 +307,7 @@ class EventSubscriber:
             with contextlib.suppress(DiscoveryError):
                 await discovery.unregister(key)
         await self._transport.close()
-        if self._owns_plane:
-            await self.plane.close()
+        await self._close_private_plane()
 
     async def __aenter__(self) -> EventSubscriber:
         return self

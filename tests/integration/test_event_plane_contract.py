@@ -30,7 +30,7 @@ async def ready(pub: EventPublisher, subscribers: int = 1) -> None:
 
     In broker mode each broker forwards the subscription: one is enough for nothing to be lost.
     """
-    if pub.plane.config.event_plane == "zmq":
+    if pub.config.event_plane == "zmq":
         await pub.wait_for_subscribers(subscribers, timeout=10)
 
 

@@ -103,9 +103,7 @@ class SubjectTrie(Generic[V]):
             following: list[_Node[V]] = []
             for node in live:
                 following.extend(
-                    child
-                    for child in (node.children.get(token), node.children.get(ONE))
-                    if child is not None
+                    child for child in (node.children.get(token), node.children.get(ONE)) if child is not None
                 )
                 if node.takes_any:
                     following.append(node)

@@ -76,5 +76,3 @@ class StreamsConfig:
     idle_timeout_secs: float = 15.0
     body_timeout_secs: float = 30.0
     push_keepalive_secs: float = 15.0
-
-

@@ -142,5 +142,3 @@ def _fsync_each(fds: list[int]) -> list[str | None]:
         finally:
             os.close(fd)
     return errors
-
-

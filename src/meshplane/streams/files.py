@@ -146,9 +146,7 @@ class RecordFile:
     def rewrite(self, payloads: list[bytes], *, sync: bool = True) -> None:
         """Replace the file with these records, atomically (compaction)."""
         self.close()
-        write_atomic(
-            self.path, b"".join(encode_record(i, 0, p) for i, p in enumerate(payloads)), sync=sync
-        )
+        write_atomic(self.path, b"".join(encode_record(i, 0, p) for i, p in enumerate(payloads)), sync=sync)
         self.closed = False
         self.records, self._size = len(payloads), 0
 

@@ -111,5 +111,3 @@ class IdempotencyTable:
         self.closed = True
         if self._file is not None:
             self._file.close()
-
-

@@ -1,0 +1,74 @@
+"""What an :class:`~meshplane.plane.EventPlane` hands each publisher and subscriber it makes.
+
+The plane is the one factory: it opens the member's transport and gives it a :class:`Membership`
+(configuration, the shared discovery backend, a callback to leave). Members never reach back into
+the plane; ``EventPublisher.create`` / ``EventSubscriber.create`` are shortcuts that make a private
+plane and close it with the member.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, Self
+
+from meshplane.config import PlaneConfig
+from meshplane.core.names import Scope
+from meshplane.discovery.base import Discovery
+
+if TYPE_CHECKING:
+    from meshplane.plane import EventPlane
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    config: PlaneConfig
+    #: The plane's discovery backend, started on first use.
+    discovery: Callable[[], Awaitable[Discovery]]
+    #: Called once by the member's ``close()``: the plane stops heartbeating and closing it.
+    leave: Callable[[Any], None]
+
+
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+class PlaneMember:
+    """Base of publishers and subscribers: one ``create`` shortcut, one way to leave the plane."""
+
+    _private_plane: _Closable | None = None
+
+    def __init__(self, membership: Membership) -> None:
+        self.config = membership.config
+        self._membership = membership
+
+    @classmethod
+    def _made_by(cls, plane: EventPlane) -> Callable[[Scope, str], Awaitable[Self]]:
+        """The plane's factory method for this kind of member."""
+        raise NotImplementedError
+
+    @classmethod
+    async def create(
+        cls, scope: Scope, topic: str, *, plane: EventPlane | None = None, config: PlaneConfig | None = None
+    ) -> Self:
+        """Make one on ``plane``; without one, on a private plane (from ``config`` or the
+        environment) that closes with it."""
+        if plane is not None:
+            return await cls._made_by(plane)(scope, topic)
+        from meshplane.plane import EventPlane  # members need no plane; only this shortcut makes one
+
+        private = EventPlane(config)
+        try:
+            member = await cls._made_by(private)(scope, topic)
+        except BaseException:
+            await private.close()
+            raise
+        member._private_plane = private
+        return member
+
+    def _leave_plane(self) -> None:
+        self._membership.leave(self)
+
+    async def _close_private_plane(self) -> None:
+        if self._private_plane is not None:
+            await self._private_plane.close()
