@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,3 +134,124 @@ async def test_an_eviction_seen_through_group_stats_is_saved_counted_and_notifie
     again.open()
     assert again.group("g").generation == 2  # saved
     await again.close()
+
+
+def durable_state(service: StreamsService) -> dict[str, Any]:
+    """Everything a restart must keep: topics and their records, rooms, groups, idempotency answers."""
+    topics = {
+        name: [
+            (
+                p.start_offset,
+                p.next_offset,
+                [(e.offset, e.body.id, e.body.data) for e in topic.read(i, 0, 100)],
+            )
+            for i, p in enumerate(topic.partitions)
+        ]
+        for name, topic in service.topics.items()
+    }
+    rooms = {
+        name: (room.settings(), [(e.offset, e.body.id) for e in room.read(room.oldest, 100)])
+        for name, room in service.rooms.items()
+    }
+    groups = {name: group.snapshot() for name, group in service.groups.items()}
+    return {"topics": topics, "rooms": rooms, "groups": groups, "answers": dict(service.idempotency.entries)}
+
+
+async def create_topic(s: StreamsService) -> None:
+    s.create_topic("new", 3)
+
+
+async def grow_topic(s: StreamsService) -> None:
+    s.add_partitions("t", 4)
+
+
+async def delete_topic(s: StreamsService) -> None:
+    s.delete_topic("t")
+
+
+async def publish_topic(s: StreamsService) -> None:
+    await s.publish_topic("t", [event(10), event(11), event(12)])
+
+
+async def publish_once(s: StreamsService) -> None:
+    await s.publish_topic("t", [event(20)], idempotency_key="once")
+
+
+async def create_room(s: StreamsService) -> None:
+    s.create_room("other", max_events=7, retention_secs=60.0)
+
+
+async def publish_room(s: StreamsService) -> None:
+    await s.publish_room("r", "said", {"x": 1})
+
+
+async def delete_room(s: StreamsService) -> None:
+    s.delete_room("r")
+
+
+async def create_group(s: StreamsService) -> None:
+    s.create_group("g2", "t", strategy="range")
+
+
+async def delete_group(s: StreamsService) -> None:
+    s.delete_group("g")
+
+
+async def join_group(s: StreamsService) -> None:
+    s.group_store.join("g", "m2", None)
+
+
+async def leave_group(s: StreamsService) -> None:
+    s.group_store.leave("g", "m1")
+
+
+async def commit(s: StreamsService) -> None:
+    generation = s.group("g").generation
+    await s.commit("g", 0, 1, "m1", generation)
+
+
+async def expire_member(s: StreamsService) -> None:
+    s.group_store.join("g", "short", 0.01)
+    await asyncio.sleep(0.02)
+    s.group_stats("g")  # an eviction noticed by reading
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        create_topic,
+        grow_topic,
+        delete_topic,
+        publish_topic,
+        publish_once,
+        create_room,
+        publish_room,
+        delete_room,
+        create_group,
+        delete_group,
+        join_group,
+        leave_group,
+        commit,
+        expire_member,
+    ],
+)
+async def test_every_kind_of_change_survives_a_restart(tmp_path: Path, change: Any) -> None:
+    config = StreamsConfig(data_dir=tmp_path, cleanup_interval=3600)
+    service = StreamsService(config)
+    service.open()
+    service.create_topic("t", 2)
+    await service.publish_topic("t", [event(1), event(2)])
+    await service.publish_room("r", "hello", {"n": 1})
+    service.create_group("g", "t")
+    service.group_store.join("g", "m1", None)
+    before = durable_state(service)
+    await change(service)
+    changed = durable_state(service)
+    assert changed != before, "the change changed nothing"
+    await service.close()
+    again = StreamsService(config)
+    again.open()
+    try:
+        assert durable_state(again) == changed
+    finally:
+        await again.close()
