@@ -34,8 +34,8 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from meshplane.launchers import StreamsServerProcess
+from meshplane.spark.decode import SCHEMA
 from meshplane.spark.pipeline import spark_session
-from meshplane.spark.source import SCHEMA
 from meshplane.streams.client import StreamsClient
 
 PARTITIONS = 4
@@ -58,7 +58,7 @@ class _PrebuiltReader(DataSourceReader):
         return [InputPartition(p) for p in range(PARTITIONS)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        from meshplane.spark.source import Columns, to_arrow
+        from meshplane.spark.decode import Columns, to_arrow
 
         n = 30_000
         cols = Columns(

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from meshplane.core.streamlog import StoredEvent, encode_event, encode_record
 from meshplane.spark.columnar import CRC_TABLE, HAS_CLMUL, _crc32_clmul, _crc32_tables, _utf8, scan_to_arrow
-from meshplane.spark.source import ARROW_SCHEMA, decode_columns, to_arrow
+from meshplane.spark.decode import ARROW_SCHEMA, decode_columns, to_arrow
 
 texts = st.text(max_size=300)  # up to 900 UTF-8 bytes: fixstr, str8 and str16 headers
 simple_events = st.builds(
@@ -189,7 +189,8 @@ def test_an_executor_reuses_the_memory_of_freed_chunks() -> None:
     probe = """
 import resource
 from meshplane.core.streamlog import StoredEvent, encode_event, encode_record
-from meshplane.spark.source import ARROW_SCHEMA, _record_scan
+from meshplane.spark.decode import ARROW_SCHEMA
+from meshplane.spark.reader import _record_scan
 event = encode_event(StoredEvent("i" * 24, "e", "x" * 100, "k"))
 chunk = b"".join(encode_record(i, 1, event) for i in range(13000))
 scan = _record_scan()

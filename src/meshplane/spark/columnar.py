@@ -25,6 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from meshplane.core.streamlog import HEADER_SIZE
+from meshplane.spark.decode import LOG_APPEND_TIME
 
 OK, CORRUPT, COMPLEX = 0, 1, 2
 
@@ -470,5 +471,6 @@ def scan_to_arrow(
         pa.MapArray.from_arrays(
             pa.array(np.zeros(rows + 1, np.int32)), pa.array([], pa.string()), pa.array([], pa.string())
         ),
+        pa.array(np.full(rows, LOG_APPEND_TIME, np.int32)),
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=schema), rows

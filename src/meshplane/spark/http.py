@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import http.client
 import ipaddress
+import itertools
 import json
 import logging
 import os
+import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -35,7 +37,12 @@ class SyncStreamsClient:
     """
 
     def __init__(
-        self, url: str, token: str | None = None, timeout: float = 60.0, local_reads: bool = False
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = 60.0,
+        local_reads: bool = False,
+        retry_timeout: float = 0.0,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -45,6 +52,7 @@ class SyncStreamsClient:
         self._https = parsed.scheme == "https"
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = timeout
+        self._retry_timeout = retry_timeout
         self._conn: http.client.HTTPConnection | None = None
         self._fetch_buffer = bytearray()  # reused by fetch_raw: no fresh pages (and faults) per chunk
         self._local_reads = local_reads and is_loopback(self._host)
@@ -66,17 +74,33 @@ class SyncStreamsClient:
         headers = dict(self._headers)
         if payload is not None:
             headers["Content-Type"] = "application/json"
-        for attempt in (0, 1):
+        deadline = time.monotonic() + self._retry_timeout
+        delay = 0.05
+        for attempt in itertools.count():
             conn = self._connection()
             try:
                 conn.request(method, path, payload, headers)
                 response = conn.getresponse()
                 data = read(response)
-                return response.status, {k.lower(): v for k, v in response.getheaders()}, data
+                if response.status != 503 or time.monotonic() + delay > deadline:
+                    return response.status, {k.lower(): v for k, v in response.getheaders()}, data
+                problem = f"503 {bytes(data[:200]).decode(errors='replace')}"
             except (ConnectionError, http.client.HTTPException, OSError) as exc:
                 self.close()
-                if attempt:
-                    raise StreamError(f"cannot reach the streams server at {self.url}: {exc}") from None
+                if attempt == 0:
+                    continue  # the server closed a kept-alive connection: once more at once
+                if time.monotonic() + delay > deadline:
+                    waited = f" (retried for {self._retry_timeout:g}s)" if self._retry_timeout else ""
+                    raise StreamError(
+                        f"cannot reach the streams server at {self.url}{waited}: {exc}"
+                    ) from None
+                problem = str(exc)
+            if attempt <= 1:
+                log.warning(
+                    "streams server at %s: %s; retrying for up to %gs", self.url, problem, self._retry_timeout
+                )
+            time.sleep(delay)  # transient (a restart, a full disk being cleared): back off, try again
+            delay = min(delay * 2, 2.0)
         raise AssertionError("unreachable")
 
     def _buffer(self, length: int) -> memoryview:
@@ -165,8 +189,16 @@ class SyncStreamsClient:
             os.close(self._segment[1])
             self._segment = None
 
-    def publish_batch(self, topic: str, events: list[dict[str, Any]], idempotency_key: str | None) -> None:
+    def publish_batch(
+        self,
+        topic: str,
+        events: list[dict[str, Any]],
+        idempotency_key: str | None,
+        partition: int | None = None,
+    ) -> None:
         body: dict[str, Any] = {"events": events}
+        if partition is not None:
+            body["partition"] = partition
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
         self.json("POST", f"/topics/{urllib.parse.quote(topic)}/publish", body)

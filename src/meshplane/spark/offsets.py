@@ -6,8 +6,11 @@ offsets as JSON text, so every offset this module returns has its keys sorted at
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Mapping
+
+from meshplane.errors import MeshplaneError
 
 TopicOffsets = dict[str, dict[str, int]]
 Bounds = Mapping[str, Mapping[str, tuple[int, int]]]  # topic -> partition -> (log start, log end)
@@ -16,8 +19,10 @@ EARLIEST = -2
 LATEST = -1
 
 
-class OffsetsError(ValueError):
+class OffsetsError(MeshplaneError, ValueError):
     """A startingOffsets / endingOffsets option that cannot be used."""
+
+    kind = "bad_request"
 
 
 def normalize(offsets: Mapping[str, Mapping[str, int]]) -> TopicOffsets:
@@ -142,3 +147,37 @@ def ranges(
             if end[topic][p] > first:
                 out.append((topic, int(p), first, end[topic][p]))
     return out
+
+
+def skip_deleted(start: Mapping[str, Mapping[str, int]], bounds: Bounds) -> TopicOffsets:
+    """``start`` moved up to each partition's oldest retained offset (what ``failOnDataLoss=false``
+    skips, in one step)."""
+    return normalize(
+        {
+            t: {p: max(o, bounds.get(t, {}).get(p, (o, o))[0]) for p, o in parts.items()}
+            for t, parts in start.items()
+        }
+    )
+
+
+def backlog(start: Mapping[str, Mapping[str, int]], latest: Mapping[str, Mapping[str, int]]) -> int:
+    """Events between ``start`` and ``latest``, over all partitions."""
+    return sum(
+        max(0, o - start.get(t, {}).get(p, o)) for t, parts in latest.items() for p, o in parts.items()
+    )
+
+
+Range = tuple[str, int, int, int]  # topic, partition, from, until
+
+
+def split(ranges: list[Range], min_partitions: int) -> list[Range]:
+    """At least ``min_partitions`` ranges where there are that many events: the largest range is
+    halved until there are enough (deterministic; order: topic, partition, offset)."""
+    heap = [(-(until - first), topic, p, first, until) for topic, p, first, until in ranges]
+    heapq.heapify(heap)
+    while len(heap) < min_partitions and heap and -heap[0][0] > 1:
+        _, topic, p, first, until = heapq.heappop(heap)
+        middle = first + (until - first) // 2
+        heapq.heappush(heap, (-(middle - first), topic, p, first, middle))
+        heapq.heappush(heap, (-(until - middle), topic, p, middle, until))
+    return sorted((topic, p, first, until) for _, topic, p, first, until in heap)

@@ -1,0 +1,299 @@
+"""The read side of ``format("meshplane")``: planning Spark partitions and reading them.
+
+One Spark partition per topic partition range (split further for ``minPartitions``), offsets
+``{"topic": {"0": 42}}``. Executors read raw records in large chunks and turn them into Arrow record
+batches with a compiled scan (:mod:`meshplane.spark.columnar`), or the general decoder
+(:mod:`meshplane.spark.decode`) for what the scan does not take.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from meshplane.errors import MeshplaneError
+from meshplane.spark import offsets as off
+from meshplane.spark.decode import (
+    ARROW_SCHEMA,
+    ARROW_SCHEMA_WITH_HEADERS,
+    decode_columns,
+    to_arrow,
+    to_tuples,
+)
+from meshplane.spark.decode import with_headers as add_headers
+from meshplane.spark.http import SyncStreamsClient
+from meshplane.spark.options import Options, SparkOptionError
+from meshplane.streams.errors import CorruptRecords, OffsetOutOfRange
+
+log = logging.getLogger(__name__)
+
+# columnar.scan_to_arrow: (raw records, first offset, end offset, topic, partition, schema) -> (batch, rows)
+ScanToArrow = Callable[[bytes | memoryview, int, int, str, int, pa.Schema], tuple[pa.RecordBatch, int] | None]
+
+
+class DataLossError(MeshplaneError):
+    """Offsets a query needs were deleted by retention or damaged (and failOnDataLoss is true)."""
+
+    kind = "data_loss"
+
+
+def open_client(options: Options) -> SyncStreamsClient:
+    return SyncStreamsClient(
+        options.url,
+        options.token,
+        timeout=options.request_timeout,
+        local_reads=options.local_reads,
+        retry_timeout=options.retry_timeout,
+    )
+
+
+class TopicRange(InputPartition):
+    """Events [start, end) of one topic partition: one Spark partition."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+def read_bounds(client: SyncStreamsClient, options: Options) -> off.Bounds:
+    """topic -> partition -> (oldest, next) of what the query reads: its topics, the topics matching
+    its pattern (now: topics created later are picked up), or its assigned partitions."""
+    if options.topic_pattern is not None:
+        pattern = re.compile(options.topic_pattern)
+        listed = client.json("GET", "/topics").get("topics", [])
+        names = sorted(t["name"] for t in listed if pattern.fullmatch(t["name"]))
+        return {t: client.bounds(t) for t in names}
+    bounds = {t: client.bounds(t) for t in options.topics}
+    if options.assign is None:
+        return bounds
+    assigned = {}
+    for topic, partitions in options.assign.items():
+        missing = [p for p in partitions if str(p) not in bounds[topic]]
+        if missing:
+            raise SparkOptionError(
+                f"option assign names partitions {missing} of {topic!r}, which has {len(bounds[topic])}"
+            )
+        assigned[topic] = {str(p): bounds[topic][str(p)] for p in partitions}
+    return assigned
+
+
+def read_range(options: Options, part: TopicRange) -> Iterator[Any]:
+    """Fetch [start, end) in large chunks; each chunk becomes one Arrow batch (or its rows as tuples)."""
+    scan = _record_scan() if options.arrow else None
+    client = open_client(options)
+    offset = part.start
+    try:
+        while offset < part.end:
+            try:
+                data, _, _ = client.fetch_raw(part.topic, part.partition, offset, options.fetch_max_bytes)
+            except OffsetOutOfRange as exc:
+                if exc.oldest <= offset:
+                    raise
+                _data_lost(options, part.topic, part.partition, offset, exc.oldest, "deleted by retention")
+                offset = exc.oldest
+                continue
+            except CorruptRecords as exc:  # the server found them damaged on its disk
+                _data_lost(
+                    options, part.topic, part.partition, offset, exc.next_offset, "unreadable (corrupt)"
+                )
+                offset = exc.next_offset
+                continue
+            rows, decoded = _decode(scan, data, offset, part, options.include_headers)
+            if not rows:
+                raise MeshplaneError(
+                    f"meshplane {part.topic}/{part.partition}: no event at offset {offset} although the "
+                    f"planned range ends at {part.end}: was the topic deleted and created again?"
+                )
+            yield from decoded
+            offset += rows
+    finally:
+        client.close()
+
+
+def read_partition(options: Options, partition: InputPartition) -> Iterator[Any]:
+    """What Spark asks executors to read; PySpark hands an empty ``InputPartition(None)`` when the
+    plan had no partitions (an empty topic, startingOffsets=latest): nothing to read then."""
+    if not isinstance(partition, TopicRange):
+        return iter(())
+    return read_range(options, partition)
+
+
+_loaded_scan: ScanToArrow | None = None
+
+
+def _record_scan() -> ScanToArrow:
+    """The compiled record scan, loaded on an executor's first Arrow read (never on the driver or in
+    Spark's planning workers, which only unpickle this module and need not load numba).
+
+    PySpark's daemon runs a full ``gc.collect()`` after every task of a reused Python worker, and
+    numba's loaded compiler adds tens of thousands of long-lived objects to walk in each. Once the
+    scan is loaded, what exists is frozen out of later collections (``gc.freeze``, made for
+    long-lived objects), so each collection sees only a task's own objects.
+    """
+    global _loaded_scan
+    if _loaded_scan is None:
+        from meshplane.spark.columnar import scan_to_arrow
+
+        scan_to_arrow(b"", 0, 0, "", 0, ARROW_SCHEMA)  # loads the cached machine code now
+        gc.collect()  # nothing collectable is frozen with the rest
+        gc.freeze()
+        _keep_freed_chunks()
+        _loaded_scan = scan_to_arrow
+    return _loaded_scan
+
+
+def _keep_freed_chunks() -> None:
+    """Let glibc's malloc keep freed blocks of up to 32 MiB instead of returning them to the kernel.
+
+    Every chunk's columns (8 MiB for a 2 MiB fetch) are freed once Spark has sent their batch on. By
+    default glibc maps such blocks fresh and unmaps them when freed, so the next chunk's columns fault
+    their pages in again, zeroed (a large share of the executors' work; bench/results has the
+    figures). With these two settings (made for this, see mallopt(3)) a worker reuses the memory; it
+    holds at most ~128 MiB it no longer uses. Elsewhere than glibc, nothing changes.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+    mallopt(_M_TRIM_THRESHOLD, 128 << 20)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+
+
+def _decode(
+    scan: ScanToArrow | None, data: bytes | memoryview, first: int, part: TopicRange, headers: bool
+) -> tuple[int, Iterable[Any]]:
+    """One fetched chunk: (records, Arrow batches or tuples). With ``scan`` (Arrow), batches come from
+    the compiled scan, or from the general decoder for chunks the scan does not take."""
+    if scan is not None:
+        fast = scan(data, first, part.end, part.topic, part.partition, ARROW_SCHEMA)
+        if fast is not None:
+            batch, rows = fast
+            return rows, [add_headers(batch) if headers else batch]
+    cols = decode_columns(data, first, part.end)
+    if scan is not None:
+        schema = ARROW_SCHEMA_WITH_HEADERS if headers else ARROW_SCHEMA
+        return len(cols.offsets), [to_arrow(cols, part.topic, part.partition, schema)]
+    return len(cols.offsets), to_tuples(cols, part.topic, part.partition, headers)
+
+
+def _data_lost(options: Options, topic: str, partition: int, first: int, oldest: int, why: str) -> None:
+    message = (
+        f"meshplane {topic}/{partition}: offsets {first}..{oldest - 1} ({oldest - first} events) were "
+        f"{why} before this query read them"
+    )
+    if options.fail_on_data_loss:
+        raise DataLossError(
+            message + ". Set failOnDataLoss=false to skip them (the query then continues at "
+            f"offset {oldest})."
+        )
+    log.warning("%s; skipped (failOnDataLoss=false)", message)
+
+
+def plan(
+    options: Options, start: off.TopicOffsets, end: off.TopicOffsets, bounds: off.Bounds
+) -> list[TopicRange]:
+    """The Spark partitions for [start, end), checking for data deleted by retention; ranges are split
+    evenly when there are fewer than ``minPartitions``."""
+    ranges = []
+    for topic, partition, first, until in off.ranges(off.fill_new_partitions(start, bounds), end):
+        oldest = bounds[topic][str(partition)][0] if str(partition) in bounds.get(topic, {}) else first
+        if first < oldest:
+            _data_lost(options, topic, partition, first, oldest, "deleted by retention")
+            first = oldest
+        if first < until:
+            ranges.append((topic, partition, first, until))
+    return [TopicRange(*r) for r in off.split(ranges, options.min_partitions or 0)]
+
+
+class MeshplaneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self._client = open_client(options)
+        self._target: off.TopicOffsets | None = None
+        self._last_batch_at = time.monotonic()
+
+    def _bounds(self) -> off.Bounds:
+        return read_bounds(self._client, self.options)
+
+    @staticmethod
+    def _ends(bounds: off.Bounds) -> off.TopicOffsets:
+        return off.normalize({t: {p: b[1] for p, b in parts.items()} for t, parts in bounds.items()})
+
+    def initialOffset(self) -> dict:  # type: ignore[type-arg]
+        return off.resolve(self.options.starting_offsets, self._bounds(), "latest")
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_events_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._ends(self._bounds())
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # type: ignore[type-arg]
+        bounds = self._bounds()
+        begin = off.fill_new_partitions(start, bounds)
+        if not self.options.fail_on_data_loss:
+            begin = off.skip_deleted(begin, bounds)  # a deleted range is jumped in one batch, not walked
+        latest = off.cap(self._ends(bounds), self._target)
+        minimum = self.options.min_events_per_trigger
+        if minimum is not None and self._target is None:
+            now = time.monotonic()
+            waited = now - self._last_batch_at
+            if off.backlog(begin, latest) < minimum and waited < self.options.max_trigger_delay:
+                return off.normalize(start)  # no batch yet: too few events, and not waited long enough
+            self._last_batch_at = now
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return off.admit(begin, latest, max_rows)
+
+    def reportLatestOffset(self) -> dict:  # type: ignore[type-arg]
+        return self._ends(self._bounds())
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:  # type: ignore[type-arg]
+        return plan(self.options, start, end, self._bounds())
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return read_partition(self.options, partition)
+
+    def commit(self, end: dict) -> None:  # type: ignore[type-arg]
+        """Nothing to do: the checkpoint is the position (offsets are not committed to the server)."""
+
+    def stop(self) -> None:
+        self._client.close()
+
+
+class MeshplaneBatchReader(DataSourceReader):
+    """Backfills: startingOffsets (default earliest) to endingOffsets (default latest)."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        client = open_client(self.options)
+        try:
+            bounds = read_bounds(client, self.options)
+        finally:
+            client.close()
+        start = off.resolve(self.options.starting_offsets, bounds, "earliest")
+        end = off.resolve(self.options.ending_offsets, bounds, "latest")
+        off.check_written(end, bounds, "endingOffsets")
+        return plan(self.options, start, end, bounds)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return read_partition(self.options, partition)
