@@ -99,3 +99,39 @@ def test_admission_never_exceeds_the_budget_nor_the_backlog(parts, budget):
 
 def test_ranges_skip_empty_partitions():
     assert ranges({"t": {"0": 5, "1": 7}}, {"t": {"0": 9, "1": 7, "10": 3}}) == [("t", 0, 5, 9)]
+
+
+def test_split_halves_the_largest_range_until_there_are_enough() -> None:
+    from meshplane.spark.offsets import split
+
+    assert split([("t", 0, 0, 100), ("t", 1, 0, 10)], 1) == [("t", 0, 0, 100), ("t", 1, 0, 10)]
+    assert split([("t", 0, 0, 100), ("t", 1, 0, 10)], 4) == [
+        ("t", 0, 0, 25),
+        ("t", 0, 25, 50),
+        ("t", 0, 50, 100),
+        ("t", 1, 0, 10),
+    ]
+    assert split([("t", 0, 5, 7)], 10) == [("t", 0, 5, 6), ("t", 0, 6, 7)]  # never below one event
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1000), st.integers(1, 1000)), max_size=6),
+    st.integers(0, 40),
+)
+def test_split_covers_every_offset_once(spans: list[tuple[int, int, int]], wanted: int) -> None:
+    from meshplane.spark.offsets import split
+
+    ranges = [("t", p, first, first + size) for p, (_, first, size) in enumerate(spans)]
+    out = split(ranges, wanted)
+    covered = sorted((t, p, o) for t, p, a, b in out for o in range(a, b))
+    assert covered == sorted((t, p, o) for t, p, a, b in ranges for o in range(a, b))
+    events = sum(b - a for _, _, a, b in ranges)
+    assert len(out) >= min(wanted, events) or len(out) == len(ranges) >= wanted
+
+
+def test_skip_deleted_moves_a_start_to_the_oldest_kept_offset_in_one_step() -> None:
+    from meshplane.spark.offsets import backlog, skip_deleted
+
+    bounds = {"t": {"0": (2800, 3000), "1": (0, 10)}}
+    assert skip_deleted({"t": {"0": 300, "1": 4}}, bounds) == {"t": {"0": 2800, "1": 4}}
+    assert backlog({"t": {"0": 2800, "1": 4}}, {"t": {"0": 3000, "1": 10}}) == 206

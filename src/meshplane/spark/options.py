@@ -1,13 +1,14 @@
 """The options of ``format("meshplane")``: Kafka's names and meanings, checked strictly at ``load()`` /
 ``save()``. Pure: no Spark, no I/O.
 
-Every option is listed in :data:`SOURCE_OPTIONS` or :data:`SINK_OPTIONS` (case-insensitive, as Spark
-passes them); anything else, or a bad value, is a :class:`SparkOptionError` naming the option and
-what it accepts. ``kafka.*`` options say what meshplane uses instead.
+Every option is listed in :data:`SOURCE_OPTIONS` or :data:`SINK_OPTIONS` (case-insensitive: Spark
+passes them in lower case); anything else, or a bad value, is a :class:`SparkOptionError` naming the
+option and what it accepts. ``kafka.*`` options say what meshplane uses instead.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -27,39 +28,39 @@ class SparkOptionError(MeshplaneError, ValueError):
     kind = "bad_request"
 
 
-#: Option (lower case) -> what it takes, for the source (read and readStream).
+#: Option -> what it takes, for the source (read and readStream).
 SOURCE_OPTIONS = {
     "url": "the streams server, http(s)://host:port (default $MESHPLANE_STREAMS_URL or " + DEFAULT_URL + ")",
     "token": "a bearer token (default $MESHPLANE_STREAMS_TOKEN)",
     "topic": "topic names, comma-separated (alias of subscribe)",
     "topics": "topic names, comma-separated (alias of subscribe)",
     "subscribe": "topic names, comma-separated",
-    "subscribepattern": "a regular expression matched against whole topic names",
+    "subscribePattern": "a regular expression matched against whole topic names",
     "assign": 'JSON {"topic": [0, 1]}: only these partitions',
-    "startingoffsets": 'earliest | latest | JSON {"topic": {"0": 5}} (-2 earliest, -1 latest)',
-    "endingoffsets": 'latest | JSON {"topic": {"0": 5}} (batch reads only)',
-    "maxoffsetspertrigger": "an integer >= 1: events per micro-batch at most",
-    "maxeventspertrigger": "an integer >= 1 (alias of maxOffsetsPerTrigger)",
-    "minoffsetspertrigger": "an integer >= 1: wait for this many events (up to maxTriggerDelay)",
-    "maxtriggerdelay": "a duration like 15m, 30s or 500ms (default 15m)",
-    "failondataloss": "true | false (default true)",
-    "minpartitions": "an integer >= 1: split ranges so a batch has at least this many Spark partitions",
-    "includeheaders": "true | false: add a Kafka-shaped headers column (the events' metadata)",
-    "fetchmaxbytes": "an integer >= 1024: bytes per fetch (default 2 MiB)",
-    "localreads": "true | false: read segment files directly on the server's host (default true)",
+    "startingOffsets": 'earliest | latest | JSON {"topic": {"0": 5}} (-2 earliest, -1 latest)',
+    "endingOffsets": 'latest | JSON {"topic": {"0": 5}} (batch reads only)',
+    "maxOffsetsPerTrigger": "an integer >= 1: events per micro-batch at most",
+    "maxEventsPerTrigger": "an integer >= 1 (alias of maxOffsetsPerTrigger)",
+    "minOffsetsPerTrigger": "an integer >= 1: wait for this many events (up to maxTriggerDelay)",
+    "maxTriggerDelay": "a duration like 15m, 30s or 500ms (default 15m)",
+    "failOnDataLoss": "true | false (default true)",
+    "minPartitions": "an integer >= 1: split ranges so a batch has at least this many Spark partitions",
+    "includeHeaders": "true | false: add a Kafka-shaped headers column (the events' metadata)",
+    "fetchMaxBytes": "an integer >= 1024: bytes per fetch (default 2 MiB)",
+    "localReads": "true | false: read segment files directly on the server's host (default true)",
     "arrow": "true | false: yield Arrow batches (default true)",
-    "requesttimeoutms": "an integer >= 1: one request's timeout (default 60000)",
-    "retrytimeoutms": "an integer >= 0: how long to retry an unreachable server (default 60000)",
+    "requestTimeoutMs": "an integer >= 1: one request's timeout (default 60000)",
+    "retryTimeoutMs": "an integer >= 0: how long to retry an unreachable server (default 60000)",
 }
-#: Option (lower case) -> what it takes, for the sink (write and writeStream).
+#: Option -> what it takes, for the sink (write and writeStream).
 SINK_OPTIONS = {
     "url": SOURCE_OPTIONS["url"],
     "token": SOURCE_OPTIONS["token"],
     "topic": "the topic to publish to (wins over a topic column, as in Kafka)",
-    "eventtype": "event_type of published events without an event_type column (default spark)",
-    "valueformat": "strict | json: values that are not binary or string are refused, or sent as JSON",
-    "requesttimeoutms": SOURCE_OPTIONS["requesttimeoutms"],
-    "retrytimeoutms": SOURCE_OPTIONS["retrytimeoutms"],
+    "eventType": "event_type of published events without an event_type column (default spark)",
+    "valueFormat": "strict | json: values that are not binary or string are refused, or sent as JSON",
+    "requestTimeoutMs": SOURCE_OPTIONS["requestTimeoutMs"],
+    "retryTimeoutMs": SOURCE_OPTIONS["retryTimeoutMs"],
 }
 #: Options Spark itself sets or passes along, which the format accepts and ignores.
 SPARK_OWN = {"path", "checkpointlocation", "queryname"}
@@ -82,17 +83,20 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, No
 
 
 def _check_names(given: Mapping[str, Any], known: Mapping[str, str], what: str) -> None:
+    by_lower = {k.lower(): k for k in known}
     for name in given:
-        lower = name.lower()
-        if lower in known or lower in SPARK_OWN:
+        lower = name.lower()  # Spark hands option names in lower case
+        if lower in by_lower or lower in SPARK_OWN:
             continue
         if lower.startswith("kafka."):
             instead = KAFKA_INSTEAD.get(lower, "url and token")
             raise SparkOptionError(f"option {name!r} is Kafka's; meshplane uses {instead} instead")
         if lower in NOT_YET:
             raise SparkOptionError(f"option {name!r} is not supported yet; use {NOT_YET[lower]}")
+        close = difflib.get_close_matches(lower, by_lower, n=1)
+        hint = f"did you mean {by_lower[close[0]]}? " if close else ""
         raise SparkOptionError(
-            f"unknown option {name!r} for the meshplane {what}; it takes: {', '.join(sorted(known))}"
+            f"unknown option {name!r} for the meshplane {what}; {hint}it takes: {', '.join(sorted(known))}"
         )
 
 

@@ -75,7 +75,7 @@ def read_bounds(client: SyncStreamsClient, options: Options) -> off.Bounds:
     if options.topic_pattern is not None:
         pattern = re.compile(options.topic_pattern)
         listed = client.json("GET", "/topics").get("topics", [])
-        names = sorted(t["name"] for t in listed if pattern.fullmatch(t["name"]))
+        names = sorted(str(t) for t in listed if pattern.fullmatch(str(t)))
         return {t: client.bounds(t) for t in names}
     bounds = {t: client.bounds(t) for t in options.topics}
     if options.assign is None:

@@ -1,0 +1,261 @@
+"""format("meshplane") as a user of Spark's Kafka source and sink knows it: each finding of the
+Kafka-parity report, on a real local[2] session against a real `meshplane serve`."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from meshplane.launchers import StreamsServerProcess
+from meshplane.spark.lag import offsets_behind
+from meshplane.streams.client import StreamsClient
+from tests.helpers import wait_until
+from tests.spark_support import collect_available_now, publish, reader, run
+
+
+def create_topic(url: str, topic: str, partitions: int, **settings: Any) -> None:
+    async def go() -> None:
+        async with StreamsClient(url) as client:
+            await client.create_topic(topic, partitions, **settings)
+
+    run(go())
+
+
+def batch_read(spark: SparkSession, url: str, **options: str) -> DataFrame:
+    frame = spark.read.format("meshplane").option("url", url)
+    for name, value in options.items():
+        frame = frame.option(name, value)
+    return frame.load()
+
+
+def test_an_empty_batch_read_is_empty(spark: SparkSession, server: StreamsServerProcess) -> None:
+    create_topic(server.url, "nothing-yet", 2)
+    assert batch_read(spark, server.url, subscribe="nothing-yet").count() == 0
+    run(publish(server.url, "nothing-yet", 0, 10, partitions=2))
+    assert batch_read(spark, server.url, subscribe="nothing-yet", startingOffsets="latest").count() == 0
+    assert batch_read(spark, server.url, subscribe="nothing-yet").count() == 10
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"startingOffset": "earliest"}, "unknown option 'startingoffset'.* did you mean startingOffsets"),
+        ({"kafka.bootstrap.servers": "h:9092"}, "meshplane uses url instead"),
+        ({"url": "http://127.0.0.1:9/api"}, r"url must look like http://host:port \(no path\)"),
+        ({"maxEventsPerTrigger": "-1"}, "maxOffsetsPerTrigger must be an integer >= 1"),
+        ({"startingOffsets": "{not json"}, "startingOffsets must be earliest | latest or JSON"),
+    ],
+)
+def test_a_bad_option_fails_at_load_in_one_line(
+    spark: SparkSession, server: StreamsServerProcess, options: dict[str, str], message: str
+) -> None:
+    stream = spark.readStream.format("meshplane").option("url", server.url).option("subscribe", "t")
+    for name, value in options.items():
+        stream = stream.option(name, value)
+    with pytest.raises(Exception, match=message) as caught:
+        stream.load()  # not start(): nothing runs with a wrong option
+    meshplane_lines = [line for line in str(caught.value).splitlines() if "SparkOptionError:" in line]
+    assert len(meshplane_lines) == 1  # one line says what is wrong
+    assert "UnboundLocalError" not in str(caught.value)
+
+
+def test_sink_keeps_nulls_refuses_unnamed_values_and_lets_the_topic_option_win(
+    spark: SparkSession, server: StreamsServerProcess
+) -> None:
+    create_topic(server.url, "sink-a", 1)
+    create_topic(server.url, "sink-b", 1)
+    rows = spark.createDataFrame(
+        [("k1", None, "sink-b", [("trace", b"abc")]), ("k2", "text", "sink-b", [])],
+        "key string, value string, topic string, headers array<struct<key string, value binary>>",
+    )
+    rows.write.mode("append").format("meshplane").option("url", server.url).option("topic", "sink-a").save()
+    assert batch_read(spark, server.url, subscribe="sink-b").count() == 0  # the option won (Kafka)
+    back = {
+        r["key"]: r
+        for r in batch_read(spark, server.url, subscribe="sink-a", includeHeaders="true").collect()
+    }
+    assert back["k1"]["value"] is None  # null stays null, not b"null"
+    assert back["k2"]["value"] == b"text"
+    assert [(h["key"], h["value"]) for h in back["k1"]["headers"]] == [("trace", b"abc")]
+    assert back["k1"]["metadata"] == {"trace": "abc"}
+    assert back["k1"]["timestampType"] == 1  # LogAppendTime: the server stamps events
+
+    numbers = spark.createDataFrame([(5,)], "value int")
+    with pytest.raises(Exception, match="value column is int; cast it to string or binary"):
+        numbers.write.mode("append").format("meshplane").option("url", server.url).option(
+            "topic", "sink-a"
+        ).save()
+    structs = spark.createDataFrame([((1, "x"),)], "value struct<n int, s string>")
+    structs.write.mode("append").format("meshplane").option("url", server.url).option(
+        "topic", "sink-b"
+    ).option("valueFormat", "json").save()
+    (only,) = batch_read(spark, server.url, subscribe="sink-b").collect()
+    assert json.loads(only["value"]) == {"n": 1, "s": "x"}  # names kept
+
+
+def test_subscribe_pattern_and_assign_choose_what_is_read(
+    spark: SparkSession, server: StreamsServerProcess
+) -> None:
+    for topic in ("metrics-cpu", "metrics-disk", "other"):
+        run(publish(server.url, topic, 0, 20, partitions=2))
+    by_pattern = batch_read(spark, server.url, subscribePattern="metrics-.*").collect()
+    assert {r["topic"] for r in by_pattern} == {"metrics-cpu", "metrics-disk"}
+    assert len(by_pattern) == 40
+    assigned = batch_read(spark, server.url, assign=json.dumps({"other": [1]})).collect()
+    assert {(r["topic"], r["partition"]) for r in assigned} == {("other", 1)}
+    everything = batch_read(spark, server.url, subscribe="other").collect()
+    assert len(assigned) == sum(1 for r in everything if r["partition"] == 1) > 0
+
+
+def test_min_partitions_splits_a_large_range(spark: SparkSession, server: StreamsServerProcess) -> None:
+    run(publish(server.url, "one-big", 0, 1000, partitions=1))
+    frame = batch_read(spark, server.url, subscribe="one-big", minPartitions="4")
+    assert frame.rdd.getNumPartitions() == 4
+    assert sorted(r["offset"] for r in frame.collect()) == list(range(1000))
+
+
+def test_a_skipped_range_is_reported_once_and_jumped_in_one_batch(
+    spark: SparkSession, server: StreamsServerProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    create_topic(server.url, "mostly-gone", 1, retention_policy={"type": "Messages", "max_messages": 200})
+
+    async def fill() -> None:
+        async with StreamsClient(server.url) as client:
+            for start in range(0, 3000, 100):
+                await client.publish_batch(
+                    "mostly-gone", [{"event_type": "e", "data": i} for i in range(start, start + 100)]
+                )
+
+    run(fill())
+    frame = reader(
+        spark,
+        server.url,
+        "mostly-gone",
+        startingOffsets=json.dumps({"mostly-gone": {"0": 300}}),
+        maxOffsetsPerTrigger="300",
+        failOnDataLoss="false",
+    )
+    rows, sizes = collect_available_now(frame, tmp_path / "ckpt")
+    assert sorted(r["offset"] for r in rows) == list(range(2800, 3000))
+    assert 0 not in sizes  # no empty batches walking the deleted range
+    assert sizes == [200]
+
+
+def test_progress_gives_kafkas_lag_metrics(
+    spark: SparkSession, server: StreamsServerProcess, tmp_path: Path
+) -> None:
+    run(publish(server.url, "lagging", 0, 900, partitions=3))
+    frame = reader(spark, server.url, "lagging", startingOffsets="earliest", maxOffsetsPerTrigger="300")
+    query = (
+        frame.writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    first = offsets_behind(query.recentProgress[0]["sources"][0])
+    assert first["avgOffsetsBehindLatest"] * 3 == 900 - 300  # three partitions; 300 of 900 read
+    assert (
+        first["maxOffsetsBehindLatest"] >= first["avgOffsetsBehindLatest"] >= first["minOffsetsBehindLatest"]
+    )
+    last = query.lastProgress
+    assert last is not None
+    assert offsets_behind(last["sources"][0])["maxOffsetsBehindLatest"] == 0
+
+
+def test_a_streaming_query_survives_a_server_crash_and_restart(spark: SparkSession, tmp_path: Path) -> None:
+    """SIGKILL the server mid-stream, start it again on the same port and data: the query keeps
+    running, and every event arrives exactly once."""
+    with StreamsServerProcess() as proc:
+        proc.start()
+        url = proc.url
+        run(publish(url, "through-crash", 0, 500, partitions=2))
+        seen: list[int] = []
+        lock = threading.Lock()
+
+        def each(batch: DataFrame, batch_id: int) -> None:
+            got = [json.loads(r["value"])["i"] for r in batch.select("value").collect()]
+            with lock:
+                seen.extend(got)
+
+        query = (
+            reader(spark, url, "through-crash", startingOffsets="earliest", retryTimeoutMs="60000")
+            .writeStream.foreachBatch(each)
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+        try:
+            wait_until(lambda: len(seen) >= 500, timeout=120, what="the first events")
+            proc.kill()
+            proc.start()  # same port, same data directory
+            run(publish(url, "through-crash", 500, 500, partitions=2))
+            wait_until(lambda: len(seen) >= 1000 or query.exception() is not None, timeout=120, what="all")
+            assert query.exception() is None
+            assert query.isActive
+            assert sorted(seen) == list(range(1000))  # nothing lost, nothing twice
+        finally:
+            query.stop()
+
+
+def test_the_readme_parity_table_lists_what_works(spark: SparkSession, server: StreamsServerProcess) -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    table = readme.split("<!-- kafka-parity -->")[1]
+    supported = re.findall(r"^\| `([A-Za-z.]+)` \| source \| yes", table, re.MULTILINE)
+    assert len(supported) >= 11
+    run(publish(server.url, "parity", 0, 10, partitions=2))
+    examples = {
+        "subscribe": "parity",
+        "subscribePattern": "par.ty",
+        "assign": '{"parity": [0, 1]}',
+        "startingOffsets": "earliest",
+        "endingOffsets": "latest",
+        "maxOffsetsPerTrigger": "5",
+        "minOffsetsPerTrigger": "1",
+        "maxTriggerDelay": "1s",
+        "failOnDataLoss": "false",
+        "minPartitions": "3",
+        "includeHeaders": "true",
+    }
+    assert set(supported) <= set(examples)
+    for name in supported:
+        options = {"subscribe": "parity", name: examples[name]}
+        if name in ("subscribePattern", "assign"):
+            del options["subscribe"]
+        assert batch_read(spark, server.url, **options).count() == 10, name
+
+
+def test_min_offsets_per_trigger_waits_for_enough_events_or_the_delay(server: StreamsServerProcess) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from meshplane.spark.options import Options
+    from meshplane.spark.reader import MeshplaneStreamReader
+
+    run(publish(server.url, "trickle", 0, 5, partitions=1))
+    options = {"url": server.url, "subscribe": "trickle", "startingOffsets": "earliest"}
+    stream = MeshplaneStreamReader(
+        Options.for_source({**options, "minOffsetsPerTrigger": "10", "maxTriggerDelay": "500ms"})
+    )
+    try:
+        start = stream.initialOffset()
+        assert stream.latestOffset(start, ReadAllAvailable()) == start  # 5 < 10: no batch yet
+        run(publish(server.url, "trickle", 5, 5, partitions=1))
+        end = stream.latestOffset(start, ReadAllAvailable())
+        assert end == {"trickle": {"0": 10}}  # enough: a batch at once
+        run(publish(server.url, "trickle", 10, 1, partitions=1))
+        assert stream.latestOffset(end, ReadAllAvailable()) == end  # one event, the delay just restarted
+        later: list[dict[str, Any]] = []
+        wait_until(
+            lambda: later.append(stream.latestOffset(end, ReadAllAvailable())) or later[-1] != end,
+            timeout=10,
+            what="a batch once maxTriggerDelay has passed",
+        )
+        assert later[-1] == {"trickle": {"0": 11}}
+    finally:
+        stream.stop()

@@ -1,0 +1,97 @@
+"""Options of format("meshplane"): Kafka's names, strict checks with one-line messages. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from meshplane.spark.options import SOURCE_OPTIONS, Options, SparkOptionError
+
+
+def source(**given: Any) -> Options:
+    return Options.for_source({"subscribe": "t", **given})
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (
+            {"startingOffset": "earliest"},
+            r"unknown option 'startingOffset' for the meshplane source; did you mean startingOffsets\?",
+        ),
+        ({"kafka.bootstrap.servers": "h:9092"}, r"'kafka.bootstrap.servers' is Kafka's; meshplane uses url"),
+        ({"startingTimestamp": "1000"}, r"'startingTimestamp' is not supported yet; use startingOffsets"),
+        ({"url": "http://127.0.0.1:1/api"}, r"url must look like http://host:port \(no path\)"),
+        ({"url": "ftp://127.0.0.1:1"}, r"url must look like"),
+        ({"maxEventsPerTrigger": "-1"}, r"maxOffsetsPerTrigger must be an integer >= 1, not '-1'"),
+        ({"maxOffsetsPerTrigger": "many"}, r"maxOffsetsPerTrigger must be an integer >= 1"),
+        ({"startingOffsets": "{garbage"}, r"startingOffsets must be earliest \| latest or JSON"),
+        ({"endingOffsets": "earliest"}, r"endingOffsets must be latest or JSON"),
+        ({"failOnDataLoss": "maybe"}, r"failOnDataLoss must be true or false"),
+        ({"minPartitions": "0"}, r"minPartitions must be an integer >= 1"),
+        ({"maxTriggerDelay": "soon"}, r"maxTriggerDelay must be a duration"),
+        ({"minOffsetsPerTrigger": "10", "maxOffsetsPerTrigger": "5"}, r"larger than maxOffsetsPerTrigger"),
+        ({"subscribe": None, "subscribePattern": "("}, r"subscribePattern is not a regular expression"),
+        ({"subscribePattern": "t.*"}, r"exactly one of subscribe .*; got subscribe, subscribePattern"),
+        ({"subscribe": None, "assign": '{"t": ["0"]}'}, r'assign must be JSON like \{"topic": \[0, 1\]\}'),
+    ],
+)
+def test_a_wrong_option_is_one_line_naming_it(given: dict[str, str | None], message: str) -> None:
+    with pytest.raises(SparkOptionError, match=message) as caught:
+        source(**given)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_source_needs_exactly_one_way_to_name_its_topics() -> None:
+    with pytest.raises(SparkOptionError, match="set exactly one of subscribe"):
+        Options.for_source({})
+
+
+def test_kafka_names_and_meshplane_aliases_mean_the_same() -> None:
+    assert source(maxOffsetsPerTrigger="7") == source(maxEventsPerTrigger="7")
+    assert (
+        Options.for_source({"topic": "a, b"}).topics
+        == ("a", "b")
+        == Options.for_source({"subscribe": "a,b"}).topics
+    )
+    # Spark hands options case-insensitively
+    assert source(MAXOFFSETSPERTRIGGER="7").max_events_per_trigger == 7
+
+
+def test_values_are_parsed() -> None:
+    options = source(
+        minOffsetsPerTrigger="10",
+        maxTriggerDelay="30s",
+        minPartitions="8",
+        includeHeaders="TRUE",
+        failOnDataLoss="false",
+        retryTimeoutMs="2500",
+        checkpointLocation="/tmp/x",  # Spark's own: accepted
+    )
+    assert (options.min_events_per_trigger, options.max_trigger_delay, options.min_partitions) == (
+        10,
+        30.0,
+        8,
+    )
+    assert (options.include_headers, options.fail_on_data_loss, options.retry_timeout) == (True, False, 2.5)
+    assert Options.for_source({"assign": '{"t": [1, 0, 1]}'}).assign == {"t": (0, 1)}
+    assert source(maxTriggerDelay="250ms").max_trigger_delay == 0.25
+
+
+def test_the_sink_has_its_own_options() -> None:
+    assert Options.for_sink({"topic": "out", "valueFormat": "JSON"}).value_format == "json"
+    with pytest.raises(SparkOptionError, match="unknown option 'startingOffsets' for the meshplane sink"):
+        Options.for_sink({"topic": "out", "startingOffsets": "earliest"})
+    with pytest.raises(SparkOptionError, match="valueFormat must be strict or json"):
+        Options.for_sink({"valueFormat": "pickle"})
+
+
+def test_every_documented_option_is_accepted_in_any_case() -> None:
+    assert len(SOURCE_OPTIONS) >= 20
+    plain = Options.for_source({"subscribe": "t"})
+    for name in SOURCE_OPTIONS:
+        if name in ("subscribe", "topic", "topics"):
+            assert Options.for_source({name.lower(): "t"}) == plain
+        else:
+            assert Options.for_source({name.lower(): None, "subscribe": "t"}) == plain
