@@ -251,11 +251,12 @@ def test_min_offsets_per_trigger_waits_for_enough_events_or_the_delay(server: St
         run(publish(server.url, "trickle", 10, 1, partitions=1))
         assert stream.latestOffset(end, ReadAllAvailable()) == end  # one event, the delay just restarted
         later: list[dict[str, Any]] = []
-        wait_until(
-            lambda: later.append(stream.latestOffset(end, ReadAllAvailable())) or later[-1] != end,
-            timeout=10,
-            what="a batch once maxTriggerDelay has passed",
-        )
+
+        def batch_offered() -> bool:
+            later.append(stream.latestOffset(end, ReadAllAvailable()))
+            return later[-1] != end
+
+        wait_until(batch_offered, timeout=10, what="a batch once maxTriggerDelay has passed")
         assert later[-1] == {"trickle": {"0": 11}}
     finally:
         stream.stop()
