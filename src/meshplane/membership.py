@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from meshplane.config import PlaneConfig
@@ -65,6 +66,17 @@ class PlaneMember:
             raise
         member._private_plane = private
         return member
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
 
     def _leave_plane(self) -> None:
         self._membership.leave(self)

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -152,14 +151,6 @@ class EventPublisher(PlaneMember):
                 log.warning("publisher %x: final flush failed: %s", self.publisher_id, exc)
             await self._transport.close()
             await self._close_private_plane()
-
-    async def __aenter__(self) -> EventPublisher:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     def __repr__(self) -> str:
         return f"<EventPublisher {self.scope}/{self.topic} id={self.publisher_id:x}>"

@@ -10,7 +10,6 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from meshplane.aio import cancel_and_wait
@@ -308,14 +307,6 @@ class EventSubscriber(PlaneMember):
                 await discovery.unregister(key)
         await self._transport.close()
         await self._close_private_plane()
-
-    async def __aenter__(self) -> EventSubscriber:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     def __repr__(self) -> str:
         return f"<EventSubscriber {self.scope}/{self.topic}>"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,31 @@ def test_subscribe_pattern_and_assign_choose_what_is_read(
     assert len(assigned) == sum(1 for r in everything if r["partition"] == 1) > 0
 
 
+def test_timestamps_choose_where_reading_starts_and_ends(
+    spark: SparkSession, server: StreamsServerProcess
+) -> None:
+    run(publish(server.url, "timed", 0, 100, partitions=2))
+    time.sleep(0.005)  # the server stamps in milliseconds: the next events are stamped later
+    between = time.time_ns() // 1_000_000
+    time.sleep(0.005)
+    run(publish(server.url, "timed", 100, 100, partitions=2))
+
+    def values(**options: str) -> list[int]:
+        rows = batch_read(spark, server.url, subscribe="timed", **options).collect()
+        return sorted(json.loads(r["value"])["i"] for r in rows)
+
+    assert values(startingTimestamp=str(between)) == list(range(100, 200))
+    assert values(endingTimestamp=str(between)) == list(range(100))
+    partition_of = {
+        json.loads(r["value"])["i"]: r["partition"]
+        for r in batch_read(spark, server.url, subscribe="timed").collect()
+    }
+    per_partition = json.dumps({"timed": {"0": between, "1": 0}})
+    expected = [i for i in range(200) if partition_of[i] == 1 or i >= 100]
+    assert values(startingOffsetsByTimestamp=per_partition) == expected
+    assert values(startingTimestamp=str(between + 3_600_000)) == []  # nothing that late: the end
+
+
 def test_min_partitions_splits_a_large_range(spark: SparkSession, server: StreamsServerProcess) -> None:
     run(publish(server.url, "one-big", 0, 1000, partitions=1))
     frame = batch_read(spark, server.url, subscribe="one-big", minPartitions="4")
@@ -208,6 +234,10 @@ def test_the_readme_parity_table_lists_what_works(spark: SparkSession, server: S
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     table = readme.split("<!-- kafka-parity -->")[1]
     supported = re.findall(r"^\| `([A-Za-z.]+)` \| source \| yes", table, re.MULTILINE)
+    supported += re.findall(
+        r"`([A-Za-z]+)`",
+        "".join(re.findall(r"^\| (`[A-Za-z]+Timestamp.*?) \| source \| yes", table, re.MULTILINE)),
+    )
     assert len(supported) >= 11
     run(publish(server.url, "parity", 0, 10, partitions=2))
     examples = {
@@ -222,6 +252,10 @@ def test_the_readme_parity_table_lists_what_works(spark: SparkSession, server: S
         "failOnDataLoss": "false",
         "minPartitions": "3",
         "includeHeaders": "true",
+        "startingTimestamp": "0",
+        "startingOffsetsByTimestamp": '{"parity": {"0": 0}}',
+        "endingTimestamp": "99999999999999",
+        "endingOffsetsByTimestamp": '{"parity": {"0": 99999999999999}}',
     }
     assert set(supported) <= set(examples)
     for name in supported:

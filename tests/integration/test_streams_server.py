@@ -7,6 +7,7 @@ import base64
 import json
 import signal
 import ssl
+import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -698,3 +699,19 @@ async def test_tls_serves_https_and_refuses_plain_http(tmp_path: Path) -> None:
         async with aiohttp.ClientSession() as plain:
             with pytest.raises(aiohttp.ClientError):
                 await plain.get(proc.url.replace("https://", "http://") + "/health")
+
+
+async def test_offsets_for_a_time(http: aiohttp.ClientSession) -> None:
+    assert (await http.post("/topics/timed", json={"num_partitions": 2})).status in (200, 201)
+    before = time.time_ns() // 1_000_000 - 1
+    await http.post("/topics/timed/publish", json={"event_type": "e", "data": 1, "partition": 1})
+    found = await (await http.get("/topics/timed/offsets", params={"timestamp_ms": before})).json()
+    assert found["offsets"] == {"0": 0, "1": 0}
+    later = await (
+        await http.get("/topics/timed/offsets", params={"timestamp_ms": before + 3_600_000})
+    ).json()
+    assert later["offsets"] == {"0": 0, "1": 1}  # nothing that late: each partition's end
+    for bad in ({"timestamp_ms": "soon"}, {"timestamp_ms": "-1"}, {}):
+        answer = await http.get("/topics/timed/offsets", params=bad)
+        assert answer.status == 400, bad
+    assert (await http.get("/topics/nope/offsets", params={"timestamp_ms": 0})).status == 404

@@ -21,7 +21,11 @@ def source(**given: Any) -> Options:
             r"unknown option 'startingOffset' for the meshplane source; did you mean startingOffsets\?",
         ),
         ({"kafka.bootstrap.servers": "h:9092"}, r"'kafka.bootstrap.servers' is Kafka's; meshplane uses url"),
-        ({"startingTimestamp": "1000"}, r"'startingTimestamp' is not supported yet; use startingOffsets"),
+        ({"startingTimestamp": "yesterday"}, r"startingTimestamp must be an integer >= 0"),
+        (
+            {"startingOffsetsByTimestamp": '{"t": {"0": "x"}}'},
+            r"startingOffsetsByTimestamp must be JSON like",
+        ),
         ({"url": "http://127.0.0.1:1/api"}, r"url must look like http://host:port \(no path\)"),
         ({"url": "ftp://127.0.0.1:1"}, r"url must look like"),
         ({"maxEventsPerTrigger": "-1"}, r"maxOffsetsPerTrigger must be an integer >= 1, not '-1'"),
@@ -77,6 +81,9 @@ def test_values_are_parsed() -> None:
     assert (options.include_headers, options.fail_on_data_loss, options.retry_timeout) == (True, False, 2.5)
     assert Options.for_source({"assign": '{"t": [1, 0, 1]}'}).assign == {"t": (0, 1)}
     assert source(maxTriggerDelay="250ms").max_trigger_delay == 0.25
+    by_time = source(startingOffsetsByTimestamp='{"t": {"1": 5}}', endingTimestamp="9")
+    assert (by_time.starting_time, by_time.ending_time) == ({"t": {"1": 5}}, 9)
+    assert source(startingTimestamp="7", startingOffsetsByTimestamp='{"t": {"1": 5}}').starting_time == 7
 
 
 def test_the_sink_has_its_own_options() -> None:

@@ -134,6 +134,11 @@ class SyncStreamsClient:
             str(p["partition_id"]): (int(p["min_offset"]), int(p["next_offset"])) for p in stats["partitions"]
         }
 
+    def offsets_for_time(self, topic: str, timestamp_ms: int) -> dict[str, int]:
+        """partition -> the first offset stamped at or after ``timestamp_ms`` (the end when none is)."""
+        path = f"/topics/{urllib.parse.quote(topic)}/offsets?timestamp_ms={timestamp_ms}"
+        return {str(p): int(o) for p, o in self.json("GET", path)["offsets"].items()}
+
     def fetch_raw(
         self, topic: str, partition: int, from_offset: int, max_bytes: int
     ) -> tuple[bytes | memoryview, int, int]:

@@ -39,6 +39,10 @@ SOURCE_OPTIONS = {
     "assign": 'JSON {"topic": [0, 1]}: only these partitions',
     "startingOffsets": 'earliest | latest | JSON {"topic": {"0": 5}} (-2 earliest, -1 latest)',
     "endingOffsets": 'latest | JSON {"topic": {"0": 5}} (batch reads only)',
+    "startingTimestamp": "milliseconds since the epoch: every partition starts at its first event then",
+    "startingOffsetsByTimestamp": 'JSON {"topic": {"0": 1700000000000}}: per partition, in milliseconds',
+    "endingTimestamp": "milliseconds since the epoch (batch reads only)",
+    "endingOffsetsByTimestamp": 'JSON {"topic": {"0": 1700000000000}} (batch reads only)',
     "maxOffsetsPerTrigger": "an integer >= 1: events per micro-batch at most",
     "maxEventsPerTrigger": "an integer >= 1 (alias of maxOffsetsPerTrigger)",
     "minOffsetsPerTrigger": "an integer >= 1: wait for this many events (up to maxTriggerDelay)",
@@ -71,13 +75,6 @@ KAFKA_INSTEAD = {
     "kafka.sasl.jaas.config": "token",
     "kafka.group.id": "nothing: the checkpoint is the position",
 }
-#: Kafka options meshplane does not have yet, and what to use meanwhile.
-NOT_YET = {
-    "startingtimestamp": "startingOffsets",
-    "startingoffsetsbytimestamp": "startingOffsets",
-    "endingtimestamp": "endingOffsets",
-    "endingoffsetsbytimestamp": "endingOffsets",
-}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 0.001}
 
@@ -91,8 +88,6 @@ def _check_names(given: Mapping[str, Any], known: Mapping[str, str], what: str) 
         if lower.startswith("kafka."):
             instead = KAFKA_INSTEAD.get(lower, "url and token")
             raise SparkOptionError(f"option {name!r} is Kafka's; meshplane uses {instead} instead")
-        if lower in NOT_YET:
-            raise SparkOptionError(f"option {name!r} is not supported yet; use {NOT_YET[lower]}")
         close = difflib.get_close_matches(lower, by_lower, n=1)
         hint = f"did you mean {by_lower[close[0]]}? " if close else ""
         raise SparkOptionError(
@@ -174,6 +169,28 @@ def _assignment(text: str | None) -> dict[str, tuple[int, ...]] | None:
     return {str(t): tuple(sorted(set(ps))) for t, ps in raw.items()}
 
 
+def _times(read: _Reader, every: str, by_partition: str) -> int | dict[str, dict[str, int]] | None:
+    """``startingTimestamp`` (all partitions) wins over ``startingOffsetsByTimestamp``, as in Kafka."""
+    single = read.integer(every, default=None, minimum=0)
+    if single is not None:
+        return single
+    text = read.text(by_partition)
+    if text is None:
+        return None
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raw = None
+    if not isinstance(raw, dict) or not all(
+        isinstance(parts, dict) and all(type(t) is int and t >= 0 for t in parts.values())
+        for parts in raw.values()
+    ):
+        raise SparkOptionError(
+            f'option {by_partition} must be JSON like {{"topic": {{"0": 1700000000000}}}}, not {text!r}'
+        )
+    return {str(topic): {str(p): int(t) for p, t in parts.items()} for topic, parts in raw.items()}
+
+
 def _offsets_text(read: _Reader, name: str, allowed: tuple[str, ...]) -> str | None:
     value = read.text(name)
     if value is None or value.strip() in allowed:
@@ -198,6 +215,9 @@ class Options:
     assign: dict[str, tuple[int, ...]] | None = None
     starting_offsets: str | None = None
     ending_offsets: str | None = None
+    #: Milliseconds: one time for every partition, or {topic: {partition: time}}; wins over the offsets.
+    starting_time: int | dict[str, dict[str, int]] | None = None
+    ending_time: int | dict[str, dict[str, int]] | None = None
     max_events_per_trigger: int | None = None
     min_events_per_trigger: int | None = None
     max_trigger_delay: float = 900.0
@@ -252,6 +272,8 @@ class Options:
             assign=assign,
             starting_offsets=_offsets_text(read, "startingOffsets", ("earliest", "latest")),
             ending_offsets=_offsets_text(read, "endingOffsets", ("latest",)),
+            starting_time=_times(read, "startingTimestamp", "startingOffsetsByTimestamp"),
+            ending_time=_times(read, "endingTimestamp", "endingOffsetsByTimestamp"),
             max_events_per_trigger=max_events,
             min_events_per_trigger=min_events,
             max_trigger_delay=read.duration("maxTriggerDelay", 900.0),

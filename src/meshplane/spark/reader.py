@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import logging
 import re
 import time
@@ -89,6 +90,25 @@ def read_bounds(client: SyncStreamsClient, options: Options) -> off.Bounds:
             )
         assigned[topic] = {str(p): bounds[topic][str(p)] for p in partitions}
     return assigned
+
+
+def resolve_offsets(
+    client: SyncStreamsClient,
+    bounds: off.Bounds,
+    offsets: str | None,
+    times: int | dict[str, dict[str, int]] | None,
+    default: str,
+) -> off.TopicOffsets:
+    """Offsets from an offsets option, or (winning over it, as in Kafka) from a timestamp option: per
+    partition the first event stamped at or after the time, the end when there is none."""
+    if times is None:
+        return off.resolve(offsets, bounds, default)
+    found: dict[str, dict[str, int]] = {}
+    for topic, parts in bounds.items():
+        wanted = {p: times for p in parts} if isinstance(times, int) else times.get(topic, {})
+        answers = {t: client.offsets_for_time(topic, t) for t in sorted(set(wanted.values()))}
+        found[topic] = {p: answers[t][p] for p, t in wanted.items() if p in answers[t]}
+    return off.resolve(json.dumps(found), bounds, default)
 
 
 def read_range(options: Options, part: TopicRange) -> Iterator[Any]:
@@ -237,7 +257,8 @@ class MeshplaneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return off.normalize({t: {p: b[1] for p, b in parts.items()} for t, parts in bounds.items()})
 
     def initialOffset(self) -> dict:  # type: ignore[type-arg]
-        return off.resolve(self.options.starting_offsets, self._bounds(), "latest")
+        o = self.options
+        return resolve_offsets(self._client, self._bounds(), o.starting_offsets, o.starting_time, "latest")
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_events_per_trigger
@@ -285,13 +306,14 @@ class MeshplaneBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
-        client = open_client(self.options)
+        o = self.options
+        client = open_client(o)
         try:
-            bounds = read_bounds(client, self.options)
+            bounds = read_bounds(client, o)
+            start = resolve_offsets(client, bounds, o.starting_offsets, o.starting_time, "earliest")
+            end = resolve_offsets(client, bounds, o.ending_offsets, o.ending_time, "latest")
         finally:
             client.close()
-        start = off.resolve(self.options.starting_offsets, bounds, "earliest")
-        end = off.resolve(self.options.ending_offsets, bounds, "latest")
         off.check_written(end, bounds, "endingOffsets")
         return plan(self.options, start, end, bounds)
 

@@ -162,6 +162,8 @@ class PartitionLog(SegmentRecovery):
             raise storage_error(exc, f"append to {self.directory}") from exc
 
     def _append(self, payloads: list[bytes], timestamp_ms: int) -> int:
+        # Stamps never go back (a clock set back stamps with the last time): offset_for_time searches.
+        timestamp_ms = max(timestamp_ms, self.last_timestamp_ms or 0)
         segment = self.active
         if segment.size and segment.size + sum(len(p) for p in payloads) > self.segment_bytes:
             self._roll()
@@ -271,6 +273,36 @@ class PartitionLog(SegmentRecovery):
             if position >= segment.size:
                 offset = segment.next_offset
         return records
+
+    def offset_for_time(self, timestamp_ms: int) -> int:
+        """The first readable offset stamped at or after ``timestamp_ms``; the log end when none is.
+
+        Stamps never decrease, so: the first segment whose last stamp reaches the time, a binary
+        search over its index entries, then at most one index interval of records read.
+        """
+        start = self.start_offset
+        for segment in self.segments:
+            if segment.next_offset <= start or (segment.last_timestamp_ms or -1) < timestamp_ms:
+                continue
+            probes = sorted({max(o, start) for o in (segment.base_offset, *segment.index_offsets)})
+            low, high = 0, len(probes)  # the first probe stamped at or after the time
+            while low < high:
+                middle = (low + high) // 2
+                probe = self.read(probes[middle], 1)
+                if not probe or probe[0].timestamp_ms >= timestamp_ms:
+                    high = middle
+                else:
+                    low = middle + 1
+            offset = probes[max(low - 1, 0)]
+            while offset < segment.next_offset:
+                records = self.read(offset, 10_000, self.index_interval + 4096)
+                for record in records:
+                    if record.timestamp_ms >= timestamp_ms:
+                        return record.offset
+                if not records:
+                    break
+                offset = records[-1].offset + 1
+        return self.next_offset
 
     @staticmethod
     def _readable_end(segment: Segment, hole: Hole | None) -> int:

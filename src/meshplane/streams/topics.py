@@ -124,6 +124,10 @@ class Topic:
         self.consumed[partition] += len(events)
         return events
 
+    def offsets_for_time(self, timestamp_ms: int) -> list[int]:
+        """Per partition, the first offset stamped at or after ``timestamp_ms`` (the end when none is)."""
+        return [plog.offset_for_time(timestamp_ms) for plog in self.partitions]
+
     def read_raw(self, partition: int, from_offset: int, max_bytes: int) -> bytes:
         """Record bytes as stored (see :func:`meshplane.core.streamlog.scan_records`)."""
         return self._checked(partition, from_offset).read_raw(from_offset, max_bytes)

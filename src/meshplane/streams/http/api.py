@@ -399,6 +399,18 @@ class Api:
             )
         return json_response(body)
 
+    async def topic_offsets_for_time(self, request: web.Request) -> web.Response:
+        topic = self.engine.topic(request.match_info["topic"])
+        timestamp_ms = get_int(dict(request.query), "timestamp_ms", minimum=0)
+        offsets = topic.offsets_for_time(timestamp_ms)
+        return json_response(
+            {
+                "topic": topic.name,
+                "timestamp_ms": timestamp_ms,
+                "offsets": {str(p): o for p, o in enumerate(offsets)},
+            }
+        )
+
     async def topic_stats(self, request: web.Request) -> web.Response:
         topic = self.engine.topic(request.match_info["topic"])
         s = topic.settings

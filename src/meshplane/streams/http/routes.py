@@ -228,6 +228,13 @@ def route_table(api: Api) -> list[Route]:
             "topics",
         ),
         Route("GET", "/topics/{topic}/stats", api.topic_stats, "Per-partition statistics", "topics"),
+        Route(
+            "GET",
+            "/topics/{topic}/offsets",
+            api.topic_offsets_for_time,
+            "Per partition, the first offset stamped at or after ?timestamp_ms= (the end when none is)",
+            "topics",
+        ),
         Route("GET", "/consumer-groups", api.group_list, "List consumer groups", "groups"),
         Route(
             "POST",
