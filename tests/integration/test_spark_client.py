@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -97,3 +101,43 @@ def test_a_file_that_is_not_the_servers_sends_the_client_back_to_http(
 def test_only_loopback_servers_are_read_locally() -> None:
     assert all(map(is_loopback, ["127.0.0.1", "127.3.2.1", "::1", "localhost"]))
     assert not any(map(is_loopback, ["192.0.2.7", "10.0.0.1", "example.com", "::ffff:8.8.8.8"]))
+
+
+def test_an_unreachable_server_is_retried_then_reported_in_one_line() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = SyncStreamsClient(f"http://127.0.0.1:{port}", retry_timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(StreamError, match=r"cannot reach the streams server .* \(retried for 0.5s\)"):
+        client.bounds("t")
+    assert 0.2 < time.monotonic() - started < 5  # it kept trying (backing off), within the limit
+
+
+def test_a_503_is_retried_until_the_server_answers() -> None:
+    answers = [503, 503, 200]
+    served: list[int] = []
+
+    class Flaky(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status = answers[min(len(served), len(answers) - 1)]
+            served.append(status)
+            body = b'{"partitions": []}' if status == 200 else b'{"error": "busy"}'
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky) as httpd:
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        client = SyncStreamsClient(f"http://127.0.0.1:{httpd.server_address[1]}", retry_timeout=10)
+        try:
+            assert client.bounds("t") == {}
+        finally:
+            client.close()
+            httpd.shutdown()
+    assert served == [503, 503, 200]

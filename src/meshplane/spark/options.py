@@ -153,13 +153,18 @@ def _topic_list(text: str | None) -> tuple[str, ...]:
     return tuple(t.strip() for t in (text or "").split(",") if t.strip())
 
 
+def _parsed(text: str) -> Any:
+    """The JSON value of ``text``; None when it is not JSON (the caller says what it expected)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def _assignment(text: str | None) -> dict[str, tuple[int, ...]] | None:
     if text is None:
         return None
-    try:
-        raw = json.loads(text)
-    except ValueError:
-        raw = None
+    raw = _parsed(text)
     if (
         not isinstance(raw, dict)
         or not raw
@@ -177,10 +182,7 @@ def _times(read: _Reader, every: str, by_partition: str) -> int | dict[str, dict
     text = read.text(by_partition)
     if text is None:
         return None
-    try:
-        raw = json.loads(text)
-    except ValueError:
-        raw = None
+    raw = _parsed(text)
     if not isinstance(raw, dict) or not all(
         isinstance(parts, dict) and all(type(t) is int and t >= 0 for t in parts.values())
         for parts in raw.values()
