@@ -10,6 +10,7 @@ from meshplane.core.liveness import EventTimeout, PublisherRecovered
 from meshplane.core.names import Scope
 from meshplane.core.sequence import EventGap
 from meshplane.errors import (
+    AuthError,
     ClosedError,
     ConfigError,
     DiscoveryError,
@@ -28,6 +29,7 @@ from meshplane.subscriber import EventSubscriber, Notice, SubscriberStats
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuthError",
     "ClosedError",
     "Codec",
     "ConfigError",

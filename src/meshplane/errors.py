@@ -105,6 +105,14 @@ class TransportError(MeshplaneError):
     """A transport (NATS, ZeroMQ) could not be reached or failed."""
 
 
+class AuthError(MeshplaneError):
+    """A server refused the credentials, or wanted some and got none."""
+
+
+class TransportAuthError(TransportError, AuthError):
+    """A server of the event plane (NATS) refused the credentials."""
+
+
 class SubscriptionError(MeshplaneError):
     """A (non-stateless) subscription cannot be made now: nothing publishes, or discovery is unreachable."""
 

@@ -5,20 +5,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
-from typing import Any
+from importlib.metadata import version
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from meshplane.aio import cancel_and_wait
+from meshplane.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING, report
+from meshplane.cli.matching import PublisherMatch, match_publishers
 from meshplane.cli.options import add_plane_options, config_from_args, scope_arg
 from meshplane.core.envelope import EventEnvelope
-from meshplane.core.names import EVENT_CHANNELS_BUCKET
+from meshplane.core.names import EVENT_CHANNELS_BUCKET, Scope
 from meshplane.discovery.channels import parse_channel
-from meshplane.errors import MeshplaneError
+from meshplane.errors import DiscoveryError, MeshplaneError
+
+if TYPE_CHECKING:
+    from meshplane.plane import EventPlane
+    from meshplane.subscriber import EventSubscriber
 
 SCOPE_HELP = "scope as ns, ns/component or ns/component/endpoint (e.g. dynamo/worker/generate)"
 
@@ -29,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="meshplane: a Python event plane over NATS and ZeroMQ, wire-compatible with Dynamo.",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"meshplane {version('meshplane')}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     up = commands.add_parser(
         "up",
@@ -206,21 +216,56 @@ async def run_pub(args: argparse.Namespace) -> int:
     return 0
 
 
-async def run_sub(args: argparse.Namespace) -> int:
-    from meshplane.subscriber import EventSubscriber
+async def _match(plane: EventPlane, scope: Scope, topic: str) -> PublisherMatch | None:
+    """Who publishes ``topic`` in or below ``scope``; None where discovery cannot tell (broker mode,
+    or discovery unreachable: the transport may still deliver by subject)."""
+    if plane.config.broker_mode:
+        return None
+    try:
+        records = await (await plane.discovery()).list(f"{EVENT_CHANNELS_BUCKET}/")
+    except DiscoveryError:
+        return None
+    channels = []
+    for key, value in records.items():
+        with contextlib.suppress(MeshplaneError):  # `ls` reports invalid records; here they are noise
+            channels.append(parse_channel(key, value))
+    return match_publishers(scope, topic, channels)
 
-    async with await EventSubscriber.create(args.scope, args.topic, config=config_from_args(args)) as sub:
-        # timeouts, recoveries and gaps go to stderr, so that stdout stays one event per line
-        sub.on_notice(lambda notice: print(f"notice: {notice}", file=sys.stderr, flush=True))
-        seen = 0
-        while not args.count or seen < args.count:
-            try:
-                envelope = await sub.next(args.timeout or None)
-            except TimeoutError:
-                print(f"no event for {args.timeout}s", file=sys.stderr)
-                return 1
-            print(format_event(envelope, args.json), flush=True)
-            seen += 1
+
+async def run_sub(args: argparse.Namespace) -> int:
+    from meshplane.plane import EventPlane
+
+    async with EventPlane(config_from_args(args)) as plane:
+        match = await _match(plane, args.scope, args.topic)
+        if match is not None:
+            print(match.describe(), file=sys.stderr, flush=True)
+        scopes = list(match.reached) if match is not None and match.reached else [args.scope]
+        arrived: asyncio.Queue[EventEnvelope] = asyncio.Queue(maxsize=10_000)
+
+        async def forward(subscriber: EventSubscriber) -> None:
+            async for envelope in subscriber:
+                await arrived.put(envelope)
+
+        subscribers = [await plane.subscriber(scope, args.topic) for scope in scopes]
+        for subscriber in subscribers:
+            # timeouts, recoveries and gaps go to stderr, so that stdout stays one event per line
+            subscriber.on_notice(lambda notice: print(f"notice: {notice}", file=sys.stderr, flush=True))
+        pumps = [asyncio.create_task(forward(s)) for s in subscribers]
+        try:
+            seen = 0
+            while not args.count or seen < args.count:
+                try:
+                    envelope = await asyncio.wait_for(arrived.get(), args.timeout or None)
+                except TimeoutError:
+                    why = await _match(plane, args.scope, args.topic)
+                    reason = f" ({why.describe()})" if why is not None else ""
+                    print(f"no event for {args.timeout:g}s{reason}", file=sys.stderr)
+                    return EXIT_NOTHING
+                print(format_event(envelope, args.json), flush=True)
+                seen += 1
+        finally:
+            for pump in pumps:
+                await cancel_and_wait(pump)
     return 0
 
 
@@ -259,29 +304,37 @@ async def run_ls(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # a bare `meshplane`: what it can do, rather than an error
+        parser.print_help(sys.stderr)
+        return EXIT_BAD_INPUT
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # e.g. `meshplane sub ... | head`: the reader has gone, so are we
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as exc:  # one line for what the user can act on; a bug keeps its traceback
+        return report(exc)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "log":
+        from meshplane.cli.log import run_log
+
+        return run_log(args)
+    if args.command == "pipeline":  # Spark runs its own threads and JVM: not inside an event loop
+        from meshplane.cli.pipeline import run_pipeline_command
+
+        return run_pipeline_command(args)
     from meshplane.cli.broker import run_broker, run_broker_stats
     from meshplane.cli.streams import run_client, run_serve
     from meshplane.cli.up import run_up
 
-    if args.command == "log":
-        from meshplane.cli.log import run_log
-
-        try:
-            return run_log(args)
-        except MeshplaneError as exc:
-            print(f"meshplane: error: {exc}", file=sys.stderr)
-            return 2
-    if args.command == "pipeline":  # Spark runs its own threads and JVM: not inside an event loop
-        from meshplane.cli.pipeline import run_pipeline_command
-
-        try:
-            return run_pipeline_command(args)
-        except MeshplaneError as exc:
-            print(f"meshplane: error: {exc}", file=sys.stderr)
-            return 2
     runner = {
         "up": run_up,
         "pub": run_pub,
@@ -294,16 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         "topic": run_client,
         "group": run_client,
     }[args.command]
-    try:
-        return asyncio.run(runner(args))
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # e.g. `meshplane sub ... | head`: the reader has gone, so are we
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except MeshplaneError as exc:
-        print(f"meshplane: error: {exc}", file=sys.stderr)
-        return 2
+    return asyncio.run(runner(args))
 
 
 if __name__ == "__main__":

@@ -8,15 +8,17 @@ import json
 import os
 import signal
 import ssl
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from meshplane.cli.errors import CliError
 from meshplane.cli.options import add_token_option
 from meshplane.config import default_state_dir
 from meshplane.errors import ConfigError
 from meshplane.streams.access import Tokens
-from meshplane.streams.errors import StreamError
+from meshplane.streams.errors import UNAUTHORIZED, StreamError, Unauthorized
 from meshplane.streams.service import StreamsConfig, StreamsService
 
 DEFAULT_URL = os.environ.get("MESHPLANE_STREAMS_URL", "http://127.0.0.1:15500")
@@ -174,7 +176,9 @@ async def run_serve(args: argparse.Namespace) -> int:
 
 def add_client_commands(commands: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=DEFAULT_URL, help=f"server URL (default {DEFAULT_URL})")
+    common.add_argument(
+        "--url", type=streams_url, default=DEFAULT_URL, help=f"server URL (default {DEFAULT_URL})"
+    )
     add_token_option(common, TOKEN_ENV, "the server's bearer token")
 
     def client_parser(name: str, help_text: str) -> Callable[..., argparse.ArgumentParser]:
@@ -239,6 +243,9 @@ def add_client_commands(commands: Any) -> None:
     p.add_argument("topic")
     p.add_argument("--strategy", choices=["round_robin", "range", "sticky"], default="round_robin")
     p.add_argument("--session-timeout", type=float, default=None)
+    p.add_argument(
+        "--partitions", type=int, default=None, help="partitions of a topic that does not exist yet"
+    )
     p = action("join")
     p.add_argument("group")
     p.add_argument("--member-id", default=None)
@@ -259,11 +266,34 @@ def add_client_commands(commands: Any) -> None:
     p.add_argument("group")
 
 
+def streams_url(text: str) -> str:
+    """``host:port`` is taken as ``http://host:port``; other schemes than http(s) are refused."""
+    url = text if "://" in text else f"http://{text}"
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a streams server URL (like http://127.0.0.1:15500)"
+        )
+    return url.rstrip("/")
+
+
 def _data(text: str) -> Any:
+    """JSON when it parses; other text as a string, unless it was meant as JSON and is broken."""
     try:
         return json.loads(text)
-    except ValueError:
+    except ValueError as exc:
+        if text.lstrip()[:1] in ("{", "[", '"'):
+            raise CliError(
+                f"DATA is not valid JSON ({exc}); quote it as a JSON string to send text"
+            ) from None
         return text
+
+
+def _json_option(name: str, text: str | None) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError as exc:
+        raise CliError(f"{name} is not valid JSON: {exc}") from None
 
 
 def _print(value: Any) -> None:
@@ -285,6 +315,10 @@ async def run_client(args: argparse.Namespace) -> int:
 
     try:
         return await _run_client(args)
+    except aiohttp.ClientResponseError as exc:  # e.g. the WebSocket of `stream tail` refused
+        if exc.status == 401:
+            raise Unauthorized(UNAUTHORIZED) from None
+        raise StreamError(f"the streams server at {args.url} answered {exc.status} {exc.message}") from None
     except aiohttp.ClientError as exc:
         raise StreamError(f"cannot reach the streams server at {args.url}: {exc}") from None
 
@@ -312,7 +346,7 @@ async def _run_client(args: argparse.Namespace) -> int:
                 _print(await client.rooms())
         elif command == "topic":
             if action == "create":
-                retention = json.loads(args.retention) if args.retention else None
+                retention = _json_option("--retention", args.retention)
                 _print(
                     await client.create_topic(
                         args.topic,
@@ -340,6 +374,7 @@ async def _run_client(args: argparse.Namespace) -> int:
                     await client.create_group(
                         args.group,
                         args.topic,
+                        partition_count=args.partitions,
                         strategy=args.strategy,
                         session_timeout_secs=args.session_timeout,
                     )

@@ -13,7 +13,13 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from meshplane.streams.errors import StreamError, error_from_response
+from meshplane.streams.errors import (
+    UNAUTHORIZED,
+    StreamError,
+    Unauthorized,
+    error_from_response,
+    not_a_streams_server,
+)
 
 Body = TypeVar("Body", bytes, bytes | memoryview)
 log = logging.getLogger(__name__)
@@ -120,9 +126,12 @@ class SyncStreamsClient:
 
     def json(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         status, _, data = self.request(method, path, body)
-        answer: dict[str, Any] = json.loads(data) if data else {}
         if status == 401:
-            raise StreamError("401 Unauthorized: set the token option")
+            raise Unauthorized(UNAUTHORIZED)
+        try:
+            answer: dict[str, Any] = json.loads(data) if data else {}
+        except ValueError:
+            raise StreamError(not_a_streams_server(self.url, status)) from None
         if status >= 400:
             raise error_from_response(status, answer)
         return answer

@@ -22,7 +22,13 @@ import aiohttp
 import msgspec
 
 from meshplane.core.streamlog import Record, scan_records
-from meshplane.streams.errors import StreamError, error_from_response
+from meshplane.streams.errors import (
+    UNAUTHORIZED,
+    StreamError,
+    Unauthorized,
+    error_from_response,
+    not_a_streams_server,
+)
 
 _json = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder()
@@ -152,8 +158,11 @@ class StreamsClient:
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
         async with self._session.request(method, self.url + path, json=body, params=query) as response:
             if response.status == 401:
-                raise StreamError("401 Unauthorized: pass the server's token")
-            data = await response.json(content_type=None) if response.content_length != 0 else {}
+                raise Unauthorized(UNAUTHORIZED)
+            try:
+                data = await response.json(content_type=None) if response.content_length != 0 else {}
+            except ValueError:
+                raise StreamError(not_a_streams_server(self.url, response.status)) from None
             if response.status >= 400:
                 raise error_from_response(response.status, data)
             result: dict[str, Any] = data

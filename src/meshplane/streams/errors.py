@@ -15,6 +15,12 @@ class Forbidden(StreamError):
     kind = "Forbidden"
 
 
+class Unauthorized(StreamError, errors.AuthError):
+    """The server wants a token and got none, or a wrong one."""
+
+    kind = "Unauthorized"
+
+
 class RequestTimeout(StreamError):
     kind = "RequestTimeout"
 
@@ -71,6 +77,7 @@ HTTP_STATUS: dict[str, int] = {
     "BadRequest": 400,
     "OffsetOutOfRange": 400,
     "GroupError": 400,
+    "Unauthorized": 401,
     "Forbidden": 403,
     "NotFound": 404,
     "UnknownMember": 404,
@@ -98,6 +105,16 @@ def _kinds(base: type[StreamError]) -> dict[str, type[StreamError]]:
     return found
 
 
+UNAUTHORIZED = (
+    "401 Unauthorized: the streams server wants a token (the token option, --token-file or "
+    "MESHPLANE_STREAMS_TOKEN), or refused the one given"
+)
+
+
+def not_a_streams_server(url: str, status: int) -> str:
+    return f"{url} answered {status} with a body that is not JSON: is it a meshplane streams server?"
+
+
 def error_from_response(status: int, body: Any) -> StreamError:
     """The error a client raises for an error answer of the server (``{"error", "code", "type", ...}``)."""
     kind = body.get("type") if isinstance(body, dict) else None
@@ -117,6 +134,7 @@ def error_from_response(status: int, body: Any) -> StreamError:
 
 __all__ = [
     "HTTP_STATUS",
+    "UNAUTHORIZED",
     "BadRequest",
     "Conflict",
     "CorruptRecords",
@@ -129,7 +147,9 @@ __all__ = [
     "StorageError",
     "StorageFull",
     "StreamError",
+    "Unauthorized",
     "error_from_response",
     "http_status",
+    "not_a_streams_server",
     "storage_error",
 ]

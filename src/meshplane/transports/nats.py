@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 from meshplane.core.envelope import Codec, EventEnvelope
 from meshplane.core.framing import HEARTBEAT_SUFFIX, MessageType, WireFormat, decode_nats, encode_nats
 from meshplane.core.records import TRANSPORT_NATS
-from meshplane.errors import TransportError, WireError
+from meshplane.errors import TransportAuthError, TransportError, WireError
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
 
 log = logging.getLogger(__name__)
@@ -30,8 +30,11 @@ async def connect_nats(
     ``tls``: a TLS context (a tls:// URL alone uses the system's CAs)."""
     safe_url = redact_url(url)
     client = NatsClient()
+    refused: list[Exception] = []
 
     async def on_error(exc: Exception) -> None:
+        if "authorization" in str(exc).lower() or "authentication" in str(exc).lower():
+            refused.append(exc)
         log.warning("NATS %s: %s", safe_url, exc)
 
     async def on_disconnect() -> None:
@@ -62,6 +65,11 @@ async def connect_nats(
     except Exception as exc:
         with contextlib.suppress(Exception):
             await client.close()
+        if refused:
+            raise TransportAuthError(
+                f"NATS at {safe_url} refused the credentials ({refused[-1]}); check the user, password "
+                "or token in NATS_SERVER"
+            ) from exc
         raise TransportError(
             f"cannot connect to NATS at {redact_url(url)} within {timeout}s ({type(exc).__name__}); "
             "start nats-server or point NATS_SERVER at one"
