@@ -65,7 +65,7 @@ def not_meshplane() -> Iterator[str]:
 
 def test_bad_json_is_bad_input(tmp_path: Path) -> None:
     env = env_for(tmp_path)
-    assert_one_line_error(meshplane("pub", "a/b/c", "t", "--json", "{bad json", env=env), 2, "not valid JSON")
+    assert_one_line_error(meshplane("pub", "a/b/c", "t", "{bad json", "--json", env=env), 2, "not valid JSON")
     created = meshplane("topic", "create", "t", "--retention", "{bad", env=env)
     assert_one_line_error(created, 2, "--retention is not valid JSON")
     published = meshplane("topic", "publish", "t", "e", "{bad json", env=env)
