@@ -46,7 +46,8 @@ def test_errors_with_details_round_trip() -> None:
 
 def test_an_answer_without_a_kind_maps_by_status() -> None:
     assert isinstance(errors.error_from_response(404, {"error": "gone"}), errors.NotFound)
-    assert type(errors.error_from_response(401, {})) is StreamError
+    assert isinstance(errors.error_from_response(401, {}), errors.Unauthorized)  # an AuthError too
+    assert type(errors.error_from_response(418, {})) is StreamError
 
 
 def test_group_kinds_are_also_the_generic_kinds_they_are() -> None:
