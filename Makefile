@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit bench etcd java redis clean
+.PHONY: run shell test lint typecheck unit bench etcd java redis clean
 
 # Everything (the event plane, streams, Spark, nats-server, test and bench tools) at the exact versions
 # of constraints.txt; a user's `pip install meshplane[...]` takes any version in pyproject's ranges.
@@ -17,6 +17,11 @@ $(STAMP): pyproject.toml constraints.txt
 ## run: start a local event plane (embedded nats-server, file discovery) with demo traffic; Ctrl-C stops it
 run: $(STAMP)
 	$(BIN)/meshplane up
+
+## shell: a shell with meshplane on PATH (the venv's bin first); exit returns to yours
+shell: $(STAMP)
+	@echo "meshplane is on PATH in this shell; exit to leave it"
+	@PATH="$(CURDIR)/$(BIN):$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" $${SHELL:-/bin/sh} -i
 
 ## etcd: install etcd from Debian when it is missing (tests start a real etcd)
 etcd:

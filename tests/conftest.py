@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,11 @@ from hypothesis import settings
 
 from meshplane import PlaneConfig
 from meshplane.launchers import BrokerProcess, EtcdServer, NatsServer
+
+# The developer's connection contexts (`meshplane up`, `meshplane context select`) must not reach the
+# tests, nor the tests' `up` runs the developer's: every test process reads its own, empty, config folder.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="meshplane-test-config-")
+os.environ.pop("MESHPLANE_CONTEXT", None)
 
 # CI replays the same examples every run (deterministic); a developer's runs keep exploring.
 settings.register_profile("ci", derandomize=True, deadline=None)

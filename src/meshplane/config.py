@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from meshplane import context
 from meshplane.core.brokers import BrokerAddress, parse_broker_url
 from meshplane.core.envelope import Codec
 from meshplane.core.framing import DEFAULT_MAX_MESSAGE_BYTES, WireFormat
@@ -105,8 +106,9 @@ class PlaneConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> PlaneConfig:
-        """Read the environment (``os.environ`` by default); keyword arguments win over it."""
-        env = os.environ if environ is None else environ
+        """Read the environment (by default ``os.environ`` over the selected context, see
+        :mod:`meshplane.context`); keyword arguments win over it."""
+        env = context.environment() if environ is None else environ
         values: dict[str, Any] = {}
 
         def take(var: str, name: str, convert: Any = str) -> None:

@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_log_commands(commands)
 
+    from meshplane.cli.contexts import add_context_commands
+
+    add_context_commands(commands)
+
     from meshplane.cli.pipeline import add_pipeline_options
 
     pipeline = commands.add_parser(
@@ -323,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command in ("context", "env"):
+        from meshplane.cli.contexts import run_context
+
+        return run_context(args)
     if args.command == "log":
         from meshplane.cli.log import run_log
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from meshplane import context
 from meshplane.cli.options import add_token_option
 
 DEMO_BASE_TIME = 1_767_225_600.0  # 2026-01-01T00:00:00Z: synthetic event times, so windows are reproducible
@@ -90,7 +91,9 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
 
     state_dir: Path = args.state_dir.resolve()
     server: StreamsServerProcess | None = None
-    url = args.url
+    env = context.environment()  # `meshplane up` selects its context: its streams server is used
+    url = args.url or env.get("MESHPLANE_STREAMS_URL")
+    args.token = args.token or env.get("MESHPLANE_STREAMS_TOKEN")
     if url is None:
         server = StreamsServerProcess(data_dir=state_dir / "pipeline-streams").start()
         url = server.url

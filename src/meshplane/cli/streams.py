@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from meshplane import context
 from meshplane.cli.errors import CliError
 from meshplane.cli.options import add_token_option
 from meshplane.config import default_state_dir
@@ -21,7 +22,7 @@ from meshplane.streams.access import Tokens
 from meshplane.streams.errors import UNAUTHORIZED, StreamError, Unauthorized
 from meshplane.streams.service import StreamsConfig, StreamsService
 
-DEFAULT_URL = os.environ.get("MESHPLANE_STREAMS_URL", "http://127.0.0.1:15500")
+DEFAULT_URL = "http://127.0.0.1:15500"
 TOKEN_ENV = "MESHPLANE_STREAMS_TOKEN"
 
 
@@ -177,7 +178,10 @@ async def run_serve(args: argparse.Namespace) -> int:
 def add_client_commands(commands: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--url", type=streams_url, default=DEFAULT_URL, help=f"server URL (default {DEFAULT_URL})"
+        "--url",
+        type=streams_url,
+        default=None,
+        help=f"server URL (default: $MESHPLANE_STREAMS_URL, the selected context's, or {DEFAULT_URL})",
     )
     add_token_option(common, TOKEN_ENV, "the server's bearer token")
 
@@ -326,6 +330,9 @@ async def run_client(args: argparse.Namespace) -> int:
 async def _run_client(args: argparse.Namespace) -> int:
     from meshplane.streams.client import StreamsClient
 
+    env = context.environment()
+    args.url = args.url or streams_url(env.get("MESHPLANE_STREAMS_URL") or DEFAULT_URL)
+    args.token = args.token or env.get(TOKEN_ENV)
     async with StreamsClient(args.url, token=args.token) as client:
         command, action = args.command, args.action
         if command == "stream":

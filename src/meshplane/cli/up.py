@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -14,14 +16,15 @@ from typing import Any
 
 import msgspec
 
+from meshplane import context
 from meshplane.broker import Broker
 from meshplane.cli.options import add_token_option
 from meshplane.config import PlaneConfig
-from meshplane.core.brokers import BROKERS_BUCKET, broker_record
+from meshplane.core.brokers import BROKERS_BUCKET, BrokerAddress, broker_record
 from meshplane.core.names import Scope
 from meshplane.core.records import new_instance_id
 from meshplane.core.streamlog import StoredEvent
-from meshplane.errors import ConfigError
+from meshplane.errors import ConfigError, MeshplaneError
 from meshplane.launchers import NatsServer
 from meshplane.plane import EventPlane
 from meshplane.publisher import EventPublisher
@@ -76,6 +79,20 @@ def add_up_options(parser: argparse.ArgumentParser) -> None:
         f"Demo events are also appended to the partitioned topic {DEMO_STREAM_TOPIC!r}",
     )
     parser.add_argument(
+        "--context",
+        default="local",
+        metavar="NAME",
+        help="save this run's endpoints as context NAME and select it while it runs, so that commands "
+        "in other shells need no variables (default local; none: do not)",
+    )
+    parser.add_argument(
+        "--nats-port",
+        type=int,
+        default=4222,
+        metavar="PORT",
+        help="port of the embedded nats-server (default 4222, a free one if taken)",
+    )
+    parser.add_argument(
         "--pipeline",
         action="store_true",
         help="also run the Spark pipeline on the demo topic (`meshplane pipeline demo --follow`, "
@@ -113,13 +130,23 @@ async def _demo_publisher(pub: EventPublisher, worker: int, rate: float, stop: a
                 await asyncio.wait_for(stop.wait(), delay)
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 async def run_up(args: argparse.Namespace) -> int:
     state_dir: Path = args.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - start-up, before any traffic
     nats_server: NatsServer | None = None
     nats_url = args.nats_server
     if args.transport == "nats" and not nats_url:
-        nats_server = NatsServer(token=args.token).start()
+        nats_server = NatsServer(port=args.nats_port if _port_free(args.nats_port) else 0, token=args.token)
+        nats_server.start()
         nats_url = nats_server.url
     brokers = [Broker("tcp://127.0.0.1:0", "tcp://127.0.0.1:0") for _ in range(args.brokers)]
     if brokers and args.transport != "zmq":
@@ -145,23 +172,11 @@ async def run_up(args: argparse.Namespace) -> int:
         print(f"  embedded nats-server pid {nats_server.pid} at {shown_url}", flush=True)
     for address in addresses:
         print(f"  broker: xsub {address.xsub}, xpub {address.xpub}", flush=True)
-    print("  try in another shell:", flush=True)
-    exports = f"DYN_EVENT_PLANE={config.event_plane} DYN_DISCOVERY_BACKEND=file DYN_FILE_KV={config.file_kv}"
-    if shown_url:
-        exports += f" NATS_SERVER={shown_url.replace('***@', 'YOUR_TOKEN@')}"
-    if addresses:
-        exports += " DYN_ZMQ_BROKER_ENABLED=true"
-    print(f"    {exports} meshplane sub {DEMO_SCOPE} {DEMO_TOPIC}", flush=True)
-    print(f"    {exports} meshplane ls", flush=True)
-
     streams = await _start_streams(args, state_dir) if args.streams_port >= 0 else None
     if streams is not None:
-        print(f"  streams server at {streams.url} (data in {state_dir / 'streams'}); try:", flush=True)
-        print(f"    meshplane topic stats {DEMO_STREAM_TOPIC} --url {streams.url}", flush=True)
-        print(
-            f"    meshplane pipeline demo --url {streams.url} --source {DEMO_STREAM_TOPIC}   (Spark)",
-            flush=True,
-        )
+        print(f"  streams server at {streams.url} (data in {state_dir / 'streams'})", flush=True)
+    local = _save_context(args, config, nats_url, streams)
+    _print_next_steps(config, shown_url, addresses, streams, local)
     pipeline = None
     if args.pipeline:
         if streams is None:
@@ -216,6 +231,8 @@ async def run_up(args: argparse.Namespace) -> int:
                 flush=True,
             )
     finally:
+        if local is not None:
+            _drop_context(local)
         if pipeline is not None and pipeline.returncode is None:
             pipeline.terminate()
             await pipeline.wait()
@@ -226,6 +243,73 @@ async def run_up(args: argparse.Namespace) -> int:
         if nats_server is not None:
             nats_server.cleanup()
     return 0
+
+
+def _save_context(
+    args: argparse.Namespace, config: PlaneConfig, nats_url: str | None, streams: _Streams | None
+) -> str | None:
+    """Save and select the context of this run (other shells' commands then need no variables)."""
+    if args.context == "none":
+        return None
+    values = {
+        "DYN_EVENT_PLANE": config.event_plane,
+        "DYN_DISCOVERY_BACKEND": "file",
+        "DYN_FILE_KV": str(config.file_kv),
+    }
+    if nats_url:
+        values["NATS_SERVER"] = nats_url
+    if config.zmq_brokers:
+        values["DYN_ZMQ_BROKER_ENABLED"] = "true"
+    if streams is not None:
+        values["MESHPLANE_STREAMS_URL"] = streams.url
+        if args.token:
+            values["MESHPLANE_STREAMS_TOKEN"] = args.token
+    description = f"meshplane up (pid {os.getpid()})"
+    context.save(context.Context(args.context, values, description, owner_pid=os.getpid()))
+    context.select(args.context)
+    return str(args.context)
+
+
+def _drop_context(name: str) -> None:
+    with contextlib.suppress(OSError, MeshplaneError):
+        if context.load(name).owner_pid == os.getpid():
+            context.remove(name)
+
+
+def _print_next_steps(
+    config: PlaneConfig,
+    shown_url: str | None,
+    addresses: tuple[BrokerAddress, ...],
+    streams: _Streams | None,
+    local: str | None,
+) -> None:
+    variables = [
+        f"DYN_EVENT_PLANE={config.event_plane}",
+        "DYN_DISCOVERY_BACKEND=file",
+        f"DYN_FILE_KV={config.file_kv}",
+    ]
+    if shown_url:
+        variables.append(f"NATS_SERVER={shown_url.replace('***@', 'YOUR_TOKEN@')}")
+    if addresses:
+        variables.append("DYN_ZMQ_BROKER_ENABLED=true")
+    exports = " ".join(variables)
+    on_path = shutil.which("meshplane") is not None
+    command = "meshplane" if on_path else str(Path(sys.executable).with_name("meshplane"))
+    if local is not None:
+        print(f"  from another shell (context {local!r} is selected while this runs):", flush=True)
+        prefix = url = ""
+    else:
+        print("  from another shell:", flush=True)
+        prefix, url = exports + " ", f" --url {streams.url}" if streams is not None else ""
+    print(f"    {prefix}{command} sub {DEMO_SCOPE} {DEMO_TOPIC}", flush=True)
+    print(f"    {prefix}{command} ls", flush=True)
+    if streams is not None:
+        print(f"    {command} topic stats {DEMO_STREAM_TOPIC}{url}", flush=True)
+        print(f"    {command} pipeline demo --source {DEMO_STREAM_TOPIC}{url}   (Spark)", flush=True)
+    if local is not None:
+        print(f"  as variables (`meshplane env` prints them): {exports}", flush=True)
+    if not on_path:
+        print("  (meshplane is not on PATH: `make shell` opens a shell where it is)", flush=True)
 
 
 class _Streams:

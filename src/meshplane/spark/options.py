@@ -1,5 +1,5 @@
 """The options of ``format("meshplane")``: Kafka's names and meanings, checked strictly at ``load()`` /
-``save()``. Pure: no Spark, no I/O.
+``save()``. No Spark, no network: defaults come from the environment and the selected context.
 
 Every option is listed in :data:`SOURCE_OPTIONS` or :data:`SINK_OPTIONS` (case-insensitive: Spark
 passes them in lower case); anything else, or a bad value, is a :class:`SparkOptionError` naming the
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from meshplane import context
 from meshplane.errors import MeshplaneError
 
 DEFAULT_URL = "http://127.0.0.1:15500"
@@ -30,7 +30,9 @@ class SparkOptionError(MeshplaneError, ValueError):
 
 #: Option -> what it takes, for the source (read and readStream).
 SOURCE_OPTIONS = {
-    "url": "the streams server, http(s)://host:port (default $MESHPLANE_STREAMS_URL or " + DEFAULT_URL + ")",
+    "url": "the streams server, http(s)://host:port (default $MESHPLANE_STREAMS_URL, the context's, or "
+    + DEFAULT_URL
+    + ")",
     "token": "a bearer token (default $MESHPLANE_STREAMS_TOKEN)",
     "topic": "topic names, comma-separated (alias of subscribe)",
     "topics": "topic names, comma-separated (alias of subscribe)",
@@ -138,7 +140,7 @@ class _Reader:
 
 
 def _url(read: _Reader) -> str:
-    url = read.text("url") or os.environ.get("MESHPLANE_STREAMS_URL") or DEFAULT_URL
+    url = read.text("url") or context.environment().get("MESHPLANE_STREAMS_URL") or DEFAULT_URL
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/"):
         raise SparkOptionError(f"option url must look like http://host:port (no path), not {url!r}")
@@ -268,7 +270,7 @@ class Options:
             )
         return cls(
             url=_url(read),
-            token=read.text("token") or os.environ.get("MESHPLANE_STREAMS_TOKEN"),
+            token=read.text("token") or context.environment().get("MESHPLANE_STREAMS_TOKEN"),
             topics=topics or tuple(assign or ()),
             topic_pattern=pattern,
             assign=assign,
@@ -299,7 +301,7 @@ class Options:
         topic = read.text("topic")
         return cls(
             url=_url(read),
-            token=read.text("token") or os.environ.get("MESHPLANE_STREAMS_TOKEN"),
+            token=read.text("token") or context.environment().get("MESHPLANE_STREAMS_TOKEN"),
             topics=(topic.strip(),) if topic and topic.strip() else (),
             event_type=read.text("eventType") or "spark",
             value_format=value_format,

@@ -1,0 +1,100 @@
+"""The newcomer's flow: `meshplane up` in one shell, plain `sub`, `ls`, `topic`, `env` in another,
+with no variables set; the context goes when `up` stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from tests.helpers import wait_until
+from tests.integration.test_cli import MESHPLANE
+
+
+def clean_env() -> dict[str, str]:
+    """A new shell: none of meshplane's variables (the tests' own config folder stays)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "ETCD_", "MESHPLANE_"))}
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*MESHPLANE, *args], capture_output=True, text=True, timeout=60, env=clean_env())
+
+
+def test_commands_in_another_shell_use_the_context_of_up(tmp_path: Path) -> None:
+    up = subprocess.Popen(
+        [
+            *MESHPLANE,
+            "up",
+            "--state-dir",
+            str(tmp_path),
+            "--nats-port",
+            "0",
+            "--streams-port",
+            "0",
+            "--publishers",
+            "2",
+            "--rate",
+            "50",
+            "--duration",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=clean_env(),
+    )
+    assert up.stdout is not None
+    lines: list[str] = []
+    try:
+        while not any("as variables" in line for line in lines):
+            line = up.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        assert any("context 'local' is selected while this runs" in line for line in lines)
+
+        listed = run("ls")
+        assert listed.returncode == 0, listed.stderr
+        wait_until(lambda: run("ls").stdout.count("kv-events") >= 2, timeout=30, what="the demo publishers")
+
+        sub = run("sub", "dynamo/worker", "kv-events", "--count", "3", "--json", "--timeout", "30")
+        assert sub.returncode == 0, sub.stderr
+        assert len(sub.stdout.splitlines()) == 3
+        assert "kv-events: 2 publisher(s) in dynamo/worker/generate (2)" in sub.stderr
+
+        stats = run("topic", "stats", "demo-events")
+        assert stats.returncode == 0, stats.stderr
+        assert json.loads(stats.stdout)["topic"] == "demo-events"
+
+        env = run("env")
+        assert f"export DYN_FILE_KV={tmp_path / 'kv'}" in env.stdout
+        assert "export NATS_SERVER=nats://127.0.0.1:" in env.stdout
+        contexts = run("context", "ls")
+        assert contexts.stdout.startswith("* local")
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=60)
+    assert up.returncode == 0
+    assert run("context", "ls").stdout == ""  # gone with its `up`
+    nothing = run("env")
+    assert nothing.returncode == 2
+    assert "no context is selected" in nothing.stderr
+
+
+def test_a_saved_context_is_used_until_another_is_selected(tmp_path: Path) -> None:
+    saved = subprocess.run(
+        [*MESHPLANE, "context", "save", "files", "--select"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean_env(), "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(tmp_path / "kv")},
+    )
+    assert saved.returncode == 0, saved.stderr
+    shown = run("context", "show")
+    assert f"DYN_FILE_KV={tmp_path / 'kv'}" in shown.stdout
+    listed = run("ls")
+    assert listed.returncode == 0, listed.stderr  # file discovery in an empty folder: an empty table
+    assert run("context", "select", "none").returncode == 0
+    assert run("context", "ls").stdout.startswith("  files")
+    assert run("context", "rm", "files").returncode == 0
