@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from meshplane import context
+from meshplane.context import environment as context_environment
 from meshplane.core.brokers import BrokerAddress, parse_broker_url
 from meshplane.core.envelope import Codec
 from meshplane.core.framing import DEFAULT_MAX_MESSAGE_BYTES, WireFormat
@@ -108,7 +108,7 @@ class PlaneConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> PlaneConfig:
         """Read the environment (by default ``os.environ`` over the selected context, see
         :mod:`meshplane.context`); keyword arguments win over it."""
-        env = context.environment() if environ is None else environ
+        env = context_environment() if environ is None else environ
         values: dict[str, Any] = {}
 
         def take(var: str, name: str, convert: Any = str) -> None:
