@@ -19,8 +19,8 @@ from meshplane.core.liveness import EventTimeout, LivenessTracker, PublisherReco
 from meshplane.core.names import Scope
 from meshplane.core.records import EventChannel, new_instance_id
 from meshplane.discovery.base import Discovery
-from meshplane.discovery.channels import ChannelAdded, ChannelWatch
-from meshplane.errors import ClosedError, DiscoveryError
+from meshplane.discovery.channels import ChannelAdded, ChannelWatch, parse_channel
+from meshplane.errors import ClosedError, DiscoveryError, MeshplaneError
 from meshplane.membership import Membership, PlaneMember
 from meshplane.transports.base import Received, SubscriberTransport
 
@@ -48,6 +48,7 @@ class SubscriberStats:
     recoveries: int = 0
     duplicates_dropped: int = 0  # copies removed before delivery (one per extra broker)
     publishers_discovered: int = 0
+    publishers_heard: int = 0  # publishers that sent an event or heartbeat and have not left or timed out
     invalid_records: int = 0
     dropped_slow: int = 0
 
@@ -164,6 +165,11 @@ class EventSubscriber(PlaneMember):
                 await asyncio.sleep(0.5)
 
     @property
+    def uses_discovery(self) -> bool:
+        """Whether publishers are followed in discovery (not in broker mode, nor without discovery)."""
+        return self._watch is not None
+
+    @property
     def publishers(self) -> dict[str, EventChannel]:
         """Publishers currently registered in discovery for this topic, by key."""
         return dict(self._watch.channels) if self._watch is not None else {}
@@ -179,6 +185,8 @@ class EventSubscriber(PlaneMember):
             intake.tracker.duplicates,
         )
         s.publishers_discovered = len(self._watch.channels) if self._watch is not None else 0
+        if intake.liveness is not None:
+            s.publishers_heard = intake.liveness.tracked - len(intake.liveness.timed_out)
         s.invalid_records = self._watch.invalid if self._watch is not None else 0
         s.dropped_slow = getattr(self._transport, "dropped", 0)
         s.duplicates_dropped = self._transport.duplicates_dropped
@@ -257,6 +265,11 @@ class EventSubscriber(PlaneMember):
         while True:
             await asyncio.sleep(period / 2)
             now = time.monotonic()
+            for publisher_id in await self._left_cleanly(liveness.silent(now)):
+                log.info(
+                    "publisher %x of %s/%s left (its record is gone)", publisher_id, self.scope, self.topic
+                )
+                self._intake.forget(publisher_id)
             for notice in liveness.check(now):
                 self._notify(notice)
                 self._transport.reconnect_publisher(notice.publisher_id)
@@ -267,6 +280,22 @@ class EventSubscriber(PlaneMember):
                 elif now - at > liveness.timeout:
                     self._transport.reconnect_publisher(publisher_id)
                     reconnected_at[publisher_id] = now
+
+    async def _left_cleanly(self, silent: list[int]) -> list[int]:
+        """Which of the ``silent`` publishers closed cleanly: their discovery record is gone. A
+        short-lived publisher can come and go between two looks of the watch; one that died keeps its
+        record (until its lease or TTL ends) and is reported as timed out."""
+        if not silent or self._watch is None:
+            return []
+        try:
+            records = await (await self._membership.discovery()).list(self.scope.channel_prefix(self.topic))
+        except DiscoveryError:
+            return []  # cannot tell: report the silence
+        registered = set()
+        for key, value in records.items():
+            with contextlib.suppress(MeshplaneError):
+                registered.add(parse_channel(key, value).instance_id)
+        return [publisher_id for publisher_id in silent if publisher_id not in registered]
 
     def __aiter__(self) -> EventSubscriber:
         return self

@@ -347,3 +347,20 @@ async def test_heartbeats_never_reach_a_dynamo_consumer_as_events(
             assert all(e["topic"] == "kv/__heartbeat__" for e in heartbeats)
             if transport == "zmq":
                 assert heartbeats  # same socket: Dynamo sees them, and drops them by topic
+
+
+async def test_a_publisher_that_closes_cleanly_is_not_reported_as_timed_out(
+    live_config: PlaneConfig, scope: Scope
+) -> None:
+    """Even when it comes and goes between two looks of the subscriber's discovery watch (a short
+    `meshplane pub`): its record is gone, so its silence is a departure, not a timeout."""
+    async with EventPlane(live_config) as plane, EventPlane(live_config) as other:
+        sub = await plane.subscriber(scope, "brief")
+        pub = await other.publisher(scope, "brief")
+        await pub.wait_for_subscribers(1, timeout=10)
+        await pub.publish(b"hello, and goodbye")
+        await pub.close()
+        assert (await sub.next(10)).payload == b"hello, and goodbye"
+        await asyncio.sleep(PERIOD * (MISSES + 4))  # well past its deadline
+        assert sub.stats.timeouts == 0
+        assert not [n for n in sub.recent_notices if isinstance(n, EventTimeout)]

@@ -31,3 +31,14 @@ def test_heartbeats_reveal_a_lost_tail():
     assert s.expect(7, 8).arrival is Arrival.IN_ORDER  # stale news changes nothing
     assert s.observe(7, 10).arrival is Arrival.IN_ORDER
     assert (s.gaps, s.missing) == (1, 4)
+
+
+def test_silent_says_what_check_would_report_without_reporting_it():
+    liveness = LivenessTracker(timeout=1.0)
+    liveness.seen(1, 0.0)
+    liveness.seen(2, 0.5)
+    assert liveness.silent(1.2) == [1]
+    assert liveness.silent(1.2) == [1]  # asking changes nothing
+    liveness.forget(1)  # it left cleanly: never reported
+    assert [n.publisher_id for n in liveness.check(1.6)] == [2]
+    assert (liveness.silent(1.6), liveness.timeouts, liveness.timed_out) == ([], 1, [2])

@@ -376,13 +376,16 @@ async def _report(
         stats = subscriber.stats
         rate = (stats.received - last_received) / max(now - last_at, 1e-9)
         last_received, last_at = stats.received, now
+        heard = f"publishers heard {stats.publishers_heard}"
+        if subscriber.uses_discovery:
+            heard += f" (in discovery {stats.publishers_discovered})"
         line = (
-            f"up {now - started:6.1f}s | publishers discovered {stats.publishers_discovered} | "
+            f"up {now - started:6.1f}s | {heard} | "
             f"{rate:8.0f} events/s | received {stats.received} | gaps {stats.gaps} "
             f"(missing {stats.missing}) | malformed {stats.malformed_total} | timeouts {stats.timeouts}"
         )
         if streams is not None:
             line += f" | stored in {DEMO_STREAM_TOPIC} {streams.engine.counters['events_published']}"
-        if stats.duplicates_dropped:
-            line += f" | broker copies dropped {stats.duplicates_dropped}"
+        if stats.duplicates_dropped:  # each event comes once through every broker: expected, not loss
+            line += f" | duplicate copies removed {stats.duplicates_dropped}"
         print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)

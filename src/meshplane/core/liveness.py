@@ -43,13 +43,17 @@ class LivenessTracker:
         self.recoveries += 1
         return PublisherRecovered(publisher_id, now - last)
 
-    def check(self, now: float) -> list[EventTimeout]:
-        """Publishers whose deadline passed since the last check (each reported once per silence)."""
-        expired = [
-            EventTimeout(pid, now - last)
+    def silent(self, now: float) -> list[int]:
+        """Publishers past their deadline and not yet reported (what :meth:`check` would report)."""
+        return [
+            pid
             for pid, last in self._last_seen.items()
             if now - last > self.timeout and pid not in self._timed_out
         ]
+
+    def check(self, now: float) -> list[EventTimeout]:
+        """Publishers whose deadline passed since the last check (each reported once per silence)."""
+        expired = [EventTimeout(pid, now - self._last_seen[pid]) for pid in self.silent(now)]
         for notice in expired:
             self._timed_out[notice.publisher_id] = now - notice.silent_for
         self.timeouts += len(expired)
@@ -62,6 +66,10 @@ class LivenessTracker:
 
     def is_timed_out(self, publisher_id: int) -> bool:
         return publisher_id in self._timed_out
+
+    @property
+    def timed_out(self) -> list[int]:
+        return list(self._timed_out)
 
     @property
     def tracked(self) -> int:
