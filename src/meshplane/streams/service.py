@@ -440,10 +440,7 @@ class StreamsService:
         found = self.topics.get(topic)
         if partition_count is None:
             if found is None:
-                raise NotFound(
-                    f"topic {topic!r} not found: create it first, or give the group its partition count "
-                    "(partition_count; the CLI's --partitions)"
-                )
+                raise NotFound(f"no topic {topic!r} (create it, or pass partition_count / --partitions)")
             partition_count = len(found.partitions)
         elif found is not None and partition_count != len(found.partitions):
             raise BadRequest(f"topic {topic!r} has {len(found.partitions)} partitions, not {partition_count}")
