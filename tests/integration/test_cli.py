@@ -117,6 +117,10 @@ def test_pub_reaches_sub_and_sub_prints_json(tmp_path: Path) -> None:
     assert [e["payload"] for e in events] == [{"a": 1}, [2], "plain text"]
     assert {e["topic"] for e in events} == {"kv-events"}
     assert [e["sequence"] for e in events] == [0, 1, 0]
+    publisher_ids = [re.search(r"as ([0-9a-f]+)", p.stderr).group(1) for p in (pub, pub_lines)]  # type: ignore[union-attr]
+    assert [e["publisher_id"] for e in events] == [publisher_ids[0]] * 2 + [
+        publisher_ids[1]
+    ]  # hex everywhere
 
 
 async def test_ls_lists_registered_publishers(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -217,3 +219,22 @@ def test_corrupt_records_fail_the_query_or_are_skipped(spark: SparkSession, tmp_
         skipping = reader(spark, proc.url, "damaged", startingOffsets=from_zero, failOnDataLoss="false")
         rows, _ = collect_available_now(skipping, tmp_path / "skip")
         assert sorted(r["offset"] for r in rows) == [*range(100), *range(101, 300)]
+
+
+def test_pipeline_demo_prints_its_progress_and_result_not_sparks_noise(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHPLANE_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "meshplane.cli.main", "pipeline", "demo", "--state-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pipeline: demo-events -> windows of 10 seconds" in result.stdout
+    summary = json.loads(result.stdout[result.stdout.index("{") :])
+    assert summary["windows"] > 0
+    assert "[Stage" not in result.stderr  # no progress bars
+    assert " WARN " not in result.stderr
+    assert "log4j" not in result.stderr
+    assert "Setting default log level" not in result.stderr

@@ -185,7 +185,7 @@ def format_event(envelope: EventEnvelope, as_json: bool) -> str:
         return json.dumps(
             {
                 "topic": envelope.topic,
-                "publisher_id": envelope.publisher_id,
+                "publisher_id": f"{envelope.publisher_id:x}",  # hex, as everywhere the CLI shows it
                 "sequence": envelope.sequence,
                 "published_at": envelope.published_at,
                 "payload": view,

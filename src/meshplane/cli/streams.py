@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import ssl
+import sys
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -300,8 +301,10 @@ def _json_option(name: str, text: str | None) -> Any:
         raise CliError(f"{name} is not valid JSON: {exc}") from None
 
 
-def _print(value: Any) -> None:
-    print(json.dumps(value, default=str), flush=True)
+def _print(value: Any, *, line: bool = False) -> None:
+    """JSON: indented for a person at a terminal, one line for a pipe (and always for streamed events)."""
+    indent = None if line or not sys.stdout.isatty() else 2
+    print(json.dumps(value, default=str, indent=indent), flush=True)
 
 
 def require_streams_extra() -> None:
@@ -341,7 +344,7 @@ async def _run_client(args: argparse.Namespace) -> int:
             elif action == "tail":
                 seen = 0
                 async for event in client.subscribe(args.room, args.subscriber_id, args.from_offset):
-                    _print(event)
+                    _print(event, line=True)
                     seen += 1
                     if args.count and seen >= args.count:
                         break

@@ -40,11 +40,17 @@ def spark_session(app: str = "meshplane-pipeline", python_over_unix_socket: bool
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    master = os.environ.get("MESHPLANE_SPARK_MASTER", "local[2]")
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "hostname resolves to loopback" warning
+    log_config = os.environ.get("MESHPLANE_SPARK_LOG4J") or str(Path(__file__).with_name("log4j2.properties"))
     from pyspark.sql import SparkSession
 
     session = (
-        SparkSession.builder.master(os.environ.get("MESHPLANE_SPARK_MASTER", "local[2]"))
+        SparkSession.builder.master(master)
         .appName(app)
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log_config}")
+        .config("spark.ui.showConsoleProgress", "false")  # progress bars: noise between a pipeline's lines
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")

@@ -380,9 +380,7 @@ class StreamsService:
         idempotency_key: str | None = None,
     ) -> list[tuple[int, int]]:
         """Append events (each routed by key, round-robin or ``partition``); returns (partition, offset)s.
-
-        A request repeated with the same ``idempotency_key`` appends nothing and gets the first answer.
-        """
+        A request repeated with the same ``idempotency_key`` appends nothing and gets the first answer."""
         topic = self.topic(name)
         key = None
         if idempotency_key is not None:
@@ -440,7 +438,9 @@ class StreamsService:
         found = self.topics.get(topic)
         if partition_count is None:
             if found is None:
-                raise NotFound(f"no topic {topic!r} (create it, or pass partition_count / --partitions)")
+                raise NotFound(
+                    f"topic {topic!r} not found (create it, or pass partition_count / --partitions)"
+                )
             partition_count = len(found.partitions)
         elif found is not None and partition_count != len(found.partitions):
             raise BadRequest(f"topic {topic!r} has {len(found.partitions)} partitions, not {partition_count}")
