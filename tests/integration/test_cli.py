@@ -241,8 +241,8 @@ def test_stream_topic_and_group_commands(tmp_path: Path) -> None:
         assert [e["offset"] for e in tail] == [1]
         run("topic", "create", "cli-topic", "--partitions", "2")
         placed = run("topic", "publish", "cli-topic", "click", '{"x": 1}', "--key", "user-1")[0]
-        page = run("topic", "consume", "cli-topic", str(placed["partition_id"]))[0]
-        assert [e["data"] for e in page["events"]] == [{"x": 1}]
+        consumed = run("topic", "consume", "cli-topic", "-e")
+        assert [(e["partition"], e["data"]) for e in consumed] == [(placed["partition_id"], {"x": 1})]
         run("group", "create", "cli-group", "cli-topic", "--strategy", "sticky")
         member = run("group", "join", "cli-group", "--member-id", "m1")[0]
         assert member["partitions"] == [0, 1]

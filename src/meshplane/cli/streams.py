@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplane import context
+from meshplane.cli.consume import add_consume_options, consume_group, consume_topic
 from meshplane.cli.errors import CliError
 from meshplane.cli.options import add_token_option
 from meshplane.config import default_state_dir
@@ -231,17 +232,21 @@ def add_client_commands(commands: Any) -> None:
     p.add_argument("event_type")
     p.add_argument("data")
     p.add_argument("--key", default=None)
-    p = action("consume")
+    p = action(
+        "consume",
+        help="print events of every partition as JSON lines, following new ones (like kcat -C)",
+        description="Read TOPIC from -o (beginning by default) and follow new events until Ctrl-C; "
+        "-e exits at the end. Examples: `meshplane topic consume orders -e`, "
+        "`meshplane topic consume orders -o -10 -p 0`, `meshplane topic consume orders -o s@1767225600000`.",
+    )
     p.add_argument("topic")
-    p.add_argument("partition", type=int)
-    p.add_argument("--from-offset", type=int, default=0)
-    p.add_argument("--limit", type=int, default=100)
+    add_consume_options(p, group=False)
     p = action("stats")
     p.add_argument("topic")
     action("list")
 
     action = client_parser(
-        "group", "consumer groups: create, join, assignment, heartbeat, commit, offset, leave, stats"
+        "group", "consumer groups: create, consume, join, assignment, heartbeat, commit, offset, leave, stats"
     )
     p = action("create")
     p.add_argument("group")
@@ -251,6 +256,15 @@ def add_client_commands(commands: Any) -> None:
     p.add_argument(
         "--partitions", type=int, default=None, help="partitions of a topic that does not exist yet"
     )
+    p = action(
+        "consume",
+        help="consume as a member of GROUP: assigned partitions, committed offsets, rebalances (kcat -G)",
+        description="Join GROUP, print the events of the partitions it assigns this member from the "
+        "group's committed offsets, commit what was printed, heartbeat, follow rebalances, and leave on "
+        "exit. Run it twice to share the partitions. Example: `meshplane group consume processors`.",
+    )
+    p.add_argument("group")
+    add_consume_options(p, group=True)
     p = action("join")
     p.add_argument("group")
     p.add_argument("--member-id", default=None)
@@ -371,9 +385,7 @@ async def _run_client(args: argparse.Namespace) -> int:
                 )
                 _print({"partition_id": p, "offset": offset})
             elif action == "consume":
-                _print(
-                    await client.consume_partition(args.topic, args.partition, args.from_offset, args.limit)
-                )
+                return await consume_topic(client, args)
             elif action == "stats":
                 _print(await client.topic_stats(args.topic))
             else:
@@ -389,6 +401,8 @@ async def _run_client(args: argparse.Namespace) -> int:
                         session_timeout_secs=args.session_timeout,
                     )
                 )
+            elif action == "consume":
+                return await consume_group(client, args)
             elif action == "join":
                 _print(await client.join(args.group, member_id=args.member_id))
             elif action in ("assignment", "heartbeat", "leave"):

@@ -344,6 +344,11 @@ class StreamsClient:
         records = scan_records(data, expected_offset=from_offset).records
         return Fetched(records, start, end)
 
+    async def offsets_for_time(self, topic: str, timestamp_ms: int) -> dict[int, int]:
+        """Per partition, the first offset stamped at or after ``timestamp_ms`` (the end when none is)."""
+        answer = await self.request("GET", f"/topics/{topic}/offsets", params={"timestamp_ms": timestamp_ms})
+        return {int(p): int(o) for p, o in answer["offsets"].items()}
+
     async def topic_stats(self, topic: str) -> dict[str, Any]:
         return await self.request("GET", f"/topics/{topic}/stats")
 

@@ -1,0 +1,187 @@
+"""``meshplane topic consume`` and ``meshplane group consume``: read topics as kcat does.
+
+``topic consume`` reads every partition (or ``-p``) from ``-o beginning|end|-N|N|s@MS`` and follows
+new events until Ctrl-C (``-e``: exit at the end). ``group consume`` is a real group member: it
+joins, reads the partitions the group assigns it from the group's committed offsets, heartbeats,
+follows rebalances, and leaves on exit. It commits each batch (fenced by its generation) before
+printing it: no event is printed by two members, and a crash loses at most the batch it was printing.
+Events are JSON lines on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from meshplane.aio import cancel_and_wait
+from meshplane.cli.errors import CliError
+from meshplane.streams.errors import StreamError
+
+if TYPE_CHECKING:  # the client needs the streams extra (aiohttp); the CLI starts without it
+    from meshplane.streams.client import StreamsClient
+
+POLL_INTERVAL = 0.2  # how often a caught-up partition is asked again
+HEARTBEAT_EVERY = 1.0  # well inside any session timeout a group allows
+BATCH = 500
+
+
+def add_consume_options(parser: argparse.ArgumentParser, *, group: bool) -> None:
+    if not group:
+        parser.add_argument(
+            "-p",
+            "--partition",
+            type=int,
+            action="append",
+            default=None,
+            help="only this partition (repeatable)",
+        )
+        parser.add_argument(
+            "-o",
+            "--offset",
+            default="beginning",
+            help="where to start: beginning, end, N (an offset), -N (the last N of each partition) or "
+            "s@MS (the first event at or after MS milliseconds since the epoch). Default beginning",
+        )
+    parser.add_argument("-e", "--exit-at-end", action="store_true", help="exit once every partition is read")
+    parser.add_argument("-c", "--count", type=int, default=0, help="exit after N events (default: no limit)")
+
+
+def start_offset(spec: str, oldest: int, end: int, by_time: int | None) -> int:
+    """Where ``-o spec`` starts in a partition holding [oldest, end). Pure."""
+    if spec == "beginning":
+        return oldest
+    if spec == "end":
+        return end
+    if spec.startswith("s@"):
+        return by_time if by_time is not None else end
+    try:
+        number = int(spec)
+    except ValueError:
+        raise CliError(f"-o {spec!r}: use beginning, end, N, -N or s@MILLISECONDS") from None
+    if number < 0:
+        return max(oldest, end + number)
+    return min(max(number, oldest), end)
+
+
+def _timestamp(spec: str) -> int | None:
+    if not spec.startswith("s@"):
+        return None
+    try:
+        return int(spec[2:])
+    except ValueError:
+        raise CliError(f"-o {spec!r}: s@ takes milliseconds since the epoch, e.g. s@1767225600000") from None
+
+
+class _Printer:
+    """JSON lines; counts, and says when ``--count`` is reached."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.printed = 0
+
+    def print(self, topic: str, partition: int, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            if self.done:
+                return
+            print(json.dumps({"topic": topic, "partition": partition, **event}, default=str), flush=True)
+            self.printed += 1
+
+    @property
+    def done(self) -> bool:
+        return bool(self.limit) and self.printed >= self.limit
+
+
+async def _read_from(
+    client: StreamsClient,
+    topic: str,
+    positions: dict[int, int],
+    printer: _Printer,
+    exit_at_end: bool,
+    on_batch: Callable[[int, int], Awaitable[None]] | None = None,
+) -> None:
+    """Read each partition from its position until the end (``exit_at_end``) or forever."""
+    while not printer.done:
+        progressed = False
+        for partition, offset in list(positions.items()):
+            page = await client.consume_partition(topic, partition, offset, BATCH)
+            events = page["events"]
+            if events:
+                if on_batch is not None:  # a group member commits first: a fenced commit prints nothing
+                    await on_batch(partition, int(page["next_offset"]))
+                printer.print(topic, partition, events)
+                positions[partition] = int(page["next_offset"])
+                progressed = True
+            if printer.done:
+                return
+        if not progressed:
+            if exit_at_end:
+                return
+            await asyncio.sleep(POLL_INTERVAL)
+
+
+async def consume_topic(client: StreamsClient, args: argparse.Namespace) -> int:
+    stats = await client.topic_stats(args.topic)
+    bounds = {
+        int(p["partition_id"]): (int(p["min_offset"]), int(p["next_offset"])) for p in stats["partitions"]
+    }
+    chosen = args.partition or sorted(bounds)
+    missing = [p for p in chosen if p not in bounds]
+    if missing:
+        raise CliError(f"topic {args.topic!r} has partitions 0..{len(bounds) - 1}, not {missing}")
+    when = _timestamp(args.offset)
+    by_time = await client.offsets_for_time(args.topic, when) if when is not None else {}
+    positions = {p: start_offset(args.offset, *bounds[p], by_time.get(p)) for p in chosen}
+    printer = _Printer(args.count)
+    await _read_from(client, args.topic, positions, printer, args.exit_at_end)
+    return 0
+
+
+async def consume_group(client: StreamsClient, args: argparse.Namespace) -> int:
+    """A member of ``args.group``: reads its partitions, commits what it printed, follows rebalances."""
+    topic = (await client.group_stats(args.group))["topic"]
+    joined = await client.join(args.group)
+    member, generation = joined["member_id"], int(joined["generation"])
+    printer = _Printer(args.count)
+    try:
+        while True:
+            assigned = (await client.assignment(args.group, member))["partitions"]
+            say(f"member {member} of {args.group}: generation {generation}, partitions {assigned}")
+            oldest = {
+                int(p["partition_id"]): int(p["min_offset"])
+                for p in (await client.topic_stats(topic))["partitions"]
+            }
+            positions = {p: max(await client.committed(args.group, p) or 0, oldest[p]) for p in assigned}
+
+            async def commit(partition: int, offset: int, generation: int = generation) -> None:
+                await client.commit(args.group, partition, offset, member_id=member, generation=generation)
+
+            reading = asyncio.create_task(
+                _read_from(client, topic, positions, printer, args.exit_at_end, commit)
+            )
+            while not reading.done():
+                await asyncio.wait({reading}, timeout=HEARTBEAT_EVERY)
+                beat = await client.heartbeat(args.group, member)  # keeps the session; says when to rebalance
+                if int(beat["generation"]) != generation:
+                    generation = int(beat["generation"])
+                    await cancel_and_wait(reading)
+            if reading.cancelled():
+                continue  # rebalanced: read the new assignment
+            try:
+                reading.result()
+            except StreamError as exc:  # a fenced commit: the group moved on while we read
+                say(f"member {member}: {exc}; rejoining")
+                generation = int((await client.heartbeat(args.group, member))["generation"])
+                continue
+            return 0
+    finally:
+        with contextlib.suppress(StreamError):
+            await client.leave(args.group, member)
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,135 @@
+"""`meshplane topic consume` and `meshplane group consume` against a real server, as kcat users expect."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from meshplane.launchers import StreamsServerProcess
+from meshplane.streams.client import StreamsClient
+from tests.helpers import wait_until
+from tests.integration.test_cli import MESHPLANE
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[StreamsServerProcess]:
+    with StreamsServerProcess() as proc:
+        yield proc.start()
+
+
+def env_for(server: StreamsServerProcess) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MESHPLANE_")}
+    return {**clean, "MESHPLANE_STREAMS_URL": server.url}
+
+
+def publish(url: str, topic: str, values: range, partitions: int = 3) -> None:
+    async def go() -> None:
+        async with StreamsClient(url) as client:
+            if topic not in await client.topics():
+                await client.create_topic(topic, partitions)
+            if values:
+                events = [{"event_type": "e", "key": f"k{i}", "data": i} for i in values]
+                await client.publish_batch(topic, events)
+
+    asyncio.run(go())
+
+
+def consume(server: StreamsServerProcess, *args: str) -> list[dict[str, Any]]:
+    result = subprocess.run(
+        [*MESHPLANE, "topic", "consume", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env_for(server),
+    )
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_topic_consume_reads_every_partition_from_where_it_is_told(server: StreamsServerProcess) -> None:
+    publish(server.url, "kc", range(30))
+    everything = consume(server, "kc", "-e")
+    assert sorted(e["data"] for e in everything) == list(range(30))
+    assert {e["partition"] for e in everything} == {0, 1, 2}
+    last_two = consume(server, "kc", "-e", "-o", "-2")
+    assert len(last_two) == 6  # the last two of each of three partitions
+    only_one = consume(server, "kc", "-e", "-p", "1")
+    assert {e["partition"] for e in only_one} == {1}
+    assert len(consume(server, "kc", "-e", "-c", "4")) == 4
+    time.sleep(0.005)
+    since = time.time_ns() // 1_000_000
+    time.sleep(0.005)
+    publish(server.url, "kc", range(30, 35))
+    later = consume(server, "kc", "-e", "-o", f"s@{since}")
+    assert sorted(e["data"] for e in later) == list(range(30, 35))
+    assert consume(server, "kc", "-e", "-o", "end") == []
+
+
+def test_topic_consume_follows_new_events(server: StreamsServerProcess) -> None:
+    publish(server.url, "follow", range(3))
+    proc = subprocess.Popen(
+        [*MESHPLANE, "topic", "consume", "follow", "-c", "5"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env_for(server),
+    )
+    publish(server.url, "follow", range(3, 5))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert sorted(json.loads(line)["data"] for line in out.splitlines()) == list(range(5))
+
+
+def test_two_group_members_share_the_partitions_and_commit(server: StreamsServerProcess) -> None:
+    publish(server.url, "shared", range(0), partitions=4)
+
+    async def make_group() -> None:
+        async with StreamsClient(server.url) as client:
+            await client.create_group("sharers", "shared", session_timeout_secs=10)
+
+    asyncio.run(make_group())
+    members = [
+        subprocess.Popen(
+            [*MESHPLANE, "group", "consume", "sharers"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env_for(server),
+        )
+        for _ in range(2)
+    ]
+
+    async def assignment() -> dict[str, Any]:
+        async with StreamsClient(server.url) as client:
+            return await client.group_stats("sharers")
+
+    wait_until(
+        lambda: sorted(len(ps) for ps in asyncio.run(assignment())["assignment"].values()) == [2, 2],
+        timeout=30,
+        interval=0.2,
+        what="two members with two partitions each",
+    )
+    publish(server.url, "shared", range(40), partitions=4)
+
+    async def committed() -> int:
+        async with StreamsClient(server.url) as client:
+            return sum([await client.committed("sharers", p) or 0 for p in range(4)])
+
+    wait_until(lambda: asyncio.run(committed()) == 40, timeout=30, interval=0.2, what="all 40 committed")
+    outputs = []
+    for member in members:
+        member.send_signal(signal.SIGINT)
+        out, _ = member.communicate(timeout=30)
+        outputs.append([json.loads(line) for line in out.splitlines()])
+    assert all(outputs), "each member consumed some partitions"
+    assert sorted(e["data"] for out in outputs for e in out) == list(range(40))  # once each
+    partitions = [{e["partition"] for e in out} for out in outputs]
+    assert not partitions[0] & partitions[1]
+    assert asyncio.run(assignment())["members"] == []  # both left on Ctrl-C
