@@ -144,11 +144,15 @@ def make_config(
 
 
 @pytest.fixture(
-    params=[(t, d) for t in TRANSPORTS for d in DISCOVERY_BACKENDS] + BROKER_MODES + CURVE_MODES,
+    params=[(t, d) for t in TRANSPORTS for d in DISCOVERY_BACKENDS]
+    + BROKER_MODES
+    + CURVE_MODES
+    + [("mem", "mem")],
     ids=lambda p: f"{p[0]}-{p[1]}",
 )
 def plane_config(request: pytest.FixtureRequest, tmp_path: Path) -> PlaneConfig:
-    """Every transport x discovery combination, and both broker modes, on real servers."""
+    """Every transport x discovery combination, both broker modes and CURVE, on real servers; and the
+    in-process transport (an extra, for the application API's test plane)."""
     transport, discovery = request.param
     nats = request.getfixturevalue("nats_server") if transport == "nats" else None
     etcd = request.getfixturevalue("etcd_server") if discovery == "etcd" else None

@@ -19,7 +19,7 @@ from meshplane.core.envelope import Codec
 from meshplane.core.framing import DEFAULT_MAX_MESSAGE_BYTES, WireFormat
 from meshplane.errors import ConfigError
 
-TransportName = Literal["nats", "zmq"]
+TransportName = Literal["nats", "zmq", "mem"]
 DiscoveryName = Literal["etcd", "file", "mem"]
 
 
@@ -79,8 +79,10 @@ class PlaneConfig:
         return self.event_plane == "zmq" and (bool(self.zmq_brokers) or self.zmq_broker_enabled)
 
     def __post_init__(self) -> None:
-        if self.event_plane not in ("nats", "zmq"):
-            raise ConfigError(f"DYN_EVENT_PLANE must be 'nats' or 'zmq', got {self.event_plane!r}")
+        if self.event_plane not in ("nats", "zmq", "mem"):
+            raise ConfigError(
+                f"DYN_EVENT_PLANE must be 'nats' or 'zmq' (or 'mem', in-process), got {self.event_plane!r}"
+            )
         if self.discovery_backend not in ("etcd", "file", "mem"):
             raise ConfigError(
                 f"DYN_DISCOVERY_BACKEND must be 'etcd', 'file' or 'mem', got {self.discovery_backend!r}"

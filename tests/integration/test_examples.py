@@ -70,3 +70,7 @@ def test_the_readme_shows_every_example_as_it_is() -> None:
     shown = dict(re.findall(r"<!-- example: examples/(\S+) -->\n```python\n(.*?)```", readme, re.DOTALL))
     files = {p.name: p.read_text() for p in EXAMPLES.glob("*.py")}
     assert shown == files
+
+
+def test_app(env: dict[str, str]) -> None:
+    assert run_example("app.py", env) == "Receipt(order_id=1, total=12.0)\n"

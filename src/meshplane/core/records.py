@@ -17,6 +17,7 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 TRANSPORT_ZMQ = "Zmq"
 TRANSPORT_NATS = "Nats"
 TRANSPORT_ZMQ_BROKER = "ZmqBroker"
+TRANSPORT_MEMORY = "Memory"  # in-process (meshplane only; Dynamo has no such transport)
 
 
 def new_instance_id() -> int:

@@ -1,6 +1,7 @@
-"""Transports: NATS core and ZeroMQ (direct and through brokers), each a publisher and a subscriber
-class with the same shape; :func:`create_publisher_transport` and :func:`create_subscriber_transport`
-pick and start the one a configuration asks for (as ``create_discovery`` does for discovery)."""
+"""Transports: NATS core, ZeroMQ (direct and through brokers) and in-process memory, each a publisher
+and a subscriber class with the same shape; :func:`create_publisher_transport` and
+:func:`create_subscriber_transport` pick and start the one a configuration asks for (as
+``create_discovery`` does for discovery)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,10 @@ async def create_publisher_transport(
             cfg.broker_fanout,
             shared.curve,
         )
+    elif cfg.event_plane == "mem":
+        from meshplane.transports.memory import MemoryPublisherTransport
+
+        transport = MemoryPublisherTransport(scope.subject(topic), cfg.wire_format, cfg.codec)
     elif cfg.event_plane == "nats":
         from meshplane.transports.nats import NatsPublisherTransport
 
@@ -90,6 +95,12 @@ async def create_subscriber_transport(shared: Resources, scope: Scope, topic: st
             cfg.max_message_bytes,
             cfg.dedup_capacity,
             shared.curve,
+        )
+    elif cfg.event_plane == "mem":
+        from meshplane.transports.memory import MemorySubscriberTransport
+
+        transport = MemorySubscriberTransport(
+            scope.subject(topic), cfg.max_message_bytes, cfg.receive_hwm or 2**31
         )
     elif cfg.event_plane == "nats":
         from meshplane.transports.nats import NatsSubscriberTransport
