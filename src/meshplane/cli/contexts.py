@@ -30,13 +30,13 @@ def add_context_commands(commands: Any) -> None:
         + ", ".join(context.VARIABLES)
         + ") under NAME.",
     )
-    save.add_argument("name")
-    save.add_argument("--description", default="")
+    save.add_argument("name", help="context name: letters, digits, '_', '.', '-'")
+    save.add_argument("--description", default="", help="a line that says what it points at")
     save.add_argument("--select", action="store_true", help="also make it the selected context")
     select = actions.add_parser("select", help="make NAME the context every command reads")
     select.add_argument("name", help="a context name, or none for no context")
     rm = actions.add_parser("rm", help="remove a context")
-    rm.add_argument("name")
+    rm.add_argument("name", help="context name")
 
     env = commands.add_parser(
         "env",

@@ -31,7 +31,9 @@ def add_log_commands(commands: Any) -> None:
     verify.add_argument("--json", action="store_true", help="one JSON object per log and metadata file")
     dump = actions.add_parser("dump", help="print the records of a segment file or a partition directory")
     dump.add_argument("path", type=Path, help="a .log segment file, or a directory of them")
-    dump.add_argument("--from-offset", type=int, default=0, metavar="N")
+    dump.add_argument(
+        "--from-offset", type=int, default=0, metavar="N", help="first offset to print (default 0)"
+    )
     dump.add_argument("--count", type=int, default=None, metavar="N", help="at most N records")
     dump.add_argument("--payload", action="store_true", help="also print each event's data")
 

@@ -147,6 +147,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_context_commands(commands)
 
+    from meshplane.cli.status import add_status_options
+
+    status = commands.add_parser(
+        "status",
+        help="check that discovery, NATS, brokers and the streams server are up (exit 0 when all are)",
+        description="One line per check: the selected context, discovery, NATS (when the plane uses it), "
+        "the brokers of broker mode, and the streams server's /health (when a URL is known). Exits 0 when "
+        "all are up, 3 when something is down, 4 when credentials were refused.",
+    )
+    add_status_options(status)
+
     from meshplane.cli.pipeline import add_pipeline_options
 
     pipeline = commands.add_parser(
@@ -340,10 +351,12 @@ def _run(args: argparse.Namespace) -> int:
 
         return run_pipeline_command(args)
     from meshplane.cli.broker import run_broker, run_broker_stats
+    from meshplane.cli.status import run_status
     from meshplane.cli.streams import run_client, run_serve
     from meshplane.cli.up import run_up
 
     runner = {
+        "status": run_status,
         "up": run_up,
         "pub": run_pub,
         "sub": run_sub,

@@ -90,7 +90,13 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="events a room keeps (its ring buffer)",
     )
-    parser.add_argument("--room-retention-secs", type=float, default=24 * 3600.0, metavar="S")
+    parser.add_argument(
+        "--room-retention-secs",
+        type=float,
+        default=24 * 3600.0,
+        metavar="S",
+        help="how long rooms keep events by default (default one day)",
+    )
     parser.add_argument("--no-auto-create", action="store_true", help="rooms must be created before use")
     limits = parser.add_argument_group("limits (each visible in /metrics and GET /storage)")
     defaults = StreamsConfig()
@@ -190,99 +196,141 @@ def add_client_commands(commands: Any) -> None:
     def client_parser(name: str, help_text: str) -> Callable[..., argparse.ArgumentParser]:
         """A command whose actions all take --url and --token-file (after the action, as users type them)."""
         parser = commands.add_parser(name, help=help_text, description=help_text)
-        actions = parser.add_subparsers(dest="action", required=True)
+        actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-        def add_action(action_name: str, **kwargs: Any) -> argparse.ArgumentParser:
-            created: argparse.ArgumentParser = actions.add_parser(action_name, parents=[common], **kwargs)
+        def add_action(
+            action_name: str, help: str, example: str = "", **kwargs: Any
+        ) -> argparse.ArgumentParser:
+            description = kwargs.pop("description", help) + (f". Example: {example}" if example else "")
+            created: argparse.ArgumentParser = actions.add_parser(
+                action_name,
+                parents=[common],
+                help=help,
+                description=description,
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                **kwargs,
+            )
             return created
 
         return add_action
 
     action = client_parser("stream", "rooms: publish, tail, history, stats, list")
-    p = action("publish", help="publish DATA (JSON, else a string) as EVENT")
-    p.add_argument("room")
-    p.add_argument("event")
-    p.add_argument("data")
-    p = action("tail", help="print events as they are published (JSON lines)")
-    p.add_argument("room")
-    p.add_argument(
-        "--from-offset", type=int, default=None, help="start here (negative: the last N); default: new"
+    p = action(
+        "publish",
+        "publish DATA (JSON, else a string) as EVENT",
+        'meshplane stream publish chat msg \'{"text": "hi"}\'',
     )
-    p.add_argument("--subscriber-id", default="meshplane-cli")
-    p.add_argument("--count", type=int, default=0, help="stop after N events (default: never)")
-    p = action("history", help="print stored events")
-    p.add_argument("room")
-    p.add_argument("--from-offset", type=int, default=None)
-    p.add_argument("--to-offset", type=int, default=None)
-    p.add_argument("--limit", type=int, default=100)
-    p = action("stats")
-    p.add_argument("room")
-    action("list")
+    p.add_argument("room", help="room name (made on first publish)")
+    p.add_argument("event", help="event type, e.g. message")
+    p.add_argument("data", help="the event's data: JSON, or any other text as a string")
+    p = action(
+        "tail",
+        "print events as they are published (JSON lines)",
+        "meshplane stream tail chat --from-offset -10",
+    )
+    p.add_argument("room", help="room name")
+    p.add_argument(
+        "--from-offset", type=int, default=None, help="start here (negative: the last N; none: new events)"
+    )
+    p.add_argument(
+        "--subscriber-id", default="meshplane-cli", help="the name the server knows this subscriber by"
+    )
+    p.add_argument("--count", type=int, default=0, help="stop after N events (0: never)")
+    p = action("history", "print stored events of a room", "meshplane stream history chat --limit 20")
+    p.add_argument("room", help="room name")
+    p.add_argument(
+        "--from-offset", type=int, default=None, help="first offset (negative: the last N; none: the oldest)"
+    )
+    p.add_argument("--to-offset", type=int, default=None, help="last offset (none: the newest)")
+    p.add_argument("--limit", type=int, default=100, help="at most this many events")
+    p = action("stats", "a room's offsets, sizes and subscribers")
+    p.add_argument("room", help="room name")
+    action("list", "the rooms")
 
     action = client_parser("topic", "partitioned topics: create, publish, consume, stats, list")
-    p = action("create")
-    p.add_argument("topic")
-    p.add_argument("--partitions", type=int, default=3)
+    p = action("create", "create a partitioned topic", "meshplane topic create orders --partitions 4")
+    p.add_argument("topic", help="topic name")
+    p.add_argument("--partitions", type=int, default=3, help="number of partitions")
     p.add_argument(
-        "--retention", default=None, help='JSON, e.g. \'{"type": "Messages", "max_messages": 1000}\''
+        "--retention",
+        default=None,
+        help='JSON, e.g. \'{"type": "Messages", "max_messages": 1000}\' (none: keep all)',
     )
-    p.add_argument("--segment-bytes", type=int, default=None)
-    p = action("publish")
-    p.add_argument("topic")
-    p.add_argument("event_type")
-    p.add_argument("data")
-    p.add_argument("--key", default=None)
+    p.add_argument("--segment-bytes", type=int, default=None, help="segment file size (none: the server's)")
+    p = action(
+        "publish",
+        "publish one event, routed by key",
+        "meshplane topic publish orders created '{\"id\": 1}' --key c-7",
+    )
+    p.add_argument("topic", help="topic name")
+    p.add_argument("event_type", help="event type, e.g. order.created")
+    p.add_argument("data", help="the event's data: JSON, or any other text as a string")
+    p.add_argument(
+        "--key", default=None, help="routing key: the same key, the same partition (none: round robin)"
+    )
     p = action(
         "consume",
-        help="print events of every partition as JSON lines, following new ones (like kcat -C)",
+        "print events of every partition as JSON lines, following new ones (like kcat -C)",
+        "meshplane topic consume orders -e; meshplane topic consume orders -o -10 -p 0",
         description="Read TOPIC from -o (beginning by default) and follow new events until Ctrl-C; "
-        "-e exits at the end. Examples: `meshplane topic consume orders -e`, "
-        "`meshplane topic consume orders -o -10 -p 0`, `meshplane topic consume orders -o s@1767225600000`.",
+        "-e exits at the end",
     )
-    p.add_argument("topic")
+    p.add_argument("topic", help="topic name")
     add_consume_options(p, group=False)
-    p = action("stats")
-    p.add_argument("topic")
-    action("list")
+    p = action("stats", "a topic's partitions: offsets, sizes, retention")
+    p.add_argument("topic", help="topic name")
+    action("list", "the topics")
 
     action = client_parser(
         "group", "consumer groups: create, consume, join, assignment, heartbeat, commit, offset, leave, stats"
     )
-    p = action("create")
-    p.add_argument("group")
-    p.add_argument("topic")
-    p.add_argument("--strategy", choices=["round_robin", "range", "sticky"], default="round_robin")
-    p.add_argument("--session-timeout", type=float, default=None)
+    p = action("create", "create a consumer group on a topic", "meshplane group create processors orders")
+    p.add_argument("group", help="group name")
+    p.add_argument("topic", help="the topic whose partitions the group shares out")
+    p.add_argument(
+        "--strategy", choices=["round_robin", "range", "sticky"], default="round_robin", help="assignor"
+    )
+    p.add_argument(
+        "--session-timeout",
+        type=float,
+        default=None,
+        help="seconds without a heartbeat before a member is evicted (none: the server's)",
+    )
     p.add_argument(
         "--partitions", type=int, default=None, help="partitions of a topic that does not exist yet"
     )
     p = action(
         "consume",
-        help="consume as a member of GROUP: assigned partitions, committed offsets, rebalances (kcat -G)",
+        "consume as a member of GROUP: assigned partitions, committed offsets, rebalances (kcat -G)",
+        "meshplane group consume processors",
         description="Join GROUP, print the events of the partitions it assigns this member from the "
-        "group's committed offsets, commit what was printed, heartbeat, follow rebalances, and leave on "
-        "exit. Run it twice to share the partitions. Example: `meshplane group consume processors`.",
+        "group's committed offsets, commit each batch before printing it, heartbeat, follow rebalances, "
+        "and leave on exit. Run it twice to share the partitions",
     )
-    p.add_argument("group")
+    p.add_argument("group", help="group name")
     add_consume_options(p, group=True)
-    p = action("join")
-    p.add_argument("group")
-    p.add_argument("--member-id", default=None)
-    for name in ("assignment", "heartbeat", "leave"):
-        p = action(name)
-        p.add_argument("group")
-        p.add_argument("member_id")
-    p = action("commit")
-    p.add_argument("group")
-    p.add_argument("partition", type=int)
-    p.add_argument("offset", type=int)
-    p.add_argument("--member-id", default=None)
-    p.add_argument("--generation", type=int, default=None)
-    p = action("offset")
-    p.add_argument("group")
-    p.add_argument("partition", type=int)
-    p = action("stats")
-    p.add_argument("group")
+    p = action("join", "join a group by hand (group consume does all of it)")
+    p.add_argument("group", help="group name")
+    p.add_argument("--member-id", default=None, help="this member's id (none: the server picks one)")
+    for name, what in (
+        ("assignment", "a member's partitions"),
+        ("heartbeat", "keep a member's session"),
+        ("leave", "leave a group (its partitions go to the others)"),
+    ):
+        p = action(name, what)
+        p.add_argument("group", help="group name")
+        p.add_argument("member_id", help="the member id join returned")
+    p = action("commit", "commit an offset (fenced by --generation when --member-id is given)")
+    p.add_argument("group", help="group name")
+    p.add_argument("partition", type=int, help="partition number")
+    p.add_argument("offset", type=int, help="the next offset to read")
+    p.add_argument("--member-id", default=None, help="commit as this member (fenced)")
+    p.add_argument("--generation", type=int, default=None, help="the generation the member was given")
+    p = action("offset", "a partition's committed offset")
+    p.add_argument("group", help="group name")
+    p.add_argument("partition", type=int, help="partition number")
+    p = action("stats", "a group's members, generation, assignment and lag")
+    p.add_argument("group", help="group name")
 
 
 def streams_url(text: str) -> str:

@@ -1,0 +1,121 @@
+"""``meshplane status``: is everything this shell's configuration points at up? (like ``nats server check``)
+
+Checks discovery, NATS (when the plane uses it), the brokers of broker mode, and the streams server
+(when a URL is known). Prints one line per check; exits 0 when all are up, 3 when something is
+unreachable, 4 when credentials were refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import urllib.parse
+from collections.abc import Coroutine
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from meshplane import context
+from meshplane.cli.errors import EXIT_AUTH, EXIT_UNREACHABLE
+from meshplane.cli.options import add_plane_options, config_from_args
+from meshplane.config import PlaneConfig
+from meshplane.core.names import EVENT_CHANNELS_BUCKET
+from meshplane.errors import AuthError, MeshplaneError
+from meshplane.transports.nats import redact_url
+
+TIMEOUT = 3.0
+
+
+@dataclass
+class Check:
+    name: str
+    target: str
+    state: str  # ok | down | auth | skipped
+    detail: str
+
+
+def add_status_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url", default=None, help="streams server to check (default: the context's, if any)"
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object per check")
+    add_plane_options(parser)
+
+
+async def _timed(check: str, target: str, probe: Coroutine[Any, Any, str]) -> Check:
+    started = time.perf_counter()
+    try:
+        detail = await asyncio.wait_for(probe, TIMEOUT + 2)  # the probes time out first, saying why
+    except AuthError as exc:
+        return Check(check, target, "auth", str(exc))
+    except (MeshplaneError, OSError, TimeoutError) as exc:
+        return Check(check, target, "down", str(exc) or type(exc).__name__)
+    return Check(check, target, "ok", f"{detail} ({(time.perf_counter() - started) * 1000:.0f} ms)")
+
+
+async def _discovery(config: PlaneConfig) -> str:
+    from meshplane.discovery import create_discovery
+
+    discovery = create_discovery(config)
+    await discovery.start()
+    try:
+        records = await discovery.list(EVENT_CHANNELS_BUCKET + "/")
+    finally:
+        await discovery.close()
+    return f"{len(records)} publisher record(s)"
+
+
+async def _nats(config: PlaneConfig) -> str:
+    from meshplane.transports.nats import connect_nats
+
+    client = await connect_nats(config.nats_server, TIMEOUT, tls=config.nats_tls())
+    try:
+        info = getattr(client, "_server_info", {}) or {}
+        return f"connected, nats-server {info.get('version', '?')}"
+    finally:
+        await client.close()
+
+
+async def _tcp(endpoint: str) -> str:
+    parts = urllib.parse.urlsplit(endpoint)
+    _, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    writer.close()
+    return "accepts connections"
+
+
+async def _streams(url: str) -> str:
+    from meshplane.streams.client import StreamsClient
+
+    async with StreamsClient(url) as client:
+        health = await client.request("GET", "/health")
+    return f"{health.get('status')}, {health.get('service')} {health.get('version', '')}".strip()
+
+
+async def run_status(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    checks: list[Check] = []
+    selected = context.current()
+    if selected is not None:
+        checks.append(Check("context", selected.name, "ok", selected.description or "selected"))
+    where = {"file": str(config.file_kv), "etcd": ",".join(config.etcd_endpoints)}.get(
+        config.discovery_backend, ""
+    )
+    checks.append(await _timed("discovery", f"{config.discovery_backend}:{where}", _discovery(config)))
+    if config.event_plane == "nats":
+        checks.append(await _timed("nats", redact_url(config.nats_server), _nats(config)))
+    for broker in config.zmq_brokers:
+        for side, endpoint in (("xsub", broker.xsub), ("xpub", broker.xpub)):
+            checks.append(await _timed(f"broker {side}", endpoint, _tcp(endpoint)))
+    url = args.url or context.environment().get("MESHPLANE_STREAMS_URL")
+    if url:
+        checks.append(await _timed("streams", url, _streams(url)))
+    else:
+        checks.append(Check("streams", "-", "skipped", "no --url, MESHPLANE_STREAMS_URL or context"))
+    for check in checks:
+        if args.json:
+            print(json.dumps(asdict(check)))
+        else:
+            print(f"{check.name:<11} {check.state:<8} {check.target:<40} {check.detail}")
+    states = {c.state for c in checks}
+    return EXIT_AUTH if "auth" in states else EXIT_UNREACHABLE if "down" in states else 0

@@ -1,0 +1,72 @@
+"""`meshplane status`: one line per service this shell points at; the exit code says if all are up."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+from meshplane.launchers import NatsServer, StreamsServerProcess
+from tests.integration.test_cli import MESHPLANE
+
+
+def status(env: dict[str, str], *args: str) -> tuple[int, dict[str, dict[str, str]]]:
+    result = subprocess.run(
+        [*MESHPLANE, "status", "--json", *args], capture_output=True, text=True, timeout=60, env=env
+    )
+    checks = {c["name"]: c for c in map(json.loads, result.stdout.splitlines())}
+    return result.returncode, checks
+
+
+def base_env(tmp_path: Path) -> dict[str, str]:
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "ETCD_", "MESHPLANE_"))
+    }
+    return {**clean, "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(tmp_path / "kv")}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_everything_up_then_something_down(nats_server: NatsServer, tmp_path: Path) -> None:
+    env = {**base_env(tmp_path), "NATS_SERVER": nats_server.url}
+    with StreamsServerProcess() as streams:
+        streams.start()
+        code, checks = status({**env, "MESHPLANE_STREAMS_URL": streams.url})
+        assert code == 0, checks
+        assert {name: c["state"] for name, c in checks.items()} == {
+            "discovery": "ok",
+            "nats": "ok",
+            "streams": "ok",
+        }
+        assert "meshplane-streams" in checks["streams"]["detail"]
+    code, checks = status({**env, "NATS_SERVER": f"nats://127.0.0.1:{free_port()}"})
+    assert code == 3
+    assert checks["nats"]["state"] == "down"
+    assert checks["streams"]["state"] == "skipped"
+
+
+def test_refused_credentials_are_an_auth_failure(tmp_path: Path) -> None:
+    with NatsServer(token="right") as nats:
+        nats.start()
+        code, checks = status({**base_env(tmp_path), "NATS_SERVER": f"nats://wrong@127.0.0.1:{nats.port}"})
+    assert code == 4
+    assert checks["nats"]["state"] == "auth"
+    assert "wrong" not in checks["nats"]["detail"] + checks["nats"]["target"]
+
+
+def test_brokers_of_broker_mode_are_checked(tmp_path: Path) -> None:
+    xsub, xpub = free_port(), free_port()
+    env = {
+        **base_env(tmp_path),
+        "DYN_EVENT_PLANE": "zmq",
+        "DYN_ZMQ_BROKER_URL": f"xsub=tcp://127.0.0.1:{xsub} , xpub=tcp://127.0.0.1:{xpub}",
+    }
+    code, checks = status(env)
+    assert code == 3
+    assert (checks["broker xsub"]["state"], checks["broker xpub"]["state"]) == ("down", "down")

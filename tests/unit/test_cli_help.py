@@ -1,0 +1,39 @@
+"""Every command, subcommand, option and argument of `meshplane` says what it is for."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+from meshplane.cli.main import build_parser
+
+
+def walk(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, argparse.Action]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from walk(sub, f"{path} {name}")
+        elif not isinstance(action, argparse._HelpAction | argparse._VersionAction):
+            yield path, action
+
+
+def test_every_option_and_argument_is_explained() -> None:
+    missing = [
+        f"{path} {'/'.join(action.option_strings) or action.dest}"
+        for path, action in walk(build_parser(), "meshplane")
+        if not action.help
+    ]
+    assert missing == []
+
+
+def test_every_subcommand_is_listed_with_what_it_does() -> None:
+    def subcommands(parser: argparse.ArgumentParser, path: str) -> Iterator[str]:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helped = {choice.dest for choice in action._choices_actions if choice.help}
+                for name, sub in action.choices.items():
+                    if name not in helped:
+                        yield f"{path} {name}"
+                    yield from subcommands(sub, f"{path} {name}")
+
+    assert list(subcommands(build_parser(), "meshplane")) == []
