@@ -4,22 +4,29 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run shell test lint typecheck unit bench etcd java redis clean
+.PHONY: run shell test lint typecheck unit bench etcd java java-if-possible redis clean
 
-# Everything (the event plane, streams, Spark, nats-server, test and bench tools) at the exact versions
-# of constraints.txt; a user's `pip install meshplane[...]` takes any version in pyproject's ranges.
-$(STAMP): pyproject.toml constraints.txt
+# What `make run` needs (the event plane, streams, Spark, nats-server) at the exact versions of
+# constraints.txt; the tests and benchmarks add their tools. A user's `pip install meshplane[...]`
+# takes any version in pyproject's ranges.
+RUN_STAMP := $(VENV)/.installed-run
+$(RUN_STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all]'
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,dev,bench]'
 	touch $(STAMP)
 
-## run: start a local event plane (embedded nats-server, file discovery) with demo traffic; Ctrl-C stops it
-run: $(STAMP)
+## run: a local event plane (embedded nats-server, file discovery), the streams server and the Spark
+## pipeline, with demo traffic; Ctrl-C stops it (`meshplane up --no-pipeline` for a light run)
+run: $(RUN_STAMP) java-if-possible
 	$(BIN)/meshplane up
 
 ## shell: a shell with meshplane on PATH (the venv's bin first); exit returns to yours
-shell: $(STAMP)
+shell: $(RUN_STAMP)
 	@echo "meshplane is on PATH in this shell; exit to leave it"
 	@PATH="$(CURDIR)/$(BIN):$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" $${SHELL:-/bin/sh} -i
 
@@ -36,6 +43,12 @@ java:
 	@command -v java >/dev/null 2>&1 || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openjdk-17-jre-headless; }
+
+# java-if-possible: the same, but without apt or permission `make run` goes on (the pipeline then
+# says it needs Java and the rest runs)
+java-if-possible:
+	@command -v java >/dev/null 2>&1 || $(MAKE) --no-print-directory java || \
+	  echo "no Java 17: meshplane up runs without the Spark pipeline" >&2
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples

@@ -32,6 +32,7 @@ def test_up_runs_a_local_plane_and_reports_what_flows(transport: str, brokers: s
         [
             *MESHPLANE,
             "up",
+            "--no-pipeline",
             "--brokers",
             brokers,
             "--transport",
@@ -186,6 +187,7 @@ def test_up_with_a_token_requires_it_and_never_prints_it(tmp_path: Path) -> None
         [
             *MESHPLANE,
             "up",
+            "--no-pipeline",
             "--state-dir",
             str(tmp_path),
             "--duration",

@@ -27,6 +27,7 @@ def test_commands_in_another_shell_use_the_context_of_up(tmp_path: Path) -> None
         [
             *MESHPLANE,
             "up",
+            "--no-pipeline",
             "--state-dir",
             str(tmp_path),
             "--nats-port",

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -238,3 +239,30 @@ def test_pipeline_demo_prints_its_progress_and_result_not_sparks_noise(tmp_path:
     assert " WARN " not in result.stderr
     assert "log4j" not in result.stderr
     assert "Setting default log level" not in result.stderr
+
+
+def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "MESHPLANE_"))}
+    up = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "meshplane.cli.main", "up", "--state-dir", str(tmp_path)),
+            *("--nats-port", "0", "--streams-port", "0", "--interval", "1", "--duration", "240"),
+            *("--context", "none"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    assert up.stdout is not None
+    lines: list[str] = []
+    try:
+        while not re.search(r"Spark windows [1-9]", lines[-1] if lines else ""):
+            line = up.stdout.readline()
+            assert line, "".join(lines[-20:])  # `up` ended without a window
+            lines.append(line)
+        assert any("Spark pipeline: starting" in line for line in lines)
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=60)
+    assert up.returncode == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -38,6 +39,7 @@ DEMO_TOPIC = "kv-events"
 
 
 DEMO_STREAM_TOPIC = "demo-events"
+DEMO_WINDOWS_TOPIC = "demo-windows"  # where `pipeline demo` writes its window counts
 
 
 def add_up_options(parser: argparse.ArgumentParser) -> None:
@@ -94,9 +96,11 @@ def add_up_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--pipeline",
-        action="store_true",
-        help="also run the Spark pipeline on the demo topic (`meshplane pipeline demo --follow`, "
-        "needs the spark extra and Java)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the Spark pipeline on the demo topic (`meshplane pipeline demo --follow`: windowed "
+        f"counts land in topic {DEMO_WINDOWS_TOPIC!r}); it needs the spark extra and Java, and is "
+        "skipped, saying why, without them. --no-pipeline: a light run",
     )
     parser.add_argument("--publishers", type=int, default=3, metavar="N", help="demo publishers (default 3)")
     parser.add_argument(
@@ -128,6 +132,17 @@ async def _demo_publisher(pub: EventPublisher, worker: int, rate: float, stop: a
         if delay > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
+
+
+def _pipeline_missing(streams: _Streams | None) -> str | None:
+    """Why the Spark pipeline cannot run here, or None."""
+    if streams is None:
+        return "it reads the streams server, which --streams-port -1 turned off"
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed: pip install 'meshplane[spark]'"
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "no Java: install a Java 17 runtime (make java)"
+    return None
 
 
 def _port_free(port: int) -> bool:
@@ -178,10 +193,17 @@ async def run_up(args: argparse.Namespace) -> int:
     local = _save_context(args, config, nats_url, streams)
     _print_next_steps(config, shown_url, addresses, streams, local)
     pipeline = None
-    if args.pipeline:
-        if streams is None:
-            raise ConfigError("--pipeline needs the streams server (do not pass --streams-port -1)")
+    missing = _pipeline_missing(streams) if args.pipeline else None
+    if missing:
+        print(f"  Spark pipeline: not started ({missing})", flush=True)
+    elif args.pipeline and streams is not None:
+        print(
+            f"  Spark pipeline: starting (its first windows reach topic {DEMO_WINDOWS_TOPIC!r} in ~20-40 s; "
+            f"log in {state_dir / 'pipeline.log'}; --no-pipeline for a light run)",
+            flush=True,
+        )
         follow = str(args.duration or 10**9)
+        pipeline_log = (state_dir / "pipeline.log").open("wb")
         pipeline = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -197,6 +219,8 @@ async def run_up(args: argparse.Namespace) -> int:
             "--follow",
             follow,
             start_new_session=True,
+            stdout=pipeline_log,  # its result shows in the status line (Spark windows)
+            stderr=pipeline_log,
         )
 
     try:
@@ -363,6 +387,11 @@ async def _consume(subscriber: EventSubscriber, streams: _Streams | None) -> Non
         await streams.engine.publish_topic(DEMO_STREAM_TOPIC, [event])
 
 
+def _stored(streams: _Streams, topic: str) -> int:
+    found = streams.engine.topics.get(topic)
+    return sum(p.next_offset for p in found.partitions) if found is not None else 0
+
+
 async def _report(
     subscriber: EventSubscriber, interval: float, stop: asyncio.Event, streams: _Streams | None
 ) -> None:
@@ -385,7 +414,10 @@ async def _report(
             f"(missing {stats.missing}) | malformed {stats.malformed_total} | timeouts {stats.timeouts}"
         )
         if streams is not None:
-            line += f" | stored in {DEMO_STREAM_TOPIC} {streams.engine.counters['events_published']}"
+            line += f" | stored in {DEMO_STREAM_TOPIC} {_stored(streams, DEMO_STREAM_TOPIC)}"
+            windows = _stored(streams, DEMO_WINDOWS_TOPIC)
+            if windows:
+                line += f" | Spark windows {windows}"
         if stats.duplicates_dropped:  # each event comes once through every broker: expected, not loss
             line += f" | duplicate copies removed {stats.duplicates_dropped}"
         print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
