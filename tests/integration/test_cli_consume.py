@@ -133,3 +133,34 @@ def test_two_group_members_share_the_partitions_and_commit(server: StreamsServer
     partitions = [{e["partition"] for e in out} for out in outputs]
     assert not partitions[0] & partitions[1]
     assert asyncio.run(assignment())["members"] == []  # both left on Ctrl-C
+
+
+def test_keyed_produce_from_stdin(server: StreamsServerProcess) -> None:
+    publish(server.url, "produced", range(0), partitions=3)
+    lines = "".join(f'customer-{i % 2}:{{"n": {i}}}\n' for i in range(6)) + "\n" + "customer-1:plain\n"
+    result = subprocess.run(
+        [*MESHPLANE, "topic", "produce", "produced", "-K", ":"],
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env_for(server),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "published 7 events to produced" in result.stderr
+    events = consume(server, "produced", "-e")
+    by_key: dict[str, set[int]] = {}
+    for e in events:
+        by_key.setdefault(e["key"], set()).add(e["partition"])
+    assert all(len(partitions) == 1 for partitions in by_key.values())  # a key keeps its partition
+    assert sorted(str(e["data"]) for e in events) == sorted([str({"n": i}) for i in range(6)] + ["plain"])
+    broken = subprocess.run(
+        [*MESHPLANE, "topic", "produce", "produced", "-K", ":"],
+        input="no delimiter here\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env_for(server),
+    )
+    assert broken.returncode == 2
+    assert "line 1 has no key delimiter ':'" in broken.stderr

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 from meshplane.cli.main import build_parser
 
@@ -37,3 +41,22 @@ def test_every_subcommand_is_listed_with_what_it_does() -> None:
                     yield from subcommands(sub, f"{path} {name}")
 
     assert list(subcommands(build_parser(), "meshplane")) == []
+
+
+def test_shell_completion_completes_commands(tmp_path: Path) -> None:
+    script = subprocess.run(
+        [sys.executable, "-m", "meshplane.cli.main", "completion", "bash"], capture_output=True, text=True
+    )
+    assert script.returncode == 0
+    assert "meshplane" in script.stdout
+    assert "complete" in script.stdout
+    out = tmp_path / "completions"
+    env = {
+        **os.environ,
+        "_ARGCOMPLETE": "1",
+        "COMP_LINE": "meshplane to",
+        "COMP_POINT": "12",
+        "_ARGCOMPLETE_STDOUT_FILENAME": str(out),
+    }
+    subprocess.run([sys.executable, "-m", "meshplane.cli.main"], env=env, capture_output=True, timeout=30)
+    assert "topic" in out.read_text().split()

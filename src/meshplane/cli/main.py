@@ -14,7 +14,9 @@ import time
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
+import argcomplete
 import msgspec
+from argcomplete.shell_integration import shellcode
 
 from meshplane.aio import cancel_and_wait
 from meshplane.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING, report
@@ -146,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
     from meshplane.cli.contexts import add_context_commands
 
     add_context_commands(commands)
+
+    completion = commands.add_parser(
+        "completion",
+        help="print the shell code that completes meshplane's commands (bash, zsh, fish)",
+        description='Print shell completion code: `eval "$(meshplane completion bash)"` (or add that line '
+        "to ~/.bashrc); zsh and fish likewise.",
+    )
+    completion.add_argument("shell", choices=["bash", "zsh", "fish"], help="your shell")
 
     from meshplane.cli.status import add_status_options
 
@@ -320,6 +330,7 @@ async def run_ls(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argcomplete.autocomplete(parser)  # answers a shell's completion request (and exits); else nothing
     args = parser.parse_args(argv)
     if args.command is None:  # a bare `meshplane`: what it can do, rather than an error
         parser.print_help(sys.stderr)
@@ -338,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "completion":
+        print(shellcode(["meshplane"], shell=args.shell))
+        return 0
     if args.command in ("context", "env"):
         from meshplane.cli.contexts import run_context
 

@@ -18,6 +18,7 @@ from meshplane import context
 from meshplane.cli.consume import add_consume_options, consume_group, consume_topic
 from meshplane.cli.errors import CliError
 from meshplane.cli.options import add_token_option
+from meshplane.cli.produce import add_produce_options, produce
 from meshplane.config import default_state_dir
 from meshplane.errors import ConfigError
 from meshplane.streams.access import Tokens
@@ -247,7 +248,7 @@ def add_client_commands(commands: Any) -> None:
     p.add_argument("room", help="room name")
     action("list", "the rooms")
 
-    action = client_parser("topic", "partitioned topics: create, publish, consume, stats, list")
+    action = client_parser("topic", "partitioned topics: create, publish, produce, consume, stats, list")
     p = action("create", "create a partitioned topic", "meshplane topic create orders --partitions 4")
     p.add_argument("topic", help="topic name")
     p.add_argument("--partitions", type=int, default=3, help="number of partitions")
@@ -277,6 +278,12 @@ def add_client_commands(commands: Any) -> None:
     )
     p.add_argument("topic", help="topic name")
     add_consume_options(p, group=False)
+    p = action(
+        "produce",
+        "publish standard input, one event per line; -K splits a key off (like kcat -P -K)",
+        "printf 'customer-7:{\"id\": 1}\\n' | meshplane topic produce orders -K :",
+    )
+    add_produce_options(p)
     p = action("stats", "a topic's partitions: offsets, sizes, retention")
     p.add_argument("topic", help="topic name")
     action("list", "the topics")
@@ -434,6 +441,8 @@ async def _run_client(args: argparse.Namespace) -> int:
                 _print({"partition_id": p, "offset": offset})
             elif action == "consume":
                 return await consume_topic(client, args)
+            elif action == "produce":
+                return await produce(client, args)
             elif action == "stats":
                 _print(await client.topic_stats(args.topic))
             else:
