@@ -7,17 +7,14 @@ stand-in for a real transport in their tests; the contract suite runs it as one 
 
 from __future__ import annotations
 
-import asyncio
 from collections import defaultdict
 from typing import Any
 
 from meshplane.core.envelope import Codec, EventEnvelope
-from meshplane.core.framing import MessageType, WireFormat, decode_nats, encode_nats
+from meshplane.core.framing import MessageType, WireFormat, encode_nats
 from meshplane.core.records import TRANSPORT_MEMORY
-from meshplane.errors import WireError
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
-
-_MAX_BATCH = 1024
+from meshplane.transports.inbox import Inbox, decode_messages
 
 
 class _Bus:
@@ -65,39 +62,27 @@ class MemorySubscriberTransport(SubscriberTransport):
         self._subject = subject
         self._routing_topic = subject.encode()
         self._max_bytes = max_bytes
-        self._pending_limit = pending_limit
-        self._pending: list[bytes] = []
-        self._ready = asyncio.Event()
+        self._inbox = Inbox(pending_limit)
         self._open = False
-        self.dropped = 0
+
+    @property
+    def dropped(self) -> int:
+        return self._inbox.dropped
 
     def deliver(self, data: bytes) -> None:
-        if len(self._pending) >= self._pending_limit:
-            self.dropped += 1  # the application is not keeping up; shows up as a gap too
-            return
-        self._pending.append(data)
-        self._ready.set()
+        self._inbox.put(data)
 
     async def start(self) -> None:
         self._open = True
         _BUS.subscribers[self._subject].add(self)
 
     async def receive(self) -> list[Received]:
-        await self._ready.wait()
+        batch = await self._inbox.take()
         if not self._open:
             return []
-        batch, self._pending = self._pending[:_MAX_BATCH], self._pending[_MAX_BATCH:]
-        if not self._pending:
-            self._ready.clear()
-        out: list[Received] = []
-        for data in batch:
-            try:
-                out.append(decode_nats(data, self._routing_topic, self._max_bytes))
-            except WireError as exc:
-                out.append(exc)
-        return out
+        return decode_messages(batch, self._routing_topic, self._max_bytes)
 
     async def close(self) -> None:
         self._open = False
         _BUS.subscribers[self._subject].discard(self)
-        self._ready.set()  # wake a pending receive()
+        self._inbox.wake()  # a pending receive() returns

@@ -13,13 +13,13 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from meshplane.core.envelope import Codec, EventEnvelope
-from meshplane.core.framing import HEARTBEAT_SUFFIX, MessageType, WireFormat, decode_nats, encode_nats
+from meshplane.core.framing import HEARTBEAT_SUFFIX, MessageType, WireFormat, encode_nats
 from meshplane.core.records import TRANSPORT_NATS
-from meshplane.errors import TransportAuthError, TransportError, WireError
+from meshplane.errors import TransportAuthError, TransportError
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
+from meshplane.transports.inbox import Inbox, decode_messages
 
 log = logging.getLogger(__name__)
-_MAX_BATCH = 4096
 
 
 async def connect_nats(
@@ -132,17 +132,15 @@ class NatsSubscriberTransport(SubscriberTransport):
         self._routing_topic = subject.encode()
         self._max_bytes = max_bytes
         self._pending_limit = pending_limit
-        self._pending: list[bytes] = []
-        self._ready = asyncio.Event()
+        self._inbox = Inbox(pending_limit)
         self._subs: list[Any] = []
-        self.dropped = 0
+
+    @property
+    def dropped(self) -> int:
+        return self._inbox.dropped
 
     async def _on_message(self, msg: Msg) -> None:
-        if len(self._pending) >= self._pending_limit:
-            self.dropped += 1  # the application is not keeping up; shows up as a gap too
-            return
-        self._pending.append(msg.data)
-        self._ready.set()
+        self._inbox.put(msg.data)
 
     async def start(self) -> None:
         # Dynamo-layout heartbeats come on a subject of their own, so Dynamo subscribers never see them.
@@ -156,22 +154,10 @@ class NatsSubscriberTransport(SubscriberTransport):
         await self._client.flush()
 
     async def receive(self) -> list[Received]:
-        await self._ready.wait()
+        batch = await self._inbox.take()
         if not self._subs:
             return []  # closed
-        if len(self._pending) <= _MAX_BATCH:
-            batch, self._pending = self._pending, []
-            self._ready.clear()
-        else:
-            batch = self._pending[:_MAX_BATCH]
-            del self._pending[:_MAX_BATCH]
-        out: list[Received] = []
-        for data in batch:
-            try:
-                out.append(decode_nats(data, self._routing_topic, self._max_bytes))
-            except WireError as exc:
-                out.append(exc)
-        return out
+        return decode_messages(batch, self._routing_topic, self._max_bytes)
 
     async def close(self) -> None:
         subs, self._subs = self._subs, []
@@ -180,4 +166,4 @@ class NatsSubscriberTransport(SubscriberTransport):
                 await sub.unsubscribe()
             except Exception as exc:
                 log.debug("unsubscribe from %s failed: %s", self._subject, exc)
-        self._ready.set()  # wake a pending receive()
+        self._inbox.wake()  # a pending receive() returns

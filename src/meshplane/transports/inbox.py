@@ -1,0 +1,52 @@
+"""What a subscriber transport received and its subscriber has not taken yet (NATS, memory)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from meshplane.core.framing import decode_nats
+from meshplane.errors import WireError
+from meshplane.transports.base import Received
+
+MAX_BATCH = 4096  # messages decoded per receive(): large enough to amortise, small enough to stay fair
+
+
+class Inbox:
+    """Bounded: when the application does not keep up, new messages are dropped and counted (and
+    show up as gaps)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._pending: list[bytes] = []
+        self._ready = asyncio.Event()
+        self.dropped = 0
+
+    def put(self, data: bytes) -> None:
+        if len(self._pending) >= self._limit:
+            self.dropped += 1
+            return
+        self._pending.append(data)
+        self._ready.set()
+
+    def wake(self) -> None:
+        """Let a waiting :meth:`take` return (at close)."""
+        self._ready.set()
+
+    async def take(self) -> list[bytes]:
+        """The next batch, in arrival order; empty when woken with nothing pending."""
+        await self._ready.wait()
+        batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+        if not self._pending:
+            self._ready.clear()
+        return batch
+
+
+def decode_messages(batch: list[bytes], routing_topic: bytes, max_bytes: int) -> list[Received]:
+    """NATS-encoded messages as frames, or the error that says what was wrong with each."""
+    out: list[Received] = []
+    for data in batch:
+        try:
+            out.append(decode_nats(data, routing_topic, max_bytes))
+        except WireError as exc:
+            out.append(exc)
+    return out
