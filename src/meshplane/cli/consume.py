@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshplane.aio import cancel_and_wait
 from meshplane.cli.errors import CliError
-from meshplane.streams.errors import StreamError
+from meshplane.streams.errors import OffsetOutOfRange, StreamError
 
 if TYPE_CHECKING:  # the client needs the streams extra (aiohttp); the CLI starts without it
     from meshplane.streams.client import StreamsClient
@@ -108,7 +108,15 @@ async def _read_from(
     while not printer.done:
         progressed = False
         for partition, offset in list(positions.items()):
-            page = await client.consume_partition(topic, partition, offset, BATCH)
+            try:
+                page = await client.consume_partition(topic, partition, offset, BATCH)
+            except OffsetOutOfRange as exc:
+                if exc.oldest <= offset:
+                    raise
+                say(f"{topic}/{partition}: offsets {offset}..{exc.oldest - 1} deleted by retention: skipped")
+                positions[partition] = exc.oldest
+                progressed = True  # read on from there before calling it the end
+                continue
             events = page["events"]
             if events:
                 if on_batch is not None:  # a group member commits first: a fenced commit prints nothing
