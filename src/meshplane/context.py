@@ -148,6 +148,9 @@ def current() -> Context | None:
     name = selected_name()
     if name is None:
         return None
+    if not _path(name).exists():  # removed by hand: the selection points at nothing
+        log.warning("the selected context %r does not exist (meshplane context select NAME|none)", name)
+        return None
     context = load(name)
     if not context.is_live():
         log.warning(

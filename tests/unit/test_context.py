@@ -82,3 +82,14 @@ def test_names_select_and_remove() -> None:
     assert (context.names(), context.selected_name()) == (["a", "b"], "a")
     context.remove("a")
     assert (context.names(), context.selected_name()) == (["b"], None)
+
+
+def test_a_selected_context_removed_by_hand_is_not_used(
+    config_home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = context.save(context.Context("gone", {"DYN_EVENT_PLANE": "zmq"}))
+    context.select("gone")
+    path.unlink()
+    assert context.current() is None
+    assert "does not exist" in caplog.text
+    assert PlaneConfig.from_env().event_plane == "nats"
