@@ -191,9 +191,9 @@ async def run_up(args: argparse.Namespace) -> int:
     if streams is not None:
         print(f"  streams server at {streams.url} (data in {state_dir / 'streams'})", flush=True)
     local = _save_context(args, config, nats_url, streams)
-    _print_next_steps(config, shown_url, addresses, streams, local)
-    pipeline = None
     missing = _pipeline_missing(streams) if args.pipeline else None
+    _print_next_steps(config, shown_url, addresses, streams, local, args.pipeline and not missing)
+    pipeline = None
     if missing:
         print(f"  Spark pipeline: not started ({missing})", flush=True)
     elif args.pipeline and streams is not None:
@@ -306,6 +306,7 @@ def _print_next_steps(
     addresses: tuple[BrokerAddress, ...],
     streams: _Streams | None,
     local: str | None,
+    runs_pipeline: bool,
 ) -> None:
     variables = [
         f"DYN_EVENT_PLANE={config.event_plane}",
@@ -329,7 +330,13 @@ def _print_next_steps(
     print(f"    {prefix}{command} ls", flush=True)
     if streams is not None:
         print(f"    {command} topic stats {DEMO_STREAM_TOPIC}{url}", flush=True)
-        print(f"    {command} pipeline demo --source {DEMO_STREAM_TOPIC}{url}   (Spark)", flush=True)
+        if runs_pipeline:
+            print(
+                f"    {command} topic consume {DEMO_WINDOWS_TOPIC}{url}   (the pipeline's windows)",
+                flush=True,
+            )
+        else:
+            print(f"    {command} pipeline demo --source {DEMO_STREAM_TOPIC}{url}   (Spark)", flush=True)
     if local is not None:
         print(f"  as variables (`meshplane env` prints them): {exports}", flush=True)
     if not on_path:
