@@ -60,3 +60,33 @@ def test_shell_completion_completes_commands(tmp_path: Path) -> None:
     }
     subprocess.run([sys.executable, "-m", "meshplane.cli.main"], env=env, capture_output=True, timeout=30)
     assert "topic" in out.read_text().split()
+
+
+def test_every_command_ends_its_help_with_examples() -> None:
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in commands.choices.items():
+        if name in ("stream", "topic", "group"):
+            continue  # their main actions carry examples, below
+        assert "examples:\n  " in command.format_help(), name
+    for name in (
+        "stream publish",
+        "stream tail",
+        "topic create",
+        "topic consume",
+        "topic produce",
+        "group consume",
+    ):
+        *_, action = [p for path, p in subparsers(parser) if path == f"meshplane {name}"]
+        assert action.description is not None
+        assert "Example: " in action.description, name
+
+
+def subparsers(
+    parser: argparse.ArgumentParser, path: str = "meshplane"
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield f"{path} {name}", sub
+                yield from subparsers(sub, f"{path} {name}")

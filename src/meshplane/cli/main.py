@@ -34,6 +34,45 @@ if TYPE_CHECKING:
 SCOPE_HELP = "scope as ns, ns/component or ns/component/endpoint (e.g. dynamo/worker/generate)"
 
 
+EXAMPLES = {
+    "up": [
+        "meshplane up",
+        "meshplane up --no-pipeline --duration 60",
+        "meshplane up --transport zmq --brokers 2",
+    ],
+    "pub": [
+        "meshplane pub dynamo/worker/generate kv-events hello",
+        "meshplane pub dynamo/worker/generate kv-events '{\"stored\": [1]}' --json --count 10 --rate 5",
+        "seq 100 | meshplane pub dynamo/worker/generate kv-events --wait-subscribers 1",
+    ],
+    "sub": [
+        "meshplane sub dynamo/worker/generate kv-events",
+        "meshplane sub dynamo/worker kv-events --json --count 10   (every endpoint of the component)",
+        "meshplane sub dynamo/worker/generate kv-events --timeout 5",
+    ],
+    "ls": ["meshplane ls", "meshplane ls dynamo/worker --json"],
+    "broker": ["meshplane broker --xsub tcp://127.0.0.1:5555 --xpub tcp://127.0.0.1:5556"],
+    "broker-stats": ["meshplane broker-stats tcp://127.0.0.1:5557"],
+    "serve": ["meshplane serve", "meshplane serve --port 15500 --data-dir /var/lib/meshplane --fsync always"],
+    "log": [
+        "meshplane log verify --data-dir .meshplane/streams",
+        "meshplane log dump .meshplane/streams/topics/t/0",
+    ],
+    "pipeline": [
+        "meshplane pipeline demo",
+        "meshplane pipeline demo --url http://127.0.0.1:15500 --follow 60",
+    ],
+    "context": [
+        "meshplane context ls",
+        "meshplane context save prod --select",
+        "meshplane context select none",
+    ],
+    "env": ['eval "$(meshplane env)"'],
+    "status": ["meshplane status", "meshplane status --json"],
+    "completion": ['eval "$(meshplane completion bash)"'],
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="meshplane",
@@ -185,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("scope", type=scope_arg, nargs="?", metavar="SCOPE", help=SCOPE_HELP + "; default: all")
     ls.add_argument("--json", action="store_true", help="print the raw records as JSON lines")
     add_plane_options(ls)
+    for name, command in commands.choices.items():
+        if name in EXAMPLES:  # a command's help ends with how it is used
+            command.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name])
+            if command.formatter_class is argparse.HelpFormatter:
+                command.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
