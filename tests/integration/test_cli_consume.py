@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import pty
 import signal
 import subprocess
 import time
@@ -164,3 +166,24 @@ def test_keyed_produce_from_stdin(server: StreamsServerProcess) -> None:
     )
     assert broken.returncode == 2
     assert "line 1 has no key delimiter ':'" in broken.stderr
+
+
+def test_answers_are_tables_at_a_terminal_and_json_otherwise(server: StreamsServerProcess) -> None:
+    publish(server.url, "shown", range(3), partitions=2)
+    command = [*MESHPLANE, "topic", "stats", "shown"]
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run(
+            command, stdout=follower, stderr=subprocess.PIPE, timeout=60, env=env_for(server)
+        )
+        os.close(follower)
+        shown = b""
+        with contextlib.suppress(OSError):  # EIO once the terminal's writer is gone
+            while chunk := os.read(leader, 65536):
+                shown += chunk
+    finally:
+        os.close(leader)
+    assert proc.returncode == 0, proc.stderr
+    assert b"PARTITION  OLDEST  NEXT" in shown
+    piped = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env_for(server))
+    assert json.loads(piped.stdout)["topic"] == "shown"

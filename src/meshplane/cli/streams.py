@@ -19,6 +19,7 @@ from meshplane.cli.consume import add_consume_options, consume_group, consume_to
 from meshplane.cli.errors import CliError
 from meshplane.cli.options import add_token_option
 from meshplane.cli.produce import add_produce_options, produce
+from meshplane.cli.tables import RENDERERS
 from meshplane.config import default_state_dir
 from meshplane.errors import ConfigError
 from meshplane.streams.access import Tokens
@@ -193,6 +194,9 @@ def add_client_commands(commands: Any) -> None:
         help=f"server URL (default: $MESHPLANE_STREAMS_URL, the selected context's, or {DEFAULT_URL})",
     )
     add_token_option(common, TOKEN_ENV, "the server's bearer token")
+    common.add_argument(
+        "--json", action="store_true", help="JSON even at a terminal (tables and indentation are for people)"
+    )
 
     def client_parser(name: str, help_text: str) -> Callable[..., argparse.ArgumentParser]:
         """A command whose actions all take --url and --token-file (after the action, as users type them)."""
@@ -370,10 +374,15 @@ def _json_option(name: str, text: str | None) -> Any:
         raise CliError(f"{name} is not valid JSON: {exc}") from None
 
 
-def _print(value: Any, *, line: bool = False) -> None:
-    """JSON: indented for a person at a terminal, one line for a pipe (and always for streamed events)."""
-    indent = None if line or not sys.stdout.isatty() else 2
-    print(json.dumps(value, default=str, indent=indent), flush=True)
+def _print(value: Any, *, line: bool = False, args: argparse.Namespace | None = None) -> None:
+    """At a terminal: a table where the answer has one, else indented JSON; in a pipe or with --json,
+    one JSON line (streamed events always)."""
+    at_terminal = sys.stdout.isatty() and not line and not (args is not None and args.json)
+    render = RENDERERS.get((args.command, args.action)) if args is not None and at_terminal else None
+    if render is not None:
+        print(render(value), flush=True)
+        return
+    print(json.dumps(value, default=str, indent=2 if at_terminal else None), flush=True)
 
 
 def require_streams_extra() -> None:
@@ -422,7 +431,7 @@ async def _run_client(args: argparse.Namespace) -> int:
             elif action == "stats":
                 _print(await client.room_stats(args.room))
             else:
-                _print(await client.rooms())
+                _print(await client.rooms(), args=args)
         elif command == "topic":
             if action == "create":
                 retention = _json_option("--retention", args.retention)
@@ -444,9 +453,9 @@ async def _run_client(args: argparse.Namespace) -> int:
             elif action == "produce":
                 return await produce(client, args)
             elif action == "stats":
-                _print(await client.topic_stats(args.topic))
+                _print(await client.topic_stats(args.topic), args=args)
             else:
-                _print(await client.topics())
+                _print(await client.topics(), args=args)
         else:
             if action == "create":
                 _print(
@@ -477,5 +486,5 @@ async def _run_client(args: argparse.Namespace) -> int:
             elif action == "offset":
                 _print({"offset": await client.committed(args.group, args.partition)})
             else:
-                _print(await client.group_stats(args.group))
+                _print(await client.group_stats(args.group), args=args)
     return 0
