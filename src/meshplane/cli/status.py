@@ -71,8 +71,8 @@ async def _nats(config: PlaneConfig) -> str:
 
     client = await connect_nats(config.nats_server, TIMEOUT, tls=config.nats_tls())
     try:
-        info = getattr(client, "_server_info", {}) or {}
-        return f"connected, nats-server {info.get('version', '?')}"
+        v = client.connected_server_version
+        return f"connected, nats-server {v.major}.{v.minor}.{v.patch}"
     finally:
         await client.close()
 

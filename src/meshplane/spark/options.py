@@ -139,8 +139,10 @@ class _Reader:
         return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
-def _url(read: _Reader) -> str:
-    url = read.text("url") or context.environment().get("MESHPLANE_STREAMS_URL") or DEFAULT_URL
+def _server(read: _Reader) -> tuple[str, str | None]:
+    """(url, token): the options', else the environment's or the selected context's."""
+    env = context.environment()
+    url = read.text("url") or env.get("MESHPLANE_STREAMS_URL") or DEFAULT_URL
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/"):
         raise SparkOptionError(f"option url must look like http://host:port (no path), not {url!r}")
@@ -148,7 +150,7 @@ def _url(read: _Reader) -> str:
         parsed.port  # noqa: B018 - raises on a bad port
     except ValueError:
         raise SparkOptionError(f"option url has a bad port: {url!r}") from None
-    return url
+    return url, read.text("token") or env.get("MESHPLANE_STREAMS_TOKEN")
 
 
 def _topic_list(text: str | None) -> tuple[str, ...]:
@@ -241,6 +243,7 @@ class Options:
     def for_source(cls, options: Mapping[str, Any]) -> Options:
         _check_names(options, SOURCE_OPTIONS, "source")
         read = _Reader(options)
+        url, token = _server(read)
         topics = _topic_list(read.text("subscribe", "topics", "topic"))
         pattern = read.text("subscribePattern")
         assign = _assignment(read.text("assign"))
@@ -269,8 +272,8 @@ class Options:
                 f"maxOffsetsPerTrigger ({max_events})"
             )
         return cls(
-            url=_url(read),
-            token=read.text("token") or context.environment().get("MESHPLANE_STREAMS_TOKEN"),
+            url=url,
+            token=token,
             topics=topics or tuple(assign or ()),
             topic_pattern=pattern,
             assign=assign,
@@ -295,13 +298,14 @@ class Options:
     def for_sink(cls, options: Mapping[str, Any]) -> Options:
         _check_names(options, SINK_OPTIONS, "sink")
         read = _Reader(options)
+        url, token = _server(read)
         value_format = (read.text("valueFormat") or "strict").strip().lower()
         if value_format not in ("strict", "json"):
             raise SparkOptionError(f"option valueFormat must be strict or json, not {value_format!r}")
         topic = read.text("topic")
         return cls(
-            url=_url(read),
-            token=read.text("token") or context.environment().get("MESHPLANE_STREAMS_TOKEN"),
+            url=url,
+            token=token,
             topics=(topic.strip(),) if topic and topic.strip() else (),
             event_type=read.text("eventType") or "spark",
             value_format=value_format,
