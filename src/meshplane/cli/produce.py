@@ -30,6 +30,16 @@ def add_produce_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def json_or_text(value: str, what: str, hint: str) -> Any:
+    """JSON when it parses; other text as a string, unless it was meant as JSON and is broken."""
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        if value.lstrip()[:1] in ("{", "[", '"'):
+            raise CliError(f"{what} is not valid JSON ({exc}): {value[:60]!r}; {hint}") from None
+        return value
+
+
 def parse_line(line: str, number: int, delimiter: str | None, text: bool) -> dict[str, Any]:
     """One event from one input line. Pure."""
     key = None
@@ -38,15 +48,7 @@ def parse_line(line: str, number: int, delimiter: str | None, text: bool) -> dic
         key, found, value = line.partition(delimiter)
         if not found:
             raise CliError(f"line {number} has no key delimiter {delimiter!r}: {line[:60]!r}")
-    data: Any = value
-    if not text:
-        try:
-            data = json.loads(value)
-        except ValueError:
-            if value.lstrip()[:1] in ("{", "["):
-                raise CliError(
-                    f"line {number} is not valid JSON ({value[:60]!r}); --text sends lines as strings"
-                ) from None
+    data = value if text else json_or_text(value, f"line {number}", "--text sends lines as strings")
     event: dict[str, Any] = {"data": data}
     if key is not None:
         event["key"] = key

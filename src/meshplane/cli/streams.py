@@ -18,7 +18,7 @@ from meshplane import context
 from meshplane.cli.consume import add_consume_options, consume_group, consume_topic
 from meshplane.cli.errors import CliError
 from meshplane.cli.options import add_token_option
-from meshplane.cli.produce import add_produce_options, produce
+from meshplane.cli.produce import add_produce_options, json_or_text, produce
 from meshplane.cli.tables import RENDERERS
 from meshplane.config import default_state_dir
 from meshplane.errors import ConfigError
@@ -356,15 +356,7 @@ def streams_url(text: str) -> str:
 
 
 def _data(text: str) -> Any:
-    """JSON when it parses; other text as a string, unless it was meant as JSON and is broken."""
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        if text.lstrip()[:1] in ("{", "[", '"'):
-            raise CliError(
-                f"DATA is not valid JSON ({exc}); quote it as a JSON string to send text"
-            ) from None
-        return text
+    return json_or_text(text, "DATA", "quote it as a JSON string to send text")
 
 
 def _json_option(name: str, text: str | None) -> Any:
