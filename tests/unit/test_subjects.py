@@ -23,6 +23,8 @@ def reference(pattern: str, subject: str) -> bool:
             return j == len(words)
         if pat[i] == "#":
             return any(match(i + 1, k) for k in range(j, len(words) + 1))
+        if pat[i] == ">":
+            return i == len(pat) - 1 and j < len(words)
         if j == len(words):
             return False
         return pat[i] in ("*", words[j]) and match(i + 1, j + 1)
@@ -32,25 +34,24 @@ def reference(pattern: str, subject: str) -> bool:
 
 WORDS = st.sampled_from(["a", "b", "c"])
 PATTERN_TOKENS = st.sampled_from(["a", "b", "c", "*", "#"])
+# '>' only ends a pattern.
+PATTERNS = st.tuples(
+    st.lists(PATTERN_TOKENS, min_size=1, max_size=6), st.sampled_from(["", "", ".>"])
+).map(lambda p: ".".join(p[0]) + p[1])
 
 
-@given(
-    st.lists(st.lists(PATTERN_TOKENS, min_size=1, max_size=6), min_size=1, max_size=8),
-    st.lists(WORDS, min_size=1, max_size=8),
-)
-def test_the_trie_matches_what_the_definition_says(patterns: list[list[str]], words: list[str]) -> None:
+@given(st.lists(PATTERNS, min_size=1, max_size=8), st.lists(WORDS, min_size=1, max_size=8))
+def test_the_trie_matches_what_the_definition_says(texts: list[str], words: list[str]) -> None:
     trie: SubjectTrie[int] = SubjectTrie()
-    texts = [".".join(p) for p in patterns]
     for i, text in enumerate(texts):
         trie.insert(text, i)
     subject = ".".join(words)
     assert trie.match(subject) == {i for i, text in enumerate(texts) if reference(text, subject)}
 
 
-@given(st.lists(st.lists(PATTERN_TOKENS, min_size=1, max_size=5), min_size=1, max_size=8), st.data())
-def test_removing_patterns_leaves_the_others(patterns: list[list[str]], data: st.DataObject) -> None:
+@given(st.lists(PATTERNS, min_size=1, max_size=8), st.data())
+def test_removing_patterns_leaves_the_others(texts: list[str], data: st.DataObject) -> None:
     trie: SubjectTrie[int] = SubjectTrie()
-    texts = [".".join(p) for p in patterns]
     for i, text in enumerate(texts):
         trie.insert(text, i)
     gone = data.draw(st.sets(st.integers(0, len(texts) - 1)))
@@ -73,6 +74,14 @@ def test_synap_wildcards() -> None:
     assert matches("alerts.#", "alerts")  # '#' also matches no token
     assert matches("#", "anything.at.all")
     assert not matches("a.b", "a.b.c")
+
+
+def test_nats_wildcards() -> None:
+    assert matches("orders.>", "orders.eu.created")
+    assert matches("orders.>", "orders.eu")
+    assert not matches("orders.>", "orders")  # '>' takes at least one token
+    assert matches(">", "x")
+    assert matches("*.eu.>", "orders.eu.created.v1")
 
 
 def test_many_hashes_against_a_long_subject_take_linear_time() -> None:
@@ -99,6 +108,8 @@ def test_many_hashes_against_a_long_subject_take_linear_time() -> None:
         (".".join(["t"] * (MAX_TOKENS + 1)), True),
         ("a.*", False),
         ("a.#", False),
+        ("a.>", False),
+        ("a.>.b", True),
     ],
 )
 def test_invalid_subjects_are_refused(text: str, wildcards: bool) -> None:

@@ -2,7 +2,8 @@
 
 A subject is tokens separated by dots (``orders.eu.created``). A pattern may use whole-token
 wildcards: ``*`` matches exactly one token, ``#`` any number of tokens, zero included (Synap's and
-AMQP's rules). Patterns live in a token trie (as nats-server's sublist keeps them); matching walks it
+AMQP's rules), and ``>`` as its last token one or more tokens (NATS's and Solace's rule).
+Patterns live in a token trie (as nats-server's sublist keeps them); matching walks it
 with a set of live nodes, so one subject costs O(tokens x trie nodes) at worst, never the exponential
 backtracking of a recursive matcher (``#.#.#.#.z`` against a long subject).
 """
@@ -15,6 +16,8 @@ from typing import Generic, TypeVar
 
 ONE = "*"
 ANY = "#"
+REST = ">"
+WILDCARDS = (ONE, ANY, REST)
 MAX_SUBJECT_BYTES = 1024
 MAX_TOKENS = 32
 
@@ -40,8 +43,10 @@ def validate(subject: object, *, wildcards: bool) -> str:
         raise InvalidSubject(f"{what} has {len(tokens)} tokens; at most {MAX_TOKENS}")
     if "" in tokens:
         raise InvalidSubject(f"{what} {subject[:80]!r} has an empty token")
-    if not wildcards and (ONE in tokens or ANY in tokens):
+    if not wildcards and any(w in tokens for w in WILDCARDS):
         raise InvalidSubject(f"subject {subject[:80]!r} holds a wildcard: only patterns may")
+    if REST in tokens[:-1]:
+        raise InvalidSubject(f"pattern {subject[:80]!r}: '>' may only be the last token")
     return subject
 
 
@@ -49,7 +54,7 @@ def validate(subject: object, *, wildcards: bool) -> str:
 class _Node(Generic[V]):
     children: dict[str, _Node[V]] = field(default_factory=dict)
     values: set[V] = field(default_factory=set)
-    takes_any: bool = False  # a '#' node: it may take any number of further tokens
+    takes_any: bool = False  # a '#' or '>' node: it may take any number of further tokens
 
 
 class SubjectTrie(Generic[V]):
@@ -65,7 +70,7 @@ class SubjectTrie(Generic[V]):
         for token in pattern.split("."):
             child = node.children.get(token)
             if child is None:
-                child = node.children[token] = _Node(takes_any=token == ANY)
+                child = node.children[token] = _Node(takes_any=token in (ANY, REST))
             node = child
         if value in node.values:
             return False
@@ -102,8 +107,11 @@ class SubjectTrie(Generic[V]):
         for token in subject.split("."):
             following: list[_Node[V]] = []
             for node in live:
+                children = node.children
                 following.extend(
-                    child for child in (node.children.get(token), node.children.get(ONE)) if child is not None
+                    child
+                    for child in (children.get(token), children.get(ONE), children.get(REST))
+                    if child is not None
                 )
                 if node.takes_any:
                     following.append(node)
@@ -117,7 +125,8 @@ class SubjectTrie(Generic[V]):
 
     @staticmethod
     def _closure(nodes: Iterable[_Node[V]]) -> list[_Node[V]]:
-        """The distinct nodes, and the '#' nodes reachable from them by matching zero tokens."""
+        """The distinct nodes, and the '#' nodes reachable from them by matching zero tokens ('>' needs
+        one token, so it is reached only by matching)."""
         out: list[_Node[V]] = []
         seen: set[int] = set()
         stack = list(nodes)

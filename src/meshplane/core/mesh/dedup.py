@@ -1,0 +1,45 @@
+"""Seed 004's dedup cache: recent event ids per topic, least recently used first out, each for a TTL.
+
+Bounded three ways: ids per topic, topics, and age. Time is passed in.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class DedupCache:
+    def __init__(self, per_topic: int = 1000, ttl_secs: float = 60.0, topics: int = 10_000) -> None:
+        self.per_topic = per_topic
+        self.ttl_secs = ttl_secs
+        self.max_topics = topics
+        self._topics: OrderedDict[str, OrderedDict[str, float]] = OrderedDict()
+        self.duplicates = 0
+
+    def seen(self, topic: str, event_id: str, now: float) -> bool:
+        """True when ``event_id`` was already seen on ``topic`` within the TTL (a duplicate);
+        otherwise remembers it and returns False."""
+        ids = self._topics.get(topic)
+        if ids is None:
+            ids = self._topics[topic] = OrderedDict()
+            while len(self._topics) > self.max_topics:
+                self._topics.popitem(last=False)
+        else:
+            self._topics.move_to_end(topic)
+        cutoff = now - self.ttl_secs
+        while ids:
+            oldest_id, stamp = next(iter(ids.items()))
+            if stamp > cutoff:
+                break
+            del ids[oldest_id]
+        if event_id in ids:
+            ids.move_to_end(event_id)
+            self.duplicates += 1
+            return True
+        ids[event_id] = now
+        if len(ids) > self.per_topic:
+            ids.popitem(last=False)
+        return False
+
+    def __len__(self) -> int:
+        return sum(len(ids) for ids in self._topics.values())

@@ -1,0 +1,220 @@
+"""The mesh link protocol's frames (seed 004's layout with a variable-length subject), sans I/O.
+
+Byte for byte (docs/mesh.md)::
+
+    0      1   type        SUB_ADD 1, SUB_REMOVE 2, EVENT 3, HEARTBEAT 4, SYNC_REQ 5, SYNC_RESP 6, HELLO 7
+    1      1   flags       bit 0 on EVENT: the body is a pub/sub message (JSON), else opaque bytes
+    2      16  source      the origin node's id, UTF-8, NUL-padded
+    18     2   S           subject length (big-endian)
+    20     S   subject     UTF-8: a subject, or a pattern on SUB_ADD / SUB_REMOVE
+    20+S   8   sequence    origin's event number (EVENT), interest version (SUB_*, HEARTBEAT, SYNC_RESP)
+    28+S   4   P           payload length (big-endian)
+    32+S   P   payload
+    32+S+P 4   checksum    CRC-32 (zlib's) of every byte before it
+
+:class:`FrameReader` turns a byte stream into frames. A frame whose lengths are sane but whose
+checksum, type or text is wrong is reported and skipped (the stream stays in step, the link stays
+up); a length beyond the limits means the stream cannot be trusted any further (``fatal``).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Literal
+
+import msgspec
+
+from meshplane.core.subjects import MAX_SUBJECT_BYTES
+
+PROTOCOL_VERSION = 1
+NODE_ID_BYTES = 16
+DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
+
+_HEAD = struct.Struct(">BB16sH")  # type, flags, source, subject length
+_MIDDLE = struct.Struct(">QI")  # sequence, payload length
+_CRC = struct.Struct(">I")
+_STAMP = struct.Struct(">Q")  # an EVENT payload starts with the origin's timestamp (ms)
+HEAD_BYTES = _HEAD.size
+OVERHEAD = _HEAD.size + _MIDDLE.size + _CRC.size
+
+FLAG_JSON_MESSAGE = 0x01
+
+
+class FrameType(enum.IntEnum):
+    SUB_ADD = 1
+    SUB_REMOVE = 2
+    EVENT = 3
+    HEARTBEAT = 4
+    SYNC_REQ = 5
+    SYNC_RESP = 6
+    HELLO = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    type: FrameType
+    flags: int
+    source: str
+    subject: str
+    sequence: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FrameError:
+    """A frame that was dropped: ``reason`` is a short counter label, ``fatal`` that the stream is lost."""
+
+    reason: str
+    detail: str
+    fatal: bool = False
+
+
+def check_node_id(node_id: str) -> str:
+    raw = node_id.encode()
+    if not node_id or len(raw) > NODE_ID_BYTES or "\x00" in node_id or not node_id.isprintable():
+        raise ValueError(f"node id {node_id!r}: 1-{NODE_ID_BYTES} bytes of printable UTF-8")
+    return node_id
+
+
+def encode_frame(
+    kind: FrameType, source: str, subject: str = "", sequence: int = 0, payload: bytes = b"", flags: int = 0
+) -> bytes:
+    subject_bytes = subject.encode()
+    body = b"".join(
+        (
+            _HEAD.pack(kind, flags, source.encode(), len(subject_bytes)),
+            subject_bytes,
+            _MIDDLE.pack(sequence, len(payload)),
+            payload,
+        )
+    )
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def encode_event(
+    source: str, subject: str, sequence: int, timestamp_ms: int, body: bytes, flags: int = 0
+) -> bytes:
+    return encode_frame(FrameType.EVENT, source, subject, sequence, _STAMP.pack(timestamp_ms) + body, flags)
+
+
+def event_parts(frame: Frame) -> tuple[int, bytes]:
+    """An EVENT's (origin timestamp in ms, body)."""
+    return _STAMP.unpack_from(frame.payload)[0], frame.payload[_STAMP.size :]
+
+
+def event_id(frame: Frame) -> str:
+    """Seed 004's ``{timestamp}-{sequence}-{node}``: unique per origin node and restart."""
+    return f"{_STAMP.unpack_from(frame.payload)[0]}-{frame.sequence}-{frame.source}"
+
+
+class FrameReader:
+    """Bytes in, frames (or the reasons frames were dropped) out."""
+
+    def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+        self.max_payload = max_payload
+        self._buffer = bytearray()
+        self.broken = False
+
+    def feed(self, data: bytes) -> list[Frame | FrameError]:
+        if self.broken:
+            return []
+        self._buffer += data
+        out: list[Frame | FrameError] = []
+        buffer = self._buffer
+        start = 0
+        while len(buffer) - start >= HEAD_BYTES:
+            kind, flags, raw_source, subject_length = _HEAD.unpack_from(buffer, start)
+            if subject_length > MAX_SUBJECT_BYTES:
+                return self._break(out, f"subject of {subject_length} bytes (at most {MAX_SUBJECT_BYTES})")
+            middle = start + HEAD_BYTES + subject_length
+            if len(buffer) < middle + _MIDDLE.size:
+                break
+            sequence, payload_length = _MIDDLE.unpack_from(buffer, middle)
+            if payload_length > self.max_payload:
+                return self._break(out, f"payload of {payload_length} bytes (at most {self.max_payload})")
+            end = middle + _MIDDLE.size + payload_length
+            if len(buffer) < end + _CRC.size:
+                break
+            out.append(self._frame(buffer, start, end, kind, flags, raw_source, subject_length, sequence))
+            start = end + _CRC.size
+        del buffer[:start]
+        return out
+
+    @staticmethod
+    def _frame(
+        buffer: bytearray,
+        start: int,
+        end: int,
+        kind: int,
+        flags: int,
+        raw_source: bytes,
+        subject_length: int,
+        sequence: int,
+    ) -> Frame | FrameError:
+        view = memoryview(buffer)
+        try:
+            if zlib.crc32(view[start:end]) != _CRC.unpack_from(buffer, end)[0]:
+                return FrameError("checksum", f"checksum mismatch on a frame of type {kind}")
+            try:
+                frame_type = FrameType(kind)
+            except ValueError:
+                return FrameError("unknown_type", f"unknown frame type {kind}")
+            try:
+                source = raw_source.rstrip(b"\x00").decode()
+                subject = bytes(view[start + HEAD_BYTES : start + HEAD_BYTES + subject_length]).decode()
+            except UnicodeDecodeError:
+                return FrameError("bad_text", "a source or subject that is not UTF-8")
+            payload = bytes(view[start + HEAD_BYTES + subject_length + _MIDDLE.size : end])
+            if frame_type is FrameType.EVENT and len(payload) < _STAMP.size:
+                return FrameError("short_event", "an EVENT without its timestamp")
+            return Frame(frame_type, flags, source, subject, sequence, payload)
+        finally:
+            view.release()
+
+    def _break(self, out: list[Frame | FrameError], detail: str) -> list[Frame | FrameError]:
+        self.broken = True
+        self._buffer.clear()
+        out.append(FrameError("too_large", detail, fatal=True))
+        return out
+
+
+class Hello(msgspec.Struct, frozen=True):
+    """HELLO's payload (MessagePack): who is connecting, as what, and (answering) why it was refused."""
+
+    protocol: int
+    node: str
+    cluster: str
+    role: Literal["route", "client"]
+    epoch: int = 0  # the node's start time: a peer that restarted has a new one
+    secret: str = ""
+    error: str = ""
+
+
+class SyncResponse(msgspec.Struct, frozen=True):
+    """SYNC_RESP's payload: the whole content of every bucket that differed, at ``version``."""
+
+    version: int
+    buckets: dict[int, list[str]]
+
+
+_hello_decoder = msgspec.msgpack.Decoder(Hello)
+_sync_decoder = msgspec.msgpack.Decoder(SyncResponse)
+encode_payload = msgspec.msgpack.Encoder().encode
+
+
+def decode_hello(payload: bytes) -> Hello:
+    """Raises ValueError on anything but a well-formed HELLO."""
+    try:
+        return _hello_decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"malformed HELLO: {exc}") from None
+
+
+def decode_sync(payload: bytes) -> SyncResponse:
+    try:
+        return _sync_decoder.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"malformed SYNC_RESP: {exc}") from None

@@ -1,0 +1,193 @@
+"""A node's routing table (seed 004's TopicRouter), sans I/O.
+
+- Local subscriptions: literal patterns in a dict (O(1)), wildcard patterns in a token trie; the
+  holders are whatever the adapter delivers to (a client connection, the pub/sub service).
+- Remote interest: per peer, a Bloom filter (the fast "no") in front of one exact trie of every
+  peer's patterns. A filter's false positive costs a trie walk, counted per peer; never a send.
+- Routes are cached per subject (as nats-server's sublist caches matches) and the cache is emptied
+  on any change of interest, so a steady publisher pays one dict lookup per event.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from meshplane.core.mesh.bloom import BloomFilter, BloomShape, pattern_key, subject_keys
+from meshplane.core.mesh.frames import SyncResponse
+from meshplane.core.mesh.interest import OwnInterest, PeerInterest
+from meshplane.core.subjects import WILDCARDS, SubjectTrie
+
+H = TypeVar("H", bound=Hashable)
+
+
+@dataclass(frozen=True, slots=True)
+class Route(Generic[H]):
+    local: frozenset[H]
+    peers: tuple[str, ...]
+
+
+@dataclass(eq=False)
+class _Peer:
+    interest: PeerInterest
+    bloom: BloomFilter
+    removed_since_rebuild: int = 0
+
+
+@dataclass
+class RouterLimits:
+    bloom_filter_capacity: int = 100_000
+    bloom_filter_fpr: float = 0.01
+    route_cache_subjects: int = 4096
+    tombstones_per_peer: int = 100_000
+
+
+def is_literal(pattern: str) -> bool:
+    return not any(token in WILDCARDS for token in pattern.split("."))
+
+
+@dataclass
+class Router(Generic[H]):
+    limits: RouterLimits = field(default_factory=RouterLimits)
+
+    def __post_init__(self) -> None:
+        self.shape = BloomShape(self.limits.bloom_filter_capacity, self.limits.bloom_filter_fpr)
+        self.own = OwnInterest()
+        self._literal: dict[str, set[H]] = {}
+        self._wildcard: SubjectTrie[H] = SubjectTrie()
+        self._held: dict[H, set[str]] = {}
+        self.peers: dict[str, _Peer] = {}
+        self._remote: SubjectTrie[str] = SubjectTrie()
+        self._cache: dict[str, Route[H]] = {}
+        self.bloom_false_positives: Counter[str] = Counter()
+
+    # --- local subscriptions -------------------------------------------------------------------------
+
+    def subscribe(self, holder: H, pattern: str) -> int | None:
+        """``holder`` wants ``pattern``; the version to announce in a SUB_ADD when it is the first."""
+        held = self._held.setdefault(holder, set())
+        if pattern in held:
+            return None
+        held.add(pattern)
+        if is_literal(pattern):
+            self._literal.setdefault(pattern, set()).add(holder)
+        else:
+            self._wildcard.insert(pattern, holder)
+        self._cache.clear()
+        return self.own.add(pattern)
+
+    def unsubscribe(self, holder: H, pattern: str) -> int | None:
+        """The version to announce in a SUB_REMOVE when ``holder`` was the pattern's last."""
+        held = self._held.get(holder)
+        if held is None or pattern not in held:
+            return None
+        held.discard(pattern)
+        if not held:
+            del self._held[holder]
+        if is_literal(pattern):
+            holders = self._literal[pattern]
+            holders.discard(holder)
+            if not holders:
+                del self._literal[pattern]
+        else:
+            self._wildcard.remove(pattern, holder)
+        self._cache.clear()
+        return self.own.remove(pattern)
+
+    def patterns_of(self, holder: H) -> set[str]:
+        return set(self._held.get(holder, ()))
+
+    @property
+    def local_subscriptions(self) -> int:
+        return sum(len(p) for p in self._held.values())
+
+    # --- peers ---------------------------------------------------------------------------------------
+
+    def add_peer(self, peer: str) -> None:
+        """A peer whose interest is to be learnt afresh (a new link: its copy starts empty)."""
+        self.remove_peer(peer)
+        self.peers[peer] = _Peer(PeerInterest(self.limits.tombstones_per_peer), BloomFilter(self.shape))
+
+    def remove_peer(self, peer: str) -> None:
+        state = self.peers.pop(peer, None)
+        if state is not None:
+            for pattern in state.interest.clear():
+                self._remote.remove(pattern, peer)
+            self._cache.clear()
+
+    def apply(self, peer: str, pattern: str, version: int, added: bool) -> bool:
+        """A peer's SUB_ADD / SUB_REMOVE; True when it changed what is routed there."""
+        state = self.peers.get(peer)
+        if state is None or not state.interest.apply(pattern, version, added):
+            return False
+        if added:
+            self._remote.insert(pattern, peer)
+            state.bloom.add(self.shape.positions(pattern_key(pattern)))
+        else:
+            self._remote.remove(pattern, peer)
+            self._removed(state)
+        self._cache.clear()
+        return True
+
+    def apply_sync(self, peer: str, response: SyncResponse) -> tuple[set[str], set[str]]:
+        state = self.peers.get(peer)
+        if state is None:
+            return set(), set()
+        added, removed = state.interest.replace(response.version, response.buckets)
+        for pattern in added:
+            self._remote.insert(pattern, peer)
+            state.bloom.add(self.shape.positions(pattern_key(pattern)))
+        for pattern in removed:
+            self._remote.remove(pattern, peer)
+        if removed:
+            self._removed(state, len(removed))
+        if added or removed:
+            self._cache.clear()
+        return added, removed
+
+    def _removed(self, state: _Peer, count: int = 1) -> None:
+        """Filters cannot forget a key: rebuild one once removals outnumber what it holds."""
+        state.removed_since_rebuild += count
+        if state.removed_since_rebuild > max(16, len(state.interest.versions)):
+            state.bloom.clear()
+            for pattern in state.interest.versions:
+                state.bloom.add(self.shape.positions(pattern_key(pattern)))
+            state.removed_since_rebuild = 0
+
+    @property
+    def remote_subscriptions(self) -> int:
+        return sum(len(p.interest.versions) for p in self.peers.values())
+
+    # --- routing -------------------------------------------------------------------------------------
+
+    def route(self, subject: str) -> Route[H]:
+        cached = self._cache.get(subject)
+        if cached is not None:
+            return cached
+        local = set(self._literal.get(subject, ()))
+        if self._wildcard.patterns:
+            local |= self._wildcard.match(subject)
+        peers: tuple[str, ...] = ()
+        if self.peers:
+            probes = [self.shape.positions(key) for key in subject_keys(subject)]
+            maybe = [
+                peer for peer, state in self.peers.items() if any(state.bloom.may_contain(p) for p in probes)
+            ]
+            if maybe:
+                interested = self._remote.match(subject)
+                peers = tuple(peer for peer in maybe if peer in interested)
+                for peer in maybe:
+                    if peer not in interested:
+                        self.bloom_false_positives[peer] += 1
+        route = Route(frozenset(local), peers)
+        if len(self._cache) >= self.limits.route_cache_subjects:
+            self._cache.clear()
+        self._cache[subject] = route
+        return route
+
+    @property
+    def topics_active(self) -> int:
+        """Patterns with a subscriber here or at a peer."""
+        return len(set(self.own.holders) | {p for s in self.peers.values() for p in s.interest.versions})

@@ -1,0 +1,305 @@
+"""The mesh's sans-I/O core: link frames, interest tables and anti-entropy, routing, dedup, queues."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from meshplane.core.backpressure import SubscriberQueue
+from meshplane.core.mesh.bloom import BloomFilter, BloomShape, pattern_key, subject_keys
+from meshplane.core.mesh.dedup import DedupCache
+from meshplane.core.mesh.frames import (
+    OVERHEAD,
+    Frame,
+    FrameError,
+    FrameReader,
+    FrameType,
+    SyncResponse,
+    check_node_id,
+    encode_event,
+    encode_frame,
+    event_id,
+    event_parts,
+)
+from meshplane.core.mesh.interest import BUCKETS, OwnInterest, PeerInterest, decode_leaves, encode_leaves
+from meshplane.core.mesh.router import Router, RouterLimits
+from meshplane.core.subjects import matches
+
+FRAMES = st.builds(
+    lambda kind, flags, source, subject, seq, payload: (kind, flags, source, subject, seq, payload),
+    st.sampled_from([t for t in FrameType if t is not FrameType.EVENT]),
+    st.integers(0, 255),
+    st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=16),
+    st.text(max_size=50),
+    st.integers(0, 2**64 - 1),
+    st.binary(max_size=300),
+)
+
+
+@given(st.lists(FRAMES, max_size=10), st.data())
+def test_frames_come_back_whole_however_the_stream_is_cut(
+    frames: list[tuple[FrameType, int, str, str, int, bytes]], data: st.DataObject
+) -> None:
+    stream = b"".join(
+        encode_frame(k, src, subj, seq, payload, flags) for k, flags, src, subj, seq, payload in frames
+    )
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
+    reader = FrameReader()
+    got: list[Frame | FrameError] = []
+    for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        got += reader.feed(stream[start:end])
+    assert got == [Frame(k, flags, src, subj, seq, payload) for k, flags, src, subj, seq, payload in frames]
+
+
+def test_the_layout_is_the_documented_one() -> None:
+    frame = encode_frame(FrameType.SUB_ADD, "a", "x.y", 7, b"p", 0)
+    assert len(frame) == OVERHEAD + 3 + 1
+    assert frame[0] == 1
+    assert frame[1] == 0
+    assert frame[2:18] == b"a" + b"\x00" * 15
+    assert frame[18:20] == b"\x00\x03"
+    assert frame[20:23] == b"x.y"
+    assert frame[23:31] == (7).to_bytes(8, "big")
+    assert frame[31:35] == (1).to_bytes(4, "big")
+    assert frame[35:36] == b"p"
+
+
+@given(st.binary(max_size=200), st.data(), st.integers(1, 255))
+def test_a_corrupted_frame_is_dropped_and_the_next_one_still_arrives(
+    payload: bytes, data: st.DataObject, flip: int
+) -> None:
+    bad = bytearray(encode_frame(FrameType.EVENT, "a", "s", 1, b"\x00" * 8 + payload))
+    lengths = {18, 19, 29, 30, 31, 32}  # subject and payload lengths: those break the stream (below)
+    position = data.draw(st.sampled_from([i for i in range(len(bad)) if i not in lengths]))
+    bad[position] ^= flip
+    good = encode_frame(FrameType.HEARTBEAT, "b", "", 2, b"")
+    out = FrameReader().feed(bytes(bad) + good)
+    assert len(out) == 2
+    assert isinstance(out[0], FrameError)
+    assert out[0].reason == "checksum"
+    assert out[1] == Frame(FrameType.HEARTBEAT, 0, "b", "", 2, b"")
+
+
+def test_unknown_types_and_bad_text_are_reported_not_raised() -> None:
+    frame = bytearray(encode_frame(FrameType.HELLO, "a", "s"))
+    frame[0] = 99
+    import zlib
+
+    frame[-4:] = zlib.crc32(frame[:-4]).to_bytes(4, "big")
+    [error] = FrameReader().feed(bytes(frame))
+    assert isinstance(error, FrameError)
+    assert error.reason == "unknown_type"
+
+
+def test_an_oversized_length_breaks_the_stream_for_good() -> None:
+    reader = FrameReader(max_payload=100)
+    [error] = reader.feed(encode_frame(FrameType.EVENT, "a", "s", 1, b"\x00" * 200))
+    assert isinstance(error, FrameError)
+    assert error.fatal
+    assert error.reason == "too_large"
+    assert reader.feed(encode_frame(FrameType.HEARTBEAT, "a")) == []
+
+
+def test_events_carry_their_timestamp_and_id() -> None:
+    [frame] = FrameReader().feed(encode_event("node-a", "orders.eu", 42, 1703894400000, b"body"))
+    assert isinstance(frame, Frame)
+    assert event_parts(frame) == (1703894400000, b"body")
+    assert event_id(frame) == "1703894400000-42-node-a"
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 17, "a\x00b", "tab\there"])
+def test_node_ids_are_checked(bad: str) -> None:
+    with pytest.raises(ValueError, match="node id"):
+        check_node_id(bad)
+
+
+# --- interest and anti-entropy -----------------------------------------------------------------------
+
+PATTERN_POOL = [f"t{i}.{w}" for i in range(30) for w in ("x", "*", ">")]
+
+
+def test_three_holders_make_one_add_and_the_last_one_out_one_remove() -> None:
+    own = OwnInterest()
+    assert own.add("payments") == 1
+    assert own.add("payments") is None
+    assert own.add("payments") is None
+    assert own.remove("payments") is None
+    assert own.remove("payments") is None
+    assert own.remove("payments") == 2
+    assert own.remove("payments") is None
+
+
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from(PATTERN_POOL), st.booleans()), max_size=200))
+def test_digests_repair_a_copy_that_missed_updates(ops: list[tuple[bool, str, bool]]) -> None:
+    """The owner's updates reach the copy or are lost (``delivered``); one digest round repairs it."""
+    own, copy = OwnInterest(), PeerInterest()
+    for add, pattern, delivered in ops:
+        version = own.add(pattern) if add else own.remove(pattern)
+        if version is not None and delivered:
+            copy.apply(pattern, version, add)
+    if copy.root() != own.root():
+        buckets = own.answer(copy.leaves())
+        assert buckets  # a differing root has differing leaves
+        copy.replace(own.version, buckets)
+    assert copy.patterns == set(own.holders)
+    assert copy.root() == own.root()
+
+
+def test_a_stale_update_never_undoes_a_newer_one() -> None:
+    copy = PeerInterest()
+    assert copy.apply("a", 5, True)
+    assert copy.apply("a", 6, False)
+    assert not copy.apply("a", 5, True)  # replayed add, older than the remove
+    assert copy.patterns == set()
+    assert copy.stale_ignored == 1
+    copy.replace(10, {i: [] for i in range(BUCKETS)})
+    assert not copy.apply("b", 9, True)  # older than the full answer for its bucket
+    assert copy.apply("b", 11, True)
+    assert copy.patterns == {"b"}
+
+
+def test_an_answer_overtaken_by_a_newer_update_keeps_the_update() -> None:
+    copy = PeerInterest()
+    copy.apply("late", 12, True)
+    _added, removed = copy.replace(10, {i: [] for i in range(BUCKETS)})
+    assert copy.patterns == {"late"}
+    assert removed == set()
+
+
+def test_leaves_round_trip_and_bad_digests_are_refused() -> None:
+    own = OwnInterest()
+    own.add("a.b")
+    leaves = PeerInterest().leaves()
+    assert decode_leaves(encode_leaves(leaves)) == leaves
+    with pytest.raises(ValueError, match="digest"):
+        decode_leaves(b"short")
+
+
+# --- routing -----------------------------------------------------------------------------------------
+
+SUBJECT_WORDS = st.sampled_from(["t1", "t2", "x", "y"])
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["local", "p1", "p2"]), st.sampled_from(PATTERN_POOL[:12])), max_size=30
+    ),
+    st.lists(SUBJECT_WORDS, min_size=1, max_size=4),
+)
+def test_routes_are_exactly_the_matching_holders_and_peers(
+    interest: list[tuple[str, str]], words: list[str]
+) -> None:
+    router: Router[str] = Router(RouterLimits(bloom_filter_capacity=4, bloom_filter_fpr=0.5))
+    router.add_peer("p1")
+    router.add_peer("p2")
+    for version, (who, pattern) in enumerate(interest, 1):
+        if who == "local":
+            router.subscribe(f"client-{version % 3}", pattern)
+        else:
+            router.apply(who, pattern, version, True)
+    subject = ".".join(words)
+    route = router.route(subject)
+    assert route.local == {
+        f"client-{v % 3}" for v, (who, p) in enumerate(interest, 1) if who == "local" and matches(p, subject)
+    }
+    assert set(route.peers) == {who for who, p in interest if who != "local" and matches(p, subject)}
+    assert router.route(subject) is route  # cached until interest changes
+
+
+def test_a_tiny_filter_gives_false_positives_counted_never_a_wrong_route() -> None:
+    router: Router[str] = Router(RouterLimits(bloom_filter_capacity=1, bloom_filter_fpr=0.9))
+    router.add_peer("p")
+    router.apply("p", "wanted", 1, True)
+    routed = [s for s in (f"other{i}" for i in range(200)) if router.route(s).peers]
+    assert routed == []
+    assert router.bloom_false_positives["p"] > 0
+    assert router.route("wanted").peers == ("p",)
+
+
+def test_removing_interest_stops_routing_and_filters_are_rebuilt() -> None:
+    router: Router[str] = Router()
+    router.add_peer("p")
+    for i in range(100):
+        router.apply("p", f"s{i}", i + 1, True)
+    for i in range(100):
+        router.apply("p", f"s{i}", 200 + i, False)
+    assert all(router.route(f"s{i}").peers == () for i in range(100))
+    assert router.peers["p"].bloom.keys < 100  # rebuilt from what is left
+    assert router.remote_subscriptions == 0
+
+
+def test_a_removed_peer_takes_its_interest_with_it() -> None:
+    router: Router[str] = Router()
+    router.add_peer("p")
+    router.apply("p", "a.>", 1, True)
+    assert router.route("a.b").peers == ("p",)
+    router.remove_peer("p")
+    assert router.route("a.b").peers == ()
+
+
+@given(st.sampled_from(PATTERN_POOL), st.lists(SUBJECT_WORDS, min_size=1, max_size=4))
+def test_bloom_filters_have_no_false_negatives(pattern: str, words: list[str]) -> None:
+    subject = ".".join(words)
+    bloom = BloomFilter(BloomShape(1000, 0.01))
+    bloom.add(bloom.shape.positions(pattern_key(pattern)))
+    if matches(pattern, subject):
+        assert any(bloom.may_contain(bloom.shape.positions(k)) for k in subject_keys(subject))
+
+
+# --- dedup and queues --------------------------------------------------------------------------------
+
+
+def test_dedup_drops_a_repeat_within_the_ttl_and_stays_bounded() -> None:
+    cache = DedupCache(per_topic=3, ttl_secs=10, topics=2)
+    assert not cache.seen("t", "1-1-a", 0.0)
+    assert cache.seen("t", "1-1-a", 5.0)
+    assert not cache.seen("t", "1-1-a", 16.0)  # expired: a new event for all we know
+    for i in range(10):
+        cache.seen("t", f"id{i}", 20.0)
+    for topic in ("u", "v", "w"):
+        cache.seen(topic, "x", 20.0)
+    assert len(cache) <= 3 * 2
+    assert cache.duplicates == 1
+
+
+def test_drop_newest_refuses_the_newcomer() -> None:
+    queue: SubscriberQueue[int] = SubscriberQueue(3, 1000, "drop_newest")
+    assert [queue.offer(i, 1) for i in range(5)] == [True, True, True, False, False]
+    assert queue.take_all() == [0, 1, 2]
+    assert queue.dropped == 2
+
+
+def test_drop_oldest_makes_room() -> None:
+    queue: SubscriberQueue[int] = SubscriberQueue(3, 1000, "drop_oldest")
+    for i in range(5):
+        queue.offer(i, 1)
+    assert queue.take_all() == [2, 3, 4]
+    assert queue.dropped == 2
+
+
+def test_disconnect_marks_the_subscriber_for_closing() -> None:
+    queue: SubscriberQueue[int] = SubscriberQueue(2, 1000, "disconnect")
+    assert queue.offer(1, 1)
+    assert queue.offer(2, 1)
+    assert not queue.offer(3, 1)
+    assert queue.overflowed
+    assert queue.dropped == 1
+
+
+def test_queues_are_bounded_in_bytes_too() -> None:
+    queue: SubscriberQueue[str] = SubscriberQueue(100, 10, "drop_oldest")
+    for item in ("aaaa", "bbbb", "cccc"):
+        queue.offer(item, 4)
+    assert queue.take_all() == ["bbbb", "cccc"]
+    assert queue.bytes == 0
+    assert not queue.offer("huge", 11)
+
+
+def test_sync_responses_round_trip() -> None:
+    from meshplane.core.mesh.frames import decode_sync, encode_payload
+
+    response = SyncResponse(3, {1: ["a"], 5: []})
+    assert decode_sync(encode_payload(response)) == response
+    with pytest.raises(ValueError, match="malformed SYNC_RESP"):
+        decode_sync(b"\xc1garbage")
