@@ -19,7 +19,7 @@ from meshplane.core.envelope import Codec
 from meshplane.core.framing import DEFAULT_MAX_MESSAGE_BYTES, WireFormat
 from meshplane.errors import ConfigError
 
-TransportName = Literal["nats", "zmq", "mem"]
+TransportName = Literal["nats", "zmq", "mem", "mesh"]
 DiscoveryName = Literal["etcd", "file", "mem"]
 
 
@@ -34,6 +34,7 @@ class PlaneConfig:
 
     event_plane: TransportName = "nats"
     nats_server: str = "nats://127.0.0.1:4222"
+    mesh_node: str = "tcp://127.0.0.1:16500"  # MESHPLANE_NODE: the mesh node a "mesh" plane talks to
     discovery_backend: DiscoveryName = "file"
     file_kv: Path = field(default_factory=lambda: default_state_dir() / "kv")
     file_kv_ttl: float = 10.0  # a file record untouched for this long is expired
@@ -79,9 +80,10 @@ class PlaneConfig:
         return self.event_plane == "zmq" and (bool(self.zmq_brokers) or self.zmq_broker_enabled)
 
     def __post_init__(self) -> None:
-        if self.event_plane not in ("nats", "zmq", "mem"):
+        if self.event_plane not in ("nats", "zmq", "mem", "mesh"):
             raise ConfigError(
-                f"DYN_EVENT_PLANE must be 'nats' or 'zmq' (or 'mem', in-process), got {self.event_plane!r}"
+                "DYN_EVENT_PLANE must be 'nats', 'zmq' or 'mesh' (or 'mem', in-process), got "
+                f"{self.event_plane!r}"
             )
         if self.discovery_backend not in ("etcd", "file", "mem"):
             raise ConfigError(
@@ -126,6 +128,7 @@ class PlaneConfig:
 
         take("DYN_EVENT_PLANE", "event_plane", str.lower)
         take("NATS_SERVER", "nats_server")
+        take("MESHPLANE_NODE", "mesh_node")
         take("ETCD_ENDPOINTS", "etcd_endpoints", _split_endpoints)
         if "ETCD_ENDPOINTS" in env and "DYN_DISCOVERY_BACKEND" not in env:
             values["discovery_backend"] = "etcd"

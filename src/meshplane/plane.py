@@ -30,6 +30,8 @@ from meshplane.transports.zmq_broker import BrokerDirectory
 if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
 
+    from meshplane.mesh.client import MeshClient
+
 log = logging.getLogger(__name__)
 _MAX_ZMQ_SOCKETS = 65_536
 
@@ -59,6 +61,7 @@ class EventPlane:
         self.config = config
         self._discovery: Discovery | None = None
         self._nats: NatsClient | None = None
+        self._mesh: MeshClient | None = None
         self._zmq: zmq.Context[zmq.Socket[bytes]] | None = None
         self._zap: ThreadAuthenticator | None = None
         self._brokers: BrokerDirectory | None = None
@@ -104,6 +107,20 @@ class EventPlane:
                     self.config.nats_server, self.config.connect_timeout, tls=self.config.nats_tls()
                 )
             return self._nats
+
+    async def mesh(self) -> MeshClient:
+        """The plane's connection to its mesh node (connected on first use)."""
+        self._check_open()
+        async with self._lock:
+            if self._mesh is None:
+                from meshplane.mesh.client import MeshClient
+
+                self._mesh = await MeshClient(
+                    self.config.mesh_node,
+                    timeout=self.config.connect_timeout,
+                    max_payload=self.config.max_message_bytes + 1024,
+                ).connect()
+            return self._mesh
 
     def zmq_context(self) -> zmq.Context[zmq.Socket[bytes]]:
         self._check_open()
@@ -235,6 +252,10 @@ class EventPlane:
                 await self._nats.drain()
             with contextlib.suppress(Exception):
                 await self._nats.close()
+        if self._mesh is not None:
+            with contextlib.suppress(Exception):
+                await self._mesh.flush(1.0)
+            await self._mesh.close()
         if self._zap is not None:
             self._zap.stop()
         if self._zmq is not None:

@@ -53,7 +53,13 @@ EXAMPLES = {
     "ls": ["meshplane ls", "meshplane ls dynamo/worker --json"],
     "broker": ["meshplane broker --xsub tcp://127.0.0.1:5555 --xpub tcp://127.0.0.1:5556"],
     "broker-stats": ["meshplane broker-stats tcp://127.0.0.1:5557"],
-    "serve": ["meshplane serve", "meshplane serve --port 15500 --data-dir /var/lib/meshplane --fsync always"],
+    "serve": [
+        "meshplane serve",
+        "meshplane serve --port 15500 --data-dir /var/lib/meshplane --fsync always",
+        "meshplane serve --port 15501 --data-dir a --node-id a --cluster c1 --route-port 16501 "
+        "--routes tcp://127.0.0.1:16502,tcp://127.0.0.1:16503",
+    ],
+    "mesh": ["meshplane mesh status --url http://127.0.0.1:15501"],
     "log": [
         "meshplane log verify --data-dir .meshplane/streams",
         "meshplane log dump .meshplane/streams/topics/t/0",
@@ -178,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
         "as one JSON line; stops cleanly on SIGTERM or Ctrl-C.",
     )
     add_serve_options(serve)
+    from meshplane.cli.mesh import add_mesh_options
+
+    add_mesh_options(serve)
     add_client_commands(commands)
 
     from meshplane.cli.log import add_log_commands
@@ -425,6 +434,7 @@ def _run(args: argparse.Namespace) -> int:
         "stream": run_client,
         "topic": run_client,
         "group": run_client,
+        "mesh": run_client,
     }[args.command]
     return asyncio.run(runner(args))
 

@@ -154,6 +154,8 @@ _CONFIG_FIELDS = {  # serve's flag -> StreamsConfig field
 
 async def run_serve(args: argparse.Namespace) -> int:
     require_streams_extra()
+    from meshplane.cli.mesh import mesh_config_from_args, with_pubsub_backpressure
+    from meshplane.mesh.node import MeshNode
     from meshplane.streams.http.app import serve, server_tls
 
     tokens = Tokens.load(args.token_file, os.environ.get(TOKEN_ENV))
@@ -163,25 +165,29 @@ async def run_serve(args: argparse.Namespace) -> int:
         tls = server_tls(args.tls_cert, args.tls_key) if args.tls_cert else None
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load the TLS certificate or key: {exc}") from None
-    engine = StreamsService(streams_config_from_args(args))
+    mesh_config = mesh_config_from_args(args)
+    engine = StreamsService(with_pubsub_backpressure(streams_config_from_args(args), args))
+    mesh = MeshNode(mesh_config) if mesh_config is not None else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
     def ready(port: int) -> None:
-        print(
-            json.dumps(
-                {
-                    "url": f"{'https' if tls else 'http'}://{args.host}:{port}",
-                    "data_dir": str(args.data_dir),
-                    "auth": tokens is not None,
-                }
-            ),
-            flush=True,
-        )
+        announced: dict[str, Any] = {
+            "url": f"{'https' if tls else 'http'}://{args.host}:{port}",
+            "data_dir": str(args.data_dir),
+            "auth": tokens is not None,
+        }
+        if mesh is not None:
+            announced["mesh"] = {
+                "node": mesh.node_id,
+                "cluster": mesh.config.cluster,
+                "route_url": mesh.route_url,
+            }
+        print(json.dumps(announced), flush=True)
 
-    await serve(engine, args.host, args.port, tokens=tokens, tls=tls, on_ready=ready, stop=stop)
+    await serve(engine, args.host, args.port, tokens=tokens, tls=tls, on_ready=ready, stop=stop, mesh=mesh)
     return 0
 
 
@@ -343,6 +349,9 @@ def add_client_commands(commands: Any) -> None:
     p = action("stats", "a group's members, generation, assignment and lag")
     p.add_argument("group", help="group name")
 
+    action = client_parser("mesh", "the event mesh: a node's links, interest and counters")
+    action("status", "the node at --url: its links (state, interest, events, drops), interest and counters")
+
 
 def streams_url(text: str) -> str:
     """``host:port`` is taken as ``http://host:port``; other schemes than http(s) are refused."""
@@ -408,7 +417,9 @@ async def _run_client(args: argparse.Namespace) -> int:
     args.token = args.token or env.get(TOKEN_ENV)
     async with StreamsClient(args.url, token=args.token) as client:
         command, action = args.command, args.action
-        if command == "stream":
+        if command == "mesh":
+            _print(await client.request("GET", "/mesh"), args=args)
+        elif command == "stream":
             if action == "publish":
                 _print({"offset": await client.publish(args.room, args.event, _data(args.data))})
             elif action == "tail":

@@ -48,8 +48,15 @@ def names(header: str) -> Callable[[Any], str]:
     return lambda answer: table((header,), [(name,) for name in answer])
 
 
+def mesh_status(answer: dict[str, Any]) -> str:
+    from meshplane.cli.mesh import render_status
+
+    return render_status(answer)
+
+
 #: (command, action) -> how its answer reads at a terminal.
 RENDERERS: dict[tuple[str, str], Callable[[Any], str]] = {
+    ("mesh", "status"): mesh_status,
     ("topic", "stats"): topic_stats,
     ("topic", "list"): names("TOPIC"),
     ("group", "stats"): group_stats,

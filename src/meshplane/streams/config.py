@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from meshplane.config import default_state_dir
+from meshplane.core.backpressure import BackpressurePolicy
 from meshplane.streams.errors import BadRequest
 
 FsyncPolicy = Literal["always", "interval", "never"]
@@ -70,6 +71,7 @@ class StreamsConfig:
     default_partitions: int = 3
     default_session_timeout: float = 30.0
     pubsub_queue_size: int = 10_000
+    pubsub_backpressure: BackpressurePolicy = "drop_newest"  # what a pub/sub listener's full queue does
     # The HTTP side: a connection that sends no whole request (headers) within idle_timeout_secs, or
     # not its whole body within body_timeout_secs, is closed; pushed SSE subscribers get a comment
     # every push_keepalive_secs, so one that vanished is noticed on an idle room.

@@ -4,6 +4,10 @@ Patterns live in one :class:`~meshplane.core.subjects.SubjectTrie` (matching is 
 listeners (WebSocket) get each message as a JSON frame built once, through a queue bounded in count
 and bytes; a listener that falls behind loses messages, counted. Subscriptions registered over
 HTTP (Synap's ``pubsub.subscribe``) count towards ``subscribers_matched`` and expire unless renewed.
+
+On a mesh node, a :class:`MeshHook` hears when a pattern gets its first holder here or loses its
+last (the node's aggregated interest) and of every message published here; messages from other
+nodes come in through :meth:`PubSub.deliver`.
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
+from meshplane.core.backpressure import BackpressurePolicy, SubscriberQueue
 from meshplane.core.subjects import InvalidSubject, SubjectTrie, validate
 from meshplane.streams.errors import BadRequest, LimitReached
 
@@ -32,6 +37,13 @@ class PubSubLimits:
     registration_ttl_secs: float = 3600.0  # a registration not renewed for this long is dropped
     listeners: int = 10_000
     topics_remembered: int = 10_000  # for pubsub.topics: the most recently published
+    backpressure_policy: BackpressurePolicy = "drop_newest"
+
+
+class MeshHook(Protocol):
+    def interest(self, pattern: str, added: bool) -> None: ...
+
+    def published(self, topic: str, frame: bytes) -> None: ...
 
 
 def check_subject(subject: object) -> str:
@@ -51,28 +63,33 @@ def check_patterns(patterns: list[str], limit: int) -> list[str]:
 
 
 class PubSubListener:
-    """A live subscriber: frames wait in a queue bounded in count and bytes."""
+    """A live subscriber: frames wait in a queue bounded in count and bytes, and the limits' policy
+    says what a full queue does (``disconnect``: :meth:`next_frame` raises ConnectionError)."""
 
     def __init__(self, listener_id: str, patterns: list[str], limits: PubSubLimits) -> None:
         self.listener_id = listener_id
         self.patterns = patterns
-        self.queue: asyncio.Queue[bytes] = asyncio.Queue(limits.queue_messages)
-        self.max_bytes = limits.queue_bytes
-        self.queued_bytes = 0
-        self.dropped = 0
+        self.queue: SubscriberQueue[bytes] = SubscriberQueue(
+            limits.queue_messages, limits.queue_bytes, limits.backpressure_policy
+        )
+        self._ready = asyncio.Event()
+
+    @property
+    def dropped(self) -> int:
+        return self.queue.dropped
 
     def offer(self, frame: bytes) -> bool:
-        if self.queued_bytes + len(frame) > self.max_bytes or self.queue.full():
-            self.dropped += 1
-            return False
-        self.queue.put_nowait(frame)
-        self.queued_bytes += len(frame)
-        return True
+        queued = self.queue.offer(frame, len(frame))
+        self._ready.set()
+        return queued
 
     async def next_frame(self) -> bytes:
-        frame = await self.queue.get()
-        self.queued_bytes -= len(frame)
-        return frame
+        while not self.queue:
+            if self.queue.overflowed:
+                raise ConnectionError(f"pub/sub listener {self.listener_id} fell too far behind")
+            self._ready.clear()
+            await self._ready.wait()
+        return self.queue.take()
 
 
 class PubSub:
@@ -81,6 +98,8 @@ class PubSub:
         self._trie: SubjectTrie[str] = SubjectTrie()  # values: "r:<subscriber>" or "l:<listener>"
         self.registered: OrderedDict[str, tuple[float, set[str]]] = OrderedDict()  # oldest renewal first
         self.listeners: dict[str, PubSubListener] = {}
+        self._holders: dict[str, int] = {}  # pattern -> registrations and listeners holding it
+        self.mesh: MeshHook | None = None
         self.topics: OrderedDict[str, int] = OrderedDict()  # topic -> messages, most recent last
         self.published = 0
         self.delivered = 0
@@ -102,7 +121,7 @@ class PubSub:
             raise BadRequest(f"at most {self.limits.patterns_per_subscriber} patterns per subscriber")
         for pattern in patterns:
             if pattern not in held:
-                self._trie.insert(pattern, "r:" + subscriber)
+                self._insert(pattern, "r:" + subscriber)
                 held.add(pattern)
         self.registered[subscriber] = (now, held)
         return held
@@ -113,7 +132,7 @@ class PubSub:
         removed = [p for p in (sorted(held) if patterns is None else patterns) if p in held]
         for pattern in removed:
             held.discard(pattern)
-            self._trie.remove(pattern, "r:" + subscriber)
+            self._remove(pattern, "r:" + subscriber)
         if not held:
             self.registered.pop(subscriber, None)
         return removed
@@ -137,15 +156,37 @@ class PubSub:
             raise LimitReached(f"{self.limits.listeners} live pub/sub listeners (the limit)")
         listener = PubSubListener(listener_id, patterns, self.limits)
         self.listeners[listener_id] = listener
-        for pattern in patterns:
-            self._trie.insert(pattern, "l:" + listener_id)
+        for pattern in set(patterns):
+            self._insert(pattern, "l:" + listener_id)
         return listener
 
     def forget(self, listener_id: str) -> None:
         listener = self.listeners.pop(listener_id, None)
         if listener is not None:
-            for pattern in listener.patterns:
-                self._trie.remove(pattern, "l:" + listener_id)
+            for pattern in set(listener.patterns):
+                self._remove(pattern, "l:" + listener_id)
+
+    def _insert(self, pattern: str, value: str) -> None:
+        if not self._trie.insert(pattern, value):
+            return
+        count = self._holders.get(pattern, 0)
+        self._holders[pattern] = count + 1
+        if count == 0 and self.mesh is not None:
+            self.mesh.interest(pattern, True)
+
+    def _remove(self, pattern: str, value: str) -> None:
+        if not self._trie.remove(pattern, value):
+            return
+        count = self._holders.pop(pattern) - 1
+        if count:
+            self._holders[pattern] = count
+        elif self.mesh is not None:
+            self.mesh.interest(pattern, False)
+
+    @property
+    def patterns(self) -> set[str]:
+        """Every pattern someone holds here (what a mesh node announces for this service)."""
+        return set(self._holders)
 
     # --- publishing ----------------------------------------------------------------------------------
 
@@ -163,18 +204,26 @@ class PubSub:
         self.topics[topic] = self.topics.pop(topic, 0) + 1
         while len(self.topics) > self.limits.topics_remembered:
             self.topics.popitem(last=False)
+        frame = _json.encode(message)
+        matched = self._deliver(topic, frame)
+        if self.mesh is not None:
+            self.mesh.published(topic, frame)
+        return {"message_id": message["message_id"], "topic": topic, "subscribers_matched": matched}
+
+    def deliver(self, topic: str, frame: bytes) -> int:
+        """A message published elsewhere (a mesh peer): to the live listeners here, not further."""
+        return self._deliver(topic, frame)
+
+    def _deliver(self, topic: str, frame: bytes) -> int:
         matched = self._trie.match(topic)
-        frame: bytes | None = None
         for value in matched:
             if not value.startswith("l:"):
                 continue
             listener = self.listeners.get(value[2:])
             if listener is None:
                 continue
-            if frame is None:
-                frame = _json.encode(message)
+            dropped_before = listener.dropped
             if listener.offer(frame):
                 self.delivered += 1
-            else:
-                self.dropped += 1
-        return {"message_id": message["message_id"], "topic": topic, "subscribers_matched": len(matched)}
+            self.dropped += listener.dropped - dropped_before  # drop_oldest drops older frames
+        return len(matched)

@@ -64,7 +64,8 @@ class StreamsService:
         self.rooms: dict[str, Room] = {}
         self.files = FilePool(self.config.max_open_files)
         self.problems: list[str] = []  # what was found wrong in the data directory, and set aside
-        self.pubsub = PubSub(PubSubLimits(queue_messages=self.config.pubsub_queue_size))
+        queue, policy = self.config.pubsub_queue_size, self.config.pubsub_backpressure
+        self.pubsub = PubSub(PubSubLimits(queue_messages=queue, backpressure_policy=policy))
         self.durability = Durability(
             self.config.fsync, self.config.fsync_interval_ms, self.config.fsync_every_records
         )

@@ -1,4 +1,5 @@
-"""Transports: NATS core, ZeroMQ (direct and through brokers) and in-process memory, each a publisher
+"""Transports: NATS core, ZeroMQ (direct and through brokers), the mesh (through a local mesh node)
+and in-process memory, each a publisher
 and a subscriber class with the same shape; :func:`create_publisher_transport` and
 :func:`create_subscriber_transport` pick and start the one a configuration asks for (as
 ``create_discovery`` does for discovery)."""
@@ -30,6 +31,8 @@ class Resources(Protocol):
 
     async def nats(self) -> Any: ...
 
+    async def mesh(self) -> Any: ...
+
     async def broker_directory(self) -> BrokerDirectory: ...
 
 
@@ -57,6 +60,12 @@ async def create_publisher_transport(
         from meshplane.transports.memory import MemoryPublisherTransport
 
         transport = MemoryPublisherTransport(scope.subject(topic), cfg.wire_format, cfg.codec)
+    elif cfg.event_plane == "mesh":
+        from meshplane.transports.mesh import MeshPublisherTransport
+
+        transport = MeshPublisherTransport(
+            await shared.mesh(), scope.subject(topic), scope.subject_prefix, cfg.wire_format, cfg.codec
+        )
     elif cfg.event_plane == "nats":
         from meshplane.transports.nats import NatsPublisherTransport
 
@@ -101,6 +110,12 @@ async def create_subscriber_transport(shared: Resources, scope: Scope, topic: st
 
         transport = MemorySubscriberTransport(
             scope.subject(topic), cfg.max_message_bytes, cfg.receive_hwm or 2**31
+        )
+    elif cfg.event_plane == "mesh":
+        from meshplane.transports.mesh import MeshSubscriberTransport
+
+        transport = MeshSubscriberTransport(
+            await shared.mesh(), scope.subject(topic), cfg.max_message_bytes, cfg.receive_hwm or 2**31
         )
     elif cfg.event_plane == "nats":
         from meshplane.transports.nats import NatsSubscriberTransport

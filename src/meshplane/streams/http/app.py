@@ -14,6 +14,7 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 
+from meshplane.mesh.node import MeshNode
 from meshplane.streams.access import Grant, Tokens
 from meshplane.streams.errors import (
     Forbidden,
@@ -21,6 +22,7 @@ from meshplane.streams.errors import (
     StreamError,
 )
 from meshplane.streams.http.api import Api
+from meshplane.streams.http.mesh import MESH, register_mesh_metrics
 from meshplane.streams.http.metrics import REGISTRY, EngineCollector
 from meshplane.streams.http.params import ENGINE, GRANT, Handler, error_response, json_response
 from meshplane.streams.service import StreamsService
@@ -29,7 +31,11 @@ from meshplane.streams.service import StreamsService
 
 
 def create_app(
-    engine: StreamsService, *, tokens: Tokens | None = None, max_request_bytes: int | None = None
+    engine: StreamsService,
+    *,
+    tokens: Tokens | None = None,
+    max_request_bytes: int | None = None,
+    mesh: MeshNode | None = None,
 ) -> web.Application:
     limit = max_request_bytes or max(engine.config.max_payload_bytes * 2, 1 << 20)
     api = Api(engine)
@@ -73,6 +79,9 @@ def create_app(
     )
     engine.durability.on_fsync = fsync_hist.observe
     app[REGISTRY] = registry
+    if mesh is not None:
+        app[MESH] = mesh
+        register_mesh_metrics(mesh, registry)
     for route in routes:
         app.router.add_route(route.method, route.path, route.handler)
     return app
@@ -112,10 +121,14 @@ async def serve(
     tls: ssl.SSLContext | None = None,
     on_ready: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
+    mesh: MeshNode | None = None,
 ) -> None:
-    """Run until ``stop`` is set (or forever)."""
+    """Run until ``stop`` is set (or forever); as a node of the event mesh when ``mesh`` is given."""
     await engine.start()
-    app = create_app(engine, tokens=tokens)
+    if mesh is not None:
+        mesh.attach(engine.pubsub)
+        await mesh.start()
+    app = create_app(engine, tokens=tokens, mesh=mesh)
     runner = web.AppRunner(
         app,
         access_log=None,
@@ -133,5 +146,7 @@ async def serve(
             on_ready(bound)
         await (stop or asyncio.Event()).wait()
     finally:
+        if mesh is not None:
+            await mesh.close()
         await runner.cleanup()
         await engine.close()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from meshplane.streams.access import Level
+from meshplane.streams.http.mesh import mesh_status
 from meshplane.streams.http.params import Handler
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ def route_table(api: Api) -> list[Route]:
             public=True,
         ),
         Route("GET", "/metrics", api.metrics, "Prometheus metrics", "meta"),
+        Route("GET", "/mesh", mesh_status, "This mesh node: its links, interest and counters", "meta"),
         Route(
             "GET",
             "/storage",

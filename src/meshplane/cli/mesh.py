@@ -1,0 +1,175 @@
+"""The event mesh on the command line: ``serve``'s node options and ``meshplane mesh status``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from meshplane.cli.tables import table
+from meshplane.core.backpressure import POLICIES
+from meshplane.core.mesh.router import RouterLimits
+from meshplane.errors import ConfigError
+from meshplane.mesh.config import FAULTS, MeshConfig
+from meshplane.streams.config import StreamsConfig
+
+DEFAULT_ROUTE_PORT = 16500
+
+
+def add_mesh_options(parser: argparse.ArgumentParser) -> None:
+    mesh = parser.add_argument_group(
+        "event mesh (with --node-id: this server is a node; --routes links it to the others of its cluster)"
+    )
+    mesh.add_argument("--node-id", metavar="ID", help="this node's id (1-16 bytes); turns the mesh on")
+    mesh.add_argument("--cluster", default="meshplane", help="cluster name: links only join equal names")
+    mesh.add_argument(
+        "--routes",
+        type=_routes,
+        default=(),
+        metavar="URL,...",
+        help="the other nodes' route addresses, tcp://HOST:PORT, comma-separated",
+    )
+    mesh.add_argument(
+        "--route-port",
+        type=int,
+        default=DEFAULT_ROUTE_PORT,
+        metavar="PORT",
+        help=f"where other nodes and mesh clients (MESHPLANE_NODE) connect (default {DEFAULT_ROUTE_PORT}; "
+        "0: a free one). The secret, if any, comes from $MESHPLANE_MESH_SECRET",
+    )
+    defaults = MeshConfig(node_id="x")
+    mesh.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=defaults.heartbeat_interval,
+        metavar="S",
+        help="seconds between heartbeats and interest digests on each link; a link silent 3.5 times as long "
+        "is closed and dialled again",
+    )
+    mesh.add_argument(
+        "--bloom-filter-capacity",
+        type=int,
+        default=RouterLimits.bloom_filter_capacity,
+        metavar="N",
+        help="patterns per peer each filter is sized for",
+    )
+    mesh.add_argument(
+        "--bloom-filter-fpr",
+        type=float,
+        default=RouterLimits.bloom_filter_fpr,
+        metavar="P",
+        help="the filters' false-positive rate at capacity",
+    )
+    mesh.add_argument(
+        "--message-batch-size",
+        type=int,
+        default=defaults.message_batch_size,
+        metavar="N",
+        help="frames written to a link at once, at most",
+    )
+    mesh.add_argument(
+        "--message-batch-timeout-ms",
+        type=float,
+        default=defaults.message_batch_timeout_ms,
+        metavar="MS",
+        help="longest a frame waits for its batch (default 0: until the loop is idle)",
+    )
+    mesh.add_argument(
+        "--max-message-queue-size",
+        type=int,
+        default=defaults.max_message_queue_size,
+        metavar="N",
+        help="messages queued per subscriber (mesh client, pub/sub WebSocket) before the policy applies",
+    )
+    mesh.add_argument(
+        "--backpressure-policy",
+        choices=POLICIES,
+        default=None,
+        help="what a full subscriber queue does (default: drop_oldest for mesh clients, drop_newest for "
+        "pub/sub listeners)",
+    )
+    mesh.add_argument("--mesh-fault", action="append", choices=FAULTS, default=[], help=argparse.SUPPRESS)
+
+
+def _routes(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
+    if args.node_id is None:
+        if args.routes:
+            raise ConfigError("--routes needs --node-id: a server joins a mesh as a named node")
+        return None
+    policy: dict[str, Any] = (
+        {"backpressure_policy": args.backpressure_policy} if args.backpressure_policy else {}
+    )
+    return MeshConfig(
+        node_id=args.node_id,
+        cluster=args.cluster,
+        host=args.host,
+        route_port=args.route_port,
+        routes=args.routes,
+        heartbeat_interval=args.heartbeat_interval,
+        dead_after=args.heartbeat_interval * 3.5,
+        router=RouterLimits(
+            bloom_filter_capacity=args.bloom_filter_capacity, bloom_filter_fpr=args.bloom_filter_fpr
+        ),
+        message_batch_size=args.message_batch_size,
+        message_batch_timeout_ms=args.message_batch_timeout_ms,
+        max_message_queue_size=args.max_message_queue_size,
+        faults=frozenset(args.mesh_fault),
+        **policy,
+    )
+
+
+def with_pubsub_backpressure(config: StreamsConfig, args: argparse.Namespace) -> StreamsConfig:
+    """The pub/sub listeners follow the node's queue settings when they are given."""
+    if args.node_id is None:
+        return config
+    changes: dict[str, Any] = {"pubsub_queue_size": args.max_message_queue_size}
+    if args.backpressure_policy:
+        changes["pubsub_backpressure"] = args.backpressure_policy
+    return dataclasses.replace(config, **changes)
+
+
+# --- meshplane mesh status ---------------------------------------------------------------------------
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """The node, its interest, and one line per link, for people."""
+    interest, counters = status["interest"], status["counters"]
+    title = (
+        f"node {status['node']} (cluster {status['cluster']}) at {status['route_url']}: "
+        f"{status['clients']} clients, {interest['subscriptions_local']} local subscriptions "
+        f"({interest['patterns_local']} patterns announced), {interest['subscriptions_remote']} remote; "
+        f"{counters['messages_routed']} routed, {counters['messages_forwarded']} forwarded, "
+        f"fan-out {counters['fanout_avg']}"
+    )
+    if not status["links"]:
+        return title + "\nno links (start the node with --routes)"
+    rows = [
+        (
+            link["peer"],
+            link["state"],
+            link["patterns_remote"],
+            link["events_out"],
+            link["events_in"],
+            link["batches_out"],
+            link["dropped_peer_down"],
+            link["resyncs"],
+            link["bloom_false_positives"],
+        )
+        for link in status["links"]
+    ]
+    header = (
+        "PEER",
+        "STATE",
+        "INTEREST",
+        "EVENTS OUT",
+        "EVENTS IN",
+        "BATCHES",
+        "DROPPED(DOWN)",
+        "RESYNCS",
+        "BLOOM FP",
+    )
+    return title + "\n" + table(header, rows)

@@ -1,0 +1,3 @@
+"""The event mesh's asyncio side: nodes that link into a cluster (:mod:`.node`), the connections that
+carry frames (:mod:`.connection`), and the client the event plane's ``mesh`` transport uses
+(:mod:`.client`). The protocol itself is sans-I/O, in :mod:`meshplane.core.mesh`."""

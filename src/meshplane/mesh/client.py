@@ -1,0 +1,250 @@
+"""A client of one mesh node (what ``DYN_EVENT_PLANE=mesh`` uses): publish to subjects, subscribe to
+patterns, one TCP connection speaking the link protocol's frames.
+
+The client says HELLO as a ``client``; its SUB_ADD / SUB_REMOVE name patterns (one per pattern,
+however many local subscriptions share it) and its EVENTs are re-originated by the node. A SYNC_REQ
+with an empty payload is a ping: the node answers SYNC_RESP once everything sent before it was
+handled, which is what :meth:`MeshClient.flush` waits for. When the node goes away the client dials
+again with backoff and subscribes afresh; what is published meanwhile is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from meshplane.core.mesh.frames import (
+    DEFAULT_MAX_PAYLOAD,
+    PROTOCOL_VERSION,
+    Frame,
+    FrameError,
+    FrameType,
+    Hello,
+    decode_hello,
+    encode_event,
+    encode_frame,
+    encode_payload,
+    event_parts,
+)
+from meshplane.core.subjects import SubjectTrie
+from meshplane.errors import ConfigError, TransportAuthError, TransportError
+from meshplane.mesh.config import SECRET_ENV
+from meshplane.mesh.connection import FrameConnection
+
+log = logging.getLogger(__name__)
+
+Callback = Callable[[str, bytes], None]
+
+
+def parse_node_url(url: str) -> tuple[str, int]:
+    parts = urlsplit(url.strip())
+    if parts.scheme != "tcp" or not parts.hostname or parts.port is None:
+        raise ConfigError(f"mesh node {url!r}: expected tcp://HOST:PORT (MESHPLANE_NODE)")
+    return parts.hostname, parts.port
+
+
+class MeshClient:
+    def __init__(
+        self,
+        url: str,
+        *,
+        secret: str | None = None,
+        timeout: float = 10.0,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        name: str = "meshplane",
+    ) -> None:
+        self.url = url
+        self.host, self.port = parse_node_url(url)
+        self.secret = os.environ.get(SECRET_ENV, "") if secret is None else secret  # never on argv
+        self.timeout = timeout
+        self.max_payload = max_payload
+        self.name = name
+        self.node = ""  # the node's id, once connected
+        self.dropped_disconnected = 0
+        self.bad_frames = 0
+        self._conn: FrameConnection | None = None
+        self._hello: asyncio.Future[Hello] | None = None
+        self._pings: list[asyncio.Future[None]] = []
+        self._subs: dict[int, tuple[str, Callback]] = {}
+        self._trie: SubjectTrie[int] = SubjectTrie()
+        self._patterns: dict[str, int] = {}
+        self._cache: dict[str, list[Callback]] = {}
+        self._ids = itertools.count(1)
+        self._sequence = itertools.count(1)
+        self._closing = False
+        self._reconnect: asyncio.Task[None] | None = None
+
+    # --- connection ----------------------------------------------------------------------------------
+
+    async def connect(self) -> MeshClient:
+        deadline = time.monotonic() + self.timeout
+        delay = 0.05
+        while True:
+            try:
+                await self._connect_once(max(0.1, deadline - time.monotonic()))
+                return self
+            except (OSError, TimeoutError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise TransportError(
+                        f"cannot reach the mesh node at {self.url} within {self.timeout}s ({exc}); start "
+                        "`meshplane serve --node-id ...` or point MESHPLANE_NODE at one"
+                    ) from exc
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
+
+    async def _connect_once(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._hello = loop.create_future()
+        _, conn = await asyncio.wait_for(
+            loop.create_connection(self._protocol, self.host, self.port), timeout
+        )
+        hello = Hello(PROTOCOL_VERSION, self.name[:16], "", "client", 0, self.secret)
+        conn.send(encode_frame(FrameType.HELLO, "", payload=encode_payload(hello)))
+        try:
+            answer = await asyncio.wait_for(asyncio.shield(self._hello), timeout)
+        except TimeoutError:
+            conn.close()
+            raise
+        if answer.error:
+            conn.close()
+            if "secret" in answer.error:
+                raise TransportAuthError(
+                    f"the mesh node at {self.url} refused us: {answer.error} ({SECRET_HINT})"
+                )
+            raise TransportError(f"the mesh node at {self.url} refused us: {answer.error}")
+        self.node = answer.node
+        self._conn = conn
+        for pattern in self._patterns:
+            conn.send(encode_frame(FrameType.SUB_ADD, "", pattern))
+
+    def _protocol(self) -> FrameConnection:
+        return FrameConnection(
+            max_payload=self.max_payload,
+            batch_size=512,
+            batch_timeout_ms=0,
+            on_frame=self._on_frame,
+            on_bad=self._on_bad,
+            on_close=self._on_close,
+        )
+
+    def _on_bad(self, conn: FrameConnection, error: FrameError) -> None:
+        self.bad_frames += 1
+        log.warning("dropped a frame from mesh node %s: %s", self.url, error.detail)
+
+    def _on_frame(self, conn: FrameConnection, frame: Frame) -> None:
+        if frame.type is FrameType.EVENT:
+            callbacks = self._cache.get(frame.subject)
+            if callbacks is None:
+                callbacks = self._cache[frame.subject] = [
+                    self._subs[sid][1] for sid in self._trie.match(frame.subject)
+                ]
+            if callbacks:
+                body = event_parts(frame)[1]
+                for callback in callbacks:
+                    callback(frame.subject, body)
+        elif frame.type is FrameType.SYNC_RESP:
+            if self._pings:
+                ping = self._pings.pop(0)
+                if not ping.done():
+                    ping.set_result(None)
+        elif frame.type is FrameType.HELLO and self._hello is not None and not self._hello.done():
+            try:
+                self._hello.set_result(decode_hello(frame.payload))
+            except ValueError as exc:
+                self._hello.set_exception(TransportError(f"mesh node {self.url}: {exc}"))
+
+    def _on_close(self, conn: FrameConnection) -> None:
+        if conn is not self._conn:
+            return
+        self._conn = None
+        for ping in self._pings:
+            if not ping.done():
+                ping.set_exception(TransportError(f"lost the mesh node at {self.url}"))
+        self._pings.clear()
+        if not self._closing:
+            log.warning("lost the mesh node at %s; reconnecting", self.url)
+            self._reconnect = asyncio.get_running_loop().create_task(self._reconnect_loop())
+
+    async def _reconnect_loop(self) -> None:
+        delay = 0.05
+        while not self._closing and self._conn is None:
+            try:
+                await self._connect_once(self.timeout)
+                log.info("reconnected to the mesh node at %s", self.url)
+                return
+            except (OSError, TimeoutError, TransportError):
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(2.0, delay * 2)
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and self._conn.is_open
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._reconnect is not None:
+            self._reconnect.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reconnect
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(conn.closed), 2)
+
+    # --- publishing and subscribing ------------------------------------------------------------------
+
+    def publish(self, subject: str, body: bytes) -> None:
+        """Queue an event for the node (written at the end of this loop iteration, in one batch)."""
+        conn = self._conn
+        if conn is None:
+            self.dropped_disconnected += 1
+            return
+        conn.send(encode_event("", subject, next(self._sequence), 0, body))
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Wait until the node has handled everything sent so far."""
+        conn = self._conn
+        if conn is None:
+            raise TransportError(f"not connected to the mesh node at {self.url}")
+        ping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pings.append(ping)
+        conn.send(encode_frame(FrameType.SYNC_REQ, ""))
+        try:
+            await asyncio.wait_for(ping, timeout or self.timeout)
+        except TimeoutError as exc:
+            raise TransportError(f"the mesh node at {self.url} did not answer within {timeout}s") from exc
+
+    def subscribe(self, pattern: str, callback: Callback) -> int:
+        sid = next(self._ids)
+        self._subs[sid] = (pattern, callback)
+        self._trie.insert(pattern, sid)
+        self._cache.clear()
+        count = self._patterns.get(pattern, 0)
+        self._patterns[pattern] = count + 1
+        if count == 0 and self._conn is not None:
+            self._conn.send(encode_frame(FrameType.SUB_ADD, "", pattern))
+        return sid
+
+    def unsubscribe(self, sid: int) -> None:
+        entry = self._subs.pop(sid, None)
+        if entry is None:
+            return
+        pattern = entry[0]
+        self._trie.remove(pattern, sid)
+        self._cache.clear()
+        count = self._patterns.pop(pattern) - 1
+        if count:
+            self._patterns[pattern] = count
+        elif self._conn is not None:
+            self._conn.send(encode_frame(FrameType.SUB_REMOVE, "", pattern))
+
+
+SECRET_HINT = f"set {SECRET_ENV} to the node's secret"

@@ -1,0 +1,144 @@
+"""One TCP connection carrying mesh frames: a :class:`~meshplane.core.mesh.frames.FrameReader` on
+the way in, batched writes on the way out (seed 004's ``message_batch_size`` and
+``message_batch_timeout_ms``), and the transport's flow control reported as ``paused``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from meshplane.core.mesh.frames import Frame, FrameError, FrameReader
+
+log = logging.getLogger(__name__)
+
+WRITE_HIGH_WATER = 1024 * 1024
+
+
+@dataclass
+class ConnectionStats:
+    bytes_in: int = 0
+    bytes_out: int = 0
+    frames_in: int = 0
+    frames_out: int = 0
+    batches_out: int = 0
+    bad_frames: int = 0
+
+
+class FrameConnection(asyncio.Protocol):
+    """Frames in through ``on_frame``; ``send`` queues a frame for the next batch.
+
+    ``on_bad`` hears of every dropped frame; a fatal one (lengths beyond the limits) closes the
+    connection, as nothing after it can be trusted."""
+
+    def __init__(
+        self,
+        *,
+        max_payload: int,
+        batch_size: int,
+        batch_timeout_ms: float,
+        on_frame: Callable[[FrameConnection, Frame], None],
+        on_bad: Callable[[FrameConnection, FrameError], None],
+        on_close: Callable[[FrameConnection], None],
+        on_open: Callable[[FrameConnection], None] | None = None,
+        on_resume: Callable[[FrameConnection], None] | None = None,
+    ) -> None:
+        self.reader = FrameReader(max_payload)
+        self.batch_size = max(1, batch_size)
+        self.batch_delay = batch_timeout_ms / 1000
+        self.stats = ConnectionStats()
+        self.transport: asyncio.Transport | None = None
+        self.paused = False
+        self.closed = asyncio.get_running_loop().create_future()
+        self.peer = ""  # who is at the other end, once known
+        self._on_frame = on_frame
+        self._on_bad = on_bad
+        self._on_close = on_close
+        self._on_open = on_open
+        self._on_resume = on_resume
+        self._pending: list[bytes] = []
+        self._flush_handle: asyncio.Handle | None = None
+
+    # --- asyncio.Protocol ----------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        if self._on_open is not None:
+            self._on_open(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.stats.bytes_in += len(data)
+        for item in self.reader.feed(data):
+            if isinstance(item, FrameError):
+                self.stats.bad_frames += 1
+                self._on_bad(self, item)
+                if item.fatal:
+                    self.close()
+                    return
+            else:
+                self.stats.frames_in += 1
+                self._on_frame(self, item)
+            if self.transport is None or self.transport.is_closing():
+                return
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self._on_resume is not None:
+            self._on_resume(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self._pending.clear()
+        self.transport = None
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self._on_close(self)
+
+    # --- writing -------------------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def buffered_bytes(self) -> int:
+        pending = sum(len(p) for p in self._pending)
+        return pending + (self.transport.get_write_buffer_size() if self.transport is not None else 0)
+
+    def send(self, frame: bytes) -> None:
+        if self.transport is None:
+            return
+        self._pending.append(frame)
+        self.stats.frames_out += 1
+        if len(self._pending) >= self.batch_size:
+            self.flush()
+        elif self._flush_handle is None:
+            loop = asyncio.get_running_loop()
+            self._flush_handle = (
+                loop.call_later(self.batch_delay, self.flush)
+                if self.batch_delay
+                else loop.call_soon(self.flush)
+            )
+
+    def flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if not self._pending or self.transport is None:
+            return
+        data = b"".join(self._pending)
+        self._pending.clear()
+        self.stats.bytes_out += len(data)
+        self.stats.batches_out += 1
+        self.transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        if self.transport is not None:
+            self.transport.close()

@@ -1,0 +1,115 @@
+"""Who holds interest on a node, and how an event reaches them: a mesh client's connection, or the
+node's pub/sub service (its WebSocket listeners and HTTP registrations)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgspec
+
+from meshplane.core.backpressure import SubscriberQueue
+from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE, encode_event
+from meshplane.mesh.connection import FrameConnection
+from meshplane.streams.pubsub import PubSub
+
+_json = msgspec.json.Encoder()
+
+
+@dataclass(slots=True)
+class MeshEvent:
+    """An event as a node handles it; ``raw`` is its EVENT frame as its origin made it."""
+
+    source: str
+    subject: str
+    sequence: int
+    timestamp_ms: int
+    body: bytes
+    flags: int = 0
+    _raw: bytes | None = None
+
+    @property
+    def raw(self) -> bytes:
+        if self._raw is None:
+            self._raw = encode_event(
+                self.source, self.subject, self.sequence, self.timestamp_ms, self.body, self.flags
+            )
+        return self._raw
+
+    @property
+    def event_id(self) -> str:
+        return f"{self.timestamp_ms}-{self.sequence}-{self.source}"
+
+
+class Holder(Hashable, Protocol):
+    def deliver(self, event: MeshEvent) -> None: ...
+
+
+@dataclass(eq=False)
+class ClientSession:
+    """A mesh client (the event plane's ``mesh`` transport) connected to this node.
+
+    Frames go straight to the socket; while the socket pushes back they wait in a queue bounded by
+    the node's backpressure settings, whose policy decides what a full queue drops (or, with
+    ``disconnect``, that the client is closed)."""
+
+    client_id: str
+    conn: FrameConnection
+    queue: SubscriberQueue[bytes]
+    delivered: int = 0
+    on_overflow: Callable[[ClientSession], None] = field(default=lambda session: None)
+
+    def deliver(self, event: MeshEvent) -> None:
+        raw = event.raw
+        if not self.conn.paused and not self.queue:
+            self.conn.send(raw)
+            self.delivered += 1
+            return
+        if self.queue.offer(raw, len(raw)):
+            self.delivered += 1
+        if self.queue.overflowed:
+            self.on_overflow(self)
+
+    def resume(self) -> None:
+        """The socket drained: send what waited, until it pushes back again."""
+        while self.queue and not self.conn.paused:
+            self.conn.send(self.queue.take())
+
+    @property
+    def dropped(self) -> int:
+        return self.queue.dropped
+
+
+@dataclass(eq=False)
+class PubSubHolder:
+    """The node's pub/sub service as one holder: it aggregates its own listeners already."""
+
+    pubsub: PubSub
+    delivered: int = 0
+
+    def deliver(self, event: MeshEvent) -> None:
+        # A pub/sub message comes as the origin's listener frame, to pass on as it is.
+        json_message = event.flags & FLAG_JSON_MESSAGE
+        frame = event.body if json_message else _json.encode(as_pubsub_message(event))
+        self.delivered += self.pubsub.deliver(event.subject, frame)
+
+
+def as_pubsub_message(event: MeshEvent) -> dict[str, object]:
+    """An opaque event (an event-plane envelope) as pub/sub listeners receive messages: JSON bodies
+    as JSON, anything else in base64 (``metadata.encoding`` says which)."""
+    try:
+        payload: object = msgspec.json.decode(event.body)
+        encoding = "json"
+    except msgspec.DecodeError:
+        payload = base64.b64encode(event.body).decode()
+        encoding = "base64"
+    return {
+        "type": "message",
+        "message_id": event.event_id,
+        "topic": event.subject,
+        "payload": payload,
+        "metadata": {"encoding": encoding, "origin": event.source},
+        "timestamp": event.timestamp_ms / 1000,
+    }

@@ -1,0 +1,636 @@
+"""A mesh node: links to every other node of its cluster, its clients' aggregated interest
+advertised over them, and each event sent once over each link whose peer wants it (seeds 002, 004).
+
+Data flows only from the node a publisher is on to the nodes its subscribers are on: a node never
+forwards an event it received from a peer, so there are no loops by construction. Direct events are
+at-most-once: one meant for a peer whose link is down is dropped, counted on that link.
+
+Links: both ends of a route may dial; when two connections join the same pair of nodes, both ends
+keep the one dialled by the smaller node id. Each new link starts by learning the peer's interest
+afresh (SYNC_REQ with an empty digest); it carries events once the answer is in. Heartbeats carry
+the sender's interest root: a copy that differs asks for the differing buckets (anti-entropy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from meshplane.core.backpressure import SubscriberQueue
+from meshplane.core.mesh.dedup import DedupCache
+from meshplane.core.mesh.frames import (
+    FLAG_JSON_MESSAGE,
+    PROTOCOL_VERSION,
+    Frame,
+    FrameError,
+    FrameType,
+    Hello,
+    SyncResponse,
+    decode_hello,
+    decode_sync,
+    encode_frame,
+    encode_payload,
+    event_parts,
+)
+from meshplane.core.mesh.interest import decode_leaves, encode_leaves
+from meshplane.core.mesh.router import Router
+from meshplane.core.subjects import InvalidSubject, validate
+from meshplane.mesh.config import MeshConfig, parse_route
+from meshplane.mesh.connection import FrameConnection
+from meshplane.mesh.holders import ClientSession, Holder, MeshEvent, PubSubHolder
+from meshplane.streams.pubsub import PubSub
+
+log = logging.getLogger(__name__)
+
+LINK_COUNTERS = (
+    "events_out",
+    "events_in",
+    "dropped_peer_down",
+    "dropped_backpressure",
+    "unwanted_in",
+    "duplicates_in",
+    "resyncs",
+    "connects",
+    "dead_peer_timeouts",
+    "sub_add_out",
+    "sub_remove_out",
+    "sub_add_in",
+    "sub_remove_in",
+    "bad_frames",
+)
+
+
+@dataclass(eq=False)
+class Link:
+    """What a node knows of one peer, across that peer's connections."""
+
+    peer: str
+    state: str = "down"  # down -> syncing (interest being learnt) -> up (carries events)
+    conn: FrameConnection | None = None
+    dialed_by: str = ""
+    epoch: int = 0
+    last_heard: float = 0.0
+    sync_sent: float | None = None  # when the SYNC_REQ now awaiting its answer went out
+    address: str = ""
+    counters: Counter[str] = field(default_factory=Counter)
+    down: asyncio.Event = field(default_factory=asyncio.Event)  # set while the link is down
+
+    def __post_init__(self) -> None:
+        self.down.set()
+
+
+@dataclass(eq=False)
+class _Peer:
+    """One connection's side of the handshake."""
+
+    conn: FrameConnection
+    dialed: bool
+    role: str = ""  # "route" or "client" once HELLO is in
+    peer: str = ""
+    session: ClientSession | None = None
+    error: str = ""
+    superseded: bool = False
+
+
+class MeshNode:
+    def __init__(self, config: MeshConfig) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.epoch = time.time_ns()
+        self.router: Router[Holder] = Router(config.router)
+        self.links: dict[str, Link] = {}
+        self.clients: dict[str, ClientSession] = {}
+        self.dedup = DedupCache(config.dedup_per_topic, config.dedup_ttl_secs, config.dedup_topics)
+        self.counters: Counter[str] = Counter()
+        self.frame_errors: Counter[str] = Counter()
+        self.route_port = 0
+        self.on_latency: Any = None  # a callable taking seconds (the routing latency histogram)
+        self._sequence = itertools.count(1)
+        self._client_ids = itertools.count(1)
+        self._conns: dict[FrameConnection, _Peer] = {}
+        self._server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._running = False
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    @property
+    def route_url(self) -> str:
+        return f"tcp://{self.config.host}:{self.route_port}"
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._running = True
+        self._server = await loop.create_server(
+            lambda: self._connection(dialed=False),
+            self.config.host,
+            self.config.route_port,
+            reuse_address=True,
+        )
+        self.route_port = int(self._server.sockets[0].getsockname()[1])
+        self._tasks.append(asyncio.create_task(self._heartbeats()))
+        for route in self.config.routes:
+            self._tasks.append(asyncio.create_task(self._dial(route)))
+
+    async def close(self) -> None:
+        self._running = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._conns):
+            conn.close()
+        if self._server is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    def _connection(self, dialed: bool) -> FrameConnection:
+        conn = FrameConnection(
+            max_payload=self.config.max_payload,
+            batch_size=self.config.message_batch_size,
+            batch_timeout_ms=self.config.message_batch_timeout_ms,
+            on_frame=self._on_frame,
+            on_bad=self._on_bad_frame,
+            on_close=self._on_close,
+            on_open=self._on_open,
+            on_resume=self._on_resume,
+        )
+        self._conns[conn] = _Peer(conn, dialed)
+        return conn
+
+    def _on_open(self, conn: FrameConnection) -> None:
+        if self._conns[conn].dialed:
+            self._send_hello(conn, "route")
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.config.handshake_timeout, self._handshake_deadline, conn)
+
+    def _handshake_deadline(self, conn: FrameConnection) -> None:
+        state = self._conns.get(conn)
+        if state is not None and not state.role:
+            self.frame_errors["handshake_timeout"] += 1
+            conn.close()
+
+    def _send_hello(self, conn: FrameConnection, role: Literal["route", "client"], error: str = "") -> None:
+        hello = Hello(
+            PROTOCOL_VERSION, self.node_id, self.config.cluster, role, self.epoch, self.config.secret, error
+        )
+        conn.send(encode_frame(FrameType.HELLO, self.node_id, payload=encode_payload(hello)))
+
+    # --- dialling ------------------------------------------------------------------------------------
+
+    async def _dial(self, route: str) -> None:
+        host, port = parse_route(route)
+        loop = asyncio.get_running_loop()
+        backoff = self.config.reconnect_min
+        while self._running:
+            try:
+                _, conn = await asyncio.wait_for(
+                    loop.create_connection(lambda: self._connection(dialed=True), host, port),
+                    self.config.handshake_timeout,
+                )
+            except (TimeoutError, OSError):
+                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+                backoff = min(self.config.reconnect_max, backoff * 2)
+                continue
+            state = self._conns[conn]
+            await conn.closed
+            if state.error == "self":
+                log.info("route %s is this node itself: not dialled again", route)
+                return
+            link = self.links.get(state.peer)
+            if state.superseded and link is not None and link.state != "down":
+                await link.down.wait()  # the pair keeps the peer's connection; dial again once it is gone
+            if state.role:
+                backoff = self.config.reconnect_min
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+            backoff = min(self.config.reconnect_max, backoff * 2)
+
+    # --- frames --------------------------------------------------------------------------------------
+
+    def _on_bad_frame(self, conn: FrameConnection, error: FrameError) -> None:
+        self.frame_errors[error.reason] += 1
+        state = self._conns.get(conn)
+        if state is not None and state.role == "route":
+            self.links[state.peer].counters["bad_frames"] += 1
+        log.warning("dropped a frame from %s: %s", conn.peer or "a new connection", error.detail)
+
+    def _on_frame(self, conn: FrameConnection, frame: Frame) -> None:
+        state = self._conns[conn]
+        if state.role == "duplicate":
+            return  # closing: the pair keeps its other connection
+        if state.role == "route":
+            self._on_route_frame(self.links[state.peer], frame)
+        elif state.session is not None:
+            self._on_client_frame(state.session, frame)
+        elif frame.type is FrameType.HELLO:
+            self._on_hello(state, frame)
+        else:
+            self.frame_errors["before_hello"] += 1
+            conn.close()
+
+    def _on_hello(self, state: _Peer, frame: Frame) -> None:
+        conn = state.conn
+        try:
+            hello = decode_hello(frame.payload)
+        except ValueError as exc:
+            return self._refuse(state, "malformed", str(exc))
+        if hello.error:
+            state.error = "self" if hello.error.startswith("self") else hello.error
+            log.warning("node at %s refused this node: %s", conn.peer or "a route", hello.error)
+            return conn.close()
+        if hello.protocol != PROTOCOL_VERSION:
+            return self._refuse(
+                state, "version", f"protocol {hello.protocol}; this node speaks {PROTOCOL_VERSION}"
+            )
+        if self.config.secret and hello.secret != self.config.secret:
+            return self._refuse(state, "auth", "wrong or missing mesh secret")
+        if hello.role == "client":
+            if state.dialed or len(self.clients) >= self.config.max_clients:
+                return self._refuse(state, "limit", f"{self.config.max_clients} clients (the limit)")
+            return self._accept_client(state)
+        if hello.node == self.node_id:
+            return self._refuse(state, "self", "self: a route to this node itself")
+        if hello.cluster != self.config.cluster:
+            return self._refuse(
+                state, "cluster", f"cluster {hello.cluster!r}; this node is in {self.config.cluster!r}"
+            )
+        if not state.dialed:
+            self._send_hello(conn, "route")
+        self._install_link(state, hello)
+
+    def _refuse(self, state: _Peer, reason: str, detail: str) -> None:
+        self.frame_errors[f"hello_{reason}"] += 1
+        log.warning("refused a connection: %s", detail)
+        if not state.dialed:
+            self._send_hello(state.conn, "route", error=detail)
+        state.error = reason
+        state.conn.close()
+
+    def _install_link(self, state: _Peer, hello: Hello) -> None:
+        peer, conn = hello.node, state.conn
+        link = self.links.setdefault(peer, Link(peer))
+        dialer = self.node_id if state.dialed else peer
+        if link.conn is not None and link.conn is not conn and link.conn.is_open:
+            keep_new = dialer == min(self.node_id, peer) and link.dialed_by != dialer
+            loser = link.conn if keep_new else conn
+            self._conns[loser].superseded = True
+            if not keep_new:
+                state.role, state.peer = "duplicate", peer
+                loser.close()
+                return
+            loser.close()
+        state.role, state.peer = "route", peer
+        conn.peer = peer
+        if link.epoch and link.epoch != hello.epoch:
+            self.counters["peer_restarts"] += 1
+        link.conn, link.dialed_by, link.epoch = conn, dialer, hello.epoch
+        transport = conn.transport
+        link.address = str(transport.get_extra_info("peername")) if transport is not None else ""
+        link.state, link.last_heard = "syncing", time.monotonic()
+        link.counters["connects"] += 1
+        self.router.add_peer(peer)
+        self._request_sync(link)
+        log.info("link to %s (%s) up; learning its interest", peer, link.address)
+
+    def _request_sync(self, link: Link) -> None:
+        state = self.router.peers.get(link.peer)
+        if link.conn is None or state is None:
+            return
+        link.sync_sent = time.monotonic()
+        link.conn.send(
+            encode_frame(FrameType.SYNC_REQ, self.node_id, payload=encode_leaves(state.interest.leaves()))
+        )
+
+    def _on_close(self, conn: FrameConnection) -> None:
+        state = self._conns.pop(conn)
+        if state.session is not None:
+            self._drop_client(state.session)
+        link = self.links.get(state.peer) if state.role == "route" else None
+        if link is not None:
+            for name in ("bytes_in", "bytes_out", "batches_out"):
+                link.counters[name] += getattr(conn.stats, name)
+        if link is not None and link.conn is conn:
+            link.conn, link.state, link.sync_sent = None, "down", None
+            link.down.set()
+            if self._running:
+                log.warning("link to %s down", link.peer)
+
+    # --- route frames --------------------------------------------------------------------------------
+
+    def _on_route_frame(self, link: Link, frame: Frame) -> None:
+        link.last_heard = time.monotonic()
+        kind = frame.type
+        if kind is FrameType.EVENT:
+            self._on_remote_event(link, frame)
+        elif kind in (FrameType.SUB_ADD, FrameType.SUB_REMOVE):
+            added = kind is FrameType.SUB_ADD
+            link.counters["sub_add_in" if added else "sub_remove_in"] += 1
+            if frame.source != link.peer:
+                return self._count_bad(link, "foreign_origin")
+            pattern = self._valid(frame.subject, wildcards=True)
+            if pattern is None:
+                return self._count_bad(link, "bad_pattern")
+            self.router.apply(link.peer, pattern, frame.sequence, added)
+        elif kind is FrameType.HEARTBEAT:
+            state = self.router.peers.get(link.peer)
+            stale = state is not None and frame.payload != state.interest.root()
+            if link.state == "up" and link.sync_sent is None and stale:
+                link.counters["resyncs"] += 1
+                self._request_sync(link)
+        elif kind is FrameType.SYNC_REQ:
+            try:
+                leaves = decode_leaves(frame.payload)
+            except ValueError:
+                return self._count_bad(link, "bad_digest")
+            answer = SyncResponse(self.router.own.version, self.router.own.answer(leaves))
+            if link.conn is not None:
+                link.conn.send(
+                    encode_frame(
+                        FrameType.SYNC_RESP,
+                        self.node_id,
+                        sequence=answer.version,
+                        payload=encode_payload(answer),
+                    )
+                )
+        elif kind is FrameType.SYNC_RESP:
+            try:
+                answer = decode_sync(frame.payload)
+            except ValueError:
+                return self._count_bad(link, "bad_sync")
+            buckets = {
+                i: [p for p in patterns if self._valid(p, wildcards=True) is not None]
+                for i, patterns in answer.buckets.items()
+            }
+            self.router.apply_sync(link.peer, SyncResponse(answer.version, buckets))
+            link.sync_sent = None
+            if link.state == "syncing":
+                link.state = "up"
+                link.down.clear()
+                log.info("link to %s carries events", link.peer)
+        else:
+            self._count_bad(link, "unexpected_hello")
+
+    def _count_bad(self, link: Link, reason: str) -> None:
+        link.counters["bad_frames"] += 1
+        self.frame_errors[reason] += 1
+
+    @staticmethod
+    def _valid(text: str, *, wildcards: bool) -> str | None:
+        try:
+            return validate(text, wildcards=wildcards)
+        except InvalidSubject:
+            return None
+
+    def _on_remote_event(self, link: Link, frame: Frame) -> None:
+        link.counters["events_in"] += 1
+        if self._valid(frame.subject, wildcards=False) is None:
+            return self._count_bad(link, "bad_subject")
+        timestamp, body = event_parts(frame)
+        event = MeshEvent(frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags)
+        if self.dedup.seen(frame.subject, event.event_id, time.monotonic()):
+            link.counters["duplicates_in"] += 1
+            return
+        holders = self.router.route(frame.subject).local
+        if not holders:
+            link.counters["unwanted_in"] += 1  # interest changed on the way, or a peer's stale copy
+            return
+        self.counters["messages_routed"] += 1
+        self.counters["deliveries"] += len(holders)
+        for holder in holders:
+            holder.deliver(event)
+
+    # --- clients -------------------------------------------------------------------------------------
+
+    def _accept_client(self, state: _Peer) -> None:
+        client_id = f"c{next(self._client_ids)}"
+        queue: SubscriberQueue[bytes] = SubscriberQueue(
+            self.config.max_message_queue_size,
+            self.config.max_message_queue_bytes,
+            self.config.backpressure_policy,
+        )
+        session = ClientSession(client_id, state.conn, queue, on_overflow=self._overflowed)
+        state.role, state.session = "client", session
+        state.conn.peer = client_id
+        self.clients[client_id] = session
+        self._send_hello(state.conn, "client")
+
+    def _overflowed(self, session: ClientSession) -> None:
+        self.counters["clients_disconnected_slow"] += 1
+        log.warning(
+            "client %s disconnected: its queue is full (backpressure policy disconnect)", session.client_id
+        )
+        session.conn.close()
+
+    def _on_resume(self, conn: FrameConnection) -> None:
+        state = self._conns.get(conn)
+        if state is not None and state.session is not None:
+            state.session.resume()
+
+    def _on_client_frame(self, session: ClientSession, frame: Frame) -> None:
+        kind = frame.type
+        if kind is FrameType.EVENT:
+            subject = self._valid(frame.subject, wildcards=False)
+            if subject is None:
+                self.frame_errors["bad_subject"] += 1
+                return
+            self.publish(subject, event_parts(frame)[1], frame.flags)
+        elif kind is FrameType.SUB_ADD:
+            pattern = self._valid(frame.subject, wildcards=True)
+            if (
+                pattern is None
+                or len(self.router.patterns_of(session)) >= self.config.max_patterns_per_client
+            ):
+                self.frame_errors["bad_pattern" if pattern is None else "client_pattern_limit"] += 1
+                return
+            self.subscribe(session, pattern)
+        elif kind is FrameType.SUB_REMOVE:
+            self.unsubscribe(session, frame.subject)
+        elif kind is FrameType.SYNC_REQ:  # a client's ping: everything before it has been handled
+            session.conn.send(encode_frame(FrameType.SYNC_RESP, self.node_id, sequence=frame.sequence))
+        elif kind is not FrameType.HEARTBEAT:
+            self.frame_errors["unexpected_client_frame"] += 1
+
+    def _drop_client(self, session: ClientSession) -> None:
+        self.clients.pop(session.client_id, None)
+        self.counters["client_dropped_events"] += session.dropped
+        for pattern in self.router.patterns_of(session):
+            self.unsubscribe(session, pattern)
+
+    # --- the node's API: interest and publishing -----------------------------------------------------
+
+    def subscribe(self, holder: Holder, pattern: str) -> None:
+        version = self.router.subscribe(holder, pattern)
+        if version is not None:
+            self._announce(FrameType.SUB_ADD, pattern, version)
+
+    def unsubscribe(self, holder: Holder, pattern: str) -> None:
+        version = self.router.unsubscribe(holder, pattern)
+        if version is not None:
+            self._announce(FrameType.SUB_REMOVE, pattern, version)
+
+    def _announce(self, kind: FrameType, pattern: str, version: int) -> None:
+        if kind is FrameType.SUB_ADD and "drop_sub_add" in self.config.faults:
+            return
+        frame = encode_frame(kind, self.node_id, pattern, version)
+        counter = "sub_add_out" if kind is FrameType.SUB_ADD else "sub_remove_out"
+        for link in self.links.values():
+            if link.conn is not None and link.state != "down":
+                link.conn.send(frame)
+                link.counters[counter] += 1
+
+    def publish(self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None) -> int:
+        """Route an event published on this node: to its local holders (but ``skip``, which has
+        delivered it already) and once over each link whose peer wants it. Returns the copies made."""
+        started = time.perf_counter()
+        event = MeshEvent(
+            self.node_id, subject, next(self._sequence), time.time_ns() // 1_000_000, body, flags
+        )
+        route = self.router.route(subject)
+        copies = 0
+        for holder in route.local:
+            if holder is not skip:
+                holder.deliver(event)
+                copies += 1
+        for peer in route.peers:
+            copies += self._forward(self.links.get(peer), event)
+        self.counters["messages_routed"] += 1
+        self.counters["deliveries"] += copies
+        if self.on_latency is not None:
+            self.on_latency(time.perf_counter() - started)
+        return copies
+
+    def _forward(self, link: Link | None, event: MeshEvent) -> int:
+        if link is None:
+            return 0
+        if link.state != "up" or link.conn is None:
+            link.counters["dropped_peer_down"] += 1
+            return 0
+        if link.conn.buffered_bytes() > self.config.link_buffer_bytes:
+            link.counters["dropped_backpressure"] += 1
+            return 0
+        link.conn.send(event.raw)
+        if "duplicate_events" in self.config.faults:
+            link.conn.send(event.raw)
+        link.counters["events_out"] += 1
+        self.counters["messages_forwarded"] += 1
+        return 1
+
+    # --- heartbeats, dead peers, anti-entropy --------------------------------------------------------
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval)
+            self.tick(time.monotonic())
+
+    def tick(self, now: float) -> None:
+        heartbeat = encode_frame(
+            FrameType.HEARTBEAT,
+            self.node_id,
+            sequence=self.router.own.version,
+            payload=self.router.own.root(),
+        )
+        for link in self.links.values():
+            if link.conn is None:
+                continue
+            if now - link.last_heard > self.config.dead_after:
+                link.counters["dead_peer_timeouts"] += 1
+                log.warning("no word from %s for %.1fs: closing the link", link.peer, now - link.last_heard)
+                link.conn.close()
+                continue
+            link.conn.send(heartbeat)
+            if link.sync_sent is not None and now - link.sync_sent > self.config.dead_after:
+                self._request_sync(link)  # the answer went missing
+        for session in self.clients.values():
+            session.conn.send(heartbeat)
+
+    # --- what it looks like --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        router = self.router
+        routed = self.counters["messages_routed"]
+        return {
+            "node": self.node_id,
+            "cluster": self.config.cluster,
+            "route_url": self.route_url,
+            "epoch": self.epoch,
+            "interest": {
+                "version": router.own.version,
+                "patterns_local": len(router.own.holders),
+                "subscriptions_local": router.local_subscriptions,
+                "subscriptions_remote": router.remote_subscriptions,
+                "topics_active": router.topics_active,
+            },
+            "clients": len(self.clients),
+            "counters": {
+                "messages_routed": routed,
+                "messages_forwarded": self.counters["messages_forwarded"],
+                "fanout_avg": round(self.counters["deliveries"] / routed, 3) if routed else 0.0,
+                "duplicates_dropped": self.dedup.duplicates,
+                **{
+                    k: v
+                    for k, v in self.counters.items()
+                    if k not in ("messages_routed", "messages_forwarded")
+                },
+            },
+            "frame_errors": dict(self.frame_errors),
+            "links": [
+                self._link_status(link) for link in sorted(self.links.values(), key=lambda link: link.peer)
+            ],
+        }
+
+    def _link_status(self, link: Link) -> dict[str, Any]:
+        live = link.conn.stats if link.conn is not None else None
+        peer_state = self.router.peers.get(link.peer)
+        return {
+            "peer": link.peer,
+            "state": link.state,
+            "address": link.address,
+            "dialed_by": link.dialed_by,
+            "patterns_remote": len(peer_state.interest.versions) if peer_state is not None else 0,
+            "bloom_false_positives": self.router.bloom_false_positives[link.peer],
+            **{
+                name: link.counters[name] + (getattr(live, name) if live else 0)
+                for name in ("bytes_in", "bytes_out", "batches_out")
+            },
+            **{name: link.counters[name] for name in LINK_COUNTERS},
+        }
+
+    def links_up(self) -> Iterable[str]:
+        return (link.peer for link in self.links.values() if link.state == "up")
+
+    # --- the pub/sub service of the node's streams server ---------------------------------------------
+
+    def attach(self, pubsub: PubSub) -> None:
+        """Announce what ``pubsub`` holds and route what is published there (see :class:`PubSubBridge`)."""
+        bridge = PubSubBridge(self, PubSubHolder(pubsub))
+        pubsub.mesh = bridge
+        for pattern in pubsub.patterns:
+            bridge.interest(pattern, True)
+
+
+@dataclass(eq=False)
+class PubSubBridge:
+    """The pub/sub service's hook: its interest becomes the node's, its messages the node's events."""
+
+    node: MeshNode
+    holder: PubSubHolder
+
+    def interest(self, pattern: str, added: bool) -> None:
+        if added:
+            self.node.subscribe(self.holder, pattern)
+        else:
+            self.node.unsubscribe(self.holder, pattern)
+
+    def published(self, topic: str, frame: bytes) -> None:
+        self.node.publish(topic, frame, FLAG_JSON_MESSAGE, skip=self.holder)

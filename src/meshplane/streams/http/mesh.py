@@ -1,0 +1,86 @@
+"""A mesh node's side of the streams server: ``GET /mesh`` (nodes, links, interest, counters) and its
+Prometheus metrics, under seed 004's names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from meshplane.mesh.node import LINK_COUNTERS, MeshNode
+from meshplane.streams.errors import NotFound
+from meshplane.streams.http.params import json_response
+
+MESH: web.AppKey[MeshNode] = web.AppKey("mesh", MeshNode)
+
+
+async def mesh_status(request: web.Request) -> web.Response:
+    node = request.app.get(MESH)
+    if node is None:
+        raise NotFound("this server is not a mesh node: start it with --node-id (and --routes to link it)")
+    return json_response(node.status())
+
+
+def register_mesh_metrics(node: MeshNode, registry: CollectorRegistry) -> None:
+    registry.register(MeshCollector(node))
+    latency = Histogram(
+        "meshplane_mesh_routing_latency_seconds",
+        "Time to route one event published on this node (local deliveries and link sends)",
+        registry=registry,
+        buckets=(1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2),
+    )
+    node.on_latency = latency.observe
+
+
+class MeshCollector(Collector):
+    def __init__(self, node: MeshNode) -> None:
+        self.node = node
+
+    def collect(self) -> Any:
+        status = self.node.status()
+        counters, interest = status["counters"], status["interest"]
+        prefix = "meshplane_mesh_"
+        yield CounterMetricFamily(
+            prefix + "messages_routed", "Events routed", value=counters["messages_routed"]
+        )
+        yield CounterMetricFamily(
+            prefix + "messages_forwarded", "Event copies sent to peers", value=counters["messages_forwarded"]
+        )
+        yield GaugeMetricFamily(
+            prefix + "fanout_avg",
+            "Copies (local deliveries and links) per routed event",
+            value=counters["fanout_avg"],
+        )
+        yield CounterMetricFamily(
+            prefix + "duplicates_dropped",
+            "Events seen before (dedup cache)",
+            value=counters["duplicates_dropped"],
+        )
+        for name, help_text in (
+            ("subscriptions_local", "Subscriptions of this node's clients"),
+            ("subscriptions_remote", "Patterns peers advertised"),
+            ("topics_active", "Patterns with a subscriber here or at a peer"),
+        ):
+            yield GaugeMetricFamily(prefix + name, help_text, value=interest[name])
+        per_link = {
+            name: CounterMetricFamily(
+                f"{prefix}link_{name}", f"Per link: {name.replace('_', ' ')}", labels=["peer"]
+            )
+            for name in (*LINK_COUNTERS, "bytes_in", "bytes_out", "batches_out", "bloom_false_positives")
+        }
+        state = GaugeMetricFamily(prefix + "link_up", "1 while the link carries events", labels=["peer"])
+        for link in status["links"]:
+            for name, family in per_link.items():
+                family.add_metric([link["peer"]], link[name])
+            state.add_metric([link["peer"]], 1 if link["state"] == "up" else 0)
+        yield from per_link.values()
+        yield state
+        errors = CounterMetricFamily(
+            prefix + "frames_dropped", "Frames dropped, by reason", labels=["reason"]
+        )
+        for reason, count in status["frame_errors"].items():
+            errors.add_metric([reason], count)
+        yield errors
