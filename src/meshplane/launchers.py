@@ -313,6 +313,7 @@ class StreamsServerProcess(_Process):
         self.port = port
         self.data_dir = data_dir or self.workdir / "data"
         self.url = ""
+        self.announced: dict[str, Any] = {}
         self._extra_args = extra_args
         self._env = env  # added to this process's environment (tokens go there, never on argv)
 
@@ -330,6 +331,62 @@ class StreamsServerProcess(_Process):
             *self._extra_args,
         ]
         env = {**os.environ, **self._env} if self._env else None
-        self.url = self._ready_line(self._spawn(argv, env), timeout, "streams server")["url"]
+        self.announced = self._ready_line(self._spawn(argv, env), timeout, "streams server")
+        self.url = self.announced["url"]
         self.port = int(self.url.rsplit(":", 1)[1])
         return self
+
+    @property
+    def route_url(self) -> str:
+        """The mesh node's route address (servers started with --node-id)."""
+        return str(self.announced["mesh"]["route_url"])
+
+
+class MeshCluster:
+    """``count`` mesh nodes (``meshplane serve --node-id``) of one cluster on loopback, each routed to
+    all the others, each its own process and data directory. Node ids are a, b, c, ..."""
+
+    def __init__(
+        self,
+        count: int,
+        *,
+        cluster: str = "c1",
+        heartbeat_interval: float = 0.2,
+        extra_args: tuple[str, ...] = (),
+        node_args: dict[str, tuple[str, ...]] | None = None,
+    ) -> None:
+        self.ids = [chr(ord("a") + i) for i in range(count)]
+        ports = [free_port() for _ in self.ids]
+        self.route_urls = [f"tcp://127.0.0.1:{port}" for port in ports]
+        self.nodes = [
+            StreamsServerProcess(
+                extra_args=(
+                    *("--node-id", node, "--cluster", cluster, "--route-port", str(port)),
+                    *("--heartbeat-interval", str(heartbeat_interval)),
+                    *("--routes", ",".join(url for url in self.route_urls if not url.endswith(f":{port}"))),
+                    *extra_args,
+                    *(node_args or {}).get(node, ()),
+                )
+            )
+            for node, port in zip(self.ids, ports, strict=True)
+        ]
+
+    def start(self, timeout: float = 20.0) -> MeshCluster:
+        for node in self.nodes:
+            node.start(timeout)
+        return self
+
+    def __getitem__(self, node_id: str) -> StreamsServerProcess:
+        return self.nodes[self.ids.index(node_id)]
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            node.cleanup()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.cleanup()

@@ -35,9 +35,9 @@ def reference(pattern: str, subject: str) -> bool:
 WORDS = st.sampled_from(["a", "b", "c"])
 PATTERN_TOKENS = st.sampled_from(["a", "b", "c", "*", "#"])
 # '>' only ends a pattern.
-PATTERNS = st.tuples(
-    st.lists(PATTERN_TOKENS, min_size=1, max_size=6), st.sampled_from(["", "", ".>"])
-).map(lambda p: ".".join(p[0]) + p[1])
+PATTERNS = st.tuples(st.lists(PATTERN_TOKENS, min_size=1, max_size=6), st.sampled_from(["", "", ".>"])).map(
+    lambda p: ".".join(p[0]) + p[1]
+)
 
 
 @given(st.lists(PATTERNS, min_size=1, max_size=8), st.lists(WORDS, min_size=1, max_size=8))

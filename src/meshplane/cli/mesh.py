@@ -140,7 +140,7 @@ def render_status(status: dict[str, Any]) -> str:
     interest, counters = status["interest"], status["counters"]
     title = (
         f"node {status['node']} (cluster {status['cluster']}) at {status['route_url']}: "
-        f"{status['clients']} clients, {interest['subscriptions_local']} local subscriptions "
+        f"{len(status['clients'])} clients, {interest['subscriptions_local']} local subscriptions "
         f"({interest['patterns_local']} patterns announced), {interest['subscriptions_remote']} remote; "
         f"{counters['messages_routed']} routed, {counters['messages_forwarded']} forwarded, "
         f"fan-out {counters['fanout_avg']}"

@@ -58,7 +58,7 @@ class ClientSession:
     client_id: str
     conn: FrameConnection
     queue: SubscriberQueue[bytes]
-    delivered: int = 0
+    delivered: int = 0  # handed to the socket
     on_overflow: Callable[[ClientSession], None] = field(default=lambda session: None)
 
     def deliver(self, event: MeshEvent) -> None:
@@ -67,8 +67,7 @@ class ClientSession:
             self.conn.send(raw)
             self.delivered += 1
             return
-        if self.queue.offer(raw, len(raw)):
-            self.delivered += 1
+        self.queue.offer(raw, len(raw))
         if self.queue.overflowed:
             self.on_overflow(self)
 
@@ -76,6 +75,7 @@ class ClientSession:
         """The socket drained: send what waited, until it pushes back again."""
         while self.queue and not self.conn.paused:
             self.conn.send(self.queue.take())
+            self.delivered += 1
 
     @property
     def dropped(self) -> int:

@@ -556,10 +556,12 @@ class MeshNode:
 
     # --- what it looks like --------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self, patterns: bool = False, limit: int = 1000) -> dict[str, Any]:
+        """What ``GET /mesh`` shows; with ``patterns``, this node's announced patterns and each peer's
+        as this node knows them (at most ``limit`` of each, sorted)."""
         router = self.router
         routed = self.counters["messages_routed"]
-        return {
+        answer: dict[str, Any] = {
             "node": self.node_id,
             "cluster": self.config.cluster,
             "route_url": self.route_url,
@@ -571,7 +573,18 @@ class MeshNode:
                 "subscriptions_remote": router.remote_subscriptions,
                 "topics_active": router.topics_active,
             },
-            "clients": len(self.clients),
+            "clients": [
+                {
+                    "id": session.client_id,
+                    "patterns": len(router.patterns_of(session)),
+                    "delivered": session.delivered,
+                    "queued": len(session.queue),
+                    "buffered_bytes": session.conn.buffered_bytes(),
+                    "paused": session.conn.paused,
+                    "dropped": session.dropped,
+                }
+                for session in itertools.islice(self.clients.values(), limit)
+            ],
             "counters": {
                 "messages_routed": routed,
                 "messages_forwarded": self.counters["messages_forwarded"],
@@ -588,6 +601,14 @@ class MeshNode:
                 self._link_status(link) for link in sorted(self.links.values(), key=lambda link: link.peer)
             ],
         }
+        if patterns:
+            answer["patterns"] = {
+                "local": sorted(router.own.holders)[:limit],
+                "peers": {
+                    peer: sorted(state.interest.versions)[:limit] for peer, state in router.peers.items()
+                },
+            }
+        return answer
 
     def _link_status(self, link: Link) -> dict[str, Any]:
         live = link.conn.stats if link.conn is not None else None

@@ -21,7 +21,7 @@ async def mesh_status(request: web.Request) -> web.Response:
     node = request.app.get(MESH)
     if node is None:
         raise NotFound("this server is not a mesh node: start it with --node-id (and --routes to link it)")
-    return json_response(node.status())
+    return json_response(node.status(patterns=request.query.get("patterns") in ("1", "true")))
 
 
 def register_mesh_metrics(node: MeshNode, registry: CollectorRegistry) -> None:

@@ -1,0 +1,468 @@
+"""The event mesh, part 1, on real nodes: each ``meshplane serve --node-id`` its own process and data
+directory, linked over loopback; clients are mesh clients (the event plane's transport), pub/sub
+WebSockets and raw sockets where a test plays a misbehaving peer or a slow subscriber."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import socket
+import time
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from meshplane.core.mesh.frames import (
+    PROTOCOL_VERSION,
+    Frame,
+    FrameReader,
+    FrameType,
+    Hello,
+    encode_event,
+    encode_frame,
+    encode_payload,
+    event_parts,
+)
+from meshplane.launchers import MeshCluster, StreamsServerProcess
+from meshplane.mesh.client import MeshClient
+from tests.helpers import eventually
+
+
+async def status(node: StreamsServerProcess, patterns: bool = False) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http:
+        query = "?patterns=1" if patterns else ""
+        async with http.get(f"{node.url}/mesh{query}") as response:
+            response.raise_for_status()
+            answer: dict[str, Any] = await response.json()
+            return answer
+
+
+async def link(node: StreamsServerProcess, peer: str) -> dict[str, Any]:
+    return next(entry for entry in (await status(node))["links"] if entry["peer"] == peer)
+
+
+async def all_linked(cluster: MeshCluster) -> None:
+    async def linked() -> bool:
+        for node_id, node in zip(cluster.ids, cluster.nodes, strict=True):
+            up = sorted(x["peer"] for x in (await status(node))["links"] if x["state"] == "up")
+            if up != [peer for peer in cluster.ids if peer != node_id]:
+                return False
+        return True
+
+    await eventually(linked, timeout=20, interval=0.05, what="every link up")
+
+
+async def interest_reached(node: StreamsServerProcess, peer: str, pattern: str, present: bool = True) -> None:
+    async def there() -> bool:
+        known = (await status(node, patterns=True))["patterns"]["peers"].get(peer, [])
+        return (pattern in known) == present
+
+    await eventually(there, timeout=15, interval=0.02, what=f"{pattern} at {peer} known to a node")
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, bytes]] = []
+
+    def __call__(self, subject: str, body: bytes) -> None:
+        self.events.append((subject, body))
+
+
+@pytest.fixture(scope="module")
+def three() -> Iterator[MeshCluster]:
+    with MeshCluster(3) as cluster:
+        yield cluster.start()
+
+
+async def test_a_subscriber_on_c_gets_exactly_what_a_publishes_for_its_subjects(three: MeshCluster) -> None:
+    await all_linked(three)
+    a = await MeshClient(three["a"].route_url).connect()
+    c = await MeshClient(three["c"].route_url).connect()
+    try:
+        exact, wild = Inbox(), Inbox()
+        c.subscribe("t1.orders.eu", exact)
+        c.subscribe("t1.orders.>", wild)
+        await c.flush()
+        await interest_reached(three["a"], "c", "t1.orders.>")
+        before_b = (await link(three["a"], "b"))["events_out"]
+        for i in range(50):
+            a.publish("t1.orders.eu", b"eu%d" % i)
+            a.publish("t1.orders.us.west", b"us%d" % i)
+            a.publish("t1.payments.eu", b"no%d" % i)
+        await a.flush()
+        await eventually(lambda: len(wild.events) == 100 and len(exact.events) == 50)
+        assert exact.events == [("t1.orders.eu", b"eu%d" % i) for i in range(50)]
+        assert sorted(wild.events) == sorted(
+            [("t1.orders.eu", b"eu%d" % i) for i in range(50)]
+            + [("t1.orders.us.west", b"us%d" % i) for i in range(50)]
+        )
+        a_to_c = await link(three["a"], "c")
+        assert a_to_c["events_out"] >= 100  # one copy per event although two subscriptions match t1.orders.eu
+        assert (await link(three["a"], "b"))["events_out"] == before_b  # no interest at b: nothing sent
+    finally:
+        await a.close()
+        await c.close()
+
+
+async def test_a_hundred_subscribers_behind_one_link_cost_one_copy_per_event(three: MeshCluster) -> None:
+    await all_linked(three)
+    subscribers = [await MeshClient(three["c"].route_url).connect() for _ in range(100)]
+    publisher = await MeshClient(three["a"].route_url).connect()
+    try:
+        inboxes = [Inbox() for _ in subscribers]
+        for client, inbox in zip(subscribers, inboxes, strict=True):
+            client.subscribe("t2.fanout", inbox)
+        for client in subscribers:
+            await client.flush()
+        await interest_reached(three["a"], "c", "t2.fanout")
+        sent_before = (await link(three["a"], "c"))["events_out"]
+        received_before = (await link(three["c"], "a"))["events_in"]
+        for i in range(200):
+            publisher.publish("t2.fanout", b"%d" % i)
+        await publisher.flush()
+        await eventually(lambda: all(len(inbox.events) == 200 for inbox in inboxes), timeout=20)
+        assert all([body for _, body in inbox.events] == [b"%d" % i for i in range(200)] for inbox in inboxes)
+        assert (await link(three["a"], "c"))["events_out"] - sent_before == 200
+        assert (await link(three["c"], "a"))["events_in"] - received_before == 200
+        assert (await status(three["a"]))["interest"]["subscriptions_remote"] >= 1
+    finally:
+        for client in [*subscribers, publisher]:
+            await client.close()
+
+
+async def test_three_local_subscribers_are_one_sub_add_and_the_last_one_out_one_sub_remove(
+    three: MeshCluster,
+) -> None:
+    await all_linked(three)
+    before = await link(three["b"], "a")
+    clients = [await MeshClient(three["a"].route_url).connect() for _ in range(3)]
+    try:
+        sids = [client.subscribe("t3.payments", Inbox()) for client in clients]
+        for client in clients:
+            await client.flush()
+        await interest_reached(three["b"], "a", "t3.payments")
+        for client, sid in list(zip(clients, sids, strict=True))[:2]:
+            client.unsubscribe(sid)
+            await client.flush()
+        await interest_reached(three["c"], "a", "t3.payments")  # still there
+        after_two = await link(three["b"], "a")
+        assert after_two["sub_add_in"] - before["sub_add_in"] == 1
+        assert after_two["sub_remove_in"] - before["sub_remove_in"] == 0
+        clients[2].unsubscribe(sids[2])
+        await clients[2].flush()
+        await interest_reached(three["b"], "a", "t3.payments", present=False)
+        assert (await link(three["b"], "a"))["sub_remove_in"] - before["sub_remove_in"] == 1
+    finally:
+        for client in clients:
+            await client.close()
+
+
+async def test_pubsub_messages_cross_the_mesh_to_websocket_listeners(three: MeshCluster) -> None:
+    await all_linked(three)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(f"{three['c'].url}/pubsub/ws?topics=t4.alerts.*") as ws,
+    ):
+        assert json.loads((await ws.receive()).data)["type"] == "connected"
+        await interest_reached(three["a"], "c", "t4.alerts.*")
+        async with http.post(
+            f"{three['a'].url}/pubsub/t4.alerts.cpu/publish", json={"payload": {"load": 0.9}}
+        ) as response:
+            assert response.status == 200
+        message = json.loads((await ws.receive(timeout=10)).data)
+        assert message["topic"] == "t4.alerts.cpu"
+        assert message["payload"] == {"load": 0.9}
+        # An event-plane (opaque) event reaches pub/sub listeners too: JSON bodies as JSON.
+        publisher = await MeshClient(three["b"].route_url).connect()
+        publisher.publish("t4.alerts.disk", b'{"free": 1}')
+        await publisher.flush()
+        message = json.loads((await ws.receive(timeout=10)).data)
+        await publisher.close()
+        assert message["payload"] == {"free": 1}
+        assert message["metadata"]["encoding"] == "json"
+
+
+async def test_subscribe_and_unsubscribe_churn_converges_to_the_exact_interest(three: MeshCluster) -> None:
+    await all_linked(three)
+    rng = random.Random(7)
+    pool = [f"t5.p{i}.{tail}" for i in range(100) for tail in ("x", "*", ">")]
+    clients = {
+        node: [await MeshClient(three[node].route_url).connect() for _ in range(3)] for node in three.ids
+    }
+    held: dict[tuple[str, int], dict[str, int]] = {(n, i): {} for n in three.ids for i in range(3)}
+    try:
+        for _ in range(10_000):
+            node, index = rng.choice(three.ids), rng.randrange(3)
+            mine = held[node, index]
+            if mine and rng.random() < 0.5:
+                pattern = rng.choice(sorted(mine))
+                clients[node][index].unsubscribe(mine.pop(pattern))
+            else:
+                pattern = rng.choice(pool)
+                if pattern not in mine:
+                    mine[pattern] = clients[node][index].subscribe(pattern, Inbox())
+        for node in three.ids:
+            for client in clients[node]:
+                await client.flush()
+        expected = {node: sorted({p for i in range(3) for p in held[node, i]}) for node in three.ids}
+
+        async def converged() -> bool:
+            for node in three.ids:
+                answer = (await status(three[node], patterns=True))["patterns"]
+                if answer["local"] != expected[node]:
+                    return False
+                if any(answer["peers"].get(peer) != expected[peer] for peer in three.ids if peer != node):
+                    return False
+            return True
+
+        await eventually(converged, timeout=20, interval=0.05, what="every node holds the exact interest")
+    finally:
+        for group in clients.values():
+            for client in group:
+                await client.close()
+
+
+def raw_peer(node: StreamsServerProcess, node_id: str, cluster: str = "c1") -> socket.socket:
+    """A socket that says HELLO as a route of the cluster, and has heard the node's answer."""
+    host, port = node.route_url[len("tcp://") :].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    hello = Hello(PROTOCOL_VERSION, node_id, cluster, "route", 1)
+    sock.sendall(encode_frame(FrameType.HELLO, node_id, payload=encode_payload(hello)))
+    return sock
+
+
+def read_frames(sock: socket.socket, until: FrameType, reader: FrameReader | None = None) -> list[Frame]:
+    reader = reader or FrameReader()
+    frames: list[Frame] = []
+    while not any(f.type is until for f in frames):
+        data = sock.recv(65536)
+        assert data, "the node closed the connection"
+        frames += [f for f in reader.feed(data) if isinstance(f, Frame)]
+    return frames
+
+
+async def test_bad_frames_and_unwanted_events_are_counted_and_the_link_stays_up(three: MeshCluster) -> None:
+    await all_linked(three)
+    c = await MeshClient(three["c"].route_url).connect()
+    inbox = Inbox()
+    c.subscribe("t6.wanted", inbox)
+    await c.flush()
+    sock = await asyncio.to_thread(raw_peer, three["c"], "intruder")
+    try:
+        await asyncio.to_thread(read_frames, sock, FrameType.SYNC_REQ)
+        corrupt = bytearray(encode_event("intruder", "t6.wanted", 1, 1, b"corrupt"))
+        corrupt[-6] ^= 0xFF
+        junk_type = bytearray(encode_frame(FrameType.HEARTBEAT, "intruder"))
+        junk_type[0] = 42
+        junk_type[-4:] = zlib.crc32(junk_type[:-4]).to_bytes(4, "big")
+        sock.sendall(
+            bytes(corrupt)
+            + bytes(junk_type)
+            + encode_event("intruder", "t6.unwanted", 2, 1, b"nobody")
+            + encode_event("intruder", "t6.bad..subject", 3, 1, b"x")
+            + encode_event("intruder", "t6.wanted", 4, 1, b"ok")
+            + encode_event("intruder", "t6.wanted", 4, 1, b"ok")  # a retransmission: same event id
+        )
+        await eventually(lambda: inbox.events == [("t6.wanted", b"ok")])
+        entry = await link(three["c"], "intruder")
+        assert entry["state"] == "syncing"  # never answered the node's SYNC_REQ, but still connected
+        assert entry["bad_frames"] == 3  # the checksum, the unknown type, the invalid subject
+        assert entry["unwanted_in"] == 1
+        assert entry["duplicates_in"] == 1
+        errors = (await status(three["c"]))["frame_errors"]
+        assert errors["checksum"] >= 1
+        assert errors["unknown_type"] >= 1
+        assert errors["bad_subject"] >= 1
+    finally:
+        sock.close()
+        await c.close()
+
+
+async def test_a_node_of_another_cluster_or_protocol_is_refused() -> None:
+    with StreamsServerProcess(
+        extra_args=("--node-id", "solo", "--cluster", "c1", "--route-port", "0")
+    ) as node:
+        node.start()
+        for cluster, protocol, reason in (
+            ("c2", PROTOCOL_VERSION, "hello_cluster"),
+            ("c1", 99, "hello_version"),
+        ):
+            host, port = node.route_url[len("tcp://") :].split(":")
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            hello = Hello(protocol, "other", cluster, "route", 1)
+            sock.sendall(encode_frame(FrameType.HELLO, "other", payload=encode_payload(hello)))
+            [answer] = await asyncio.to_thread(read_frames, sock, FrameType.HELLO)
+            sock.close()
+            assert "cluster" in answer.payload.decode(errors="replace") or protocol == 99
+            assert (await status(node))["frame_errors"][reason] == 1
+        assert (await status(node))["links"] == []
+
+
+async def test_anti_entropy_repairs_interest_whose_sub_adds_were_lost() -> None:
+    faulty = ("--mesh-fault", "drop_sub_add")
+    with MeshCluster(3, node_args={"a": faulty}).start() as cluster:
+        await all_linked(cluster)
+        a = await MeshClient(cluster["a"].route_url).connect()
+        b = await MeshClient(cluster["b"].route_url).connect()
+        try:
+            inbox = Inbox()
+            a.subscribe("ae.>", inbox)  # its SUB_ADD is never sent: only digests can tell the peers
+            await a.flush()
+            await interest_reached(cluster["b"], "a", "ae.>")
+            await interest_reached(cluster["c"], "a", "ae.>")
+            b.publish("ae.x", b"repaired")
+            await b.flush()
+            await eventually(lambda: inbox.events == [("ae.x", b"repaired")])
+            assert (await link(cluster["b"], "a"))["resyncs"] >= 1
+            assert (await link(cluster["b"], "a"))["sub_add_in"] == 0
+        finally:
+            await a.close()
+            await b.close()
+
+
+async def test_a_killed_node_comes_back_resyncs_and_what_it_missed_is_counted() -> None:
+    with MeshCluster(3).start() as cluster:
+        await all_linked(cluster)
+        a = await MeshClient(cluster["a"].route_url).connect()
+        c = await MeshClient(cluster["c"].route_url, timeout=30).connect()
+        try:
+            inbox = Inbox()
+            c.subscribe("kill.>", inbox)
+            await c.flush()
+            await interest_reached(cluster["a"], "c", "kill.>")
+            a.publish("kill.before", b"1")
+            await a.flush()
+            await eventually(lambda: len(inbox.events) == 1)
+            cluster["c"].kill(signal.SIGKILL)
+            await eventually(
+                lambda: _state(cluster["a"], "c", "down"), timeout=10, interval=0.05, what="a sees c down"
+            )
+            for i in range(10):
+                a.publish("kill.while_down", b"%d" % i)
+            await a.flush()
+            assert (await link(cluster["a"], "c"))["dropped_peer_down"] == 10
+            cluster["c"].start()  # same port, same data directory
+            await all_linked(cluster)
+            await interest_reached(cluster["a"], "c", "kill.>")  # c's client came back and resubscribed
+            a.publish("kill.after", b"2")
+            await a.flush()
+            await eventually(lambda: inbox.events[-1:] == [("kill.after", b"2")], timeout=15)
+            assert [s for s, _ in inbox.events] == ["kill.before", "kill.after"]
+            assert (await link(cluster["a"], "c"))["connects"] >= 2
+        finally:
+            await a.close()
+            await c.close()
+
+
+async def _state(node: StreamsServerProcess, peer: str, state: str) -> bool:
+    return bool((await link(node, peer))["state"] == state)
+
+
+async def test_a_tiny_bloom_filter_gives_false_positives_never_wrong_deliveries() -> None:
+    tiny = ("--bloom-filter-capacity", "1", "--bloom-filter-fpr", "0.9")
+    with MeshCluster(2, extra_args=tiny).start() as cluster:
+        await all_linked(cluster)
+        a = await MeshClient(cluster["a"].route_url).connect()
+        b = await MeshClient(cluster["b"].route_url).connect()
+        try:
+            inbox = Inbox()
+            b.subscribe("bloom.wanted", inbox)
+            await b.flush()
+            await interest_reached(cluster["a"], "b", "bloom.wanted")
+            for i in range(300):
+                a.publish(f"bloom.other{i}", b"no")
+            a.publish("bloom.wanted", b"yes")
+            await a.flush()
+            await eventually(lambda: inbox.events == [("bloom.wanted", b"yes")])
+            a_to_b = await link(cluster["a"], "b")
+            assert a_to_b["bloom_false_positives"] > 0
+            assert a_to_b["events_out"] == 1  # the exact table behind the filter: no wasted send
+            assert (await link(cluster["b"], "a"))["unwanted_in"] == 0
+        finally:
+            await a.close()
+            await b.close()
+
+
+@pytest.mark.parametrize("policy", ["drop_oldest", "drop_newest", "disconnect"])
+async def test_backpressure_policies_on_a_subscriber_that_stops_reading(policy: str) -> None:
+    args = (
+        "--node-id",
+        "bp",
+        "--route-port",
+        "0",
+        "--max-message-queue-size",
+        "100",
+        "--backpressure-policy",
+        policy,
+    )
+    with StreamsServerProcess(extra_args=args) as node:
+        node.start()
+        host, port = node.route_url[len("tcp://") :].split(":")
+        slow = socket.create_connection((host, int(port)), timeout=10)
+        hello = Hello(PROTOCOL_VERSION, "slow", "", "client")
+        slow.sendall(
+            encode_frame(FrameType.HELLO, "", payload=encode_payload(hello))
+            + encode_frame(FrameType.SUB_ADD, "", "bp.flood")
+            + encode_frame(FrameType.SYNC_REQ, "")
+        )
+        reader = FrameReader()
+        await asyncio.to_thread(read_frames, slow, FrameType.SYNC_RESP, reader)
+        publisher = await MeshClient(node.route_url).connect()
+        total = 40_000
+        try:
+            for i in range(total):
+                publisher.publish("bp.flood", i.to_bytes(4, "big") + b"\0" * 1000)
+                if i % 1000 == 999:
+                    await publisher.flush()
+            await publisher.flush()
+
+            async def slow_client() -> dict[str, Any]:
+                return dict((await status(node))["clients"][0]) if (await status(node))["clients"] else {}
+
+            if policy == "disconnect":
+                await eventually(
+                    lambda: _counter(node, "clients_disconnected_slow", 1), what="the slow client is dropped"
+                )
+                return
+            client = await slow_client()
+            assert client["dropped"] > 0
+            assert client["queued"] <= 100
+            seen = await asyncio.to_thread(drain_events, slow, reader, total)
+            assert seen == sorted(seen)
+            assert len(seen) < total
+            if policy == "drop_oldest":
+                assert seen[-1] == total - 1  # the newest kept
+            else:
+                assert seen[-1] < total - 1  # the newest refused
+            assert len(seen) + client["dropped"] == total
+        finally:
+            slow.close()
+            await publisher.close()
+
+
+def drain_events(sock: socket.socket, reader: FrameReader, last: int) -> list[int]:
+    """Read the numbered events until the last one, or until none came for a second (heartbeats
+    keep coming: they do not count)."""
+    sock.settimeout(0.2)
+    seen: list[int] = []
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < 1.0 and seen[-1:] != [last - 1]:
+        try:
+            data = sock.recv(1 << 20)
+        except TimeoutError:
+            continue
+        assert data, "the node closed the connection"
+        events = [f for f in reader.feed(data) if isinstance(f, Frame) and f.type is FrameType.EVENT]
+        if events:
+            quiet_since = time.monotonic()
+            seen += [int.from_bytes(event_parts(f)[1][:4], "big") for f in events]
+    return seen
+
+
+async def _counter(node: StreamsServerProcess, name: str, at_least: int) -> bool:
+    return bool((await status(node))["counters"].get(name, 0) >= at_least)
