@@ -14,7 +14,7 @@ import pytest
 from hypothesis import settings
 
 from meshplane import PlaneConfig
-from meshplane.launchers import BrokerProcess, EtcdServer, NatsServer
+from meshplane.launchers import BrokerProcess, EtcdServer, NatsServer, StreamsServerProcess
 
 # The developer's connection contexts (`meshplane up`, `meshplane context select`) must not reach the
 # tests, nor the tests' `up` runs the developer's: every test process reads its own, empty, config folder.
@@ -33,6 +33,8 @@ DISCOVERY_BACKENDS = ["mem", "file", "etcd"]
 BROKER_MODES = [("zmq-broker", "file"), ("zmq-broker-discovery", "etcd")]
 # ZeroMQ with CURVE on: direct (publisher keys from discovery records) and through CURVE brokers.
 CURVE_MODES = [("zmq-curve", "file"), ("zmq-curve-broker", "file")]
+# Through a mesh node (a `meshplane serve --node-id` process): publishers and subscribers are its clients.
+MESH_MODES = [("mesh", "file"), ("mesh", "etcd")]
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,12 @@ def nats_server() -> Iterator[NatsServer]:
 
 
 @pytest.fixture(scope="session")
+def mesh_node() -> Iterator[StreamsServerProcess]:
+    with StreamsServerProcess(extra_args=("--node-id", "contract", "--route-port", "0")) as node:
+        yield node.start()
+
+
+@pytest.fixture(scope="session")
 def etcd_server() -> Iterator[EtcdServer]:
     with EtcdServer() as server:
         server.start()
@@ -147,12 +155,13 @@ def make_config(
     params=[(t, d) for t in TRANSPORTS for d in DISCOVERY_BACKENDS]
     + BROKER_MODES
     + CURVE_MODES
+    + MESH_MODES
     + [("mem", "mem")],
     ids=lambda p: f"{p[0]}-{p[1]}",
 )
 def plane_config(request: pytest.FixtureRequest, tmp_path: Path) -> PlaneConfig:
-    """Every transport x discovery combination, both broker modes and CURVE, on real servers; and the
-    in-process transport (an extra, for the application API's test plane)."""
+    """Every transport x discovery combination, both broker modes, CURVE and a mesh node, on real
+    servers; and the in-process transport (an extra, for the application API's test plane)."""
     transport, discovery = request.param
     nats = request.getfixturevalue("nats_server") if transport == "nats" else None
     etcd = request.getfixturevalue("etcd_server") if discovery == "etcd" else None
@@ -174,6 +183,9 @@ def plane_config(request: pytest.FixtureRequest, tmp_path: Path) -> PlaneConfig:
                 "zmq", discovery, tmp_path, None, etcd, zmq_brokers=tuple(b.address for b in brokers)
             )
         return make_config("zmq", discovery, tmp_path, None, etcd, zmq_broker_enabled=True)
+    if transport == "mesh":
+        node: StreamsServerProcess = request.getfixturevalue("mesh_node")
+        return make_config("mesh", discovery, tmp_path, None, etcd, mesh_node=node.route_url)
     return make_config(transport, discovery, tmp_path, nats, etcd)
 
 

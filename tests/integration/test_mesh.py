@@ -227,6 +227,46 @@ async def test_subscribe_and_unsubscribe_churn_converges_to_the_exact_interest(t
                 await client.close()
 
 
+async def test_four_nodes_publishing_and_subscribing_everywhere_deliver_each_event_exactly_once() -> None:
+    with MeshCluster(4).start() as cluster:
+        await all_linked(cluster)
+        clients = {node: await MeshClient(cluster[node].route_url).connect() for node in cluster.ids}
+        try:
+            everything = {node: Inbox() for node in cluster.ids}
+            only_a = Inbox()
+            for node, client in clients.items():
+                client.subscribe("four.>", everything[node])
+            clients["d"].subscribe("four.a", only_a)
+            for client in clients.values():
+                await client.flush()
+            for node in cluster.ids:
+                for peer in cluster.ids:
+                    if peer != node:
+                        await interest_reached(cluster[node], peer, "four.>")
+            for node, client in clients.items():
+                for i in range(100):
+                    client.publish(f"four.{node}", b"%s-%d" % (node.encode(), i))
+            for client in clients.values():
+                await client.flush()
+            expected = sorted(
+                ("four." + n, b"%s-%d" % (n.encode(), i)) for n in cluster.ids for i in range(100)
+            )
+            await eventually(
+                lambda: all(len(inbox.events) >= 400 for inbox in everything.values()), timeout=20
+            )
+            await eventually(lambda: len(only_a.events) >= 100)
+            for inbox in everything.values():
+                assert sorted(inbox.events) == expected  # each once: no loops, no duplicates
+            assert only_a.events == [("four.a", b"a-%d" % i) for i in range(100)]
+            for node in cluster.ids:
+                links = (await status(cluster[node]))["links"]
+                assert sum(x["events_out"] for x in links) == 300  # its own 100, once to each of 3 peers
+                assert sum(x["events_in"] for x in links) == 300  # the others' 300, never forwarded on
+        finally:
+            for client in clients.values():
+                await client.close()
+
+
 def raw_peer(node: StreamsServerProcess, node_id: str, cluster: str = "c1") -> socket.socket:
     """A socket that says HELLO as a route of the cluster, and has heard the node's answer."""
     host, port = node.route_url[len("tcp://") :].split(":")
