@@ -144,9 +144,12 @@ class NatsServer(_Process):
         token: str | None = None,
         jetstream: bool = False,
         tls: tuple[Path, Path, Path | None] | None = None,
+        cluster: tuple[str, int, tuple[int, ...]] | None = None,
     ) -> None:
-        """``tls``: (certificate, key, CA that clients' certificates must chain to, or None)."""
+        """``tls``: (certificate, key, CA that clients' certificates must chain to, or None);
+        ``cluster``: (name, this server's route port, the other servers' route ports) on loopback."""
         super().__init__()
+        self.cluster = cluster
         self.host = host
         self.port = port
         self.token = token
@@ -175,6 +178,10 @@ class NatsServer(_Process):
             argv += ["-c", str(config)]
         if self.jetstream:
             argv += ["--jetstream", "--store_dir", str(self.workdir / "jetstream")]
+        if self.cluster:
+            name, route_port, others = self.cluster
+            argv += ["--cluster_name", name, "--cluster", f"nats://{self.host}:{route_port}"]
+            argv += ["--routes", ",".join(f"nats://{self.host}:{port}" for port in others)]
         if self.tls:
             cert, key, client_ca = self.tls
             argv += ["--tls", "--tlscert", str(cert), "--tlskey", str(key)]

@@ -91,9 +91,9 @@ async def test_a_subscriber_on_c_gets_exactly_what_a_publishes_for_its_subjects(
         await interest_reached(three["a"], "c", "t1.orders.>")
         before_b = (await link(three["a"], "b"))["events_out"]
         for i in range(50):
-            a.publish("t1.orders.eu", b"eu%d" % i)
-            a.publish("t1.orders.us.west", b"us%d" % i)
-            a.publish("t1.payments.eu", b"no%d" % i)
+            await a.publish("t1.orders.eu", b"eu%d" % i)
+            await a.publish("t1.orders.us.west", b"us%d" % i)
+            await a.publish("t1.payments.eu", b"no%d" % i)
         await a.flush()
         await eventually(lambda: len(wild.events) == 100 and len(exact.events) == 50)
         assert exact.events == [("t1.orders.eu", b"eu%d" % i) for i in range(50)]
@@ -123,7 +123,7 @@ async def test_a_hundred_subscribers_behind_one_link_cost_one_copy_per_event(thr
         sent_before = (await link(three["a"], "c"))["events_out"]
         received_before = (await link(three["c"], "a"))["events_in"]
         for i in range(200):
-            publisher.publish("t2.fanout", b"%d" % i)
+            await publisher.publish("t2.fanout", b"%d" % i)
         await publisher.flush()
         await eventually(lambda: all(len(inbox.events) == 200 for inbox in inboxes), timeout=20)
         assert all([body for _, body in inbox.events] == [b"%d" % i for i in range(200)] for inbox in inboxes)
@@ -179,7 +179,7 @@ async def test_pubsub_messages_cross_the_mesh_to_websocket_listeners(three: Mesh
         assert message["payload"] == {"load": 0.9}
         # An event-plane (opaque) event reaches pub/sub listeners too: JSON bodies as JSON.
         publisher = await MeshClient(three["b"].route_url).connect()
-        publisher.publish("t4.alerts.disk", b'{"free": 1}')
+        await publisher.publish("t4.alerts.disk", b'{"free": 1}')
         await publisher.flush()
         message = json.loads((await ws.receive(timeout=10)).data)
         await publisher.close()
@@ -245,7 +245,7 @@ async def test_four_nodes_publishing_and_subscribing_everywhere_deliver_each_eve
                         await interest_reached(cluster[node], peer, "four.>")
             for node, client in clients.items():
                 for i in range(100):
-                    client.publish(f"four.{node}", b"%s-%d" % (node.encode(), i))
+                    await client.publish(f"four.{node}", b"%s-%d" % (node.encode(), i))
             for client in clients.values():
                 await client.flush()
             expected = sorted(
@@ -355,7 +355,7 @@ async def test_anti_entropy_repairs_interest_whose_sub_adds_were_lost() -> None:
             await a.flush()
             await interest_reached(cluster["b"], "a", "ae.>")
             await interest_reached(cluster["c"], "a", "ae.>")
-            b.publish("ae.x", b"repaired")
+            await b.publish("ae.x", b"repaired")
             await b.flush()
             await eventually(lambda: inbox.events == [("ae.x", b"repaired")])
             assert (await link(cluster["b"], "a"))["resyncs"] >= 1
@@ -375,7 +375,7 @@ async def test_a_killed_node_comes_back_resyncs_and_what_it_missed_is_counted() 
             c.subscribe("kill.>", inbox)
             await c.flush()
             await interest_reached(cluster["a"], "c", "kill.>")
-            a.publish("kill.before", b"1")
+            await a.publish("kill.before", b"1")
             await a.flush()
             await eventually(lambda: len(inbox.events) == 1)
             cluster["c"].kill(signal.SIGKILL)
@@ -383,13 +383,13 @@ async def test_a_killed_node_comes_back_resyncs_and_what_it_missed_is_counted() 
                 lambda: _state(cluster["a"], "c", "down"), timeout=10, interval=0.05, what="a sees c down"
             )
             for i in range(10):
-                a.publish("kill.while_down", b"%d" % i)
+                await a.publish("kill.while_down", b"%d" % i)
             await a.flush()
             assert (await link(cluster["a"], "c"))["dropped_peer_down"] == 10
             cluster["c"].start()  # same port, same data directory
             await all_linked(cluster)
             await interest_reached(cluster["a"], "c", "kill.>")  # c's client came back and resubscribed
-            a.publish("kill.after", b"2")
+            await a.publish("kill.after", b"2")
             await a.flush()
             await eventually(lambda: inbox.events[-1:] == [("kill.after", b"2")], timeout=15)
             assert [s for s, _ in inbox.events] == ["kill.before", "kill.after"]
@@ -415,8 +415,8 @@ async def test_a_tiny_bloom_filter_gives_false_positives_never_wrong_deliveries(
             await b.flush()
             await interest_reached(cluster["a"], "b", "bloom.wanted")
             for i in range(300):
-                a.publish(f"bloom.other{i}", b"no")
-            a.publish("bloom.wanted", b"yes")
+                await a.publish(f"bloom.other{i}", b"no")
+            await a.publish("bloom.wanted", b"yes")
             await a.flush()
             await eventually(lambda: inbox.events == [("bloom.wanted", b"yes")])
             a_to_b = await link(cluster["a"], "b")
@@ -456,7 +456,7 @@ async def test_backpressure_policies_on_a_subscriber_that_stops_reading(policy: 
         total = 40_000
         try:
             for i in range(total):
-                publisher.publish("bp.flood", i.to_bytes(4, "big") + b"\0" * 1000)
+                await publisher.publish("bp.flood", i.to_bytes(4, "big") + b"\0" * 1000)
                 if i % 1000 == 999:
                     await publisher.flush()
             await publisher.flush()

@@ -201,13 +201,16 @@ class MeshClient:
 
     # --- publishing and subscribing ------------------------------------------------------------------
 
-    def publish(self, subject: str, body: bytes) -> None:
-        """Queue an event for the node (written at the end of this loop iteration, in one batch)."""
+    async def publish(self, subject: str, body: bytes) -> None:
+        """Queue an event for the node (written in batches: at 512 frames, or once the loop is idle);
+        waits only while the socket pushes back, so memory stays bounded."""
         conn = self._conn
         if conn is None:
             self.dropped_disconnected += 1
             return
         conn.send(encode_event("", subject, next(self._sequence), 0, body))
+        if conn.paused:
+            await conn.drain()
 
     async def flush(self, timeout: float | None = None) -> None:
         """Wait until the node has handled everything sent so far."""

@@ -50,6 +50,8 @@ class FrameConnection(asyncio.Protocol):
         self.stats = ConnectionStats()
         self.transport: asyncio.Transport | None = None
         self.paused = False
+        self._writable = asyncio.Event()
+        self._writable.set()
         self.closed = asyncio.get_running_loop().create_future()
         self.peer = ""  # who is at the other end, once known
         self._on_frame = on_frame
@@ -86,9 +88,11 @@ class FrameConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
+        self._writable.clear()
 
     def resume_writing(self) -> None:
         self.paused = False
+        self._writable.set()
         if self._on_resume is not None:
             self._on_resume(self)
 
@@ -97,6 +101,7 @@ class FrameConnection(asyncio.Protocol):
             self._flush_handle.cancel()
         self._pending.clear()
         self.transport = None
+        self._writable.set()
         if not self.closed.done():
             self.closed.set_result(None)
         self._on_close(self)
@@ -137,6 +142,11 @@ class FrameConnection(asyncio.Protocol):
         self.stats.bytes_out += len(data)
         self.stats.batches_out += 1
         self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait while the socket pushes back (the transport's buffer is above its high-water mark)."""
+        if self.paused:
+            await self._writable.wait()
 
     def close(self) -> None:
         self.flush()

@@ -33,12 +33,12 @@ class MeshPublisherTransport(PublisherTransport):
         return TRANSPORT_MESH, {"subject_prefix": self._subject_prefix, "node": self._client.node}
 
     async def send(self, envelope: EventEnvelope) -> None:
-        self._client.publish(self._subject, encode_nats(envelope, self._wire, self._codec))
+        await self._client.publish(self._subject, encode_nats(envelope, self._wire, self._codec))
 
     async def send_heartbeat(self, envelope: EventEnvelope) -> None:
         data = encode_nats(envelope, self._wire, self._codec, MessageType.HEARTBEAT)
         dynamo = self._wire is WireFormat.DYNAMO
-        self._client.publish(self._subject + HEARTBEAT_SUFFIX if dynamo else self._subject, data)
+        await self._client.publish(self._subject + HEARTBEAT_SUFFIX if dynamo else self._subject, data)
 
     async def flush(self, timeout: float) -> None:
         try:
