@@ -192,11 +192,13 @@ class NatsServer(_Process):
             # Port -1 lets the server choose: no race with another process taking our port.
             ports_file = self.workdir / f"nats-server_{proc.pid}.ports"
             deadline = time.monotonic() + timeout
-            while not ports_file.exists():
+            while True:
+                with contextlib.suppress(OSError, ValueError):  # not there yet, or written halfway
+                    nats_urls = json.loads(ports_file.read_text())["nats"]
+                    break
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise ServerError(f"nats-server did not start: {self.log_path.read_text()[-2000:]}")
                 time.sleep(0.02)
-            nats_urls = json.loads(ports_file.read_text())["nats"]
             self.port = int(nats_urls[0].rsplit(":", 1)[1])
         _wait_for_port(self.host, self.port, proc, timeout, self.log_path)
         return self

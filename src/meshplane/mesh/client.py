@@ -67,6 +67,7 @@ class MeshClient:
         self.max_payload = max_payload
         self.name = name
         self.node = ""  # the node's id, once connected
+        self._origin = ""  # the source id the node gave this connection's events
         self.dropped_disconnected = 0
         self.bad_frames = 0
         self._conn: FrameConnection | None = None
@@ -120,6 +121,7 @@ class MeshClient:
                 )
             raise TransportError(f"the mesh node at {self.url} refused us: {answer.error}")
         self.node = answer.node
+        self._origin = answer.origin
         self._conn = conn
         for pattern in self._patterns:
             conn.send(encode_frame(FrameType.SUB_ADD, "", pattern))
@@ -208,7 +210,9 @@ class MeshClient:
         if conn is None:
             self.dropped_disconnected += 1
             return
-        conn.send(encode_event("", subject, next(self._sequence), 0, body))
+        conn.send(
+            encode_event(self._origin, subject, next(self._sequence), time.time_ns() // 1_000_000, body)
+        )
         if conn.paused:
             await conn.drain()
 

@@ -60,6 +60,7 @@ class FrameConnection(asyncio.Protocol):
         self._on_open = on_open
         self._on_resume = on_resume
         self._pending: list[bytes] = []
+        self._pending_bytes = 0
         self._flush_handle: asyncio.Handle | None = None
 
     # --- asyncio.Protocol ----------------------------------------------------------------------------
@@ -100,6 +101,7 @@ class FrameConnection(asyncio.Protocol):
         if self._flush_handle is not None:
             self._flush_handle.cancel()
         self._pending.clear()
+        self._pending_bytes = 0
         self.transport = None
         self._writable.set()
         if not self.closed.done():
@@ -113,13 +115,14 @@ class FrameConnection(asyncio.Protocol):
         return self.transport is not None and not self.transport.is_closing()
 
     def buffered_bytes(self) -> int:
-        pending = sum(len(p) for p in self._pending)
-        return pending + (self.transport.get_write_buffer_size() if self.transport is not None else 0)
+        written = self.transport.get_write_buffer_size() if self.transport is not None else 0
+        return self._pending_bytes + written
 
     def send(self, frame: bytes) -> None:
         if self.transport is None:
             return
         self._pending.append(frame)
+        self._pending_bytes += len(frame)
         self.stats.frames_out += 1
         if len(self._pending) >= self.batch_size:
             self.flush()
@@ -139,6 +142,7 @@ class FrameConnection(asyncio.Protocol):
             return
         data = b"".join(self._pending)
         self._pending.clear()
+        self._pending_bytes = 0
         self.stats.bytes_out += len(data)
         self.stats.batches_out += 1
         self.transport.write(data)

@@ -58,6 +58,7 @@ class ClientSession:
     client_id: str
     conn: FrameConnection
     queue: SubscriberQueue[bytes]
+    origin: str = ""  # the source id its EVENTs carry
     delivered: int = 0  # handed to the socket
     on_overflow: Callable[[ClientSession], None] = field(default=lambda session: None)
 

@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import logging
 import random
+import secrets
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -28,6 +29,7 @@ from meshplane.core.backpressure import SubscriberQueue
 from meshplane.core.mesh.dedup import DedupCache
 from meshplane.core.mesh.frames import (
     FLAG_JSON_MESSAGE,
+    NODE_ID_BYTES,
     PROTOCOL_VERSION,
     Frame,
     FrameError,
@@ -51,8 +53,6 @@ from meshplane.streams.pubsub import PubSub
 log = logging.getLogger(__name__)
 
 LINK_COUNTERS = (
-    "events_out",
-    "events_in",
     "dropped_peer_down",
     "dropped_backpressure",
     "unwanted_in",
@@ -80,7 +80,9 @@ class Link:
     last_heard: float = 0.0
     sync_sent: float | None = None  # when the SYNC_REQ now awaiting its answer went out
     address: str = ""
-    counters: Counter[str] = field(default_factory=Counter)
+    counters: Counter[str] = field(default_factory=Counter)  # rare events, by name
+    events_out: int = 0
+    events_in: int = 0
     down: asyncio.Event = field(default_factory=asyncio.Event)  # set while the link is down
 
     def __post_init__(self) -> None:
@@ -109,13 +111,15 @@ class MeshNode:
         self.links: dict[str, Link] = {}
         self.clients: dict[str, ClientSession] = {}
         self.dedup = DedupCache(config.dedup_per_topic, config.dedup_ttl_secs, config.dedup_topics)
-        self.counters: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter()  # rare events, by name
+        self.routed = self.forwarded = self.deliveries = 0  # per event: plain attributes, cheaper
         self.frame_errors: Counter[str] = Counter()
         self.route_port = 0
         self.on_latency: Any = None  # a callable taking seconds (the routing latency histogram)
         self._sequence = itertools.count(1)
         self._client_ids = itertools.count(1)
         self._conns: dict[FrameConnection, _Peer] = {}
+        self._subjects_checked: dict[str, bool] = {}
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
@@ -181,9 +185,18 @@ class MeshNode:
             self.frame_errors["handshake_timeout"] += 1
             conn.close()
 
-    def _send_hello(self, conn: FrameConnection, role: Literal["route", "client"], error: str = "") -> None:
+    def _send_hello(
+        self, conn: FrameConnection, role: Literal["route", "client"], error: str = "", origin: str = ""
+    ) -> None:
         hello = Hello(
-            PROTOCOL_VERSION, self.node_id, self.config.cluster, role, self.epoch, self.config.secret, error
+            PROTOCOL_VERSION,
+            self.node_id,
+            self.config.cluster,
+            role,
+            self.epoch,
+            self.config.secret,
+            error,
+            origin,
         )
         conn.send(encode_frame(FrameType.HELLO, self.node_id, payload=encode_payload(hello)))
 
@@ -392,21 +405,31 @@ class MeshNode:
         except InvalidSubject:
             return None
 
+    def _valid_subject(self, subject: str) -> bool:
+        """Subjects repeat: each is checked once (the cache is bounded, and emptied when full)."""
+        known = self._subjects_checked.get(subject)
+        if known is None:
+            if len(self._subjects_checked) >= 4096:
+                self._subjects_checked.clear()
+            known = self._subjects_checked[subject] = self._valid(subject, wildcards=False) is not None
+        return known
+
     def _on_remote_event(self, link: Link, frame: Frame) -> None:
-        link.counters["events_in"] += 1
-        if self._valid(frame.subject, wildcards=False) is None:
+        link.events_in += 1
+        subject = frame.subject
+        if not self._valid_subject(subject):
             return self._count_bad(link, "bad_subject")
         timestamp, body = event_parts(frame)
-        event = MeshEvent(frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags)
-        if self.dedup.seen(frame.subject, event.event_id, time.monotonic()):
+        if self.dedup.seen(subject, (timestamp, frame.sequence, frame.source), time.monotonic()):
             link.counters["duplicates_in"] += 1
             return
-        holders = self.router.route(frame.subject).local
+        holders = self.router.route(subject).local
         if not holders:
             link.counters["unwanted_in"] += 1  # interest changed on the way, or a peer's stale copy
             return
-        self.counters["messages_routed"] += 1
-        self.counters["deliveries"] += len(holders)
+        event = MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, frame.raw)
+        self.routed += 1
+        self.deliveries += len(holders)
         for holder in holders:
             holder.deliver(event)
 
@@ -419,11 +442,14 @@ class MeshNode:
             self.config.max_message_queue_bytes,
             self.config.backpressure_policy,
         )
-        session = ClientSession(client_id, state.conn, queue, on_overflow=self._overflowed)
+        # The client stamps its EVENTs with this origin, so the node passes them on unchanged; random,
+        # so that event ids ({timestamp}-{sequence}-{origin}) stay unique across the mesh.
+        origin = secrets.token_hex(NODE_ID_BYTES // 2)
+        session = ClientSession(client_id, state.conn, queue, origin=origin, on_overflow=self._overflowed)
         state.role, state.session = "client", session
         state.conn.peer = client_id
         self.clients[client_id] = session
-        self._send_hello(state.conn, "client")
+        self._send_hello(state.conn, "client", origin=origin)
 
     def _overflowed(self, session: ClientSession) -> None:
         self.counters["clients_disconnected_slow"] += 1
@@ -440,11 +466,18 @@ class MeshNode:
     def _on_client_frame(self, session: ClientSession, frame: Frame) -> None:
         kind = frame.type
         if kind is FrameType.EVENT:
-            subject = self._valid(frame.subject, wildcards=False)
-            if subject is None:
+            if not self._valid_subject(frame.subject):
                 self.frame_errors["bad_subject"] += 1
                 return
-            self.publish(subject, event_parts(frame)[1], frame.flags)
+            timestamp, body = event_parts(frame)
+            if frame.source == session.origin:  # stamped as agreed: passed on as it is
+                self._route(
+                    MeshEvent(
+                        frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw
+                    )
+                )
+            else:
+                self.publish(frame.subject, body, frame.flags)
         elif kind is FrameType.SUB_ADD:
             pattern = self._valid(frame.subject, wildcards=True)
             if (
@@ -492,11 +525,15 @@ class MeshNode:
     def publish(self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None) -> int:
         """Route an event published on this node: to its local holders (but ``skip``, which has
         delivered it already) and once over each link whose peer wants it. Returns the copies made."""
-        started = time.perf_counter()
-        event = MeshEvent(
-            self.node_id, subject, next(self._sequence), time.time_ns() // 1_000_000, body, flags
-        )
-        route = self.router.route(subject)
+        sequence = next(self._sequence)
+        event = MeshEvent(self.node_id, subject, sequence, time.time_ns() // 1_000_000, body, flags)
+        return self._route(event, skip)
+
+    def _route(self, event: MeshEvent, skip: Holder | None = None) -> int:
+        # The latency histogram samples one event in 64: observing every one cost more than routing.
+        sampled = self.on_latency is not None and not event.sequence & 63
+        started = time.perf_counter() if sampled else 0.0
+        route = self.router.route(event.subject)
         copies = 0
         for holder in route.local:
             if holder is not skip:
@@ -504,9 +541,9 @@ class MeshNode:
                 copies += 1
         for peer in route.peers:
             copies += self._forward(self.links.get(peer), event)
-        self.counters["messages_routed"] += 1
-        self.counters["deliveries"] += copies
-        if self.on_latency is not None:
+        self.routed += 1
+        self.deliveries += copies
+        if sampled:
             self.on_latency(time.perf_counter() - started)
         return copies
 
@@ -522,8 +559,8 @@ class MeshNode:
         link.conn.send(event.raw)
         if "duplicate_events" in self.config.faults:
             link.conn.send(event.raw)
-        link.counters["events_out"] += 1
-        self.counters["messages_forwarded"] += 1
+        link.events_out += 1
+        self.forwarded += 1
         return 1
 
     # --- heartbeats, dead peers, anti-entropy --------------------------------------------------------
@@ -560,7 +597,7 @@ class MeshNode:
         """What ``GET /mesh`` shows; with ``patterns``, this node's announced patterns and each peer's
         as this node knows them (at most ``limit`` of each, sorted)."""
         router = self.router
-        routed = self.counters["messages_routed"]
+        routed = self.routed
         answer: dict[str, Any] = {
             "node": self.node_id,
             "cluster": self.config.cluster,
@@ -587,8 +624,8 @@ class MeshNode:
             ],
             "counters": {
                 "messages_routed": routed,
-                "messages_forwarded": self.counters["messages_forwarded"],
-                "fanout_avg": round(self.counters["deliveries"] / routed, 3) if routed else 0.0,
+                "messages_forwarded": self.forwarded,
+                "fanout_avg": round(self.deliveries / routed, 3) if routed else 0.0,
                 "duplicates_dropped": self.dedup.duplicates,
                 **{
                     k: v
@@ -624,6 +661,8 @@ class MeshNode:
                 name: link.counters[name] + (getattr(live, name) if live else 0)
                 for name in ("bytes_in", "bytes_out", "batches_out")
             },
+            "events_out": link.events_out,
+            "events_in": link.events_in,
             **{name: link.counters[name] for name in LINK_COUNTERS},
         }
 

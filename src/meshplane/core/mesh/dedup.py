@@ -1,11 +1,13 @@
 """Seed 004's dedup cache: recent event ids per topic, least recently used first out, each for a TTL.
 
-Bounded three ways: ids per topic, topics, and age. Time is passed in.
+Bounded three ways: ids per topic, topics, and age (an id lives between the TTL and 1.1 times it: the
+expired are swept every tenth of the TTL). Time is passed in.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 
 
 class DedupCache:
@@ -13,25 +15,24 @@ class DedupCache:
         self.per_topic = per_topic
         self.ttl_secs = ttl_secs
         self.max_topics = topics
-        self._topics: OrderedDict[str, OrderedDict[str, float]] = OrderedDict()
+        self._topics: OrderedDict[str, OrderedDict[Hashable, float]] = OrderedDict()
+        self._recent_topic = ""
+        self._purge_at = 0.0
         self.duplicates = 0
 
-    def seen(self, topic: str, event_id: str, now: float) -> bool:
+    def seen(self, topic: str, event_id: Hashable, now: float) -> bool:
         """True when ``event_id`` was already seen on ``topic`` within the TTL (a duplicate);
         otherwise remembers it and returns False."""
+        if now >= self._purge_at:
+            self._purge(now)
         ids = self._topics.get(topic)
         if ids is None:
             ids = self._topics[topic] = OrderedDict()
             while len(self._topics) > self.max_topics:
                 self._topics.popitem(last=False)
-        else:
+        elif topic is not self._recent_topic:
             self._topics.move_to_end(topic)
-        cutoff = now - self.ttl_secs
-        while ids:
-            oldest_id, stamp = next(iter(ids.items()))
-            if stamp > cutoff:
-                break
-            del ids[oldest_id]
+        self._recent_topic = topic
         if event_id in ids:
             ids.move_to_end(event_id)
             self.duplicates += 1
@@ -40,6 +41,20 @@ class DedupCache:
         if len(ids) > self.per_topic:
             ids.popitem(last=False)
         return False
+
+    def _purge(self, now: float) -> None:
+        """Forget what is older than the TTL; done every tenth of it, not on every event."""
+        cutoff = now - self.ttl_secs
+        for topic in list(self._topics):
+            ids = self._topics[topic]
+            while ids:
+                oldest_id, stamp = next(iter(ids.items()))
+                if stamp > cutoff:
+                    break
+                del ids[oldest_id]
+            if not ids:
+                del self._topics[topic]
+        self._purge_at = now + self.ttl_secs / 10
 
     def __len__(self) -> int:
         return sum(len(ids) for ids in self._topics.values())

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import msgspec
@@ -38,6 +38,8 @@ _MIDDLE = struct.Struct(">QI")  # sequence, payload length
 _CRC = struct.Struct(">I")
 _STAMP = struct.Struct(">Q")  # an EVENT payload starts with the origin's timestamp (ms)
 HEAD_BYTES = _HEAD.size
+_MIDDLE_BYTES = _MIDDLE.size
+_CRC_BYTES = _CRC.size
 OVERHEAD = _HEAD.size + _MIDDLE.size + _CRC.size
 
 FLAG_JSON_MESSAGE = 0x01
@@ -53,7 +55,7 @@ class FrameType(enum.IntEnum):
     HELLO = 7
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Frame:
     type: FrameType
     flags: int
@@ -61,6 +63,7 @@ class Frame:
     subject: str
     sequence: int
     payload: bytes
+    raw: bytes = field(default=b"", compare=False, repr=False)  # the whole frame as it came
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,73 +113,78 @@ def event_id(frame: Frame) -> str:
     return f"{_STAMP.unpack_from(frame.payload)[0]}-{frame.sequence}-{frame.source}"
 
 
+_TYPES = {t.value: t for t in FrameType}
+_TEXT_CACHE = 4096  # node ids and subjects seen recently, decoded once
+
+
 class FrameReader:
     """Bytes in, frames (or the reasons frames were dropped) out."""
 
     def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
         self.max_payload = max_payload
-        self._buffer = bytearray()
+        self._buffer = b""
+        self._text: dict[bytes, str] = {}
         self.broken = False
 
     def feed(self, data: bytes) -> list[Frame | FrameError]:
         if self.broken:
             return []
-        self._buffer += data
+        buffer = self._buffer + data if self._buffer else data
         out: list[Frame | FrameError] = []
-        buffer = self._buffer
-        start = 0
-        while len(buffer) - start >= HEAD_BYTES:
-            kind, flags, raw_source, subject_length = _HEAD.unpack_from(buffer, start)
+        append = out.append
+        start, size = 0, len(buffer)
+        unpack_head, unpack_middle, unpack_crc = _HEAD.unpack_from, _MIDDLE.unpack_from, _CRC.unpack_from
+        types, text = _TYPES, self._text
+        while size - start >= HEAD_BYTES:  # the one hot loop of a node: kept flat on purpose
+            kind, flags, raw_source, subject_length = unpack_head(buffer, start)
             if subject_length > MAX_SUBJECT_BYTES:
                 return self._break(out, f"subject of {subject_length} bytes (at most {MAX_SUBJECT_BYTES})")
             middle = start + HEAD_BYTES + subject_length
-            if len(buffer) < middle + _MIDDLE.size:
+            if size < middle + _MIDDLE_BYTES:
                 break
-            sequence, payload_length = _MIDDLE.unpack_from(buffer, middle)
+            sequence, payload_length = unpack_middle(buffer, middle)
             if payload_length > self.max_payload:
                 return self._break(out, f"payload of {payload_length} bytes (at most {self.max_payload})")
-            end = middle + _MIDDLE.size + payload_length
-            if len(buffer) < end + _CRC.size:
+            end = middle + _MIDDLE_BYTES + payload_length
+            if size < end + _CRC_BYTES:
                 break
-            out.append(self._frame(buffer, start, end, kind, flags, raw_source, subject_length, sequence))
-            start = end + _CRC.size
-        del buffer[:start]
+            raw = buffer[start : end + _CRC_BYTES]
+            start = end + _CRC_BYTES
+            body_end = len(raw) - _CRC_BYTES
+            if zlib.crc32(raw[:body_end]) != unpack_crc(raw, body_end)[0]:
+                append(FrameError("checksum", f"checksum mismatch on a frame of type {kind}"))
+                continue
+            frame_type = types.get(kind)
+            if frame_type is None:
+                append(FrameError("unknown_type", f"unknown frame type {kind}"))
+                continue
+            raw_subject = raw[HEAD_BYTES : HEAD_BYTES + subject_length]
+            source, subject = text.get(raw_source), text.get(raw_subject)
+            try:
+                if source is None:
+                    source = self._remember(raw_source, raw_source.rstrip(b"\x00").decode())
+                if subject is None:
+                    subject = self._remember(raw_subject, raw_subject.decode())
+            except UnicodeDecodeError:
+                append(FrameError("bad_text", "a source or subject that is not UTF-8"))
+                continue
+            payload = raw[HEAD_BYTES + subject_length + _MIDDLE_BYTES : body_end]
+            if frame_type is FrameType.EVENT and payload_length < _STAMP.size:
+                append(FrameError("short_event", "an EVENT without its timestamp"))
+                continue
+            append(Frame(frame_type, flags, source, subject, sequence, payload, raw))
+        self._buffer = buffer[start:]
         return out
 
-    @staticmethod
-    def _frame(
-        buffer: bytearray,
-        start: int,
-        end: int,
-        kind: int,
-        flags: int,
-        raw_source: bytes,
-        subject_length: int,
-        sequence: int,
-    ) -> Frame | FrameError:
-        view = memoryview(buffer)
-        try:
-            if zlib.crc32(view[start:end]) != _CRC.unpack_from(buffer, end)[0]:
-                return FrameError("checksum", f"checksum mismatch on a frame of type {kind}")
-            try:
-                frame_type = FrameType(kind)
-            except ValueError:
-                return FrameError("unknown_type", f"unknown frame type {kind}")
-            try:
-                source = raw_source.rstrip(b"\x00").decode()
-                subject = bytes(view[start + HEAD_BYTES : start + HEAD_BYTES + subject_length]).decode()
-            except UnicodeDecodeError:
-                return FrameError("bad_text", "a source or subject that is not UTF-8")
-            payload = bytes(view[start + HEAD_BYTES + subject_length + _MIDDLE.size : end])
-            if frame_type is FrameType.EVENT and len(payload) < _STAMP.size:
-                return FrameError("short_event", "an EVENT without its timestamp")
-            return Frame(frame_type, flags, source, subject, sequence, payload)
-        finally:
-            view.release()
+    def _remember(self, raw: bytes, text: str) -> str:
+        if len(self._text) >= _TEXT_CACHE:
+            self._text.clear()
+        self._text[raw] = text
+        return text
 
     def _break(self, out: list[Frame | FrameError], detail: str) -> list[Frame | FrameError]:
         self.broken = True
-        self._buffer.clear()
+        self._buffer = b""
         out.append(FrameError("too_large", detail, fatal=True))
         return out
 
@@ -191,6 +199,7 @@ class Hello(msgspec.Struct, frozen=True):
     epoch: int = 0  # the node's start time: a peer that restarted has a new one
     secret: str = ""
     error: str = ""
+    origin: str = ""  # to a client: the source id its EVENTs carry (unique in the mesh)
 
 
 class SyncResponse(msgspec.Struct, frozen=True):

@@ -69,7 +69,15 @@ class MeshCollector(Collector):
             name: CounterMetricFamily(
                 f"{prefix}link_{name}", f"Per link: {name.replace('_', ' ')}", labels=["peer"]
             )
-            for name in (*LINK_COUNTERS, "bytes_in", "bytes_out", "batches_out", "bloom_false_positives")
+            for name in (
+                *LINK_COUNTERS,
+                "events_out",
+                "events_in",
+                "bytes_in",
+                "bytes_out",
+                "batches_out",
+                "bloom_false_positives",
+            )
         }
         state = GaugeMetricFamily(prefix + "link_up", "1 while the link carries events", labels=["peer"])
         for link in status["links"]:
