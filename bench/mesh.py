@@ -329,7 +329,7 @@ def main() -> None:
         try:
             for server in servers:
                 server.start()
-            cluster.start()
+            cluster.start().wait_linked()
             urls = {
                 "mesh": (cluster["a"].route_url, cluster["b"].route_url),
                 "nats": (servers[0].url, servers[1].url),

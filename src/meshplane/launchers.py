@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -383,6 +384,27 @@ class MeshCluster:
     def start(self, timeout: float = 20.0) -> MeshCluster:
         for node in self.nodes:
             node.start(timeout)
+        return self
+
+    def linked(self) -> bool:
+        """Whether every node has an up link to every other (from each node's GET /mesh)."""
+        for node_id, node in zip(self.ids, self.nodes, strict=True):
+            try:
+                with urllib.request.urlopen(f"{node.url}/mesh", timeout=2) as response:
+                    links = json.load(response)["links"]
+            except OSError:
+                return False
+            up = sorted(link["peer"] for link in links if link["state"] == "up")
+            if up != [peer for peer in self.ids if peer != node_id]:
+                return False
+        return True
+
+    def wait_linked(self, timeout: float = 20.0) -> MeshCluster:
+        deadline = time.monotonic() + timeout
+        while not self.linked():
+            if time.monotonic() > deadline:
+                raise ServerError(f"the mesh nodes did not link within {timeout}s")
+            time.sleep(0.02)
         return self
 
     def __getitem__(self, node_id: str) -> StreamsServerProcess:

@@ -72,6 +72,46 @@ def test_up_runs_a_local_plane_and_reports_what_flows(transport: str, brokers: s
         assert not Path(f"/proc/{pid}").exists()  # the embedded server is stopped with `up`
 
 
+def test_up_with_nodes_runs_the_demo_through_a_mesh_and_stops_every_node(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            *MESHPLANE,
+            "up",
+            "--nodes",
+            "3",
+            "--no-pipeline",
+            "--state-dir",
+            str(tmp_path),
+            "--duration",
+            "4",
+            "--publishers",
+            "3",
+            "--rate",
+            "100",
+            "--interval",
+            "0.5",
+            "--streams-port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env_for(tmp_path, "nats"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "transport=mesh" in result.stdout
+    assert "mesh 3 nodes, 6/6 links up" in result.stdout
+    forwarded = [int(n) for n in re.findall(r"links up, (\d+) forwarded", result.stdout)]
+    assert forwarded[-1] > 0  # two of the three publishers are on other nodes than the subscriber
+    stopped = re.search(
+        r"stopped: (\d+) events received from 3 publishers, gaps 0, malformed 0", result.stdout
+    )
+    assert stopped, result.stdout
+    assert "mesh status --url http://127.0.0.1:" in result.stdout
+    for pid in re.findall(r"mesh node [a-c]: pid (\d+)", result.stdout):
+        assert not Path(f"/proc/{pid}").exists()  # every node is stopped with `up`
+
+
 def test_pub_reaches_sub_and_sub_prints_json(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     sub = subprocess.Popen(

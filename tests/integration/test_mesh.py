@@ -12,11 +12,13 @@ import socket
 import time
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from meshplane import EventPlane, PlaneConfig, Scope
 from meshplane.core.mesh.frames import (
     PROTOCOL_VERSION,
     Frame,
@@ -28,6 +30,7 @@ from meshplane.core.mesh.frames import (
     encode_payload,
     event_parts,
 )
+from meshplane.errors import TransportAuthError
 from meshplane.launchers import MeshCluster, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
@@ -47,14 +50,7 @@ async def link(node: StreamsServerProcess, peer: str) -> dict[str, Any]:
 
 
 async def all_linked(cluster: MeshCluster) -> None:
-    async def linked() -> bool:
-        for node_id, node in zip(cluster.ids, cluster.nodes, strict=True):
-            up = sorted(x["peer"] for x in (await status(node))["links"] if x["state"] == "up")
-            if up != [peer for peer in cluster.ids if peer != node_id]:
-                return False
-        return True
-
-    await eventually(linked, timeout=20, interval=0.05, what="every link up")
+    await asyncio.to_thread(cluster.wait_linked)
 
 
 async def interest_reached(node: StreamsServerProcess, peer: str, pattern: str, present: bool = True) -> None:
@@ -265,6 +261,42 @@ async def test_four_nodes_publishing_and_subscribing_everywhere_deliver_each_eve
         finally:
             for client in clients.values():
                 await client.close()
+
+
+async def test_event_plane_envelopes_cross_the_mesh_with_no_gap_from_the_first_event(
+    three: MeshCluster, tmp_path: Path
+) -> None:
+    """A subscriber through node c, a publisher through node a: the subscription is known cluster-wide
+    once the subscriber exists (its start waits for every peer), so even the first event arrives."""
+    scope = Scope.endpoint("mesh-e2e", "worker", "generate")
+    base = PlaneConfig(event_plane="mesh", discovery_backend="file", file_kv=tmp_path / "kv")
+    await all_linked(three)
+    async with (
+        EventPlane(base.replace(mesh_node=three["c"].route_url)) as far,
+        EventPlane(base.replace(mesh_node=three["a"].route_url)) as near,
+    ):
+        subscriber = await far.subscriber(scope, "kv-events")
+        publisher = await near.publisher(scope, "kv-events")
+        for i in range(100):
+            await publisher.publish({"i": i})
+        events = [await subscriber.next(timeout=10) for _ in range(100)]
+        assert [e.sequence for e in events] == list(range(100))
+        assert [e.decode() for e in events] == [{"i": i} for i in range(100)]
+        assert subscriber.stats.gaps == 0
+        assert {e.publisher_id for e in events} == {publisher.publisher_id}
+
+
+async def test_a_node_with_a_secret_refuses_clients_without_it() -> None:
+    args = ("--node-id", "locked", "--route-port", "0")
+    with StreamsServerProcess(extra_args=args, env={"MESHPLANE_MESH_SECRET": "s3cret"}) as node:
+        node.start()
+        with pytest.raises(TransportAuthError, match="secret"):
+            await MeshClient(node.route_url, secret="wrong", timeout=3).connect()
+        client = await MeshClient(node.route_url, secret="s3cret").connect()
+        await client.flush()
+        await client.close()
+        assert "s3cret" not in node.log_path.read_text()
+        assert (await status(node))["frame_errors"]["hello_auth"] == 1
 
 
 def raw_peer(node: StreamsServerProcess, node_id: str, cluster: str = "c1") -> socket.socket:

@@ -20,13 +20,14 @@ import msgspec
 from meshplane import context
 from meshplane.broker import Broker
 from meshplane.cli.options import add_token_option
+from meshplane.cli.up_mesh import mesh_summary, publisher_configs, start_mesh
 from meshplane.config import PlaneConfig
 from meshplane.core.brokers import BROKERS_BUCKET, BrokerAddress, broker_record
 from meshplane.core.names import Scope
 from meshplane.core.records import new_instance_id
 from meshplane.core.streamlog import StoredEvent
 from meshplane.errors import ConfigError, MeshplaneError
-from meshplane.launchers import NatsServer
+from meshplane.launchers import MeshCluster, NatsServer
 from meshplane.plane import EventPlane
 from meshplane.publisher import EventPublisher
 from meshplane.streams.access import ADMIN, Tokens
@@ -102,6 +103,14 @@ def add_up_options(parser: argparse.ArgumentParser) -> None:
         f"counts land in topic {DEMO_WINDOWS_TOPIC!r}); it needs the spark extra and Java, and is "
         "skipped, saying why, without them. --no-pipeline: a light run",
     )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the demo through an event mesh of N local nodes (DYN_EVENT_PLANE=mesh): publishers spread "
+        "over them, the subscriber on the last; `meshplane mesh status` shows the links (default 0: no mesh)",
+    )
     parser.add_argument("--publishers", type=int, default=3, metavar="N", help="demo publishers (default 3)")
     parser.add_argument(
         "--rate",
@@ -159,6 +168,9 @@ async def run_up(args: argparse.Namespace) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - start-up, before any traffic
     nats_server: NatsServer | None = None
     nats_url = args.nats_server
+    mesh = start_mesh(args.nodes, state_dir) if args.nodes else None
+    if mesh is not None:
+        args.transport = "mesh"
     if args.transport == "nats" and not nats_url:
         nats_server = NatsServer(port=args.nats_port if _port_free(args.nats_port) else 0, token=args.token)
         nats_server.start()
@@ -173,6 +185,7 @@ async def run_up(args: argparse.Namespace) -> int:
         file_kv=state_dir / "kv",
         nats_server=nats_url,
         zmq_brokers=addresses or None,
+        mesh_node=mesh.nodes[-1].route_url if mesh is not None else None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -187,12 +200,15 @@ async def run_up(args: argparse.Namespace) -> int:
         print(f"  embedded nats-server pid {nats_server.pid} at {shown_url}", flush=True)
     for address in addresses:
         print(f"  broker: xsub {address.xsub}, xpub {address.xpub}", flush=True)
+    for node_id, node in zip(mesh.ids if mesh else (), mesh.nodes if mesh else (), strict=True):
+        print(f"  mesh node {node_id}: pid {node.pid}, {node.url}, routes at {node.route_url}", flush=True)
     streams = await _start_streams(args, state_dir) if args.streams_port >= 0 else None
     if streams is not None:
         print(f"  streams server at {streams.url} (data in {state_dir / 'streams'})", flush=True)
     local = _save_context(args, config, nats_url, streams)
     missing = _pipeline_missing(streams) if args.pipeline else None
-    _print_next_steps(config, shown_url, addresses, streams, local, args.pipeline and not missing)
+    mesh_url = mesh.nodes[0].url if mesh is not None else None
+    _print_next_steps(config, shown_url, addresses, streams, local, args.pipeline and not missing, mesh_url)
     pipeline = None
     if missing:
         print(f"  Spark pipeline: not started ({missing})", flush=True)
@@ -224,17 +240,23 @@ async def run_up(args: argparse.Namespace) -> int:
         )
 
     try:
-        async with EventPlane(config) as plane:
+        async with contextlib.AsyncExitStack() as stack:
+            plane = await stack.enter_async_context(EventPlane(config))
             for address in addresses:  # so that other shells find them (DYN_ZMQ_BROKER_ENABLED=true)
                 broker_id = new_instance_id()
                 await (await plane.discovery()).register(
                     f"{BROKERS_BUCKET}/{broker_id:x}", broker_record(broker_id, address)
                 )
             subscriber = await EventSubscriber.create(DEMO_SCOPE, DEMO_TOPIC, plane=plane)
-            publishers = [
-                await EventPublisher.create(DEMO_SCOPE, DEMO_TOPIC, plane=plane)
-                for _ in range(args.publishers)
-            ]
+            if mesh is not None:  # each publisher on its own plane, on the next node in turn
+                planes = [EventPlane(c) for c in publisher_configs(mesh, config, args.publishers)]
+                stack.push_async_callback(_close_all, planes)
+                publishers = [await EventPublisher.create(DEMO_SCOPE, DEMO_TOPIC, plane=p) for p in planes]
+            else:
+                publishers = [
+                    await EventPublisher.create(DEMO_SCOPE, DEMO_TOPIC, plane=plane)
+                    for _ in range(args.publishers)
+                ]
             if config.event_plane == "zmq":
                 for pub in publishers:
                     await pub.wait_for_subscribers(max(1, len(addresses)), timeout=10)
@@ -243,7 +265,7 @@ async def run_up(args: argparse.Namespace) -> int:
             ]
             tasks.append(asyncio.create_task(_consume(subscriber, streams)))
             try:
-                await _report(subscriber, args.interval, stop, streams)
+                await _report(subscriber, args.interval, stop, streams, mesh)
             finally:  # stop the traffic before the plane closes what it flows through
                 for task in tasks:
                     task.cancel()
@@ -266,7 +288,14 @@ async def run_up(args: argparse.Namespace) -> int:
             broker.stop()
         if nats_server is not None:
             nats_server.cleanup()
+        if mesh is not None:
+            mesh.cleanup()
     return 0
+
+
+async def _close_all(planes: list[EventPlane]) -> None:
+    for plane in planes:
+        await plane.close()
 
 
 def _save_context(
@@ -282,6 +311,8 @@ def _save_context(
     }
     if nats_url:
         values["NATS_SERVER"] = nats_url
+    if config.event_plane == "mesh":
+        values["MESHPLANE_NODE"] = config.mesh_node
     if config.zmq_brokers:
         values["DYN_ZMQ_BROKER_ENABLED"] = "true"
     if streams is not None:
@@ -307,6 +338,7 @@ def _print_next_steps(
     streams: _Streams | None,
     local: str | None,
     runs_pipeline: bool,
+    mesh_url: str | None = None,
 ) -> None:
     variables = [
         f"DYN_EVENT_PLANE={config.event_plane}",
@@ -317,6 +349,8 @@ def _print_next_steps(
         variables.append(f"NATS_SERVER={shown_url.replace('***@', 'YOUR_TOKEN@')}")
     if addresses:
         variables.append("DYN_ZMQ_BROKER_ENABLED=true")
+    if config.event_plane == "mesh":
+        variables.append(f"MESHPLANE_NODE={config.mesh_node}")
     exports = " ".join(variables)
     on_path = shutil.which("meshplane") is not None
     command = "meshplane" if on_path else str(Path(sys.executable).with_name("meshplane"))
@@ -328,6 +362,8 @@ def _print_next_steps(
         prefix, url = exports + " ", f" --url {streams.url}" if streams is not None else ""
     print(f"    {prefix}{command} sub {DEMO_SCOPE} {DEMO_TOPIC}", flush=True)
     print(f"    {prefix}{command} ls", flush=True)
+    if mesh_url is not None:
+        print(f"    {command} mesh status --url {mesh_url}   (node a: its links and interest)", flush=True)
     if streams is not None:
         print(f"    {command} topic stats {DEMO_STREAM_TOPIC}{url}", flush=True)
         if runs_pipeline:
@@ -400,7 +436,25 @@ def _stored(streams: _Streams, topic: str) -> int:
 
 
 async def _report(
-    subscriber: EventSubscriber, interval: float, stop: asyncio.Event, streams: _Streams | None
+    subscriber: EventSubscriber,
+    interval: float,
+    stop: asyncio.Event,
+    streams: _Streams | None,
+    mesh: MeshCluster | None = None,
+) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as http:
+        await _report_lines(subscriber, interval, stop, streams, mesh, http)
+
+
+async def _report_lines(
+    subscriber: EventSubscriber,
+    interval: float,
+    stop: asyncio.Event,
+    streams: _Streams | None,
+    mesh: MeshCluster | None,
+    http: Any,
 ) -> None:
     started = last_at = time.monotonic()
     last_received = 0
@@ -425,6 +479,8 @@ async def _report(
             windows = _stored(streams, DEMO_WINDOWS_TOPIC)
             if windows:
                 line += f" | Spark windows {windows}"
+        if mesh is not None:
+            line += " | " + await mesh_summary(mesh, http)
         if stats.duplicates_dropped:  # each event comes once through every broker: expected, not loss
             line += f" | duplicate copies removed {stats.duplicates_dropped}"
         print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)

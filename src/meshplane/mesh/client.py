@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from meshplane.core.mesh.frames import (
     DEFAULT_MAX_PAYLOAD,
+    FLAG_PROPAGATED,
     PROTOCOL_VERSION,
     Frame,
     FrameError,
@@ -216,14 +217,15 @@ class MeshClient:
         if conn.paused:
             await conn.drain()
 
-    async def flush(self, timeout: float | None = None) -> None:
-        """Wait until the node has handled everything sent so far."""
+    async def flush(self, timeout: float | None = None, *, propagated: bool = False) -> None:
+        """Wait until the node has handled everything sent so far; with ``propagated``, until every
+        node linked to it has too (a subscription made before is then known cluster-wide)."""
         conn = self._conn
         if conn is None:
             raise TransportError(f"not connected to the mesh node at {self.url}")
         ping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pings.append(ping)
-        conn.send(encode_frame(FrameType.SYNC_REQ, ""))
+        conn.send(encode_frame(FrameType.SYNC_REQ, "", flags=FLAG_PROPAGATED if propagated else 0))
         try:
             await asyncio.wait_for(ping, timeout or self.timeout)
         except TimeoutError as exc:

@@ -29,6 +29,7 @@ from meshplane.core.backpressure import SubscriberQueue
 from meshplane.core.mesh.dedup import DedupCache
 from meshplane.core.mesh.frames import (
     FLAG_JSON_MESSAGE,
+    FLAG_PROPAGATED,
     NODE_ID_BYTES,
     PROTOCOL_VERSION,
     Frame,
@@ -120,6 +121,8 @@ class MeshNode:
         self._client_ids = itertools.count(1)
         self._conns: dict[FrameConnection, _Peer] = {}
         self._subjects_checked: dict[str, bool] = {}
+        self._pings = itertools.count(1)
+        self._pending_pings: dict[int, tuple[ClientSession, int, set[str]]] = {}
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
@@ -336,6 +339,8 @@ class MeshNode:
         if link is not None and link.conn is conn:
             link.conn, link.state, link.sync_sent = None, "down", None
             link.down.set()
+            for token in list(self._pending_pings):  # a peer that is gone answers no ping
+                self._pong(link.peer, token)
             if self._running:
                 log.warning("link to %s down", link.peer)
 
@@ -361,6 +366,11 @@ class MeshNode:
             if link.state == "up" and link.sync_sent is None and stale:
                 link.counters["resyncs"] += 1
                 self._request_sync(link)
+        elif kind is FrameType.SYNC_REQ and not frame.payload:  # a ping: answered once all before it is
+            if link.conn is not None:
+                link.conn.send(encode_frame(FrameType.SYNC_RESP, self.node_id, sequence=frame.sequence))
+        elif kind is FrameType.SYNC_RESP and not frame.payload:  # the answer to our ping
+            self._pong(link.peer, frame.sequence)
         elif kind is FrameType.SYNC_REQ:
             try:
                 leaves = decode_leaves(frame.payload)
@@ -489,10 +499,32 @@ class MeshNode:
             self.subscribe(session, pattern)
         elif kind is FrameType.SUB_REMOVE:
             self.unsubscribe(session, frame.subject)
-        elif kind is FrameType.SYNC_REQ:  # a client's ping: everything before it has been handled
-            session.conn.send(encode_frame(FrameType.SYNC_RESP, self.node_id, sequence=frame.sequence))
+        elif kind is FrameType.SYNC_REQ:  # a client's ping: everything before it has been handled ...
+            peers = {peer for peer, link in self.links.items() if link.conn is not None}
+            if frame.flags & FLAG_PROPAGATED and peers:  # ... here and, with this flag, at every peer
+                token = next(self._pings)
+                self._pending_pings[token] = (session, frame.sequence, peers)
+                ping = encode_frame(FrameType.SYNC_REQ, self.node_id, sequence=token)
+                for peer in peers:
+                    conn = self.links[peer].conn
+                    if conn is not None:
+                        conn.send(ping)
+            else:
+                session.conn.send(encode_frame(FrameType.SYNC_RESP, self.node_id, sequence=frame.sequence))
         elif kind is not FrameType.HEARTBEAT:
             self.frame_errors["unexpected_client_frame"] += 1
+
+    def _pong(self, peer: str, token: int) -> None:
+        """``peer`` has handled everything this node sent before ping ``token`` (or is gone)."""
+        pending = self._pending_pings.get(token)
+        if pending is None:
+            return
+        session, client_sequence, waiting = pending
+        waiting.discard(peer)
+        if not waiting:
+            del self._pending_pings[token]
+            if session.conn.is_open:
+                session.conn.send(encode_frame(FrameType.SYNC_RESP, self.node_id, sequence=client_sequence))
 
     def _drop_client(self, session: ClientSession) -> None:
         self.clients.pop(session.client_id, None)

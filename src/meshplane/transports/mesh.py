@@ -73,7 +73,8 @@ class MeshSubscriberTransport(SubscriberTransport):
     async def start(self) -> None:
         for subject in (self._subject, self._subject + HEARTBEAT_SUFFIX):
             self._sids.append(self._client.subscribe(subject, self._on_message))
-        await self._client.flush()  # the node has the subscription: nothing published after is missed
+        # Every node of the cluster has the subscription: nothing published after it is missed.
+        await self._client.flush(propagated=True)
 
     async def receive(self) -> list[Received]:
         batch = await self._inbox.take()

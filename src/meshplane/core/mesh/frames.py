@@ -3,7 +3,8 @@
 Byte for byte (docs/mesh.md)::
 
     0      1   type        SUB_ADD 1, SUB_REMOVE 2, EVENT 3, HEARTBEAT 4, SYNC_REQ 5, SYNC_RESP 6, HELLO 7
-    1      1   flags       bit 0 on EVENT: the body is a pub/sub message (JSON), else opaque bytes
+    1      1   flags       bit 0 on EVENT: the body is a pub/sub message (JSON), else opaque bytes;
+                           bit 1 on a client's ping: answer once every peer has handled what came before
     2      16  source      the origin node's id, UTF-8, NUL-padded
     18     2   S           subject length (big-endian)
     20     S   subject     UTF-8: a subject, or a pattern on SUB_ADD / SUB_REMOVE
@@ -42,7 +43,8 @@ _MIDDLE_BYTES = _MIDDLE.size
 _CRC_BYTES = _CRC.size
 OVERHEAD = _HEAD.size + _MIDDLE.size + _CRC.size
 
-FLAG_JSON_MESSAGE = 0x01
+FLAG_JSON_MESSAGE = 0x01  # on EVENT
+FLAG_PROPAGATED = 0x02  # on a client's ping (empty SYNC_REQ): answer once every peer has what came before
 
 
 class FrameType(enum.IntEnum):
