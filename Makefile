@@ -72,6 +72,7 @@ bench: $(STAMP) redis
 	$(BIN)/python bench/broker_mode.py
 	$(BIN)/python bench/streams.py
 	$(BIN)/python bench/security_cost.py
+	$(BIN)/python bench/mesh.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
