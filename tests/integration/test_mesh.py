@@ -131,6 +131,39 @@ async def test_a_hundred_subscribers_behind_one_link_cost_one_copy_per_event(thr
             await client.close()
 
 
+@pytest.mark.parametrize("attempt", range(3))
+async def test_links_dialled_from_both_ends_switch_connections_without_losing_an_event(attempt: int) -> None:
+    """Both nodes dial each other as they start; the pair moves to one connection while events flow.
+    Before the link is up events are dropped (and counted); from the first delivered on, none is."""
+    with MeshCluster(2) as cluster:
+        cluster.start()
+        a = await MeshClient(cluster["a"].route_url).connect()
+        b = await MeshClient(cluster["b"].route_url).connect()
+        try:
+            inbox = Inbox()
+            a.subscribe("switch.x", inbox)
+            await a.flush()
+            sent, switched_at, started = 0, 0, time.monotonic()
+            # Until the pair has switched connections (a's retry comes after b's first dial), then more.
+            while not switched_at or sent < switched_at + 500:
+                await b.publish("switch.x", b"%d" % sent)
+                sent += 1
+                if sent % 20 == 0:
+                    await b.flush()
+                    await asyncio.sleep(0.002)
+                if not switched_at and sent % 100 == 0:
+                    links = (await status(cluster["a"]))["links"]
+                    if (links and links[0]["connects"] >= 2) or time.monotonic() - started > 5:
+                        switched_at = sent
+            await b.flush()
+            await eventually(lambda: inbox.events[-1:] == [("switch.x", b"%d" % (sent - 1))])
+            numbers = [int(body) for _, body in inbox.events]
+            assert numbers == list(range(numbers[0], sent))
+        finally:
+            await a.close()
+            await b.close()
+
+
 async def test_three_local_subscribers_are_one_sub_add_and_the_last_one_out_one_sub_remove(
     three: MeshCluster,
 ) -> None:

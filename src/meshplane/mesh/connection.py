@@ -43,6 +43,7 @@ class FrameConnection(asyncio.Protocol):
         on_close: Callable[[FrameConnection], None],
         on_open: Callable[[FrameConnection], None] | None = None,
         on_resume: Callable[[FrameConnection], None] | None = None,
+        on_eof: Callable[[FrameConnection], bool] | None = None,
     ) -> None:
         self.reader = FrameReader(max_payload)
         self.batch_size = max(1, batch_size)
@@ -59,6 +60,8 @@ class FrameConnection(asyncio.Protocol):
         self._on_close = on_close
         self._on_open = on_open
         self._on_resume = on_resume
+        self._on_eof = on_eof
+        self.peer_done = False
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._flush_handle: asyncio.Handle | None = None
@@ -86,6 +89,12 @@ class FrameConnection(asyncio.Protocol):
                 self._on_frame(self, item)
             if self.transport is None or self.transport.is_closing():
                 return
+
+    def eof_received(self) -> bool:
+        """The peer is done sending. Its retired connection: close. A connection still in use here
+        (the peer switched first): keep sending until this side switches too (``on_eof`` says)."""
+        self.peer_done = True
+        return self._on_eof is not None and self._on_eof(self)
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -151,6 +160,19 @@ class FrameConnection(asyncio.Protocol):
         """Wait while the socket pushes back (the transport's buffer is above its high-water mark)."""
         if self.paused:
             await self._writable.wait()
+
+    def retire(self, grace: float = 5.0) -> None:
+        """Stop sending (after what is queued) but read on until the peer stops too: what it sent
+        before it switched connections still arrives. Closed outright after ``grace`` seconds."""
+        self.flush()
+        transport = self.transport
+        if transport is None:
+            return
+        if self.peer_done or not transport.can_write_eof():
+            self.close()  # the peer has switched already: nothing more will come
+            return
+        transport.write_eof()
+        asyncio.get_running_loop().call_later(grace, self.close)
 
     def close(self) -> None:
         self.flush()

@@ -60,6 +60,7 @@ LINK_COUNTERS = (
     "duplicates_in",
     "resyncs",
     "connects",
+    "connection_swaps",
     "dead_peer_timeouts",
     "sub_add_out",
     "sub_remove_out",
@@ -172,6 +173,7 @@ class MeshNode:
             on_close=self._on_close,
             on_open=self._on_open,
             on_resume=self._on_resume,
+            on_eof=self._on_eof,
         )
         self._conns[conn] = _Peer(conn, dialed)
         return conn
@@ -243,8 +245,6 @@ class MeshNode:
 
     def _on_frame(self, conn: FrameConnection, frame: Frame) -> None:
         state = self._conns[conn]
-        if state.role == "duplicate":
-            return  # closing: the pair keeps its other connection
         if state.role == "route":
             self._on_route_frame(self.links[state.peer], frame)
         elif state.session is not None:
@@ -297,24 +297,35 @@ class MeshNode:
         peer, conn = hello.node, state.conn
         link = self.links.setdefault(peer, Link(peer))
         dialer = self.node_id if state.dialed else peer
+        swapped = False
         if link.conn is not None and link.conn is not conn and link.conn.is_open:
             keep_new = dialer == min(self.node_id, peer) and link.dialed_by != dialer
+            swapped = keep_new
+            # Both ends apply the same rule and retire the same connection: each stops sending on
+            # it and reads on until the other has too, so nothing sent before the switch is lost.
             loser = link.conn if keep_new else conn
             self._conns[loser].superseded = True
+            self._conns[loser].role, self._conns[loser].peer, loser.peer = "route", peer, peer
+            loser.retire()
             if not keep_new:
-                state.role, state.peer = "duplicate", peer
-                loser.close()
                 return
-            loser.close()
         state.role, state.peer = "route", peer
         conn.peer = peer
         if link.epoch and link.epoch != hello.epoch:
             self.counters["peer_restarts"] += 1
+        same_process = link.epoch == hello.epoch
         link.conn, link.dialed_by, link.epoch = conn, dialer, hello.epoch
         transport = conn.transport
         link.address = str(transport.get_extra_info("peername")) if transport is not None else ""
-        link.state, link.last_heard = "syncing", time.monotonic()
+        link.last_heard = time.monotonic()
         link.counters["connects"] += 1
+        if swapped and same_process and link.state == "up":
+            # Both ends dialled: the pair moves to the connection the smaller id dialled. The peer's
+            # interest is still what it was, so the link keeps carrying events (a digest checks it).
+            link.counters["connection_swaps"] += 1
+            self._request_sync(link)
+            return
+        link.state = "syncing"
         self.router.add_peer(peer)
         self._request_sync(link)
         log.info("link to %s (%s) up; learning its interest", peer, link.address)
@@ -327,6 +338,21 @@ class MeshNode:
         link.conn.send(
             encode_frame(FrameType.SYNC_REQ, self.node_id, payload=encode_leaves(state.interest.leaves()))
         )
+
+    def _on_eof(self, conn: FrameConnection) -> bool:
+        """A link's connection the peer retired first: it will switch to the connection it dialled
+        (or accepted) too. Keep sending here until then, but no longer than a dead peer would last."""
+        state = self._conns.get(conn)
+        link = self.links.get(state.peer) if state is not None and state.role == "route" else None
+        if link is None or link.conn is not conn:
+            return False
+        asyncio.get_running_loop().call_later(self.config.dead_after, self._close_if_current, link, conn)
+        return True
+
+    @staticmethod
+    def _close_if_current(link: Link, conn: FrameConnection) -> None:
+        if link.conn is conn:
+            conn.close()
 
     def _on_close(self, conn: FrameConnection) -> None:
         state = self._conns.pop(conn)
