@@ -8,10 +8,11 @@ import json
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from meshplane.core.brokers import parse_broker_record
+from meshplane.core.mesh.frames import Frame, FrameError, FrameReader, decode_hello, decode_sync
 from meshplane.core.records import EventChannel
 from meshplane.core.streamlog import RetentionPolicy, audit_segment, decode_event, encode_record
 from meshplane.core.subjects import InvalidSubject, validate
@@ -50,6 +51,7 @@ def test_broker_records(data: bytes) -> None:
 
 
 @given(st.binary(max_size=300))
+@example(b"\x92\xa2\x00\x80")  # a string that is not UTF-8: msgspec raised UnicodeDecodeError
 def test_stored_events(data: bytes) -> None:
     with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
         decode_event(data)
@@ -94,3 +96,19 @@ def test_token_files(text: str) -> None:
 def test_a_deeply_nested_body_is_a_400() -> None:
     with pytest.raises(StreamError, match="nested too deeply"):
         parse_json_object(b"[" * 100_000, "body")
+
+
+@given(st.binary(max_size=400))
+@example(b"\x87\xa2\x00\x80")
+def test_mesh_handshakes_and_sync_answers(data: bytes) -> None:
+    for decode in (decode_hello, decode_sync):
+        with contextlib.suppress(ValueError):
+            decode(data)
+
+
+@given(st.lists(st.binary(max_size=120), max_size=8))
+def test_mesh_frame_streams(chunks: list[bytes]) -> None:
+    reader = FrameReader(max_payload=1000)
+    for chunk in chunks:
+        for item in reader.feed(chunk):
+            assert isinstance(item, Frame | FrameError)

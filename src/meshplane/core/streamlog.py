@@ -50,7 +50,11 @@ def encode_event(event: StoredEvent) -> bytes:
 
 
 def decode_event(payload: bytes | memoryview) -> StoredEvent:
-    return EVENT_DECODER.decode(payload)
+    """Raises msgspec.DecodeError (or ValidationError) on anything but a stored event."""
+    try:
+        return EVENT_DECODER.decode(payload)
+    except UnicodeDecodeError as exc:  # msgspec lets a string that is not UTF-8 through as this
+        raise msgspec.DecodeError(f"a string that is not UTF-8: {exc}") from None
 
 
 def encode_record(offset: int, timestamp_ms: int, payload: bytes) -> bytes:

@@ -220,12 +220,12 @@ def decode_hello(payload: bytes) -> Hello:
     """Raises ValueError on anything but a well-formed HELLO."""
     try:
         return _hello_decoder.decode(payload)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"malformed HELLO: {exc}") from None
 
 
 def decode_sync(payload: bytes) -> SyncResponse:
     try:
         return _sync_decoder.decode(payload)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"malformed SYNC_RESP: {exc}") from None
