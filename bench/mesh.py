@@ -266,7 +266,8 @@ class _Conn:
 
 async def routing_core(events: int) -> dict[str, Any]:
     from meshplane.mesh.config import MeshConfig
-    from meshplane.mesh.node import Link, MeshNode
+    from meshplane.mesh.links import Link
+    from meshplane.mesh.node import MeshNode
 
     class Counting:
         delivered = 0

@@ -47,6 +47,16 @@ class Holder(Hashable, Protocol):
     def deliver(self, event: MeshEvent) -> None: ...
 
 
+class Routing(Protocol):
+    """What a node offers its holders (MeshNode)."""
+
+    def subscribe(self, holder: Holder, pattern: str) -> None: ...
+
+    def unsubscribe(self, holder: Holder, pattern: str) -> None: ...
+
+    def publish(self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None) -> int: ...
+
+
 @dataclass(eq=False)
 class ClientSession:
     """A mesh client (the event plane's ``mesh`` transport) connected to this node.
@@ -114,3 +124,20 @@ def as_pubsub_message(event: MeshEvent) -> dict[str, object]:
         "metadata": {"encoding": encoding, "origin": event.source},
         "timestamp": event.timestamp_ms / 1000,
     }
+
+
+@dataclass(eq=False)
+class PubSubBridge:
+    """The pub/sub service's hook: its interest becomes the node's, its messages the node's events."""
+
+    node: Routing
+    holder: PubSubHolder
+
+    def interest(self, pattern: str, added: bool) -> None:
+        if added:
+            self.node.subscribe(self.holder, pattern)
+        else:
+            self.node.unsubscribe(self.holder, pattern)
+
+    def published(self, topic: str, frame: bytes) -> None:
+        self.node.publish(topic, frame, FLAG_JSON_MESSAGE, skip=self.holder)

@@ -22,13 +22,11 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from meshplane.core.backpressure import SubscriberQueue
 from meshplane.core.mesh.dedup import DedupCache
 from meshplane.core.mesh.frames import (
-    FLAG_JSON_MESSAGE,
     FLAG_PROPAGATED,
     NODE_ID_BYTES,
     PROTOCOL_VERSION,
@@ -48,60 +46,12 @@ from meshplane.core.mesh.router import Router
 from meshplane.core.subjects import InvalidSubject, validate
 from meshplane.mesh.config import MeshConfig, parse_route
 from meshplane.mesh.connection import FrameConnection
-from meshplane.mesh.holders import ClientSession, Holder, MeshEvent, PubSubHolder
+from meshplane.mesh.holders import ClientSession, Holder, MeshEvent, PubSubBridge, PubSubHolder
+from meshplane.mesh.links import Handshake, Link
+from meshplane.mesh.status import node_status
 from meshplane.streams.pubsub import PubSub
 
 log = logging.getLogger(__name__)
-
-LINK_COUNTERS = (
-    "dropped_peer_down",
-    "dropped_backpressure",
-    "unwanted_in",
-    "duplicates_in",
-    "resyncs",
-    "connects",
-    "connection_swaps",
-    "dead_peer_timeouts",
-    "sub_add_out",
-    "sub_remove_out",
-    "sub_add_in",
-    "sub_remove_in",
-    "bad_frames",
-)
-
-
-@dataclass(eq=False)
-class Link:
-    """What a node knows of one peer, across that peer's connections."""
-
-    peer: str
-    state: str = "down"  # down -> syncing (interest being learnt) -> up (carries events)
-    conn: FrameConnection | None = None
-    dialed_by: str = ""
-    epoch: int = 0
-    last_heard: float = 0.0
-    sync_sent: float | None = None  # when the SYNC_REQ now awaiting its answer went out
-    address: str = ""
-    counters: Counter[str] = field(default_factory=Counter)  # rare events, by name
-    events_out: int = 0
-    events_in: int = 0
-    down: asyncio.Event = field(default_factory=asyncio.Event)  # set while the link is down
-
-    def __post_init__(self) -> None:
-        self.down.set()
-
-
-@dataclass(eq=False)
-class _Peer:
-    """One connection's side of the handshake."""
-
-    conn: FrameConnection
-    dialed: bool
-    role: str = ""  # "route" or "client" once HELLO is in
-    peer: str = ""
-    session: ClientSession | None = None
-    error: str = ""
-    superseded: bool = False
 
 
 class MeshNode:
@@ -120,7 +70,7 @@ class MeshNode:
         self.on_latency: Any = None  # a callable taking seconds (the routing latency histogram)
         self._sequence = itertools.count(1)
         self._client_ids = itertools.count(1)
-        self._conns: dict[FrameConnection, _Peer] = {}
+        self._conns: dict[FrameConnection, Handshake] = {}
         self._subjects_checked: dict[str, bool] = {}
         self._pings = itertools.count(1)
         self._pending_pings: dict[int, tuple[ClientSession, int, set[str]]] = {}
@@ -175,7 +125,7 @@ class MeshNode:
             on_resume=self._on_resume,
             on_eof=self._on_eof,
         )
-        self._conns[conn] = _Peer(conn, dialed)
+        self._conns[conn] = Handshake(conn, dialed)
         return conn
 
     def _on_open(self, conn: FrameConnection) -> None:
@@ -255,7 +205,7 @@ class MeshNode:
             self.frame_errors["before_hello"] += 1
             conn.close()
 
-    def _on_hello(self, state: _Peer, frame: Frame) -> None:
+    def _on_hello(self, state: Handshake, frame: Frame) -> None:
         conn = state.conn
         try:
             hello = decode_hello(frame.payload)
@@ -285,7 +235,7 @@ class MeshNode:
             self._send_hello(conn, "route")
         self._install_link(state, hello)
 
-    def _refuse(self, state: _Peer, reason: str, detail: str) -> None:
+    def _refuse(self, state: Handshake, reason: str, detail: str) -> None:
         self.frame_errors[f"hello_{reason}"] += 1
         log.warning("refused a connection: %s", detail)
         if not state.dialed:
@@ -293,7 +243,7 @@ class MeshNode:
         state.error = reason
         state.conn.close()
 
-    def _install_link(self, state: _Peer, hello: Hello) -> None:
+    def _install_link(self, state: Handshake, hello: Hello) -> None:
         peer, conn = hello.node, state.conn
         link = self.links.setdefault(peer, Link(peer))
         dialer = self.node_id if state.dialed else peer
@@ -471,7 +421,7 @@ class MeshNode:
 
     # --- clients -------------------------------------------------------------------------------------
 
-    def _accept_client(self, state: _Peer) -> None:
+    def _accept_client(self, state: Handshake) -> None:
         client_id = f"c{next(self._client_ids)}"
         queue: SubscriberQueue[bytes] = SubscriberQueue(
             self.config.max_message_queue_size,
@@ -654,75 +604,7 @@ class MeshNode:
     def status(self, patterns: bool = False, limit: int = 1000) -> dict[str, Any]:
         """What ``GET /mesh`` shows; with ``patterns``, this node's announced patterns and each peer's
         as this node knows them (at most ``limit`` of each, sorted)."""
-        router = self.router
-        routed = self.routed
-        answer: dict[str, Any] = {
-            "node": self.node_id,
-            "cluster": self.config.cluster,
-            "route_url": self.route_url,
-            "epoch": self.epoch,
-            "interest": {
-                "version": router.own.version,
-                "patterns_local": len(router.own.holders),
-                "subscriptions_local": router.local_subscriptions,
-                "subscriptions_remote": router.remote_subscriptions,
-                "topics_active": router.topics_active,
-            },
-            "clients": [
-                {
-                    "id": session.client_id,
-                    "patterns": len(router.patterns_of(session)),
-                    "delivered": session.delivered,
-                    "queued": len(session.queue),
-                    "buffered_bytes": session.conn.buffered_bytes(),
-                    "paused": session.conn.paused,
-                    "dropped": session.dropped,
-                }
-                for session in itertools.islice(self.clients.values(), limit)
-            ],
-            "counters": {
-                "messages_routed": routed,
-                "messages_forwarded": self.forwarded,
-                "fanout_avg": round(self.deliveries / routed, 3) if routed else 0.0,
-                "duplicates_dropped": self.dedup.duplicates,
-                **{
-                    k: v
-                    for k, v in self.counters.items()
-                    if k not in ("messages_routed", "messages_forwarded")
-                },
-            },
-            "frame_errors": dict(self.frame_errors),
-            "links": [
-                self._link_status(link) for link in sorted(self.links.values(), key=lambda link: link.peer)
-            ],
-        }
-        if patterns:
-            answer["patterns"] = {
-                "local": sorted(router.own.holders)[:limit],
-                "peers": {
-                    peer: sorted(state.interest.versions)[:limit] for peer, state in router.peers.items()
-                },
-            }
-        return answer
-
-    def _link_status(self, link: Link) -> dict[str, Any]:
-        live = link.conn.stats if link.conn is not None else None
-        peer_state = self.router.peers.get(link.peer)
-        return {
-            "peer": link.peer,
-            "state": link.state,
-            "address": link.address,
-            "dialed_by": link.dialed_by,
-            "patterns_remote": len(peer_state.interest.versions) if peer_state is not None else 0,
-            "bloom_false_positives": self.router.bloom_false_positives[link.peer],
-            **{
-                name: link.counters[name] + (getattr(live, name) if live else 0)
-                for name in ("bytes_in", "bytes_out", "batches_out")
-            },
-            "events_out": link.events_out,
-            "events_in": link.events_in,
-            **{name: link.counters[name] for name in LINK_COUNTERS},
-        }
+        return node_status(self, patterns, limit)
 
     def links_up(self) -> Iterable[str]:
         return (link.peer for link in self.links.values() if link.state == "up")
@@ -735,20 +617,3 @@ class MeshNode:
         pubsub.mesh = bridge
         for pattern in pubsub.patterns:
             bridge.interest(pattern, True)
-
-
-@dataclass(eq=False)
-class PubSubBridge:
-    """The pub/sub service's hook: its interest becomes the node's, its messages the node's events."""
-
-    node: MeshNode
-    holder: PubSubHolder
-
-    def interest(self, pattern: str, added: bool) -> None:
-        if added:
-            self.node.subscribe(self.holder, pattern)
-        else:
-            self.node.unsubscribe(self.holder, pattern)
-
-    def published(self, topic: str, frame: bytes) -> None:
-        self.node.publish(topic, frame, FLAG_JSON_MESSAGE, skip=self.holder)

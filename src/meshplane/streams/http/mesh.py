@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from meshplane.mesh.node import LINK_COUNTERS, MeshNode
+from meshplane.mesh.links import LINK_COUNTERS
+from meshplane.mesh.node import MeshNode
 from meshplane.streams.errors import NotFound
 from meshplane.streams.http.params import json_response
 

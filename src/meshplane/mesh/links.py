@@ -1,0 +1,81 @@
+"""What a node keeps per peer (a link, across that peer's connections) and per connection (its side
+of the handshake), and how a link reads in ``GET /mesh``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshplane.mesh.connection import FrameConnection
+from meshplane.mesh.holders import ClientSession
+
+LINK_COUNTERS = (
+    "dropped_peer_down",
+    "dropped_backpressure",
+    "unwanted_in",
+    "duplicates_in",
+    "resyncs",
+    "connects",
+    "connection_swaps",
+    "dead_peer_timeouts",
+    "sub_add_out",
+    "sub_remove_out",
+    "sub_add_in",
+    "sub_remove_in",
+    "bad_frames",
+)
+
+
+@dataclass(eq=False)
+class Link:
+    """What a node knows of one peer, across that peer's connections."""
+
+    peer: str
+    state: str = "down"  # down -> syncing (interest being learnt) -> up (carries events)
+    conn: FrameConnection | None = None
+    dialed_by: str = ""
+    epoch: int = 0
+    last_heard: float = 0.0
+    sync_sent: float | None = None  # when the SYNC_REQ now awaiting its answer went out
+    address: str = ""
+    counters: Counter[str] = field(default_factory=Counter)  # rare events, by name
+    events_out: int = 0
+    events_in: int = 0
+    down: asyncio.Event = field(default_factory=asyncio.Event)  # set while the link is down
+
+    def __post_init__(self) -> None:
+        self.down.set()
+
+
+@dataclass(eq=False)
+class Handshake:
+    """One connection's side of the handshake."""
+
+    conn: FrameConnection
+    dialed: bool
+    role: str = ""  # "route" or "client" once HELLO is in
+    peer: str = ""
+    session: ClientSession | None = None
+    error: str = ""
+    superseded: bool = False
+
+
+def link_status(link: Link, patterns_remote: int, bloom_false_positives: int) -> dict[str, Any]:
+    live = link.conn.stats if link.conn is not None else None
+    return {
+        "peer": link.peer,
+        "state": link.state,
+        "address": link.address,
+        "dialed_by": link.dialed_by,
+        "patterns_remote": patterns_remote,
+        "bloom_false_positives": bloom_false_positives,
+        **{
+            name: link.counters[name] + (getattr(live, name) if live else 0)
+            for name in ("bytes_in", "bytes_out", "batches_out")
+        },
+        "events_out": link.events_out,
+        "events_in": link.events_in,
+        **{name: link.counters[name] for name in LINK_COUNTERS},
+    }
