@@ -30,6 +30,15 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
         help="the other nodes' route addresses, tcp://HOST:PORT, comma-separated",
     )
     mesh.add_argument(
+        "--gateway",
+        action="append",
+        type=_gateway,
+        default=[],
+        metavar="CLUSTER=tcp://HOST:PORT",
+        help="make this node its cluster's gateway, with an external link to CLUSTER's gateway at that "
+        "route address (repeat for each cluster; both gateways name each other)",
+    )
+    mesh.add_argument(
         "--route-port",
         type=int,
         default=DEFAULT_ROUTE_PORT,
@@ -91,14 +100,21 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
     mesh.add_argument("--mesh-fault", action="append", choices=FAULTS, default=[], help=argparse.SUPPRESS)
 
 
+def _gateway(text: str) -> tuple[str, str]:
+    cluster, sep, address = text.partition("=")
+    if not sep or not cluster.strip() or not address.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected CLUSTER=tcp://HOST:PORT")
+    return cluster.strip(), address.strip()
+
+
 def _routes(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
     if args.node_id is None:
-        if args.routes:
-            raise ConfigError("--routes needs --node-id: a server joins a mesh as a named node")
+        if args.routes or args.gateway:
+            raise ConfigError("--routes and --gateway need --node-id: a server joins a mesh as a named node")
         return None
     policy: dict[str, Any] = (
         {"backpressure_policy": args.backpressure_policy} if args.backpressure_policy else {}
@@ -109,6 +125,7 @@ def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
         host=args.host,
         route_port=args.route_port,
         routes=args.routes,
+        gateways=tuple(args.gateway),
         heartbeat_interval=args.heartbeat_interval,
         dead_after=args.heartbeat_interval * 3.5,
         router=RouterLimits(

@@ -30,6 +30,7 @@ class MeshConfig:
     host: str = "127.0.0.1"
     route_port: int = 0  # routes and mesh clients connect here (0: a free port)
     routes: tuple[str, ...] = ()  # tcp://host:port of the other nodes
+    gateways: tuple[tuple[str, str], ...] = ()  # (cluster, tcp://host:port of its gateway): a gateway
     secret: str = field(default_factory=lambda: os.environ.get(SECRET_ENV, ""), repr=False)
     heartbeat_interval: float = 1.0  # also the anti-entropy (digest) interval
     dead_after: float = 3.5  # a link silent this long is closed and dialled again
@@ -65,3 +66,7 @@ class MeshConfig:
             raise ConfigError(f"unknown mesh faults {sorted(unknown)}: {', '.join(FAULTS)}")
         for route in self.routes:
             parse_route(route)
+        for cluster, address in self.gateways:
+            parse_route(address)
+            if cluster == self.cluster:
+                raise ConfigError(f"--gateway {cluster}=...: a gateway links to other clusters, not its own")

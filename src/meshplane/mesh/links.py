@@ -55,11 +55,12 @@ class Handshake:
 
     conn: FrameConnection
     dialed: bool
-    role: str = ""  # "route" or "client" once HELLO is in
+    role: str = ""  # "route", "client" or "gateway" once HELLO is in
     peer: str = ""
     session: ClientSession | None = None
     error: str = ""
     superseded: bool = False
+    dial_role: str = "route"  # what a dialled connection says it is: "route" or "gateway"
 
 
 def link_status(link: Link, patterns_remote: int, bloom_false_positives: int) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from meshplane.core.mesh.router import Router
 from meshplane.core.subjects import InvalidSubject, validate
 from meshplane.mesh.config import MeshConfig, parse_route
 from meshplane.mesh.connection import FrameConnection
+from meshplane.mesh.gateways import GatewayHolder, Gateways
 from meshplane.mesh.holders import ClientSession, Holder, MeshEvent, PubSubBridge, PubSubHolder
 from meshplane.mesh.links import Handshake, Link
 from meshplane.mesh.status import node_status
@@ -77,6 +78,7 @@ class MeshNode:
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
+        self.gateways = Gateways(self)
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -97,6 +99,8 @@ class MeshNode:
         self._tasks.append(asyncio.create_task(self._heartbeats()))
         for route in self.config.routes:
             self._tasks.append(asyncio.create_task(self._dial(route)))
+        for address in self.gateways.dials():
+            self._tasks.append(asyncio.create_task(self._dial(address, "gateway")))
 
     async def close(self) -> None:
         self._running = False
@@ -113,7 +117,7 @@ class MeshNode:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
 
-    def _connection(self, dialed: bool) -> FrameConnection:
+    def _connection(self, dialed: bool, role: Literal["route", "gateway"] = "route") -> FrameConnection:
         conn = FrameConnection(
             max_payload=self.config.max_payload,
             batch_size=self.config.message_batch_size,
@@ -125,12 +129,13 @@ class MeshNode:
             on_resume=self._on_resume,
             on_eof=self._on_eof,
         )
-        self._conns[conn] = Handshake(conn, dialed)
+        self._conns[conn] = Handshake(conn, dialed, dial_role=role)
         return conn
 
     def _on_open(self, conn: FrameConnection) -> None:
-        if self._conns[conn].dialed:
-            self._send_hello(conn, "route")
+        state = self._conns[conn]
+        if state.dialed:
+            self.send_hello(conn, "gateway" if state.dial_role == "gateway" else "route")
         loop = asyncio.get_running_loop()
         loop.call_later(self.config.handshake_timeout, self._handshake_deadline, conn)
 
@@ -140,8 +145,12 @@ class MeshNode:
             self.frame_errors["handshake_timeout"] += 1
             conn.close()
 
-    def _send_hello(
-        self, conn: FrameConnection, role: Literal["route", "client"], error: str = "", origin: str = ""
+    def send_hello(
+        self,
+        conn: FrameConnection,
+        role: Literal["route", "client", "gateway"],
+        error: str = "",
+        origin: str = "",
     ) -> None:
         hello = Hello(
             PROTOCOL_VERSION,
@@ -157,14 +166,14 @@ class MeshNode:
 
     # --- dialling ------------------------------------------------------------------------------------
 
-    async def _dial(self, route: str) -> None:
+    async def _dial(self, route: str, role: Literal["route", "gateway"] = "route") -> None:
         host, port = parse_route(route)
         loop = asyncio.get_running_loop()
         backoff = self.config.reconnect_min
         while self._running:
             try:
                 _, conn = await asyncio.wait_for(
-                    loop.create_connection(lambda: self._connection(dialed=True), host, port),
+                    loop.create_connection(lambda: self._connection(dialed=True, role=role), host, port),
                     self.config.handshake_timeout,
                 )
             except (TimeoutError, OSError):
@@ -189,14 +198,17 @@ class MeshNode:
     def _on_bad_frame(self, conn: FrameConnection, error: FrameError) -> None:
         self.frame_errors[error.reason] += 1
         state = self._conns.get(conn)
-        if state is not None and state.role == "route":
-            self.links[state.peer].counters["bad_frames"] += 1
+        if state is not None and state.role in ("route", "gateway"):
+            links = self.links if state.role == "route" else self.gateways.links
+            links[state.peer].counters["bad_frames"] += 1
         log.warning("dropped a frame from %s: %s", conn.peer or "a new connection", error.detail)
 
     def _on_frame(self, conn: FrameConnection, frame: Frame) -> None:
         state = self._conns[conn]
         if state.role == "route":
             self._on_route_frame(self.links[state.peer], frame)
+        elif state.role == "gateway":
+            self.gateways.on_frame(state.peer, frame)
         elif state.session is not None:
             self._on_client_frame(state.session, frame)
         elif frame.type is FrameType.HELLO:
@@ -210,36 +222,40 @@ class MeshNode:
         try:
             hello = decode_hello(frame.payload)
         except ValueError as exc:
-            return self._refuse(state, "malformed", str(exc))
+            return self.refuse(state, "malformed", str(exc))
         if hello.error:
             state.error = "self" if hello.error.startswith("self") else hello.error
             log.warning("node at %s refused this node: %s", conn.peer or "a route", hello.error)
             return conn.close()
         if hello.protocol != PROTOCOL_VERSION:
-            return self._refuse(
+            return self.refuse(
                 state, "version", f"protocol {hello.protocol}; this node speaks {PROTOCOL_VERSION}"
             )
         if self.config.secret and hello.secret != self.config.secret:
-            return self._refuse(state, "auth", "wrong or missing mesh secret")
+            return self.refuse(state, "auth", "wrong or missing mesh secret")
+        if hello.role == "gateway":
+            if not self.gateways.enabled:
+                return self.refuse(state, "gateway", "this node is not a gateway (no --gateway)")
+            return self.gateways.on_hello(state, hello)
         if hello.role == "client":
             if state.dialed or len(self.clients) >= self.config.max_clients:
-                return self._refuse(state, "limit", f"{self.config.max_clients} clients (the limit)")
+                return self.refuse(state, "limit", f"{self.config.max_clients} clients (the limit)")
             return self._accept_client(state)
         if hello.node == self.node_id:
-            return self._refuse(state, "self", "self: a route to this node itself")
+            return self.refuse(state, "self", "self: a route to this node itself")
         if hello.cluster != self.config.cluster:
-            return self._refuse(
+            return self.refuse(
                 state, "cluster", f"cluster {hello.cluster!r}; this node is in {self.config.cluster!r}"
             )
         if not state.dialed:
-            self._send_hello(conn, "route")
+            self.send_hello(conn, "route")
         self._install_link(state, hello)
 
-    def _refuse(self, state: Handshake, reason: str, detail: str) -> None:
+    def refuse(self, state: Handshake, reason: str, detail: str) -> None:
         self.frame_errors[f"hello_{reason}"] += 1
         log.warning("refused a connection: %s", detail)
         if not state.dialed:
-            self._send_hello(state.conn, "route", error=detail)
+            self.send_hello(state.conn, "route", error=detail)
         state.error = reason
         state.conn.close()
 
@@ -276,7 +292,7 @@ class MeshNode:
             self._request_sync(link)
             return
         link.state = "syncing"
-        self.router.add_peer(peer)
+        self.gateways.changed((), self.router.add_peer(peer))
         self._request_sync(link)
         log.info("link to %s (%s) up; learning its interest", peer, link.address)
 
@@ -308,6 +324,8 @@ class MeshNode:
         state = self._conns.pop(conn)
         if state.session is not None:
             self._drop_client(state.session)
+        if state.role == "gateway":
+            self.gateways.on_close(state.peer, conn)
         link = self.links.get(state.peer) if state.role == "route" else None
         if link is not None:
             for name in ("bytes_in", "bytes_out", "batches_out"):
@@ -335,7 +353,8 @@ class MeshNode:
             pattern = self._valid(frame.subject, wildcards=True)
             if pattern is None:
                 return self._count_bad(link, "bad_pattern")
-            self.router.apply(link.peer, pattern, frame.sequence, added)
+            if self.router.apply(link.peer, pattern, frame.sequence, added):
+                self.gateways.changed({pattern} if added else (), () if added else {pattern})
         elif kind is FrameType.HEARTBEAT:
             state = self.router.peers.get(link.peer)
             stale = state is not None and frame.payload != state.interest.root()
@@ -371,7 +390,7 @@ class MeshNode:
                 i: [p for p in patterns if self._valid(p, wildcards=True) is not None]
                 for i, patterns in answer.buckets.items()
             }
-            self.router.apply_sync(link.peer, SyncResponse(answer.version, buckets))
+            self.gateways.changed(*self.router.apply_sync(link.peer, SyncResponse(answer.version, buckets)))
             link.sync_sent = None
             if link.state == "syncing":
                 link.state = "up"
@@ -384,6 +403,9 @@ class MeshNode:
         link.counters["bad_frames"] += 1
         self.frame_errors[reason] += 1
 
+    def valid_pattern(self, text: str) -> str | None:
+        return self._valid(text, wildcards=True)
+
     @staticmethod
     def _valid(text: str, *, wildcards: bool) -> str | None:
         try:
@@ -391,7 +413,7 @@ class MeshNode:
         except InvalidSubject:
             return None
 
-    def _valid_subject(self, subject: str) -> bool:
+    def valid_subject(self, subject: str) -> bool:
         """Subjects repeat: each is checked once (the cache is bounded, and emptied when full)."""
         known = self._subjects_checked.get(subject)
         if known is None:
@@ -403,7 +425,7 @@ class MeshNode:
     def _on_remote_event(self, link: Link, frame: Frame) -> None:
         link.events_in += 1
         subject = frame.subject
-        if not self._valid_subject(subject):
+        if not self.valid_subject(subject):
             return self._count_bad(link, "bad_subject")
         timestamp, body = event_parts(frame)
         if self.dedup.seen(subject, (timestamp, frame.sequence, frame.source), time.monotonic()):
@@ -435,7 +457,7 @@ class MeshNode:
         state.role, state.session = "client", session
         state.conn.peer = client_id
         self.clients[client_id] = session
-        self._send_hello(state.conn, "client", origin=origin)
+        self.send_hello(state.conn, "client", origin=origin)
 
     def _overflowed(self, session: ClientSession) -> None:
         self.counters["clients_disconnected_slow"] += 1
@@ -452,7 +474,7 @@ class MeshNode:
     def _on_client_frame(self, session: ClientSession, frame: Frame) -> None:
         kind = frame.type
         if kind is FrameType.EVENT:
-            if not self._valid_subject(frame.subject):
+            if not self.valid_subject(frame.subject):
                 self.frame_errors["bad_subject"] += 1
                 return
             timestamp, body = event_parts(frame)
@@ -511,14 +533,20 @@ class MeshNode:
     # --- the node's API: interest and publishing -----------------------------------------------------
 
     def subscribe(self, holder: Holder, pattern: str) -> None:
+        fresh = not self.router.holds(holder, pattern)
         version = self.router.subscribe(holder, pattern)
         if version is not None:
             self._announce(FrameType.SUB_ADD, pattern, version)
+        if fresh and not isinstance(holder, GatewayHolder):  # what this cluster wants, for gateways
+            self.gateways.changed({pattern}, ())
 
     def unsubscribe(self, holder: Holder, pattern: str) -> None:
+        held = self.router.holds(holder, pattern)
         version = self.router.unsubscribe(holder, pattern)
         if version is not None:
             self._announce(FrameType.SUB_REMOVE, pattern, version)
+        if held and not isinstance(holder, GatewayHolder):
+            self.gateways.changed((), {pattern})
 
     def _announce(self, kind: FrameType, pattern: str, version: int) -> None:
         if kind is FrameType.SUB_ADD and "drop_sub_add" in self.config.faults:
@@ -554,6 +582,21 @@ class MeshNode:
         if sampled:
             self.on_latency(time.perf_counter() - started)
         return copies
+
+    def route_foreign(self, event: MeshEvent) -> bool:
+        """An event from another cluster: to this cluster only (local holders but gateways, and
+        internal peers with interest). False when nobody here wanted it."""
+        route = self.router.route(event.subject)
+        copies = 0
+        for holder in route.local:
+            if not isinstance(holder, GatewayHolder):
+                holder.deliver(event)
+                copies += 1
+        for peer in route.peers:
+            copies += self._forward(self.links.get(peer), event)
+        self.routed += 1
+        self.deliveries += copies
+        return copies > 0
 
     def _forward(self, link: Link | None, event: MeshEvent) -> int:
         if link is None:
@@ -598,6 +641,7 @@ class MeshNode:
                 self._request_sync(link)  # the answer went missing
         for session in self.clients.values():
             session.conn.send(heartbeat)
+        self.gateways.tick(now)
 
     # --- what it looks like --------------------------------------------------------------------------
 

@@ -47,11 +47,13 @@ def node_status(node: MeshNode, patterns: bool, limit: int) -> dict[str, Any]:
         },
         "frame_errors": dict(node.frame_errors),
         "links": [_link(node, link) for link in sorted(node.links.values(), key=lambda link: link.peer)],
+        "gateways": node.gateways.status(),
     }
     if patterns:
         answer["patterns"] = {
             "local": sorted(router.own.holders)[:limit],
             "peers": {peer: sorted(state.interest.versions)[:limit] for peer, state in router.peers.items()},
+            "gateways": node.gateways.patterns(limit),
         }
     return answer
 

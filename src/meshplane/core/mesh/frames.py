@@ -197,7 +197,7 @@ class Hello(msgspec.Struct, frozen=True):
     protocol: int
     node: str
     cluster: str
-    role: Literal["route", "client"]
+    role: Literal["route", "client", "gateway"]
     epoch: int = 0  # the node's start time: a peer that restarted has a new one
     secret: str = ""
     error: str = ""

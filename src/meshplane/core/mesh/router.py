@@ -96,6 +96,10 @@ class Router(Generic[H]):
         self._cache.clear()
         return self.own.remove(pattern)
 
+    def holds(self, holder: H, pattern: str) -> bool:
+        held = self._held.get(holder)
+        return held is not None and pattern in held
+
     def patterns_of(self, holder: H) -> set[str]:
         return set(self._held.get(holder, ()))
 
@@ -105,17 +109,22 @@ class Router(Generic[H]):
 
     # --- peers ---------------------------------------------------------------------------------------
 
-    def add_peer(self, peer: str) -> None:
-        """A peer whose interest is to be learnt afresh (a new link: its copy starts empty)."""
-        self.remove_peer(peer)
+    def add_peer(self, peer: str) -> set[str]:
+        """A peer whose interest is to be learnt afresh (a new link: its copy starts empty); returns
+        the patterns it had."""
+        removed = self.remove_peer(peer)
         self.peers[peer] = _Peer(PeerInterest(self.limits.tombstones_per_peer), BloomFilter(self.shape))
+        return removed
 
-    def remove_peer(self, peer: str) -> None:
+    def remove_peer(self, peer: str) -> set[str]:
         state = self.peers.pop(peer, None)
-        if state is not None:
-            for pattern in state.interest.clear():
-                self._remote.remove(pattern, peer)
-            self._cache.clear()
+        if state is None:
+            return set()
+        removed = state.interest.clear()
+        for pattern in removed:
+            self._remote.remove(pattern, peer)
+        self._cache.clear()
+        return removed
 
     def apply(self, peer: str, pattern: str, version: int, added: bool) -> bool:
         """A peer's SUB_ADD / SUB_REMOVE; True when it changed what is routed there."""

@@ -1,0 +1,245 @@
+"""Gateways: a cluster's node with external links to the gateways of other clusters (seed 002).
+
+- Over an external link a gateway advertises its whole cluster's interest, aggregated: its own
+  clients' patterns and every internal peer's, each pattern once (:attr:`Gateways.interest`, its own
+  version counter and Merkle digest, as for links). It never advertises what it learnt from another
+  cluster, so interest crosses one external link and stops: with A-B, A-C and B-D links, D never
+  learns A's subscriptions.
+- Inside its cluster the gateway holds each remote cluster's interest as a local holder (a
+  :class:`GatewayHolder`), so the other nodes send it what those clusters want, and an event of its
+  own cluster for another cluster leaves through the holder: one copy per external link.
+- An event that came over an external link goes to this cluster only (local holders and internal
+  peers with interest), never out on another external link.
+
+One gateway per cluster: every external link of a cluster ends on the same node. The dialling side
+of a pair is the cluster whose name sorts first, so two clusters share at most one external link.
+If the gateway dies its cluster is cut off from the others until it returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from meshplane.core.mesh.frames import (
+    Frame,
+    FrameType,
+    Hello,
+    SyncResponse,
+    decode_sync,
+    encode_frame,
+    encode_payload,
+    event_parts,
+)
+from meshplane.core.mesh.interest import OwnInterest, PeerInterest, decode_leaves, encode_leaves
+from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh.links import Handshake, Link, link_status
+
+if TYPE_CHECKING:
+    from meshplane.mesh.node import MeshNode
+
+
+@dataclass(eq=False)
+class GatewayHolder:
+    """Another cluster as a holder in this node's routing table: delivering is sending over the link."""
+
+    link: GatewayLink
+
+    def deliver(self, event: MeshEvent) -> None:
+        link = self.link
+        if link.state != "up" or link.conn is None:
+            link.counters["dropped_peer_down"] += 1
+            return
+        link.conn.send(event.raw)
+        link.events_out += 1
+
+
+@dataclass(eq=False)
+class GatewayLink(Link):
+    """An external link: ``peer`` is the other cluster's name; ``interest`` what it advertised."""
+
+    interest: PeerInterest = field(default_factory=PeerInterest)
+    holder: GatewayHolder = field(init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.holder = GatewayHolder(self)
+
+
+class Gateways:
+    def __init__(self, node: MeshNode) -> None:
+        self.node = node
+        self.remote = dict(node.config.gateways)  # cluster -> its gateway's address
+        self.links: dict[str, GatewayLink] = {}
+        self.interest = OwnInterest()  # this cluster's, as other clusters are told
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.remote)
+
+    def dials(self) -> list[str]:
+        """The addresses this gateway dials: those of clusters whose names sort after its own."""
+        own = self.node.config.cluster
+        return [url for cluster, url in sorted(self.remote.items()) if own < cluster]
+
+    # --- interest this cluster advertises ------------------------------------------------------------
+
+    def changed(self, added: Iterable[str], removed: Iterable[str]) -> None:
+        """Patterns gained or lost by a holder here (not a gateway) or by an internal peer."""
+        if not self.enabled:
+            return
+        for pattern in added:
+            version = self.interest.add(pattern)
+            if version is not None:
+                self._announce(FrameType.SUB_ADD, pattern, version)
+        for pattern in removed:
+            version = self.interest.remove(pattern)
+            if version is not None:
+                self._announce(FrameType.SUB_REMOVE, pattern, version)
+
+    def _announce(self, kind: FrameType, pattern: str, version: int) -> None:
+        frame = encode_frame(kind, self.node.node_id, pattern, version)
+        counter = "sub_add_out" if kind is FrameType.SUB_ADD else "sub_remove_out"
+        for link in self.links.values():
+            if link.conn is not None:
+                link.conn.send(frame)
+                link.counters[counter] += 1
+
+    # --- links ---------------------------------------------------------------------------------------
+
+    def on_hello(self, state: Handshake, hello: Hello) -> None:
+        node, cluster = self.node, hello.cluster
+        if cluster not in self.remote or cluster == node.config.cluster:
+            return node.refuse(state, "gateway", f"cluster {cluster!r} is not one this gateway links to")
+        if not state.dialed:
+            node.send_hello(state.conn, "gateway")
+        link = self.links.setdefault(cluster, GatewayLink(cluster))
+        if link.conn is not None and link.conn is not state.conn:
+            link.conn.close()  # at most one external link between two clusters: the newest
+        state.role, state.peer, state.conn.peer = "gateway", cluster, cluster
+        transport = state.conn.transport
+        link.address = str(transport.get_extra_info("peername")) if transport is not None else ""
+        link.conn, link.state, link.last_heard, link.epoch = (
+            state.conn,
+            "syncing",
+            time.monotonic(),
+            hello.epoch,
+        )
+        link.counters["connects"] += 1
+        link.down.clear()
+        for pattern in link.interest.clear():  # learnt afresh, as on an internal link
+            node.unsubscribe(link.holder, pattern)
+        self._request_sync(link)
+
+    def _request_sync(self, link: GatewayLink) -> None:
+        if link.conn is not None:
+            link.sync_sent = time.monotonic()
+            payload = encode_leaves(link.interest.leaves())
+            link.conn.send(encode_frame(FrameType.SYNC_REQ, self.node.node_id, payload=payload))
+
+    def on_close(self, cluster: str, conn: Any) -> None:
+        link = self.links.get(cluster)
+        if link is not None and link.conn is conn:
+            link.conn, link.state, link.sync_sent = None, "down", None
+            link.down.set()
+
+    def on_frame(self, cluster: str, frame: Frame) -> None:
+        node, link = self.node, self.links[cluster]
+        link.last_heard = time.monotonic()
+        kind = frame.type
+        if kind is FrameType.EVENT:
+            self._on_event(link, frame)
+        elif kind in (FrameType.SUB_ADD, FrameType.SUB_REMOVE):
+            added = kind is FrameType.SUB_ADD
+            link.counters["sub_add_in" if added else "sub_remove_in"] += 1
+            pattern = node.valid_pattern(frame.subject)
+            if pattern is None:
+                link.counters["bad_frames"] += 1
+            elif link.interest.apply(pattern, frame.sequence, added):
+                (node.subscribe if added else node.unsubscribe)(link.holder, pattern)
+        elif kind is FrameType.HEARTBEAT:
+            if link.state == "up" and link.sync_sent is None and frame.payload != link.interest.root():
+                link.counters["resyncs"] += 1
+                self._request_sync(link)
+        elif kind is FrameType.SYNC_REQ and link.conn is not None:
+            if not frame.payload:
+                link.conn.send(encode_frame(FrameType.SYNC_RESP, node.node_id, sequence=frame.sequence))
+                return
+            try:
+                leaves = decode_leaves(frame.payload)
+            except ValueError:
+                link.counters["bad_frames"] += 1
+                return
+            answer = SyncResponse(self.interest.version, self.interest.answer(leaves))
+            link.conn.send(
+                encode_frame(
+                    FrameType.SYNC_RESP, node.node_id, sequence=answer.version, payload=encode_payload(answer)
+                )
+            )
+        elif kind is FrameType.SYNC_RESP and frame.payload:
+            try:
+                answer = decode_sync(frame.payload)
+            except ValueError:
+                link.counters["bad_frames"] += 1
+                return
+            buckets = {
+                i: [p for p in ps if node.valid_pattern(p) is not None] for i, ps in answer.buckets.items()
+            }
+            gained, lost = link.interest.replace(answer.version, buckets)
+            for pattern in gained:
+                node.subscribe(link.holder, pattern)
+            for pattern in lost:
+                node.unsubscribe(link.holder, pattern)
+            link.sync_sent = None
+            if link.state == "syncing":
+                link.state = "up"
+
+    def _on_event(self, link: GatewayLink, frame: Frame) -> None:
+        node = self.node
+        link.events_in += 1
+        if not node.valid_subject(frame.subject):
+            link.counters["bad_frames"] += 1
+            return
+        timestamp, body = event_parts(frame)
+        # Node ids are unique within a cluster only: the cluster is part of the id here.
+        if node.dedup.seen(
+            frame.subject, (timestamp, frame.sequence, frame.source, link.peer), time.monotonic()
+        ):
+            link.counters["duplicates_in"] += 1
+            return
+        event = MeshEvent(
+            frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw
+        )
+        if not node.route_foreign(event):
+            link.counters["unwanted_in"] += 1
+
+    def tick(self, now: float) -> None:
+        if not self.links:
+            return
+        heartbeat = encode_frame(
+            FrameType.HEARTBEAT,
+            self.node.node_id,
+            sequence=self.interest.version,
+            payload=self.interest.root(),
+        )
+        for link in self.links.values():
+            if link.conn is None:
+                continue
+            if now - link.last_heard > self.node.config.dead_after:
+                link.counters["dead_peer_timeouts"] += 1
+                link.conn.close()
+                continue
+            link.conn.send(heartbeat)
+            if link.sync_sent is not None and now - link.sync_sent > self.node.config.dead_after:
+                self._request_sync(link)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [
+            {"cluster": cluster, **link_status(link, len(link.interest.versions), 0)}
+            for cluster, link in sorted(self.links.items())
+        ]
+
+    def patterns(self, limit: int) -> dict[str, list[str]]:
+        return {cluster: sorted(link.interest.versions)[:limit] for cluster, link in self.links.items()}
