@@ -59,3 +59,39 @@ def test_topic_and_group_stats() -> None:
         "0          -       -          4",
         "1          m1      7          0",
     ]
+
+
+def test_mesh_status_reads_as_one_line_per_link_and_gateway() -> None:
+    from meshplane.cli.mesh import render_status
+
+    link = {
+        "peer": "b",
+        "state": "up",
+        "patterns_remote": 3,
+        "events_out": 10,
+        "events_in": 2,
+        "batches_out": 4,
+        "dropped_peer_down": 1,
+        "resyncs": 0,
+        "bloom_false_positives": 5,
+    }
+    status = {
+        "node": "a",
+        "cluster": "c1",
+        "route_url": "tcp://127.0.0.1:16501",
+        "clients": [{"id": "c1"}],
+        "interest": {"subscriptions_local": 2, "patterns_local": 1, "subscriptions_remote": 3},
+        "counters": {"messages_routed": 12, "messages_forwarded": 10, "fanout_avg": 1.0},
+        "links": [link],
+        "gateways": [{**link, "cluster": "c2", "state": "down"}],
+    }
+    text = render_status(status)
+    lines = text.splitlines()
+    assert lines[0].startswith(
+        "node a (cluster c1) at tcp://127.0.0.1:16501: 1 clients, 2 local subscriptions"
+    )
+    assert lines[1].split()[:3] == ["PEER", "STATE", "INTEREST"]
+    assert lines[2].split() == ["b", "up", "3", "10", "2", "4", "1", "0", "5"]
+    assert lines[3].split() == ["cluster", "c2", "down", "3", "10", "2", "4", "1", "0", "-"]
+    no_links = render_status({**status, "links": [], "gateways": []})
+    assert no_links.endswith("no links (start the node with --routes, or --gateway)")

@@ -162,8 +162,8 @@ def render_status(status: dict[str, Any]) -> str:
         f"{counters['messages_routed']} routed, {counters['messages_forwarded']} forwarded, "
         f"fan-out {counters['fanout_avg']}"
     )
-    if not status["links"]:
-        return title + "\nno links (start the node with --routes)"
+    if not status["links"] and not status.get("gateways"):
+        return title + "\nno links (start the node with --routes, or --gateway)"
     rows = [
         (
             link["peer"],
@@ -177,6 +177,20 @@ def render_status(status: dict[str, Any]) -> str:
             link["bloom_false_positives"],
         )
         for link in status["links"]
+    ]
+    rows += [  # external links (gateways), by the cluster at the other end
+        (
+            f"cluster {gateway['cluster']}",
+            gateway["state"],
+            gateway["patterns_remote"],
+            gateway["events_out"],
+            gateway["events_in"],
+            gateway["batches_out"],
+            gateway["dropped_peer_down"],
+            gateway["resyncs"],
+            None,
+        )
+        for gateway in status.get("gateways", [])
     ]
     header = (
         "PEER",
