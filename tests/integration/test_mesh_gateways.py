@@ -177,3 +177,12 @@ async def test_one_copy_per_external_link_and_one_advertisement_per_cluster(topo
     finally:
         for c in [*subscribers, *same, publisher]:
             await c.close()
+
+
+async def test_external_links_are_in_the_metrics(topology: Topology) -> None:
+    await all_gateways_up(topology)
+    async with aiohttp.ClientSession() as http, http.get(f"{topology['a1'].url}/metrics") as response:
+        text = await response.text()
+    assert 'meshplane_mesh_gateway_up{cluster="B"} 1.0' in text
+    assert 'meshplane_mesh_gateway_up{cluster="C"} 1.0' in text
+    assert "meshplane_mesh_gateway_events_out_total" in text

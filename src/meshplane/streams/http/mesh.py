@@ -87,6 +87,21 @@ class MeshCollector(Collector):
             state.add_metric([link["peer"]], 1 if link["state"] == "up" else 0)
         yield from per_link.values()
         yield state
+        external = {
+            name: CounterMetricFamily(
+                f"{prefix}gateway_{name}", f"Per external link: {name}", labels=["cluster"]
+            )
+            for name in ("events_out", "events_in", "dropped_peer_down", "sub_add_in", "resyncs")
+        }
+        external_up = GaugeMetricFamily(
+            prefix + "gateway_up", "1 while the external link is up", labels=["cluster"]
+        )
+        for gateway in status["gateways"]:
+            for name, family in external.items():
+                family.add_metric([gateway["cluster"]], gateway[name])
+            external_up.add_metric([gateway["cluster"]], 1 if gateway["state"] == "up" else 0)
+        yield from external.values()
+        yield external_up
         errors = CounterMetricFamily(
             prefix + "frames_dropped", "Frames dropped, by reason", labels=["reason"]
         )
