@@ -565,14 +565,16 @@ class MeshNode:
         event = MeshEvent(self.node_id, subject, sequence, time.time_ns() // 1_000_000, body, flags)
         return self._route(event, skip)
 
-    def _route(self, event: MeshEvent, skip: Holder | None = None) -> int:
+    def _route(self, event: MeshEvent, skip: Holder | None = None, *, foreign: bool = False) -> int:
+        """To local holders (but ``skip``; and, for an event from another cluster, but gateways) and
+        once over each interested link."""
         # The latency histogram samples one event in 64: observing every one cost more than routing.
         sampled = self.on_latency is not None and not event.sequence & 63
         started = time.perf_counter() if sampled else 0.0
         route = self.router.route(event.subject)
         copies = 0
         for holder in route.local:
-            if holder is not skip:
+            if holder is not skip and not (foreign and isinstance(holder, GatewayHolder)):
                 holder.deliver(event)
                 copies += 1
         for peer in route.peers:
@@ -586,17 +588,7 @@ class MeshNode:
     def route_foreign(self, event: MeshEvent) -> bool:
         """An event from another cluster: to this cluster only (local holders but gateways, and
         internal peers with interest). False when nobody here wanted it."""
-        route = self.router.route(event.subject)
-        copies = 0
-        for holder in route.local:
-            if not isinstance(holder, GatewayHolder):
-                holder.deliver(event)
-                copies += 1
-        for peer in route.peers:
-            copies += self._forward(self.links.get(peer), event)
-        self.routed += 1
-        self.deliveries += copies
-        return copies > 0
+        return self._route(event, foreign=True) > 0
 
     def _forward(self, link: Link | None, event: MeshEvent) -> int:
         if link is None:
