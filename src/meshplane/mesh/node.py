@@ -9,6 +9,8 @@ Links: both ends of a route may dial; when two connections join the same pair of
 keep the one dialled by the smaller node id. Each new link starts by learning the peer's interest
 afresh (SYNC_REQ with an empty digest); it carries events once the answer is in. Heartbeats carry
 the sender's interest root: a copy that differs asks for the differing buckets (anti-entropy).
+
+A node given ``--gateway`` links its cluster to others (:mod:`.gateways`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ log = logging.getLogger(__name__)
 
 
 class MeshNode:
+    """One node: started and closed around a streams server (``serve --node-id``), or on its own."""
+
     def __init__(self, config: MeshConfig) -> None:
         self.config = config
         self.node_id = config.node_id
