@@ -1,0 +1,75 @@
+"""Batched writes on a mesh connection: at most message_batch_size frames a write, and none waits
+longer than message_batch_timeout_ms (0: until the loop is idle). A fake transport records writes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from meshplane.mesh.connection import FrameConnection
+from tests.helpers import eventually
+
+
+class RecordingTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        return None
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        return None
+
+
+def connection(batch_size: int, timeout_ms: float) -> tuple[FrameConnection, RecordingTransport]:
+    conn = FrameConnection(
+        max_payload=1000,
+        batch_size=batch_size,
+        batch_timeout_ms=timeout_ms,
+        on_frame=lambda c, f: None,
+        on_bad=lambda c, e: None,
+        on_close=lambda c: None,
+    )
+    transport = RecordingTransport()
+    conn.connection_made(transport)
+    return conn, transport
+
+
+async def test_a_full_batch_is_written_at_once_and_the_rest_when_the_loop_is_idle() -> None:
+    conn, transport = connection(batch_size=4, timeout_ms=0)
+    for i in range(10):
+        conn.send(b"%d" % i)
+    assert transport.writes == [b"0123", b"4567"]  # two full batches, straight away
+    await asyncio.sleep(0)
+    assert transport.writes[-1] == b"89"
+    assert conn.stats.batches_out == 3
+    assert conn.stats.frames_out == 10
+
+
+async def test_a_partial_batch_waits_for_its_timeout_not_for_the_loop() -> None:
+    conn, transport = connection(batch_size=100, timeout_ms=60_000)
+    conn.send(b"a")
+    conn.send(b"b")
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert transport.writes == []
+    assert conn.buffered_bytes() == 2
+    conn.close()  # closing writes what waits
+    assert transport.writes == [b"ab"]
+
+
+async def test_a_partial_batch_is_written_when_its_timeout_passes() -> None:
+    conn, transport = connection(batch_size=100, timeout_ms=20)
+    conn.send(b"a")
+    await eventually(lambda: transport.writes == [b"a"], timeout=5)
+    assert conn.buffered_bytes() == 0
