@@ -44,6 +44,8 @@ class Link:
     events_out: int = 0
     events_in: int = 0
     down: asyncio.Event = field(default_factory=asyncio.Event)  # set while the link is down
+    retiring: FrameConnection | None = None  # the connection being switched away from, still read
+    held: list[Any] = field(default_factory=list)  # events of the new connection until it is done
 
     def __post_init__(self) -> None:
         self.down.set()

@@ -56,6 +56,8 @@ from meshplane.streams.pubsub import PubSub
 
 log = logging.getLogger(__name__)
 
+HELD_EVENTS = 10_000  # events of a new connection held while a retired one drains, at most
+
 
 class MeshNode:
     """One node: started and closed around a streams server (``serve --node-id``), or on its own."""
@@ -210,7 +212,11 @@ class MeshNode:
     def _on_frame(self, conn: FrameConnection, frame: Frame) -> None:
         state = self._conns[conn]
         if state.role == "route":
-            self._on_route_frame(self.links[state.peer], frame)
+            link = self.links[state.peer]
+            if link.retiring is not None and conn is link.conn and frame.type is FrameType.EVENT:
+                self._hold(link, frame)  # the retired connection's last events come first
+            else:
+                self._on_route_frame(link, frame)
         elif state.role == "gateway":
             self.gateways.on_frame(state.peer, frame)
         elif state.session is not None:
@@ -276,6 +282,8 @@ class MeshNode:
             loser = link.conn if keep_new else conn
             self._conns[loser].superseded = True
             self._conns[loser].role, self._conns[loser].peer, loser.peer = "route", peer, peer
+            if keep_new and not loser.peer_done:
+                link.retiring = loser  # events on the new connection wait for the old one's end
             loser.retire()
             if not keep_new:
                 return
@@ -314,6 +322,8 @@ class MeshNode:
         (or accepted) too. Keep sending here until then, but no longer than a dead peer would last."""
         state = self._conns.get(conn)
         link = self.links.get(state.peer) if state is not None and state.role == "route" else None
+        if link is not None and link.retiring is conn:
+            self._release(link)
         if link is None or link.conn is not conn:
             return False
         asyncio.get_running_loop().call_later(self.config.dead_after, self._close_if_current, link, conn)
@@ -334,6 +344,8 @@ class MeshNode:
         if link is not None:
             for name in ("bytes_in", "bytes_out", "batches_out"):
                 link.counters[name] += getattr(conn.stats, name)
+            if link.retiring is conn:
+                self._release(link)
         if link is not None and link.conn is conn:
             link.conn, link.state, link.sync_sent = None, "down", None
             link.down.set()
@@ -341,6 +353,16 @@ class MeshNode:
                 self._pong(link.peer, token)
             if self._running:
                 log.warning("link to %s down", link.peer)
+
+    def _hold(self, link: Link, frame: Frame) -> None:
+        link.held.append(frame)
+        if len(link.held) >= HELD_EVENTS:  # the old connection takes too long: order gives way
+            self._release(link)
+
+    def _release(self, link: Link) -> None:
+        held, link.held, link.retiring = link.held, [], None
+        for frame in held:
+            self._on_route_frame(link, frame)
 
     # --- route frames --------------------------------------------------------------------------------
 
