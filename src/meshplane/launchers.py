@@ -146,11 +146,14 @@ class NatsServer(_Process):
         jetstream: bool = False,
         tls: tuple[Path, Path, Path | None] | None = None,
         cluster: tuple[str, int, tuple[int, ...]] | None = None,
+        gateway: tuple[str, int, dict[str, int]] | None = None,
     ) -> None:
         """``tls``: (certificate, key, CA that clients' certificates must chain to, or None);
-        ``cluster``: (name, this server's route port, the other servers' route ports) on loopback."""
+        ``cluster``: (name, this server's route port, the other servers' route ports) on loopback;
+        ``gateway``: (this cluster's name, its gateway port, other cluster -> its gateway port)."""
         super().__init__()
         self.cluster = cluster
+        self.gateway = gateway
         self.host = host
         self.port = port
         self.token = token
@@ -179,6 +182,16 @@ class NatsServer(_Process):
             argv += ["-c", str(config)]
         if self.jetstream:
             argv += ["--jetstream", "--store_dir", str(self.workdir / "jetstream")]
+        if self.gateway:  # gateways have no command-line flags: a config file of their own
+            name, port, remotes = self.gateway
+            remote = ", ".join(
+                f'{{name: "{other}", urls: ["nats://{self.host}:{p}"]}}' for other, p in remotes.items()
+            )
+            config = self.workdir / "gateway.conf"
+            config.write_text(
+                f'gateway {{ name: "{name}", listen: "{self.host}:{port}", gateways: [{remote}] }}\n'
+            )
+            argv += ["-c", str(config)]
         if self.cluster:
             name, route_port, others = self.cluster
             argv += ["--cluster_name", name, "--cluster", f"nats://{self.host}:{route_port}"]
