@@ -16,6 +16,8 @@ from meshplane.core.subjects import MAX_TOKENS, InvalidSubject, SubjectTrie, mat
 def reference(pattern: str, subject: str) -> bool:
     """The obvious recursive definition (memoised, so that the test itself stays fast)."""
     pat, words = pattern.split("."), subject.split(".")
+    if words[0].startswith("$") and pat[0] in ("*", "#", ">"):
+        return False  # reserved subjects: matched by name only
 
     @cache
     def match(i: int, j: int) -> bool:
@@ -32,8 +34,8 @@ def reference(pattern: str, subject: str) -> bool:
     return match(0, 0)
 
 
-WORDS = st.sampled_from(["a", "b", "c"])
-PATTERN_TOKENS = st.sampled_from(["a", "b", "c", "*", "#"])
+WORDS = st.sampled_from(["a", "b", "c", "$g"])
+PATTERN_TOKENS = st.sampled_from(["a", "b", "c", "$g", "*", "#"])
 # '>' only ends a pattern.
 PATTERNS = st.tuples(st.lists(PATTERN_TOKENS, min_size=1, max_size=6), st.sampled_from(["", "", ".>"])).map(
     lambda p: ".".join(p[0]) + p[1]
@@ -82,6 +84,14 @@ def test_nats_wildcards() -> None:
     assert not matches("orders.>", "orders")  # '>' takes at least one token
     assert matches(">", "x")
     assert matches("*.eu.>", "orders.eu.created.v1")
+
+
+def test_wildcards_do_not_reach_reserved_subjects() -> None:
+    for pattern in (">", "#", "*.orders", "#.orders", "*.>"):
+        assert not matches(pattern, "$G.orders")
+    assert matches("$G.>", "$G.orders")
+    assert matches("$G.#", "$G")
+    assert matches("a.>", "a.$b")  # only the first token is reserved
 
 
 def test_many_hashes_against_a_long_subject_take_linear_time() -> None:

@@ -6,6 +6,10 @@ AMQP's rules), and ``>`` as its last token one or more tokens (NATS's and Solace
 Patterns live in a token trie (as nats-server's sublist keeps them); matching walks it
 with a set of live nodes, so one subject costs O(tokens x trie nodes) at worst, never the exponential
 backtracking of a recursive matcher (``#.#.#.#.z`` against a long subject).
+
+Subjects whose first token starts with ``$`` are reserved (MQTT's rule): a wildcard in the first
+token does not match them, only a pattern that names that token does (the mesh keeps its guaranteed
+interest under ``$G``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ ONE = "*"
 ANY = "#"
 REST = ">"
 WILDCARDS = (ONE, ANY, REST)
+RESERVED = "$"  # a first token starting with it is matched by name only
 MAX_SUBJECT_BYTES = 1024
 MAX_TOKENS = 32
 
@@ -103,8 +108,15 @@ class SubjectTrie(Generic[V]):
 
     def match(self, subject: str) -> set[V]:
         """The values of every pattern that matches ``subject``."""
-        live = self._closure([self._root])
-        for token in subject.split("."):
+        tokens = subject.split(".")
+        if subject.startswith(RESERVED):
+            first = self._root.children.get(tokens.pop(0))
+            if first is None:
+                return set()
+            live = self._closure([first])
+        else:
+            live = self._closure([self._root])
+        for token in tokens:
             following: list[_Node[V]] = []
             for node in live:
                 children = node.children

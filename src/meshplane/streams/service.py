@@ -382,6 +382,20 @@ class StreamsService:
     ) -> list[tuple[int, int]]:
         """Append events (each routed by key, round-robin or ``partition``); returns (partition, offset)s.
         A request repeated with the same ``idempotency_key`` appends nothing and gets the first answer."""
+        result, synced = self.append_topic(name, events, partition, idempotency_key)
+        if synced:
+            await self.durability.written(*synced, records=len(events))
+        return result
+
+    def append_topic(
+        self,
+        name: str,
+        events: list[StoredEvent],
+        partition: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[list[tuple[int, int]], list[Syncable]]:
+        """:meth:`publish_topic` up to the fsync: the places, and what the durability loop must sync
+        before they are acknowledged (for callers that commit several writes as a group)."""
         topic = self.topic(name)
         key = None
         if idempotency_key is not None:
@@ -391,7 +405,7 @@ class StreamsService:
             seen = self.idempotency.get(key)
             if seen is not None:
                 self.counters["duplicates_skipped"] += len(events)
-                return seen
+                return seen, []
         encoded = [self._encode_checked(e) for e in events]  # all checked before anything is appended
         total = sum(len(e) for e in encoded)
         by_partition: dict[int, list[bytes]] = {}
@@ -423,8 +437,7 @@ class StreamsService:
         synced: list[Syncable] = [topic.partitions[p] for p in by_partition]
         if key is not None:
             synced.append(self.idempotency)
-        await self.durability.written(*synced, records=len(events))
-        return result
+        return result, synced
 
     # --- consumer groups -----------------------------------------------------------------------------
 

@@ -2,13 +2,16 @@
 
 Byte for byte (docs/mesh.md)::
 
-    0      1   type        SUB_ADD 1, SUB_REMOVE 2, EVENT 3, HEARTBEAT 4, SYNC_REQ 5, SYNC_RESP 6, HELLO 7
+    0      1   type        SUB_ADD 1, SUB_REMOVE 2, EVENT 3, HEARTBEAT 4, SYNC_REQ 5, SYNC_RESP 6, HELLO 7,
+                           SPOOLED 8, ACK 9
     1      1   flags       bit 0 on EVENT: the body is a pub/sub message (JSON), else opaque bytes;
-                           bit 1 on a client's ping: answer once every peer has handled what came before
+                           bit 1 on a client's ping: answer once every peer has handled what came before;
+                           bit 2 on EVENT: guaranteed (stored before it is acknowledged)
     2      16  source      the origin node's id, UTF-8, NUL-padded
     18     2   S           subject length (big-endian)
     20     S   subject     UTF-8: a subject, or a pattern on SUB_ADD / SUB_REMOVE
-    20+S   8   sequence    origin's event number (EVENT), interest version (SUB_*, HEARTBEAT, SYNC_RESP)
+    20+S   8   sequence    origin's event number (EVENT), interest version (SUB_*, HEARTBEAT, SYNC_RESP),
+                           spool offset (SPOOLED, and ACK between nodes), event number (ACK to a client)
     28+S   4   P           payload length (big-endian)
     32+S   P   payload
     32+S+P 4   checksum    CRC-32 (zlib's) of every byte before it
@@ -16,6 +19,11 @@ Byte for byte (docs/mesh.md)::
 :class:`FrameReader` turns a byte stream into frames. A frame whose lengths are sane but whose
 checksum, type or text is wrong is reported and skipped (the stream stays in step, the link stays
 up); a length beyond the limits means the stream cannot be trusted any further (``fatal``).
+
+Guaranteed events: a node stores one in a spool per destination node, then sends it as SPOOLED (its
+payload the EVENT frame as it is, its sequence the spool offset); the destination stores it and
+answers ACK with the offset: everything up to it is stored there. A client's guaranteed EVENT is
+answered with ACK too (its sequence the event's; a payload, if any, says why it was refused).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ OVERHEAD = _HEAD.size + _MIDDLE.size + _CRC.size
 
 FLAG_JSON_MESSAGE = 0x01  # on EVENT
 FLAG_PROPAGATED = 0x02  # on a client's ping (empty SYNC_REQ): answer once every peer has what came before
+FLAG_GUARANTEED = 0x04  # on EVENT
 
 
 class FrameType(enum.IntEnum):
@@ -55,6 +64,8 @@ class FrameType(enum.IntEnum):
     SYNC_REQ = 5
     SYNC_RESP = 6
     HELLO = 7
+    SPOOLED = 8
+    ACK = 9
 
 
 @dataclass(slots=True)
@@ -113,6 +124,16 @@ def event_parts(frame: Frame) -> tuple[int, bytes]:
 def event_id(frame: Frame) -> str:
     """Seed 004's ``{timestamp}-{sequence}-{node}``: unique per origin node and restart."""
     return f"{_STAMP.unpack_from(frame.payload)[0]}-{frame.sequence}-{frame.source}"
+
+
+def decode_spooled(frame: Frame, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Frame:
+    """The EVENT a SPOOLED frame carries; ValueError unless it is exactly one well-formed EVENT."""
+    reader = FrameReader(max_payload)
+    out = reader.feed(frame.payload)
+    inner = out[0] if len(out) == 1 and not reader.pending else None
+    if not isinstance(inner, Frame) or inner.type is not FrameType.EVENT:
+        raise ValueError("a SPOOLED frame must carry exactly one well-formed EVENT")
+    return inner
 
 
 _TYPES = {t.value: t for t in FrameType}
@@ -177,6 +198,11 @@ class FrameReader:
             append(Frame(frame_type, flags, source, subject, sequence, payload, raw))
         self._buffer = buffer[start:]
         return out
+
+    @property
+    def pending(self) -> int:
+        """Bytes of a frame not yet whole."""
+        return len(self._buffer)
 
     def _remember(self, raw: bytes, text: str) -> str:
         if len(self._text) >= _TEXT_CACHE:
