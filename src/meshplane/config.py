@@ -35,6 +35,7 @@ class PlaneConfig:
     event_plane: TransportName = "nats"
     nats_server: str = "nats://127.0.0.1:4222"
     mesh_node: str = "tcp://127.0.0.1:16500"  # MESHPLANE_NODE: the mesh node a "mesh" plane talks to
+    mesh_guaranteed: bool = False  # MESHPLANE_GUARANTEED: a "mesh" publish returns once stored
     discovery_backend: DiscoveryName = "file"
     file_kv: Path = field(default_factory=lambda: default_state_dir() / "kv")
     file_kv_ttl: float = 10.0  # a file record untouched for this long is expired
@@ -129,6 +130,7 @@ class PlaneConfig:
         take("DYN_EVENT_PLANE", "event_plane", str.lower)
         take("NATS_SERVER", "nats_server")
         take("MESHPLANE_NODE", "mesh_node")
+        take("MESHPLANE_GUARANTEED", "mesh_guaranteed", _parse_bool)
         take("ETCD_ENDPOINTS", "etcd_endpoints", _split_endpoints)
         if "ETCD_ENDPOINTS" in env and "DYN_DISCOVERY_BACKEND" not in env:
             values["discovery_backend"] = "etcd"

@@ -11,6 +11,7 @@ from meshplane.core.backpressure import POLICIES
 from meshplane.core.mesh.router import RouterLimits
 from meshplane.errors import ConfigError
 from meshplane.mesh.config import FAULTS, MeshConfig
+from meshplane.mesh.spool import SpoolLimits
 from meshplane.streams.config import StreamsConfig
 
 DEFAULT_ROUTE_PORT = 16500
@@ -97,6 +98,20 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
         help="what a full subscriber queue does (default: drop_oldest for mesh clients, drop_newest for "
         "pub/sub listeners)",
     )
+    mesh.add_argument(
+        "--spool-max-bytes",
+        type=int,
+        default=defaults.spool.max_bytes,
+        metavar="N",
+        help="guaranteed events kept for one unreachable node, in bytes; beyond, publishes are refused",
+    )
+    mesh.add_argument(
+        "--spool-max-events",
+        type=int,
+        default=defaults.spool.max_events,
+        metavar="N",
+        help="guaranteed events kept for one unreachable node; beyond, publishes are refused",
+    )
     mesh.add_argument("--mesh-fault", action="append", choices=FAULTS, default=[], help=argparse.SUPPRESS)
 
 
@@ -134,6 +149,7 @@ def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
         message_batch_size=args.message_batch_size,
         message_batch_timeout_ms=args.message_batch_timeout_ms,
         max_message_queue_size=args.max_message_queue_size,
+        spool=SpoolLimits(max_bytes=args.spool_max_bytes, max_events=args.spool_max_events),
         faults=frozenset(args.mesh_fault),
         **policy,
     )

@@ -6,6 +6,10 @@ however many local subscriptions share it) and its EVENTs are re-originated by t
 with an empty payload is a ping: the node answers SYNC_RESP once everything sent before it was
 handled, which is what :meth:`MeshClient.flush` waits for. When the node goes away the client dials
 again with backoff and subscribes afresh; what is published meanwhile is dropped and counted.
+
+A guaranteed publish (``guaranteed=True``) waits for the node's ACK: the event is stored wherever it
+must go. Until then it is kept, and sent again as it was (same event id) after a reconnect, so the
+destination's dedup makes the resend harmless.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import itertools
 import logging
 import os
 import random
+import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from meshplane.core.mesh.frames import (
     DEFAULT_MAX_PAYLOAD,
+    FLAG_GUARANTEED,
     FLAG_PROPAGATED,
     PROTOCOL_VERSION,
     Frame,
@@ -82,6 +89,10 @@ class MeshClient:
         self._sequence = itertools.count(1)
         self._closing = False
         self._reconnect: asyncio.Task[None] | None = None
+        # Guaranteed events carry an origin of their own: their ids must not change with a reconnect.
+        self._guaranteed_origin = secrets.token_hex(8)
+        self._unconfirmed: OrderedDict[int, tuple[bytes, asyncio.Future[str]]] = OrderedDict()
+        self._in_flight = asyncio.Semaphore(MAX_UNCONFIRMED)
 
     # --- connection ----------------------------------------------------------------------------------
 
@@ -126,6 +137,8 @@ class MeshClient:
         self._conn = conn
         for pattern in self._patterns:
             conn.send(encode_frame(FrameType.SUB_ADD, "", pattern))
+        for raw, _ in self._unconfirmed.values():
+            conn.send(raw)
 
     def _protocol(self) -> FrameConnection:
         return FrameConnection(
@@ -152,6 +165,10 @@ class MeshClient:
                 body = event_parts(frame)[1]
                 for callback in callbacks:
                     callback(frame.subject, body)
+        elif frame.type is FrameType.ACK:
+            entry = self._unconfirmed.pop(frame.sequence, None)
+            if entry is not None and not entry[1].done():
+                entry[1].set_result(frame.payload.decode(errors="replace"))
         elif frame.type is FrameType.SYNC_RESP:
             if self._pings:
                 ping = self._pings.pop(0)
@@ -204,9 +221,13 @@ class MeshClient:
 
     # --- publishing and subscribing ------------------------------------------------------------------
 
-    async def publish(self, subject: str, body: bytes) -> None:
+    async def publish(self, subject: str, body: bytes, *, guaranteed: bool = False) -> None:
         """Queue an event for the node (written in batches: at 512 frames, or once the loop is idle);
-        waits only while the socket pushes back, so memory stays bounded."""
+        waits only while the socket pushes back, so memory stays bounded. With ``guaranteed``, returns
+        once the node has stored it (raises TransportError if it refused, or gave no answer within
+        the timeout: then it may or may not have been stored)."""
+        if guaranteed:
+            return await self._publish_guaranteed(subject, body)
         conn = self._conn
         if conn is None:
             self.dropped_disconnected += 1
@@ -216,6 +237,30 @@ class MeshClient:
         )
         if conn.paused:
             await conn.drain()
+
+    async def _publish_guaranteed(self, subject: str, body: bytes) -> None:
+        async with self._in_flight:
+            sequence = next(self._sequence)
+            raw = encode_event(
+                self._guaranteed_origin, subject, sequence, time.time_ns() // 1_000_000, body, FLAG_GUARANTEED
+            )
+            answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+            self._unconfirmed[sequence] = (raw, answer)
+            conn = self._conn
+            if conn is not None:
+                conn.send(raw)
+                if conn.paused:
+                    await conn.drain()
+            try:
+                error = await asyncio.wait_for(answer, self.timeout)
+            except TimeoutError:
+                self._unconfirmed.pop(sequence, None)
+                raise TransportError(
+                    f"the mesh node at {self.url} did not confirm a guaranteed event on {subject!r} within "
+                    f"{self.timeout}s: it may or may not have been stored"
+                ) from None
+            if error:
+                raise TransportError(f"the mesh node at {self.url} did not store the event: {error}")
 
     async def flush(self, timeout: float | None = None, *, propagated: bool = False) -> None:
         """Wait until the node has handled everything sent so far; with ``propagated``, until every
@@ -256,4 +301,5 @@ class MeshClient:
             self._conn.send(encode_frame(FrameType.SUB_REMOVE, "", pattern))
 
 
+MAX_UNCONFIRMED = 10_000  # guaranteed publishes awaiting their ACK, at most
 SECRET_HINT = f"set {SECRET_ENV} to the node's secret"

@@ -10,9 +10,11 @@ from meshplane.core.backpressure import POLICIES, BackpressurePolicy
 from meshplane.core.mesh.frames import DEFAULT_MAX_PAYLOAD, check_node_id
 from meshplane.core.mesh.router import RouterLimits
 from meshplane.errors import ConfigError
+from meshplane.mesh.spool import SpoolLimits
 
 SECRET_ENV = "MESHPLANE_MESH_SECRET"
-FAULTS = ("drop_sub_add", "duplicate_events")
+# hold_spooled: guaranteed events are stored and acknowledged but never sent (to kill the node then)
+FAULTS = ("drop_sub_add", "duplicate_events", "hold_spooled")
 
 
 def parse_route(url: str) -> tuple[str, int]:
@@ -50,6 +52,7 @@ class MeshConfig:
     max_payload: int = DEFAULT_MAX_PAYLOAD
     max_clients: int = 10_000
     max_patterns_per_client: int = 10_000
+    spool: SpoolLimits = field(default_factory=SpoolLimits)  # guaranteed events per destination node
     faults: frozenset[str] = frozenset()  # fault injection for tests: see FAULTS
 
     def __post_init__(self) -> None:

@@ -87,14 +87,19 @@ class Gateways:
     # --- interest this cluster advertises ------------------------------------------------------------
 
     def changed(self, added: Iterable[str], removed: Iterable[str]) -> None:
-        """Patterns gained or lost by a holder here (not a gateway) or by an internal peer."""
+        """Patterns gained or lost by a holder here (not a gateway) or by an internal peer. Reserved
+        ones (queues' ``$G.``) stay in the cluster: guaranteed events do not cross gateways."""
         if not self.enabled:
             return
         for pattern in added:
+            if pattern.startswith("$"):
+                continue
             version = self.interest.add(pattern)
             if version is not None:
                 self._announce(FrameType.SUB_ADD, pattern, version)
         for pattern in removed:
+            if pattern.startswith("$"):
+                continue
             version = self.interest.remove(pattern)
             if version is not None:
                 self._announce(FrameType.SUB_REMOVE, pattern, version)

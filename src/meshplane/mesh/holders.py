@@ -56,6 +56,10 @@ class Routing(Protocol):
 
     def publish(self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None) -> int: ...
 
+    async def publish_guaranteed(
+        self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None
+    ) -> None: ...
+
 
 @dataclass(eq=False)
 class ClientSession:
@@ -141,3 +145,6 @@ class PubSubBridge:
 
     def published(self, topic: str, frame: bytes) -> None:
         self.node.publish(topic, frame, FLAG_JSON_MESSAGE, skip=self.holder)
+
+    async def published_guaranteed(self, topic: str, frame: bytes) -> None:
+        await self.node.publish_guaranteed(topic, frame, FLAG_JSON_MESSAGE, skip=self.holder)

@@ -10,7 +10,8 @@ keep the one dialled by the smaller node id. Each new link starts by learning th
 afresh (SYNC_REQ with an empty digest); it carries events once the answer is in. Heartbeats carry
 the sender's interest root: a copy that differs asks for the differing buckets (anti-entropy).
 
-A node given ``--gateway`` links its cluster to others (:mod:`.gateways`).
+A node given ``--gateway`` links its cluster to others (:mod:`.gateways`); guaranteed events and
+queues are in :mod:`.guaranteed`.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ import random
 import secrets
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any, Literal
 
 from meshplane.core.backpressure import SubscriberQueue
 from meshplane.core.mesh.dedup import DedupCache
 from meshplane.core.mesh.frames import (
+    FLAG_GUARANTEED,
     FLAG_PROPAGATED,
     NODE_ID_BYTES,
     PROTOCOL_VERSION,
@@ -49,10 +51,11 @@ from meshplane.core.subjects import InvalidSubject, validate
 from meshplane.mesh.config import MeshConfig, parse_route
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.gateways import GatewayHolder, Gateways
+from meshplane.mesh.guaranteed import Guaranteed
 from meshplane.mesh.holders import ClientSession, Holder, MeshEvent, PubSubBridge, PubSubHolder
 from meshplane.mesh.links import Handshake, Link
 from meshplane.mesh.status import node_status
-from meshplane.streams.pubsub import PubSub
+from meshplane.streams.service import StreamsService
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,7 @@ class MeshNode:
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
         self.gateways = Gateways(self)
+        self.guaranteed = Guaranteed(self, config.spool)
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -95,6 +99,7 @@ class MeshNode:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._running = True
+        self.guaranteed.start()
         self._server = await loop.create_server(
             lambda: self._connection(dialed=False),
             self.config.host,
@@ -122,6 +127,7 @@ class MeshNode:
         if self._server is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
+        await self.guaranteed.close()
 
     def _connection(self, dialed: bool, role: Literal["route", "gateway"] = "route") -> FrameConnection:
         conn = FrameConnection(
@@ -213,7 +219,8 @@ class MeshNode:
         state = self._conns[conn]
         if state.role == "route":
             link = self.links[state.peer]
-            if link.retiring is not None and conn is link.conn and frame.type is FrameType.EVENT:
+            held = frame.type is FrameType.EVENT or frame.type is FrameType.SPOOLED
+            if link.retiring is not None and conn is link.conn and held:
                 self._hold(link, frame)  # the retired connection's last events come first
             else:
                 self._on_route_frame(link, frame)
@@ -349,6 +356,7 @@ class MeshNode:
         if link is not None and link.conn is conn:
             link.conn, link.state, link.sync_sent = None, "down", None
             link.down.set()
+            self.guaranteed.link_down(link.peer)
             for token in list(self._pending_pings):  # a peer that is gone answers no ping
                 self._pong(link.peer, token)
             if self._running:
@@ -371,6 +379,10 @@ class MeshNode:
         kind = frame.type
         if kind is FrameType.EVENT:
             self._on_remote_event(link, frame)
+        elif kind is FrameType.SPOOLED:
+            self.guaranteed.on_spooled(link, frame)
+        elif kind is FrameType.ACK:
+            self.guaranteed.on_ack(link, frame)
         elif kind in (FrameType.SUB_ADD, FrameType.SUB_REMOVE):
             added = kind is FrameType.SUB_ADD
             link.counters["sub_add_in" if added else "sub_remove_in"] += 1
@@ -422,6 +434,7 @@ class MeshNode:
                 link.state = "up"
                 link.down.clear()
                 log.info("link to %s carries events", link.peer)
+                self.guaranteed.link_up(link.peer)
         else:
             self._count_bad(link, "unexpected_hello")
 
@@ -454,14 +467,23 @@ class MeshNode:
         if not self.valid_subject(subject):
             return self._count_bad(link, "bad_subject")
         timestamp, body = event_parts(frame)
-        if self.dedup.seen(subject, (timestamp, frame.sequence, frame.source), time.monotonic()):
+        self.deliver_remote(
+            link, MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, frame.raw)
+        )
+
+    def deliver_remote(self, link: Link, event: MeshEvent, *, quiet: bool = False) -> None:
+        """An event from a peer to this node's holders, once per event id; ``quiet``: a guaranteed
+        event, which queues may want when nobody else does."""
+        if self.dedup.seen(
+            event.subject, (event.timestamp_ms, event.sequence, event.source), time.monotonic()
+        ):
             link.counters["duplicates_in"] += 1
             return
-        holders = self.router.route(subject).local
+        holders = self.router.route(event.subject).local
         if not holders:
-            link.counters["unwanted_in"] += 1  # interest changed on the way, or a peer's stale copy
+            if not quiet:
+                link.counters["unwanted_in"] += 1  # interest changed on the way, or a peer's stale copy
             return
-        event = MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, frame.raw)
         self.routed += 1
         self.deliveries += len(holders)
         for holder in holders:
@@ -496,15 +518,25 @@ class MeshNode:
         state = self._conns.get(conn)
         if state is not None and state.session is not None:
             state.session.resume()
+        elif state is not None and state.role == "route":
+            self.guaranteed.pump(state.peer)
 
     def _on_client_frame(self, session: ClientSession, frame: Frame) -> None:
         kind = frame.type
         if kind is FrameType.EVENT:
-            if not self.valid_subject(frame.subject):
+            if not self.valid_subject(frame.subject) or frame.subject.startswith("$"):
                 self.frame_errors["bad_subject"] += 1
+                if frame.flags & FLAG_GUARANTEED:
+                    self._answer(session, frame.sequence, f"subject {frame.subject[:80]!r} is not valid")
                 return
             timestamp, body = event_parts(frame)
-            if frame.source == session.origin:  # stamped as agreed: passed on as it is
+            if frame.flags & FLAG_GUARANTEED:  # stamps kept as they are: a resend keeps its event id
+                event = MeshEvent(
+                    frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw
+                )
+                sequence = frame.sequence
+                self.guaranteed.publish(event, lambda error: self._answer(session, sequence, error))
+            elif frame.source == session.origin:  # stamped as agreed: passed on as it is
                 self._route(
                     MeshEvent(
                         frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw
@@ -516,6 +548,7 @@ class MeshNode:
             pattern = self._valid(frame.subject, wildcards=True)
             if (
                 pattern is None
+                or pattern.startswith("$")  # reserved: the node's queues
                 or len(self.router.patterns_of(session)) >= self.config.max_patterns_per_client
             ):
                 self.frame_errors["bad_pattern" if pattern is None else "client_pattern_limit"] += 1
@@ -537,6 +570,13 @@ class MeshNode:
                 session.conn.send(encode_frame(FrameType.SYNC_RESP, self.node_id, sequence=frame.sequence))
         elif kind is not FrameType.HEARTBEAT:
             self.frame_errors["unexpected_client_frame"] += 1
+
+    def _answer(self, session: ClientSession, sequence: int, error: str) -> None:
+        """A client's guaranteed EVENT: ACK once stored (a payload says why it was not)."""
+        if session.conn.is_open:
+            session.conn.send(
+                encode_frame(FrameType.ACK, self.node_id, sequence=sequence, payload=error.encode())
+            )
 
     def _pong(self, peer: str, token: int) -> None:
         """``peer`` has handled everything this node sent before ping ``token`` (or is gone)."""
@@ -587,13 +627,38 @@ class MeshNode:
     def publish(self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None) -> int:
         """Route an event published on this node: to its local holders (but ``skip``, which has
         delivered it already) and once over each link whose peer wants it. Returns the copies made."""
+        if subject.startswith("$"):
+            self.frame_errors["bad_subject"] += 1  # reserved subjects are the node's own
+            return 0
         sequence = next(self._sequence)
         event = MeshEvent(self.node_id, subject, sequence, time.time_ns() // 1_000_000, body, flags)
         return self._route(event, skip)
 
-    def _route(self, event: MeshEvent, skip: Holder | None = None, *, foreign: bool = False) -> int:
+    async def publish_guaranteed(
+        self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None
+    ) -> None:
+        """Publish a guaranteed event from this node: returns once it is stored wherever it must be
+        (raises :class:`~meshplane.streams.errors.NotStored` when it was not)."""
+        sequence = next(self._sequence)
+        event = MeshEvent(
+            self.node_id, subject, sequence, time.time_ns() // 1_000_000, body, flags | FLAG_GUARANTEED
+        )
+        await self.guaranteed.publish_async(event, skip)
+
+    def route_direct(self, event: MeshEvent, exclude: Collection[str], skip: Holder | None = None) -> int:
+        """A guaranteed event's direct copies: local holders (but ``skip``), and peers but ``exclude``."""
+        return self._route(event, skip, exclude=exclude)
+
+    def _route(
+        self,
+        event: MeshEvent,
+        skip: Holder | None = None,
+        *,
+        foreign: bool = False,
+        exclude: Collection[str] = (),
+    ) -> int:
         """To local holders (but ``skip``; and, for an event from another cluster, but gateways) and
-        once over each interested link."""
+        once over each interested link (but those to ``exclude``)."""
         # The latency histogram samples one event in 64: observing every one cost more than routing.
         sampled = self.on_latency is not None and not event.sequence & 63
         started = time.perf_counter() if sampled else 0.0
@@ -604,7 +669,8 @@ class MeshNode:
                 holder.deliver(event)
                 copies += 1
         for peer in route.peers:
-            copies += self._forward(self.links.get(peer), event)
+            if peer not in exclude:
+                copies += self._forward(self.links.get(peer), event)
         self.routed += 1
         self.deliveries += copies
         if sampled:
@@ -660,6 +726,7 @@ class MeshNode:
         for session in self.clients.values():
             session.conn.send(heartbeat)
         self.gateways.tick(now)
+        self.guaranteed.tick()
 
     # --- what it looks like --------------------------------------------------------------------------
 
@@ -673,8 +740,12 @@ class MeshNode:
 
     # --- the pub/sub service of the node's streams server ---------------------------------------------
 
-    def attach(self, pubsub: PubSub) -> None:
-        """Announce what ``pubsub`` holds and route what is published there (see :class:`PubSubBridge`)."""
+    def attach(self, engine: StreamsService) -> None:
+        """Join a streams server: announce what its pub/sub service holds and route what is published
+        there (see :class:`PubSubBridge`); keep spools and queues in its data directory. Call before
+        :meth:`start`, so that the queues are advertised from the first link on."""
+        self.guaranteed.open(engine)
+        pubsub = engine.pubsub
         bridge = PubSubBridge(self, PubSubHolder(pubsub))
         pubsub.mesh = bridge
         for pattern in pubsub.patterns:

@@ -48,6 +48,12 @@ def node_status(node: MeshNode, patterns: bool, limit: int) -> dict[str, Any]:
         "frame_errors": dict(node.frame_errors),
         "links": [_link(node, link) for link in sorted(node.links.values(), key=lambda link: link.peer)],
         "gateways": node.gateways.status(),
+        "guaranteed": {
+            "enabled": node.guaranteed.enabled,
+            "counters": dict(node.guaranteed.counters),
+            "queues": node.guaranteed.queue_status(),
+            "spools": node.guaranteed.spool_status(),
+        },
     }
     if patterns:
         answer["patterns"] = {

@@ -52,6 +52,13 @@ def storage_error(exc: OSError, what: str) -> StorageError:
     return kind(f"{what} failed, nothing was stored: {exc.strerror or exc}")
 
 
+class NotStored(StreamError):
+    """A guaranteed publish the mesh did not store (a destination's spool is full, a write failed):
+    the publisher may retry it."""
+
+    kind = "NotStored"
+
+
 class CorruptRecords(StreamError):
     """Offsets whose records failed their checks on disk (a flipped bit, a bad sector): skippable,
     reading goes on at ``next_offset``. Like Kafka's CORRUPT_MESSAGE, a reader that must not lose
@@ -90,6 +97,7 @@ HTTP_STATUS: dict[str, int] = {
     "PayloadTooLarge": 413,
     "LimitReached": 429,
     "StorageUnavailable": 503,
+    "NotStored": 503,
     "InsufficientStorage": 507,
 }
 

@@ -43,6 +43,8 @@ class PubSubLimits:
 class MeshHook(Protocol):
     def interest(self, pattern: str, added: bool) -> None: ...
 
+    async def published_guaranteed(self, topic: str, frame: bytes) -> None: ...
+
     def published(self, topic: str, frame: bytes) -> None: ...
 
 
@@ -191,6 +193,25 @@ class PubSub:
     # --- publishing ----------------------------------------------------------------------------------
 
     def publish(self, topic: str, payload: Any, metadata: dict[str, str] | None) -> dict[str, Any]:
+        result, frame = self._publish(topic, payload, metadata)
+        if self.mesh is not None:
+            self.mesh.published(topic, frame)
+        return result
+
+    async def publish_guaranteed(
+        self, topic: str, payload: Any, metadata: dict[str, str] | None
+    ) -> dict[str, Any]:
+        """Publish, and return once the mesh has stored the message for every queue that wants it."""
+        if self.mesh is None:
+            raise BadRequest("guaranteed delivery needs a mesh node: start the server with --node-id")
+        result, frame = self._publish(topic, payload, metadata)
+        await self.mesh.published_guaranteed(topic, frame)
+        return result | {"guaranteed": True}
+
+    def _publish(
+        self, topic: str, payload: Any, metadata: dict[str, str] | None
+    ) -> tuple[dict[str, Any], bytes]:
+        """To the listeners here: the answer, and the frame they got."""
         check_subject(topic)
         message = {
             "type": "message",
@@ -206,9 +227,7 @@ class PubSub:
             self.topics.popitem(last=False)
         frame = _json.encode(message)
         matched = self._deliver(topic, frame)
-        if self.mesh is not None:
-            self.mesh.published(topic, frame)
-        return {"message_id": message["message_id"], "topic": topic, "subscribers_matched": matched}
+        return {"message_id": message["message_id"], "topic": topic, "subscribers_matched": matched}, frame
 
     def deliver(self, topic: str, frame: bytes) -> int:
         """A message published elsewhere (a mesh peer): to the live listeners here, not further."""

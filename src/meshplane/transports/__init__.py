@@ -64,7 +64,12 @@ async def create_publisher_transport(
         from meshplane.transports.mesh import MeshPublisherTransport
 
         transport = MeshPublisherTransport(
-            await shared.mesh(), scope.subject(topic), scope.subject_prefix, cfg.wire_format, cfg.codec
+            await shared.mesh(),
+            scope.subject(topic),
+            scope.subject_prefix,
+            cfg.wire_format,
+            cfg.codec,
+            guaranteed=cfg.mesh_guaranteed,
         )
     elif cfg.event_plane == "nats":
         from meshplane.transports.nats import NatsPublisherTransport

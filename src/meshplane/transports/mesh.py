@@ -18,9 +18,17 @@ TRANSPORT_MESH = "Mesh"  # in discovery records (meshplane only; Dynamo has no s
 
 class MeshPublisherTransport(PublisherTransport):
     def __init__(
-        self, client: MeshClient, subject: str, subject_prefix: str, wire: WireFormat, codec: Codec
+        self,
+        client: MeshClient,
+        subject: str,
+        subject_prefix: str,
+        wire: WireFormat,
+        codec: Codec,
+        *,
+        guaranteed: bool = False,
     ) -> None:
         self._client = client
+        self._guaranteed = guaranteed  # MESHPLANE_GUARANTEED: each publish waits until it is stored
         self._subject = subject
         self._subject_prefix = subject_prefix
         self._wire = wire
@@ -33,7 +41,8 @@ class MeshPublisherTransport(PublisherTransport):
         return TRANSPORT_MESH, {"subject_prefix": self._subject_prefix, "node": self._client.node}
 
     async def send(self, envelope: EventEnvelope) -> None:
-        await self._client.publish(self._subject, encode_nats(envelope, self._wire, self._codec))
+        data = encode_nats(envelope, self._wire, self._codec)
+        await self._client.publish(self._subject, data, guaranteed=self._guaranteed)
 
     async def send_heartbeat(self, envelope: EventEnvelope) -> None:
         data = encode_nats(envelope, self._wire, self._codec, MessageType.HEARTBEAT)

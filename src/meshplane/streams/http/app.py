@@ -126,7 +126,7 @@ async def serve(
     """Run until ``stop`` is set (or forever); as a node of the event mesh when ``mesh`` is given."""
     await engine.start()
     if mesh is not None:
-        mesh.attach(engine.pubsub)
+        mesh.attach(engine)
         await mesh.start()
     app = create_app(engine, tokens=tokens, mesh=mesh)
     runner = web.AppRunner(

@@ -158,7 +158,10 @@ class Commands:
         topic = get_str(p, "topic")
         if "payload" not in p and "data" not in p:
             raise BadRequest("missing field 'payload' (or 'data')")
-        return self.engine.pubsub.publish(topic, p.get("payload", p.get("data")), get_metadata(p))
+        payload, metadata = p.get("payload", p.get("data")), get_metadata(p)
+        if p.get("guaranteed") is True:
+            return await self.engine.pubsub.publish_guaranteed(topic, payload, metadata)
+        return self.engine.pubsub.publish(topic, payload, metadata)
 
     async def cmd_pubsub_subscribe(self, p: dict[str, Any]) -> dict[str, Any]:
         topics = topic_list(p.get("topics"))

@@ -12,17 +12,44 @@ from prometheus_client.registry import Collector
 
 from meshplane.mesh.links import LINK_COUNTERS
 from meshplane.mesh.node import MeshNode
-from meshplane.streams.errors import NotFound
-from meshplane.streams.http.params import json_response
+from meshplane.streams.errors import BadRequest, NotFound
+from meshplane.streams.http.params import json_response, read_json
 
 MESH: web.AppKey[MeshNode] = web.AppKey("mesh", MeshNode)
 
 
-async def mesh_status(request: web.Request) -> web.Response:
+def _node(request: web.Request) -> MeshNode:
     node = request.app.get(MESH)
     if node is None:
         raise NotFound("this server is not a mesh node: start it with --node-id (and --routes to link it)")
+    return node
+
+
+async def mesh_status(request: web.Request) -> web.Response:
+    node = _node(request)
     return json_response(node.status(patterns=request.query.get("patterns") in ("1", "true")))
+
+
+async def queues_list(request: web.Request) -> web.Response:
+    return json_response({"queues": _node(request).guaranteed.queue_status()})
+
+
+async def queue_put(request: web.Request) -> web.Response:
+    """Make a queue (a guaranteed subscription): ``{"patterns": ["orders.>"]}``. Its events are read
+    from the topic of the same name."""
+    body = await read_json(request)
+    patterns = body.get("patterns")
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise BadRequest('body must be {"patterns": ["a.pattern", ...]}')
+    queue = _node(request).guaranteed.create_queue(request.match_info["name"], patterns)
+    return json_response({"name": queue.name, "patterns": queue.patterns, "topic": queue.name})
+
+
+async def queue_delete(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if not _node(request).guaranteed.delete_queue(name):
+        raise NotFound(f"queue {name!r} not found")
+    return json_response({"deleted": name})
 
 
 def register_mesh_metrics(node: MeshNode, registry: CollectorRegistry) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from meshplane.streams.access import Level
-from meshplane.streams.http.mesh import mesh_status
+from meshplane.streams.http.mesh import mesh_status, queue_delete, queue_put, queues_list
 from meshplane.streams.http.params import Handler
 
 if TYPE_CHECKING:
@@ -72,6 +72,20 @@ def route_table(api: Api) -> list[Route]:
         ),
         Route("GET", "/metrics", api.metrics, "Prometheus metrics", "meta"),
         Route("GET", "/mesh", mesh_status, "This mesh node: its links, interest and counters", "meta"),
+        Route(
+            "GET", "/mesh/queues", queues_list, "This mesh node's queues (guaranteed subscriptions)", "mesh"
+        ),
+        Route(
+            "PUT",
+            "/mesh/queues/{name}",
+            queue_put,
+            "Make a queue: guaranteed events matching its patterns, stored in the topic of its name",
+            "mesh",
+            body={"patterns": "array"},
+        ),
+        Route(
+            "DELETE", "/mesh/queues/{name}", queue_delete, "Stop a queue's interest (its topic stays)", "mesh"
+        ),
         Route(
             "GET",
             "/storage",

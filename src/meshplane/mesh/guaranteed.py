@@ -1,0 +1,442 @@
+"""Guaranteed events (seed 002): stored before they are acknowledged, delivered exactly once, in order
+per publisher, to the guaranteed subscriptions (queues) of every node, whatever node dies meanwhile.
+
+- A **queue** is a guaranteed subscription owned by one node: a name and patterns, persisted in
+  ``<data dir>/mesh/queues.json``. Its events land in the streams topic of the same name on that
+  node (keyed by publisher, so one publisher's events keep their order), where consumers read them
+  with offsets and consumer groups. A queue's interest travels as the pattern under ``$G.`` (a
+  reserved subject that wildcards do not reach), so the usual propagation, sync and anti-entropy
+  carry it; a restarted node subscribes its queues before it links, so it re-advertises them first.
+- On the **publishing node**, a guaranteed event is appended to a spool per destination node whose
+  queues want it (:mod:`.spool`) and to this node's own queues; the publisher's ACK waits for the
+  fsync policy. Spools are sent as SPOOLED frames while the link is up and kept while it is down.
+- On the **destination**, the event goes to the direct subscribers at once and to the queues that
+  want it (dropped there if that event id was stored already); ACK goes back once stored.
+
+Writes are group-committed: everything that arrived while the last fsync ran shares the next one.
+Direct events remain at-most-once; guaranteed ones also reach direct subscribers, as direct ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from meshplane.core.mesh.frames import (
+    FLAG_JSON_MESSAGE,
+    Frame,
+    FrameType,
+    decode_spooled,
+    encode_frame,
+    event_parts,
+)
+from meshplane.core.streamlog import StoredEvent
+from meshplane.mesh.holders import Holder, MeshEvent
+from meshplane.mesh.spool import Spool, SpoolFull, SpoolLimits, spool_directory, spool_peer
+from meshplane.streams.errors import BadRequest, CorruptRecords, NotStored, StorageError, StreamError
+from meshplane.streams.files import write_atomic
+
+if TYPE_CHECKING:
+    from meshplane.mesh.links import Link
+    from meshplane.mesh.node import MeshNode
+    from meshplane.streams.durability import Syncable
+    from meshplane.streams.service import StreamsService
+
+log = logging.getLogger(__name__)
+
+PREFIX = "$G."  # a queue's pattern travels as this + the pattern; guaranteed events are routed so too
+RECENT_IDS = 50_000  # event ids each queue remembers (more than a spool's window of unconfirmed ones)
+MAX_QUEUES = 1000
+MAX_PATTERNS_PER_QUEUE = 100
+
+
+@dataclass(eq=False)
+class Queue:
+    """A guaranteed subscription: a holder of ``$G.`` patterns in the router."""
+
+    name: str
+    patterns: list[str]
+    recent: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    stored: int = 0
+    duplicates: int = 0
+
+    def deliver(self, event: MeshEvent) -> None:
+        """Queues take events only through :class:`Guaranteed` (stored, then acknowledged)."""
+
+    def remember(self, event_id: str) -> None:
+        self.recent[event_id] = None
+        if len(self.recent) > RECENT_IDS:
+            self.recent.popitem(last=False)
+
+
+@dataclass(eq=False)
+class _Work:
+    event: MeshEvent
+    spools: list[Spool]
+    queues: list[Queue]
+    done: Callable[[str], None]  # "" once stored (and synced as the policy says), else why not
+
+
+def stored_event(event: MeshEvent) -> StoredEvent:
+    """How a queue's topic keeps an event: pub/sub messages by their payload, others as bytes."""
+    data: Any = event.body
+    if event.flags & FLAG_JSON_MESSAGE:
+        with contextlib.suppress(msgspec.DecodeError, AttributeError, TypeError):
+            data = msgspec.json.decode(event.body).get("payload")
+    return StoredEvent(
+        id=event.event_id,
+        event_type=event.subject,
+        data=data,
+        key=event.source,
+        metadata={"subject": event.subject, "origin": event.source},
+    )
+
+
+class Guaranteed:
+    """A node's spools, queues and group commit; enabled once the node has a streams service."""
+
+    def __init__(self, node: MeshNode, limits: SpoolLimits) -> None:
+        self.node = node
+        self.limits = limits
+        self.engine: StreamsService | None = None
+        self.spools: dict[str, Spool] = {}
+        self.queues: dict[str, Queue] = {}
+        self.counters: Counter[str] = Counter()
+        self._root = Path()
+        self._work: list[_Work] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._failed: set[str] = set()  # peers whose events failed to store: no ACK past the failure
+
+    @property
+    def enabled(self) -> bool:
+        return self.engine is not None
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    def open(self, engine: StreamsService) -> None:
+        """Load the spools and the queues (subscribing them, so they are advertised from the start)."""
+        self.engine = engine
+        self._root = engine.root / "mesh"
+        spools = self._root / "spool"
+        spools.mkdir(parents=True, exist_ok=True)
+        for directory in sorted(p for p in spools.iterdir() if p.is_dir()):
+            peer = spool_peer(directory)
+            if peer is not None:
+                self.spools[peer] = Spool(directory, peer, self.limits, engine.files)
+        try:
+            saved = msgspec.json.decode((self._root / "queues.json").read_bytes(), type=dict[str, list[str]])
+        except FileNotFoundError:
+            saved = {}
+        except (OSError, msgspec.DecodeError) as exc:
+            raise StorageError(f"{self._root / 'queues.json'}: unreadable ({exc})") from exc
+        for name, patterns in saved.items():
+            self._install(name, patterns)
+
+    def start(self) -> None:
+        if self.enabled and self._task is None:
+            self._task = asyncio.create_task(self._commits(), name="meshplane-guaranteed")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for work in self._work:
+            work.done("the node is shutting down")
+        self._work.clear()
+        for spool in self.spools.values():
+            spool.close()
+
+    def tick(self) -> None:
+        for spool in self.spools.values():
+            spool.save()
+
+    # --- queues --------------------------------------------------------------------------------------
+
+    def create_queue(self, name: str, patterns: list[str]) -> Queue:
+        """Make (or change the patterns of) a queue and its topic; persisted before it is advertised."""
+        if self.engine is None:
+            raise BadRequest("this mesh node has no streams data directory: it keeps no queues")
+        checked = []
+        for pattern in patterns:
+            valid = self.node.valid_pattern(pattern)
+            if valid is None or valid.startswith("$"):
+                raise BadRequest(f"queue pattern {pattern!r}: not a valid pattern")
+            checked.append(valid)
+        if not 1 <= len(checked) <= MAX_PATTERNS_PER_QUEUE:
+            raise BadRequest(f"a queue takes 1-{MAX_PATTERNS_PER_QUEUE} patterns")
+        if name not in self.queues and len(self.queues) >= MAX_QUEUES:
+            raise BadRequest(f"{MAX_QUEUES} queues (the limit)")
+        if name not in self.engine.topics:
+            self.engine.create_topic(name, 1)
+        saved = {q.name: q.patterns for q in self.queues.values()} | {name: sorted(set(checked))}
+        self._save(saved)
+        old = self.queues.pop(name, None)
+        if old is not None:
+            for pattern in old.patterns:
+                self.node.unsubscribe(old, PREFIX + pattern)
+        return self._install(name, sorted(set(checked)), recent=old.recent if old is not None else None)
+
+    def delete_queue(self, name: str) -> bool:
+        """Stop the queue's interest (its topic and what it holds stay, to be read or deleted)."""
+        queue = self.queues.get(name)
+        if queue is None:
+            return False
+        self._save({q.name: q.patterns for q in self.queues.values() if q is not queue})
+        del self.queues[name]
+        for pattern in queue.patterns:
+            self.node.unsubscribe(queue, PREFIX + pattern)
+        return True
+
+    def _save(self, queues: dict[str, list[str]]) -> None:
+        try:
+            write_atomic(self._root / "queues.json", msgspec.json.encode(queues))
+        except OSError as exc:
+            raise StorageError(f"saving the queues: {exc}") from exc
+
+    def _install(self, name: str, patterns: list[str], recent: OrderedDict[str, None] | None = None) -> Queue:
+        queue = Queue(name, patterns)
+        if recent is not None:
+            queue.recent = recent
+        else:
+            self._recall(queue)
+        self.queues[name] = queue
+        for pattern in patterns:
+            self.node.subscribe(queue, PREFIX + pattern)
+        return queue
+
+    def _recall(self, queue: Queue) -> None:
+        """The ids of the events the queue's topic holds last: what a resend may repeat."""
+        assert self.engine is not None
+        topic = self.engine.topics.get(queue.name)
+        if topic is None:
+            self.engine.create_topic(queue.name, 1)
+            return
+        for index, partition in enumerate(topic.partitions):
+            offset = max(partition.start_offset, partition.next_offset - RECENT_IDS)
+            while offset < partition.next_offset:
+                try:
+                    events = topic.read(index, offset, 1000)
+                except (CorruptRecords, StreamError) as exc:
+                    log.warning("queue %s: could not read back its recent ids (%s)", queue.name, exc)
+                    break
+                if not events:
+                    break
+                for event in events:
+                    queue.remember(event.body.id)
+                offset = events[-1].offset + 1
+
+    def queue_status(self) -> list[dict[str, Any]]:
+        return [
+            {"name": q.name, "patterns": q.patterns, "stored": q.stored, "duplicates": q.duplicates}
+            for q in sorted(self.queues.values(), key=lambda q: q.name)
+        ]
+
+    def spool_status(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "peer": s.peer,
+                "pending": s.pending,
+                "bytes": s.log.size_bytes,
+                "acked": s.acked,
+                "sent": s.sent,
+                "refused": s.refused,
+            }
+            for s in sorted(self.spools.values(), key=lambda s: s.peer)
+        ]
+
+    # --- publishing: on the node the publisher is on --------------------------------------------------
+
+    def publish(self, event: MeshEvent, done: Callable[[str], None], skip: Holder | None = None) -> None:
+        """Route ``event`` (its flags say guaranteed) and call ``done`` once it is stored everywhere it
+        must be: the spool of each node whose queues want it, and this node's queues."""
+        if self.engine is None:
+            done("this mesh node keeps no guaranteed events (it runs without a streams data directory)")
+            return
+        route = self.node.router.route(PREFIX + event.subject)
+        spools = [self._spool(peer) for peer in route.peers]
+        queues = [h for h in route.local if isinstance(h, Queue)]
+        # The spooled copy serves the direct subscribers of the peers it goes to.
+        self.node.route_direct(event, route.peers, skip)
+        self._submit(_Work(event, spools, queues, done))
+
+    async def publish_async(self, event: MeshEvent, skip: Holder | None = None) -> None:
+        """:meth:`publish`, awaited: raises NotStored when it was not stored."""
+        answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        def done(error: str) -> None:
+            if not answer.done():
+                answer.set_result(error)
+
+        self.publish(event, done, skip)
+        error = await answer
+        if error:
+            raise NotStored(error)
+
+    def _spool(self, peer: str) -> Spool:
+        spool = self.spools.get(peer)
+        if spool is None:
+            assert self.engine is not None
+            directory = spool_directory(self._root / "spool", peer)
+            spool = self.spools[peer] = Spool(directory, peer, self.limits, self.engine.files)
+        return spool
+
+    # --- on the destination ----------------------------------------------------------------------------
+
+    def on_spooled(self, link: Link, frame: Frame) -> None:
+        peer, offset = link.peer, frame.sequence
+        try:
+            inner = decode_spooled(frame, self.node.config.max_payload)
+        except ValueError:
+            self.counters["bad_spooled"] += 1
+            self._confirm(peer, offset, "")  # nothing will make it better: confirmed, counted
+            return
+        if not self.node.valid_subject(inner.subject):
+            self.counters["bad_spooled"] += 1
+            self._confirm(peer, offset, "")
+            return
+        timestamp, body = event_parts(inner)
+        event = MeshEvent(
+            inner.source, inner.subject, inner.sequence, timestamp, body, inner.flags, inner.raw
+        )
+        self.node.deliver_remote(link, event, quiet=True)
+        queues = [h for h in self.node.router.route(PREFIX + event.subject).local if isinstance(h, Queue)]
+        if self.engine is None or not queues:
+            self.counters["spooled_unwanted"] += 1  # the queue went away on the way
+            self._confirm(peer, offset, "")
+            return
+        self._submit(_Work(event, [], queues, lambda error: self._confirm(peer, offset, error)))
+
+    def _confirm(self, peer: str, offset: int, error: str) -> None:
+        link = self.node.links.get(peer)
+        if peer in self._failed or link is None or link.conn is None:
+            return
+        if error:
+            # Confirming later ones would skip this one: the link starts over and the peer resends.
+            self._failed.add(peer)
+            self.counters["store_failures"] += 1
+            log.warning("could not store guaranteed events from %s (%s): the link starts over", peer, error)
+            link.conn.close()
+            return
+        link.conn.send(encode_frame(FrameType.ACK, self.node.node_id, sequence=offset))
+
+    def on_ack(self, link: Link, frame: Frame) -> None:
+        spool = self.spools.get(link.peer)
+        if spool is not None and spool.confirm(frame.sequence):
+            self.pump(link.peer)
+
+    # --- links -----------------------------------------------------------------------------------------
+
+    def link_up(self, peer: str) -> None:
+        self.pump(peer)
+
+    def link_down(self, peer: str) -> None:
+        self._failed.discard(peer)
+        spool = self.spools.get(peer)
+        if spool is not None:
+            spool.rewind()
+
+    def pump(self, peer: str) -> None:
+        """Send what the peer's spool holds and it has not been sent, while the socket takes it."""
+        spool = self.spools.get(peer)
+        link = self.node.links.get(peer)
+        if spool is None or link is None or link.state != "up" or link.conn is None:
+            return
+        if "hold_spooled" in self.node.config.faults:
+            return
+        conn = link.conn
+        while not conn.paused and conn.is_open:
+            try:
+                records = spool.to_send()
+            except (StorageError, CorruptRecords) as exc:
+                self.counters["spool_read_errors"] += 1
+                log.error("spool for %s: cannot read at offset %d (%s)", peer, spool.sent, exc)
+                return
+            if not records:
+                return
+            for record in records:
+                conn.send(
+                    encode_frame(
+                        FrameType.SPOOLED, self.node.node_id, sequence=record.offset, payload=record.payload
+                    )
+                )
+            spool.sent = records[-1].offset + 1
+            conn.flush()
+
+    # --- group commit ----------------------------------------------------------------------------------
+
+    def _submit(self, work: _Work) -> None:
+        self._work.append(work)
+        self._wake.set()
+
+    async def _commits(self) -> None:
+        assert self.engine is not None
+        durability = self.engine.durability
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._work = self._work, []
+            synced: set[Syncable] = set()
+            stored: list[_Work] = []
+            peers: set[str] = set()
+            for work in batch:
+                try:
+                    synced.update(self._store(work))
+                except (SpoolFull, StreamError) as exc:
+                    self.counters["refused"] += 1
+                    work.done(str(exc))
+                    continue
+                stored.append(work)
+                peers.update(spool.peer for spool in work.spools)
+            for peer in peers:
+                self.pump(peer)  # before the fsync: a copy that arrives first is harmless
+            if synced:
+                try:
+                    await durability.written(*synced, records=len(stored))
+                except StorageError as exc:
+                    for work in stored:
+                        work.done(str(exc))
+                    continue
+            for work in stored:
+                work.done("")
+            self.counters["stored"] += len(stored)
+
+    def _store(self, work: _Work) -> Iterable[Syncable]:
+        """Append to spools and queues (all spools or none); what must be synced before the ACK."""
+        assert self.engine is not None
+        event, raw = work.event, work.event.raw
+        for spool in work.spools:
+            spool.check_room(len(raw))
+        marks = [(spool, spool.log.mark()) for spool in work.spools]
+        synced: list[Syncable] = []
+        try:
+            for spool in work.spools:
+                spool.append(raw)
+                synced.append(spool.log)
+        except StorageError:
+            for spool, mark in marks:
+                spool.log.undo(mark)
+            raise
+        event_id = event.event_id
+        for queue in work.queues:
+            if event_id in queue.recent:
+                queue.duplicates += 1
+                self.counters["duplicates_dropped"] += 1
+                continue
+            if queue.name not in self.engine.topics:  # deleted under the queue: made again
+                self.engine.create_topic(queue.name, 1)
+            _, more = self.engine.append_topic(queue.name, [stored_event(event)])
+            synced.extend(more)
+            queue.remember(event_id)
+            queue.stored += 1
+        return synced

@@ -1,0 +1,124 @@
+"""Guaranteed events on their way to another node: one spool per destination node (seed 002: kept on
+the neighbour while the destination is down, delivered when it returns).
+
+A spool is a streams partition log of EVENT frames. ``acked`` is the first offset the destination has
+not confirmed; ``sent`` the first not yet sent on the current connection. A link that goes down
+rewinds ``sent`` to ``acked``: what was unconfirmed goes again, and the destination's dedup by event
+id drops what it had stored already. ``acked`` is kept in a small file next to the log (a stale one
+only resends, never loses); segments below it are deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshplane.core.streamlog import Record
+from meshplane.streams.errors import StorageError
+from meshplane.streams.files import FilePool, write_atomic
+from meshplane.streams.log import PartitionLog
+
+log = logging.getLogger(__name__)
+
+ACKED_FILE = "acked"
+READ_BYTES = 256 * 1024  # read from a spool at a time
+
+
+class SpoolFull(Exception):
+    """A guaranteed publish refused: a destination's spool is at its limit (the publisher is told)."""
+
+
+@dataclass(frozen=True)
+class SpoolLimits:
+    max_bytes: int = 1 << 30  # per destination
+    max_events: int = 1_000_000  # per destination
+    window: int = 10_000  # sent but not yet confirmed, at most
+    segment_bytes: int = 16 * 1024 * 1024
+
+
+class Spool:
+    """The guaranteed events one destination node has not confirmed yet."""
+
+    def __init__(self, directory: Path, peer: str, limits: SpoolLimits, files: FilePool) -> None:
+        self.directory = directory
+        self.peer = peer
+        self.limits = limits
+        self.log = PartitionLog(directory, segment_bytes=limits.segment_bytes, files=files)
+        self.acked = min(max(self._read_acked(), self.log.start_offset), self.log.next_offset)
+        self.sent = self.acked
+        self.refused = 0  # publishes refused because this spool was full
+        self._saved = self.acked
+
+    def _read_acked(self) -> int:
+        try:
+            return int((self.directory / ACKED_FILE).read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0  # no file yet, or a torn one: everything kept is sent again
+
+    @property
+    def pending(self) -> int:
+        """Events stored here and not yet confirmed by the destination."""
+        return self.log.next_offset - self.acked
+
+    def check_room(self, size: int) -> None:
+        if self.pending + 1 > self.limits.max_events or self.log.size_bytes + size > self.limits.max_bytes:
+            self.refused += 1
+            raise SpoolFull(
+                f"the spool for node {self.peer!r} is full ({self.pending} events, "
+                f"{self.log.size_bytes} bytes; limits {self.limits.max_events} events, "
+                f"{self.limits.max_bytes} bytes): the node has been unreachable too long"
+            )
+
+    def append(self, frame: bytes) -> int:
+        """Store one EVENT frame; its offset. Raises StorageError (nothing stored) on a failed write."""
+        return self.log.append([frame], time.time_ns() // 1_000_000)
+
+    def to_send(self) -> list[Record]:
+        """The next stored events not sent yet, within the window of unconfirmed ones."""
+        room = self.limits.window - (self.sent - self.acked)
+        if room <= 0 or self.sent >= self.log.next_offset:
+            return []
+        return self.log.read(self.sent, min(room, 1024), READ_BYTES)
+
+    def confirm(self, offset: int) -> bool:
+        """The destination stored everything up to ``offset``. True if that is news."""
+        if offset + 1 <= self.acked or offset >= self.log.next_offset:
+            return False
+        self.acked = offset + 1
+        self.sent = max(self.sent, self.acked)
+        return True
+
+    def rewind(self) -> None:
+        self.sent = self.acked
+
+    def save(self) -> None:
+        """Remember ``acked`` and drop the segments below it (the file is not synced: a stale one
+        means resending, which the destination drops as duplicates)."""
+        if self.acked == self._saved:
+            return
+        try:
+            write_atomic(self.directory / ACKED_FILE, str(self.acked).encode(), sync=False)
+            self._saved = self.acked
+            self.log.apply_retention(time.time_ns() // 1_000_000, keep_from=self.acked)
+        except (OSError, StorageError) as exc:
+            log.warning("spool for %s: could not save its confirmed offset (%s)", self.peer, exc)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, StorageError):
+            self.save()
+        self.log.close()
+
+
+def spool_directory(root: Path, peer: str) -> Path:
+    """Node ids are any printable text: the directory is named by the id's bytes in hex."""
+    return root / peer.encode().hex()
+
+
+def spool_peer(directory: Path) -> str | None:
+    try:
+        return bytes.fromhex(directory.name).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
