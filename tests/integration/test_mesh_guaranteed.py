@@ -1,0 +1,220 @@
+"""Guaranteed events on real nodes (issue 17): a queue on one node, publishers on another, and the
+queue's node or the publisher's node killed with SIGKILL while guaranteed events keep coming."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from meshplane.errors import TransportError
+from meshplane.launchers import MeshCluster, StreamsServerProcess
+from meshplane.mesh.client import MeshClient
+from tests.helpers import eventually
+from tests.integration.test_mesh import Inbox, interest_reached, link, status
+
+
+async def put_queue(node: StreamsServerProcess, name: str, patterns: list[str]) -> dict[str, Any]:
+    url = f"{node.url}/mesh/queues/{name}"
+    async with aiohttp.ClientSession() as http, http.put(url, json={"patterns": patterns}) as response:
+        answer: dict[str, Any] = await response.json()
+        assert response.status == 200, answer
+        return answer
+
+
+async def queue_bodies(node: StreamsServerProcess, name: str) -> list[bytes]:
+    """Everything the queue's topic holds, in order."""
+    bodies: list[bytes] = []
+    offset = 0
+    async with aiohttp.ClientSession() as http:
+        while True:
+            url = f"{node.url}/topics/{name}/partitions/0/consume"
+            async with http.post(url, json={"from_offset": offset, "limit": 1000}) as response:
+                assert response.status == 200, await response.text()
+                page = await response.json()
+            if not page["events"]:
+                return bodies
+            bodies.extend(base64.b64decode(event["data"]) for event in page["events"])
+            offset = page["next_offset"]
+
+
+@pytest.fixture
+def pair() -> Iterator[MeshCluster]:
+    with MeshCluster(2) as cluster:
+        yield cluster.start()
+
+
+async def publish_all(client: MeshClient, subject: str, bodies: list[bytes]) -> None:
+    """Guaranteed publishes, 50 at a time (each returns once stored)."""
+    for start in range(0, len(bodies), 50):
+        await asyncio.gather(
+            *(client.publish(subject, body, guaranteed=True) for body in bodies[start : start + 50])
+        )
+
+
+async def test_events_for_a_dead_node_are_spooled_and_delivered_once_in_order_when_it_returns(
+    pair: MeshCluster,
+) -> None:
+    await asyncio.to_thread(pair.wait_linked)
+    await put_queue(pair["b"], "orders-b", ["g1.orders.>"])
+    await interest_reached(pair["a"], "b", "$G.g1.orders.>")
+    direct = await MeshClient(pair["b"].route_url).connect()
+    seen = Inbox()
+    direct.subscribe("g1.orders.>", seen)
+    await direct.flush(propagated=True)
+    publisher = await MeshClient(pair["a"].route_url).connect()
+    try:
+        before = [b"before-%d" % i for i in range(300)]
+        await publish_all(publisher, "g1.orders.eu", before)
+        await eventually(lambda: len(seen.events) == 300, what="direct copies at b")
+
+        pair["b"].kill(signal.SIGKILL)
+        await eventually(lambda: link_state(pair["a"], "b", "down"), timeout=15, what="a sees b down")
+        during = [b"during-%d" % i for i in range(500)]
+        await publish_all(publisher, "g1.orders.eu", during)  # acknowledged: spooled on a
+        for i in range(20):
+            await publisher.publish("g1.orders.eu", b"direct-%d" % i)  # direct: lost, counted
+        await publisher.flush()
+        a_to_b = await link(pair["a"], "b")
+        assert a_to_b["dropped_peer_down"] >= 20
+        spool = (await status(pair["a"]))["guaranteed"]["spools"]
+        assert [(s["peer"], s["pending"] >= 500) for s in spool] == [("b", True)]
+
+        pair["b"].start()  # same data directory and ports
+        after = [b"after-%d" % i for i in range(200)]
+        await publish_all(publisher, "g1.orders.eu", after)
+
+        expected = before + during + after
+
+        async def all_there() -> bool:
+            return len(await queue_bodies(pair["b"], "orders-b")) >= len(expected)
+
+        await eventually(all_there, timeout=30, what="every guaranteed event in b's queue")
+        assert await queue_bodies(pair["b"], "orders-b") == expected  # exactly once, in order
+        await eventually(lambda: spool_empty(pair["a"]), timeout=15, what="a's spool confirmed")
+    finally:
+        await publisher.close()
+        await direct.close()
+
+
+async def link_state(node: StreamsServerProcess, peer: str, state: str) -> bool:
+    return bool((await link(node, peer))["state"] == state)
+
+
+async def spool_empty(node: StreamsServerProcess) -> bool:
+    return all(s["pending"] == 0 for s in (await status(node))["guaranteed"]["spools"])
+
+
+async def test_nothing_acknowledged_is_lost_when_the_publishing_node_dies_before_forwarding(
+    pair: MeshCluster,
+) -> None:
+    """a acknowledges but (the fault) never forwards; SIGKILL a; restarted without the fault, a sends
+    its spool: every acknowledged event reaches b's queue once."""
+    pair["a"].stop()
+    pair["a"]._extra_args = (*pair["a"]._extra_args, "--mesh-fault", "hold_spooled")
+    pair["a"].start()
+    await asyncio.to_thread(pair.wait_linked)
+    await put_queue(pair["b"], "held", ["g2.>"])
+    await interest_reached(pair["a"], "b", "$G.g2.>")
+    publisher = await MeshClient(pair["a"].route_url).connect()
+    bodies = [b"held-%d" % i for i in range(400)]
+    try:
+        await publish_all(publisher, "g2.x", bodies)
+    finally:
+        await publisher.close()
+    assert await queue_bodies(pair["b"], "held") == []  # held back on a
+    pair["a"].kill(signal.SIGKILL)
+    pair["a"]._extra_args = pair["a"]._extra_args[:-2]
+    pair["a"].start()
+
+    async def delivered() -> bool:
+        return len(await queue_bodies(pair["b"], "held")) >= len(bodies)
+
+    await eventually(delivered, timeout=30, what="a's spool replayed after its restart")
+    assert await queue_bodies(pair["b"], "held") == bodies
+
+
+async def test_a_restarted_node_advertises_its_queues_before_it_takes_events(pair: MeshCluster) -> None:
+    await asyncio.to_thread(pair.wait_linked)
+    await put_queue(pair["b"], "kept", ["g3.>"])
+    pair["b"].stop()
+    pair["b"].start()
+    await asyncio.to_thread(pair.wait_linked)
+    # The link is up, so a knows b's queue already: the first event after it is kept.
+    publisher = await MeshClient(pair["a"].route_url).connect()
+    try:
+        await publisher.publish("g3.first", b"first", guaranteed=True)
+    finally:
+        await publisher.close()
+    await eventually(lambda: queue_has(pair["b"], "kept", [b"first"]), what="the first event kept")
+    queues = (await status(pair["b"]))["guaranteed"]["queues"]
+    assert [(q["name"], q["patterns"]) for q in queues] == [("kept", ["g3.>"])]
+
+
+async def queue_has(node: StreamsServerProcess, name: str, bodies: list[bytes]) -> bool:
+    return await queue_bodies(node, name) == bodies
+
+
+async def test_a_full_spool_refuses_the_publish_and_says_why() -> None:
+    with MeshCluster(2, node_args={"a": ("--spool-max-events", "5")}) as cluster:
+        cluster.start()
+        await asyncio.to_thread(cluster.wait_linked)
+        await put_queue(cluster["b"], "small", ["g4.>"])
+        await interest_reached(cluster["a"], "b", "$G.g4.>")
+        cluster["b"].kill(signal.SIGKILL)
+        publisher = await MeshClient(cluster["a"].route_url).connect()
+        try:
+            for i in range(5):
+                await publisher.publish("g4.x", b"%d" % i, guaranteed=True)
+            with pytest.raises(TransportError, match="spool for node 'b' is full"):
+                await publisher.publish("g4.x", b"one too many", guaranteed=True)
+        finally:
+            await publisher.close()
+        spools = (await status(cluster["a"]))["guaranteed"]["spools"]
+        assert spools[0]["pending"] == 5
+        assert spools[0]["refused"] == 1
+
+
+async def test_bad_queue_requests_are_4xx(pair: MeshCluster) -> None:
+    async with aiohttp.ClientSession() as http:
+        for body in ({}, {"patterns": "x"}, {"patterns": []}, {"patterns": ["a..b"]}, {"patterns": ["$G.x"]}):
+            async with http.put(f"{pair['a'].url}/mesh/queues/q", json=body) as response:
+                assert response.status == 400, body
+        async with http.delete(f"{pair['a'].url}/mesh/queues/missing") as response:
+            assert response.status == 404
+
+
+async def test_a_resend_of_stored_events_is_dropped_by_event_id_even_after_a_restart(
+    pair: MeshCluster,
+) -> None:
+    """a forgets what b confirmed (its ``acked`` file gone) and b restarts: a sends its whole spool
+    again, and b's queue keeps each event once (the ids it recalls from its topic)."""
+    await asyncio.to_thread(pair.wait_linked)
+    await put_queue(pair["b"], "once", ["g5.>"])
+    await interest_reached(pair["a"], "b", "$G.g5.>")
+    publisher = await MeshClient(pair["a"].route_url).connect()
+    bodies = [b"once-%d" % i for i in range(300)]
+    try:
+        await publish_all(publisher, "g5.x", bodies)
+    finally:
+        await publisher.close()
+    await eventually(lambda: spool_empty(pair["a"]), timeout=15, what="b confirmed everything")
+    pair["a"].stop()
+    pair["b"].stop()
+    acked = pair["a"].data_dir / "mesh" / "spool" / b"b".hex() / "acked"
+    assert acked.read_text() == "300"
+    acked.unlink()
+    pair["b"].start()
+    pair["a"].start()
+
+    async def dropped() -> int:
+        return int((await status(pair["b"]))["guaranteed"]["counters"].get("duplicates_dropped", 0))
+
+    await eventually(lambda: spool_empty(pair["a"]), timeout=15, what="the resend confirmed")
+    assert await dropped() == 300
+    assert await queue_bodies(pair["b"], "once") == bodies
