@@ -181,8 +181,15 @@ async def test_a_full_spool_refuses_the_publish_and_says_why() -> None:
 
 
 async def test_bad_queue_requests_are_4xx(pair: MeshCluster) -> None:
+    bodies: list[dict[str, Any]] = [
+        {},
+        {"patterns": "x"},
+        {"patterns": []},
+        {"patterns": ["a..b"]},
+        {"patterns": ["$G.x"]},
+    ]
     async with aiohttp.ClientSession() as http:
-        for body in ({}, {"patterns": "x"}, {"patterns": []}, {"patterns": ["a..b"]}, {"patterns": ["$G.x"]}):
+        for body in bodies:
             async with http.put(f"{pair['a'].url}/mesh/queues/q", json=body) as response:
                 assert response.status == 400, body
         async with http.delete(f"{pair['a'].url}/mesh/queues/missing") as response:
