@@ -73,6 +73,7 @@ bench: $(STAMP) redis
 	$(BIN)/python bench/streams.py
 	$(BIN)/python bench/security_cost.py
 	$(BIN)/python bench/mesh.py
+	$(BIN)/python bench/mesh_guaranteed.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -7,11 +7,13 @@ import asyncio
 import base64
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from meshplane import EventPlane, PlaneConfig, Scope
 from meshplane.errors import TransportError
 from meshplane.launchers import MeshCluster, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
@@ -225,3 +227,56 @@ async def test_a_resend_of_stored_events_is_dropped_by_event_id_even_after_a_res
     await eventually(lambda: spool_empty(pair["a"]), timeout=15, what="the resend confirmed")
     assert await dropped() == 300
     assert await queue_bodies(pair["b"], "once") == bodies
+
+
+async def test_every_client_can_ask_for_guaranteed_delivery(pair: MeshCluster, tmp_path: Path) -> None:
+    """HTTP pub/sub (and so the WebSocket command channel, which runs the same command) and the event
+    plane (MESHPLANE_GUARANTEED) publish guaranteed events that reach a queue on the other node."""
+    await asyncio.to_thread(pair.wait_linked)
+    await put_queue(pair["b"], "all-clients", ["g6.>"])
+    await interest_reached(pair["a"], "b", "$G.g6.>")
+    async with aiohttp.ClientSession() as http:
+        for i in range(3):
+            body = {"payload": {"i": i}, "guaranteed": True}
+            async with http.post(f"{pair['a'].url}/pubsub/g6.http/publish", json=body) as response:
+                answer = await response.json()
+                assert response.status == 200, answer
+                assert answer["guaranteed"] is True
+    scope = Scope.endpoint("ns", "comp", "ep")
+    config = PlaneConfig(
+        event_plane="mesh",
+        discovery_backend="file",
+        file_kv=tmp_path / "kv",
+        mesh_node=pair["a"].route_url,
+        mesh_guaranteed=True,
+    )
+    async with EventPlane(config) as plane:
+        publisher = await plane.publisher(scope, "t")
+        for i in range(3):
+            await publisher.publish({"plane": i})  # returns once stored on a (spooled for b)
+
+    async def events() -> list[dict[str, Any]]:
+        async with aiohttp.ClientSession() as http:
+            url = f"{pair['b'].url}/topics/all-clients/partitions/0/consume"
+            async with http.post(url, json={"limit": 100}) as response:
+                page: dict[str, Any] = await response.json()
+                return list(page["events"])
+
+    async def six() -> bool:
+        return len(await events()) == 6
+
+    await eventually(six, what="three HTTP and three event-plane events in b's queue")
+    stored = await events()
+    assert [e["data"] for e in stored[:3]] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert {e["event_type"] for e in stored[3:]} == {scope.subject("t")}
+
+
+async def test_guaranteed_without_a_mesh_node_is_a_400() -> None:
+    with StreamsServerProcess() as server:
+        server.start()
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{server.url}/pubsub/x/publish", json={"payload": 1, "guaranteed": True}) as response,
+        ):
+            assert response.status == 400
+            assert "--node-id" in (await response.json())["error"]

@@ -1,0 +1,181 @@
+"""Guaranteed events through the mesh, against direct ones in the same run (issue 17's benchmark).
+
+Two nodes (``meshplane serve --node-id``, separate processes, fsync ``interval``), a queue on b, one
+publisher on a:
+
+- direct: events from a to a subscriber on b (at most once), until the subscriber has them all;
+- guaranteed: the same events published guaranteed (up to ``--window`` awaiting their ACK at once)
+  until b's queue has stored them all; the ratio guaranteed/direct is printed;
+- recovery: b killed (SIGKILL), ``--spooled`` guaranteed events published (spooled on a), b
+  restarted: seconds from the restart until its queue holds them all.
+
+    python bench/mesh_guaranteed.py [--events N] [--spooled N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from meshplane.launchers import MeshCluster, StreamsServerProcess
+from meshplane.mesh.client import MeshClient
+
+BODY = b"x" * 100
+
+
+async def mesh_status(node: StreamsServerProcess) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http, http.get(f"{node.url}/mesh") as response:
+        answer: dict[str, Any] = await response.json()
+        return answer
+
+
+async def stored(node: StreamsServerProcess) -> int:
+    try:
+        queues = (await mesh_status(node))["guaranteed"]["queues"]
+    except aiohttp.ClientError:
+        return 0
+    return sum(int(q["stored"]) for q in queues)
+
+
+async def wait_stored(node: StreamsServerProcess, count: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while await stored(node) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{count} events not stored within {timeout}s")
+        await asyncio.sleep(0.01)
+
+
+async def wait_link(node: StreamsServerProcess, peer: str, state: str) -> None:
+    while True:
+        links = (await mesh_status(node))["links"]
+        if any(link["peer"] == peer and link["state"] == state for link in links):
+            return
+        await asyncio.sleep(0.02)
+
+
+async def publish_guaranteed(client: MeshClient, subject: str, count: int, window: int) -> None:
+    for start in range(0, count, window):
+        await asyncio.gather(
+            *(client.publish(subject, BODY, guaranteed=True) for _ in range(min(window, count - start)))
+        )
+
+
+async def direct_run(cluster: MeshCluster, events: int) -> float:
+    received = 0
+    done = asyncio.Event()
+
+    def count(subject: str, body: bytes) -> None:
+        nonlocal received
+        received += 1
+        if received >= events:
+            done.set()
+
+    subscriber = await MeshClient(cluster["b"].route_url).connect()
+    publisher = await MeshClient(cluster["a"].route_url).connect()
+    subscriber.subscribe("bench.direct", count)
+    await subscriber.flush(propagated=True)
+    started = time.perf_counter()
+    for _ in range(events):
+        await publisher.publish("bench.direct", BODY)
+    await asyncio.wait_for(done.wait(), 120)
+    seconds = time.perf_counter() - started
+    await publisher.close()
+    await subscriber.close()
+    return events / seconds
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    with MeshCluster(2, heartbeat_interval=0.5) as cluster:
+        cluster.start()
+        await asyncio.to_thread(cluster.wait_linked)
+        async with aiohttp.ClientSession() as http:
+            url = f"{cluster['b'].url}/mesh/queues/bench"
+            async with http.put(url, json={"patterns": ["bench.guaranteed"]}) as response:
+                response.raise_for_status()
+        while True:  # a knows b's queue
+            if "$G.bench.guaranteed" in json.dumps(await patterns(cluster["a"])):
+                break
+            await asyncio.sleep(0.02)
+
+        direct = await direct_run(cluster, args.events)
+        print(f"direct      a->b: {direct:>9,.0f} events/s (subscriber on b has them all)")
+
+        publisher = await MeshClient(cluster["a"].route_url, timeout=120).connect()
+        started = time.perf_counter()
+        await publish_guaranteed(publisher, "bench.guaranteed", args.events, args.window)
+        acked = time.perf_counter() - started
+        await wait_stored(cluster["b"], args.events)
+        guaranteed = args.events / (time.perf_counter() - started)
+        print(
+            f"guaranteed  a->b: {guaranteed:>9,.0f} events/s (stored in b's queue; "
+            f"all acknowledged after {acked:.2f} s)"
+        )
+
+        cluster["b"].kill(signal.SIGKILL)
+        await wait_link(cluster["a"], "b", "down")
+        started = time.perf_counter()
+        await publish_guaranteed(publisher, "bench.guaranteed", args.spooled, args.window)
+        spool_rate = args.spooled / (time.perf_counter() - started)
+        await publisher.close()
+        restarted = time.perf_counter()
+        cluster["b"].start()
+        up = time.perf_counter() - restarted
+        await wait_stored(cluster["b"], args.spooled)
+        recovery = time.perf_counter() - restarted
+        print(
+            f"recovery: {args.spooled:,} events spooled on a while b was down ({spool_rate:,.0f}/s); "
+            f"b restarted in {up:.2f} s and held them all {recovery:.2f} s after its restart"
+        )
+    return {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "body_bytes": len(BODY),
+        "fsync": "interval (10 ms, the default)",
+        "events": args.events,
+        "window": args.window,
+        "direct_events_per_s": round(direct),
+        "guaranteed_events_per_s": round(guaranteed),
+        "ratio_guaranteed_to_direct": round(guaranteed / direct, 2),
+        "recovery": {
+            "spooled_events": args.spooled,
+            "spooling_events_per_s": round(spool_rate),
+            "process_start_s": round(up, 2),
+            "all_stored_after_restart_s": round(recovery, 2),
+        },
+    }
+
+
+async def patterns(node: StreamsServerProcess) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http, http.get(f"{node.url}/mesh?patterns=1") as response:
+        answer: dict[str, Any] = (await response.json())["patterns"]
+        return answer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--spooled", type=int, default=100_000)
+    parser.add_argument("--window", type=int, default=2_000, help="guaranteed publishes awaiting an ACK")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "mesh_guaranteed.json"
+    )
+    args = parser.parse_args()
+    results = asyncio.run(main_async(args))
+    print(f"guaranteed/direct throughput: {results['ratio_guaranteed_to_direct']}x")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
