@@ -396,6 +396,11 @@ class Guaranteed:
                     self.counters["refused"] += 1
                     work.done(str(exc))
                     continue
+                except Exception as exc:  # a bug must not stop every later guaranteed publish
+                    log.exception("storing a guaranteed event failed")
+                    self.counters["refused"] += 1
+                    work.done(f"internal error: {exc!r}")
+                    continue
                 stored.append(work)
                 peers.update(spool.peer for spool in work.spools)
             for peer in peers:
