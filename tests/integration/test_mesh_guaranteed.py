@@ -233,8 +233,9 @@ async def test_every_client_can_ask_for_guaranteed_delivery(pair: MeshCluster, t
     """HTTP pub/sub (and so the WebSocket command channel, which runs the same command) and the event
     plane (MESHPLANE_GUARANTEED) publish guaranteed events that reach a queue on the other node."""
     await asyncio.to_thread(pair.wait_linked)
-    await put_queue(pair["b"], "all-clients", ["g6.>"])
-    await interest_reached(pair["a"], "b", "$G.g6.>")
+    scope = Scope.endpoint("ns", "comp", "ep")
+    await put_queue(pair["b"], "all-clients", ["g6.>", scope.subject("t")])
+    await interest_reached(pair["a"], "b", "$G." + scope.subject("t"))
     async with aiohttp.ClientSession() as http:
         for i in range(3):
             body = {"payload": {"i": i}, "guaranteed": True}
@@ -242,7 +243,6 @@ async def test_every_client_can_ask_for_guaranteed_delivery(pair: MeshCluster, t
                 answer = await response.json()
                 assert response.status == 200, answer
                 assert answer["guaranteed"] is True
-    scope = Scope.endpoint("ns", "comp", "ep")
     config = PlaneConfig(
         event_plane="mesh",
         discovery_backend="file",
