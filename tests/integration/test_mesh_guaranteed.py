@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -280,3 +282,28 @@ async def test_guaranteed_without_a_mesh_node_is_a_400() -> None:
         ):
             assert response.status == 400
             assert "--node-id" in (await response.json())["error"]
+
+
+async def test_queues_from_the_command_line(pair: MeshCluster) -> None:
+    async def cli(*argv: str) -> dict[str, Any]:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "meshplane.cli.main",
+            "mesh",
+            *argv,
+            "--url",
+            pair["b"].url,
+            "--json",
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await process.communicate()
+        assert process.returncode == 0, out
+        answer: dict[str, Any] = json.loads(out)
+        return answer
+
+    assert (await cli("queue-add", "cli-queue", "g7.>", "g8.*"))["patterns"] == ["g7.>", "g8.*"]
+    listed = await cli("queues")
+    assert [(q["name"], q["patterns"]) for q in listed["queues"]] == [("cli-queue", ["g7.>", "g8.*"])]
+    assert (await cli("queue-delete", "cli-queue")) == {"deleted": "cli-queue"}
+    assert (await cli("queues"))["queues"] == []

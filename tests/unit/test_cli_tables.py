@@ -95,3 +95,19 @@ def test_mesh_status_reads_as_one_line_per_link_and_gateway() -> None:
     assert lines[3].split() == ["cluster", "c2", "down", "3", "10", "2", "4", "1", "0", "-"]
     no_links = render_status({**status, "links": [], "gateways": []})
     assert no_links.endswith("no links (start the node with --routes, or --gateway)")
+
+
+def test_mesh_queues_read_as_a_table_of_queues_and_one_of_spools() -> None:
+    from meshplane.cli.tables import mesh_queues
+
+    answer = {
+        "queues": [{"name": "orders", "patterns": ["orders.>", "refunds.*"], "stored": 7, "duplicates": 1}],
+        "spools": [{"peer": "b", "pending": 3, "bytes": 4096, "acked": 12, "refused": 0}],
+    }
+    assert mesh_queues(answer).splitlines() == [
+        "QUEUE   PATTERNS            STORED  DUPLICATES",
+        "orders  orders.> refunds.*  7       1",
+        "",
+        "SPOOL FOR  PENDING  BYTES  CONFIRMED  REFUSED",
+        "b          3        4096   12         0",
+    ]

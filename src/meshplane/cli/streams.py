@@ -351,6 +351,16 @@ def add_client_commands(commands: Any) -> None:
 
     action = client_parser("mesh", "the event mesh: a node's links, interest and counters")
     action("status", "the node at --url: its links (state, interest, events, drops), interest and counters")
+    action("queues", "the node's queues (guaranteed subscriptions) and its spools")
+    p = action(
+        "queue-add",
+        "make a queue: guaranteed events matching PATTERNs, stored in the topic NAME on this node",
+        example="meshplane mesh queue-add orders 'orders.>'",
+    )
+    p.add_argument("name", help="queue (and topic) name")
+    p.add_argument("patterns", nargs="+", metavar="PATTERN", help="subjects, with * > # wildcards")
+    p = action("queue-delete", "stop a queue's interest (its topic and events stay)")
+    p.add_argument("name", help="queue name")
 
 
 def streams_url(text: str) -> str:
@@ -418,7 +428,18 @@ async def _run_client(args: argparse.Namespace) -> int:
     async with StreamsClient(args.url, token=args.token) as client:
         command, action = args.command, args.action
         if command == "mesh":
-            _print(await client.request("GET", "/mesh"), args=args)
+            if action == "queue-add":
+                path = f"/mesh/queues/{urllib.parse.quote(args.name, safe='')}"
+                _print(await client.request("PUT", path, {"patterns": args.patterns}))
+            elif action == "queue-delete":
+                _print(
+                    await client.request("DELETE", f"/mesh/queues/{urllib.parse.quote(args.name, safe='')}")
+                )
+            elif action == "queues":
+                answer = await client.request("GET", "/mesh")
+                _print(answer.get("guaranteed", {}), args=args)
+            else:
+                _print(await client.request("GET", "/mesh"), args=args)
         elif command == "stream":
             if action == "publish":
                 _print({"offset": await client.publish(args.room, args.event, _data(args.data))})

@@ -54,9 +54,25 @@ def mesh_status(answer: dict[str, Any]) -> str:
     return render_status(answer)
 
 
+def mesh_queues(answer: dict[str, Any]) -> str:
+    queues = table(
+        ("QUEUE", "PATTERNS", "STORED", "DUPLICATES"),
+        [
+            (q["name"], " ".join(q["patterns"]), q["stored"], q["duplicates"])
+            for q in answer.get("queues", [])
+        ],
+    )
+    spools = table(
+        ("SPOOL FOR", "PENDING", "BYTES", "CONFIRMED", "REFUSED"),
+        [(s["peer"], s["pending"], s["bytes"], s["acked"], s["refused"]) for s in answer.get("spools", [])],
+    )
+    return queues + "\n\n" + spools
+
+
 #: (command, action) -> how its answer reads at a terminal.
 RENDERERS: dict[tuple[str, str], Callable[[Any], str]] = {
     ("mesh", "status"): mesh_status,
+    ("mesh", "queues"): mesh_queues,
     ("topic", "stats"): topic_stats,
     ("topic", "list"): names("TOPIC"),
     ("group", "stats"): group_stats,
