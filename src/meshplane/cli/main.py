@@ -59,7 +59,10 @@ EXAMPLES = {
         "meshplane serve --port 15501 --data-dir a --node-id a --cluster c1 --route-port 16501 "
         "--routes tcp://127.0.0.1:16502,tcp://127.0.0.1:16503",
     ],
-    "mesh": ["meshplane mesh status --url http://127.0.0.1:15501"],
+    "mesh": [
+        "meshplane mesh status --url http://127.0.0.1:15501",
+        "meshplane mesh queue-add orders 'orders.>' --url http://127.0.0.1:15502",
+    ],
     "log": [
         "meshplane log verify --data-dir .meshplane/streams",
         "meshplane log dump .meshplane/streams/topics/t/0",
