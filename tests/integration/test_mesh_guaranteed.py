@@ -307,3 +307,28 @@ async def test_queues_from_the_command_line(pair: MeshCluster) -> None:
     assert [(q["name"], q["patterns"]) for q in listed["queues"]] == [("cli-queue", ["g7.>", "g8.*"])]
     assert (await cli("queue-delete", "cli-queue")) == {"deleted": "cli-queue"}
     assert (await cli("queues"))["queues"] == []
+
+
+async def test_the_publishing_node_remembers_the_queues_of_a_node_that_is_down(pair: MeshCluster) -> None:
+    """b is down and a restarts: a still spools for b's queue (it kept what b's queues want), and
+    when b returns it gets everything."""
+    await asyncio.to_thread(pair.wait_linked)
+    await put_queue(pair["b"], "remembered", ["g9.>"])
+    await interest_reached(pair["a"], "b", "$G.g9.>")
+    pair["b"].kill(signal.SIGKILL)
+    pair["a"].kill(signal.SIGKILL)
+    pair["a"].start()
+    publisher = await MeshClient(pair["a"].route_url).connect()
+    bodies = [b"remembered-%d" % i for i in range(100)]
+    try:
+        await publish_all(publisher, "g9.x", bodies)
+    finally:
+        await publisher.close()
+    spools = (await status(pair["a"]))["guaranteed"]["spools"]
+    assert [(s["peer"], s["pending"]) for s in spools] == [("b", 100)]
+    pair["b"].start()
+
+    async def delivered() -> bool:
+        return await queue_bodies(pair["b"], "remembered") == bodies
+
+    await eventually(delivered, timeout=30, what="the events spooled by a restarted a")

@@ -10,6 +10,10 @@ per publisher, to the guaranteed subscriptions (queues) of every node, whatever 
 - On the **publishing node**, a guaranteed event is appended to a spool per destination node whose
   queues want it (:mod:`.spool`) and to this node's own queues; the publisher's ACK waits for the
   fsync policy. Spools are sent as SPOOLED frames while the link is up and kept while it is down.
+  Which node's queues want what is kept apart from the routing table, and on disk
+  (``peer_queues.json``): the routing table forgets a peer's interest when the peer comes back (to
+  learn it afresh), but events published meanwhile, or after this node restarts while that peer is
+  down, must still be spooled for it.
 - On the **destination**, the event goes to the direct subscribers at once and to the queues that
   want it (dropped there if that event id was stored already); ACK goes back once stored.
 
@@ -39,6 +43,7 @@ from meshplane.core.mesh.frames import (
     event_parts,
 )
 from meshplane.core.streamlog import StoredEvent
+from meshplane.core.subjects import SubjectTrie
 from meshplane.mesh.holders import Holder, MeshEvent
 from meshplane.mesh.spool import Spool, SpoolFull, SpoolLimits, spool_directory, spool_peer
 from meshplane.streams.errors import BadRequest, CorruptRecords, NotStored, StorageError, StreamError
@@ -115,6 +120,8 @@ class Guaranteed:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failed: set[str] = set()  # peers whose events failed to store: no ACK past the failure
+        self.peer_queues: dict[str, set[str]] = {}  # peer -> its queues' patterns (without the prefix)
+        self._peer_trie: SubjectTrie[str] = SubjectTrie()
 
     @property
     def enabled(self) -> bool:
@@ -140,6 +147,14 @@ class Guaranteed:
             raise StorageError(f"{self._root / 'queues.json'}: unreadable ({exc})") from exc
         for name, patterns in saved.items():
             self._install(name, patterns)
+        try:
+            known = msgspec.json.decode(
+                (self._root / "peer_queues.json").read_bytes(), type=dict[str, list[str]]
+            )
+        except (OSError, msgspec.DecodeError):
+            known = {}  # none yet, or unreadable: learnt again from the peers as they link
+        for peer, patterns in known.items():
+            self._set_peer_queues(peer, {p for p in patterns if self.node.valid_pattern(p) is not None})
 
     def start(self) -> None:
         if self.enabled and self._task is None:
@@ -263,11 +278,11 @@ class Guaranteed:
         if self.engine is None:
             done("this mesh node keeps no guaranteed events (it runs without a streams data directory)")
             return
-        route = self.node.router.route(PREFIX + event.subject)
-        spools = [self._spool(peer) for peer in route.peers]
-        queues = [h for h in route.local if isinstance(h, Queue)]
+        peers = self._peer_trie.match(event.subject)
+        spools = [self._spool(peer) for peer in sorted(peers)]
+        queues = [h for h in self.node.router.route(PREFIX + event.subject).local if isinstance(h, Queue)]
         # The spooled copy serves the direct subscribers of the peers it goes to.
-        self.node.route_direct(event, route.peers, skip)
+        self.node.route_direct(event, peers, skip)
         self._submit(_Work(event, spools, queues, done))
 
     async def publish_async(self, event: MeshEvent, skip: Holder | None = None) -> None:
@@ -337,8 +352,42 @@ class Guaranteed:
 
     # --- links -----------------------------------------------------------------------------------------
 
-    def link_up(self, peer: str) -> None:
+    def learnt(self, peer: str, gained: Iterable[str], lost: Iterable[str]) -> None:
+        """Interest a peer gained or lost: its queues' patterns are remembered apart."""
+        added = {p[len(PREFIX) :] for p in gained if p.startswith(PREFIX)}
+        removed = {p[len(PREFIX) :] for p in lost if p.startswith(PREFIX)}
+        if not added and not removed:
+            return
+        have = self.peer_queues.get(peer, set())
+        now = (have | added) - removed
+        if now != have:
+            self._set_peer_queues(peer, now)
+            self._save_peer_queues()
+
+    def link_up(self, peer: str, interest: Iterable[str]) -> None:
+        """The peer's interest is learnt afresh (``interest``): its queues are exactly those now."""
+        now = {p[len(PREFIX) :] for p in interest if p.startswith(PREFIX)}
+        if now != self.peer_queues.get(peer, set()):
+            self._set_peer_queues(peer, now)
+            self._save_peer_queues()
         self.pump(peer)
+
+    def _set_peer_queues(self, peer: str, patterns: set[str]) -> None:
+        for pattern in self.peer_queues.pop(peer, set()) - patterns:
+            self._peer_trie.remove(pattern, peer)
+        for pattern in patterns:
+            self._peer_trie.insert(pattern, peer)
+        if patterns:
+            self.peer_queues[peer] = patterns
+
+    def _save_peer_queues(self) -> None:
+        if self.engine is None:
+            return
+        known = {peer: sorted(patterns) for peer, patterns in self.peer_queues.items()}
+        try:
+            write_atomic(self._root / "peer_queues.json", msgspec.json.encode(known))
+        except OSError as exc:  # kept in memory; a restart learns them again when the peers link
+            log.warning("could not save the peers' queues: %s", exc)
 
     def link_down(self, peer: str) -> None:
         self._failed.discard(peer)

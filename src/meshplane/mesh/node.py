@@ -392,7 +392,9 @@ class MeshNode:
             if pattern is None:
                 return self._count_bad(link, "bad_pattern")
             if self.router.apply(link.peer, pattern, frame.sequence, added):
-                self.gateways.changed({pattern} if added else (), () if added else {pattern})
+                gained, lost = ({pattern}, ()) if added else ((), {pattern})
+                self.gateways.changed(gained, lost)
+                self.guaranteed.learnt(link.peer, gained, lost)
         elif kind is FrameType.HEARTBEAT:
             state = self.router.peers.get(link.peer)
             stale = state is not None and frame.payload != state.interest.root()
@@ -428,13 +430,15 @@ class MeshNode:
                 i: [p for p in patterns if self._valid(p, wildcards=True) is not None]
                 for i, patterns in answer.buckets.items()
             }
-            self.gateways.changed(*self.router.apply_sync(link.peer, SyncResponse(answer.version, buckets)))
+            gained, lost = self.router.apply_sync(link.peer, SyncResponse(answer.version, buckets))
+            self.gateways.changed(gained, lost)
+            self.guaranteed.learnt(link.peer, gained, lost)
             link.sync_sent = None
             if link.state == "syncing":
                 link.state = "up"
                 link.down.clear()
                 log.info("link to %s carries events", link.peer)
-                self.guaranteed.link_up(link.peer)
+                self.guaranteed.link_up(link.peer, self.router.peers[link.peer].interest.versions)
         else:
             self._count_bad(link, "unexpected_hello")
 
