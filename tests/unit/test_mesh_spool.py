@@ -37,7 +37,7 @@ def open_spool(directory: Path, **limits: int) -> Spool:
 def test_the_window_bounds_what_is_sent_before_confirmations(tmp_path: Path) -> None:
     spool = open_spool(tmp_path, window=4)
     for i in range(10):
-        assert spool.append(frame(i)) == i
+        assert spool.append([frame(i)]) == i
     sent = spool.to_send()
     assert [r.payload for r in sent] == [frame(i) for i in range(4)]
     spool.sent = 4
@@ -56,7 +56,7 @@ def test_the_window_bounds_what_is_sent_before_confirmations(tmp_path: Path) -> 
 def test_the_confirmed_offset_survives_a_restart_and_confirmed_segments_go(tmp_path: Path) -> None:
     spool = open_spool(tmp_path)
     for i in range(100):
-        spool.append(frame(i))
+        spool.append([frame(i)])
     segments = len(spool.log.segments)
     assert segments > 3
     spool.confirm(79)
@@ -74,7 +74,7 @@ def test_the_confirmed_offset_survives_a_restart_and_confirmed_segments_go(tmp_p
 def test_a_torn_confirmed_offset_means_sending_again_not_losing(tmp_path: Path) -> None:
     spool = open_spool(tmp_path)
     for i in range(5):
-        spool.append(frame(i))
+        spool.append([frame(i)])
     spool.close()
     (tmp_path / "acked").write_text("garbage")
     again = open_spool(tmp_path)
@@ -87,7 +87,7 @@ def test_limits_refuse_with_a_reason_and_count(tmp_path: Path) -> None:
     spool = open_spool(tmp_path, max_events=3)
     for i in range(3):
         spool.check_room(100)
-        spool.append(frame(i))
+        spool.append([frame(i)])
     with pytest.raises(SpoolFull, match=r"spool for node .b. is full .* 3 events"):
         spool.check_room(100)
     by_bytes = open_spool(tmp_path / "bytes", max_bytes=50)
@@ -115,7 +115,7 @@ def test_each_failed_file_operation_loses_nothing_stored_and_leaves_no_trace(
         failures = 0
         for i in range(40):
             try:
-                offset = spool.append(frame(i))
+                offset = spool.append([frame(i)])
             except StorageError:
                 failures += 1
                 continue

@@ -252,7 +252,8 @@ class MeshClient:
                 if conn.paused:
                     await conn.drain()
             try:
-                error = await asyncio.wait_for(answer, self.timeout)
+                async with asyncio.timeout(self.timeout):  # no task per publish, as wait_for makes
+                    error = await answer
             except TimeoutError:
                 self._unconfirmed.pop(sequence, None)
                 raise TransportError(

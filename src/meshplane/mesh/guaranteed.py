@@ -84,7 +84,7 @@ class Queue:
 
 @dataclass(eq=False)
 class _Work:
-    event: MeshEvent
+    event: MeshEvent | None  # None: a bad SPOOLED frame, confirmed in its turn
     spools: list[Spool]
     queues: list[Queue]
     done: Callable[[str], None]  # "" once stored (and synced as the policy says), else why not
@@ -120,6 +120,7 @@ class Guaranteed:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failed: set[str] = set()  # peers whose events failed to store: no ACK past the failure
+        self._acks: dict[str, int] = {}  # peer -> highest spool offset handled in this batch
         self.peer_queues: dict[str, set[str]] = {}  # peer -> its queues' patterns (without the prefix)
         self._peer_trie: SubjectTrie[str] = SubjectTrie()
 
@@ -310,15 +311,23 @@ class Guaranteed:
 
     def on_spooled(self, link: Link, frame: Frame) -> None:
         peer, offset = link.peer, frame.sequence
+
+        def done(error: str) -> None:
+            self._confirm(peer, offset, error)
+
+        if self.engine is None:  # no queues here, ever: nothing to wait for
+            self.counters["spooled_unwanted"] += 1
+            self._confirm(peer, offset, "")
+            self._send_acks()
+            return
         try:
             inner = decode_spooled(frame, self.node.config.max_payload)
+            if not self.node.valid_subject(inner.subject):
+                raise ValueError(f"subject {inner.subject[:80]!r}")
         except ValueError:
+            # Nothing will make it better: confirmed (in its turn) and counted.
             self.counters["bad_spooled"] += 1
-            self._confirm(peer, offset, "")  # nothing will make it better: confirmed, counted
-            return
-        if not self.node.valid_subject(inner.subject):
-            self.counters["bad_spooled"] += 1
-            self._confirm(peer, offset, "")
+            self._submit(_Work(None, [], [], done))
             return
         timestamp, body = event_parts(inner)
         event = MeshEvent(
@@ -326,24 +335,31 @@ class Guaranteed:
         )
         self.node.deliver_remote(link, event, quiet=True)
         queues = [h for h in self.node.router.route(PREFIX + event.subject).local if isinstance(h, Queue)]
-        if self.engine is None or not queues:
+        if not queues:
             self.counters["spooled_unwanted"] += 1  # the queue went away on the way
-            self._confirm(peer, offset, "")
-            return
-        self._submit(_Work(event, [], queues, lambda error: self._confirm(peer, offset, error)))
+        self._submit(_Work(event, [], queues, done))
 
     def _confirm(self, peer: str, offset: int, error: str) -> None:
+        """One SPOOLED frame handled: confirmed (cumulatively, once per batch) unless it failed."""
         link = self.node.links.get(peer)
         if peer in self._failed or link is None or link.conn is None:
             return
         if error:
             # Confirming later ones would skip this one: the link starts over and the peer resends.
             self._failed.add(peer)
+            self._acks.pop(peer, None)
             self.counters["store_failures"] += 1
             log.warning("could not store guaranteed events from %s (%s): the link starts over", peer, error)
             link.conn.close()
             return
-        link.conn.send(encode_frame(FrameType.ACK, self.node.node_id, sequence=offset))
+        self._acks[peer] = offset  # frames are handled in order: the last is the highest
+
+    def _send_acks(self) -> None:
+        acks, self._acks = self._acks, {}
+        for peer, offset in acks.items():
+            link = self.node.links.get(peer)
+            if link is not None and link.conn is not None:
+                link.conn.send(encode_frame(FrameType.ACK, self.node.node_id, sequence=offset))
 
     def on_ack(self, link: Link, frame: Frame) -> None:
         spool = self.spools.get(link.peer)
@@ -435,62 +451,80 @@ class Guaranteed:
             await self._wake.wait()
             self._wake.clear()
             batch, self._work = self._work, []
-            synced: set[Syncable] = set()
-            stored: list[_Work] = []
-            peers: set[str] = set()
-            for work in batch:
-                try:
-                    synced.update(self._store(work))
-                except (SpoolFull, StreamError) as exc:
-                    self.counters["refused"] += 1
-                    work.done(str(exc))
-                    continue
-                except Exception as exc:  # a bug must not stop every later guaranteed publish
-                    log.exception("storing a guaranteed event failed")
-                    self.counters["refused"] += 1
-                    work.done(f"internal error: {exc!r}")
-                    continue
-                stored.append(work)
-                peers.update(spool.peer for spool in work.spools)
-            for peer in peers:
+            try:
+                failed, synced = self._store(batch)
+            except Exception as exc:  # a bug must not stop every later guaranteed publish
+                log.exception("storing guaranteed events failed")
+                failed, synced = {work: f"internal error: {exc!r}" for work in batch}, set()
+            for peer in {spool.peer for work in batch if work not in failed for spool in work.spools}:
                 self.pump(peer)  # before the fsync: a copy that arrives first is harmless
             if synced:
                 try:
-                    await durability.written(*synced, records=len(stored))
+                    await durability.written(*synced, records=len(batch) - len(failed))
                 except StorageError as exc:
-                    for work in stored:
-                        work.done(str(exc))
-                    continue
-            for work in stored:
-                work.done("")
-            self.counters["stored"] += len(stored)
+                    failed = {work: str(exc) for work in batch}
+            for work in batch:
+                work.done(failed.get(work, ""))
+            self.counters["stored"] += len(batch) - len(failed)
+            self.counters["refused"] += len(failed)
+            self._send_acks()
 
-    def _store(self, work: _Work) -> Iterable[Syncable]:
-        """Append to spools and queues (all spools or none); what must be synced before the ACK."""
+    def _store(self, batch: list[_Work]) -> tuple[dict[_Work, str], set[Syncable]]:
+        """Append a batch to spools and queues, one write per spool and per queue: the works that
+        failed (and why), and what must be synced before the others are acknowledged. A failed
+        write fails the works it held; what they wrote elsewhere is dropped by id if they are sent
+        again."""
         assert self.engine is not None
-        event, raw = work.event, work.event.raw
-        for spool in work.spools:
-            spool.check_room(len(raw))
-        marks = [(spool, spool.log.mark()) for spool in work.spools]
-        synced: list[Syncable] = []
-        try:
-            for spool in work.spools:
-                spool.append(raw)
-                synced.append(spool.log)
-        except StorageError:
-            for spool, mark in marks:
-                spool.log.undo(mark)
-            raise
-        event_id = event.event_id
-        for queue in work.queues:
-            if event_id in queue.recent:
-                queue.duplicates += 1
-                self.counters["duplicates_dropped"] += 1
+        failed: dict[_Work, str] = {}
+        by_spool: dict[Spool, list[tuple[_Work, bytes]]] = {}
+        by_queue: dict[Queue, list[tuple[_Work, MeshEvent]]] = {}
+        room: Counter[Spool] = Counter()
+        for work in batch:
+            if work.event is None:
                 continue
-            if queue.name not in self.engine.topics:  # deleted under the queue: made again
-                self.engine.create_topic(queue.name, 1)
-            _, more = self.engine.append_topic(queue.name, [stored_event(event)])
-            synced.extend(more)
-            queue.remember(event_id)
-            queue.stored += 1
-        return synced
+            raw, size = work.event.raw, len(work.event.raw)
+            try:
+                for spool in work.spools:
+                    spool.check_room(
+                        size, by_spool_events=len(by_spool.get(spool, ())), extra_bytes=room[spool]
+                    )
+            except SpoolFull as exc:
+                failed[work] = str(exc)
+                continue
+            for spool in work.spools:
+                by_spool.setdefault(spool, []).append((work, raw))
+                room[spool] += size
+            for queue in work.queues:
+                by_queue.setdefault(queue, []).append((work, work.event))
+        synced: set[Syncable] = set()
+        for spool, entries in by_spool.items():
+            try:
+                spool.append([raw for _, raw in entries])
+                synced.add(spool.log)
+            except StorageError as exc:
+                failed.update((work, str(exc)) for work, _ in entries)
+        for queue, pairs in by_queue.items():
+            fresh: dict[str, tuple[_Work, MeshEvent]] = {}
+            for work, event in pairs:
+                event_id = event.event_id
+                if work in failed:
+                    continue
+                if event_id in queue.recent or event_id in fresh:
+                    queue.duplicates += 1
+                    self.counters["duplicates_dropped"] += 1
+                else:
+                    fresh[event_id] = (work, event)
+            if not fresh:
+                continue
+            try:
+                if queue.name not in self.engine.topics:  # deleted under the queue: made again
+                    self.engine.create_topic(queue.name, 1)
+                _, more = self.engine.append_topic(queue.name, [stored_event(e) for _, e in fresh.values()])
+            except StreamError as exc:
+                failed.update((work, str(exc)) for work, _ in fresh.values())
+                continue
+            synced.update(more)
+            for event_id in fresh:
+                queue.remember(event_id)
+            queue.stored += len(fresh)
+        return failed, synced

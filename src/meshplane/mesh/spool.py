@@ -63,8 +63,14 @@ class Spool:
         """Events stored here and not yet confirmed by the destination."""
         return self.log.next_offset - self.acked
 
-    def check_room(self, size: int) -> None:
-        if self.pending + 1 > self.limits.max_events or self.log.size_bytes + size > self.limits.max_bytes:
+    def check_room(self, size: int, *, by_spool_events: int = 0, extra_bytes: int = 0) -> None:
+        """Raise SpoolFull unless one more event of ``size`` bytes fits (besides ``by_spool_events``
+        and ``extra_bytes`` about to be appended with it)."""
+        events = self.pending + by_spool_events + 1
+        if (
+            events > self.limits.max_events
+            or self.log.size_bytes + extra_bytes + size > self.limits.max_bytes
+        ):
             self.refused += 1
             raise SpoolFull(
                 f"the spool for node {self.peer!r} is full ({self.pending} events, "
@@ -72,9 +78,10 @@ class Spool:
                 f"{self.limits.max_bytes} bytes): the node has been unreachable too long"
             )
 
-    def append(self, frame: bytes) -> int:
-        """Store one EVENT frame; its offset. Raises StorageError (nothing stored) on a failed write."""
-        return self.log.append([frame], time.time_ns() // 1_000_000)
+    def append(self, frames: list[bytes]) -> int:
+        """Store EVENT frames; the offset of the first. Raises StorageError (nothing stored) on a
+        failed write."""
+        return self.log.append(frames, time.time_ns() // 1_000_000)
 
     def to_send(self) -> list[Record]:
         """The next stored events not sent yet, within the window of unconfirmed ones."""
