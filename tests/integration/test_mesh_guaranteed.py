@@ -332,3 +332,37 @@ async def test_the_publishing_node_remembers_the_queues_of_a_node_that_is_down(p
         return await queue_bodies(pair["b"], "remembered") == bodies
 
     await eventually(delivered, timeout=30, what="the events spooled by a restarted a")
+
+
+async def test_a_node_killed_and_restarted_while_events_for_it_keep_coming_gets_each_once_in_order(
+    pair: MeshCluster,
+) -> None:
+    await asyncio.to_thread(pair.wait_linked)
+    await put_queue(pair["b"], "steady", ["g10.>"])
+    await interest_reached(pair["a"], "b", "$G.g10.>")
+    publisher = await MeshClient(pair["a"].route_url).connect()
+    acknowledged: list[bytes] = []
+
+    async def keep_publishing() -> None:
+        for i in range(3000):
+            body = b"steady-%d" % i
+            await publisher.publish("g10.x", body, guaranteed=True)
+            acknowledged.append(body)
+
+    task = asyncio.create_task(keep_publishing())
+    try:
+        await eventually(lambda: len(acknowledged) >= 300, what="publishing under way")
+        pair["b"].kill(signal.SIGKILL)
+        killed_at = len(acknowledged)
+        await eventually(lambda: len(acknowledged) >= killed_at + 500, what="publishing while b is down")
+        pair["b"].start()
+        await task
+    finally:
+        task.cancel()
+        await publisher.close()
+
+    async def complete() -> bool:
+        return len(await queue_bodies(pair["b"], "steady")) >= len(acknowledged)
+
+    await eventually(complete, timeout=30, what="every acknowledged event in b's queue")
+    assert await queue_bodies(pair["b"], "steady") == acknowledged
