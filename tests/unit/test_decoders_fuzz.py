@@ -12,7 +12,16 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from meshplane.core.brokers import parse_broker_record
-from meshplane.core.mesh.frames import Frame, FrameError, FrameReader, decode_hello, decode_sync
+from meshplane.core.mesh.frames import (
+    Frame,
+    FrameError,
+    FrameReader,
+    FrameType,
+    decode_hello,
+    decode_spooled,
+    decode_sync,
+    encode_event,
+)
 from meshplane.core.records import EventChannel
 from meshplane.core.streamlog import RetentionPolicy, audit_segment, decode_event, encode_record
 from meshplane.core.subjects import InvalidSubject, validate
@@ -112,3 +121,15 @@ def test_mesh_frame_streams(chunks: list[bytes]) -> None:
     for chunk in chunks:
         for item in reader.feed(chunk):
             assert isinstance(item, Frame | FrameError)
+
+
+@given(st.binary(max_size=300), st.integers(0, 400))
+def test_spooled_frames_carry_one_event_or_are_refused(garbage: bytes, cut: int) -> None:
+    event = encode_event("origin", "a.b", 1, 2, garbage)
+    for payload in (garbage, event[:cut], event + garbage[:cut], garbage[:cut] + event):
+        try:
+            inner = decode_spooled(Frame(FrameType.SPOOLED, 0, "n", "", 1, payload))
+        except ValueError:
+            continue
+        assert inner.type is FrameType.EVENT
+        assert inner.raw == payload

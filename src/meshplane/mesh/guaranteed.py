@@ -61,6 +61,8 @@ PREFIX = "$G."  # a queue's pattern travels as this + the pattern; guaranteed ev
 RECENT_IDS = 50_000  # event ids each queue remembers (more than a spool's window of unconfirmed ones)
 MAX_QUEUES = 1000
 MAX_PATTERNS_PER_QUEUE = 100
+MAX_WAITING = 200_000  # guaranteed events waiting for the next group commit, at most ...
+MAX_WAITING_BYTES = 256 * 1024 * 1024  # ... and their bytes
 
 
 @dataclass(eq=False)
@@ -121,6 +123,7 @@ class Guaranteed:
         self._task: asyncio.Task[None] | None = None
         self._failed: set[str] = set()  # peers whose events failed to store: no ACK past the failure
         self._acks: dict[str, int] = {}  # peer -> highest spool offset handled in this batch
+        self._waiting_bytes = 0
         self.peer_queues: dict[str, set[str]] = {}  # peer -> its queues' patterns (without the prefix)
         self._peer_trie: SubjectTrie[str] = SubjectTrie()
 
@@ -441,6 +444,12 @@ class Guaranteed:
     # --- group commit ----------------------------------------------------------------------------------
 
     def _submit(self, work: _Work) -> None:
+        size = len(work.event.raw) if work.event is not None else 0
+        if len(self._work) >= MAX_WAITING or self._waiting_bytes + size > MAX_WAITING_BYTES:
+            self.counters["refused_busy"] += 1
+            work.done(f"the node is busy: {len(self._work)} guaranteed events wait to be stored; retry")
+            return
+        self._waiting_bytes += size
         self._work.append(work)
         self._wake.set()
 
@@ -450,7 +459,7 @@ class Guaranteed:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            batch, self._work = self._work, []
+            batch, self._work, self._waiting_bytes = self._work, [], 0
             try:
                 failed, synced = self._store(batch)
             except Exception as exc:  # a bug must not stop every later guaranteed publish

@@ -1,0 +1,88 @@
+"""One node's guaranteed path in process: a queue of its own, dedup by event id, the bound on what
+waits for a commit, and failed writes that answer "not stored" and leave nothing behind."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from meshplane.core.mesh.frames import FLAG_GUARANTEED
+from meshplane.mesh import guaranteed as guaranteed_module
+from meshplane.mesh.config import MeshConfig
+from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh.node import MeshNode
+from meshplane.streams.config import StreamsConfig
+from meshplane.streams.errors import BadRequest, NotStored
+from meshplane.streams.service import StreamsService
+from tests.faults import FaultInjector
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[MeshNode]:
+    engine = StreamsService(StreamsConfig(data_dir=tmp_path / "data", fsync="always"))
+    await engine.start()
+    mesh = MeshNode(MeshConfig(node_id="a"))
+    mesh.attach(engine)
+    await mesh.start()
+    yield mesh
+    await mesh.close()
+    await engine.close()
+
+
+def queue_events(node: MeshNode, name: str) -> list[tuple[str, object]]:
+    engine = node.guaranteed.engine
+    assert engine is not None
+    return [(e.body.id, e.body.data) for e in engine.read_topic(name, 0, 0, 1000)]
+
+
+async def test_a_queue_on_the_publishing_node_stores_each_event_id_once(node: MeshNode) -> None:
+    node.guaranteed.create_queue("local", ["orders.>"])
+    await node.publish_guaranteed("orders.eu", b"one")
+    await node.publish_guaranteed("payments.eu", b"not for the queue")
+    repeat = MeshEvent("client", "orders.eu", 7, 1000, b"twice", FLAG_GUARANTEED)
+    await node.guaranteed.publish_async(repeat)
+    await node.guaranteed.publish_async(repeat)  # a client's resend: the same id
+    stored = queue_events(node, "local")
+    assert [data for _, data in stored] == [b"one", b"twice"]
+    assert stored[1][0] == "1000-7-client"
+    assert node.guaranteed.counters["duplicates_dropped"] == 1
+
+
+async def test_queues_are_checked_and_persisted(node: MeshNode, tmp_path: Path) -> None:
+    for patterns in ([], ["a..b"], ["$G.x"], ["ok"] * 101):
+        with pytest.raises(BadRequest):
+            node.guaranteed.create_queue("q", patterns)
+    node.guaranteed.create_queue("q", ["b.*", "a.>", "a.>"])
+    saved = (tmp_path / "data" / "mesh" / "queues.json").read_text()
+    assert saved == '{"q":["a.>","b.*"]}'
+    assert node.guaranteed.delete_queue("q")
+    assert not node.guaranteed.delete_queue("q")
+    assert (tmp_path / "data" / "mesh" / "queues.json").read_text() == "{}"
+
+
+async def test_what_waits_for_a_commit_is_bounded(node: MeshNode, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(guaranteed_module, "MAX_WAITING", 2)
+    answers: list[str] = []
+    for i in range(3):  # no await between them: the commit loop has not run yet
+        event = MeshEvent("client", "orders.eu", i, 1000, b"x", FLAG_GUARANTEED)
+        node.guaranteed.publish(event, answers.append)
+    assert answers == ["the node is busy: 2 guaranteed events wait to be stored; retry"]
+    assert node.guaranteed.counters["refused_busy"] == 1
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO], ids=errno.errorcode.get)
+async def test_a_failed_write_is_not_stored_and_leaves_no_trace(
+    node: MeshNode, tmp_path: Path, error: int
+) -> None:
+    node.guaranteed.create_queue("q", ["orders.>"])
+    await node.publish_guaranteed("orders.eu", b"before")
+    topic_dir = tmp_path / "data" / "topics"
+    injector = FaultInjector(topic_dir, fail_at=1, error=error)
+    with injector.installed(), pytest.raises(NotStored, match="nothing was stored"):
+        await node.publish_guaranteed("orders.eu", b"lost")
+    assert injector.failed is not None
+    await node.publish_guaranteed("orders.eu", b"after")
+    assert [data for _, data in queue_events(node, "q")] == [b"before", b"after"]
