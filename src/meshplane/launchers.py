@@ -340,7 +340,9 @@ class StreamsServerProcess(_Process):
         self._extra_args = extra_args
         self._env = env  # added to this process's environment (tokens go there, never on argv)
 
-    def start(self, timeout: float = 20.0) -> StreamsServerProcess:
+    def start(self, timeout: float = 20.0, *, ready: bool = True) -> StreamsServerProcess:
+        """Start the server and (``ready``) wait until it listens; a ``--standby`` server listens
+        only once it has taken over: start it with ``ready=False`` and :meth:`wait_ready` later."""
         self.log_path.write_bytes(b"")
         argv = [
             sys.executable,
@@ -354,7 +356,12 @@ class StreamsServerProcess(_Process):
             *self._extra_args,
         ]
         env = {**os.environ, **self._env} if self._env else None
-        self.announced = self._ready_line(self._spawn(argv, env), timeout, "streams server")
+        self._spawn(argv, env)
+        return self.wait_ready(timeout) if ready else self
+
+    def wait_ready(self, timeout: float = 20.0) -> StreamsServerProcess:
+        assert self.proc is not None
+        self.announced = self._ready_line(self.proc, timeout, "streams server")
         self.url = self.announced["url"]
         self.port = int(self.url.rsplit(":", 1)[1])
         return self

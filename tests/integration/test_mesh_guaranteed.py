@@ -17,7 +17,7 @@ import pytest
 
 from meshplane import EventPlane, PlaneConfig, Scope
 from meshplane.errors import TransportError
-from meshplane.launchers import MeshCluster, StreamsServerProcess
+from meshplane.launchers import MeshCluster, ServerError, StreamsServerProcess, free_port
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
 from tests.integration.test_mesh import Inbox, interest_reached, link, status
@@ -366,3 +366,83 @@ async def test_a_node_killed_and_restarted_while_events_for_it_keep_coming_gets_
 
     await eventually(complete, timeout=30, what="every acknowledged event in b's queue")
     assert await queue_bodies(pair["b"], "steady") == acknowledged
+
+
+async def test_the_standby_mate_takes_over_with_every_acknowledged_event(tmp_path: Path) -> None:
+    """An HA pair: two processes with node id a on one data directory, the second ``--standby``.
+    SIGKILL the active while b publishes guaranteed events for a's queue: the mate takes over, links
+    and subscribers reattach, and a's queue holds every acknowledged event once, in order."""
+    a1_port, a2_port, b_port = free_port(), free_port(), free_port()
+    common = ("--cluster", "ha", "--heartbeat-interval", "0.2")
+    b_routes = f"tcp://127.0.0.1:{a1_port},tcp://127.0.0.1:{a2_port}"
+    shared = tmp_path / "a"
+    a1 = StreamsServerProcess(
+        data_dir=shared,
+        extra_args=(
+            "--node-id",
+            "a",
+            "--route-port",
+            str(a1_port),
+            "--routes",
+            f"tcp://127.0.0.1:{b_port}",
+            *common,
+        ),
+    )
+    a2 = StreamsServerProcess(
+        data_dir=shared,
+        extra_args=(
+            *(
+                "--node-id",
+                "a",
+                "--route-port",
+                str(a2_port),
+                "--routes",
+                f"tcp://127.0.0.1:{b_port}",
+                *common,
+            ),
+            "--standby",
+        ),
+    )
+    b = StreamsServerProcess(
+        extra_args=("--node-id", "b", "--route-port", str(b_port), "--routes", b_routes, *common)
+    )
+    with a1, a2, b:
+        a1.start()
+        a2.start(ready=False)
+        b.start()
+        await put_queue(a1, "ha", ["ha.>"])
+        await interest_reached(b, "a", "$G.ha.>")
+        with pytest.raises(ServerError, match="in use by another meshplane server"):
+            StreamsServerProcess(data_dir=shared).start()  # without --standby: refused, with the pid
+
+        subscriber = await MeshClient(b_routes, timeout=30).connect()
+        seen = Inbox()
+        subscriber.subscribe("ha.>", seen)
+        await subscriber.flush(propagated=True)
+        publisher = await MeshClient(b.route_url).connect()
+        acknowledged: list[bytes] = []
+
+        async def keep_publishing() -> None:
+            for i in range(3000):
+                body = b"ha-%d" % i
+                await publisher.publish("ha.x", body, guaranteed=True)
+                acknowledged.append(body)
+
+        task = asyncio.create_task(keep_publishing())
+        try:
+            await eventually(lambda: len(acknowledged) >= 300, what="publishing under way")
+            a1.kill(signal.SIGKILL)
+            await asyncio.to_thread(a2.wait_ready, 20)  # the mate has the lock and serves
+            await task
+        finally:
+            task.cancel()
+            await publisher.close()
+
+        async def complete() -> bool:
+            return len(await queue_bodies(a2, "ha")) >= len(acknowledged)
+
+        await eventually(complete, timeout=30, what="every acknowledged event in the mate's queue")
+        assert await queue_bodies(a2, "ha") == acknowledged
+        # The subscriber reattached to the mate: what was published after the takeover reaches it.
+        await eventually(lambda: seen.events[-1:] == [("ha.x", acknowledged[-1])], what="the subscriber back")
+        await subscriber.close()

@@ -12,7 +12,7 @@ import sys
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshplane import context
 from meshplane.cli.consume import add_consume_options, consume_group, consume_topic
@@ -24,6 +24,10 @@ from meshplane.config import default_state_dir
 from meshplane.errors import ConfigError
 from meshplane.streams.access import Tokens
 from meshplane.streams.errors import UNAUTHORIZED, StreamError, Unauthorized
+from meshplane.streams.lock import DataDirLock
+
+if TYPE_CHECKING:
+    from meshplane.mesh.config import MeshConfig
 from meshplane.streams.service import StreamsConfig, StreamsService
 
 DEFAULT_URL = "http://127.0.0.1:15500"
@@ -40,6 +44,12 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=default_state_dir() / "streams",
         help="where logs and metadata live (default ~/.local/state/meshplane/streams)",
+    )
+    parser.add_argument(
+        "--standby",
+        action="store_true",
+        help="if another server holds --data-dir, wait and take over when it stops (an HA mate: same "
+        "--data-dir and --node-id, its own ports)",
     )
     parser.add_argument(
         "--token-file",
@@ -154,9 +164,8 @@ _CONFIG_FIELDS = {  # serve's flag -> StreamsConfig field
 
 async def run_serve(args: argparse.Namespace) -> int:
     require_streams_extra()
-    from meshplane.cli.mesh import mesh_config_from_args, with_pubsub_backpressure
-    from meshplane.mesh.node import MeshNode
-    from meshplane.streams.http.app import serve, server_tls
+    from meshplane.cli.mesh import mesh_config_from_args
+    from meshplane.streams.http.app import server_tls
 
     tokens = Tokens.load(args.token_file, os.environ.get(TOKEN_ENV))
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -166,12 +175,40 @@ async def run_serve(args: argparse.Namespace) -> int:
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load the TLS certificate or key: {exc}") from None
     mesh_config = mesh_config_from_args(args)
-    engine = StreamsService(with_pubsub_backpressure(streams_config_from_args(args), args))
-    mesh = MeshNode(mesh_config) if mesh_config is not None else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    lock = DataDirLock(args.data_dir)
+    if not args.standby:
+        lock.acquire()
+    elif not lock.try_acquire():
+        print(
+            f"standby: {args.data_dir} is held by pid {lock.holder()}; taking over when it stops",
+            file=sys.stderr,
+            flush=True,
+        )
+        if not await lock.wait(stop):
+            return 0
+    try:
+        return await _serve_locked(args, tokens, tls, mesh_config, stop)
+    finally:
+        lock.release()
+
+
+async def _serve_locked(
+    args: argparse.Namespace,
+    tokens: Tokens | None,
+    tls: ssl.SSLContext | None,
+    mesh_config: MeshConfig | None,
+    stop: asyncio.Event,
+) -> int:
+    from meshplane.cli.mesh import with_pubsub_backpressure
+    from meshplane.mesh.node import MeshNode
+    from meshplane.streams.http.app import serve
+
+    engine = StreamsService(with_pubsub_backpressure(streams_config_from_args(args), args))
+    mesh = MeshNode(mesh_config) if mesh_config is not None else None
 
     def ready(port: int) -> None:
         announced: dict[str, Any] = {

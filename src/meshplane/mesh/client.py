@@ -58,6 +58,11 @@ def parse_node_url(url: str) -> tuple[str, int]:
     return parts.hostname, parts.port
 
 
+def parse_node_urls(text: str) -> list[tuple[str, int]]:
+    """``tcp://HOST:PORT[,tcp://HOST:PORT...]``: a node, or the mates of an HA pair (tried in turn)."""
+    return [parse_node_url(url) for url in text.split(",") if url.strip()] or [parse_node_url(text)]
+
+
 class MeshClient:
     def __init__(
         self,
@@ -69,7 +74,8 @@ class MeshClient:
         name: str = "meshplane",
     ) -> None:
         self.url = url
-        self.host, self.port = parse_node_url(url)
+        self.addresses = parse_node_urls(url)
+        self._next_address = 0
         self.secret = os.environ.get(SECRET_ENV, "") if secret is None else secret  # never on argv
         self.timeout = timeout
         self.max_payload = max_payload
@@ -115,9 +121,13 @@ class MeshClient:
     async def _connect_once(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
         self._hello = loop.create_future()
-        _, conn = await asyncio.wait_for(
-            loop.create_connection(self._protocol, self.host, self.port), timeout
-        )
+        # An HA pair's mates in turn: the standby does not listen until it has taken over.
+        host, port = self.addresses[self._next_address % len(self.addresses)]
+        try:
+            _, conn = await asyncio.wait_for(loop.create_connection(self._protocol, host, port), timeout)
+        except (OSError, TimeoutError):
+            self._next_address += 1
+            raise
         hello = Hello(PROTOCOL_VERSION, self.name[:16], "", "client", 0, self.secret)
         conn.send(encode_frame(FrameType.HELLO, "", payload=encode_payload(hello)))
         try:
