@@ -7,7 +7,9 @@ publisher on a:
 - guaranteed: the same events published guaranteed (up to ``--window`` awaiting their ACK at once)
   until b's queue has stored them all; the ratio guaranteed/direct is printed;
 - recovery: b killed (SIGKILL), ``--spooled`` guaranteed events published (spooled on a), b
-  restarted: seconds from the restart until its queue holds them all.
+  restarted: seconds from the restart until its queue holds them all;
+- HA takeover: node a as two mates on one data directory; SIGKILL the active: seconds until the
+  standby serves, and until a guaranteed event published on b right after the kill is in a's queue.
 
     python bench/mesh_guaranteed.py [--events N] [--spooled N]
 """
@@ -20,13 +22,14 @@ import json
 import os
 import platform
 import signal
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from meshplane.launchers import MeshCluster, StreamsServerProcess
+from meshplane.launchers import MeshCluster, StreamsServerProcess, free_port
 from meshplane.mesh.client import MeshClient
 
 BODY = b"x" * 100
@@ -97,14 +100,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     with MeshCluster(2, heartbeat_interval=0.5) as cluster:
         cluster.start()
         await asyncio.to_thread(cluster.wait_linked)
-        async with aiohttp.ClientSession() as http:
-            url = f"{cluster['b'].url}/mesh/queues/bench"
-            async with http.put(url, json={"patterns": ["bench.guaranteed"]}) as response:
-                response.raise_for_status()
-        while True:  # a knows b's queue
-            if "$G.bench.guaranteed" in json.dumps(await patterns(cluster["a"])):
-                break
-            await asyncio.sleep(0.02)
+        await put_queue(cluster["b"], "bench", "bench.guaranteed", known_at=cluster["a"])
 
         direct = await direct_run(cluster, args.events)
         print(f"direct      a->b: {direct:>9,.0f} events/s (subscriber on b has them all)")
@@ -153,6 +149,57 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+async def ha_takeover(tmp: Path) -> dict[str, float]:
+    a1_port, a2_port, b_port = free_port(), free_port(), free_port()
+    common = ("--node-id", "a", "--routes", f"tcp://127.0.0.1:{b_port}", "--heartbeat-interval", "0.5")
+    a1 = StreamsServerProcess(data_dir=tmp / "a", extra_args=(*common, "--route-port", str(a1_port)))
+    a2 = StreamsServerProcess(
+        data_dir=tmp / "a", extra_args=(*common, "--route-port", str(a2_port), "--standby")
+    )
+    b_routes = f"tcp://127.0.0.1:{a1_port},tcp://127.0.0.1:{a2_port}"
+    b = StreamsServerProcess(
+        extra_args=(
+            "--node-id",
+            "b",
+            "--route-port",
+            str(b_port),
+            "--routes",
+            b_routes,
+            "--heartbeat-interval",
+            "0.5",
+        )
+    )
+    with a1, a2, b:
+        a1.start()
+        a2.start(ready=False)
+        b.start()
+        await put_queue(a1, "ha", "ha.>", known_at=b)
+        publisher = await MeshClient(b.route_url).connect()
+        await publisher.publish("ha.x", BODY, guaranteed=True)
+        killed = time.perf_counter()
+        a1.kill(signal.SIGKILL)
+        await publisher.publish("ha.x", BODY, guaranteed=True)  # spooled on b until a is back
+        await asyncio.to_thread(a2.wait_ready, 30)
+        serving = time.perf_counter() - killed
+        await wait_stored(a2, 2)
+        stored_after = time.perf_counter() - killed
+        await publisher.close()
+    return {"standby_serving_s": round(serving, 3), "event_after_kill_stored_s": round(stored_after, 3)}
+
+
+async def put_queue(
+    node: StreamsServerProcess, name: str, pattern: str, known_at: StreamsServerProcess
+) -> None:
+    """A queue on ``node``, once the node ``known_at`` knows of it."""
+    url = f"{node.url}/mesh/queues/{name}"
+    async with aiohttp.ClientSession() as http, http.put(url, json={"patterns": [pattern]}) as response:
+        response.raise_for_status()
+    while True:
+        if f"$G.{pattern}" in json.dumps(await patterns(known_at)):
+            return
+        await asyncio.sleep(0.02)
+
+
 async def patterns(node: StreamsServerProcess) -> dict[str, Any]:
     async with aiohttp.ClientSession() as http, http.get(f"{node.url}/mesh?patterns=1") as response:
         answer: dict[str, Any] = (await response.json())["patterns"]
@@ -171,6 +218,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
+    with tempfile.TemporaryDirectory() as tmp:
+        results["ha_takeover"] = asyncio.run(ha_takeover(Path(tmp)))
+    ha = results["ha_takeover"]
+    print(
+        f"HA takeover: the standby served {ha['standby_serving_s']} s after SIGKILL of the active; an event "
+        f"published right after the kill was in a's queue after {ha['event_after_kill_stored_s']} s"
+    )
     print(f"guaranteed/direct throughput: {results['ratio_guaranteed_to_direct']}x")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

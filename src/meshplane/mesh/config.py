@@ -69,7 +69,8 @@ class MeshConfig:
             raise ConfigError(f"unknown mesh faults {sorted(unknown)}: {', '.join(FAULTS)}")
         for route in self.routes:
             parse_route(route)
-        for cluster, address in self.gateways:
-            parse_route(address)
+        for cluster, addresses in self.gateways:
+            for address in addresses.split(","):
+                parse_route(address)
             if cluster == self.cluster:
                 raise ConfigError(f"--gateway {cluster}=...: a gateway links to other clusters, not its own")

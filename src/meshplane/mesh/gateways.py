@@ -82,7 +82,12 @@ class Gateways:
     def dials(self) -> list[str]:
         """The addresses this gateway dials: those of clusters whose names sort after its own."""
         own = self.node.config.cluster
-        return [url for cluster, url in sorted(self.remote.items()) if own < cluster]
+        return [  # a gateway with an HA mate is named by both addresses, dialled in turn
+            url.strip()
+            for cluster, urls in sorted(self.remote.items())
+            if own < cluster
+            for url in urls.split(",")
+        ]
 
     # --- interest this cluster advertises ------------------------------------------------------------
 
