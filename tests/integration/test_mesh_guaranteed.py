@@ -368,44 +368,38 @@ async def test_a_node_killed_and_restarted_while_events_for_it_keep_coming_gets_
     assert await queue_bodies(pair["b"], "steady") == acknowledged
 
 
+def ha_trio(tmp_path: Path) -> tuple[StreamsServerProcess, StreamsServerProcess, StreamsServerProcess, str]:
+    """Node a as two mates on one data directory (the second ``--standby``) and node b linked to both
+    (not started); and the mates' route addresses."""
+    a1_port, a2_port, b_port = free_port(), free_port(), free_port()
+    common = ("--cluster", "ha", "--heartbeat-interval", "0.2", "--node-id")
+    mates = [
+        StreamsServerProcess(
+            data_dir=tmp_path / "a",
+            extra_args=(
+                *common,
+                "a",
+                "--route-port",
+                str(port),
+                "--routes",
+                f"tcp://127.0.0.1:{b_port}",
+                *extra,
+            ),
+        )
+        for port, extra in ((a1_port, ()), (a2_port, ("--standby",)))
+    ]
+    routes = [f"tcp://127.0.0.1:{a1_port}", f"tcp://127.0.0.1:{a2_port}"]
+    b = StreamsServerProcess(
+        extra_args=(*common, "b", "--route-port", str(b_port), "--routes", ",".join(routes))
+    )
+    return mates[0], mates[1], b, ",".join(routes)
+
+
 async def test_the_standby_mate_takes_over_with_every_acknowledged_event(tmp_path: Path) -> None:
     """An HA pair: two processes with node id a on one data directory, the second ``--standby``.
     SIGKILL the active while b publishes guaranteed events for a's queue: the mate takes over, links
     and subscribers reattach, and a's queue holds every acknowledged event once, in order."""
-    a1_port, a2_port, b_port = free_port(), free_port(), free_port()
-    common = ("--cluster", "ha", "--heartbeat-interval", "0.2")
-    b_routes = f"tcp://127.0.0.1:{a1_port},tcp://127.0.0.1:{a2_port}"
-    shared = tmp_path / "a"
-    a1 = StreamsServerProcess(
-        data_dir=shared,
-        extra_args=(
-            "--node-id",
-            "a",
-            "--route-port",
-            str(a1_port),
-            "--routes",
-            f"tcp://127.0.0.1:{b_port}",
-            *common,
-        ),
-    )
-    a2 = StreamsServerProcess(
-        data_dir=shared,
-        extra_args=(
-            *(
-                "--node-id",
-                "a",
-                "--route-port",
-                str(a2_port),
-                "--routes",
-                f"tcp://127.0.0.1:{b_port}",
-                *common,
-            ),
-            "--standby",
-        ),
-    )
-    b = StreamsServerProcess(
-        extra_args=("--node-id", "b", "--route-port", str(b_port), "--routes", b_routes, *common)
-    )
+    a1, a2, b, a_routes = ha_trio(tmp_path)
     with a1, a2, b:
         a1.start()
         a2.start(ready=False)
@@ -413,9 +407,9 @@ async def test_the_standby_mate_takes_over_with_every_acknowledged_event(tmp_pat
         await put_queue(a1, "ha", ["ha.>"])
         await interest_reached(b, "a", "$G.ha.>")
         with pytest.raises(ServerError, match="in use by another meshplane server"):
-            StreamsServerProcess(data_dir=shared).start()  # without --standby: refused, with the pid
+            StreamsServerProcess(data_dir=tmp_path / "a").start()  # without --standby: refused
 
-        subscriber = await MeshClient(b_routes, timeout=30).connect()
+        subscriber = await MeshClient(a_routes, timeout=30).connect()
         seen = Inbox()
         subscriber.subscribe("ha.>", seen)
         await subscriber.flush(propagated=True)
@@ -446,3 +440,27 @@ async def test_the_standby_mate_takes_over_with_every_acknowledged_event(tmp_pat
         # The subscriber reattached to the mate: what was published after the takeover reaches it.
         await eventually(lambda: seen.events[-1:] == [("ha.x", acknowledged[-1])], what="the subscriber back")
         await subscriber.close()
+
+
+async def test_an_event_sent_into_the_dying_connection_is_sent_again_to_the_mate(tmp_path: Path) -> None:
+    """Published on b right after the active mate is killed: b may send it on the dead connection
+    (its close not yet seen) and then link to the standby: the new connection starts from what a
+    confirmed, so the event is sent again."""
+    a1, a2, b, _ = ha_trio(tmp_path)
+    with a1, a2, b:
+        a1.start()
+        a2.start(ready=False)
+        b.start()
+        await put_queue(a1, "dying", ["dy.>"])
+        await interest_reached(b, "a", "$G.dy.>")
+        publisher = await MeshClient(b.route_url).connect()
+        try:
+            await publisher.publish("dy.x", b"before", guaranteed=True)
+            a1.kill(signal.SIGKILL)
+            await publisher.publish("dy.x", b"after", guaranteed=True)
+        finally:
+            await publisher.close()
+        await asyncio.to_thread(a2.wait_ready, 20)
+        await eventually(
+            lambda: queue_has(a2, "dying", [b"before", b"after"]), timeout=15, what="both stored"
+        )

@@ -311,6 +311,9 @@ class MeshNode:
             self._request_sync(link)
             return
         link.state = "syncing"
+        # A new connection starts from what the peer confirmed: the old one may have died (its close
+        # not yet seen here) with guaranteed events in flight.
+        self.guaranteed.link_down(peer)
         self.gateways.changed((), self.router.add_peer(peer))
         self._request_sync(link)
         log.info("link to %s (%s) up; learning its interest", peer, link.address)
