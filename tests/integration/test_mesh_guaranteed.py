@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -334,6 +335,28 @@ async def test_the_publishing_node_remembers_the_queues_of_a_node_that_is_down(p
     await eventually(delivered, timeout=30, what="the events spooled by a restarted a")
 
 
+@contextlib.asynccontextmanager
+async def publishing(
+    client: MeshClient, subject: str, count: int = 3000
+) -> AsyncIterator[tuple[list[bytes], asyncio.Task[None]]]:
+    """Guaranteed events published one after the other in the background (those acknowledged, and
+    the task), from the 300th on."""
+    acknowledged: list[bytes] = []
+
+    async def run() -> None:
+        for i in range(count):
+            body = f"{subject}-{i}".encode()
+            await client.publish(subject, body, guaranteed=True)
+            acknowledged.append(body)
+
+    task = asyncio.create_task(run())
+    try:
+        await eventually(lambda: len(acknowledged) >= 300, what="publishing under way")
+        yield acknowledged, task
+    finally:
+        task.cancel()
+
+
 async def test_a_node_killed_and_restarted_while_events_for_it_keep_coming_gets_each_once_in_order(
     pair: MeshCluster,
 ) -> None:
@@ -341,24 +364,14 @@ async def test_a_node_killed_and_restarted_while_events_for_it_keep_coming_gets_
     await put_queue(pair["b"], "steady", ["g10.>"])
     await interest_reached(pair["a"], "b", "$G.g10.>")
     publisher = await MeshClient(pair["a"].route_url).connect()
-    acknowledged: list[bytes] = []
-
-    async def keep_publishing() -> None:
-        for i in range(3000):
-            body = b"steady-%d" % i
-            await publisher.publish("g10.x", body, guaranteed=True)
-            acknowledged.append(body)
-
-    task = asyncio.create_task(keep_publishing())
     try:
-        await eventually(lambda: len(acknowledged) >= 300, what="publishing under way")
-        pair["b"].kill(signal.SIGKILL)
-        killed_at = len(acknowledged)
-        await eventually(lambda: len(acknowledged) >= killed_at + 500, what="publishing while b is down")
-        pair["b"].start()
-        await task
+        async with publishing(publisher, "g10.x") as (acknowledged, task):
+            pair["b"].kill(signal.SIGKILL)
+            killed_at = len(acknowledged)
+            await eventually(lambda: len(acknowledged) >= killed_at + 500, what="publishing while b is down")
+            pair["b"].start()
+            await task
     finally:
-        task.cancel()
         await publisher.close()
 
     async def complete() -> bool:
@@ -414,22 +427,12 @@ async def test_the_standby_mate_takes_over_with_every_acknowledged_event(tmp_pat
         subscriber.subscribe("ha.>", seen)
         await subscriber.flush(propagated=True)
         publisher = await MeshClient(b.route_url).connect()
-        acknowledged: list[bytes] = []
-
-        async def keep_publishing() -> None:
-            for i in range(3000):
-                body = b"ha-%d" % i
-                await publisher.publish("ha.x", body, guaranteed=True)
-                acknowledged.append(body)
-
-        task = asyncio.create_task(keep_publishing())
         try:
-            await eventually(lambda: len(acknowledged) >= 300, what="publishing under way")
-            a1.kill(signal.SIGKILL)
-            await asyncio.to_thread(a2.wait_ready, 20)  # the mate has the lock and serves
-            await task
+            async with publishing(publisher, "ha.x") as (acknowledged, task):
+                a1.kill(signal.SIGKILL)
+                await asyncio.to_thread(a2.wait_ready, 20)  # the mate has the lock and serves
+                await task
         finally:
-            task.cancel()
             await publisher.close()
 
         async def complete() -> bool:
