@@ -39,7 +39,7 @@ def queue_events(node: MeshNode, name: str) -> list[tuple[str, object]]:
 
 
 async def test_a_queue_on_the_publishing_node_stores_each_event_id_once(node: MeshNode) -> None:
-    node.guaranteed.create_queue("local", ["orders.>"])
+    node.guaranteed.queues.create("local", ["orders.>"])
     await node.publish_guaranteed("orders.eu", b"one")
     await node.publish_guaranteed("payments.eu", b"not for the queue")
     repeat = MeshEvent("client", "orders.eu", 7, 1000, b"twice", FLAG_GUARANTEED)
@@ -54,12 +54,12 @@ async def test_a_queue_on_the_publishing_node_stores_each_event_id_once(node: Me
 async def test_queues_are_checked_and_persisted(node: MeshNode, tmp_path: Path) -> None:
     for patterns in ([], ["a..b"], ["$G.x"], ["ok"] * 101):
         with pytest.raises(BadRequest):
-            node.guaranteed.create_queue("q", patterns)
-    node.guaranteed.create_queue("q", ["b.*", "a.>", "a.>"])
+            node.guaranteed.queues.create("q", patterns)
+    node.guaranteed.queues.create("q", ["b.*", "a.>", "a.>"])
     saved = (tmp_path / "data" / "mesh" / "queues.json").read_text()
     assert saved == '{"q":["a.>","b.*"]}'
-    assert node.guaranteed.delete_queue("q")
-    assert not node.guaranteed.delete_queue("q")
+    assert node.guaranteed.queues.delete("q")
+    assert not node.guaranteed.queues.delete("q")
     assert (tmp_path / "data" / "mesh" / "queues.json").read_text() == "{}"
 
 
@@ -77,7 +77,7 @@ async def test_what_waits_for_a_commit_is_bounded(node: MeshNode, monkeypatch: p
 async def test_a_failed_write_is_not_stored_and_leaves_no_trace(
     node: MeshNode, tmp_path: Path, error: int
 ) -> None:
-    node.guaranteed.create_queue("q", ["orders.>"])
+    node.guaranteed.queues.create("q", ["orders.>"])
     await node.publish_guaranteed("orders.eu", b"before")
     topic_dir = tmp_path / "data" / "topics"
     injector = FaultInjector(topic_dir, fail_at=1, error=error)

@@ -18,8 +18,8 @@ from meshplane.core.mesh.frames import (
     encode_event,
     encode_frame,
 )
-from meshplane.mesh.guaranteed import stored_event
 from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh.queues import stored_event
 from meshplane.mesh.spool import Spool, SpoolFull, SpoolLimits, spool_directory, spool_peer
 from meshplane.streams.errors import StorageError
 from meshplane.streams.files import FilePool

@@ -1,12 +1,10 @@
 """Guaranteed events (seed 002): stored before they are acknowledged, delivered exactly once, in order
 per publisher, to the guaranteed subscriptions (queues) of every node, whatever node dies meanwhile.
 
-- A **queue** is a guaranteed subscription owned by one node: a name and patterns, persisted in
-  ``<data dir>/mesh/queues.json``. Its events land in the streams topic of the same name on that
-  node (keyed by publisher, so one publisher's events keep their order), where consumers read them
-  with offsets and consumer groups. A queue's interest travels as the pattern under ``$G.`` (a
-  reserved subject that wildcards do not reach), so the usual propagation, sync and anti-entropy
-  carry it; a restarted node subscribes its queues before it links, so it re-advertises them first.
+- A **queue** (:mod:`.queues`) is a guaranteed subscription owned by one node. Its interest travels
+  as the pattern under ``$G.`` (a reserved subject that wildcards do not reach), so the usual
+  propagation, sync and anti-entropy carry it; a restarted node subscribes its queues before it
+  links, so it re-advertises them first.
 - On the **publishing node**, a guaranteed event is appended to a spool per destination node whose
   queues want it (:mod:`.spool`) and to this node's own queues; the publisher's ACK waits for the
   fsync policy. Spools are sent as SPOOLED frames while the link is up and kept while it is down.
@@ -26,27 +24,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from meshplane.core.mesh.frames import (
-    FLAG_JSON_MESSAGE,
     Frame,
     FrameType,
     decode_spooled,
     encode_frame,
     event_parts,
 )
-from meshplane.core.streamlog import StoredEvent
 from meshplane.core.subjects import SubjectTrie
 from meshplane.mesh.holders import Holder, MeshEvent
+from meshplane.mesh.queues import PREFIX, Queue, Queues, stored_event
 from meshplane.mesh.spool import Spool, SpoolFull, SpoolLimits, spool_directory, spool_peer
-from meshplane.streams.errors import BadRequest, CorruptRecords, NotStored, StorageError, StreamError
+from meshplane.streams.errors import CorruptRecords, NotStored, StorageError, StreamError
 from meshplane.streams.files import write_atomic
 
 if TYPE_CHECKING:
@@ -57,31 +54,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PREFIX = "$G."  # a queue's pattern travels as this + the pattern; guaranteed events are routed so too
-RECENT_IDS = 50_000  # event ids each queue remembers (more than a spool's window of unconfirmed ones)
-MAX_QUEUES = 1000
-MAX_PATTERNS_PER_QUEUE = 100
 MAX_WAITING = 200_000  # guaranteed events waiting for the next group commit, at most ...
 MAX_WAITING_BYTES = 256 * 1024 * 1024  # ... and their bytes
-
-
-@dataclass(eq=False)
-class Queue:
-    """A guaranteed subscription: a holder of ``$G.`` patterns in the router."""
-
-    name: str
-    patterns: list[str]
-    recent: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    stored: int = 0
-    duplicates: int = 0
-
-    def deliver(self, event: MeshEvent) -> None:
-        """Queues take events only through :class:`Guaranteed` (stored, then acknowledged)."""
-
-    def remember(self, event_id: str) -> None:
-        self.recent[event_id] = None
-        if len(self.recent) > RECENT_IDS:
-            self.recent.popitem(last=False)
 
 
 @dataclass(eq=False)
@@ -92,21 +66,6 @@ class _Work:
     done: Callable[[str], None]  # "" once stored (and synced as the policy says), else why not
 
 
-def stored_event(event: MeshEvent) -> StoredEvent:
-    """How a queue's topic keeps an event: pub/sub messages by their payload, others as bytes."""
-    data: Any = event.body
-    if event.flags & FLAG_JSON_MESSAGE:
-        with contextlib.suppress(msgspec.DecodeError, AttributeError, TypeError):
-            data = msgspec.json.decode(event.body).get("payload")
-    return StoredEvent(
-        id=event.event_id,
-        event_type=event.subject,
-        data=data,
-        key=event.source,
-        metadata={"subject": event.subject, "origin": event.source},
-    )
-
-
 class Guaranteed:
     """A node's spools, queues and group commit; enabled once the node has a streams service."""
 
@@ -115,7 +74,7 @@ class Guaranteed:
         self.limits = limits
         self.engine: StreamsService | None = None
         self.spools: dict[str, Spool] = {}
-        self.queues: dict[str, Queue] = {}
+        self.queues = Queues(node)
         self.counters: Counter[str] = Counter()
         self._root = Path()
         self._work: list[_Work] = []
@@ -143,14 +102,7 @@ class Guaranteed:
             peer = spool_peer(directory)
             if peer is not None:
                 self.spools[peer] = Spool(directory, peer, self.limits, engine.files)
-        try:
-            saved = msgspec.json.decode((self._root / "queues.json").read_bytes(), type=dict[str, list[str]])
-        except FileNotFoundError:
-            saved = {}
-        except (OSError, msgspec.DecodeError) as exc:
-            raise StorageError(f"{self._root / 'queues.json'}: unreadable ({exc})") from exc
-        for name, patterns in saved.items():
-            self._install(name, patterns)
+        self.queues.open(engine, self._root)
         try:
             known = msgspec.json.decode(
                 (self._root / "peer_queues.json").read_bytes(), type=dict[str, list[str]]
@@ -181,85 +133,6 @@ class Guaranteed:
             spool.save()
 
     # --- queues --------------------------------------------------------------------------------------
-
-    def create_queue(self, name: str, patterns: list[str]) -> Queue:
-        """Make (or change the patterns of) a queue and its topic; persisted before it is advertised."""
-        if self.engine is None:
-            raise BadRequest("this mesh node has no streams data directory: it keeps no queues")
-        checked = []
-        for pattern in patterns:
-            valid = self.node.valid_pattern(pattern)
-            if valid is None or valid.startswith("$"):
-                raise BadRequest(f"queue pattern {pattern!r}: not a valid pattern")
-            checked.append(valid)
-        if not 1 <= len(checked) <= MAX_PATTERNS_PER_QUEUE:
-            raise BadRequest(f"a queue takes 1-{MAX_PATTERNS_PER_QUEUE} patterns")
-        if name not in self.queues and len(self.queues) >= MAX_QUEUES:
-            raise BadRequest(f"{MAX_QUEUES} queues (the limit)")
-        if name not in self.engine.topics:
-            self.engine.create_topic(name, 1)
-        saved = {q.name: q.patterns for q in self.queues.values()} | {name: sorted(set(checked))}
-        self._save(saved)
-        old = self.queues.pop(name, None)
-        if old is not None:
-            for pattern in old.patterns:
-                self.node.unsubscribe(old, PREFIX + pattern)
-        return self._install(name, sorted(set(checked)), recent=old.recent if old is not None else None)
-
-    def delete_queue(self, name: str) -> bool:
-        """Stop the queue's interest (its topic and what it holds stay, to be read or deleted)."""
-        queue = self.queues.get(name)
-        if queue is None:
-            return False
-        self._save({q.name: q.patterns for q in self.queues.values() if q is not queue})
-        del self.queues[name]
-        for pattern in queue.patterns:
-            self.node.unsubscribe(queue, PREFIX + pattern)
-        return True
-
-    def _save(self, queues: dict[str, list[str]]) -> None:
-        try:
-            write_atomic(self._root / "queues.json", msgspec.json.encode(queues))
-        except OSError as exc:
-            raise StorageError(f"saving the queues: {exc}") from exc
-
-    def _install(self, name: str, patterns: list[str], recent: OrderedDict[str, None] | None = None) -> Queue:
-        queue = Queue(name, patterns)
-        if recent is not None:
-            queue.recent = recent
-        else:
-            self._recall(queue)
-        self.queues[name] = queue
-        for pattern in patterns:
-            self.node.subscribe(queue, PREFIX + pattern)
-        return queue
-
-    def _recall(self, queue: Queue) -> None:
-        """The ids of the events the queue's topic holds last: what a resend may repeat."""
-        assert self.engine is not None
-        topic = self.engine.topics.get(queue.name)
-        if topic is None:
-            self.engine.create_topic(queue.name, 1)
-            return
-        for index, partition in enumerate(topic.partitions):
-            offset = max(partition.start_offset, partition.next_offset - RECENT_IDS)
-            while offset < partition.next_offset:
-                try:
-                    events = topic.read(index, offset, 1000)
-                except (CorruptRecords, StreamError) as exc:
-                    log.warning("queue %s: could not read back its recent ids (%s)", queue.name, exc)
-                    break
-                if not events:
-                    break
-                for event in events:
-                    queue.remember(event.body.id)
-                offset = events[-1].offset + 1
-
-    def queue_status(self) -> list[dict[str, Any]]:
-        return [
-            {"name": q.name, "patterns": q.patterns, "stored": q.stored, "duplicates": q.duplicates}
-            for q in sorted(self.queues.values(), key=lambda q: q.name)
-        ]
 
     def spool_status(self) -> list[dict[str, Any]]:
         return [

@@ -51,7 +51,7 @@ def node_status(node: MeshNode, patterns: bool, limit: int) -> dict[str, Any]:
         "guaranteed": {
             "enabled": node.guaranteed.enabled,
             "counters": dict(node.guaranteed.counters),
-            "queues": node.guaranteed.queue_status(),
+            "queues": node.guaranteed.queues.status(),
             "spools": node.guaranteed.spool_status(),
         },
     }

@@ -31,7 +31,7 @@ async def mesh_status(request: web.Request) -> web.Response:
 
 
 async def queues_list(request: web.Request) -> web.Response:
-    return json_response({"queues": _node(request).guaranteed.queue_status()})
+    return json_response({"queues": _node(request).guaranteed.queues.status()})
 
 
 async def queue_put(request: web.Request) -> web.Response:
@@ -41,13 +41,13 @@ async def queue_put(request: web.Request) -> web.Response:
     patterns = body.get("patterns")
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
         raise BadRequest('body must be {"patterns": ["a.pattern", ...]}')
-    queue = _node(request).guaranteed.create_queue(request.match_info["name"], patterns)
+    queue = _node(request).guaranteed.queues.create(request.match_info["name"], patterns)
     return json_response({"name": queue.name, "patterns": queue.patterns, "topic": queue.name})
 
 
 async def queue_delete(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    if not _node(request).guaranteed.delete_queue(name):
+    if not _node(request).guaranteed.queues.delete(name):
         raise NotFound(f"queue {name!r} not found")
     return json_response({"deleted": name})
 

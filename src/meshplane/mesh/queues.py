@@ -1,0 +1,170 @@
+"""A node's queues (seed 002's guaranteed subscriptions): checked, kept in
+``<data dir>/mesh/queues.json`` (fsynced before they are advertised), and subscribed under ``$G.``.
+
+Each queue stores its events in the streams topic of its name (keyed by publisher, so that one
+publisher's events keep their order) and remembers the ids it stored last, read back from the topic
+when the node starts, so that a resend is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE
+from meshplane.core.streamlog import StoredEvent
+from meshplane.mesh.holders import MeshEvent
+from meshplane.streams.errors import BadRequest, CorruptRecords, StorageError, StreamError
+from meshplane.streams.files import write_atomic
+
+if TYPE_CHECKING:
+    from meshplane.mesh.node import MeshNode
+    from meshplane.streams.service import StreamsService
+
+log = logging.getLogger(__name__)
+
+PREFIX = "$G."  # a queue's pattern travels as this + the pattern; guaranteed events are routed so too
+RECENT_IDS = 50_000  # event ids each queue remembers (more than a spool's window of unconfirmed ones)
+MAX_QUEUES = 1000
+MAX_PATTERNS_PER_QUEUE = 100
+
+
+@dataclass(eq=False)
+class Queue:
+    """A guaranteed subscription: a holder of ``$G.`` patterns in the router."""
+
+    name: str
+    patterns: list[str]
+    recent: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    stored: int = 0
+    duplicates: int = 0
+
+    def deliver(self, event: MeshEvent) -> None:
+        """Queues take events only through :class:`Guaranteed` (stored, then acknowledged)."""
+
+    def remember(self, event_id: str) -> None:
+        self.recent[event_id] = None
+        if len(self.recent) > RECENT_IDS:
+            self.recent.popitem(last=False)
+
+
+def stored_event(event: MeshEvent) -> StoredEvent:
+    """How a queue's topic keeps an event: pub/sub messages by their payload, others as bytes."""
+    data: Any = event.body
+    if event.flags & FLAG_JSON_MESSAGE:
+        with contextlib.suppress(msgspec.DecodeError, AttributeError, TypeError):
+            data = msgspec.json.decode(event.body).get("payload")
+    return StoredEvent(
+        id=event.event_id,
+        event_type=event.subject,
+        data=data,
+        key=event.source,
+        metadata={"subject": event.subject, "origin": event.source},
+    )
+
+
+class Queues:
+    """The queues of one node."""
+
+    def __init__(self, node: MeshNode) -> None:
+        self.node = node
+        self.engine: StreamsService | None = None
+        self._root = Path()
+        self.queues: dict[str, Queue] = {}
+
+    def open(self, engine: StreamsService, root: Path) -> None:
+        """Load the queues and subscribe them (so they are advertised from the first link on)."""
+        self.engine, self._root = engine, root
+        try:
+            saved = msgspec.json.decode((root / "queues.json").read_bytes(), type=dict[str, list[str]])
+        except FileNotFoundError:
+            saved = {}
+        except (OSError, msgspec.DecodeError) as exc:
+            raise StorageError(f"{root / 'queues.json'}: unreadable ({exc})") from exc
+        for name, patterns in saved.items():
+            self._install(name, patterns)
+
+    def create(self, name: str, patterns: list[str]) -> Queue:
+        """Make (or change the patterns of) a queue and its topic; persisted before it is advertised."""
+        if self.engine is None:
+            raise BadRequest("this mesh node has no streams data directory: it keeps no queues")
+        checked = []
+        for pattern in patterns:
+            valid = self.node.valid_pattern(pattern)
+            if valid is None or valid.startswith("$"):
+                raise BadRequest(f"queue pattern {pattern!r}: not a valid pattern")
+            checked.append(valid)
+        if not 1 <= len(checked) <= MAX_PATTERNS_PER_QUEUE:
+            raise BadRequest(f"a queue takes 1-{MAX_PATTERNS_PER_QUEUE} patterns")
+        if name not in self.queues and len(self.queues) >= MAX_QUEUES:
+            raise BadRequest(f"{MAX_QUEUES} queues (the limit)")
+        if name not in self.engine.topics:
+            self.engine.create_topic(name, 1)
+        saved = {q.name: q.patterns for q in self.queues.values()} | {name: sorted(set(checked))}
+        self._save(saved)
+        old = self.queues.pop(name, None)
+        if old is not None:
+            for pattern in old.patterns:
+                self.node.unsubscribe(old, PREFIX + pattern)
+        return self._install(name, sorted(set(checked)), recent=old.recent if old is not None else None)
+
+    def delete(self, name: str) -> bool:
+        """Stop the queue's interest (its topic and what it holds stay, to be read or deleted)."""
+        queue = self.queues.get(name)
+        if queue is None:
+            return False
+        self._save({q.name: q.patterns for q in self.queues.values() if q is not queue})
+        del self.queues[name]
+        for pattern in queue.patterns:
+            self.node.unsubscribe(queue, PREFIX + pattern)
+        return True
+
+    def _save(self, queues: dict[str, list[str]]) -> None:
+        try:
+            write_atomic(self._root / "queues.json", msgspec.json.encode(queues))
+        except OSError as exc:
+            raise StorageError(f"saving the queues: {exc}") from exc
+
+    def _install(self, name: str, patterns: list[str], recent: OrderedDict[str, None] | None = None) -> Queue:
+        queue = Queue(name, patterns)
+        if recent is not None:
+            queue.recent = recent
+        else:
+            self._recall(queue)
+        self.queues[name] = queue
+        for pattern in patterns:
+            self.node.subscribe(queue, PREFIX + pattern)
+        return queue
+
+    def _recall(self, queue: Queue) -> None:
+        """The ids of the events the queue's topic holds last: what a resend may repeat."""
+        assert self.engine is not None
+        topic = self.engine.topics.get(queue.name)
+        if topic is None:
+            self.engine.create_topic(queue.name, 1)
+            return
+        for index, partition in enumerate(topic.partitions):
+            offset = max(partition.start_offset, partition.next_offset - RECENT_IDS)
+            while offset < partition.next_offset:
+                try:
+                    events = topic.read(index, offset, 1000)
+                except (CorruptRecords, StreamError) as exc:
+                    log.warning("queue %s: could not read back its recent ids (%s)", queue.name, exc)
+                    break
+                if not events:
+                    break
+                for event in events:
+                    queue.remember(event.body.id)
+                offset = events[-1].offset + 1
+
+    def status(self) -> list[dict[str, Any]]:
+        return [
+            {"name": q.name, "patterns": q.patterns, "stored": q.stored, "duplicates": q.duplicates}
+            for q in sorted(self.queues.values(), key=lambda q: q.name)
+        ]
