@@ -21,18 +21,14 @@ import contextlib
 import itertools
 import logging
 import random
-import secrets
 import time
 from collections import Counter
 from collections.abc import Collection, Iterable
 from typing import Any, Literal
 
-from meshplane.core.backpressure import SubscriberQueue
 from meshplane.core.mesh.dedup import DedupCache
 from meshplane.core.mesh.frames import (
     FLAG_GUARANTEED,
-    FLAG_PROPAGATED,
-    NODE_ID_BYTES,
     PROTOCOL_VERSION,
     Frame,
     FrameError,
@@ -48,11 +44,12 @@ from meshplane.core.mesh.frames import (
 from meshplane.core.mesh.interest import decode_leaves, encode_leaves
 from meshplane.core.mesh.router import Router
 from meshplane.core.subjects import InvalidSubject, validate
+from meshplane.mesh.clients import Clients
 from meshplane.mesh.config import MeshConfig, parse_route
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.gateways import GatewayHolder, Gateways
 from meshplane.mesh.guaranteed import Guaranteed
-from meshplane.mesh.holders import ClientSession, Holder, MeshEvent, PubSubBridge, PubSubHolder
+from meshplane.mesh.holders import Holder, MeshEvent, PubSubBridge, PubSubHolder
 from meshplane.mesh.links import Handshake, Link
 from meshplane.mesh.status import node_status
 from meshplane.streams.service import StreamsService
@@ -71,7 +68,7 @@ class MeshNode:
         self.epoch = time.time_ns()
         self.router: Router[Holder] = Router(config.router)
         self.links: dict[str, Link] = {}
-        self.clients: dict[str, ClientSession] = {}
+        self.clients = Clients(self)
         self.dedup = DedupCache(config.dedup_per_topic, config.dedup_ttl_secs, config.dedup_topics)
         self.counters: Counter[str] = Counter()  # rare events, by name
         self.routed = self.forwarded = self.deliveries = 0  # per event: plain attributes, cheaper
@@ -79,11 +76,8 @@ class MeshNode:
         self.route_port = 0
         self.on_latency: Any = None  # a callable taking seconds (the routing latency histogram)
         self._sequence = itertools.count(1)
-        self._client_ids = itertools.count(1)
         self._conns: dict[FrameConnection, Handshake] = {}
         self._subjects_checked: dict[str, bool] = {}
-        self._pings = itertools.count(1)
-        self._pending_pings: dict[int, tuple[ClientSession, int, set[str]]] = {}
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
@@ -227,7 +221,7 @@ class MeshNode:
         elif state.role == "gateway":
             self.gateways.on_frame(state.peer, frame)
         elif state.session is not None:
-            self._on_client_frame(state.session, frame)
+            self.clients.on_frame(state.session, frame)
         elif frame.type is FrameType.HELLO:
             self._on_hello(state, frame)
         else:
@@ -255,9 +249,9 @@ class MeshNode:
                 return self.refuse(state, "gateway", "this node is not a gateway (no --gateway)")
             return self.gateways.on_hello(state, hello)
         if hello.role == "client":
-            if state.dialed or len(self.clients) >= self.config.max_clients:
+            if state.dialed or len(self.clients.sessions) >= self.config.max_clients:
                 return self.refuse(state, "limit", f"{self.config.max_clients} clients (the limit)")
-            return self._accept_client(state)
+            return self.clients.accept(state)
         if hello.node == self.node_id:
             return self.refuse(state, "self", "self: a route to this node itself")
         if hello.cluster != self.config.cluster:
@@ -347,7 +341,7 @@ class MeshNode:
     def _on_close(self, conn: FrameConnection) -> None:
         state = self._conns.pop(conn)
         if state.session is not None:
-            self._drop_client(state.session)
+            self.clients.drop(state.session)
         if state.role == "gateway":
             self.gateways.on_close(state.peer, conn)
         link = self.links.get(state.peer) if state.role == "route" else None
@@ -360,8 +354,7 @@ class MeshNode:
             link.conn, link.state, link.sync_sent = None, "down", None
             link.down.set()
             self.guaranteed.link_down(link.peer)
-            for token in list(self._pending_pings):  # a peer that is gone answers no ping
-                self._pong(link.peer, token)
+            self.clients.peer_gone(link.peer)
             if self._running:
                 log.warning("link to %s down", link.peer)
 
@@ -408,7 +401,7 @@ class MeshNode:
             if link.conn is not None:
                 link.conn.send(encode_frame(FrameType.SYNC_RESP, self.node_id, sequence=frame.sequence))
         elif kind is FrameType.SYNC_RESP and not frame.payload:  # the answer to our ping
-            self._pong(link.peer, frame.sequence)
+            self.clients.pong(link.peer, frame.sequence)
         elif kind is FrameType.SYNC_REQ:
             try:
                 leaves = decode_leaves(frame.payload)
@@ -498,110 +491,12 @@ class MeshNode:
 
     # --- clients -------------------------------------------------------------------------------------
 
-    def _accept_client(self, state: Handshake) -> None:
-        client_id = f"c{next(self._client_ids)}"
-        queue: SubscriberQueue[bytes] = SubscriberQueue(
-            self.config.max_message_queue_size,
-            self.config.max_message_queue_bytes,
-            self.config.backpressure_policy,
-        )
-        # The client stamps its EVENTs with this origin, so the node passes them on unchanged; random,
-        # so that event ids ({timestamp}-{sequence}-{origin}) stay unique across the mesh.
-        origin = secrets.token_hex(NODE_ID_BYTES // 2)
-        session = ClientSession(client_id, state.conn, queue, origin=origin, on_overflow=self._overflowed)
-        state.role, state.session = "client", session
-        state.conn.peer = client_id
-        self.clients[client_id] = session
-        self.send_hello(state.conn, "client", origin=origin)
-
-    def _overflowed(self, session: ClientSession) -> None:
-        self.counters["clients_disconnected_slow"] += 1
-        log.warning(
-            "client %s disconnected: its queue is full (backpressure policy disconnect)", session.client_id
-        )
-        session.conn.close()
-
     def _on_resume(self, conn: FrameConnection) -> None:
         state = self._conns.get(conn)
         if state is not None and state.session is not None:
             state.session.resume()
         elif state is not None and state.role == "route":
             self.guaranteed.pump(state.peer)
-
-    def _on_client_frame(self, session: ClientSession, frame: Frame) -> None:
-        kind = frame.type
-        if kind is FrameType.EVENT:
-            if not self.valid_subject(frame.subject) or frame.subject.startswith("$"):
-                self.frame_errors["bad_subject"] += 1
-                if frame.flags & FLAG_GUARANTEED:
-                    self._answer(session, frame.sequence, f"subject {frame.subject[:80]!r} is not valid")
-                return
-            timestamp, body = event_parts(frame)
-            if frame.flags & FLAG_GUARANTEED:  # stamps kept as they are: a resend keeps its event id
-                event = MeshEvent(
-                    frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw
-                )
-                sequence = frame.sequence
-                self.guaranteed.publish(event, lambda error: self._answer(session, sequence, error))
-            elif frame.source == session.origin:  # stamped as agreed: passed on as it is
-                self._route(
-                    MeshEvent(
-                        frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw
-                    )
-                )
-            else:
-                self.publish(frame.subject, body, frame.flags)
-        elif kind is FrameType.SUB_ADD:
-            pattern = self._valid(frame.subject, wildcards=True)
-            if (
-                pattern is None
-                or pattern.startswith("$")  # reserved: the node's queues
-                or len(self.router.patterns_of(session)) >= self.config.max_patterns_per_client
-            ):
-                self.frame_errors["bad_pattern" if pattern is None else "client_pattern_limit"] += 1
-                return
-            self.subscribe(session, pattern)
-        elif kind is FrameType.SUB_REMOVE:
-            self.unsubscribe(session, frame.subject)
-        elif kind is FrameType.SYNC_REQ:  # a client's ping: everything before it has been handled ...
-            peers = {peer for peer, link in self.links.items() if link.conn is not None}
-            if frame.flags & FLAG_PROPAGATED and peers:  # ... here and, with this flag, at every peer
-                token = next(self._pings)
-                self._pending_pings[token] = (session, frame.sequence, peers)
-                ping = encode_frame(FrameType.SYNC_REQ, self.node_id, sequence=token)
-                for peer in peers:
-                    conn = self.links[peer].conn
-                    if conn is not None:
-                        conn.send(ping)
-            else:
-                session.conn.send(encode_frame(FrameType.SYNC_RESP, self.node_id, sequence=frame.sequence))
-        elif kind is not FrameType.HEARTBEAT:
-            self.frame_errors["unexpected_client_frame"] += 1
-
-    def _answer(self, session: ClientSession, sequence: int, error: str) -> None:
-        """A client's guaranteed EVENT: ACK once stored (a payload says why it was not)."""
-        if session.conn.is_open:
-            session.conn.send(
-                encode_frame(FrameType.ACK, self.node_id, sequence=sequence, payload=error.encode())
-            )
-
-    def _pong(self, peer: str, token: int) -> None:
-        """``peer`` has handled everything this node sent before ping ``token`` (or is gone)."""
-        pending = self._pending_pings.get(token)
-        if pending is None:
-            return
-        session, client_sequence, waiting = pending
-        waiting.discard(peer)
-        if not waiting:
-            del self._pending_pings[token]
-            if session.conn.is_open:
-                session.conn.send(encode_frame(FrameType.SYNC_RESP, self.node_id, sequence=client_sequence))
-
-    def _drop_client(self, session: ClientSession) -> None:
-        self.clients.pop(session.client_id, None)
-        self.counters["client_dropped_events"] += session.dropped
-        for pattern in self.router.patterns_of(session):
-            self.unsubscribe(session, pattern)
 
     # --- the node's API: interest and publishing -----------------------------------------------------
 
@@ -652,8 +547,11 @@ class MeshNode:
         )
         await self.guaranteed.publish_async(event, skip)
 
-    def route_direct(self, event: MeshEvent, exclude: Collection[str], skip: Holder | None = None) -> int:
-        """A guaranteed event's direct copies: local holders (but ``skip``), and peers but ``exclude``."""
+    def route_direct(
+        self, event: MeshEvent, exclude: Collection[str] = (), skip: Holder | None = None
+    ) -> int:
+        """An event's direct copies, as its origin made it: to local holders (but ``skip``) and once
+        over each interested link (but those to ``exclude``, which a guaranteed event reaches spooled)."""
         return self._route(event, skip, exclude=exclude)
 
     def _route(
@@ -730,7 +628,7 @@ class MeshNode:
             link.conn.send(heartbeat)
             if link.sync_sent is not None and now - link.sync_sent > self.config.dead_after:
                 self._request_sync(link)  # the answer went missing
-        for session in self.clients.values():
+        for session in self.clients.sessions.values():
             session.conn.send(heartbeat)
         self.gateways.tick(now)
         self.guaranteed.tick()

@@ -36,7 +36,7 @@ def node_status(node: MeshNode, patterns: bool, limit: int) -> dict[str, Any]:
                 "paused": session.conn.paused,
                 "dropped": session.dropped,
             }
-            for session in itertools.islice(node.clients.values(), limit)
+            for session in itertools.islice(node.clients.sessions.values(), limit)
         ],
         "counters": {
             "messages_routed": routed,

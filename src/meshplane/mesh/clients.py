@@ -1,0 +1,145 @@
+"""A node's mesh clients (the event plane's ``mesh`` transport): sessions, what they send, and the
+pings that wait for every linked peer."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+from typing import TYPE_CHECKING
+
+from meshplane.core.backpressure import SubscriberQueue
+from meshplane.core.mesh.frames import (
+    FLAG_GUARANTEED,
+    FLAG_PROPAGATED,
+    NODE_ID_BYTES,
+    Frame,
+    FrameType,
+    encode_frame,
+    event_parts,
+)
+from meshplane.mesh.holders import ClientSession, MeshEvent
+from meshplane.mesh.links import Handshake
+
+if TYPE_CHECKING:
+    from meshplane.mesh.node import MeshNode
+
+log = logging.getLogger(__name__)
+
+
+class Clients:
+    def __init__(self, node: MeshNode) -> None:
+        self.node = node
+        self.sessions: dict[str, ClientSession] = {}
+        self._ids = itertools.count(1)
+        self._pings = itertools.count(1)
+        self._pending_pings: dict[int, tuple[ClientSession, int, set[str]]] = {}
+
+    def peer_gone(self, peer: str) -> None:
+        """A peer that is gone answers no ping."""
+        for token in list(self._pending_pings):
+            self.pong(peer, token)
+
+    def accept(self, state: Handshake) -> None:
+        node = self.node
+        client_id = f"c{next(self._ids)}"
+        queue: SubscriberQueue[bytes] = SubscriberQueue(
+            node.config.max_message_queue_size,
+            node.config.max_message_queue_bytes,
+            node.config.backpressure_policy,
+        )
+        # The client stamps its EVENTs with this origin, so the node passes them on unchanged; random,
+        # so that event ids ({timestamp}-{sequence}-{origin}) stay unique across the mesh.
+        origin = secrets.token_hex(NODE_ID_BYTES // 2)
+        session = ClientSession(client_id, state.conn, queue, origin=origin, on_overflow=self._overflowed)
+        state.role, state.session = "client", session
+        state.conn.peer = client_id
+        self.sessions[client_id] = session
+        node.send_hello(state.conn, "client", origin=origin)
+
+    def _overflowed(self, session: ClientSession) -> None:
+        node = self.node
+        node.counters["clients_disconnected_slow"] += 1
+        log.warning(
+            "client %s disconnected: its queue is full (backpressure policy disconnect)", session.client_id
+        )
+        session.conn.close()
+
+    def on_frame(self, session: ClientSession, frame: Frame) -> None:
+        node = self.node
+        kind = frame.type
+        if kind is FrameType.EVENT:
+            if not node.valid_subject(frame.subject) or frame.subject.startswith("$"):
+                node.frame_errors["bad_subject"] += 1
+                if frame.flags & FLAG_GUARANTEED:
+                    self.answer(session, frame.sequence, f"subject {frame.subject[:80]!r} is not valid")
+                return
+            timestamp, body = event_parts(frame)
+            if frame.flags & FLAG_GUARANTEED:  # stamps kept as they are: a resend keeps its event id
+                event = MeshEvent(
+                    frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw
+                )
+                sequence = frame.sequence
+                node.guaranteed.publish(event, lambda error: self.answer(session, sequence, error))
+            elif frame.source == session.origin:  # stamped as agreed: passed on as it is
+                node.route_direct(
+                    MeshEvent(
+                        frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw
+                    )
+                )
+            else:
+                node.publish(frame.subject, body, frame.flags)
+        elif kind is FrameType.SUB_ADD:
+            pattern = node.valid_pattern(frame.subject)
+            if (
+                pattern is None
+                or pattern.startswith("$")  # reserved: the node's queues
+                or len(node.router.patterns_of(session)) >= node.config.max_patterns_per_client
+            ):
+                node.frame_errors["bad_pattern" if pattern is None else "client_pattern_limit"] += 1
+                return
+            node.subscribe(session, pattern)
+        elif kind is FrameType.SUB_REMOVE:
+            node.unsubscribe(session, frame.subject)
+        elif kind is FrameType.SYNC_REQ:  # a client's ping: everything before it has been handled ...
+            peers = {peer for peer, link in node.links.items() if link.conn is not None}
+            if frame.flags & FLAG_PROPAGATED and peers:  # ... here and, with this flag, at every peer
+                token = next(self._pings)
+                self._pending_pings[token] = (session, frame.sequence, peers)
+                ping = encode_frame(FrameType.SYNC_REQ, node.node_id, sequence=token)
+                for peer in peers:
+                    conn = node.links[peer].conn
+                    if conn is not None:
+                        conn.send(ping)
+            else:
+                session.conn.send(encode_frame(FrameType.SYNC_RESP, node.node_id, sequence=frame.sequence))
+        elif kind is not FrameType.HEARTBEAT:
+            node.frame_errors["unexpected_client_frame"] += 1
+
+    def answer(self, session: ClientSession, sequence: int, error: str) -> None:
+        """A client's guaranteed EVENT: ACK once stored (a payload says why it was not)."""
+        node = self.node
+        if session.conn.is_open:
+            session.conn.send(
+                encode_frame(FrameType.ACK, node.node_id, sequence=sequence, payload=error.encode())
+            )
+
+    def pong(self, peer: str, token: int) -> None:
+        """``peer`` has handled everything this node sent before ping ``token`` (or is gone)."""
+        node = self.node
+        pending = self._pending_pings.get(token)
+        if pending is None:
+            return
+        session, client_sequence, waiting = pending
+        waiting.discard(peer)
+        if not waiting:
+            del self._pending_pings[token]
+            if session.conn.is_open:
+                session.conn.send(encode_frame(FrameType.SYNC_RESP, node.node_id, sequence=client_sequence))
+
+    def drop(self, session: ClientSession) -> None:
+        node = self.node
+        self.sessions.pop(session.client_id, None)
+        node.counters["client_dropped_events"] += session.dropped
+        for pattern in node.router.patterns_of(session):
+            node.unsubscribe(session, pattern)
