@@ -54,6 +54,21 @@ def pair() -> Iterator[MeshCluster]:
         yield cluster.start()
 
 
+async def queue_on_b(pair: MeshCluster, name: str, pattern: str) -> None:
+    """A queue on b, once a knows of it."""
+    await put_queue(pair["b"], name, [pattern])
+    await interest_reached(pair["a"], "b", "$G." + pattern)
+
+
+async def publish_from(node: StreamsServerProcess, subject: str, bodies: list[bytes]) -> None:
+    """Guaranteed publishes from a client of ``node``, all acknowledged."""
+    publisher = await MeshClient(node.route_url).connect()
+    try:
+        await publish_all(publisher, subject, bodies)
+    finally:
+        await publisher.close()
+
+
 async def publish_all(client: MeshClient, subject: str, bodies: list[bytes]) -> None:
     """Guaranteed publishes, 50 at a time (each returns once stored)."""
     for start in range(0, len(bodies), 50):
@@ -66,8 +81,7 @@ async def test_events_for_a_dead_node_are_spooled_and_delivered_once_in_order_wh
     pair: MeshCluster,
 ) -> None:
     await asyncio.to_thread(pair.wait_linked)
-    await put_queue(pair["b"], "orders-b", ["g1.orders.>"])
-    await interest_reached(pair["a"], "b", "$G.g1.orders.>")
+    await queue_on_b(pair, "orders-b", "g1.orders.>")
     direct = await MeshClient(pair["b"].route_url).connect()
     seen = Inbox()
     direct.subscribe("g1.orders.>", seen)
@@ -124,14 +138,9 @@ async def test_nothing_acknowledged_is_lost_when_the_publishing_node_dies_before
     pair["a"]._extra_args = (*pair["a"]._extra_args, "--mesh-fault", "hold_spooled")
     pair["a"].start()
     await asyncio.to_thread(pair.wait_linked)
-    await put_queue(pair["b"], "held", ["g2.>"])
-    await interest_reached(pair["a"], "b", "$G.g2.>")
-    publisher = await MeshClient(pair["a"].route_url).connect()
+    await queue_on_b(pair, "held", "g2.>")
     bodies = [b"held-%d" % i for i in range(400)]
-    try:
-        await publish_all(publisher, "g2.x", bodies)
-    finally:
-        await publisher.close()
+    await publish_from(pair["a"], "g2.x", bodies)
     assert await queue_bodies(pair["b"], "held") == []  # held back on a
     pair["a"].kill(signal.SIGKILL)
     pair["a"]._extra_args = pair["a"]._extra_args[:-2]
@@ -207,14 +216,9 @@ async def test_a_resend_of_stored_events_is_dropped_by_event_id_even_after_a_res
     """a forgets what b confirmed (its ``acked`` file gone) and b restarts: a sends its whole spool
     again, and b's queue keeps each event once (the ids it recalls from its topic)."""
     await asyncio.to_thread(pair.wait_linked)
-    await put_queue(pair["b"], "once", ["g5.>"])
-    await interest_reached(pair["a"], "b", "$G.g5.>")
-    publisher = await MeshClient(pair["a"].route_url).connect()
+    await queue_on_b(pair, "once", "g5.>")
     bodies = [b"once-%d" % i for i in range(300)]
-    try:
-        await publish_all(publisher, "g5.x", bodies)
-    finally:
-        await publisher.close()
+    await publish_from(pair["a"], "g5.x", bodies)
     await eventually(lambda: spool_empty(pair["a"]), timeout=15, what="b confirmed everything")
     pair["a"].stop()
     pair["b"].stop()
@@ -314,17 +318,12 @@ async def test_the_publishing_node_remembers_the_queues_of_a_node_that_is_down(p
     """b is down and a restarts: a still spools for b's queue (it kept what b's queues want), and
     when b returns it gets everything."""
     await asyncio.to_thread(pair.wait_linked)
-    await put_queue(pair["b"], "remembered", ["g9.>"])
-    await interest_reached(pair["a"], "b", "$G.g9.>")
+    await queue_on_b(pair, "remembered", "g9.>")
     pair["b"].kill(signal.SIGKILL)
     pair["a"].kill(signal.SIGKILL)
     pair["a"].start()
-    publisher = await MeshClient(pair["a"].route_url).connect()
     bodies = [b"remembered-%d" % i for i in range(100)]
-    try:
-        await publish_all(publisher, "g9.x", bodies)
-    finally:
-        await publisher.close()
+    await publish_from(pair["a"], "g9.x", bodies)
     spools = (await status(pair["a"]))["guaranteed"]["spools"]
     assert [(s["peer"], s["pending"]) for s in spools] == [("b", 100)]
     pair["b"].start()
@@ -361,8 +360,7 @@ async def test_a_node_killed_and_restarted_while_events_for_it_keep_coming_gets_
     pair: MeshCluster,
 ) -> None:
     await asyncio.to_thread(pair.wait_linked)
-    await put_queue(pair["b"], "steady", ["g10.>"])
-    await interest_reached(pair["a"], "b", "$G.g10.>")
+    await queue_on_b(pair, "steady", "g10.>")
     publisher = await MeshClient(pair["a"].route_url).connect()
     try:
         async with publishing(publisher, "g10.x") as (acknowledged, task):

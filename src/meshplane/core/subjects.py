@@ -33,6 +33,11 @@ class InvalidSubject(ValueError):
     """A subject or pattern that breaks the rules (empty token, control character, too long...)."""
 
 
+def is_reserved(subject: str) -> bool:
+    """Whether a subject or pattern is reserved (its first token starts with ``$``)."""
+    return subject.startswith(RESERVED)
+
+
 def validate(subject: object, *, wildcards: bool) -> str:
     """``subject`` if it is a valid subject (``wildcards=False``) or pattern; else InvalidSubject."""
     what = "pattern" if wildcards else "subject"
@@ -109,7 +114,7 @@ class SubjectTrie(Generic[V]):
     def match(self, subject: str) -> set[V]:
         """The values of every pattern that matches ``subject``."""
         tokens = subject.split(".")
-        if subject.startswith(RESERVED):
+        if is_reserved(subject):
             first = self._root.children.get(tokens.pop(0))
             if first is None:
                 return set()

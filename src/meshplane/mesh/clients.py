@@ -18,6 +18,7 @@ from meshplane.core.mesh.frames import (
     encode_frame,
     event_parts,
 )
+from meshplane.core.subjects import is_reserved
 from meshplane.mesh.holders import ClientSession, MeshEvent
 from meshplane.mesh.links import Handshake
 
@@ -69,7 +70,7 @@ class Clients:
         node = self.node
         kind = frame.type
         if kind is FrameType.EVENT:
-            if not node.valid_subject(frame.subject) or frame.subject.startswith("$"):
+            if not node.valid_subject(frame.subject) or is_reserved(frame.subject):
                 node.frame_errors["bad_subject"] += 1
                 if frame.flags & FLAG_GUARANTEED:
                     self.answer(session, frame.sequence, f"subject {frame.subject[:80]!r} is not valid")
@@ -93,7 +94,7 @@ class Clients:
             pattern = node.valid_pattern(frame.subject)
             if (
                 pattern is None
-                or pattern.startswith("$")  # reserved: the node's queues
+                or is_reserved(pattern)  # the node's queues
                 or len(node.router.patterns_of(session)) >= node.config.max_patterns_per_client
             ):
                 node.frame_errors["bad_pattern" if pattern is None else "client_pattern_limit"] += 1

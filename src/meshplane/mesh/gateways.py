@@ -34,6 +34,7 @@ from meshplane.core.mesh.frames import (
     event_parts,
 )
 from meshplane.core.mesh.interest import OwnInterest, PeerInterest, decode_leaves, encode_leaves
+from meshplane.core.subjects import is_reserved
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.links import Handshake, Link, link_status
 
@@ -97,15 +98,11 @@ class Gateways:
         if not self.enabled:
             return
         for pattern in added:
-            if pattern.startswith("$"):
-                continue
-            version = self.interest.add(pattern)
+            version = None if is_reserved(pattern) else self.interest.add(pattern)
             if version is not None:
                 self._announce(FrameType.SUB_ADD, pattern, version)
         for pattern in removed:
-            if pattern.startswith("$"):
-                continue
-            version = self.interest.remove(pattern)
+            version = None if is_reserved(pattern) else self.interest.remove(pattern)
             if version is not None:
                 self._announce(FrameType.SUB_REMOVE, pattern, version)
 

@@ -43,7 +43,7 @@ from meshplane.core.mesh.frames import (
 )
 from meshplane.core.mesh.interest import decode_leaves, encode_leaves
 from meshplane.core.mesh.router import Router
-from meshplane.core.subjects import InvalidSubject, validate
+from meshplane.core.subjects import InvalidSubject, is_reserved, validate
 from meshplane.mesh.clients import Clients
 from meshplane.mesh.config import MeshConfig, parse_route
 from meshplane.mesh.connection import FrameConnection
@@ -529,7 +529,7 @@ class MeshNode:
     def publish(self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None) -> int:
         """Route an event published on this node: to its local holders (but ``skip``, which has
         delivered it already) and once over each link whose peer wants it. Returns the copies made."""
-        if subject.startswith("$"):
+        if is_reserved(subject):
             self.frame_errors["bad_subject"] += 1  # reserved subjects are the node's own
             return 0
         sequence = next(self._sequence)

@@ -19,6 +19,7 @@ import msgspec
 
 from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE
 from meshplane.core.streamlog import StoredEvent
+from meshplane.core.subjects import is_reserved
 from meshplane.mesh.holders import MeshEvent
 from meshplane.streams.errors import BadRequest, CorruptRecords, StorageError, StreamError
 from meshplane.streams.files import write_atomic
@@ -97,7 +98,7 @@ class Queues:
         checked = []
         for pattern in patterns:
             valid = self.node.valid_pattern(pattern)
-            if valid is None or valid.startswith("$"):
+            if valid is None or is_reserved(valid):
                 raise BadRequest(f"queue pattern {pattern!r}: not a valid pattern")
             checked.append(valid)
         if not 1 <= len(checked) <= MAX_PATTERNS_PER_QUEUE:
