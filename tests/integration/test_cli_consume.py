@@ -168,9 +168,7 @@ def test_keyed_produce_from_stdin(server: StreamsServerProcess) -> None:
     assert "line 1 has no key delimiter ':'" in broken.stderr
 
 
-def test_answers_are_tables_at_a_terminal_and_json_otherwise(server: StreamsServerProcess) -> None:
-    publish(server.url, "shown", range(3), partitions=2)
-    command = [*MESHPLANE, "topic", "stats", "shown"]
+def shown_at_a_terminal(command: list[str], server: StreamsServerProcess) -> bytes:
     leader, follower = pty.openpty()
     try:
         proc = subprocess.run(
@@ -184,6 +182,21 @@ def test_answers_are_tables_at_a_terminal_and_json_otherwise(server: StreamsServ
     finally:
         os.close(leader)
     assert proc.returncode == 0, proc.stderr
-    assert b"PARTITION  OLDEST  NEXT" in shown
+    return shown
+
+
+def test_answers_are_tables_at_a_terminal_and_json_otherwise(server: StreamsServerProcess) -> None:
+    publish(server.url, "shown", range(3), partitions=2)
+    command = [*MESHPLANE, "topic", "stats", "shown"]
+    assert b"PARTITION  OLDEST  NEXT" in shown_at_a_terminal(command, server)
     piped = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env_for(server))
     assert json.loads(piped.stdout)["topic"] == "shown"
+    for data in ('{"text": "hi"}', '"plain"'):
+        published = subprocess.run(
+            [*MESHPLANE, "stream", "publish", "lobby", "msg", data], env=env_for(server), timeout=60
+        )
+        assert published.returncode == 0
+    history = shown_at_a_terminal([*MESHPLANE, "stream", "history", "lobby"], server).decode()
+    assert "OFFSET  TIME" in history
+    assert '{"text":"hi"}' in history
+    assert '"plain"' in history

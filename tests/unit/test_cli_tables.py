@@ -111,3 +111,36 @@ def test_mesh_queues_read_as_a_table_of_queues_and_one_of_spools() -> None:
         "SPOOL FOR  PENDING  BYTES  CONFIRMED  REFUSED",
         "b          3        4096   12         0",
     ]
+
+
+def test_room_history_reads_as_one_row_per_event_with_its_data_as_compact_json() -> None:
+    from meshplane.cli.tables import room_history
+
+    event = {"offset": 0, "event": "msg", "data": {"text": "hi"}, "timestamp_ms": 1795499161436}
+    long = {"offset": 1, "event": "note", "data": "y" * 200, "timestamp_ms": 1795499161808}
+    answer = {"room": "chat", "events": [event, long], "oldest_offset": 0, "next_offset": 2}
+    lines = room_history(answer).splitlines()
+    assert lines[0] == "room chat: offsets 0-1 of 0-1 (next 2)"
+    assert lines[1].split() == ["OFFSET", "TIME", "EVENT", "DATA"]
+    assert lines[2].split() == ["0", "2026-11-24T05:46:01.436Z", "msg", '{"text":"hi"}']
+    assert lines[3].endswith('"' + "y" * 58 + "…")  # long data is cut, so a row stays one line
+    empty = room_history({"room": "chat", "events": [], "oldest_offset": 0, "next_offset": 0})
+    assert empty == "room chat: no events in this range (next offset 0)"
+
+
+def test_membership_answers_read_as_one_sentence() -> None:
+    from meshplane.cli.tables import membership
+
+    joined = {"member_id": "x", "group_id": "g", "generation": 2, "partitions": [1, 3]}
+    assert membership(joined) == "member x of group g, generation 2: partitions 1, 3"
+    assert membership({**joined, "partitions": []}) == "member x of group g, generation 2: no partitions"
+    assert membership({"success": True, "member_id": "x", "generation": 2, "partitions": [1]}) == (
+        "member x, generation 2: partitions 1"
+    )
+
+
+def test_room_stats_read_as_aligned_fields() -> None:
+    from meshplane.cli.tables import fields
+
+    lines = fields({"room": "chat", "message_count": 2, "retention_secs": 86400.0}).splitlines()
+    assert lines == ["room            chat", "message_count   2", "retention_secs  86400.0"]

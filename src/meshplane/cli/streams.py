@@ -488,9 +488,11 @@ async def _run_client(args: argparse.Namespace) -> int:
                     if args.count and seen >= args.count:
                         break
             elif action == "history":
-                _print(await client.history(args.room, args.from_offset, args.to_offset, args.limit))
+                _print(
+                    await client.history(args.room, args.from_offset, args.to_offset, args.limit), args=args
+                )
             elif action == "stats":
-                _print(await client.room_stats(args.room))
+                _print(await client.room_stats(args.room), args=args)
             else:
                 _print(await client.rooms(), args=args)
         elif command == "topic":
@@ -531,9 +533,9 @@ async def _run_client(args: argparse.Namespace) -> int:
             elif action == "consume":
                 return await consume_group(client, args)
             elif action == "join":
-                _print(await client.join(args.group, member_id=args.member_id))
+                _print(await client.join(args.group, member_id=args.member_id), args=args)
             elif action in ("assignment", "heartbeat", "leave"):
-                _print(await getattr(client, action)(args.group, args.member_id))
+                _print(await getattr(client, action)(args.group, args.member_id), args=args)
             elif action == "commit":
                 _print(
                     await client.commit(

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
+
+#: Longest data cell in an event table: past it, the cell is cut so a row stays one line.
+DATA_WIDTH = 60
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -44,6 +49,41 @@ def group_stats(answer: dict[str, Any]) -> str:
     return title + "\n" + table(("PARTITION", "MEMBER", "COMMITTED", "LAG"), rows)
 
 
+def room_history(answer: dict[str, Any]) -> str:
+    events = answer["events"]
+    if not events:
+        return f"room {answer['room']}: no events in this range (next offset {answer['next_offset']})"
+    title = (
+        f"room {answer['room']}: offsets {events[0]['offset']}-{events[-1]['offset']} of "
+        f"{answer['oldest_offset']}-{answer['next_offset'] - 1} (next {answer['next_offset']})"
+    )
+    rows = [(e["offset"], utc_time(e["timestamp_ms"]), e["event"], data_cell(e["data"])) for e in events]
+    return title + "\n" + table(("OFFSET", "TIME", "EVENT", "DATA"), rows)
+
+
+def utc_time(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def data_cell(data: Any) -> str:
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
+    return text if len(text) <= DATA_WIDTH else text[: DATA_WIDTH - 1] + "…"
+
+
+def membership(answer: dict[str, Any]) -> str:
+    """A join, assignment or heartbeat answer: who, which generation, which partitions."""
+    group = f" of group {answer['group_id']}" if "group_id" in answer else ""
+    partitions = ", ".join(map(str, answer["partitions"])) or None
+    owned = f"partitions {partitions}" if partitions else "no partitions"
+    return f"member {answer['member_id']}{group}, generation {answer['generation']}: {owned}"
+
+
+def fields(answer: Mapping[str, Any]) -> str:
+    """A flat answer (room stats) as one aligned ``name  value`` line per field."""
+    width = max(map(len, answer), default=0)
+    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in answer.items())
+
+
 def names(header: str) -> Callable[[Any], str]:
     return lambda answer: table((header,), [(name,) for name in answer])
 
@@ -77,4 +117,9 @@ RENDERERS: dict[tuple[str, str], Callable[[Any], str]] = {
     ("topic", "list"): names("TOPIC"),
     ("group", "stats"): group_stats,
     ("stream", "list"): names("ROOM"),
+    ("stream", "history"): room_history,
+    ("stream", "stats"): fields,
+    ("group", "join"): membership,
+    ("group", "assignment"): membership,
+    ("group", "heartbeat"): membership,
 }
