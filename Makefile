@@ -68,12 +68,7 @@ redis:
 
 ## bench: every benchmark against its raw peer in the same run (writes bench/results/)
 bench: $(STAMP) redis
-	$(BIN)/python bench/event_plane.py
-	$(BIN)/python bench/broker_mode.py
-	$(BIN)/python bench/streams.py
-	$(BIN)/python bench/security_cost.py
-	$(BIN)/python bench/mesh.py
-	$(BIN)/python bench/mesh_guaranteed.py
+	$(BIN)/meshplane bench
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -28,6 +28,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).parent))
 from event_plane import run_pair
 from meshplane.broker import query_stats
+from meshplane.cli.bench import Steps
 from meshplane.launchers import BrokerProcess
 
 
@@ -157,8 +158,11 @@ def main() -> None:
         "latency": {},
         "connections": {},
     }
+    connection_shapes = ((10, 2), (20, 5), (40, 10))
+    steps = Steps(2 * len(cases) + len(connection_shapes))
     for case in cases:
         result = run_case(case, args.events, False, 0.0)
+        steps.step(f"{case} throughput")
         results["throughput"][case] = result
         print(
             f"{case:22} {result['rate']:>9,} events/s  received {result['received']:,}"
@@ -167,9 +171,10 @@ def main() -> None:
         )
     for case in cases:
         result = run_case(case, args.latency_events, True, args.interval)
+        steps.step(f"{case} latency")
         results["latency"][case] = result
         print(f"{case:22} latency p50 {result['p50_us']} us  p99 {result['p99_us']} us (one core)")
-    for p, s in ((10, 2), (20, 5), (40, 10)):
+    for p, s in connection_shapes:
         direct = asyncio.run(connection_count(p, s, []))
         broker = BrokerProcess().start()
         try:
@@ -177,6 +182,7 @@ def main() -> None:
         finally:
             broker.cleanup()
         results["connections"][f"{p}x{s}"] = {"direct": direct, "one_broker": brokered}
+        steps.step(f"connections for {p}x{s}")
         print(f"connections for {p} publishers x {s} subscribers: direct {direct}, one broker {brokered}")
     t, lat = results["throughput"], results["latency"]
     results["ratios"] = {

@@ -350,7 +350,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "event_plane.json")
     args = parser.parse_args()
 
+    from meshplane.cli.bench import Steps
     from meshplane.launchers import NatsServer
+
+    steps = Steps(len(KINDS) * (args.repeat + 1))
 
     results: dict[str, Any] = {
         "machine": {
@@ -366,7 +369,10 @@ def main() -> None:
     with NatsServer() as nats_server:
         nats_server.start()
         for kind in KINDS:
-            runs = [run_pair(kind, args.events, False, 0.0, nats_server.url) for _ in range(args.repeat)]
+            runs = []
+            for n in range(args.repeat):
+                runs.append(run_pair(kind, args.events, False, 0.0, nats_server.url))
+                steps.step(f"{kind} throughput, run {n + 1}/{args.repeat}")
             rates = sorted(r["rate"] for r in runs)
             median = runs[[r["rate"] for r in runs].index(rates[len(rates) // 2])]
             results["throughput"][kind] = {**median, "runs": rates}
@@ -374,6 +380,7 @@ def main() -> None:
         for kind in KINDS:
             result = run_pair(kind, args.latency_events, True, args.interval, nats_server.url)
             results["latency_pinned_one_core"][kind] = result
+            steps.step(f"{kind} latency")
             print(f"{kind:15} latency p50 {result.get('p50_us')} us  p99 {result.get('p99_us')} us")
     ratios = {}
     for transport in ("zmq", "nats"):

@@ -350,7 +350,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "mesh.json")
     args = parser.parse_args()
 
+    from meshplane.cli.bench import Steps
     from meshplane.launchers import MeshCluster, NatsServer, free_port
+
+    steps = Steps(10)  # three measurements of two kinds in a cluster, churn, two across clusters, core
 
     results: dict[str, Any] = {
         "machine": {
@@ -383,21 +386,25 @@ def main() -> None:
                     "runs": rates,
                 }
                 print(f"{kind:5} A->B throughput {throughput[kind]['rate']:>9,} events/s  runs {rates}")
+                steps.step(f"{kind} throughput in a cluster")
             latency = {}
             for kind, (a, b) in urls.items():
                 latency[kind] = run_pair(kind, a, b, args.latency_events, True, args.interval)
                 lat = latency[kind]
                 print(f"{kind:5} A->B latency p50 {lat['p50_us']} us  p99 {lat['p99_us']} us")
+                steps.step(f"{kind} latency in a cluster")
             fanout = {}
             for kind, (a, b) in urls.items():
                 fanout[kind] = run_pair(kind, a, b, args.fanout_events, False, 0.0, connections=100)
                 print(f"{kind:5} fan-out to 100 subscribers on B: {fanout[kind]['rate']:>9,} deliveries/s")
+                steps.step(f"{kind} fan-out")
             convergence = asyncio.run(churn_convergence(cluster, args.churn))
             print(
                 f"mesh  interest convergence after {args.churn:,} operations: "
                 f"{convergence['seconds_after_last_operation']} s after the last "
                 f"({convergence['seconds_from_first_operation']} s from the first)"
             )
+            steps.step("interest convergence")
         finally:
             for server in servers:
                 server.cleanup()
@@ -417,11 +424,13 @@ def main() -> None:
                 f"{kind:5} across clusters: {cross['throughput'][kind]['rate']:>9,} events/s  runs {rates}; "
                 f"latency p50 {lat['p50_us']} us  p99 {lat['p99_us']} us"
             )
+            steps.step(f"{kind} across clusters")
     finally:
         for process in processes:
             process.cleanup()
     core = asyncio.run(routing_core(200_000))
     print(f"mesh  routing core alone: {core['rate']:,} events/s ({core['per_event_us']} us per event)")
+    steps.step("routing core")
     results.update(
         {
             "events": args.events,

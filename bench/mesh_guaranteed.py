@@ -29,6 +29,7 @@ from typing import Any
 
 import aiohttp
 
+from meshplane.cli.bench import Steps
 from meshplane.launchers import MeshCluster, StreamsServerProcess, free_port
 from meshplane.mesh.client import MeshClient
 
@@ -96,7 +97,7 @@ async def direct_run(cluster: MeshCluster, events: int) -> float:
     return events / seconds
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+async def main_async(args: argparse.Namespace, steps: Steps) -> dict[str, Any]:
     with MeshCluster(2, heartbeat_interval=0.5) as cluster:
         cluster.start()
         await asyncio.to_thread(cluster.wait_linked)
@@ -104,6 +105,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
         direct = await direct_run(cluster, args.events)
         print(f"direct      a->b: {direct:>9,.0f} events/s (subscriber on b has them all)")
+        steps.step("direct events")
 
         publisher = await MeshClient(cluster["a"].route_url, timeout=120).connect()
         started = time.perf_counter()
@@ -115,6 +117,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             f"guaranteed  a->b: {guaranteed:>9,.0f} events/s (stored in b's queue; "
             f"all acknowledged after {acked:.2f} s)"
         )
+        steps.step("guaranteed events")
 
         cluster["b"].kill(signal.SIGKILL)
         await wait_link(cluster["a"], "b", "down")
@@ -131,6 +134,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             f"recovery: {args.spooled:,} events spooled on a while b was down ({spool_rate:,.0f}/s); "
             f"b restarted in {up:.2f} s and held them all {recovery:.2f} s after its restart"
         )
+        steps.step("recovery of a spool")
     return {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "body_bytes": len(BODY),
@@ -217,9 +221,11 @@ def main() -> None:
         "--out", type=Path, default=Path(__file__).parent / "results" / "mesh_guaranteed.json"
     )
     args = parser.parse_args()
-    results = asyncio.run(main_async(args))
+    steps = Steps(4)
+    results = asyncio.run(main_async(args, steps))
     with tempfile.TemporaryDirectory() as tmp:
         results["ha_takeover"] = asyncio.run(ha_takeover(Path(tmp)))
+    steps.step("HA takeover")
     ha = results["ha_takeover"]
     print(
         f"HA takeover: the standby served {ha['standby_serving_s']} s after SIGKILL of the active; an event "

@@ -28,6 +28,7 @@ import zmq.auth
 
 sys.path.insert(0, str(Path(__file__).parent))
 from event_plane import run_pair
+from meshplane.cli.bench import Steps
 from meshplane.launchers import NatsServer, StreamsServerProcess
 from meshplane.streams.client import StreamsClient
 
@@ -64,9 +65,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     rates: dict[str, list[float]] = {}
+    steps = Steps(6 * args.rounds)
 
     def record(name: str, rate: float) -> None:
         rates.setdefault(name, []).append(rate)
+        steps.step(f"{name}, round {len(rates[name])}/{args.rounds}")
         print(f"  {name}: {rate:,.0f} events/s", flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:

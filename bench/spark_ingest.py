@@ -33,6 +33,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from meshplane.cli.bench import Steps
 from meshplane.launchers import StreamsServerProcess
 from meshplane.spark.decode import SCHEMA
 from meshplane.spark.pipeline import spark_session
@@ -201,9 +202,11 @@ def main() -> None:
         "partitions": PARTITIONS,
         "master": "local[2]",
     }
+    steps = Steps(1 + len(TRANSPORTS))
     with StreamsServerProcess() as server, tempfile.TemporaryDirectory() as tmp:
         server.start()
         asyncio.run(publish(server.url, args.events))
+        steps.step(f"{args.events:,} events published")
         # Spark's Python workers over Unix sockets (spark_session()'s setting), then over Spark's
         # default, loopback TCP: each in a fresh process, so neither starts with the other's warm JVM.
         for transport in TRANSPORTS:
@@ -212,6 +215,7 @@ def main() -> None:
             child += ["--out", str(out), "--events", str(args.events), "--repeats", str(args.repeats)]
             subprocess.run(child, check=True)
             results[f"python_workers_over_{transport}"] = json.loads(out.read_text())
+            steps.step(f"Spark ingest, Python workers over {transport}")
     print(json.dumps(results, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

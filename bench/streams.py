@@ -39,6 +39,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from meshplane.cli.bench import Steps
 from meshplane.core.groups import GroupCoordinator
 from meshplane.core.streamlog import StoredEvent, decode_event, encode_event
 from meshplane.launchers import NatsServer, StreamsServerProcess, free_port
@@ -420,17 +421,24 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "events": args.events,
         "payload_bytes": len(DATA),
     }
+    steps = Steps(6)
     with tempfile.TemporaryDirectory() as tmp:
         results["meshplane_engine"] = await meshplane_engine(Path(tmp), args.events)
+    steps.step("meshplane engine append and reads")
     with StreamsServerProcess(
         extra_args=("--fsync", "interval", "--fsync-interval-ms", "10", "--max-payload-bytes", "1048576")
     ) as server:
         server.start()
         results["meshplane_http"] = await meshplane_http(server.url, args.events)
+        steps.step("meshplane over HTTP")
         results["groups"] = await group_timings(server.url, rounds=50, commits=2000)
+        steps.step("consumer groups: rebalance and commit latency")
         results["websocket_fanout"] = await fanout_variants(server, args.ws_events)
+        steps.step("WebSocket fan-out")
     results["redis_streams"] = redis_streams(args.events)
+    steps.step("Redis Streams")
     results["jetstream"] = await jetstream(args.events)
+    steps.step("NATS JetStream")
     redis, mesh = results["redis_streams"], results["meshplane_http"]
     results["ratios"] = {
         "append_http_vs_redis_xadd": round(mesh["append_per_s"] / redis["append_per_s"], 2),

@@ -79,6 +79,11 @@ EXAMPLES = {
     "env": ['eval "$(meshplane env)"'],
     "status": ["meshplane status", "meshplane status --json"],
     "completion": ['eval "$(meshplane completion bash)"'],
+    "bench": [
+        "meshplane bench --list",
+        "meshplane bench event_plane mesh",
+        "meshplane bench streams --args '--events 20000'",
+    ],
 }
 
 
@@ -218,6 +223,17 @@ def build_parser() -> argparse.ArgumentParser:
         "all are up, 3 when something is down, 4 when credentials were refused.",
     )
     add_status_options(status)
+
+    from meshplane.cli.bench import add_bench_options
+
+    bench = commands.add_parser(
+        "bench",
+        help="run the benchmarks of a source checkout against their raw peers, with progress bars",
+        description="Run bench/*.py of a meshplane checkout one after another, each against its raw peer "
+        "(pyzmq, nats-py, Redis, nats-server, ...) in the same run; results go to bench/results/. Needs "
+        "the bench extra; the streams benchmark also needs redis-server (make bench installs it).",
+    )
+    add_bench_options(bench)
 
     from meshplane.cli.pipeline import add_pipeline_options
 
@@ -420,6 +436,7 @@ def _run(args: argparse.Namespace) -> int:
         from meshplane.cli.pipeline import run_pipeline_command
 
         return run_pipeline_command(args)
+    from meshplane.cli.bench import run_bench
     from meshplane.cli.broker import run_broker, run_broker_stats
     from meshplane.cli.status import run_status
     from meshplane.cli.streams import run_client, run_serve
@@ -427,6 +444,7 @@ def _run(args: argparse.Namespace) -> int:
 
     runner = {
         "status": run_status,
+        "bench": run_bench,
         "up": run_up,
         "pub": run_pub,
         "sub": run_sub,
