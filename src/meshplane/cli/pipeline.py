@@ -86,6 +86,7 @@ async def prepare_demo(
 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
+    from meshplane.cli.spark_noise import ChildStderr
     from meshplane.launchers import StreamsServerProcess
     from meshplane.spark.pipeline import PipelineSettings, run_pipeline, spark_session
 
@@ -115,6 +116,7 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
             f"{settings.output / 'windows.parquet'} and topic {args.sink}",
             flush=True,
         )
+        ChildStderr()  # before Spark's JVM starts, so it and its Python daemon inherit the filter
         spark = spark_session()
         try:
             summary: dict[str, Any] = run_pipeline(spark, settings, duration=args.follow or None)
