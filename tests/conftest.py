@@ -35,6 +35,7 @@ BROKER_MODES = [("zmq-broker", "file"), ("zmq-broker-discovery", "etcd")]
 CURVE_MODES = [("zmq-curve", "file"), ("zmq-curve-broker", "file")]
 # Through a mesh node (a `meshplane serve --node-id` process): publishers and subscribers are its clients.
 MESH_MODES = [("mesh", "file"), ("mesh", "etcd")]
+HEADER8_MODES = [("nats-header8", "file"), ("zmq-header8", "file")]  # the 8-byte-header layout
 
 
 @dataclass(frozen=True)
@@ -156,13 +157,19 @@ def make_config(
     + BROKER_MODES
     + CURVE_MODES
     + MESH_MODES
+    + HEADER8_MODES
     + [("mem", "mem")],
     ids=lambda p: f"{p[0]}-{p[1]}",
 )
 def plane_config(request: pytest.FixtureRequest, tmp_path: Path) -> PlaneConfig:
-    """Every transport x discovery combination, both broker modes, CURVE and a mesh node, on real
-    servers; and the in-process transport (an extra, for the application API's test plane)."""
+    """Every transport x discovery combination, both broker modes, CURVE, a mesh node and the 8-byte-
+    header layout, on real servers; and the in-process transport (an extra, for the application API's
+    test plane)."""
     transport, discovery = request.param
+    if transport.endswith("-header8"):
+        transport = transport.removesuffix("-header8")
+        nats = request.getfixturevalue("nats_server") if transport == "nats" else None
+        return make_config(transport, discovery, tmp_path, nats, None, wire_format="header8")
     nats = request.getfixturevalue("nats_server") if transport == "nats" else None
     etcd = request.getfixturevalue("etcd_server") if discovery == "etcd" else None
     if transport.startswith("zmq-curve"):

@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -301,6 +301,53 @@ class EventSubscriber(PlaneMember):
         return self
 
     async def __anext__(self) -> EventEnvelope:
+        await self._fill()
+        return self._buffer.popleft()
+
+    async def batches(
+        self, max_events: int = 4096, max_wait: float = 0.0
+    ) -> AsyncIterator[list[EventEnvelope]]:
+        """The events in lists of at most ``max_events``: ``async for batch in sub.batches()``.
+
+        A list comes as soon as one event is there; with ``max_wait`` it waits up to that many seconds
+        more to fill up. Gaps, duplicates and liveness are tracked as when iterating one by one; the
+        iteration ends when the subscriber is closed.
+        """
+        if max_events < 1:
+            raise ValueError(f"max_events must be at least 1, not {max_events}")
+        buffer = self._buffer
+        while True:
+            try:
+                await self._fill()
+            except StopAsyncIteration:
+                return
+            if max_wait > 0 and len(buffer) < max_events:
+                await self._top_up(max_events, max_wait)
+            if len(buffer) <= max_events:
+                batch = list(buffer)
+                buffer.clear()
+            else:
+                batch = [buffer.popleft() for _ in range(max_events)]
+            yield batch
+
+    async def _top_up(self, max_events: int, max_wait: float) -> None:
+        """Receive for up to ``max_wait`` seconds more, until ``max_events`` are buffered or it closes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait
+        while len(self._buffer) < max_events and not self._closed and (left := deadline - loop.time()) > 0:
+            try:
+                batch = await asyncio.wait_for(self._receive(), left)
+            except TimeoutError:
+                return
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self._closed and (task is None or not task.cancelling()):
+                    return  # close() cancelled the wait: what is buffered still goes out
+                raise
+            self._accept(batch)
+
+    async def _fill(self) -> None:
+        """Until at least one event is buffered; ``StopAsyncIteration`` once closed."""
         while not self._buffer:
             if self._closed:
                 raise StopAsyncIteration
@@ -312,7 +359,6 @@ class EventSubscriber(PlaneMember):
                     raise StopAsyncIteration from None  # close() cancelled the wait, not our caller
                 raise
             self._accept(batch)
-        return self._buffer.popleft()
 
     async def next(self, timeout: float | None = None) -> EventEnvelope:
         """The next event; ``TimeoutError`` after ``timeout`` seconds, ``ClosedError`` once closed."""

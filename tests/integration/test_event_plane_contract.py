@@ -228,3 +228,59 @@ async def test_a_publisher_can_wait_for_its_subscribers(plane_config: PlaneConfi
         await pub.publish("first")
         for sub in subs:
             assert (await sub.next(10)).decode() == "first"
+
+
+async def test_publish_many_and_batches_keep_order_and_accounting(
+    plane_config: PlaneConfig, scope: Scope
+) -> None:
+    async with EventPlane(plane_config) as plane:
+        sub = await plane.subscriber(scope, "batched")
+        pub = await plane.publisher(scope, "batched")
+        await ready(pub)
+        assert await pub.publish_many({"i": i} for i in range(300)) == range(300)
+        assert await pub.publish("single") == 300
+        received: list[EventEnvelope] = []
+        async for batch in sub.batches(max_events=64):
+            assert 1 <= len(batch) <= 64
+            received.extend(batch)
+            if len(received) >= 301:
+                break
+        assert [e.sequence for e in received] == list(range(301))
+        assert [e.decode() for e in received] == [{"i": i} for i in range(300)] + ["single"]
+        assert (sub.stats.received, sub.stats.gaps, sub.stats.duplicates) == (301, 0, 0)
+
+
+async def test_a_batch_waits_up_to_max_wait_to_fill_and_closing_ends_the_batches(
+    plane_config: PlaneConfig, scope: Scope
+) -> None:
+    import asyncio
+
+    async with EventPlane(plane_config) as plane:
+        sub = await plane.subscriber(scope, "filled")
+        pub = await plane.publisher(scope, "filled")
+        await ready(pub)
+        batches = sub.batches(max_events=10, max_wait=10)
+        for i in range(25):
+            await pub.publish(i)
+        assert [e.decode() for e in await anext(batches)] == list(range(10))
+        assert [e.decode() for e in await anext(batches)] == list(range(10, 20))
+        last = asyncio.ensure_future(anext(batches))  # 5 events: waits for 5 more, or the close
+        await eventually(lambda: sub.stats.received == 25, what="all 25 received")
+        await sub.close()
+        assert [e.decode() for e in await asyncio.wait_for(last, 5)] == list(range(20, 25))
+        with pytest.raises(StopAsyncIteration):
+            await anext(batches)
+
+
+async def test_publish_many_checks_every_payload_before_sending_any(
+    plane_config: PlaneConfig, scope: Scope
+) -> None:
+    async with EventPlane(plane_config.replace(max_message_bytes=1000)) as plane:
+        sub = await plane.subscriber(scope, "big-batch")
+        pub = await plane.publisher(scope, "big-batch")
+        await ready(pub)
+        with pytest.raises(PayloadTooLarge, match="1000"):
+            await pub.publish_many([b"fits", b"x" * 1001])
+        await pub.publish(b"after")
+        envelope = await sub.next(10)
+        assert (envelope.payload, envelope.sequence) == (b"after", 0)

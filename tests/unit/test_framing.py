@@ -1,5 +1,6 @@
 import contextlib
 import struct
+from collections.abc import Callable
 
 import msgpack
 import pytest
@@ -9,6 +10,7 @@ from hypothesis import strategies as st
 from meshplane import EventEnvelope, WireError
 from meshplane.core.envelope import Codec, encode_envelope
 from meshplane.core.framing import (
+    Frame,
     MessageType,
     WireFormat,
     ZmqEncoder,
@@ -185,3 +187,28 @@ def test_arbitrary_zmq_frames_raise_only_wire_errors(frames):
 def test_arbitrary_nats_data_raises_only_wire_errors(data):
     with contextlib.suppress(WireError):
         decode_nats(data, b"s")
+
+
+def _outcome(decode: Callable[..., Frame], *args: object) -> Frame | type[WireError]:
+    try:
+        return decode(*args)
+    except WireError as exc:
+        return type(exc)
+
+
+@given(
+    st.one_of(
+        envelopes.map(lambda e: bytes(encode_nats(e, WireFormat.HEADER8))),
+        st.binary(max_size=40).map(lambda tail: bytes([2, 1, 1, 0]) + tail),
+        st.tuples(envelopes, st.integers(0, 300), st.binary(max_size=3)).map(
+            lambda t: bytes(encode_nats(t[0], WireFormat.HEADER8))[: t[1]] + t[2]
+        ),
+    ),
+    st.sampled_from([64, 8 * 1024 * 1024]),
+)
+def test_the_header8_fast_path_decodes_exactly_as_the_checked_path(data, max_bytes):
+    from meshplane.core.framing import _decode_header8, _decode_header8_checked
+
+    assert _outcome(_decode_header8, data, b"t", max_bytes) == _outcome(
+        _decode_header8_checked, data, b"t", max_bytes
+    )

@@ -61,6 +61,10 @@ class MessageType(IntEnum):
 _EVENT = MessageType.EVENT
 _MSGPACK_MAP_MARKERS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
 _decode_map_envelope = msgpack_envelope_decoder.decode
+# The first four header bytes of nearly every version-2 message: an event, MessagePack, no flags.
+_EVENT_MSGPACK_HEAD = bytes([HEADER8_VERSION, MessageType.EVENT, Codec.MSGPACK, 0])
+_U32 = struct.Struct(">I")
+_BODY_LENGTH_AT = 4
 
 
 class Frame(NamedTuple):
@@ -80,7 +84,23 @@ def _header8(message_type: MessageType, codec: Codec, body_length: int) -> bytes
     return _HEADER8.pack(HEADER8_VERSION, message_type, codec, 0, body_length)
 
 
-def _decode_header8(data: bytes | memoryview, routing_topic: bytes, max_bytes: int) -> Frame:
+def _decode_header8(data: bytes, routing_topic: bytes, max_bytes: int) -> Frame:
+    # The common case (an event, MessagePack map, length as announced) without enum lookups or copies;
+    # anything else takes the checks below, which say what is wrong.
+    if (
+        data[:_BODY_LENGTH_AT] == _EVENT_MSGPACK_HEAD
+        and len(data) > HEADER8_SIZE
+        and _U32.unpack_from(data, _BODY_LENGTH_AT)[0] == len(data) - HEADER8_SIZE <= max_bytes
+        and data[HEADER8_SIZE] in _MSGPACK_MAP_MARKERS
+    ):
+        try:
+            return Frame(_EVENT, _decode_map_envelope(memoryview(data)[HEADER8_SIZE:]), routing_topic)
+        except ValueError as exc:  # msgspec errors, and UnicodeDecodeError for a bad string
+            raise MalformedFrame(f"invalid MSGPACK envelope: {exc}") from exc
+    return _decode_header8_checked(data, routing_topic, max_bytes)
+
+
+def _decode_header8_checked(data: bytes, routing_topic: bytes, max_bytes: int) -> Frame:
     if len(data) < HEADER8_SIZE:
         raise TruncatedFrame(f"8-byte header needs {HEADER8_SIZE} bytes, got {len(data)}")
     version, raw_type, raw_codec, flags, length = _HEADER8.unpack_from(data)
@@ -148,8 +168,20 @@ class ZmqEncoder:
                     self._routing_topic + HEARTBEAT_SUFFIX_BYTES, _dynamo_heartbeat(envelope), self._pid_frame
                 )
             return dynamo_zmq_frames(self._routing_topic, envelope, self._pid_frame)
-        body = encode_envelope(envelope, self._codec)
-        return [self._routing_topic, _header8(message_type, self._codec, len(body)) + body]
+        return [self._routing_topic, header8_message(envelope, self._codec, message_type)]
+
+
+def header8_message(
+    envelope: EventEnvelope, codec: Codec = Codec.MSGPACK, message_type: MessageType = MessageType.EVENT
+) -> bytes | bytearray:
+    """The 8-byte header and the body, encoded in one buffer (MessagePack) rather than joined."""
+    if codec is not Codec.MSGPACK:
+        body = encode_envelope(envelope, codec)
+        return _header8(message_type, codec, len(body)) + body
+    message = bytearray(HEADER8_SIZE)
+    encode_envelope_into(envelope, message, HEADER8_SIZE)
+    _HEADER8.pack_into(message, 0, HEADER8_VERSION, message_type, codec, 0, len(message) - HEADER8_SIZE)
+    return message
 
 
 def dynamo_zmq_frames(
@@ -216,8 +248,7 @@ def encode_nats(
         if message_type is MessageType.HEARTBEAT:
             return encode_envelope(_dynamo_heartbeat(envelope))
         return encode_envelope(envelope)
-    body = encode_envelope(envelope, codec)
-    return _header8(message_type, codec, len(body)) + body
+    return bytes(header8_message(envelope, codec, message_type))
 
 
 def decode_nats(data: bytes, routing_topic: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Frame:

@@ -26,6 +26,11 @@ class PublisherTransport(abc.ABC):
     @abc.abstractmethod
     async def send(self, envelope: EventEnvelope) -> None: ...
 
+    async def send_many(self, envelopes: list[EventEnvelope]) -> None:
+        """Send ``envelopes`` in order (transports with a cheaper loop than ``send`` override this)."""
+        for envelope in envelopes:
+            await self.send(envelope)
+
     @abc.abstractmethod
     async def send_heartbeat(self, envelope: EventEnvelope) -> None:
         """A heartbeat: ``envelope.sequence`` is the sequence the next event will carry."""

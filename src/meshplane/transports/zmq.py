@@ -124,6 +124,17 @@ class XPubPublisher(PublisherTransport):
             sock.send(frame, _MORE)
         sock.send(last, zmq.NOBLOCK)
 
+    async def send_many(self, envelopes: list[EventEnvelope]) -> None:
+        sock = self._socket
+        if sock is None:
+            raise TransportError("ZMQ publisher socket is closed")
+        send, encode = sock.send, self._encoder.encode
+        for envelope in envelopes:
+            *head, last = encode(envelope)
+            for frame in head:
+                send(frame, _MORE)
+            send(last, zmq.NOBLOCK)
+
     async def send_heartbeat(self, envelope: EventEnvelope) -> None:
         if self._socket is not None:
             self._socket.send_multipart(self._encoder.encode(envelope, MessageType.HEARTBEAT), zmq.NOBLOCK)
