@@ -1,13 +1,21 @@
 """Event-plane benchmark: meshplane over ZeroMQ and NATS against raw pyzmq and raw nats-py, same run.
 
-Separate publisher and subscriber processes, 100-byte payloads, the Dynamo wire layout on both sides
-(the raw peers send pre-built frames and only count what arrives: they are the transport's ceiling).
+Separate publisher and subscriber processes, 100-byte payloads (the raw peers send pre-built frames and
+only count what arrives: they are the transport's ceiling). Kinds, as ``transport-implementation``:
+
+- ``zmq``: the Dynamo layout (4 frames) over ZeroMQ; ``zmq8``: the 8-byte-header layout (2 frames);
+  ``nats``: the Dynamo layout over NATS.
+- ``raw``: pyzmq / nats-py alone; ``meshplane``: ``publish`` and ``async for`` one event at a time;
+  ``batch``: ``publish_many`` (1000 at a time) and ``async for batch in sub.batches()``.
 
     python bench/event_plane.py                 # 1 M events per throughput run, results to bench/results/
     python bench/event_plane.py --events 200000 --latency-events 5000
 
-Throughput is the subscriber's rate from its first to its last event. Latency is publish-to-receive
-(wall clock, same host) at a paced rate with both processes pinned to one core (`taskset -c 0`).
+Throughput is the subscriber's rate from its first to its last event, in interleaved rounds (every kind
+once per round, so a drift of this VM's speed hits all alike); a ratio is the median of per-round
+ratios. CPU per event is each process's user + system time (its libzmq / nats-py threads included)
+over the events. Latency is publish-to-receive (wall clock, same host) at a paced rate with both
+processes pinned to one core (`taskset -c 0`).
 """
 
 from __future__ import annotations
@@ -17,7 +25,9 @@ import asyncio
 import json
 import os
 import platform
+import resource
 import shutil
+import statistics
 import struct
 import subprocess
 import sys
@@ -32,7 +42,31 @@ import zmq
 PAYLOAD_SIZE = 100
 TOPIC = "bench"
 IDLE_SECONDS = 3.0
-KINDS = ["zmq-raw", "zmq-meshplane", "nats-raw", "nats-meshplane"]
+KINDS = [
+    "zmq-raw",
+    "zmq-meshplane",
+    "zmq8-raw",
+    "zmq8-meshplane",
+    "zmq8-batch",
+    "nats-raw",
+    "nats-meshplane",
+    "nats-batch",
+]
+#: What each ratio compares: (meshplane kind, peer kind).
+RATIOS = {
+    "dynamo_layout_zmq_vs_raw_pyzmq_4_frames": ("zmq-meshplane", "zmq-raw"),
+    "header8_zmq_vs_raw_pyzmq_2_frames": ("zmq8-meshplane", "zmq8-raw"),
+    "header8_zmq_batch_vs_raw_pyzmq_2_frames": ("zmq8-batch", "zmq8-raw"),
+    "header8_zmq_vs_raw_nats_py": ("zmq8-meshplane", "nats-raw"),
+    "nats_vs_raw_nats_py": ("nats-meshplane", "nats-raw"),
+    "nats_batch_vs_raw_nats_py": ("nats-batch", "nats-raw"),
+}
+PUBLISH_MANY = 1000
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def payload(now_ns: int) -> bytes:
@@ -51,6 +85,7 @@ class Tally:
         self.latency = latency
         self.count = 0
         self.first = self.last = 0.0
+        self.cpu_at_first = 0.0
         self.latencies: list[int] = []
 
     def add(self, data: bytes | None) -> None:
@@ -58,6 +93,7 @@ class Tally:
         now = time.perf_counter()
         if not self.count:
             self.first = now
+            self.cpu_at_first = cpu_seconds()
         self.last = now
         self.count += 1
         if data is not None:
@@ -75,6 +111,17 @@ class Tally:
             result["p50_us"] = round(self.latencies[len(self.latencies) // 2] / 1000, 1)
             result["p99_us"] = round(self.latencies[int(len(self.latencies) * 0.99)] / 1000, 1)
         return result
+
+
+def emit_cpu(events: int, since: float) -> None:
+    """A publisher's last line: its CPU time per event since ``since`` (every thread: libzmq's and
+    nats-py's too; not its start-up)."""
+    emit({"cpu_us_per_event": round((cpu_seconds() - since) / max(events, 1) * 1e6, 2)})
+
+
+def cpu_per_event(tally: Tally) -> dict[str, float]:
+    """A subscriber's CPU time per event from its first event on."""
+    return {"cpu_us_per_event": round((cpu_seconds() - tally.cpu_at_first) / max(tally.count, 1) * 1e6, 2)}
 
 
 def emit(message: dict[str, Any]) -> None:
@@ -96,7 +143,14 @@ def dynamo_frames(seq: int, data: bytes) -> list[bytes]:
     ]
 
 
-def zmq_raw_pub(events: int, interval: float, proxy: str = "") -> None:
+def header8_frames(seq: int, data: bytes) -> list[bytes]:
+    envelope = msgspec.msgpack.encode(
+        {"publisher_id": 1, "sequence": seq, "published_at": 0, "topic": TOPIC, "payload": data}
+    )
+    return [TOPIC.encode(), struct.pack(">BBBBI", 2, 1, 1, 0, len(envelope)) + envelope]
+
+
+def zmq_raw_pub(events: int, interval: float, proxy: str = "", header8: bool = False) -> None:
     """Bind and print the endpoint, or (``proxy``) connect to a relay's XSUB side."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.XPUB)  # a PUB on the wire; tells us when the subscriber is there
@@ -108,17 +162,20 @@ def zmq_raw_pub(events: int, interval: float, proxy: str = "") -> None:
         sock.bind("tcp://127.0.0.1:*")
         emit({"endpoint": sock.getsockopt_string(zmq.LAST_ENDPOINT)})
     sock.recv()
+    started = cpu_seconds()
     # The ceiling: one pre-built message sent over and over (receivers do the same work for every copy).
-    template = dynamo_frames(0, payload(0))
+    frames = header8_frames if header8 else dynamo_frames
+    template = frames(0, payload(0))
     for seq in range(events):
-        sock.send_multipart(dynamo_frames(seq, payload(time.time_ns())) if interval else template)
+        sock.send_multipart(frames(seq, payload(time.time_ns())) if interval else template)
         if interval:
             time.sleep(interval)
     sock.close(linger=5000)
     ctx.term()
+    emit_cpu(events, started)
 
 
-def zmq_raw_sub(endpoint: str, events: int, latency: bool) -> None:
+def zmq_raw_sub(endpoint: str, events: int, latency: bool, header8: bool = False) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.SUB)
     sock.setsockopt(zmq.RCVHWM, 100_000)
@@ -137,8 +194,11 @@ def zmq_raw_sub(endpoint: str, events: int, latency: bool) -> None:
         while frame.more:
             frame = recv(copy=False)
             frames.append(frame.bytes)
-        tally.add(msgspec.msgpack.decode(frames[3][5:])["payload"] if latency else None)
-    emit(tally.summary())
+        if latency:
+            tally.add(msgspec.msgpack.decode(frames[1][8:] if header8 else frames[3][5:])["payload"])
+        else:
+            tally.add(None)
+    emit({**tally.summary(), **cpu_per_event(tally)})
 
 
 # ---- raw NATS -------------------------------------------------------------------------------------------
@@ -149,6 +209,7 @@ async def nats_raw_pub(url: str, events: int, interval: float) -> None:
 
     nc = await nats.connect(url)
     subject = f"namespace.bench.{TOPIC}"
+    started = cpu_seconds()
     template = msgspec.msgpack.encode(
         {"publisher_id": 1, "sequence": 0, "published_at": 0, "topic": TOPIC, "payload": payload(0)}
     )
@@ -170,6 +231,7 @@ async def nats_raw_pub(url: str, events: int, interval: float) -> None:
             await nc.publish(subject, template)
     await nc.flush()
     await nc.close()
+    emit_cpu(events, started)
 
 
 async def nats_raw_sub(url: str, events: int, latency: bool) -> None:
@@ -188,7 +250,7 @@ async def nats_raw_sub(url: str, events: int, latency: bool) -> None:
     await nc.flush()
     emit({"ready": True})
     await _until_done_or_idle(done, tally)
-    emit(tally.summary())
+    emit({**tally.summary(), **cpu_per_event(tally)})
     await nc.close()
 
 
@@ -207,36 +269,50 @@ async def _until_done_or_idle(done: asyncio.Event, tally: Tally) -> None:
 
 
 def _config(transport: str, kv: str, url: str) -> Any:
-    from meshplane import PlaneConfig
+    from meshplane import PlaneConfig, WireFormat
 
     # the environment may add broker mode (DYN_ZMQ_BROKER_URL)
-    return PlaneConfig.from_env(
-        event_plane=transport, discovery_backend="file", file_kv=Path(kv), nats_server=url or None
+    config = PlaneConfig.from_env(
+        event_plane="zmq" if transport == "zmq8" else transport,
+        discovery_backend="file",
+        file_kv=Path(kv),
+        nats_server=url or None,
     )
+    return config.replace(wire_format=WireFormat.HEADER8) if transport == "zmq8" else config
 
 
-async def meshplane_pub(transport: str, kv: str, url: str, events: int, interval: float) -> None:
+async def meshplane_pub(
+    transport: str, kv: str, url: str, events: int, interval: float, batch: bool = False
+) -> None:
     from meshplane import EventPublisher, Scope
 
     config = _config(transport, kv, url)
     pub = await EventPublisher.create(Scope.namespace("bench"), TOPIC, config=config)
     emit({"ready": True})
-    if transport == "zmq":  # in broker mode the subscription arrives once through each broker
+    if config.event_plane == "zmq":  # in broker mode the subscription arrives once through each broker
         await pub.wait_for_subscribers(max(1, len(config.zmq_brokers)), timeout=30)
     data = payload(0)
+    started = cpu_seconds()
     publish = pub.publish
+    if batch and not interval:
+        chunk = [data] * PUBLISH_MANY
+        for start in range(0, events, PUBLISH_MANY):
+            await pub.publish_many(chunk[: min(PUBLISH_MANY, events - start)])
     for _ in range(events):
         if interval:
             await publish(payload(time.time_ns()))
             await pub.flush()
             time.sleep(interval)  # noqa: ASYNC251 - the raw peers' pacing (asyncio.sleep rounds up to 1 ms)
-        else:
+        elif not batch:
             await publish(data)
     await pub.flush()
     await pub.close()
+    emit_cpu(events, started)
 
 
-async def meshplane_sub(transport: str, kv: str, url: str, events: int, latency: bool) -> None:
+async def meshplane_sub(
+    transport: str, kv: str, url: str, events: int, latency: bool, batch: bool = False
+) -> None:
     from meshplane import EventSubscriber, Scope
 
     sub = await EventSubscriber.create(Scope.namespace("bench"), TOPIC, config=_config(transport, kv, url))
@@ -245,10 +321,17 @@ async def meshplane_sub(transport: str, kv: str, url: str, events: int, latency:
     done = asyncio.Event()
 
     async def consume() -> None:
-        async for envelope in sub:
-            tally.add(envelope.payload if latency else None)
-            if tally.count >= events:
-                break
+        if batch:
+            async for envelopes in sub.batches():
+                for envelope in envelopes:
+                    tally.add(envelope.payload if latency else None)
+                if tally.count >= events:
+                    break
+        else:
+            async for envelope in sub:
+                tally.add(envelope.payload if latency else None)
+                if tally.count >= events:
+                    break
         done.set()
 
     consumer = asyncio.create_task(consume())
@@ -257,7 +340,7 @@ async def meshplane_sub(transport: str, kv: str, url: str, events: int, latency:
     result = tally.summary()
     result["gaps"] = sub.stats.gaps
     result["duplicates_dropped"] = sub.stats.duplicates_dropped
-    emit(result)
+    emit({**result, **cpu_per_event(tally)})
     await sub.close()
 
 
@@ -293,25 +376,30 @@ def run_pair(
     transport, impl = kind.split("-")
     pin = latency
     common = [str(events), "1" if latency else "0"]
+    publish = [str(events), str(interval)]
     with tempfile.TemporaryDirectory() as kv:
         if kind == "zmq-raw" and proxy:
             sub = _spawn(["_sub", kind, kv, proxy[1], *common], pin)
-            pub = _spawn(["_pub", kind, kv, proxy[0], str(events), str(interval)], pin)
+            pub = _spawn(["_pub", kind, kv, proxy[0], *publish], pin)
             _read(pub)
-        elif kind == "zmq-raw":
-            pub = _spawn(["_pub", kind, kv, nats_url, str(events), str(interval)], pin)
+        elif transport != "nats" and impl == "raw":
+            pub = _spawn(["_pub", kind, kv, nats_url, *publish], pin)
             endpoint = _read(pub)["endpoint"]
             sub = _spawn(["_sub", kind, kv, endpoint, *common], pin)
-        elif impl == "raw" or transport == "nats":
+        elif transport == "nats":
             sub = _spawn(["_sub", kind, kv, nats_url, *common], pin, env)
             _read(sub)  # subscribed: nothing published from now on is missed
-            pub = _spawn(["_pub", kind, kv, nats_url, str(events), str(interval)], pin, env)
-        else:  # zmq-meshplane: the publisher binds and registers, the subscriber discovers it
-            pub = _spawn(["_pub", kind, kv, nats_url, str(events), str(interval)], pin, env)
+            pub = _spawn(["_pub", kind, kv, nats_url, *publish], pin, env)
+        else:  # meshplane over ZeroMQ: the publisher binds and registers, the subscriber discovers it
+            pub = _spawn(["_pub", kind, kv, nats_url, *publish], pin, env)
             _read(pub)
             sub = _spawn(["_sub", kind, kv, nats_url, *common], pin, env)
             _read(sub)
         result = _read(sub)
+        result["sub_cpu_us_per_event"] = result.pop("cpu_us_per_event")
+        while "cpu_us_per_event" not in (line := _read(pub)):
+            pass  # its "ready" line, where nobody waited for it
+        result["pub_cpu_us_per_event"] = line["cpu_us_per_event"]
         pub.wait(120)
         sub.wait(30)
     return result
@@ -319,22 +407,24 @@ def run_pair(
 
 def child(argv: list[str]) -> None:
     role, kind, kv, where, events, extra = argv[0], argv[1], argv[2], argv[3], int(argv[4]), argv[5]
+    transport, impl = kind.split("-")
     if role == "_pub":
         interval = float(extra)
-        if kind == "zmq-raw":
-            zmq_raw_pub(events, interval, where if where.startswith("tcp://") else "")
+        if transport != "nats" and impl == "raw":
+            proxy = where if where.startswith("tcp://") else ""
+            zmq_raw_pub(events, interval, proxy, header8=transport == "zmq8")
         elif kind == "nats-raw":
             asyncio.run(nats_raw_pub(where, events, interval))
         else:
-            asyncio.run(meshplane_pub(kind.split("-")[0], kv, where, events, interval))
+            asyncio.run(meshplane_pub(transport, kv, where, events, interval, batch=impl == "batch"))
         return
     latency = extra == "1"
-    if kind == "zmq-raw":
-        zmq_raw_sub(where, events, latency)
+    if transport != "nats" and impl == "raw":
+        zmq_raw_sub(where, events, latency, header8=transport == "zmq8")
     elif kind == "nats-raw":
         asyncio.run(nats_raw_sub(where, events, latency))
     else:
-        asyncio.run(meshplane_sub(kind.split("-")[0], kv, where, events, latency))
+        asyncio.run(meshplane_sub(transport, kv, where, events, latency, batch=impl == "batch"))
 
 
 def main() -> None:
@@ -346,14 +436,14 @@ def main() -> None:
     )
     parser.add_argument("--latency-events", type=int, default=10_000, help="events per latency run")
     parser.add_argument("--interval", type=float, default=0.0005, help="seconds between latency-run events")
-    parser.add_argument("--repeat", type=int, default=3, help="throughput runs per kind; the median is kept")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of throughput runs; medians are kept")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "event_plane.json")
     args = parser.parse_args()
 
     from meshplane.cli.bench import Steps
     from meshplane.launchers import NatsServer
 
-    steps = Steps(len(KINDS) * (args.repeat + 1))
+    steps = Steps(len(KINDS) * (args.repeat + 1))  # every kind once per round, then its latency run
 
     results: dict[str, Any] = {
         "machine": {
@@ -366,36 +456,56 @@ def main() -> None:
         "throughput": {},
         "latency_pinned_one_core": {},
     }
+    rounds: list[dict[str, dict[str, Any]]] = []
     with NatsServer() as nats_server:
         nats_server.start()
+        for n in range(args.repeat):
+            this_round = {}
+            for kind in KINDS:
+                this_round[kind] = run_pair(kind, args.events, False, 0.0, nats_server.url)
+                steps.step(f"{kind} throughput, round {n + 1}/{args.repeat}")
+                r = this_round[kind]
+                print(
+                    f"round {n + 1} {kind:15} {r['rate']:>9,} events/s  received {r['received']:,}  "
+                    f"CPU/event pub {r['pub_cpu_us_per_event']} us, sub {r['sub_cpu_us_per_event']} us"
+                )
+            rounds.append(this_round)
         for kind in KINDS:
-            runs = []
-            for n in range(args.repeat):
-                runs.append(run_pair(kind, args.events, False, 0.0, nats_server.url))
-                steps.step(f"{kind} throughput, run {n + 1}/{args.repeat}")
-            rates = sorted(r["rate"] for r in runs)
-            median = runs[[r["rate"] for r in runs].index(rates[len(rates) // 2])]
-            results["throughput"][kind] = {**median, "runs": rates}
-            print(f"{kind:15} throughput {median['rate']:>9,} events/s  received {median['received']:,}")
+            runs = [r[kind] for r in rounds]
+            rates = sorted(run["rate"] for run in runs)
+            median = runs[[run["rate"] for run in runs].index(rates[len(rates) // 2])]
+            results["throughput"][kind] = {
+                **median,
+                "runs": rates,
+                "lost": sum(args.events - run["received"] for run in runs),
+                "pub_cpu_us_per_event": statistics.median(run["pub_cpu_us_per_event"] for run in runs),
+                "sub_cpu_us_per_event": statistics.median(run["sub_cpu_us_per_event"] for run in runs),
+            }
         for kind in KINDS:
             result = run_pair(kind, args.latency_events, True, args.interval, nats_server.url)
             results["latency_pinned_one_core"][kind] = result
             steps.step(f"{kind} latency")
             print(f"{kind:15} latency p50 {result.get('p50_us')} us  p99 {result.get('p99_us')} us")
+    results["rounds"] = rounds
     ratios = {}
-    for transport in ("zmq", "nats"):
-        raw, ours = results["throughput"][f"{transport}-raw"], results["throughput"][f"{transport}-meshplane"]
-        lat_raw = results["latency_pinned_one_core"][f"{transport}-raw"]
-        lat_ours = results["latency_pinned_one_core"][f"{transport}-meshplane"]
-        ratios[transport] = {
-            "throughput_ratio": round(ours["rate"] / raw["rate"], 2),
-            "p50_latency_ratio": round(lat_ours["p50_us"] / lat_raw["p50_us"], 2),
-            "p99_latency_ratio": round(lat_ours["p99_us"] / lat_raw["p99_us"], 2),
+    latency = results["latency_pinned_one_core"]
+    for name, (ours, peer) in RATIOS.items():
+        per_round = [r[ours]["rate"] / r[peer]["rate"] for r in rounds]
+        ratios[name] = {
+            "throughput_ratio": round(statistics.median(per_round), 2),
+            "sub_cpu_per_event_ratio": round(
+                results["throughput"][ours]["sub_cpu_us_per_event"]
+                / results["throughput"][peer]["sub_cpu_us_per_event"],
+                2,
+            ),
+            "p50_latency_ratio": round(latency[ours]["p50_us"] / latency[peer]["p50_us"], 2),
+            "p99_latency_ratio": round(latency[ours]["p99_us"] / latency[peer]["p99_us"], 2),
         }
-        r = ratios[transport]
+        r = ratios[name]
         print(
-            f"{transport}: meshplane/raw throughput {r['throughput_ratio']}x, "
-            f"p50 latency {r['p50_latency_ratio']}x, p99 {r['p99_latency_ratio']}x"
+            f"{name}: throughput {r['throughput_ratio']}x (median of per-round ratios), subscriber CPU per "
+            f"event {r['sub_cpu_per_event_ratio']}x, p50 latency {r['p50_latency_ratio']}x, "
+            f"p99 {r['p99_latency_ratio']}x"
         )
     results["ratios"] = ratios
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -141,3 +141,56 @@ def test_a_heartbeat_announces_what_went_missing() -> None:
     outcome = machine.accept([frame(3, 4, heartbeat=True)], now=1.0)  # the next event will be 4
     assert outcome.notices == [EventGap(3, 1, 3)]
     assert machine.heartbeats == 1
+
+
+def arrivals_from(steps: list[tuple[int, str]]) -> list[Frame]:
+    """Per publisher mostly the next event, now and then a gap, a copy, a restart or a heartbeat."""
+    next_sequence: dict[int, int] = {}
+    out = []
+    for publisher, step in steps:
+        n = next_sequence.get(publisher, 0)
+        if step == "heartbeat":
+            out.append(frame(publisher, n, heartbeat=True))
+            continue
+        sequence = {"next": n, "gap": n + 2, "copy": max(n - 1, 0), "restart": 0}[step]
+        out.append(frame(publisher, sequence))
+        next_sequence[publisher] = sequence + 1
+    return out
+
+
+ARRIVALS = st.lists(
+    st.tuples(
+        st.integers(1, 3),
+        st.sampled_from(["next"] * 6 + ["gap", "copy", "restart", "heartbeat"]),
+    ),
+    max_size=80,
+).map(arrivals_from)
+
+
+@given(ARRIVALS, st.lists(st.integers(1, 20), max_size=6))
+def test_a_batch_gives_exactly_what_its_frames_one_by_one_give(
+    arrivals: list[Frame], cuts: list[int]
+) -> None:
+    """Runs of a publisher's next events skip the tracker: any arrival pattern, cut into any batches,
+    must deliver and report what accepting each frame alone does (in order, duplicates, gaps,
+    restarts, heartbeats, publishers interleaved)."""
+    one_by_one, batched = intake(liveness=5.0), intake(liveness=5.0)
+    expected_events, expected_notices = [], []
+    for f in arrivals:
+        outcome = one_by_one.accept([f], now=0.0)
+        expected_events += outcome.envelopes
+        expected_notices += outcome.notices
+    got_events, got_notices, start = [], [], 0
+    for cut in [*cuts, len(arrivals)]:
+        outcome = batched.accept(arrivals[start : start + cut], now=0.0)
+        got_events += outcome.envelopes
+        got_notices += outcome.notices
+        start += cut
+    outcome = batched.accept(arrivals[start:], now=0.0)
+    got_events += outcome.envelopes
+    got_notices += outcome.notices
+    assert got_events == expected_events
+    assert got_notices == expected_notices
+    for counter in ("gaps", "missing", "duplicates"):
+        assert getattr(batched.tracker, counter) == getattr(one_by_one.tracker, counter)
+    assert (batched.received, batched.heartbeats) == (one_by_one.received, one_by_one.heartbeats)

@@ -18,6 +18,8 @@ from meshplane.core.liveness import EventTimeout, LivenessTracker, PublisherReco
 from meshplane.core.sequence import Arrival, EventGap, Reorderer, SequenceTracker
 from meshplane.errors import WireError
 
+_EVENT = MessageType.EVENT
+
 #: What a subscriber reports besides events: a publisher timed out, came back, or events went missing.
 Notice = EventTimeout | PublisherRecovered | EventGap
 
@@ -64,6 +66,8 @@ class Intake:
     def accept(self, batch: Iterable[Frame | WireError], now: float, paths: int = 1) -> Outcome:
         out = Outcome()
         frames: list[Frame] = []
+        liveness = self.liveness
+        last_alive = None
         for item in batch:
             if isinstance(item, WireError):
                 if not self.malformed[item.reason]:
@@ -74,8 +78,10 @@ class Intake:
             if envelope.topic != self.topic or item.routing_topic not in self.routing_topics:
                 self.filtered += 1
                 continue
-            if self.liveness is not None:
-                recovered = self.liveness.seen(envelope.publisher_id, now)
+            if liveness is not None and envelope.publisher_id != last_alive:
+                # once per run of one publisher: the batch shares its `now`
+                last_alive = envelope.publisher_id
+                recovered = liveness.seen(last_alive, now)
                 if recovered is not None:
                     out.notices.append(recovered)
             frames.append(item)
@@ -112,8 +118,24 @@ class Intake:
 
     def _sequence(self, frames: list[Frame], out: Outcome) -> None:
         tracker = self.tracker
+        delivered = out.envelopes
+        # Most of a batch is runs of one publisher's next events: those skip the tracker, which
+        # learns where a run ended before it sees anything else.
+        run_publisher, run_next = -1, -1
         for frame in frames:
             envelope = frame.envelope
+            if (
+                envelope.sequence == run_next
+                and envelope.publisher_id == run_publisher
+                and frame.message_type is _EVENT
+            ):
+                run_next += 1
+                self.received += 1
+                delivered.append(envelope)
+                continue
+            if run_publisher != -1:
+                tracker.settle(run_publisher, run_next - 1)
+                run_publisher = -1
             if frame.message_type is MessageType.HEARTBEAT:
                 self.heartbeats += 1
                 observation = tracker.expect(envelope.publisher_id, envelope.sequence)
@@ -122,8 +144,11 @@ class Intake:
                 if observation.arrival is Arrival.DUPLICATE:
                     continue  # counted by the tracker; the application never sees it twice
                 self.received += 1
-                out.envelopes.append(envelope)
+                delivered.append(envelope)
+                run_publisher, run_next = envelope.publisher_id, envelope.sequence + 1
             if observation.arrival is Arrival.GAP:
                 out.notices.append(
                     EventGap(envelope.publisher_id, observation.missing_from, observation.missing_to)
                 )
+        if run_publisher != -1:
+            tracker.settle(run_publisher, run_next - 1)

@@ -100,6 +100,11 @@ class SequenceTracker:
         self.duplicates += 1
         return _DUPLICATE
 
+    def settle(self, publisher_id: int, sequence: int) -> None:
+        """``publisher_id``'s events arrived in order up to ``sequence``: what ``observe`` of each, as
+        IN_ORDER, would have left. For a publisher just observed (so in the newer generation)."""
+        self._last[publisher_id] = sequence
+
     def expect(self, publisher_id: int, next_sequence: int) -> Observation:
         """A heartbeat says the publisher's next event will be ``next_sequence``: detects lost tails.
 
