@@ -86,7 +86,11 @@ class EventPublisher(PlaneMember):
         envelope = EventEnvelope(
             self.publisher_id, sequence, time.time_ns() // 1_000_000, self.topic, payload
         )
-        await self._transport.send(envelope)
+        send_now = self._transport.send_now
+        if send_now is not None:
+            send_now(envelope)
+        else:
+            await self._transport.send(envelope)
         self._sequence = sequence + 1
         return sequence
 
@@ -114,9 +118,12 @@ class EventPublisher(PlaneMember):
             raise ClosedError(f"publisher {self.publisher_id:x} of {self.topic!r} is closed")
 
     def _payload(self, event: Any) -> bytes:
-        payload = (
-            bytes(event) if isinstance(event, bytes | bytearray | memoryview) else _encode_payload(event)
-        )
+        if type(event) is bytes:
+            payload = event  # immutable: no copy needed
+        elif isinstance(event, bytearray | memoryview):
+            payload = bytes(event)
+        else:
+            payload = _encode_payload(event)
         if len(payload) > self._max_bytes:
             raise PayloadTooLarge(
                 f"payload of {len(payload)} bytes exceeds max_message_bytes={self._max_bytes} "

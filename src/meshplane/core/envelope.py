@@ -69,11 +69,6 @@ def encode_envelope(envelope: EventEnvelope, codec: Codec = Codec.MSGPACK) -> by
     return _msgpack_encoder.encode(envelope)
 
 
-def encode_envelope_into(envelope: EventEnvelope, buffer: bytearray, offset: int) -> None:
-    """MessagePack-encode ``envelope`` into ``buffer`` at ``offset`` (saves a copy behind a header)."""
-    _msgpack_encoder.encode_into(envelope, buffer, offset)
-
-
 def decode_envelope(data: bytes | memoryview, codec: Codec = Codec.MSGPACK) -> EventEnvelope:
     """Decode an envelope; MessagePack input may be the map Dynamo writes or a five-element array."""
     try:

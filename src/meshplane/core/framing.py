@@ -17,7 +17,6 @@ from meshplane.core.envelope import (
     EventEnvelope,
     decode_envelope,
     encode_envelope,
-    encode_envelope_into,
     msgpack_envelope_decoder,
 )
 from meshplane.errors import (
@@ -80,10 +79,6 @@ _new_tuple = tuple.__new__
 def _check_size(length: int, max_bytes: int) -> None:
     if length > max_bytes:
         raise OversizedFrame(f"envelope of {length} bytes exceeds the limit of {max_bytes} bytes")
-
-
-def _header8(message_type: MessageType, codec: Codec, body_length: int) -> bytes:
-    return _HEADER8.pack(HEADER8_VERSION, message_type, codec, 0, body_length)
 
 
 def _decode_header8(data: bytes, routing_topic: bytes, max_bytes: int) -> Frame:
@@ -162,9 +157,7 @@ class ZmqEncoder:
         self._wire = wire
         self._codec = codec
 
-    def encode(
-        self, envelope: EventEnvelope, message_type: MessageType = MessageType.EVENT
-    ) -> list[bytes | bytearray]:
+    def encode(self, envelope: EventEnvelope, message_type: MessageType = MessageType.EVENT) -> list[bytes]:
         if self._wire is WireFormat.DYNAMO:
             if message_type is MessageType.HEARTBEAT:
                 return dynamo_zmq_frames(
@@ -176,29 +169,22 @@ class ZmqEncoder:
 
 def header8_message(
     envelope: EventEnvelope, codec: Codec = Codec.MSGPACK, message_type: MessageType = MessageType.EVENT
-) -> bytes | bytearray:
-    """The 8-byte header and the body, encoded in one buffer (MessagePack) rather than joined."""
-    if codec is not Codec.MSGPACK:
-        body = encode_envelope(envelope, codec)
-        return _header8(message_type, codec, len(body)) + body
-    message = bytearray(HEADER8_SIZE)
-    encode_envelope_into(envelope, message, HEADER8_SIZE)
-    _HEADER8.pack_into(message, 0, HEADER8_VERSION, message_type, codec, 0, len(message) - HEADER8_SIZE)
-    return message
+) -> bytes:
+    """The 8-byte header followed by the body (measured: faster than encoding behind a reserved header)."""
+    body = encode_envelope(envelope, codec)
+    return _HEADER8.pack(HEADER8_VERSION, message_type, codec, 0, len(body)) + body
 
 
 def dynamo_zmq_frames(
     routing_topic: bytes, envelope: EventEnvelope, pid_frame: bytes | None = None
-) -> list[bytes | bytearray]:
+) -> list[bytes]:
     """The 4 frames Dynamo 1.6.1 sends: topic, publisher id, sequence, header + envelope."""
-    last = bytearray(DYNAMO_HEADER_SIZE)
-    encode_envelope_into(envelope, last, DYNAMO_HEADER_SIZE)
-    _DYNAMO_HEADER.pack_into(last, 0, DYNAMO_VERSION, len(last) - DYNAMO_HEADER_SIZE)
+    body = encode_envelope(envelope)  # header + body joined: measured faster than encoding behind it
     return [
         routing_topic,
         pid_frame if pid_frame is not None else _U64.pack(envelope.publisher_id),
         _U64.pack(envelope.sequence),
-        last,
+        _DYNAMO_HEADER.pack(DYNAMO_VERSION, len(body)) + body,
     ]
 
 
@@ -253,7 +239,7 @@ def encode_nats(
         if message_type is MessageType.HEARTBEAT:
             return encode_envelope(_dynamo_heartbeat(envelope))
         return encode_envelope(envelope)
-    return bytes(header8_message(envelope, codec, message_type))
+    return header8_message(envelope, codec, message_type)
 
 
 def decode_nats(data: bytes, routing_topic: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Frame:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import Any
 
 from meshplane.core.envelope import EventEnvelope
@@ -15,6 +16,10 @@ Received = Frame | WireError
 
 class PublisherTransport(abc.ABC):
     """Sends one publisher's envelopes; never awaits the network per message."""
+
+    #: A synchronous ``send``, where sending never waits (ZeroMQ): ``publish`` calls it and saves a
+    #: coroutine per event. None: ``publish`` awaits ``send``.
+    send_now: Callable[[EventEnvelope], None] | None = None
 
     @abc.abstractmethod
     async def start(self) -> None: ...

@@ -14,7 +14,7 @@ from typing import Any
 import zmq
 
 from meshplane.core.envelope import Codec, EventEnvelope
-from meshplane.core.framing import MessageType, WireFormat, ZmqEncoder, decode_zmq
+from meshplane.core.framing import MessageType, WireFormat, ZmqEncoder, decode_zmq, header8_message
 from meshplane.core.records import TRANSPORT_ZMQ, EventChannel
 from meshplane.errors import TransportError, WireError
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
@@ -88,9 +88,12 @@ class XPubPublisher(PublisherTransport):
         self._routing_topic = routing_topic
         self._publisher_id = publisher_id
         self._encoder = ZmqEncoder(routing_topic, publisher_id, wire, codec)
+        self._codec = codec
         self._sndhwm = sndhwm
         self._socket: zmq.Socket[bytes] | None = None
         self._subscribers = 0
+        self._header8 = WireFormat(wire) is WireFormat.HEADER8
+        self.send_now = self._send_now
 
     def _open(self) -> zmq.Socket[bytes]:
         sock = self._context.socket(zmq.XPUB)
@@ -113,26 +116,34 @@ class XPubPublisher(PublisherTransport):
                     self._subscribers += 1 if message[:1] == b"\x01" else -1
         return self._subscribers
 
+    def _send_now(self, envelope: EventEnvelope) -> None:
+        self._send([envelope])
+
     async def send(self, envelope: EventEnvelope) -> None:
+        self._send([envelope])
+
+    async def send_many(self, envelopes: list[EventEnvelope]) -> None:
+        self._send(envelopes)
+
+    def _send(self, envelopes: list[EventEnvelope]) -> None:
         sock = self._socket
         if sock is None:
             raise TransportError("ZMQ publisher socket is closed")
         # XPUB never blocks: at the high-water mark ZeroMQ drops, which subscribers see as a gap.
         # Frame by frame: pyzmq's send_multipart re-validates every frame, which costs more than the send.
-        *head, last = self._encoder.encode(envelope)
-        for frame in head:
-            sock.send(frame, _MORE)
-        sock.send(last, zmq.NOBLOCK)
-
-    async def send_many(self, envelopes: list[EventEnvelope]) -> None:
-        sock = self._socket
-        if sock is None:
-            raise TransportError("ZMQ publisher socket is closed")
-        send, encode = sock.send, self._encoder.encode
+        send = sock.send
+        if self._header8:
+            topic, codec = self._routing_topic, self._codec
+            for envelope in envelopes:
+                send(topic, _MORE)
+                send(header8_message(envelope, codec), zmq.NOBLOCK)
+            return
+        encode = self._encoder.encode
         for envelope in envelopes:
-            *head, last = encode(envelope)
-            for frame in head:
-                send(frame, _MORE)
+            topic, pid, sequence, last = encode(envelope)
+            send(topic, _MORE)
+            send(pid, _MORE)
+            send(sequence, _MORE)
             send(last, zmq.NOBLOCK)
 
     async def send_heartbeat(self, envelope: EventEnvelope) -> None:
