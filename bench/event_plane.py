@@ -444,12 +444,14 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.0005, help="seconds between latency-run events")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of throughput runs; medians are kept")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "event_plane.json")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated kinds (default all)")
     args = parser.parse_args()
+    kinds = args.kinds.split(",")
 
     from meshplane.cli.bench import Steps
     from meshplane.launchers import NatsServer
 
-    steps = Steps(len(KINDS) * (args.repeat + 1))  # every kind once per round, then its latency run
+    steps = Steps(len(kinds) * (args.repeat + 1))  # every kind once per round, then its latency run
 
     results: dict[str, Any] = {
         "machine": {
@@ -467,7 +469,7 @@ def main() -> None:
         nats_server.start()
         for n in range(args.repeat):
             this_round = {}
-            for kind in KINDS:
+            for kind in kinds:
                 this_round[kind] = run_pair(kind, args.events, False, 0.0, nats_server.url)
                 steps.step(f"{kind} throughput, round {n + 1}/{args.repeat}")
                 r = this_round[kind]
@@ -476,7 +478,7 @@ def main() -> None:
                     f"CPU/event pub {r['pub_cpu_us_per_event']} us, sub {r['sub_cpu_us_per_event']} us"
                 )
             rounds.append(this_round)
-        for kind in KINDS:
+        for kind in kinds:
             runs = [r[kind] for r in rounds]
             rates = sorted(run["rate"] for run in runs)
             median = runs[[run["rate"] for run in runs].index(rates[len(rates) // 2])]
@@ -487,7 +489,7 @@ def main() -> None:
                 "pub_cpu_us_per_event": statistics.median(run["pub_cpu_us_per_event"] for run in runs),
                 "sub_cpu_us_per_event": statistics.median(run["sub_cpu_us_per_event"] for run in runs),
             }
-        for kind in KINDS:
+        for kind in kinds:
             result = run_pair(kind, args.latency_events, True, args.interval, nats_server.url)
             results["latency_pinned_one_core"][kind] = result
             steps.step(f"{kind} latency")
@@ -496,6 +498,8 @@ def main() -> None:
     ratios = {}
     latency = results["latency_pinned_one_core"]
     for name, (ours, peer) in RATIOS.items():
+        if ours not in kinds or peer not in kinds:
+            continue
         per_round = [r[ours]["rate"] / r[peer]["rate"] for r in rounds]
         ratios[name] = {
             "throughput_ratio": round(statistics.median(per_round), 2),
