@@ -88,7 +88,7 @@ async def run_broker(args: argparse.Namespace) -> int:
         if not args.no_register:
             discovery = create_discovery(config)
             await discovery.start()
-            await discovery.register(key, broker_record(broker_id, address))
+            await discovery.register(key, broker_record(broker_id, address, broker.stats_endpoint))
         print(
             json.dumps(
                 {

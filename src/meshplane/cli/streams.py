@@ -204,6 +204,8 @@ async def _serve_locked(
     stop: asyncio.Event,
 ) -> int:
     from meshplane.cli.mesh import with_pubsub_backpressure
+    from meshplane.config import PlaneConfig
+    from meshplane.discovery import create_discovery
     from meshplane.mesh.node import MeshNode
     from meshplane.streams.http.app import serve
 
@@ -224,7 +226,22 @@ async def _serve_locked(
             }
         print(json.dumps(announced), flush=True)
 
-    await serve(engine, args.host, args.port, tokens=tokens, tls=tls, on_ready=ready, stop=stop, mesh=mesh)
+    # The dashboard's event plane page lists what the plane's discovery (from the environment) holds.
+    discovery = create_discovery(PlaneConfig.from_env())
+    try:
+        await serve(
+            engine,
+            args.host,
+            args.port,
+            tokens=tokens,
+            tls=tls,
+            on_ready=ready,
+            stop=stop,
+            mesh=mesh,
+            discovery=discovery,
+        )
+    finally:
+        await discovery.close()
     return 0
 
 

@@ -26,6 +26,7 @@ from meshplane.core.brokers import BROKERS_BUCKET, BrokerAddress, broker_record
 from meshplane.core.names import Scope
 from meshplane.core.records import new_instance_id
 from meshplane.core.streamlog import StoredEvent
+from meshplane.discovery.base import Discovery
 from meshplane.errors import ConfigError, MeshplaneError
 from meshplane.launchers import MeshCluster, NatsServer
 from meshplane.plane import EventPlane
@@ -175,7 +176,9 @@ async def run_up(args: argparse.Namespace) -> int:
         nats_server = NatsServer(port=args.nats_port if _port_free(args.nats_port) else 0, token=args.token)
         nats_server.start()
         nats_url = nats_server.url
-    brokers = [Broker("tcp://127.0.0.1:0", "tcp://127.0.0.1:0") for _ in range(args.brokers)]
+    brokers = [
+        Broker("tcp://127.0.0.1:0", "tcp://127.0.0.1:0", "tcp://127.0.0.1:0") for _ in range(args.brokers)
+    ]
     if brokers and args.transport != "zmq":
         raise ConfigError("--brokers needs --transport zmq")
     addresses = tuple(b.start() for b in brokers)
@@ -202,9 +205,10 @@ async def run_up(args: argparse.Namespace) -> int:
         print(f"  broker: xsub {address.xsub}, xpub {address.xpub}", flush=True)
     for node_id, node in zip(mesh.ids if mesh else (), mesh.nodes if mesh else (), strict=True):
         print(f"  mesh node {node_id}: pid {node.pid}, {node.url}, routes at {node.route_url}", flush=True)
-    streams = await _start_streams(args, state_dir) if args.streams_port >= 0 else None
+    streams = await _start_streams(args, state_dir, config) if args.streams_port >= 0 else None
     if streams is not None:
         print(f"  streams server at {streams.url} (data in {state_dir / 'streams'})", flush=True)
+        print(f"  dashboard at {streams.url}/ui", flush=True)
     local = _save_context(args, config, nats_url, streams)
     missing = _pipeline_missing(streams) if args.pipeline else None
     mesh_url = mesh.nodes[0].url if mesh is not None else None
@@ -242,11 +246,11 @@ async def run_up(args: argparse.Namespace) -> int:
     try:
         async with contextlib.AsyncExitStack() as stack:
             plane = await stack.enter_async_context(EventPlane(config))
-            for address in addresses:  # so that other shells find them (DYN_ZMQ_BROKER_ENABLED=true)
+            for broker, address in zip(brokers, addresses, strict=True):
+                # so that other shells find them (DYN_ZMQ_BROKER_ENABLED=true), and the dashboard
                 broker_id = new_instance_id()
-                await (await plane.discovery()).register(
-                    f"{BROKERS_BUCKET}/{broker_id:x}", broker_record(broker_id, address)
-                )
+                record = broker_record(broker_id, address, broker.stats_endpoint)
+                await (await plane.discovery()).register(f"{BROKERS_BUCKET}/{broker_id:x}", record)
             subscriber = await EventSubscriber.create(DEMO_SCOPE, DEMO_TOPIC, plane=plane)
             if mesh is not None:  # each publisher on its own plane, on the next node in turn
                 planes = [EventPlane(c) for c in publisher_configs(mesh, config, args.publishers)]
@@ -383,32 +387,49 @@ class _Streams:
     """The embedded streams server of `up`, run on this loop."""
 
     def __init__(
-        self, engine: StreamsService, task: asyncio.Task[None], stop: asyncio.Event, url: str
+        self,
+        engine: StreamsService,
+        task: asyncio.Task[None],
+        stop: asyncio.Event,
+        url: str,
+        discovery: Discovery,
     ) -> None:
         self.engine, self.task, self.stop, self.url = engine, task, stop, url
+        self.discovery = discovery
 
     async def close(self) -> None:
         self.stop.set()
         await asyncio.gather(self.task, return_exceptions=True)
+        await self.discovery.close()
 
 
-async def _start_streams(args: argparse.Namespace, state_dir: Path) -> _Streams:
+async def _start_streams(args: argparse.Namespace, state_dir: Path, config: PlaneConfig) -> _Streams:
+    from meshplane.discovery import create_discovery
     from meshplane.streams.http.app import serve
 
     tokens = Tokens({args.token: ADMIN}) if args.token else None
+    discovery = create_discovery(config)  # the dashboard's event plane page reads it
     for port in (args.streams_port, 0):
         engine = StreamsService(StreamsConfig(data_dir=state_dir / "streams"))
         stop = asyncio.Event()
         ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(
-            serve(engine, "127.0.0.1", port, tokens=tokens, on_ready=ready.set_result, stop=stop)
+            serve(
+                engine,
+                "127.0.0.1",
+                port,
+                tokens=tokens,
+                on_ready=ready.set_result,
+                stop=stop,
+                discovery=discovery,
+            )
         )
         waiting: set[asyncio.Future[Any]] = {task, ready}
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
             if DEMO_STREAM_TOPIC not in engine.topics:
                 engine.create_topic(DEMO_STREAM_TOPIC, num_partitions=4)
-            return _Streams(engine, task, stop, f"http://127.0.0.1:{ready.result()}")
+            return _Streams(engine, task, stop, f"http://127.0.0.1:{ready.result()}", discovery)
         error = task.exception()
         if not isinstance(error, OSError) or port == 0:
             raise ConfigError(f"the streams server did not start: {error}")

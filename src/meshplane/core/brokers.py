@@ -71,11 +71,17 @@ def select_brokers(publisher_id: int, brokers: list[BrokerAddress], k: int) -> l
     return sorted(brokers, key=lambda b: rendezvous_score(publisher_id, b), reverse=True)[:k]
 
 
-def broker_record(instance_id: int, address: BrokerAddress) -> bytes:
-    return json.dumps(
-        {"type": "ZmqBroker", "instance_id": instance_id, "xsub": address.xsub, "xpub": address.xpub},
-        separators=(",", ":"),
-    ).encode()
+def broker_record(instance_id: int, address: BrokerAddress, stats: str | None = None) -> bytes:
+    """The record a broker registers; ``stats`` is where it answers for its counters (dashboards)."""
+    record: dict[str, object] = {
+        "type": "ZmqBroker",
+        "instance_id": instance_id,
+        "xsub": address.xsub,
+        "xpub": address.xpub,
+    }
+    if stats is not None:
+        record["stats"] = stats
+    return json.dumps(record, separators=(",", ":")).encode()
 
 
 def parse_broker_record(data: bytes) -> BrokerAddress:

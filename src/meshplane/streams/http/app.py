@@ -14,6 +14,9 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 
+from meshplane.dashboard.http import DASHBOARD
+from meshplane.dashboard.live import Dashboard
+from meshplane.discovery.base import Discovery
 from meshplane.mesh.node import MeshNode
 from meshplane.streams.access import Grant, Tokens
 from meshplane.streams.errors import (
@@ -36,6 +39,7 @@ def create_app(
     tokens: Tokens | None = None,
     max_request_bytes: int | None = None,
     mesh: MeshNode | None = None,
+    discovery: Discovery | None = None,
 ) -> web.Application:
     limit = max_request_bytes or max(engine.config.max_payload_bytes * 2, 1 << 20)
     api = Api(engine)
@@ -77,7 +81,13 @@ def create_app(
         registry=registry,
         buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
     )
-    engine.durability.on_fsync = fsync_hist.observe
+    dashboard = app[DASHBOARD] = Dashboard(engine, mesh=mesh, discovery=discovery)
+
+    def on_fsync(seconds: float) -> None:
+        fsync_hist.observe(seconds)
+        dashboard.observe_fsync(seconds)
+
+    engine.durability.on_fsync = on_fsync
     app[REGISTRY] = registry
     if mesh is not None:
         app[MESH] = mesh
@@ -122,13 +132,16 @@ async def serve(
     on_ready: Callable[[int], None] | None = None,
     stop: asyncio.Event | None = None,
     mesh: MeshNode | None = None,
+    discovery: Discovery | None = None,
 ) -> None:
-    """Run until ``stop`` is set (or forever); as a node of the event mesh when ``mesh`` is given."""
+    """Run until ``stop`` is set (or forever); as a node of the event mesh when ``mesh`` is given.
+    The dashboard's event plane page lists the publishers in ``discovery``, when given."""
     await engine.start()
     if mesh is not None:
         mesh.attach(engine)
         await mesh.start()
-    app = create_app(engine, tokens=tokens, mesh=mesh)
+    app = create_app(engine, tokens=tokens, mesh=mesh, discovery=discovery)
+    app[DASHBOARD].start()
     runner = web.AppRunner(
         app,
         access_log=None,
@@ -146,6 +159,7 @@ async def serve(
             on_ready(bound)
         await (stop or asyncio.Event()).wait()
     finally:
+        await app[DASHBOARD].close()
         if mesh is not None:
             await mesh.close()
         await runner.cleanup()

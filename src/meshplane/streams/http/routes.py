@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from meshplane.dashboard import http as dashboard
 from meshplane.streams.access import Level
 from meshplane.streams.http.mesh import mesh_status, queue_delete, queue_put, queues_list
 from meshplane.streams.http.params import Handler
@@ -94,6 +95,44 @@ def route_table(api: Api) -> list[Route]:
             "meta",
         ),
         Route("GET", "/openapi.json", api.openapi, "This description", "meta", public=True),
+        Route(
+            "GET",
+            "/ui/static/{name:.+}",
+            dashboard.asset,
+            "The dashboard's scripts and styles",
+            "dashboard",
+            public=True,
+        ),
+        Route(
+            "GET",
+            "/ui/api/snapshot",
+            dashboard.snapshot,
+            "The dashboard's state now, with trends",
+            "dashboard",
+        ),
+        Route(
+            "GET",
+            "/ui/api/live",
+            dashboard.live,
+            "Server-sent events: the dashboard state each second; ?tail=room:NAME or topic:NAME:P follows",
+            "dashboard",
+        ),
+        Route(
+            "GET",
+            "/ui/api/browse",
+            dashboard.browse,
+            "Events for the message browser: ?target=, ?from_offset= or ?timestamp_ms=, ?limit=",
+            "dashboard",
+        ),
+        Route("GET", "/ui", dashboard.page, "The dashboard", "dashboard", public=True),
+        Route(
+            "GET",
+            "/ui/{page:(?!static/|api/).*}",
+            dashboard.page,
+            "The dashboard's pages",
+            "dashboard",
+            public=True,
+        ),
         Route(
             "POST",
             "/api/v1/command",
