@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run shell test lint typecheck unit bench etcd java java-if-possible redis clean
+.PHONY: run shell test lint typecheck unit bench etcd java java-if-possible chromium redis clean
 
 # What `make run` needs (the event plane, streams, Spark, nats-server) at the exact versions of
 # constraints.txt; the tests and benchmarks add their tools. A user's `pip install meshplane[...]`
@@ -44,6 +44,12 @@ java:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openjdk-17-jre-headless; }
 
+## chromium: install Debian's chromium when it is missing (the dashboard tests drive a real browser)
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
+
 # java-if-possible: the same, but without apt or permission `make run` goes on (the pipeline then
 # says it needs Java and the rest runs)
 java-if-possible:
@@ -56,8 +62,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-## test: ruff, mypy and the whole pytest suite (real nats-server, etcd, ZeroMQ, streams server, Spark)
-test: $(STAMP) etcd java lint typecheck
+## test: ruff, mypy and the whole pytest suite (real nats-server, etcd, ZeroMQ, streams server, Spark,
+## and the dashboard in a headless chromium)
+test: $(STAMP) etcd java chromium lint typecheck
 	$(BIN)/pytest
 
 ## redis: install redis-server from Debian when it is missing (the streams benchmark runs it)

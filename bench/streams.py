@@ -13,6 +13,9 @@ Measured (100-byte payloads, one partition / stream):
 - consumer groups: rebalance time when a 10th member joins (HTTP round trip and the coordinator
   alone), offset-commit latency p50/p99, each over REST (a request per call) and over the command
   WebSocket (``StreamsClient(channel=True)``); for scale, one Redis round trip (XACK) p50/p99.
+- the dashboard's cost: append rate and WebSocket fan-out latency (50 subscribers) with five
+  dashboards open (five live streams read by another process, as five browsers would hold them)
+  against none, in interleaved rounds on one server; the medians of each side and their ratio.
 - WebSocket fan-out: publish-to-receive latency to 100 WebSocket subscribers in other processes,
   twice: aiohttp subscribers sharing both cores with the server and the publisher (REST), and picows
   subscribers with the server on a core of its own and the publisher on the command WebSocket.
@@ -49,6 +52,7 @@ from meshplane.streams.service import StreamsConfig, StreamsService
 
 DATA = "x" * 100
 BATCH = 1000
+DEFAULT_OUT = Path(__file__).parent / "results" / "streams.json"
 
 
 def rate(events: int, seconds: float) -> float:
@@ -309,6 +313,85 @@ async def fanout_variants(server: StreamsServerProcess, events: int) -> dict[str
     return {"shared_cores": shared, "server_on_own_core": own}
 
 
+# --- the dashboard's cost ---------------------------------------------------------------------------
+
+
+def dashboard_readers(url: str, count: int) -> None:
+    """Child process: ``count`` dashboards' live streams, read until the parent kills it."""
+
+    async def read_one(session: aiohttp.ClientSession) -> int:
+        frames = 0
+        async with session.get(url + "/ui/api/live") as response:
+            async for _ in response.content.iter_any():
+                frames += 1
+        return frames
+
+    async def all_of_them() -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+            tasks = [asyncio.create_task(read_one(session)) for _ in range(count)]
+            await asyncio.sleep(1.5)  # every stream has had its first state
+            print("ready", flush=True)
+            await asyncio.gather(*tasks)
+
+    asyncio.run(all_of_them())
+
+
+async def append_rate(url: str, topic: str, events: int) -> float:
+    async with StreamsClient(url, timeout=300) as client:
+        await client.create_topic(topic, 1)
+        batch = [{"event_type": "bench", "data": DATA} for _ in range(BATCH)]
+        started = time.perf_counter()
+        for _ in range(events // BATCH):
+            await client.publish_batch(topic, batch, partition=0)
+        elapsed = time.perf_counter() - started
+        await client.delete_topic(topic)
+    return rate(events, elapsed)
+
+
+async def dashboard_cost(url: str, rounds: int, events: int, ws_events: int, steps: Steps) -> dict[str, Any]:
+    """Append rate and fan-out p50 with 0 and with 5 dashboards, alternating, ``rounds`` times each."""
+    measured: dict[int, dict[str, list[float]]] = {n: {"append": [], "fanout_p50": []} for n in (0, 5)}
+    for round_number in range(rounds):
+        for dashboards in (0, 5) if round_number % 2 == 0 else (5, 0):
+            readers = None
+            if dashboards:
+                readers = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    __file__,
+                    "--dashboard-child",
+                    url,
+                    "--dashboards",
+                    str(dashboards),
+                    stdout=subprocess.PIPE,
+                )
+                assert readers.stdout is not None
+                assert (await readers.stdout.readline()).strip() == b"ready"
+            try:
+                side = measured[dashboards]
+                side["append"].append(await append_rate(url, f"dash{round_number}-{dashboards}", events))
+                fanout = await ws_fanout(url, 50, ws_events, client="aiohttp", channel=False)
+                side["fanout_p50"].append(fanout["p50_ms"])
+                async with StreamsClient(url) as client:
+                    await client.delete_room("fanout")  # the next round's subscribers start empty
+            finally:
+                if readers is not None:
+                    readers.kill()
+                    await readers.wait()
+            steps.step(f"dashboard cost: {dashboards} dashboards, round {round_number + 1}/{rounds}")
+    median = {n: {k: statistics.median(v) for k, v in sides.items()} for n, sides in measured.items()}
+    return {
+        "rounds": rounds,
+        "append_events": events,
+        "fanout_subscribers": 50,
+        "fanout_events": ws_events,
+        "runs": {str(n): sides for n, sides in measured.items()},
+        "none": median[0],
+        "five": median[5],
+        "append_five_vs_none": round(median[5]["append"] / median[0]["append"], 3),
+        "fanout_p50_five_vs_none": round(median[5]["fanout_p50"] / median[0]["fanout_p50"], 3),
+    }
+
+
 # --- Redis Streams ---------------------------------------------------------------------------------
 
 
@@ -421,7 +504,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "events": args.events,
         "payload_bytes": len(DATA),
     }
-    steps = Steps(6)
+    if args.only == "dashboard":
+        steps = Steps(2 * args.dashboard_rounds)
+        with StreamsServerProcess(extra_args=("--fsync", "interval", "--fsync-interval-ms", "10")) as server:
+            server.start()
+            cost = await dashboard_cost(
+                server.url, args.dashboard_rounds, args.events // 4, args.ws_events // 2, steps
+            )
+        return {**results, "dashboard_cost": cost}
+    steps = Steps(6 + 2 * args.dashboard_rounds)
     with tempfile.TemporaryDirectory() as tmp:
         results["meshplane_engine"] = await meshplane_engine(Path(tmp), args.events)
     steps.step("meshplane engine append and reads")
@@ -435,6 +526,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         steps.step("consumer groups: rebalance and commit latency")
         results["websocket_fanout"] = await fanout_variants(server, args.ws_events)
         steps.step("WebSocket fan-out")
+        results["dashboard_cost"] = await dashboard_cost(
+            server.url, args.dashboard_rounds, args.events // 4, args.ws_events // 2, steps
+        )
     results["redis_streams"] = redis_streams(args.events)
     steps.step("Redis Streams")
     results["jetstream"] = await jetstream(args.events)
@@ -458,14 +552,27 @@ def main() -> None:
     )
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--ws-events", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "streams.json")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--dashboard-rounds", type=int, default=6, help="rounds of each side (default 6)")
+    parser.add_argument(
+        "--only",
+        choices=["dashboard"],
+        help="only the dashboard's cost (results to bench/results/streams_dashboard.json)",
+    )
     parser.add_argument("--ws-child", help=argparse.SUPPRESS)
+    parser.add_argument("--dashboard-child", help=argparse.SUPPRESS)
+    parser.add_argument("--dashboards", type=int, default=5, help=argparse.SUPPRESS)
     parser.add_argument("--ws-subscribers", type=int, default=100, help=argparse.SUPPRESS)
     parser.add_argument("--ws-client", default="aiohttp", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ws_child:
         ws_subscribers(args.ws_child, args.ws_subscribers, args.ws_events, args.ws_client)
         return
+    if args.dashboard_child:
+        dashboard_readers(args.dashboard_child, args.dashboards)
+        return
+    if args.only == "dashboard" and args.out == DEFAULT_OUT:
+        args.out = args.out.with_name("streams_dashboard.json")
     results = asyncio.run(run(args))
     print(json.dumps(results, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)

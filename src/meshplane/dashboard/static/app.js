@@ -122,7 +122,11 @@ function connect(tail = null) {
     while (!signal.aborted) {
       try {
         const response = await fetch(`/ui/api/live${query}`, { headers: headers(), signal });
-        if (response.status === 401) { showLogin(); return; }
+        if (response.status === 401) {
+          if (stream && stream.signal === signal) stream = null; // signing in opens a new one
+          showLogin();
+          return;
+        }
         if (!response.ok) throw new Error((await response.json()).error || response.statusText);
         setStatus("live", "live");
         wait = 500;
@@ -216,7 +220,7 @@ function overviewPage() {
         ["bytes stored", bytes(o.bytes_stored), "stored"],
         ["connections", fmt(c.room_subscribers + c.pubsub_listeners + c.dashboards), "connections"],
         ["uptime", duration(o.uptime_secs * 1000), "uptime"],
-        ["fsync p50 / p99", o.fsync_ms.p50 == null ? "–" : `${fmt(o.fsync_ms.p50, 2)} / ${fmt(o.fsync_ms.p99, 2)} ms`, "fsync"],
+        ["fsync p50 / p99 (ms)", o.fsync_ms.p50 == null ? "–" : `${fmt(o.fsync_ms.p50, 2)} / ${fmt(o.fsync_ms.p99, 2)}`, "fsync"],
         ["commits", fmt(o.counters.commits), "commits"],
         ["storage problems", fmt(o.storage_problems), "problems"],
       ];

@@ -1,0 +1,176 @@
+"""The dashboard's HTTP side on a real ``meshplane serve``: the page, its data, its live stream, bad
+requests and tokens. (test_dashboard_browser.py drives it in a real browser.)"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from meshplane.launchers import StreamsServerProcess
+
+TOKEN = "dashboard-admin-token-0123"
+READER = "orders-reader-token-0123456"
+
+
+def publish(url: str, topic: str, n: int, partition: int = 0, **headers: str) -> None:
+    body = {"events": [{"event_type": "e", "data": {"i": i}} for i in range(n)], "partition": partition}
+    requests.post(f"{url}/topics/{topic}/publish", json=body, headers=headers, timeout=5).raise_for_status()
+
+
+def sse_events(response: requests.Response, count: int) -> list[tuple[str, bytes]]:
+    """The first ``count`` events of a server-sent event stream (keep-alive comments skipped)."""
+    found: list[tuple[str, bytes]] = []
+    event = b""
+    for line in response.iter_lines():
+        if line.startswith(b"event: "):
+            event = line[7:]
+        elif line.startswith(b"data: "):
+            found.append((event.decode(), line[6:]))
+            if len(found) == count:
+                break
+    return found
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    with StreamsServerProcess() as proc:
+        base = proc.start().url
+        requests.post(f"{base}/topics/orders", json={"num_partitions": 2}, timeout=5).raise_for_status()
+        yield base
+
+
+def test_the_page_and_its_assets_are_public_with_a_content_security_policy(url: str) -> None:
+    for path in ("/ui", "/ui/groups/g1", "/ui/topics/a%20b"):
+        page = requests.get(url + path, timeout=5)
+        assert page.status_code == 200
+        assert '<script type="module" src="/ui/static/app.js">' in page.text
+        assert "default-src 'self'" in page.headers["Content-Security-Policy"]
+    script = requests.get(f"{url}/ui/static/app.js", timeout=5)
+    assert script.headers["Content-Type"].startswith("text/javascript")
+    assert "uPlot" in script.text
+    assert requests.get(f"{url}/ui/static/vendor/uPlot.LICENSE.txt", timeout=5).text.startswith("The MIT")
+    for missing in ("/ui/static/nope.js", "/ui/static/..%2f..%2fhttp.py", "/ui/static/index.html"):
+        assert requests.get(url + missing, timeout=5).status_code == 404
+
+
+def test_the_snapshot_and_the_live_stream_carry_the_state(url: str) -> None:
+    publish(url, "orders", 3, partition=1)
+    snapshot = requests.get(f"{url}/ui/api/snapshot", timeout=5).json()
+    (orders,) = [t for t in snapshot["topics"] if t["name"] == "orders"]
+    assert [p["next"] for p in orders["partitions"]][1] >= 3
+    assert {"in", "out", "bytes_in"} <= set(snapshot["history"])
+    assert snapshot["overview"]["counters"]["events_published"] >= 3
+    with requests.get(f"{url}/ui/api/live", stream=True, timeout=5) as live:
+        assert live.headers["Content-Type"] == "text/event-stream"
+        frames = sse_events(live, 3)  # the first state, then one a tick
+    assert [kind for kind, _ in frames] == ["state"] * 3
+    assert b'"history"' in frames[0][1]
+    assert b'"history"' not in frames[1][1]
+
+
+def test_the_live_stream_tails_new_events_of_a_partition(url: str) -> None:
+    end = requests.get(f"{url}/topics/orders/stats", timeout=5).json()["partitions"][0]["next_offset"]
+    with requests.get(
+        f"{url}/ui/api/live", params={"tail": "topic:orders:0"}, stream=True, timeout=5
+    ) as live:
+        publish(url, "orders", 2, partition=0)
+        tails = []
+        for kind, data in sse_events(live, 10):
+            if kind == "tail":
+                tails.append(data)
+                break
+    assert tails
+    assert f'"offset":{end},'.encode() in tails[0]
+    assert b'"payload":{"format":"json"' in tails[0]
+
+
+def test_the_browser_pages_and_jumps_to_a_time(url: str) -> None:
+    publish(url, "orders", 5, partition=1)
+    time.sleep(0.01)  # stamps are milliseconds: the next batch is stamped later than this one
+    middle = int(time.time() * 1000)
+    publish(url, "orders", 5, partition=1)
+    everything = requests.get(
+        f"{url}/ui/api/browse", params={"target": "topic:orders:1", "limit": 500}, timeout=5
+    )
+    events = everything.json()["events"]
+    first_late = next(e["offset"] for e in events if e["timestamp_ms"] >= middle)
+    jumped = requests.get(
+        f"{url}/ui/api/browse", params={"target": "topic:orders:1", "timestamp_ms": middle}, timeout=5
+    ).json()
+    assert jumped["from_offset"] == first_late
+    assert jumped["events"][0]["offset"] == first_late
+    last = requests.get(
+        f"{url}/ui/api/browse", params={"target": "topic:orders:1", "limit": 2}, timeout=5
+    ).json()
+    assert [e["offset"] for e in last["events"]] == [last["end"] - 2, last["end"] - 1]
+
+
+@pytest.mark.parametrize(
+    ("params", "status"),
+    [
+        ({}, 400),
+        ({"target": "topics:orders"}, 400),
+        ({"target": "topic:orders:x"}, 400),
+        ({"target": "topic:nope:0"}, 404),
+        ({"target": "topic:orders:7"}, 404),
+        ({"target": "room:nope"}, 404),
+        ({"target": "topic:orders:0", "limit": "0"}, 400),
+        ({"target": "topic:orders:0", "limit": "100000"}, 400),
+        ({"target": "topic:orders:0", "from_offset": "-3"}, 400),
+        ({"target": "topic:orders:0", "timestamp_ms": "soon"}, 400),
+    ],
+)
+def test_bad_browse_and_tail_requests_are_4xx_with_a_reason(
+    url: str, params: dict[str, str], status: int
+) -> None:
+    answer = requests.get(f"{url}/ui/api/browse", params=params, timeout=5)
+    assert answer.status_code == status
+    assert answer.json()["error"]
+    if "target" in params and "limit" not in params and "timestamp_ms" not in params:
+        tail = requests.get(f"{url}/ui/api/live", params={"tail": params["target"], **params}, timeout=5)
+        assert tail.status_code == status
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tokens: Path = tmp_path_factory.mktemp("tokens") / "tokens"
+    tokens.write_text(f"{READER} read:orders\n")
+    with StreamsServerProcess(
+        extra_args=("--token-file", str(tokens)), env={"MESHPLANE_STREAMS_TOKEN": TOKEN}
+    ) as proc:
+        base = proc.start().url
+        admin = {"Authorization": f"Bearer {TOKEN}"}
+        for topic in ("orders", "billing"):
+            requests.post(f"{base}/topics/{topic}", json={"num_partitions": 1}, headers=admin, timeout=5)
+        yield base
+
+
+def test_with_tokens_the_data_and_the_live_stream_refuse_without_one(guarded: str) -> None:
+    assert requests.get(f"{guarded}/ui", timeout=5).status_code == 200  # the page holds no data
+    for path in ("/ui/api/snapshot", "/ui/api/live", "/ui/api/browse?target=topic:orders:0"):
+        assert requests.get(guarded + path, timeout=5).status_code == 401
+        wrong = {"Authorization": "Bearer not-the-token-at-all"}
+        assert requests.get(guarded + path, headers=wrong, timeout=5).status_code == 401
+        # browsers' EventSource puts tokens in URLs; this stream takes them only from the header
+        assert requests.get(guarded + path, params={"access_token": TOKEN}, timeout=5).status_code == 401
+    ok = requests.get(f"{guarded}/ui/api/snapshot", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+    assert {t["name"] for t in ok.json()["topics"]} == {"orders", "billing"}
+
+
+def test_a_token_for_some_names_sees_and_browses_only_those(guarded: str) -> None:
+    reader = {"Authorization": f"Bearer {READER}"}
+    snapshot = requests.get(f"{guarded}/ui/api/snapshot", headers=reader, timeout=5).json()
+    assert [t["name"] for t in snapshot["topics"]] == ["orders"]
+    assert snapshot["plane"]["hidden"]
+    browse = f"{guarded}/ui/api/browse"
+    assert requests.get(browse, params={"target": "topic:orders:0"}, headers=reader, timeout=5).ok
+    denied = requests.get(browse, params={"target": "topic:billing:0"}, headers=reader, timeout=5)
+    assert denied.status_code == 403
+    live = requests.get(
+        f"{guarded}/ui/api/live", params={"tail": "topic:billing:0"}, headers=reader, timeout=5
+    )
+    assert live.status_code == 403

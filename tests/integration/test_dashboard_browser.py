@@ -1,0 +1,225 @@
+"""The dashboard in a real headless chromium (Debian's, driven by Playwright) against a real server.
+
+With ``MESHPLANE_SCREENSHOTS=DIR`` the tests also save the pages' screenshots there (docs/img)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_playwright
+
+from meshplane.launchers import StreamsServerProcess
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+TOKEN = "dashboard-browser-token-42"
+WAIT_MS = 15_000
+
+
+def post(url: str, path: str, body: object, token: str | None = None) -> dict[str, object]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    answer = requests.post(url + path, json=body, headers=headers, timeout=5)
+    answer.raise_for_status()
+    result: dict[str, object] = answer.json()
+    return result
+
+
+def publish(url: str, topic: str, n: int, partition: int = 0, data: object = None) -> None:
+    events = [{"event_type": "e", "data": data if data is not None else {"i": i}} for i in range(n)]
+    post(url, f"/topics/{topic}/publish", {"events": events, "partition": partition})
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    assert CHROMIUM, "chromium is missing: `make test` installs it (apt-get install chromium)"
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    yield launched
+    launched.close()
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    with StreamsServerProcess() as proc:
+        base = proc.start().url
+        post(base, "/topics/orders", {"num_partitions": 2})
+        publish(base, "orders", 5, partition=1)
+        post(base, "/consumer-groups/billing", {"topic": "orders"})
+        post(base, "/stream/chat/publish", {"event": "message", "data": {"text": "hello"}})
+        yield base
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh page; the test fails if the page logged an error or a warning, or threw."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    opened = context.new_page()
+    problems: list[str] = []
+
+    def console(message: ConsoleMessage) -> None:
+        if message.type in ("error", "warning"):
+            problems.append(f"{message.type}: {message.text} at {message.location}")
+
+    opened.on("console", console)
+    opened.on("pageerror", lambda error: problems.append(f"uncaught: {error}"))
+    yield opened
+    context.close()
+    assert problems == []
+
+
+def lag_is(page: Page, lag: str) -> None:
+    page.wait_for_function(
+        "lag => document.querySelector('[data-test=lag]')?.innerText === lag", arg=lag, timeout=WAIT_MS
+    )
+
+
+def screenshot(page: Page, name: str) -> None:
+    folder = os.environ.get("MESHPLANE_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / f"dashboard-{name}.png"), full_page=True)
+
+
+@pytest.mark.parametrize(
+    ("path", "heading"),
+    [
+        ("/ui", "Overview"),
+        ("/ui/topics", "Topics and rooms"),
+        ("/ui/topics/orders", "Topic orders"),
+        ("/ui/groups", "Consumer groups"),
+        ("/ui/groups/billing", "Consumer group billing"),
+        ("/ui/browse?target=topic%3Aorders%3A1", "Messages"),
+        ("/ui/plane", "Event plane"),
+    ],
+)
+def test_every_page_loads_live_with_no_console_errors(url: str, page: Page, path: str, heading: str) -> None:
+    page.goto(url + path)
+    assert page.inner_text("h1") == heading
+    page.wait_for_selector("#status.live", timeout=WAIT_MS)
+    page.wait_for_function("() => document.querySelector('main').innerText.length > 40", timeout=WAIT_MS)
+    assert "No such" not in page.inner_text("main")
+
+
+def test_navigation_keeps_one_page_and_deep_links_back(url: str, page: Page) -> None:
+    page.goto(url + "/ui")
+    page.evaluate("window.stayed = true")
+    page.click("text=Topics & rooms")
+    page.click("a[href='/ui/topics/orders']")
+    assert page.url == url + "/ui/topics/orders"
+    page.wait_for_selector("[data-test=next-1]", timeout=WAIT_MS)
+    page.go_back()
+    assert page.inner_text("h1") == "Topics and rooms"
+    assert page.evaluate("window.stayed") is True  # no reload on the way
+
+
+def test_publishing_moves_the_rate_chart_and_the_offsets_without_a_reload(url: str, page: Page) -> None:
+    page.goto(url + "/ui/topics/orders")
+    cell = page.wait_for_selector("[data-test=next-0]", timeout=WAIT_MS)
+    before = int(cell.inner_text().replace(",", ""))
+    page.evaluate("window.stayed = true")
+    publish(url, "orders", 7, partition=0)
+    page.wait_for_function(
+        "n => document.querySelector('[data-test=next-0]').innerText.replace(',', '') == String(n)",
+        arg=before + 7,
+        timeout=WAIT_MS,
+    )
+    page.goto(url + "/ui")
+    page.evaluate("window.stayed = true")
+    page.wait_for_selector("#rate-chart[data-points]", timeout=WAIT_MS)
+    for _ in range(100):  # a rate shows up in the tick after a publish; keep publishing until it does
+        publish(url, "orders", 50, partition=1)
+        try:
+            page.wait_for_function(
+                "() => Number(document.querySelector('#rate-chart').dataset.last) > 0", timeout=300
+            )
+            break
+        except Exception:  # noqa: BLE001 (playwright's TimeoutError): not yet
+            continue
+    assert float(page.eval_on_selector("#rate-chart", "e => e.dataset.last")) > 0
+    assert float(page.inner_text("[data-test=in-rate]").replace(",", "")) >= 0
+    assert page.evaluate("window.stayed") is True
+    screenshot(page, "overview")
+
+
+def test_a_group_that_stops_committing_shows_growing_lag(url: str, page: Page) -> None:
+    post(url, "/topics/payments", {"num_partitions": 1})
+    publish(url, "payments", 4, partition=0)
+    joined = post(url, "/consumer-groups/ledger", {"topic": "payments"})
+    member = post(url, "/consumer-groups/ledger/join", {})
+    assert joined["success"]
+    commit = {"partition_id": 0, "offset": 4, "member_id": member["member_id"], "generation": member["generation"]}
+    post(url, "/consumer-groups/ledger/offsets/commit", commit)
+    page.goto(url + "/ui/groups/ledger")
+    lag_is(page, "0")
+    publish(url, "payments", 3, partition=0)  # the consumer stops committing
+    lag_is(page, "3")
+    publish(url, "payments", 6, partition=0)
+    lag_is(page, "9")
+    first_age = page.inner_text("[data-test=lag-time]")
+    page.wait_for_function(
+        "age => document.querySelector('[data-test=lag-time]').innerText !== age", arg=first_age, timeout=WAIT_MS
+    )  # the oldest unconsumed event keeps waiting: its age grows
+    assert page.inner_text("[data-test=lag-0]") == "9"
+    page.wait_for_function(
+        "() => Number(document.querySelector('#lag-chart').dataset.last) === 9", timeout=WAIT_MS
+    )
+    screenshot(page, "group")
+
+
+def test_the_browser_shows_an_event_published_a_moment_ago(url: str, page: Page) -> None:
+    page.goto(url + "/ui/browse?target=topic%3Aorders%3A1")
+    page.wait_for_selector("#events tbody tr[data-offset]", timeout=WAIT_MS)
+    page.check("#tail")
+    marker = f"fresh-{uuid.uuid4().hex[:8]}"
+    page.wait_for_selector("#status.live", timeout=WAIT_MS)
+    publish(url, "orders", 1, partition=1, data={"marker": marker, "blob": [1, 2, 3]})
+    row = page.wait_for_selector(f"#events tbody tr:has-text('{marker}')", timeout=WAIT_MS)
+    assert '"marker"' in row.inner_text()
+    screenshot(page, "messages")
+
+
+def test_the_event_plane_page_shows_the_mesh_placeholder(url: str, page: Page) -> None:
+    page.goto(url + "/ui/plane")
+    page.wait_for_selector("text=not a mesh node", timeout=WAIT_MS)
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Iterator[str]:
+    with StreamsServerProcess(env={"MESHPLANE_STREAMS_TOKEN": TOKEN}) as proc:
+        base = proc.start().url
+        post(base, "/topics/secret-orders", {"num_partitions": 1}, token=TOKEN)
+        yield base
+
+
+def test_with_a_token_the_page_asks_for_it_and_never_puts_it_in_a_url(guarded: str, browser: Browser) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    urls: list[str] = []
+    statuses: dict[str, int] = {}
+    page.on("request", lambda request: urls.append(request.url))
+    page.on("response", lambda response: statuses.__setitem__(response.url.split("?")[0], response.status))
+    page.goto(guarded + "/ui/topics")
+    page.wait_for_selector("#login[open]", timeout=WAIT_MS)
+    assert statuses[guarded + "/ui/api/live"] == 401
+    assert "secret-orders" not in page.content()
+    page.fill("#token", "wrong-token-wrong-token")
+    page.click("#login button[type=submit]")
+    page.wait_for_selector("text=That token is not accepted", timeout=WAIT_MS)
+    page.fill("#token", TOKEN)
+    page.click("#login button[type=submit]")
+    page.wait_for_selector("tr[data-topic=secret-orders]", timeout=WAIT_MS)
+    page.wait_for_selector("#status.live", timeout=WAIT_MS)
+    assert not any(TOKEN in u for u in urls)
+    page.click("#logout")
+    page.wait_for_selector("#login[open]", timeout=WAIT_MS)
+    context.close()
