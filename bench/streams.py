@@ -13,9 +13,10 @@ Measured (100-byte payloads, one partition / stream):
 - consumer groups: rebalance time when a 10th member joins (HTTP round trip and the coordinator
   alone), offset-commit latency p50/p99, each over REST (a request per call) and over the command
   WebSocket (``StreamsClient(channel=True)``); for scale, one Redis round trip (XACK) p50/p99.
-- the dashboard's cost: append rate and WebSocket fan-out latency (50 subscribers) with five
-  dashboards open (five live streams read by another process, as five browsers would hold them)
-  against none, in interleaved rounds on one server; the medians of each side and their ratio.
+- the dashboard's cost: the server's idle CPU, its append rate and its WebSocket fan-out latency
+  (50 subscribers) with five dashboards open (five live streams read by another process, as five
+  browsers would hold them) against none, in interleaved rounds on one server; the medians of each
+  side and their ratio.
 - WebSocket fan-out: publish-to-receive latency to 100 WebSocket subscribers in other processes,
   twice: aiohttp subscribers sharing both cores with the server and the publisher (REST), and picows
   subscribers with the server on a core of its own and the publisher on the command WebSocket.
@@ -52,6 +53,7 @@ from meshplane.streams.service import StreamsConfig, StreamsService
 
 DATA = "x" * 100
 BATCH = 1000
+IDLE_SECS = 5.0  # the window in which the server's CPU is measured with nothing else going on
 DEFAULT_OUT = Path(__file__).parent / "results" / "streams.json"
 
 
@@ -348,26 +350,39 @@ async def append_rate(url: str, topic: str, events: int) -> float:
     return rate(events, elapsed)
 
 
-async def dashboard_cost(url: str, rounds: int, events: int, ws_events: int, steps: Steps) -> dict[str, Any]:
-    """Append rate and fan-out p50 with 0 and with 5 dashboards, alternating, ``rounds`` times each."""
-    measured: dict[int, dict[str, list[float]]] = {n: {"append": [], "fanout_p50": []} for n in (0, 5)}
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def open_dashboards(url: str, count: int) -> asyncio.subprocess.Process:
+    readers = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--dashboard-child", url, "--dashboards", str(count), stdout=subprocess.PIPE
+    )
+    assert readers.stdout is not None
+    assert (await readers.stdout.readline()).strip() == b"ready"
+    return readers
+
+
+async def dashboard_cost(
+    server: StreamsServerProcess, rounds: int, events: int, ws_events: int, steps: Steps
+) -> dict[str, Any]:
+    """The server's CPU while idle, its append rate and its fan-out p50, with 0 and with 5 dashboards
+    open, alternating, ``rounds`` times each."""
+    url, pid = server.url, server.pid
+    measured: dict[int, dict[str, list[float]]] = {
+        n: {"append": [], "fanout_p50": [], "idle_cpu_percent": []} for n in (0, 5)
+    }
     for round_number in range(rounds):
         for dashboards in (0, 5) if round_number % 2 == 0 else (5, 0):
-            readers = None
-            if dashboards:
-                readers = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    __file__,
-                    "--dashboard-child",
-                    url,
-                    "--dashboards",
-                    str(dashboards),
-                    stdout=subprocess.PIPE,
-                )
-                assert readers.stdout is not None
-                assert (await readers.stdout.readline()).strip() == b"ready"
+            readers = await open_dashboards(url, dashboards) if dashboards else None
             try:
                 side = measured[dashboards]
+                before, started = cpu_seconds(pid), time.monotonic()
+                await asyncio.sleep(IDLE_SECS)
+                used = (cpu_seconds(pid) - before) / (time.monotonic() - started)
+                side["idle_cpu_percent"].append(round(used * 100, 2))
                 side["append"].append(await append_rate(url, f"dash{round_number}-{dashboards}", events))
                 fanout = await ws_fanout(url, 50, ws_events, client="aiohttp", channel=False)
                 side["fanout_p50"].append(fanout["p50_ms"])
@@ -387,6 +402,9 @@ async def dashboard_cost(url: str, rounds: int, events: int, ws_events: int, ste
         "runs": {str(n): sides for n, sides in measured.items()},
         "none": median[0],
         "five": median[5],
+        "idle_cpu_points_five_minus_none": round(
+            median[5]["idle_cpu_percent"] - median[0]["idle_cpu_percent"], 2
+        ),
         "append_five_vs_none": round(median[5]["append"] / median[0]["append"], 3),
         "fanout_p50_five_vs_none": round(median[5]["fanout_p50"] / median[0]["fanout_p50"], 3),
     }
@@ -509,7 +527,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         with StreamsServerProcess(extra_args=("--fsync", "interval", "--fsync-interval-ms", "10")) as server:
             server.start()
             cost = await dashboard_cost(
-                server.url, args.dashboard_rounds, args.events // 4, args.ws_events // 2, steps
+                server, args.dashboard_rounds, args.events // 4, args.ws_events // 2, steps
             )
         return {**results, "dashboard_cost": cost}
     steps = Steps(6 + 2 * args.dashboard_rounds)
@@ -527,7 +545,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         results["websocket_fanout"] = await fanout_variants(server, args.ws_events)
         steps.step("WebSocket fan-out")
         results["dashboard_cost"] = await dashboard_cost(
-            server.url, args.dashboard_rounds, args.events // 4, args.ws_events // 2, steps
+            server, args.dashboard_rounds, args.events // 4, args.ws_events // 2, steps
         )
     results["redis_streams"] = redis_streams(args.events)
     steps.step("Redis Streams")
@@ -553,7 +571,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--ws-events", type=int, default=200)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--dashboard-rounds", type=int, default=6, help="rounds of each side (default 6)")
+    parser.add_argument("--dashboard-rounds", type=int, default=10, help="rounds of each side (default 10)")
     parser.add_argument(
         "--only",
         choices=["dashboard"],

@@ -206,6 +206,7 @@ async def _serve_locked(
     from meshplane.cli.mesh import with_pubsub_backpressure
     from meshplane.config import PlaneConfig
     from meshplane.discovery import create_discovery
+    from meshplane.discovery.base import Discovery
     from meshplane.mesh.node import MeshNode
     from meshplane.streams.http.app import serve
 
@@ -227,7 +228,11 @@ async def _serve_locked(
         print(json.dumps(announced), flush=True)
 
     # The dashboard's event plane page lists what the plane's discovery (from the environment) holds.
-    discovery = create_discovery(PlaneConfig.from_env())
+    try:
+        discovery: Discovery | None = create_discovery(PlaneConfig.from_env())
+    except ConfigError as exc:
+        print(f"the dashboard shows no event plane: {exc}", file=sys.stderr, flush=True)
+        discovery = None
     try:
         await serve(
             engine,
@@ -241,7 +246,8 @@ async def _serve_locked(
             discovery=discovery,
         )
     finally:
-        await discovery.close()
+        if discovery is not None:
+            await discovery.close()
     return 0
 
 
