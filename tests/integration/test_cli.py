@@ -6,16 +6,19 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from meshplane import EventPlane, Scope
 from meshplane.launchers import StreamsServerProcess
 from tests.conftest import make_config
+from tests.helpers import wait_until
 
 MESHPLANE = [sys.executable, "-m", "meshplane.cli.main"]
 
@@ -59,6 +62,7 @@ def test_up_runs_a_local_plane_and_reports_what_flows(transport: str, brokers: s
     assert "publishers heard 2" in result.stdout  # broker mode too: no false "0"
     assert ("(in discovery 2)" in result.stdout) == (brokers == "0")
     assert result.stdout.count("  broker: xsub tcp://127.0.0.1:") == int(brokers)
+    assert re.search(r"  dashboard at http://127\.0\.0\.1:\d+/ui\n", result.stdout)
     stopped = re.search(
         r"stopped: (\d+) events received from 2 publishers, gaps 0, malformed 0", result.stdout
     )
@@ -70,6 +74,34 @@ def test_up_runs_a_local_plane_and_reports_what_flows(transport: str, brokers: s
     if transport == "nats":
         pid = int(re.search(r"nats-server pid (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
         assert not Path(f"/proc/{pid}").exists()  # the embedded server is stopped with `up`
+
+
+def test_ups_dashboard_shows_the_brokers_and_their_counters(tmp_path: Path) -> None:
+    argv = [*MESHPLANE, "up", "--no-pipeline", "--transport", "zmq", "--brokers", "2", "--streams-port", "0"]
+    argv += ["--state-dir", str(tmp_path), "--duration", "60", "--publishers", "2", "--rate", "50"]
+    up = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env_for(tmp_path, "zmq"))
+    try:
+        assert up.stdout is not None
+        url = None
+        for line in up.stdout:
+            found = re.search(r"dashboard at (\S+)/ui", line)
+            if found:
+                url = found.group(1)
+                break
+        assert url is not None
+        plane: dict[str, Any] = {}
+
+        def brokers_counted() -> bool:
+            nonlocal plane
+            plane = requests.get(f"{url}/ui/api/snapshot", timeout=5).json()["plane"]
+            brokers = plane.get("brokers", [])
+            return len(brokers) == 2 and all(b.get("counters", {}).get("frames_in", 0) > 0 for b in brokers)
+
+        wait_until(brokers_counted, timeout=30, interval=0.5, what="both brokers' counters on the dashboard")
+        assert plane["invalid_records"] == 0
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=30)
 
 
 def test_up_with_nodes_runs_the_demo_through_a_mesh_and_stops_every_node(tmp_path: Path) -> None:
