@@ -34,8 +34,8 @@ def session() -> Iterator[requests.Session]:
         yield http
 
 
-# WebSocket and SSE routes hold the connection open: the hostile-client tests cover them.
-@schema.exclude(path_regex=r"(/ws|/events/)").parametrize()
+# WebSocket and SSE routes hold the connection open: the hostile-client and dashboard tests cover them.
+@schema.exclude(path_regex=r"(/ws|/events/|/ui/api/live)").parametrize()
 @settings(
     max_examples=EXAMPLES,
     deadline=None,

@@ -4,6 +4,7 @@ The OpenAPI description is made from the same table."""
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -364,9 +365,14 @@ def version() -> str:
     return __version__
 
 
+_PATTERN = re.compile(r"\{(\w+):[^{}]*\}")
+_PARAMETER = re.compile(r"\{(\w+)\}")
+
+
 def openapi_document(routes: list[Route]) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
+        path = _PATTERN.sub(r"{\1}", route.path)  # aiohttp's {name:regex} is OpenAPI's {name}
         operation: dict[str, Any] = {
             "summary": route.summary,
             "tags": [route.tag],
@@ -377,7 +383,7 @@ def openapi_document(routes: list[Route]) -> dict[str, Any]:
                 "404": {"description": "unknown room, topic or group"},
             },
         }
-        params = [part[1:-1] for part in route.path.split("/") if part.startswith("{")]
+        params = _PARAMETER.findall(path)
         if params:
             operation["parameters"] = [
                 {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params
@@ -397,7 +403,7 @@ def openapi_document(routes: list[Route]) -> dict[str, Any]:
             }
         if not route.public:
             operation["security"] = [{"bearer": []}]
-        paths.setdefault(route.path, {})[route.method.lower()] = operation
+        paths.setdefault(path, {})[route.method.lower()] = operation
     return {
         "openapi": "3.1.0",
         "info": {"title": "meshplane streams", "version": version()},
