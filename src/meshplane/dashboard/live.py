@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import statistics
 import time
@@ -189,9 +190,9 @@ class Dashboard:
             "out": e.counters["events_consumed"] + e.pubsub.delivered,
             "bytes_in": e.counters["bytes_published"],
         }
-        for room in list(e.rooms.values())[:MAX_LISTED]:
+        for room in itertools.islice(e.rooms.values(), MAX_LISTED):
             counters["room:" + room.name] = room.published
-        for topic in list(e.topics.values())[:MAX_LISTED]:
+        for topic in itertools.islice(e.topics.values(), MAX_LISTED):
             counters["topic:" + topic.name] = sum(topic.published)
         points = self.trends.rates(now, counters)
         lags: dict[str, int] = {}
@@ -253,6 +254,7 @@ class Dashboard:
             },
             "counters": dict(e.counters),
             "storage_problems": len(e.storage_problems()),
+            "dashboard_tick_errors": self.errors,  # logged with their tracebacks
         }
 
     def _topic(self, name: str, groups: list[dict[str, Any]]) -> dict[str, Any]:
