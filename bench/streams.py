@@ -173,8 +173,8 @@ async def group_timings(url: str, rounds: int, commits: int) -> dict[str, float]
     with tempfile.TemporaryDirectory() as tmp:  # the commit path without HTTP: fencing + an append
         engine = StreamsService(StreamsConfig(data_dir=Path(tmp)))
         engine.open()
-        engine.create_topic("t", 12)
-        engine.create_group("g", "t")
+        await engine.create_topic("t", 12)
+        await engine.create_group("g", "t")
         generation = engine.group("g").join("m", time.monotonic()).generation
         engine_commits = []
         for i in range(commits):

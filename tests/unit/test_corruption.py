@@ -175,9 +175,9 @@ def test_a_missing_segment_is_a_reported_hole(tmp_path: Path) -> None:
 async def engine_with_data(directory: Path) -> None:
     engine = StreamsService(StreamsConfig(data_dir=directory))
     await engine.start()
-    engine.create_topic("t", 2)
+    await engine.create_topic("t", 2)
     await engine.publish_topic("t", [StoredEvent(f"e{i}", "e", i) for i in range(10)])
-    engine.create_group("g", "t")
+    await engine.create_group("g", "t")
     await engine.commit("g", 0, 3, None, None)
     await engine.publish_room("r", "e", 1)
     await engine.close()
@@ -231,7 +231,7 @@ def test_the_engine_checks_sealed_segments_in_the_background(tmp_path: Path) -> 
     async def scenario() -> None:
         engine = StreamsService(StreamsConfig(data_dir=tmp_path, segment_bytes=20_000))
         await engine.start()
-        engine.create_topic("t", 1)
+        await engine.create_topic("t", 1)
         for i in range(300):  # ~150 bytes each: two sealed segments, indexed every 4 KiB
             await engine.publish_topic("t", [StoredEvent(f"e{i}", "e", "x" * 100)])
         await engine.close()

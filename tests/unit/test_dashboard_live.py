@@ -32,12 +32,12 @@ def events(n: int) -> list[StoredEvent]:
     return [StoredEvent(f"id{i}", "e", {"i": i}) for i in range(n)]
 
 
-def test_lag_in_events_and_in_time_of_a_group_that_stopped_committing(engine: StreamsService) -> None:
+async def test_lag_in_events_and_in_time_of_a_group_that_stopped_committing(engine: StreamsService) -> None:
     clock = Clock()
     dashboard = Dashboard(engine, clock=clock)
-    engine.create_topic("orders", num_partitions=1)
+    engine.topic_store.create("orders", num_partitions=1)
     engine.append_topic("orders", events(5))
-    engine.create_group("g", "orders")
+    engine.group_store.create("g", "orders", 1, "round_robin", 30.0)
     engine.group_store.commit("g", 0, 2, None, None)
     stamp = engine.topic("orders").partitions[0].read(2, 1)[0].timestamp_ms
     clock.now = stamp / 1000 + 7.5
@@ -48,14 +48,14 @@ def test_lag_in_events_and_in_time_of_a_group_that_stopped_committing(engine: St
     assert dashboard.state(clock.now)["groups"][0]["lag_ms"] == 9500  # the same event, waiting longer
 
 
-def test_rates_and_lag_are_sampled_with_no_page_open(engine: StreamsService) -> None:
+async def test_rates_and_lag_are_sampled_with_no_page_open(engine: StreamsService) -> None:
     clock = Clock()
     dashboard = Dashboard(engine, clock=clock)
-    engine.create_topic("orders", num_partitions=2)
-    dashboard.tick()
+    engine.topic_store.create("orders", num_partitions=2)
+    await dashboard.tick()
     engine.append_topic("orders", events(20))
     clock.now += 2
-    dashboard.tick()
+    await dashboard.tick()
     assert dashboard.trends.series["in"][-1] == (clock.now, 10.0)
     assert dashboard.trends.series["topic:orders"][-1] == (clock.now, 10.0)
 
@@ -68,7 +68,7 @@ async def test_a_slow_page_gets_the_newest_state_never_a_queue_but_every_tail_fr
     viewer = dashboard.join(None, Tail("room", "chat", None, 0))
     for n in range(10):
         await engine.publish_room("chat", "msg", n)
-        dashboard.tick()
+        await dashboard.tick()
     states = [f for f in viewer.pending if f.startswith(b"event: state")]
     tails = [f for f in viewer.pending if f.startswith(b"event: tail")]
     assert len(states) == 1
@@ -77,7 +77,7 @@ async def test_a_slow_page_gets_the_newest_state_never_a_queue_but_every_tail_fr
     assert viewer.tail.next_offset == 10
 
 
-def test_pages_are_bounded(engine: StreamsService) -> None:
+async def test_pages_are_bounded(engine: StreamsService) -> None:
     dashboard = Dashboard(engine)
     viewers = [dashboard.join(None) for _ in range(MAX_VIEWERS)]
     with pytest.raises(LimitReached):
@@ -86,15 +86,15 @@ def test_pages_are_bounded(engine: StreamsService) -> None:
     dashboard.join(None)
 
 
-def test_a_token_limited_to_a_prefix_sees_only_its_names(engine: StreamsService) -> None:
+async def test_a_token_limited_to_a_prefix_sees_only_its_names(engine: StreamsService) -> None:
     dashboard = Dashboard(engine)
     for name in ("orders.eu", "billing"):
-        engine.create_topic(name, num_partitions=1)
-    engine.create_group("orders.eu-readers", "orders.eu")
-    dashboard.tick()
+        engine.topic_store.create(name, num_partitions=1)
+    engine.group_store.create("orders.eu-readers", "orders.eu", 1, "round_robin", 30.0)
+    await dashboard.tick()
     limited = dashboard.join(Grant((Scope("read", "orders."),)))
     everyone = dashboard.join(None)
-    dashboard.tick()
+    await dashboard.tick()
     assert b'"billing"' in everyone.pending[-1]
     assert b'"billing"' not in limited.pending[-1]
     assert b'"orders.eu"' in limited.pending[-1]

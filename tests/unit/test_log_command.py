@@ -17,7 +17,7 @@ def make_data(root: Path) -> None:
     async def fill() -> None:
         engine = StreamsService(StreamsConfig(data_dir=root, segment_bytes=2_000))
         await engine.start()
-        engine.create_topic("orders", 2)
+        await engine.create_topic("orders", 2)
         events = [StoredEvent(f"e{i}", "order.created", {"n": i}, f"k{i}") for i in range(60)]
         await engine.publish_topic("orders", events)
         await engine.publish_room("chat", "message", {"text": "hi"})

@@ -111,9 +111,9 @@ async def engine_workload(engine: StreamsService, ack: Acknowledged) -> None:
 
     async def create() -> None:
         if "t" not in engine.topics:
-            engine.create_topic("t", 2, segment_bytes=4_096)
+            await engine.create_topic("t", 2, segment_bytes=4_096)
         if "g" not in engine.groups:
-            engine.create_group("g", "t")
+            await engine.create_group("g", "t")
 
     for round_ in range(12):
         await attempt("create", create)

@@ -22,7 +22,7 @@ async def test_fsync_always_acknowledges_after_a_shared_fsync(tmp_path: Path) ->
     engine = StreamsService(StreamsConfig(data_dir=tmp_path, fsync="always"))
     await engine.start()
     try:
-        engine.create_topic("t", 1)
+        await engine.create_topic("t", 1)
         places = await asyncio.gather(*(engine.publish_topic("t", [event(i)]) for i in range(200)))
         assert sorted(p[0][1] for p in places) == list(range(200))
         assert 1 <= engine.durability.fsyncs < 200  # concurrent publishers shared fsyncs (group commit)
@@ -38,7 +38,7 @@ async def test_fsync_interval_syncs_after_the_first_write_or_once_enough_records
     )
     await engine.start()
     try:
-        engine.create_topic("t", 1)
+        await engine.create_topic("t", 1)
         for i in range(9):
             await engine.publish_topic("t", [event(i)])
         await asyncio.sleep(0.05)
@@ -53,7 +53,7 @@ async def test_fsync_interval_counts_from_the_first_unsynced_write(tmp_path: Pat
     engine = StreamsService(StreamsConfig(data_dir=tmp_path, fsync="interval", fsync_interval_ms=500))
     await engine.start()
     try:
-        engine.create_topic("t", 1)
+        await engine.create_topic("t", 1)
         await engine.publish_topic("t", [event(0)])
         assert engine.durability.fsyncs == 0
         await eventually(lambda: engine.durability.fsyncs == 1, what="synced within the interval")
@@ -98,7 +98,7 @@ async def test_rooms_expire_by_time_and_inactive_rooms_go(tmp_path: Path) -> Non
 async def test_idempotent_publishes_survive_a_restart(tmp_path: Path) -> None:
     engine = StreamsService(StreamsConfig(data_dir=tmp_path))
     engine.open()
-    engine.create_topic("t", 2)
+    await engine.create_topic("t", 2)
     first = await engine.publish_topic("t", [event(1), event(2)], idempotency_key="k1")
     await engine.close()
     again = StreamsService(StreamsConfig(data_dir=tmp_path))
@@ -117,8 +117,8 @@ async def test_an_eviction_seen_through_group_stats_is_saved_counted_and_notifie
     engine = StreamsService(StreamsConfig(data_dir=tmp_path, cleanup_interval=3600))  # no sweep meanwhile
     await engine.start()
     async with TestClient(TestServer(create_app(engine))) as http:
-        engine.create_topic("t", 2)
-        engine.create_group("g", "t")
+        await engine.create_topic("t", 2)
+        await engine.create_group("g", "t")
         joined = await http.post(
             "/consumer-groups/g/join", json={"member_id": "m", "session_timeout_secs": 0.05}
         )
@@ -158,15 +158,15 @@ def durable_state(service: StreamsService) -> dict[str, Any]:
 
 
 async def create_topic(s: StreamsService) -> None:
-    s.create_topic("new", 3)
+    await s.create_topic("new", 3)
 
 
 async def grow_topic(s: StreamsService) -> None:
-    s.add_partitions("t", 4)
+    await s.add_partitions("t", 4)
 
 
 async def delete_topic(s: StreamsService) -> None:
-    s.delete_topic("t")
+    await s.delete_topic("t")
 
 
 async def publish_topic(s: StreamsService) -> None:
@@ -190,11 +190,11 @@ async def delete_room(s: StreamsService) -> None:
 
 
 async def create_group(s: StreamsService) -> None:
-    s.create_group("g2", "t", strategy="range")
+    await s.create_group("g2", "t", strategy="range")
 
 
 async def delete_group(s: StreamsService) -> None:
-    s.delete_group("g")
+    await s.delete_group("g")
 
 
 async def join_group(s: StreamsService) -> None:
@@ -213,7 +213,7 @@ async def commit(s: StreamsService) -> None:
 async def expire_member(s: StreamsService) -> None:
     s.group_store.join("g", "short", 0.01)
     await asyncio.sleep(0.02)
-    s.group_stats("g")  # an eviction noticed by reading
+    await s.group_stats("g")  # an eviction noticed by reading
 
 
 @pytest.mark.parametrize(
@@ -239,10 +239,10 @@ async def test_every_kind_of_change_survives_a_restart(tmp_path: Path, change: A
     config = StreamsConfig(data_dir=tmp_path, cleanup_interval=3600)
     service = StreamsService(config)
     service.open()
-    service.create_topic("t", 2)
+    await service.create_topic("t", 2)
     await service.publish_topic("t", [event(1), event(2)])
     await service.publish_room("r", "hello", {"n": 1})
-    service.create_group("g", "t")
+    await service.create_group("g", "t")
     service.group_store.join("g", "m1", None)
     before = durable_state(service)
     await change(service)

@@ -428,7 +428,7 @@ async def _start_streams(args: argparse.Namespace, state_dir: Path, config: Plan
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
             if DEMO_STREAM_TOPIC not in engine.topics:
-                engine.create_topic(DEMO_STREAM_TOPIC, num_partitions=4)
+                await engine.create_topic(DEMO_STREAM_TOPIC, num_partitions=4)
             return _Streams(engine, task, stop, f"http://127.0.0.1:{ready.result()}", discovery)
         error = task.exception()
         if not isinstance(error, OSError) or port == 0:

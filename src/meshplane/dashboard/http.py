@@ -156,10 +156,10 @@ async def browse(request: web.Request) -> web.Response:
     start, end = dashboard.bounds(kind, name, partition)
     stamp = query_int(request, "timestamp_ms", None, minimum=0)
     if stamp is not None:
-        from_offset = dashboard.offset_at(kind, name, partition, stamp)
+        from_offset = await dashboard.offset_at(kind, name, partition, stamp)
     else:
         from_offset = query_int(request, "from_offset", max(start, end - limit), minimum=0)
-    events = dashboard.read(kind, name, partition, from_offset, limit)
+    events = await dashboard.read(kind, name, partition, from_offset, limit)
     return json_response(
         {
             "target": request.query["target"],

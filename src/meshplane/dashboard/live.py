@@ -30,7 +30,7 @@ from meshplane.errors import MeshplaneError
 from meshplane.mesh.node import MeshNode
 from meshplane.streams.access import Grant
 from meshplane.streams.errors import LimitReached, NotFound, StreamError
-from meshplane.streams.events import StreamEvent, decode_stream_event
+from meshplane.streams.events import StreamEvent
 from meshplane.streams.service import StreamsService
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ class Dashboard:
     async def _run(self) -> None:
         while True:
             try:
-                self.tick()
+                await self.tick()
             except Exception:  # a bug here must not stop the server, nor the next tick
                 self.errors += 1
                 log.exception("dashboard tick failed")
@@ -169,7 +169,7 @@ class Dashboard:
 
     # --- one tick ------------------------------------------------------------------------------------
 
-    def tick(self) -> None:
+    async def tick(self) -> None:
         now = self.clock()
         self._sample(now)
         if not self.viewers:
@@ -181,7 +181,7 @@ class Dashboard:
             frame = shared if viewer.sees_everything else sse("state", _json.encode(_filtered(state, viewer)))
             viewer.offer(frame, replace=True)
             if viewer.tail is not None:
-                self._send_tail(viewer)
+                await self._send_tail(viewer)
 
     def _sample(self, now: float) -> None:
         e = self.engine
@@ -333,8 +333,8 @@ class Dashboard:
         key = (group, partition)
         known = self._lag_stamps.get(key)
         if known is None or known[0] != offset:
-            topic = self.engine.topics.get(self.engine.groups[group].topic)
-            if topic is None:
+            topic = self.engine.topic_store.topics.get(self.engine.groups[group].topic)
+            if topic is None or not self.engine.local_files:  # a remote log: not read on every tick
                 return None
             try:
                 records = topic.partitions[partition].read(offset, 1)
@@ -396,11 +396,11 @@ class Dashboard:
 
     # --- tails and the message browser ----------------------------------------------------------------
 
-    def _send_tail(self, viewer: Viewer) -> None:
+    async def _send_tail(self, viewer: Viewer) -> None:
         tail = viewer.tail
         assert tail is not None
         try:
-            events = self.read(tail.kind, tail.name, tail.partition, tail.next_offset, TAIL_EVENTS)
+            events = await self.read(tail.kind, tail.name, tail.partition, tail.next_offset, TAIL_EVENTS)
         except StreamError as exc:
             viewer.offer(sse("tail-error", _json.encode({"error": str(exc)})), replace=False)
             viewer.tail = None
@@ -409,7 +409,7 @@ class Dashboard:
             viewer.tail = Tail(tail.kind, tail.name, tail.partition, events[-1]["offset"] + 1)
             viewer.offer(sse("tail", _json.encode(events)), replace=False)
 
-    def read(
+    async def read(
         self, kind: str, name: str, partition: int | None, from_offset: int, limit: int
     ) -> list[dict[str, Any]]:
         """Events for the browser, without counting them as consumed."""
@@ -419,11 +419,12 @@ class Dashboard:
             if start >= room.next_offset:
                 return []
             return [_shown(ev) for ev in room.read(start, limit)]
-        plog = self.engine.topic(name).partitions[_partition(self.engine, name, partition)]
+        p = _partition(self.engine, name, partition)
+        plog = self.engine.topic(name).partitions[p]
         start = max(from_offset, plog.start_offset)
         if start >= plog.next_offset:
             return []
-        return [_shown(decode_stream_event(r, partition)) for r in plog.read(start, limit)]
+        return [_shown(ev) for ev in await self.engine.read_topic(name, p, start, limit, counted=False)]
 
     def bounds(self, kind: str, name: str, partition: int | None) -> tuple[int, int]:
         if kind == "room":
@@ -432,10 +433,10 @@ class Dashboard:
         plog = self.engine.topic(name).partitions[_partition(self.engine, name, partition)]
         return plog.start_offset, plog.next_offset
 
-    def offset_at(self, kind: str, name: str, partition: int | None, timestamp_ms: int) -> int:
+    async def offset_at(self, kind: str, name: str, partition: int | None, timestamp_ms: int) -> int:
         if kind == "topic":
-            plog = self.engine.topic(name).partitions[_partition(self.engine, name, partition)]
-            return plog.offset_for_time(timestamp_ms)
+            offsets = await self.engine.offsets_for_time(name, timestamp_ms)
+            return offsets[_partition(self.engine, name, partition)]
         room = self.engine.room(name)
         return first_at_or_after(
             room.oldest, room.next_offset, lambda o: room.read(o, 1)[0].timestamp_ms, timestamp_ms

@@ -400,7 +400,7 @@ class Guaranteed:
                 continue
             try:
                 if queue.name not in self.engine.topics:  # deleted under the queue: made again
-                    self.engine.create_topic(queue.name, 1)
+                    self.engine.topic_store.create(queue.name, 1)
                 _, more = self.engine.append_topic(queue.name, [stored_event(e) for _, e in fresh.values()])
             except StreamError as exc:
                 failed.update((work, str(exc)) for work, _ in fresh.values())

@@ -106,7 +106,7 @@ class Queues:
         if name not in self.queues and len(self.queues) >= MAX_QUEUES:
             raise BadRequest(f"{MAX_QUEUES} queues (the limit)")
         if name not in self.engine.topics:
-            self.engine.create_topic(name, 1)
+            self.engine.topic_store.create(name, 1)
         saved = {q.name: q.patterns for q in self.queues.values()} | {name: sorted(set(checked))}
         self._save(saved)
         old = self.queues.pop(name, None)
@@ -148,7 +148,7 @@ class Queues:
         assert self.engine is not None
         topic = self.engine.topics.get(queue.name)
         if topic is None:
-            self.engine.create_topic(queue.name, 1)
+            self.engine.topic_store.create(queue.name, 1)
             return
         for index, partition in enumerate(topic.partitions):
             offset = max(partition.start_offset, partition.next_offset - RECENT_IDS)

@@ -97,6 +97,10 @@ class PartitionLog(SegmentRecovery):
         return logical_start_offset(self.segments[0].base_offset, self.next_offset, self.retention)
 
     @property
+    def segment_count(self) -> int:
+        return len(self.segments)
+
+    @property
     def size_bytes(self) -> int:
         return sum(s.size for s in self.segments)
 

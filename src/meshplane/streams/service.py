@@ -46,7 +46,7 @@ from meshplane.streams.groups import GroupStore
 from meshplane.streams.idempotency import IdempotencyTable
 from meshplane.streams.pubsub import PubSub, PubSubLimits
 from meshplane.streams.rooms import Room, read_room_settings
-from meshplane.streams.topics import Topic, TopicStore
+from meshplane.streams.topics import RawSpan, Topic, TopicBase, TopicStore
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,7 @@ class StreamsService:
             self.root / "groups", self.counters, sync=self.config.fsync != "never", report=self._report
         )
         self.ready = False
+        self.local_files = True  # topics' logs are files on this host (sendfile, short-circuit reads)
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -345,7 +346,7 @@ class StreamsService:
     def topics(self) -> dict[str, Topic]:
         return self.topic_store.topics
 
-    def create_topic(
+    async def create_topic(
         self,
         name: str,
         num_partitions: int | None = None,
@@ -358,20 +359,37 @@ class StreamsService:
     def topic(self, name: str) -> Topic:
         return self.topic_store.get(name)
 
-    def add_partitions(self, name: str, count: int) -> Topic:
+    async def add_partitions(self, name: str, count: int) -> TopicBase[Any]:
         topic = self.topic_store.grow(name, count)
         self.group_store.resize(name, count)
         return topic
 
-    def delete_topic(self, name: str) -> bool:
+    async def delete_topic(self, name: str) -> bool:
         deleted = self.topic_store.delete(name)
         self.idempotency.forget_topic(name)
         return deleted
 
-    def read_topic(self, name: str, partition: int, from_offset: int, limit: int) -> list[StreamEvent]:
-        events = self.topic(name).read(partition, from_offset, limit)
-        self.counters["events_consumed"] += len(events)
+    async def read_topic(
+        self, name: str, partition: int, from_offset: int, limit: int, *, counted: bool = True
+    ) -> list[StreamEvent]:
+        """Events from ``from_offset``; ``counted=False`` for looking (the dashboard), not consuming."""
+        events = self.topic_store.get(name).read(partition, from_offset, limit, counted=counted)
+        if counted:
+            self.counters["events_consumed"] += len(events)
         return events
+
+    async def read_topic_raw(self, name: str, partition: int, from_offset: int, max_bytes: int) -> bytes:
+        """Records as :func:`meshplane.core.streamlog.scan_records` reads them (for bulk readers)."""
+        return self.topic_store.get(name).read_raw(partition, from_offset, max_bytes)
+
+    def local_span(self, name: str, partition: int, from_offset: int, max_bytes: int) -> RawSpan | None:
+        """Where those records lie in a local segment file (to send them with ``sendfile``, or for a
+        reader on this host to read them itself); ``None`` when there is nothing to send."""
+        return self.topic_store.get(name).raw_span(partition, from_offset, max_bytes)
+
+    async def offsets_for_time(self, name: str, timestamp_ms: int) -> list[int]:
+        """Per partition, the first offset stamped at or after ``timestamp_ms`` (the end when none is)."""
+        return self.topic_store.get(name).offsets_for_time(timestamp_ms)
 
     async def publish_topic(
         self,
@@ -441,7 +459,7 @@ class StreamsService:
 
     # --- consumer groups -----------------------------------------------------------------------------
 
-    def create_group(
+    async def create_group(
         self,
         group_id: str,
         topic: str,
@@ -468,8 +486,29 @@ class StreamsService:
     def group(self, group_id: str) -> GroupCoordinator:
         return self.group_store.get(group_id)
 
-    def delete_group(self, group_id: str) -> bool:
+    async def fresh_group(self, group_id: str) -> GroupCoordinator:
+        """The group as it is now (on a shared backend, as the other servers left it too)."""
+        return self.group(group_id)
+
+    async def delete_group(self, group_id: str) -> bool:
         return self.group_store.delete(group_id)
+
+    async def join_group(
+        self, group_id: str, member: str, session_timeout: float | None
+    ) -> tuple[int, list[int]]:
+        """(generation, the member's partitions) after the rebalance its joining caused."""
+        return self.group_store.join(group_id, member, session_timeout)
+
+    async def group_assignment(self, group_id: str, member: str) -> tuple[int, list[int]]:
+        partitions = self.group_store.assignment(group_id, member)
+        return self.group(group_id).generation, partitions
+
+    async def group_heartbeat(self, group_id: str, member: str) -> tuple[int, list[int]]:
+        generation = self.group_store.heartbeat(group_id, member)
+        return generation, self.group(group_id).assignment.get(member, [])
+
+    async def leave_group(self, group_id: str, member: str) -> int:
+        return self.group_store.leave(group_id, member)
 
     async def commit(
         self, group_id: str, partition: int, offset: int, member_id: str | None, generation: int | None
@@ -478,7 +517,7 @@ class StreamsService:
         commits = self.group_store.commit(group_id, partition, offset, member_id, generation)
         await self.durability.written(commits)
 
-    def group_stats(self, group_id: str) -> dict[str, Any]:
+    async def group_stats(self, group_id: str) -> dict[str, Any]:
         stats = self.group_store.stats(group_id)
         stats["lag"] = {str(p): lag for g, p, lag in self.lag() if g == group_id}
         return stats

@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -38,19 +38,98 @@ class TopicSettings(msgspec.Struct):
     incarnation: str = ""
 
 
-class Topic:
-    def __init__(
-        self, name: str, directory: Path, settings: TopicSettings, files: FilePool | None = None
-    ) -> None:
+class PartitionState(Protocol):
+    """What every partition shows without I/O: its bounds and size (a local log, or a cached view of
+    a remote one)."""
+
+    @property
+    def start_offset(self) -> int: ...
+    @property
+    def next_offset(self) -> int: ...
+    @property
+    def size_bytes(self) -> int: ...
+    @property
+    def segment_count(self) -> int: ...
+
+
+P = TypeVar("P", bound=PartitionState)
+RawSpan = tuple[Segment, int, int]  # segment, position, length
+
+
+class TopicBase(Generic[P]):
+    """A topic's name, settings, partitions and counters: what every storage backend shares."""
+
+    def __init__(self, name: str, settings: TopicSettings) -> None:
         self.name = name
-        self.directory = directory
         self.settings = settings
-        self.files = files
-        self.partitions: list[PartitionLog] = []
+        self.partitions: list[P] = []
         self.notifiers: list[Notifier] = []
         self.published: list[int] = []
         self.consumed: list[int] = []
         self._next_partition = 0
+
+    def _add_partition(self, partition: P) -> None:
+        self.partitions.append(partition)
+        self.notifiers.append(Notifier())
+        self.published.append(0)
+        self.consumed.append(0)
+
+    def choose_partition(self, key: str | None, partition: int | None) -> int:
+        count = len(self.partitions)
+        if partition is not None:
+            if not 0 <= partition < count:
+                raise NotFound(
+                    f"partition {partition} of topic {self.name!r} does not exist (0..{count - 1})"
+                )
+            return partition
+        if key is not None:
+            return partition_for_key(key, count)
+        chosen = self._next_partition
+        self._next_partition = (chosen + 1) % count
+        return chosen
+
+    def log_of(self, partition: int) -> P:
+        if not 0 <= partition < len(self.partitions):
+            raise NotFound(
+                f"partition {partition} of topic {self.name!r} does not exist (0..{len(self.partitions) - 1})"
+            )
+        return self.partitions[partition]
+
+    def check_offset(self, partition: int, from_offset: int) -> P:
+        """The partition, if ``from_offset`` is within it (its end included: the next event's place)."""
+        plog = self.log_of(partition)
+        start = plog.start_offset
+        if from_offset < start or from_offset > plog.next_offset:
+            newest = plog.next_offset - 1 if plog.next_offset > start else None
+            raise OffsetOutOfRange(from_offset, start, newest)
+        return plog
+
+    def partition_stats(self, partition: int) -> dict[str, Any]:
+        plog = self.partitions[partition]
+        start, end = plog.start_offset, plog.next_offset
+        return {
+            "partition_id": partition,
+            "topic": self.name,
+            "message_count": end - start,
+            "total_bytes": plog.size_bytes,
+            "min_offset": start,
+            "max_offset": end - 1 if end > start else None,
+            "next_offset": end,
+            "segments": plog.segment_count,
+            "published": self.published[partition],
+            "consumed": self.consumed[partition],
+        }
+
+
+class Topic(TopicBase[PartitionLog]):
+    """A topic on the local disk: one segment log per partition."""
+
+    def __init__(
+        self, name: str, directory: Path, settings: TopicSettings, files: FilePool | None = None
+    ) -> None:
+        super().__init__(name, settings)
+        self.directory = directory
+        self.files = files
         self._open_partitions(settings.num_partitions)
 
     def _open_partitions(self, count: int) -> None:
@@ -68,7 +147,7 @@ class Topic:
     def _open_more(self, count: int) -> None:
         for p in range(len(self.partitions), count):
             s = self.settings
-            self.partitions.append(
+            self._add_partition(
                 PartitionLog(
                     self.directory / str(p),
                     segment_bytes=s.segment_bytes,
@@ -76,9 +155,6 @@ class Topic:
                     files=self.files,
                 )
             )
-            self.notifiers.append(Notifier())
-            self.published.append(0)
-            self.consumed.append(0)
 
     def grow(self, count: int) -> None:
         """More partitions (never fewer, as in Kafka: keyed events of existing keys may move)."""
@@ -89,39 +165,13 @@ class Topic:
         self._open_partitions(count)
         self.settings.num_partitions = count
 
-    def choose_partition(self, key: str | None, partition: int | None) -> int:
-        count = len(self.partitions)
-        if partition is not None:
-            if not 0 <= partition < count:
-                raise NotFound(
-                    f"partition {partition} of topic {self.name!r} does not exist (0..{count - 1})"
-                )
-            return partition
-        if key is not None:
-            return partition_for_key(key, count)
-        chosen = self._next_partition
-        self._next_partition = (chosen + 1) % count
-        return chosen
-
-    def log_of(self, partition: int) -> PartitionLog:
-        if not 0 <= partition < len(self.partitions):
-            raise NotFound(
-                f"partition {partition} of topic {self.name!r} does not exist (0..{len(self.partitions) - 1})"
-            )
-        return self.partitions[partition]
-
-    def _checked(self, partition: int, from_offset: int) -> PartitionLog:
-        plog = self.log_of(partition)
-        start = plog.start_offset
-        if from_offset < start or from_offset > plog.next_offset:
-            newest = plog.next_offset - 1 if plog.next_offset > start else None
-            raise OffsetOutOfRange(from_offset, start, newest)
-        return plog
-
-    def read(self, partition: int, from_offset: int, limit: int) -> list[StreamEvent]:
-        records = self._checked(partition, from_offset).read(from_offset, limit)
+    def read(
+        self, partition: int, from_offset: int, limit: int, *, counted: bool = True
+    ) -> list[StreamEvent]:
+        records = self.check_offset(partition, from_offset).read(from_offset, limit)
         events = [decode_stream_event(r, partition) for r in records]
-        self.consumed[partition] += len(events)
+        if counted:
+            self.consumed[partition] += len(events)
         return events
 
     def offsets_for_time(self, timestamp_ms: int) -> list[int]:
@@ -130,27 +180,11 @@ class Topic:
 
     def read_raw(self, partition: int, from_offset: int, max_bytes: int) -> bytes:
         """Record bytes as stored (see :func:`meshplane.core.streamlog.scan_records`)."""
-        return self._checked(partition, from_offset).read_raw(from_offset, max_bytes)
+        return self.check_offset(partition, from_offset).read_raw(from_offset, max_bytes)
 
-    def raw_span(self, partition: int, from_offset: int, max_bytes: int) -> tuple[Segment, int, int] | None:
+    def raw_span(self, partition: int, from_offset: int, max_bytes: int) -> RawSpan | None:
         """Where :meth:`read_raw`'s bytes are, for serving them with ``sendfile``."""
-        return self._checked(partition, from_offset).raw_span(from_offset, max_bytes)
-
-    def partition_stats(self, partition: int) -> dict[str, Any]:
-        plog = self.partitions[partition]
-        start, end = plog.start_offset, plog.next_offset
-        return {
-            "partition_id": partition,
-            "topic": self.name,
-            "message_count": end - start,
-            "total_bytes": plog.size_bytes,
-            "min_offset": start,
-            "max_offset": end - 1 if end > start else None,
-            "next_offset": end,
-            "segments": len(plog.segments),
-            "published": self.published[partition],
-            "consumed": self.consumed[partition],
-        }
+        return self.check_offset(partition, from_offset).raw_span(from_offset, max_bytes)
 
 
 class TopicStore:

@@ -41,7 +41,6 @@ from meshplane.streams.http.push import RoomPusher, drain_incoming, frames_of, w
 from meshplane.streams.http.routes import Route, openapi_document, route_table, version
 from meshplane.streams.rooms import Room
 from meshplane.streams.service import StreamsService
-from meshplane.streams.topics import Topic
 
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
@@ -289,7 +288,7 @@ class Api:
             retention = RetentionPolicy.from_json(body.get("retention_policy"))
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
-        topic = self.engine.create_topic(
+        topic = await self.engine.create_topic(
             request.match_info["topic"],
             get_int(body, "num_partitions", None),
             get_int(body, "replication_factor", 1),
@@ -311,14 +310,14 @@ class Api:
 
     async def topic_partitions(self, request: web.Request) -> web.Response:
         body = await read_json(request)
-        topic = self.engine.add_partitions(
+        topic = await self.engine.add_partitions(
             request.match_info["topic"], get_int(body, "num_partitions", minimum=1)
         )
         return json_response({"success": True, "topic": topic.name, "num_partitions": len(topic.partitions)})
 
     async def topic_delete(self, request: web.Request) -> web.Response:
         name = request.match_info["topic"]
-        if not self.engine.delete_topic(name):
+        if not await self.engine.delete_topic(name):
             raise NotFound(f"topic {name!r} not found")
         return json_response({"success": True, "topic": name})
 
@@ -333,7 +332,7 @@ class Api:
         body = await read_json(request)
         from_offset = get_int(body, "from_offset", 0, minimum=0)
         limit = get_int(body, "limit", 100, minimum=1, maximum=MAX_CONSUME_LIMIT)
-        events = self.engine.read_topic(name, partition, from_offset, limit)
+        events = await self.engine.read_topic(name, partition, from_offset, limit)
         return json_response(
             {
                 "topic": name,
@@ -344,20 +343,29 @@ class Api:
             }
         )
 
-    def _records_request(self, request: web.Request) -> tuple[Topic, int, int, int]:
+    def _records_request(self, request: web.Request) -> tuple[str, int, int, int]:
         """(topic, partition, from_offset, max_bytes) of a raw records request."""
         topic = self.engine.topic(request.match_info["topic"])
         partition = get_int(dict(request.match_info), "partition", minimum=0)
         from_offset = query_int(request, "from_offset", 0, minimum=0)
         max_bytes = query_int(request, "max_bytes", 1 << 20, minimum=1, maximum=64 << 20)
-        return topic, partition, from_offset, max_bytes
+        topic.check_offset(partition, from_offset)
+        return topic.name, partition, from_offset, max_bytes
+
+    def _bounds(self, topic: str, partition: int) -> dict[str, str]:
+        plog = self.engine.topic(topic).partitions[partition]
+        return {"X-Log-Start-Offset": str(plog.start_offset), "X-Log-End-Offset": str(plog.next_offset)}
 
     async def topic_records(self, request: web.Request) -> web.StreamResponse:
-        """Raw records for bulk consumers (Spark): sent from the segment file by the kernel (sendfile)."""
+        """Raw records for bulk consumers (Spark): sent from the segment file by the kernel (sendfile)
+        when the log is on this server's disk."""
         topic, partition, from_offset, max_bytes = self._records_request(request)
-        span = topic.raw_span(partition, from_offset, max_bytes)
-        plog = topic.partitions[partition]
-        headers = {"X-Log-Start-Offset": str(plog.start_offset), "X-Log-End-Offset": str(plog.next_offset)}
+        if not self.engine.local_files:
+            body = await self.engine.read_topic_raw(topic, partition, from_offset, max_bytes)
+            headers = self._bounds(topic, partition)
+            return web.Response(body=body, headers=headers, content_type="application/octet-stream")
+        span = self.engine.local_span(topic, partition, from_offset, max_bytes)
+        headers = self._bounds(topic, partition)
         if span is None:
             return web.Response(body=b"", headers=headers, content_type="application/octet-stream")
         segment, position, count = span
@@ -365,7 +373,7 @@ class Api:
             # Its own file object: sendfile moves the file position, which the log's descriptor must keep.
             file = segment.path.open("rb")
         except FileNotFoundError:  # retention removed the segment just now: answer as a new request would
-            body = topic.read_raw(partition, from_offset, max_bytes)
+            body = await self.engine.read_topic_raw(topic, partition, from_offset, max_bytes)
             return web.Response(body=body, headers=headers, content_type="application/octet-stream")
         with file:
             response = web.StreamResponse(headers=headers)
@@ -384,8 +392,9 @@ class Api:
         reads do, and skip two copies through a socket. The file's device and inode let a reader check
         that the path it opens is this very file (not a namesake in another container or host)."""
         topic, partition, from_offset, max_bytes = self._records_request(request)
-        span = topic.raw_span(partition, from_offset, max_bytes)
-        plog = topic.partitions[partition]
+        local = self.engine.local_files
+        span = self.engine.local_span(topic, partition, from_offset, max_bytes) if local else None
+        plog = self.engine.topic(topic).partitions[partition]
         body: dict[str, Any] = {"log_start_offset": plog.start_offset, "log_end_offset": plog.next_offset}
         if span is not None:
             segment, position, length = span
@@ -402,7 +411,7 @@ class Api:
     async def topic_offsets_for_time(self, request: web.Request) -> web.Response:
         topic = self.engine.topic(request.match_info["topic"])
         timestamp_ms = get_int(dict(request.query), "timestamp_ms", minimum=0)
-        offsets = topic.offsets_for_time(timestamp_ms)
+        offsets = await self.engine.offsets_for_time(topic.name, timestamp_ms)
         return json_response(
             {
                 "topic": topic.name,
@@ -432,7 +441,7 @@ class Api:
 
     async def group_create(self, request: web.Request) -> web.Response:
         body = await read_json(request)
-        group = self.engine.create_group(
+        group = await self.engine.create_group(
             request.match_info["group"],
             get_str(body, "topic"),
             get_int(body, "partition_count", None, minimum=1),
@@ -452,7 +461,7 @@ class Api:
 
     async def group_delete(self, request: web.Request) -> web.Response:
         name = request.match_info["group"]
-        if not self.engine.delete_group(name):
+        if not await self.engine.delete_group(name):
             raise NotFound(f"consumer group {name!r} not found")
         return json_response({"success": True, "group_id": name})
 
@@ -484,7 +493,7 @@ class Api:
         return await self._group_command(request, self.commands.cmd_group_offset)
 
     async def group_stats(self, request: web.Request) -> web.Response:
-        return json_response(self.engine.group_stats(request.match_info["group"]))
+        return json_response(await self.engine.group_stats(request.match_info["group"]))
 
     # metrics and OpenAPI
 

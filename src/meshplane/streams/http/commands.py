@@ -215,34 +215,24 @@ class Commands:
     async def cmd_group_join(self, p: dict[str, Any]) -> dict[str, Any]:
         group_id = get_str(p, "group")
         member = get_str(p, "member_id", None) or str(uuid.uuid4())
-        generation, partitions = self.engine.group_store.join(
+        generation, partitions = await self.engine.join_group(
             group_id, member, positive(p, "session_timeout_secs")
         )
         return {"member_id": member, "group_id": group_id, "generation": generation, "partitions": partitions}
 
     async def cmd_group_assignment(self, p: dict[str, Any]) -> dict[str, Any]:
         group_id, member = get_str(p, "group"), get_str(p, "member_id")
-        partitions = self.engine.group_store.assignment(group_id, member)
-        return {
-            "member_id": member,
-            "group_id": group_id,
-            "partitions": partitions,
-            "generation": self.engine.group(group_id).generation,
-        }
+        generation, partitions = await self.engine.group_assignment(group_id, member)
+        return {"member_id": member, "group_id": group_id, "partitions": partitions, "generation": generation}
 
     async def cmd_group_heartbeat(self, p: dict[str, Any]) -> dict[str, Any]:
         group_id, member = get_str(p, "group"), get_str(p, "member_id")
-        generation = self.engine.group_store.heartbeat(group_id, member)
-        return {
-            "success": True,
-            "member_id": member,
-            "generation": generation,
-            "partitions": self.engine.group(group_id).assignment.get(member, []),
-        }
+        generation, partitions = await self.engine.group_heartbeat(group_id, member)
+        return {"success": True, "member_id": member, "generation": generation, "partitions": partitions}
 
     async def cmd_group_leave(self, p: dict[str, Any]) -> dict[str, Any]:
         member = get_str(p, "member_id")
-        generation = self.engine.group_store.leave(get_str(p, "group"), member)
+        generation = await self.engine.leave_group(get_str(p, "group"), member)
         return {"success": True, "member_id": member, "generation": generation}
 
     async def cmd_group_commit(self, p: dict[str, Any]) -> dict[str, Any]:
@@ -258,7 +248,7 @@ class Commands:
         return {"success": True, "partition_id": partition, "offset": offset}
 
     async def cmd_group_offset(self, p: dict[str, Any]) -> dict[str, Any]:
-        group = self.engine.group(get_str(p, "group"))
+        group = await self.engine.fresh_group(get_str(p, "group"))
         partition = get_int(p, "partition_id", minimum=0, maximum=group.partitions - 1)
         return {
             "group_id": group.group_id,
