@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import signal
 import ssl
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from synap_sdk import SynapClient, SynapConfig
 from synap_sdk.exceptions import SynapException
 
 from meshplane.core.streamlog import decode_event
-from meshplane.launchers import StreamsServerProcess
+from meshplane.launchers import NatsServer, StreamsServerProcess
 from meshplane.streams.client import StreamsClient
 from meshplane.streams.errors import Conflict, NotFound, OffsetOutOfRange, StreamError
 from tests.helpers import eventually
@@ -31,20 +33,37 @@ TOKEN = "s3cret-token"
 SERVER_ARGS = ("--max-payload-bytes", "4096", "--room-max-events", "50")
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[StreamsServerProcess]:
-    with StreamsServerProcess(extra_args=SERVER_ARGS) as proc:
-        yield proc.start()
+@pytest.fixture(scope="module", params=["local", "jetstream"])
+def storage(request: pytest.FixtureRequest) -> str:
+    """Every test of a shared server runs on both storage backends: the local log, and JetStream."""
+    return str(request.param)
+
+
+@contextmanager
+def streams_server(storage: str) -> Iterator[StreamsServerProcess]:
+    """A server on ``storage``; on JetStream, its own nats-server (names repeat across servers)."""
+    with contextlib.ExitStack() as stack:
+        args: tuple[str, ...] = SERVER_ARGS
+        if storage == "jetstream":
+            nats = stack.enter_context(NatsServer(jetstream=True)).start()
+            args = (*args, "--storage", nats.url)
+        yield stack.enter_context(StreamsServerProcess(extra_args=args)).start()
 
 
 @pytest.fixture(scope="module")
-def channel_server() -> Iterator[StreamsServerProcess]:
-    with StreamsServerProcess(extra_args=SERVER_ARGS) as proc:
-        yield proc.start()
+def server(storage: str) -> Iterator[StreamsServerProcess]:
+    with streams_server(storage) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def channel_server(storage: str) -> Iterator[StreamsServerProcess]:
+    with streams_server(storage) as proc:
+        yield proc
 
 
 @pytest.fixture(params=[False, True], ids=["rest", "channel"])
-async def client(request: pytest.FixtureRequest) -> AsyncIterator[StreamsClient]:
+async def client(request: pytest.FixtureRequest, storage: str) -> AsyncIterator[StreamsClient]:
     """Every client test runs twice, against its own server (names repeat): each call an HTTP
     request, and with publishes and group calls as commands over the WebSocket."""
     server = request.getfixturevalue("channel_server" if request.param else "server")
@@ -53,7 +72,7 @@ async def client(request: pytest.FixtureRequest) -> AsyncIterator[StreamsClient]
 
 
 @pytest.fixture
-async def http(request: pytest.FixtureRequest) -> AsyncIterator[aiohttp.ClientSession]:
+async def http(request: pytest.FixtureRequest, storage: str) -> AsyncIterator[aiohttp.ClientSession]:
     """Raw HTTP to the server the test's ``client`` talks to (``server`` when it has none)."""
     over_channel = "client" in request.fixturenames and request.node.callspec.params["client"]
     server = request.getfixturevalue("channel_server" if over_channel else "server")

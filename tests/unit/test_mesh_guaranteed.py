@@ -35,7 +35,7 @@ async def node(tmp_path: Path) -> AsyncIterator[MeshNode]:
 def queue_events(node: MeshNode, name: str) -> list[tuple[str, object]]:
     engine = node.guaranteed.engine
     assert engine is not None
-    return [(e.body.id, e.body.data) for e in engine.topic(name).read(0, 0, 1000)]
+    return [(e.body.id, e.body.data) for e in engine.topic_store.get(name).read(0, 0, 1000)]
 
 
 async def test_a_queue_on_the_publishing_node_stores_each_event_id_once(node: MeshNode) -> None:

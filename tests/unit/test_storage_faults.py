@@ -170,7 +170,7 @@ async def check_recovered(directory: Path, ack: Acknowledged, where: str) -> Non
     await engine.start()
     try:
         if ack.events or ack.commits:
-            topic = engine.topic("t")
+            topic = engine.topic_store.get("t")
             for (p, offset), event_id in ack.events.items():
                 (read,) = topic.read(p, offset, 1)
                 assert read.body.id == event_id, f"acknowledged {p}/{offset} lost after {where}"

@@ -147,7 +147,7 @@ def durable_state(service: StreamsService) -> dict[str, Any]:
             )
             for i, p in enumerate(topic.partitions)
         ]
-        for name, topic in service.topics.items()
+        for name, topic in service.topic_store.topics.items()
     }
     rooms = {
         name: (room.settings(), [(e.offset, e.body.id) for e in room.read(room.oldest, 100)])

@@ -32,6 +32,7 @@ from meshplane.streams.service import StreamsConfig, StreamsService
 
 DEFAULT_URL = "http://127.0.0.1:15500"
 TOKEN_ENV = "MESHPLANE_STREAMS_TOKEN"
+STORAGE_ENV = "MESHPLANE_STREAMS_STORAGE"
 
 
 def add_serve_options(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +45,21 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=default_state_dir() / "streams",
         help="where logs and metadata live (default ~/.local/state/meshplane/streams)",
+    )
+    parser.add_argument(
+        "--storage",
+        default=os.environ.get(STORAGE_ENV, "local"),
+        metavar="local|nats://HOST:PORT[,...]",
+        help="where topics and consumer groups live: this server's --data-dir (local, the default), or "
+        "a NATS JetStream cluster shared by several servers (rooms stay local). "
+        f"${STORAGE_ENV} sets it too (put credentials there, not on the command line)",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        choices=(1, 3, 5),
+        help="with --storage nats://: replicas of each partition and of the groups (default 1)",
     )
     parser.add_argument(
         "--standby",
@@ -134,6 +150,22 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def streams_engine(args: argparse.Namespace, mesh_config: MeshConfig | None) -> StreamsService:
+    from meshplane.cli.mesh import with_pubsub_backpressure
+
+    config = with_pubsub_backpressure(streams_config_from_args(args), args)
+    if args.storage == "local":
+        return StreamsService(config)
+    servers = [url.strip() for url in args.storage.split(",") if url.strip()]
+    if not servers or not all(url.startswith(("nats://", "tls://")) for url in servers):
+        raise ConfigError(f"--storage is local or nats://HOST:PORT[,...], not {args.storage!r}")
+    if mesh_config is not None:
+        raise ConfigError("a mesh node (--node-id) keeps its guaranteed queues locally: use --storage local")
+    from meshplane.streams.jetstream import JetStreamStreamsService
+
+    return JetStreamStreamsService(config, servers, replicas=args.replicas)
+
+
 def streams_config_from_args(args: argparse.Namespace) -> StreamsConfig:
     return StreamsConfig(
         data_dir=args.data_dir,
@@ -203,14 +235,13 @@ async def _serve_locked(
     mesh_config: MeshConfig | None,
     stop: asyncio.Event,
 ) -> int:
-    from meshplane.cli.mesh import with_pubsub_backpressure
     from meshplane.config import PlaneConfig
     from meshplane.discovery import create_discovery
     from meshplane.discovery.base import Discovery
     from meshplane.mesh.node import MeshNode
     from meshplane.streams.http.app import serve
 
-    engine = StreamsService(with_pubsub_backpressure(streams_config_from_args(args), args))
+    engine = streams_engine(args, mesh_config)
     mesh = MeshNode(mesh_config) if mesh_config is not None else None
 
     def ready(port: int) -> None:

@@ -146,7 +146,7 @@ class Queues:
     def _recall(self, queue: Queue) -> None:
         """The ids of the events the queue's topic holds last: what a resend may repeat."""
         assert self.engine is not None
-        topic = self.engine.topics.get(queue.name)
+        topic = self.engine.topic_store.topics.get(queue.name)
         if topic is None:
             self.engine.topic_store.create(queue.name, 1)
             return

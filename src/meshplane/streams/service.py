@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from meshplane.streams.groups import GroupStore
 from meshplane.streams.idempotency import IdempotencyTable
 from meshplane.streams.pubsub import PubSub, PubSubLimits
 from meshplane.streams.rooms import Room, read_room_settings
-from meshplane.streams.topics import RawSpan, Topic, TopicBase, TopicStore
+from meshplane.streams.topics import RawSpan, TopicBase, TopicStore
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +343,7 @@ class StreamsService:
     # --- topics --------------------------------------------------------------------------------------
 
     @property
-    def topics(self) -> dict[str, Topic]:
+    def topics(self) -> Mapping[str, TopicBase[Any]]:
         return self.topic_store.topics
 
     async def create_topic(
@@ -353,10 +353,10 @@ class StreamsService:
         replication_factor: int = 1,
         retention: RetentionPolicy | None = None,
         segment_bytes: int | None = None,
-    ) -> Topic:
+    ) -> TopicBase[Any]:
         return self.topic_store.create(name, num_partitions, replication_factor, retention, segment_bytes)
 
-    def topic(self, name: str) -> Topic:
+    def topic(self, name: str) -> TopicBase[Any]:
         return self.topic_store.get(name)
 
     async def add_partitions(self, name: str, count: int) -> TopicBase[Any]:

@@ -1,0 +1,463 @@
+"""The streams service with topics and consumer groups on JetStream (rooms and pub/sub stay on the
+server that holds them).
+
+Topic settings live in a key-value bucket that every server watches, so a topic made through one
+server is served by all. Each server keeps, per partition, the bounds JetStream last reported
+(from its own acknowledgements, from the notices each stream republishes, and from a periodic
+stream-info): views and lag read those; reads go to JetStream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+import zlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+
+from meshplane.core.groups import GroupCoordinator, GroupError
+from meshplane.core.streamlog import RetentionPolicy, StoredEvent, encode_record
+from meshplane.streams.config import StreamsConfig, check_name, now_ms
+from meshplane.streams.errors import BadRequest, Conflict, LimitReached, NotFound, OffsetOutOfRange
+from meshplane.streams.events import StreamEvent, decode_stream_event
+from meshplane.streams.jetstream import naming
+from meshplane.streams.jetstream.groups import SharedGroups
+from meshplane.streams.jetstream.store import JetStreamStore, StreamBounds, Unavailable
+from meshplane.streams.service import StreamsService
+from meshplane.streams.topics import RawSpan, TopicBase, TopicSettings
+
+log = logging.getLogger(__name__)
+
+
+class JetStreamPartition:
+    """A partition's bounds as last reported by JetStream (no I/O)."""
+
+    def __init__(self) -> None:
+        self.bounds = StreamBounds()
+        self.problems: list[str] = []
+
+    def saw(self, bounds: StreamBounds) -> None:
+        if bounds.last_seq >= self.bounds.last_seq:
+            self.bounds = bounds
+
+    def saw_sequence(self, seq: int) -> None:
+        """An append at ``seq`` (a notice or an acknowledgement): the end moves, never back."""
+        b = self.bounds
+        if seq > b.last_seq:
+            first = b.first_seq if b.messages else seq - (seq - b.last_seq - 1)
+            self.bounds = StreamBounds(first, seq, b.messages + seq - b.last_seq, b.bytes)
+
+    @property
+    def start_offset(self) -> int:
+        return self.bounds.start_offset
+
+    @property
+    def next_offset(self) -> int:
+        return self.bounds.next_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return self.bounds.bytes
+
+    @property
+    def segment_count(self) -> int:
+        return 0
+
+
+class JetStreamTopic(TopicBase[JetStreamPartition]):
+    def __init__(self, name: str, settings: TopicSettings) -> None:
+        super().__init__(name, settings)
+        self.grow_to(settings.num_partitions)
+
+    def grow_to(self, count: int) -> None:
+        while len(self.partitions) < count:
+            self._add_partition(JetStreamPartition())
+
+
+class JetStreamStreamsService(StreamsService):
+    def __init__(self, config: StreamsConfig | None, servers: list[str], *, replicas: int = 1) -> None:
+        super().__init__(config)
+        if replicas not in (1, 3, 5):
+            raise BadRequest(f"replicas must be 1, 3 or 5 (a Raft group of that many), not {replicas}")
+        self.store = JetStreamStore(servers, replicas=replicas)
+        self.local_files = False
+        self.shared_topics: dict[str, JetStreamTopic] = {}
+        self.shared_groups: SharedGroups | None = None
+        self._watchers: list[asyncio.Task[None]] = []
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.store.connect(self._on_notice)
+        self.shared_groups = SharedGroups(self.store.groups_kv, self.counters)
+        topics = await self.store.topics_kv.watchall()
+        groups = await self.store.groups_kv.watchall()
+        await self._initial(topics, self._saw_topic)
+        await self._initial(groups, self.shared_groups.seen)
+        for watcher, apply in ((topics, self._saw_topic), (groups, self.shared_groups.seen)):
+            self._watchers.append(asyncio.create_task(self._follow(watcher, apply)))
+        await asyncio.gather(*(self._refresh(t) for t in list(self.shared_topics.values())))
+        await super().start()
+
+    async def _initial(self, watcher: Any, apply: Any) -> None:
+        """Apply what the bucket holds now (the watcher's first ``None`` marks the end of it)."""
+        while (entry := await watcher.updates(timeout=self.store.timeout)) is not None:
+            apply(entry.key, entry.value if entry.operation is None else None)
+
+    async def _follow(self, watcher: Any, apply: Any) -> None:
+        async for entry in watcher:
+            try:
+                apply(entry.key, entry.value if entry.operation is None else None)
+            except Exception:
+                log.exception("applying a change of %s failed", entry.key)
+
+    def _saw_topic(self, key: str, value: bytes | None) -> None:
+        name = naming.unescape(key)
+        if value is None:
+            self.shared_topics.pop(name, None)
+            return
+        try:
+            settings = msgspec.json.decode(value, type=TopicSettings)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._report(f"topic {name}: unreadable settings in JetStream ({exc})")
+            return
+        known = self.shared_topics.get(name)
+        if known is None or known.settings.incarnation != settings.incarnation:
+            self.shared_topics[name] = JetStreamTopic(name, settings)
+        else:
+            known.settings = settings
+            known.grow_to(settings.num_partitions)
+
+    async def _refresh(self, topic: JetStreamTopic) -> None:
+        for p, partition in enumerate(topic.partitions):
+            with contextlib.suppress(Unavailable, nats.js.errors.NotFoundError):
+                partition.saw(await self.store.bounds(topic.name, p))
+
+    async def _on_notice(self, msg: Msg) -> None:
+        place = naming.parse_notice(msg.subject)
+        seq = (msg.headers or {}).get("Nats-Sequence")
+        if place is None or seq is None:
+            return
+        topic = self.shared_topics.get(place[0])
+        if topic is not None and place[1] < len(topic.partitions):
+            topic.partitions[place[1]].saw_sequence(int(seq))
+            topic.notifiers[place[1]].notify()
+
+    async def close(self) -> None:
+        for task in self._watchers:
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        await super().close()
+        await self.store.close()
+
+    def limits(self) -> dict[str, tuple[int, int]]:
+        found = super().limits()
+        found["topics"] = (len(self.shared_topics), self.config.max_topics)
+        found["partitions"] = (self._partition_count, self.config.max_partitions)
+        return found
+
+    @property
+    def _partition_count(self) -> int:
+        return sum(len(t.partitions) for t in self.shared_topics.values())
+
+    def maintain(self, monotonic_now: float) -> None:
+        super().maintain(monotonic_now)  # rooms, pub/sub (JetStream applies the topics' retention)
+        for topic in list(self.shared_topics.values()):
+            asyncio.get_running_loop().create_task(self._refresh(topic))
+        asyncio.get_running_loop().create_task(self._expire_groups())
+
+    async def _expire_groups(self) -> None:
+        groups = self._groups()
+        now = time.time()
+        for group_id, group in list(groups.groups.items()):
+            if any(now > m.deadline for m in group.members.values()):
+                with contextlib.suppress(NotFound, Unavailable):
+                    await groups.change(group_id, lambda g, t: g.expire(t))
+
+    # --- topics --------------------------------------------------------------------------------------
+
+    @property
+    def topics(self) -> Mapping[str, TopicBase[Any]]:
+        return self.shared_topics
+
+    def topic(self, name: str) -> JetStreamTopic:
+        found = self.shared_topics.get(check_name("topic", name))
+        if found is None:
+            raise NotFound(f"topic {name!r} not found")
+        return found
+
+    async def create_topic(
+        self,
+        name: str,
+        num_partitions: int | None = None,
+        replication_factor: int = 1,
+        retention: RetentionPolicy | None = None,
+        segment_bytes: int | None = None,
+    ) -> JetStreamTopic:
+        check_name("topic", name)
+        if len(naming.partition_stream(name, 10_000)) > naming.MAX_STREAM_NAME:
+            raise BadRequest(f"topic name {name!r} is too long for a JetStream stream name")
+        if len(self.shared_topics) >= self.config.max_topics:
+            raise LimitReached(f"topic limit reached ({self.config.max_topics} topics)")
+        partitions = self.config.default_partitions if num_partitions is None else num_partitions
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 10_000:
+            raise BadRequest(f"num_partitions must be an integer in 1..10000, not {partitions!r}")
+        if self._partition_count + partitions > self.config.max_partitions:
+            raise LimitReached(f"partition limit reached ({self.config.max_partitions} partitions)")
+        if replication_factor not in (1, self.store.replicas):
+            raise BadRequest(
+                f"replication_factor must be the server's --replicas ({self.store.replicas}), "
+                f"not {replication_factor}"
+            )
+        settings = TopicSettings(
+            partitions,
+            self.store.replicas,
+            retention or RetentionPolicy(),
+            segment_bytes or self.config.segment_bytes,
+            time.time(),
+            incarnation=uuid.uuid4().hex,
+        )
+        topic = JetStreamTopic(name, settings)
+        # The streams first: a topic whose settings are seen has its streams (a crash in between
+        # leaves streams nobody lists, which the next create of that name takes over).
+        for p in range(partitions):
+            topic.partitions[p].saw(await self._ensure(name, p, settings))
+        try:
+            await self.store.topics_kv.create(naming.escape(name), msgspec.json.encode(settings))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            raise Conflict(f"topic {name!r} already exists") from None
+        except nats.errors.TimeoutError:
+            raise Unavailable(f"JetStream did not store topic {name!r}") from None
+        self.shared_topics[name] = topic
+        return topic
+
+    async def _ensure(self, name: str, partition: int, settings: TopicSettings) -> StreamBounds:
+        window = max(1.0, min(self.config.idempotency_ttl_secs, 24 * 3600.0))
+        return await self.store.ensure_partition(
+            name, partition, naming.retention_limits(settings.retention), window
+        )
+
+    async def add_partitions(self, name: str, count: int) -> JetStreamTopic:
+        topic = self.topic(name)
+        if count <= len(topic.partitions):
+            raise BadRequest(
+                f"topic {name!r} has {len(topic.partitions)} partitions: ask for more, not {count}"
+            )
+        if count > 10_000:
+            raise BadRequest("num_partitions must be <= 10000")
+        settings = msgspec.structs.replace(topic.settings, num_partitions=count)
+        for p in range(len(topic.partitions), count):
+            await self._ensure(name, p, settings)
+        entry = await self.store.topics_kv.get(naming.escape(name))
+        await self.store.topics_kv.update(
+            naming.escape(name), msgspec.json.encode(settings), last=entry.revision
+        )
+        topic.settings = settings
+        topic.grow_to(count)
+        for group_id, group in list(self._groups().groups.items()):
+            if group.topic == name:
+                await self._groups().change(group_id, lambda g, t: g.resize(count, t))
+        return topic
+
+    async def delete_topic(self, name: str) -> bool:
+        topic = self.shared_topics.get(check_name("topic", name))
+        if topic is None:
+            return False
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+            await self.store.topics_kv.delete(naming.escape(name))
+        for p in range(len(topic.partitions)):
+            await self.store.delete_partition(name, p)
+        self.shared_topics.pop(name, None)
+        return True
+
+    async def read_topic(
+        self, name: str, partition: int, from_offset: int, limit: int, *, counted: bool = True
+    ) -> list[StreamEvent]:
+        records = await self._records(name, partition, from_offset, limit, 8 << 20)
+        events = [decode_stream_event(r, partition) for r in records]
+        if counted:
+            self.shared_topics[name].consumed[partition] += len(events)
+            self.counters["events_consumed"] += len(events)
+        return events
+
+    async def read_topic_raw(self, name: str, partition: int, from_offset: int, max_bytes: int) -> bytes:
+        records = await self._records(name, partition, from_offset, 100_000, max_bytes)
+        return b"".join(encode_record(r.offset, r.timestamp_ms, r.payload) for r in records)
+
+    async def _records(
+        self, name: str, partition: int, from_offset: int, limit: int, max_bytes: int
+    ) -> list[Any]:
+        topic = self.topic(name)
+        plog = topic.log_of(partition)
+        if from_offset < plog.start_offset or from_offset > plog.next_offset:
+            plog.saw(await self.store.bounds(name, partition))  # the view may be behind: ask
+        topic.check_offset(partition, from_offset)
+        records = await self.store.read(name, partition, from_offset, limit, max_bytes)
+        if records and records[0].offset != from_offset:  # retention removed it meanwhile
+            raise OffsetOutOfRange(from_offset, records[0].offset, plog.next_offset - 1)
+        if records:
+            plog.saw_sequence(records[-1].offset + 1)
+        return records
+
+    def local_span(self, name: str, partition: int, from_offset: int, max_bytes: int) -> RawSpan | None:
+        return None
+
+    async def offsets_for_time(self, name: str, timestamp_ms: int) -> list[int]:
+        topic = self.topic(name)
+        found = []
+        for p, plog in enumerate(topic.partitions):
+            offset = await self.store.first_at_or_after(name, p, timestamp_ms)
+            found.append(plog.next_offset if offset is None else offset)
+        return found
+
+    async def publish_topic(
+        self,
+        name: str,
+        events: list[StoredEvent],
+        partition: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> list[tuple[int, int]]:
+        """As the local service; a retry with the same ``idempotency_key`` within the streams'
+        duplicate window appends nothing (JetStream's message-id deduplication) and answers the first
+        offsets. Unlike the local log, a batch spread over partitions is not all-or-nothing: a
+        failure part-way is completed by the retry."""
+        topic = self.topic(name)
+        if idempotency_key is not None and not 1 <= len(idempotency_key) <= 256:
+            raise BadRequest("idempotency_key must be 1..256 characters")
+        encoded = [self._encode_checked(e) for e in events]
+        by_partition: dict[int, list[int]] = {}
+        for i, event in enumerate(events):
+            if event.key is None and partition is None and idempotency_key is not None:
+                # A retry through another server must land where the first try did.
+                chosen = zlib.crc32(f"{idempotency_key}#{i}".encode()) % len(topic.partitions)
+            else:
+                chosen = topic.choose_partition(event.key, partition)
+            by_partition.setdefault(chosen, []).append(i)
+        timestamp = now_ms()
+        result: list[tuple[int, int]] = [(0, 0)] * len(events)
+        duplicates = 0
+        for p, indexes in by_partition.items():
+            ids = None
+            if idempotency_key is not None:
+                ids = [
+                    naming.message_id(f"{topic.settings.incarnation}/{idempotency_key}", i) for i in indexes
+                ]
+            offsets = await self.store.append(name, p, [encoded[i] for i in indexes], timestamp, ids)
+            plog = topic.partitions[p]
+            for i, offset in zip(indexes, offsets, strict=True):
+                result[i] = (p, offset)
+                duplicates += offset < plog.next_offset
+            plog.saw_sequence(max(offsets) + 1)
+            topic.published[p] += len(indexes)
+            topic.notifiers[p].notify()
+        self._count_publish(len(events) - duplicates, sum(map(len, encoded)))
+        self.counters["duplicates_skipped"] += duplicates
+        return result
+
+    # --- consumer groups -----------------------------------------------------------------------------
+
+    def _groups(self) -> SharedGroups:
+        assert self.shared_groups is not None, "start() the service first"
+        return self.shared_groups
+
+    @property
+    def groups(self) -> dict[str, GroupCoordinator]:
+        return self._groups().groups
+
+    def group(self, group_id: str) -> GroupCoordinator:
+        found = self._groups().groups.get(check_name("group", group_id))
+        if found is None:
+            raise NotFound(f"consumer group {group_id!r} not found")
+        return found
+
+    async def fresh_group(self, group_id: str) -> GroupCoordinator:
+        return (await self._groups().load(group_id))[0]
+
+    async def create_group(
+        self,
+        group_id: str,
+        topic: str,
+        partition_count: int | None = None,
+        strategy: str = "round_robin",
+        session_timeout: float | None = None,
+    ) -> GroupCoordinator:
+        found = self.shared_topics.get(topic)
+        if partition_count is None:
+            if found is None:
+                raise NotFound(
+                    f"topic {topic!r} not found (create it, or pass partition_count / --partitions)"
+                )
+            partition_count = len(found.partitions)
+        elif found is not None and partition_count != len(found.partitions):
+            raise BadRequest(f"topic {topic!r} has {len(found.partitions)} partitions, not {partition_count}")
+        timeout = session_timeout or self.config.default_session_timeout
+        return await self._groups().create(group_id, topic, partition_count, strategy, timeout)
+
+    async def delete_group(self, group_id: str) -> bool:
+        return await self._groups().delete(group_id)
+
+    async def join_group(
+        self, group_id: str, member: str, session_timeout: float | None
+    ) -> tuple[int, list[int]]:
+        result = await self._groups().change(group_id, lambda g, t: g.join(member, t, session_timeout))
+        return result.generation, result.assignment.get(member, [])
+
+    async def group_assignment(self, group_id: str, member: str) -> tuple[int, list[int]]:
+        return await self._groups().change(group_id, lambda g, t: (g.generation, g.assignment_of(member, t)))
+
+    async def group_heartbeat(self, group_id: str, member: str) -> tuple[int, list[int]]:
+        return await self._groups().change(
+            group_id, lambda g, t: (g.heartbeat(member, t), list(g.assignment.get(member, [])))
+        )
+
+    async def leave_group(self, group_id: str, member: str) -> int:
+        return await self._groups().change(group_id, lambda g, t: g.leave(member, t).generation)
+
+    async def commit(
+        self, group_id: str, partition: int, offset: int, member_id: str | None, generation: int | None
+    ) -> None:
+        """Acknowledged once the group's new state is stored on a quorum of the bucket's replicas."""
+        try:
+            await self._groups().change(
+                group_id, lambda g, t: g.commit(partition, offset, t, member_id, generation)
+            )
+        except GroupError:
+            self.counters["commits_rejected"] += 1
+            raise
+        self.counters["commits"] += 1
+
+    async def group_stats(self, group_id: str) -> dict[str, Any]:
+        group = await self._groups().change(group_id, lambda g, t: (g.expire(t), g)[1])
+        last = group.last_rebalance_at
+        return {
+            "group_id": group.group_id,
+            "topic": group.topic,
+            "state": group.state,
+            "strategy": group.strategy,
+            "member_count": len(group.members),
+            "members": sorted(group.members),
+            "generation": group.generation,
+            "partition_count": group.partitions,
+            "committed_partitions": len(group.committed),
+            "assignment": group.assignment,
+            "committed": {str(p): o for p, o in group.committed.items()},
+            "last_rebalance_secs": None if last is None else round(time.time() - last, 3),
+            "lag": {str(p): lag for g, p, lag in self.lag() if g == group_id},
+        }
+
+    def lag(self) -> Iterable[tuple[str, int, int]]:
+        for group in self.groups.values():
+            topic = self.shared_topics.get(group.topic)
+            if topic is None:
+                continue
+            for p, plog in enumerate(topic.partitions[: group.partitions]):
+                committed = group.committed.get(p, plog.start_offset)
+                yield group.group_id, p, max(0, plog.next_offset - committed)

@@ -1,0 +1,214 @@
+"""The JetStream adapter: connection, partition streams, appends with acknowledgement, batched direct
+reads, and the key-value buckets. No meshplane state lives here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import api
+from nats.js.kv import KeyValue
+
+from meshplane.core.streamlog import Record
+from meshplane.streams.errors import StorageError
+from meshplane.streams.jetstream import naming
+
+log = logging.getLogger(__name__)
+
+# A read asks for at most this many messages at once (the server's direct-get batch limit is higher;
+# a bounded batch keeps one reader from holding a reply queue of unbounded size).
+MAX_BATCH = 1000
+
+
+class Unavailable(StorageError):
+    """JetStream did not answer (no leader, no quorum, or the servers are gone): try again."""
+
+    status = 503
+
+
+@dataclass
+class StreamBounds:
+    """A partition's extent as JetStream last reported it: sequences start at 1, offsets at 0."""
+
+    first_seq: int = 0
+    last_seq: int = 0
+    messages: int = 0
+    bytes: int = 0
+
+    @property
+    def start_offset(self) -> int:
+        return self.last_seq if self.messages == 0 else self.first_seq - 1
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_seq
+
+
+class JetStreamStore:
+    def __init__(self, servers: list[str], *, replicas: int = 1, timeout: float = 5.0) -> None:
+        self.servers = servers
+        self.replicas = replicas
+        self.timeout = timeout
+        self.nc: Client | None = None
+        self._replies: dict[str, asyncio.Queue[Msg]] = {}
+        self._reply_prefix = ""
+        self._tokens = itertools.count()
+
+    async def connect(self, on_notice: Callable[[Msg], Awaitable[None]]) -> None:
+        self.nc = await nats.connect(
+            servers=self.servers,
+            name="meshplane-streams",
+            connect_timeout=self.timeout,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.2,
+        )
+        self.js = self.nc.jetstream(timeout=self.timeout)
+        self._reply_prefix = self.nc.new_inbox()
+        await self.nc.subscribe(self._reply_prefix + ".*", cb=self._on_reply)
+        await self.nc.subscribe(naming.NOTICES, cb=on_notice)
+        self.topics_kv = await self._bucket(naming.TOPICS_BUCKET)
+        self.groups_kv = await self._bucket(naming.GROUPS_BUCKET)
+
+    async def _bucket(self, name: str) -> KeyValue:
+        try:
+            return await self.js.create_key_value(bucket=name, history=1, replicas=self.replicas)
+        except nats.js.errors.BadRequestError:  # made already (perhaps with other settings): use it
+            return await self.js.key_value(name)
+
+    async def close(self) -> None:
+        if self.nc is not None:
+            await self.nc.drain()
+
+    # --- streams -------------------------------------------------------------------------------------
+
+    async def ensure_partition(
+        self, topic: str, partition: int, limits: dict[str, Any], duplicate_window: float
+    ) -> StreamBounds:
+        subject = naming.partition_subject(topic, partition)
+        config = api.StreamConfig(
+            name=naming.partition_stream(topic, partition),
+            subjects=[subject],
+            num_replicas=self.replicas,
+            duplicate_window=duplicate_window,
+            allow_direct=True,
+            republish=api.RePublish(
+                src=subject, dest=naming.notice_subject(topic, partition), headers_only=True
+            ),
+            **limits,
+        )
+        try:
+            info = await self.js.add_stream(config)
+        except nats.js.errors.BadRequestError:  # it exists with other limits: those set now win
+            info = await self.js.update_stream(config)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise Unavailable(f"JetStream did not create stream {config.name}: {exc!r}") from None
+        return _bounds(info.state)
+
+    async def delete_partition(self, topic: str, partition: int) -> None:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self.js.delete_stream(naming.partition_stream(topic, partition))
+
+    async def bounds(self, topic: str, partition: int) -> StreamBounds:
+        try:
+            info = await self.js.stream_info(naming.partition_stream(topic, partition))
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise Unavailable(f"JetStream did not answer for {topic}/{partition}: {exc!r}") from None
+        return _bounds(info.state)
+
+    async def append(
+        self, topic: str, partition: int, payloads: list[bytes], timestamp_ms: int, ids: list[str] | None
+    ) -> list[int]:
+        """Append in order; the offsets once JetStream acknowledged each (stored on a quorum). A
+        duplicate (same message id within the window) answers the first one's offset."""
+        subject = naming.partition_subject(topic, partition)
+        stamp = str(timestamp_ms)
+        pending = []
+        try:
+            for i, payload in enumerate(payloads):
+                headers = {naming.TIMESTAMP_HEADER: stamp}
+                if ids is not None:
+                    headers["Nats-Msg-Id"] = ids[i]
+                pending.append(await self.js.publish_async(subject, payload, headers=headers))
+            acks = await asyncio.wait_for(asyncio.gather(*pending), self.timeout)
+        except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            for future in pending:
+                future.cancel()
+            raise Unavailable(f"JetStream did not acknowledge an append to {topic}/{partition}") from exc
+        except nats.js.errors.APIError as exc:
+            raise StorageError(f"JetStream refused an append to {topic}/{partition}: {exc}") from None
+        return [ack.seq - 1 for ack in acks]
+
+    async def read(
+        self, topic: str, partition: int, from_offset: int, limit: int, max_bytes: int
+    ) -> list[Record]:
+        """Up to ``limit`` records from ``from_offset`` in one batched direct get (any replica
+        answers; no consumer is created)."""
+        assert self.nc is not None
+        token = str(next(self._tokens))
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+        self._replies[token] = queue
+        request = {"seq": from_offset + 1, "batch": min(limit, MAX_BATCH), "max_bytes": max_bytes}
+        stream = naming.partition_stream(topic, partition)
+        records: list[Record] = []
+        try:
+            await self.nc.publish(
+                f"$JS.API.DIRECT.GET.{stream}",
+                json.dumps(request).encode(),
+                reply=f"{self._reply_prefix}.{token}",
+            )
+            async with asyncio.timeout(self.timeout):
+                while True:
+                    msg = await queue.get()
+                    headers = msg.headers or {}
+                    status = headers.get("Status")
+                    if status is not None:  # 204: end of the batch; 404: nothing at or after seq
+                        if status in ("204", "404"):
+                            return records
+                        raise StorageError(
+                            f"JetStream read of {stream}: {status} {headers.get('Description')}"
+                        )
+                    seq = int(headers["Nats-Sequence"])
+                    stamp = int(headers.get(naming.TIMESTAMP_HEADER, "0"))
+                    records.append(Record(seq - 1, stamp, msg.data, 0, len(msg.data)))
+        except TimeoutError:
+            raise Unavailable(f"JetStream did not answer a read of {topic}/{partition}") from None
+        finally:
+            del self._replies[token]
+
+    async def first_at_or_after(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
+        """The offset of the first message stored at or after ``timestamp_ms`` (JetStream's own stamp)."""
+        from datetime import UTC, datetime
+
+        when = datetime.fromtimestamp(timestamp_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
+        try:
+            msg = await self.nc.request(  # type: ignore[union-attr]
+                f"$JS.API.DIRECT.GET.{naming.partition_stream(topic, partition)}",
+                json.dumps({"start_time": when}).encode(),
+                timeout=self.timeout,
+            )
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            raise Unavailable(f"JetStream did not answer for {topic}/{partition}: {exc!r}") from None
+        headers = msg.headers or {}
+        if "Nats-Sequence" not in headers:
+            return None
+        return int(headers["Nats-Sequence"]) - 1
+
+    async def _on_reply(self, msg: Msg) -> None:
+        queue = self._replies.get(msg.subject.rpartition(".")[2])
+        if queue is not None:  # else the reader timed out and went
+            queue.put_nowait(msg)
+
+
+def _bounds(state: api.StreamState) -> StreamBounds:
+    return StreamBounds(state.first_seq, state.last_seq, state.messages, state.bytes)
