@@ -350,12 +350,13 @@ class JetStreamStreamsService(StreamsService):
                 ids = [
                     naming.message_id(f"{topic.settings.incarnation}/{idempotency_key}", i) for i in indexes
                 ]
-            offsets = await self.store.append(name, p, [encoded[i] for i in indexes], timestamp, ids)
-            plog = topic.partitions[p]
+            offsets, repeated = await self.store.append(
+                name, p, [encoded[i] for i in indexes], timestamp, ids
+            )
             for i, offset in zip(indexes, offsets, strict=True):
                 result[i] = (p, offset)
-                duplicates += offset < plog.next_offset
-            plog.saw_sequence(max(offsets) + 1)
+            duplicates += repeated
+            topic.partitions[p].saw_sequence(max(offsets) + 1)
             topic.published[p] += len(indexes)
             topic.notifiers[p].notify()
         self._count_publish(len(events) - duplicates, sum(map(len, encoded)))

@@ -128,9 +128,9 @@ class JetStreamStore:
 
     async def append(
         self, topic: str, partition: int, payloads: list[bytes], timestamp_ms: int, ids: list[str] | None
-    ) -> list[int]:
-        """Append in order; the offsets once JetStream acknowledged each (stored on a quorum). A
-        duplicate (same message id within the window) answers the first one's offset."""
+    ) -> tuple[list[int], int]:
+        """Append in order; the offsets once JetStream acknowledged each (stored on a quorum), and how
+        many were duplicates (same message id within the window: the first one's offset)."""
         subject = naming.partition_subject(topic, partition)
         stamp = str(timestamp_ms)
         pending = []
@@ -147,7 +147,7 @@ class JetStreamStore:
             raise Unavailable(f"JetStream did not acknowledge an append to {topic}/{partition}") from exc
         except nats.js.errors.APIError as exc:
             raise StorageError(f"JetStream refused an append to {topic}/{partition}: {exc}") from None
-        return [ack.seq - 1 for ack in acks]
+        return [ack.seq - 1 for ack in acks], sum(1 for ack in acks if ack.duplicate)
 
     async def read(
         self, topic: str, partition: int, from_offset: int, limit: int, max_bytes: int
