@@ -79,15 +79,7 @@ class GroupStore:
         check_name("group", group_id)
         if group_id in self.groups:
             raise Conflict(f"consumer group {group_id!r} already exists")
-        if strategy not in STRATEGIES:
-            raise BadRequest(f"unknown strategy {strategy!r} (one of {', '.join(STRATEGIES)})")
-        strategy_name: Strategy = strategy  # type: ignore[assignment]
-        try:
-            group = GroupCoordinator(
-                group_id, topic, partitions, strategy=strategy_name, session_timeout=session_timeout
-            )
-        except GroupError as exc:
-            raise BadRequest(str(exc)) from None
+        group = new_group(group_id, topic, partitions, strategy, session_timeout)
         try:
             self._save(group)
         except OSError as exc:
@@ -203,22 +195,7 @@ class GroupStore:
 
     def stats(self, group_id: str) -> dict[str, Any]:
         self.expire(group_id)
-        group = self.get(group_id)
-        last = group.last_rebalance_at
-        return {
-            "group_id": group.group_id,
-            "topic": group.topic,
-            "state": group.state,
-            "strategy": group.strategy,
-            "member_count": len(group.members),
-            "members": sorted(group.members),
-            "generation": group.generation,
-            "partition_count": group.partitions,
-            "committed_partitions": len(group.committed),
-            "assignment": group.assignment,
-            "committed": {str(p): o for p, o in group.committed.items()},
-            "last_rebalance_secs": None if last is None else round(time.monotonic() - last, 3),
-        }
+        return describe_group(self.get(group_id), time.monotonic())
 
     # --- files ---------------------------------------------------------------------------------------
 
@@ -233,3 +210,37 @@ class GroupStore:
         snapshot = json.dumps(group.snapshot()).encode()
         write_atomic(self.folder / f"{group.group_id}.json", snapshot, sync=self._sync)
         self._commits(group.group_id).remove()
+
+
+def new_group(
+    group_id: str, topic: str, partitions: int, strategy: str, session_timeout: float
+) -> GroupCoordinator:
+    """A new coordinator, its settings checked (a 400 for what is wrong)."""
+    if strategy not in STRATEGIES:
+        raise BadRequest(f"unknown strategy {strategy!r} (one of {', '.join(STRATEGIES)})")
+    strategy_name: Strategy = strategy  # type: ignore[assignment]
+    try:
+        return GroupCoordinator(
+            group_id, topic, partitions, strategy=strategy_name, session_timeout=session_timeout
+        )
+    except GroupError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def describe_group(group: GroupCoordinator, now: float) -> dict[str, Any]:
+    """A group's state as the stats route shows it (``now`` on the clock its rebalances were stamped)."""
+    last = group.last_rebalance_at
+    return {
+        "group_id": group.group_id,
+        "topic": group.topic,
+        "state": group.state,
+        "strategy": group.strategy,
+        "member_count": len(group.members),
+        "members": sorted(group.members),
+        "generation": group.generation,
+        "partition_count": group.partitions,
+        "committed_partitions": len(group.committed),
+        "assignment": group.assignment,
+        "committed": {str(p): o for p, o in group.committed.items()},
+        "last_rebalance_secs": None if last is None else round(now - last, 3),
+    }

@@ -477,7 +477,12 @@ class StreamsService:
         elif found is not None and partition_count != len(found.partitions):
             raise BadRequest(f"topic {topic!r} has {len(found.partitions)} partitions, not {partition_count}")
         timeout = session_timeout or self.config.default_session_timeout
-        return self.group_store.create(group_id, topic, partition_count, strategy, timeout)
+        return await self._store_new_group(group_id, topic, partition_count, strategy, timeout)
+
+    async def _store_new_group(
+        self, group_id: str, topic: str, partitions: int, strategy: str, session_timeout: float
+    ) -> GroupCoordinator:
+        return self.group_store.create(group_id, topic, partitions, strategy, session_timeout)
 
     @property
     def groups(self) -> dict[str, GroupCoordinator]:

@@ -18,10 +18,11 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from meshplane.core.groups import STRATEGIES, GroupCoordinator, GroupError, Strategy
+from meshplane.core.groups import GroupCoordinator, GroupError
 from meshplane.streams.config import check_name
-from meshplane.streams.errors import BadRequest, Conflict, NotFound
+from meshplane.streams.errors import Conflict, NotFound
 from meshplane.streams.events import Notifier
+from meshplane.streams.groups import new_group
 from meshplane.streams.jetstream.naming import escape, unescape
 from meshplane.streams.jetstream.store import Unavailable
 
@@ -75,16 +76,7 @@ class SharedGroups:
     async def create(
         self, group_id: str, topic: str, partitions: int, strategy: str, session_timeout: float
     ) -> GroupCoordinator:
-        check_name("group", group_id)
-        if strategy not in STRATEGIES:
-            raise BadRequest(f"unknown strategy {strategy!r} (one of {', '.join(STRATEGIES)})")
-        strategy_name: Strategy = strategy  # type: ignore[assignment]
-        try:
-            group = GroupCoordinator(
-                group_id, topic, partitions, strategy=strategy_name, session_timeout=session_timeout
-            )
-        except GroupError as exc:
-            raise BadRequest(str(exc)) from None
+        group = new_group(check_name("group", group_id), topic, partitions, strategy, session_timeout)
         try:
             await self.kv.create(escape(group_id), encode_group(group))
         except nats.js.errors.KeyWrongLastSequenceError:

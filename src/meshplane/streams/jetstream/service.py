@@ -28,6 +28,7 @@ from meshplane.core.streamlog import RetentionPolicy, StoredEvent, encode_record
 from meshplane.streams.config import StreamsConfig, check_name, now_ms
 from meshplane.streams.errors import BadRequest, Conflict, LimitReached, NotFound, OffsetOutOfRange
 from meshplane.streams.events import StreamEvent, decode_stream_event
+from meshplane.streams.groups import describe_group
 from meshplane.streams.jetstream import naming
 from meshplane.streams.jetstream.groups import SharedGroups
 from meshplane.streams.jetstream.store import JetStreamStore, StreamBounds, Unavailable
@@ -382,25 +383,10 @@ class JetStreamStreamsService(StreamsService):
     async def fresh_group(self, group_id: str) -> GroupCoordinator:
         return (await self._groups().load(group_id))[0]
 
-    async def create_group(
-        self,
-        group_id: str,
-        topic: str,
-        partition_count: int | None = None,
-        strategy: str = "round_robin",
-        session_timeout: float | None = None,
+    async def _store_new_group(
+        self, group_id: str, topic: str, partitions: int, strategy: str, session_timeout: float
     ) -> GroupCoordinator:
-        found = self.shared_topics.get(topic)
-        if partition_count is None:
-            if found is None:
-                raise NotFound(
-                    f"topic {topic!r} not found (create it, or pass partition_count / --partitions)"
-                )
-            partition_count = len(found.partitions)
-        elif found is not None and partition_count != len(found.partitions):
-            raise BadRequest(f"topic {topic!r} has {len(found.partitions)} partitions, not {partition_count}")
-        timeout = session_timeout or self.config.default_session_timeout
-        return await self._groups().create(group_id, topic, partition_count, strategy, timeout)
+        return await self._groups().create(group_id, topic, partitions, strategy, session_timeout)
 
     async def delete_group(self, group_id: str) -> bool:
         return await self._groups().delete(group_id)
@@ -437,22 +423,9 @@ class JetStreamStreamsService(StreamsService):
 
     async def group_stats(self, group_id: str) -> dict[str, Any]:
         group = await self._groups().change(group_id, lambda g, t: (g.expire(t), g)[1])
-        last = group.last_rebalance_at
-        return {
-            "group_id": group.group_id,
-            "topic": group.topic,
-            "state": group.state,
-            "strategy": group.strategy,
-            "member_count": len(group.members),
-            "members": sorted(group.members),
-            "generation": group.generation,
-            "partition_count": group.partitions,
-            "committed_partitions": len(group.committed),
-            "assignment": group.assignment,
-            "committed": {str(p): o for p, o in group.committed.items()},
-            "last_rebalance_secs": None if last is None else round(time.time() - last, 3),
-            "lag": {str(p): lag for g, p, lag in self.lag() if g == group_id},
-        }
+        stats = describe_group(group, time.time())
+        stats["lag"] = {str(p): lag for g, p, lag in self.lag() if g == group_id}
+        return stats
 
     def lag(self) -> Iterable[tuple[str, int, int]]:
         for group in self.groups.values():
