@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -426,12 +426,3 @@ class JetStreamStreamsService(StreamsService):
         stats = describe_group(group, time.time())
         stats["lag"] = {str(p): lag for g, p, lag in self.lag() if g == group_id}
         return stats
-
-    def lag(self) -> Iterable[tuple[str, int, int]]:
-        for group in self.groups.values():
-            topic = self.shared_topics.get(group.topic)
-            if topic is None:
-                continue
-            for p, plog in enumerate(topic.partitions[: group.partitions]):
-                committed = group.committed.get(p, plog.start_offset)
-                yield group.group_id, p, max(0, plog.next_offset - committed)
