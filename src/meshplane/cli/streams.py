@@ -161,7 +161,7 @@ def streams_engine(args: argparse.Namespace, mesh_config: MeshConfig | None) -> 
         raise ConfigError(f"--storage is local or nats://HOST:PORT[,...], not {args.storage!r}")
     if mesh_config is not None:
         raise ConfigError("a mesh node (--node-id) keeps its guaranteed queues locally: use --storage local")
-    from meshplane.streams.jetstream import JetStreamStreamsService
+    from meshplane.streams.jetstream.service import JetStreamStreamsService
 
     return JetStreamStreamsService(config, servers, replicas=args.replicas)
 

@@ -32,9 +32,7 @@ MAX_BATCH = 1000
 
 
 class Unavailable(StorageError):
-    """JetStream did not answer (no leader, no quorum, or the servers are gone): try again."""
-
-    status = 503
+    """JetStream did not answer (no leader, no quorum, or the servers are gone): a 503, try again."""
 
 
 @dataclass
