@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -239,12 +239,7 @@ class TopicStore:
         check_name("topic", name)
         if name in self.topics:
             raise Conflict(f"topic {name!r} already exists")
-        if len(self.topics) >= self.config.max_topics:
-            raise LimitReached(f"topic limit reached ({self.config.max_topics} topics)")
-        partitions = self.config.default_partitions if num_partitions is None else num_partitions
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 10_000:
-            raise BadRequest(f"num_partitions must be an integer in 1..10000, not {partitions!r}")
-        self._check_partition_budget(partitions)
+        partitions = check_new_topic(self.config, self.topics, num_partitions)
         if replication_factor != 1:
             raise BadRequest("replication_factor must be 1: meshplane streams run on one node")
         segment = self.config.segment_bytes if segment_bytes is None else segment_bytes
@@ -277,11 +272,7 @@ class TopicStore:
         return topic
 
     def _check_partition_budget(self, adding: int) -> None:
-        total = sum(len(t.partitions) for t in self.topics.values())
-        if total + adding > self.config.max_partitions:
-            raise LimitReached(
-                f"partition limit reached: {total} of {self.config.max_partitions} in use, {adding} asked"
-            )
+        check_partition_budget(self.config, self.topics, adding)
 
     def get(self, name: str) -> Topic:
         found = self.topics.get(check_name("topic", name))
@@ -315,6 +306,29 @@ class TopicStore:
     @property
     def partition_count(self) -> int:
         return sum(len(t.partitions) for t in self.topics.values())
+
+
+def check_partition_budget(
+    config: StreamsConfig, topics: Mapping[str, TopicBase[Any]], adding: int
+) -> None:
+    total = sum(len(t.partitions) for t in topics.values())
+    if total + adding > config.max_partitions:
+        raise LimitReached(
+            f"partition limit reached: {total} of {config.max_partitions} in use, {adding} asked"
+        )
+
+
+def check_new_topic(
+    config: StreamsConfig, topics: Mapping[str, TopicBase[Any]], num_partitions: int | None
+) -> int:
+    """A new topic's partition count (the default when none is asked), within every limit."""
+    if len(topics) >= config.max_topics:
+        raise LimitReached(f"topic limit reached ({config.max_topics} topics)")
+    partitions = config.default_partitions if num_partitions is None else num_partitions
+    if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 10_000:
+        raise BadRequest(f"num_partitions must be an integer in 1..10000, not {partitions!r}")
+    check_partition_budget(config, topics, partitions)
+    return partitions
 
 
 def _remove_tree(directory: Path) -> None:

@@ -26,14 +26,14 @@ from nats.aio.msg import Msg
 from meshplane.core.groups import GroupCoordinator, GroupError
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent, encode_record
 from meshplane.streams.config import StreamsConfig, check_name, now_ms
-from meshplane.streams.errors import BadRequest, Conflict, LimitReached, NotFound, OffsetOutOfRange
+from meshplane.streams.errors import BadRequest, Conflict, NotFound, OffsetOutOfRange
 from meshplane.streams.events import StreamEvent, decode_stream_event
 from meshplane.streams.groups import describe_group
 from meshplane.streams.jetstream import naming
 from meshplane.streams.jetstream.groups import SharedGroups
 from meshplane.streams.jetstream.store import JetStreamStore, StreamBounds, Unavailable
 from meshplane.streams.service import StreamsService
-from meshplane.streams.topics import RawSpan, TopicBase, TopicSettings
+from meshplane.streams.topics import RawSpan, TopicBase, TopicSettings, check_new_topic
 
 log = logging.getLogger(__name__)
 
@@ -206,13 +206,7 @@ class JetStreamStreamsService(StreamsService):
         check_name("topic", name)
         if len(naming.partition_stream(name, 10_000)) > naming.MAX_STREAM_NAME:
             raise BadRequest(f"topic name {name!r} is too long for a JetStream stream name")
-        if len(self.shared_topics) >= self.config.max_topics:
-            raise LimitReached(f"topic limit reached ({self.config.max_topics} topics)")
-        partitions = self.config.default_partitions if num_partitions is None else num_partitions
-        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 10_000:
-            raise BadRequest(f"num_partitions must be an integer in 1..10000, not {partitions!r}")
-        if self._partition_count + partitions > self.config.max_partitions:
-            raise LimitReached(f"partition limit reached ({self.config.max_partitions} partitions)")
+        partitions = check_new_topic(self.config, self.shared_topics, num_partitions)
         if replication_factor not in (1, self.store.replicas):
             raise BadRequest(
                 f"replication_factor must be the server's --replicas ({self.store.replicas}), "
