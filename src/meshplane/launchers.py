@@ -147,11 +147,19 @@ class NatsServer(_Process):
         tls: tuple[Path, Path, Path | None] | None = None,
         cluster: tuple[str, int, tuple[int, ...]] | None = None,
         gateway: tuple[str, int, dict[str, int]] | None = None,
+        name: str | None = None,
+        monitor: bool = False,
     ) -> None:
         """``tls``: (certificate, key, CA that clients' certificates must chain to, or None);
         ``cluster``: (name, this server's route port, the other servers' route ports) on loopback;
-        ``gateway``: (this cluster's name, its gateway port, other cluster -> its gateway port)."""
+        ``gateway``: (this cluster's name, its gateway port, other cluster -> its gateway port);
+        ``name``: the server's name, which a clustered JetStream knows its peers by (kept across
+        restarts, so a restarted node rejoins as itself); ``monitor``: serve the HTTP monitoring
+        endpoints (``/jsz``, ...) on ``monitor_port``, chosen anew at each start."""
         super().__init__()
+        self.name = name
+        self.monitor = monitor
+        self.monitor_port = 0
         self.cluster = cluster
         self.gateway = gateway
         self.host = host
@@ -180,6 +188,8 @@ class NatsServer(_Process):
             config.touch(mode=0o600)
             config.write_text(f"authorization {{ token: {json.dumps(self.token)} }}\n")
             argv += ["-c", str(config)]
+        if self.name:
+            argv += ["--server_name", self.name]
         if self.jetstream:
             argv += ["--jetstream", "--store_dir", str(self.workdir / "jetstream")]
         if self.gateway:  # gateways have no command-line flags: a config file of their own
@@ -201,21 +211,84 @@ class NatsServer(_Process):
             argv += ["--tls", "--tlscert", str(cert), "--tlskey", str(key)]
             if client_ca is not None:
                 argv += ["--tlsverify", "--tlscacert", str(client_ca)]
+        if self.monitor:
+            argv += ["-m", "-1"]
         proc = self._spawn(argv)
-        if not self.port:
+        if not self.port or self.monitor:
             # Port -1 lets the server choose: no race with another process taking our port.
             ports_file = self.workdir / f"nats-server_{proc.pid}.ports"
             deadline = time.monotonic() + timeout
             while True:
                 with contextlib.suppress(OSError, ValueError):  # not there yet, or written halfway
-                    nats_urls = json.loads(ports_file.read_text())["nats"]
+                    ports = json.loads(ports_file.read_text())
                     break
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise ServerError(f"nats-server did not start: {self.log_path.read_text()[-2000:]}")
                 time.sleep(0.02)
-            self.port = int(nats_urls[0].rsplit(":", 1)[1])
+            self.port = int(ports["nats"][0].rsplit(":", 1)[1])
+            if self.monitor:
+                self.monitor_port = int(ports["monitoring"][0].rsplit(":", 1)[1])
         _wait_for_port(self.host, self.port, proc, timeout, self.log_path)
         return self
+
+
+class JetStreamCluster:
+    """``count`` nats-server nodes with JetStream, routed to each other on loopback, named n0, n1, ...
+    Each node keeps its ports, name and store across :meth:`restart`, so it rejoins as itself."""
+
+    def __init__(self, count: int = 3, *, name: str = "meshplane") -> None:
+        routes = [free_port() for _ in range(count)]
+        self.nodes = [
+            NatsServer(
+                jetstream=True,
+                name=f"n{i}",
+                monitor=True,
+                cluster=(name, route, tuple(other for other in routes if other != route)),
+            )
+            for i, route in enumerate(routes)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    def start(self, timeout: float = 30.0) -> JetStreamCluster:
+        for node in self.nodes:
+            node.start()
+        self.wait_meta_leader(timeout)
+        return self
+
+    def wait_meta_leader(self, timeout: float = 30.0) -> str:
+        """The name of the node leading JetStream's meta group, once there is one (until then the
+        cluster creates no stream)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                if node.proc is None or node.proc.poll() is not None:
+                    continue
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    url = f"http://{node.host}:{node.monitor_port}/jsz"
+                    with urllib.request.urlopen(url, timeout=1) as response:
+                        leader = json.load(response)["meta_cluster"].get("leader")
+                    if leader:
+                        return str(leader)
+            time.sleep(0.05)
+        raise ServerError(f"the JetStream cluster elected no meta leader within {timeout}s")
+
+    def node(self, name: str) -> NatsServer:
+        return next(node for node in self.nodes if node.name == name)
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            node.cleanup()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.cleanup()
 
 
 class EtcdServer(_Process):

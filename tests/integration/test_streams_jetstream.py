@@ -15,7 +15,7 @@ import pytest
 
 from meshplane.launchers import NatsServer, StreamsServerProcess
 from meshplane.streams.client import StreamsClient
-from meshplane.streams.errors import Conflict, NotFound
+from meshplane.streams.errors import Conflict, NotFound, StreamError
 from meshplane.streams.jetstream import naming
 from tests.helpers import eventually
 
@@ -135,19 +135,23 @@ async def test_when_a_server_dies_its_clients_continue_on_another(
     two_servers: tuple[StreamsServerProcess, StreamsServerProcess],
 ) -> None:
     first, second = two_servers
-    async with StreamsClient(first.url) as a:
-        await a.create_topic("orders", 1)
-        await a.create_group("g", "orders", session_timeout_secs=30)
-        member = await a.join("g", member_id="w")
-        acked = await a.publish_batch("orders", [{"event_type": "e", "data": i} for i in range(20)])
-        await a.commit("g", 0, 12, member_id="w", generation=member["generation"])
-    first.kill(signal.SIGKILL)
-    async with StreamsClient(second.url) as b:
-        await eventually(lambda: _has_topic(b, "orders"))
-        assert await b.committed("g", 0) == 12
-        answer = await b.consume_partition("orders", 0, 0, 100)
+    async with (
+        StreamsClient([first.url, second.url], channel=True) as client,
+        StreamsClient(f"{first.url},{second.url}") as rest,
+    ):
+        await client.create_topic("orders", 1)
+        await client.create_group("g", "orders", session_timeout_secs=30)
+        member = await client.join("g", member_id="w")
+        acked = await client.publish_batch("orders", [{"event_type": "e", "data": i} for i in range(20)])
+        await client.commit("g", 0, 12, member_id="w", generation=member["generation"])
+        first.kill(signal.SIGKILL)
+        with pytest.raises(StreamError):  # the request in flight when its server died: the caller's
+            await client.heartbeat("g", "w")
+        assert await rest.committed("g", 0) == 12  # a new request goes to the server still there
+        assert rest.url == second.url
+        answer = await rest.consume_partition("orders", 0, 0, 100)
         assert [(0, e["offset"]) for e in answer["events"]] == acked
-        heartbeat = await b.heartbeat("g", "w")
+        heartbeat = await client.heartbeat("g", "w")  # the command channel reopens on the other
         assert heartbeat["generation"] == member["generation"]
-        await b.commit("g", 0, 20, member_id="w", generation=heartbeat["generation"])
-        assert await b.committed("g", 0) == 20
+        await client.commit("g", 0, 20, member_id="w", generation=heartbeat["generation"])
+        assert await rest.committed("g", 0) == 20

@@ -15,8 +15,8 @@ import asyncio
 import itertools
 import json
 import ssl
-from collections.abc import AsyncIterator
-from typing import Any, NamedTuple
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
 import msgspec
@@ -29,6 +29,8 @@ from meshplane.streams.errors import (
     error_from_response,
     not_a_streams_server,
 )
+
+T = TypeVar("T")
 
 _json = msgspec.json.Encoder()
 _json_decoder = msgspec.json.Decoder()
@@ -61,7 +63,10 @@ class CommandChannel:
         answer = self._pending[request_id] = asyncio.get_running_loop().create_future()
         try:
             frame = _json.encode({"command": command, "request_id": request_id, "payload": payload})
-            await self._ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
+            try:
+                await self._ws.send_frame(frame, aiohttp.WSMsgType.TEXT)
+            except ConnectionError as exc:  # the server went before our reader saw the close
+                raise StreamError(f"the command channel closed: {exc}") from None
             async with asyncio.timeout(self._timeout):
                 envelope = await answer
         finally:
@@ -100,15 +105,21 @@ def _payload_of(envelope: dict[str, Any]) -> dict[str, Any]:
 class StreamsClient:
     def __init__(
         self,
-        url: str = "http://127.0.0.1:15500",
+        url: str | Sequence[str] = "http://127.0.0.1:15500",
         *,
         token: str | None = None,
         timeout: float = 30.0,
         channel: bool = False,
         tls: ssl.SSLContext | None = None,
     ) -> None:
-        """``tls``: how to check an https server (default: the system's CAs, or $SSL_CERT_FILE)."""
-        self.url = url.rstrip("/")
+        """``url``: a server, or several serving the same streams (``meshplane serve --storage nats://``),
+        comma-separated or a list: when the current one cannot be reached, the next is tried.
+        ``tls``: how to check an https server (default: the system's CAs, or $SSL_CERT_FILE)."""
+        urls = url.split(",") if isinstance(url, str) else list(url)
+        self.urls = [u.strip().rstrip("/") for u in urls if u.strip()]
+        if not self.urls:
+            raise ValueError("StreamsClient needs a server URL")
+        self._current = 0
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session = aiohttp.ClientSession(
             headers=headers,
@@ -119,6 +130,24 @@ class StreamsClient:
         self._use_channel = channel
         self._channel: CommandChannel | None = None
         self._channel_opening = asyncio.Lock()
+
+    @property
+    def url(self) -> str:
+        """The server requests go to now."""
+        return self.urls[self._current]
+
+    async def _on_a_server(self, attempt: Callable[[str], Awaitable[T]]) -> T:
+        """``attempt(url)`` on the current server, and on the next ones in turn while a server cannot
+        be connected to: nothing was sent then, so repeating any request is safe. (A server that
+        fails after the request was sent may have done it: that error is the caller's to retry.)"""
+        for tries_left in reversed(range(len(self.urls))):
+            try:
+                return await attempt(self.url)
+            except aiohttp.ClientConnectorError:
+                if not tries_left:
+                    raise
+                self._current = (self._current + 1) % len(self.urls)
+        raise AssertionError("unreachable")
 
     async def __aenter__(self) -> StreamsClient:
         return self
@@ -135,7 +164,9 @@ class StreamsClient:
         """The open command WebSocket; opened on first use and again after it drops."""
         async with self._channel_opening:
             if self._channel is None or self._channel.closed:
-                ws = await self._session.ws_connect(self.url.replace("http", "ws", 1) + "/api/v1/ws")
+                ws = await self._on_a_server(
+                    lambda url: self._session.ws_connect(url.replace("http", "ws", 1) + "/api/v1/ws")
+                )
                 self._channel = CommandChannel(ws, self._timeout)
             return self._channel
 
@@ -156,17 +187,21 @@ class StreamsClient:
         self, method: str, path: str, body: dict[str, Any] | None = None, params: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
-        async with self._session.request(method, self.url + path, json=body, params=query) as response:
-            if response.status == 401:
-                raise Unauthorized(UNAUTHORIZED)
-            try:
-                data = await response.json(content_type=None) if response.content_length != 0 else {}
-            except ValueError:
-                raise StreamError(not_a_streams_server(self.url, response.status)) from None
-            if response.status >= 400:
-                raise error_from_response(response.status, data)
-            result: dict[str, Any] = data
-            return result
+
+        async def attempt(url: str) -> dict[str, Any]:
+            async with self._session.request(method, url + path, json=body, params=query) as response:
+                if response.status == 401:
+                    raise Unauthorized(UNAUTHORIZED)
+                try:
+                    data = await response.json(content_type=None) if response.content_length != 0 else {}
+                except ValueError:
+                    raise StreamError(not_a_streams_server(url, response.status)) from None
+                if response.status >= 400:
+                    raise error_from_response(response.status, data)
+                result: dict[str, Any] = data
+                return result
+
+        return await self._on_a_server(attempt)
 
     # --- rooms ---------------------------------------------------------------------------------------
 
@@ -224,8 +259,11 @@ class StreamsClient:
     ) -> AsyncIterator[dict[str, Any]]:
         """Events pushed over the room's WebSocket, from ``from_offset`` (None: only new ones)."""
         params = {} if from_offset is None else {"from_offset": str(from_offset)}
-        ws_url = self.url.replace("http", "ws", 1) + f"/stream/{room}/ws/{subscriber_id}"
-        async with self._session.ws_connect(ws_url, params=params) as ws:
+        path = f"/stream/{room}/ws/{subscriber_id}"
+        ws = await self._on_a_server(
+            lambda url: self._session.ws_connect(url.replace("http", "ws", 1) + path, params=params)
+        )
+        async with ws:
             async for message in ws:
                 if message.type != aiohttp.WSMsgType.TEXT:
                     break
@@ -333,16 +371,19 @@ class StreamsClient:
         self, topic: str, partition: int, from_offset: int = 0, max_bytes: int = 1 << 20
     ) -> Fetched:
         """Bulk read: whole records from ``from_offset`` (payloads still encoded; see decode_event)."""
-        url = f"{self.url}/topics/{topic}/partitions/{partition}/records"
+        path = f"/topics/{topic}/partitions/{partition}/records"
         params = {"from_offset": str(from_offset), "max_bytes": str(max_bytes)}
-        async with self._session.get(url, params=params) as response:
-            if response.status >= 400:
-                raise error_from_response(response.status, await response.json(content_type=None))
-            data = await response.read()
-            start = int(response.headers["X-Log-Start-Offset"])
-            end = int(response.headers["X-Log-End-Offset"])
-        records = scan_records(data, expected_offset=from_offset).records
-        return Fetched(records, start, end)
+
+        async def attempt(url: str) -> Fetched:
+            async with self._session.get(url + path, params=params) as response:
+                if response.status >= 400:
+                    raise error_from_response(response.status, await response.json(content_type=None))
+                data = await response.read()
+                start = int(response.headers["X-Log-Start-Offset"])
+                end = int(response.headers["X-Log-End-Offset"])
+            return Fetched(scan_records(data, expected_offset=from_offset).records, start, end)
+
+        return await self._on_a_server(attempt)
 
     async def offsets_for_time(self, topic: str, timestamp_ms: int) -> dict[int, int]:
         """Per partition, the first offset stamped at or after ``timestamp_ms`` (the end when none is)."""
