@@ -104,6 +104,43 @@ def test_ups_dashboard_shows_the_brokers_and_their_counters(tmp_path: Path) -> N
         up.wait(timeout=30)
 
 
+def test_up_with_cluster_runs_on_three_jetstream_nodes_served_by_two_streams_servers(tmp_path: Path) -> None:
+    argv = [*MESHPLANE, "up", "--cluster", "3", "--no-pipeline", "--streams-port", "0", "--nats-port", "0"]
+    argv += ["--state-dir", str(tmp_path), "--duration", "120", "--publishers", "2", "--rate", "100"]
+    argv += ["--context", "none"]
+    env = {**env_for(tmp_path, "nats"), "MESHPLANE_TOKEN": "up-s3cret"}
+    up = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    lines: list[str] = []
+    try:
+        assert up.stdout is not None
+        for line in up.stdout:
+            lines.append(line)
+            if line.startswith("up "):  # the first status line: everything is started
+                break
+        output = "".join(lines)
+        nats_pids = [int(pid) for pid in re.findall(r"nats-server n\d \(JetStream\): pid (\d+)", output)]
+        streams_urls = re.findall(r"streams server at (\S+) ", output)
+        assert (len(nats_pids), len(streams_urls)) == (3, 2), output
+        assert "up-s3cret" not in output
+        second = streams_urls[1]
+        headers = {"Authorization": "Bearer up-s3cret"}
+
+        def stored_through_the_second() -> bool:
+            answer = requests.get(f"{second}/topics/demo-events/stats", headers=headers, timeout=5)
+            return answer.ok and sum(p["next_offset"] for p in answer.json()["partitions"]) > 100
+
+        wait_until(stored_through_the_second, timeout=30, interval=0.2, what="demo events via the 2nd server")
+        second_pid = re.findall(r"streams server at \S+ \(pid (\d+)", output)[0]
+        with open(f"/proc/{second_pid}/cmdline", "rb") as cmdline:
+            assert b"up-s3cret" not in cmdline.read()  # the storage URLs and token went by environment
+    finally:
+        up.send_signal(signal.SIGINT)
+        rest, _ = up.communicate(timeout=60)
+    assert up.returncode == 0, rest
+    assert re.search(r"stopped: \d+ events received from 2 publishers, gaps 0, malformed 0", rest), rest
+    assert not [pid for pid in nats_pids if Path(f"/proc/{pid}").exists()]  # every node is stopped
+
+
 def test_up_with_nodes_runs_the_demo_through_a_mesh_and_stops_every_node(tmp_path: Path) -> None:
     result = subprocess.run(
         [
@@ -294,6 +331,21 @@ async def test_embedded_nats_server_rejects_clients_without_the_token() -> None:
         with pytest.raises(TransportError) as error:
             await connect_nats(f"nats://127.0.0.1:{server.port}", timeout=2)
         assert "s3cr3t" not in str(error.value)
+
+
+async def test_nats_server_may_list_several_servers_of_a_cluster() -> None:
+    from meshplane.launchers import NatsServer, free_port
+    from meshplane.transports.nats import connect_nats, redact_url
+
+    with NatsServer(token="s3cr3t") as server:
+        server.start()
+        gone = f"nats://s3cr3t@127.0.0.1:{free_port()}"  # a node that is down: the next one is used
+        client = await connect_nats(f"{gone},{server.url}", timeout=5)
+        assert client.connected_url is not None
+        assert client.connected_url.port == server.port
+        await client.close()
+        assert "s3cr3t" not in redact_url(f"{gone}, {server.url}")
+        assert redact_url(f"{gone},{server.url}").count("***@") == 2
 
 
 def test_stream_topic_and_group_commands(tmp_path: Path) -> None:

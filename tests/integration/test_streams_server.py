@@ -47,7 +47,11 @@ def streams_server(storage: str) -> Iterator[StreamsServerProcess]:
         if storage == "jetstream":
             nats = stack.enter_context(NatsServer(jetstream=True)).start()
             args = (*args, "--storage", nats.url)
-        yield stack.enter_context(StreamsServerProcess(extra_args=args)).start()
+        server = stack.enter_context(StreamsServerProcess(extra_args=args)).start()
+        yield server
+        server.stop()
+        # whatever the tests sent, the server's own work (upkeep each second, shutdown) never failed
+        assert "Traceback" not in server.log_path.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -399,6 +403,18 @@ async def test_session_timeout_evicts_a_silent_member(client: StreamsClient) -> 
     assert (await client.group_stats("beaters"))["members"] == ["busy"]
 
 
+async def test_a_silent_member_is_evicted_when_no_one_calls(client: StreamsClient) -> None:
+    """The server's own upkeep times sessions out: a group nobody touches still rebalances."""
+    await client.create_topic("quiet-beats", 1)
+    await client.create_group("alone", "quiet-beats", session_timeout_secs=0.3)
+    await client.join("alone", member_id="quiet")
+
+    async def evicted() -> bool:
+        return bool((await client.group_stats("alone"))["members"] == [])
+
+    await eventually(evicted, timeout=10, interval=0.1, what="the silent member evicted by the server")
+
+
 # --- bad input ------------------------------------------------------------------------------------
 
 
@@ -488,6 +504,11 @@ async def test_openapi_health_ready_and_metrics(client: StreamsClient, http: aio
     assert "meshplane_streams_events_published_total" in text
     assert "meshplane_group_lag" in text
     assert "meshplane_fsync_seconds_bucket" in text
+    await client.create_topic("inspected", 2)
+    async with http.get("/storage") as r:
+        storage = await r.json()
+    assert (r.status, storage["problems"]) == (200, [])
+    assert storage["limits"]["partitions"]["used"] >= 2
 
 
 # --- auth -----------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import msgspec
 from meshplane import context
 from meshplane.broker import Broker
 from meshplane.cli.options import add_token_option
+from meshplane.cli.up_cluster import REPLICAS, start_cluster, start_second_server
 from meshplane.cli.up_mesh import mesh_summary, publisher_configs, start_mesh
 from meshplane.config import PlaneConfig
 from meshplane.core.brokers import BROKERS_BUCKET, BrokerAddress, broker_record
@@ -28,7 +29,7 @@ from meshplane.core.records import new_instance_id
 from meshplane.core.streamlog import StoredEvent
 from meshplane.discovery.base import Discovery
 from meshplane.errors import ConfigError, MeshplaneError
-from meshplane.launchers import MeshCluster, NatsServer
+from meshplane.launchers import JetStreamCluster, MeshCluster, NatsServer
 from meshplane.plane import EventPlane
 from meshplane.publisher import EventPublisher
 from meshplane.streams.access import ADMIN, Tokens
@@ -112,6 +113,15 @@ def add_up_options(parser: argparse.ArgumentParser) -> None:
         help="run the demo through an event mesh of N local nodes (DYN_EVENT_PLANE=mesh): publishers spread "
         "over them, the subscriber on the last; `meshplane mesh status` shows the links (default 0: no mesh)",
     )
+    parser.add_argument(
+        "--cluster",
+        type=int,
+        choices=(3, 5),
+        metavar="N",
+        help="run a local N-node (3 or 5) nats-server cluster with JetStream instead of one nats-server: "
+        "the event plane connects to every node, and the streams' topics and groups are replicated "
+        "on it (R3) and served by two streams servers",
+    )
     parser.add_argument("--publishers", type=int, default=3, metavar="N", help="demo publishers (default 3)")
     parser.add_argument(
         "--rate",
@@ -172,6 +182,11 @@ async def run_up(args: argparse.Namespace) -> int:
     mesh = start_mesh(args.nodes, state_dir) if args.nodes else None
     if mesh is not None:
         args.transport = "mesh"
+    if args.cluster and (args.nats_server or mesh is not None):
+        raise ConfigError("--cluster starts its own nats-servers: not with --nats-server or --nodes")
+    cluster = start_cluster(args.cluster, args.token) if args.cluster else None
+    if cluster is not None and args.transport == "nats":
+        nats_url = ",".join(cluster.urls)
     if args.transport == "nats" and not nats_url:
         nats_server = NatsServer(port=args.nats_port if _port_free(args.nats_port) else 0, token=args.token)
         nats_server.start()
@@ -205,9 +220,16 @@ async def run_up(args: argparse.Namespace) -> int:
         print(f"  broker: xsub {address.xsub}, xpub {address.xpub}", flush=True)
     for node_id, node in zip(mesh.ids if mesh else (), mesh.nodes if mesh else (), strict=True):
         print(f"  mesh node {node_id}: pid {node.pid}, {node.url}, routes at {node.route_url}", flush=True)
-    streams = await _start_streams(args, state_dir, config) if args.streams_port >= 0 else None
+    for cluster_node in cluster.nodes if cluster is not None else ():
+        shown = redact_url(cluster_node.url)
+        print(f"  nats-server {cluster_node.name} (JetStream): pid {cluster_node.pid} at {shown}", flush=True)
+    streams = await _start_streams(args, state_dir, config, cluster) if args.streams_port >= 0 else None
+    second = start_second_server(cluster, state_dir, args.token) if cluster and streams else None
     if streams is not None:
-        print(f"  streams server at {streams.url} (data in {state_dir / 'streams'})", flush=True)
+        where = f"JetStream R{REPLICAS}" if cluster is not None else f"data in {state_dir / 'streams'}"
+        print(f"  streams server at {streams.url} ({where})", flush=True)
+        if second is not None:
+            print(f"  streams server at {second.url} (pid {second.pid}: the same topics, groups)", flush=True)
         print(f"  dashboard at {streams.url}/ui", flush=True)
     local = _save_context(args, config, nats_url, streams)
     missing = _pipeline_missing(streams) if args.pipeline else None
@@ -286,6 +308,8 @@ async def run_up(args: argparse.Namespace) -> int:
         if pipeline is not None and pipeline.returncode is None:
             pipeline.terminate()
             await pipeline.wait()
+        if second is not None:
+            second.cleanup()
         if streams is not None:
             await streams.close()
         for broker in brokers:
@@ -294,6 +318,8 @@ async def run_up(args: argparse.Namespace) -> int:
             nats_server.cleanup()
         if mesh is not None:
             mesh.cleanup()
+        if cluster is not None:
+            cluster.cleanup()
     return 0
 
 
@@ -403,14 +429,22 @@ class _Streams:
         await self.discovery.close()
 
 
-async def _start_streams(args: argparse.Namespace, state_dir: Path, config: PlaneConfig) -> _Streams:
+async def _start_streams(
+    args: argparse.Namespace, state_dir: Path, config: PlaneConfig, cluster: JetStreamCluster | None
+) -> _Streams:
     from meshplane.discovery import create_discovery
     from meshplane.streams.http.app import serve
+    from meshplane.streams.jetstream.service import JetStreamStreamsService
 
     tokens = Tokens({args.token: ADMIN}) if args.token else None
     discovery = create_discovery(config)  # the dashboard's event plane page reads it
     for port in (args.streams_port, 0):
-        engine = StreamsService(StreamsConfig(data_dir=state_dir / "streams"))
+        streams_config = StreamsConfig(data_dir=state_dir / "streams")
+        engine = (
+            JetStreamStreamsService(streams_config, cluster.urls, replicas=REPLICAS)
+            if cluster is not None
+            else StreamsService(streams_config)
+        )
         stop = asyncio.Event()
         ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(

@@ -151,7 +151,7 @@ class StreamsService:
         found = list(self.problems)
         for room in self.rooms.values():
             found.extend(f"room {room.name}: {p}" for p in room.log.problems)
-        for topic in self.topics.values():
+        for topic in self.topic_store.topics.values():  # the local logs (JetStream keeps its own)
             for n, plog in enumerate(topic.partitions):
                 found.extend(f"topic {topic.name}/{n}: {p}" for p in plog.problems)
         return found
@@ -169,7 +169,7 @@ class StreamsService:
         for room in self.rooms.values():
             room.log.sync()
             room.log.close()
-        for topic in self.topics.values():
+        for topic in self.topic_store.topics.values():  # the local logs (JetStream keeps its own)
             for plog in topic.partitions:
                 plog.sync()
                 plog.close()
@@ -200,7 +200,7 @@ class StreamsService:
                 log.info("room %s inactive since %.0f s: removed", room.name, time.time() - idle_since)
                 self.delete_room(room.name)
         budget = self.config.verify_bytes_per_cycle
-        for topic in self.topics.values():
+        for topic in self.topic_store.topics.values():  # the local logs (JetStream keeps its own)
             for plog in topic.partitions:
                 plog.apply_retention(wall_ms)
                 if budget > 0:

@@ -308,9 +308,7 @@ class TopicStore:
         return sum(len(t.partitions) for t in self.topics.values())
 
 
-def check_partition_budget(
-    config: StreamsConfig, topics: Mapping[str, TopicBase[Any]], adding: int
-) -> None:
+def check_partition_budget(config: StreamsConfig, topics: Mapping[str, TopicBase[Any]], adding: int) -> None:
     total = sum(len(t.partitions) for t in topics.values())
     if total + adding > config.max_partitions:
         raise LimitReached(

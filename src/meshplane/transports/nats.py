@@ -49,7 +49,7 @@ async def connect_nats(
         # so bound the whole attempt instead of looping around it.
         await asyncio.wait_for(
             client.connect(
-                url,
+                [server.strip() for server in url.split(",")],  # a cluster's nodes, as the Go client takes
                 name=name,
                 connect_timeout=max(1, int(timeout)),
                 allow_reconnect=True,
@@ -78,7 +78,9 @@ async def connect_nats(
 
 
 def redact_url(url: str) -> str:
-    """The URL without credentials, for messages and logs."""
+    """The URL (or comma-separated URLs) without credentials, for messages and logs."""
+    if "," in url:
+        return ",".join(redact_url(one.strip()) for one in url.split(","))
     parts = urlsplit(url)
     if parts.username or parts.password:
         netloc = parts.hostname or ""

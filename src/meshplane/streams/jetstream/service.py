@@ -93,6 +93,7 @@ class JetStreamStreamsService(StreamsService):
         self.shared_topics: dict[str, JetStreamTopic] = {}
         self.shared_groups: SharedGroups | None = None
         self._watchers: list[asyncio.Task[None]] = []
+        self._shared_upkeep: asyncio.Task[None] | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -153,9 +154,10 @@ class JetStreamStreamsService(StreamsService):
             topic.notifiers[place[1]].notify()
 
     async def close(self) -> None:
-        for task in self._watchers:
+        tasks = [*self._watchers, *([self._shared_upkeep] if self._shared_upkeep else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._watchers, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await super().close()
         await self.store.close()
 
@@ -171,9 +173,18 @@ class JetStreamStreamsService(StreamsService):
 
     def maintain(self, monotonic_now: float) -> None:
         super().maintain(monotonic_now)  # rooms, pub/sub (JetStream applies the topics' retention)
-        for topic in list(self.shared_topics.values()):
-            asyncio.get_running_loop().create_task(self._refresh(topic))
-        asyncio.get_running_loop().create_task(self._expire_groups())
+        if self._shared_upkeep is None or self._shared_upkeep.done():  # one pass at a time
+            self._shared_upkeep = asyncio.get_running_loop().create_task(self._upkeep())
+
+    async def _upkeep(self) -> None:
+        """The bounds of every partition (what other servers and JetStream's retention changed), and
+        the sessions that timed out."""
+        try:
+            for topic in list(self.shared_topics.values()):
+                await self._refresh(topic)
+            await self._expire_groups()
+        except Exception:
+            log.exception("JetStream upkeep failed")
 
     async def _expire_groups(self) -> None:
         groups = self._groups()
