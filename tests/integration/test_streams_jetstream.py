@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 import nats
 import pytest
 
+from meshplane.core.streamlog import scan_records
 from meshplane.launchers import NatsServer, StreamsServerProcess
 from meshplane.streams.client import StreamsClient
 from meshplane.streams.errors import Conflict, NotFound, StreamError
@@ -155,3 +156,26 @@ async def test_when_a_server_dies_its_clients_continue_on_another(
         assert heartbeat["generation"] == member["generation"]
         await client.commit("g", 0, 20, member_id="w", generation=heartbeat["generation"])
         assert await rest.committed("g", 0) == 20
+
+
+async def test_spark_readers_asking_for_local_reads_are_served_over_http(
+    two_servers: tuple[StreamsServerProcess, StreamsServerProcess],
+    clients: tuple[StreamsClient, StreamsClient],
+) -> None:
+    """No segment file holds the records here: an executor next to the server reads them over HTTP."""
+    from meshplane.spark.http import SyncStreamsClient
+
+    a, _ = clients
+    await a.create_topic("read-here", 1)
+    await a.publish_batch("read-here", [{"event_type": "e", "data": i} for i in range(50)])
+    local = SyncStreamsClient(two_servers[0].url, local_reads=True)
+    remote = SyncStreamsClient(two_servers[0].url)
+    try:
+        data, start, end = await asyncio.to_thread(local.fetch_raw, "read-here", 0, 10, 1 << 20)
+        over_http, _, _ = await asyncio.to_thread(remote.fetch_raw, "read-here", 0, 10, 1 << 20)
+        assert (start, end) == (0, 50)
+        assert bytes(data) == bytes(over_http)
+        assert len(scan_records(bytes(data)).records) == 40
+    finally:
+        local.close()
+        remote.close()

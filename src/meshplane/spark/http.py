@@ -169,15 +169,18 @@ class SyncStreamsClient:
 
     def _read_segment(self, where: dict[str, Any]) -> bytes | memoryview | None:
         """The bytes ``where`` points at, read from the segment file; None (and HTTP from now on) when
-        the file cannot be opened, is not the server's (device and inode differ) or comes up short."""
-        if "path" not in where:
-            return b""  # nothing at or after the offset
-        fd = self._open_segment(where)
+        the server keeps no files (JetStream storage), or the file cannot be opened, is not the
+        server's (device and inode differ) or comes up short."""
+        fd = None
+        if where.get("local", True):
+            if "path" not in where:
+                return b""  # nothing at or after the offset
+            fd = self._open_segment(where)
         if fd is not None:
             view = self._buffer(int(where["length"]))
             if os.preadv(fd, [view], int(where["position"])) == len(view):
                 return view
-        log.info("reading %s over HTTP from now on: the segment file is not readable here", self.url)
+        log.info("reading %s over HTTP from now on: no segment file is readable here", self.url)
         self._local_reads = False
         self._close_segment()
         return None

@@ -395,7 +395,11 @@ class Api:
         local = self.engine.local_files
         span = self.engine.local_span(topic, partition, from_offset, max_bytes) if local else None
         plog = self.engine.topic(topic).partitions[partition]
-        body: dict[str, Any] = {"log_start_offset": plog.start_offset, "log_end_offset": plog.next_offset}
+        body: dict[str, Any] = {
+            "log_start_offset": plog.start_offset,
+            "log_end_offset": plog.next_offset,
+            "local": local,  # false: the records are in no file here (JetStream): read them over HTTP
+        }
         if span is not None:
             segment, position, length = span
             stat = os.fstat(segment.fd)

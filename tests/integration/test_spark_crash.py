@@ -1,0 +1,85 @@
+"""Exactly once through a crash: a Spark driver copying one topic to another is SIGKILLed mid-stream
+and started again on its checkpoint; the copy holds every event once. On both storage backends."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from meshplane.launchers import NatsServer, StreamsServerProcess
+from meshplane.streams.client import StreamsClient
+from tests.helpers import wait_until
+from tests.spark_support import publish, run
+
+EVENTS = 3000
+
+
+@pytest.fixture(params=["local", "jetstream"])
+def server(request: pytest.FixtureRequest) -> Iterator[StreamsServerProcess]:
+    with contextlib.ExitStack() as stack:
+        args: tuple[str, ...] = ()
+        if request.param == "jetstream":
+            nats = stack.enter_context(NatsServer(jetstream=True)).start()
+            args = ("--storage", nats.url)
+        yield stack.enter_context(StreamsServerProcess(extra_args=args)).start()
+
+
+def _copied(url: str) -> list[int]:
+    """The ``i`` of every event in copy-out (the sink stores each row's value, a JSON text)."""
+
+    async def read_all() -> list[int]:
+        values: list[int] = []
+        async with StreamsClient(url) as client:
+            for partition in range(2):
+                offset = 0
+                while batch := await client.consume_partition("copy-out", partition, offset, 1000):
+                    if not batch["events"]:
+                        break
+                    values += [json.loads(e["data"])["i"] for e in batch["events"]]
+                    offset = batch["events"][-1]["offset"] + 1
+        return values
+
+    result: list[int] = run(read_all())
+    return result
+
+
+def _driver(url: str, checkpoint: Path, log: Path) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "tests.spark_copy_driver", url, "copy-in", "copy-out", str(checkpoint)]
+    return subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.timeout(400)
+def test_a_driver_killed_mid_stream_resumes_on_its_checkpoint_and_copies_every_event_once(
+    server: StreamsServerProcess, tmp_path: Path
+) -> None:
+    run(publish(server.url, "copy-in", 0, EVENTS, partitions=2))
+
+    async def create_out() -> None:
+        async with StreamsClient(server.url) as client:
+            await client.create_topic("copy-out", 2)
+
+    run(create_out())
+    checkpoint, log = tmp_path / "checkpoint", tmp_path / "driver.log"
+    driver = _driver(server.url, checkpoint, log)
+    try:
+        wait_until(lambda: len(_copied(server.url)) > 0, timeout=120, interval=0.05, what="copied events")
+        driver.kill()  # SIGKILL: no clean stop, whatever the driver was doing
+        driver.wait(30)
+        partial = _copied(server.url)
+        assert 0 < len(partial) < EVENTS, "killed too late to prove anything"
+        driver = _driver(server.url, checkpoint, log)
+        wait_until(
+            lambda: len(_copied(server.url)) >= EVENTS, timeout=120, interval=0.2, what="copied events"
+        )
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(30)
+    copied = _copied(server.url)
+    assert sorted(copied) == list(range(EVENTS))  # every event, none twice
