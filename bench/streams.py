@@ -2,6 +2,7 @@
 
     python bench/streams.py                       # results to bench/results/streams.json
     python bench/streams.py --events 100000
+    python bench/streams.py --only storage        # local log vs JetStream R1/R3 (bench/streams_storage.py)
 
 Measured (100-byte payloads, one partition / stream):
 - append: meshplane over HTTP (batches of 1000 per request, fsync every 10 ms) and its storage engine
@@ -522,6 +523,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "events": args.events,
         "payload_bytes": len(DATA),
     }
+    if args.only == "storage":
+        import streams_storage  # beside this script
+
+        return {**results, **await streams_storage.run(args.events)}
     if args.only == "dashboard":
         steps = Steps(2 * args.dashboard_rounds)
         with StreamsServerProcess(extra_args=("--fsync", "interval", "--fsync-interval-ms", "10")) as server:
@@ -574,8 +579,9 @@ def main() -> None:
     parser.add_argument("--dashboard-rounds", type=int, default=10, help="rounds of each side (default 10)")
     parser.add_argument(
         "--only",
-        choices=["dashboard"],
-        help="only the dashboard's cost (results to bench/results/streams_dashboard.json)",
+        choices=["dashboard", "storage"],
+        help="only the dashboard's cost (results to bench/results/streams_dashboard.json), or only "
+        "the storage backends: local log, JetStream R1 and R3, raw JetStream (streams_storage.json)",
     )
     parser.add_argument("--ws-child", help=argparse.SUPPRESS)
     parser.add_argument("--dashboard-child", help=argparse.SUPPRESS)
@@ -589,8 +595,8 @@ def main() -> None:
     if args.dashboard_child:
         dashboard_readers(args.dashboard_child, args.dashboards)
         return
-    if args.only == "dashboard" and args.out == DEFAULT_OUT:
-        args.out = args.out.with_name("streams_dashboard.json")
+    if args.only and args.out == DEFAULT_OUT:
+        args.out = args.out.with_name(f"streams_{args.only}.json")
     results = asyncio.run(run(args))
     print(json.dumps(results, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
