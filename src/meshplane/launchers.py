@@ -234,7 +234,7 @@ class NatsServer(_Process):
 
 class JetStreamCluster:
     """``count`` nats-server nodes with JetStream, routed to each other on loopback, named n0, n1, ...
-    Each node keeps its ports, name and store across :meth:`restart`, so it rejoins as itself."""
+    A node killed and started again keeps its ports, name and store: it rejoins as itself."""
 
     def __init__(self, count: int = 3, *, name: str = "meshplane", token: str | None = None) -> None:
         routes = [free_port() for _ in range(count)]

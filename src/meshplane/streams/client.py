@@ -118,7 +118,7 @@ class StreamsClient:
         urls = url.split(",") if isinstance(url, str) else list(url)
         self.urls = [u.strip().rstrip("/") for u in urls if u.strip()]
         if not self.urls:
-            raise ValueError("StreamsClient needs a server URL")
+            raise StreamError("StreamsClient needs a server URL")
         self._current = 0
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session = aiohttp.ClientSession(
