@@ -487,31 +487,10 @@ def redis_streams(events: int) -> dict[str, float]:
 
 
 async def jetstream(events: int) -> dict[str, float]:
-    import nats
+    from streams_storage import raw_jetstream  # beside this script
 
     with NatsServer(jetstream=True) as server:
-        server.start()
-        nc = await nats.connect(server.url)
-        js = nc.jetstream()
-        await js.add_stream(name="BENCH", subjects=["bench"])
-        body = DATA.encode()
-        started = time.perf_counter()
-        for _ in range(events // BATCH):
-            for _ in range(BATCH):
-                await js.publish_async("bench", body)
-            await js.publish_async_completed()
-        append = time.perf_counter() - started
-        sub = await js.pull_subscribe("bench", durable="c")
-        started = time.perf_counter()
-        read = 0
-        while read < events:
-            messages = await sub.fetch(1000, timeout=10)
-            for message in messages:
-                await message.ack()
-            read += len(messages)
-        consume = time.perf_counter() - started
-        await nc.close()
-    return {"append_per_s": rate(events, append), "consume_per_s": rate(events, consume)}
+        return await raw_jetstream([server.start().url], 1, events)
 
 
 # --- main ------------------------------------------------------------------------------------------

@@ -4,12 +4,13 @@ through `meshplane serve`, and raw nats-py JetStream on the same servers; same r
     python bench/streams.py --only storage        # results to bench/results/streams_storage.json
 
 Per backend (100-byte payloads, one partition):
-- append: ``publish_batch`` of 1000 events a request over HTTP (meshplane), ``publish_async`` of
-  1000 then waiting for their acks (raw JetStream);
-- consume: the bulk fetch (raw records, 1 MiB a request) and the JSON consume route (meshplane), a
-  pull consumer's ``fetch(1000)`` with an ack each (raw JetStream);
-- commit latency p50/p99 of a group member, one commit after another, over REST and over the command
-  WebSocket (on JetStream each is a compare-and-set of the group's key);
+- append: ``publish_batch`` of 1000 events a request over HTTP (meshplane, ``meshplane_http`` of
+  streams.py), ``publish_async`` of 1000 then waiting for their acks (raw JetStream);
+- consume: the bulk fetch (raw records, 1 MiB a request; also with every payload decoded) and the
+  JSON consume route (meshplane), a pull consumer's ``fetch(1000)`` with an ack each (raw JetStream);
+- consumer groups (``group_round_trips`` of streams.py): a 10th member joining 9 (a rebalance), and
+  commit latency p50/p99, one commit after another, over REST and over the command WebSocket (on
+  JetStream each is a compare-and-set of the group's key);
 - Spark ingest: rows/s of a batch read of the whole topic into Spark's ``noop`` sink, median of 3
   after a warm-up (one local[2] session for all backends).
 
@@ -35,49 +36,13 @@ BATCH = 1000
 COMMITS = 300
 
 
-def _rate(events: int, seconds: float) -> float:
-    return round(events / seconds, 1)
-
-
-def _ms(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
-
-
 async def through_meshplane(url: str, events: int) -> dict[str, float]:
-    from meshplane.streams.client import StreamsClient
+    """The same measures as bench/streams.py's of the local server: appends, reads, groups."""
+    from streams import group_round_trips, meshplane_http  # beside this script
 
-    results: dict[str, float] = {}
-    async with StreamsClient(url, timeout=300) as client:
-        await client.create_topic("bench", 1)
-        batch = [{"event_type": "bench", "data": DATA} for _ in range(BATCH)]
-        started = time.perf_counter()
-        for _ in range(events // BATCH):
-            await client.publish_batch("bench", batch, partition=0)
-        results["append_per_s"] = _rate(events, time.perf_counter() - started)
-        started = time.perf_counter()
-        offset = 0
-        while offset < events:
-            offset = (await client.fetch("bench", 0, offset, 1 << 20)).records[-1].offset + 1
-        results["consume_per_s"] = _rate(events, time.perf_counter() - started)
-        started = time.perf_counter()
-        offset = 0
-        while offset < events:
-            offset = (await client.consume_partition("bench", 0, offset, 1000))["next_offset"]
-        results["consume_json_per_s"] = _rate(events, time.perf_counter() - started)
-        await client.create_group("bench-group", "bench")
-    for channel, kind in ((False, "rest"), (True, "channel")):
-        async with StreamsClient(url, channel=channel) as client:
-            member = await client.join("bench-group", member_id=kind)
-            generation = member["generation"]
-            latencies = []
-            for i in range(COMMITS):
-                started = time.perf_counter()
-                await client.commit("bench-group", 0, i, member_id=kind, generation=generation)
-                latencies.append(time.perf_counter() - started)
-            await client.leave("bench-group", kind)
-        results[f"commit_{kind}_p50_ms"] = _ms(latencies, 0.5)
-        results[f"commit_{kind}_p99_ms"] = _ms(latencies, 0.99)
+    results = await meshplane_http(url, events)
+    for channel in (False, True):
+        results.update(await group_round_trips(url, channel, rounds=20, commits=COMMITS))
     return results
 
 
@@ -105,7 +70,7 @@ async def raw_jetstream(urls: list[str], replicas: int, events: int) -> dict[str
         await js.delete_stream("RAW")
     finally:
         await nc.close()
-    return {"append_per_s": _rate(events, append), "consume_per_s": _rate(events, consume)}
+    return {"append_per_s": round(events / append, 1), "consume_per_s": round(events / consume, 1)}
 
 
 def spark_ingest(urls: dict[str, str], events: int) -> dict[str, float]:

@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar
 
 from meshplane.core.brokers import BrokerAddress
 from meshplane.errors import MeshplaneError
@@ -67,7 +67,22 @@ def _wait_for_port(host: str, port: int, proc: subprocess.Popen[bytes], timeout:
     raise ServerError(f"{name} did not listen on {host}:{port} within {timeout}s")
 
 
-class _Process:
+class _Stopped:
+    """Stopped (and its files removed) on leaving a ``with`` block."""
+
+    def cleanup(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.cleanup()
+
+
+class _Process(_Stopped):
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.workdir = Path(tempfile.mkdtemp(prefix=f"meshplane-{type(self).__name__.lower()}-"))
@@ -125,14 +140,6 @@ class _Process:
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.cleanup()
 
 
 class NatsServer(_Process):
@@ -232,7 +239,20 @@ class NatsServer(_Process):
         return self
 
 
-class JetStreamCluster:
+P = TypeVar("P", bound=_Process)
+
+
+class _Cluster(_Stopped, Generic[P]):
+    """Several server processes stopped together."""
+
+    nodes: list[P]
+
+    def cleanup(self) -> None:
+        for node in self.nodes:
+            node.cleanup()
+
+
+class JetStreamCluster(_Cluster[NatsServer]):
     """``count`` nats-server nodes with JetStream, routed to each other on loopback, named n0, n1, ...
     A node killed and started again keeps its ports, name and store: it rejoins as itself."""
 
@@ -278,18 +298,6 @@ class JetStreamCluster:
 
     def node(self, name: str) -> NatsServer:
         return next(node for node in self.nodes if node.name == name)
-
-    def cleanup(self) -> None:
-        for node in self.nodes:
-            node.cleanup()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.cleanup()
 
 
 class EtcdServer(_Process):
@@ -446,7 +454,7 @@ class StreamsServerProcess(_Process):
         return str(self.announced["mesh"]["route_url"])
 
 
-class MeshCluster:
+class MeshCluster(_Cluster[StreamsServerProcess]):
     """``count`` mesh nodes (``meshplane serve --node-id``) of one cluster on loopback, each routed to
     all the others, each its own process and data directory. Node ids are a, b, c, ..."""
 
@@ -503,15 +511,3 @@ class MeshCluster:
 
     def __getitem__(self, node_id: str) -> StreamsServerProcess:
         return self.nodes[self.ids.index(node_id)]
-
-    def cleanup(self) -> None:
-        for node in self.nodes:
-            node.cleanup()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.cleanup()
