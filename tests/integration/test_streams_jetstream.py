@@ -10,6 +10,7 @@ import asyncio
 import signal
 from collections.abc import AsyncIterator, Iterator
 
+import aiohttp
 import nats
 import pytest
 
@@ -179,3 +180,96 @@ async def test_spark_readers_asking_for_local_reads_are_served_over_http(
     finally:
         local.close()
         remote.close()
+
+
+async def test_a_room_is_one_stream_served_by_every_server(
+    jetstream: NatsServer, clients: tuple[StreamsClient, StreamsClient]
+) -> None:
+    a, b = clients
+    await a.create_room("chat.eu", max_events=5)
+    await eventually(lambda: _has_room(b, "chat.eu"), what="the room seen by the other server")
+    pushed = b.subscribe("chat.eu", "watcher", from_offset=0)
+    offsets = [await a.publish("chat.eu", "said", {"n": n}) for n in range(3)]
+    assert offsets == [0, 1, 2]
+    received = [await anext(pushed) for _ in range(3)]  # pushed by the server that did not store them
+    assert [(e["offset"], e["data"]["n"]) for e in received] == [(0, 0), (1, 1), (2, 2)]
+    assert await b.publish("chat.eu", "said", {"n": 3}) == 3  # either server appends, offsets continue
+    assert (await anext(pushed))["offset"] == 3
+    await pushed.aclose()
+    for n in range(4, 8):
+        await b.publish("chat.eu", "said", {"n": n})
+    await eventually(lambda: _history_starts_at(a, "chat.eu", 3), what="max_events applied on both")
+    history = await a.history("chat.eu")
+    assert [e["data"]["n"] for e in history["events"]] == [3, 4, 5, 6, 7]
+    assert (await a.room_stats("chat.eu"))["next_offset"] == 8
+    nc = await nats.connect(jetstream.url)
+    try:
+        info = await nc.jetstream().stream_info(naming.room_stream("chat.eu"))
+        assert (info.state.messages, info.state.first_seq, info.state.last_seq) == (5, 4, 8)
+    finally:
+        await nc.close()
+    with pytest.raises(Conflict):
+        await b.create_room("chat.eu")
+
+
+async def test_a_server_started_later_serves_the_rooms_history(
+    jetstream: NatsServer, clients: tuple[StreamsClient, StreamsClient]
+) -> None:
+    a, _ = clients
+    for n in range(20):
+        await a.publish("lobby", "joined", n)  # made on first use
+    with StreamsServerProcess(extra_args=("--storage", jetstream.url)) as late:
+        async with StreamsClient(late.start().url) as c:
+            history = await c.history("lobby", limit=100)
+            assert [e["data"] for e in history["events"]] == list(range(20))
+            assert await c.publish("lobby", "joined", 20) == 20
+    assert (await a.history("lobby", from_offset=20))["events"][0]["data"] == 20
+
+
+async def test_deleting_a_room_through_one_server_ends_it_on_another(
+    clients: tuple[StreamsClient, StreamsClient],
+) -> None:
+    a, b = clients
+    await a.publish("short-lived", "e", 1)
+    await eventually(lambda: _has_room(b, "short-lived"))
+    pushed = b.subscribe("short-lived", "s", from_offset=0)
+    assert (await anext(pushed))["data"] == 1
+    await a.delete_room("short-lived")
+    with pytest.raises(StreamError, match="deleted"):
+        await anext(pushed)
+    await eventually(lambda: _gone(b, "short-lived"), what="the room gone from the other server")
+    assert await b.publish("short-lived", "e", 2) == 0  # a new room under the old name starts afresh
+
+
+async def test_an_event_not_written_by_meshplane_is_counted_and_skipped(
+    jetstream: NatsServer,
+    two_servers: tuple[StreamsServerProcess, StreamsServerProcess],
+    clients: tuple[StreamsClient, StreamsClient],
+) -> None:
+    a, b = clients
+    await a.publish("mixed", "e", 0)
+    nc = await nats.connect(jetstream.url)
+    try:
+        await nc.jetstream().publish(naming.room_subject("mixed"), b"\xff not an event")
+    finally:
+        await nc.close()
+    assert await a.publish("mixed", "e", 2) == 2
+    for client in (a, b):
+        history = await client.history("mixed")
+        assert [(e["offset"], e["data"]) for e in history["events"]] == [(2, 2)]
+    async with aiohttp.ClientSession() as http, http.get(two_servers[1].url + "/metrics") as response:
+        metrics = await response.text()
+    assert "meshplane_streams_room_events_unreadable_total 1.0" in metrics
+
+
+async def _has_room(client: StreamsClient, name: str) -> bool:
+    return name in await client.rooms()
+
+
+async def _gone(client: StreamsClient, name: str) -> bool:
+    return not await _has_room(client, name)
+
+
+async def _history_starts_at(client: StreamsClient, name: str, offset: int) -> bool:
+    history = await client.history(name)
+    return bool(history["oldest_offset"] == offset)

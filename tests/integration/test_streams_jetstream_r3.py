@@ -1,8 +1,10 @@
-"""Topics and groups replicated three ways on a three-node JetStream cluster, while nodes die.
+"""Topics, groups and a room replicated three ways on a three-node JetStream cluster, while nodes die.
 
 Publishers retry every batch under its idempotency key until it is acknowledged, as a client of a
-replicated log does; a consumer group reads and commits throughout. Whatever is killed, every
-acknowledged event stays at its offset, no event is stored twice, and the group goes on.
+replicated log does; a consumer group reads and commits throughout; a room gets events through one
+server while a subscriber of the other is pushed them. Whatever is killed, every acknowledged event
+stays at its offset, no event is stored twice, the group goes on, and the pushed room events are
+the room's, in order, with no gap.
 """
 
 from __future__ import annotations
@@ -69,6 +71,42 @@ class Publisher:
             batch_number += 1
 
 
+class RoomPublisher:
+    """Events published one by one to room ``chat``; a failed one is not retried (rooms take no
+    idempotency key), so none can be stored twice."""
+
+    def __init__(self, client: StreamsClient) -> None:
+        self.client = client
+        self.acked: dict[int, int] = {}  # offset -> n
+        self.failed = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                offset = await self.client.publish("chat", "said", n)
+                assert offset not in self.acked, f"room offset {offset} acknowledged twice"
+                self.acked[offset] = n
+            except RETRYABLE:
+                self.failed += 1
+                await asyncio.sleep(0.1)
+            n += 1
+            await asyncio.sleep(0.005)
+
+
+class RoomWatcher:
+    """Pushed room events, through the server that is not killed."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.received: list[tuple[int, int]] = []
+
+    async def run(self) -> None:
+        async with StreamsClient(self.url) as client:
+            async for event in client.subscribe("chat", "watcher", from_offset=0):
+                self.received.append((event["offset"], event["data"]))
+
+
 class Consumer:
     """One member of group ``g``: reads what it owns from the committed offset and commits."""
 
@@ -123,10 +161,14 @@ async def test_r3_loses_and_duplicates_nothing_when_a_node_then_a_stream_leader_
     async with StreamsClient(urls) as client:
         await _retry(lambda: client.create_topic("orders", PARTITIONS))
         await _retry(lambda: client.create_group("g", "orders", session_timeout_secs=60))
+        await _retry(lambda: client.create_room("chat", max_events=100_000))
         publishers = [Publisher(client, f"p{i}") for i in range(2)]
         consumer = Consumer(client)
+        room_publisher, watcher = RoomPublisher(client), RoomWatcher(servers[1].url)
         publishing, consuming = asyncio.Event(), asyncio.Event()
+        watching = asyncio.create_task(watcher.run())
         tasks = [asyncio.create_task(p.run(publishing)) for p in publishers]
+        tasks.append(asyncio.create_task(room_publisher.run(publishing)))
         tasks.append(asyncio.create_task(consumer.run(consuming)))
 
         def acked() -> int:
@@ -181,3 +223,13 @@ async def test_r3_loses_and_duplicates_nothing_when_a_node_then_a_stream_leader_
             await tasks[-1]
         assert {p: await client.committed("g", p) for p in ends} == ends
         assert all(stored[place] == data for place, data in consumer.seen.items())
+
+        room: list[tuple[int, int]] = []
+        while page := (await client.history("chat", from_offset=len(room), limit=1000))["events"]:
+            room.extend((e["offset"], e["data"]) for e in page)
+        assert [offset for offset, _ in room] == list(range(len(room)))  # contiguous from 0
+        assert {o: n for o, n in room if o in room_publisher.acked} == room_publisher.acked
+        assert len({n for _, n in room}) == len(room), "a room event was stored twice"
+        await eventually(lambda: len(watcher.received) == len(room), what="the watcher pushed every event")
+        watching.cancel()
+        assert watcher.received == room  # pushed in order, with no gap, through the other server

@@ -64,7 +64,7 @@ async def test_a_slow_page_gets_the_newest_state_never_a_queue_but_every_tail_fr
     engine: StreamsService,
 ) -> None:
     dashboard = Dashboard(engine)
-    engine.create_room("chat")
+    await engine.create_room("chat")
     viewer = dashboard.join(None, Tail("room", "chat", None, 0))
     for n in range(10):
         await engine.publish_room("chat", "msg", n)

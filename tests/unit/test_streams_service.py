@@ -64,10 +64,10 @@ async def test_fsync_interval_counts_from_the_first_unsynced_write(tmp_path: Pat
 async def test_room_and_subscriber_limits(tmp_path: Path) -> None:
     engine = StreamsService(StreamsConfig(data_dir=tmp_path, max_rooms=2, max_subscribers_per_room=1))
     engine.open()
-    engine.create_room("a")
-    engine.create_room("b")
+    await engine.create_room("a")
+    await engine.create_room("b")
     with pytest.raises(LimitReached, match="2 rooms"):
-        engine.create_room("c")
+        await engine.create_room("c")
     engine.touch_subscriber(engine.room("a"), "s1")
     engine.touch_subscriber(engine.room("a"), "s1")  # the same subscriber again is fine
     with pytest.raises(LimitReached, match="subscribers"):
@@ -82,7 +82,7 @@ async def test_rooms_expire_by_time_and_inactive_rooms_go(tmp_path: Path) -> Non
     engine.open()
     with pytest.raises(NotFound):
         await engine.publish_room("nope", "e", 1)  # auto-create is off
-    room, _ = engine.create_room("timed", retention_secs=10)
+    room, _ = await engine.create_room("timed", retention_secs=10)
     for i in range(5):
         await engine.publish_room("timed", "e", i)
     room.trim(room.last_event_ms() + 10_001)  # ten seconds and a bit later
@@ -178,7 +178,7 @@ async def publish_once(s: StreamsService) -> None:
 
 
 async def create_room(s: StreamsService) -> None:
-    s.create_room("other", max_events=7, retention_secs=60.0)
+    await s.create_room("other", max_events=7, retention_secs=60.0)
 
 
 async def publish_room(s: StreamsService) -> None:
@@ -186,7 +186,7 @@ async def publish_room(s: StreamsService) -> None:
 
 
 async def delete_room(s: StreamsService) -> None:
-    s.delete_room("r")
+    await s.delete_room("r")
 
 
 async def create_group(s: StreamsService) -> None:

@@ -232,7 +232,7 @@ class Dashboard:
     def _overview(self, now: float) -> dict[str, Any]:
         e = self.engine
         fsyncs = sorted(self.fsyncs)
-        rooms_bytes = sum(r.log.size_bytes for r in e.rooms.values())
+        rooms_bytes = sum(r.stored_bytes for r in e.rooms.values())
         topics_bytes = sum(p.size_bytes for t in e.topics.values() for p in t.partitions)
         return {
             "events_in_per_sec": self._points.get("in", 0.0),
@@ -286,7 +286,7 @@ class Dashboard:
             "first": room.oldest,
             "next": room.next_offset,
             "events": len(room),
-            "bytes": room.log.size_bytes,
+            "bytes": room.stored_bytes,
             "max_events": room.max_events,
             "retention_secs": room.retention_secs,
             "live_subscribers": len(room.pushers),

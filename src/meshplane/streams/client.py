@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import json
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
@@ -256,7 +256,7 @@ class StreamsClient:
 
     async def subscribe(
         self, room: str, subscriber_id: str = "meshplane-client", from_offset: int | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Events pushed over the room's WebSocket, from ``from_offset`` (None: only new ones)."""
         params = {} if from_offset is None else {"from_offset": str(from_offset)}
         path = f"/stream/{room}/ws/{subscriber_id}"

@@ -23,61 +23,32 @@ class Pusher(Protocol):
 
 
 class Room:
-    """A room: a log plus an in-memory ring of its most recent events (the retained history)."""
+    """A room as this server serves it: an in-memory ring of its most recent events (the retained
+    history, read by offset arithmetic) and its live subscribers. Where the events are stored is the
+    subclass's: :class:`LocalRoom` keeps a log on this host's disk; a JetStream room, a stream."""
 
     def __init__(
         self,
         name: str,
-        directory: Path,
         max_events: int,
         retention_secs: float | None,
-        segment_bytes: int,
         created_at: float,
-        files: FilePool | None = None,
         max_bytes: Callable[[], int] = lambda: 1 << 62,
     ) -> None:
         self.name = name
-        self.directory = directory
         self.max_events = max_events
         self.retention_secs = retention_secs
         self.created_at = created_at
         self.max_bytes = max_bytes  # the in-memory history's byte bound, which shrinks as rooms are added
-        self.log = PartitionLog(
-            directory,
-            segment_bytes=segment_bytes,
-            retention=RetentionPolicy(max_messages=max_events),
-            files=files,
-        )
         self.notifier = Notifier()  # long polls and other waiters
         self.pushers: set[Pusher] = set()  # WebSocket / SSE subscribers
         self.subscribers: dict[str, float] = {}  # subscriber id -> last seen
         self._ring: list[StreamEvent] = []
         self._head = 0
         self.ring_bytes = 0  # of the events from _head on
+        self.next_offset = 0
         self.last_event_at: float | None = None
         self.published = 0
-        self._reload()
-
-    def _reload(self) -> None:
-        start = self.log.start_offset
-        while start < self.log.next_offset:
-            try:
-                records = self.log.read(start, 10_000, 16 << 20)
-            except CorruptRecords as exc:
-                # The history is served from memory by offset arithmetic: keep what follows the hole.
-                self._ring.clear()
-                self.ring_bytes = 0
-                start = exc.next_offset
-                continue
-            if not records:
-                break
-            for r in records:
-                self._ring.append(decode_stream_event(r))
-                self.ring_bytes += r.size
-            start = records[-1].offset + 1
-        if self._ring:
-            self.last_event_at = self._ring[-1].timestamp_ms / 1000
-        self.trim(now_ms())
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -87,8 +58,19 @@ class Room:
         }
 
     @property
-    def next_offset(self) -> int:
-        return self.log.next_offset
+    def stored_bytes(self) -> int:
+        return self.ring_bytes
+
+    @property
+    def problems(self) -> list[str]:
+        return []
+
+    def expire(self, now: int) -> None:
+        """Drop what the room's limits no longer keep (called periodically)."""
+        self.trim(now)
+
+    def close(self) -> None:
+        pass
 
     @property
     def oldest(self) -> int:
@@ -100,16 +82,27 @@ class Room:
     def last_event_ms(self) -> int:
         return self._ring[-1].timestamp_ms if self._ring else 0
 
-    def append(self, events: list[StoredEvent], payloads: list[bytes], timestamp_ms: int) -> int:
-        first = self.log.append(payloads, timestamp_ms)
-        for i, (event, payload) in enumerate(zip(events, payloads, strict=True)):
-            size = len(payload) + streamlog.HEADER_SIZE
-            self._ring.append(StreamEvent(first + i, timestamp_ms, event, size))
-            self.ring_bytes += size
-        self.published += len(events)
-        self.last_event_at = timestamp_ms / 1000
-        self.trim(timestamp_ms)
-        return first
+    def add(self, events: list[StreamEvent], now: int) -> None:
+        """Events stored from ``next_offset`` on, in order. When the first one lies past it (those in
+        between were removed before they were read), the history restarts there: reads count on
+        the ring being contiguous."""
+        if not events:
+            return
+        if events[0].offset != self.next_offset:
+            self.restart_at(events[0].offset)
+        for event in events:
+            self._ring.append(event)
+            self.ring_bytes += event.size
+        self.next_offset = events[-1].offset + 1
+        self.last_event_at = events[-1].timestamp_ms / 1000
+        self.trim(now)
+
+    def restart_at(self, offset: int) -> None:
+        """The history holds nothing before ``offset`` (a hole: removed or unreadable events)."""
+        self._ring.clear()
+        self._head = 0
+        self.ring_bytes = 0
+        self.next_offset = offset
 
     def broadcast(self, event: StreamEvent) -> int:
         """Hand a new event to pushed subscribers; returns how many were written at once."""
@@ -121,6 +114,12 @@ class Room:
                 pusher.wake()
         self.notifier.notify()
         return written
+
+    def ended(self) -> None:
+        """The room was deleted: waiters and pushed subscribers see it is gone."""
+        self.notifier.notify()
+        for pusher in self.pushers:
+            pusher.wake()
 
     def trim(self, now: int) -> None:
         """Keep at most max_events and max_bytes (but the newest event), none older than retention_secs."""
@@ -153,6 +152,74 @@ class Room:
 
     def resolve(self, from_offset: int | None) -> int:
         return resolve_start_offset(from_offset, self.oldest, self.next_offset)
+
+
+class LocalRoom(Room):
+    """A room whose events are stored in a log in its own folder of the data directory."""
+
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        max_events: int,
+        retention_secs: float | None,
+        segment_bytes: int,
+        created_at: float,
+        files: FilePool | None = None,
+        max_bytes: Callable[[], int] = lambda: 1 << 62,
+    ) -> None:
+        super().__init__(name, max_events, retention_secs, created_at, max_bytes)
+        self.directory = directory
+        self.log = PartitionLog(
+            directory,
+            segment_bytes=segment_bytes,
+            retention=RetentionPolicy(max_messages=max_events),
+            files=files,
+        )
+        self._reload()
+
+    def _reload(self) -> None:
+        start = self.log.start_offset
+        while start < self.log.next_offset:
+            try:
+                records = self.log.read(start, 10_000, 16 << 20)
+            except CorruptRecords as exc:
+                start = exc.next_offset  # add() restarts the history after the hole
+                continue
+            if not records:
+                break
+            self.add([decode_stream_event(r) for r in records], now_ms())
+            start = records[-1].offset + 1
+        if self.next_offset != self.log.next_offset:  # the log's tail was unreadable or removed
+            self.restart_at(self.log.next_offset)
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.log.size_bytes
+
+    @property
+    def problems(self) -> list[str]:
+        return self.log.problems
+
+    def expire(self, now: int) -> None:
+        self.trim(now)
+        self.log.apply_retention(now, keep_from=self.oldest)
+
+    def close(self) -> None:
+        self.log.sync()
+        self.log.close()
+
+    def append(self, events: list[StoredEvent], payloads: list[bytes], timestamp_ms: int) -> int:
+        first = self.log.append(payloads, timestamp_ms)
+        self.add(
+            [
+                StreamEvent(first + i, timestamp_ms, event, len(payload) + streamlog.HEADER_SIZE)
+                for i, (event, payload) in enumerate(zip(events, payloads, strict=True))
+            ],
+            timestamp_ms,
+        )
+        self.published += len(events)
+        return first
 
 
 def read_room_settings(

@@ -45,7 +45,7 @@ from meshplane.streams.files import FilePool, write_atomic
 from meshplane.streams.groups import GroupStore
 from meshplane.streams.idempotency import IdempotencyTable
 from meshplane.streams.pubsub import PubSub, PubSubLimits
-from meshplane.streams.rooms import Room, read_room_settings
+from meshplane.streams.rooms import LocalRoom, Room, read_room_settings
 from meshplane.streams.topics import RawSpan, TopicBase, TopicStore
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ class StreamsService:
             "commits_rejected": 0,
             "duplicates_skipped": 0,
             "rebalances": 0,
+            "room_events_unreadable": 0,
         }
         self.topic_store = TopicStore(
             self.root / "topics", self.files, self.config, self._report, self._set_aside
@@ -104,13 +105,16 @@ class StreamsService:
     def _open(self) -> None:
         for sub in ("rooms", "topics", "groups"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        for directory in sorted(p for p in (self.root / "rooms").iterdir() if p.is_dir()):
-            self._load_room(directory)
+        self._load_rooms()
         for directory in sorted(p for p in (self.root / "topics").iterdir() if p.is_dir()):
             self.topic_store.load(directory)
         self.idempotency.open(self.root / "idempotency.log", sync=self.config.fsync != "never")
         self.group_store.load(self._set_aside)
         self.ready = True
+
+    def _load_rooms(self) -> None:
+        for directory in sorted(p for p in (self.root / "rooms").iterdir() if p.is_dir()):
+            self._load_room(directory)
 
     def _load_room(self, directory: Path) -> None:
         defaults = (self.config.room_max_events, self.config.room_retention_secs, time.time())
@@ -150,7 +154,7 @@ class StreamsService:
         """What recovery found and set aside, in metadata and in every log."""
         found = list(self.problems)
         for room in self.rooms.values():
-            found.extend(f"room {room.name}: {p}" for p in room.log.problems)
+            found.extend(f"room {room.name}: {p}" for p in room.problems)
         for topic in self.topic_store.topics.values():  # the local logs (JetStream keeps its own)
             for n, plog in enumerate(topic.partitions):
                 found.extend(f"topic {topic.name}/{n}: {p}" for p in plog.problems)
@@ -167,8 +171,7 @@ class StreamsService:
             await asyncio.gather(self._cleanup, return_exceptions=True)
         await self.durability.close()
         for room in self.rooms.values():
-            room.log.sync()
-            room.log.close()
+            room.close()
         for topic in self.topic_store.topics.values():  # the local logs (JetStream keeps its own)
             for plog in topic.partitions:
                 plog.sync()
@@ -189,8 +192,7 @@ class StreamsService:
         """Retention, room expiry, inactive rooms and group session timeouts."""
         wall_ms = now_ms()
         for room in list(self.rooms.values()):
-            room.trim(wall_ms)
-            room.log.apply_retention(wall_ms, keep_from=room.oldest)
+            room.expire(wall_ms)
             idle_since = room.last_event_at or room.created_at
             if (
                 not room.pushers
@@ -198,7 +200,7 @@ class StreamsService:
                 and time.time() - idle_since > self.config.room_inactive_timeout
             ):
                 log.info("room %s inactive since %.0f s: removed", room.name, time.time() - idle_since)
-                self.delete_room(room.name)
+                self._remove_room(room)
         budget = self.config.verify_bytes_per_cycle
         for topic in self.topic_store.topics.values():  # the local logs (JetStream keeps its own)
             for plog in topic.partitions:
@@ -211,7 +213,7 @@ class StreamsService:
 
     # --- rooms ---------------------------------------------------------------------------------------
 
-    def create_room(
+    async def create_room(
         self,
         name: str,
         max_events: int | None = None,
@@ -219,23 +221,10 @@ class StreamsService:
         *,
         exist_ok: bool = False,
     ) -> tuple[Room, bool]:
-        check_name("room", name)
-        if name in self.rooms:
-            if exist_ok:
-                return self.rooms[name], False
-            raise Conflict(f"room {name!r} already exists")
-        if len(self.rooms) >= self.config.max_rooms:
-            raise LimitReached(f"room limit reached ({self.config.max_rooms} rooms)")
-        max_events = self.config.room_max_events if max_events is None else max_events
-        most = self.config.room_max_events_limit
-        if isinstance(max_events, bool) or not isinstance(max_events, int) or not 1 <= max_events <= most:
-            raise BadRequest(f"max_events must be an integer in 1..{most}, not {max_events!r}")
-        room = self._new_room(
-            name,
-            max_events,
-            self.config.room_retention_secs if retention_secs is None else retention_secs,
-            time.time(),
-        )
+        found, max_events, retention_secs = self._room_to_create(name, max_events, retention_secs, exist_ok)
+        if found is not None:
+            return found, False
+        room = self._new_room(name, max_events, retention_secs, time.time())
         try:
             write_atomic(room.directory / "room.json", json.dumps(room.settings()).encode())
         except OSError as exc:
@@ -244,8 +233,27 @@ class StreamsService:
             raise storage_error(exc, f"creating room {name!r}") from exc
         return room, True
 
-    def _new_room(self, name: str, max_events: int, retention_secs: float | None, created: float) -> Room:
-        room = Room(
+    def _room_to_create(
+        self, name: str, max_events: int | None, retention_secs: float | None, exist_ok: bool
+    ) -> tuple[Room | None, int, float | None]:
+        """The room when it exists (and ``exist_ok``), else the checked settings of a new one."""
+        check_name("room", name)
+        if name in self.rooms:
+            if exist_ok:
+                return self.rooms[name], 0, None
+            raise Conflict(f"room {name!r} already exists")
+        if len(self.rooms) >= self.config.max_rooms:
+            raise LimitReached(f"room limit reached ({self.config.max_rooms} rooms)")
+        max_events = self.config.room_max_events if max_events is None else max_events
+        most = self.config.room_max_events_limit
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or not 1 <= max_events <= most:
+            raise BadRequest(f"max_events must be an integer in 1..{most}, not {max_events!r}")
+        return None, max_events, self.config.room_retention_secs if retention_secs is None else retention_secs
+
+    def _new_room(
+        self, name: str, max_events: int, retention_secs: float | None, created: float
+    ) -> LocalRoom:
+        room = LocalRoom(
             name,
             self.root / "rooms" / name,
             max_events,
@@ -262,26 +270,36 @@ class StreamsService:
         """Each room's share of the rooms' memory: rooms' histories together stay within the budget."""
         return min(self.config.room_max_bytes, self.config.room_memory_bytes // max(1, len(self.rooms)))
 
-    def room(self, name: str, *, create: bool = False) -> Room:
+    def room(self, name: str) -> Room:
+        found = self.rooms.get(check_name("room", name))
+        if found is None:
+            raise NotFound(f"room {name!r} not found")
+        return found
+
+    async def room_or_create(self, name: str) -> Room:
+        """The room, made with the defaults when it is missing and rooms are made on first use."""
         found = self.rooms.get(check_name("room", name))
         if found is not None:
             return found
-        if create and self.config.auto_create_rooms:
-            return self.create_room(name, exist_ok=True)[0]
+        if self.config.auto_create_rooms:
+            return (await self.create_room(name, exist_ok=True))[0]
         raise NotFound(f"room {name!r} not found")
 
-    def delete_room(self, name: str) -> bool:
-        room = self.rooms.pop(check_name("room", name), None)
+    async def delete_room(self, name: str) -> bool:
+        room = self.rooms.get(check_name("room", name))
         if room is None:
             return False
+        self._remove_room(room)
+        return True
+
+    def _remove_room(self, room: Room) -> None:
+        assert isinstance(room, LocalRoom)
+        self.rooms.pop(room.name, None)
         room.log.delete()
         (room.directory / "room.json").unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             room.directory.rmdir()
-        room.notifier.notify()
-        for pusher in room.pushers:  # they see the room is gone
-            pusher.wake()
-        return True
+        room.ended()
 
     async def publish_room(
         self,
@@ -292,7 +310,8 @@ class StreamsService:
     ) -> tuple[Room, StreamEvent]:
         body = StoredEvent(new_event_id(), event_type, data, None, metadata)
         payload = self._encode_checked(body)  # before the room is made: a refused event makes none
-        room = self.room(name, create=True)
+        room = await self.room_or_create(name)
+        assert isinstance(room, LocalRoom)
         timestamp = now_ms()
         first = room.append([body], [payload], timestamp)
         self._count_publish(1, len(payload))
@@ -325,7 +344,7 @@ class StreamsService:
             "published": room.published,
             "max_events": room.max_events,
             "retention_secs": room.retention_secs,
-            "total_bytes": room.log.size_bytes,
+            "total_bytes": room.stored_bytes,
             "created_at": room.created_at,
             "last_event_at": room.last_event_at,
         }

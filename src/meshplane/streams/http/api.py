@@ -109,14 +109,14 @@ class Api:
 
     async def room_create(self, request: web.Request) -> web.Response:
         body = await read_json(request)
-        room, _ = self.engine.create_room(
+        room, _ = await self.engine.create_room(
             request.match_info["room"], get_int(body, "max_events", None, minimum=1), retention_secs_of(body)
         )
         return json_response({"success": True, "room": room.name}, 201)
 
     async def room_get_or_create(self, request: web.Request) -> web.Response:
         body = await read_json(request)
-        room, created = self.engine.create_room(
+        room, created = await self.engine.create_room(
             request.match_info["room"],
             get_int(body, "max_events", None, minimum=1),
             retention_secs_of(body),
@@ -126,7 +126,7 @@ class Api:
 
     async def room_delete(self, request: web.Request) -> web.Response:
         name = request.match_info["room"]
-        if not self.engine.delete_room(name):
+        if not await self.engine.delete_room(name):
             raise NotFound(f"room {name!r} not found")
         return json_response({"success": True, "deleted": True, "room": name})
 
@@ -157,7 +157,7 @@ class Api:
     async def room_ws(self, request: web.Request) -> web.StreamResponse:
         name, subscriber = request.match_info["room"], request.match_info["subscriber_id"]
         from_offset = query_int(request, "from_offset")
-        room = self.engine.room(name, create=True)
+        room = await self.engine.room_or_create(name)
         start = room.resolve(from_offset)
         self.engine.touch_subscriber(room, subscriber)
         ws = web.WebSocketResponse(heartbeat=30)
@@ -183,7 +183,7 @@ class Api:
             from_offset: int | None = get_int({"Last-Event-ID": last_id}, "Last-Event-ID", minimum=-1) + 1
         else:
             from_offset = query_int(request, "from_offset")
-        room = self.engine.room(name, create=True)
+        room = await self.engine.room_or_create(name)
         start = room.resolve(from_offset)
         if len(room.pushers) >= self.engine.config.max_subscribers_per_room:
             raise LimitReached(f"room {name!r} has {len(room.pushers)} live subscribers (the limit)")

@@ -95,17 +95,19 @@ class Commands:
 
     async def cmd_stream_create(self, p: dict[str, Any]) -> dict[str, Any]:
         room = get_str(p, "room")
-        self.engine.create_room(room, get_int(p, "max_events", None, minimum=1))
+        await self.engine.create_room(room, get_int(p, "max_events", None, minimum=1))
         return {"success": True, "room": room}
 
     async def cmd_stream_get_or_create(self, p: dict[str, Any]) -> dict[str, Any]:
         room = get_str(p, "room")
-        _, created = self.engine.create_room(room, get_int(p, "max_events", None, minimum=1), exist_ok=True)
+        _, created = await self.engine.create_room(
+            room, get_int(p, "max_events", None, minimum=1), exist_ok=True
+        )
         return {"success": True, "room": room, "created": created}
 
     async def cmd_stream_delete(self, p: dict[str, Any]) -> dict[str, Any]:
         room = get_str(p, "room")
-        if not self.engine.delete_room(room):
+        if not await self.engine.delete_room(room):
             raise NotFound(f"room {room!r} not found")
         return {"success": True, "deleted": True, "room": room}
 

@@ -32,6 +32,7 @@ class EngineCollector(Collector):
             ("commits_rejected", "Offset commits rejected (stale generation, not owner)"),
             ("rebalances", "Consumer group rebalances"),
             ("duplicates_skipped", "Events of repeated idempotent publishes, not appended again"),
+            ("room_events_unreadable", "Events in a room's JetStream stream that were not meshplane's"),
         ):
             yield CounterMetricFamily(f"meshplane_streams_{name}", help_text, value=e.counters[name])
         published = CounterMetricFamily(

@@ -14,10 +14,15 @@ from meshplane.core.streamlog import RetentionPolicy
 
 TOPICS_BUCKET = "MESHPLANE_TOPICS"
 GROUPS_BUCKET = "MESHPLANE_GROUPS"
+ROOMS_BUCKET = "MESHPLANE_ROOMS"
 STREAM_PREFIX = "MESHPLANE_T_"
 SUBJECT_PREFIX = "meshplane.streams.t"
 NOTICE_PREFIX = "meshplane.streams.n"
 NOTICES = NOTICE_PREFIX + ".>"
+ROOM_STREAM_PREFIX = "MESHPLANE_R_"
+ROOM_SUBJECT_PREFIX = "meshplane.streams.r"
+ROOM_FEED_PREFIX = "meshplane.streams.rf"
+ROOM_FEED = ROOM_FEED_PREFIX + ".>"
 TIMESTAMP_HEADER = "Meshplane-Ts"
 MAX_STREAM_NAME = 255
 
@@ -55,6 +60,26 @@ def parse_notice(subject: str) -> tuple[str, int] | None:
     if not token or not partition.isdigit():
         return None
     return unescape(token), int(partition)
+
+
+def room_stream(room: str) -> str:
+    return ROOM_STREAM_PREFIX + escape(room)
+
+
+def room_subject(room: str) -> str:
+    return f"{ROOM_SUBJECT_PREFIX}.{escape(room)}"
+
+
+def room_feed_subject(room: str) -> str:
+    """Where a room's stream republishes each event it stored, whole, for every server's view."""
+    return f"{ROOM_FEED_PREFIX}.{escape(room)}"
+
+
+def parse_room_feed(subject: str) -> str | None:
+    """The room of a feed subject; ``None`` for anything else."""
+    prefix = ROOM_FEED_PREFIX + "."
+    token = subject[len(prefix) :] if subject.startswith(prefix) else ""
+    return unescape(token) if token and "." not in token else None
 
 
 def retention_limits(policy: RetentionPolicy) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""The streams service with topics and consumer groups on JetStream (rooms and pub/sub stay on the
-server that holds them).
+"""The streams service with rooms, topics and consumer groups on JetStream (pub/sub stays on the
+server that holds it).
 
 Topic settings live in a key-value bucket that every server watches, so a topic made through one
 server is served by all. Each server keeps, per partition, the bounds JetStream last reported
@@ -25,13 +25,15 @@ from nats.aio.msg import Msg
 
 from meshplane.core.groups import GroupCoordinator, GroupError
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent, encode_record
-from meshplane.streams.config import StreamsConfig, check_name, now_ms
+from meshplane.streams.config import StreamsConfig, check_name, new_event_id, now_ms
 from meshplane.streams.errors import BadRequest, Conflict, NotFound, OffsetOutOfRange
 from meshplane.streams.events import StreamEvent, decode_stream_event
 from meshplane.streams.groups import describe_group
 from meshplane.streams.jetstream import naming
 from meshplane.streams.jetstream.groups import SharedGroups
+from meshplane.streams.jetstream.rooms import SharedRoom, SharedRooms
 from meshplane.streams.jetstream.store import JetStreamStore, StreamBounds, Unavailable
+from meshplane.streams.rooms import Room
 from meshplane.streams.service import StreamsService
 from meshplane.streams.topics import RawSpan, TopicBase, TopicSettings, check_new_topic
 
@@ -92,22 +94,32 @@ class JetStreamStreamsService(StreamsService):
         self.local_files = False
         self.shared_topics: dict[str, JetStreamTopic] = {}
         self.shared_groups: SharedGroups | None = None
+        self.shared_rooms = SharedRooms(self.store, self.rooms, self.counters, self._room_byte_limit)
         self._watchers: list[asyncio.Task[None]] = []
         self._shared_upkeep: asyncio.Task[None] | None = None
+        self._background_tasks: set[asyncio.Task[Any]] = set()
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
     async def start(self) -> None:
         await self.store.connect(self._on_notice)
         self.shared_groups = SharedGroups(self.store.groups_kv, self.counters)
-        topics = await self.store.topics_kv.watchall()
-        groups = await self.store.groups_kv.watchall()
-        await self._initial(topics, self._saw_topic)
-        await self._initial(groups, self.shared_groups.seen)
-        for watcher, apply in ((topics, self._saw_topic), (groups, self.shared_groups.seen)):
+        await self.store.follow_rooms(self.shared_rooms.on_event)
+        buckets = (
+            (self.store.topics_kv, self._saw_topic),
+            (self.store.groups_kv, self.shared_groups.seen),
+            (self.store.rooms_kv, self.shared_rooms.seen),
+        )
+        for kv, apply in buckets:
+            watcher = await kv.watchall()
+            await self._initial(watcher, apply)
             self._watchers.append(asyncio.create_task(self._follow(watcher, apply)))
         await asyncio.gather(*(self._refresh(t) for t in list(self.shared_topics.values())))
+        await self.shared_rooms.settle()
         await super().start()
+
+    def _load_rooms(self) -> None:
+        """Rooms are JetStream's (followed from start()), not the data directory's."""
 
     async def _initial(self, watcher: Any, apply: Any) -> None:
         """Apply what the bucket holds now (the watcher's first ``None`` marks the end of it)."""
@@ -154,9 +166,14 @@ class JetStreamStreamsService(StreamsService):
             topic.notifiers[place[1]].notify()
 
     async def close(self) -> None:
-        tasks = [*self._watchers, *([self._shared_upkeep] if self._shared_upkeep else [])]
+        tasks = [
+            *self._watchers,
+            *self._background_tasks,
+            *([self._shared_upkeep] if self._shared_upkeep else []),
+        ]
         for task in tasks:
             task.cancel()
+        self.shared_rooms.close()
         await asyncio.gather(*tasks, return_exceptions=True)
         await super().close()
         await self.store.close()
@@ -172,7 +189,7 @@ class JetStreamStreamsService(StreamsService):
         return sum(len(t.partitions) for t in self.shared_topics.values())
 
     def maintain(self, monotonic_now: float) -> None:
-        super().maintain(monotonic_now)  # rooms, pub/sub (JetStream applies the topics' retention)
+        super().maintain(monotonic_now)  # rooms' views, pub/sub (JetStream applies the streams' limits)
         if self._shared_upkeep is None or self._shared_upkeep.done():  # one pass at a time
             self._shared_upkeep = asyncio.get_running_loop().create_task(self._upkeep())
 
@@ -182,6 +199,7 @@ class JetStreamStreamsService(StreamsService):
         try:
             for topic in list(self.shared_topics.values()):
                 await self._refresh(topic)
+            await self.shared_rooms.refresh()
             await self._expire_groups()
         except Exception:
             log.exception("JetStream upkeep failed")
@@ -193,6 +211,50 @@ class JetStreamStreamsService(StreamsService):
             if any(now > m.deadline for m in group.members.values()):
                 with contextlib.suppress(NotFound, Unavailable):
                     await groups.change(group_id, lambda g, t: g.expire(t))
+
+    # --- rooms ---------------------------------------------------------------------------------------
+
+    async def create_room(
+        self,
+        name: str,
+        max_events: int | None = None,
+        retention_secs: float | None = None,
+        *,
+        exist_ok: bool = False,
+    ) -> tuple[Room, bool]:
+        found, max_events, retention_secs = self._room_to_create(name, max_events, retention_secs, exist_ok)
+        if found is not None:
+            return found, False
+        return await self.shared_rooms.create(name, max_events, retention_secs, exist_ok)
+
+    async def delete_room(self, name: str) -> bool:
+        return await self.shared_rooms.delete(check_name("room", name))
+
+    def _remove_room(self, room: Room) -> None:
+        """An idle room (no event for the inactivity timeout, no subscriber here) is deleted for all."""
+        task = asyncio.get_running_loop().create_task(self.delete_room(room.name))
+        self._background_tasks.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[Any]) -> None:
+        self._background_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("deleting an idle room failed: %r", task.exception())
+
+    async def publish_room(
+        self,
+        name: str,
+        event_type: str,
+        data: Any,
+        metadata: dict[str, str] | None = None,
+    ) -> tuple[Room, StreamEvent]:
+        body = StoredEvent(new_event_id(), event_type, data, None, metadata)
+        payload = self._encode_checked(body)
+        room = await self.room_or_create(name)
+        assert isinstance(room, SharedRoom)
+        event = await self.shared_rooms.publish(room, body, payload)
+        self._count_publish(1, len(payload))
+        return room, event
 
     # --- topics --------------------------------------------------------------------------------------
 

@@ -77,6 +77,12 @@ class JetStreamStore:
         await self.nc.subscribe(naming.NOTICES, cb=on_notice)
         self.topics_kv = await self._bucket(naming.TOPICS_BUCKET)
         self.groups_kv = await self._bucket(naming.GROUPS_BUCKET)
+        self.rooms_kv = await self._bucket(naming.ROOMS_BUCKET)
+
+    async def follow_rooms(self, on_event: Callable[[Msg], Awaitable[None]]) -> None:
+        """Every room's events as its stream stores them (republished whole), for the rooms' views."""
+        assert self.nc is not None
+        await self.nc.subscribe(naming.ROOM_FEED, cb=on_event)
 
     async def _bucket(self, name: str) -> KeyValue:
         try:
@@ -94,34 +100,60 @@ class JetStreamStore:
         self, topic: str, partition: int, limits: dict[str, Any], duplicate_window: float
     ) -> StreamBounds:
         subject = naming.partition_subject(topic, partition)
+        return await self._ensure_stream(
+            naming.partition_stream(topic, partition),
+            subject,
+            api.RePublish(src=subject, dest=naming.notice_subject(topic, partition), headers_only=True),
+            duplicate_window=duplicate_window,
+            **limits,
+        )
+
+    async def ensure_room(self, room: str, max_events: int, retention_secs: float | None) -> StreamBounds:
+        """A room's stream: it keeps what the room keeps, and republishes each event whole so that
+        every server's view of the room follows it."""
+        subject = naming.room_subject(room)
+        return await self._ensure_stream(
+            naming.room_stream(room),
+            subject,
+            api.RePublish(src=subject, dest=naming.room_feed_subject(room)),
+            max_msgs=max_events,
+            max_age=retention_secs or 0.0,
+        )
+
+    async def _ensure_stream(
+        self, name: str, subject: str, republish: api.RePublish, **settings: Any
+    ) -> StreamBounds:
         config = api.StreamConfig(
-            name=naming.partition_stream(topic, partition),
+            name=name,
             subjects=[subject],
             num_replicas=self.replicas,
-            duplicate_window=duplicate_window,
             allow_direct=True,
-            republish=api.RePublish(
-                src=subject, dest=naming.notice_subject(topic, partition), headers_only=True
-            ),
-            **limits,
+            republish=republish,
+            **settings,
         )
         try:
             info = await self.js.add_stream(config)
         except nats.js.errors.BadRequestError:  # it exists with other limits: those set now win
             info = await self.js.update_stream(config)
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-            raise Unavailable(f"JetStream did not create stream {config.name}: {exc!r}") from None
+            raise Unavailable(f"JetStream did not create stream {name}: {exc!r}") from None
         return _bounds(info.state)
 
     async def delete_partition(self, topic: str, partition: int) -> None:
+        await self.delete_stream(naming.partition_stream(topic, partition))
+
+    async def delete_stream(self, name: str) -> None:
         with contextlib.suppress(nats.js.errors.NotFoundError):
-            await self.js.delete_stream(naming.partition_stream(topic, partition))
+            await self.js.delete_stream(name)
 
     async def bounds(self, topic: str, partition: int) -> StreamBounds:
+        return await self.stream_bounds(naming.partition_stream(topic, partition))
+
+    async def stream_bounds(self, stream: str) -> StreamBounds:
         try:
-            info = await self.js.stream_info(naming.partition_stream(topic, partition))
+            info = await self.js.stream_info(stream)
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-            raise Unavailable(f"JetStream did not answer for {topic}/{partition}: {exc!r}") from None
+            raise Unavailable(f"JetStream did not answer for {stream}: {exc!r}") from None
         return _bounds(info.state)
 
     async def append(
@@ -129,7 +161,11 @@ class JetStreamStore:
     ) -> tuple[list[int], int]:
         """Append in order; the offsets once JetStream acknowledged each (stored on a quorum), and how
         many were duplicates (same message id within the window: the first one's offset)."""
-        subject = naming.partition_subject(topic, partition)
+        return await self.publish(naming.partition_subject(topic, partition), payloads, timestamp_ms, ids)
+
+    async def publish(
+        self, subject: str, payloads: list[bytes], timestamp_ms: int, ids: list[str] | None = None
+    ) -> tuple[list[int], int]:
         stamp = str(timestamp_ms)
         pending = []
         try:
@@ -142,9 +178,9 @@ class JetStreamStore:
         except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
             for future in pending:
                 future.cancel()
-            raise Unavailable(f"JetStream did not acknowledge an append to {topic}/{partition}") from exc
+            raise Unavailable(f"JetStream did not acknowledge an append to {subject}") from exc
         except nats.js.errors.APIError as exc:
-            raise StorageError(f"JetStream refused an append to {topic}/{partition}: {exc}") from None
+            raise StorageError(f"JetStream refused an append to {subject}: {exc}") from None
         return [ack.seq - 1 for ack in acks], sum(1 for ack in acks if ack.duplicate)
 
     async def read(
@@ -152,12 +188,16 @@ class JetStreamStore:
     ) -> list[Record]:
         """Up to ``limit`` records from ``from_offset`` in one batched direct get (any replica
         answers; no consumer is created)."""
+        return await self.read_stream(
+            naming.partition_stream(topic, partition), from_offset, limit, max_bytes
+        )
+
+    async def read_stream(self, stream: str, from_offset: int, limit: int, max_bytes: int) -> list[Record]:
         assert self.nc is not None
         token = str(next(self._tokens))
         queue: asyncio.Queue[Msg] = asyncio.Queue()
         self._replies[token] = queue
         request = {"seq": from_offset + 1, "batch": min(limit, MAX_BATCH), "max_bytes": max_bytes}
-        stream = naming.partition_stream(topic, partition)
         records: list[Record] = []
         try:
             await self.nc.publish(
@@ -180,7 +220,7 @@ class JetStreamStore:
                     stamp = int(headers.get(naming.TIMESTAMP_HEADER, "0"))
                     records.append(Record(seq - 1, stamp, msg.data, 0, len(msg.data)))
         except TimeoutError:
-            raise Unavailable(f"JetStream did not answer a read of {topic}/{partition}") from None
+            raise Unavailable(f"JetStream did not answer a read of {stream}") from None
         finally:
             del self._replies[token]
 
