@@ -7,6 +7,7 @@ shared backend has: what one server does, another sees, and either can go.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 from collections.abc import AsyncIterator, Iterator
 
@@ -273,3 +274,29 @@ async def _gone(client: StreamsClient, name: str) -> bool:
 async def _history_starts_at(client: StreamsClient, name: str, offset: int) -> bool:
     history = await client.history(name)
     return bool(history["oldest_offset"] == offset)
+
+
+async def test_pubsub_reaches_listeners_of_every_server_once(
+    two_servers: tuple[StreamsServerProcess, StreamsServerProcess],
+    clients: tuple[StreamsClient, StreamsClient],
+) -> None:
+    a, _ = clients
+    async with aiohttp.ClientSession() as session:
+        listeners = [
+            await session.ws_connect(server.url.replace("http", "ws") + "/pubsub/ws?topics=orders.%23")
+            for server in two_servers
+        ]
+        for ws in listeners:
+            assert json.loads((await ws.receive(timeout=5)).data)["type"] == "connected"
+        for n in range(3):
+            await a.pubsub_publish(f"orders.eu.{n}", {"n": n})
+        await a.pubsub_publish("users.new", {"n": -1})
+        for ws in listeners:  # the server it was published through, and the other one
+            got = [json.loads((await ws.receive(timeout=5)).data) for _ in range(3)]
+            assert [(m["topic"], m["payload"]["n"]) for m in got] == [(f"orders.eu.{n}", n) for n in range(3)]
+        await a.pubsub_publish("orders.last", {"n": 3})
+        for ws in listeners:  # nothing twice, nothing unmatched: the next one is the last one
+            assert json.loads((await ws.receive(timeout=5)).data)["payload"] == {"n": 3}
+            await ws.close()
+        with pytest.raises(StreamError, match="mesh node"):
+            await a.command("pubsub.publish", {"topic": "orders.x", "payload": 1, "guaranteed": True})

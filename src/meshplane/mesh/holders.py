@@ -136,6 +136,7 @@ class PubSubBridge:
 
     node: Routing
     holder: PubSubHolder
+    guaranteed = True
 
     def interest(self, pattern: str, added: bool) -> None:
         if added:

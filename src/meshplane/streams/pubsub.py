@@ -41,6 +41,11 @@ class PubSubLimits:
 
 
 class MeshHook(Protocol):
+    @property
+    def guaranteed(self) -> bool:
+        """Whether it can store messages for guaranteed delivery."""
+        ...
+
     def interest(self, pattern: str, added: bool) -> None: ...
 
     async def published_guaranteed(self, topic: str, frame: bytes) -> None: ...
@@ -202,7 +207,7 @@ class PubSub:
         self, topic: str, payload: Any, metadata: dict[str, str] | None
     ) -> dict[str, Any]:
         """Publish, and return once the mesh has stored the message for every queue that wants it."""
-        if self.mesh is None:
+        if self.mesh is None or not self.mesh.guaranteed:
             raise BadRequest("guaranteed delivery needs a mesh node: start the server with --node-id")
         result, frame = self._publish(topic, payload, metadata)
         await self.mesh.published_guaranteed(topic, frame)

@@ -1,5 +1,5 @@
-"""The streams service with rooms, topics and consumer groups on JetStream (pub/sub stays on the
-server that holds it).
+"""The streams service with rooms, topics and consumer groups on JetStream, and pub/sub across its
+servers over core NATS.
 
 Topic settings live in a key-value bucket that every server watches, so a topic made through one
 server is served by all. Each server keeps, per partition, the bounds JetStream last reported
@@ -31,6 +31,7 @@ from meshplane.streams.events import StreamEvent, decode_stream_event
 from meshplane.streams.groups import describe_group
 from meshplane.streams.jetstream import naming
 from meshplane.streams.jetstream.groups import SharedGroups
+from meshplane.streams.jetstream.pubsub import ClusterPubSub
 from meshplane.streams.jetstream.rooms import SharedRoom, SharedRooms
 from meshplane.streams.jetstream.store import JetStreamStore, StreamBounds, Unavailable
 from meshplane.streams.rooms import Room
@@ -98,6 +99,7 @@ class JetStreamStreamsService(StreamsService):
         self._watchers: list[asyncio.Task[None]] = []
         self._shared_upkeep: asyncio.Task[None] | None = None
         self._background_tasks: set[asyncio.Task[Any]] = set()
+        self.cluster_pubsub: ClusterPubSub | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -105,6 +107,9 @@ class JetStreamStreamsService(StreamsService):
         await self.store.connect(self._on_notice)
         self.shared_groups = SharedGroups(self.store.groups_kv, self.counters)
         await self.store.follow_rooms(self.shared_rooms.on_event)
+        assert self.store.nc is not None
+        self.cluster_pubsub = ClusterPubSub(self.store.nc, self.pubsub)
+        await self.cluster_pubsub.start()
         buckets = (
             (self.store.topics_kv, self._saw_topic),
             (self.store.groups_kv, self.shared_groups.seen),
@@ -174,6 +179,8 @@ class JetStreamStreamsService(StreamsService):
         for task in tasks:
             task.cancel()
         self.shared_rooms.close()
+        if self.cluster_pubsub is not None:
+            await self.cluster_pubsub.close()
         await asyncio.gather(*tasks, return_exceptions=True)
         await super().close()
         await self.store.close()
