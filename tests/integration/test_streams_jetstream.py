@@ -9,17 +9,22 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import aiohttp
 import nats
+import nats.js.errors
 import pytest
 
 from meshplane.core.streamlog import scan_records
 from meshplane.launchers import NatsServer, StreamsServerProcess
 from meshplane.streams.client import StreamsClient
+from meshplane.streams.config import StreamsConfig
 from meshplane.streams.errors import Conflict, NotFound, StreamError
 from meshplane.streams.jetstream import naming
+from meshplane.streams.jetstream.service import JetStreamStreamsService
 from tests.helpers import eventually
 
 
@@ -300,3 +305,26 @@ async def test_pubsub_reaches_listeners_of_every_server_once(
             await ws.close()
         with pytest.raises(StreamError, match="mesh node"):
             await a.command("pubsub.publish", {"topic": "orders.x", "payload": 1, "guaranteed": True})
+
+
+async def test_an_idle_room_is_deleted_once_for_every_server(jetstream: NatsServer, tmp_path: Path) -> None:
+    config = StreamsConfig(data_dir=tmp_path, cleanup_interval=3600)
+    service = JetStreamStreamsService(config, [jetstream.url])
+    await service.start()
+    nc = await nats.connect(jetstream.url)
+    try:
+        await service.publish_room("quiet", "e", 1)
+        service.config.room_inactive_timeout = 0.0
+        service.maintain(time.monotonic())
+        service.maintain(time.monotonic())  # seen idle again while the first deletion runs
+        deleting = [t for t in asyncio.all_tasks() if t.get_name() == "delete-room:quiet"]
+        assert len(deleting) == 1
+        await eventually(lambda: "quiet" not in service.rooms, what="the idle room deleted")
+        with pytest.raises(nats.js.errors.NotFoundError):
+            await nc.jetstream().stream_info(naming.room_stream("quiet"))
+        rooms = await nc.jetstream().key_value(naming.ROOMS_BUCKET)
+        with pytest.raises(nats.js.errors.KeyNotFoundError):
+            await rooms.get(naming.escape("quiet"))
+    finally:
+        await nc.close()
+        await service.close()

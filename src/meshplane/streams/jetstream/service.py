@@ -239,7 +239,10 @@ class JetStreamStreamsService(StreamsService):
 
     def _remove_room(self, room: Room) -> None:
         """An idle room (no event for the inactivity timeout, no subscriber here) is deleted for all."""
-        task = asyncio.get_running_loop().create_task(self.delete_room(room.name))
+        name = f"delete-room:{room.name}"
+        if any(task.get_name() == name for task in self._background_tasks):
+            return  # being deleted (seen idle again by the next upkeep)
+        task = asyncio.get_running_loop().create_task(self.delete_room(room.name), name=name)
         self._background_tasks.add(task)
         task.add_done_callback(self._background_done)
 
