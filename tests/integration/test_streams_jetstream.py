@@ -328,3 +328,25 @@ async def test_an_idle_room_is_deleted_once_for_every_server(jetstream: NatsServ
     finally:
         await nc.close()
         await service.close()
+
+
+async def test_spark_readers_go_on_through_another_server_when_theirs_dies(
+    two_servers: tuple[StreamsServerProcess, StreamsServerProcess],
+    clients: tuple[StreamsClient, StreamsClient],
+) -> None:
+    from meshplane.spark.http import SyncStreamsClient
+
+    first, second = two_servers
+    a, _ = clients
+    await a.create_topic("spark-in", 1)
+    await a.publish_batch("spark-in", [{"event_type": "e", "data": i} for i in range(30)])
+    reader = SyncStreamsClient(f"{first.url}, {second.url}")
+    try:
+        data, _, end = await asyncio.to_thread(reader.fetch_raw, "spark-in", 0, 0, 1 << 20)
+        assert (len(scan_records(bytes(data)).records), end, reader.url) == (30, 30, first.url)
+        first.kill(signal.SIGKILL)
+        data, _, end = await asyncio.to_thread(reader.fetch_raw, "spark-in", 0, 10, 1 << 20)
+        assert (len(scan_records(bytes(data)).records), end, reader.url) == (20, 30, second.url)
+        assert (await asyncio.to_thread(reader.bounds, "spark-in")) == {"0": (0, 30)}
+    finally:
+        reader.close()

@@ -28,6 +28,7 @@ def source(**given: Any) -> Options:
         ),
         ({"url": "http://127.0.0.1:1/api"}, r"url must look like http://host:port \(no path\)"),
         ({"url": "ftp://127.0.0.1:1"}, r"url must look like"),
+        ({"url": "http://127.0.0.1:1,http://127.0.0.1:2/x"}, r"not 'http://127.0.0.1:2/x'"),
         ({"maxEventsPerTrigger": "-1"}, r"maxOffsetsPerTrigger must be an integer >= 1, not '-1'"),
         ({"maxOffsetsPerTrigger": "many"}, r"maxOffsetsPerTrigger must be an integer >= 1"),
         ({"startingOffsets": "{garbage"}, r"startingOffsets must be earliest \| latest or JSON"),
@@ -45,6 +46,10 @@ def test_a_wrong_option_is_one_line_naming_it(given: dict[str, str | None], mess
     with pytest.raises(SparkOptionError, match=message) as caught:
         source(**given)
     assert "\n" not in str(caught.value)
+
+
+def test_the_url_may_list_several_servers_of_the_same_streams() -> None:
+    assert source(url="http://a:1, http://b:2").url == "http://a:1, http://b:2"
 
 
 def test_a_source_needs_exactly_one_way_to_name_its_topics() -> None:

@@ -37,6 +37,9 @@ def is_loopback(host: str) -> bool:
 class SyncStreamsClient:
     """Keep-alive HTTP to ``meshplane serve``; reconnects once when the server closed the connection.
 
+    ``url`` may list several servers of the same streams (``meshplane serve --storage nats://``),
+    comma-separated: when the current one cannot be reached, the next one is used.
+
     With ``local_reads`` and a server on this host (a loopback URL), :meth:`fetch_raw` asks the server
     where the records are and reads the segment file itself; when it cannot (another container, no
     permission, the file gone), it falls back to HTTP for the rest of this client's life.
@@ -50,19 +53,29 @@ class SyncStreamsClient:
         local_reads: bool = False,
         retry_timeout: float = 0.0,
     ) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise StreamError(f"url must look like http://host:port, not {url!r}")
-        self.url = url
-        self._host, self._port = parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
-        self._https = parsed.scheme == "https"
+        self.urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+        for each in self.urls or [url]:
+            parsed = urllib.parse.urlsplit(each)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname:
+                raise StreamError(f"url must look like http://host:port, not {each!r}")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = timeout
         self._retry_timeout = retry_timeout
         self._conn: http.client.HTTPConnection | None = None
         self._fetch_buffer = bytearray()  # reused by fetch_raw: no fresh pages (and faults) per chunk
-        self._local_reads = local_reads and is_loopback(self._host)
+        self._wants_local_reads = local_reads
         self._segment: tuple[str, int] | None = None  # (path, fd) of the segment file open for local reads
+        self._use(0)
+
+    def _use(self, index: int) -> None:
+        """Talk to ``self.urls[index]`` from now on."""
+        self.close()
+        self._index, self.url = index, self.urls[index]
+        parsed = urllib.parse.urlsplit(self.url)
+        assert parsed.hostname is not None
+        self._host, self._port = parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
+        self._https = parsed.scheme == "https"
+        self._local_reads = self._wants_local_reads and is_loopback(self._host)
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
@@ -82,6 +95,7 @@ class SyncStreamsClient:
             headers["Content-Type"] = "application/json"
         deadline = time.monotonic() + self._retry_timeout
         delay = 0.05
+        others_tried = 0
         for attempt in itertools.count():
             conn = self._connection()
             try:
@@ -95,6 +109,11 @@ class SyncStreamsClient:
                 self.close()
                 if attempt == 0:
                     continue  # the server closed a kept-alive connection: once more at once
+                if others_tried < len(self.urls) - 1:  # another server of the same streams: go on there
+                    others_tried += 1
+                    log.warning("streams server at %s: %s; trying the next one", self.url, exc)
+                    self._use((self._index + 1) % len(self.urls))
+                    continue
                 if time.monotonic() + delay > deadline:
                     waited = f" (retried for {self._retry_timeout:g}s)" if self._retry_timeout else ""
                     raise StreamError(

@@ -30,9 +30,8 @@ class SparkOptionError(MeshplaneError, ValueError):
 
 #: Option -> what it takes, for the source (read and readStream).
 SOURCE_OPTIONS = {
-    "url": "the streams server, http(s)://host:port (default $MESHPLANE_STREAMS_URL, the context's, or "
-    + DEFAULT_URL
-    + ")",
+    "url": "the streams server, http(s)://host:port, or several serving the same streams, "
+    "comma-separated (default $MESHPLANE_STREAMS_URL, the context's, or " + DEFAULT_URL + ")",
     "token": "a bearer token (default $MESHPLANE_STREAMS_TOKEN)",
     "topic": "topic names, comma-separated (alias of subscribe)",
     "topics": "topic names, comma-separated (alias of subscribe)",
@@ -143,13 +142,14 @@ def _server(read: _Reader) -> tuple[str, str | None]:
     """(url, token): the options', else the environment's or the selected context's."""
     env = context.environment()
     url = read.text("url") or env.get("MESHPLANE_STREAMS_URL") or DEFAULT_URL
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/"):
-        raise SparkOptionError(f"option url must look like http://host:port (no path), not {url!r}")
-    try:
-        parsed.port  # noqa: B018 - raises on a bad port
-    except ValueError:
-        raise SparkOptionError(f"option url has a bad port: {url!r}") from None
+    for each in url.split(","):  # several servers of the same streams: any of them
+        parsed = urllib.parse.urlsplit(each.strip())
+        if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/"):
+            raise SparkOptionError(f"option url must look like http://host:port (no path), not {each!r}")
+        try:
+            parsed.port  # noqa: B018 - raises on a bad port
+        except ValueError:
+            raise SparkOptionError(f"option url has a bad port: {each!r}") from None
     return url, read.text("token") or env.get("MESHPLANE_STREAMS_TOKEN")
 
 
