@@ -221,9 +221,24 @@ class StreamsService:
         *,
         exist_ok: bool = False,
     ) -> tuple[Room, bool]:
-        found, max_events, retention_secs = self._room_to_create(name, max_events, retention_secs, exist_ok)
-        if found is not None:
-            return found, False
+        check_name("room", name)
+        if name in self.rooms:
+            if exist_ok:
+                return self.rooms[name], False
+            raise Conflict(f"room {name!r} already exists")
+        if len(self.rooms) >= self.config.max_rooms:
+            raise LimitReached(f"room limit reached ({self.config.max_rooms} rooms)")
+        max_events = self.config.room_max_events if max_events is None else max_events
+        most = self.config.room_max_events_limit
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or not 1 <= max_events <= most:
+            raise BadRequest(f"max_events must be an integer in 1..{most}, not {max_events!r}")
+        retention = self.config.room_retention_secs if retention_secs is None else retention_secs
+        return await self._make_room(name, max_events, retention, exist_ok)
+
+    async def _make_room(
+        self, name: str, max_events: int, retention_secs: float | None, exist_ok: bool
+    ) -> tuple[Room, bool]:
+        """Store a new room (its settings checked); (the room, whether it was made now)."""
         room = self._new_room(name, max_events, retention_secs, time.time())
         try:
             write_atomic(room.directory / "room.json", json.dumps(room.settings()).encode())
@@ -232,23 +247,6 @@ class StreamsService:
             room.log.delete()
             raise storage_error(exc, f"creating room {name!r}") from exc
         return room, True
-
-    def _room_to_create(
-        self, name: str, max_events: int | None, retention_secs: float | None, exist_ok: bool
-    ) -> tuple[Room | None, int, float | None]:
-        """The room when it exists (and ``exist_ok``), else the checked settings of a new one."""
-        check_name("room", name)
-        if name in self.rooms:
-            if exist_ok:
-                return self.rooms[name], 0, None
-            raise Conflict(f"room {name!r} already exists")
-        if len(self.rooms) >= self.config.max_rooms:
-            raise LimitReached(f"room limit reached ({self.config.max_rooms} rooms)")
-        max_events = self.config.room_max_events if max_events is None else max_events
-        most = self.config.room_max_events_limit
-        if isinstance(max_events, bool) or not isinstance(max_events, int) or not 1 <= max_events <= most:
-            raise BadRequest(f"max_events must be an integer in 1..{most}, not {max_events!r}")
-        return None, max_events, self.config.room_retention_secs if retention_secs is None else retention_secs
 
     def _new_room(
         self, name: str, max_events: int, retention_secs: float | None, created: float
@@ -311,14 +309,19 @@ class StreamsService:
         body = StoredEvent(new_event_id(), event_type, data, None, metadata)
         payload = self._encode_checked(body)  # before the room is made: a refused event makes none
         room = await self.room_or_create(name)
+        event = await self._append_to_room(room, body, payload)
+        self._count_publish(1, len(payload))
+        return room, event
+
+    async def _append_to_room(self, room: Room, body: StoredEvent, payload: bytes) -> StreamEvent:
+        """Store one event; the event as read back, once it is acknowledged and pushed."""
         assert isinstance(room, LocalRoom)
         timestamp = now_ms()
         first = room.append([body], [payload], timestamp)
-        self._count_publish(1, len(payload))
         await self.durability.written(room.log)
         event = room.read(first, 1)[0] if first >= room.oldest else StreamEvent(first, timestamp, body)
         room.broadcast(event)
-        return room, event
+        return event
 
     def read_room(
         self, name: str, from_offset: int | None, limit: int, to_offset: int | None = None

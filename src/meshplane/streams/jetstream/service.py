@@ -25,7 +25,7 @@ from nats.aio.msg import Msg
 
 from meshplane.core.groups import GroupCoordinator, GroupError
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent, encode_record
-from meshplane.streams.config import StreamsConfig, check_name, new_event_id, now_ms
+from meshplane.streams.config import StreamsConfig, check_name, now_ms
 from meshplane.streams.errors import BadRequest, Conflict, NotFound, OffsetOutOfRange
 from meshplane.streams.events import StreamEvent, decode_stream_event
 from meshplane.streams.groups import describe_group
@@ -221,17 +221,9 @@ class JetStreamStreamsService(StreamsService):
 
     # --- rooms ---------------------------------------------------------------------------------------
 
-    async def create_room(
-        self,
-        name: str,
-        max_events: int | None = None,
-        retention_secs: float | None = None,
-        *,
-        exist_ok: bool = False,
+    async def _make_room(
+        self, name: str, max_events: int, retention_secs: float | None, exist_ok: bool
     ) -> tuple[Room, bool]:
-        found, max_events, retention_secs = self._room_to_create(name, max_events, retention_secs, exist_ok)
-        if found is not None:
-            return found, False
         return await self.shared_rooms.create(name, max_events, retention_secs, exist_ok)
 
     async def delete_room(self, name: str) -> bool:
@@ -251,20 +243,9 @@ class JetStreamStreamsService(StreamsService):
         if not task.cancelled() and task.exception() is not None:
             log.warning("deleting an idle room failed: %r", task.exception())
 
-    async def publish_room(
-        self,
-        name: str,
-        event_type: str,
-        data: Any,
-        metadata: dict[str, str] | None = None,
-    ) -> tuple[Room, StreamEvent]:
-        body = StoredEvent(new_event_id(), event_type, data, None, metadata)
-        payload = self._encode_checked(body)
-        room = await self.room_or_create(name)
+    async def _append_to_room(self, room: Room, body: StoredEvent, payload: bytes) -> StreamEvent:
         assert isinstance(room, SharedRoom)
-        event = await self.shared_rooms.publish(room, body, payload)
-        self._count_publish(1, len(payload))
-        return room, event
+        return await self.shared_rooms.publish(room, body, payload)
 
     # --- topics --------------------------------------------------------------------------------------
 
