@@ -208,18 +208,17 @@ class SharedRooms:
         key = naming.escape(name)
         try:
             await self.store.rooms_kv.get(key)
+            existed = True
         except nats.js.errors.KeyNotFoundError:
-            known = self._shared(name)
-            if known is not None:
-                self._forget(known)
-            return False
-        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
-            await self.store.rooms_kv.delete(key)
-        await self.store.delete_stream(naming.room_stream(name))
-        known = self._shared(name)
+            existed = False
+        if existed:
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+                await self.store.rooms_kv.delete(key)
+            await self.store.delete_stream(naming.room_stream(name))
+        known = self._shared(name)  # a view of a room the bucket no longer lists goes too
         if known is not None:
             self._forget(known)
-        return True
+        return existed
 
     async def publish(self, room: SharedRoom, body: StoredEvent, payload: bytes) -> StreamEvent:
         """Acknowledged once the room's stream stored it (on a quorum of its replicas); the event as
