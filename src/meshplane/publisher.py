@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable
+from time import time_ns
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -80,12 +80,12 @@ class EventPublisher(PlaneMember):
 
         Does not wait for the network: the transport batches writes.
         """
-        self._check_open()
-        payload = self._payload(event)
+        if self._closed:
+            self._check_open()
+        # bytes within the limit, the common case, without a call; anything else is checked there
+        payload = event if type(event) is bytes and len(event) <= self._max_bytes else self._payload(event)
         sequence = self._sequence
-        envelope = EventEnvelope(
-            self.publisher_id, sequence, time.time_ns() // 1_000_000, self.topic, payload
-        )
+        envelope = EventEnvelope(self.publisher_id, sequence, time_ns() // 1_000_000, self.topic, payload)
         send_now = self._transport.send_now
         if send_now is not None:
             send_now(envelope)
@@ -106,7 +106,7 @@ class EventPublisher(PlaneMember):
         payloads = [self._payload(event) for event in events]
         first = self._sequence
         self._sequence = first + len(payloads)
-        now_ms = time.time_ns() // 1_000_000
+        now_ms = time_ns() // 1_000_000
         publisher_id, topic = self.publisher_id, self.topic
         await self._transport.send_many(
             [EventEnvelope(publisher_id, first + i, now_ms, topic, p) for i, p in enumerate(payloads)]
@@ -134,7 +134,7 @@ class EventPublisher(PlaneMember):
     async def send_heartbeat(self) -> None:
         """Tell subscribers this publisher is alive and which sequence comes next (the plane calls this)."""
         if not self._closed:
-            now_ms = time.time_ns() // 1_000_000
+            now_ms = time_ns() // 1_000_000
             await self._transport.send_heartbeat(
                 EventEnvelope(self.publisher_id, self._sequence, now_ms, self.topic, b"")
             )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from meshplane.aio import cancel_and_wait
 from meshplane.core.envelope import EventEnvelope
-from meshplane.core.intake import Intake, Notice
+from meshplane.core.intake import Intake, Notice, Outcome
 from meshplane.core.liveness import EventTimeout, LivenessTracker, PublisherRecovered
 from meshplane.core.names import Scope
 from meshplane.core.records import EventChannel, new_instance_id
@@ -197,6 +197,11 @@ class EventSubscriber(PlaneMember):
 
     def _accept(self, batch: list[Received]) -> None:
         outcome = self._intake.accept(batch, time.monotonic(), self._transport.paths)
+        self._buffer.extend(outcome.envelopes)
+        if outcome.notices or outcome.new_errors:
+            self._report(outcome)
+
+    def _report(self, outcome: Outcome) -> None:
         for error in outcome.new_errors:  # once per reason: a flood must not flood the log
             log.warning(
                 "dropping malformed message on %s/%s: %s (counted in stats.malformed)",
@@ -204,7 +209,6 @@ class EventSubscriber(PlaneMember):
                 self.topic,
                 error,
             )
-        self._buffer.extend(outcome.envelopes)
         for notice in outcome.notices:
             self._notify(notice)
 
@@ -301,8 +305,10 @@ class EventSubscriber(PlaneMember):
         return self
 
     async def __anext__(self) -> EventEnvelope:
-        await self._fill()
-        return self._buffer.popleft()
+        buffer = self._buffer
+        if not buffer:  # what has arrived goes out without another coroutine
+            await self._fill()
+        return buffer.popleft()
 
     async def batches(
         self, max_events: int = 4096, max_wait: float = 0.0

@@ -7,6 +7,7 @@ that names what was wrong; nothing here does I/O.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from enum import IntEnum, StrEnum
 from typing import NamedTuple
 
@@ -60,6 +61,7 @@ class MessageType(IntEnum):
 _EVENT = MessageType.EVENT
 _MSGPACK_MAP_MARKERS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
 _decode_map_envelope = msgpack_envelope_decoder.decode
+_msgpack_encoder = msgspec.msgpack.Encoder()
 # The first four header bytes of nearly every version-2 message: an event, MessagePack, no flags.
 _EVENT_MSGPACK_HEAD = bytes([HEADER8_VERSION, MessageType.EVENT, Codec.MSGPACK, 0])
 
@@ -81,21 +83,44 @@ def _check_size(length: int, max_bytes: int) -> None:
         raise OversizedFrame(f"envelope of {length} bytes exceeds the limit of {max_bytes} bytes")
 
 
-def _decode_header8(data: bytes, routing_topic: bytes, max_bytes: int) -> Frame:
-    # The common case (an event, a MessagePack map, the length as announced) as one comparison with
-    # the header it must have; anything else takes the checks that say what is wrong. msgspec decodes
-    # a bytes slice faster than a memoryview of the same bytes.
-    body_length = len(data) - HEADER8_SIZE
-    if (
-        0 < body_length <= max_bytes
-        and data[:HEADER8_SIZE] == _EVENT_MSGPACK_HEAD + body_length.to_bytes(4)
-        and data[HEADER8_SIZE] in _MSGPACK_MAP_MARKERS
-    ):
-        try:
-            return _new_tuple(Frame, (_EVENT, _decode_map_envelope(data[HEADER8_SIZE:]), routing_topic))
-        except ValueError as exc:  # msgspec errors, and UnicodeDecodeError for a bad string
-            raise MalformedFrame(f"invalid MSGPACK envelope: {exc}") from exc
+#: The first 8 bytes of a common version-2 event (see :func:`_event_head`), by message length.
+_EVENT_HEADS: dict[int, bytes] = {}
+_EVENT_HEADS_MAX = 4096  # distinct lengths remembered; past that the table starts afresh
+
+
+def _event_head(length: int) -> bytes:
+    """The header a version-2 message of ``length`` bytes has when it is an event in MessagePack, no flags."""
+    if len(_EVENT_HEADS) >= _EVENT_HEADS_MAX:
+        _EVENT_HEADS.clear()  # bounded whatever lengths arrive
+    head = _EVENT_HEADS[length] = _EVENT_MSGPACK_HEAD + (length - HEADER8_SIZE).to_bytes(4)
+    return head
+
+
+def decode_header8_event(data: bytes, routing_topic: bytes, max_bytes: int) -> EventEnvelope | Frame:
+    """A version-2 message that arrived under the subscriber's own routing topic: an event comes back
+    as its bare envelope (the intake then skips the routing-topic check), anything else as a Frame.
+
+    The common case (an event, a MessagePack map, the length as announced) is one dictionary lookup
+    and one prefix comparison; anything else takes the checks that say what is wrong. msgspec decodes
+    a bytes slice faster than a memoryview of the same bytes.
+    """
+    length = len(data)
+    if HEADER8_SIZE < length <= max_bytes + HEADER8_SIZE:
+        head = _EVENT_HEADS.get(length) or _event_head(length)
+        if data.startswith(head) and data[HEADER8_SIZE] in _MSGPACK_MAP_MARKERS:
+            try:
+                envelope: EventEnvelope = _decode_map_envelope(data[HEADER8_SIZE:])
+            except ValueError as exc:  # msgspec errors, and UnicodeDecodeError for a bad string
+                raise MalformedFrame(f"invalid MSGPACK envelope: {exc}") from exc
+            return envelope
     return _decode_header8_checked(data, routing_topic, max_bytes)
+
+
+def as_frame(item: EventEnvelope | Frame, routing_topic: bytes) -> Frame:
+    """A decoder's answer as a Frame (a bare envelope is an event)."""
+    if isinstance(item, EventEnvelope):
+        return _new_tuple(Frame, (_EVENT, item, routing_topic))
+    return item
 
 
 def _decode_header8_checked(data: bytes, routing_topic: bytes, max_bytes: int) -> Frame:
@@ -134,8 +159,8 @@ def _dynamo_heartbeat(envelope: EventEnvelope) -> EventEnvelope:
     return msgspec.structs.replace(envelope, topic=envelope.topic + HEARTBEAT_SUFFIX)
 
 
-def _classify(envelope: EventEnvelope, routing_topic: bytes) -> Frame:
-    """A Dynamo-layout envelope is an event, unless its topic carries the heartbeat suffix."""
+def _classify(envelope: EventEnvelope, routing_topic: bytes) -> EventEnvelope | Frame:
+    """A Dynamo-layout envelope is an event (returned bare), unless its topic carries the heartbeat suffix."""
     if envelope.topic.endswith(HEARTBEAT_SUFFIX):
         topic = envelope.topic[: -len(HEARTBEAT_SUFFIX)]
         return Frame(
@@ -143,7 +168,7 @@ def _classify(envelope: EventEnvelope, routing_topic: bytes) -> Frame:
             msgspec.structs.replace(envelope, topic=topic),
             routing_topic.removesuffix(HEARTBEAT_SUFFIX_BYTES),
         )
-    return _new_tuple(Frame, (_EVENT, envelope, routing_topic))
+    return envelope
 
 
 class ZmqEncoder:
@@ -154,7 +179,7 @@ class ZmqEncoder:
     def __init__(self, routing_topic: bytes, publisher_id: int, wire: WireFormat, codec: Codec) -> None:
         self._routing_topic = routing_topic
         self._pid_frame = _U64.pack(publisher_id)
-        self._wire = wire
+        self._wire = WireFormat(wire)
         self._codec = codec
 
     def encode(self, envelope: EventEnvelope, message_type: MessageType = MessageType.EVENT) -> list[bytes]:
@@ -165,6 +190,45 @@ class ZmqEncoder:
                 )
             return dynamo_zmq_frames(self._routing_topic, envelope, self._pid_frame)
         return [self._routing_topic, header8_message(envelope, self._codec, message_type)]
+
+    def event_sender(
+        self, send: Callable[[bytes, int], object], more: int, last: int
+    ) -> Callable[[EventEnvelope], None]:
+        """A function that sends one event's frames through ``send(frame, flags)`` (``more`` on every
+        frame but the last): the publisher's hot path, with what is fixed per publisher bound once and
+        the MessagePack layouts built without a frame list."""
+        topic = self._routing_topic
+        encode = _msgpack_encoder.encode
+        if self._wire is WireFormat.HEADER8 and self._codec is Codec.MSGPACK:
+            heads = _EVENT_HEADS
+
+            def send_header8(envelope: EventEnvelope) -> None:
+                body = encode(envelope)
+                length = len(body) + HEADER8_SIZE
+                send(topic, more)
+                send((heads.get(length) or _event_head(length)) + body, last)
+
+            return send_header8
+        if self._wire is WireFormat.DYNAMO:
+            pid_frame, pack_sequence, pack_header = self._pid_frame, _U64.pack, _DYNAMO_HEADER.pack
+
+            def send_dynamo(envelope: EventEnvelope) -> None:
+                body = encode(envelope)
+                send(topic, more)
+                send(pid_frame, more)
+                send(pack_sequence(envelope.sequence), more)
+                send(pack_header(DYNAMO_VERSION, len(body)) + body, last)
+
+            return send_dynamo
+        encode_frames = self.encode
+
+        def send_frames(envelope: EventEnvelope) -> None:
+            *head, tail = encode_frames(envelope)
+            for frame in head:
+                send(frame, more)
+            send(tail, last)
+
+        return send_frames
 
 
 def header8_message(
@@ -192,37 +256,47 @@ def decode_zmq(frames: list[bytes], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) 
     """Decode a ZeroMQ multipart message in either layout (4 frames: Dynamo, 2 frames: 8-byte header)."""
     if len(frames) == 4:
         routing_topic, pid_frame, seq_frame, last = frames
-        if len(last) < DYNAMO_HEADER_SIZE:
-            raise TruncatedFrame(f"Dynamo header needs {DYNAMO_HEADER_SIZE} bytes, got {len(last)}")
-        version, length = _DYNAMO_HEADER.unpack_from(last)
-        if version != DYNAMO_VERSION:
-            raise UnsupportedVersion(
-                f"unsupported protocol version {version} in a 4-frame message (expected {DYNAMO_VERSION})"
-            )
-        if length > max_bytes:
-            _check_size(length, max_bytes)
-        body_length = len(last) - DYNAMO_HEADER_SIZE
-        if body_length != length:
-            kind = TruncatedFrame if body_length < length else MalformedFrame
-            raise kind(f"header announces {length} envelope bytes, {body_length} arrived")
-        if len(pid_frame) != 8 or len(seq_frame) != 8:
-            raise MalformedFrame("publisher id and sequence frames must be 8 bytes each")
-        body = last[DYNAMO_HEADER_SIZE:]  # a bytes slice: msgspec decodes it faster than a memoryview
-        if body and body[0] in _MSGPACK_MAP_MARKERS:  # the common case, kept free of extra calls
-            try:
-                envelope = _decode_map_envelope(body)
-            except ValueError as exc:  # msgspec errors, and UnicodeDecodeError for a bad string
-                raise MalformedFrame(f"invalid MSGPACK envelope: {exc}") from exc
-        else:
-            envelope = decode_envelope(body)
-        if _U64_PAIR.unpack(pid_frame + seq_frame) != (envelope.publisher_id, envelope.sequence):
-            raise MalformedFrame("publisher id / sequence frames disagree with the envelope")
-        if envelope.topic.endswith(HEARTBEAT_SUFFIX):
-            return _classify(envelope, routing_topic)
-        return _new_tuple(Frame, (_EVENT, envelope, routing_topic))
+        return as_frame(
+            decode_dynamo_event(pid_frame, seq_frame, last, routing_topic, max_bytes), routing_topic
+        )
     if len(frames) == 2:
-        return _decode_header8(frames[1], frames[0], max_bytes)
+        return as_frame(decode_header8_event(frames[1], frames[0], max_bytes), frames[0])
     raise UnexpectedFrameCount(f"unexpected ZMQ multipart frame count: {len(frames)} (expected 4 or 2)")
+
+
+def decode_dynamo_event(
+    pid_frame: bytes, seq_frame: bytes, last: bytes, routing_topic: bytes, max_bytes: int
+) -> EventEnvelope | Frame:
+    """Frames 1-3 of a Dynamo-layout ZeroMQ message; an event comes back bare (as
+    :func:`decode_header8_event`), a heartbeat as a Frame."""
+    if len(last) < DYNAMO_HEADER_SIZE:
+        raise TruncatedFrame(f"Dynamo header needs {DYNAMO_HEADER_SIZE} bytes, got {len(last)}")
+    version, length = _DYNAMO_HEADER.unpack_from(last)
+    if version != DYNAMO_VERSION:
+        raise UnsupportedVersion(
+            f"unsupported protocol version {version} in a 4-frame message (expected {DYNAMO_VERSION})"
+        )
+    if length > max_bytes:
+        _check_size(length, max_bytes)
+    body_length = len(last) - DYNAMO_HEADER_SIZE
+    if body_length != length:
+        kind = TruncatedFrame if body_length < length else MalformedFrame
+        raise kind(f"header announces {length} envelope bytes, {body_length} arrived")
+    if len(pid_frame) != 8 or len(seq_frame) != 8:
+        raise MalformedFrame("publisher id and sequence frames must be 8 bytes each")
+    body = last[DYNAMO_HEADER_SIZE:]  # a bytes slice: msgspec decodes it faster than a memoryview
+    if body and body[0] in _MSGPACK_MAP_MARKERS:  # the common case, kept free of extra calls
+        try:
+            envelope = _decode_map_envelope(body)
+        except ValueError as exc:  # msgspec errors, and UnicodeDecodeError for a bad string
+            raise MalformedFrame(f"invalid MSGPACK envelope: {exc}") from exc
+    else:
+        envelope = decode_envelope(body)
+    if _U64_PAIR.unpack(pid_frame + seq_frame) != (envelope.publisher_id, envelope.sequence):
+        raise MalformedFrame("publisher id / sequence frames disagree with the envelope")
+    if envelope.topic.endswith(HEARTBEAT_SUFFIX):
+        return _classify(envelope, routing_topic)
+    return envelope
 
 
 def encode_nats(
@@ -244,6 +318,12 @@ def encode_nats(
 
 def decode_nats(data: bytes, routing_topic: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Frame:
     """Decode NATS message data in either layout; the first byte tells which."""
+    return as_frame(decode_nats_event(data, routing_topic, max_bytes), routing_topic)
+
+
+def decode_nats_event(data: bytes, routing_topic: bytes, max_bytes: int) -> EventEnvelope | Frame:
+    """As :func:`decode_nats`, for a subscriber's own subject: an event comes back bare (as
+    :func:`decode_header8_event`)."""
     if not data:
         raise TruncatedFrame("empty NATS message")
     first = data[0]
@@ -251,14 +331,17 @@ def decode_nats(data: bytes, routing_topic: bytes, max_bytes: int = DEFAULT_MAX_
         if len(data) > max_bytes:
             _check_size(len(data), max_bytes)
         try:
-            return _classify(_decode_map_envelope(data), routing_topic)
+            envelope: EventEnvelope = _decode_map_envelope(data)
         except ValueError as exc:  # msgspec errors, and UnicodeDecodeError for a bad string
             raise MalformedFrame(f"invalid MSGPACK envelope: {exc}") from exc
+        if envelope.topic.endswith(HEARTBEAT_SUFFIX):
+            return _classify(envelope, routing_topic)
+        return envelope
     if first in _MSGPACK_CONTAINER_MARKERS:
         _check_size(len(data), max_bytes)
         return _classify(decode_envelope(data), routing_topic)
     if first == HEADER8_VERSION:
-        return _decode_header8(data, routing_topic, max_bytes)
+        return decode_header8_event(data, routing_topic, max_bytes)
     raise UnsupportedVersion(
         f"NATS message starts with 0x{first:02x}: neither a MessagePack envelope nor protocol version "
         f"{HEADER8_VERSION}"

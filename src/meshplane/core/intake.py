@@ -51,7 +51,7 @@ class Intake:
         self.topic = topic
         self.routing_topics = frozenset(routing_topics)
         self.tracker = SequenceTracker()
-        self.reorderer: Reorderer[Frame] = Reorderer(reorder_window)
+        self.reorderer: Reorderer[EventEnvelope | Frame] = Reorderer(reorder_window)
         self.liveness = LivenessTracker(liveness_timeout) if liveness_timeout else None
         self.received = 0
         self.filtered = 0  # right prefix, wrong topic (ZeroMQ prefix matching)
@@ -63,31 +63,45 @@ class Intake:
         """When events held for a missing one must be released (:meth:`tick`), if any are held."""
         return self.reorderer.deadline
 
-    def accept(self, batch: Iterable[Frame | WireError], now: float, paths: int = 1) -> Outcome:
+    def accept(
+        self, batch: Iterable[EventEnvelope | Frame | WireError], now: float, paths: int = 1
+    ) -> Outcome:
+        """Take a transport's batch: Frames, the WireError of what could not be decoded, and bare
+        envelopes, which are events whose routing topic the transport already checked (its own)."""
         out = Outcome()
-        frames: list[Frame] = []
+        admitted: list[EventEnvelope | Frame] = []  # events bare, heartbeats as Frames
+        append = admitted.append
         liveness = self.liveness
+        topic = self.topic
         last_alive = None
         for item in batch:
-            if isinstance(item, WireError):
+            if isinstance(item, EventEnvelope):
+                envelope = item
+                if envelope.topic != topic:
+                    self.filtered += 1
+                    continue
+            elif isinstance(item, WireError):
                 if not self.malformed[item.reason]:
                     out.new_errors.append(item)
                 self.malformed[item.reason] += 1
                 continue
-            envelope = item.envelope
-            if envelope.topic != self.topic or item.routing_topic not in self.routing_topics:
-                self.filtered += 1
-                continue
+            else:
+                envelope = item.envelope
+                if envelope.topic != topic or item.routing_topic not in self.routing_topics:
+                    self.filtered += 1
+                    continue
+                if item.message_type is _EVENT:
+                    item = envelope
             if liveness is not None and envelope.publisher_id != last_alive:
                 # once per run of one publisher: the batch shares its `now`
                 last_alive = envelope.publisher_id
                 recovered = liveness.seen(last_alive, now)
                 if recovered is not None:
                     out.notices.append(recovered)
-            frames.append(item)
+            append(item)
         if paths > 1 or self.reorderer.deadline is not None:
-            frames = self._reorder(frames, now, paths)
-        self._sequence(frames, out)
+            admitted = self._reorder(admitted, now, paths)
+        self._sequence(admitted, out)
         return out
 
     def tick(self, now: float, paths: int = 1) -> Outcome:
@@ -103,52 +117,57 @@ class Intake:
         if self.liveness is not None:
             self.liveness.forget(publisher_id)
 
-    def _reorder(self, frames: list[Frame], now: float, paths: int) -> list[Frame]:
+    def _reorder(
+        self, admitted: list[EventEnvelope | Frame], now: float, paths: int
+    ) -> list[EventEnvelope | Frame]:
         reorderer = self.reorderer
-        out: list[Frame] = []
-        for frame in frames:
-            envelope = frame.envelope
-            heartbeat = frame.message_type is MessageType.HEARTBEAT
-            out.extend(reorderer.push(envelope.publisher_id, envelope.sequence, heartbeat, frame, now))
+        out: list[EventEnvelope | Frame] = []
+        for item in admitted:
+            if isinstance(item, EventEnvelope):
+                out.extend(reorderer.push(item.publisher_id, item.sequence, False, item, now))
+            else:
+                envelope = item.envelope
+                out.extend(reorderer.push(envelope.publisher_id, envelope.sequence, True, item, now))
         deadline = reorderer.deadline
         if deadline is not None and (deadline <= now or paths <= 1):
             # Waited long enough (or the other paths are gone): a missing event is lost, not late.
             out.extend(reorderer.expire(now if paths > 1 else float("inf")))
         return out
 
-    def _sequence(self, frames: list[Frame], out: Outcome) -> None:
+    def _sequence(self, admitted: list[EventEnvelope | Frame], out: Outcome) -> None:
         tracker = self.tracker
         delivered = out.envelopes
         # Most of a batch is runs of one publisher's next events: those skip the tracker, which
         # learns where a run ended before it sees anything else.
-        run_publisher, run_next = -1, -1
-        for frame in frames:
-            envelope = frame.envelope
-            if (
-                envelope.sequence == run_next
-                and envelope.publisher_id == run_publisher
-                and frame.message_type is _EVENT
-            ):
-                run_next += 1
-                self.received += 1
-                delivered.append(envelope)
-                continue
-            if run_publisher != -1:
-                tracker.settle(run_publisher, run_next - 1)
-                run_publisher = -1
-            if frame.message_type is MessageType.HEARTBEAT:
+        run_publisher = run_start = run_next = -1
+        for item in admitted:
+            if isinstance(item, EventEnvelope):
+                if item.sequence == run_next and item.publisher_id == run_publisher:
+                    run_next += 1
+                    delivered.append(item)
+                    continue
+                if run_publisher != -1:
+                    self.received += run_next - run_start
+                    tracker.settle(run_publisher, run_next - 1)
+                    run_publisher = -1
+                observation = tracker.observe(item.publisher_id, item.sequence)
+                if observation.arrival is not Arrival.DUPLICATE:  # a duplicate is counted by the tracker
+                    delivered.append(item)
+                    run_publisher, run_start = item.publisher_id, item.sequence
+                    run_next = run_start + 1
+                envelope = item
+            else:
+                if run_publisher != -1:
+                    self.received += run_next - run_start
+                    tracker.settle(run_publisher, run_next - 1)
+                    run_publisher = -1
+                envelope = item.envelope
                 self.heartbeats += 1
                 observation = tracker.expect(envelope.publisher_id, envelope.sequence)
-            else:
-                observation = tracker.observe(envelope.publisher_id, envelope.sequence)
-                if observation.arrival is Arrival.DUPLICATE:
-                    continue  # counted by the tracker; the application never sees it twice
-                self.received += 1
-                delivered.append(envelope)
-                run_publisher, run_next = envelope.publisher_id, envelope.sequence + 1
             if observation.arrival is Arrival.GAP:
                 out.notices.append(
                     EventGap(envelope.publisher_id, observation.missing_from, observation.missing_to)
                 )
         if run_publisher != -1:
+            self.received += run_next - run_start
             tracker.settle(run_publisher, run_next - 1)

@@ -11,7 +11,9 @@ from meshplane.core.framing import Frame
 from meshplane.core.records import EventChannel
 from meshplane.errors import WireError
 
-Received = Frame | WireError
+#: What a transport hands its subscriber: a Frame, the WireError of a message that could not be decoded,
+#: or a bare envelope: an event under the subscriber's own routing topic (checked by the transport).
+Received = EventEnvelope | Frame | WireError
 
 
 class PublisherTransport(abc.ABC):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from meshplane.core.framing import decode_nats
+from meshplane.core.framing import decode_nats_event
 from meshplane.errors import WireError
 from meshplane.transports.base import Received
 
@@ -28,6 +28,15 @@ class Inbox:
         self._pending.append(data)
         self._ready.set()
 
+    def put_many(self, batch: list[bytes]) -> None:
+        room = self._limit - len(self._pending)
+        if len(batch) > room:
+            self.dropped += len(batch) - max(room, 0)
+            batch = batch[: max(room, 0)]
+        if batch:
+            self._pending.extend(batch)
+            self._ready.set()
+
     def wake(self) -> None:
         """Let a waiting :meth:`take` return (at close)."""
         self._ready.set()
@@ -42,11 +51,13 @@ class Inbox:
 
 
 def decode_messages(batch: list[bytes], routing_topic: bytes, max_bytes: int) -> list[Received]:
-    """NATS-encoded messages as frames, or the error that says what was wrong with each."""
+    """NATS-encoded messages of the subscriber's own subject (events bare, heartbeats as Frames), or
+    the error that says what was wrong with each."""
     out: list[Received] = []
+    append = out.append
     for data in batch:
         try:
-            out.append(decode_nats(data, routing_topic, max_bytes))
+            append(decode_nats_event(data, routing_topic, max_bytes))
         except WireError as exc:
-            out.append(exc)
+            append(exc)
     return out

@@ -12,12 +12,13 @@ from urllib.parse import urlsplit, urlunsplit
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from meshplane.aio import cancel_and_wait
 from meshplane.core.envelope import Codec, EventEnvelope
 from meshplane.core.framing import HEARTBEAT_SUFFIX, MessageType, WireFormat, encode_nats
 from meshplane.core.records import TRANSPORT_NATS
 from meshplane.errors import TransportAuthError, TransportError
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
-from meshplane.transports.inbox import Inbox, decode_messages
+from meshplane.transports.inbox import MAX_BATCH, Inbox, decode_messages
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,23 @@ class NatsPublisherTransport(PublisherTransport):
         return None  # the connection belongs to the plane
 
 
+def _pending_queue(subscription: Any) -> asyncio.Queue[Msg] | None:
+    """The queue nats-py fills for a subscription without a callback, where this nats-py has one."""
+    queue = getattr(subscription, "_pending_queue", None)
+    ok = isinstance(queue, asyncio.Queue) and isinstance(getattr(subscription, "_pending_size", None), int)
+    return queue if ok else None
+
+
 class NatsSubscriberTransport(SubscriberTransport):
+    """Subscribes to the topic's subject (and the Dynamo heartbeats' subject).
+
+    nats-py hands a callback one message at a time, each through its queue, a coroutine and a task
+    step; instead the subscriptions have no callback and a task per subscription drains nats-py's
+    queue in bulk (one await per batch) into the inbox. nats-py's byte count of pending messages is
+    kept as its own task would. With a nats-py that does not have that queue, it falls back to the
+    callback.
+    """
+
     announces = True
 
     def __init__(self, client: NatsClient, subject: str, max_bytes: int, pending_limit: int) -> None:
@@ -136,22 +153,47 @@ class NatsSubscriberTransport(SubscriberTransport):
         self._pending_limit = pending_limit
         self._inbox = Inbox(pending_limit)
         self._subs: list[Any] = []
+        self._drains: list[asyncio.Task[None]] = []
 
     @property
     def dropped(self) -> int:
         return self._inbox.dropped
 
+    @property
+    def drains_in_bulk(self) -> bool:
+        """Whether messages are taken from nats-py's queue in bulk (not one callback each)."""
+        return bool(self._drains)
+
     async def _on_message(self, msg: Msg) -> None:
         self._inbox.put(msg.data)
+
+    async def _drain(self, subscription: Any, queue: asyncio.Queue[Msg]) -> None:
+        get, put_many = queue.get_nowait, self._inbox.put_many
+        while True:
+            batch = [(await queue.get()).data]
+            with contextlib.suppress(asyncio.QueueEmpty):
+                while len(batch) < MAX_BATCH:
+                    batch.append(get().data)
+            subscription._pending_size -= sum(map(len, batch))
+            for _ in batch:
+                queue.task_done()  # what nats-py's drain() waits for
+            put_many(batch)
 
     async def start(self) -> None:
         # Dynamo-layout heartbeats come on a subject of their own, so Dynamo subscribers never see them.
         for subject in (self._subject, self._subject + HEARTBEAT_SUFFIX):
-            self._subs.append(
-                await self._client.subscribe(
+            subscription = await self._client.subscribe(subject, pending_msgs_limit=self._pending_limit)
+            queue = _pending_queue(subscription)
+            if queue is None:  # another nats-py: its callback, one message at a time
+                await subscription.unsubscribe()
+                subscription = await self._client.subscribe(
                     subject, cb=self._on_message, pending_msgs_limit=self._pending_limit
                 )
-            )
+            else:
+                self._drains.append(
+                    asyncio.create_task(self._drain(subscription, queue), name=f"meshplane-nats-{subject}")
+                )
+            self._subs.append(subscription)
         # Once the server has the subscription, nothing published afterwards is missed.
         await self._client.flush()
 
@@ -168,4 +210,7 @@ class NatsSubscriberTransport(SubscriberTransport):
                 await sub.unsubscribe()
             except Exception as exc:
                 log.debug("unsubscribe from %s failed: %s", self._subject, exc)
+        drains, self._drains = self._drains, []
+        for drain in drains:
+            await cancel_and_wait(drain)
         self._inbox.wake()  # a pending receive() returns

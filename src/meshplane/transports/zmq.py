@@ -9,12 +9,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
 from meshplane.core.envelope import Codec, EventEnvelope
-from meshplane.core.framing import MessageType, WireFormat, ZmqEncoder, decode_zmq, header8_message
+from meshplane.core.framing import (
+    MessageType,
+    WireFormat,
+    ZmqEncoder,
+    decode_dynamo_event,
+    decode_header8_event,
+    decode_zmq,
+)
 from meshplane.core.records import TRANSPORT_ZMQ, EventChannel
 from meshplane.errors import TransportError, WireError
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
@@ -22,7 +30,7 @@ from meshplane.transports.curve import Curve
 
 log = logging.getLogger(__name__)
 _MAX_BATCH = 4096
-_MORE = zmq.SNDMORE | zmq.NOBLOCK
+_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 
 
 def _tcp_url(host: str) -> str:
@@ -88,18 +96,19 @@ class XPubPublisher(PublisherTransport):
         self._routing_topic = routing_topic
         self._publisher_id = publisher_id
         self._encoder = ZmqEncoder(routing_topic, publisher_id, wire, codec)
-        self._codec = codec
         self._sndhwm = sndhwm
         self._socket: zmq.Socket[bytes] | None = None
         self._subscribers = 0
-        self._header8 = WireFormat(wire) is WireFormat.HEADER8
-        self.send_now = self._send_now
+        self.send_now: Callable[[EventEnvelope], None] = self._send_closed
 
     def _open(self) -> zmq.Socket[bytes]:
         sock = self._context.socket(zmq.XPUB)
         sock.setsockopt(zmq.SNDHWM, self._sndhwm)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscribe, so counts stay exact
+        # XPUB never blocks: at the high-water mark ZeroMQ drops, which subscribers see as a gap.
+        # Frame by frame: pyzmq's send_multipart re-validates every frame, which costs more than the send.
+        self.send_now = self._encoder.event_sender(sock.send, _MORE, zmq.NOBLOCK)
         return sock
 
     def subscriber_count(self) -> int:
@@ -116,35 +125,16 @@ class XPubPublisher(PublisherTransport):
                     self._subscribers += 1 if message[:1] == b"\x01" else -1
         return self._subscribers
 
-    def _send_now(self, envelope: EventEnvelope) -> None:
-        self._send([envelope])
+    def _send_closed(self, envelope: EventEnvelope) -> None:
+        raise TransportError("ZMQ publisher socket is closed")
 
     async def send(self, envelope: EventEnvelope) -> None:
-        self._send([envelope])
+        self.send_now(envelope)
 
     async def send_many(self, envelopes: list[EventEnvelope]) -> None:
-        self._send(envelopes)
-
-    def _send(self, envelopes: list[EventEnvelope]) -> None:
-        sock = self._socket
-        if sock is None:
-            raise TransportError("ZMQ publisher socket is closed")
-        # XPUB never blocks: at the high-water mark ZeroMQ drops, which subscribers see as a gap.
-        # Frame by frame: pyzmq's send_multipart re-validates every frame, which costs more than the send.
-        send = sock.send
-        if self._header8:
-            topic, codec = self._routing_topic, self._codec
-            for envelope in envelopes:
-                send(topic, _MORE)
-                send(header8_message(envelope, codec), zmq.NOBLOCK)
-            return
-        encode = self._encoder.encode
+        send_now = self.send_now
         for envelope in envelopes:
-            topic, pid, sequence, last = encode(envelope)
-            send(topic, _MORE)
-            send(pid, _MORE)
-            send(sequence, _MORE)
-            send(last, zmq.NOBLOCK)
+            send_now(envelope)
 
     async def send_heartbeat(self, envelope: EventEnvelope) -> None:
         if self._socket is not None:
@@ -154,6 +144,7 @@ class XPubPublisher(PublisherTransport):
         return None  # ZeroMQ's I/O thread sends on its own; LINGER covers close
 
     async def close(self) -> None:
+        self.send_now = self._send_closed
         if self._socket is not None:
             self._socket.close()
             self._socket = None
@@ -310,8 +301,10 @@ class ZmqSubscriberTransport(SubscriberTransport):
         if self._socket is None or self._readable is None:
             return []  # closed
         recv = self._socket.recv
+        routing_topic = self._routing_topic
         max_bytes = self._max_bytes
         out: list[Received] = []
+        append = out.append
         while not out:
             await self._readable.wait()
             for _ in range(_MAX_BATCH):
@@ -321,14 +314,29 @@ class ZmqSubscriberTransport(SubscriberTransport):
                     frame = recv(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                frames = [frame.bytes]
-                while frame.more:
+                first = frame.bytes
+                if frame.more:
                     frame = recv(zmq.NOBLOCK, copy=False)
-                    frames.append(frame.bytes)
+                    if not frame.more and first == routing_topic:
+                        # the 8-byte-header layout under our own topic: no list, the event comes back bare
+                        try:
+                            append(decode_header8_event(frame.bytes, routing_topic, max_bytes))
+                        except WireError as exc:
+                            append(exc)
+                        continue
+                    frames = [first, frame.bytes]
+                    while frame.more:
+                        frame = recv(zmq.NOBLOCK, copy=False)
+                        frames.append(frame.bytes)
+                else:
+                    frames = [first]
                 try:
-                    out.append(decode_zmq(frames, max_bytes))
+                    if len(frames) == 4 and first == routing_topic:
+                        append(decode_dynamo_event(frames[1], frames[2], frames[3], first, max_bytes))
+                    else:
+                        append(decode_zmq(frames, max_bytes))
                 except WireError as exc:
-                    out.append(exc)
+                    append(exc)
         return out
 
     async def close(self) -> None:

@@ -23,8 +23,8 @@ from meshplane.core.brokers import (
     parse_broker_record,
     select_brokers,
 )
-from meshplane.core.envelope import Codec
-from meshplane.core.framing import Frame, MessageType, WireFormat
+from meshplane.core.envelope import Codec, EventEnvelope
+from meshplane.core.framing import WireFormat
 from meshplane.core.snapshots import Added
 from meshplane.discovery.base import Discovery
 from meshplane.errors import ConfigError, InvalidDiscoveryRecord
@@ -255,13 +255,12 @@ class ZmqBrokerSubscriberTransport(ZmqSubscriberTransport):
         first_time = self._dedup.first_time
         while True:
             batch = await super().receive()
-            # Heartbeats skip deduplication: they carry the *next* sequence, which must not shadow its event.
+            # Events under our topic come back bare; heartbeats (Frames) skip deduplication: they carry
+            # the *next* sequence, which must not shadow its event. Other topics' events are filtered later.
             unique = [
                 item
                 for item in batch
-                if not isinstance(item, Frame)
-                or item.message_type is not MessageType.EVENT
-                or first_time(item.envelope.publisher_id, item.envelope.sequence)
+                if not isinstance(item, EventEnvelope) or first_time(item.publisher_id, item.sequence)
             ]
             if unique or not batch:
                 return unique
