@@ -5,7 +5,8 @@ only count what arrives: they are the transport's ceiling). Kinds, as ``transpor
 
 - ``zmq``: the Dynamo layout (4 frames) over ZeroMQ; ``zmq8``: the 8-byte-header layout (2 frames);
   ``nats``: the Dynamo layout over NATS.
-- ``raw``: pyzmq / nats-py alone; ``meshplane``: ``publish`` and ``async for`` one event at a time;
+- ``raw``: pyzmq / nats-py alone; ``asyncio`` (``zmq8`` only): raw pyzmq received on asyncio, the floor
+  of an asyncio subscriber's latency; ``meshplane``: ``publish`` and ``async for`` one event at a time;
   ``batch``: ``publish_many`` (1000 at a time) and ``async for batch in sub.batches()``.
 
     python bench/event_plane.py                 # 1 M events per throughput run, results to bench/results/
@@ -33,11 +34,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import zmq
+import zmq.backend
 
 PAYLOAD_SIZE = 100
 TOPIC = "bench"
@@ -46,6 +49,7 @@ KINDS = [
     "zmq-raw",
     "zmq-meshplane",
     "zmq8-raw",
+    "zmq8-asyncio",
     "zmq8-meshplane",
     "zmq8-batch",
     "nats-raw",
@@ -57,6 +61,7 @@ RATIOS = {
     "dynamo_layout_zmq_vs_raw_pyzmq_4_frames": ("zmq-meshplane", "zmq-raw"),
     "header8_zmq_vs_raw_pyzmq_2_frames": ("zmq8-meshplane", "zmq8-raw"),
     "header8_zmq_batch_vs_raw_pyzmq_2_frames": ("zmq8-batch", "zmq8-raw"),
+    "header8_zmq_vs_raw_pyzmq_on_asyncio": ("zmq8-meshplane", "zmq8-asyncio"),
     "header8_zmq_vs_raw_nats_py": ("zmq8-meshplane", "nats-raw"),
     "nats_vs_raw_nats_py": ("nats-meshplane", "nats-raw"),
     "nats_batch_vs_raw_nats_py": ("nats-batch", "nats-raw"),
@@ -167,7 +172,9 @@ def zmq_raw_pub(events: int, interval: float, proxy: str = "", header8: bool = F
     frames = header8_frames if header8 else dynamo_frames
     template = frames(0, payload(0))
     *head, last = template
-    send = sock.send  # frame by frame: pyzmq's fastest send (send_multipart re-checks every frame)
+    # Frame by frame (send_multipart re-checks every frame), and the compiled send without pyzmq's Python
+    # wrapper (it only adds routing_id / group): pyzmq's fastest send, as meshplane's publisher does.
+    send = types.MethodType(zmq.backend.Socket.send, sock)
     for seq in range(events):
         if interval:
             *head, last = frames(seq, payload(time.time_ns()))
@@ -204,6 +211,49 @@ def zmq_raw_sub(endpoint: str, events: int, latency: bool, header8: bool = False
             tally.add(msgspec.msgpack.decode(frames[1][8:] if header8 else frames[3][5:])["payload"])
         else:
             tally.add(None)
+    emit({**tally.summary(), **cpu_per_event(tally)})
+
+
+async def zmq_asyncio_sub(endpoint: str, events: int, latency: bool) -> None:
+    """Raw pyzmq on asyncio, 8-byte-header layout: the floor of any asyncio ZeroMQ subscriber (the
+    loop's reader callback on ZMQ_FD, ZMQ_EVENTS, then receives until EAGAIN), no decoding."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.RCVHWM, 100_000)
+    sock.setsockopt(zmq.SUBSCRIBE, TOPIC.encode())
+    sock.connect(endpoint)
+    loop = asyncio.get_running_loop()
+    tally = Tally(latency)
+    done = asyncio.Event()
+    readable = asyncio.Event()
+    events_opt, pollin, noblock = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+
+    def on_signal() -> None:
+        if int(sock.get(events_opt)) & pollin:
+            readable.set()
+
+    async def consume() -> None:
+        recv = sock.recv
+        loop.add_reader(int(sock.get(zmq.FD)), on_signal)
+        while tally.count < events:
+            if not int(sock.get(events_opt)) & pollin:
+                readable.clear()
+                await readable.wait()
+            while True:
+                try:
+                    frame = recv(noblock, copy=False)
+                except zmq.Again:
+                    break
+                frames = [frame.bytes]
+                while frame.more:
+                    frame = recv(noblock, copy=False)
+                    frames.append(frame.bytes)
+                tally.add(msgspec.msgpack.decode(frames[1][8:])["payload"] if latency else None)
+        done.set()
+
+    consumer = asyncio.create_task(consume())
+    await _until_done_or_idle(done, tally)
+    consumer.cancel()
     emit({**tally.summary(), **cpu_per_event(tally)})
 
 
@@ -388,7 +438,7 @@ def run_pair(
             sub = _spawn(["_sub", kind, kv, proxy[1], *common], pin)
             pub = _spawn(["_pub", kind, kv, proxy[0], *publish], pin)
             _read(pub)
-        elif transport != "nats" and impl == "raw":
+        elif transport != "nats" and impl in ("raw", "asyncio"):
             pub = _spawn(["_pub", kind, kv, nats_url, *publish], pin)
             endpoint = _read(pub)["endpoint"]
             sub = _spawn(["_sub", kind, kv, endpoint, *common], pin)
@@ -416,7 +466,7 @@ def child(argv: list[str]) -> None:
     transport, impl = kind.split("-")
     if role == "_pub":
         interval = float(extra)
-        if transport != "nats" and impl == "raw":
+        if transport != "nats" and impl in ("raw", "asyncio"):
             proxy = where if where.startswith("tcp://") else ""
             zmq_raw_pub(events, interval, proxy, header8=transport == "zmq8")
         elif kind == "nats-raw":
@@ -425,7 +475,9 @@ def child(argv: list[str]) -> None:
             asyncio.run(meshplane_pub(transport, kv, where, events, interval, batch=impl == "batch"))
         return
     latency = extra == "1"
-    if transport != "nats" and impl == "raw":
+    if kind == "zmq8-asyncio":
+        asyncio.run(zmq_asyncio_sub(where, events, latency))
+    elif transport != "nats" and impl == "raw":
         zmq_raw_sub(where, events, latency, header8=transport == "zmq8")
     elif kind == "nats-raw":
         asyncio.run(nats_raw_sub(where, events, latency))

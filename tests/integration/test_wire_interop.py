@@ -19,8 +19,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from meshplane import Codec, EventPlane, PlaneConfig, Scope, WireFormat
+from meshplane import Codec, EventEnvelope, EventPlane, PlaneConfig, Scope, WireFormat
+from meshplane.core.framing import encode_nats
 from meshplane.launchers import NatsServer
+from meshplane.transports.nats import NatsSubscriberTransport
 from tests.conftest import make_config
 from tests.helpers import eventually
 
@@ -153,6 +155,45 @@ async def test_meshplane_subscriber_consumes_a_dynamo_publisher_and_survives_gar
             await sub.next(0.2)
 
 
+async def test_header8_garbage_costs_no_good_event_around_it(
+    zmq_config: PlaneConfig, raw_xpub: tuple[zmq.asyncio.Socket, str]
+) -> None:
+    """The 8-byte-header fast path (its own topic, two frames) still checks every frame boundary: a
+    bad message is counted, and the good events before and after it arrive."""
+    sock, endpoint = raw_xpub
+    pid = 0x42
+    write_dynamo_record(zmq_config.file_kv, "kv", pid, endpoint)
+
+    def message(sequence: int, topic: str = "kv", frame0: bytes = b"kv") -> list[bytes]:
+        envelope = EventEnvelope(pid, sequence, 0, topic, b"event %d" % sequence)
+        return [frame0, encode_nats(envelope, WireFormat.HEADER8)]
+
+    async with EventPlane(zmq_config.replace(max_message_bytes=10_000)) as plane:
+        sub = await plane.subscriber(SCOPE, "kv")
+        assert await asyncio.wait_for(sock.recv(), 10) == b"\x01kv"
+        good = message(0)
+        flagged = bytearray(good[1])
+        flagged[3] = 1
+        bad: list[list[bytes]] = [
+            [b"kv"],  # 1 frame
+            [*good, b"extra"],  # 3 frames
+            [b"kv", good[1][:-1]],  # truncated body
+            [b"kv", bytes(flagged)],  # a flag set
+            [b"kv", good[1][:8] + b"\xc1" * (len(good[1]) - 8)],  # not MessagePack
+            message(1, topic="kv-events", frame0=b"kv-events"),  # prefix match, another topic
+            message(1, frame0=b"kv-x"),  # frame0 disagrees with the envelope
+        ]
+        for frames in [good, *bad, message(1), message(2)]:
+            await sock.send_multipart(frames)
+        got = [await sub.next(10) for _ in range(3)]
+        assert [(e.sequence, e.payload) for e in got] == [(0, b"event 0"), (1, b"event 1"), (2, b"event 2")]
+        stats = sub.stats
+        assert (stats.received, stats.filtered, stats.gaps) == (3, 2, 0)
+        assert dict(stats.malformed) == {"frame_count": 2, "truncated": 1, "malformed": 2}
+        with pytest.raises(TimeoutError):
+            await sub.next(0.2)
+
+
 async def test_array_encoded_envelopes_are_accepted(
     zmq_config: PlaneConfig, raw_xpub: tuple[zmq.asyncio.Socket, str]
 ) -> None:
@@ -210,6 +251,30 @@ async def test_nats_wire_is_the_bare_envelope_both_ways(nats_server: NatsServer,
             assert sub.stats.filtered == 1
     finally:
         await raw.close()
+
+
+async def test_nats_messages_are_taken_in_bulk_and_nats_py_counts_none_pending(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """The subscriber takes nats-py's queued messages in bulk, not a callback each; nats-py's count of
+    pending bytes (its slow-consumer limit) must come back to zero as its own task would leave it."""
+    config = make_config("nats", "file", tmp_path, nats_server, None)
+    async with EventPlane(config) as plane:
+        sub = await plane.subscriber(SCOPE, "bulk")
+        pub = await plane.publisher(SCOPE, "bulk")
+        transport = sub._transport
+        assert isinstance(transport, NatsSubscriberTransport)
+        assert transport.drains_in_bulk  # fails on a nats-py without the queue: the slow path is taken
+        await pub.publish_many([b"%d" % i for i in range(5000)])
+        await pub.flush()
+        got: list[bytes] = []
+        async for batch in sub.batches():
+            got += [envelope.payload for envelope in batch]
+            if len(got) >= 5000:
+                break
+        assert got == [b"%d" % i for i in range(5000)]
+        assert [s.pending_bytes for s in transport._subs] == [0, 0]
+        assert (sub.stats.gaps, sub.stats.dropped_slow) == (0, 0)
 
 
 @pytest.mark.parametrize("codec", list(Codec))

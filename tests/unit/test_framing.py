@@ -213,3 +213,21 @@ def test_the_header8_fast_path_decodes_exactly_as_the_checked_path(data, max_byt
         return as_frame(decode_header8_event(data, topic, max_bytes), topic)
 
     assert _outcome(fast, data, b"t", max_bytes) == _outcome(_decode_header8_checked, data, b"t", max_bytes)
+
+
+def test_the_header8_fast_path_refuses_a_length_it_remembers_from_a_larger_limit() -> None:
+    from meshplane.core.framing import decode_header8_event
+
+    data = bytes(encode_nats(EventEnvelope(1, 0, 0, "t", b"x" * 100), WireFormat.HEADER8))
+    assert isinstance(decode_header8_event(data, b"t", 8 * 1024 * 1024), EventEnvelope)  # remembered
+    with pytest.raises(OversizedFrame):
+        decode_header8_event(data, b"t", 64)
+
+
+def test_the_table_of_header8_event_heads_stays_bounded() -> None:
+    from meshplane.core.framing import _EVENT_HEADS, _EVENT_HEADS_MAX, decode_header8_event
+
+    for size in range(_EVENT_HEADS_MAX + 100):
+        data = bytes(encode_nats(EventEnvelope(1, 0, 0, "t", b"x" * size), WireFormat.HEADER8))
+        assert decode_header8_event(data, b"t", 1 << 20).payload == b"x" * size  # type: ignore[union-attr]
+        assert len(_EVENT_HEADS) <= _EVENT_HEADS_MAX

@@ -194,3 +194,45 @@ def test_a_batch_gives_exactly_what_its_frames_one_by_one_give(
     for counter in ("gaps", "missing", "duplicates"):
         assert getattr(batched.tracker, counter) == getattr(one_by_one.tracker, counter)
     assert (batched.received, batched.heartbeats) == (one_by_one.received, one_by_one.heartbeats)
+
+
+@given(
+    ARRIVALS,
+    st.lists(st.booleans(), min_size=80, max_size=80),
+    st.lists(st.integers(1, 20), max_size=6),
+    st.sampled_from([1, 2]),
+)
+def test_bare_envelopes_give_exactly_what_their_frames_give(
+    arrivals: list[Frame], bare: list[bool], cuts: list[int], paths: int
+) -> None:
+    """Transports hand events under the subscriber's own topic over as bare envelopes: whatever mix of
+    the two forms arrives, on one path or two, the outcome is the Frames' outcome."""
+    framed, mixed = intake(liveness=5.0), intake(liveness=5.0)
+    items = [
+        f.envelope if bare[i] and f.message_type is MessageType.EVENT else f for i, f in enumerate(arrivals)
+    ]
+    outcomes: dict[str, tuple[list[EventEnvelope], list[object]]] = {"framed": ([], []), "mixed": ([], [])}
+    for name, machine, batch in (("framed", framed, arrivals), ("mixed", mixed, items)):
+        events, notices = outcomes[name]
+        start = 0
+        for cut in [*cuts, len(batch)]:
+            outcome = machine.accept(batch[start : start + cut], now=0.0, paths=paths)
+            events += outcome.envelopes
+            notices += outcome.notices
+            start += cut
+        outcome = machine.tick(now=10.0, paths=1)  # what waited for a missing event is released
+        events += outcome.envelopes
+        notices += outcome.notices
+    assert outcomes["mixed"] == outcomes["framed"]
+    for counter in ("gaps", "missing", "duplicates"):
+        assert getattr(mixed.tracker, counter) == getattr(framed.tracker, counter)
+    assert (mixed.received, mixed.heartbeats) == (framed.received, framed.heartbeats)
+
+
+def test_a_bare_envelope_of_another_topic_is_filtered() -> None:
+    machine = intake()
+    outcome = machine.accept(
+        [EventEnvelope(1, 0, 0, "kv-events", b""), EventEnvelope(1, 0, 0, TOPIC, b"")], 0.0
+    )
+    assert [e.topic for e in outcome.envelopes] == [TOPIC]
+    assert (machine.filtered, machine.received) == (1, 1)

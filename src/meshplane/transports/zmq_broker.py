@@ -236,6 +236,7 @@ class ZmqBrokerSubscriberTransport(ZmqSubscriberTransport):
         if self._socket is None:
             return
         _reconcile(self._socket, self._brokers, {key: b.xpub for key, b in self._directory.brokers.items()})
+        self._touched()
 
     @property
     def paths(self) -> int:
