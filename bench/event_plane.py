@@ -5,6 +5,7 @@ only count what arrives: they are the transport's ceiling). Kinds, as ``transpor
 
 - ``zmq``: the Dynamo layout (4 frames) over ZeroMQ; ``zmq8``: the 8-byte-header layout (2 frames);
   ``nats``: the Dynamo layout over NATS.
+- ``faststream`` (``nats`` only): FastStream's NatsBroker, the bare payload, one ``publish`` each;
 - ``raw``: pyzmq / nats-py alone; ``asyncio`` (``zmq8`` only): raw pyzmq received on asyncio, the floor
   of an asyncio subscriber's latency; ``meshplane``: ``publish`` and ``async for`` one event at a time;
   ``batch``: ``publish_many`` (1000 at a time) and ``async for batch in sub.batches()``.
@@ -55,6 +56,7 @@ KINDS = [
     "nats-raw",
     "nats-meshplane",
     "nats-batch",
+    "nats-faststream",
 ]
 #: What each ratio compares: (meshplane kind, peer kind).
 RATIOS = {
@@ -65,6 +67,8 @@ RATIOS = {
     "header8_zmq_vs_raw_nats_py": ("zmq8-meshplane", "nats-raw"),
     "nats_vs_raw_nats_py": ("nats-meshplane", "nats-raw"),
     "nats_batch_vs_raw_nats_py": ("nats-batch", "nats-raw"),
+    "nats_vs_faststream_nats_broker": ("nats-meshplane", "nats-faststream"),
+    "header8_zmq_vs_faststream_nats_broker": ("zmq8-meshplane", "nats-faststream"),
 }
 PUBLISH_MANY = 1000
 
@@ -321,6 +325,52 @@ async def _until_done_or_idle(done: asyncio.Event, tally: Tally) -> None:
             seen = tally.count
 
 
+# ---- FastStream (what a Python user would otherwise pick) -------------------------------------------------
+
+
+async def faststream_pub(url: str, events: int, interval: float) -> None:
+    """FastStream's NatsBroker, one ``publish`` per event (it has no batch publish on NATS), the bare
+    payload as body (FastStream has no envelope, sequence or gap detection)."""
+    from faststream.nats import NatsBroker
+
+    broker = NatsBroker(url, logger=None)  # its log lines would go to stdout, where results are read
+    await broker.connect()
+    subject = f"namespace.bench.{TOPIC}"
+    data = payload(0)
+    started = cpu_seconds()
+    for _ in range(events):
+        if interval:
+            await broker.publish(payload(time.time_ns()), subject)
+            await broker.connection.flush()
+            time.sleep(interval)  # noqa: ASYNC251 - same pacing in every run
+        else:
+            await broker.publish(data, subject)
+    await broker.connection.flush()
+    await broker.stop()
+    emit_cpu(events, started)
+
+
+async def faststream_sub(url: str, events: int, latency: bool) -> None:
+    from faststream.nats import NatsBroker
+
+    broker = NatsBroker(url, logger=None)  # its log lines would go to stdout, where results are read
+    tally = Tally(latency)
+    done = asyncio.Event()
+
+    @broker.subscriber(f"namespace.bench.{TOPIC}")
+    async def on_message(body: bytes) -> None:
+        tally.add(body if latency else None)
+        if tally.count >= events:
+            done.set()
+
+    await broker.start()
+    await broker.connection.flush()
+    emit({"ready": True})
+    await _until_done_or_idle(done, tally)
+    emit({**tally.summary(), **cpu_per_event(tally)})
+    await broker.stop()
+
+
 # ---- meshplane ------------------------------------------------------------------------------------------
 
 
@@ -471,6 +521,8 @@ def child(argv: list[str]) -> None:
             zmq_raw_pub(events, interval, proxy, header8=transport == "zmq8")
         elif kind == "nats-raw":
             asyncio.run(nats_raw_pub(where, events, interval))
+        elif kind == "nats-faststream":
+            asyncio.run(faststream_pub(where, events, interval))
         else:
             asyncio.run(meshplane_pub(transport, kv, where, events, interval, batch=impl == "batch"))
         return
@@ -481,6 +533,8 @@ def child(argv: list[str]) -> None:
         zmq_raw_sub(where, events, latency, header8=transport == "zmq8")
     elif kind == "nats-raw":
         asyncio.run(nats_raw_sub(where, events, latency))
+    elif kind == "nats-faststream":
+        asyncio.run(faststream_sub(where, events, latency))
     else:
         asyncio.run(meshplane_sub(transport, kv, where, events, latency, batch=impl == "batch"))
 
