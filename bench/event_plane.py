@@ -17,7 +17,8 @@ Throughput is the subscriber's rate from its first to its last event, in interle
 once per round, so a drift of this VM's speed hits all alike); a ratio is the median of per-round
 ratios. CPU per event is each process's user + system time (its libzmq / nats-py threads included)
 over the events. Latency is publish-to-receive (wall clock, same host) at a paced rate with both
-processes pinned to one core (`taskset -c 0`).
+processes pinned to one core (`taskset -c 0`), also in interleaved rounds (``--latency-rounds``); its
+ratios are medians of per-round ratios too.
 """
 
 from __future__ import annotations
@@ -377,12 +378,14 @@ async def faststream_sub(url: str, events: int, latency: bool) -> None:
 def _config(transport: str, kv: str, url: str) -> Any:
     from meshplane import PlaneConfig, WireFormat
 
-    # the environment may add broker mode (DYN_ZMQ_BROKER_URL)
+    # the environment may add broker mode (DYN_ZMQ_BROKER_URL). Publishers wait at a full queue instead of
+    # dropping (MESHPLANE_SEND_WHEN_FULL=wait): every meshplane run delivers every event.
     config = PlaneConfig.from_env(
         event_plane="zmq" if transport == "zmq8" else transport,
         discovery_backend="file",
         file_kv=Path(kv),
         nats_server=url or None,
+        send_when_full="wait",
     )
     return config.replace(wire_format=WireFormat.HEADER8) if transport == "zmq8" else config
 
@@ -549,6 +552,7 @@ def main() -> None:
     parser.add_argument("--latency-events", type=int, default=10_000, help="events per latency run")
     parser.add_argument("--interval", type=float, default=0.0005, help="seconds between latency-run events")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of throughput runs; medians are kept")
+    parser.add_argument("--latency-rounds", type=int, default=3, help="rounds of latency runs")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "event_plane.json")
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated kinds (default all)")
     args = parser.parse_args()
@@ -557,7 +561,7 @@ def main() -> None:
     from meshplane.cli.bench import Steps
     from meshplane.launchers import NatsServer
 
-    steps = Steps(len(kinds) * (args.repeat + 1))  # every kind once per round, then its latency run
+    steps = Steps(len(kinds) * (args.repeat + args.latency_rounds))  # every kind once per round
 
     results: dict[str, Any] = {
         "machine": {
@@ -595,18 +599,36 @@ def main() -> None:
                 "pub_cpu_us_per_event": statistics.median(run["pub_cpu_us_per_event"] for run in runs),
                 "sub_cpu_us_per_event": statistics.median(run["sub_cpu_us_per_event"] for run in runs),
             }
+        latency_rounds: list[dict[str, dict[str, Any]]] = []
+        for n in range(args.latency_rounds):  # interleaved too: this VM's latency drifts between minutes
+            this_round = {}
+            for kind in kinds:
+                this_round[kind] = run_pair(kind, args.latency_events, True, args.interval, nats_server.url)
+                steps.step(f"{kind} latency, round {n + 1}/{args.latency_rounds}")
+                r = this_round[kind]
+                print(f"round {n + 1} {kind:15} latency p50 {r.get('p50_us')} us  p99 {r.get('p99_us')} us")
+            latency_rounds.append(this_round)
         for kind in kinds:
-            result = run_pair(kind, args.latency_events, True, args.interval, nats_server.url)
-            results["latency_pinned_one_core"][kind] = result
-            steps.step(f"{kind} latency")
-            print(f"{kind:15} latency p50 {result.get('p50_us')} us  p99 {result.get('p99_us')} us")
+            runs = [r[kind] for r in latency_rounds]
+            results["latency_pinned_one_core"][kind] = {
+                "p50_us": statistics.median(run["p50_us"] for run in runs),
+                "p99_us": statistics.median(run["p99_us"] for run in runs),
+                "p50_runs": [run["p50_us"] for run in runs],
+                "lost": sum(args.latency_events - run["received"] for run in runs),
+            }
     results["rounds"] = rounds
+    results["latency_rounds"] = latency_rounds
     ratios = {}
-    latency = results["latency_pinned_one_core"]
     for name, (ours, peer) in RATIOS.items():
         if ours not in kinds or peer not in kinds:
             continue
         per_round = [r[ours]["rate"] / r[peer]["rate"] for r in rounds]
+
+        def latency_ratio(quantile: str, ours: str = ours, peer: str = peer) -> float:
+            return float(
+                round(statistics.median(r[ours][quantile] / r[peer][quantile] for r in latency_rounds), 2)
+            )
+
         ratios[name] = {
             "throughput_ratio": round(statistics.median(per_round), 2),
             "sub_cpu_per_event_ratio": round(
@@ -614,14 +636,14 @@ def main() -> None:
                 / results["throughput"][peer]["sub_cpu_us_per_event"],
                 2,
             ),
-            "p50_latency_ratio": round(latency[ours]["p50_us"] / latency[peer]["p50_us"], 2),
-            "p99_latency_ratio": round(latency[ours]["p99_us"] / latency[peer]["p99_us"], 2),
+            "p50_latency_ratio": latency_ratio("p50_us"),
+            "p99_latency_ratio": latency_ratio("p99_us"),
         }
         r = ratios[name]
         print(
-            f"{name}: throughput {r['throughput_ratio']}x (median of per-round ratios), subscriber CPU per "
-            f"event {r['sub_cpu_per_event_ratio']}x, p50 latency {r['p50_latency_ratio']}x, "
-            f"p99 {r['p99_latency_ratio']}x"
+            f"{name}: throughput {r['throughput_ratio']}x, subscriber CPU per event "
+            f"{r['sub_cpu_per_event_ratio']}x, p50 latency {r['p50_latency_ratio']}x, "
+            f"p99 {r['p99_latency_ratio']}x (medians of per-round ratios)"
         )
     results["ratios"] = ratios
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from meshplane.errors import ConfigError
 
 TransportName = Literal["nats", "zmq", "mem", "mesh"]
 DiscoveryName = Literal["etcd", "file", "mem"]
+SendWhenFull = Literal["drop", "wait"]
 
 
 def default_state_dir() -> Path:
@@ -47,6 +48,11 @@ class PlaneConfig:
     codec: Codec = Codec.MSGPACK
     send_hwm: int = 100_000
     receive_hwm: int = 100_000
+    # MESHPLANE_SEND_WHEN_FULL, ZeroMQ: when a subscriber's queue is at the high-water mark, "drop" the
+    # event for it (PUB semantics, as Dynamo; the subscriber reports a gap) or make publish "wait" until
+    # there is room (lossless in direct mode; one stalled subscriber then holds the publisher back; in
+    # broker mode it covers the hop to the brokers, whose relays still drop at their own marks)
+    send_when_full: SendWhenFull = "drop"
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     connect_timeout: float = 5.0
     zmq_brokers: tuple[BrokerAddress, ...] = ()  # DYN_ZMQ_BROKER_URL
@@ -99,6 +105,10 @@ class PlaneConfig:
         for name in ("send_hwm", "receive_hwm"):  # 0 is ZeroMQ's "no limit"
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.send_when_full not in ("drop", "wait"):
+            raise ConfigError(
+                f"MESHPLANE_SEND_WHEN_FULL must be 'drop' or 'wait', got {self.send_when_full!r}"
+            )
         if self.heartbeat_period < 0 or self.heartbeat_misses < 1:
             raise ConfigError(
                 f"heartbeat_period must be >= 0 and heartbeat_misses >= 1, got {self.heartbeat_period!r} "
@@ -142,6 +152,7 @@ class PlaneConfig:
         take("MESHPLANE_CODEC", "codec", lambda v: Codec[v.upper()])
         take("MESHPLANE_SNDHWM", "send_hwm", int)
         take("MESHPLANE_RCVHWM", "receive_hwm", int)
+        take("MESHPLANE_SEND_WHEN_FULL", "send_when_full", str.lower)
         take("MESHPLANE_MAX_MESSAGE_BYTES", "max_message_bytes", int)
         take("MESHPLANE_CONNECT_TIMEOUT", "connect_timeout", float)
         take("MESHPLANE_FILE_KV_TTL", "file_kv_ttl", float)

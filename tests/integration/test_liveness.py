@@ -205,6 +205,33 @@ async def test_events_lost_to_a_high_water_mark_are_reported_as_exact_gaps(
         assert sub.stats.missing == len(missing)
 
 
+async def test_send_when_full_wait_holds_the_publisher_back_and_loses_nothing(
+    tmp_path: Path, scope: Scope
+) -> None:
+    """The same burst with MESHPLANE_SEND_WHEN_FULL=wait: publish waits at the high-water mark (it is
+    held back while the subscriber reads nothing), and every event arrives, none reported missing."""
+    config = make_config(
+        "zmq", "file", tmp_path, None, None, send_hwm=5, receive_hwm=5, send_when_full="wait"
+    )
+    total, payload = 2000, b"x" * 10_000  # 20 MB: more than the socket buffers hold
+    async with EventPlane(config) as plane:
+        sub = await plane.subscriber(scope, "burst")
+        pub = await plane.publisher(scope, "burst")
+        await pub.wait_for_subscribers(1, timeout=10)
+
+        async def publish_all() -> None:
+            for _ in range(total):
+                await pub.publish(payload)
+
+        publishing = asyncio.create_task(publish_all())
+        await eventually(lambda: pub._transport.waits > 0, timeout=10)  # type: ignore[attr-defined]
+        assert not publishing.done()  # held back: the subscriber has read nothing yet
+        got = [(await sub.next(10)).sequence for _ in range(total)]
+        await publishing
+        assert got == list(range(total))
+        assert (sub.stats.gaps, sub.stats.missing) == (0, 0)
+
+
 async def test_callbacks_stop_at_unsubscribe_and_may_subscribe(
     live_config: PlaneConfig, scope: Scope
 ) -> None:

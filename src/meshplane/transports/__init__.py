@@ -55,6 +55,7 @@ async def create_publisher_transport(
             cfg.codec,
             cfg.broker_fanout,
             shared.curve,
+            wait_when_full=cfg.send_when_full == "wait",
         )
     elif cfg.event_plane == "mem":
         from meshplane.transports.memory import MemoryPublisherTransport
@@ -89,6 +90,7 @@ async def create_publisher_transport(
             cfg.wire_format,
             cfg.codec,
             shared.curve,
+            wait_when_full=cfg.send_when_full == "wait",
         )
     await transport.start()
     return transport

@@ -76,10 +76,12 @@ class Readable:
         """Whether a message waits (reads ``ZMQ_EVENTS``: a system call, ~1 us; EAGAIN costs ~3 us)."""
         return bool(self._get(_EVENTS) & _POLLIN)
 
-    async def wait(self, drained: bool = False) -> None:
-        """Until the socket has a message. ``drained``: the last receive found it empty (EAGAIN), which
-        re-armed the signal, so ``ZMQ_EVENTS`` need not be read first (a getsockopt costs ~0.7 us)."""
-        if not drained and self.readable():
+    async def wait(self) -> None:
+        """Until the socket has a message.
+
+        ``ZMQ_EVENTS`` is read before sleeping even right after an EAGAIN: skipping that read (it
+        costs ~1 us) made libzmq abort on ``!_more`` in fq.cpp under high-water-mark pressure."""
+        if self.readable():
             return
         self._waiter = self._loop.create_future()
         try:
@@ -108,6 +110,7 @@ class XPubPublisher(PublisherTransport):
         wire: WireFormat,
         codec: Codec,
         curve: Curve | None = None,
+        wait_when_full: bool = False,
     ) -> None:
         self._context = context
         self._curve = curve
@@ -115,18 +118,27 @@ class XPubPublisher(PublisherTransport):
         self._publisher_id = publisher_id
         self._encoder = ZmqEncoder(routing_topic, publisher_id, wire, codec)
         self._sndhwm = sndhwm
+        self._wait_when_full = wait_when_full
         self._socket: zmq.Socket[bytes] | None = None
         self._subscribers = 0
-        self.send_now: Callable[[EventEnvelope], None] = self._send_closed
+        self._send_event: Callable[[EventEnvelope], None] = self._send_closed
+        #: Times a publish found a subscriber's queue full and waited (``wait_when_full``).
+        self.waits = 0
 
     def _open(self) -> zmq.Socket[bytes]:
         sock = self._context.socket(zmq.XPUB)
         sock.setsockopt(zmq.SNDHWM, self._sndhwm)
         sock.setsockopt(zmq.LINGER, 1000)
         sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscribe, so counts stay exact
-        # XPUB never blocks: at the high-water mark ZeroMQ drops, which subscribers see as a gap.
+        # At the high-water mark XPUB drops, which subscribers see as a gap; with XPUB_NODROP it refuses
+        # the whole message instead (EAGAIN on its first frame), and ``send`` waits for room.
         # Frame by frame: pyzmq's send_multipart re-validates every frame, which costs more than the send.
-        self.send_now = self._encoder.event_sender(direct_send(sock), _MORE, zmq.NOBLOCK)
+        self._send_event = self._encoder.event_sender(direct_send(sock), _MORE, zmq.NOBLOCK)
+        if self._wait_when_full:
+            sock.setsockopt(zmq.XPUB_NODROP, 1)
+            self.send_now = None  # publish awaits send(), which can wait
+        else:
+            self.send_now = self._send_event
         return sock
 
     def subscriber_count(self) -> int:
@@ -147,22 +159,46 @@ class XPubPublisher(PublisherTransport):
         raise TransportError("ZMQ publisher socket is closed")
 
     async def send(self, envelope: EventEnvelope) -> None:
-        self.send_now(envelope)
+        try:
+            self._send_event(envelope)
+        except zmq.Again:  # only with XPUB_NODROP: a subscriber's queue is full
+            await self._send_when_room(envelope)
 
     async def send_many(self, envelopes: list[EventEnvelope]) -> None:
-        send_now = self.send_now
+        send_event = self._send_event
         for envelope in envelopes:
-            send_now(envelope)
+            try:
+                send_event(envelope)
+            except zmq.Again:
+                await self._send_when_room(envelope)
+
+    async def _send_when_room(self, envelope: EventEnvelope) -> None:
+        # XPUB cannot signal room (its POLLOUT is always set): retry, backing off to 10 ms. A cancelled
+        # publish sends nothing.
+        self.waits += 1
+        delay = 0.0001
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                self._send_event(envelope)
+                return
+            except zmq.Again:
+                delay = min(delay * 2, 0.01)
 
     async def send_heartbeat(self, envelope: EventEnvelope) -> None:
         if self._socket is not None:
-            self._socket.send_multipart(self._encoder.encode(envelope, MessageType.HEARTBEAT), zmq.NOBLOCK)
+            with contextlib.suppress(zmq.Again):  # a full queue (XPUB_NODROP): the next one will do
+                self._socket.send_multipart(
+                    self._encoder.encode(envelope, MessageType.HEARTBEAT), zmq.NOBLOCK
+                )
 
     async def flush(self, timeout: float) -> None:
         return None  # ZeroMQ's I/O thread sends on its own; LINGER covers close
 
     async def close(self) -> None:
-        self.send_now = self._send_closed
+        self._send_event = self._send_closed
+        if self.send_now is not None:
+            self.send_now = self._send_closed
         if self._socket is not None:
             self._socket.close()
             self._socket = None
@@ -181,8 +217,9 @@ class ZmqPublisherTransport(XPubPublisher):
         wire: WireFormat,
         codec: Codec,
         curve: Curve | None = None,
+        wait_when_full: bool = False,
     ) -> None:
-        super().__init__(context, routing_topic, publisher_id, sndhwm, wire, codec, curve)
+        super().__init__(context, routing_topic, publisher_id, sndhwm, wire, codec, curve, wait_when_full)
         self._host = host
         self._endpoint = ""
 
@@ -235,7 +272,6 @@ class ZmqSubscriberTransport(SubscriberTransport):
         self._max_bytes = max_bytes
         self._socket: zmq.Socket[bytes] | None = None
         self._readable: Readable | None = None
-        self._drained = False  # the last receive ended on EAGAIN
         self._one_at_a_time = False
         self._endpoints: dict[int, str] = {}
 
@@ -279,15 +315,7 @@ class ZmqSubscriberTransport(SubscriberTransport):
             log.warning("cannot connect to publisher %x at %r: %s", channel.instance_id, endpoint, exc)
             return
         self._endpoints[channel.instance_id] = endpoint
-        self._touched()
         log.debug("connected to publisher %x at %s", channel.instance_id, endpoint)
-
-    def _touched(self) -> None:
-        """The socket was used outside ``receive`` (which may process the command that signalled a
-        message): the next wait reads ``ZMQ_EVENTS`` before sleeping. Reading it here instead, between
-        connects and disconnects, made libzmq abort (``!_more`` in fq.cpp) about once in 20 runs of
-        the Dynamo-garbage interop test; ZMQ_EVENTS is only read from ``receive`` and its signal."""
-        self._drained = False
 
     def _trust(self, channel: EventChannel) -> bool:
         """With CURVE: connect only to a publisher whose key we trust, and check that key on connect."""
@@ -316,16 +344,14 @@ class ZmqSubscriberTransport(SubscriberTransport):
                 if publisher_id in self._server_keys:
                     self._socket.curve_serverkey = self._server_keys[publisher_id]
                 self._socket.connect(endpoint)
-            self._touched()
-            log.info("reconnecting to silent publisher %x at %s", publisher_id, endpoint)
+                log.info("reconnecting to silent publisher %x at %s", publisher_id, endpoint)
 
     def remove_publisher(self, channel: EventChannel) -> None:
         endpoint = self._endpoints.pop(channel.instance_id, None)
         if endpoint is not None and self._socket is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._socket.disconnect(endpoint)
-            self._touched()
-            log.debug("disconnected from publisher %x at %s", channel.instance_id, endpoint)
+                log.debug("disconnected from publisher %x at %s", channel.instance_id, endpoint)
 
     async def receive(self) -> list[Received]:
         if self._socket is None or self._readable is None:
@@ -337,21 +363,18 @@ class ZmqSubscriberTransport(SubscriberTransport):
         append = out.append
         readable = self._readable
         while not out:
-            await readable.wait(self._drained)
-            self._drained = False
+            await readable.wait()
             # When messages come one at a time (the last batch was one), asking ZMQ_EVENTS after the
             # first is cheaper than the EAGAIN exception that would end the batch.
             ask = self._one_at_a_time
             for n in range(_MAX_BATCH):
                 if ask and n == 1 and not readable.readable():
-                    self._drained = True  # reading ZMQ_EVENTS re-armed the signal as EAGAIN does
                     break
                 # Frame.more instead of recv_multipart: its RCVMORE getsockopt per frame costs more
                 # than the receive itself.
                 try:
                     frame = recv(_NOBLOCK, copy=False)
                 except zmq.Again:
-                    self._drained = True
                     break
                 first = frame.bytes
                 if frame.more:

@@ -165,8 +165,9 @@ class ZmqBrokerPublisherTransport(XPubPublisher):
         codec: Codec,
         fanout: int,
         curve: Curve | None = None,
+        wait_when_full: bool = False,
     ) -> None:
-        super().__init__(context, subject, publisher_id, sndhwm, wire, codec, curve)
+        super().__init__(context, subject, publisher_id, sndhwm, wire, codec, curve, wait_when_full)
         self._directory = directory
         self._fanout = fanout
         self._connected: dict[str, str] = {}  # broker key -> xsub endpoint
@@ -236,7 +237,6 @@ class ZmqBrokerSubscriberTransport(ZmqSubscriberTransport):
         if self._socket is None:
             return
         _reconcile(self._socket, self._brokers, {key: b.xpub for key, b in self._directory.brokers.items()})
-        self._touched()
 
     @property
     def paths(self) -> int:
