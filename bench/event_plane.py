@@ -13,12 +13,13 @@ only count what arrives: they are the transport's ceiling). Kinds, as ``transpor
     python bench/event_plane.py                 # 1 M events per throughput run, results to bench/results/
     python bench/event_plane.py --events 200000 --latency-events 5000
 
-Throughput is the subscriber's rate from its first to its last event, in interleaved rounds (every kind
-once per round, so a drift of this VM's speed hits all alike); a ratio is the median of per-round
-ratios. CPU per event is each process's user + system time (its libzmq / nats-py threads included)
-over the events. Latency is publish-to-receive (wall clock, same host) at a paced rate with both
-processes pinned to one core (`taskset -c 0`), also in interleaved rounds (``--latency-rounds``); its
-ratios are medians of per-round ratios too.
+meshplane's ZeroMQ publishers run with ``MESHPLANE_SEND_WHEN_FULL=wait`` (lossless) unless the
+environment says otherwise. Throughput is the subscriber's rate from its first to its last event, in
+interleaved rounds (every kind once per round, so a drift of this VM's speed hits all alike); a ratio is
+the median of per-round ratios. CPU per event is each process's user + system time (its libzmq /
+nats-py threads included) over the events. Latency is publish-to-receive (wall clock, same host) at a
+paced rate with both processes pinned to one core (`taskset -c 0`), also in interleaved rounds
+(``--latency-rounds``); its ratios are medians of per-round ratios too.
 """
 
 from __future__ import annotations
@@ -378,14 +379,13 @@ async def faststream_sub(url: str, events: int, latency: bool) -> None:
 def _config(transport: str, kv: str, url: str) -> Any:
     from meshplane import PlaneConfig, WireFormat
 
-    # the environment may add broker mode (DYN_ZMQ_BROKER_URL). Publishers wait at a full queue instead of
-    # dropping (MESHPLANE_SEND_WHEN_FULL=wait): every meshplane run delivers every event.
+    # the environment may add broker mode (DYN_ZMQ_BROKER_URL) and MESHPLANE_SEND_WHEN_FULL (main() sets
+    # "wait" unless told otherwise)
     config = PlaneConfig.from_env(
         event_plane="zmq" if transport == "zmq8" else transport,
         discovery_backend="file",
         file_kv=Path(kv),
         nats_server=url or None,
-        send_when_full="wait",
     )
     return config.replace(wire_format=WireFormat.HEADER8) if transport == "zmq8" else config
 
@@ -557,6 +557,9 @@ def main() -> None:
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated kinds (default all)")
     args = parser.parse_args()
     kinds = args.kinds.split(",")
+    # meshplane's publishers wait at a full subscriber queue instead of dropping, so every meshplane run
+    # delivers every event (MESHPLANE_SEND_WHEN_FULL=drop measures the default, lossy PUB behaviour)
+    os.environ.setdefault("MESHPLANE_SEND_WHEN_FULL", "wait")
 
     from meshplane.cli.bench import Steps
     from meshplane.launchers import NatsServer
