@@ -58,9 +58,15 @@ def test_code_overrides_the_environment():
         ({"MESHPLANE_WIRE_FORMAT": "v9"}, "MESHPLANE_WIRE_FORMAT"),
         ({"MESHPLANE_CODEC": "xml"}, "MESHPLANE_CODEC"),
         ({"MESHPLANE_RCVHWM": "-1"}, "receive_hwm"),
+        ({"MESHPLANE_SEND_WHEN_FULL": "block"}, "MESHPLANE_SEND_WHEN_FULL"),
         ({"ETCD_ENDPOINTS": " , "}, "ETCD_ENDPOINTS"),
     ],
 )
 def test_bad_values_name_the_variable(env, message):
     with pytest.raises(ConfigError, match=message):
         PlaneConfig.from_env(env)
+
+
+def test_send_when_full_is_read_in_any_case():
+    assert PlaneConfig.from_env({}).send_when_full == "drop"
+    assert PlaneConfig.from_env({"MESHPLANE_SEND_WHEN_FULL": "WAIT"}).send_when_full == "wait"

@@ -55,7 +55,7 @@ class Codec(IntEnum):
     JSON = 2
 
 
-_msgpack_encoder = msgspec.msgpack.Encoder()
+msgpack_envelope_encoder = msgspec.msgpack.Encoder()  # shared with the hot paths, as the decoder
 msgpack_envelope_decoder = msgspec.msgpack.Decoder(EventEnvelope)  # the map form, for hot paths
 _msgpack_array_decoder = msgspec.msgpack.Decoder(_EnvelopeArray)
 _json_encoder = msgspec.json.Encoder()
@@ -66,7 +66,7 @@ _MSGPACK_ARRAY_MARKERS = frozenset([*range(0x90, 0xA0), 0xDC, 0xDD])
 def encode_envelope(envelope: EventEnvelope, codec: Codec = Codec.MSGPACK) -> bytes:
     if codec is Codec.JSON:
         return _json_encoder.encode(envelope)
-    return _msgpack_encoder.encode(envelope)
+    return msgpack_envelope_encoder.encode(envelope)
 
 
 def decode_envelope(data: bytes | memoryview, codec: Codec = Codec.MSGPACK) -> EventEnvelope:

@@ -19,6 +19,7 @@ from meshplane.core.envelope import (
     decode_envelope,
     encode_envelope,
     msgpack_envelope_decoder,
+    msgpack_envelope_encoder,
 )
 from meshplane.errors import (
     MalformedFrame,
@@ -61,7 +62,6 @@ class MessageType(IntEnum):
 _EVENT = MessageType.EVENT
 _MSGPACK_MAP_MARKERS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
 _decode_map_envelope = msgpack_envelope_decoder.decode
-_msgpack_encoder = msgspec.msgpack.Encoder()
 # The first four header bytes of nearly every version-2 message: an event, MessagePack, no flags.
 _EVENT_MSGPACK_HEAD = bytes([HEADER8_VERSION, MessageType.EVENT, Codec.MSGPACK, 0])
 
@@ -198,7 +198,7 @@ class ZmqEncoder:
         frame but the last): the publisher's hot path, with what is fixed per publisher bound once and
         the MessagePack layouts built without a frame list."""
         topic = self._routing_topic
-        encode = _msgpack_encoder.encode
+        encode = msgpack_envelope_encoder.encode
         if self._wire is WireFormat.HEADER8 and self._codec is Codec.MSGPACK:
             heads = _EVENT_HEADS
 
