@@ -23,6 +23,7 @@ from meshplane import Codec, EventEnvelope, EventPlane, PlaneConfig, Scope, Wire
 from meshplane.core.framing import encode_nats
 from meshplane.launchers import NatsServer
 from meshplane.transports.nats import NatsSubscriberTransport
+from meshplane.transports.zmq_native import native_receive
 from tests.conftest import make_config
 from tests.helpers import eventually
 
@@ -77,6 +78,16 @@ def zmq_config(tmp_path: Path) -> PlaneConfig:
     return make_config("zmq", "file", tmp_path, None, None)
 
 
+@pytest.fixture(params=["compiled", "pyzmq"])
+def receive_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ZeroMQ receive loops: the C one (the default where it is built) and pyzmq's."""
+    if request.param == "pyzmq":
+        monkeypatch.setenv("MESHPLANE_NO_EXTENSIONS", "1")
+    else:
+        assert native_receive() is not None, "the C extension was not built"
+    return str(request.param)
+
+
 @pytest.fixture
 async def raw_xpub() -> AsyncIterator[tuple[zmq.asyncio.Socket, str]]:
     """A plain socket standing in for a Dynamo publisher (an XPUB: a PUB that reports subscriptions)."""
@@ -117,7 +128,7 @@ async def test_meshplane_zmq_publisher_speaks_dynamo_frames(zmq_config: PlaneCon
 
 
 async def test_meshplane_subscriber_consumes_a_dynamo_publisher_and_survives_garbage(
-    zmq_config: PlaneConfig, raw_xpub: tuple[zmq.asyncio.Socket, str]
+    zmq_config: PlaneConfig, raw_xpub: tuple[zmq.asyncio.Socket, str], receive_path: str
 ) -> None:
     sock, endpoint = raw_xpub
     pid = 0x0007D4878FD52789
@@ -156,7 +167,7 @@ async def test_meshplane_subscriber_consumes_a_dynamo_publisher_and_survives_gar
 
 
 async def test_header8_garbage_costs_no_good_event_around_it(
-    zmq_config: PlaneConfig, raw_xpub: tuple[zmq.asyncio.Socket, str]
+    zmq_config: PlaneConfig, raw_xpub: tuple[zmq.asyncio.Socket, str], receive_path: str
 ) -> None:
     """The 8-byte-header fast path (its own topic, two frames) still checks every frame boundary: a
     bad message is counted, and the good events before and after it arrive."""

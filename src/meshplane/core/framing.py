@@ -63,7 +63,7 @@ _EVENT = MessageType.EVENT
 _MSGPACK_MAP_MARKERS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
 _decode_map_envelope = msgpack_envelope_decoder.decode
 # The first four header bytes of nearly every version-2 message: an event, MessagePack, no flags.
-_EVENT_MSGPACK_HEAD = bytes([HEADER8_VERSION, MessageType.EVENT, Codec.MSGPACK, 0])
+EVENT_MSGPACK_HEAD = bytes([HEADER8_VERSION, MessageType.EVENT, Codec.MSGPACK, 0])
 
 
 class Frame(NamedTuple):
@@ -92,7 +92,7 @@ def _event_head(length: int) -> bytes:
     """The header a version-2 message of ``length`` bytes has when it is an event in MessagePack, no flags."""
     if len(_EVENT_HEADS) >= _EVENT_HEADS_MAX:
         _EVENT_HEADS.clear()  # bounded whatever lengths arrive
-    head = _EVENT_HEADS[length] = _EVENT_MSGPACK_HEAD + (length - HEADER8_SIZE).to_bytes(4)
+    head = _EVENT_HEADS[length] = EVENT_MSGPACK_HEAD + (length - HEADER8_SIZE).to_bytes(4)
     return head
 
 

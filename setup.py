@@ -1,0 +1,16 @@
+"""The one thing pyproject.toml cannot say yet without an experimental table: the C extension.
+
+Optional: where it cannot be compiled, meshplane installs without it and receives through pyzmq.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "meshplane.transports._zmqbatch",
+            ["src/meshplane/transports/_zmqbatch.c"],
+            optional=True,
+        )
+    ]
+)

@@ -1,0 +1,261 @@
+/* Batched ZeroMQ receives for the subscriber's hot path (optional: zmq_batch.py falls back to pyzmq).
+ *
+ * receive() drains a SUB socket without blocking and, for the two common shapes under the subscriber's
+ * own routing topic (the 8-byte-header layout's 2 frames, Dynamo's 4 frames), checks the framing and
+ * calls the MessagePack decoder on the body, so an event costs no Python bytecode until the intake.
+ * Anything else (other shapes, other topics, heartbeats, bad headers, undecodable bodies, a decoder
+ * error of any kind) is handed back as its list of frames, and the Python decoders say what is wrong:
+ * this file only ever takes the path where nothing is wrong, so it defines no error of its own.
+ *
+ * libzmq is the one pyzmq loaded: its functions arrive as addresses through bind() (zmq_batch.py looks
+ * them up with ctypes), so nothing here links against a libzmq of its own.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+
+/* zmq.h's zmq_msg_t: 64 opaque bytes, pointer-aligned (stable across libzmq 4.x). */
+typedef struct {
+    void *align;
+    unsigned char rest[64 - sizeof(void *)];
+} zmq_msg;
+
+#define ZMQ_DONTWAIT_FLAG 1
+#define HEADER8_SIZE 8
+#define DYNAMO_HEADER_SIZE 5
+#define INLINE_FRAMES 4
+
+static int (*msg_init)(zmq_msg *);
+static int (*msg_recv)(zmq_msg *, void *, int);
+static int (*msg_close)(zmq_msg *);
+static void *(*msg_data)(zmq_msg *);
+static size_t (*msg_size)(const zmq_msg *);
+static int (*msg_more)(const zmq_msg *);
+static int (*zmq_errno_fn)(void);
+
+static unsigned char header8_event_head[4]; /* version 2, event, MessagePack, no flags */
+static PyObject *heartbeat_suffix;          /* str */
+static PyObject *str_publisher_id, *str_sequence, *str_topic;
+
+static int is_msgpack_map(unsigned char first) {
+    return (first >= 0x80 && first <= 0x8f) || first == 0xde || first == 0xdf;
+}
+
+static uint64_t be64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+static uint32_t be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+static PyObject *bind(PyObject *self, PyObject *args) {
+    unsigned long long a[7];
+    PyObject *head, *suffix;
+    if (!PyArg_ParseTuple(args, "KKKKKKKSU", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &head, &suffix))
+        return NULL;
+    if (PyBytes_GET_SIZE(head) != 4) {
+        PyErr_SetString(PyExc_ValueError, "the event head is 4 bytes");
+        return NULL;
+    }
+    msg_init = (int (*)(zmq_msg *))(uintptr_t)a[0];
+    msg_recv = (int (*)(zmq_msg *, void *, int))(uintptr_t)a[1];
+    msg_close = (int (*)(zmq_msg *))(uintptr_t)a[2];
+    msg_data = (void *(*)(zmq_msg *))(uintptr_t)a[3];
+    msg_size = (size_t(*)(const zmq_msg *))(uintptr_t)a[4];
+    msg_more = (int (*)(const zmq_msg *))(uintptr_t)a[5];
+    zmq_errno_fn = (int (*)(void))(uintptr_t)a[6];
+    memcpy(header8_event_head, PyBytes_AS_STRING(head), 4);
+    Py_INCREF(suffix);
+    Py_XSETREF(heartbeat_suffix, suffix);
+    Py_RETURN_NONE;
+}
+
+/* The envelope if the body decodes, else NULL with no exception set (the frames go the slow way). */
+static PyObject *decode_body(PyObject *decode, const unsigned char *body, size_t size) {
+    PyObject *data = PyBytes_FromStringAndSize((const char *)body, (Py_ssize_t)size);
+    if (data == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *envelope = PyObject_CallOneArg(decode, data);
+    Py_DECREF(data);
+    if (envelope == NULL) PyErr_Clear();
+    return envelope;
+}
+
+static int attr_equals(PyObject *obj, PyObject *name, uint64_t expected) {
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(value);
+    Py_DECREF(value);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return v == expected;
+}
+
+static int is_heartbeat_topic(PyObject *envelope) {
+    PyObject *topic = PyObject_GetAttr(envelope, str_topic);
+    if (topic == NULL) {
+        PyErr_Clear();
+        return 1; /* let the slow path say what is wrong */
+    }
+    int tail = PyUnicode_Check(topic) ? (int)PyUnicode_Tailmatch(topic, heartbeat_suffix, 0, PY_SSIZE_T_MAX, 1) : 1;
+    Py_DECREF(topic);
+    if (tail < 0) {
+        PyErr_Clear();
+        return 1;
+    }
+    return tail;
+}
+
+/* The event in frames[0..count), if the message is one of the two common shapes under `topic` and
+ * nothing about it is unusual; NULL otherwise (no exception set). */
+static PyObject *fast_event(zmq_msg *frames, int count, const char *topic, size_t topic_size,
+                            size_t max_bytes, PyObject *decode) {
+    if (msg_size(&frames[0]) != topic_size || memcmp(msg_data(&frames[0]), topic, topic_size) != 0)
+        return NULL;
+    if (count == 2) {
+        const unsigned char *data = msg_data(&frames[1]);
+        size_t size = msg_size(&frames[1]);
+        if (size <= HEADER8_SIZE || size - HEADER8_SIZE > max_bytes) return NULL;
+        if (memcmp(data, header8_event_head, 4) != 0 || be32(data + 4) != size - HEADER8_SIZE) return NULL;
+        if (!is_msgpack_map(data[HEADER8_SIZE])) return NULL;
+        return decode_body(decode, data + HEADER8_SIZE, size - HEADER8_SIZE);
+    }
+    if (count == 4) {
+        const unsigned char *data = msg_data(&frames[3]);
+        size_t size = msg_size(&frames[3]);
+        if (msg_size(&frames[1]) != 8 || msg_size(&frames[2]) != 8) return NULL;
+        if (size <= DYNAMO_HEADER_SIZE || size - DYNAMO_HEADER_SIZE > max_bytes) return NULL;
+        if (data[0] != 1 || be32(data + 1) != size - DYNAMO_HEADER_SIZE) return NULL;
+        if (!is_msgpack_map(data[DYNAMO_HEADER_SIZE])) return NULL;
+        PyObject *envelope = decode_body(decode, data + DYNAMO_HEADER_SIZE, size - DYNAMO_HEADER_SIZE);
+        if (envelope == NULL) return NULL;
+        if (!attr_equals(envelope, str_publisher_id, be64(msg_data(&frames[1]))) ||
+            !attr_equals(envelope, str_sequence, be64(msg_data(&frames[2]))) || is_heartbeat_topic(envelope)) {
+            Py_DECREF(envelope);
+            return NULL;
+        }
+        return envelope;
+    }
+    return NULL;
+}
+
+static PyObject *frame_bytes(zmq_msg *frame) {
+    return PyBytes_FromStringAndSize((const char *)msg_data(frame), (Py_ssize_t)msg_size(frame));
+}
+
+/* The frames as a list of bytes, receiving the rest of the message when it has more than we hold. */
+static PyObject *frame_list(zmq_msg *frames, int count, void *socket, int *recv_errno) {
+    PyObject *list = PyList_New(0);
+    if (list == NULL) return NULL;
+    int more = 0;
+    for (int i = 0; i < count; i++) {
+        PyObject *item = frame_bytes(&frames[i]);
+        if (item == NULL || PyList_Append(list, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(item);
+        more = msg_more(&frames[i]);
+    }
+    while (more) {
+        zmq_msg frame;
+        msg_init(&frame);
+        if (msg_recv(&frame, socket, ZMQ_DONTWAIT_FLAG) < 0) {
+            *recv_errno = zmq_errno_fn();
+            msg_close(&frame);
+            break; /* never happens (a message arrives whole); the short list is refused upstream */
+        }
+        more = msg_more(&frame);
+        PyObject *item = frame_bytes(&frame);
+        msg_close(&frame);
+        if (item == NULL || PyList_Append(list, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    return list;
+}
+
+/* receive(socket_address, topic, max_bytes, max_messages, decode, out) -> (unusual, errno)
+ *
+ * Appends to `out` up to max_messages items: an envelope for each common event, a list of frames
+ * for anything else (`unusual` counts those). errno is 0 when max_messages were read, else the error
+ * that ended the batch (EAGAIN when the socket is drained). */
+static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyBytes_Check(args[1]) || !PyList_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "receive(socket_address, topic, max_bytes, max_messages, decode, out)");
+        return NULL;
+    }
+    if (msg_recv == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "bind() was not called");
+        return NULL;
+    }
+    void *socket = PyLong_AsVoidPtr(args[0]);
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t max_messages = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    const char *topic = PyBytes_AS_STRING(args[1]);
+    size_t topic_size = (size_t)PyBytes_GET_SIZE(args[1]);
+    PyObject *decode = args[4], *out = args[5];
+    Py_ssize_t unusual = 0;
+    int recv_errno = 0;
+    for (Py_ssize_t n = 0; n < max_messages && recv_errno == 0; n++) {
+        zmq_msg frames[INLINE_FRAMES];
+        int count = 0, more = 1;
+        while (more && count < INLINE_FRAMES) {
+            msg_init(&frames[count]);
+            if (msg_recv(&frames[count], socket, ZMQ_DONTWAIT_FLAG) < 0) {
+                recv_errno = zmq_errno_fn();
+                msg_close(&frames[count]);
+                break;
+            }
+            more = msg_more(&frames[count]);
+            count++;
+        }
+        if (count == 0) break;
+        PyObject *item = more ? NULL : fast_event(frames, count, topic, topic_size, (size_t)max_bytes, decode);
+        if (item == NULL) {
+            item = frame_list(frames, count, socket, &recv_errno);
+            unusual++;
+        }
+        for (int i = 0; i < count; i++) msg_close(&frames[i]);
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            return NULL; /* out of memory: what was appended stays in `out` */
+        }
+        Py_DECREF(item);
+    }
+    return Py_BuildValue("ni", unusual, recv_errno);
+}
+
+static PyMethodDef methods[] = {
+    {"bind", bind, METH_VARARGS, "bind(7 libzmq function addresses, event head, heartbeat suffix)"},
+    {"receive", (PyCFunction)(void (*)(void))receive, METH_FASTCALL,
+     "receive(socket_address, topic, max_bytes, max_messages, decode, out) -> (unusual, errno)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_zmqbatch", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__zmqbatch(void) {
+    str_publisher_id = PyUnicode_InternFromString("publisher_id");
+    str_sequence = PyUnicode_InternFromString("sequence");
+    str_topic = PyUnicode_InternFromString("topic");
+    if (str_publisher_id == NULL || str_sequence == NULL || str_topic == NULL) return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,184 @@
+"""The compiled ZeroMQ receive loop (``_zmqbatch``) against the Python decoders, over real sockets.
+
+The C loop only takes the path where nothing is wrong and hands everything else back as frames; so for
+any mix of messages, good, damaged or foreign, what it returns (decoded by ``decode_frames`` where it
+handed frames back) must be exactly what the Python decoders make of the messages as sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import struct
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshplane.core.envelope import EventEnvelope, msgpack_envelope_decoder
+from meshplane.core.framing import HEARTBEAT_SUFFIX, MessageType, WireFormat, as_frame, encode_nats
+from meshplane.errors import WireError
+from meshplane.transports.zmq import decode_frames
+from meshplane.transports.zmq_native import NativeReceive, native_receive
+
+TOPIC = b"kv"
+u64 = st.integers(min_value=0, max_value=2**64 - 1)
+
+
+def _compiled() -> NativeReceive:
+    receive = native_receive()
+    assert receive is not None, "the C extension was not built: `pip install -e .` needs a C compiler"
+    return receive
+
+
+def test_the_extension_is_built_and_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert native_receive() is not None
+    monkeypatch.setenv("MESHPLANE_NO_EXTENSIONS", "1")
+    assert native_receive() is None
+
+
+@contextlib.contextmanager
+def socket_pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    sub.setsockopt(zmq.RCVHWM, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: foreign ones too must come back as frames
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    deadline = time.monotonic() + 10
+    while True:  # until the subscription has reached the publisher
+        pub.send(b"probe")
+        if sub.poll(50):
+            sub.recv()
+            while sub.poll(50):
+                sub.recv()
+            break
+        assert time.monotonic() < deadline, "the sockets never connected"
+    try:
+        yield pub, sub
+    finally:
+        pub.close(0)
+        sub.close(0)
+        ctx.term()
+
+
+def _header8(pid: int, seq: int, topic: str, payload: bytes, heartbeat: bool) -> list[bytes]:
+    envelope = EventEnvelope(pid, seq, 1769000000000, topic, payload)
+    kind = MessageType.HEARTBEAT if heartbeat else MessageType.EVENT
+    return [TOPIC, encode_nats(envelope, WireFormat.HEADER8, message_type=kind)]
+
+
+def _dynamo(pid: int, seq: int, topic: str, payload: bytes, frame_pid: int | None) -> list[bytes]:
+    body: bytes = msgpack.packb(
+        {"publisher_id": pid, "sequence": seq, "published_at": 1, "topic": topic, "payload": payload},
+        use_bin_type=True,
+    )
+    pid_frame = struct.pack(">Q", pid if frame_pid is None else frame_pid)
+    return [TOPIC, pid_frame, struct.pack(">Q", seq), struct.pack(">BI", 1, len(body)) + body]
+
+
+topics = st.sampled_from(["kv", "kv-events", "kv" + HEARTBEAT_SUFFIX, "", "ké"])
+payloads = st.binary(max_size=200)
+good_messages = st.one_of(
+    st.builds(_header8, u64, u64, topics, payloads, st.booleans()),
+    st.builds(_dynamo, u64, u64, topics, payloads, st.none() | u64),
+)
+
+
+@st.composite
+def damaged(draw: st.DrawFn) -> list[bytes]:
+    frames = [bytearray(f) for f in draw(good_messages)]
+    how = draw(st.sampled_from(["flip", "truncate", "extend", "add frame", "drop frame", "frame0"]))
+    index = draw(st.integers(0, len(frames) - 1))
+    frame = frames[index]
+    if how == "flip" and frame:
+        frame[draw(st.integers(0, len(frame) - 1))] ^= draw(st.integers(1, 255))
+    elif how == "truncate":
+        del frame[draw(st.integers(0, len(frame))) :]
+    elif how == "extend":
+        frame += draw(st.binary(min_size=1, max_size=4))
+    elif how == "add frame":
+        frames.insert(index, bytearray(draw(st.binary(max_size=8))))
+    elif how == "drop frame" and len(frames) > 1:
+        del frames[index]
+    elif how == "frame0":
+        frames[0] = bytearray(draw(st.sampled_from([b"k", b"kv-events", b"KV", b""])))
+    return [bytes(f) for f in frames]
+
+
+messages = st.one_of(good_messages, damaged(), st.lists(st.binary(max_size=12), min_size=1, max_size=6))
+
+
+def _outcome(item: Any) -> Any:
+    """What the intake would make of a received item: a Frame, or the error's kind and message."""
+    if isinstance(item, WireError):
+        return (type(item).__name__, str(item))
+    return as_frame(item, TOPIC)
+
+
+def _drain(
+    receive: NativeReceive, sub: zmq.Socket[bytes], expected: int, max_bytes: int, batch: int
+) -> list[Any]:
+    got: list[Any] = []
+    deadline = time.monotonic() + 10
+    while len(got) < expected:
+        out: list[Any] = []
+        decode = msgpack_envelope_decoder.decode
+        unusual, error = receive(sub.underlying, TOPIC, max_bytes, batch, decode, out)
+        assert len(out) <= batch
+        assert unusual == sum(type(item) is list for item in out)
+        assert error == (0 if len(out) == batch else errno.EAGAIN)
+        got += out
+        if not out:
+            assert time.monotonic() < deadline, f"{len(got)} of {expected} messages arrived"
+            sub.poll(10)
+    return got
+
+
+def test_compiled_receive_decides_every_message_as_the_python_decoders_do() -> None:
+    receive = _compiled()
+    with socket_pair() as (pub, sub):
+
+        @settings(max_examples=300, deadline=None)
+        @given(st.lists(messages, min_size=1, max_size=12), st.integers(8, 300), st.integers(1, 5))
+        def check(sent: list[list[bytes]], max_bytes: int, batch: int) -> None:
+            for frames in sent:
+                pub.send_multipart(frames)
+            got = _drain(receive, sub, len(sent), max_bytes, batch)
+            for frames, item in zip(sent, got, strict=True):
+                expected = decode_frames(frames, TOPIC, max_bytes)
+                if type(item) is list:
+                    assert item == frames  # handed back whole
+                    item = decode_frames(item, TOPIC, max_bytes)
+                else:  # decoded in C: only ever a good event under our own topic
+                    assert isinstance(item, EventEnvelope)
+                    assert isinstance(expected, EventEnvelope)
+                assert _outcome(item) == _outcome(expected)
+
+        check()
+
+
+def test_compiled_receive_takes_the_common_shapes_itself() -> None:
+    """Good events under the subscriber's topic come back decoded, not as frames (else the C loop would
+    be correct but useless); heartbeats, foreign topics and oversized bodies come back as frames."""
+    receive = _compiled()
+    with socket_pair() as (pub, sub):
+        common = [_header8(7, 1, "kv", b"a", False), _dynamo(7, 2, "kv", b"b", None)]
+        unusual = [
+            _header8(7, 3, "kv", b"c", True),  # heartbeat
+            _dynamo(7, 4, "kv" + HEARTBEAT_SUFFIX, b"d", None),  # Dynamo heartbeat
+            _dynamo(7, 5, "kv", b"e", 8),  # publisher id frame disagrees
+            [b"kv-events", _header8(7, 6, "kv", b"f", False)[1]],  # another topic
+            _header8(7, 7, "kv", b"g" * 500, False),  # over max_bytes
+        ]
+        for frames in common + unusual:
+            pub.send_multipart(frames)
+        got = _drain(receive, sub, len(common) + len(unusual), 300, 100)
+        assert [(e.sequence, e.payload) for e in got[:2]] == [(1, b"a"), (2, b"b")]
+        assert got[2:] == unusual
