@@ -5,14 +5,17 @@ the previous one and is timed over the same events, so the difference between tw
 layer costs per event:
 
 - subscriber (the socket is filled first, then drained: no waiting in the figures)
-  ``recv``: the raw receive loop (two zero-copy receives, ``Frame.more``, ``.bytes``: what the raw peer
-  of ``bench/event_plane.py`` does); ``+ decode``: ``ZmqSubscriberTransport.receive`` (the same receives,
-  then the frame checks and the envelope decode); ``+ intake``: ``Intake.accept`` (topic check,
-  liveness, sequence tracking); ``+ iteration``: the whole ``EventSubscriber``, ``async for`` one event
-  at a time; ``batches()``: the same, ``async for batch in sub.batches()``.
-- publisher (a connected subscriber that does not read): ``send``: two raw sends of pre-built frames;
-  ``+ envelope``: building and encoding the envelope as ``publish`` does; ``publish``: ``await
-  pub.publish(payload)``; ``publish_many``: 1000 at a time.
+  ``recv (pyzmq)``: the raw receive loop (two zero-copy receives, ``Frame.more``, ``.bytes``: what the
+  raw peer of ``bench/event_plane.py`` does); ``+ decode (pyzmq)``: ``ZmqSubscriberTransport.receive``
+  without the C extension (the same receives, then the frame checks and the envelope decode);
+  ``receive + decode (C)``: the same with the compiled receive loop (the default);
+  ``+ intake``: ``Intake.accept`` (topic check, liveness, sequence tracking); ``+ iteration``: the whole
+  ``EventSubscriber``, ``async for`` one event at a time; ``batches()``: ``async for batch in
+  sub.batches()``.
+- publisher (a connected subscriber that does not read): ``send (pyzmq)``: two raw sends of pre-built
+  frames; ``+ envelope (pyzmq)``: building and encoding the envelope as ``publish`` does without the C
+  extension; ``publish (pyzmq)``: ``await pub.publish(payload)`` without it; ``publish (C)``: with the
+  compiled sender (the default); ``publish_many``: 1000 at a time.
 
     python bench/event_plane_profile.py [--events 200000] [--repeat 5] [--wire header8|dynamo]
 
@@ -40,6 +43,7 @@ from meshplane.core.envelope import Codec, EventEnvelope
 from meshplane.core.framing import ZmqEncoder
 from meshplane.core.intake import Intake
 from meshplane.transports.zmq import Readable, ZmqSubscriberTransport, direct_send
+from meshplane.transports.zmq_native import native_receive
 
 TOPIC = "bench"
 PAYLOAD = b"x" * 100
@@ -96,10 +100,11 @@ class Stages:
         sub.close(0)
         return elapsed
 
-    async def _transport(self, ctx: Any, intake: Intake | None) -> float:
+    async def _transport(self, ctx: Any, intake: Intake | None, compiled: bool = True) -> float:
         pub, sub = await self._filled_socket(ctx)
         transport = ZmqSubscriberTransport(ctx, TOPIC.encode(), 0, 8 * 1024 * 1024)
         transport._socket, transport._readable = sub, Readable(sub)  # the filled socket
+        transport._native = native_receive() if compiled else None
         left = self.events
         started = time.thread_time()
         while left > 0:
@@ -111,6 +116,9 @@ class Stages:
         await transport.close()
         pub.close(0)
         return elapsed
+
+    async def sub_decode_pyzmq(self, ctx: Any) -> float:
+        return await self._transport(ctx, None, compiled=False)
 
     async def sub_decode(self, ctx: Any) -> float:
         return await self._transport(ctx, None)
@@ -196,6 +204,17 @@ class Stages:
 
         return await self._publisher(body)
 
+    async def pub_publish_pyzmq(self, ctx: Any) -> float:
+        async def body(pub: Any) -> float:
+            pub._transport.send_payload = None  # as without the C extension: envelopes through pyzmq
+            publish = pub.publish
+            started = time.thread_time()
+            for _ in range(self.events):
+                await publish(PAYLOAD)
+            return time.thread_time() - started
+
+        return await self._publisher(body)
+
     async def pub_publish(self, ctx: Any) -> float:
         async def body(pub: Any) -> float:
             publish = pub.publish
@@ -223,16 +242,18 @@ def _with_more(frames: list[bytes]) -> list[tuple[bytes, bool]]:
 
 STAGES = {
     "subscriber": [
-        ("recv", "sub_recv"),
-        ("+ decode", "sub_decode"),
+        ("recv (pyzmq)", "sub_recv"),
+        ("+ decode (pyzmq)", "sub_decode_pyzmq"),
+        ("receive + decode (C)", "sub_decode"),
         ("+ intake", "sub_intake"),
         ("+ iteration (async for)", "sub_iteration"),
         ("batches()", "sub_batches"),
     ],
     "publisher": [
-        ("send", "pub_send"),
-        ("+ envelope", "pub_envelope"),
-        ("publish", "pub_publish"),
+        ("send (pyzmq)", "pub_send"),
+        ("+ envelope (pyzmq)", "pub_envelope"),
+        ("publish (pyzmq)", "pub_publish_pyzmq"),
+        ("publish (C)", "pub_publish"),
         ("publish_many", "pub_publish_many"),
     ],
 }

@@ -85,12 +85,14 @@ class EventPublisher(PlaneMember):
         # bytes within the limit, the common case, without a call; anything else is checked there
         payload = event if type(event) is bytes and len(event) <= self._max_bytes else self._payload(event)
         sequence = self._sequence
-        envelope = EventEnvelope(self.publisher_id, sequence, time_ns() // 1_000_000, self.topic, payload)
-        send_now = self._transport.send_now
-        if send_now is not None:
-            send_now(envelope)
-        else:
-            await self._transport.send(envelope)
+        send_payload = self._transport.send_payload
+        if send_payload is None or send_payload(sequence, payload):
+            envelope = EventEnvelope(self.publisher_id, sequence, time_ns() // 1_000_000, self.topic, payload)
+            send_now = self._transport.send_now
+            if send_now is not None:
+                send_now(envelope)
+            else:
+                await self._transport.send(envelope)
         self._sequence = sequence + 1
         return sequence
 
@@ -106,8 +108,17 @@ class EventPublisher(PlaneMember):
         payloads = [self._payload(event) for event in events]
         first = self._sequence
         self._sequence = first + len(payloads)
-        now_ms = time_ns() // 1_000_000
         publisher_id, topic = self.publisher_id, self.topic
+        transport = self._transport
+        if transport.send_payload is not None:
+            for sequence, payload in enumerate(payloads, first):
+                # read for every event: after an await the transport may be closed (the sender is then None)
+                send_payload = transport.send_payload
+                if send_payload is None or send_payload(sequence, payload):
+                    now_ms = time_ns() // 1_000_000
+                    await transport.send(EventEnvelope(publisher_id, sequence, now_ms, topic, payload))
+            return range(first, self._sequence)
+        now_ms = time_ns() // 1_000_000
         await self._transport.send_many(
             [EventEnvelope(publisher_id, first + i, now_ms, topic, p) for i, p in enumerate(payloads)]
         )

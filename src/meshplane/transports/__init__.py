@@ -56,6 +56,7 @@ async def create_publisher_transport(
             cfg.broker_fanout,
             shared.curve,
             wait_when_full=cfg.send_when_full == "wait",
+            envelope_topic=topic,
         )
     elif cfg.event_plane == "mem":
         from meshplane.transports.memory import MemoryPublisherTransport
@@ -91,6 +92,7 @@ async def create_publisher_transport(
             cfg.codec,
             shared.curve,
             wait_when_full=cfg.send_when_full == "wait",
+            envelope_topic=topic,
         )
     await transport.start()
     return transport

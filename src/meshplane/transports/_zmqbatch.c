@@ -1,4 +1,8 @@
-/* Batched ZeroMQ receives for the subscriber's hot path (optional: zmq_batch.py falls back to pyzmq).
+/* The event plane's ZeroMQ hot paths in C (optional: zmq_native.py falls back to pyzmq).
+ *
+ * send_event() builds one event's frames straight into ZeroMQ messages: the envelope's MessagePack map
+ * from a template fixed per publisher (zmq_native.py checks it against msgspec's own encoding before
+ * using it), the sequence and the clock written in, then the frames sent without blocking.
  *
  * receive() drains a SUB socket without blocking and, for the two common shapes under the subscriber's
  * own routing topic (the 8-byte-header layout's 2 frames, Dynamo's 4 frames), checks the framing and
@@ -15,6 +19,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 /* zmq.h's zmq_msg_t: 64 opaque bytes, pointer-aligned (stable across libzmq 4.x). */
 typedef struct {
@@ -23,6 +28,7 @@ typedef struct {
 } zmq_msg;
 
 #define ZMQ_DONTWAIT_FLAG 1
+#define ZMQ_SNDMORE_FLAG 2
 #define HEADER8_SIZE 8
 #define DYNAMO_HEADER_SIZE 5
 #define INLINE_FRAMES 4
@@ -34,6 +40,9 @@ static void *(*msg_data)(zmq_msg *);
 static size_t (*msg_size)(const zmq_msg *);
 static int (*msg_more)(const zmq_msg *);
 static int (*zmq_errno_fn)(void);
+static int (*msg_init_size)(zmq_msg *, size_t);
+static int (*msg_send)(zmq_msg *, void *, int);
+static int (*send_bytes)(void *, const void *, size_t, int);
 
 static unsigned char header8_event_head[4]; /* version 2, event, MessagePack, no flags */
 static PyObject *heartbeat_suffix;          /* str */
@@ -54,9 +63,10 @@ static uint32_t be32(const unsigned char *p) {
 }
 
 static PyObject *bind(PyObject *self, PyObject *args) {
-    unsigned long long a[7];
+    unsigned long long a[10];
     PyObject *head, *suffix;
-    if (!PyArg_ParseTuple(args, "KKKKKKKSU", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &head, &suffix))
+    if (!PyArg_ParseTuple(args, "KKKKKKKKKKSU", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7], &a[8],
+                          &a[9], &head, &suffix))
         return NULL;
     if (PyBytes_GET_SIZE(head) != 4) {
         PyErr_SetString(PyExc_ValueError, "the event head is 4 bytes");
@@ -69,6 +79,9 @@ static PyObject *bind(PyObject *self, PyObject *args) {
     msg_size = (size_t(*)(const zmq_msg *))(uintptr_t)a[4];
     msg_more = (int (*)(const zmq_msg *))(uintptr_t)a[5];
     zmq_errno_fn = (int (*)(void))(uintptr_t)a[6];
+    msg_init_size = (int (*)(zmq_msg *, size_t))(uintptr_t)a[7];
+    msg_send = (int (*)(zmq_msg *, void *, int))(uintptr_t)a[8];
+    send_bytes = (int (*)(void *, const void *, size_t, int))(uintptr_t)a[9];
     memcpy(header8_event_head, PyBytes_AS_STRING(head), 4);
     Py_INCREF(suffix);
     Py_XSETREF(heartbeat_suffix, suffix);
@@ -243,8 +256,124 @@ static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return Py_BuildValue("ni", unusual, recv_errno);
 }
 
+
+/* MessagePack's smallest encoding of an unsigned integer, as msgspec writes it. */
+static int uint_bytes(uint64_t v) { return v < 0x80 ? 0 : v <= 0xff ? 1 : v <= 0xffff ? 2 : v <= 0xffffffffULL ? 4 : 8; }
+
+static size_t put_uint(unsigned char *p, uint64_t v) {
+    int bytes = uint_bytes(v);
+    if (bytes == 0) {
+        p[0] = (unsigned char)v;
+        return 1;
+    }
+    p[0] = bytes == 1 ? 0xcc : bytes == 2 ? 0xcd : bytes == 4 ? 0xce : 0xcf;
+    for (int i = 0; i < bytes; i++) p[1 + i] = (unsigned char)(v >> (8 * (bytes - 1 - i)));
+    return 1 + (size_t)bytes;
+}
+
+static size_t bin_header_size(size_t n) { return n <= 0xff ? 2 : n <= 0xffff ? 3 : 5; }
+
+static size_t put_bin_header(unsigned char *p, size_t n) {
+    if (n <= 0xff) {
+        p[0] = 0xc4;
+        p[1] = (unsigned char)n;
+        return 2;
+    }
+    if (n <= 0xffff) {
+        p[0] = 0xc5;
+        p[1] = (unsigned char)(n >> 8);
+        p[2] = (unsigned char)n;
+        return 3;
+    }
+    p[0] = 0xc6;
+    for (int i = 0; i < 4; i++) p[1 + i] = (unsigned char)(n >> (8 * (3 - i)));
+    return 5;
+}
+
+static void put_be(unsigned char *p, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * (bytes - 1 - i)));
+}
+
+static uint64_t unix_ms(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return (uint64_t)now.tv_sec * 1000 + (uint64_t)now.tv_nsec / 1000000;
+}
+
+/* A send failed after the message's first frame went (ZeroMQ accepts a message's frames together, so
+ * only ETERM or ENOMEM): the socket is mid-message and sending it again would corrupt it; raise. */
+static PyObject *mid_message_error(void) {
+    errno = zmq_errno_fn();
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+/* send_event(socket_address, topic, pid_frame, prefix, middle, suffix, sequence, payload) -> errno
+ *
+ * One event: with pid_frame None the 8-byte-header layout (topic, header + body), else Dynamo's
+ * (topic, publisher id, sequence, version + length + body). The body is prefix, the sequence, middle,
+ * the current Unix milliseconds, suffix and the payload as MessagePack bin. Returns 0 when sent, else
+ * the errno of the first frame's send, before anything was sent (EAGAIN: the queue is full under
+ * XPUB_NODROP); the caller then takes pyzmq's path, which waits or raises. A failure after the first
+ * frame raises OSError. */
+static PyObject *send_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8 || !PyBytes_Check(args[1]) || !PyBytes_Check(args[3]) || !PyBytes_Check(args[4]) ||
+        !PyBytes_Check(args[5]) || !PyBytes_Check(args[7]) || (args[2] != Py_None && !PyBytes_Check(args[2]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "send_event(socket_address, topic, pid_frame, prefix, middle, suffix, sequence, payload)");
+        return NULL;
+    }
+    void *socket = PyLong_AsVoidPtr(args[0]);
+    uint64_t sequence = PyLong_AsUnsignedLongLong(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    int dynamo = args[2] != Py_None;
+    size_t prefix = (size_t)PyBytes_GET_SIZE(args[3]), middle = (size_t)PyBytes_GET_SIZE(args[4]);
+    size_t suffix = (size_t)PyBytes_GET_SIZE(args[5]), payload = (size_t)PyBytes_GET_SIZE(args[7]);
+    size_t head = dynamo ? DYNAMO_HEADER_SIZE : HEADER8_SIZE;
+    uint64_t now = unix_ms();
+    size_t body = prefix + 1 + (size_t)uint_bytes(sequence) + middle + 1 + (size_t)uint_bytes(now) + suffix +
+                  bin_header_size(payload) + payload;
+    if (body > 0xffffffffULL) return PyLong_FromLong(EMSGSIZE); /* the 4-byte length cannot say it */
+
+    if (send_bytes(socket, PyBytes_AS_STRING(args[1]), (size_t)PyBytes_GET_SIZE(args[1]),
+                   ZMQ_SNDMORE_FLAG | ZMQ_DONTWAIT_FLAG) < 0)
+        return PyLong_FromLong(zmq_errno_fn());
+    int more = ZMQ_SNDMORE_FLAG | ZMQ_DONTWAIT_FLAG;
+    if (dynamo) {
+        unsigned char seq_frame[8];
+        put_be(seq_frame, sequence, 8);
+        if (send_bytes(socket, PyBytes_AS_STRING(args[2]), 8, more) < 0 || send_bytes(socket, seq_frame, 8, more) < 0)
+            return mid_message_error();
+    }
+    zmq_msg message;
+    if (msg_init_size(&message, head + body) < 0) return mid_message_error();
+    unsigned char *start = msg_data(&message), *p = start + head;
+    memcpy(p, PyBytes_AS_STRING(args[3]), prefix);
+    p += prefix;
+    p += put_uint(p, sequence);
+    memcpy(p, PyBytes_AS_STRING(args[4]), middle);
+    p += middle;
+    p += put_uint(p, now);
+    memcpy(p, PyBytes_AS_STRING(args[5]), suffix);
+    p += suffix;
+    p += put_bin_header(p, payload);
+    memcpy(p, PyBytes_AS_STRING(args[7]), payload);
+    if (dynamo) {
+        start[0] = 1;
+        put_be(start + 1, body, 4);
+    } else {
+        memcpy(start, header8_event_head, 4);
+        put_be(start + 4, body, 4);
+    }
+    int rc = msg_send(&message, socket, ZMQ_DONTWAIT_FLAG);
+    msg_close(&message);
+    if (rc < 0) return mid_message_error();
+    return PyLong_FromLong(0);
+}
+
 static PyMethodDef methods[] = {
-    {"bind", bind, METH_VARARGS, "bind(7 libzmq function addresses, event head, heartbeat suffix)"},
+    {"bind", bind, METH_VARARGS, "bind(10 libzmq function addresses, event head, heartbeat suffix)"},
+    {"send_event", (PyCFunction)(void (*)(void))send_event, METH_FASTCALL,
+     "send_event(socket_address, topic, pid_frame, prefix, middle, suffix, sequence, payload) -> errno"},
     {"receive", (PyCFunction)(void (*)(void))receive, METH_FASTCALL,
      "receive(socket_address, topic, max_bytes, max_messages, decode, out) -> (unusual, errno)"},
     {NULL, NULL, 0, NULL},

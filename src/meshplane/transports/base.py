@@ -22,6 +22,10 @@ class PublisherTransport(abc.ABC):
     #: A synchronous ``send``, where sending never waits (ZeroMQ): ``publish`` calls it and saves a
     #: coroutine per event. None: ``publish`` awaits ``send``.
     send_now: Callable[[EventEnvelope], None] | None = None
+    #: Where the transport can build the envelope itself (ZeroMQ's compiled sender):
+    #: ``send_payload(sequence, payload)`` sends the publisher's event with the current time and returns
+    #: 0, or returns an errno having sent nothing, and ``publish`` then takes the envelope path.
+    send_payload: Callable[[int, bytes], int] | None = None
 
     @abc.abstractmethod
     async def start(self) -> None: ...

@@ -30,7 +30,7 @@ from meshplane.core.records import TRANSPORT_ZMQ, EventChannel
 from meshplane.errors import TransportError, WireError
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
 from meshplane.transports.curve import Curve
-from meshplane.transports.zmq_native import NativeReceive, native_receive
+from meshplane.transports.zmq_native import NativeReceive, native_receive, native_sender
 
 log = logging.getLogger(__name__)
 _MAX_BATCH = 4096
@@ -127,11 +127,16 @@ class XPubPublisher(PublisherTransport):
         codec: Codec,
         curve: Curve | None = None,
         wait_when_full: bool = False,
+        envelope_topic: str | None = None,
     ) -> None:
         self._context = context
         self._curve = curve
         self._routing_topic = routing_topic
         self._publisher_id = publisher_id
+        self._envelope_topic = (
+            envelope_topic  # the publisher's topic: lets the compiled sender build envelopes
+        )
+        self._wire, self._codec = WireFormat(wire), codec
         self._encoder = ZmqEncoder(routing_topic, publisher_id, wire, codec)
         self._sndhwm = sndhwm
         self._wait_when_full = wait_when_full
@@ -150,6 +155,10 @@ class XPubPublisher(PublisherTransport):
         # the whole message instead (EAGAIN on its first frame), and ``send`` waits for room.
         # Frame by frame: pyzmq's send_multipart re-validates every frame, which costs more than the send.
         self._send_event = self._encoder.event_sender(direct_send(sock), _MORE, zmq.NOBLOCK)
+        if self._envelope_topic is not None:
+            self.send_payload = native_sender(
+                sock, self._routing_topic, self._publisher_id, self._envelope_topic, self._wire, self._codec
+            )
         if self._wait_when_full:
             sock.setsockopt(zmq.XPUB_NODROP, 1)
             self.send_now = None  # publish awaits send(), which can wait
@@ -213,6 +222,7 @@ class XPubPublisher(PublisherTransport):
 
     async def close(self) -> None:
         self._send_event = self._send_closed
+        self.send_payload = None  # holds the socket's address
         if self.send_now is not None:
             self.send_now = self._send_closed
         if self._socket is not None:
@@ -234,8 +244,11 @@ class ZmqPublisherTransport(XPubPublisher):
         codec: Codec,
         curve: Curve | None = None,
         wait_when_full: bool = False,
+        envelope_topic: str | None = None,
     ) -> None:
-        super().__init__(context, routing_topic, publisher_id, sndhwm, wire, codec, curve, wait_when_full)
+        super().__init__(
+            context, routing_topic, publisher_id, sndhwm, wire, codec, curve, wait_when_full, envelope_topic
+        )
         self._host = host
         self._endpoint = ""
 

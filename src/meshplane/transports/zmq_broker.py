@@ -166,8 +166,11 @@ class ZmqBrokerPublisherTransport(XPubPublisher):
         fanout: int,
         curve: Curve | None = None,
         wait_when_full: bool = False,
+        envelope_topic: str | None = None,
     ) -> None:
-        super().__init__(context, subject, publisher_id, sndhwm, wire, codec, curve, wait_when_full)
+        super().__init__(
+            context, subject, publisher_id, sndhwm, wire, codec, curve, wait_when_full, envelope_topic
+        )
         self._directory = directory
         self._fanout = fanout
         self._connected: dict[str, str] = {}  # broker key -> xsub endpoint

@@ -1,25 +1,35 @@
-"""The subscriber's compiled receive loop (``_zmqbatch.c``), bound to the libzmq that pyzmq loaded.
+"""The ZeroMQ hot paths in C (``_zmqbatch.c``), bound to the libzmq that pyzmq loaded.
 
 Optional: without the extension (no C compiler at install, another pyzmq backend, or
-``MESHPLANE_NO_EXTENSIONS=1``) :func:`native_receive` is None and the transport receives through pyzmq.
-The C loop takes only the path where nothing is wrong; every other message comes back as its frames
-for the Python decoders, so both paths accept and refuse exactly the same messages.
+``MESHPLANE_NO_EXTENSIONS=1``) :func:`native_receive` and :func:`native_sender` are None and the
+transports go through pyzmq. The receive loop takes only the path where nothing is wrong; every other
+message comes back as its frames for the Python decoders, so both paths accept and refuse exactly the
+same messages. The sender writes the envelope from a template that must be msgspec's own encoding.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
+import struct
+import types
 from collections.abc import Callable
 from typing import Any
 
-from meshplane.core.framing import EVENT_MSGPACK_HEAD, HEARTBEAT_SUFFIX
+import msgspec
+import zmq
+
+from meshplane.core.envelope import Codec, EventEnvelope, msgpack_envelope_encoder
+from meshplane.core.framing import EVENT_MSGPACK_HEAD, HEARTBEAT_SUFFIX, WireFormat
 
 log = logging.getLogger(__name__)
 
 #: ``receive(socket_address, topic, max_bytes, max_messages, decode, out) -> (unusual, errno)``
 NativeReceive = Callable[[int, bytes, int, int, Callable[[bytes], Any], list[Any]], tuple[int, int]]
+#: ``send(sequence, payload) -> errno``: 0 when sent, else nothing was sent (see ``send_event`` in C)
+NativeSend = Callable[[int, bytes], int]
 
 _LIBZMQ_FUNCTIONS = (
     "zmq_msg_init",
@@ -29,10 +39,13 @@ _LIBZMQ_FUNCTIONS = (
     "zmq_msg_size",
     "zmq_msg_more",
     "zmq_errno",
+    "zmq_msg_init_size",
+    "zmq_msg_send",
+    "zmq_send",
 )
 
 
-def _load() -> NativeReceive | None:
+def _load() -> types.ModuleType | None:
     try:
         import zmq.backend.cython._zmq as pyzmq_backend
 
@@ -48,15 +61,50 @@ def _load() -> NativeReceive | None:
         log.info("compiled ZeroMQ receive unavailable (%s); receiving through pyzmq", exc)
         return None
     _zmqbatch.bind(*addresses, EVENT_MSGPACK_HEAD, HEARTBEAT_SUFFIX)
-    receive: NativeReceive = _zmqbatch.receive
-    return receive
+    module: types.ModuleType = _zmqbatch
+    return module
 
 
 _NATIVE = _load()
 
 
-def native_receive() -> NativeReceive | None:
-    """The compiled loop, unless ``MESHPLANE_NO_EXTENSIONS`` is set (read at each subscriber's start)."""
+def _enabled() -> types.ModuleType | None:
+    """The extension, unless ``MESHPLANE_NO_EXTENSIONS`` is set (read at each socket's opening)."""
     if os.environ.get("MESHPLANE_NO_EXTENSIONS", "") not in ("", "0"):
         return None
     return _NATIVE
+
+
+def native_receive() -> NativeReceive | None:
+    """The compiled receive loop (``receive`` in C), or None."""
+    native = _enabled()
+    return None if native is None else native.receive  # type: ignore[no-any-return]
+
+
+def native_sender(
+    sock: zmq.Socket[bytes],
+    routing_topic: bytes,
+    publisher_id: int,
+    envelope_topic: str,
+    wire: WireFormat,
+    codec: Codec,
+) -> NativeSend | None:
+    """A compiled send of one publisher's events, ``send(sequence, payload)``; None without the
+    extension, for codecs other than MessagePack, or if msgspec would encode the envelope otherwise."""
+    native = _enabled()
+    if native is None or codec is not Codec.MSGPACK:
+        return None
+    pack = msgspec.msgpack.encode
+    prefix = b"\x85" + pack("publisher_id") + pack(publisher_id) + pack("sequence")
+    middle = pack("published_at")
+    suffix = pack("topic") + pack(envelope_topic) + pack("payload")
+    # The template is trusted only as far as it reproduces msgspec's encoding of this publisher's envelope.
+    sample = msgpack_envelope_encoder.encode(EventEnvelope(publisher_id, 0, 0, envelope_topic, b""))
+    if sample != prefix + pack(0) + middle + pack(0) + suffix + pack(b""):
+        log.warning("msgspec encodes envelopes differently than expected; sending through pyzmq")
+        return None
+    pid_frame = struct.pack(">Q", publisher_id) if wire is WireFormat.DYNAMO else None
+    send: NativeSend = functools.partial(
+        native.send_event, sock.underlying, routing_topic, pid_frame, prefix, middle, suffix
+    )
+    return send

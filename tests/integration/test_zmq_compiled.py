@@ -1,8 +1,9 @@
-"""The compiled ZeroMQ receive loop (``_zmqbatch``) against the Python decoders, over real sockets.
+"""The compiled ZeroMQ paths (``_zmqbatch``) against the Python codec, over real sockets.
 
-The C loop only takes the path where nothing is wrong and hands everything else back as frames; so for
-any mix of messages, good, damaged or foreign, what it returns (decoded by ``decode_frames`` where it
-handed frames back) must be exactly what the Python decoders make of the messages as sent.
+The receive loop only takes the path where nothing is wrong and hands everything else back as frames;
+so for any mix of messages, good, damaged or foreign, what it returns (decoded by ``decode_frames`` where
+it handed frames back) must be exactly what the Python decoders make of the messages as sent. The sender
+must put on the wire, byte for byte, what the Python encoder sends for the same envelope.
 """
 
 from __future__ import annotations
@@ -20,11 +21,19 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshplane.core.envelope import EventEnvelope, msgpack_envelope_decoder
-from meshplane.core.framing import HEARTBEAT_SUFFIX, MessageType, WireFormat, as_frame, encode_nats
+from meshplane.core.envelope import Codec, EventEnvelope, msgpack_envelope_decoder
+from meshplane.core.framing import (
+    HEARTBEAT_SUFFIX,
+    MessageType,
+    WireFormat,
+    ZmqEncoder,
+    as_frame,
+    decode_zmq,
+    encode_nats,
+)
 from meshplane.errors import WireError
 from meshplane.transports.zmq import decode_frames
-from meshplane.transports.zmq_native import NativeReceive, native_receive
+from meshplane.transports.zmq_native import NativeReceive, native_receive, native_sender
 
 TOPIC = b"kv"
 u64 = st.integers(min_value=0, max_value=2**64 - 1)
@@ -38,8 +47,12 @@ def _compiled() -> NativeReceive:
 
 def test_the_extension_is_built_and_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert native_receive() is not None
-    monkeypatch.setenv("MESHPLANE_NO_EXTENSIONS", "1")
-    assert native_receive() is None
+    with socket_pair() as (pub, _):
+        assert native_sender(pub, TOPIC, 1, "kv", WireFormat.HEADER8, Codec.MSGPACK) is not None
+        assert native_sender(pub, TOPIC, 1, "kv", WireFormat.HEADER8, Codec.JSON) is None
+        monkeypatch.setenv("MESHPLANE_NO_EXTENSIONS", "1")
+        assert native_receive() is None
+        assert native_sender(pub, TOPIC, 1, "kv", WireFormat.HEADER8, Codec.MSGPACK) is None
 
 
 @contextlib.contextmanager
@@ -182,3 +195,37 @@ def test_compiled_receive_takes_the_common_shapes_itself() -> None:
         got = _drain(receive, sub, len(common) + len(unusual), 300, 100)
         assert [(e.sequence, e.payload) for e in got[:2]] == [(1, b"a"), (2, b"b")]
         assert got[2:] == unusual
+
+
+payload_lengths = st.sampled_from([0, 1, 127, 255, 256, 65535, 65536, 70000])
+
+
+def test_compiled_sender_sends_what_the_python_encoder_sends() -> None:
+    """Every integer width of publisher id, sequence and clock, every bin and str length class, both
+    layouts, any routing topic: the frames equal ``ZmqEncoder``'s for the envelope that was sent, and
+    its ``published_at`` is the clock at the call."""
+    with socket_pair() as (pub, sub):
+
+        @settings(max_examples=300, deadline=None)
+        @given(
+            u64,
+            u64,
+            st.text(max_size=300),
+            st.binary(max_size=300) | payload_lengths.map(bytes),
+            st.sampled_from(WireFormat),
+            st.binary(min_size=1, max_size=40),
+        )
+        def check(pid: int, seq: int, topic: str, payload: bytes, wire: WireFormat, routing: bytes) -> None:
+            send = native_sender(pub, routing, pid, topic, wire, Codec.MSGPACK)
+            assert send is not None
+            before = time.time_ns() // 1_000_000
+            assert send(seq, payload) == 0
+            after = time.time_ns() // 1_000_000
+            assert sub.poll(10_000)
+            frames = sub.recv_multipart()
+            envelope = decode_zmq(frames).envelope
+            assert before <= envelope.published_at <= after
+            expected = EventEnvelope(pid, seq, envelope.published_at, topic, payload)
+            assert frames == ZmqEncoder(routing, pid, wire, Codec.MSGPACK).encode(expected)
+
+        check()
