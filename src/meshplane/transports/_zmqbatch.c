@@ -65,7 +65,7 @@ static uint32_t be32(const unsigned char *p) {
 static PyObject *bind(PyObject *self, PyObject *args) {
     unsigned long long a[10];
     PyObject *head, *suffix;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKKKSU", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7], &a[8],
+    if (!PyArg_ParseTuple(args, "(KKKKKKKKKK)SU", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &a[6], &a[7], &a[8],
                           &a[9], &head, &suffix))
         return NULL;
     if (PyBytes_GET_SIZE(head) != 4) {
@@ -371,7 +371,7 @@ static PyObject *send_event(PyObject *self, PyObject *const *args, Py_ssize_t na
 }
 
 static PyMethodDef methods[] = {
-    {"bind", bind, METH_VARARGS, "bind(10 libzmq function addresses, event head, heartbeat suffix)"},
+    {"bind", bind, METH_VARARGS, "bind((10 libzmq function addresses), event head, heartbeat suffix)"},
     {"send_event", (PyCFunction)(void (*)(void))send_event, METH_FASTCALL,
      "send_event(socket_address, topic, pid_frame, prefix, middle, suffix, sequence, payload) -> errno"},
     {"receive", (PyCFunction)(void (*)(void))receive, METH_FASTCALL,

@@ -49,18 +49,21 @@ def _load() -> types.ModuleType | None:
     try:
         import zmq.backend.cython._zmq as pyzmq_backend
 
-        from meshplane.transports import _zmqbatch  # type: ignore[attr-defined]
+        from meshplane.transports import _zmqbatch
     except ImportError:
         return None
     try:
         # The backend's own handle: dlsym searches it and its dependencies, so this finds the libzmq
         # pyzmq itself calls (bundled or the system's), never another one in the process.
         backend = ctypes.CDLL(pyzmq_backend.__file__)
-        addresses = [ctypes.cast(getattr(backend, name), ctypes.c_void_p).value for name in _LIBZMQ_FUNCTIONS]
+        found = [ctypes.cast(getattr(backend, name), ctypes.c_void_p).value for name in _LIBZMQ_FUNCTIONS]
     except (OSError, AttributeError) as exc:
-        log.info("compiled ZeroMQ receive unavailable (%s); receiving through pyzmq", exc)
+        log.info("compiled ZeroMQ paths unavailable (%s); going through pyzmq", exc)
         return None
-    _zmqbatch.bind(*addresses, EVENT_MSGPACK_HEAD, HEARTBEAT_SUFFIX)
+    addresses = tuple(address for address in found if address)
+    if len(addresses) != len(_LIBZMQ_FUNCTIONS):
+        return None
+    _zmqbatch.bind(addresses, EVENT_MSGPACK_HEAD, HEARTBEAT_SUFFIX)
     module: types.ModuleType = _zmqbatch
     return module
 
@@ -78,7 +81,7 @@ def _enabled() -> types.ModuleType | None:
 def native_receive() -> NativeReceive | None:
     """The compiled receive loop (``receive`` in C), or None."""
     native = _enabled()
-    return None if native is None else native.receive  # type: ignore[no-any-return]
+    return None if native is None else native.receive
 
 
 def native_sender(

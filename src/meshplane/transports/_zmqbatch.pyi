@@ -1,0 +1,29 @@
+"""Types of the C extension ``_zmqbatch.c`` (see there and ``zmq_native.py``)."""
+
+from collections.abc import Callable
+from typing import Any
+
+def bind(libzmq_functions: tuple[int, ...], event_head: bytes, heartbeat_suffix: str, /) -> None:
+    """The addresses of zmq_msg_init, _recv, _close, _data, _size, _more, zmq_errno, zmq_msg_init_size,
+    zmq_msg_send and zmq_send, in that order."""
+
+def receive(
+    socket_address: int,
+    topic: bytes,
+    max_bytes: int,
+    max_messages: int,
+    decode: Callable[[bytes], Any],
+    out: list[Any],
+    /,
+) -> tuple[int, int]: ...
+def send_event(
+    socket_address: int,
+    topic: bytes,
+    pid_frame: bytes | None,
+    prefix: bytes,
+    middle: bytes,
+    suffix: bytes,
+    sequence: int,
+    payload: bytes,
+    /,
+) -> int: ...
