@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run shell test lint typecheck unit bench etcd java java-if-possible chromium redis clean
+.PHONY: run shell test lint typecheck unit bench etcd java java-if-possible chromium redis compiler clean
 
 # What `make run` needs (the event plane, streams, Spark, nats-server) at the exact versions of
 # constraints.txt; the tests and benchmarks add their tools. A user's `pip install meshplane[...]`
@@ -16,7 +16,7 @@ $(RUN_STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all]'
 	touch $(RUN_STAMP)
 
-$(STAMP): $(RUN_STAMP)
+$(STAMP): $(RUN_STAMP) | compiler
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,dev,bench]'
 	touch $(STAMP)
 
@@ -37,6 +37,14 @@ etcd:
 	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	    $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq etcd-server; \
 	  else echo "etcd is missing and apt-get is not available: install etcd 3.4+ and retry" >&2; exit 1; fi; }
+
+## compiler: install a C compiler and Python's headers from Debian when missing: the ZeroMQ hot paths'
+## C extension is optional for users (pyzmq does the work without it), and the tests check it is built
+compiler:
+	@{ command -v cc >/dev/null 2>&1 && \
+	  test -f "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h"; } || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gcc python3-dev; }
 
 ## java: install a Java 17 runtime from Debian when java is missing (the Spark tests run a real Spark)
 java:
