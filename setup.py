@@ -8,8 +8,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "meshplane.transports._zmqbatch",
-            ["src/meshplane/transports/_zmqbatch.c"],
+            "meshplane.transports._native",
+            ["src/meshplane/transports/_native.c"],
             optional=True,
         )
     ]

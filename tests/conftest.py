@@ -36,8 +36,8 @@ CURVE_MODES = [("zmq-curve", "file"), ("zmq-curve-broker", "file")]
 # Through a mesh node (a `meshplane serve --node-id` process): publishers and subscribers are its clients.
 MESH_MODES = [("mesh", "file"), ("mesh", "etcd")]
 HEADER8_MODES = [("nats-header8", "file"), ("zmq-header8", "file")]  # the 8-byte-header layout
-# ZeroMQ received through pyzmq alone, as where the C extension is not built (MESHPLANE_NO_EXTENSIONS)
-PYZMQ_RECEIVE_MODES = [("zmq-pyzmq", "file"), ("zmq-pyzmq-header8", "file")]
+# Without the C extension, as where it is not built (MESHPLANE_NO_EXTENSIONS): pyzmq and Python decoders
+NO_EXTENSION_MODES = [("zmq-noext", "file"), ("zmq-header8-noext", "file"), ("nats-noext", "file")]
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def make_config(
     + CURVE_MODES
     + MESH_MODES
     + HEADER8_MODES
-    + PYZMQ_RECEIVE_MODES
+    + NO_EXTENSION_MODES
     + [("mem", "mem")],
     ids=lambda p: f"{p[0]}-{p[1]}",
 )
@@ -168,12 +168,12 @@ def plane_config(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> PlaneConfig:
     """Every transport x discovery combination, both broker modes, CURVE, a mesh node, the 8-byte-
-    header layout and ZeroMQ without the C receive loop, on real servers; and the in-process transport
+    header layout and both transports without the C extension, on real servers; and the in-process transport
     (an extra, for the application API's test plane)."""
     transport, discovery = request.param
-    if transport.startswith("zmq-pyzmq"):
+    if transport.endswith("-noext"):
         monkeypatch.setenv("MESHPLANE_NO_EXTENSIONS", "1")
-        transport = transport.replace("-pyzmq", "")
+        transport = transport.removesuffix("-noext")
     if transport.endswith("-header8"):
         transport = transport.removesuffix("-header8")
         nats = request.getfixturevalue("nats_server") if transport == "nats" else None

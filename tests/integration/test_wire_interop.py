@@ -22,8 +22,8 @@ import zmq.asyncio
 from meshplane import Codec, EventEnvelope, EventPlane, PlaneConfig, Scope, WireFormat
 from meshplane.core.framing import encode_nats
 from meshplane.launchers import NatsServer
+from meshplane.transports.native import native_receive
 from meshplane.transports.nats import NatsSubscriberTransport
-from meshplane.transports.zmq_native import native_receive
 from tests.conftest import make_config
 from tests.helpers import eventually
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+from meshplane.core.envelope import msgpack_envelope_decoder
 from meshplane.core.framing import decode_nats_event
 from meshplane.errors import WireError
 from meshplane.transports.base import Received
+from meshplane.transports.native import NativeNatsDecode
 
+_decode_map = msgpack_envelope_decoder.decode
 MAX_BATCH = 4096  # messages decoded per receive(): large enough to amortise, small enough to stay fair
 
 
@@ -50,9 +54,22 @@ class Inbox:
         return batch
 
 
-def decode_messages(batch: list[bytes], routing_topic: bytes, max_bytes: int) -> list[Received]:
+def decode_messages(
+    batch: list[bytes], routing_topic: bytes, max_bytes: int, native: NativeNatsDecode | None = None
+) -> list[Received]:
     """NATS-encoded messages of the subscriber's own subject (events bare, heartbeats as Frames), or
-    the error that says what was wrong with each."""
+    the error that says what was wrong with each; ``native``, the compiled decoder, takes the common
+    events and hands the others back as they came."""
+    if native is not None:
+        decoded: list[Any] = []
+        if native(batch, max_bytes, _decode_map, decoded):
+            for index, item in enumerate(decoded):
+                if type(item) is bytes:
+                    try:
+                        decoded[index] = decode_nats_event(item, routing_topic, max_bytes)
+                    except WireError as exc:
+                        decoded[index] = exc
+        return decoded
     out: list[Received] = []
     append = out.append
     for data in batch:

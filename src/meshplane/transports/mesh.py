@@ -12,6 +12,7 @@ from meshplane.errors import TransportError
 from meshplane.mesh.client import MeshClient
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
 from meshplane.transports.inbox import Inbox, decode_messages
+from meshplane.transports.native import NativeNatsDecode, native_nats_decode
 
 TRANSPORT_MESH = "Mesh"  # in discovery records (meshplane only; Dynamo has no such transport)
 
@@ -71,6 +72,7 @@ class MeshSubscriberTransport(SubscriberTransport):
         self._max_bytes = max_bytes
         self._inbox = Inbox(pending_limit)
         self._sids: list[int] = []
+        self._native: NativeNatsDecode | None = None
 
     @property
     def dropped(self) -> int:
@@ -80,6 +82,7 @@ class MeshSubscriberTransport(SubscriberTransport):
         self._inbox.put(body)
 
     async def start(self) -> None:
+        self._native = native_nats_decode()
         for subject in (self._subject, self._subject + HEARTBEAT_SUFFIX):
             self._sids.append(self._client.subscribe(subject, self._on_message))
         # Every node of the cluster has the subscription: nothing published after it is missed.
@@ -89,7 +92,7 @@ class MeshSubscriberTransport(SubscriberTransport):
         batch = await self._inbox.take()
         if not self._sids:
             return []
-        return decode_messages(batch, self._routing_topic, self._max_bytes)
+        return decode_messages(batch, self._routing_topic, self._max_bytes, self._native)
 
     async def close(self) -> None:
         sids, self._sids = self._sids, []

@@ -19,6 +19,7 @@ from meshplane.core.records import TRANSPORT_NATS
 from meshplane.errors import TransportAuthError, TransportError
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
 from meshplane.transports.inbox import MAX_BATCH, Inbox, decode_messages
+from meshplane.transports.native import NativeNatsDecode, native_nats_decode
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ class NatsSubscriberTransport(SubscriberTransport):
         self._inbox = Inbox(pending_limit)
         self._subs: list[Any] = []
         self._drains: list[asyncio.Task[None]] = []
+        self._native: NativeNatsDecode | None = None
 
     @property
     def dropped(self) -> int:
@@ -180,6 +182,7 @@ class NatsSubscriberTransport(SubscriberTransport):
             put_many(batch)
 
     async def start(self) -> None:
+        self._native = native_nats_decode()
         # Dynamo-layout heartbeats come on a subject of their own, so Dynamo subscribers never see them.
         for subject in (self._subject, self._subject + HEARTBEAT_SUFFIX):
             subscription = await self._client.subscribe(subject, pending_msgs_limit=self._pending_limit)
@@ -201,7 +204,7 @@ class NatsSubscriberTransport(SubscriberTransport):
         batch = await self._inbox.take()
         if not self._subs:
             return []  # closed
-        return decode_messages(batch, self._routing_topic, self._max_bytes)
+        return decode_messages(batch, self._routing_topic, self._max_bytes, self._native)
 
     async def close(self) -> None:
         subs, self._subs = self._subs, []

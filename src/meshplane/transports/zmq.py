@@ -30,7 +30,7 @@ from meshplane.core.records import TRANSPORT_ZMQ, EventChannel
 from meshplane.errors import TransportError, WireError
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
 from meshplane.transports.curve import Curve
-from meshplane.transports.zmq_native import NativeReceive, native_receive, native_sender
+from meshplane.transports.native import NativeReceive, native_receive, native_sender
 
 log = logging.getLogger(__name__)
 _MAX_BATCH = 4096

@@ -1,4 +1,4 @@
-"""Types of the C extension ``_zmqbatch.c`` (see there and ``zmq_native.py``)."""
+"""Types of the C extension ``_native.c`` (see there and ``native.py``)."""
 
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +16,9 @@ def receive(
     out: list[Any],
     /,
 ) -> tuple[int, int]: ...
+def decode_nats(
+    messages: list[bytes], max_bytes: int, decode: Callable[[bytes], Any], out: list[Any], /
+) -> int: ...
 def send_event(
     socket_address: int,
     topic: bytes,

@@ -1,7 +1,7 @@
-/* The event plane's ZeroMQ hot paths in C (optional: zmq_native.py falls back to pyzmq).
+/* The event plane's hot paths in C (optional: native.py falls back to pyzmq and Python).
  *
  * send_event() builds one event's frames straight into ZeroMQ messages: the envelope's MessagePack map
- * from a template fixed per publisher (zmq_native.py checks it against msgspec's own encoding before
+ * from a template fixed per publisher (native.py checks it against msgspec's own encoding before
  * using it), the sequence and the clock written in, then the frames sent without blocking.
  *
  * receive() drains a SUB socket without blocking and, for the two common shapes under the subscriber's
@@ -10,6 +10,7 @@
  * Anything else (other shapes, other topics, heartbeats, bad headers, undecodable bodies, a decoder
  * error of any kind) is handed back as its list of frames, and the Python decoders say what is wrong:
  * this file only ever takes the path where nothing is wrong, so it defines no error of its own.
+ * decode_nats() does the same for a batch of NATS messages.
  *
  * libzmq is the one pyzmq loaded: its functions arrive as addresses through bind() (zmq_batch.py looks
  * them up with ctypes), so nothing here links against a libzmq of its own.
@@ -162,6 +163,61 @@ static PyObject *fast_event(zmq_msg *frames, int count, const char *topic, size_
         return envelope;
     }
     return NULL;
+}
+
+/* The envelope a NATS message carries, when it is the common case: Dynamo's bare MessagePack map, or
+ * the 8-byte header of an event in MessagePack; NULL otherwise (no exception set). */
+static PyObject *fast_nats_event(PyObject *data, size_t max_bytes, PyObject *decode) {
+    const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(data);
+    size_t size = (size_t)PyBytes_GET_SIZE(data);
+    PyObject *envelope;
+    if (size > 0 && is_msgpack_map(bytes[0])) {
+        if (size > max_bytes) return NULL;
+        envelope = PyObject_CallOneArg(decode, data); /* the message itself: no copy */
+        if (envelope == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+    } else if (size > HEADER8_SIZE && size - HEADER8_SIZE <= max_bytes && memcmp(bytes, header8_event_head, 4) == 0 &&
+               be32(bytes + 4) == size - HEADER8_SIZE && is_msgpack_map(bytes[HEADER8_SIZE])) {
+        envelope = decode_body(decode, bytes + HEADER8_SIZE, size - HEADER8_SIZE);
+        if (envelope == NULL) return NULL;
+        return envelope; /* a version-2 heartbeat has its own message type: this is an event */
+    } else {
+        return NULL;
+    }
+    if (is_heartbeat_topic(envelope)) { /* Dynamo's heartbeats are told by their topic */
+        Py_DECREF(envelope);
+        return NULL;
+    }
+    return envelope;
+}
+
+/* decode_nats(messages, max_bytes, decode, out) -> unusual
+ *
+ * Appends to `out`, for each message (bytes) of a NATS subscriber's own subject, its envelope when it
+ * is a common event, else the message itself, for the Python decoder (`unusual` counts those). */
+static PyObject *decode_nats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_Check(args[0]) || !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "decode_nats(messages, max_bytes, decode, out)");
+        return NULL;
+    }
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[1]);
+    if (max_bytes == -1 && PyErr_Occurred()) return NULL;
+    PyObject *messages = args[0], *decode = args[2], *out = args[3];
+    Py_ssize_t unusual = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(messages); i++) {
+        PyObject *data = PyList_GET_ITEM(messages, i);
+        PyObject *item = PyBytes_CheckExact(data) ? fast_nats_event(data, (size_t)max_bytes, decode) : NULL;
+        if (item == NULL) {
+            item = Py_NewRef(data);
+            unusual++;
+        }
+        int failed = PyList_Append(out, item);
+        Py_DECREF(item);
+        if (failed) return NULL;
+    }
+    return PyLong_FromSsize_t(unusual);
 }
 
 static PyObject *frame_bytes(zmq_msg *frame) {
@@ -372,6 +428,8 @@ static PyObject *send_event(PyObject *self, PyObject *const *args, Py_ssize_t na
 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "bind((10 libzmq function addresses), event head, heartbeat suffix)"},
+    {"decode_nats", (PyCFunction)(void (*)(void))decode_nats, METH_FASTCALL,
+     "decode_nats(messages, max_bytes, decode, out) -> unusual"},
     {"send_event", (PyCFunction)(void (*)(void))send_event, METH_FASTCALL,
      "send_event(socket_address, topic, pid_frame, prefix, middle, suffix, sequence, payload) -> errno"},
     {"receive", (PyCFunction)(void (*)(void))receive, METH_FASTCALL,
@@ -379,9 +437,9 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_zmqbatch", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__zmqbatch(void) {
+PyMODINIT_FUNC PyInit__native(void) {
     str_publisher_id = PyUnicode_InternFromString("publisher_id");
     str_sequence = PyUnicode_InternFromString("sequence");
     str_topic = PyUnicode_InternFromString("topic");

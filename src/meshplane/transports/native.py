@@ -1,10 +1,11 @@
-"""The ZeroMQ hot paths in C (``_zmqbatch.c``), bound to the libzmq that pyzmq loaded.
+"""The event plane's hot paths in C (``_native.c``), bound to the libzmq that pyzmq loaded.
 
 Optional: without the extension (no C compiler at install, another pyzmq backend, or
-``MESHPLANE_NO_EXTENSIONS=1``) :func:`native_receive` and :func:`native_sender` are None and the
-transports go through pyzmq. The receive loop takes only the path where nothing is wrong; every other
-message comes back as its frames for the Python decoders, so both paths accept and refuse exactly the
-same messages. The sender writes the envelope from a template that must be msgspec's own encoding.
+``MESHPLANE_NO_EXTENSIONS=1``) :func:`native_receive`, :func:`native_sender` and
+:func:`native_nats_decode` are None and the transports go through pyzmq and the Python decoders. The
+decoders take only the path where nothing is wrong; every other message comes back as it arrived for
+the Python decoders, so both paths accept and refuse exactly the same messages. The sender writes the
+envelope from a template that must be msgspec's own encoding.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 #: ``receive(socket_address, topic, max_bytes, max_messages, decode, out) -> (unusual, errno)``
 NativeReceive = Callable[[int, bytes, int, int, Callable[[bytes], Any], list[Any]], tuple[int, int]]
+#: ``decode_nats(messages, max_bytes, decode, out) -> unusual``
+NativeNatsDecode = Callable[[list[bytes], int, Callable[[bytes], Any], list[Any]], int]
 #: ``send(sequence, payload) -> errno``: 0 when sent, else nothing was sent (see ``send_event`` in C)
 NativeSend = Callable[[int, bytes], int]
 
@@ -49,7 +52,7 @@ def _load() -> types.ModuleType | None:
     try:
         import zmq.backend.cython._zmq as pyzmq_backend
 
-        from meshplane.transports import _zmqbatch
+        from meshplane.transports import _native
     except ImportError:
         return None
     try:
@@ -63,8 +66,8 @@ def _load() -> types.ModuleType | None:
     addresses = tuple(address for address in found if address)
     if len(addresses) != len(_LIBZMQ_FUNCTIONS):
         return None
-    _zmqbatch.bind(addresses, EVENT_MSGPACK_HEAD, HEARTBEAT_SUFFIX)
-    module: types.ModuleType = _zmqbatch
+    _native.bind(addresses, EVENT_MSGPACK_HEAD, HEARTBEAT_SUFFIX)
+    module: types.ModuleType = _native
     return module
 
 
@@ -82,6 +85,12 @@ def native_receive() -> NativeReceive | None:
     """The compiled receive loop (``receive`` in C), or None."""
     native = _enabled()
     return None if native is None else native.receive
+
+
+def native_nats_decode() -> NativeNatsDecode | None:
+    """The compiled decoder of NATS messages (``decode_nats`` in C), or None."""
+    native = _enabled()
+    return None if native is None else native.decode_nats
 
 
 def native_sender(

@@ -1,9 +1,10 @@
-"""The compiled ZeroMQ paths (``_zmqbatch``) against the Python codec, over real sockets.
+"""The compiled hot paths (``_native``) against the Python codec, ZeroMQ over real sockets.
 
 The receive loop only takes the path where nothing is wrong and hands everything else back as frames;
 so for any mix of messages, good, damaged or foreign, what it returns (decoded by ``decode_frames`` where
-it handed frames back) must be exactly what the Python decoders make of the messages as sent. The sender
-must put on the wire, byte for byte, what the Python encoder sends for the same envelope.
+it handed frames back) must be exactly what the Python decoders make of the messages as sent; the same
+for the NATS decoder. The sender must put on the wire, byte for byte, what the Python encoder sends for
+the same envelope.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from meshplane.core.framing import (
     encode_nats,
 )
 from meshplane.errors import WireError
+from meshplane.transports.inbox import decode_messages
+from meshplane.transports.native import NativeReceive, native_nats_decode, native_receive, native_sender
 from meshplane.transports.zmq import decode_frames
-from meshplane.transports.zmq_native import NativeReceive, native_receive, native_sender
 
 TOPIC = b"kv"
 u64 = st.integers(min_value=0, max_value=2**64 - 1)
@@ -47,11 +49,13 @@ def _compiled() -> NativeReceive:
 
 def test_the_extension_is_built_and_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert native_receive() is not None
+    assert native_nats_decode() is not None
     with socket_pair() as (pub, _):
         assert native_sender(pub, TOPIC, 1, "kv", WireFormat.HEADER8, Codec.MSGPACK) is not None
         assert native_sender(pub, TOPIC, 1, "kv", WireFormat.HEADER8, Codec.JSON) is None
         monkeypatch.setenv("MESHPLANE_NO_EXTENSIONS", "1")
         assert native_receive() is None
+        assert native_nats_decode() is None
         assert native_sender(pub, TOPIC, 1, "kv", WireFormat.HEADER8, Codec.MSGPACK) is None
 
 
@@ -229,3 +233,40 @@ def test_compiled_sender_sends_what_the_python_encoder_sends() -> None:
             assert frames == ZmqEncoder(routing, pid, wire, Codec.MSGPACK).encode(expected)
 
         check()
+
+
+# NATS message data: what the frames above carry in their last frame, the bare Dynamo envelope, or noise
+nats_messages = st.one_of(
+    messages.map(lambda frames: frames[-1]),
+    st.builds(_dynamo, u64, u64, topics, payloads, st.none()).map(lambda frames: frames[3][5:]),
+    st.binary(max_size=40),
+)
+
+
+@settings(max_examples=500)
+@given(st.lists(nats_messages, max_size=12), st.integers(0, 300))
+def test_compiled_nats_decoder_decides_every_message_as_the_python_decoder_does(
+    batch: list[bytes], max_bytes: int
+) -> None:
+    compiled = native_nats_decode()
+    assert compiled is not None
+    got = decode_messages(batch, TOPIC, max_bytes, compiled)
+    expected = decode_messages(batch, TOPIC, max_bytes)
+    assert [_outcome(item) for item in got] == [_outcome(item) for item in expected]
+
+
+def test_compiled_nats_decoder_takes_the_common_events_itself() -> None:
+    compiled = native_nats_decode()
+    assert compiled is not None
+    dynamo = _dynamo(7, 1, "kv", b"a", None)[3][5:]
+    header8 = _header8(7, 2, "kv", b"b", False)[1]
+    unusual = [
+        _dynamo(7, 3, "kv" + HEARTBEAT_SUFFIX, b"c", None)[3][5:],  # a Dynamo heartbeat
+        _header8(7, 4, "kv", b"d", True)[1],  # a version-2 heartbeat
+        _dynamo(7, 5, "kv", b"e" * 400, None)[3][5:],  # over max_bytes
+        b"\x00garbage",
+    ]
+    out: list[Any] = []
+    assert compiled([dynamo, header8, *unusual], 300, msgpack_envelope_decoder.decode, out) == len(unusual)
+    assert [(e.sequence, e.payload) for e in out[:2]] == [(1, b"a"), (2, b"b")]
+    assert all(item is data for item, data in zip(out[2:], unusual, strict=True))
