@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run shell test lint typecheck unit bench etcd java java-if-possible chromium redis compiler clean
+.PHONY: run shell test lint typecheck unit bench etcd java java-if-possible chromium redis compiler clean .venv-dynamo
 
 # What `make run` needs (the event plane, streams, Spark, nats-server) at the exact versions of
 # constraints.txt; the tests and benchmarks add their tools. A user's `pip install meshplane[...]`
@@ -82,8 +82,16 @@ redis:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server; }
 
 ## bench: every benchmark against its raw peer in the same run (writes bench/results/)
-bench: $(STAMP) redis
+bench: $(STAMP) redis .venv-dynamo
 	$(BIN)/meshplane bench
 
+## .venv-dynamo: the Dynamo runtime (ai-dynamo-runtime 1.6.1), a peer of the event-plane benchmark, in a
+## venv of its own (it pins a pydantic older than meshplane's)
+.venv-dynamo: .venv-dynamo/.installed
+.venv-dynamo/.installed:
+	test -x .venv-dynamo/bin/python || $(PYTHON) -m venv .venv-dynamo
+	.venv-dynamo/bin/python -m pip install --quiet ai-dynamo-runtime==1.6.1
+	touch $@
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-dynamo .mypy_cache .ruff_cache .pytest_cache .hypothesis

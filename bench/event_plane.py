@@ -9,6 +9,10 @@ only count what arrives: they are the transport's ceiling). Kinds, as ``transpor
 - ``raw``: pyzmq / nats-py alone; ``asyncio`` (``zmq8`` only): raw pyzmq received on asyncio, the floor
   of an asyncio subscriber's latency; ``meshplane``: ``publish`` and ``async for`` one event at a time;
   ``batch``: ``publish_many`` (1000 at a time) and ``async for batch in sub.batches()``.
+- ``dynamo-runtime``: the Dynamo runtime's own Python pair over ZeroMQ (``bench/dynamo_runtime_peer.py``:
+  its forward-pass-metrics publisher and subscriber, ~420-byte snapshots), run with the Python of
+  ``.venv-dynamo`` (``make .venv-dynamo``; ``MESHPLANE_BENCH_DYNAMO_PYTHON`` names another), left out
+  when that venv is not there.
 
     python bench/event_plane.py                 # 1 M events per throughput run, results to bench/results/
     python bench/event_plane.py --events 200000 --latency-events 5000
@@ -59,7 +63,12 @@ KINDS = [
     "nats-meshplane",
     "nats-batch",
     "nats-faststream",
+    "dynamo-runtime",
 ]
+DYNAMO_PYTHON = Path(
+    os.environ.get("MESHPLANE_BENCH_DYNAMO_PYTHON")
+    or Path(__file__).parent.parent / ".venv-dynamo" / "bin" / "python"
+)
 #: What each ratio compares: (meshplane kind, peer kind).
 RATIOS = {
     "dynamo_layout_zmq_vs_raw_pyzmq_4_frames": ("zmq-meshplane", "zmq-raw"),
@@ -71,6 +80,8 @@ RATIOS = {
     "nats_batch_vs_raw_nats_py": ("nats-batch", "nats-raw"),
     "nats_vs_faststream_nats_broker": ("nats-meshplane", "nats-faststream"),
     "header8_zmq_vs_faststream_nats_broker": ("zmq8-meshplane", "nats-faststream"),
+    "dynamo_layout_zmq_vs_dynamo_runtime_pair": ("zmq-meshplane", "dynamo-runtime"),
+    "header8_zmq_vs_dynamo_runtime_pair": ("zmq8-meshplane", "dynamo-runtime"),
 }
 PUBLISH_MANY = 1000
 
@@ -456,10 +467,16 @@ async def meshplane_sub(
 # ---- orchestration --------------------------------------------------------------------------------------
 
 
-def _spawn(args: list[str], pin: bool, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def _spawn(
+    args: list[str], pin: bool, env: dict[str, str] | None = None, command: list[str] | None = None
+) -> subprocess.Popen[str]:
     prefix = ["taskset", "-c", "0"] if pin and shutil.which("taskset") else []
     return subprocess.Popen(
-        [*prefix, sys.executable, __file__, *args], stdout=subprocess.PIPE, text=True, env=env
+        [*prefix, *(command or [sys.executable, __file__]), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
 
 
@@ -487,7 +504,17 @@ def run_pair(
     common = [str(events), "1" if latency else "0"]
     publish = [str(events), str(interval)]
     with tempfile.TemporaryDirectory() as kv:
-        if kind == "zmq-raw" and proxy:
+        if kind == "dynamo-runtime":
+            peer = [str(DYNAMO_PYTHON), str(Path(__file__).parent / "dynamo_runtime_peer.py")]
+            dynamo_env = {**os.environ, "DYN_FILE_KV": kv, "DYN_LOG": "error"}
+            pub = _spawn(["pub", *publish], pin, dynamo_env, peer)
+            _read(pub)  # registered
+            sub = _spawn(["sub", *common], pin, dynamo_env, peer)
+            _read(sub)  # it heard the publisher: connected
+            assert pub.stdin is not None
+            pub.stdin.write("go\n")
+            pub.stdin.flush()
+        elif kind == "zmq-raw" and proxy:
             sub = _spawn(["_sub", kind, kv, proxy[1], *common], pin)
             pub = _spawn(["_pub", kind, kv, proxy[0], *publish], pin)
             _read(pub)
@@ -557,6 +584,9 @@ def main() -> None:
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated kinds (default all)")
     args = parser.parse_args()
     kinds = args.kinds.split(",")
+    if "dynamo-runtime" in kinds and not DYNAMO_PYTHON.exists():
+        kinds.remove("dynamo-runtime")
+        print(f"dynamo-runtime left out: no {DYNAMO_PYTHON} (make .venv-dynamo installs ai-dynamo-runtime)")
     # meshplane's publishers wait at a full subscriber queue instead of dropping, so every meshplane run
     # delivers every event (MESHPLANE_SEND_WHEN_FULL=drop measures the default, lossy PUB behaviour)
     os.environ.setdefault("MESHPLANE_SEND_WHEN_FULL", "wait")
