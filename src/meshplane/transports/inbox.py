@@ -60,21 +60,18 @@ def decode_messages(
     """NATS-encoded messages of the subscriber's own subject (events bare, heartbeats as Frames), or
     the error that says what was wrong with each; ``native``, the compiled decoder, takes the common
     events and hands the others back as they came."""
-    if native is not None:
-        decoded: list[Any] = []
-        if native(batch, max_bytes, _decode_map, decoded):
-            for index, item in enumerate(decoded):
-                if type(item) is bytes:
-                    try:
-                        decoded[index] = decode_nats_event(item, routing_topic, max_bytes)
-                    except WireError as exc:
-                        decoded[index] = exc
-        return decoded
-    out: list[Received] = []
-    append = out.append
-    for data in batch:
-        try:
-            append(decode_nats_event(data, routing_topic, max_bytes))
-        except WireError as exc:
-            append(exc)
-    return out
+    if native is None:
+        return [_decode(data, routing_topic, max_bytes) for data in batch]
+    decoded: list[Any] = []
+    if native(batch, max_bytes, _decode_map, decoded):
+        for index, item in enumerate(decoded):
+            if type(item) is bytes:
+                decoded[index] = _decode(item, routing_topic, max_bytes)
+    return decoded
+
+
+def _decode(data: bytes, routing_topic: bytes, max_bytes: int) -> Received:
+    try:
+        return decode_nats_event(data, routing_topic, max_bytes)
+    except WireError as exc:
+        return exc

@@ -133,9 +133,8 @@ class XPubPublisher(PublisherTransport):
         self._curve = curve
         self._routing_topic = routing_topic
         self._publisher_id = publisher_id
-        self._envelope_topic = (
-            envelope_topic  # the publisher's topic: lets the compiled sender build envelopes
-        )
+        # the publisher's topic: with it the compiled sender builds the envelopes itself
+        self._envelope_topic = envelope_topic
         self._wire, self._codec = WireFormat(wire), codec
         self._encoder = ZmqEncoder(routing_topic, publisher_id, wire, codec)
         self._sndhwm = sndhwm
