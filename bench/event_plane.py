@@ -641,7 +641,7 @@ def main() -> None:
                 r = this_round[kind]
                 print(f"round {n + 1} {kind:15} latency p50 {r.get('p50_us')} us  p99 {r.get('p99_us')} us")
             latency_rounds.append(this_round)
-        for kind in kinds:
+        for kind in kinds if latency_rounds else []:  # --latency-rounds 0: throughput only
             runs = [r[kind] for r in latency_rounds]
             results["latency_pinned_one_core"][kind] = {
                 "p50_us": statistics.median(run["p50_us"] for run in runs),
@@ -657,7 +657,9 @@ def main() -> None:
             continue
         per_round = [r[ours]["rate"] / r[peer]["rate"] for r in rounds]
 
-        def latency_ratio(quantile: str, ours: str = ours, peer: str = peer) -> float:
+        def latency_ratio(quantile: str, ours: str = ours, peer: str = peer) -> float | None:
+            if not latency_rounds:
+                return None
             return float(
                 round(statistics.median(r[ours][quantile] / r[peer][quantile] for r in latency_rounds), 2)
             )

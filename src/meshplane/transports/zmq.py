@@ -302,6 +302,7 @@ class ZmqSubscriberTransport(SubscriberTransport):
         self._readable: Readable | None = None
         self._one_at_a_time = False
         self._native: NativeReceive | None = None
+        self._kept: list[Received] = []  # received before a disconnect, for the next receive()
         self._endpoints: dict[int, str] = {}
 
     async def start(self) -> None:
@@ -370,7 +371,7 @@ class ZmqSubscriberTransport(SubscriberTransport):
         endpoint = self._endpoints.get(publisher_id)
         if endpoint is not None and self._socket is not None:
             with contextlib.suppress(zmq.ZMQError):
-                self._socket.disconnect(endpoint)
+                self.disconnect(endpoint)
                 if publisher_id in self._server_keys:
                     self._socket.curve_serverkey = self._server_keys[publisher_id]
                 self._socket.connect(endpoint)
@@ -380,10 +381,27 @@ class ZmqSubscriberTransport(SubscriberTransport):
         endpoint = self._endpoints.pop(channel.instance_id, None)
         if endpoint is not None and self._socket is not None:
             with contextlib.suppress(zmq.ZMQError):
-                self._socket.disconnect(endpoint)
+                self.disconnect(endpoint)
                 log.debug("disconnected from publisher %x at %s", channel.instance_id, endpoint)
 
+    def disconnect(self, endpoint: str) -> None:
+        """``socket.disconnect``, made safe: reading ``ZMQ_EVENTS`` (as ``Readable`` does) makes libzmq
+        fetch the first frame of the next message ahead, and if that message's connection is then
+        removed, libzmq 4.3.5 aborts the process at the next receive (``!_more`` in fq.cpp). So one whole
+        message is received first (the fetched one, if any), kept for ``receive``."""
+        assert self._socket is not None
+        try:
+            frames = self._socket.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        else:
+            self._kept.append(decode_frames(frames, self._routing_topic, self._max_bytes))
+        self._socket.disconnect(endpoint)
+
     async def receive(self) -> list[Received]:
+        if self._kept:
+            kept, self._kept = self._kept, []
+            return kept
         if self._native is not None:
             return await self._receive_native(self._native)
         if self._socket is None or self._readable is None:

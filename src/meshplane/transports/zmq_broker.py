@@ -133,12 +133,18 @@ class ConnectionMonitor:
         self._monitor.close(0)
 
 
-def _reconcile(sock: zmq.Socket[bytes], connected: dict[str, str], wanted: dict[str, str]) -> None:
-    """Connect ``sock`` to exactly the ``wanted`` endpoints (by broker key); ``connected`` is updated."""
+def _reconcile(
+    sock: zmq.Socket[bytes],
+    connected: dict[str, str],
+    wanted: dict[str, str],
+    disconnect: Callable[[str], None] | None = None,
+) -> None:
+    """Connect ``sock`` to exactly the ``wanted`` endpoints (by broker key); ``connected`` is updated.
+    ``disconnect``: how to leave an endpoint (a subscriber's own, safe one), ``sock.disconnect`` if None."""
     for key, endpoint in list(connected.items()):
         if wanted.get(key) != endpoint:
             with contextlib.suppress(zmq.ZMQError):
-                sock.disconnect(endpoint)
+                (disconnect or sock.disconnect)(endpoint)
             del connected[key]
     for key, endpoint in wanted.items():
         if key in connected:
@@ -239,7 +245,8 @@ class ZmqBrokerSubscriberTransport(ZmqSubscriberTransport):
     def _follow_brokers(self) -> None:
         if self._socket is None:
             return
-        _reconcile(self._socket, self._brokers, {key: b.xpub for key, b in self._directory.brokers.items()})
+        wanted = {key: b.xpub for key, b in self._directory.brokers.items()}
+        _reconcile(self._socket, self._brokers, wanted, self.disconnect)
 
     @property
     def paths(self) -> int:
