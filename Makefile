@@ -38,8 +38,8 @@ etcd:
 	    $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq etcd-server; \
 	  else echo "etcd is missing and apt-get is not available: install etcd 3.4+ and retry" >&2; exit 1; fi; }
 
-## compiler: install a C compiler and Python's headers from Debian when missing: the ZeroMQ hot paths'
-## C extension is optional for users (pyzmq does the work without it), and the tests check it is built
+## compiler: install a C compiler and Python's headers from Debian when missing: meshplane's C extension
+## (the ZeroMQ and NATS hot paths) is optional for users, and the tests check it is built
 compiler:
 	@{ command -v cc >/dev/null 2>&1 && \
 	  test -f "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h"; } || { \

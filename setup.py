@@ -1,6 +1,6 @@
 """The one thing pyproject.toml cannot say yet without an experimental table: the C extension.
 
-Optional: where it cannot be compiled, meshplane installs without it and receives through pyzmq.
+Optional: where it cannot be compiled, meshplane installs without it and runs on pyzmq and Python alone.
 """
 
 from setuptools import Extension, setup
