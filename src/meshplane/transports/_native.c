@@ -132,20 +132,22 @@ static int is_heartbeat_topic(PyObject *envelope) {
     return tail;
 }
 
+/* The event of an 8-byte-header message (version 2, an event, MessagePack, no flags, the length as
+ * announced, a map within max_bytes); NULL otherwise (no exception set). */
+static PyObject *header8_event(const unsigned char *data, size_t size, size_t max_bytes, PyObject *decode) {
+    if (size <= HEADER8_SIZE || size - HEADER8_SIZE > max_bytes) return NULL;
+    if (memcmp(data, header8_event_head, 4) != 0 || be32(data + 4) != size - HEADER8_SIZE) return NULL;
+    if (!is_msgpack_map(data[HEADER8_SIZE])) return NULL;
+    return decode_body(decode, data + HEADER8_SIZE, size - HEADER8_SIZE);
+}
+
 /* The event in frames[0..count), if the message is one of the two common shapes under `topic` and
  * nothing about it is unusual; NULL otherwise (no exception set). */
 static PyObject *fast_event(zmq_msg *frames, int count, const char *topic, size_t topic_size,
                             size_t max_bytes, PyObject *decode) {
     if (msg_size(&frames[0]) != topic_size || memcmp(msg_data(&frames[0]), topic, topic_size) != 0)
         return NULL;
-    if (count == 2) {
-        const unsigned char *data = msg_data(&frames[1]);
-        size_t size = msg_size(&frames[1]);
-        if (size <= HEADER8_SIZE || size - HEADER8_SIZE > max_bytes) return NULL;
-        if (memcmp(data, header8_event_head, 4) != 0 || be32(data + 4) != size - HEADER8_SIZE) return NULL;
-        if (!is_msgpack_map(data[HEADER8_SIZE])) return NULL;
-        return decode_body(decode, data + HEADER8_SIZE, size - HEADER8_SIZE);
-    }
+    if (count == 2) return header8_event(msg_data(&frames[1]), msg_size(&frames[1]), max_bytes, decode);
     if (count == 4) {
         const unsigned char *data = msg_data(&frames[3]);
         size_t size = msg_size(&frames[3]);
@@ -178,13 +180,9 @@ static PyObject *fast_nats_event(PyObject *data, size_t max_bytes, PyObject *dec
             PyErr_Clear();
             return NULL;
         }
-    } else if (size > HEADER8_SIZE && size - HEADER8_SIZE <= max_bytes && memcmp(bytes, header8_event_head, 4) == 0 &&
-               be32(bytes + 4) == size - HEADER8_SIZE && is_msgpack_map(bytes[HEADER8_SIZE])) {
-        envelope = decode_body(decode, bytes + HEADER8_SIZE, size - HEADER8_SIZE);
-        if (envelope == NULL) return NULL;
-        return envelope; /* a version-2 heartbeat has its own message type: this is an event */
     } else {
-        return NULL;
+        /* a version-2 heartbeat has its own message type: what this decodes is an event */
+        return header8_event(bytes, size, max_bytes, decode);
     }
     if (is_heartbeat_topic(envelope)) { /* Dynamo's heartbeats are told by their topic */
         Py_DECREF(envelope);
