@@ -182,6 +182,14 @@ class ZmqEncoder:
         self._wire = WireFormat(wire)
         self._codec = codec
 
+    @property
+    def wire(self) -> WireFormat:
+        return self._wire
+
+    @property
+    def codec(self) -> Codec:
+        return self._codec
+
     def encode(self, envelope: EventEnvelope, message_type: MessageType = MessageType.EVENT) -> list[bytes]:
         if self._wire is WireFormat.DYNAMO:
             if message_type is MessageType.HEARTBEAT:

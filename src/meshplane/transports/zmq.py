@@ -135,7 +135,6 @@ class XPubPublisher(PublisherTransport):
         self._publisher_id = publisher_id
         # the publisher's topic: with it the compiled sender builds the envelopes itself
         self._envelope_topic = envelope_topic
-        self._wire, self._codec = WireFormat(wire), codec
         self._encoder = ZmqEncoder(routing_topic, publisher_id, wire, codec)
         self._sndhwm = sndhwm
         self._wait_when_full = wait_when_full
@@ -156,7 +155,12 @@ class XPubPublisher(PublisherTransport):
         self._send_event = self._encoder.event_sender(direct_send(sock), _MORE, zmq.NOBLOCK)
         if self._envelope_topic is not None:
             self.send_payload = native_sender(
-                sock, self._routing_topic, self._publisher_id, self._envelope_topic, self._wire, self._codec
+                sock,
+                self._routing_topic,
+                self._publisher_id,
+                self._envelope_topic,
+                self._encoder.wire,
+                self._encoder.codec,
             )
         if self._wait_when_full:
             sock.setsockopt(zmq.XPUB_NODROP, 1)
