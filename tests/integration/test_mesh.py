@@ -24,16 +24,15 @@ from meshplane.core.mesh.frames import (
     Frame,
     FrameReader,
     FrameType,
-    Hello,
     encode_event,
     encode_frame,
-    encode_payload,
     event_parts,
 )
 from meshplane.errors import TransportAuthError
 from meshplane.launchers import MeshCluster, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
+from tests.mesh_peers import RawPeer
 
 
 async def status(node: StreamsServerProcess, patterns: bool = False) -> dict[str, Any]:
@@ -332,34 +331,16 @@ async def test_a_node_with_a_secret_refuses_clients_without_it() -> None:
         assert (await status(node))["frame_errors"]["hello_auth"] == 1
 
 
-def raw_peer(node: StreamsServerProcess, node_id: str, cluster: str = "c1") -> socket.socket:
-    """A socket that says HELLO as a route of the cluster, and has heard the node's answer."""
-    host, port = node.route_url[len("tcp://") :].split(":")
-    sock = socket.create_connection((host, int(port)), timeout=10)
-    hello = Hello(PROTOCOL_VERSION, node_id, cluster, "route", 1)
-    sock.sendall(encode_frame(FrameType.HELLO, node_id, payload=encode_payload(hello)))
-    return sock
-
-
-def read_frames(sock: socket.socket, until: FrameType, reader: FrameReader | None = None) -> list[Frame]:
-    reader = reader or FrameReader()
-    frames: list[Frame] = []
-    while not any(f.type is until for f in frames):
-        data = sock.recv(65536)
-        assert data, "the node closed the connection"
-        frames += [f for f in reader.feed(data) if isinstance(f, Frame)]
-    return frames
-
-
 async def test_bad_frames_and_unwanted_events_are_counted_and_the_link_stays_up(three: MeshCluster) -> None:
     await all_linked(three)
     c = await MeshClient(three["c"].route_url).connect()
     inbox = Inbox()
     c.subscribe("t6.wanted", inbox)
     await c.flush()
-    sock = await asyncio.to_thread(raw_peer, three["c"], "intruder")
+    peer = await asyncio.to_thread(RawPeer(three["c"].route_url, "intruder").authenticate)
+    sock = peer.sock
     try:
-        await asyncio.to_thread(read_frames, sock, FrameType.SYNC_REQ)
+        await asyncio.to_thread(peer.read_until, FrameType.SYNC_REQ)
         corrupt = bytearray(encode_event("intruder", "t6.wanted", 1, 1, b"corrupt"))
         corrupt[-6] ^= 0xFF
         junk_type = bytearray(encode_frame(FrameType.HEARTBEAT, "intruder"))
@@ -395,15 +376,12 @@ async def test_a_node_of_another_cluster_or_protocol_is_refused() -> None:
         node.start()
         for cluster, protocol, reason in (
             ("c2", PROTOCOL_VERSION, "hello_cluster"),
-            ("c1", 99, "hello_version"),
+            ("c1", 1, "hello_version"),
         ):
-            host, port = node.route_url[len("tcp://") :].split(":")
-            sock = socket.create_connection((host, int(port)), timeout=10)
-            hello = Hello(protocol, "other", cluster, "route", 1)
-            sock.sendall(encode_frame(FrameType.HELLO, "other", payload=encode_payload(hello)))
-            [answer] = await asyncio.to_thread(read_frames, sock, FrameType.HELLO)
-            sock.close()
-            assert "cluster" in answer.payload.decode(errors="replace") or protocol == 99
+            peer = RawPeer(node.route_url, "other", cluster)
+            answer = await asyncio.to_thread(peer.hello, protocol)
+            peer.close()
+            assert ("cluster" if protocol == PROTOCOL_VERSION else "protocol 1") in answer.error
             assert (await status(node))["frame_errors"][reason] == 1
         assert (await status(node))["links"] == []
 
@@ -510,16 +488,10 @@ async def test_backpressure_policies_on_a_subscriber_that_stops_reading(policy: 
     )
     with StreamsServerProcess(extra_args=args) as node:
         node.start()
-        host, port = node.route_url[len("tcp://") :].split(":")
-        slow = socket.create_connection((host, int(port)), timeout=10)
-        hello = Hello(PROTOCOL_VERSION, "slow", "", "client")
-        slow.sendall(
-            encode_frame(FrameType.HELLO, "", payload=encode_payload(hello))
-            + encode_frame(FrameType.SUB_ADD, "", "bp.flood")
-            + encode_frame(FrameType.SYNC_REQ, "")
-        )
-        reader = FrameReader()
-        await asyncio.to_thread(read_frames, slow, FrameType.SYNC_RESP, reader)
+        peer = await asyncio.to_thread(RawPeer(node.route_url, "slow", "", "client").authenticate)
+        slow, reader = peer.sock, peer.reader
+        slow.sendall(encode_frame(FrameType.SUB_ADD, "", "bp.flood") + encode_frame(FrameType.SYNC_REQ, ""))
+        await asyncio.to_thread(peer.read_until, FrameType.SYNC_RESP)
         publisher = await MeshClient(node.route_url).connect()
         total = 40_000
         try:

@@ -21,6 +21,7 @@ import logging
 import os
 import random
 import secrets
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -40,6 +41,15 @@ from meshplane.core.mesh.frames import (
     encode_frame,
     encode_payload,
     event_parts,
+)
+from meshplane.core.mesh.handshake import (
+    NONCE_BYTES,
+    Auth,
+    decode_auth,
+    encode_auth,
+    new_nonce,
+    proof,
+    proof_ok,
 )
 from meshplane.core.subjects import SubjectTrie
 from meshplane.errors import ConfigError, TransportAuthError, TransportError
@@ -72,6 +82,7 @@ class MeshClient:
         timeout: float = 10.0,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         name: str = "meshplane",
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
         self.addresses = parse_node_urls(url)
@@ -85,7 +96,8 @@ class MeshClient:
         self.dropped_disconnected = 0
         self.bad_frames = 0
         self._conn: FrameConnection | None = None
-        self._hello: asyncio.Future[Hello] | None = None
+        self.tls = tls
+        self._handshake: asyncio.Queue[Frame | None] | None = None  # HELLO and AUTH while connecting
         self._pings: list[asyncio.Future[None]] = []
         self._subs: dict[int, tuple[str, Callback]] = {}
         self._trie: SubjectTrie[int] = SubjectTrie()
@@ -120,35 +132,86 @@ class MeshClient:
 
     async def _connect_once(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
-        self._hello = loop.create_future()
-        # An HA pair's mates in turn: the standby does not listen until it has taken over.
+        self._handshake = asyncio.Queue()
+        # An HA pair's mates in turn: the standby does not listen until it has taken over. A node that
+        # closes during the handshake makes the next attempt go to the next address at once.
         host, port = self.addresses[self._next_address % len(self.addresses)]
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(self._protocol, host, port), timeout)
-        except (OSError, TimeoutError):
+            async with asyncio.timeout(timeout):
+                _, conn = await loop.create_connection(
+                    self._protocol, host, port, ssl=self.tls, server_hostname=host if self.tls else None
+                )
+                try:
+                    origin = await self._handshake_with(conn)
+                except BaseException:
+                    conn.close()
+                    raise
+        except (OSError, TimeoutError, ConnectionError):
             self._next_address += 1
             raise
-        hello = Hello(PROTOCOL_VERSION, self.name[:16], "", "client", 0, self.secret)
-        conn.send(encode_frame(FrameType.HELLO, "", payload=encode_payload(hello)))
-        try:
-            answer = await asyncio.wait_for(asyncio.shield(self._hello), timeout)
-        except TimeoutError:
-            conn.close()
-            raise
-        if answer.error:
-            conn.close()
-            if "secret" in answer.error:
-                raise TransportAuthError(
-                    f"the mesh node at {self.url} refused us: {answer.error} ({SECRET_HINT})"
-                )
-            raise TransportError(f"the mesh node at {self.url} refused us: {answer.error}")
-        self.node = answer.node
-        self._origin = answer.origin
+        finally:
+            self._handshake = None
+        self._origin = origin
         self._conn = conn
         for pattern in self._patterns:
             conn.send(encode_frame(FrameType.SUB_ADD, "", pattern))
         for raw, _ in self._unconfirmed.values():
             conn.send(raw)
+
+    async def _handshake_with(self, conn: FrameConnection) -> str:
+        """HELLO, the node's challenge, both proofs (:mod:`meshplane.core.mesh.handshake`): the origin
+        the node gave this connection."""
+        assert self._handshake is not None
+        name, nonce = self.name.encode()[:16].decode(errors="ignore"), new_nonce()
+        hello = Hello(PROTOCOL_VERSION, name, "", "client", 0, nonce)
+        conn.send(encode_frame(FrameType.HELLO, "", payload=encode_payload(hello)))
+        answer = self._refusal_or_hello(await self._handshake.get())
+        if len(answer.nonce) != NONCE_BYTES:
+            raise TransportError(f"the mesh node at {self.url} sent no challenge (an older protocol?)")
+        self.node = answer.node
+
+        def proof_of(dialler: bool) -> bytes:
+            return proof(
+                self.secret,
+                dialler=dialler,
+                dialler_nonce=nonce,
+                node_nonce=answer.nonce,
+                role="client",
+                dialler_id=name,
+                node_id=answer.node,
+            )
+
+        conn.send(encode_frame(FrameType.AUTH, "", payload=encode_auth(Auth(proof_of(True)))))
+        frame = await self._handshake.get()
+        if frame is None or frame.type is not FrameType.AUTH:
+            self._refusal_or_hello(frame)
+            raise TransportError(f"the mesh node at {self.url} answered out of turn")
+        try:
+            auth = decode_auth(frame.payload)
+        except ValueError as exc:
+            raise TransportError(f"mesh node {self.url}: {exc}") from None
+        if not proof_ok(proof_of(False), auth.proof):
+            raise TransportAuthError(
+                f"the mesh node at {self.url} could not prove it holds the mesh secret ({SECRET_HINT})"
+            )
+        return auth.origin
+
+    def _refusal_or_hello(self, frame: Frame | None) -> Hello:
+        if frame is None:
+            raise ConnectionError(f"the mesh node at {self.url} closed the connection during the handshake")
+        if frame.type is not FrameType.HELLO:
+            raise TransportError(f"the mesh node at {self.url} answered out of turn")
+        try:
+            answer = decode_hello(frame.payload)
+        except ValueError as exc:
+            raise TransportError(f"mesh node {self.url}: {exc}") from None
+        if answer.error:
+            if "secret" in answer.error:
+                raise TransportAuthError(
+                    f"the mesh node at {self.url} refused us: {answer.error} ({SECRET_HINT})"
+                )
+            raise TransportError(f"the mesh node at {self.url} refused us: {answer.error}")
+        return answer
 
     def _protocol(self) -> FrameConnection:
         return FrameConnection(
@@ -184,13 +247,14 @@ class MeshClient:
                 ping = self._pings.pop(0)
                 if not ping.done():
                     ping.set_result(None)
-        elif frame.type is FrameType.HELLO and self._hello is not None and not self._hello.done():
-            try:
-                self._hello.set_result(decode_hello(frame.payload))
-            except ValueError as exc:
-                self._hello.set_exception(TransportError(f"mesh node {self.url}: {exc}"))
+        elif frame.type is FrameType.HEARTBEAT:
+            conn.send(encode_frame(FrameType.HEARTBEAT, ""))  # the node closes idle connections
+        elif frame.type in (FrameType.HELLO, FrameType.AUTH) and self._handshake is not None:
+            self._handshake.put_nowait(frame)
 
     def _on_close(self, conn: FrameConnection) -> None:
+        if self._handshake is not None and conn is not self._conn:
+            self._handshake.put_nowait(None)
         if conn is not self._conn:
             return
         self._conn = None

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-import secrets
+import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from meshplane.core.backpressure import SubscriberQueue
 from meshplane.core.mesh.frames import (
     FLAG_GUARANTEED,
     FLAG_PROPAGATED,
-    NODE_ID_BYTES,
     Frame,
     FrameType,
     encode_frame,
@@ -34,7 +34,9 @@ class Clients:
         self.sessions: dict[str, ClientSession] = {}
         self._ids = itertools.count(1)
         self._pings = itertools.count(1)
-        self._pending_pings: dict[int, tuple[ClientSession, int, set[str]]] = {}
+        # token -> (client, its ping's sequence, peers still to answer, deadline)
+        self._pending_pings: dict[int, tuple[ClientSession, int, set[str], float]] = {}
+        self._pings_of: Counter[ClientSession] = Counter()
 
     def peer_gone(self, peer: str) -> None:
         """A peer that is gone answers no ping."""
@@ -49,14 +51,12 @@ class Clients:
             node.config.max_message_queue_bytes,
             node.config.backpressure_policy,
         )
-        # The client stamps its EVENTs with this origin, so the node passes them on unchanged; random,
-        # so that event ids ({timestamp}-{sequence}-{origin}) stay unique across the mesh.
-        origin = secrets.token_hex(NODE_ID_BYTES // 2)
-        session = ClientSession(client_id, state.conn, queue, origin=origin, on_overflow=self._overflowed)
+        session = ClientSession(
+            client_id, state.conn, queue, origin=state.origin, on_overflow=self._overflowed
+        )
         state.role, state.session = "client", session
         state.conn.peer = client_id
         self.sessions[client_id] = session
-        node.send_hello(state.conn, "client", origin=origin)
 
     def _overflowed(self, session: ClientSession) -> None:
         node = self.node
@@ -105,8 +105,12 @@ class Clients:
         elif kind is FrameType.SYNC_REQ:  # a client's ping: everything before it has been handled ...
             peers = {peer for peer, link in node.links.items() if link.conn is not None}
             if frame.flags & FLAG_PROPAGATED and peers:  # ... here and, with this flag, at every peer
+                if self._pings_of[session] >= node.config.limits.max_pings_per_client:
+                    return node.close_peer(session.conn, "ping_limit", session.client_id)
                 token = next(self._pings)
-                self._pending_pings[token] = (session, frame.sequence, peers)
+                deadline = time.monotonic() + node.config.limits.ping_timeout
+                self._pending_pings[token] = (session, frame.sequence, peers, deadline)
+                self._pings_of[session] += 1
                 ping = encode_frame(FrameType.SYNC_REQ, node.node_id, sequence=token)
                 for peer in peers:
                     conn = node.links[peer].conn
@@ -131,16 +135,34 @@ class Clients:
         pending = self._pending_pings.get(token)
         if pending is None:
             return
-        session, client_sequence, waiting = pending
+        session, client_sequence, waiting, _ = pending
         waiting.discard(peer)
         if not waiting:
             del self._pending_pings[token]
+            if self._pings_of.get(session, 0) > 1:
+                self._pings_of[session] -= 1
+            else:
+                self._pings_of.pop(session, None)
             if session.conn.is_open:
                 session.conn.send(encode_frame(FrameType.SYNC_RESP, node.node_id, sequence=client_sequence))
+
+    def expire_pings(self, now: float) -> None:
+        """A ping a peer has not answered in time is answered anyway (dicts keep their order: the
+        oldest come first), so no client's pings pile up behind a peer that never reads."""
+        expired = []
+        for token, (_, _, waiting, deadline) in self._pending_pings.items():
+            if deadline > now:
+                break
+            expired.append((token, set(waiting)))
+        for token, waiting in expired:
+            self.node.counters["pings_expired"] += 1
+            for peer in waiting:
+                self.pong(peer, token)
 
     def drop(self, session: ClientSession) -> None:
         node = self.node
         self.sessions.pop(session.client_id, None)
+        self._pings_of.pop(session, None)  # its pings still waiting expire in their time
         node.counters["client_dropped_events"] += session.dropped
         for pattern in node.router.patterns_of(session):
             node.unsubscribe(session, pattern)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from meshplane.core.backpressure import POLICIES, BackpressurePolicy
@@ -23,6 +25,53 @@ def parse_route(url: str) -> tuple[str, int]:
     if parts.scheme != "tcp" or not parts.hostname or parts.port is None:
         raise ConfigError(f"route {url!r}: expected tcp://HOST:PORT")
     return parts.hostname, parts.port
+
+
+@dataclass(frozen=True)
+class MeshTls:
+    """TLS 1.3 on a node's links and client connections: its certificate and key, and the CA that
+    signs its peers' (with ``ca``, every connection must present a certificate it signed, and a route's
+    or gateway's must name the node id or cluster its HELLO claims)."""
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        return self._load(context, ssl.CERT_REQUIRED if self.ca else ssl.CERT_NONE)
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        # Peers are named by node id, not host name: the id is checked against the certificate after
+        # HELLO (a route to 10.0.0.5 is node "b" if its certificate says "b").
+        context.check_hostname = False
+        return self._load(context, ssl.CERT_REQUIRED if self.ca else ssl.CERT_NONE)
+
+    def _load(self, context: ssl.SSLContext, verify: ssl.VerifyMode) -> ssl.SSLContext:
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+        try:
+            context.load_cert_chain(self.cert, self.key)
+            if self.ca is not None:
+                context.load_verify_locations(cafile=self.ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"mesh TLS: cannot load {self.cert}, {self.key} or {self.ca}: {exc}") from None
+        context.verify_mode = verify
+        return context
+
+
+@dataclass(frozen=True)
+class PeerLimits:
+    """What one connection can make a node hold or spend (docs/security.md); passing a limit closes
+    that connection with a counted reason (``closed_<reason>`` in ``GET /mesh``)."""
+
+    max_routes: int = 1024  # route peers a node remembers (a Link and a Bloom filter each)
+    max_patterns_per_peer: int = 100_000  # interest one route or gateway may advertise
+    max_pending_bytes: int = 96 * 1024 * 1024  # queued for one connection, unread by its peer
+    max_pings_per_client: int = 1000  # propagated pings of one client waiting for the peers
+    ping_timeout: float = 10.0  # a propagated ping is answered after this long whatever the peers do
+    frame_timeout: float = 10.0  # seconds to finish a frame once it has begun
+    idle_timeout: float = 120.0  # seconds a connection may send nothing at all (clients ping)
 
 
 @dataclass
@@ -53,6 +102,8 @@ class MeshConfig:
     max_clients: int = 10_000
     max_patterns_per_client: int = 10_000
     spool: SpoolLimits = field(default_factory=SpoolLimits)  # guaranteed events per destination node
+    limits: PeerLimits = field(default_factory=PeerLimits)
+    tls: MeshTls | None = None  # routes, gateways and clients over TLS (with its CA: mutual)
     faults: frozenset[str] = frozenset()  # fault injection for tests: see FAULTS
 
     def __post_init__(self) -> None:

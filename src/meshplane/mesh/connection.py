@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,6 +45,8 @@ class FrameConnection(asyncio.Protocol):
         on_open: Callable[[FrameConnection], None] | None = None,
         on_resume: Callable[[FrameConnection], None] | None = None,
         on_eof: Callable[[FrameConnection], bool] | None = None,
+        on_limit: Callable[[FrameConnection, str], None] | None = None,
+        max_pending_bytes: int = 0,
     ) -> None:
         self.reader = FrameReader(max_payload)
         self.batch_size = max(1, batch_size)
@@ -61,6 +64,10 @@ class FrameConnection(asyncio.Protocol):
         self._on_open = on_open
         self._on_resume = on_resume
         self._on_eof = on_eof
+        self._on_limit = on_limit
+        self.max_pending_bytes = max_pending_bytes  # 0: no limit
+        self.last_received = time.monotonic()
+        self.partial_since: float | None = None  # when the frame not yet whole began to arrive
         self.peer_done = False
         self._pending: list[bytes] = []
         self._pending_bytes = 0
@@ -77,7 +84,13 @@ class FrameConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.stats.bytes_in += len(data)
-        for item in self.reader.feed(data):
+        self.last_received = now = time.monotonic()
+        items = self.reader.feed(data)
+        if not self.reader.pending:
+            self.partial_since = None
+        elif items or self.partial_since is None:
+            self.partial_since = now  # a frame completed here: the one pending began here too
+        for item in items:
             if isinstance(item, FrameError):
                 self.stats.bad_frames += 1
                 self._on_bad(self, item)
@@ -133,6 +146,9 @@ class FrameConnection(asyncio.Protocol):
         self._pending.append(frame)
         self._pending_bytes += len(frame)
         self.stats.frames_out += 1
+        if self.max_pending_bytes and self._pending_bytes > self.max_pending_bytes:
+            self.limit("slow_peer")  # before the transport's own buffer grows without bound
+            return
         if len(self._pending) >= self.batch_size:
             self.flush()
         elif self._flush_handle is None:
@@ -155,6 +171,19 @@ class FrameConnection(asyncio.Protocol):
         self.stats.bytes_out += len(data)
         self.stats.batches_out += 1
         self.transport.write(data)
+        if self.max_pending_bytes and self.transport.get_write_buffer_size() > self.max_pending_bytes:
+            self.limit("slow_peer")
+
+    def limit(self, reason: str) -> None:
+        """This connection passed a limit: told once, then closed without what it had queued."""
+        transport, self.transport = self.transport, None
+        if transport is None:
+            return
+        self._pending.clear()
+        self._pending_bytes = 0
+        if self._on_limit is not None:
+            self._on_limit(self, reason)
+        transport.abort()
 
     async def drain(self) -> None:
         """Wait while the socket pushes back (the transport's buffer is above its high-water mark)."""
@@ -178,3 +207,10 @@ class FrameConnection(asyncio.Protocol):
         self.flush()
         if self.transport is not None:
             self.transport.close()
+
+    def check_deadlines(self, now: float, frame_timeout: float, idle_timeout: float) -> None:
+        """Close a connection whose frame has been arriving too long, or that has sent nothing."""
+        if self.partial_since is not None and now - self.partial_since > frame_timeout:
+            self.limit("slow_frame")
+        elif idle_timeout and now - self.last_received > idle_timeout:
+            self.limit("idle")

@@ -33,7 +33,13 @@ from meshplane.core.mesh.frames import (
     encode_payload,
     event_parts,
 )
-from meshplane.core.mesh.interest import OwnInterest, PeerInterest, decode_leaves, encode_leaves
+from meshplane.core.mesh.interest import (
+    OwnInterest,
+    PeerInterest,
+    decode_leaves,
+    encode_leaves,
+    version_ceiling,
+)
 from meshplane.core.subjects import is_reserved
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.links import Handshake, Link, link_status
@@ -116,12 +122,9 @@ class Gateways:
 
     # --- links ---------------------------------------------------------------------------------------
 
-    def on_hello(self, state: Handshake, hello: Hello) -> None:
+    def install(self, state: Handshake, hello: Hello) -> None:
+        """An external link whose handshake is complete (its cluster checked, both proofs right)."""
         node, cluster = self.node, hello.cluster
-        if cluster not in self.remote or cluster == node.config.cluster:
-            return node.refuse(state, "gateway", f"cluster {cluster!r} is not one this gateway links to")
-        if not state.dialed:
-            node.send_hello(state.conn, "gateway")
         link = self.links.setdefault(cluster, GatewayLink(cluster))
         if link.conn is not None and link.conn is not state.conn:
             link.conn.close()  # at most one external link between two clusters: the newest
@@ -164,6 +167,10 @@ class Gateways:
             pattern = node.valid_pattern(frame.subject)
             if pattern is None:
                 link.counters["bad_frames"] += 1
+            elif frame.sequence > version_ceiling(link.interest.version, link.epoch, time.time_ns()):
+                node.close_peer(link.conn, "version_jump", f"cluster {cluster}")
+            elif added and len(link.interest.versions) >= node.config.limits.max_patterns_per_peer:
+                node.close_peer(link.conn, "pattern_limit", f"cluster {cluster}")
             elif link.interest.apply(pattern, frame.sequence, added):
                 (node.subscribe if added else node.unsubscribe)(link.holder, pattern)
         elif kind is FrameType.HEARTBEAT:
@@ -191,6 +198,10 @@ class Gateways:
             except ValueError:
                 link.counters["bad_frames"] += 1
                 return
+            if answer.version > version_ceiling(link.interest.version, link.epoch, time.time_ns()):
+                return node.close_peer(link.conn, "version_jump", f"cluster {cluster}")
+            if sum(len(b) for b in answer.buckets.values()) > node.config.limits.max_patterns_per_peer:
+                return node.close_peer(link.conn, "pattern_limit", f"cluster {cluster}")
             buckets = {
                 i: [p for p in ps if node.valid_pattern(p) is not None] for i, ps in answer.buckets.items()
             }

@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshplane.core.mesh.frames import Hello
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.holders import ClientSession
 
@@ -53,16 +54,21 @@ class Link:
 
 @dataclass(eq=False)
 class Handshake:
-    """One connection's side of the handshake."""
+    """One connection's side of the handshake (:mod:`meshplane.core.mesh.handshake`)."""
 
     conn: FrameConnection
     dialed: bool
-    role: str = ""  # "route", "client" or "gateway" once HELLO is in
+    role: str = ""  # "route", "client" or "gateway" once both sides have proven the secret
     peer: str = ""
     session: ClientSession | None = None
     error: str = ""
     superseded: bool = False
     dial_role: str = "route"  # what a dialled connection says it is: "route" or "gateway"
+    nonce: bytes = b""  # this side's challenge
+    hello: Hello | None = None  # the other side's HELLO, until its proof is in
+    proved: bool = False  # a dialled connection: this side's AUTH went out
+    origin: str = ""  # a client's: the source id its EVENTs are to carry
+    was_current: bool = False  # a route connection that carried its link (its frames apply)
 
 
 def link_status(link: Link, patterns_remote: int, bloom_false_positives: int) -> dict[str, Any]:

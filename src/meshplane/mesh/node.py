@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import logging
 import random
+import ssl
 import time
 from collections import Counter
 from collections.abc import Collection, Iterable
@@ -35,13 +36,12 @@ from meshplane.core.mesh.frames import (
     FrameType,
     Hello,
     SyncResponse,
-    decode_hello,
     decode_sync,
     encode_frame,
     encode_payload,
     event_parts,
 )
-from meshplane.core.mesh.interest import decode_leaves, encode_leaves
+from meshplane.core.mesh.interest import decode_leaves, encode_leaves, version_ceiling
 from meshplane.core.mesh.router import Router
 from meshplane.core.subjects import InvalidSubject, is_reserved, validate
 from meshplane.mesh.clients import Clients
@@ -49,6 +49,7 @@ from meshplane.mesh.config import MeshConfig, parse_route
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.gateways import GatewayHolder, Gateways
 from meshplane.mesh.guaranteed import Guaranteed
+from meshplane.mesh.handshakes import Handshakes
 from meshplane.mesh.holders import Holder, MeshEvent, PubSubBridge, PubSubHolder
 from meshplane.mesh.links import Handshake, Link
 from meshplane.mesh.status import node_status
@@ -83,6 +84,9 @@ class MeshNode:
         self._running = False
         self.gateways = Gateways(self)
         self.guaranteed = Guaranteed(self, config.spool)
+        self.handshakes = Handshakes(self)
+        self._server_tls = config.tls.server_context() if config.tls is not None else None
+        self._client_tls = config.tls.client_context() if config.tls is not None else None
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -99,6 +103,8 @@ class MeshNode:
             self.config.host,
             self.config.route_port,
             reuse_address=True,
+            ssl=self._server_tls,
+            ssl_handshake_timeout=self.config.handshake_timeout if self._server_tls else None,
         )
         self.route_port = int(self._server.sockets[0].getsockname()[1])
         self._tasks.append(asyncio.create_task(self._heartbeats()))
@@ -134,16 +140,20 @@ class MeshNode:
             on_open=self._on_open,
             on_resume=self._on_resume,
             on_eof=self._on_eof,
+            on_limit=self._on_limit,
+            max_pending_bytes=self.config.limits.max_pending_bytes,
         )
         self._conns[conn] = Handshake(conn, dialed, dial_role=role)
         return conn
 
     def _on_open(self, conn: FrameConnection) -> None:
-        state = self._conns[conn]
-        if state.dialed:
-            self.send_hello(conn, "gateway" if state.dial_role == "gateway" else "route")
+        self.handshakes.opened(self._conns[conn])
         loop = asyncio.get_running_loop()
         loop.call_later(self.config.handshake_timeout, self._handshake_deadline, conn)
+
+    def _on_limit(self, conn: FrameConnection, reason: str) -> None:
+        self.counters[f"closed_{reason}"] += 1
+        log.warning("closed the connection of %s: %s", conn.peer or "a new peer", reason.replace("_", " "))
 
     def _handshake_deadline(self, conn: FrameConnection) -> None:
         state = self._conns.get(conn)
@@ -156,18 +166,10 @@ class MeshNode:
         conn: FrameConnection,
         role: Literal["route", "client", "gateway"],
         error: str = "",
-        origin: str = "",
+        nonce: bytes = b"",
     ) -> None:
-        hello = Hello(
-            PROTOCOL_VERSION,
-            self.node_id,
-            self.config.cluster,
-            role,
-            self.epoch,
-            self.config.secret,
-            error,
-            origin,
-        )
+        """HELLO never carries the secret: ``nonce`` is this side's challenge (see :mod:`.handshakes`)."""
+        hello = Hello(PROTOCOL_VERSION, self.node_id, self.config.cluster, role, self.epoch, nonce, error)
         conn.send(encode_frame(FrameType.HELLO, self.node_id, payload=encode_payload(hello)))
 
     # --- dialling ------------------------------------------------------------------------------------
@@ -179,10 +181,19 @@ class MeshNode:
         while self._running:
             try:
                 _, conn = await asyncio.wait_for(
-                    loop.create_connection(lambda: self._connection(dialed=True, role=role), host, port),
+                    loop.create_connection(
+                        lambda: self._connection(dialed=True, role=role),
+                        host,
+                        port,
+                        ssl=self._client_tls,
+                        server_hostname=host if self._client_tls else None,
+                    ),
                     self.config.handshake_timeout,
                 )
-            except (TimeoutError, OSError):
+            except (TimeoutError, OSError) as exc:
+                if isinstance(exc, ssl.SSLError):
+                    self.frame_errors["tls_handshake"] += 1
+                    log.warning("route %s: TLS handshake failed: %s", route, exc)
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
                 backoff = min(self.config.reconnect_max, backoff * 2)
                 continue
@@ -213,6 +224,9 @@ class MeshNode:
         state = self._conns[conn]
         if state.role == "route":
             link = self.links[state.peer]
+            if not state.was_current:  # the losing one of two connections: nothing on it applies
+                self.frame_errors["not_current_connection"] += 1
+                return
             held = frame.type is FrameType.EVENT or frame.type is FrameType.SPOOLED
             if link.retiring is not None and conn is link.conn and held:
                 self._hold(link, frame)  # the retired connection's last events come first
@@ -222,45 +236,8 @@ class MeshNode:
             self.gateways.on_frame(state.peer, frame)
         elif state.session is not None:
             self.clients.on_frame(state.session, frame)
-        elif frame.type is FrameType.HELLO:
-            self._on_hello(state, frame)
         else:
-            self.frame_errors["before_hello"] += 1
-            conn.close()
-
-    def _on_hello(self, state: Handshake, frame: Frame) -> None:
-        conn = state.conn
-        try:
-            hello = decode_hello(frame.payload)
-        except ValueError as exc:
-            return self.refuse(state, "malformed", str(exc))
-        if hello.error:
-            state.error = "self" if hello.error.startswith("self") else hello.error
-            log.warning("node at %s refused this node: %s", conn.peer or "a route", hello.error)
-            return conn.close()
-        if hello.protocol != PROTOCOL_VERSION:
-            return self.refuse(
-                state, "version", f"protocol {hello.protocol}; this node speaks {PROTOCOL_VERSION}"
-            )
-        if self.config.secret and hello.secret != self.config.secret:
-            return self.refuse(state, "auth", "wrong or missing mesh secret")
-        if hello.role == "gateway":
-            if not self.gateways.enabled:
-                return self.refuse(state, "gateway", "this node is not a gateway (no --gateway)")
-            return self.gateways.on_hello(state, hello)
-        if hello.role == "client":
-            if state.dialed or len(self.clients.sessions) >= self.config.max_clients:
-                return self.refuse(state, "limit", f"{self.config.max_clients} clients (the limit)")
-            return self.clients.accept(state)
-        if hello.node == self.node_id:
-            return self.refuse(state, "self", "self: a route to this node itself")
-        if hello.cluster != self.config.cluster:
-            return self.refuse(
-                state, "cluster", f"cluster {hello.cluster!r}; this node is in {self.config.cluster!r}"
-            )
-        if not state.dialed:
-            self.send_hello(conn, "route")
-        self._install_link(state, hello)
+            self.handshakes.on_frame(state, frame)
 
     def refuse(self, state: Handshake, reason: str, detail: str) -> None:
         self.frame_errors[f"hello_{reason}"] += 1
@@ -270,7 +247,20 @@ class MeshNode:
         state.error = reason
         state.conn.close()
 
-    def _install_link(self, state: Handshake, hello: Hello) -> None:
+    def link_taken(self, state: Handshake, hello: Hello) -> str:
+        """Why an authenticated route HELLO may not take the link (empty: it may). A link carried by a
+        live connection is never taken over by another process of the same id (another epoch);
+        two connections from the same process (both ends dialled) are paired as below."""
+        link = self.links.get(hello.node)
+        if link is None or link.conn is None or link.conn is state.conn or not link.conn.is_open:
+            if link is None and len(self.links) >= self.config.limits.max_routes:
+                return f"{self.config.limits.max_routes} route peers (the limit)"
+            return ""
+        if link.epoch != hello.epoch:
+            return f"node {hello.node!r} has a live link from another process"
+        return ""
+
+    def install_link(self, state: Handshake, hello: Hello) -> None:
         peer, conn = hello.node, state.conn
         link = self.links.setdefault(peer, Link(peer))
         dialer = self.node_id if state.dialed else peer
@@ -288,7 +278,7 @@ class MeshNode:
             loser.retire()
             if not keep_new:
                 return
-        state.role, state.peer = "route", peer
+        state.role, state.peer, state.was_current = "route", peer, True
         conn.peer = peer
         if link.epoch and link.epoch != hello.epoch:
             self.counters["peer_restarts"] += 1
@@ -387,6 +377,12 @@ class MeshNode:
             pattern = self._valid(frame.subject, wildcards=True)
             if pattern is None:
                 return self._count_bad(link, "bad_pattern")
+            peer_state = self.router.peers.get(link.peer)
+            if peer_state is not None:
+                if frame.sequence > version_ceiling(peer_state.interest.version, link.epoch, time.time_ns()):
+                    return self.close_peer(link.conn, "version_jump", link.peer)
+                if added and len(peer_state.interest.versions) >= self.config.limits.max_patterns_per_peer:
+                    return self.close_peer(link.conn, "pattern_limit", link.peer)
             if self.router.apply(link.peer, pattern, frame.sequence, added):
                 gained, lost = ({pattern}, ()) if added else ((), {pattern})
                 self.gateways.changed(gained, lost)
@@ -422,6 +418,12 @@ class MeshNode:
                 answer = decode_sync(frame.payload)
             except ValueError:
                 return self._count_bad(link, "bad_sync")
+            peer_state = self.router.peers.get(link.peer)
+            known = peer_state.interest.version if peer_state is not None else 0
+            if answer.version > version_ceiling(known, link.epoch, time.time_ns()):
+                return self.close_peer(link.conn, "version_jump", link.peer)
+            if sum(len(b) for b in answer.buckets.values()) > self.config.limits.max_patterns_per_peer:
+                return self.close_peer(link.conn, "pattern_limit", link.peer)
             buckets = {
                 i: [p for p in patterns if self._valid(p, wildcards=True) is not None]
                 for i, patterns in answer.buckets.items()
@@ -437,6 +439,14 @@ class MeshNode:
                 self.guaranteed.link_up(link.peer, self.router.peers[link.peer].interest.versions)
         else:
             self._count_bad(link, "unexpected_hello")
+
+    def close_peer(self, conn: FrameConnection | None, reason: str, who: str) -> None:
+        """A connection that passed a limit or broke the protocol: closed, counted, logged; nobody
+        else notices."""
+        self.counters[f"closed_{reason}"] += 1
+        log.warning("closed the connection of %s: %s", who or "a peer", reason.replace("_", " "))
+        if conn is not None:
+            conn.close()
 
     def _count_bad(self, link: Link, reason: str) -> None:
         link.counters["bad_frames"] += 1
@@ -630,6 +640,10 @@ class MeshNode:
                 self._request_sync(link)  # the answer went missing
         for session in self.clients.sessions.values():
             session.conn.send(heartbeat)
+        limits = self.config.limits
+        for conn in list(self._conns):
+            conn.check_deadlines(now, limits.frame_timeout, limits.idle_timeout)
+        self.clients.expire_pings(now)
         self.gateways.tick(now)
         self.guaranteed.tick()
 

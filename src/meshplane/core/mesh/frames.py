@@ -3,7 +3,7 @@
 Byte for byte (docs/mesh.md)::
 
     0      1   type        SUB_ADD 1, SUB_REMOVE 2, EVENT 3, HEARTBEAT 4, SYNC_REQ 5, SYNC_RESP 6, HELLO 7,
-                           SPOOLED 8, ACK 9
+                           SPOOLED 8, ACK 9, AUTH 10
     1      1   flags       bit 0 on EVENT: the body is a pub/sub message (JSON), else opaque bytes;
                            bit 1 on a client's ping: answer once every peer has handled what came before;
                            bit 2 on EVENT: guaranteed (stored before it is acknowledged)
@@ -38,7 +38,7 @@ import msgspec
 
 from meshplane.core.subjects import MAX_SUBJECT_BYTES
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the secret is proven (HELLO's nonces, then AUTH), never sent
 NODE_ID_BYTES = 16
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
 
@@ -66,6 +66,7 @@ class FrameType(enum.IntEnum):
     HELLO = 7
     SPOOLED = 8
     ACK = 9
+    AUTH = 10
 
 
 @dataclass(slots=True)
@@ -218,16 +219,16 @@ class FrameReader:
 
 
 class Hello(msgspec.Struct, frozen=True):
-    """HELLO's payload (MessagePack): who is connecting, as what, and (answering) why it was refused."""
+    """HELLO's payload (MessagePack): who is connecting, as what, its challenge (``nonce``, see
+    :mod:`.handshake`), and (answering) why it was refused."""
 
     protocol: int
     node: str
     cluster: str
     role: Literal["route", "client", "gateway"]
     epoch: int = 0  # the node's start time: a peer that restarted has a new one
-    secret: str = ""
+    nonce: bytes = b""
     error: str = ""
-    origin: str = ""  # to a client: the source id its EVENTs carry (unique in the mesh)
 
 
 class SyncResponse(msgspec.Struct, frozen=True):

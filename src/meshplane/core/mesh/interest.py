@@ -34,6 +34,21 @@ def root_of(leaves: list[bytes]) -> bytes:
     return hashlib.blake2b(b"".join(leaves), digest_size=HASH_BYTES).digest()
 
 
+MAX_CHANGES_PER_SECOND = 1_000_000  # interest versions a node can make, at most (one a microsecond)
+VERSION_SLACK = 1_000_000
+
+
+def version_ceiling(known: int, epoch_ns: int, now_ns: int) -> int:
+    """The highest interest version a peer may send next: far ahead of the highest seen (``known``)
+    once there is one, else beyond what a node started at ``epoch_ns`` can have made by ``now_ns``.
+    A version past it is a protocol error: applied, it would outrank every later update of the real
+    node (a tombstone nobody could lift). Every change is seen on a link (SUB_* frames are never
+    dropped; a new link starts from 0), so a legitimate jump stays small."""
+    if known:
+        return known + VERSION_SLACK
+    return max(0, now_ns - epoch_ns) * MAX_CHANGES_PER_SECOND // 1_000_000_000 + VERSION_SLACK
+
+
 def encode_leaves(leaves: list[bytes]) -> bytes:
     return b"".join(leaves)
 

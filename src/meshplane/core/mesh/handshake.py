@@ -1,0 +1,71 @@
+"""The mesh handshake's proofs, sans I/O: who holds the mesh secret shows it without sending it.
+
+Four frames open every connection (docs/security.md):
+
+1. dialler -> node: HELLO with a fresh ``nonce`` (who it is, as what, of which cluster);
+2. node -> dialler: HELLO with a fresh ``nonce`` of its own (or an ``error``, and the connection ends);
+3. dialler -> node: AUTH with the dialler's proof over both nonces;
+4. node -> dialler: AUTH with the node's proof, once the dialler's was right (else a HELLO with an
+   error that says only why).
+
+A proof is HMAC-SHA256, keyed by the secret, over a label for the side that proves, both nonces,
+the role and both ids: it cannot be replayed on another connection (the nonces differ), turned
+around (the label differs) or moved to another identity. The dialler proves first, so a connection
+that does not hold the secret learns nothing it could reuse. Without a secret the key is empty:
+both sides still run the exchange, and a node with a secret refuses a peer without one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+
+import msgspec
+
+NONCE_BYTES = 32
+PROOF_BYTES = 32
+
+
+class Auth(msgspec.Struct, frozen=True):
+    """AUTH's payload: a side's proof; from the node to a client, also the origin its EVENTs carry."""
+
+    proof: bytes
+    origin: str = ""
+
+
+_auth_decoder = msgspec.msgpack.Decoder(Auth)
+encode_auth = msgspec.msgpack.Encoder().encode
+
+
+def decode_auth(payload: bytes) -> Auth:
+    try:
+        return _auth_decoder.decode(payload)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"malformed AUTH: {exc}") from None
+
+
+def new_nonce() -> bytes:
+    return os.urandom(NONCE_BYTES)
+
+
+def proof(
+    secret: str,
+    *,
+    dialler: bool,
+    dialler_nonce: bytes,
+    node_nonce: bytes,
+    role: str,
+    dialler_id: str,
+    node_id: str,
+) -> bytes:
+    """The proof of the side named by ``dialler`` (True: the one that connected)."""
+    label = b"meshplane-dialler" if dialler else b"meshplane-node"
+    message = b"\x00".join(
+        (label, dialler_nonce, node_nonce, role.encode(), dialler_id.encode(), node_id.encode())
+    )
+    return hmac.new(secret.encode(), message, hashlib.sha256).digest()
+
+
+def proof_ok(expected: bytes, given: bytes) -> bool:
+    return hmac.compare_digest(expected, given)

@@ -1,0 +1,200 @@
+"""A node's side of the handshake (:mod:`meshplane.core.mesh.handshake`): HELLO, the challenge, both
+proofs, and only then a link, an external link or a client session.
+
+Nothing is kept for a connection before its proof is checked: no Link, no Bloom filter, no session;
+a refusal says only why (``hello_<reason>`` counted). With TLS the peer's certificate must name the
+id its HELLO claims (a route's node id, a gateway's cluster), as nats-server maps route certificates.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import ssl
+from typing import TYPE_CHECKING, Any, Literal
+
+from meshplane.core.mesh.frames import (
+    PROTOCOL_VERSION,
+    Frame,
+    FrameType,
+    Hello,
+    check_node_id,
+    decode_hello,
+    encode_frame,
+)
+from meshplane.core.mesh.handshake import (
+    NONCE_BYTES,
+    Auth,
+    decode_auth,
+    encode_auth,
+    new_nonce,
+    proof,
+    proof_ok,
+)
+from meshplane.mesh.links import Handshake
+
+if TYPE_CHECKING:
+    from meshplane.mesh.node import MeshNode
+
+log = logging.getLogger(__name__)
+
+MAX_CLUSTER_BYTES = 64
+
+
+def certificate_names(peercert: dict[str, Any] | None) -> set[str]:
+    """The names a verified certificate carries: its DNS subject alternative names and common name."""
+    if not peercert:
+        return set()
+    names = {value for kind, value in peercert.get("subjectAltName", ()) if kind == "DNS"}
+    for rdn in peercert.get("subject", ()):
+        names.update(value for key, value in rdn if key == "commonName")
+    return names
+
+
+class Handshakes:
+    def __init__(self, node: MeshNode) -> None:
+        self.node = node
+
+    def opened(self, state: Handshake) -> None:
+        state.nonce = new_nonce()
+        if state.dialed:
+            role: Literal["route", "gateway"] = "gateway" if state.dial_role == "gateway" else "route"
+            self.node.send_hello(state.conn, role, nonce=state.nonce)
+
+    def on_frame(self, state: Handshake, frame: Frame) -> None:
+        """A frame on a connection whose handshake is not complete."""
+        if frame.type is FrameType.HELLO and state.hello is None:
+            self._on_hello(state, frame)
+        elif frame.type is FrameType.AUTH and state.hello is not None:
+            self._on_auth(state, frame)
+        elif frame.type is FrameType.HELLO:  # an answer that refuses our proof
+            self._refused(state, frame)
+        else:
+            self.node.frame_errors["before_hello"] += 1
+            state.conn.close()
+
+    def _refused(self, state: Handshake, frame: Frame) -> None:
+        try:
+            hello = decode_hello(frame.payload)
+        except ValueError:
+            hello = None
+        error = hello.error if hello is not None else ""
+        state.error = "self" if error.startswith("self") else (error or "refused")
+        log.warning("node at %s refused this node: %s", state.conn.peer or "a route", error or "(no reason)")
+        state.conn.close()
+
+    def _on_hello(self, state: Handshake, frame: Frame) -> None:
+        node = self.node
+        try:
+            hello = decode_hello(frame.payload)
+        except ValueError as exc:
+            return node.refuse(state, "malformed", str(exc))
+        if hello.error:
+            return self._refused(state, frame)
+        if hello.protocol != PROTOCOL_VERSION:
+            return node.refuse(
+                state, "version", f"protocol {hello.protocol}; this node speaks {PROTOCOL_VERSION}"
+            )
+        if len(hello.nonce) != NONCE_BYTES:
+            return node.refuse(state, "malformed", f"a HELLO needs a {NONCE_BYTES}-byte nonce")
+        if state.dialed and hello.role != state.dial_role:
+            return node.refuse(state, "malformed", f"answered as {hello.role}, dialled as {state.dial_role}")
+        problem = self._check(state, hello)
+        if problem is not None:
+            return node.refuse(state, *problem)
+        state.hello = hello
+        if state.dialed:  # the dialler proves first: a node that cannot check it learns nothing
+            self._send_proof(state, hello)
+            state.proved = True
+        else:
+            if hello.role == "client":
+                # The client stamps its EVENTs with this origin, so the node passes them on unchanged;
+                # random, so that event ids ({timestamp}-{sequence}-{origin}) stay unique in the mesh.
+                state.origin = secrets.token_hex(8)
+            node.send_hello(state.conn, hello.role, nonce=state.nonce)
+
+    def _check(self, state: Handshake, hello: Hello) -> tuple[str, str] | None:
+        """Why a HELLO is refused before any proof, or None."""
+        node = self.node
+        if hello.role == "client":
+            if state.dialed or len(node.clients.sessions) >= node.config.max_clients:
+                return "limit", f"{node.config.max_clients} clients (the limit)"
+            return None
+        if hello.role == "gateway":
+            cluster = hello.cluster
+            if not node.gateways.enabled:
+                return "gateway", "this node is not a gateway (no --gateway)"
+            if cluster not in node.gateways.remote or cluster == node.config.cluster:
+                return "gateway", f"cluster {cluster[:MAX_CLUSTER_BYTES]!r} is not one this gateway links to"
+            return self._certificate_names(state, cluster)
+        try:
+            check_node_id(hello.node)
+        except ValueError as exc:
+            return "malformed", str(exc)
+        if hello.node == node.node_id:
+            return "self", "self: a route to this node itself"
+        if hello.cluster != node.config.cluster:
+            theirs = hello.cluster[:MAX_CLUSTER_BYTES]
+            return "cluster", f"cluster {theirs!r}; this node is in {node.config.cluster!r}"
+        return self._certificate_names(state, hello.node)
+
+    def _certificate_names(self, state: Handshake, claimed: str) -> tuple[str, str] | None:
+        """With TLS, a route's or gateway's certificate must carry the id it claims."""
+        transport = state.conn.transport
+        if self.node.config.tls is None or transport is None:
+            return None
+        ssl_object = transport.get_extra_info("ssl_object")
+        peercert = ssl_object.getpeercert() if isinstance(ssl_object, ssl.SSLObject) else None
+        if claimed not in certificate_names(peercert):
+            return "identity", f"the certificate does not name {claimed!r}"
+        return None
+
+    def _nonces(self, state: Handshake, hello: Hello) -> tuple[bytes, bytes, str, str]:
+        node_id = self.node.node_id
+        if state.dialed:
+            return state.nonce, hello.nonce, node_id, hello.node
+        return hello.nonce, state.nonce, hello.node, node_id
+
+    def _proof(self, state: Handshake, hello: Hello, *, dialler: bool) -> bytes:
+        dialler_nonce, node_nonce, dialler_id, node_id = self._nonces(state, hello)
+        return proof(
+            self.node.config.secret,
+            dialler=dialler,
+            dialler_nonce=dialler_nonce,
+            node_nonce=node_nonce,
+            role=hello.role,
+            dialler_id=dialler_id,
+            node_id=node_id,
+        )
+
+    def _send_proof(self, state: Handshake, hello: Hello, origin: str = "") -> None:
+        own = self._proof(state, hello, dialler=state.dialed)
+        payload = encode_auth(Auth(own, origin))
+        state.conn.send(encode_frame(FrameType.AUTH, self.node.node_id, payload=payload))
+
+    def _on_auth(self, state: Handshake, frame: Frame) -> None:
+        node, hello = self.node, state.hello
+        assert hello is not None
+        try:
+            auth = decode_auth(frame.payload)
+        except ValueError as exc:
+            return node.refuse(state, "malformed", str(exc))
+        if not proof_ok(self._proof(state, hello, dialler=not state.dialed), auth.proof):
+            if state.dialed:
+                node.frame_errors["hello_auth"] += 1
+                log.warning("the node at %s could not prove the mesh secret: not linked", state.conn.peer)
+                state.error = "auth"
+                return state.conn.close()
+            return node.refuse(state, "auth", "wrong or missing mesh secret")
+        if hello.role == "route":
+            taken = node.link_taken(state, hello)
+            if taken:
+                return node.refuse(state, "duplicate", taken)
+        if not state.dialed:
+            self._send_proof(state, hello, state.origin)
+        if hello.role == "route":
+            node.install_link(state, hello)
+        elif hello.role == "gateway":
+            node.gateways.install(state, hello)
+        else:
+            node.clients.accept(state)
