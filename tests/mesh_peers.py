@@ -45,6 +45,8 @@ class RawPeer:
     frames: list[Frame] = field(default_factory=list)
     nonce: bytes = field(default_factory=new_nonce)
     origin: str = ""
+    received: bytearray = field(default_factory=bytearray)  # every byte the node sent
+    sent_auth: bytes = b""  # the AUTH frame this peer sent (to replay it)
 
     def __post_init__(self) -> None:
         host, port = address(self.route_url)
@@ -64,6 +66,7 @@ class RawPeer:
             data = self.sock.recv(65536)
             if not data:
                 raise ConnectionError(f"the node closed the connection before a {kinds[0].name}")
+            self.received += data
             self.frames += [f for f in self.reader.feed(data) if isinstance(f, Frame)]
 
     def closed(self, timeout: float = 10.0) -> bool:
@@ -96,7 +99,8 @@ class RawPeer:
             dialler_id=self.node_id,
             node_id=answer.node,
         )
-        self.send(encode_frame(FrameType.AUTH, self.node_id, payload=encode_auth(Auth(ours))))
+        self.sent_auth = encode_frame(FrameType.AUTH, self.node_id, payload=encode_auth(Auth(ours)))
+        self.send(self.sent_auth)
         frame = self.read_until(FrameType.AUTH, FrameType.HELLO)
         if frame.type is FrameType.HELLO:
             raise ConnectionRefusedError(decode_hello(frame.payload).error)

@@ -466,6 +466,7 @@ class MeshCluster(_Cluster[StreamsServerProcess]):
         heartbeat_interval: float = 0.2,
         extra_args: tuple[str, ...] = (),
         node_args: dict[str, tuple[str, ...]] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.ids = [chr(ord("a") + i) for i in range(count)]
         ports = [free_port() for _ in self.ids]
@@ -478,7 +479,8 @@ class MeshCluster(_Cluster[StreamsServerProcess]):
                     *("--routes", ",".join(url for url in self.route_urls if not url.endswith(f":{port}"))),
                     *extra_args,
                     *(node_args or {}).get(node, ()),
-                )
+                ),
+                env=env,
             )
             for node, port in zip(self.ids, ports, strict=True)
         ]

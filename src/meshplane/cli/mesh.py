@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from meshplane.cli.tables import table
 from meshplane.core.backpressure import POLICIES
 from meshplane.core.mesh.router import RouterLimits
 from meshplane.errors import ConfigError
-from meshplane.mesh.config import FAULTS, MeshConfig
+from meshplane.mesh.config import FAULTS, MeshConfig, MeshTls, PeerLimits
 from meshplane.mesh.spool import SpoolLimits
 from meshplane.streams.config import StreamsConfig
 
@@ -113,6 +114,39 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
         help="guaranteed events kept for one unreachable node; beyond, publishes are refused",
     )
     mesh.add_argument("--mesh-fault", action="append", choices=FAULTS, default=[], help=argparse.SUPPRESS)
+    mesh.add_argument(
+        "--mesh-tls-cert", type=Path, metavar="PEM", help="TLS 1.3 on routes, gateways and clients"
+    )
+    mesh.add_argument("--mesh-tls-key", type=Path, metavar="PEM", help="... with this private key")
+    mesh.add_argument(
+        "--mesh-tls-ca",
+        type=Path,
+        metavar="PEM",
+        help="... and require every peer's certificate signed by this CA (a route's or gateway's must "
+        "name the node id or cluster it claims)",
+    )
+    limits = parser.add_argument_group("mesh limits per connection (passing one closes that connection)")
+    for name, (kind, help_text) in PEER_LIMIT_FLAGS.items():
+        default = getattr(PeerLimits(), name)
+        limits.add_argument(
+            f"--mesh-{name.replace('_', '-')}",
+            dest=f"mesh_{name}",
+            type=kind,
+            default=default,
+            metavar="N",
+            help=f"{help_text} (default {default})",
+        )
+
+
+PEER_LIMIT_FLAGS: dict[str, tuple[type, str]] = {
+    "max_routes": (int, "route peers a node remembers"),
+    "max_patterns_per_peer": (int, "patterns one route or gateway may advertise"),
+    "max_pending_bytes": (int, "bytes queued for one connection that its peer has not read"),
+    "max_pings_per_client": (int, "propagated pings of one client waiting for the peers"),
+    "ping_timeout": (float, "seconds before a propagated ping is answered whatever the peers do"),
+    "frame_timeout": (float, "seconds a connection may take to finish a frame"),
+    "idle_timeout": (float, "seconds a mesh connection may send nothing (0: no limit)"),
+}
 
 
 def _gateway(text: str) -> tuple[str, str]:
@@ -151,8 +185,20 @@ def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
         max_message_queue_size=args.max_message_queue_size,
         spool=SpoolLimits(max_bytes=args.spool_max_bytes, max_events=args.spool_max_events),
         faults=frozenset(args.mesh_fault),
+        limits=PeerLimits(**{name: getattr(args, f"mesh_{name}") for name in PEER_LIMIT_FLAGS}),
+        tls=_mesh_tls(args),
         **policy,
     )
+
+
+def _mesh_tls(args: argparse.Namespace) -> MeshTls | None:
+    if args.mesh_tls_cert is None and args.mesh_tls_key is None:
+        if args.mesh_tls_ca is not None:
+            raise ConfigError("--mesh-tls-ca needs --mesh-tls-cert and --mesh-tls-key")
+        return None
+    if args.mesh_tls_cert is None or args.mesh_tls_key is None:
+        raise ConfigError("--mesh-tls-cert and --mesh-tls-key go together")
+    return MeshTls(args.mesh_tls_cert, args.mesh_tls_key, args.mesh_tls_ca)
 
 
 def with_pubsub_backpressure(config: StreamsConfig, args: argparse.Namespace) -> StreamsConfig:

@@ -452,6 +452,13 @@ def add_client_commands(commands: Any) -> None:
     p.add_argument("patterns", nargs="+", metavar="PATTERN", help="subjects, with * > # wildcards")
     p = action("queue-delete", "stop a queue's interest (its topic and events stay)")
     p.add_argument("name", help="queue name")
+    p = action(
+        "forget",
+        "forget a departed node: its interest, the events spooled for it and its remembered queues "
+        "(a linked node is refused: stop it first)",
+        example="meshplane mesh forget ghost --url http://127.0.0.1:15501",
+    )
+    p.add_argument("node", help="the node id")
 
 
 def streams_url(text: str) -> str:
@@ -526,6 +533,9 @@ async def _run_client(args: argparse.Namespace) -> int:
                 _print(
                     await client.request("DELETE", f"/mesh/queues/{urllib.parse.quote(args.name, safe='')}")
                 )
+            elif action == "forget":
+                path = f"/mesh/nodes/{urllib.parse.quote(args.node, safe='')}"
+                _print(await client.request("DELETE", path))
             elif action == "queues":
                 answer = await client.request("GET", "/mesh")
                 _print(answer.get("guaranteed", {}), args=args)

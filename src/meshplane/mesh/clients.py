@@ -81,7 +81,12 @@ class Clients:
                     frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw
                 )
                 sequence = frame.sequence
-                node.guaranteed.publish(event, lambda error: self.answer(session, sequence, error))
+                try:
+                    node.guaranteed.publish(event, lambda error: self.answer(session, sequence, error))
+                except Exception as exc:  # a failed store is an answer, never a dropped connection
+                    node.counters["guaranteed_errors"] += 1
+                    log.exception("a guaranteed publish on %r failed", frame.subject[:80])
+                    self.answer(session, sequence, f"not stored: {exc}")
             elif frame.source == session.origin:  # stamped as agreed: passed on as it is
                 node.route_direct(
                     MeshEvent(

@@ -24,13 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import msgspec
 
 from meshplane.core.mesh.frames import (
     Frame,
@@ -41,10 +40,10 @@ from meshplane.core.mesh.frames import (
 )
 from meshplane.core.subjects import SubjectTrie
 from meshplane.mesh.holders import Holder, MeshEvent
+from meshplane.mesh.peer_queues import Change, PeerQueuesLog
 from meshplane.mesh.queues import PREFIX, Queue, Queues, stored_event
 from meshplane.mesh.spool import Spool, SpoolFull, SpoolLimits, spool_directory, spool_peer
 from meshplane.streams.errors import CorruptRecords, NotStored, StorageError, StreamError
-from meshplane.streams.files import write_atomic
 
 if TYPE_CHECKING:
     from meshplane.mesh.links import Link
@@ -85,6 +84,7 @@ class Guaranteed:
         self._waiting_bytes = 0
         self.peer_queues: dict[str, set[str]] = {}  # peer -> its queues' patterns (without the prefix)
         self._peer_trie: SubjectTrie[str] = SubjectTrie()
+        self._peer_log: PeerQueuesLog | None = None
 
     @property
     def enabled(self) -> bool:
@@ -103,13 +103,8 @@ class Guaranteed:
             if peer is not None:
                 self.spools[peer] = Spool(directory, peer, self.limits, engine.files)
         self.queues.open(engine, self._root)
-        try:
-            known = msgspec.json.decode(
-                (self._root / "peer_queues.json").read_bytes(), type=dict[str, list[str]]
-            )
-        except (OSError, msgspec.DecodeError):
-            known = {}  # none yet, or unreadable: learnt again from the peers as they link
-        for peer, patterns in known.items():
+        self._peer_log = PeerQueuesLog(self._root)
+        for peer, patterns in self._peer_log.load().items():
             self._set_peer_queues(peer, {p for p in patterns if self.node.valid_pattern(p) is not None})
 
     def start(self) -> None:
@@ -127,10 +122,29 @@ class Guaranteed:
         self._work.clear()
         for spool in self.spools.values():
             spool.close()
+        if self._peer_log is not None:
+            self._peer_log.close()
 
     def tick(self) -> None:
         for spool in self.spools.values():
             spool.save()
+        if self._peer_log is not None:
+            self._peer_log.sync()
+
+    def forget(self, peer: str) -> dict[str, int]:
+        """A departed node: its spool (with what it never confirmed) and its remembered queues go."""
+        spool = self.spools.pop(peer, None)
+        dropped = spool.pending if spool is not None else 0
+        if spool is not None:
+            spool.close()
+            shutil.rmtree(spool.directory, ignore_errors=True)
+        patterns = self.peer_queues.get(peer, set())
+        if patterns or spool is not None:
+            self._set_peer_queues(peer, set())
+            if self._peer_log is not None:
+                self._peer_log.append(Change(peer, forget=True), self.peer_queues)
+        self._failed.discard(peer)
+        return {"spooled_events_dropped": dropped, "queues_forgotten": len(patterns)}
 
     # --- queues --------------------------------------------------------------------------------------
 
@@ -254,14 +268,15 @@ class Guaranteed:
         now = (have | added) - removed
         if now != have:
             self._set_peer_queues(peer, now)
-            self._save_peer_queues()
+            self._record(Change(peer, sorted(now - have), sorted(have - now)))
 
     def link_up(self, peer: str, interest: Iterable[str]) -> None:
         """The peer's interest is learnt afresh (``interest``): its queues are exactly those now."""
         now = {p[len(PREFIX) :] for p in interest if p.startswith(PREFIX)}
-        if now != self.peer_queues.get(peer, set()):
+        have = self.peer_queues.get(peer, set())
+        if now != have:
             self._set_peer_queues(peer, now)
-            self._save_peer_queues()
+            self._record(Change(peer, sorted(now - have), sorted(have - now)))
         self.pump(peer)
 
     def _set_peer_queues(self, peer: str, patterns: set[str]) -> None:
@@ -272,14 +287,9 @@ class Guaranteed:
         if patterns:
             self.peer_queues[peer] = patterns
 
-    def _save_peer_queues(self) -> None:
-        if self.engine is None:
-            return
-        known = {peer: sorted(patterns) for peer, patterns in self.peer_queues.items()}
-        try:
-            write_atomic(self._root / "peer_queues.json", msgspec.json.encode(known))
-        except OSError as exc:  # kept in memory; a restart learns them again when the peers link
-            log.warning("could not save the peers' queues: %s", exc)
+    def _record(self, change: Change) -> None:
+        if self._peer_log is not None:
+            self._peer_log.append(change, self.peer_queues)
 
     def link_down(self, peer: str) -> None:
         self._failed.discard(peer)

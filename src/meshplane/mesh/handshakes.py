@@ -188,8 +188,8 @@ class Handshakes:
             return node.refuse(state, "auth", "wrong or missing mesh secret")
         if hello.role == "route":
             taken = node.link_taken(state, hello)
-            if taken:
-                return node.refuse(state, "duplicate", taken)
+            if taken is not None:
+                return node.refuse(state, *taken)
         if not state.dialed:
             self._send_proof(state, hello, state.origin)
         if hello.role == "route":

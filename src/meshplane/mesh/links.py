@@ -4,6 +4,7 @@ of the handshake), and how a link reads in ``GET /mesh``."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ class Link:
     dialed_by: str = ""
     epoch: int = 0
     last_heard: float = 0.0
+    since: float = 0.0  # when the link's current connection began (a swap keeps it)
     sync_sent: float | None = None  # when the SYNC_REQ now awaiting its answer went out
     address: str = ""
     counters: Counter[str] = field(default_factory=Counter)  # rare events, by name
@@ -78,6 +80,7 @@ def link_status(link: Link, patterns_remote: int, bloom_false_positives: int) ->
         "state": link.state,
         "address": link.address,
         "dialed_by": link.dialed_by,
+        "connected_secs": round(time.monotonic() - link.since, 3) if link.conn is not None else 0.0,
         "patterns_remote": patterns_remote,
         "bloom_false_positives": bloom_false_positives,
         **{

@@ -202,8 +202,10 @@ class MeshNode:
             if state.error == "self":
                 log.info("route %s is this node itself: not dialled again", route)
                 return
-            link = self.links.get(state.peer)
-            if state.superseded and link is not None and link.state != "down":
+            peer = state.peer or (state.hello.node if state.hello is not None else "")
+            link = self.links.get(peer)
+            paired = state.superseded or state.error.startswith("duplicate")
+            if paired and link is not None and link.state != "down":
                 await link.down.wait()  # the pair keeps the peer's connection; dial again once it is gone
             if state.role:
                 backoff = self.config.reconnect_min
@@ -247,18 +249,21 @@ class MeshNode:
         state.error = reason
         state.conn.close()
 
-    def link_taken(self, state: Handshake, hello: Hello) -> str:
-        """Why an authenticated route HELLO may not take the link (empty: it may). A link carried by a
-        live connection is never taken over by another process of the same id (another epoch);
-        two connections from the same process (both ends dialled) are paired as below."""
+    def link_taken(self, state: Handshake, hello: Hello) -> tuple[str, str] | None:
+        """Why an authenticated route HELLO may not take the link (reason, detail), or None. A link
+        carried by a live connection is never taken over by another process of the same id (another
+        epoch); two connections from the same process (both ends dialled) are paired as below."""
         link = self.links.get(hello.node)
         if link is None or link.conn is None or link.conn is state.conn or not link.conn.is_open:
             if link is None and len(self.links) >= self.config.limits.max_routes:
-                return f"{self.config.limits.max_routes} route peers (the limit)"
-            return ""
+                return "limit", f"{self.config.limits.max_routes} route peers (the limit)"
+            return None
         if link.epoch != hello.epoch:
-            return f"node {hello.node!r} has a live link from another process"
-        return ""
+            return "duplicate", f"duplicate: node {hello.node!r} has a live link from another process"
+        if time.monotonic() - link.since > self.config.handshake_timeout:
+            # Both ends dial at once only as a link (re)starts: a second connection later is a claim.
+            return "duplicate", f"duplicate: node {hello.node!r} has a live link"
+        return None
 
     def install_link(self, state: Handshake, hello: Hello) -> None:
         peer, conn = hello.node, state.conn
@@ -287,6 +292,8 @@ class MeshNode:
         transport = conn.transport
         link.address = str(transport.get_extra_info("peername")) if transport is not None else ""
         link.last_heard = time.monotonic()
+        if not swapped:
+            link.since = link.last_heard
         link.counters["connects"] += 1
         if swapped and same_process and link.state == "up":
             # Both ends dialled: the pair moves to the connection the smaller id dialled. The peer's
@@ -653,6 +660,22 @@ class MeshNode:
         """What ``GET /mesh`` shows; with ``patterns``, this node's announced patterns and each peer's
         as this node knows them (at most ``limit`` of each, sorted)."""
         return node_status(self, patterns, limit)
+
+    def forget(self, peer: str) -> dict[str, Any]:
+        """Drop a departed node: its link, its interest, its spool and its remembered queues. A node
+        whose link is up is refused (stop it first): it would only be learnt again."""
+        link = self.links.get(peer)
+        if link is not None and link.conn is not None:
+            raise ValueError(f"node {peer!r} is linked: stop it before forgetting it")
+        known = link is not None or peer in self.router.peers or peer in self.guaranteed.peer_queues
+        dropped = self.guaranteed.forget(peer)
+        if not known and not dropped["spooled_events_dropped"]:
+            raise KeyError(peer)
+        self.links.pop(peer, None)
+        self.gateways.changed((), self.router.remove_peer(peer))
+        self.counters["nodes_forgotten"] += 1
+        log.warning("forgot node %s: %s", peer, dropped)
+        return {"forgotten": peer, **dropped}
 
     def links_up(self) -> Iterable[str]:
         return (link.peer for link in self.links.values() if link.state == "up")

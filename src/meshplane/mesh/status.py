@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,7 @@ def node_status(node: MeshNode, patterns: bool, limit: int) -> dict[str, Any]:
             **{k: v for k, v in node.counters.items() if k not in ("messages_routed", "messages_forwarded")},
         },
         "frame_errors": dict(node.frame_errors),
+        "limits": dataclasses.asdict(node.config.limits),
         "links": [_link(node, link) for link in sorted(node.links.values(), key=lambda link: link.peer)],
         "gateways": node.gateways.status(),
         "guaranteed": {

@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 
 from meshplane.mesh.links import LINK_COUNTERS
 from meshplane.mesh.node import MeshNode
-from meshplane.streams.errors import BadRequest, NotFound
+from meshplane.streams.errors import BadRequest, Conflict, NotFound
 from meshplane.streams.http.params import json_response, read_json
 
 MESH: web.AppKey[MeshNode] = web.AppKey("mesh", MeshNode)
@@ -50,6 +50,17 @@ async def queue_delete(request: web.Request) -> web.Response:
     if not _node(request).guaranteed.queues.delete(name):
         raise NotFound(f"queue {name!r} not found")
     return json_response({"deleted": name})
+
+
+async def node_forget(request: web.Request) -> web.Response:
+    """Forget a departed node: its interest, its spool (events it never confirmed) and its queues."""
+    peer = request.match_info["node"]
+    try:
+        return json_response(_node(request).forget(peer))
+    except KeyError:
+        raise NotFound(f"node {peer!r} is not known here") from None
+    except ValueError as exc:
+        raise Conflict(str(exc)) from None
 
 
 def register_mesh_metrics(node: MeshNode, registry: CollectorRegistry) -> None:
@@ -135,3 +146,15 @@ class MeshCollector(Collector):
         for reason, count in status["frame_errors"].items():
             errors.add_metric([reason], count)
         yield errors
+        closed = CounterMetricFamily(
+            prefix + "connections_closed",
+            "Connections closed for passing a limit, by reason",
+            labels=["reason"],
+        )
+        for name, count in counters.items():
+            if name.startswith("closed_"):
+                closed.add_metric([name[len("closed_") :]], count)
+        yield closed
+        for name, value in status["limits"].items():
+            help_text = f"Per connection: {name.replace('_', ' ')}"
+            yield GaugeMetricFamily(f"{prefix}limit_{name}", help_text, value=value)

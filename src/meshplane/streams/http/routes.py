@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshplane.dashboard import http as dashboard
 from meshplane.streams.access import Level
-from meshplane.streams.http.mesh import mesh_status, queue_delete, queue_put, queues_list
+from meshplane.streams.http.mesh import mesh_status, node_forget, queue_delete, queue_put, queues_list
 from meshplane.streams.http.params import Handler
 
 if TYPE_CHECKING:
@@ -87,6 +87,13 @@ def route_table(api: Api) -> list[Route]:
         ),
         Route(
             "DELETE", "/mesh/queues/{name}", queue_delete, "Stop a queue's interest (its topic stays)", "mesh"
+        ),
+        Route(
+            "DELETE",
+            "/mesh/nodes/{node}",
+            node_forget,
+            "Forget a departed node: its interest, spool and remembered queues",
+            "mesh",
         ),
         Route(
             "GET",

@@ -1,0 +1,117 @@
+"""Which peer's queues want what, kept on disk as a log of changes (``peer_queues.log``): one JSON line
+per change, appended in O(change) and fsynced on the node's tick; compacted (rewritten whole,
+atomically) once it holds far more lines than the state. A torn last line (a crash mid-append) is
+skipped; what it held is learnt again when that peer links. The whole-file ``peer_queues.json`` of
+older versions is read once and replaced by the log."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+
+from meshplane.streams.files import write_atomic
+
+log = logging.getLogger(__name__)
+
+LOG_FILE = "peer_queues.log"
+LEGACY_FILE = "peer_queues.json"
+COMPACT_AFTER = 1000  # lines beyond twice the state's before the log is rewritten
+
+
+class Change(msgspec.Struct, omit_defaults=True):
+    peer: str
+    add: list[str] = []
+    remove: list[str] = []
+    forget: bool = False
+
+
+_decode_change = msgspec.json.Decoder(Change).decode
+_encode = msgspec.json.Encoder().encode
+
+
+class PeerQueuesLog:
+    def __init__(self, root: Path) -> None:
+        self.path = root / LOG_FILE
+        self._legacy = root / LEGACY_FILE
+        self._lines = 0
+        self._fd: int | None = None
+        self._dirty = False
+
+    def load(self) -> dict[str, set[str]]:
+        state: dict[str, set[str]] = {}
+        try:
+            legacy = msgspec.json.decode(self._legacy.read_bytes(), type=dict[str, list[str]])
+        except (OSError, msgspec.DecodeError):
+            legacy = {}
+        for peer, patterns in legacy.items():
+            state[peer] = set(patterns)
+        for change in self._read():
+            self._lines += 1
+            self._apply(state, change)
+        if legacy:
+            self.compact(state)
+            self._legacy.unlink(missing_ok=True)
+        return state
+
+    def _read(self) -> Iterator[Change]:
+        try:
+            data = self.path.read_bytes()
+        except OSError:
+            return
+        for line in data.splitlines():
+            try:
+                yield _decode_change(line)
+            except msgspec.DecodeError:
+                log.warning("%s: skipped a torn or unreadable line", self.path)
+
+    @staticmethod
+    def _apply(state: dict[str, set[str]], change: Change) -> None:
+        if change.forget:
+            state.pop(change.peer, None)
+            return
+        patterns = (state.get(change.peer, set()) | set(change.add)) - set(change.remove)
+        if patterns:
+            state[change.peer] = patterns
+        else:
+            state.pop(change.peer, None)
+
+    def append(self, change: Change, state: dict[str, set[str]]) -> None:
+        """Record one change (``state`` is what it led to: compacted into when the log grew long)."""
+        try:
+            if self._lines > COMPACT_AFTER + 2 * len(state):
+                self.compact(state)
+                return
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(self._fd, _encode(change) + b"\n")
+            self._lines += 1
+            self._dirty = True
+        except OSError as exc:  # kept in memory; a restart learns them again when the peers link
+            log.warning("could not record the peers' queues: %s", exc)
+
+    def compact(self, state: dict[str, set[str]]) -> None:
+        self.close()
+        lines = [_encode(Change(peer, sorted(patterns))) + b"\n" for peer, patterns in sorted(state.items())]
+        try:
+            write_atomic(self.path, b"".join(lines))
+            self._lines = len(lines)
+        except OSError as exc:
+            log.warning("could not compact the peers' queues: %s", exc)
+
+    def sync(self) -> None:
+        if self._fd is not None and self._dirty:
+            try:
+                os.fsync(self._fd)
+                self._dirty = False
+            except OSError as exc:
+                log.warning("could not sync the peers' queues: %s", exc)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self.sync()
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,357 @@
+"""The mesh on an untrusted network (issue 34): each finding of the attacker's review, played by raw
+peers over TCP (``tests.mesh_peers``) against real nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from meshplane.core.mesh.frames import FLAG_PROPAGATED, FrameType, encode_frame
+from meshplane.errors import TransportError
+from meshplane.launchers import MeshCluster, StreamsServerProcess, free_port
+from meshplane.mesh.client import MeshClient
+from meshplane.mesh.config import SECRET_ENV
+from tests.helpers import eventually
+from tests.integration.test_mesh import Inbox, interest_reached, link, status
+from tests.integration.test_mesh_guaranteed import publish_all, put_queue, queue_bodies
+from tests.mesh_peers import RawPeer
+
+SECRET = "the-mesh-secret-nobody-else-knows"
+
+
+def node_process(node_id: str, *args: str, secret: str = "") -> StreamsServerProcess:
+    return StreamsServerProcess(
+        extra_args=("--node-id", node_id, "--cluster", "c1", "--route-port", "0", *args),
+        env={SECRET_ENV: secret} if secret else None,
+    )
+
+
+@pytest.fixture
+def locked() -> Iterator[StreamsServerProcess]:
+    with node_process("locked", secret=SECRET) as node:
+        yield node.start()
+
+
+async def counter(node: StreamsServerProcess, name: str) -> int:
+    return int((await status(node))["counters"].get(name, 0))
+
+
+# 1. The secret is handed out --------------------------------------------------------------------------
+
+
+async def test_a_refused_handshake_teaches_nothing(locked: StreamsServerProcess) -> None:
+    for role in ("route", "client"):
+        peer = RawPeer(locked.route_url, "mallory", "c1", role, secret="a-guess")
+        with pytest.raises(ConnectionRefusedError, match="secret"):
+            await asyncio.to_thread(peer.authenticate)
+        peer.close()
+        assert SECRET.encode() not in peer.received
+    assert (await status(locked))["links"] == []
+    assert (await status(locked))["frame_errors"]["hello_auth"] == 2
+    assert SECRET not in locked.log_path.read_text()
+
+
+async def test_an_overheard_handshake_cannot_be_replayed(locked: StreamsServerProcess) -> None:
+    honest = await asyncio.to_thread(RawPeer(locked.route_url, "c", "", "client", secret=SECRET).authenticate)
+    assert SECRET.encode() not in honest.received + honest.sent_auth
+    replay = RawPeer(locked.route_url, "c", "", "client")
+    replay.nonce = honest.nonce  # the same HELLO, then the AUTH it was answered with
+    await asyncio.to_thread(replay.hello)
+    replay.send(honest.sent_auth)
+    refusal = await asyncio.to_thread(replay.read_until, FrameType.HELLO, FrameType.AUTH)
+    assert refusal.type is FrameType.HELLO  # the node's challenge was another nonce
+    assert await asyncio.to_thread(replay.closed)
+    honest.close()
+
+
+async def test_a_client_refuses_a_node_that_cannot_prove_the_secret() -> None:
+    with node_process("open") as node:  # no secret: it cannot prove one
+        node.start()
+        with pytest.raises(TransportError, match="secret"):
+            await MeshClient(node.route_url, secret=SECRET, timeout=3).connect()
+
+
+# 2. An impostor erases acknowledged guaranteed events ------------------------------------------------
+
+
+async def test_an_impostor_cannot_take_a_down_nodes_spool() -> None:
+    with MeshCluster(2, env={SECRET_ENV: SECRET}).start() as pair:
+        await asyncio.to_thread(pair.wait_linked)
+        await put_queue(pair["b"], "orders", ["orders.>"])
+        await interest_reached(pair["a"], "b", "$G.orders.>")
+        pair["b"].kill(signal.SIGKILL)
+        await eventually(lambda: link_state(pair["a"], "b", "down"), timeout=15, what="a sees b down")
+        publisher = await MeshClient(pair["a"].route_url, secret=SECRET).connect()
+        bodies = [b"%d" % i for i in range(100)]
+        await publish_all(publisher, "orders.eu", bodies)
+        impostor = RawPeer(pair["a"].route_url, "b", "c1", secret="stolen?")
+        with pytest.raises(ConnectionRefusedError, match="secret"):
+            await asyncio.to_thread(impostor.authenticate)
+        impostor.close()
+        assert [s["pending"] for s in (await status(pair["a"]))["guaranteed"]["spools"]] == [100]
+        pair["b"].start()
+
+        async def delivered() -> bool:
+            return await queue_bodies(pair["b"], "orders") == bodies
+
+        await eventually(delivered, timeout=30, what="every acknowledged event in b's queue")
+        await publisher.close()
+
+
+async def link_state(node: StreamsServerProcess, peer: str, state: str) -> bool:
+    return bool((await link(node, peer))["state"] == state)
+
+
+# 3. One frame stops guaranteed delivery to a live node --------------------------------------------------
+
+
+async def test_a_second_connection_claiming_a_live_node_changes_nothing() -> None:
+    with MeshCluster(2).start() as pair:
+        await asyncio.to_thread(pair.wait_linked)
+        await put_queue(pair["a"], "q", ["g.>"])
+        await interest_reached(pair["b"], "a", "$G.g.>")
+        # Another process (another epoch) claiming a: refused while a's link lives.
+        other = RawPeer(pair["b"].route_url, "a", "c1", epoch=12345)
+        with pytest.raises(ConnectionRefusedError, match="live link"):
+            await asyncio.to_thread(other.authenticate)
+        other.close()
+        # The same process (its epoch, as GET /mesh shows it) dials twice only as a link starts: later,
+        # a second connection is a claim, refused too; what it sends is never applied.
+        epoch = (await status(pair["a"]))["epoch"]
+        await eventually(lambda: link_older_than(pair["b"], "a", 5.5), timeout=15, what="a settled link")
+        twin = RawPeer(pair["b"].route_url, "a", "c1", epoch=epoch)
+        with pytest.raises(ConnectionRefusedError, match="live link"):
+            await asyncio.to_thread(twin.authenticate)
+        twin.send(encode_frame(FrameType.SUB_REMOVE, "a", "$G.g.>", 2**62))
+        assert await asyncio.to_thread(twin.closed)
+        publisher = await MeshClient(pair["b"].route_url).connect()
+        bodies = [b"%d" % i for i in range(50)]
+        await publish_all(publisher, "g.x", bodies)
+
+        async def delivered() -> bool:
+            return await queue_bodies(pair["a"], "q") == bodies
+
+        await eventually(delivered, timeout=20, what="every guaranteed event in a's queue")
+        assert (await link(pair["b"], "a"))["state"] == "up"
+        assert (await status(pair["b"]))["frame_errors"]["hello_duplicate"] >= 2
+        await publisher.close()
+
+
+async def link_older_than(node: StreamsServerProcess, peer: str, seconds: float) -> bool:
+    """Whether the link's connection has lived longer than the window in which both ends may dial."""
+    return bool((await link(node, peer))["connected_secs"] > seconds)
+
+
+async def test_an_interest_version_beyond_what_the_peer_can_have_made_closes_its_link() -> None:
+    with node_process("n") as node:
+        node.start()
+        peer = await asyncio.to_thread(RawPeer(node.route_url, "x", "c1", epoch=time.time_ns()).authenticate)
+        peer.send(encode_frame(FrameType.SUB_REMOVE, "x", "$G.g.>", 2**62))
+        assert await asyncio.to_thread(peer.closed)
+        assert await counter(node, "closed_version_jump") == 1
+
+
+# 4. A peer grows a node's memory ---------------------------------------------------------------------
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+async def test_sync_requests_never_read_close_that_connection_only() -> None:
+    with node_process("n", "--mesh-max-pending-bytes", "2000000") as node:
+        node.start()
+        client = await MeshClient(node.route_url).connect()
+        for i in range(2000):
+            client.subscribe(f"p{i}.*.x", Inbox())
+        await client.flush()
+        peer = await asyncio.to_thread(RawPeer(node.route_url, "x", "c1").authenticate)
+        peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+
+        def flood() -> bool:
+            try:
+                for _ in range(20_000):
+                    peer.send(encode_frame(FrameType.SYNC_REQ, "x", payload=os.urandom(512)))
+            except OSError:
+                return True  # the node closed it
+            return False
+
+        assert await asyncio.to_thread(flood)
+        assert await counter(node, "closed_slow_peer") == 1
+        assert node.proc is not None
+        assert rss_mb(node.proc.pid) < 300
+        await client.flush()  # everybody else is served
+        await client.close()
+
+
+async def test_route_and_pattern_limits_close_or_refuse_with_a_reason() -> None:
+    args = ("--mesh-max-routes", "3", "--mesh-max-patterns-per-peer", "100")
+    with node_process("n", *args) as node:
+        node.start()
+        for i in range(50):  # HELLOs that never prove anything: nothing remembered
+            await asyncio.to_thread(RawPeer(node.route_url, f"h{i}", "c1").hello)
+        assert (await status(node))["links"] == []
+        peers = []
+        for i in range(3):
+            peers.append(await asyncio.to_thread(RawPeer(node.route_url, f"r{i}", "c1").authenticate))
+        with pytest.raises(ConnectionRefusedError, match="limit"):
+            await asyncio.to_thread(RawPeer(node.route_url, "r3", "c1").authenticate)
+        assert len((await status(node))["links"]) == 3
+        greedy = peers[0]
+        greedy.send(*(encode_frame(FrameType.SUB_ADD, "r0", f"s.{i}", i + 1) for i in range(101)))
+        assert await asyncio.to_thread(greedy.closed)
+        assert await counter(node, "closed_pattern_limit") == 1
+        for peer in peers:
+            peer.close()
+
+
+async def test_pings_a_peer_never_answers_expire_and_are_bounded_per_client() -> None:
+    args = ("--heartbeat-interval", "5", "--mesh-ping-timeout", "1", "--mesh-max-pings-per-client", "50")
+    with node_process("n", *args) as node:
+        node.start()
+        silent = await asyncio.to_thread(RawPeer(node.route_url, "silent", "c1").authenticate)
+        client = await MeshClient(node.route_url, timeout=10).connect()
+        started = time.monotonic()
+        await client.flush(propagated=True)  # the silent peer never answers: expired after 1 s
+        assert time.monotonic() - started < 8
+        assert await counter(node, "pings_expired") >= 1
+        flooder = await asyncio.to_thread(RawPeer(node.route_url, "f", "", "client").authenticate)
+        flooder.send(*(encode_frame(FrameType.SYNC_REQ, "", flags=FLAG_PROPAGATED) for _ in range(51)))
+        assert await asyncio.to_thread(flooder.closed)
+        assert await counter(node, "closed_ping_limit") == 1
+        await client.flush()
+        await client.close()
+        silent.close()
+
+
+async def test_half_frames_and_silent_connections_are_closed() -> None:
+    with node_process("n", "--mesh-frame-timeout", "1", "--mesh-idle-timeout", "2") as node:
+        node.start()
+        client = await MeshClient(node.route_url).connect()  # it answers heartbeats: it stays
+        half = await asyncio.to_thread(RawPeer(node.route_url, "h", "", "client").authenticate)
+        half.send(encode_frame(FrameType.EVENT, "", "a.b", 1, b"x" * 100_000)[:50_000])
+        mute = await asyncio.to_thread(RawPeer(node.route_url, "m", "", "client").authenticate)
+        assert await asyncio.to_thread(half.closed)
+        assert await asyncio.to_thread(mute.closed)  # connected after the client, idle for 2 s
+        assert await counter(node, "closed_slow_frame") == 1
+        assert await counter(node, "closed_idle") == 1
+        assert client.connected
+        await client.flush()
+        await client.close()
+
+
+# 6. Phantoms block guaranteed publishing; 7. a storage error becomes a reconnect storm -----------------
+
+
+async def test_a_long_peer_id_is_refused_at_hello() -> None:
+    with node_process("n") as node:
+        node.start()
+        answer = await asyncio.to_thread(RawPeer(node.route_url, "g" * 200, "c1").hello)
+        assert "node id" in answer.error
+        assert (await status(node))["frame_errors"]["hello_malformed"] == 1
+
+
+async def test_a_failed_store_is_an_error_ack_and_the_client_stays() -> None:
+    with node_process("n") as node:
+        node.start()
+        ghost = await asyncio.to_thread(RawPeer(node.route_url, "ghost", "c1").authenticate)
+        ghost.send(encode_frame(FrameType.SUB_ADD, "ghost", "$G.>", 1))
+        client = await MeshClient(node.route_url).connect()
+        await eventually(lambda: ghost_known(node), what="ghost's queue interest")
+        spool = node.data_dir / "mesh" / "spool" / b"ghost".hex()
+        spool.parent.mkdir(parents=True, exist_ok=True)
+        spool.write_bytes(b"not a directory")  # the spool cannot be made
+        for _ in range(3):
+            with pytest.raises(TransportError, match="did not store"):
+                await client.publish("any.thing", b"x", guaranteed=True)
+        assert client.connected
+        assert len((await status(node))["clients"]) == 1  # no reconnect storm
+        await client.close()
+        ghost.close()
+
+
+async def ghost_known(node: StreamsServerProcess) -> bool:
+    return "$G.>" in (await status(node, patterns=True))["patterns"]["peers"].get("ghost", [])
+
+
+# 8. The rest ------------------------------------------------------------------------------------------
+
+
+async def test_a_node_that_closes_during_the_handshake_sends_the_client_to_the_next_at_once() -> None:
+    listener = socket.create_server(("127.0.0.1", free_port()))
+    closing = asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept()[0].close())
+    with node_process("n") as node:
+        node.start()
+        url = f"tcp://127.0.0.1:{listener.getsockname()[1]},{node.route_url}"
+        started = time.monotonic()
+        client = await MeshClient(url, timeout=30).connect()
+        assert time.monotonic() - started < 5
+        assert client.node == "n"
+        await client.close()
+    await closing
+    listener.close()
+
+
+def written_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no wchar")
+
+
+async def test_a_departed_node_is_forgotten_and_queue_changes_cost_their_size() -> None:
+    with node_process("n", "--spool-max-events", "5") as node:
+        node.start()
+        assert node.proc is not None
+        ghost = await asyncio.to_thread(RawPeer(node.route_url, "ghost", "c1").authenticate)
+        before = written_bytes(node.proc.pid)
+        ghost.send(*(encode_frame(FrameType.SUB_ADD, "ghost", f"$G.q{i}.>", i + 1) for i in range(3000)))
+        ghost.send(encode_frame(FrameType.SUB_ADD, "ghost", "$G.>", 3001))
+        await eventually(lambda: ghost_known(node), what="ghost's queue interest")
+        assert written_bytes(node.proc.pid) - before < 5_000_000  # not 3,000 rewrites of the whole file
+        ghost.close()
+        await eventually(lambda: link_state(node, "ghost", "down"), what="ghost gone")
+        client = await MeshClient(node.route_url).connect()
+        await publish_all(client, "any.thing", [b"%d" % i for i in range(5)])
+        with pytest.raises(TransportError, match="full"):
+            await client.publish("any.thing", b"6", guaranteed=True)
+        node.stop()
+        node.start()  # what a node remembers of ghost survives a restart ...
+        client = await MeshClient(node.route_url).connect()
+        with pytest.raises(TransportError, match="full"):
+            await client.publish("any.thing", b"6", guaranteed=True)
+        forget = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "meshplane.cli.main",
+            "mesh",
+            "forget",
+            "ghost",
+            "--url",
+            node.url,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await forget.communicate()
+        assert forget.returncode == 0, out
+        assert json.loads(out)["spooled_events_dropped"] == 5
+        await client.publish("any.thing", b"7", guaranteed=True)  # ... until it is forgotten
+        mesh = await status(node)
+        assert mesh["guaranteed"]["spools"] == []
+        assert [entry["peer"] for entry in mesh["links"]] == []
+        assert mesh["counters"]["nodes_forgotten"] == 1
+        node.stop()
+        node.start()
+        assert (await status(node))["guaranteed"]["spools"] == []
+        await client.close()
