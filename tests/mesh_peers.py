@@ -51,7 +51,7 @@ class RawPeer:
     def __post_init__(self) -> None:
         host, port = address(self.route_url)
         sock = socket.create_connection((host, port), timeout=10)
-        self.sock = self.tls.wrap_socket(sock) if self.tls is not None else sock
+        self.sock = self.tls.wrap_socket(sock, server_hostname=host) if self.tls is not None else sock
 
     def send(self, *frames: bytes) -> None:
         self.sock.sendall(b"".join(frames))

@@ -68,6 +68,9 @@ class PlaneConfig:
     nats_tls_ca: Path | None = None  # MESHPLANE_NATS_TLS_CA
     nats_tls_cert: Path | None = None  # MESHPLANE_NATS_TLS_CERT
     nats_tls_key: Path | None = None  # MESHPLANE_NATS_TLS_KEY
+    mesh_tls_ca: Path | None = None  # MESHPLANE_MESH_TLS_CA: a "mesh" plane's node over TLS
+    mesh_tls_cert: Path | None = None  # MESHPLANE_MESH_TLS_CERT
+    mesh_tls_key: Path | None = None  # MESHPLANE_MESH_TLS_KEY
     zmq_curve_cert: Path | None = None  # MESHPLANE_ZMQ_CURVE_CERT
     zmq_curve_allowed: Path | None = None  # MESHPLANE_ZMQ_CURVE_ALLOWED
     zmq_curve_broker_key: str | None = None  # MESHPLANE_ZMQ_CURVE_BROKER_KEY (Z85, or a .key file)
@@ -165,6 +168,9 @@ class PlaneConfig:
         take("MESHPLANE_NATS_TLS_CA", "nats_tls_ca", Path)
         take("MESHPLANE_NATS_TLS_CERT", "nats_tls_cert", Path)
         take("MESHPLANE_NATS_TLS_KEY", "nats_tls_key", Path)
+        take("MESHPLANE_MESH_TLS_CA", "mesh_tls_ca", Path)
+        take("MESHPLANE_MESH_TLS_CERT", "mesh_tls_cert", Path)
+        take("MESHPLANE_MESH_TLS_KEY", "mesh_tls_key", Path)
         take("MESHPLANE_ZMQ_CURVE_CERT", "zmq_curve_cert", Path)
         take("MESHPLANE_ZMQ_CURVE_ALLOWED", "zmq_curve_allowed", Path)
         take("MESHPLANE_ZMQ_CURVE_BROKER_KEY", "zmq_curve_broker_key")
@@ -177,18 +183,26 @@ class PlaneConfig:
 
     def nats_tls(self) -> ssl.SSLContext | None:
         """The TLS context for NATS, when a CA or client certificate is configured."""
-        if self.nats_tls_ca is None and self.nats_tls_cert is None:
-            return None
-        try:
-            context = ssl.create_default_context(cafile=self.nats_tls_ca)
-            if self.nats_tls_cert is not None:
-                context.load_cert_chain(self.nats_tls_cert, self.nats_tls_key)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"cannot load the NATS TLS files: {exc}") from None
-        return context
+        return _client_tls("NATS", self.nats_tls_ca, self.nats_tls_cert, self.nats_tls_key)
+
+    def mesh_tls(self) -> ssl.SSLContext | None:
+        """The TLS context for the mesh node, when a CA or client certificate is configured."""
+        return _client_tls("mesh", self.mesh_tls_ca, self.mesh_tls_cert, self.mesh_tls_key)
 
     def replace(self, **changes: Any) -> PlaneConfig:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _client_tls(what: str, ca: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    if ca is None and cert is None:
+        return None
+    try:
+        context = ssl.create_default_context(cafile=ca)
+        if cert is not None:
+            context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the {what} TLS files: {exc}") from None
+    return context
 
 
 def _parse_bool(raw: str) -> bool:

@@ -119,6 +119,7 @@ class EventPlane:
                     self.config.mesh_node,
                     timeout=self.config.connect_timeout,
                     max_payload=self.config.max_message_bytes + 1024,
+                    tls=self.config.mesh_tls(),
                 ).connect()
             return self._mesh
 

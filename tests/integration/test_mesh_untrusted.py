@@ -8,12 +8,14 @@ import json
 import os
 import signal
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trustme
 
 from meshplane.core.mesh.frames import FLAG_PROPAGATED, FrameType, encode_frame
 from meshplane.errors import TransportError
@@ -355,3 +357,70 @@ async def test_a_departed_node_is_forgotten_and_queue_changes_cost_their_size() 
         node.start()
         assert (await status(node))["guaranteed"]["spools"] == []
         await client.close()
+
+
+# 9. Links in clear text: TLS 1.3 with certificates that name the node ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mesh_pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA; certificates for nodes a and b (their ids, and 127.0.0.1 for clients), for a client and
+    for mallory, whose certificate the CA signed but names neither node."""
+    folder = tmp_path_factory.mktemp("mesh-pki")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    for name, identities in {
+        "a": ("a", "127.0.0.1"),
+        "b": ("b", "127.0.0.1"),
+        "client": ("client",),
+        "mallory": ("mallory",),
+    }.items():
+        cert = ca.issue_cert(*identities)
+        cert.private_key_pem.write_to_path(str(folder / f"{name}.key"))
+        cert.cert_chain_pems[0].write_to_path(str(folder / f"{name}.pem"))
+    return folder
+
+
+def tls_args(pki: Path, name: str) -> tuple[str, ...]:
+    return (
+        *("--mesh-tls-cert", str(pki / f"{name}.pem"), "--mesh-tls-key", str(pki / f"{name}.key")),
+        *("--mesh-tls-ca", str(pki / "ca.pem")),
+    )
+
+
+def client_tls(pki: Path, name: str = "client") -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=pki / "ca.pem")
+    context.load_cert_chain(pki / f"{name}.pem", pki / f"{name}.key")
+    return context
+
+
+async def test_links_and_clients_over_tls_with_identities_from_certificates(mesh_pki: Path) -> None:
+    node_args = {node: tls_args(mesh_pki, node) for node in ("a", "b")}
+    with MeshCluster(2, node_args=node_args, env={SECRET_ENV: SECRET}).start() as pair:
+        await asyncio.to_thread(pair.wait_linked)
+        tls = client_tls(mesh_pki)
+        subscriber = await MeshClient(pair["b"].route_url, secret=SECRET, tls=tls).connect()
+        inbox = Inbox()
+        subscriber.subscribe("tls.>", inbox)
+        await subscriber.flush(propagated=True)
+        publisher = await MeshClient(pair["a"].route_url, secret=SECRET, tls=tls).connect()
+        for i in range(100):
+            await publisher.publish("tls.x", b"%d" % i)
+        await eventually(lambda: len(inbox.events) == 100, what="100 events over TLS")
+        assert inbox.events == [("tls.x", b"%d" % i) for i in range(100)]
+        # A certificate the CA signed, the secret too, but a claim the certificate does not carry.
+        mallory = RawPeer(pair["a"].route_url, "b", "c1", secret=SECRET, tls=client_tls(mesh_pki, "mallory"))
+        answer = await asyncio.to_thread(mallory.hello)
+        assert "certificate does not name 'b'" in answer.error
+        mallory.close()
+        assert (await status(pair["a"]))["frame_errors"]["hello_identity"] == 1
+        with pytest.raises(TransportError):  # no client certificate: no TLS session at all
+            await MeshClient(
+                pair["a"].route_url,
+                secret=SECRET,
+                timeout=2,
+                tls=ssl.create_default_context(cafile=mesh_pki / "ca.pem"),
+            ).connect()
+        assert (await link(pair["a"], "b"))["state"] == "up"
+        await publisher.close()
+        await subscriber.close()
