@@ -26,6 +26,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import parse_monitor_message
 
 from meshplane.core.brokers import BrokerAddress
+from meshplane.core.framing import DEFAULT_MAX_MESSAGE_BYTES, max_frame_bytes
 from meshplane.errors import TransportError
 from meshplane.transports.curve import Curve
 
@@ -64,6 +65,7 @@ class Broker:
         drop_after: float = 0.1,
         relay: Literal["python", "c"] = "c",
         curve: Curve | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         if relay not in ("python", "c"):
             raise ValueError(f"relay must be python or c, not {relay!r}")
@@ -73,6 +75,7 @@ class Broker:
         self._zap: ThreadAuthenticator | None = None
         self._requested = (xsub, xpub, stats_endpoint)
         self._hwm = hwm
+        self._max_message_bytes = max_message_bytes
         self._drop_after = drop_after
         self._counters = BrokerStats(relay=relay)
         self._proxy_lock = threading.Lock()
@@ -100,6 +103,7 @@ class Broker:
         ctx = self._context
         xsub, xpub = ctx.socket(zmq.XSUB), ctx.socket(zmq.XPUB)
         xsub.setsockopt(zmq.RCVHWM, self._hwm)
+        xsub.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes(self._max_message_bytes))
         xpub.setsockopt(zmq.SNDHWM, self._hwm)
         xpub.setsockopt(zmq.XPUB_VERBOSER, 1)  # pass every (un)subscribe upstream
         xpub.setsockopt(zmq.XPUB_NODROP, 1)  # a full subscriber queue is an error we count, not a silent drop

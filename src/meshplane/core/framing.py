@@ -38,6 +38,14 @@ _U64_PAIR = struct.Struct(">QQ")
 DYNAMO_HEADER_SIZE = _DYNAMO_HEADER.size
 HEADER8_SIZE = _HEADER8.size
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+FRAME_SLACK = 4096  # an envelope's fields around its payload, at most
+
+
+def max_frame_bytes(max_message_bytes: int) -> int:
+    """The largest frame (ZMQ_MAXMSGSIZE) of a socket that takes events of ``max_message_bytes``."""
+    return max_message_bytes + FRAME_SLACK
+
+
 # A bare MessagePack envelope (Dynamo over NATS) starts with a map or array marker; neither
 # collides with an 8-byte header, whose first byte is the version 2.
 _MSGPACK_CONTAINER_MARKERS = frozenset([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])

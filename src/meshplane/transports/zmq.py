@@ -25,6 +25,7 @@ from meshplane.core.framing import (
     decode_dynamo_event,
     decode_header8_event,
     decode_zmq,
+    max_frame_bytes,
 )
 from meshplane.core.records import TRANSPORT_ZMQ, EventChannel
 from meshplane.errors import TransportError, WireError
@@ -315,6 +316,8 @@ class ZmqSubscriberTransport(SubscriberTransport):
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        # libzmq drops a peer whose frame is larger before buffering it, rather than after
+        sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes(self._max_bytes))
         # SUB filtering is a prefix match; the subscriber re-checks the topic exactly.
         sock.setsockopt(zmq.SUBSCRIBE, self._routing_topic)
         if self._curve is not None:

@@ -35,6 +35,16 @@ class Unavailable(StorageError):
     """JetStream did not answer (no leader, no quorum, or the servers are gone): a 503, try again."""
 
 
+# What JetStream answers while a leader is elected or a server is gone: each is worth a retry.
+ELECTION_ERRORS = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.js.errors.NoStreamResponseError,  # "no response from stream": the stream has no leader yet
+    nats.js.errors.ServiceUnavailableError,
+)
+
+
 @dataclass
 class StreamBounds:
     """A partition's extent as JetStream last reported it: sequences start at 1, offsets at 0."""
@@ -175,11 +185,13 @@ class JetStreamStore:
                     headers["Nats-Msg-Id"] = ids[i]
                 pending.append(await self.js.publish_async(subject, payload, headers=headers))
             acks = await asyncio.wait_for(asyncio.gather(*pending), self.timeout)
-        except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+        except (TimeoutError, *ELECTION_ERRORS) as exc:
             for future in pending:
                 future.cancel()
-            raise Unavailable(f"JetStream did not acknowledge an append to {subject}") from exc
-        except nats.js.errors.APIError as exc:
+            raise Unavailable(f"JetStream did not acknowledge an append to {subject} ({exc!r})") from exc
+        except nats.errors.Error as exc:  # any other: a refusal the client cannot fix by waiting
+            for future in pending:
+                future.cancel()
             raise StorageError(f"JetStream refused an append to {subject}: {exc}") from None
         return [ack.seq - 1 for ack in acks], sum(1 for ack in acks if ack.duplicate)
 
