@@ -8,10 +8,9 @@ per publisher, to the guaranteed subscriptions (queues) of every node, whatever 
 - On the **publishing node**, a guaranteed event is appended to a spool per destination node whose
   queues want it (:mod:`.spool`) and to this node's own queues; the publisher's ACK waits for the
   fsync policy. Spools are sent as SPOOLED frames while the link is up and kept while it is down.
-  Which node's queues want what is kept apart from the routing table, and on disk
-  (``peer_queues.log``, :mod:`.peer_queues`): the routing table forgets a peer's interest when the peer comes back (to
-  learn it afresh), but events published meanwhile, or after this node restarts while that peer is
-  down, must still be spooled for it.
+  Which node's queues want what is kept apart from the routing table, and on disk (:mod:`.peer_queues`):
+  the routing table forgets a peer's interest when the peer comes back (to learn it afresh), but events
+  published meanwhile, or after this node restarts while that peer is down, must still be spooled for it.
 - On the **destination**, the event goes to the direct subscribers at once and to the queues that
   want it (dropped there if that event id was stored already); ACK goes back once stored.
 
