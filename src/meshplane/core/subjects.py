@@ -1,11 +1,11 @@
-"""Dot-separated subjects and wildcard subscriptions, matched in linear time.
+"""Dot-separated subjects and wildcard subscriptions, matched at a bounded cost.
 
 A subject is tokens separated by dots (``orders.eu.created``). A pattern may use whole-token
-wildcards: ``*`` matches exactly one token, ``#`` any number of tokens, zero included (Synap's and
-AMQP's rules), and ``>`` as its last token one or more tokens (NATS's and Solace's rule).
-Patterns live in a token trie (as nats-server's sublist keeps them); matching walks it
-with a set of live nodes, so one subject costs O(tokens x trie nodes) at worst, never the exponential
-backtracking of a recursive matcher (``#.#.#.#.z`` against a long subject).
+wildcards: ``*`` matches exactly one token; as its last token only, ``#`` any number of tokens, zero
+included (Synap's, and MQTT's rule for where it may stand), and ``>`` one or more (NATS's and
+Solace's). With the multi-token wildcards at the end, every pattern is a fixed sequence of words and
+``*``: :class:`PatternIndex` matches a subject with one bit-set AND per token, whatever patterns are
+held (a ``#`` in the middle made some sets of patterns cost seconds per subject in a token trie).
 
 Subjects whose first token starts with ``$`` are reserved (MQTT's rule): a wildcard in the first
 token does not match them, only a pattern that names that token does (the mesh keeps its guaranteed
@@ -14,8 +14,7 @@ interest under ``$G``).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 ONE = "*"
@@ -55,112 +54,150 @@ def validate(subject: object, *, wildcards: bool) -> str:
         raise InvalidSubject(f"{what} {subject[:80]!r} has an empty token")
     if not wildcards and any(w in tokens for w in WILDCARDS):
         raise InvalidSubject(f"subject {subject[:80]!r} holds a wildcard: only patterns may")
-    if REST in tokens[:-1]:
-        raise InvalidSubject(f"pattern {subject[:80]!r}: '>' may only be the last token")
+    if REST in tokens[:-1] or ANY in tokens[:-1]:
+        raise InvalidSubject(f"pattern {subject[:80]!r}: '#' and '>' may only be the last token")
     return subject
 
 
-@dataclass(eq=False, slots=True)
-class _Node(Generic[V]):
-    children: dict[str, _Node[V]] = field(default_factory=dict)
-    values: set[V] = field(default_factory=set)
-    takes_any: bool = False  # a '#' or '>' node: it may take any number of further tokens
+class PatternIndex(Generic[V]):
+    """Patterns, each with the values (subscribers) that hold it, matched with bit sets.
 
-
-class SubjectTrie(Generic[V]):
-    """Patterns, each with the values (subscribers) that hold it."""
+    Every pattern has a slot (a bit). Per token position the index keeps which patterns name each
+    word there, which have ``*`` there, and which end before it with ``#`` or ``>`` (so take any word
+    there); per subject length, which patterns can match that many tokens. Matching a subject is one
+    AND per token over those bit sets (each as long as the number of patterns, a Python int), then one
+    step per value found: a value's other patterns are cleared at once, so a subscriber holding 10,000
+    patterns that all match costs one step, not 10,000. Nothing depends on how the patterns overlap,
+    so no set of patterns makes one subject expensive.
+    """
 
     def __init__(self) -> None:
-        self._root: _Node[V] = _Node()
+        self._slots: dict[str, int] = {}  # pattern -> its bit's index
+        self._values: list[set[V]] = []  # slot -> the values holding that pattern
+        self._free: list[int] = []
+        self._word: list[dict[str, int]] = [{} for _ in range(MAX_TOKENS)]  # position -> word -> bits
+        self._one: list[int] = [0] * MAX_TOKENS  # position -> patterns with '*' there
+        self._open: list[int] = [0] * MAX_TOKENS  # position -> patterns ended by '#'/'>' before it
+        self._length: list[int] = [0] * (MAX_TOKENS + 1)  # token count -> patterns that can match it
+        self._of: dict[V, int] = {}  # value -> the bits of its patterns
         self.patterns = 0
 
     def insert(self, pattern: str, value: V) -> bool:
         """Add ``value`` under ``pattern``; False if it was there already."""
-        node = self._root
-        for token in pattern.split("."):
-            child = node.children.get(token)
-            if child is None:
-                child = node.children[token] = _Node(takes_any=token in (ANY, REST))
-            node = child
-        if value in node.values:
+        slot = self._slots.get(pattern)
+        if slot is None:
+            slot = self._add(pattern)
+        holders = self._values[slot]
+        if value in holders:
             return False
-        if not node.values:
-            self.patterns += 1
-        node.values.add(value)
+        holders.add(value)
+        self._of[value] = self._of.get(value, 0) | (1 << slot)
         return True
+
+    def _add(self, pattern: str) -> int:
+        fixed, tail = pattern_shape(pattern)
+        slot = self._free.pop() if self._free else len(self._values)
+        if slot == len(self._values):
+            self._values.append(set())
+        bit = 1 << slot
+        self._slots[pattern] = slot
+        for position, token in enumerate(fixed):
+            if token == ONE:
+                self._one[position] |= bit
+            else:
+                words = self._word[position]
+                words[token] = words.get(token, 0) | bit
+        for position in range(len(fixed), MAX_TOKENS) if tail else ():
+            self._open[position] |= bit
+        for count in subject_counts(len(fixed), tail):
+            self._length[count] |= bit
+        self.patterns += 1
+        return slot
 
     def remove(self, pattern: str, value: V) -> bool:
-        """Take ``value`` off ``pattern`` (pruning empty branches); False if it was not there."""
-        path: list[tuple[_Node[V], str]] = []
-        node = self._root
-        for token in pattern.split("."):
-            child = node.children.get(token)
-            if child is None:
-                return False
-            path.append((node, token))
-            node = child
-        if value not in node.values:
+        """Take ``value`` off ``pattern``; False if it was not there."""
+        slot = self._slots.get(pattern)
+        if slot is None or value not in self._values[slot]:
             return False
-        node.values.discard(value)
-        if not node.values:
-            self.patterns -= 1
-        for parent, token in reversed(path):
-            child = parent.children[token]
-            if child.values or child.children:
-                break
-            del parent.children[token]
+        self._values[slot].discard(value)
+        bits = self._of[value] & ~(1 << slot)
+        if bits:
+            self._of[value] = bits
+        else:
+            del self._of[value]
+        if not self._values[slot]:
+            self._drop(pattern, slot)
         return True
 
+    def _drop(self, pattern: str, slot: int) -> None:
+        fixed, tail = pattern_shape(pattern)
+        keep = ~(1 << slot)
+        for position, token in enumerate(fixed):
+            if token == ONE:
+                self._one[position] &= keep
+            else:
+                words = self._word[position]
+                left = words[token] & keep
+                if left:
+                    words[token] = left
+                else:
+                    del words[token]
+        for position in range(len(fixed), MAX_TOKENS) if tail else ():
+            self._open[position] &= keep
+        for count in subject_counts(len(fixed), tail):
+            self._length[count] &= keep
+        del self._slots[pattern]
+        self._free.append(slot)
+        self.patterns -= 1
+
     def match(self, subject: str) -> set[V]:
-        """The values of every pattern that matches ``subject``."""
+        """The values of every pattern that matches ``subject`` (of at most MAX_TOKENS tokens)."""
         tokens = subject.split(".")
-        if is_reserved(subject):
-            first = self._root.children.get(tokens.pop(0))
-            if first is None:
-                return set()
-            live = self._closure([first])
-        else:
-            live = self._closure([self._root])
-        for token in tokens:
-            following: list[_Node[V]] = []
-            for node in live:
-                children = node.children
-                following.extend(
-                    child
-                    for child in (children.get(token), children.get(ONE), children.get(REST))
-                    if child is not None
-                )
-                if node.takes_any:
-                    following.append(node)
-            if not following:
-                return set()
-            live = self._closure(following)
+        if len(tokens) > MAX_TOKENS:
+            return set()
+        candidates = self._length[len(tokens)]
+        position = 0
+        if candidates and is_reserved(subject):  # by name only: no wildcard in the first position
+            candidates &= self._word[0].get(tokens[0], 0)
+            position = 1
+        words, one, open_ = self._word, self._one, self._open
+        while candidates and position < len(tokens):
+            candidates &= words[position].get(tokens[position], 0) | one[position] | open_[position]
+            position += 1
         found: set[V] = set()
-        for node in live:
-            found |= node.values
+        while candidates:
+            lowest = candidates & -candidates
+            for value in self._values[lowest.bit_length() - 1]:
+                if value not in found:
+                    found.add(value)
+                    candidates &= ~self._of[value]  # its other patterns need no look
+            candidates &= ~lowest
         return found
 
-    @staticmethod
-    def _closure(nodes: Iterable[_Node[V]]) -> list[_Node[V]]:
-        """The distinct nodes, and the '#' nodes reachable from them by matching zero tokens ('>' needs
-        one token, so it is reached only by matching)."""
-        out: list[_Node[V]] = []
-        seen: set[int] = set()
-        stack = list(nodes)
-        while stack:
-            node = stack.pop()
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            out.append(node)
-            any_child = node.children.get(ANY)
-            if any_child is not None:
-                stack.append(any_child)
-        return out
+
+def pattern_shape(pattern: str) -> tuple[list[str], str]:
+    """A pattern's fixed tokens and its tail wildcard ('#', '>' or '')."""
+    tokens = pattern.split(".")
+    if len(tokens) > MAX_TOKENS:
+        raise InvalidSubject(f"pattern has {len(tokens)} tokens; at most {MAX_TOKENS}")
+    tail = tokens[-1] if tokens[-1] in (ANY, REST) else ""
+    fixed = tokens[:-1] if tail else tokens
+    if ANY in fixed or REST in fixed:
+        raise InvalidSubject(f"pattern {pattern[:80]!r}: '#' and '>' may only be the last token")
+    return fixed, tail
+
+
+def subject_counts(fixed: int, tail: str) -> range:
+    """The token counts of the subjects a pattern of ``fixed`` tokens and ``tail`` can match."""
+    if tail == ANY:
+        return range(fixed, MAX_TOKENS + 1)
+    if tail == REST:
+        return range(fixed + 1, MAX_TOKENS + 1)
+    return range(fixed, fixed + 1)
 
 
 def matches(pattern: str, subject: str) -> bool:
     """Whether one pattern matches one subject (the trie with one entry)."""
-    trie: SubjectTrie[int] = SubjectTrie()
-    trie.insert(pattern, 0)
-    return bool(trie.match(subject))
+    index: PatternIndex[int] = PatternIndex()
+    index.insert(pattern, 0)
+    return bool(index.match(subject))

@@ -51,7 +51,7 @@ from meshplane.core.mesh.handshake import (
     proof,
     proof_ok,
 )
-from meshplane.core.subjects import SubjectTrie
+from meshplane.core.subjects import PatternIndex
 from meshplane.errors import ConfigError, TransportAuthError, TransportError
 from meshplane.mesh.config import SECRET_ENV
 from meshplane.mesh.connection import FrameConnection
@@ -100,7 +100,7 @@ class MeshClient:
         self._handshake: asyncio.Queue[Frame | None] | None = None  # HELLO and AUTH while connecting
         self._pings: list[asyncio.Future[None]] = []
         self._subs: dict[int, tuple[str, Callback]] = {}
-        self._trie: SubjectTrie[int] = SubjectTrie()
+        self._trie: PatternIndex[int] = PatternIndex()
         self._patterns: dict[str, int] = {}
         self._cache: dict[str, list[Callback]] = {}
         self._ids = itertools.count(1)

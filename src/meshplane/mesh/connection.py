@@ -15,6 +15,7 @@ from meshplane.core.mesh.frames import Frame, FrameError, FrameReader
 log = logging.getLogger(__name__)
 
 WRITE_HIGH_WATER = 1024 * 1024
+TURN_SECONDS = 0.005  # frames handled in one go, at most this long, before others get a turn
 
 
 @dataclass
@@ -69,6 +70,10 @@ class FrameConnection(asyncio.Protocol):
         self.last_received = time.monotonic()
         self.partial_since: float | None = None  # when the frame not yet whole began to arrive
         self.peer_done = False
+        self._backlog: list[Frame | FrameError] = []
+        self._reading_paused = False
+        self._eof_waiting = False
+        self._closing = False
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._flush_handle: asyncio.Handle | None = None
@@ -90,22 +95,55 @@ class FrameConnection(asyncio.Protocol):
             self.partial_since = None
         elif items or self.partial_since is None:
             self.partial_since = now  # a frame completed here: the one pending began here too
-        for item in items:
-            if isinstance(item, FrameError):
-                self.stats.bad_frames += 1
-                self._on_bad(self, item)
-                if item.fatal:
-                    self.close()
-                    return
-            else:
-                self.stats.frames_in += 1
-                self._on_frame(self, item)
-            if self.transport is None or self.transport.is_closing():
+        self._backlog = self._backlog + items if self._backlog else items
+        self._handle_backlog()
+
+    def _handle_backlog(self) -> None:
+        """Hand over what was read, a turn at a time: one read can hold thousands of frames, and
+        every other connection (``/health`` included) waits while they are handled. Reading stops
+        until the backlog is done, so the peer feels it as TCP backpressure."""
+        items, self._backlog = self._backlog, []
+        deadline = time.perf_counter() + TURN_SECONDS
+        for index, item in enumerate(items):
+            if not self._hand_over(item) or self.transport is None or self.transport.is_closing():
                 return
+            if index & 31 == 31 and index + 1 < len(items) and time.perf_counter() > deadline:
+                self._backlog = items[index + 1 :]
+                if not self._reading_paused:
+                    self._reading_paused = True
+                    self.transport.pause_reading()
+                asyncio.get_running_loop().call_soon(self._handle_backlog)
+                return
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        if self._eof_waiting:  # the peer's end, once everything it sent before it is handled
+            self._eof_waiting = False
+            if not self._end_of_input():
+                self.close()
+
+    def _hand_over(self, item: Frame | FrameError) -> bool:
+        """False once the stream is lost (a fatal error: the connection is closed)."""
+        if isinstance(item, FrameError):
+            self.stats.bad_frames += 1
+            self._on_bad(self, item)
+            if item.fatal:
+                self.close()
+                return False
+        else:
+            self.stats.frames_in += 1
+            self._on_frame(self, item)
+        return True
 
     def eof_received(self) -> bool:
         """The peer is done sending. Its retired connection: close. A connection still in use here
         (the peer switched first): keep sending until this side switches too (``on_eof`` says)."""
+        if self._backlog:
+            self._eof_waiting = True
+            return True
+        return self._end_of_input()
+
+    def _end_of_input(self) -> bool:
         self.peer_done = True
         return self._on_eof is not None and self._on_eof(self)
 
@@ -120,6 +158,10 @@ class FrameConnection(asyncio.Protocol):
             self._on_resume(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        items, self._backlog = self._backlog, []
+        for item in items if not self._closing else ():  # the peer's last frames before its end
+            if not self._hand_over(item):
+                break
         if self._flush_handle is not None:
             self._flush_handle.cancel()
         self._pending.clear()
@@ -179,6 +221,7 @@ class FrameConnection(asyncio.Protocol):
         transport, self.transport = self.transport, None
         if transport is None:
             return
+        self._closing = True
         self._pending.clear()
         self._pending_bytes = 0
         if self._on_limit is not None:
@@ -204,6 +247,7 @@ class FrameConnection(asyncio.Protocol):
         asyncio.get_running_loop().call_later(grace, self.close)
 
     def close(self) -> None:
+        self._closing = True  # what was read and not yet handled is dropped
         self.flush()
         if self.transport is not None:
             self.transport.close()

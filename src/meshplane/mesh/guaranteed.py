@@ -37,7 +37,7 @@ from meshplane.core.mesh.frames import (
     encode_frame,
     event_parts,
 )
-from meshplane.core.subjects import SubjectTrie
+from meshplane.core.subjects import PatternIndex
 from meshplane.mesh.holders import Holder, MeshEvent
 from meshplane.mesh.peer_queues import Change, PeerQueuesLog
 from meshplane.mesh.queues import PREFIX, Queue, Queues, stored_event
@@ -82,7 +82,7 @@ class Guaranteed:
         self._acks: dict[str, int] = {}  # peer -> highest spool offset handled in this batch
         self._waiting_bytes = 0
         self.peer_queues: dict[str, set[str]] = {}  # peer -> its queues' patterns (without the prefix)
-        self._peer_trie: SubjectTrie[str] = SubjectTrie()
+        self._peer_trie: PatternIndex[str] = PatternIndex()
         self._peer_log: PeerQueuesLog | None = None
 
     @property

@@ -1,6 +1,6 @@
 """Fire-and-forget pub/sub with wildcard subscriptions (no history, as in Synap), bounded everywhere.
 
-Patterns live in one :class:`~meshplane.core.subjects.SubjectTrie` (matching is linear). Live
+Patterns live in one :class:`~meshplane.core.subjects.PatternIndex` (matching is linear). Live
 listeners (WebSocket) get each message as a JSON frame built once, through a queue bounded in count
 and bytes; a listener that falls behind loses messages, counted. Subscriptions registered over
 HTTP (Synap's ``pubsub.subscribe``) count towards ``subscribers_matched`` and expire unless renewed.
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import msgspec
 
 from meshplane.core.backpressure import BackpressurePolicy, SubscriberQueue
-from meshplane.core.subjects import InvalidSubject, SubjectTrie, validate
+from meshplane.core.subjects import InvalidSubject, PatternIndex, validate
 from meshplane.streams.errors import BadRequest, LimitReached
 
 _json = msgspec.json.Encoder()
@@ -102,7 +102,7 @@ class PubSubListener:
 class PubSub:
     def __init__(self, limits: PubSubLimits | None = None) -> None:
         self.limits = limits or PubSubLimits()
-        self._trie: SubjectTrie[str] = SubjectTrie()  # values: "r:<subscriber>" or "l:<listener>"
+        self._trie: PatternIndex[str] = PatternIndex()  # values: "r:<subscriber>" or "l:<listener>"
         self.registered: OrderedDict[str, tuple[float, set[str]]] = OrderedDict()  # oldest renewal first
         self.listeners: dict[str, PubSubListener] = {}
         self._holders: dict[str, int] = {}  # pattern -> registrations and listeners holding it

@@ -1,11 +1,13 @@
 """A node's routing table (seed 004's TopicRouter), sans I/O.
 
-- Local subscriptions: literal patterns in a dict (O(1)), wildcard patterns in a token trie; the
-  holders are whatever the adapter delivers to (a client connection, the pub/sub service).
-- Remote interest: per peer, a Bloom filter (the fast "no") in front of one exact trie of every
-  peer's patterns. A filter's false positive costs a trie walk, counted per peer; never a send.
-- Routes are cached per subject (as nats-server's sublist caches matches) and the cache is emptied
-  on any change of interest, so a steady publisher pays one dict lookup per event.
+- Local subscriptions: literal patterns in a dict (O(1)), wildcard patterns in a
+  :class:`~meshplane.core.subjects.PatternIndex`; the holders are whatever the adapter delivers to
+  (a client connection, the pub/sub service).
+- Remote interest: per peer, a Bloom filter (the fast "no") in front of one exact index of every
+  peer's patterns. A filter's false positive costs a match, counted per peer; never a send.
+- Routes are cached per subject (as nats-server's sublist caches matches); a change of interest drops
+  only the cached routes of the subjects its pattern matches (:mod:`.route_cache`), so a steady
+  publisher pays one dict lookup per event whatever others subscribe meanwhile.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Generic, TypeVar
 from meshplane.core.mesh.bloom import BloomFilter, BloomShape, pattern_key, subject_keys
 from meshplane.core.mesh.frames import SyncResponse
 from meshplane.core.mesh.interest import OwnInterest, PeerInterest
-from meshplane.core.subjects import WILDCARDS, SubjectTrie
+from meshplane.core.mesh.route_cache import RouteCache
+from meshplane.core.subjects import WILDCARDS, PatternIndex
 
 H = TypeVar("H", bound=Hashable)
 
@@ -56,11 +59,11 @@ class Router(Generic[H]):
         self.shape = BloomShape(self.limits.bloom_filter_capacity, self.limits.bloom_filter_fpr)
         self.own = OwnInterest()
         self._literal: dict[str, set[H]] = {}
-        self._wildcard: SubjectTrie[H] = SubjectTrie()
+        self._wildcard: PatternIndex[H] = PatternIndex()
         self._held: dict[H, set[str]] = {}
         self.peers: dict[str, _Peer] = {}
-        self._remote: SubjectTrie[str] = SubjectTrie()
-        self._cache: dict[str, Route[H]] = {}
+        self._remote: PatternIndex[str] = PatternIndex()
+        self._cache: RouteCache[Route[H]] = RouteCache(self.limits.route_cache_subjects)
         self.bloom_false_positives: Counter[str] = Counter()
 
     # --- local subscriptions -------------------------------------------------------------------------
@@ -75,7 +78,7 @@ class Router(Generic[H]):
             self._literal.setdefault(pattern, set()).add(holder)
         else:
             self._wildcard.insert(pattern, holder)
-        self._cache.clear()
+        self._cache.invalidate((pattern,))
         return self.own.add(pattern)
 
     def unsubscribe(self, holder: H, pattern: str) -> int | None:
@@ -93,7 +96,7 @@ class Router(Generic[H]):
                 del self._literal[pattern]
         else:
             self._wildcard.remove(pattern, holder)
-        self._cache.clear()
+        self._cache.invalidate((pattern,))
         return self.own.remove(pattern)
 
     def holds(self, holder: H, pattern: str) -> bool:
@@ -123,7 +126,7 @@ class Router(Generic[H]):
         removed = state.interest.clear()
         for pattern in removed:
             self._remote.remove(pattern, peer)
-        self._cache.clear()
+        self._cache.invalidate(removed)
         return removed
 
     def apply(self, peer: str, pattern: str, version: int, added: bool) -> bool:
@@ -137,7 +140,7 @@ class Router(Generic[H]):
         else:
             self._remote.remove(pattern, peer)
             self._removed(state)
-        self._cache.clear()
+        self._cache.invalidate((pattern,))
         return True
 
     def apply_sync(self, peer: str, response: SyncResponse) -> tuple[set[str], set[str]]:
@@ -153,7 +156,7 @@ class Router(Generic[H]):
         if removed:
             self._removed(state, len(removed))
         if added or removed:
-            self._cache.clear()
+            self._cache.invalidate(added | removed)
         return added, removed
 
     def _removed(self, state: _Peer, count: int = 1) -> None:
@@ -191,9 +194,7 @@ class Router(Generic[H]):
                     if peer not in interested:
                         self.bloom_false_positives[peer] += 1
         route = Route(frozenset(local), peers)
-        if len(self._cache) >= self.limits.route_cache_subjects:
-            self._cache.clear()
-        self._cache[subject] = route
+        self._cache.put(subject, route)
         return route
 
     @property
