@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 import trustme
 
@@ -424,3 +425,33 @@ async def test_links_and_clients_over_tls_with_identities_from_certificates(mesh
         assert (await link(pair["a"], "b"))["state"] == "up"
         await publisher.close()
         await subscriber.close()
+
+
+async def test_listings_follow_the_tokens_prefixes_on_every_route(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("admin-0123456789abcdef\norders-reader-0123456789  read:orders.\n")
+    with node_process("n", "--token-file", str(tokens)) as node:
+        node.start()
+        admin = {"Authorization": "Bearer admin-0123456789abcdef"}
+        reader = {"Authorization": "Bearer orders-reader-0123456789"}
+        async with aiohttp.ClientSession(node.url) as http:
+            for name in ("orders.eu", "payments.eu"):
+                async with http.post(f"/topics/{name}", json={"num_partitions": 1}, headers=admin) as r:
+                    assert r.status in (200, 201)
+                async with http.post(f"/topics/{name}/publish", json={"event_type": "e", "data": 1}, headers=admin) as r:
+                    assert r.status == 200
+                async with http.put(f"/mesh/queues/{name}q", json={"patterns": [name]}, headers=admin) as r:
+                    assert r.status == 200
+            for headers, expected in ((admin, {"orders.eu", "payments.eu"}), (reader, {"orders.eu"})):
+                async with http.get("/topics", headers=headers) as r:
+                    assert set((await r.json())["topics"]) >= expected
+                    assert ("payments.eu" in (await r.json())["topics"]) == (headers is admin)
+                async with http.get("/metrics", headers=headers) as r:
+                    metrics = await r.text()
+                    assert 'topic="orders.eu"' in metrics
+                    assert ('topic="payments.eu"' in metrics) == (headers is admin)
+                for path in ("/mesh", "/mesh/queues"):
+                    async with http.get(path, headers=headers) as r:
+                        text = await r.text()
+                        assert "orders.euq" in text
+                        assert ("payments.euq" in text) == (headers is admin)

@@ -23,7 +23,7 @@ from meshplane.streams.errors import (
 )
 from meshplane.streams.events import StreamEvent
 from meshplane.streams.http.commands import Commands, failure_envelope, history
-from meshplane.streams.http.metrics import REGISTRY
+from meshplane.streams.http.metrics import REGISTRY, readable_metrics
 from meshplane.streams.http.params import (
     GRANT,
     MAX_CONSUME_LIMIT,
@@ -34,6 +34,7 @@ from meshplane.streams.http.params import (
     positive,
     query_int,
     read_json,
+    readable,
     retention_secs_of,
     topic_list,
 )
@@ -105,7 +106,8 @@ class Api:
     # rooms
 
     async def room_list(self, request: web.Request) -> web.Response:
-        return json_response(await self.commands.cmd_stream_list({}))
+        rooms = readable(request, sorted(self.engine.rooms))
+        return json_response({"rooms": rooms, "count": len(rooms)})
 
     async def room_create(self, request: web.Request) -> web.Response:
         body = await read_json(request)
@@ -279,7 +281,7 @@ class Api:
     # topics
 
     async def topic_list(self, request: web.Request) -> web.Response:
-        topics = sorted(self.engine.topics)
+        topics = readable(request, sorted(self.engine.topics))
         return json_response({"topics": topics, "count": len(topics)})
 
     async def topic_create(self, request: web.Request) -> web.Response:
@@ -440,7 +442,7 @@ class Api:
     # consumer groups
 
     async def group_list(self, request: web.Request) -> web.Response:
-        groups = sorted(self.engine.groups)
+        groups = readable(request, sorted(self.engine.groups))
         return json_response({"groups": groups, "count": len(groups)})
 
     async def group_create(self, request: web.Request) -> web.Response:
@@ -503,7 +505,10 @@ class Api:
 
     async def metrics(self, request: web.Request) -> web.Response:
         registry: CollectorRegistry = request.app[REGISTRY]
-        return web.Response(body=generate_latest(registry), content_type="text/plain", charset="utf-8")
+        body = generate_latest(registry)
+        if request.get(GRANT) is not None:
+            body = readable_metrics(request, body)
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     async def openapi(self, request: web.Request) -> web.Response:
         return json_response(openapi_document(self.routes()))

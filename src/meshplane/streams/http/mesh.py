@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 from meshplane.mesh.links import LINK_COUNTERS
 from meshplane.mesh.node import MeshNode
 from meshplane.streams.errors import BadRequest, Conflict, NotFound
-from meshplane.streams.http.params import json_response, read_json
+from meshplane.streams.http.params import GRANT, json_response, read_json, readable
 
 MESH: web.AppKey[MeshNode] = web.AppKey("mesh", MeshNode)
 
@@ -26,12 +26,24 @@ def _node(request: web.Request) -> MeshNode:
 
 
 async def mesh_status(request: web.Request) -> web.Response:
-    node = _node(request)
-    return json_response(node.status(patterns=request.query.get("patterns") in ("1", "true")))
+    status = _node(request).status(patterns=request.query.get("patterns") in ("1", "true"))
+    if request.get(GRANT) is not None:  # a token sees the subjects and queues of its prefixes only
+        status["guaranteed"]["queues"] = _readable_queues(request, status["guaranteed"]["queues"])
+        for where, patterns in status.get("patterns", {}).items():
+            if isinstance(patterns, list):
+                status["patterns"][where] = readable(request, patterns)
+            else:
+                status["patterns"][where] = {peer: readable(request, p) for peer, p in patterns.items()}
+    return json_response(status)
+
+
+def _readable_queues(request: web.Request, queues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    names = set(readable(request, [queue["name"] for queue in queues]))
+    return [queue for queue in queues if queue["name"] in names]
 
 
 async def queues_list(request: web.Request) -> web.Response:
-    return json_response({"queues": _node(request).guaranteed.queues.status()})
+    return json_response({"queues": _readable_queues(request, _node(request).guaranteed.queues.status())})
 
 
 async def queue_put(request: web.Request) -> web.Response:

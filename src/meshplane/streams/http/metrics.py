@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from aiohttp import web
@@ -9,11 +10,23 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from meshplane.streams.http.params import readable
 from meshplane.streams.service import StreamsService
 
 # --- metrics ---------------------------------------------------------------------------------------
 
 REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
+_NAMED = re.compile(rb'(?:topic|room|group|queue)="((?:[^"\\]|\\.)*)"')
+
+
+def readable_metrics(request: web.Request, exposition: bytes) -> bytes:
+    """The exposition without the samples of names the request's token may not read."""
+    kept = []
+    for line in exposition.split(b"\n"):
+        names = [match.decode(errors="replace") for match in _NAMED.findall(line)]
+        if not names or len(readable(request, names)) == len(names):
+            kept.append(line)
+    return b"\n".join(kept)
 
 
 class EngineCollector(Collector):

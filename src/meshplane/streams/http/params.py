@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
 from meshplane.core.streamlog import StoredEvent
+from meshplane.streams.access import Grant
 from meshplane.streams.config import new_event_id
 from meshplane.streams.errors import (
     BadRequest,
@@ -30,6 +31,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_CONSUME_LIMIT = 1000
 INT64_MAX = 2**63 - 1
 _json_decoder = msgspec.json.Decoder()
+
+
+def readable(request: web.Request, names: Iterable[str]) -> list[str]:
+    """The names the request's token may read (all of them without tokens): listings follow a token's
+    prefixes, as the dashboard does."""
+    grant: Grant | None = request.get(GRANT)
+    if grant is None:
+        return list(names)
+    return [name for name in names if grant.allows("read", [name])]
 
 
 def json_response(body: Any, status: int = 200) -> web.Response:
