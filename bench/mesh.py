@@ -95,8 +95,9 @@ async def subscriber(kind: str, url: str, events: int, latency: bool, connection
     if kind == "mesh":
         from meshplane.mesh.client import MeshClient
 
+        tls = mesh_tls()
         for _ in range(connections):
-            client = await MeshClient(url).connect()
+            client = await MeshClient(url, tls=tls).connect()
             client.subscribe(SUBJECT, lambda subject, body: on_data(body))
             await client.flush()
             closers.append(client.close)
@@ -129,7 +130,7 @@ async def publisher(kind: str, url: str, events: int, interval: float, marker: s
     if kind == "mesh":
         from meshplane.mesh.client import MeshClient
 
-        client = await MeshClient(url).connect()
+        client = await MeshClient(url, tls=mesh_tls()).connect()
 
         async def send(data: bytes) -> None:
             await client.publish(SUBJECT, data)
@@ -165,6 +166,13 @@ async def publisher(kind: str, url: str, events: int, interval: float, marker: s
             await send(template)
     await flush()
     await close()
+
+
+def mesh_tls() -> Any:
+    """A client's TLS to its node, from MESHPLANE_MESH_TLS_* (the TLS runs of bench/mesh_tls.py)."""
+    from meshplane.config import PlaneConfig
+
+    return PlaneConfig.from_env().mesh_tls()
 
 
 def _spawn(args: list[str]) -> subprocess.Popen[str]:

@@ -373,8 +373,10 @@ def mesh_pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, identities in {
         "a": ("a", "127.0.0.1"),
         "b": ("b", "127.0.0.1"),
+        "c": ("c", "127.0.0.1"),
         "client": ("client",),
         "mallory": ("mallory",),
+        "x": ("x",),
     }.items():
         cert = ca.issue_cert(*identities)
         cert.private_key_pem.write_to_path(str(folder / f"{name}.key"))
@@ -438,7 +440,9 @@ async def test_listings_follow_the_tokens_prefixes_on_every_route(tmp_path: Path
             for name in ("orders.eu", "payments.eu"):
                 async with http.post(f"/topics/{name}", json={"num_partitions": 1}, headers=admin) as r:
                     assert r.status in (200, 201)
-                async with http.post(f"/topics/{name}/publish", json={"event_type": "e", "data": 1}, headers=admin) as r:
+                async with http.post(
+                    f"/topics/{name}/publish", json={"event_type": "e", "data": 1}, headers=admin
+                ) as r:
                     assert r.status == 200
                 async with http.put(f"/mesh/queues/{name}q", json={"patterns": [name]}, headers=admin) as r:
                     assert r.status == 200
@@ -455,3 +459,103 @@ async def test_listings_follow_the_tokens_prefixes_on_every_route(tmp_path: Path
                         text = await r.text()
                         assert "orders.euq" in text
                         assert ("payments.euq" in text) == (headers is admin)
+
+
+# Done when: every finding at once, against a three-node TLS cluster under guaranteed publishers ----------
+
+
+async def attack(route_url: str, pki: Path, stop: asyncio.Event) -> dict[str, int]:
+    """Every attack above, over and over, until ``stop``: what each achieved."""
+    tally = {"refused": 0, "closed": 0}
+    member = client_tls(pki, "x")  # a certificate the CA signed for an id no node has
+    outsider = client_tls(pki, "mallory")
+
+    def once(round_: int) -> None:
+        for peer, expect in (
+            (RawPeer(route_url, "c", "c1", secret="guess", tls=member), "refused"),  # wrong secret
+            (RawPeer(route_url, "c", "c1", secret=SECRET, tls=outsider), "refused"),  # wrong identity
+            (RawPeer(route_url, f"h{round_}", "c1", secret=SECRET, tls=member), "refused"),  # id not in cert
+        ):
+            try:
+                peer.authenticate()
+            except (ConnectionRefusedError, ConnectionError):
+                tally[expect] += 1
+            peer.close()
+        rogue = RawPeer(route_url, "x", "c1", secret=SECRET, tls=member).authenticate()
+        try:  # an authenticated member gone bad: SUB_ADD and SYNC_REQ floods, then a half frame
+            rogue.send(*(encode_frame(FrameType.SUB_ADD, "x", f"r{round_}.{i}", i + 1) for i in range(500)))
+            for _ in range(400):
+                rogue.send(encode_frame(FrameType.SYNC_REQ, "x", payload=os.urandom(512)))
+            rogue.send(encode_frame(FrameType.SUB_REMOVE, "x", "$G.orders.>", 2**62))
+        except OSError:
+            pass
+        if rogue.closed(timeout=15):
+            tally["closed"] += 1
+        rogue.close()
+
+    round_ = 0
+    while not stop.is_set():
+        await asyncio.to_thread(once, round_)
+        round_ += 1
+    return tally
+
+
+async def health_latencies(nodes: list[StreamsServerProcess], stop: asyncio.Event) -> list[float]:
+    latencies: list[float] = []
+    async with aiohttp.ClientSession() as http:
+        while not stop.is_set():
+            for node in nodes:
+                started = time.perf_counter()
+                async with http.get(f"{node.url}/health") as response:
+                    assert response.status == 200
+                latencies.append(time.perf_counter() - started)
+            await asyncio.sleep(0.02)
+    return latencies
+
+
+async def test_a_tls_cluster_under_every_attack_loses_nothing_and_stays_responsive(mesh_pki: Path) -> None:
+    limits = ("--mesh-max-pending-bytes", "1000000", "--mesh-max-patterns-per-peer", "300")
+    node_args = {node: (*tls_args(mesh_pki, node), *limits) for node in ("a", "b", "c")}
+    with MeshCluster(3, node_args=node_args, env={SECRET_ENV: SECRET}).start() as cluster:
+        await asyncio.to_thread(cluster.wait_linked)
+        admin = cluster["c"]
+        await put_queue(admin, "orders", ["orders.>"])
+        for node in ("a", "b"):
+            await interest_reached(cluster[node], "c", "$G.orders.>")
+        stop = asyncio.Event()
+        attacks = [asyncio.create_task(attack(cluster[n].route_url, mesh_pki, stop)) for n in ("a", "b", "c")]
+        health = asyncio.create_task(health_latencies(cluster.nodes, stop))
+        acknowledged: list[bytes] = []
+
+        async def publish_from(node: str) -> None:
+            client = await MeshClient(
+                cluster[node].route_url, secret=SECRET, tls=client_tls(mesh_pki)
+            ).connect()
+            for i in range(1500):
+                body = b"%s-%d" % (node.encode(), i)
+                await client.publish("orders.eu", body, guaranteed=True)
+                acknowledged.append(body)
+            await client.close()
+
+        await asyncio.gather(publish_from("a"), publish_from("b"))
+        stop.set()
+        tallies = await asyncio.gather(*attacks)
+        latencies = sorted(await health)
+
+        async def all_stored() -> bool:
+            return len(await queue_bodies(admin, "orders")) >= len(acknowledged)
+
+        await eventually(all_stored, timeout=60, what="every acknowledged event in the queue")
+        stored = await queue_bodies(admin, "orders")
+        assert sorted(stored) == sorted(acknowledged)  # none lost, none doubled
+        for node in ("a", "b"):  # in publisher order
+            mine = [body for body in stored if body.startswith(node.encode())]
+            assert mine == [b"%s-%d" % (node.encode(), i) for i in range(1500)]
+        assert all(tally["refused"] > 0 and tally["closed"] > 0 for tally in tallies), tallies
+        assert latencies[int(len(latencies) * 0.99)] < 0.1
+        for process in cluster.nodes:
+            assert process.proc is not None
+            assert rss_mb(process.proc.pid) < 300
+        links = (await status(admin))["links"]
+        states = {entry["peer"]: entry["state"] for entry in links if entry["peer"] in ("a", "b")}
+        assert states == {"a": "up", "b": "up"}

@@ -1,0 +1,94 @@
+"""The cost of TLS on mesh links: two meshplane nodes linked in clear and two linked over TLS 1.3
+(certificates from a CA made for the run, mutual, identities checked), clients on TLS too; the
+cross-node throughput and latency of bench/mesh.py, both in the same run, and the ratios.
+
+    python bench/mesh_tls.py                 # results to bench/results/mesh_tls.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import trustme
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mesh import run_pair
+from meshplane.launchers import MeshCluster
+
+
+def certificates(folder: Path) -> dict[str, tuple[str, ...]]:
+    """A CA and node certificates for a and b (their ids and 127.0.0.1); serve's TLS flags per node."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    args: dict[str, tuple[str, ...]] = {}
+    for name in ("a", "b", "client"):
+        cert = ca.issue_cert(name, "127.0.0.1")
+        cert.private_key_pem.write_to_path(str(folder / f"{name}.key"))
+        cert.cert_chain_pems[0].write_to_path(str(folder / f"{name}.pem"))
+        args[name] = (
+            *("--mesh-tls-cert", str(folder / f"{name}.pem"), "--mesh-tls-key", str(folder / f"{name}.key")),
+            *("--mesh-tls-ca", str(folder / "ca.pem")),
+        )
+    return args
+
+
+def measure(cluster: MeshCluster, args: argparse.Namespace) -> dict[str, Any]:
+    a, b = cluster["a"].route_url, cluster["b"].route_url
+    rates = sorted(run_pair("mesh", a, b, args.events, False, 0.0)["rate"] for _ in range(args.repeat))
+    latency = run_pair("mesh", a, b, args.latency_events, True, args.interval)
+    return {
+        "rate": rates[len(rates) // 2],
+        "runs": rates,
+        "p50_us": latency["p50_us"],
+        "p99_us": latency["p99_us"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--latency-events", type=int, default=5_000)
+    parser.add_argument("--interval", type=float, default=0.0005)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "mesh_tls.json")
+    args = parser.parse_args()
+    results: dict[str, Any] = {"events": args.events}
+    with tempfile.TemporaryDirectory() as folder:
+        tls_args = certificates(Path(folder))
+        with MeshCluster(2, heartbeat_interval=1.0) as plain:
+            plain.start().wait_linked()
+            results["plain"] = measure(plain, args)
+        node_args = {node: tls_args[node] for node in ("a", "b")}
+        with MeshCluster(2, heartbeat_interval=1.0, node_args=node_args) as secure:
+            secure.start().wait_linked()
+            os.environ.update(
+                MESHPLANE_MESH_TLS_CA=f"{folder}/ca.pem",
+                MESHPLANE_MESH_TLS_CERT=f"{folder}/client.pem",
+                MESHPLANE_MESH_TLS_KEY=f"{folder}/client.key",
+            )
+            results["tls"] = measure(secure, args)
+    plain_run, tls_run = results["plain"], results["tls"]
+    results["ratios"] = {
+        "throughput": round(tls_run["rate"] / plain_run["rate"], 2),
+        "p50_latency": round(tls_run["p50_us"] / plain_run["p50_us"], 2),
+        "p99_latency": round(tls_run["p99_us"] / plain_run["p99_us"], 2),
+    }
+    print(
+        f"plain: {plain_run['rate']:,} events/s, p50 {plain_run['p50_us']} us; "
+        f"TLS: {tls_run['rate']:,} events/s, "
+        f"p50 {tls_run['p50_us']} us; TLS/plain throughput {results['ratios']['throughput']}x, "
+        f"p50 latency {results['ratios']['p50_latency']}x"
+    )
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
