@@ -233,3 +233,51 @@ async def test_r3_loses_and_duplicates_nothing_when_a_node_then_a_stream_leader_
         await eventually(lambda: len(watcher.received) == len(room), what="the watcher pushed every event")
         watching.cancel()
         assert watcher.received == room  # pushed in order, with no gap, through the other server
+
+
+async def test_publishes_answer_only_200_or_503_while_the_meta_leader_then_a_stream_leader_die(
+    cluster: JetStreamCluster, servers: list[StreamsServerProcess]
+) -> None:
+    """Each answer a client can act on: stored, or a JSON 503 to retry (never a bare 500)."""
+    async with StreamsClient([servers[0].url]) as client:
+        await _retry(lambda: client.create_topic("orders", PARTITIONS))
+    answers: dict[int, int] = {}
+    bodies_not_json: list[str] = []
+    stop = asyncio.Event()
+
+    async def publish(http: aiohttp.ClientSession, name: str) -> None:
+        batch = 0
+        while not stop.is_set():
+            events = [{"event_type": "e", "data": [name, batch, i]} for i in range(BATCH)]
+            body = {"events": events, "idempotency_key": f"{name}-{batch}"}
+            async with http.post(f"{servers[0].url}/topics/orders/publish", json=body) as response:
+                answers[response.status] = answers.get(response.status, 0) + 1
+                if response.status != 200:
+                    try:
+                        await response.json()
+                    except (aiohttp.ContentTypeError, ValueError):
+                        bodies_not_json.append(await response.text())
+                else:
+                    batch += 1
+
+    async with aiohttp.ClientSession() as http:
+        tasks = [asyncio.create_task(publish(http, f"p{i}")) for i in range(4)]
+
+        async def stored(count: int) -> None:
+            target = answers.get(200, 0) + count
+            await eventually(lambda: answers.get(200, 0) >= target, timeout=60, what="publishes go on")
+
+        try:
+            await stored(20)
+            meta = await asyncio.to_thread(cluster.wait_meta_leader)
+            cluster.node(meta).kill(signal.SIGKILL)
+            await stored(20)
+            cluster.node(meta).start()
+            leader = await _retry(lambda: _stream_leader(cluster, 0))
+            cluster.node(leader).kill(signal.SIGKILL)
+            await stored(20)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+    assert set(answers) <= {200, 503}, answers
+    assert not bodies_not_json
