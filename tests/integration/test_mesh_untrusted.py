@@ -4,6 +4,7 @@ peers over TCP (``tests.mesh_peers``) against real nodes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -218,6 +219,43 @@ async def test_route_and_pattern_limits_close_or_refuse_with_a_reason() -> None:
         assert await counter(node, "closed_pattern_limit") == 1
         for peer in peers:
             peer.close()
+        # Links that never carried anything are not remembered: ids churned through cost nothing.
+        await eventually(lambda: no_links(node), what="the links that never came up forgotten")
+        for i in range(20):  # more ids than the limit, one after the other
+            churn = await asyncio.to_thread(RawPeer(node.route_url, f"churn{i}", "c1").authenticate)
+            churn.close()
+            await eventually(lambda: no_links(node), what="a churned link forgotten")
+
+
+async def no_links(node: StreamsServerProcess) -> bool:
+    return not (await status(node))["links"]
+
+
+async def test_many_half_frames_together_are_bounded_by_one_budget() -> None:
+    with node_process("n", "--mesh-max-partial-bytes", "16000000") as node:
+        node.start()
+        assert node.proc is not None
+        before = rss_mb(node.proc.pid)
+        frame = encode_frame(FrameType.EVENT, "", "a.b", 1, b"x" * 7_000_000)
+        peers = []
+        for i in range(30):
+            peers.append(await asyncio.to_thread(RawPeer(node.route_url, f"p{i}", "", "client").authenticate))
+        for peer in peers:
+            with contextlib.suppress(OSError):  # closed already
+                await asyncio.to_thread(peer.send, frame[:6_000_000])
+        await eventually(
+            lambda: counter_at_least(node, "closed_partial_bytes", 25), what="half frames closed"
+        )
+        assert rss_mb(node.proc.pid) - before < 100  # 30 x 6 MB would be 180 MB held; at most 16 MB are
+        client = await MeshClient(node.route_url).connect()
+        await client.flush()  # everyone else is served
+        await client.close()
+        for peer in peers:
+            peer.close()
+
+
+async def counter_at_least(node: StreamsServerProcess, name: str, count: int) -> bool:
+    return await counter(node, name) >= count
 
 
 async def test_pings_a_peer_never_answers_expire_and_are_bounded_per_client() -> None:

@@ -49,6 +49,7 @@ def test_frames_come_back_whole_however_the_stream_is_cut(
     got: list[Frame | FrameError] = []
     for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
         got += reader.feed(stream[start:end])
+        assert reader.pending == len(stream[:end]) - len(b"".join(f.raw for f in got if isinstance(f, Frame)))
     assert got == [Frame(k, flags, src, subj, seq, payload) for k, flags, src, subj, seq, payload in frames]
 
 

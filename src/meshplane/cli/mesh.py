@@ -140,6 +140,7 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
 
 PEER_LIMIT_FLAGS: dict[str, tuple[type, str]] = {
     "max_routes": (int, "route peers a node remembers"),
+    "max_partial_bytes": (int, "bytes of frames not yet whole, all connections together"),
     "max_patterns_per_peer": (int, "patterns one route or gateway may advertise"),
     "max_pending_bytes": (int, "bytes queued for one connection that its peer has not read"),
     "max_pings_per_client": (int, "propagated pings of one client waiting for the peers"),

@@ -65,7 +65,8 @@ class PeerLimits:
     """What one connection can make a node hold or spend (docs/security.md); passing a limit closes
     that connection with a counted reason (``closed_<reason>`` in ``GET /mesh``)."""
 
-    max_routes: int = 1024  # route peers a node remembers (a Link and a Bloom filter each)
+    max_routes: int = 256  # route peers a node remembers (a Link and a ~120 KB Bloom filter each)
+    max_partial_bytes: int = 64 * 1024 * 1024  # frames not yet whole, all connections together
     max_patterns_per_peer: int = 100_000  # interest one route or gateway may advertise
     max_pending_bytes: int = 96 * 1024 * 1024  # queued for one connection, unread by its peer
     max_pings_per_client: int = 1000  # propagated pings of one client waiting for the peers

@@ -19,6 +19,15 @@ TURN_SECONDS = 0.005  # frames handled in one go, at most this long, before othe
 
 
 @dataclass
+class PartialBytes:
+    """Bytes of frames not yet whole, across a node's connections: one budget, so that many peers
+    each sending part of a large frame cannot together hold the node's memory."""
+
+    limit: int
+    used: int = 0
+
+
+@dataclass
 class ConnectionStats:
     bytes_in: int = 0
     bytes_out: int = 0
@@ -48,6 +57,7 @@ class FrameConnection(asyncio.Protocol):
         on_eof: Callable[[FrameConnection], bool] | None = None,
         on_limit: Callable[[FrameConnection, str], None] | None = None,
         max_pending_bytes: int = 0,
+        partial: PartialBytes | None = None,
     ) -> None:
         self.reader = FrameReader(max_payload)
         self.batch_size = max(1, batch_size)
@@ -67,6 +77,8 @@ class FrameConnection(asyncio.Protocol):
         self._on_eof = on_eof
         self._on_limit = on_limit
         self.max_pending_bytes = max_pending_bytes  # 0: no limit
+        self._partial = partial
+        self._partial_counted = 0  # this connection's share of ``partial.used``
         self.last_received = time.monotonic()
         self.partial_since: float | None = None  # when the frame not yet whole began to arrive
         self.peer_done = False
@@ -95,8 +107,21 @@ class FrameConnection(asyncio.Protocol):
             self.partial_since = None
         elif items or self.partial_since is None:
             self.partial_since = now  # a frame completed here: the one pending began here too
+        if self._partial is not None and self._count_partial():
+            return
         self._backlog = self._backlog + items if self._backlog else items
         self._handle_backlog()
+
+    def _count_partial(self) -> bool:
+        """True when this connection's half frame was one too many for the node (it is closed)."""
+        assert self._partial is not None
+        pending = self.reader.pending
+        self._partial.used += pending - self._partial_counted
+        self._partial_counted = pending
+        if self._partial.used > self._partial.limit and pending > self._partial.limit // 64:
+            self.limit("partial_bytes")  # the largest holders go first; small frames pass
+            return True
+        return False
 
     def _handle_backlog(self) -> None:
         """Hand over what was read, a turn at a time: one read can hold thousands of frames, and
@@ -158,6 +183,9 @@ class FrameConnection(asyncio.Protocol):
             self._on_resume(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._partial is not None:
+            self._partial.used -= self._partial_counted
+            self._partial_counted = 0
         items, self._backlog = self._backlog, []
         for item in items if not self._closing else ():  # the peer's last frames before its end
             if not self._hand_over(item):

@@ -41,6 +41,7 @@ class Link:
     epoch: int = 0
     last_heard: float = 0.0
     since: float = 0.0  # when the link's current connection began (a swap keeps it)
+    was_up: bool = False  # it carried events once (else it is forgotten when it goes down)
     sync_sent: float | None = None  # when the SYNC_REQ now awaiting its answer went out
     address: str = ""
     counters: Counter[str] = field(default_factory=Counter)  # rare events, by name

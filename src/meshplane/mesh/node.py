@@ -46,7 +46,7 @@ from meshplane.core.mesh.router import Router
 from meshplane.core.subjects import InvalidSubject, is_reserved, validate
 from meshplane.mesh.clients import Clients
 from meshplane.mesh.config import MeshConfig, parse_route
-from meshplane.mesh.connection import FrameConnection
+from meshplane.mesh.connection import FrameConnection, PartialBytes
 from meshplane.mesh.gateways import GatewayHolder, Gateways
 from meshplane.mesh.guaranteed import Guaranteed
 from meshplane.mesh.handshakes import Handshakes
@@ -85,6 +85,7 @@ class MeshNode:
         self.gateways = Gateways(self)
         self.guaranteed = Guaranteed(self, config.spool)
         self.handshakes = Handshakes(self)
+        self._partial = PartialBytes(config.limits.max_partial_bytes)
         self._server_tls = config.tls.server_context() if config.tls is not None else None
         self._client_tls = config.tls.client_context() if config.tls is not None else None
 
@@ -142,6 +143,7 @@ class MeshNode:
             on_eof=self._on_eof,
             on_limit=self._on_limit,
             max_pending_bytes=self.config.limits.max_pending_bytes,
+            partial=self._partial,
         )
         self._conns[conn] = Handshake(conn, dialed, dial_role=role)
         return conn
@@ -354,6 +356,11 @@ class MeshNode:
             self.clients.peer_gone(link.peer)
             if self._running:
                 log.warning("link to %s down", link.peer)
+            if not link.was_up and link.peer not in self.guaranteed.spools:
+                # It never carried anything: nothing to remember (a peer that links and leaves at
+                # once, under ever new ids, must not leave a Link and a Bloom filter each behind).
+                del self.links[link.peer]
+                self.gateways.changed((), self.router.remove_peer(link.peer))
 
     def _hold(self, link: Link, frame: Frame) -> None:
         link.held.append(frame)
@@ -440,7 +447,7 @@ class MeshNode:
             self.guaranteed.learnt(link.peer, gained, lost)
             link.sync_sent = None
             if link.state == "syncing":
-                link.state = "up"
+                link.state, link.was_up = "up", True
                 link.down.clear()
                 log.info("link to %s carries events", link.peer)
                 self.guaranteed.link_up(link.peer, self.router.peers[link.peer].interest.versions)

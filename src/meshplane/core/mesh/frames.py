@@ -147,12 +147,21 @@ class FrameReader:
     def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
         self.max_payload = max_payload
         self._buffer = b""
+        self._chunks: list[bytes] = []  # a large frame's parts, joined once it is whole
+        self._chunked = 0
+        self._needed = 0  # bytes the frame begun in the buffer needs in all, once its lengths are in
         self._text: dict[bytes, str] = {}
         self.broken = False
 
     def feed(self, data: bytes) -> list[Frame | FrameError]:
         if self.broken:
             return []
+        if self._needed:  # a large frame arriving: keep its parts, join them once (not once a part)
+            self._chunks.append(data)
+            self._chunked += len(data)
+            if len(self._buffer) + self._chunked < self._needed:
+                return []
+            data, self._chunks, self._chunked, self._needed = b"".join(self._chunks), [], 0, 0
         buffer = self._buffer + data if self._buffer else data
         out: list[Frame | FrameError] = []
         append = out.append
@@ -171,6 +180,7 @@ class FrameReader:
                 return self._break(out, f"payload of {payload_length} bytes (at most {self.max_payload})")
             end = middle + _MIDDLE_BYTES + payload_length
             if size < end + _CRC_BYTES:
+                self._needed = end + _CRC_BYTES - start
                 break
             raw = buffer[start : end + _CRC_BYTES]
             start = end + _CRC_BYTES
@@ -203,7 +213,7 @@ class FrameReader:
     @property
     def pending(self) -> int:
         """Bytes of a frame not yet whole."""
-        return len(self._buffer)
+        return len(self._buffer) + self._chunked
 
     def _remember(self, raw: bytes, text: str) -> str:
         if len(self._text) >= _TEXT_CACHE:
@@ -213,7 +223,7 @@ class FrameReader:
 
     def _break(self, out: list[Frame | FrameError], detail: str) -> list[Frame | FrameError]:
         self.broken = True
-        self._buffer = b""
+        self._buffer, self._chunks, self._chunked, self._needed = b"", [], 0, 0
         out.append(FrameError("too_large", detail, fatal=True))
         return out
 
