@@ -415,6 +415,8 @@ def mesh_pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "client": ("client",),
         "mallory": ("mallory",),
         "x": ("x",),
+        "gA": ("gA", "A", "127.0.0.1"),  # a gateway: its node id and its cluster
+        "gB": ("gB", "B", "127.0.0.1"),
     }.items():
         cert = ca.issue_cert(*identities)
         cert.private_key_pem.write_to_path(str(folder / f"{name}.key"))
@@ -497,6 +499,46 @@ async def test_listings_follow_the_tokens_prefixes_on_every_route(tmp_path: Path
                         text = await r.text()
                         assert "orders.euq" in text
                         assert ("payments.euq" in text) == (headers is admin)
+
+
+async def test_gateways_over_tls_carry_events_and_refuse_a_cluster_their_certificate_lacks(
+    mesh_pki: Path,
+) -> None:
+    ports = {"gA": free_port(), "gB": free_port()}
+    peers = {"gA": ("B", "gB"), "gB": ("A", "gA")}
+    nodes = {
+        name: node_process(
+            name,
+            *("--cluster", name[1], "--route-port", str(port), "--heartbeat-interval", "0.2"),
+            *("--gateway", f"{peers[name][0]}=tcp://127.0.0.1:{ports[peers[name][1]]}"),
+            *tls_args(mesh_pki, name),
+            secret=SECRET,
+        )
+        for name, port in ports.items()
+    }
+    with nodes["gA"] as a, nodes["gB"] as b:
+        a.start()
+        b.start()
+        tls = client_tls(mesh_pki)
+        subscriber = await MeshClient(b.route_url, secret=SECRET, tls=tls).connect()
+        inbox = Inbox()
+        subscriber.subscribe("far.>", inbox)
+        await subscriber.flush(propagated=True)
+        publisher = await MeshClient(a.route_url, secret=SECRET, tls=tls).connect()
+
+        async def crossed() -> bool:
+            await publisher.publish("far.x", b"over TLS")
+            await publisher.flush()
+            return bool(inbox.events)
+
+        await eventually(crossed, timeout=20, what="an event across the TLS gateway link")
+        # A certificate for node x (not for cluster B) claiming to be cluster B's gateway.
+        impostor = RawPeer(a.route_url, "x", "B", "gateway", secret=SECRET, tls=client_tls(mesh_pki, "x"))
+        answer = await asyncio.to_thread(impostor.hello)
+        impostor.close()
+        assert "certificate does not name 'B'" in answer.error
+        await publisher.close()
+        await subscriber.close()
 
 
 # Done when: every finding at once, against a three-node TLS cluster under guaranteed publishers ----------

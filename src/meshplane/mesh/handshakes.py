@@ -42,12 +42,13 @@ MAX_CLUSTER_BYTES = 64
 
 
 def certificate_names(peercert: dict[str, Any] | None) -> set[str]:
-    """The names a verified certificate carries: its DNS subject alternative names and common name."""
+    """The names a verified certificate carries: its DNS subject alternative names and common name,
+    lower-cased (DNS names compare without case, and CAs often store them lower-cased)."""
     if not peercert:
         return set()
-    names = {value for kind, value in peercert.get("subjectAltName", ()) if kind == "DNS"}
+    names = {value.lower() for kind, value in peercert.get("subjectAltName", ()) if kind == "DNS"}
     for rdn in peercert.get("subject", ()):
-        names.update(value for key, value in rdn if key == "commonName")
+        names.update(value.lower() for key, value in rdn if key == "commonName")
     return names
 
 
@@ -145,7 +146,7 @@ class Handshakes:
             return None
         ssl_object = transport.get_extra_info("ssl_object")
         peercert = ssl_object.getpeercert() if isinstance(ssl_object, ssl.SSLObject) else None
-        if claimed not in certificate_names(peercert):
+        if claimed.lower() not in certificate_names(peercert):
             return "identity", f"the certificate does not name {claimed!r}"
         return None
 
