@@ -136,12 +136,7 @@ class PatternIndex(Generic[V]):
             if token == ONE:
                 self._one[position] &= keep
             else:
-                words = self._word[position]
-                left = words[token] & keep
-                if left:
-                    words[token] = left
-                else:
-                    del words[token]
+                clear_bit(self._word[position], token, keep)
         for position in range(len(fixed), MAX_TOKENS) if tail else ():
             self._open[position] &= keep
         for count in subject_counts(len(fixed), tail):
@@ -173,6 +168,15 @@ class PatternIndex(Generic[V]):
                     candidates &= ~self._of[value]  # its other patterns need no look
             candidates &= ~lowest
         return found
+
+
+def clear_bit(postings: dict[str, int], word: str, keep: int) -> None:
+    """``postings[word] &= keep``, the word dropped once no bit is left."""
+    left = postings[word] & keep
+    if left:
+        postings[word] = left
+    else:
+        del postings[word]
 
 
 def pattern_shape(pattern: str) -> tuple[list[str], str]:

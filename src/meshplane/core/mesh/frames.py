@@ -31,12 +31,15 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 import msgspec
 
 from meshplane.core.subjects import MAX_SUBJECT_BYTES
+
+T = TypeVar("T")
 
 PROTOCOL_VERSION = 2  # 2: the secret is proven (HELLO's nonces, then AUTH), never sent
 NODE_ID_BYTES = 16
@@ -248,21 +251,19 @@ class SyncResponse(msgspec.Struct, frozen=True):
     buckets: dict[int, list[str]]
 
 
-_hello_decoder = msgspec.msgpack.Decoder(Hello)
-_sync_decoder = msgspec.msgpack.Decoder(SyncResponse)
+def payload_decoder(kind: type[T], name: str) -> Callable[[bytes], T]:
+    """A MessagePack payload's decoder that raises ValueError on anything but a well-formed one."""
+    decoder = msgspec.msgpack.Decoder(kind)
+
+    def decode(payload: bytes) -> T:
+        try:
+            return decoder.decode(payload)
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"malformed {name}: {exc}") from None
+
+    return decode
+
+
 encode_payload = msgspec.msgpack.Encoder().encode
-
-
-def decode_hello(payload: bytes) -> Hello:
-    """Raises ValueError on anything but a well-formed HELLO."""
-    try:
-        return _hello_decoder.decode(payload)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"malformed HELLO: {exc}") from None
-
-
-def decode_sync(payload: bytes) -> SyncResponse:
-    try:
-        return _sync_decoder.decode(payload)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"malformed SYNC_RESP: {exc}") from None
+decode_hello = payload_decoder(Hello, "HELLO")
+decode_sync = payload_decoder(SyncResponse, "SYNC_RESP")

@@ -23,6 +23,8 @@ import os
 
 import msgspec
 
+from meshplane.core.mesh.frames import encode_payload, payload_decoder
+
 NONCE_BYTES = 32
 PROOF_BYTES = 32
 
@@ -34,15 +36,8 @@ class Auth(msgspec.Struct, frozen=True):
     origin: str = ""
 
 
-_auth_decoder = msgspec.msgpack.Decoder(Auth)
-encode_auth = msgspec.msgpack.Encoder().encode
-
-
-def decode_auth(payload: bytes) -> Auth:
-    try:
-        return _auth_decoder.decode(payload)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"malformed AUTH: {exc}") from None
+encode_auth = encode_payload
+decode_auth = payload_decoder(Auth, "AUTH")
 
 
 def new_nonce() -> bytes:

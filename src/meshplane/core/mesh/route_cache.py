@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-from meshplane.core.subjects import MAX_TOKENS, ONE, is_reserved, pattern_shape, subject_counts
+from meshplane.core.subjects import (
+    MAX_TOKENS,
+    ONE,
+    clear_bit,
+    is_reserved,
+    pattern_shape,
+    subject_counts,
+)
 
 T = TypeVar("T")
 
@@ -63,12 +70,7 @@ class RouteCache(Generic[T]):
         keep = ~(1 << slot)
         tokens = subject.split(".")
         for position, token in enumerate(tokens):
-            words = self._word[position]
-            left = words[token] & keep
-            if left:
-                words[token] = left
-            else:
-                del words[token]
+            clear_bit(self._word[position], token, keep)
         self._length[len(tokens)] &= keep
         self._reserved &= keep
         self._free.append(slot)
