@@ -1,5 +1,6 @@
 """ZeroMQ sockets that take events refuse frames beyond their byte limit inside libzmq (ZMQ_MAXMSGSIZE:
-the peer is dropped before the frame is buffered), not after a whole oversized message was read."""
+the peer is dropped before the frame is buffered), not after a whole oversized message was read;
+an event a little over the limit is still read and counted (test_wire_interop)."""
 
 from __future__ import annotations
 

@@ -42,8 +42,11 @@ FRAME_SLACK = 4096  # an envelope's fields around its payload, at most
 
 
 def max_frame_bytes(max_message_bytes: int) -> int:
-    """The largest frame (ZMQ_MAXMSGSIZE) of a socket that takes events of ``max_message_bytes``."""
-    return max_message_bytes + FRAME_SLACK
+    """The largest frame (ZMQ_MAXMSGSIZE) of a socket that takes events of ``max_message_bytes``:
+    twice the limit, so that an event a little too large is still read and counted as oversized (its
+    publisher stays connected), while libzmq drops a peer that sends one far larger before buffering
+    it (a 500 MB frame)."""
+    return 2 * max_message_bytes + FRAME_SLACK
 
 
 # A bare MessagePack envelope (Dynamo over NATS) starts with a map or array marker; neither
