@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -38,18 +39,6 @@ def certificates(folder: Path) -> dict[str, tuple[str, ...]]:
     return args
 
 
-def measure(cluster: MeshCluster, args: argparse.Namespace) -> dict[str, Any]:
-    a, b = cluster["a"].route_url, cluster["b"].route_url
-    rates = sorted(run_pair("mesh", a, b, args.events, False, 0.0)["rate"] for _ in range(args.repeat))
-    latency = run_pair("mesh", a, b, args.latency_events, True, args.interval)
-    return {
-        "rate": rates[len(rates) // 2],
-        "runs": rates,
-        "p50_us": latency["p50_us"],
-        "p99_us": latency["p99_us"],
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -57,34 +46,56 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--latency-events", type=int, default=5_000)
     parser.add_argument("--interval", type=float, default=0.0005)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds, plain then TLS")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "mesh_tls.json")
     args = parser.parse_args()
-    results: dict[str, Any] = {"events": args.events}
+    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "tls": []}
     with tempfile.TemporaryDirectory() as folder:
         tls_args = certificates(Path(folder))
-        with MeshCluster(2, heartbeat_interval=1.0) as plain:
-            plain.start().wait_linked()
-            results["plain"] = measure(plain, args)
+        client_env = {
+            "MESHPLANE_MESH_TLS_CA": f"{folder}/ca.pem",
+            "MESHPLANE_MESH_TLS_CERT": f"{folder}/client.pem",
+            "MESHPLANE_MESH_TLS_KEY": f"{folder}/client.key",
+        }
         node_args = {node: tls_args[node] for node in ("a", "b")}
-        with MeshCluster(2, heartbeat_interval=1.0, node_args=node_args) as secure:
+        with (
+            MeshCluster(2, heartbeat_interval=1.0) as plain,
+            MeshCluster(2, heartbeat_interval=1.0, node_args=node_args) as secure,
+        ):
+            plain.start().wait_linked()
             secure.start().wait_linked()
-            os.environ.update(
-                MESHPLANE_MESH_TLS_CA=f"{folder}/ca.pem",
-                MESHPLANE_MESH_TLS_CERT=f"{folder}/client.pem",
-                MESHPLANE_MESH_TLS_KEY=f"{folder}/client.key",
-            )
-            results["tls"] = measure(secure, args)
-    plain_run, tls_run = results["plain"], results["tls"]
+            for _ in range(args.rounds):  # interleaved: both kinds see the same machine
+                for kind, cluster in (("plain", plain), ("tls", secure)):
+                    for name in client_env:
+                        os.environ.pop(name, None)
+                    if kind == "tls":
+                        os.environ.update(client_env)
+                    a, b = cluster["a"].route_url, cluster["b"].route_url
+                    rate = run_pair("mesh", a, b, args.events, False, 0.0)["rate"]
+                    latency = run_pair("mesh", a, b, args.latency_events, True, args.interval)
+                    runs[kind].append(
+                        {"rate": rate, "p50_us": latency["p50_us"], "p99_us": latency["p99_us"]}
+                    )
+    results: dict[str, Any] = {"events": args.events, "rounds": runs}
+    for kind, measured in runs.items():
+        results[kind] = {
+            key: statistics.median(r[key] for r in measured) for key in ("rate", "p50_us", "p99_us")
+        }
+
+    def ratio(key: str) -> float:  # the median of the per-round ratios
+        pairs = zip(runs["plain"], runs["tls"], strict=True)
+        return round(float(statistics.median(t[key] / p[key] for p, t in pairs)), 2)
+
     results["ratios"] = {
-        "throughput": round(tls_run["rate"] / plain_run["rate"], 2),
-        "p50_latency": round(tls_run["p50_us"] / plain_run["p50_us"], 2),
-        "p99_latency": round(tls_run["p99_us"] / plain_run["p99_us"], 2),
+        "throughput": ratio("rate"),
+        "p50_latency": ratio("p50_us"),
+        "p99_latency": ratio("p99_us"),
     }
+    plain_run, tls_run = results["plain"], results["tls"]
     print(
-        f"plain: {plain_run['rate']:,} events/s, p50 {plain_run['p50_us']} us; "
-        f"TLS: {tls_run['rate']:,} events/s, "
-        f"p50 {tls_run['p50_us']} us; TLS/plain throughput {results['ratios']['throughput']}x, "
+        f"plain: {plain_run['rate']:,.0f} events/s, p50 {plain_run['p50_us']} us; "
+        f"TLS: {tls_run['rate']:,.0f} events/s, p50 {tls_run['p50_us']} us; "
+        f"TLS/plain throughput {results['ratios']['throughput']}x, "
         f"p50 latency {results['ratios']['p50_latency']}x"
     )
     args.out.write_text(json.dumps(results, indent=2) + "\n")
