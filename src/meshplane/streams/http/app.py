@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import ssl
 from collections.abc import Callable
 from pathlib import Path
 
+import nats.errors
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 
@@ -22,6 +24,7 @@ from meshplane.streams.access import Grant, Tokens
 from meshplane.streams.errors import (
     Forbidden,
     PayloadTooLarge,
+    StorageError,
     StreamError,
 )
 from meshplane.streams.http.api import Api
@@ -29,6 +32,8 @@ from meshplane.streams.http.mesh import MESH, register_mesh_metrics
 from meshplane.streams.http.metrics import REGISTRY, EngineCollector
 from meshplane.streams.http.params import ENGINE, GRANT, Handler, error_response, json_response
 from meshplane.streams.service import StreamsService
+
+log = logging.getLogger(__name__)
 
 # --- the application -------------------------------------------------------------------------------
 
@@ -70,6 +75,12 @@ def create_app(
                     {"error": exc.reason, "code": exc.status, "type": "HttpError"}, exc.status
                 )
             raise
+        except (OSError, nats.errors.Error) as exc:  # a store or server that failed under the request
+            log.warning("%s %s: %r", request.method, request.path, exc)
+            return error_response(StorageError(f"storage unavailable ({exc!r}); retry"))
+        except Exception:  # a bug: still an answer a client can parse, and the traceback in the log
+            log.exception("%s %s failed", request.method, request.path)
+            return json_response({"error": "internal error", "code": 500, "type": "InternalError"}, 500)
 
     app = web.Application(middlewares=[errors_and_auth], client_max_size=limit)
     app[ENGINE] = engine
