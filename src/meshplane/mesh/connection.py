@@ -25,6 +25,7 @@ class PartialBytes:
 
     limit: int
     used: int = 0
+    peak: int = 0  # the most held at once
 
 
 @dataclass
@@ -117,6 +118,7 @@ class FrameConnection(asyncio.Protocol):
         assert self._partial is not None
         pending = self.reader.pending
         self._partial.used += pending - self._partial_counted
+        self._partial.peak = max(self._partial.peak, self._partial.used)
         self._partial_counted = pending
         if self._partial.used > self._partial.limit and pending > self._partial.limit // 64:
             self.limit("partial_bytes")  # the largest holders go first; small frames pass

@@ -85,7 +85,7 @@ class MeshNode:
         self.gateways = Gateways(self)
         self.guaranteed = Guaranteed(self, config.spool)
         self.handshakes = Handshakes(self)
-        self._partial = PartialBytes(config.limits.max_partial_bytes)
+        self.partial = PartialBytes(config.limits.max_partial_bytes)
         self._server_tls = config.tls.server_context() if config.tls is not None else None
         self._client_tls = config.tls.client_context() if config.tls is not None else None
 
@@ -143,7 +143,7 @@ class MeshNode:
             on_eof=self._on_eof,
             on_limit=self._on_limit,
             max_pending_bytes=self.config.limits.max_pending_bytes,
-            partial=self._partial,
+            partial=self.partial,
         )
         self._conns[conn] = Handshake(conn, dialed, dial_role=role)
         return conn

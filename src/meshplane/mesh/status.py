@@ -48,6 +48,7 @@ def node_status(node: MeshNode, patterns: bool, limit: int) -> dict[str, Any]:
         },
         "frame_errors": dict(node.frame_errors),
         "limits": dataclasses.asdict(node.config.limits),
+        "partial_bytes": dataclasses.asdict(node.partial),
         "links": [_link(node, link) for link in sorted(node.links.values(), key=lambda link: link.peer)],
         "gateways": node.gateways.status(),
         "guaranteed": {
