@@ -111,7 +111,7 @@ class Clients:
             peers = {peer for peer, link in node.links.items() if link.conn is not None}
             if frame.flags & FLAG_PROPAGATED and peers:  # ... here and, with this flag, at every peer
                 if self._pings_of[session] >= node.config.limits.max_pings_per_client:
-                    return node.close_peer(session.conn, "ping_limit", session.client_id)
+                    return node.close_peer(session.conn, "ping_limit")
                 token = next(self._pings)
                 deadline = time.monotonic() + node.config.limits.ping_timeout
                 self._pending_pings[token] = (session, frame.sequence, peers, deadline)

@@ -168,9 +168,9 @@ class Gateways:
             if pattern is None:
                 link.counters["bad_frames"] += 1
             elif frame.sequence > version_ceiling(link.interest.version, link.epoch, time.time_ns()):
-                node.close_peer(link.conn, "version_jump", f"cluster {cluster}")
+                node.close_peer(link.conn, "version_jump")
             elif added and len(link.interest.versions) >= node.config.limits.max_patterns_per_peer:
-                node.close_peer(link.conn, "pattern_limit", f"cluster {cluster}")
+                node.close_peer(link.conn, "pattern_limit")
             elif link.interest.apply(pattern, frame.sequence, added):
                 (node.subscribe if added else node.unsubscribe)(link.holder, pattern)
         elif kind is FrameType.HEARTBEAT:
@@ -199,9 +199,9 @@ class Gateways:
                 link.counters["bad_frames"] += 1
                 return
             if answer.version > version_ceiling(link.interest.version, link.epoch, time.time_ns()):
-                return node.close_peer(link.conn, "version_jump", f"cluster {cluster}")
+                return node.close_peer(link.conn, "version_jump")
             if sum(len(b) for b in answer.buckets.values()) > node.config.limits.max_patterns_per_peer:
-                return node.close_peer(link.conn, "pattern_limit", f"cluster {cluster}")
+                return node.close_peer(link.conn, "pattern_limit")
             buckets = {
                 i: [p for p in ps if node.valid_pattern(p) is not None] for i, ps in answer.buckets.items()
             }

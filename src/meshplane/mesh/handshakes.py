@@ -8,9 +8,11 @@ id its HELLO claims (a route's node id, a gateway's cluster), as nats-server map
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import ssl
+import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from meshplane.core.mesh.frames import (
@@ -21,6 +23,7 @@ from meshplane.core.mesh.frames import (
     check_node_id,
     decode_hello,
     encode_frame,
+    encode_payload,
 )
 from meshplane.core.mesh.handshake import (
     NONCE_BYTES,
@@ -31,6 +34,7 @@ from meshplane.core.mesh.handshake import (
     proof,
     proof_ok,
 )
+from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.links import Handshake
 
 if TYPE_CHECKING:
@@ -60,7 +64,34 @@ class Handshakes:
         state.nonce = new_nonce()
         if state.dialed:
             role: Literal["route", "gateway"] = "gateway" if state.dial_role == "gateway" else "route"
-            self.node.send_hello(state.conn, role, nonce=state.nonce)
+            self.send_hello(state.conn, role, nonce=state.nonce)
+        asyncio.get_running_loop().call_later(self.node.config.handshake_timeout, self._deadline, state)
+
+    def _deadline(self, state: Handshake) -> None:
+        if not state.role and state.conn.is_open:
+            self.node.frame_errors["handshake_timeout"] += 1
+            state.conn.close()
+
+    def send_hello(
+        self,
+        conn: FrameConnection,
+        role: Literal["route", "client", "gateway"],
+        error: str = "",
+        nonce: bytes = b"",
+    ) -> None:
+        """HELLO never carries the secret: ``nonce`` is this side's challenge."""
+        node = self.node
+        hello = Hello(PROTOCOL_VERSION, node.node_id, node.config.cluster, role, node.epoch, nonce, error)
+        conn.send(encode_frame(FrameType.HELLO, node.node_id, payload=encode_payload(hello)))
+
+    def refuse(self, state: Handshake, reason: str, detail: str) -> None:
+        """Counted as ``hello_<reason>``; the other side is told only ``detail``."""
+        self.node.frame_errors[f"hello_{reason}"] += 1
+        log.warning("refused a connection: %s", detail)
+        if not state.dialed:
+            self.send_hello(state.conn, "route", error=detail)
+        state.error = reason
+        state.conn.close()
 
     def on_frame(self, state: Handshake, frame: Frame) -> None:
         """A frame on a connection whose handshake is not complete."""
@@ -85,24 +116,23 @@ class Handshakes:
         state.conn.close()
 
     def _on_hello(self, state: Handshake, frame: Frame) -> None:
-        node = self.node
         try:
             hello = decode_hello(frame.payload)
         except ValueError as exc:
-            return node.refuse(state, "malformed", str(exc))
+            return self.refuse(state, "malformed", str(exc))
         if hello.error:
             return self._refused(state, frame)
         if hello.protocol != PROTOCOL_VERSION:
-            return node.refuse(
+            return self.refuse(
                 state, "version", f"protocol {hello.protocol}; this node speaks {PROTOCOL_VERSION}"
             )
         if len(hello.nonce) != NONCE_BYTES:
-            return node.refuse(state, "malformed", f"a HELLO needs a {NONCE_BYTES}-byte nonce")
+            return self.refuse(state, "malformed", f"a HELLO needs a {NONCE_BYTES}-byte nonce")
         if state.dialed and hello.role != state.dial_role:
-            return node.refuse(state, "malformed", f"answered as {hello.role}, dialled as {state.dial_role}")
+            return self.refuse(state, "malformed", f"answered as {hello.role}, dialled as {state.dial_role}")
         problem = self._check(state, hello)
         if problem is not None:
-            return node.refuse(state, *problem)
+            return self.refuse(state, *problem)
         state.hello = hello
         if state.dialed:  # the dialler proves first: a node that cannot check it learns nothing
             self._send_proof(state, hello)
@@ -112,7 +142,7 @@ class Handshakes:
                 # The client stamps its EVENTs with this origin, so the node passes them on unchanged;
                 # random, so that event ids ({timestamp}-{sequence}-{origin}) stay unique in the mesh.
                 state.origin = secrets.token_hex(8)
-            node.send_hello(state.conn, hello.role, nonce=state.nonce)
+            self.send_hello(state.conn, hello.role, nonce=state.nonce)
 
     def _check(self, state: Handshake, hello: Hello) -> tuple[str, str] | None:
         """Why a HELLO is refused before any proof, or None."""
@@ -179,18 +209,18 @@ class Handshakes:
         try:
             auth = decode_auth(frame.payload)
         except ValueError as exc:
-            return node.refuse(state, "malformed", str(exc))
+            return self.refuse(state, "malformed", str(exc))
         if not proof_ok(self._proof(state, hello, dialler=not state.dialed), auth.proof):
             if state.dialed:
                 node.frame_errors["hello_auth"] += 1
                 log.warning("the node at %s could not prove the mesh secret: not linked", state.conn.peer)
                 state.error = "auth"
                 return state.conn.close()
-            return node.refuse(state, "auth", "wrong or missing mesh secret")
+            return self.refuse(state, "auth", "wrong or missing mesh secret")
         if hello.role == "route":
-            taken = node.link_taken(state, hello)
+            taken = self._link_taken(state, hello)
             if taken is not None:
-                return node.refuse(state, *taken)
+                return self.refuse(state, *taken)
         if not state.dialed:
             self._send_proof(state, hello, state.origin)
         if hello.role == "route":
@@ -199,3 +229,19 @@ class Handshakes:
             node.gateways.install(state, hello)
         else:
             node.clients.accept(state)
+
+    def _link_taken(self, state: Handshake, hello: Hello) -> tuple[str, str] | None:
+        """Why an authenticated route HELLO may not take the link (reason, detail), or None. A link
+        carried by a live connection is never taken over by another process of the same id (another
+        epoch); two connections from the same process (both ends dialled) are paired as below."""
+        link = self.node.links.get(hello.node)
+        if link is None or link.conn is None or link.conn is state.conn or not link.conn.is_open:
+            if link is None and len(self.node.links) >= self.node.config.limits.max_routes:
+                return "limit", f"{self.node.config.limits.max_routes} route peers (the limit)"
+            return None
+        if link.epoch != hello.epoch:
+            return "duplicate", f"duplicate: node {hello.node!r} has a live link from another process"
+        if time.monotonic() - link.since > self.node.config.handshake_timeout:
+            # Both ends dial at once only as a link (re)starts: a second connection later is a claim.
+            return "duplicate", f"duplicate: node {hello.node!r} has a live link"
+        return None

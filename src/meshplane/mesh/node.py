@@ -30,7 +30,6 @@ from typing import Any, Literal
 from meshplane.core.mesh.dedup import DedupCache
 from meshplane.core.mesh.frames import (
     FLAG_GUARANTEED,
-    PROTOCOL_VERSION,
     Frame,
     FrameError,
     FrameType,
@@ -150,29 +149,10 @@ class MeshNode:
 
     def _on_open(self, conn: FrameConnection) -> None:
         self.handshakes.opened(self._conns[conn])
-        loop = asyncio.get_running_loop()
-        loop.call_later(self.config.handshake_timeout, self._handshake_deadline, conn)
 
     def _on_limit(self, conn: FrameConnection, reason: str) -> None:
         self.counters[f"closed_{reason}"] += 1
         log.warning("closed the connection of %s: %s", conn.peer or "a new peer", reason.replace("_", " "))
-
-    def _handshake_deadline(self, conn: FrameConnection) -> None:
-        state = self._conns.get(conn)
-        if state is not None and not state.role:
-            self.frame_errors["handshake_timeout"] += 1
-            conn.close()
-
-    def send_hello(
-        self,
-        conn: FrameConnection,
-        role: Literal["route", "client", "gateway"],
-        error: str = "",
-        nonce: bytes = b"",
-    ) -> None:
-        """HELLO never carries the secret: ``nonce`` is this side's challenge (see :mod:`.handshakes`)."""
-        hello = Hello(PROTOCOL_VERSION, self.node_id, self.config.cluster, role, self.epoch, nonce, error)
-        conn.send(encode_frame(FrameType.HELLO, self.node_id, payload=encode_payload(hello)))
 
     # --- dialling ------------------------------------------------------------------------------------
 
@@ -242,30 +222,6 @@ class MeshNode:
             self.clients.on_frame(state.session, frame)
         else:
             self.handshakes.on_frame(state, frame)
-
-    def refuse(self, state: Handshake, reason: str, detail: str) -> None:
-        self.frame_errors[f"hello_{reason}"] += 1
-        log.warning("refused a connection: %s", detail)
-        if not state.dialed:
-            self.send_hello(state.conn, "route", error=detail)
-        state.error = reason
-        state.conn.close()
-
-    def link_taken(self, state: Handshake, hello: Hello) -> tuple[str, str] | None:
-        """Why an authenticated route HELLO may not take the link (reason, detail), or None. A link
-        carried by a live connection is never taken over by another process of the same id (another
-        epoch); two connections from the same process (both ends dialled) are paired as below."""
-        link = self.links.get(hello.node)
-        if link is None or link.conn is None or link.conn is state.conn or not link.conn.is_open:
-            if link is None and len(self.links) >= self.config.limits.max_routes:
-                return "limit", f"{self.config.limits.max_routes} route peers (the limit)"
-            return None
-        if link.epoch != hello.epoch:
-            return "duplicate", f"duplicate: node {hello.node!r} has a live link from another process"
-        if time.monotonic() - link.since > self.config.handshake_timeout:
-            # Both ends dial at once only as a link (re)starts: a second connection later is a claim.
-            return "duplicate", f"duplicate: node {hello.node!r} has a live link"
-        return None
 
     def install_link(self, state: Handshake, hello: Hello) -> None:
         peer, conn = hello.node, state.conn
@@ -394,9 +350,9 @@ class MeshNode:
             peer_state = self.router.peers.get(link.peer)
             if peer_state is not None:
                 if frame.sequence > version_ceiling(peer_state.interest.version, link.epoch, time.time_ns()):
-                    return self.close_peer(link.conn, "version_jump", link.peer)
+                    return self.close_peer(link.conn, "version_jump")
                 if added and len(peer_state.interest.versions) >= self.config.limits.max_patterns_per_peer:
-                    return self.close_peer(link.conn, "pattern_limit", link.peer)
+                    return self.close_peer(link.conn, "pattern_limit")
             if self.router.apply(link.peer, pattern, frame.sequence, added):
                 gained, lost = ({pattern}, ()) if added else ((), {pattern})
                 self.gateways.changed(gained, lost)
@@ -435,9 +391,9 @@ class MeshNode:
             peer_state = self.router.peers.get(link.peer)
             known = peer_state.interest.version if peer_state is not None else 0
             if answer.version > version_ceiling(known, link.epoch, time.time_ns()):
-                return self.close_peer(link.conn, "version_jump", link.peer)
+                return self.close_peer(link.conn, "version_jump")
             if sum(len(b) for b in answer.buckets.values()) > self.config.limits.max_patterns_per_peer:
-                return self.close_peer(link.conn, "pattern_limit", link.peer)
+                return self.close_peer(link.conn, "pattern_limit")
             buckets = {
                 i: [p for p in patterns if self._valid(p, wildcards=True) is not None]
                 for i, patterns in answer.buckets.items()
@@ -454,13 +410,12 @@ class MeshNode:
         else:
             self._count_bad(link, "unexpected_hello")
 
-    def close_peer(self, conn: FrameConnection | None, reason: str, who: str) -> None:
-        """A connection that passed a limit or broke the protocol: closed, counted, logged; nobody
-        else notices."""
-        self.counters[f"closed_{reason}"] += 1
-        log.warning("closed the connection of %s: %s", who or "a peer", reason.replace("_", " "))
+    @staticmethod
+    def close_peer(conn: FrameConnection | None, reason: str) -> None:
+        """A connection that passed a limit or broke the protocol: closed and counted (``_on_limit``);
+        nobody else notices."""
         if conn is not None:
-            conn.close()
+            conn.limit(reason)
 
     def _count_bad(self, link: Link, reason: str) -> None:
         link.counters["bad_frames"] += 1
