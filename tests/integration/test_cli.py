@@ -411,3 +411,41 @@ def test_stream_topic_and_group_commands(tmp_path: Path) -> None:
     )
     assert gone.returncode == 3  # unreachable (meshplane.cli.errors)
     assert "cannot reach the streams server" in gone.stderr
+
+
+def test_a_second_up_in_the_same_folder_stops_with_one_line_naming_the_first(tmp_path: Path) -> None:
+    """Issue 35's first finding: a second `make run` in the same folder wrote the same logs."""
+    argv = [*MESHPLANE, "up", "--no-pipeline", "--streams-port", "0", "--state-dir", str(tmp_path)]
+    argv += ["--transport", "zmq", "--duration", "60", "--publishers", "2", "--rate", "200"]
+    first = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env_for(tmp_path, "zmq"))
+    try:
+        assert first.stdout is not None
+        dashboard = None
+        for line in first.stdout:  # pytest-timeout bounds it; `up` prints this line within seconds
+            found = re.search(r"dashboard at (\S+/ui)", line)
+            if found:
+                dashboard = found.group(1)
+                break
+        assert dashboard is not None, "the first `up` printed no dashboard line"
+        second = subprocess.run(
+            argv, capture_output=True, text=True, timeout=60, env=env_for(tmp_path, "zmq")
+        )
+        assert second.returncode != 0
+        assert second.stderr.strip().count("\n") == 0, second.stderr  # one line
+        assert f"pid {first.pid}" in second.stderr
+        assert dashboard in second.stderr
+        assert "--state-dir" in second.stderr
+        assert "port" not in second.stdout  # it never got as far as starting servers
+    finally:
+        first.send_signal(signal.SIGINT)
+        out, _ = first.communicate(timeout=60)
+    assert first.returncode in (0, 130), out
+    assert re.search(r"stopped: \d+ events received from 2 publishers, gaps 0", out)
+    verify = subprocess.run(
+        [*MESHPLANE, "log", "verify", "--data-dir", str(tmp_path / "streams")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert not (tmp_path / "up.json").exists()  # the folder is free again

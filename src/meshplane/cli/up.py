@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -33,6 +34,7 @@ from meshplane.launchers import JetStreamCluster, MeshCluster, NatsServer
 from meshplane.plane import EventPlane
 from meshplane.publisher import EventPublisher
 from meshplane.streams.access import ADMIN, Tokens
+from meshplane.streams.lock import DataDirLock
 from meshplane.streams.service import StreamsConfig, StreamsService
 from meshplane.subscriber import EventSubscriber
 from meshplane.transports.nats import redact_url
@@ -177,6 +179,7 @@ def _port_free(port: int) -> bool:
 async def run_up(args: argparse.Namespace) -> int:
     state_dir: Path = args.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - start-up, before any traffic
+    run_lock = _lock_state_dir(state_dir)
     nats_server: NatsServer | None = None
     nats_url = args.nats_server
     mesh = start_mesh(args.nodes, state_dir) if args.nodes else None
@@ -225,6 +228,8 @@ async def run_up(args: argparse.Namespace) -> int:
         print(f"  nats-server {cluster_node.name} (JetStream): pid {cluster_node.pid} at {shown}", flush=True)
     streams = await _start_streams(args, state_dir, config, cluster) if args.streams_port >= 0 else None
     second = start_second_server(cluster, state_dir, args.token) if cluster and streams else None
+    running = {"pid": os.getpid(), "dashboard": f"{streams.url}/ui" if streams is not None else None}
+    (state_dir / RUNNING_FILE).write_text(json.dumps(running) + "\n")
     if streams is not None:
         where = f"JetStream R{REPLICAS}" if cluster is not None else f"data in {state_dir / 'streams'}"
         print(f"  streams server at {streams.url} ({where})", flush=True)
@@ -320,7 +325,28 @@ async def run_up(args: argparse.Namespace) -> int:
             mesh.cleanup()
         if cluster is not None:
             cluster.cleanup()
+        (state_dir / RUNNING_FILE).unlink(missing_ok=True)
+        run_lock.release()  # the last: the folder is free once everything in it has stopped
     return 0
+
+
+RUNNING_FILE = "up.json"  # the running `up`: its pid and dashboard, for the next one's refusal
+
+
+def _lock_state_dir(state_dir: Path) -> DataDirLock:
+    """One `up` per state folder: a second would write the same streams data directory and kv folder."""
+    lock = DataDirLock(state_dir)
+    if lock.try_acquire():
+        return lock
+    try:
+        running = json.loads((state_dir / RUNNING_FILE).read_text())
+    except (OSError, ValueError):
+        running = {}
+    dashboard = f", dashboard {running['dashboard']}" if running.get("dashboard") else ""
+    raise ConfigError(
+        f"another `meshplane up` runs in {state_dir} (pid {running.get('pid') or lock.holder()}{dashboard}): "
+        "stop it, or give this one a folder of its own with --state-dir DIR"
+    )
 
 
 async def _close_all(planes: list[EventPlane]) -> None:
@@ -437,6 +463,8 @@ async def _start_streams(
     from meshplane.streams.jetstream.service import JetStreamStreamsService
 
     tokens = Tokens({args.token: ADMIN}) if args.token else None
+    if cluster is None:  # the data directory's own lock, as `serve` takes it (a `serve` may hold it)
+        DataDirLock(state_dir / "streams").acquire()
     discovery = create_discovery(config)  # the dashboard's event plane page reads it
     for port in (args.streams_port, 0):
         streams_config = StreamsConfig(data_dir=state_dir / "streams")
