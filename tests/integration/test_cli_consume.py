@@ -200,3 +200,66 @@ def test_answers_are_tables_at_a_terminal_and_json_otherwise(server: StreamsServ
     assert "OFFSET  TIME" in history
     assert '{"text":"hi"}' in history
     assert '"plain"' in history
+
+
+def _group(server: StreamsServerProcess, group: str, topic: str) -> None:
+    async def make() -> None:
+        async with StreamsClient(server.url) as client:
+            await client.create_group(group, topic, session_timeout_secs=60)
+
+    asyncio.run(make())
+
+
+def _committed(server: StreamsServerProcess, group: str, partitions: int) -> int:
+    async def total() -> int:
+        async with StreamsClient(server.url) as client:
+            return sum([await client.committed(group, p) or 0 for p in range(partitions)])
+
+    return asyncio.run(total())
+
+
+def test_group_consume_commits_exactly_what_it_printed(server: StreamsServerProcess) -> None:
+    """Issue 35: `-c 5` printed 5 events and committed 500; the next `-c 2` started at 500."""
+    publish(server.url, "counted", range(500), partitions=1)
+    _group(server, "counters", "counted")
+    seen: list[int] = []
+    for count in (5, 2, 3):
+        result = subprocess.run(
+            [*MESHPLANE, "group", "consume", "counters", "-c", str(count)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env_for(server),
+        )
+        assert result.returncode == 0, result.stderr
+        printed = [json.loads(line)["data"] for line in result.stdout.splitlines()]
+        assert len(printed) == count
+        seen += printed
+        assert _committed(server, "counters", 1) == len(seen)  # committed = handed over
+    assert seen == list(range(10))  # nothing skipped, nothing twice
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP])
+def test_group_consume_leaves_its_group_on_sigterm_and_sighup(
+    server: StreamsServerProcess, stop_signal: int
+) -> None:
+    topic = f"leaving-{int(stop_signal)}"
+    publish(server.url, topic, range(20), partitions=2)
+    _group(server, topic, topic)
+    member = subprocess.Popen(
+        [*MESHPLANE, "group", "consume", topic],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env_for(server),
+    )
+
+    async def members() -> list[Any]:
+        async with StreamsClient(server.url) as client:
+            return list((await client.group_stats(topic))["members"])
+
+    wait_until(lambda: _committed(server, topic, 2) == 20, timeout=30, interval=0.2, what="all 20 read")
+    assert len(asyncio.run(members())) == 1
+    member.send_signal(stop_signal)
+    member.communicate(timeout=30)
+    assert asyncio.run(members()) == []  # it left at once: no session timeout to wait for

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -117,12 +118,16 @@ async def _read_from(
                 positions[partition] = exc.oldest
                 progressed = True  # read on from there before calling it the end
                 continue
-            events = page["events"]
+            events, next_offset = page["events"], int(page["next_offset"])
+            if printer.limit and len(events) > printer.limit - printer.printed:
+                # --count reached inside the batch: what is not printed is not committed either
+                events = events[: printer.limit - printer.printed]
+                next_offset = int(events[-1]["offset"]) + 1 if events else offset
             if events:
                 if on_batch is not None:  # a group member commits first: a fenced commit prints nothing
-                    await on_batch(partition, int(page["next_offset"]))
+                    await on_batch(partition, next_offset)
                 printer.print(topic, partition, events)
-                positions[partition] = int(page["next_offset"])
+                positions[partition] = next_offset
                 progressed = True
             if printer.done:
                 return
@@ -152,6 +157,8 @@ async def consume_topic(client: StreamsClient, args: argparse.Namespace) -> int:
 async def consume_group(client: StreamsClient, args: argparse.Namespace) -> int:
     """A member of ``args.group``: reads its partitions, commits what it printed, follows rebalances."""
     topic = (await client.group_stats(args.group))["topic"]
+    for stop_signal in (signal.SIGTERM, signal.SIGHUP):  # leave the group as on Ctrl-C
+        signal.signal(stop_signal, _interrupted)
     joined = await client.join(args.group)
     member, generation = joined["member_id"], int(joined["generation"])
     printer = _Printer(args.count)
@@ -189,6 +196,10 @@ async def consume_group(client: StreamsClient, args: argparse.Namespace) -> int:
     finally:
         with contextlib.suppress(StreamError):
             await client.leave(args.group, member)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # asyncio.run cancels the consumer: its `finally` leaves the group
 
 
 def say(line: str) -> None:
