@@ -18,18 +18,18 @@ from typing import Any
 
 import msgspec
 
-from meshplane import context
 from meshplane.broker import Broker
 from meshplane.cli.options import add_token_option
 from meshplane.cli.up_cluster import REPLICAS, start_cluster, start_second_server
 from meshplane.cli.up_mesh import mesh_summary, publisher_configs, start_mesh
+from meshplane.cli.up_state import RUNNING_FILE, drop_context, lock_state_dir, save_context
 from meshplane.config import PlaneConfig
 from meshplane.core.brokers import BROKERS_BUCKET, BrokerAddress, broker_record
 from meshplane.core.names import Scope
 from meshplane.core.records import new_instance_id
 from meshplane.core.streamlog import StoredEvent
 from meshplane.discovery.base import Discovery
-from meshplane.errors import ConfigError, MeshplaneError
+from meshplane.errors import ConfigError
 from meshplane.launchers import JetStreamCluster, MeshCluster, NatsServer
 from meshplane.plane import EventPlane
 from meshplane.publisher import EventPublisher
@@ -179,7 +179,7 @@ def _port_free(port: int) -> bool:
 async def run_up(args: argparse.Namespace) -> int:
     state_dir: Path = args.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - start-up, before any traffic
-    run_lock = _lock_state_dir(state_dir)
+    run_lock = lock_state_dir(state_dir)
     nats_server: NatsServer | None = None
     nats_url = args.nats_server
     mesh = start_mesh(args.nodes, state_dir) if args.nodes else None
@@ -236,7 +236,7 @@ async def run_up(args: argparse.Namespace) -> int:
         if second is not None:
             print(f"  streams server at {second.url} (pid {second.pid}: the same topics, groups)", flush=True)
         print(f"  dashboard at {streams.url}/ui", flush=True)
-    local = _save_context(args, config, nats_url, streams)
+    local = save_context(args, config, nats_url, streams.url if streams is not None else None)
     missing = _pipeline_missing(streams) if args.pipeline else None
     mesh_url = mesh.nodes[0].url if mesh is not None else None
     _print_next_steps(config, shown_url, addresses, streams, local, args.pipeline and not missing, mesh_url)
@@ -309,7 +309,7 @@ async def run_up(args: argparse.Namespace) -> int:
             )
     finally:
         if local is not None:
-            _drop_context(local)
+            drop_context(local)
         if pipeline is not None and pipeline.returncode is None:
             pipeline.terminate()
             await pipeline.wait()
@@ -330,61 +330,9 @@ async def run_up(args: argparse.Namespace) -> int:
     return 0
 
 
-RUNNING_FILE = "up.json"  # the running `up`: its pid and dashboard, for the next one's refusal
-
-
-def _lock_state_dir(state_dir: Path) -> DataDirLock:
-    """One `up` per state folder: a second would write the same streams data directory and kv folder."""
-    lock = DataDirLock(state_dir)
-    if lock.try_acquire():
-        return lock
-    try:
-        running = json.loads((state_dir / RUNNING_FILE).read_text())
-    except (OSError, ValueError):
-        running = {}
-    dashboard = f", dashboard {running['dashboard']}" if running.get("dashboard") else ""
-    raise ConfigError(
-        f"another `meshplane up` runs in {state_dir} (pid {running.get('pid') or lock.holder()}{dashboard}): "
-        "stop it, or give this one a folder of its own with --state-dir DIR"
-    )
-
-
 async def _close_all(planes: list[EventPlane]) -> None:
     for plane in planes:
         await plane.close()
-
-
-def _save_context(
-    args: argparse.Namespace, config: PlaneConfig, nats_url: str | None, streams: _Streams | None
-) -> str | None:
-    """Save and select the context of this run (other shells' commands then need no variables)."""
-    if args.context == "none":
-        return None
-    values = {
-        "DYN_EVENT_PLANE": config.event_plane,
-        "DYN_DISCOVERY_BACKEND": "file",
-        "DYN_FILE_KV": str(config.file_kv),
-    }
-    if nats_url:
-        values["NATS_SERVER"] = nats_url
-    if config.event_plane == "mesh":
-        values["MESHPLANE_NODE"] = config.mesh_node
-    if config.zmq_brokers:
-        values["DYN_ZMQ_BROKER_ENABLED"] = "true"
-    if streams is not None:
-        values["MESHPLANE_STREAMS_URL"] = streams.url
-        if args.token:
-            values["MESHPLANE_STREAMS_TOKEN"] = args.token
-    description = f"meshplane up (pid {os.getpid()})"
-    context.save(context.Context(args.context, values, description, owner_pid=os.getpid()))
-    context.select(args.context)
-    return str(args.context)
-
-
-def _drop_context(name: str) -> None:
-    with contextlib.suppress(OSError, MeshplaneError):
-        if context.load(name).owner_pid == os.getpid():
-            context.remove(name)
 
 
 def _print_next_steps(

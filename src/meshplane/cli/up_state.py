@@ -1,0 +1,66 @@
+"""What one ``meshplane up`` holds while it runs: its state folder (a lock, and ``up.json`` naming
+the run for the next one's refusal) and its connection context."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+from pathlib import Path
+
+from meshplane import context
+from meshplane.config import PlaneConfig
+from meshplane.errors import ConfigError, MeshplaneError
+from meshplane.streams.lock import DataDirLock
+
+RUNNING_FILE = "up.json"  # the running `up`: its pid and dashboard, for the next one's refusal
+
+
+def lock_state_dir(state_dir: Path) -> DataDirLock:
+    """One `up` per state folder: a second would write the same streams data directory and kv folder."""
+    lock = DataDirLock(state_dir)
+    if lock.try_acquire():
+        return lock
+    try:
+        running = json.loads((state_dir / RUNNING_FILE).read_text())
+    except (OSError, ValueError):
+        running = {}
+    dashboard = f", dashboard {running['dashboard']}" if running.get("dashboard") else ""
+    raise ConfigError(
+        f"another `meshplane up` runs in {state_dir} (pid {running.get('pid') or lock.holder()}{dashboard}): "
+        "stop it, or give this one a folder of its own with --state-dir DIR"
+    )
+
+
+def save_context(
+    args: argparse.Namespace, config: PlaneConfig, nats_url: str | None, streams_url: str | None
+) -> str | None:
+    """Save and select the context of this run (other shells' commands then need no variables)."""
+    if args.context == "none":
+        return None
+    values = {
+        "DYN_EVENT_PLANE": config.event_plane,
+        "DYN_DISCOVERY_BACKEND": "file",
+        "DYN_FILE_KV": str(config.file_kv),
+    }
+    if nats_url:
+        values["NATS_SERVER"] = nats_url
+    if config.event_plane == "mesh":
+        values["MESHPLANE_NODE"] = config.mesh_node
+    if config.zmq_brokers:
+        values["DYN_ZMQ_BROKER_ENABLED"] = "true"
+    if streams_url is not None:
+        values["MESHPLANE_STREAMS_URL"] = streams_url
+        if args.token:
+            values["MESHPLANE_STREAMS_TOKEN"] = args.token
+    description = f"meshplane up (pid {os.getpid()})"
+    context.save(context.Context(args.context, values, description, owner_pid=os.getpid()))
+    context.select(args.context)
+    return str(args.context)
+
+
+def drop_context(name: str) -> None:
+    with contextlib.suppress(OSError, MeshplaneError):
+        if context.load(name).owner_pid == os.getpid():
+            context.remove(name)
