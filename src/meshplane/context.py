@@ -3,20 +3,24 @@ name, one of them selected; the library and the CLI read the selected one by def
 
 A context is the environment variables meshplane reads (``NATS_SERVER``, ``DYN_FILE_KV``,
 ``MESHPLANE_STREAMS_URL``, ...). Variables set in the process's environment win over it.
-``meshplane up`` saves and selects the context ``local`` while it runs; a context whose owner
-process has exited is not used. ``MESHPLANE_CONTEXT=NAME`` picks one for a single command
-(``none``: no context). Files live in ``$XDG_CONFIG_HOME/meshplane/context`` (mode 0600: a
-context may hold a token).
+Each ``meshplane up`` saves a context of its own (``local``, or ``local-2`` while another live ``up``
+holds ``local``), selects it unless another live run holds the selection, and on exit restores what
+was selected before; a context whose owner process has exited is not used, and one whose owner
+still runs cannot be overwritten or removed by anyone else. ``MESHPLANE_CONTEXT=NAME`` picks one
+for a single command (``none``: no context). Files live in ``$XDG_CONFIG_HOME/meshplane/context``
+(mode 0600: a context may hold a token).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import re
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +58,8 @@ class Context:
     description: str = ""
     #: The process the context belongs to (``meshplane up``); None: it lasts until removed.
     owner_pid: int | None = None
+    #: What was selected when the owner selected this one: selected again when the owner stops.
+    previous: str | None = None
 
     def is_live(self) -> bool:
         if self.owner_pid is None:
@@ -65,6 +71,10 @@ class Context:
         except PermissionError:  # someone else's process: it exists
             return True
         return True
+
+    def held_by_another_run(self) -> bool:
+        """It belongs to another process that still runs: only that process may replace or remove it."""
+        return self.owner_pid is not None and self.owner_pid != os.getpid() and self.is_live()
 
     def shown(self) -> dict[str, str]:
         """The values with secrets hidden and credentials cut out of URLs."""
@@ -85,13 +95,34 @@ def _path(name: str) -> Path:
     return contexts_dir() / f"{check_name(name)}.json"
 
 
+def _refuse_if_held(name: str, doing: str) -> None:
+    if not _path(name).exists():
+        return
+    try:
+        existing = load(name)
+    except ConfigError:  # an unreadable file may be replaced or removed
+        return
+    if existing.held_by_another_run():
+        raise ConfigError(
+            f"cannot {doing} context {name!r}: it belongs to a running process "
+            f"(pid {existing.owner_pid}, {existing.description or 'meshplane up'}); "
+            "it goes when that stops"
+        )
+
+
 def save(context: Context) -> Path:
     unknown = sorted(set(context.values) - set(VARIABLES))
     if unknown:
         raise ConfigError(f"a context holds only {', '.join(VARIABLES)}; not {', '.join(unknown)}")
+    _refuse_if_held(context.name, "replace")
     path = _path(context.name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"values": context.values, "description": context.description, "owner_pid": context.owner_pid}
+    body = {
+        "values": context.values,
+        "description": context.description,
+        "owner_pid": context.owner_pid,
+        "previous": context.previous,
+    }
     temporary = path.with_suffix(".tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
@@ -106,7 +137,11 @@ def load(name: str) -> Context:
         body = json.loads(path.read_text())
         values = {str(k): str(v) for k, v in dict(body["values"]).items() if k in VARIABLES}
         owner = body.get("owner_pid")
-        return Context(name, values, str(body.get("description", "")), int(owner) if owner else None)
+        previous = body.get("previous")
+        description = str(body.get("description", ""))
+        return Context(
+            name, values, description, int(owner) if owner else None, str(previous) if previous else None
+        )
     except FileNotFoundError:
         raise ConfigError(f"no context named {name!r} (meshplane context ls)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -119,6 +154,7 @@ def names() -> list[str]:
 
 
 def remove(name: str) -> None:
+    _refuse_if_held(name, "remove")
     _path(name).unlink(missing_ok=True)
     if selected_name() == name:
         (contexts_dir() / "selected").unlink(missing_ok=True)
@@ -135,14 +171,83 @@ def select(name: str | None) -> None:
     marker.write_text(name + "\n")
 
 
-def selected_name() -> str | None:
-    chosen = os.environ.get("MESHPLANE_CONTEXT")
-    if chosen is not None:
-        return None if chosen in ("", "none") else chosen
+@contextlib.contextmanager
+def _exclusive() -> Iterator[None]:
+    """Runs that start or stop at once take turns choosing names and the selection."""
+    folder = contexts_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _selection_file() -> str | None:
     try:
         return (contexts_dir() / "selected").read_text().strip() or None
     except OSError:
         return None
+
+
+def _live(name: str) -> Context | None:
+    with contextlib.suppress(ConfigError):
+        found = load(name)
+        if found.is_live():
+            return found
+    return None
+
+
+def claim_for_run(base: str, values: dict[str, str], description: str) -> tuple[str, bool]:
+    """Save this process's context under ``base`` (``base-2``, ... while a live run holds it) and
+    select it unless another live run holds the selection. Returns the name and whether it is selected."""
+    check_name(base)
+    with _exclusive():
+        name, number = base, 1
+        while True:
+            existing = _live(name) if _path(name).exists() else None
+            if existing is None or not existing.held_by_another_run():
+                break
+            number += 1
+            name = f"{base}-{number}"
+        previous = _selection_file()
+        holder = _live(previous) if previous is not None else None
+        take = holder is None or not holder.held_by_another_run()
+        kept = previous if take and previous != name else None
+        save(Context(name, values, description, owner_pid=os.getpid(), previous=kept))
+        if take:
+            select(name)
+    return name, take
+
+
+def release_run(name: str) -> None:
+    """Remove this process's context; if it is selected, select what was before it (while that still
+    exists and lives), else another live run's, else nothing."""
+    with _exclusive():
+        try:
+            mine = load(name)
+        except ConfigError:
+            return
+        if mine.owner_pid != os.getpid():
+            return
+        _path(name).unlink(missing_ok=True)
+        if _selection_file() != name:
+            return
+        candidates = [mine.previous] if mine.previous else []
+        candidates += [other for other in names() if (found := _live(other)) and found.owner_pid is not None]
+        for candidate in candidates:
+            if candidate != name and _path(candidate).exists() and _live(candidate) is not None:
+                select(candidate)
+                return
+        select(None)
+
+
+def selected_name() -> str | None:
+    chosen = os.environ.get("MESHPLANE_CONTEXT")
+    if chosen is not None:
+        return None if chosen in ("", "none") else chosen
+    return _selection_file()
 
 
 def current() -> Context | None:

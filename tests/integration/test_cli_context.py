@@ -22,38 +22,32 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*MESHPLANE, *args], capture_output=True, text=True, timeout=60, env=clean_env())
 
 
-def test_commands_in_another_shell_use_the_context_of_up(tmp_path: Path) -> None:
-    up = subprocess.Popen(
-        [
-            *MESHPLANE,
-            "up",
-            "--no-pipeline",
-            "--state-dir",
-            str(tmp_path),
-            "--nats-port",
-            "0",
-            "--streams-port",
-            "0",
-            "--publishers",
-            "2",
-            "--rate",
-            "50",
-            "--duration",
-            "60",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=clean_env(),
-    )
+def start_up(state_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    """A `meshplane up` and what it printed up to its next steps."""
+    argv = [*MESHPLANE, "up", "--no-pipeline", "--state-dir", str(state_dir), "--nats-port", "0"]
+    argv += ["--streams-port", "0", "--publishers", "2", "--rate", "50", "--duration", "60"]
+    up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env())
     assert up.stdout is not None
     lines: list[str] = []
+    while not any("as variables" in line for line in lines):
+        line = up.stdout.readline()
+        if not line:
+            up.kill()
+            raise AssertionError("".join(lines))
+        lines.append(line)
+    return up, "".join(lines)
+
+
+def stop(up: subprocess.Popen[str]) -> None:
+    up.send_signal(signal.SIGINT)
+    up.wait(timeout=60)
+    assert up.returncode == 0
+
+
+def test_commands_in_another_shell_use_the_context_of_up(tmp_path: Path) -> None:
+    up, printed = start_up(tmp_path)
     try:
-        while not any("as variables" in line for line in lines):
-            line = up.stdout.readline()
-            assert line, "".join(lines)
-            lines.append(line)
-        assert any("context 'local' is selected while this runs" in line for line in lines)
+        assert "context 'local' is selected while this runs" in printed
 
         listed = run("ls")
         assert listed.returncode == 0, listed.stderr
@@ -72,11 +66,9 @@ def test_commands_in_another_shell_use_the_context_of_up(tmp_path: Path) -> None
         assert f"export DYN_FILE_KV={tmp_path / 'kv'}" in env.stdout
         assert "export NATS_SERVER=nats://127.0.0.1:" in env.stdout
         contexts = run("context", "ls")
-        assert contexts.stdout.startswith("* local")
+        assert contexts.stdout.startswith(f"* local                live (pid {up.pid})")
     finally:
-        up.send_signal(signal.SIGINT)
-        up.wait(timeout=60)
-    assert up.returncode == 0
+        stop(up)
     assert run("context", "ls").stdout == ""  # gone with its `up`
     nothing = run("env")
     assert nothing.returncode == 2
@@ -99,3 +91,38 @@ def test_a_saved_context_is_used_until_another_is_selected(tmp_path: Path) -> No
     assert run("context", "select", "none").returncode == 0
     assert run("context", "ls").stdout.startswith("  files")
     assert run("context", "rm", "files").returncode == 0
+
+
+def test_a_second_up_elsewhere_neither_takes_nor_deletes_the_first_ones_context(tmp_path: Path) -> None:
+    """Issue 35, second finding: the second `up` took `local`, deleted it on exit, and `ls` went empty."""
+    first, _ = start_up(tmp_path / "first")
+    try:
+        second, printed = start_up(tmp_path / "second")
+        try:
+            assert "context 'local-2'; another run's context is selected" in printed
+            assert "MESHPLANE_CONTEXT=local-2 " in printed
+            shown = run("env")
+            assert f"DYN_FILE_KV={tmp_path / 'first' / 'kv'}" in shown.stdout
+            theirs = subprocess.run(
+                [*MESHPLANE, "env"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**clean_env(), "MESHPLANE_CONTEXT": "local-2"},
+            )
+            assert f"DYN_FILE_KV={tmp_path / 'second' / 'kv'}" in theirs.stdout
+            listed = run("context", "ls").stdout.splitlines()
+            assert listed[0].startswith(f"* local                live (pid {first.pid})"), listed
+            assert listed[1].startswith(f"  local-2              live (pid {second.pid})"), listed
+            refused = run("context", "rm", "local")
+            assert refused.returncode == 2
+            assert f"belongs to a running process (pid {first.pid}" in refused.stderr
+        finally:
+            stop(second)
+        assert run("context", "ls").stdout.startswith("* local ")
+        wait_until(
+            lambda: run("ls").stdout.count("kv-events") >= 2, timeout=30, what="the first run's publishers"
+        )
+    finally:
+        stop(first)
+    assert run("context", "ls").stdout == ""

@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,63 @@ def test_a_selected_context_removed_by_hand_is_not_used(
     assert context.current() is None
     assert "does not exist" in caplog.text
     assert PlaneConfig.from_env().event_plane == "nats"
+
+
+@pytest.fixture
+def other_run() -> Iterator[int]:
+    """The pid of another live process, standing for another `meshplane up`."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        yield process.pid
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_run_takes_a_name_of_its_own_and_leaves_another_runs_selection_alone(other_run: int) -> None:
+    """Issue 35, second finding: a second `up` replaced `local`, deleted it on exit while the first ran."""
+    theirs = context.Context("local", {"DYN_EVENT_PLANE": "zmq"}, "first up", owner_pid=other_run)
+    context.save(theirs)
+    context.select("local")
+    name, selected = context.claim_for_run("local", {"DYN_EVENT_PLANE": "nats"}, "second up")
+    assert (name, selected) == ("local-2", False)
+    assert context.load("local") == theirs
+    assert context.selected_name() == "local"
+    with pytest.raises(ConfigError, match=rf"belongs to a running process \(pid {other_run}"):
+        context.remove("local")
+    with pytest.raises(ConfigError, match="cannot replace context 'local'"):
+        context.save(context.Context("local", {"DYN_EVENT_PLANE": "nats"}))
+    context.release_run(name)
+    assert context.names() == ["local"]
+    assert context.selected_name() == "local"
+    current = context.current()
+    assert current is not None
+    assert current.values == {"DYN_EVENT_PLANE": "zmq"}
+
+
+def test_a_run_restores_the_selection_it_found(other_run: int) -> None:
+    context.save(context.Context("work", {"DYN_EVENT_PLANE": "zmq"}))
+    context.select("work")
+    name, selected = context.claim_for_run("local", {"DYN_EVENT_PLANE": "nats"}, "up")
+    assert (name, selected, context.selected_name()) == ("local", True, "local")
+    context.release_run(name)
+    assert (context.names(), context.selected_name()) == (["work"], "work")
+    # With nothing before it, the selection passes to another run that still lives, else to nobody.
+    context.select(None)
+    name, _ = context.claim_for_run("local", {"DYN_EVENT_PLANE": "nats"}, "up")
+    context.save(context.Context("local-9", {"DYN_EVENT_PLANE": "zmq"}, owner_pid=other_run))
+    context.release_run(name)
+    assert context.selected_name() == "local-9"
+
+
+def test_a_stopped_runs_context_is_taken_over_and_another_process_cannot_release_ours() -> None:
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    context.save(context.Context("local", {"DYN_EVENT_PLANE": "zmq"}, owner_pid=int(gone.stdout)))
+    context.select("local")
+    assert context.claim_for_run("local", {"DYN_EVENT_PLANE": "nats"}, "up") == ("local", True)
+    assert context.load("local").previous is None  # not itself
+    context.save(context.Context("saved", {"DYN_EVENT_PLANE": "zmq"}))
+    context.release_run("saved")  # not ours: untouched
+    assert context.names() == ["local", "saved"]

@@ -20,7 +20,7 @@ def add_context_commands(commands: Any) -> None:
         "Variables set in the environment win. MESHPLANE_CONTEXT=NAME picks one for one command.",
     )
     actions = ctx.add_subparsers(dest="action", required=True, metavar="ACTION")
-    actions.add_parser("ls", help="list the contexts; * marks the selected one")
+    actions.add_parser("ls", help="list the contexts: * marks the selected one; a run's says if it runs")
     show = actions.add_parser("show", help="print a context (secrets hidden)")
     show.add_argument("name", nargs="?", help="default: the selected one")
     save = actions.add_parser(
@@ -67,8 +67,11 @@ def run_context(args: argparse.Namespace) -> int:
         selected = context.selected_name()
         for name in context.names():
             found = context.load(name)
-            state = "" if found.is_live() else "  (its meshplane up has stopped)"
-            print(f"{'*' if name == selected else ' '} {name:<20} {found.description}{state}")
+            if found.owner_pid is None:
+                state = "saved"
+            else:
+                state = f"live (pid {found.owner_pid})" if found.is_live() else "stopped"
+            print(f"{'*' if name == selected else ' '} {name:<20} {state:<18} {found.description}".rstrip())
     elif args.action == "show":
         found = _chosen(args.name)
         print(f"context {found.name}: {found.description}")

@@ -89,8 +89,9 @@ def add_up_options(parser: argparse.ArgumentParser) -> None:
         "--context",
         default="local",
         metavar="NAME",
-        help="save this run's endpoints as context NAME and select it while it runs, so that commands "
-        "in other shells need no variables (default local; none: do not)",
+        help="save this run's endpoints as context NAME (NAME-2, ... while another running `up` holds NAME) "
+        "and select it while it runs unless another run's is selected, so that commands in other shells "
+        "need no variables; on exit the previous selection comes back (default local; none: do not)",
     )
     parser.add_argument(
         "--nats-port",
@@ -309,7 +310,7 @@ async def run_up(args: argparse.Namespace) -> int:
             )
     finally:
         if local is not None:
-            drop_context(local)
+            drop_context(local[0])
         if pipeline is not None and pipeline.returncode is None:
             pipeline.terminate()
             await pipeline.wait()
@@ -340,7 +341,7 @@ def _print_next_steps(
     shown_url: str | None,
     addresses: tuple[BrokerAddress, ...],
     streams: _Streams | None,
-    local: str | None,
+    local: tuple[str, bool] | None,
     runs_pipeline: bool,
     mesh_url: str | None = None,
 ) -> None:
@@ -358,9 +359,16 @@ def _print_next_steps(
     exports = " ".join(variables)
     on_path = shutil.which("meshplane") is not None
     command = "meshplane" if on_path else str(Path(sys.executable).with_name("meshplane"))
-    if local is not None:
-        print(f"  from another shell (context {local!r} is selected while this runs):", flush=True)
+    if local is not None and local[1]:
+        print(f"  from another shell (context {local[0]!r} is selected while this runs):", flush=True)
         prefix = url = ""
+    elif local is not None:
+        print(
+            f"  from another shell (context {local[0]!r}; another run's context is selected, "
+            f"so pick this one with MESHPLANE_CONTEXT={local[0]}):",
+            flush=True,
+        )
+        prefix, url = f"MESHPLANE_CONTEXT={local[0]} ", ""
     else:
         print("  from another shell:", flush=True)
         prefix, url = exports + " ", f" --url {streams.url}" if streams is not None else ""
@@ -369,16 +377,17 @@ def _print_next_steps(
     if mesh_url is not None:
         print(f"    {command} mesh status --url {mesh_url}   (node a: its links and interest)", flush=True)
     if streams is not None:
-        print(f"    {command} topic stats {DEMO_STREAM_TOPIC}{url}", flush=True)
+        print(f"    {prefix}{command} topic stats {DEMO_STREAM_TOPIC}{url}", flush=True)
         if runs_pipeline:
             print(
-                f"    {command} topic consume {DEMO_WINDOWS_TOPIC}{url}   (the pipeline's windows)",
+                f"    {prefix}{command} topic consume {DEMO_WINDOWS_TOPIC}{url}   (the pipeline's windows)",
                 flush=True,
             )
         else:
-            print(f"    {command} pipeline demo --source {DEMO_STREAM_TOPIC}{url}   (Spark)", flush=True)
+            spark = f"pipeline demo --source {DEMO_STREAM_TOPIC}{url}   (Spark)"
+            print(f"    {prefix}{command} {spark}", flush=True)
     if local is not None:
-        print(f"  as variables (`meshplane env` prints them): {exports}", flush=True)
+        print(f"  as variables (`meshplane env {local[0]}` prints them): {exports}", flush=True)
     if not on_path:
         print("  (meshplane is not on PATH: `make shell` opens a shell where it is)", flush=True)
 

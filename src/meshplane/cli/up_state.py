@@ -35,8 +35,9 @@ def lock_state_dir(state_dir: Path) -> DataDirLock:
 
 def save_context(
     args: argparse.Namespace, config: PlaneConfig, nats_url: str | None, streams_url: str | None
-) -> str | None:
-    """Save and select the context of this run (other shells' commands then need no variables)."""
+) -> tuple[str, bool] | None:
+    """Save this run's context and select it unless another live `up` holds the selection (other shells'
+    commands then need no variables). Returns its name and whether it is selected."""
     if args.context == "none":
         return None
     values = {
@@ -55,12 +56,9 @@ def save_context(
         if args.token:
             values["MESHPLANE_STREAMS_TOKEN"] = args.token
     description = f"meshplane up (pid {os.getpid()})"
-    context.save(context.Context(args.context, values, description, owner_pid=os.getpid()))
-    context.select(args.context)
-    return str(args.context)
+    return context.claim_for_run(args.context, values, description)
 
 
 def drop_context(name: str) -> None:
     with contextlib.suppress(OSError, MeshplaneError):
-        if context.load(name).owner_pid == os.getpid():
-            context.remove(name)
+        context.release_run(name)
