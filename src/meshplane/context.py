@@ -41,6 +41,8 @@ VARIABLES = (
     "MESHPLANE_GUARANTEED",
     "MESHPLANE_STREAMS_URL",
     "MESHPLANE_STREAMS_TOKEN",
+    "MESHPLANE_MESH_URL",  # a mesh node's HTTP API, for `meshplane mesh ...`
+    "MESHPLANE_STATE_DIR",  # a `meshplane up`'s folder, for `meshplane status`
 )
 SECRETS = ("MESHPLANE_STREAMS_TOKEN",)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

@@ -254,12 +254,40 @@ def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> Non
     )
     assert up.stdout is not None
     lines: list[str] = []
-    try:
-        while not re.search(r"Spark windows [1-9]", lines[-1] if lines else ""):
+
+    def read_until(pattern: str) -> None:
+        assert up.stdout is not None
+        while not re.search(pattern, lines[-1] if lines else ""):
             line = up.stdout.readline()
-            assert line, "".join(lines[-20:])  # `up` ended without a window
+            assert line, "".join(lines[-20:])  # `up` ended first
             lines.append(line)
+
+    def status() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "meshplane.cli.main", "status", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**env, "MESHPLANE_STATE_DIR": str(tmp_path), "MESHPLANE_CONTEXT": "none"},
+        )
+
+    try:
+        read_until(r"Spark running, windows [1-9]")
         assert any("Spark pipeline: starting" in line for line in lines)
+        checks = {c["name"]: c for c in map(json.loads, status().stdout.splitlines())}
+        assert checks["pipeline"]["state"] == "ok"
+        pid = json.loads((tmp_path / "up.json").read_text())["pipeline"]["pid"]
+        assert f"pid {pid}" in checks["pipeline"]["detail"]
+        # Issue 35: a dead pipeline went unreported. Killed, it is restarted and says so everywhere.
+        os.kill(pid, signal.SIGKILL)
+        read_until(r"Spark restarting \(1/3: killed by SIGKILL")
+        down = status()
+        assert down.returncode == 3
+        assert "killed by SIGKILL" in down.stdout
+        read_until(r"Spark running, restarted 1x, windows")
+        checks = {c["name"]: c for c in map(json.loads, status().stdout.splitlines())}
+        assert checks["pipeline"]["state"] == "ok"
+        assert "restarted 1x (last: killed by SIGKILL" in checks["pipeline"]["detail"]
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(timeout=60)

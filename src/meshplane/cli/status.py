@@ -1,7 +1,8 @@
 """``meshplane status``: is everything this shell's configuration points at up? (like ``nats server check``)
 
-Checks discovery, NATS (when the plane uses it), the brokers of broker mode, and the streams server
-(when a URL is known). Prints one line per check; exits 0 when all are up, 3 when something is
+Checks discovery, NATS (when the plane uses it), the brokers of broker mode, the streams server
+(when a URL is known), and, for a context of ``meshplane up``, its Spark pipeline and mesh nodes.
+Prints one line per check; exits 0 when all are up, 3 when something is
 unreachable, 4 when credentials were refused.
 """
 
@@ -14,11 +15,13 @@ import time
 import urllib.parse
 from collections.abc import Coroutine
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from meshplane import context
 from meshplane.cli.errors import EXIT_AUTH, EXIT_UNREACHABLE
 from meshplane.cli.options import add_plane_options, config_from_args
+from meshplane.cli.up_state import RUNNING_FILE, read_running
 from meshplane.config import PlaneConfig
 from meshplane.core.names import EVENT_CHANNELS_BUCKET
 from meshplane.errors import AuthError, MeshplaneError
@@ -92,6 +95,47 @@ async def _streams(url: str) -> str:
     return f"{health.get('status')}, {health.get('service')} {health.get('version', '')}".strip()
 
 
+async def _mesh_node(url: str) -> str:
+    from meshplane.streams.client import StreamsClient
+
+    async with StreamsClient(url) as client:
+        status = await client.request("GET", "/mesh")
+    links = status["links"]
+    up = sum(1 for link in links if link["state"] == "up")
+    forwarded = status["counters"]["messages_forwarded"]
+    return f"node {status['node']}: {up}/{len(links)} links up, {forwarded} forwarded"
+
+
+def _pipeline(found: dict[str, Any], state_dir: Path) -> Check:
+    state, log = str(found.get("state")), str(found.get("log") or state_dir / "pipeline.log")
+    restarts = int(found.get("restarts") or 0)
+    if state == "running":
+        detail = f"pid {found.get('pid')}" + (
+            f", restarted {restarts}x (last: {found.get('reason')})" if restarts else ""
+        )
+        return Check("pipeline", log, "ok", detail)
+    if state == "finished":
+        return Check("pipeline", log, "ok", "finished")
+    return Check("pipeline", log, "down", f"{state}: {found.get('reason')} (restarts {restarts})")
+
+
+async def _up_checks(state_dir: Path) -> list[Check]:
+    """The pipeline and mesh nodes of the `meshplane up` whose context this is (its up.json)."""
+    running = read_running(state_dir)
+    if not running:
+        return [Check("up", str(state_dir), "down", f"no {RUNNING_FILE}: its meshplane up is not running")]
+    checks = []
+    found = running.get("pipeline")
+    if isinstance(found, dict):
+        checks.append(_pipeline(found, state_dir))
+    else:
+        checks.append(Check("pipeline", "-", "skipped", "this meshplane up runs no pipeline"))
+    for node in running.get("mesh_nodes") or []:
+        url = str(node.get("url"))
+        checks.append(await _timed(f"mesh {node.get('id')}", url, _mesh_node(url)))
+    return checks
+
+
 async def run_status(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     checks: list[Check] = []
@@ -112,6 +156,9 @@ async def run_status(args: argparse.Namespace) -> int:
         checks.append(await _timed("streams", url, _streams(url)))
     else:
         checks.append(Check("streams", "-", "skipped", "no --url, MESHPLANE_STREAMS_URL or context"))
+    state_dir = context.environment().get("MESHPLANE_STATE_DIR")
+    if state_dir:
+        checks += await _up_checks(Path(state_dir))
     for check in checks:
         if args.json:
             print(json.dumps(asdict(check)))

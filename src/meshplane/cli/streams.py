@@ -521,7 +521,8 @@ async def _run_client(args: argparse.Namespace) -> int:
     from meshplane.streams.client import StreamsClient
 
     env = context.environment()
-    args.url = args.url or streams_url(env.get("MESHPLANE_STREAMS_URL") or DEFAULT_URL)
+    fallback = env.get("MESHPLANE_MESH_URL") if args.command == "mesh" else None  # up --nodes: node a
+    args.url = args.url or streams_url(fallback or env.get("MESHPLANE_STREAMS_URL") or DEFAULT_URL)
     args.token = args.token or env.get(TOKEN_ENV)
     async with StreamsClient(args.url, token=args.token) as client:
         command, action = args.command, args.action

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
-import json
 import os
 import shutil
 import signal
@@ -22,7 +21,8 @@ from meshplane.broker import Broker
 from meshplane.cli.options import add_token_option
 from meshplane.cli.up_cluster import REPLICAS, start_cluster, start_second_server
 from meshplane.cli.up_mesh import mesh_summary, publisher_configs, start_mesh
-from meshplane.cli.up_state import RUNNING_FILE, drop_context, lock_state_dir, save_context
+from meshplane.cli.up_pipeline import PipelineSupervisor
+from meshplane.cli.up_state import RUNNING_FILE, RunState, drop_context, lock_state_dir, save_context
 from meshplane.config import PlaneConfig
 from meshplane.core.brokers import BROKERS_BUCKET, BrokerAddress, broker_record
 from meshplane.core.names import Scope
@@ -30,7 +30,7 @@ from meshplane.core.records import new_instance_id
 from meshplane.core.streamlog import StoredEvent
 from meshplane.discovery.base import Discovery
 from meshplane.errors import ConfigError
-from meshplane.launchers import JetStreamCluster, MeshCluster, NatsServer
+from meshplane.launchers import JetStreamCluster, NatsServer
 from meshplane.plane import EventPlane
 from meshplane.publisher import EventPublisher
 from meshplane.streams.access import ADMIN, Tokens
@@ -229,17 +229,17 @@ async def run_up(args: argparse.Namespace) -> int:
         print(f"  nats-server {cluster_node.name} (JetStream): pid {cluster_node.pid} at {shown}", flush=True)
     streams = await _start_streams(args, state_dir, config, cluster) if args.streams_port >= 0 else None
     second = start_second_server(cluster, state_dir, args.token) if cluster and streams else None
-    running = {"pid": os.getpid(), "dashboard": f"{streams.url}/ui" if streams is not None else None}
-    (state_dir / RUNNING_FILE).write_text(json.dumps(running) + "\n")
+    run = RunState(state_dir, f"{streams.url}/ui" if streams is not None else None, mesh)
+    run.write()
     if streams is not None:
         where = f"JetStream R{REPLICAS}" if cluster is not None else f"data in {state_dir / 'streams'}"
         print(f"  streams server at {streams.url} ({where})", flush=True)
         if second is not None:
             print(f"  streams server at {second.url} (pid {second.pid}: the same topics, groups)", flush=True)
         print(f"  dashboard at {streams.url}/ui", flush=True)
-    local = save_context(args, config, nats_url, streams.url if streams is not None else None)
-    missing = _pipeline_missing(streams) if args.pipeline else None
     mesh_url = mesh.nodes[0].url if mesh is not None else None
+    local = save_context(args, config, nats_url, streams.url if streams is not None else None, mesh_url)
+    missing = _pipeline_missing(streams) if args.pipeline else None
     _print_next_steps(config, shown_url, addresses, streams, local, args.pipeline and not missing, mesh_url)
     pipeline = None
     if missing:
@@ -250,26 +250,15 @@ async def run_up(args: argparse.Namespace) -> int:
             f"log in {state_dir / 'pipeline.log'}; --no-pipeline for a light run)",
             flush=True,
         )
-        follow = str(args.duration or 10**9)
-        pipeline_log = (state_dir / "pipeline.log").open("wb")
-        pipeline = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "meshplane.cli.main",
-            "pipeline",
-            "demo",
-            "--url",
-            streams.url,
-            "--source",
-            DEMO_STREAM_TOPIC,
-            "--state-dir",
-            str(state_dir),
-            "--follow",
-            follow,
-            start_new_session=True,
-            stdout=pipeline_log,  # its result shows in the status line (Spark windows)
-            stderr=pipeline_log,
+        (state_dir / "pipeline.log").unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "meshplane.cli.main", "pipeline", "demo", "--url", streams.url]
+        argv += ["--source", DEMO_STREAM_TOPIC, "--state-dir", str(state_dir)]
+        pipeline = PipelineSupervisor(
+            [*argv, "--follow", str(args.duration or 10**9)], state_dir / "pipeline.log"
         )
+        await pipeline.start()
+    run.pipeline = pipeline
+    run.write()
 
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -297,7 +286,7 @@ async def run_up(args: argparse.Namespace) -> int:
             ]
             tasks.append(asyncio.create_task(_consume(subscriber, streams)))
             try:
-                await _report(subscriber, args.interval, stop, streams, mesh)
+                await _report(subscriber, args.interval, stop, streams, run)
             finally:  # stop the traffic before the plane closes what it flows through
                 for task in tasks:
                     task.cancel()
@@ -311,9 +300,8 @@ async def run_up(args: argparse.Namespace) -> int:
     finally:
         if local is not None:
             drop_context(local[0])
-        if pipeline is not None and pipeline.returncode is None:
-            pipeline.terminate()
-            await pipeline.wait()
+        if pipeline is not None:
+            await pipeline.stop()
         if second is not None:
             second.cleanup()
         if streams is not None:
@@ -476,16 +464,12 @@ def _stored(streams: _Streams, topic: str) -> int:
 
 
 async def _report(
-    subscriber: EventSubscriber,
-    interval: float,
-    stop: asyncio.Event,
-    streams: _Streams | None,
-    mesh: MeshCluster | None = None,
+    subscriber: EventSubscriber, interval: float, stop: asyncio.Event, streams: _Streams | None, run: RunState
 ) -> None:
     import aiohttp
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as http:
-        await _report_lines(subscriber, interval, stop, streams, mesh, http)
+        await _report_lines(subscriber, interval, stop, streams, run, http)
 
 
 async def _report_lines(
@@ -493,7 +477,7 @@ async def _report_lines(
     interval: float,
     stop: asyncio.Event,
     streams: _Streams | None,
-    mesh: MeshCluster | None,
+    run: RunState,
     http: Any,
 ) -> None:
     started = last_at = time.monotonic()
@@ -516,11 +500,11 @@ async def _report_lines(
         )
         if streams is not None:
             line += f" | stored in {DEMO_STREAM_TOPIC} {_stored(streams, DEMO_STREAM_TOPIC)}"
-            windows = _stored(streams, DEMO_WINDOWS_TOPIC)
-            if windows:
-                line += f" | Spark windows {windows}"
-        if mesh is not None:
-            line += " | " + await mesh_summary(mesh, http)
+            if run.pipeline is not None:
+                line += f" | {run.pipeline.health.summary()}, windows {_stored(streams, DEMO_WINDOWS_TOPIC)}"
+        if run.mesh is not None:
+            line += " | " + await mesh_summary(run.mesh, http)
+        run.write()
         if stats.duplicates_dropped:  # each event comes once through every broker: expected, not loss
             line += f" | duplicate copies removed {stats.duplicates_dropped}"
         print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
