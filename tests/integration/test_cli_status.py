@@ -45,6 +45,8 @@ def test_everything_up_then_something_down(nats_server: NatsServer, tmp_path: Pa
             "streams": "ok",
         }
         assert "meshplane-streams" in checks["streams"]["detail"]
+        assert "the folder does not exist yet" in checks["discovery"]["detail"]
+        assert not (tmp_path / "kv").exists()  # a check creates nothing
     code, checks = status({**env, "NATS_SERVER": f"nats://127.0.0.1:{free_port()}"})
     assert code == 3
     assert checks["nats"]["state"] == "down"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshplane.aio import cancel_and_wait
 from meshplane.cli.errors import CliError
-from meshplane.streams.errors import OffsetOutOfRange, StreamError
+from meshplane.streams.errors import Conflict, NotFound, OffsetOutOfRange, StreamError
 
 if TYPE_CHECKING:  # the client needs the streams extra (aiohttp); the CLI starts without it
     from meshplane.streams.client import StreamsClient
@@ -156,7 +156,7 @@ async def consume_topic(client: StreamsClient, args: argparse.Namespace) -> int:
 
 async def consume_group(client: StreamsClient, args: argparse.Namespace) -> int:
     """A member of ``args.group``: reads its partitions, commits what it printed, follows rebalances."""
-    topic = (await client.group_stats(args.group))["topic"]
+    topic = await _group_topic(client, args.group, args.topic)
     for stop_signal in (signal.SIGTERM, signal.SIGHUP):  # leave the group as on Ctrl-C
         signal.signal(stop_signal, _interrupted)
     joined = await client.join(args.group)
@@ -196,6 +196,23 @@ async def consume_group(client: StreamsClient, args: argparse.Namespace) -> int:
     finally:
         with contextlib.suppress(StreamError):
             await client.leave(args.group, member)
+
+
+async def _group_topic(client: StreamsClient, group: str, create_on: str | None) -> str:
+    try:
+        return str((await client.group_stats(group))["topic"])
+    except NotFound:
+        if create_on is None:
+            raise CliError(
+                f"consumer group {group!r} does not exist: add --topic TOPIC to create it, or "
+                f"`meshplane group create {group} TOPIC`"
+            ) from None
+    try:
+        await client.create_group(group, create_on)
+    except Conflict:  # another member made it first
+        return str((await client.group_stats(group))["topic"])
+    say(f"created consumer group {group!r} on topic {create_on!r}")
+    return create_on
 
 
 def _interrupted(signum: int, frame: object) -> None:

@@ -64,6 +64,9 @@ def explain(exc: BaseException) -> tuple[int, str] | None:
             EXIT_BAD_INPUT,
             f"ZeroMQ refused the address or socket: {exc.strerror} (addresses look like tcp://host:port)",
         )
+    aiohttp = sys.modules.get("aiohttp")  # only when a command used it
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientConnectorError):
+        return EXIT_UNREACHABLE, f"cannot reach {exc.host}:{exc.port} ({exc.os_error.strerror or exc})"
     if isinstance(exc, TimeoutError):
         return EXIT_UNREACHABLE, str(exc) or "timed out"
     if isinstance(exc, ConnectionError):

@@ -21,7 +21,14 @@ from argcomplete.shell_integration import shellcode
 from meshplane.aio import cancel_and_wait
 from meshplane.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING, report
 from meshplane.cli.matching import PublisherMatch, match_publishers
-from meshplane.cli.options import add_plane_options, config_from_args, scope_arg
+from meshplane.cli.options import (
+    HelpFormatter,
+    add_plane_options,
+    config_from_args,
+    parse_with_suggestions,
+    require_discovery_folder,
+    scope_arg,
+)
 from meshplane.core.envelope import EventEnvelope
 from meshplane.core.names import EVENT_CHANNELS_BUCKET, Scope
 from meshplane.discovery.channels import parse_channel
@@ -256,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name in EXAMPLES:  # a command's help ends with how it is used
             command.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name])
             if command.formatter_class is argparse.HelpFormatter:
-                command.formatter_class = argparse.RawDescriptionHelpFormatter
+                command.formatter_class = HelpFormatter
     return parser
 
 
@@ -369,7 +376,9 @@ async def run_sub(args: argparse.Namespace) -> int:
 async def run_ls(args: argparse.Namespace) -> int:
     from meshplane.discovery import create_discovery
 
-    discovery = create_discovery(config_from_args(args))
+    config = config_from_args(args)
+    require_discovery_folder(config)
+    discovery = create_discovery(config)
     await discovery.start()
     try:
         records = await discovery.list(
@@ -403,7 +412,7 @@ async def run_ls(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argcomplete.autocomplete(parser)  # answers a shell's completion request (and exits); else nothing
-    args = parser.parse_args(argv)
+    args = parse_with_suggestions(parser, argv)
     if args.command is None:  # a bare `meshplane`: what it can do, rather than an error
         parser.print_help(sys.stderr)
         return EXIT_BAD_INPUT

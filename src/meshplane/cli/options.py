@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 from pathlib import Path
 from typing import Any
 
+from meshplane.cli.errors import CliError
 from meshplane.config import PlaneConfig
 from meshplane.core.brokers import parse_broker_url
 from meshplane.core.envelope import Codec
@@ -120,3 +122,56 @@ def add_token_option(parser: argparse.ArgumentParser, env: str, what: str) -> No
         metavar="FILE",
         help=f"{what}: read from FILE (default: ${env})",
     )
+
+
+def require_discovery_folder(config: PlaneConfig) -> None:
+    """A command that only reads file discovery must not create its folder (an empty table, exit 0, for a
+    mistyped path, and a stray folder left behind)."""
+    if config.discovery_backend == "file" and not config.file_kv.is_dir():
+        raise CliError(
+            f"the discovery folder {config.file_kv} does not exist: nothing has registered there "
+            "(publishers write where their DYN_FILE_KV points)"
+        )
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Says an option's default once: only when it has one and its help does not say it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        nothing = default in (None, False, argparse.SUPPRESS) or default in ([], ())
+        if "default" in text.lower() or nothing or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def parse_with_suggestions(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parse_args``, but an unknown option is reported by the command it was given to, with its usage
+    and the nearest option it has ("did you mean --partition?"), not by the top-level parser."""
+    args, extras = parser.parse_known_args(argv)
+    if not extras:
+        return args
+    command = parser
+    for name in ("command", "action"):
+        chosen = getattr(args, name, None)
+        children = _subcommands(command)
+        if chosen is None or chosen not in children:
+            break
+        command = children[chosen]
+    known = [option for action in command._actions for option in action.option_strings]
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    for extra in extras:
+        if extra.startswith("-"):
+            near = difflib.get_close_matches(extra.split("=", 1)[0], known, n=1, cutoff=0.6)
+            if near:
+                message += f" (did you mean {near[0]}?)"
+                break
+    command.error(message)
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 from meshplane import context
+from meshplane.cli.errors import CliError
 from meshplane.cli.options import add_token_option
+from meshplane.streams.errors import StreamError
 
 DEMO_BASE_TIME = 1_767_225_600.0  # 2026-01-01T00:00:00Z: synthetic event times, so windows are reproducible
 
@@ -86,6 +89,10 @@ async def prepare_demo(
 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("pyspark") is None:
+        raise CliError("the pipeline runs on Spark: pip install 'meshplane[spark]' (and Java 17)")
+    import aiohttp
+
     from meshplane.cli.spark_noise import ChildStderr
     from meshplane.launchers import StreamsServerProcess
     from meshplane.spark.pipeline import PipelineSettings, run_pipeline, spark_session
@@ -100,7 +107,10 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
         url = server.url
         print(f"pipeline: started a streams server at {url}", flush=True)
     try:
-        asyncio.run(prepare_demo(url, args.token, args.source, args.sink, args.publish if server else 0))
+        try:
+            asyncio.run(prepare_demo(url, args.token, args.source, args.sink, args.publish if server else 0))
+        except aiohttp.ClientConnectorError as exc:
+            raise StreamError(f"cannot reach the streams server at {url}: {exc.os_error.strerror}") from None
         settings = PipelineSettings(
             url=url,
             source=args.source,

@@ -60,6 +60,8 @@ async def _timed(check: str, target: str, probe: Coroutine[Any, Any, str]) -> Ch
 async def _discovery(config: PlaneConfig) -> str:
     from meshplane.discovery import create_discovery
 
+    if config.discovery_backend == "file" and not config.file_kv.is_dir():  # not created by a check
+        return "0 publisher record(s): the folder does not exist yet"
     discovery = create_discovery(config)
     await discovery.start()
     try:

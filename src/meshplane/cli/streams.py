@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshplane import context
-from meshplane.cli.consume import add_consume_options, consume_group, consume_topic
+from meshplane.cli.consume import add_consume_options, consume_group, consume_topic, say
 from meshplane.cli.errors import CliError
-from meshplane.cli.options import add_token_option
+from meshplane.cli.options import HelpFormatter, add_token_option
 from meshplane.cli.produce import add_produce_options, json_or_text, produce
 from meshplane.cli.tables import RENDERERS
 from meshplane.config import default_state_dir
-from meshplane.errors import ConfigError
+from meshplane.errors import ConfigError, NotFound
 from meshplane.streams.access import Tokens
 from meshplane.streams.errors import UNAUTHORIZED, StreamError, Unauthorized
 from meshplane.streams.lock import DataDirLock
@@ -309,7 +309,7 @@ def add_client_commands(commands: Any) -> None:
                 parents=[common],
                 help=help,
                 description=description,
-                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                formatter_class=HelpFormatter,
                 **kwargs,
             )
             return created
@@ -416,6 +416,11 @@ def add_client_commands(commands: Any) -> None:
         "and leave on exit. Run it twice to share the partitions",
     )
     p.add_argument("group", help="group name")
+    p.add_argument(
+        "--topic",
+        default=None,
+        help="create the group on TOPIC if it does not exist (as kcat -G does; default: it must exist)",
+    )
     add_consume_options(p, group=True)
     p = action("join", "join a group by hand (group consume does all of it)")
     p.add_argument("group", help="group name")
@@ -546,6 +551,10 @@ async def _run_client(args: argparse.Namespace) -> int:
             if action == "publish":
                 _print({"offset": await client.publish(args.room, args.event, _data(args.data))})
             elif action == "tail":
+                try:
+                    await client.room_stats(args.room)
+                except NotFound:  # publishing makes it: wait for that, but say so
+                    say(f"room {args.room!r} does not exist yet: waiting for its first event (Ctrl-C stops)")
                 seen = 0
                 async for event in client.subscribe(args.room, args.subscriber_id, args.from_offset):
                     _print(event, line=True)

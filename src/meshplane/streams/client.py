@@ -28,6 +28,7 @@ from meshplane.streams.errors import (
     Unauthorized,
     error_from_response,
     not_a_streams_server,
+    not_http,
 )
 
 T = TypeVar("T")
@@ -147,6 +148,10 @@ class StreamsClient:
                 if not tries_left:
                     raise
                 self._current = (self._current + 1) % len(self.urls)
+            except aiohttp.ClientResponseError as exc:
+                if exc.status == 400 and "status line" in exc.message:  # not HTTP at all
+                    raise StreamError(not_http(self.url, exc.message)) from None
+                raise
         raise AssertionError("unreachable")
 
     async def __aenter__(self) -> StreamsClient:

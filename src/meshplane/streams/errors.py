@@ -123,6 +123,13 @@ def not_a_streams_server(url: str, status: int) -> str:
     return f"{url} answered {status} with a body that is not JSON: is it a meshplane streams server?"
 
 
+def not_http(url: str, parser_message: str) -> str:
+    """What a URL that answers but not in HTTP is (the NATS port, most often: it greets with INFO)."""
+    if "INFO {" in parser_message:
+        return f"{url} is a NATS server, not a meshplane streams server (whose URL is like http://127.0.0.1:15500)"
+    return f"{url} does not answer in HTTP: is it a meshplane streams server?"
+
+
 def error_from_response(status: int, body: Any) -> StreamError:
     """The error a client raises for an error answer of the server (``{"error", "code", "type", ...}``)."""
     kind = body.get("type") if isinstance(body, dict) else None

@@ -33,11 +33,16 @@ async def connect_nats(
     safe_url = redact_url(url)
     client = NatsClient()
     refused: list[Exception] = []
+    failures: list[Exception] = []  # before the first connection: said once, in the error raised
 
     async def on_error(exc: Exception) -> None:
         if "authorization" in str(exc).lower() or "authentication" in str(exc).lower():
             refused.append(exc)
-        log.warning("NATS %s: %s", safe_url, exc)
+        if client.is_connected or client.is_reconnecting:
+            log.warning("NATS %s: %s", safe_url, exc)
+        else:
+            failures[:] = [exc]
+            log.debug("NATS %s: %s", safe_url, exc)
 
     async def on_disconnect() -> None:
         if not (client.is_closed or client.is_draining):
@@ -72,8 +77,9 @@ async def connect_nats(
                 f"NATS at {safe_url} refused the credentials ({refused[-1]}); check the user, password "
                 "or token in NATS_SERVER"
             ) from exc
+        why = str(failures[-1]) if failures else type(exc).__name__
         raise TransportError(
-            f"cannot connect to NATS at {redact_url(url)} within {timeout}s ({type(exc).__name__}); "
+            f"cannot connect to NATS at {safe_url} within {timeout}s ({why}); "
             "start nats-server or point NATS_SERVER at one"
         ) from exc
     return client
