@@ -4,6 +4,7 @@ traceback, no log noise, no silent wait, no empty success), with the exit code o
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from meshplane.cli import pipeline
+from meshplane.cli.errors import CliError
 from meshplane.cli.main import build_parser
 from meshplane.cli.options import _subcommands
 from meshplane.launchers import NatsServer, StreamsServerProcess
@@ -69,8 +71,8 @@ def test_pipeline_demo_to_a_closed_port_is_one_line(tmp_path: Path) -> None:
 
 
 def test_pipeline_demo_without_spark_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipeline.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(pipeline.CliError, match=r"pip install 'meshplane\[spark\]'"):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(CliError, match=r"pip install 'meshplane\[spark\]'"):
         pipeline.run_pipeline_command(argparse.Namespace())
 
 
