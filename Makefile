@@ -13,11 +13,11 @@ RUN_STAMP := $(VENV)/.installed-run
 $(RUN_STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,examples]'
 	touch $(RUN_STAMP)
 
 $(STAMP): $(RUN_STAMP) | compiler
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,dev,bench]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[all,examples,dev,bench]'
 	touch $(STAMP)
 
 ## run: a local event plane (embedded nats-server, file discovery), the streams server and the Spark

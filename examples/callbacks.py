@@ -2,7 +2,7 @@
 
 import asyncio
 
-from meshplane import EventPlane, Scope
+from meshplane import EventEnvelope, EventPlane, Scope
 
 
 async def main() -> None:
@@ -20,7 +20,8 @@ async def main() -> None:
         later_id = await plane.subscribe_event(scope, "tango-events", on_event, stateless=True)
         await pub.wait_for_subscribers(1, timeout=5)
         await pub.publish("hello")
-        print("received", await asyncio.wait_for(first, 5))
+        item = await asyncio.wait_for(first, 5)
+        print("received", item.decode() if isinstance(item, EventEnvelope) else item)
         await plane.unsubscribe_event(event_id)  # no call after this returns
         await plane.unsubscribe_event(later_id)
 

@@ -1,4 +1,5 @@
-"""Synap's own Python SDK against meshplane's streams server (`make run` starts one on port 15500)."""
+"""Synap's own Python SDK against meshplane's streams server (`make run` starts one on port 15500 and
+installs the SDK; elsewhere: pip install 'meshplane[examples]')."""
 
 import asyncio
 import os

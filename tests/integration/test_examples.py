@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from meshplane.launchers import NatsServer, StreamsServerProcess
+from tests.helpers import wait_until
+from tests.integration.test_cli import MESHPLANE
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = ROOT / "examples"
@@ -46,13 +48,82 @@ def run_example(name: str, env: dict[str, str]) -> str:
 
 
 @pytest.mark.parametrize("transport", ["nats", "zmq"])
-def test_quickstart(env: dict[str, str], transport: str) -> None:
-    out = run_example("quickstart.py", {**env, "DYN_EVENT_PLANE": transport})
-    assert re.fullmatch(r"\d+ 0 \{'stored': \[1, 2, 3\]\}\n", out)
+def test_quickstart_prints_its_own_event_even_beside_the_demo(
+    env: dict[str, str], transport: str, tmp_path: Path
+) -> None:
+    """Issue 35: beside `make run`'s demo (kv-events in the same scope) it printed the demo's events."""
+    demo = subprocess.Popen(
+        [
+            *MESHPLANE,
+            "pub",
+            "dynamo/worker/generate",
+            "kv-events",
+            "demo",
+            "--count",
+            "100000",
+            "--rate",
+            "200",
+        ],
+        env={**env, "DYN_EVENT_PLANE": transport},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: any((tmp_path / "kv").rglob("*")), timeout=30, what="the demo registered")
+        out = run_example("quickstart.py", {**env, "DYN_EVENT_PLANE": transport})
+    finally:
+        demo.kill()
+        demo.wait()
+    assert re.fullmatch(r"publisher [0-9a-f]+ event 0: \{'stored': \[1, 2, 3\]\}\n", out)
 
 
 def test_callbacks(env: dict[str, str]) -> None:
-    assert "received EventEnvelope(" in run_example("callbacks.py", env)
+    assert run_example("callbacks.py", env) == "received hello\n"
+
+
+def _requirements(distribution: str, extras: set[str], seen: set[str]) -> None:
+    """Every distribution ``pip install distribution[extras]`` brings in, into ``seen``."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen.add(canonicalize_name(distribution))
+    try:
+        listed = requires(distribution) or []
+    except PackageNotFoundError:
+        return
+    for line in listed:
+        requirement = Requirement(line)
+        wanted = requirement.marker is None or any(
+            requirement.marker.evaluate({"extra": extra}) for extra in (extras or {""})
+        )
+        name = canonicalize_name(requirement.name)
+        if wanted and (name not in seen or requirement.extras):
+            if name == "meshplane":  # meshplane[streams] inside an extra: its extras' requirements
+                for extra in requirement.extras - extras:
+                    extras.add(extra)
+                    _requirements("meshplane", extras, seen)
+            else:
+                _requirements(requirement.name, set(requirement.extras), seen)
+
+
+def test_every_example_runs_on_what_make_run_installs() -> None:
+    """Issue 35: synap_client.py failed after `make run` (synap-sdk was only in the dev extra)."""
+    from importlib.metadata import packages_distributions
+
+    from packaging.utils import canonicalize_name
+
+    makefile = (ROOT / "Makefile").read_text()
+    extras = set(re.search(r"RUN_STAMP\):.*?-e '\.\[([a-z,-]+)\]'", makefile, re.DOTALL)[1].split(","))
+    installed: set[str] = set()
+    _requirements("meshplane", set(extras), installed)
+    providers = packages_distributions()
+    for example in EXAMPLES.glob("*.py"):
+        modules = re.findall(r"^(?:from|import) ([a-z_]+)", example.read_text(), re.MULTILINE)
+        for module in set(modules) - set(sys.stdlib_module_names) - {"meshplane"}:
+            names = {canonicalize_name(d) for d in providers.get(module, [])}
+            assert names & installed, f"{example.name} imports {module}, which `make run` does not install"
 
 
 def test_synap_client(env: dict[str, str]) -> None:
