@@ -61,6 +61,9 @@ def test_commands_in_another_shell_use_the_context_of_up(tmp_path: Path) -> None
         stats = run("topic", "stats", "demo-events")
         assert stats.returncode == 0, stats.stderr
         assert json.loads(stats.stdout)["topic"] == "demo-events"
+        first = run("topic", "consume", "demo-events", "-p", "0", "-c", "2")  # it hung: partition 0 was empty
+        assert first.returncode == 0, first.stderr
+        assert [json.loads(line)["partition"] for line in first.stdout.splitlines()] == [0, 0]
 
         env = run("env")
         assert f"export DYN_FILE_KV={tmp_path / 'kv'}" in env.stdout

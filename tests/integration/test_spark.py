@@ -157,6 +157,28 @@ def test_sink_needs_a_value_column(spark: SparkSession, server: StreamsServerPro
     shutil.rmtree("spark-warehouse", ignore_errors=True)
 
 
+def test_sink_creates_a_missing_topic_as_kafkas_brokers_do(
+    spark: SparkSession, server: StreamsServerProcess
+) -> None:
+    """Issue 35: the README's sink snippet failed with a 404 buried in Spark's query dump."""
+    frame = spark.createDataFrame([("k1", "one"), ("k2", "two")], "key string, value string")
+    frame.write.format("meshplane").option("url", server.url).option("topic", "made-by-sink").mode(
+        "append"
+    ).save()
+
+    async def stored() -> list[Any]:
+        async with StreamsClient(server.url) as client:
+            stats = await client.topic_stats("made-by-sink")
+            events = []
+            for partition in stats["partitions"]:
+                answer = await client.consume_partition("made-by-sink", int(partition["partition_id"]))
+                events += answer["events"]
+            return sorted(event["data"] for event in events)
+
+    assert run(stored()) == ["one", "two"]
+    shutil.rmtree("spark-warehouse", ignore_errors=True)
+
+
 def test_pipeline_demo_writes_closed_windows_and_resumes_exactly(
     spark: SparkSession, server: StreamsServerProcess, tmp_path: Path
 ) -> None:

@@ -44,6 +44,7 @@ DEMO_TOPIC = "kv-events"
 
 
 DEMO_STREAM_TOPIC = "demo-events"
+DEMO_PARTITIONS = 4
 DEMO_WINDOWS_TOPIC = "demo-windows"  # where `pipeline demo` writes its window counts
 
 
@@ -435,7 +436,7 @@ async def _start_streams(
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
             if DEMO_STREAM_TOPIC not in engine.topics:
-                await engine.create_topic(DEMO_STREAM_TOPIC, num_partitions=4)
+                await engine.create_topic(DEMO_STREAM_TOPIC, num_partitions=DEMO_PARTITIONS)
             return _Streams(engine, task, stop, f"http://127.0.0.1:{ready.result()}", discovery)
         error = task.exception()
         if not isinstance(error, OSError) or port == 0:
@@ -453,9 +454,11 @@ async def _consume(subscriber: EventSubscriber, streams: _Streams | None) -> Non
             data = msgspec.msgpack.decode(envelope.payload)
         except msgspec.DecodeError:
             data = envelope.payload
-        key = str(data.get("worker")) if isinstance(data, dict) else None
-        event = StoredEvent(f"{envelope.publisher_id:x}-{envelope.sequence}", "demo", data, key)
-        await streams.engine.publish_topic(DEMO_STREAM_TOPIC, [event])
+        worker = data.get("worker") if isinstance(data, dict) else None
+        event = StoredEvent(f"{envelope.publisher_id:x}-{envelope.sequence}", "demo", data, str(worker))
+        # worker N in partition N: keys hashed over 4 partitions left partitions 0 and 2 empty
+        partition = worker % DEMO_PARTITIONS if isinstance(worker, int) else None
+        await streams.engine.publish_topic(DEMO_STREAM_TOPIC, [event], partition)
 
 
 def _stored(streams: _Streams, topic: str) -> int:

@@ -2,7 +2,8 @@
 
 Columns: ``value`` (binary or string; null stays null), optional ``key``, ``topic`` (the ``topic``
 option wins, as in Kafka), ``partition``, ``headers`` (``array<struct<key string, value binary>>``,
-stored as the events' metadata), ``event_type`` and ``metadata``. Rows are published in chunks, each
+stored as the events' metadata), ``event_type`` and ``metadata``. A missing topic is created with the
+server's default partitions, as Kafka's brokers do. Rows are published in chunks, each
 with an idempotency key per (query, batchId, partition, chunk): a replayed batch publishes nothing
 twice.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +22,9 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, StringType, StructType
 
+from meshplane.errors import Conflict, NotFound
 from meshplane.spark.decode import BASE64
+from meshplane.spark.http import SyncStreamsClient
 from meshplane.spark.options import Options, SparkOptionError
 from meshplane.spark.reader import open_client
 
@@ -107,7 +111,13 @@ def publish_rows(options: Options, rows: Iterator[Any], key_prefix: str) -> Publ
     def flush(place: tuple[str, int | None]) -> None:
         nonlocal chunk
         topic, partition = place
-        client.publish_batch(topic, pending.pop(place), f"{key_prefix}:{topic}:{chunk}", partition)
+        events, key = pending.pop(place), f"{key_prefix}:{topic}:{chunk}"
+        try:
+            client.publish_batch(topic, events, key, partition)
+        except NotFound:
+            if not _created(client, topic):
+                raise
+            client.publish_batch(topic, events, key, partition)
         chunk += 1
 
     try:
@@ -123,6 +133,17 @@ def publish_rows(options: Options, rows: Iterator[Any], key_prefix: str) -> Publ
     finally:
         client.close()
     return PublishedRows(count)
+
+
+def _created(client: SyncStreamsClient, topic: str) -> bool:
+    """Make a missing topic with the server's default partitions, as Kafka's brokers do by default
+    (``auto.create.topics.enable``). False when it existed: the 404 was about something else."""
+    try:
+        client.json("POST", f"/topics/{urllib.parse.quote(topic, safe='')}", {})
+    except Conflict:
+        return False
+    log.info("meshplane sink: created topic %r", topic)
+    return True
 
 
 class MeshplaneStreamWriter(DataSourceStreamWriter):
