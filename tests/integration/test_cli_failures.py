@@ -126,7 +126,10 @@ def test_tailing_a_room_that_does_not_exist_says_it_waits_then_gets_the_first_ev
         out, _ = tail.communicate(timeout=60)
     finally:
         tail.kill()
-    assert json.loads(out)["data"] == {"text": "hi"}
+    tailed = json.loads(out)
+    assert tailed["data"] == {"text": "hi"}
+    history = run(tmp_path, "stream", "history", "later", "--url", streams.url, "--json")
+    assert tailed == json.loads(history.stdout)["events"][0]  # one shape: `type` is msg in both
 
 
 def _every_parser(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:

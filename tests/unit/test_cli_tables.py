@@ -144,3 +144,21 @@ def test_room_stats_read_as_aligned_fields() -> None:
 
     lines = fields({"room": "chat", "message_count": 2, "retention_secs": 86400.0}).splitlines()
     assert lines == ["room            chat", "message_count   2", "retention_secs  86400.0"]
+
+
+def test_cells_and_titles_never_show_python_reprs() -> None:
+    """Issue 35: `topic stats` showed `retention {'type': 'Infinite'}`."""
+    from meshplane.cli.tables import fields, plain, plural
+
+    title = topic_stats(
+        {"topic": "t", "num_partitions": 0, "retention_policy": {"type": "Infinite"}, "partitions": []}
+    ).splitlines()[0]
+    assert title == "topic t: 0 partitions, retention infinite"
+    assert plain({"type": "Time", "retention_secs": 60}) == "time retention_secs=60"
+    assert plain({"a": [1, "b"]}) == '{"a":[1,"b"]}'
+    assert plain(None) == "-"
+    assert fields({"subscribers": ["x"], "retention": {"type": "Size", "max_bytes": 9}}).splitlines() == [
+        'subscribers  ["x"]',
+        "retention    size max_bytes=9",
+    ]
+    assert (plural(1, "event"), plural(0, "event"), plural(7, "event")) == ("1 event", "0 events", "7 events")

@@ -29,6 +29,7 @@ from meshplane.cli.options import (
     require_discovery_folder,
     scope_arg,
 )
+from meshplane.cli.tables import plural
 from meshplane.core.envelope import EventEnvelope
 from meshplane.core.names import EVENT_CHANNELS_BUCKET, Scope
 from meshplane.discovery.channels import parse_channel
@@ -316,7 +317,7 @@ async def run_pub(args: argparse.Namespace) -> int:
                 if interval:
                     await asyncio.sleep(interval)
         await pub.flush()
-        print(f"published {sent} events as {pub.publisher_id:x}", file=sys.stderr)
+        print(f"published {plural(sent, 'event')} as {pub.publisher_id:x}", file=sys.stderr)
     return 0
 
 

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from meshplane.cli.errors import CliError
+from meshplane.cli.tables import plural
 
 if TYPE_CHECKING:  # the client needs the streams extra (aiohttp); the CLI starts without it
     from meshplane.streams.client import StreamsClient
@@ -71,5 +72,5 @@ async def produce(client: StreamsClient, args: argparse.Namespace) -> int:
     if batch:
         await client.publish_batch(args.topic, batch)
         sent += len(batch)
-    print(f"published {sent} events to {args.topic}", file=sys.stderr)
+    print(f"published {plural(sent, 'event')} to {args.topic}", file=sys.stderr)
     return 0

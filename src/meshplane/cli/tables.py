@@ -11,8 +11,25 @@ from typing import Any
 DATA_WIDTH = 60
 
 
+def plain(value: Any) -> str:
+    """A cell for people: ``-`` for nothing, a policy ``{"type": "Time", "retention_secs": 60}`` as
+    ``time retention_secs=60``, other structures as compact JSON (never a Python repr)."""
+    if value is None:
+        return "-"
+    if isinstance(value, dict) and isinstance(value.get("type"), str):
+        rest = " ".join(f"{k}={plain(v)}" for k, v in value.items() if k != "type")
+        return f"{value['type'].lower()} {rest}".strip()
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    return str(value)
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(c) for c in header], *([("-" if c is None else str(c)) for c in row] for row in rows)]
+    cells = [[str(c) for c in header], *([plain(c) for c in row] for row in rows)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
@@ -21,7 +38,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def topic_stats(answer: dict[str, Any]) -> str:
     retention = answer["retention_policy"]
-    title = f"topic {answer['topic']}: {answer['num_partitions']} partitions, retention {retention}"
+    title = f"topic {answer['topic']}: {answer['num_partitions']} partitions, retention {plain(retention)}"
     rows = [
         (
             p["partition_id"],
@@ -81,7 +98,7 @@ def membership(answer: dict[str, Any]) -> str:
 def fields(answer: Mapping[str, Any]) -> str:
     """A flat answer (room stats) as one aligned ``name  value`` line per field."""
     width = max(map(len, answer), default=0)
-    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in answer.items())
+    return "\n".join(f"{name.ljust(width)}  {plain(value)}" for name, value in answer.items())
 
 
 def names(header: str) -> Callable[[Any], str]:

@@ -262,7 +262,8 @@ class StreamsClient:
     async def subscribe(
         self, room: str, subscriber_id: str = "meshplane-client", from_offset: int | None = None
     ) -> AsyncGenerator[dict[str, Any], None]:
-        """Events pushed over the room's WebSocket, from ``from_offset`` (None: only new ones)."""
+        """Events pushed over the room's WebSocket, from ``from_offset`` (None: only new ones), in the shape
+        history gives them (the frame's ``type: event`` and ``event_id`` are Synap's framing)."""
         params = {} if from_offset is None else {"from_offset": str(from_offset)}
         path = f"/stream/{room}/ws/{subscriber_id}"
         ws = await self._on_a_server(
@@ -274,7 +275,8 @@ class StreamsClient:
                     break
                 frame = json.loads(message.data)
                 if frame.get("type") == "event":
-                    yield frame
+                    frame.pop("event_id", None)
+                    yield {**frame, "type": frame.get("event_type", frame.get("event"))}
                 elif frame.get("type") == "error":
                     raise StreamError(frame.get("error", "subscription failed"))
 
