@@ -115,7 +115,9 @@ def test_every_example_runs_on_what_make_run_installs() -> None:
     from packaging.utils import canonicalize_name
 
     makefile = (ROOT / "Makefile").read_text()
-    extras = set(re.search(r"RUN_STAMP\):.*?-e '\.\[([a-z,-]+)\]'", makefile, re.DOTALL)[1].split(","))
+    installs = re.search(r"RUN_STAMP\):.*?-e '\.\[([a-z,-]+)\]'", makefile, re.DOTALL)
+    assert installs is not None, "the Makefile's run install line moved"
+    extras = set(installs[1].split(","))
     installed: set[str] = set()
     _requirements("meshplane", set(extras), installed)
     providers = packages_distributions()
