@@ -16,7 +16,7 @@ import pytest
 from meshplane.cli import pipeline
 from meshplane.cli.errors import CliError
 from meshplane.cli.main import build_parser
-from meshplane.cli.options import _subcommands
+from meshplane.cli.options import subcommands
 from meshplane.launchers import NatsServer, StreamsServerProcess
 from tests.integration.test_cli import MESHPLANE, env_for
 
@@ -134,7 +134,7 @@ def test_tailing_a_room_that_does_not_exist_says_it_waits_then_gets_the_first_ev
 
 def _every_parser(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
     yield parser
-    for child in _subcommands(parser).values():
+    for child in subcommands(parser).values():
         yield from _every_parser(child)
 
 

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from importlib.metadata import version
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import argcomplete
@@ -28,6 +29,7 @@ from meshplane.cli.options import (
     parse_with_suggestions,
     require_discovery_folder,
     scope_arg,
+    subcommands,
 )
 from meshplane.cli.tables import plural
 from meshplane.core.envelope import EventEnvelope
@@ -203,6 +205,16 @@ def build_parser() -> argparse.ArgumentParser:
     from meshplane.cli.mesh import add_mesh_options
 
     add_mesh_options(serve)
+    serve.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="read settings from this TOML file (`meshplane config show` prints one); the environment "
+        "and flags win over it",
+    )
+    from meshplane.cli.config_file import add_config_commands
+
+    add_config_commands(commands)
     add_client_commands(commands)
 
     from meshplane.cli.log import add_log_commands
@@ -420,6 +432,14 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if args.command == "config" or getattr(args, "config", None) is not None:
+            from meshplane.cli.config_file import load_for_serve, run_config
+
+            serve = subcommands(parser)["serve"]
+            if args.command == "config":
+                return run_config(args, serve)
+            load_for_serve(serve, args.config)  # its values become serve's defaults: flags still win
+            args = parse_with_suggestions(parser, argv)
         return _run(args)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

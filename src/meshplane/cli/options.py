@@ -155,7 +155,7 @@ def parse_with_suggestions(parser: argparse.ArgumentParser, argv: list[str] | No
     command = parser
     for name in ("command", "action"):
         chosen = getattr(args, name, None)
-        children = _subcommands(command)
+        children = subcommands(command)
         if chosen is None or chosen not in children:
             break
         command = children[chosen]
@@ -170,7 +170,7 @@ def parse_with_suggestions(parser: argparse.ArgumentParser, argv: list[str] | No
     command.error(message)
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)
