@@ -25,7 +25,7 @@ from meshplane.streams.config import StreamsConfig
 from meshplane.streams.errors import Conflict, NotFound, StreamError
 from meshplane.streams.jetstream import naming
 from meshplane.streams.jetstream.service import JetStreamStreamsService
-from tests.helpers import eventually
+from tests.helpers import eventually, wait_until
 
 
 @pytest.fixture
@@ -350,3 +350,45 @@ async def test_spark_readers_go_on_through_another_server_when_theirs_dies(
         assert (await asyncio.to_thread(reader.bounds, "spark-in")) == {"0": (0, 30)}
     finally:
         reader.close()
+
+
+def test_serve_waits_for_jetstream_that_starts_late_and_says_so(tmp_path: Path) -> None:
+    """Issue 35: `serve --storage nats://` exited 3 with `nats: timeout` when JetStream was slow."""
+    from meshplane.launchers import free_port
+
+    port = free_port()
+    server = StreamsServerProcess(
+        data_dir=tmp_path / "d",
+        extra_args=("--storage", f"nats://127.0.0.1:{port}", "--storage-timeout", "60"),
+    )
+    with server, NatsServer(port=port, jetstream=True) as nats_server:
+        server.start(ready=False)
+        wait_until(
+            lambda: "waiting for JetStream" in server.log_path.read_text(), timeout=30, what="progress"
+        )
+        nats_server.start()
+        server.wait_ready(60)
+        assert server.url.startswith("http://")
+
+
+def test_serve_gives_up_on_jetstream_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from meshplane.launchers import free_port
+
+    argv = [sys.executable, "-m", "meshplane.cli.main", "serve", "--port", "0", "--data-dir", str(tmp_path)]
+    result = subprocess.run(
+        [*argv, "--storage", f"nats://127.0.0.1:{free_port()}", "--storage-timeout", "6"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 3
+    *progress, error = result.stderr.strip().splitlines()
+    assert progress
+    assert all(
+        line.startswith("meshplane serve: waiting for JetStream at nats://127.0.0.1:") for line in progress
+    )
+    assert error.startswith("meshplane: error: JetStream at nats://127.0.0.1:")
+    assert "did not answer within 6 s (last: [Errno 111] Connect call failed" in error

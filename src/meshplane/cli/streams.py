@@ -55,6 +55,14 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         f"${STORAGE_ENV} sets it too (put credentials there, not on the command line)",
     )
     parser.add_argument(
+        "--storage-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="with --storage nats://: how long start-up waits for JetStream (servers not up yet, no leader "
+        "yet), saying so every 5 s (default 60)",
+    )
+    parser.add_argument(
         "--replicas",
         type=int,
         default=1,
@@ -163,7 +171,12 @@ def streams_engine(args: argparse.Namespace, mesh_config: MeshConfig | None) -> 
         raise ConfigError("a mesh node (--node-id) keeps its guaranteed queues locally: use --storage local")
     from meshplane.streams.jetstream.service import JetStreamStreamsService
 
-    return JetStreamStreamsService(config, servers, replicas=args.replicas)
+    def progress(line: str) -> None:
+        print(f"meshplane serve: {line}", file=sys.stderr, flush=True)
+
+    return JetStreamStreamsService(
+        config, servers, replicas=args.replicas, start_timeout=args.storage_timeout, progress=progress
+    )
 
 
 def streams_config_from_args(args: argparse.Namespace) -> StreamsConfig:

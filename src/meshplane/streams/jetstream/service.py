@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -87,11 +87,21 @@ class JetStreamTopic(TopicBase[JetStreamPartition]):
 
 
 class JetStreamStreamsService(StreamsService):
-    def __init__(self, config: StreamsConfig | None, servers: list[str], *, replicas: int = 1) -> None:
+    def __init__(
+        self,
+        config: StreamsConfig | None,
+        servers: list[str],
+        *,
+        replicas: int = 1,
+        start_timeout: float = 60.0,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
         super().__init__(config)
         if replicas not in (1, 3, 5):
             raise BadRequest(f"replicas must be 1, 3 or 5 (a Raft group of that many), not {replicas}")
-        self.store = JetStreamStore(servers, replicas=replicas)
+        self.store = JetStreamStore(
+            servers, replicas=replicas, start_timeout=start_timeout, progress=progress or log.warning
+        )
         self.local_files = False
         self.shared_topics: dict[str, JetStreamTopic] = {}
         self.shared_groups: SharedGroups | None = None

@@ -23,6 +23,7 @@ from nats.js.kv import KeyValue
 from meshplane.core.streamlog import Record
 from meshplane.streams.errors import StorageError
 from meshplane.streams.jetstream import naming
+from meshplane.transports.nats import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,14 @@ ELECTION_ERRORS = (
 )
 
 
+def _reason(exc: BaseException | None) -> str:
+    if isinstance(exc, TimeoutError) and not isinstance(exc, nats.errors.TimeoutError):
+        return "no connection to any of the servers yet"
+    if isinstance(exc, nats.errors.TimeoutError | nats.errors.NoRespondersError):
+        return "no answer from JetStream (no leader yet, or not enabled)"
+    return str(exc) or type(exc).__name__
+
+
 @dataclass
 class StreamBounds:
     """A partition's extent as JetStream last reported it: sequences start at 1, offsets at 0."""
@@ -63,28 +72,85 @@ class StreamBounds:
         return self.last_seq
 
 
+#: How often start-up says it still waits for JetStream.
+PROGRESS_EVERY = 5.0
+
+
 class JetStreamStore:
-    def __init__(self, servers: list[str], *, replicas: int = 1, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        servers: list[str],
+        *,
+        replicas: int = 1,
+        timeout: float = 5.0,
+        start_timeout: float = 60.0,
+        progress: Callable[[str], None] = log.warning,
+    ) -> None:
         self.servers = servers
         self.replicas = replicas
         self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.progress = progress
+        self._connect_error: Exception | None = None
         self.nc: Client | None = None
         self._replies: dict[str, asyncio.Queue[Msg]] = {}
         self._reply_prefix = ""
         self._tokens = itertools.count()
 
     async def connect(self, on_notice: Callable[[Msg], Awaitable[None]]) -> None:
-        self.nc = await nats.connect(
-            servers=self.servers,
-            name="meshplane-streams",
-            connect_timeout=self.timeout,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.2,
-        )
-        self.js = self.nc.jetstream(timeout=self.timeout)
-        self._reply_prefix = self.nc.new_inbox()
-        await self.nc.subscribe(self._reply_prefix + ".*", cb=self._on_reply)
-        await self.nc.subscribe(naming.NOTICES, cb=on_notice)
+        """Connect and open the buckets, waiting up to ``start_timeout`` for servers that are not up yet or
+        a cluster that has no leader yet (saying so every few seconds), then failing in one line."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        said = started
+        last: BaseException | None = None
+        while True:
+            try:
+                await self._open(on_notice)
+                return
+            except (*ELECTION_ERRORS, TimeoutError, OSError, nats.errors.NoServersError) as exc:
+                last = self._connect_error if self.nc is None and self._connect_error else exc
+            waited = loop.time() - started
+            if waited >= self.start_timeout:
+                raise Unavailable(
+                    f"JetStream at {redact_url(','.join(self.servers))} did not answer within "
+                    f"{self.start_timeout:.0f} s (last: {_reason(last)}); is nats-server running with -js, "
+                    "and does its cluster have a quorum? (--storage-timeout waits longer)"
+                )
+            if loop.time() - said >= PROGRESS_EVERY:
+                said = loop.time()
+                self.progress(
+                    f"waiting for JetStream at {redact_url(','.join(self.servers))}: {_reason(last)} "
+                    f"({waited:.0f} s of {self.start_timeout:.0f} s)"
+                )
+            await asyncio.sleep(0.5)
+
+    async def _open(self, on_notice: Callable[[Msg], Awaitable[None]]) -> None:
+        if self.nc is None or not self.nc.is_connected:
+            client = Client()
+
+            async def failed(exc: Exception) -> None:  # said in the progress lines and the error
+                self._connect_error = exc
+
+            try:  # nats-py retries a first connection forever itself: bound each try instead
+                connecting = client.connect(
+                    servers=self.servers,
+                    error_cb=failed,
+                    name="meshplane-streams",
+                    connect_timeout=max(1, round(self.timeout)),
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.2,  # type: ignore[arg-type]  # seconds: nats-py takes a float
+                )
+                await asyncio.wait_for(connecting, PROGRESS_EVERY)
+            except BaseException:  # a try cut short must not leave a client reconnecting
+                with contextlib.suppress(Exception):
+                    await client.close()
+                raise
+            self.nc = client
+            self.js = self.nc.jetstream(timeout=self.timeout)
+            self._reply_prefix = self.nc.new_inbox()
+            await self.nc.subscribe(self._reply_prefix + ".*", cb=self._on_reply)
+            await self.nc.subscribe(naming.NOTICES, cb=on_notice)
         self.topics_kv = await self._bucket(naming.TOPICS_BUCKET)
         self.groups_kv = await self._bucket(naming.GROUPS_BUCKET)
         self.rooms_kv = await self._bucket(naming.ROOMS_BUCKET)
