@@ -68,7 +68,8 @@ class PartitionLog(SegmentRecovery):
         self.segments: list[Segment] = []
         self.holes: list[Hole] = []  # sorted by offset
         self.truncated_bytes = 0  # torn or corrupt bytes moved out by recovery
-        self.problems: list[str] = []  # what recovery and verification found, for stats and logs
+        self.problems: list[str] = []  # what recovery and verification found, for stats and logs (the last)
+        self.problems_total = 0
         self.closed = False
         self._needs_rescan = False
         try:

@@ -65,6 +65,10 @@ class Room:
     def problems(self) -> list[str]:
         return []
 
+    @property
+    def problems_total(self) -> int:
+        return 0
+
     def expire(self, now: int) -> None:
         """Drop what the room's limits no longer keep (called periodically)."""
         self.trim(now)
@@ -200,6 +204,10 @@ class LocalRoom(Room):
     @property
     def problems(self) -> list[str]:
         return self.log.problems
+
+    @property
+    def problems_total(self) -> int:
+        return self.log.problems_total
 
     def expire(self, now: int) -> None:
         self.trim(now)

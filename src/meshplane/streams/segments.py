@@ -105,6 +105,7 @@ class SegmentRecovery:
     segments: list[Segment]
     holes: list[Hole]
     problems: list[str]
+    problems_total: int
     truncated_bytes: int
 
     def _recover(self) -> None:
@@ -245,6 +246,7 @@ class SegmentRecovery:
 
     def _report(self, problem: str) -> None:
         log.error("log %s: %s", self.directory, problem)
+        self.problems_total += 1
         self.problems.append(problem)
         del self.problems[:-100]
 

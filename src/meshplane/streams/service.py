@@ -45,6 +45,7 @@ from meshplane.streams.files import FilePool, write_atomic
 from meshplane.streams.groups import GroupStore
 from meshplane.streams.idempotency import IdempotencyTable
 from meshplane.streams.pubsub import PubSub, PubSubLimits
+from meshplane.streams.recovery_report import counted_not_logged, summarise
 from meshplane.streams.rooms import LocalRoom, Room, read_room_settings
 from meshplane.streams.topics import RawSpan, TopicBase, TopicStore
 
@@ -98,9 +99,19 @@ class StreamsService:
         """Load everything under the data directory (recovering torn logs). A metadata file that
         cannot be read is set aside (``<name>.corrupt-<time>``) and reported; the server starts."""
         try:
-            self._open()
+            with counted_not_logged():
+                self._open()
         except OSError as exc:
             raise storage_error(exc, f"opening the data directory {self.root}") from exc
+        logs = [(f"room {room.name}", room.problems_total, room.problems) for room in self.rooms.values()]
+        logs += [
+            (f"topic {topic.name}/{n}", plog.problems_total, plog.problems)
+            for topic in self.topic_store.topics.values()
+            for n, plog in enumerate(topic.partitions)
+        ]
+        summary = summarise(self.root, logs)
+        if summary is not None:
+            log.error("%s", summary)
 
     def _open(self) -> None:
         for sub in ("rooms", "topics", "groups"):

@@ -1,0 +1,40 @@
+"""What start-up says about a damaged data directory: one summary (how many problems, where, the
+first few, what was done, the command that lists them), not one line per damaged record."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+log = logging.getLogger("meshplane.streams")
+SHOWN = 3  # problems quoted in the summary
+
+
+@contextlib.contextmanager
+def counted_not_logged() -> Iterator[None]:
+    """While the logs open, their recovery counts each problem instead of logging it (a log written by
+    two servers at once has thousands)."""
+    segments = logging.getLogger("meshplane.streams.segments")
+    before = segments.level
+    segments.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        segments.setLevel(before)
+
+
+def summarise(root: Path, logs: Iterable[tuple[str, int, list[str]]]) -> str | None:
+    """``logs``: (name, problems found, the last of them) per log. One line, or None when all is well."""
+    damaged = [(name, total, last) for name, total, last in logs if total]
+    if not damaged:
+        return None
+    total = sum(count for _, count, _ in damaged)
+    first = "; ".join(f"{name}: {last[0]}" for name, _, last in damaged[:SHOWN] if last)
+    return (
+        f"streams data {root}: {total} problem(s) in {len(damaged)} log(s) found at start ({first}). "
+        "Damaged records are skipped (readers see them as gaps), torn tails were set aside under each "
+        f"log's quarantine/; `meshplane log verify --data-dir {root}` lists every one (stop the server "
+        "first), GET /storage the latest"
+    )
