@@ -138,12 +138,5 @@ def test_streams_client_runs_again_and_again(env: dict[str, str]) -> None:
     assert run_example("streams_client.py", env).startswith("replayed")  # no 409 the second time
 
 
-def test_the_readme_shows_every_example_as_it_is() -> None:
-    readme = (ROOT / "README.md").read_text()
-    shown = dict(re.findall(r"<!-- example: examples/(\S+) -->\n```python\n(.*?)```", readme, re.DOTALL))
-    files = {p.name: p.read_text() for p in EXAMPLES.glob("*.py")}
-    assert shown == files
-
-
 def test_app(env: dict[str, str]) -> None:
     assert run_example("app.py", env) == "Receipt(order_id=1, total=12.0)\n"

@@ -230,9 +230,9 @@ def test_a_streaming_query_survives_a_server_crash_and_restart(spark: SparkSessi
             query.stop()
 
 
-def test_the_readme_parity_table_lists_what_works(spark: SparkSession, server: StreamsServerProcess) -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    table = readme.split("<!-- kafka-parity -->")[1]
+def test_the_docs_parity_table_lists_what_works(spark: SparkSession, server: StreamsServerProcess) -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "spark.md").read_text()
+    table = docs.split("<!-- kafka-parity -->")[1]
     supported = re.findall(r"^\| `([A-Za-z.]+)` \| source \| yes", table, re.MULTILINE)
     supported += re.findall(
         r"`([A-Za-z]+)`",
