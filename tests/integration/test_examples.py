@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from meshplane.launchers import NatsServer, StreamsServerProcess
+from meshplane.streams.client import StreamsClient
 from tests.helpers import wait_until
 from tests.integration.test_cli import MESHPLANE
 
@@ -132,10 +134,27 @@ def test_synap_client(env: dict[str, str]) -> None:
     assert run_example("synap_client.py", env) == "read back {'text': 'hi'}\n"
 
 
-def test_streams_client_runs_again_and_again(env: dict[str, str]) -> None:
+def test_streams_client_commits_exactly_what_it_handled_run_after_run(
+    env: dict[str, str], streams: StreamsServerProcess
+) -> None:
+    """Issue 35: the example committed its own publish's offset without reading anything."""
     first = run_example("streams_client.py", env)
-    assert first.startswith("replayed {'text': 'hi'} ; committed")
-    assert run_example("streams_client.py", env).startswith("replayed")  # no 409 the second time
+    assert first == "replayed {'text': 'hi'} ; handled and committed 1 orders\n"
+    # The first run's last publish (after its member left) and the second run's own: both handled once.
+    assert (
+        run_example("streams_client.py", env) == "replayed {'text': 'hi'} ; handled and committed 2 orders\n"
+    )
+
+    async def positions() -> tuple[dict[int, int], dict[int, int | None]]:
+        async with StreamsClient(streams.url) as client:
+            stats = await client.topic_stats("orders")
+            ends = {int(p["partition_id"]): int(p["next_offset"]) for p in stats["partitions"]}
+            committed = {p: await client.committed("processors", p) for p in ends}
+        return ends, committed
+
+    ends, committed = asyncio.run(positions())
+    # Everything written is committed but the last run's channel publish, which nobody has handled yet.
+    assert sum(ends.values()) - sum(c or 0 for c in committed.values()) == 1
 
 
 def test_app(env: dict[str, str]) -> None:

@@ -201,6 +201,19 @@ def test_pipeline_demo_writes_closed_windows_and_resumes_exactly(
     published = spark.read.format("meshplane").option("url", server.url).option("topic", "pipe-out").load()
     assert published.count() == second["windows"]  # the topic got each closed window once too
 
+    async def first_window() -> Any:
+        async with StreamsClient(server.url) as client:
+            for partition in (0, 1):
+                events = (await client.consume_partition("pipe-out", partition, 0, 1))["events"]
+                if events:
+                    return events[0]["data"]
+        return None
+
+    data = run(first_window())  # issue 35: it was a JSON string inside the event's JSON
+    assert set(data) == {"window_start", "window_end", "key", "events"}
+    assert data["events"] == 50
+    assert data["window_start"].startswith("2026-01-01T00:0")
+
 
 def test_new_partitions_are_picked_up(
     spark: SparkSession, server: StreamsServerProcess, tmp_path: Path

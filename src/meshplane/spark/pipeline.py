@@ -101,13 +101,18 @@ def run_pipeline(spark: Any, settings: PipelineSettings, duration: float | None 
         .trigger(**trigger)
         .start()
     )
-    as_events = counts.select(
-        F.col("key"),
-        F.to_json(F.struct("window_start", "window_end", "key", "events")).alias("value"),
-        F.lit("window.count").alias("event_type"),
+    window = F.struct(  # each window's event holds an object, not JSON text inside JSON
+        F.date_format("window_start", "yyyy-MM-dd'T'HH:mm:ss.SSSXXX").alias("window_start"),
+        F.date_format("window_end", "yyyy-MM-dd'T'HH:mm:ss.SSSXXX").alias("window_end"),
+        "key",
+        "events",
     )
+    as_events = counts.select(F.col("key"), window.alias("value"), F.lit("window.count").alias("event_type"))
     writer = (
-        as_events.writeStream.format("meshplane").option("url", settings.url).option("topic", settings.sink)
+        as_events.writeStream.format("meshplane")
+        .option("url", settings.url)
+        .option("topic", settings.sink)
+        .option("valueFormat", "json")
     )
     if settings.token:
         writer = writer.option("token", settings.token)
