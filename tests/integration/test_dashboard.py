@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from meshplane.launchers import StreamsServerProcess
+from tests.helpers import wait_until
 
 TOKEN = "dashboard-admin-token-0123"
 READER = "orders-reader-token-0123456"
@@ -74,6 +75,29 @@ def test_the_snapshot_and_the_live_stream_carry_the_state(url: str) -> None:
     assert [kind for kind, _ in frames] == ["state"] * 3
     assert b'"history"' in frames[0][1]
     assert b'"history"' not in frames[1][1]
+
+
+def test_bulk_reads_show_as_reads_not_as_nothing(url: str) -> None:
+    """Issue 35: the dashboard said "events out/s 0" while Spark read (its reads are raw records)."""
+    publish(url, "orders", 50, partition=0)
+
+    def bulk() -> int:
+        overview = requests.get(f"{url}/ui/api/snapshot", timeout=5).json()["overview"]
+        return int(overview["counters"]["bytes_read_in_bulk"])
+
+    before = bulk()
+    raw = requests.get(f"{url}/topics/orders/partitions/0/records?from_offset=0", timeout=5)
+    located = requests.get(
+        f"{url}/topics/orders/partitions/0/records/location?from_offset=0", timeout=5
+    ).json()
+    assert bulk() == before + len(raw.content) + located["length"]
+    wait_until(
+        lambda: (
+            requests.get(f"{url}/ui/api/snapshot", timeout=5).json()["overview"]["bulk_bytes_out_per_sec"] > 0
+        ),
+        timeout=30,
+        what="the bulk read rate",
+    )
 
 
 def test_the_live_stream_tails_new_events_of_a_partition(url: str) -> None:

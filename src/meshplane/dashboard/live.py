@@ -189,6 +189,7 @@ class Dashboard:
             "in": e.counters["events_published"],
             "out": e.counters["events_consumed"] + e.pubsub.delivered,
             "bytes_in": e.counters["bytes_published"],
+            "bulk_out": e.counters["bytes_read_in_bulk"],
         }
         for room in itertools.islice(e.rooms.values(), MAX_LISTED):
             counters["room:" + room.name] = room.published
@@ -238,6 +239,7 @@ class Dashboard:
             "events_in_per_sec": self._points.get("in", 0.0),
             "events_out_per_sec": self._points.get("out", 0.0),
             "bytes_in_per_sec": self._points.get("bytes_in", 0.0),
+            "bulk_bytes_out_per_sec": self._points.get("bulk_out", 0.0),  # Spark reads no events one by one
             "bytes_stored": rooms_bytes + topics_bytes,
             "connections": {
                 "room_subscribers": sum(len(r.pushers) for r in e.rooms.values()),

@@ -78,6 +78,7 @@ class StreamsService:
             "events_published": 0,
             "bytes_published": 0,
             "events_consumed": 0,
+            "bytes_read_in_bulk": 0,  # raw records served or located for bulk readers (Spark)
             "commits": 0,
             "commits_rejected": 0,
             "duplicates_skipped": 0,

@@ -364,6 +364,7 @@ class Api:
         topic, partition, from_offset, max_bytes = self._records_request(request)
         if not self.engine.local_files:
             body = await self.engine.read_topic_raw(topic, partition, from_offset, max_bytes)
+            self.engine.counters["bytes_read_in_bulk"] += len(body)
             headers = self._bounds(topic, partition)
             return web.Response(body=body, headers=headers, content_type="application/octet-stream")
         span = self.engine.local_span(topic, partition, from_offset, max_bytes)
@@ -371,6 +372,7 @@ class Api:
         if span is None:
             return web.Response(body=b"", headers=headers, content_type="application/octet-stream")
         segment, position, count = span
+        self.engine.counters["bytes_read_in_bulk"] += count
         try:
             # Its own file object: sendfile moves the file position, which the log's descriptor must keep.
             file = segment.path.open("rb")
@@ -404,6 +406,7 @@ class Api:
         }
         if span is not None:
             segment, position, length = span
+            self.engine.counters["bytes_read_in_bulk"] += length  # the reader reads them itself
             stat = os.fstat(segment.fd)
             body.update(
                 path=str(segment.path.absolute()),

@@ -41,6 +41,7 @@ class EngineCollector(Collector):
             ("events_published", "Events appended (rooms and topics)"),
             ("bytes_published", "Encoded bytes appended"),
             ("events_consumed", "Events read by consumers"),
+            ("bytes_read_in_bulk", "Raw record bytes served or located for bulk readers (Spark)"),
             ("commits", "Offset commits accepted"),
             ("commits_rejected", "Offset commits rejected (stale generation, not owner)"),
             ("rebalances", "Consumer group rebalances"),
