@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meshplane.cli.serve import STORAGE_ENV
+
 #: seed 004's sections, by the key they hold
 SEED_SECTIONS = {
     "max_message_queue_size": "http",
@@ -33,7 +35,7 @@ SEED_SECTIONS = {
 #: help group titles (their first words) -> section
 GROUP_SECTIONS = (("mesh limits", "mesh_limits"), ("event mesh", "mesh"), ("limits", "limits"))
 #: settings the environment sets too (and then wins over the file)
-ENVIRONMENT = {"storage": "MESHPLANE_STREAMS_STORAGE"}
+ENVIRONMENT = {"storage": STORAGE_ENV}
 SECRET_KEYS = ("token", "secret", "password", "mesh_secret")
 NOT_IN_FILE = {"help", "config"}
 

@@ -193,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_stats_options(broker_stats)
 
-    from meshplane.cli.streams import add_client_commands, add_serve_options
+    from meshplane.cli.serve import add_serve_options
+    from meshplane.cli.streams import add_client_commands
 
     serve = commands.add_parser(
         "serve",
@@ -468,8 +469,9 @@ def _run(args: argparse.Namespace) -> int:
         return run_pipeline_command(args)
     from meshplane.cli.bench import run_bench
     from meshplane.cli.broker import run_broker, run_broker_stats
+    from meshplane.cli.serve import run_serve
     from meshplane.cli.status import run_status
-    from meshplane.cli.streams import run_client, run_serve
+    from meshplane.cli.streams import run_client
     from meshplane.cli.up import run_up
 
     runner = {

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meshplane.cli.streams import STORAGE_ENV, TOKEN_ENV
+from meshplane.cli.serve import STORAGE_ENV
+from meshplane.cli.streams import TOKEN_ENV
 from meshplane.launchers import JetStreamCluster, StreamsServerProcess
 
 REPLICAS = 3  # each partition and the group bucket on three nodes: any one can die

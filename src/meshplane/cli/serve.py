@@ -1,0 +1,285 @@
+"""``meshplane serve``: the streams server (and, with ``--node-id``, a mesh node) from its flags."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import ssl
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from meshplane.cli.streams import TOKEN_ENV, require_streams_extra
+from meshplane.config import default_state_dir
+from meshplane.errors import ConfigError
+from meshplane.streams.access import Tokens
+from meshplane.streams.lock import DataDirLock
+from meshplane.streams.service import StreamsConfig, StreamsService
+
+if TYPE_CHECKING:
+    from meshplane.mesh.config import MeshConfig
+
+STORAGE_ENV = "MESHPLANE_STREAMS_STORAGE"
+
+
+def add_serve_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument(
+        "--port", type=int, default=15500, help="port (default 15500, Synap's; 0: a free one)"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=default_state_dir() / "streams",
+        help="where logs and metadata live (default ~/.local/state/meshplane/streams)",
+    )
+    parser.add_argument(
+        "--storage",
+        default=os.environ.get(STORAGE_ENV, "local"),
+        metavar="local|nats://HOST:PORT[,...]",
+        help="where topics and consumer groups live: this server's --data-dir (local, the default), or "
+        "a NATS JetStream cluster shared by several servers (rooms stay local). "
+        f"${STORAGE_ENV} sets it too (put credentials there, not on the command line)",
+    )
+    parser.add_argument(
+        "--storage-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="with --storage nats://: how long start-up waits for JetStream (servers not up yet, no leader "
+        "yet), saying so every 5 s (default 60)",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        choices=(1, 3, 5),
+        help="with --storage nats://: replicas of each partition and of the groups (default 1)",
+    )
+    parser.add_argument(
+        "--standby",
+        action="store_true",
+        help="if another server holds --data-dir, wait and take over when it stops (an HA mate: same "
+        "--data-dir and --node-id, its own ports)",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="require tokens: one a line, each with its scopes (read, write, admin, optionally :PREFIX; "
+        f"none: admin). ${TOKEN_ENV} adds one admin token. Neither: no auth",
+    )
+    parser.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate")
+    parser.add_argument("--tls-key", type=Path, metavar="PEM", help="... and this private key")
+    parser.add_argument(
+        "--fsync",
+        choices=["always", "interval", "never"],
+        default="interval",
+        help="always: acknowledge after fsync (group commit); interval: fsync every "
+        "--fsync-interval-ms; never: leave it to the OS (default interval)",
+    )
+    parser.add_argument(
+        "--fsync-interval-ms",
+        type=float,
+        default=10.0,
+        metavar="MS",
+        help="with --fsync interval: milliseconds between fsyncs (default 10)",
+    )
+    parser.add_argument(
+        "--fsync-every-records",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --fsync interval: also fsync once N records wait (default 0: off)",
+    )
+    parser.add_argument(
+        "--segment-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        metavar="N",
+        help="default segment size of new topics and rooms",
+    )
+    parser.add_argument(
+        "--max-payload-bytes",
+        type=int,
+        default=1024 * 1024,
+        metavar="N",
+        help="largest event accepted (413 beyond)",
+    )
+    parser.add_argument(
+        "--room-max-events",
+        type=int,
+        default=10_000,
+        metavar="N",
+        help="events a room keeps (its ring buffer)",
+    )
+    parser.add_argument(
+        "--room-retention-secs",
+        type=float,
+        default=24 * 3600.0,
+        metavar="S",
+        help="how long rooms keep events by default (default one day)",
+    )
+    parser.add_argument("--no-auto-create", action="store_true", help="rooms must be created before use")
+    limits = parser.add_argument_group("limits (each visible in /metrics and GET /storage)")
+    defaults = StreamsConfig()
+    for flag, kind, help_text in (
+        ("--max-topics", int, "topics"),
+        ("--max-partitions", int, "partitions of all topics together"),
+        ("--max-rooms", int, "rooms"),
+        ("--room-memory-bytes", int, "memory for all rooms' histories together"),
+        ("--max-open-files", int, "segment files open at once (default: half of RLIMIT_NOFILE)"),
+        ("--idempotency-ttl-secs", float, "how long an idempotent publish is remembered"),
+        ("--idle-timeout", float, "seconds a connection may take to send a whole request"),
+        ("--body-timeout", float, "seconds a request body may take to arrive (then 408)"),
+        ("--push-keepalive", float, "seconds between keep-alive comments to idle SSE subscribers"),
+    ):
+        field_name = _CONFIG_FIELDS[flag]
+        default = getattr(defaults, field_name)
+        limits.add_argument(
+            flag,
+            type=kind,
+            default=default,
+            metavar="N",
+            help=f"{help_text} (default {default})" if default is not None else help_text,
+        )
+
+
+def streams_engine(args: argparse.Namespace, mesh_config: MeshConfig | None) -> StreamsService:
+    from meshplane.cli.mesh import with_pubsub_backpressure
+
+    config = with_pubsub_backpressure(streams_config_from_args(args), args)
+    if args.storage == "local":
+        return StreamsService(config)
+    servers = [url.strip() for url in args.storage.split(",") if url.strip()]
+    if not servers or not all(url.startswith(("nats://", "tls://")) for url in servers):
+        raise ConfigError(f"--storage is local or nats://HOST:PORT[,...], not {args.storage!r}")
+    if mesh_config is not None:
+        raise ConfigError("a mesh node (--node-id) keeps its guaranteed queues locally: use --storage local")
+    from meshplane.streams.jetstream.service import JetStreamStreamsService
+
+    def progress(line: str) -> None:
+        print(f"meshplane serve: {line}", file=sys.stderr, flush=True)
+
+    return JetStreamStreamsService(
+        config, servers, replicas=args.replicas, start_timeout=args.storage_timeout, progress=progress
+    )
+
+
+def streams_config_from_args(args: argparse.Namespace) -> StreamsConfig:
+    return StreamsConfig(
+        data_dir=args.data_dir,
+        fsync=args.fsync,
+        fsync_interval_ms=args.fsync_interval_ms,
+        fsync_every_records=args.fsync_every_records,
+        segment_bytes=args.segment_bytes,
+        max_payload_bytes=args.max_payload_bytes,
+        room_max_events=args.room_max_events,
+        room_retention_secs=args.room_retention_secs,
+        auto_create_rooms=not args.no_auto_create,
+        **{field: getattr(args, flag[2:].replace("-", "_")) for flag, field in _CONFIG_FIELDS.items()},
+    )
+
+
+_CONFIG_FIELDS = {  # serve's flag -> StreamsConfig field
+    "--max-topics": "max_topics",
+    "--max-partitions": "max_partitions",
+    "--max-rooms": "max_rooms",
+    "--room-memory-bytes": "room_memory_bytes",
+    "--max-open-files": "max_open_files",
+    "--idempotency-ttl-secs": "idempotency_ttl_secs",
+    "--idle-timeout": "idle_timeout_secs",
+    "--body-timeout": "body_timeout_secs",
+    "--push-keepalive": "push_keepalive_secs",
+}
+
+
+async def run_serve(args: argparse.Namespace) -> int:
+    require_streams_extra()
+    from meshplane.cli.mesh import mesh_config_from_args
+    from meshplane.streams.http.app import server_tls
+
+    tokens = Tokens.load(args.token_file, os.environ.get(TOKEN_ENV))
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    try:
+        tls = server_tls(args.tls_cert, args.tls_key) if args.tls_cert else None
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the TLS certificate or key: {exc}") from None
+    mesh_config = mesh_config_from_args(args)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    lock = DataDirLock(args.data_dir)
+    if not args.standby:
+        lock.acquire()
+    elif not lock.try_acquire():
+        print(
+            f"standby: {args.data_dir} is held by pid {lock.holder()}; taking over when it stops",
+            file=sys.stderr,
+            flush=True,
+        )
+        if not await lock.wait(stop):
+            return 0
+    try:
+        return await _serve_locked(args, tokens, tls, mesh_config, stop)
+    finally:
+        lock.release()
+
+
+async def _serve_locked(
+    args: argparse.Namespace,
+    tokens: Tokens | None,
+    tls: ssl.SSLContext | None,
+    mesh_config: MeshConfig | None,
+    stop: asyncio.Event,
+) -> int:
+    from meshplane.config import PlaneConfig
+    from meshplane.discovery import create_discovery
+    from meshplane.discovery.base import Discovery
+    from meshplane.mesh.node import MeshNode
+    from meshplane.streams.http.app import serve
+
+    engine = streams_engine(args, mesh_config)
+    mesh = MeshNode(mesh_config) if mesh_config is not None else None
+
+    def ready(port: int) -> None:
+        announced: dict[str, Any] = {
+            "url": f"{'https' if tls else 'http'}://{args.host}:{port}",
+            "data_dir": str(args.data_dir),
+            "auth": tokens is not None,
+        }
+        if mesh is not None:
+            announced["mesh"] = {
+                "node": mesh.node_id,
+                "cluster": mesh.config.cluster,
+                "route_url": mesh.route_url,
+            }
+        print(json.dumps(announced), flush=True)
+
+    # The dashboard's event plane page lists what the plane's discovery (from the environment) holds.
+    try:
+        discovery: Discovery | None = create_discovery(PlaneConfig.from_env())
+    except ConfigError as exc:
+        print(f"the dashboard shows no event plane: {exc}", file=sys.stderr, flush=True)
+        discovery = None
+    try:
+        await serve(
+            engine,
+            args.host,
+            args.port,
+            tokens=tokens,
+            tls=tls,
+            on_ready=ready,
+            stop=stop,
+            mesh=mesh,
+            discovery=discovery,
+        )
+    finally:
+        if discovery is not None:
+            await discovery.close()
+    return 0
