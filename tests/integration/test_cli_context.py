@@ -22,10 +22,10 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*MESHPLANE, *args], capture_output=True, text=True, timeout=60, env=clean_env())
 
 
-def start_up(state_dir: Path) -> tuple[subprocess.Popen[str], str]:
+def start_up(state_dir: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
     """A `meshplane up` and what it printed up to its next steps."""
     argv = [*MESHPLANE, "up", "--no-pipeline", "--state-dir", str(state_dir), "--nats-port", "0"]
-    argv += ["--streams-port", "0", "--publishers", "2", "--rate", "50", "--duration", "60"]
+    argv += ["--streams-port", "0", "--publishers", "2", "--rate", "50", "--duration", "60", *extra]
     up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env())
     assert up.stdout is not None
     lines: list[str] = []
@@ -129,3 +129,20 @@ def test_a_second_up_elsewhere_neither_takes_nor_deletes_the_first_ones_context(
     finally:
         stop(first)
     assert run("context", "ls").stdout == ""
+
+
+def test_mesh_and_status_commands_find_the_nodes_of_up_nodes(tmp_path: Path) -> None:
+    """Issue 35: from an `up --nodes 3` context, `mesh status` answered 404 (it asked the streams
+    server) and `status` had no mesh row."""
+    up, _ = start_up(tmp_path, "--nodes", "3")
+    try:
+        shown = run("mesh", "status", "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["node"] == "a"
+        status = run("status", "--json")
+        checks = {c["name"]: c for c in map(json.loads, status.stdout.splitlines())}
+        assert [checks[f"mesh {node}"]["state"] for node in "abc"] == ["ok"] * 3, checks
+        assert "2/2 links up" in checks["mesh a"]["detail"]
+        assert checks["pipeline"]["state"] == "skipped"
+    finally:
+        stop(up)
