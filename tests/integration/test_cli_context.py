@@ -89,8 +89,10 @@ def test_a_saved_context_is_used_until_another_is_selected(tmp_path: Path) -> No
     assert saved.returncode == 0, saved.stderr
     shown = run("context", "show")
     assert f"DYN_FILE_KV={tmp_path / 'kv'}" in shown.stdout
+    (tmp_path / "kv").mkdir()
     listed = run("ls")
     assert listed.returncode == 0, listed.stderr  # file discovery in an empty folder: an empty table
+    assert listed.stdout.startswith("SCOPE")
     assert run("context", "select", "none").returncode == 0
     assert run("context", "ls").stdout.startswith("  files")
     assert run("context", "rm", "files").returncode == 0
