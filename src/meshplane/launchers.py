@@ -156,8 +156,12 @@ class NatsServer(_Process):
         gateway: tuple[str, int, dict[str, int]] | None = None,
         name: str | None = None,
         monitor: bool = False,
+        sync_interval: str | None = None,
     ) -> None:
-        """``tls``: (certificate, key, CA that clients' certificates must chain to, or None);
+        """``sync_interval``: how often JetStream fsyncs its store: ``always`` (before each
+        acknowledgement) or a duration (``2m``, nats-server's default: what was acknowledged in the
+        last two minutes can be lost to a power failure of every replica);
+        ``tls``: (certificate, key, CA that clients' certificates must chain to, or None);
         ``cluster``: (name, this server's route port, the other servers' route ports) on loopback;
         ``gateway``: (this cluster's name, its gateway port, other cluster -> its gateway port);
         ``name``: the server's name, which a clustered JetStream knows its peers by (kept across
@@ -173,6 +177,7 @@ class NatsServer(_Process):
         self.port = port
         self.token = token
         self.jetstream = jetstream
+        self.sync_interval = sync_interval
         self.tls = tls
 
     @property
@@ -190,25 +195,26 @@ class NatsServer(_Process):
             "--ports_file_dir",
             str(self.workdir),
         ]
+        config: list[str] = []  # what has no flag, or must not be on argv: one file (-c takes one)
         if self.token:  # in a config file only we can read: on argv, `ps` would show it
-            config = self.workdir / "auth.conf"
-            config.touch(mode=0o600)
-            config.write_text(f"authorization {{ token: {json.dumps(self.token)} }}\n")
-            argv += ["-c", str(config)]
+            config.append(f"authorization {{ token: {json.dumps(self.token)} }}")
         if self.name:
             argv += ["--server_name", self.name]
         if self.jetstream:
-            argv += ["--jetstream", "--store_dir", str(self.workdir / "jetstream")]
-        if self.gateway:  # gateways have no command-line flags: a config file of their own
+            store = json.dumps(str(self.workdir / "jetstream"))
+            sync = f", sync_interval: {self.sync_interval}" if self.sync_interval else ""
+            config.append(f"jetstream {{ store_dir: {store}{sync} }}")
+        if self.gateway:
             name, port, remotes = self.gateway
             remote = ", ".join(
                 f'{{name: "{other}", urls: ["nats://{self.host}:{p}"]}}' for other, p in remotes.items()
             )
-            config = self.workdir / "gateway.conf"
-            config.write_text(
-                f'gateway {{ name: "{name}", listen: "{self.host}:{port}", gateways: [{remote}] }}\n'
-            )
-            argv += ["-c", str(config)]
+            config.append(f'gateway {{ name: "{name}", listen: "{self.host}:{port}", gateways: [{remote}] }}')
+        if config:
+            path = self.workdir / "server.conf"
+            path.touch(mode=0o600)
+            path.write_text("\n".join(config) + "\n")
+            argv += ["-c", str(path)]
         if self.cluster:
             name, route_port, others = self.cluster
             argv += ["--cluster_name", name, "--cluster", f"nats://{self.host}:{route_port}"]
@@ -256,12 +262,20 @@ class JetStreamCluster(_Cluster[NatsServer]):
     """``count`` nats-server nodes with JetStream, routed to each other on loopback, named n0, n1, ...
     A node killed and started again keeps its ports, name and store: it rejoins as itself."""
 
-    def __init__(self, count: int = 3, *, name: str = "meshplane", token: str | None = None) -> None:
+    def __init__(
+        self,
+        count: int = 3,
+        *,
+        name: str = "meshplane",
+        token: str | None = None,
+        sync_interval: str | None = None,
+    ) -> None:
         routes = [free_port() for _ in range(count)]
         self.nodes = [
             NatsServer(
                 token=token,
                 jetstream=True,
+                sync_interval=sync_interval,
                 name=f"n{i}",
                 monitor=True,
                 cluster=(name, route, tuple(other for other in routes if other != route)),

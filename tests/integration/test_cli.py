@@ -122,6 +122,11 @@ def test_up_with_cluster_runs_on_three_jetstream_nodes_served_by_two_streams_ser
         streams_urls = re.findall(r"streams server at (\S+) ", output)
         assert (len(nats_pids), len(streams_urls)) == (3, 2), output
         assert "up-s3cret" not in output
+        assert "JetStream R3, fsync always" in output
+        for pid in nats_pids:  # JetStream acknowledges only what it has fsynced (issue 36, item 4)
+            argv_of_node = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            config = Path(argv_of_node[argv_of_node.index(b"-c") + 1].decode()).read_text()
+            assert "sync_interval: always" in config
         second = streams_urls[1]
         headers = {"Authorization": "Bearer up-s3cret"}
 

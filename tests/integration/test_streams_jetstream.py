@@ -392,3 +392,17 @@ def test_serve_gives_up_on_jetstream_in_one_line(tmp_path: Path) -> None:
     )
     assert error.startswith("meshplane: error: JetStream at nats://127.0.0.1:")
     assert "did not answer within 6 s (last: [Errno 111] Connect call failed" in error
+
+
+@pytest.mark.parametrize(("sync_interval", "always"), [("always", True), (None, False)])
+def test_jetstream_fsyncs_as_it_is_told(sync_interval: str | None, always: bool) -> None:
+    """`up --cluster` runs its nodes with sync_interval: always; nats-server's default syncs every 2 min."""
+    import json
+    import urllib.request
+
+    with NatsServer(jetstream=True, monitor=True, sync_interval=sync_interval, token="t0ken") as server:
+        server.start()
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor_port}/varz", timeout=5) as answer:
+            varz = json.load(answer)
+    assert varz["jetstream"]["config"].get("sync_always", False) is always
+    assert varz["auth_required"] is True  # the token and JetStream share one config file

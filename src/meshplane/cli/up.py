@@ -19,7 +19,7 @@ import msgspec
 
 from meshplane.broker import Broker
 from meshplane.cli.options import add_token_option
-from meshplane.cli.up_cluster import REPLICAS, start_cluster, start_second_server
+from meshplane.cli.up_cluster import REPLICAS, SYNC_INTERVAL, start_cluster, start_second_server
 from meshplane.cli.up_mesh import mesh_summary, publisher_configs, start_mesh
 from meshplane.cli.up_pipeline import PipelineSupervisor
 from meshplane.cli.up_state import RUNNING_FILE, RunState, drop_context, lock_state_dir, save_context
@@ -233,7 +233,11 @@ async def run_up(args: argparse.Namespace) -> int:
     run = RunState(state_dir, f"{streams.url}/ui" if streams is not None else None, mesh)
     run.write()
     if streams is not None:
-        where = f"JetStream R{REPLICAS}" if cluster is not None else f"data in {state_dir / 'streams'}"
+        where = (
+            f"JetStream R{REPLICAS}, fsync {SYNC_INTERVAL}"
+            if cluster is not None
+            else f"data in {state_dir / 'streams'}"
+        )
         print(f"  streams server at {streams.url} ({where})", flush=True)
         if second is not None:
             print(f"  streams server at {second.url} (pid {second.pid}: the same topics, groups)", flush=True)

@@ -11,10 +11,13 @@ from meshplane.cli.streams import TOKEN_ENV
 from meshplane.launchers import JetStreamCluster, StreamsServerProcess
 
 REPLICAS = 3  # each partition and the group bucket on three nodes: any one can die
+#: JetStream fsyncs before it acknowledges: with nats-server's default (every two minutes) a power
+#: failure of the replicas loses what they acknowledged since (Jepsen, NATS 2.12.1).
+SYNC_INTERVAL = "always"
 
 
 def start_cluster(nodes: int, token: str | None) -> JetStreamCluster:
-    cluster = JetStreamCluster(nodes, name="meshplane-up", token=token)
+    cluster = JetStreamCluster(nodes, name="meshplane-up", token=token, sync_interval=SYNC_INTERVAL)
     try:
         cluster.start()
     except BaseException:
