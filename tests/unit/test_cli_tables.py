@@ -62,7 +62,7 @@ def test_topic_and_group_stats() -> None:
 
 
 def test_mesh_status_reads_as_one_line_per_link_and_gateway() -> None:
-    from meshplane.cli.mesh import render_status
+    from meshplane.cli.tables import render_status
 
     link = {
         "peer": "b",

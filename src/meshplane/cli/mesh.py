@@ -1,4 +1,4 @@
-"""The event mesh on the command line: ``serve``'s node options and ``meshplane mesh status``."""
+"""The event mesh on the command line: ``serve``'s node options (``mesh status`` renders in tables.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from meshplane.cli.tables import table
 from meshplane.core.backpressure import POLICIES
 from meshplane.core.mesh.router import RouterLimits
 from meshplane.errors import ConfigError
@@ -210,60 +209,3 @@ def with_pubsub_backpressure(config: StreamsConfig, args: argparse.Namespace) ->
     if args.backpressure_policy:
         changes["pubsub_backpressure"] = args.backpressure_policy
     return dataclasses.replace(config, **changes)
-
-
-# --- meshplane mesh status ---------------------------------------------------------------------------
-
-
-def render_status(status: dict[str, Any]) -> str:
-    """The node, its interest, and one line per link, for people."""
-    interest, counters = status["interest"], status["counters"]
-    title = (
-        f"node {status['node']} (cluster {status['cluster']}) at {status['route_url']}: "
-        f"{len(status['clients'])} clients, {interest['subscriptions_local']} local subscriptions "
-        f"({interest['patterns_local']} patterns announced), {interest['subscriptions_remote']} remote; "
-        f"{counters['messages_routed']} routed, {counters['messages_forwarded']} forwarded, "
-        f"fan-out {counters['fanout_avg']}"
-    )
-    if not status["links"] and not status.get("gateways"):
-        return title + "\nno links (start the node with --routes, or --gateway)"
-    rows = [
-        (
-            link["peer"],
-            link["state"],
-            link["patterns_remote"],
-            link["events_out"],
-            link["events_in"],
-            link["batches_out"],
-            link["dropped_peer_down"],
-            link["resyncs"],
-            link["bloom_false_positives"],
-        )
-        for link in status["links"]
-    ]
-    rows += [  # external links (gateways), by the cluster at the other end
-        (
-            f"cluster {gateway['cluster']}",
-            gateway["state"],
-            gateway["patterns_remote"],
-            gateway["events_out"],
-            gateway["events_in"],
-            gateway["batches_out"],
-            gateway["dropped_peer_down"],
-            gateway["resyncs"],
-            None,
-        )
-        for gateway in status.get("gateways", [])
-    ]
-    header = (
-        "PEER",
-        "STATE",
-        "INTEREST",
-        "EVENTS OUT",
-        "EVENTS IN",
-        "BATCHES",
-        "DROPPED(DOWN)",
-        "RESYNCS",
-        "BLOOM FP",
-    )
-    return title + "\n" + table(header, rows)

@@ -106,9 +106,61 @@ def names(header: str) -> Callable[[Any], str]:
 
 
 def mesh_status(answer: dict[str, Any]) -> str:
-    from meshplane.cli.mesh import render_status
-
     return render_status(answer)
+
+
+def render_status(status: dict[str, Any]) -> str:
+    """The node, its interest, and one line per link, for people."""
+    interest, counters = status["interest"], status["counters"]
+    title = (
+        f"node {status['node']} (cluster {status['cluster']}) at {status['route_url']}: "
+        f"{len(status['clients'])} clients, {interest['subscriptions_local']} local subscriptions "
+        f"({interest['patterns_local']} patterns announced), {interest['subscriptions_remote']} remote; "
+        f"{counters['messages_routed']} routed, {counters['messages_forwarded']} forwarded, "
+        f"fan-out {counters['fanout_avg']}"
+    )
+    if not status["links"] and not status.get("gateways"):
+        return title + "\nno links (start the node with --routes, or --gateway)"
+    rows = [
+        (
+            link["peer"],
+            link["state"],
+            link["patterns_remote"],
+            link["events_out"],
+            link["events_in"],
+            link["batches_out"],
+            link["dropped_peer_down"],
+            link["resyncs"],
+            link["bloom_false_positives"],
+        )
+        for link in status["links"]
+    ]
+    rows += [  # external links (gateways), by the cluster at the other end
+        (
+            f"cluster {gateway['cluster']}",
+            gateway["state"],
+            gateway["patterns_remote"],
+            gateway["events_out"],
+            gateway["events_in"],
+            gateway["batches_out"],
+            gateway["dropped_peer_down"],
+            gateway["resyncs"],
+            None,
+        )
+        for gateway in status.get("gateways", [])
+    ]
+    header = (
+        "PEER",
+        "STATE",
+        "INTEREST",
+        "EVENTS OUT",
+        "EVENTS IN",
+        "BATCHES",
+        "DROPPED(DOWN)",
+        "RESYNCS",
+        "BLOOM FP",
+    )
+    return title + "\n" + table(header, rows)
 
 
 def mesh_queues(answer: dict[str, Any]) -> str:
