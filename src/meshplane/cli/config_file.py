@@ -211,7 +211,11 @@ def add_config_commands(commands: Any) -> None:
     config = commands.add_parser(
         "config",
         help="check a serve config file, or show the settings serve would run with and where each comes from",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        description="A TOML file for `meshplane serve --config FILE`: every serve flag is a key named as the "
+        "flag (--max-topics is max_topics) in the section of its help group: [server] (or the top of the "
+        "file), [limits], [mesh] (--mesh-tls-cert is tls_cert), [mesh_limits] (--mesh-max-routes is "
+        "max_routes), and seed 004's [http], [nng] and [distributed_state]. The environment, then flags, "
+        "override the file. Secrets are never read from it.",
     )
     actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
     check = actions.add_parser("check", help="check FILE: one line per problem, with its line and key")

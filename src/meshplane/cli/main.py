@@ -81,6 +81,11 @@ EXAMPLES = {
         "meshplane pipeline demo",
         "meshplane pipeline demo --url http://127.0.0.1:15500 --follow 60",
     ],
+    "config": [
+        "meshplane config check serve.toml",
+        "meshplane config show serve.toml --port 16000",
+        "meshplane serve --config serve.toml",
+    ],
     "context": [
         "meshplane context ls",
         "meshplane context save prod --select",
