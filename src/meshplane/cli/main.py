@@ -21,6 +21,7 @@ from argcomplete.shell_integration import shellcode
 
 from meshplane.aio import cancel_and_wait
 from meshplane.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING, report
+from meshplane.cli.examples import EXAMPLES
 from meshplane.cli.matching import PublisherMatch, match_publishers
 from meshplane.cli.options import (
     HelpFormatter,
@@ -42,64 +43,6 @@ if TYPE_CHECKING:
     from meshplane.subscriber import EventSubscriber
 
 SCOPE_HELP = "scope as ns, ns/component or ns/component/endpoint (e.g. dynamo/worker/generate)"
-
-
-EXAMPLES = {
-    "up": [
-        "meshplane up",
-        "meshplane up --no-pipeline --duration 60",
-        "meshplane up --transport zmq --brokers 2",
-    ],
-    "pub": [
-        "meshplane pub dynamo/worker/generate kv-events hello",
-        "meshplane pub dynamo/worker/generate kv-events '{\"stored\": [1]}' --json --count 10 --rate 5",
-        "seq 100 | meshplane pub dynamo/worker/generate kv-events --wait-subscribers 1",
-    ],
-    "sub": [
-        "meshplane sub dynamo/worker/generate kv-events",
-        "meshplane sub dynamo/worker kv-events --json --count 10   (every endpoint of the component)",
-        "meshplane sub dynamo/worker/generate kv-events --timeout 5",
-    ],
-    "ls": ["meshplane ls", "meshplane ls dynamo/worker --json"],
-    "broker": ["meshplane broker --xsub tcp://127.0.0.1:5555 --xpub tcp://127.0.0.1:5556"],
-    "broker-stats": ["meshplane broker-stats tcp://127.0.0.1:5557"],
-    "serve": [
-        "meshplane serve",
-        "meshplane serve --port 15500 --data-dir /var/lib/meshplane --fsync always",
-        "meshplane serve --port 15501 --data-dir a --node-id a --cluster c1 --route-port 16501 "
-        "--routes tcp://127.0.0.1:16502,tcp://127.0.0.1:16503",
-    ],
-    "mesh": [
-        "meshplane mesh status --url http://127.0.0.1:15501",
-        "meshplane mesh queue-add orders 'orders.>' --url http://127.0.0.1:15502",
-    ],
-    "log": [
-        "meshplane log verify --data-dir .meshplane/streams",
-        "meshplane log dump .meshplane/streams/topics/t/0",
-    ],
-    "pipeline": [
-        "meshplane pipeline demo",
-        "meshplane pipeline demo --url http://127.0.0.1:15500 --follow 60",
-    ],
-    "config": [
-        "meshplane config check serve.toml",
-        "meshplane config show serve.toml --port 16000",
-        "meshplane serve --config serve.toml",
-    ],
-    "context": [
-        "meshplane context ls",
-        "meshplane context save prod --select",
-        "meshplane context select none",
-    ],
-    "env": ['eval "$(meshplane env)"'],
-    "status": ["meshplane status", "meshplane status --json"],
-    "completion": ['eval "$(meshplane completion bash)"'],
-    "bench": [
-        "meshplane bench --list",
-        "meshplane bench event_plane mesh",
-        "meshplane bench streams --args '--events 20000'",
-    ],
-}
 
 
 def build_parser() -> argparse.ArgumentParser:

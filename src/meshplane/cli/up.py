@@ -21,11 +21,18 @@ from meshplane.broker import Broker
 from meshplane.cli.options import add_token_option
 from meshplane.cli.up_cluster import REPLICAS, SYNC_INTERVAL, start_cluster, start_second_server
 from meshplane.cli.up_mesh import mesh_summary, publisher_configs, start_mesh
+from meshplane.cli.up_next_steps import (
+    DEMO_PARTITIONS,
+    DEMO_SCOPE,
+    DEMO_STREAM_TOPIC,
+    DEMO_TOPIC,
+    DEMO_WINDOWS_TOPIC,
+    print_next_steps,
+)
 from meshplane.cli.up_pipeline import PipelineSupervisor
 from meshplane.cli.up_state import RUNNING_FILE, RunState, drop_context, lock_state_dir, save_context
 from meshplane.config import PlaneConfig
-from meshplane.core.brokers import BROKERS_BUCKET, BrokerAddress, broker_record
-from meshplane.core.names import Scope
+from meshplane.core.brokers import BROKERS_BUCKET, broker_record
 from meshplane.core.records import new_instance_id
 from meshplane.core.streamlog import StoredEvent
 from meshplane.discovery.base import Discovery
@@ -38,14 +45,6 @@ from meshplane.streams.lock import DataDirLock
 from meshplane.streams.service import StreamsConfig, StreamsService
 from meshplane.subscriber import EventSubscriber
 from meshplane.transports.nats import redact_url
-
-DEMO_SCOPE = Scope.endpoint("dynamo", "worker", "generate")
-DEMO_TOPIC = "kv-events"
-
-
-DEMO_STREAM_TOPIC = "demo-events"
-DEMO_PARTITIONS = 4
-DEMO_WINDOWS_TOPIC = "demo-windows"  # where `pipeline demo` writes its window counts
 
 
 def add_up_options(parser: argparse.ArgumentParser) -> None:
@@ -245,7 +244,10 @@ async def run_up(args: argparse.Namespace) -> int:
     mesh_url = mesh.nodes[0].url if mesh is not None else None
     local = save_context(args, config, nats_url, streams.url if streams is not None else None, mesh_url)
     missing = _pipeline_missing(streams) if args.pipeline else None
-    _print_next_steps(config, shown_url, addresses, streams, local, args.pipeline and not missing, mesh_url)
+    streams_url = streams.url if streams is not None else None
+    print_next_steps(
+        config, shown_url, addresses, streams_url, local, args.pipeline and not missing, mesh_url
+    )
     pipeline = None
     if missing:
         print(f"  Spark pipeline: not started ({missing})", flush=True)
@@ -327,62 +329,6 @@ async def run_up(args: argparse.Namespace) -> int:
 async def _close_all(planes: list[EventPlane]) -> None:
     for plane in planes:
         await plane.close()
-
-
-def _print_next_steps(
-    config: PlaneConfig,
-    shown_url: str | None,
-    addresses: tuple[BrokerAddress, ...],
-    streams: _Streams | None,
-    local: tuple[str, bool] | None,
-    runs_pipeline: bool,
-    mesh_url: str | None = None,
-) -> None:
-    variables = [
-        f"DYN_EVENT_PLANE={config.event_plane}",
-        "DYN_DISCOVERY_BACKEND=file",
-        f"DYN_FILE_KV={config.file_kv}",
-    ]
-    if shown_url:
-        variables.append(f"NATS_SERVER={shown_url.replace('***@', 'YOUR_TOKEN@')}")
-    if addresses:
-        variables.append("DYN_ZMQ_BROKER_ENABLED=true")
-    if config.event_plane == "mesh":
-        variables.append(f"MESHPLANE_NODE={config.mesh_node}")
-    exports = " ".join(variables)
-    on_path = shutil.which("meshplane") is not None
-    command = "meshplane" if on_path else str(Path(sys.executable).with_name("meshplane"))
-    if local is not None and local[1]:
-        print(f"  from another shell (context {local[0]!r} is selected while this runs):", flush=True)
-        prefix = url = ""
-    elif local is not None:
-        print(
-            f"  from another shell (context {local[0]!r}; another run's context is selected, "
-            f"so pick this one with MESHPLANE_CONTEXT={local[0]}):",
-            flush=True,
-        )
-        prefix, url = f"MESHPLANE_CONTEXT={local[0]} ", ""
-    else:
-        print("  from another shell:", flush=True)
-        prefix, url = exports + " ", f" --url {streams.url}" if streams is not None else ""
-    print(f"    {prefix}{command} sub {DEMO_SCOPE} {DEMO_TOPIC}", flush=True)
-    print(f"    {prefix}{command} ls", flush=True)
-    if mesh_url is not None:
-        print(f"    {command} mesh status --url {mesh_url}   (node a: its links and interest)", flush=True)
-    if streams is not None:
-        print(f"    {prefix}{command} topic stats {DEMO_STREAM_TOPIC}{url}", flush=True)
-        if runs_pipeline:
-            print(
-                f"    {prefix}{command} topic consume {DEMO_WINDOWS_TOPIC}{url}   (the pipeline's windows)",
-                flush=True,
-            )
-        else:
-            spark = f"pipeline demo --source {DEMO_STREAM_TOPIC}{url}   (Spark)"
-            print(f"    {prefix}{command} {spark}", flush=True)
-    if local is not None:
-        print(f"  as variables (`meshplane env {local[0]}` prints them): {exports}", flush=True)
-    if not on_path:
-        print("  (meshplane is not on PATH: `make shell` opens a shell where it is)", flush=True)
 
 
 class _Streams:
