@@ -64,15 +64,7 @@ class Context:
     previous: str | None = None
 
     def is_live(self) -> bool:
-        if self.owner_pid is None:
-            return True
-        try:
-            os.kill(self.owner_pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # someone else's process: it exists
-            return True
-        return True
+        return self.owner_pid is None or process_alive(self.owner_pid)
 
     def held_by_another_run(self) -> bool:
         """It belongs to another process that still runs: only that process may replace or remove it."""
@@ -81,6 +73,18 @@ class Context:
     def shown(self) -> dict[str, str]:
         """The values with secrets hidden and credentials cut out of URLs."""
         return {k: ("***" if k in SECRETS else _without_userinfo(v)) for k, v in self.values.items()}
+
+
+def process_alive(pid: int) -> bool:
+    if pid <= 0:  # 0 and -1 would ask about process groups
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
 
 
 def _without_userinfo(value: str) -> str:

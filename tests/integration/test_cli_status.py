@@ -72,3 +72,19 @@ def test_brokers_of_broker_mode_are_checked(tmp_path: Path) -> None:
     code, checks = status(env)
     assert code == 3
     assert (checks["broker xsub"]["state"], checks["broker xpub"]["state"]) == ("down", "down")
+
+
+def test_an_up_that_was_killed_is_reported_not_its_stale_health(tmp_path: Path) -> None:
+    import json as json_module
+    import sys
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    running = {"pid": int(gone.stdout), "pipeline": {"state": "running", "pid": 1, "restarts": 0}}
+    (tmp_path / "up.json").write_text(json_module.dumps(running))
+    code, checks = status({**base_env(tmp_path), "MESHPLANE_STATE_DIR": str(tmp_path)})
+    assert code == 3
+    assert checks["up"]["state"] == "down"
+    assert f"(pid {gone.stdout.strip()}) has stopped" in checks["up"]["detail"]
+    assert "pipeline" not in checks

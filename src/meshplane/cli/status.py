@@ -126,6 +126,10 @@ async def _up_checks(state_dir: Path) -> list[Check]:
     running = read_running(state_dir)
     if not running:
         return [Check("up", str(state_dir), "down", f"no {RUNNING_FILE}: its meshplane up is not running")]
+    if not context.process_alive(int(running.get("pid") or 0)):  # killed: its up.json stayed behind
+        return [
+            Check("up", str(state_dir), "down", f"its meshplane up (pid {running.get('pid')}) has stopped")
+        ]
     checks = []
     found = running.get("pipeline")
     if isinstance(found, dict):
