@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 
 from meshplane.config import PlaneConfig
 from meshplane.core.names import Scope
@@ -38,6 +38,9 @@ class PlaneMember:
     """Base of publishers and subscribers: one ``create`` shortcut, one way to leave the plane."""
 
     _private_plane: _Closable | None = None
+    #: What ``create`` without a plane makes: plane.py sets it to ``EventPlane`` when it is imported
+    #: (importing any meshplane module imports it, through the package), so members never import it.
+    plane_factory: ClassVar[Callable[[PlaneConfig | None], EventPlane] | None] = None
 
     def __init__(self, membership: Membership) -> None:
         self.config = membership.config
@@ -56,9 +59,9 @@ class PlaneMember:
         environment) that closes with it."""
         if plane is not None:
             return await cls._made_by(plane)(scope, topic)
-        from meshplane.plane import EventPlane  # members need no plane; only this shortcut makes one
-
-        private = EventPlane(config)
+        if PlaneMember.plane_factory is None:
+            raise RuntimeError("meshplane.plane is not imported: import meshplane first")
+        private = PlaneMember.plane_factory(config)
         try:
             member = await cls._made_by(private)(scope, topic)
         except BaseException:

@@ -19,7 +19,7 @@ from meshplane.core.names import Scope, validate_name
 from meshplane.core.records import new_instance_id
 from meshplane.discovery import Discovery, create_discovery
 from meshplane.errors import ClosedError, DiscoveryError, SubscriptionError
-from meshplane.membership import Membership
+from meshplane.membership import Membership, PlaneMember
 from meshplane.publisher import EventPublisher
 from meshplane.subscriber import EventSubscriber
 from meshplane.transports import create_publisher_transport, create_subscriber_transport
@@ -261,3 +261,6 @@ class EventPlane:
             self._zap.stop()
         if self._zmq is not None:
             self._zmq.destroy(linger=1000)  # members closed their sockets; this catches strays
+
+
+PlaneMember.plane_factory = EventPlane  # `EventPublisher.create(...)` without a plane makes one

@@ -43,16 +43,30 @@ def test_the_event_plane_needs_no_extra() -> None:
     assert "pip install 'meshplane[streams]'" in result.stderr
 
 
-def module_imports(path: Path) -> set[str]:
-    """The meshplane modules a file imports when it is imported (not those imported in functions)."""
+def module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The meshplane modules a file imports, at module level or inside functions (an import in a
+    function is an arrow too: it runs when called); not those only type checkers see. ``from pkg import
+    sub`` is an arrow to ``pkg.sub`` (compiled ones included), not to ``pkg``'s ``__init__``."""
     tree = ast.parse(path.read_text())
+    type_checking = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+        for inner in ast.walk(node)
+    }
     found: set[str] = set()
-    for node in tree.body:  # module level only: a function's imports run when it is called
+    for node in ast.walk(tree):
+        if id(node) in type_checking:
+            continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("meshplane"))
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("meshplane"):
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                compiled = any(
+                    (PACKAGE.parent / submodule.replace(".", "/")).parent.glob(f"{alias.name}.*.so")
+                )
+                found.add(submodule if submodule in modules or compiled else node.module)
     return found
 
 
@@ -63,7 +77,7 @@ def test_no_import_cycle() -> None:
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         modules[name] = path
     graph = {
-        name: {m for m in module_imports(path) if m in modules and m != name}
+        name: {m for m in module_imports(path, set(modules)) if m in modules and m != name}
         for name, path in modules.items()
     }
     state: dict[str, int] = {}
