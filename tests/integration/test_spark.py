@@ -274,6 +274,7 @@ def test_pipeline_demo_prints_its_progress_and_result_not_sparks_noise(tmp_path:
     assert result.stderr == ""
 
 
+@pytest.mark.timeout(300)  # Spark starts twice: the first windows, then again after the kill
 def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "MESHPLANE_"))}
     up = subprocess.Popen(
