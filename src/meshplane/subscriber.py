@@ -218,7 +218,8 @@ class EventSubscriber(PlaneMember):
         if deadline is None:
             return await self._transport.receive()
         try:
-            return await asyncio.wait_for(self._transport.receive(), max(0.0, deadline - time.monotonic()))
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                return await self._transport.receive()
         except TimeoutError:
             return []
 
@@ -342,7 +343,8 @@ class EventSubscriber(PlaneMember):
         deadline = loop.time() + max_wait
         while len(self._buffer) < max_events and not self._closed and (left := deadline - loop.time()) > 0:
             try:
-                batch = await asyncio.wait_for(self._receive(), left)
+                async with asyncio.timeout(left):
+                    batch = await self._receive()
             except TimeoutError:
                 return
             except asyncio.CancelledError:
@@ -371,7 +373,8 @@ class EventSubscriber(PlaneMember):
         if self._buffer:
             return self._buffer.popleft()  # no timer needed for what has already arrived
         try:
-            return await asyncio.wait_for(self.__anext__(), timeout)
+            async with asyncio.timeout(timeout):
+                return await self.__anext__()
         except StopAsyncIteration:
             raise ClosedError(f"subscriber of {self.scope}/{self.topic} is closed") from None
 

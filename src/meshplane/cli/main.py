@@ -321,7 +321,8 @@ async def run_sub(args: argparse.Namespace) -> int:
             seen = 0
             while not args.count or seen < args.count:
                 try:
-                    envelope = await asyncio.wait_for(arrived.get(), args.timeout or None)
+                    async with asyncio.timeout(args.timeout or None):
+                        envelope = await arrived.get()
                 except TimeoutError:
                     why = await _match(plane, args.scope, args.topic)
                     reason = f" ({why.describe()})" if why is not None else ""

@@ -49,7 +49,8 @@ def add_status_options(parser: argparse.ArgumentParser) -> None:
 async def _timed(check: str, target: str, probe: Coroutine[Any, Any, str]) -> Check:
     started = time.perf_counter()
     try:
-        detail = await asyncio.wait_for(probe, TIMEOUT + 2)  # the probes time out first, saying why
+        async with asyncio.timeout(TIMEOUT + 2):  # the probes time out first, saying why
+            detail = await probe
     except AuthError as exc:
         return Check(check, target, "auth", str(exc))
     except (MeshplaneError, OSError, TimeoutError) as exc:

@@ -154,7 +154,8 @@ async def _demo_publisher(pub: EventPublisher, worker: int, rate: float, stop: a
         delay = next_at - time.monotonic()
         if delay > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await stop.wait()
 
 
 def _pipeline_missing(streams: _Streams | None) -> str | None:
@@ -438,7 +439,8 @@ async def _report_lines(
     tty = sys.stdout.isatty()
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)
+            async with asyncio.timeout(interval):
+                await stop.wait()
         now = time.monotonic()
         stats = subscriber.stats
         rate = (stats.received - last_received) / max(now - last_at, 1e-9)

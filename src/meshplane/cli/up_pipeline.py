@@ -118,7 +118,8 @@ class PipelineSupervisor:
             with contextlib.suppress(ProcessLookupError):
                 process.terminate()
             try:
-                await asyncio.wait_for(process.wait(), 30)
+                async with asyncio.timeout(30):
+                    await process.wait()
             except TimeoutError:
                 self._kill_group()
                 await process.wait()

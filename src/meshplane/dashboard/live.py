@@ -87,7 +87,8 @@ class Viewer:
     async def frames(self, heartbeat: float) -> list[bytes]:
         """What to write next (an SSE comment after ``heartbeat`` seconds of nothing)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.wakeup.wait(), heartbeat)
+            async with asyncio.timeout(heartbeat):
+                await self.wakeup.wait()
         self.wakeup.clear()
         frames, self.pending = self.pending, []
         return frames or [b": keep-alive\n\n"]

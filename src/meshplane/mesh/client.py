@@ -291,7 +291,8 @@ class MeshClient:
         if conn is not None:
             conn.close()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(conn.closed), 2)
+                async with asyncio.timeout(2):
+                    await asyncio.shield(conn.closed)
 
     # --- publishing and subscribing ------------------------------------------------------------------
 
@@ -347,7 +348,8 @@ class MeshClient:
         self._pings.append(ping)
         conn.send(encode_frame(FrameType.SYNC_REQ, "", flags=FLAG_PROPAGATED if propagated else 0))
         try:
-            await asyncio.wait_for(ping, timeout or self.timeout)
+            async with asyncio.timeout(timeout or self.timeout):
+                await ping
         except TimeoutError as exc:
             raise TransportError(f"the mesh node at {self.url} did not answer within {timeout}s") from exc
 

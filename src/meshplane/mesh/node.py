@@ -126,7 +126,8 @@ class MeshNode:
             conn.close()
         if self._server is not None:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+                async with asyncio.timeout(2):
+                    await self._server.wait_closed()
         await self.guaranteed.close()
 
     def _connection(self, dialed: bool, role: Literal["route", "gateway"] = "route") -> FrameConnection:
@@ -162,16 +163,14 @@ class MeshNode:
         backoff = self.config.reconnect_min
         while self._running:
             try:
-                _, conn = await asyncio.wait_for(
-                    loop.create_connection(
+                async with asyncio.timeout(self.config.handshake_timeout):
+                    _, conn = await loop.create_connection(
                         lambda: self._connection(dialed=True, role=role),
                         host,
                         port,
                         ssl=self._client_tls,
                         server_hostname=host if self._client_tls else None,
-                    ),
-                    self.config.handshake_timeout,
-                )
+                    )
             except (TimeoutError, OSError) as exc:
                 if isinstance(exc, ssl.SSLError):
                     self.frame_errors["tls_handshake"] += 1

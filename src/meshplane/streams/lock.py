@@ -60,7 +60,8 @@ class DataDirLock:
         """Wait for the lock (a standby); False if ``stop`` was set first."""
         while not self.try_acquire():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+                async with asyncio.timeout(interval):
+                    await stop.wait()
             if stop.is_set():
                 return False
         return True

@@ -54,8 +54,8 @@ async def connect_nats(
     try:
         # nats-py retries the first connection on its own (max_reconnect_attempts=-1 applies to it too),
         # so bound the whole attempt instead of looping around it.
-        await asyncio.wait_for(
-            client.connect(
+        async with asyncio.timeout(timeout):
+            await client.connect(
                 [server.strip() for server in url.split(",")],  # a cluster's nodes, as the Go client takes
                 name=name,
                 connect_timeout=max(1, int(timeout)),
@@ -66,9 +66,7 @@ async def connect_nats(
                 disconnected_cb=on_disconnect,
                 reconnected_cb=on_reconnect,
                 tls=tls,
-            ),
-            timeout,
-        )
+            )
     except Exception as exc:
         with contextlib.suppress(Exception):
             await client.close()

@@ -141,7 +141,8 @@ class JetStreamStore:
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=0.2,  # type: ignore[arg-type]  # seconds: nats-py takes a float
                 )
-                await asyncio.wait_for(connecting, PROGRESS_EVERY)
+                async with asyncio.timeout(PROGRESS_EVERY):
+                    await connecting
             except BaseException:  # a try cut short must not leave a client reconnecting
                 with contextlib.suppress(Exception):
                     await client.close()
@@ -250,7 +251,8 @@ class JetStreamStore:
                 if ids is not None:
                     headers["Nats-Msg-Id"] = ids[i]
                 pending.append(await self.js.publish_async(subject, payload, headers=headers))
-            acks = await asyncio.wait_for(asyncio.gather(*pending), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                acks = await asyncio.gather(*pending)
         except (TimeoutError, *ELECTION_ERRORS) as exc:
             for future in pending:
                 future.cancel()
