@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, settings
 
 from meshplane.launchers import StreamsServerProcess
 from meshplane.streams.http.api import Api
-from meshplane.streams.http.routes import openapi_document
+from meshplane.streams.http.routes import openapi_document, route_table
 from meshplane.streams.service import StreamsConfig, StreamsService
 
 # The description is static (one route table), so it is built here rather than fetched.
-schema = schemathesis.openapi.from_dict(openapi_document(Api(StreamsService(StreamsConfig())).routes()))
+schema = schemathesis.openapi.from_dict(openapi_document(route_table(Api(StreamsService(StreamsConfig())))))
 EXAMPLES = int(os.environ.get("MESHPLANE_FUZZ_EXAMPLES", "15"))
 
 

@@ -68,10 +68,12 @@ async def test_room_and_subscriber_limits(tmp_path: Path) -> None:
     await engine.create_room("b")
     with pytest.raises(LimitReached, match="2 rooms"):
         await engine.create_room("c")
-    engine.touch_subscriber(engine.room("a"), "s1")
-    engine.touch_subscriber(engine.room("a"), "s1")  # the same subscriber again is fine
+    engine.room("a").touch_subscriber("s1", engine.config.max_subscribers_per_room)
+    engine.room("a").touch_subscriber(
+        "s1", engine.config.max_subscribers_per_room
+    )  # the same subscriber again is fine
     with pytest.raises(LimitReached, match="subscribers"):
-        engine.touch_subscriber(engine.room("a"), "s2")
+        engine.room("a").touch_subscriber("s2", engine.config.max_subscribers_per_room)
     await engine.close()
 
 

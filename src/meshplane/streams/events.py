@@ -7,8 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from meshplane.core import streamlog
-from meshplane.core.streamlog import StoredEvent, decode_event
+from meshplane.core.streamlog import StoredEvent, decode_event, encode_event
+from meshplane.streams.errors import BadRequest, PayloadTooLarge
 
 
 @dataclass(slots=True)
@@ -86,3 +89,14 @@ class Notifier:
 
     def __len__(self) -> int:
         return len(self._events)
+
+
+def encode_checked(event: StoredEvent, limit: int) -> bytes:
+    """The event as stored; a 400 for what cannot be encoded, a 413 past ``limit`` bytes."""
+    try:
+        payload = encode_event(event)
+    except (OverflowError, msgspec.EncodeError) as exc:
+        raise BadRequest(f"event cannot be stored: {exc} (integers must fit in 64 bits)") from None
+    if len(payload) > limit:
+        raise PayloadTooLarge(f"event of {len(payload)} bytes is larger than the limit of {limit} bytes")
+    return payload

@@ -244,3 +244,14 @@ def describe_group(group: GroupCoordinator, now: float) -> dict[str, Any]:
         "committed": {str(p): o for p, o in group.committed.items()},
         "last_rebalance_secs": None if last is None else round(now - last, 3),
     }
+
+
+def group_partitions(topic: str, topic_partitions: int | None, asked: int | None) -> int:
+    """A new group's partition count: the topic's, or ``asked`` for a topic not made yet."""
+    if asked is None:
+        if topic_partitions is None:
+            raise NotFound(f"topic {topic!r} not found (create it, or pass partition_count / --partitions)")
+        return topic_partitions
+    if topic_partitions is not None and asked != topic_partitions:
+        raise BadRequest(f"topic {topic!r} has {topic_partitions} partitions, not {asked}")
+    return asked

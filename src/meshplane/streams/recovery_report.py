@@ -5,11 +5,32 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 log = logging.getLogger("meshplane.streams")
 SHOWN = 3  # problems quoted in the summary
+
+
+class DataProblems:
+    """What was found wrong in a data directory's metadata: each logged once, the last 100 kept."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.found: list[str] = []
+
+    def report(self, problem: str) -> None:
+        log.error("streams data %s: %s", self.root, problem)
+        self.found.append(problem)
+        del self.found[:-100]
+
+    def set_aside(self, path: Path, problem: str) -> None:
+        """Move an unreadable file out of the way (``<name>.corrupt-<time>``), and report it."""
+        with contextlib.suppress(OSError):
+            os.replace(path, path.with_name(f"{path.name}.corrupt-{time.time_ns()}"))
+        self.report(problem + f"; the file was set aside as {path.name}.corrupt-*")
 
 
 @contextlib.contextmanager

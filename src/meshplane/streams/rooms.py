@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from meshplane.core import streamlog
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent, resolve_start_offset
-from meshplane.streams.config import now_ms
-from meshplane.streams.errors import CorruptRecords
+from meshplane.streams.config import StreamsConfig, now_ms
+from meshplane.streams.errors import BadRequest, CorruptRecords, LimitReached
 from meshplane.streams.events import Notifier, StreamEvent, decode_stream_event
 from meshplane.streams.files import FilePool
 from meshplane.streams.log import PartitionLog
@@ -56,6 +57,37 @@ class Room:
             "retention_secs": self.retention_secs,
             "created_at": self.created_at,
         }
+
+    def stats(self) -> dict[str, Any]:
+        oldest, nxt = self.oldest, self.next_offset
+        return {
+            "name": self.name,
+            "room": self.name,
+            "message_count": len(self),
+            "min_offset": oldest,
+            "max_offset": nxt - 1 if nxt > oldest else None,
+            "next_offset": nxt,
+            "subscriber_count": len(self.subscribers),
+            "live_subscribers": len(self.pushers),
+            "published": self.published,
+            "max_events": self.max_events,
+            "retention_secs": self.retention_secs,
+            "total_bytes": self.stored_bytes,
+            "created_at": self.created_at,
+            "last_event_at": self.last_event_at,
+        }
+
+    def idle_for(self, now: float) -> float:
+        """Seconds since its last event (or creation) with nobody subscribed; 0 while anyone is."""
+        if self.pushers or self.subscribers:
+            return 0.0
+        return now - (self.last_event_at or self.created_at)
+
+    def touch_subscriber(self, subscriber_id: str, limit: int) -> None:
+        """A subscriber id seen now; a new one past ``limit`` is refused."""
+        if subscriber_id not in self.subscribers and len(self.subscribers) >= limit:
+            raise LimitReached(f"room {self.name!r} has {limit} subscribers (the limit)")
+        self.subscribers[subscriber_id] = time.time()
 
     @property
     def stored_bytes(self) -> int:
@@ -256,3 +288,14 @@ def read_room_settings(
     except (ValueError, KeyError, TypeError) as exc:
         set_aside(path, f"room {directory.name}: room.json is unreadable ({exc}); defaults used")
     return max_events, retention_secs, created_at
+
+
+def room_settings(
+    config: StreamsConfig, max_events: int | None, retention_secs: float | None
+) -> tuple[int, float | None]:
+    """A new room's (max_events, retention_secs): the server's defaults for what is not given."""
+    max_events = config.room_max_events if max_events is None else max_events
+    most = config.room_max_events_limit
+    if isinstance(max_events, bool) or not isinstance(max_events, int) or not 1 <= max_events <= most:
+        raise BadRequest(f"max_events must be an integer in 1..{most}, not {max_events!r}")
+    return max_events, config.room_retention_secs if retention_secs is None else retention_secs

@@ -19,16 +19,13 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from meshplane.core.groups import GroupCoordinator
-from meshplane.core.streamlog import RetentionPolicy, StoredEvent, encode_event
+from meshplane.core.streamlog import RetentionPolicy, StoredEvent
 from meshplane.streams.config import StreamsConfig, check_name, new_event_id, now_ms
 from meshplane.streams.durability import Durability, Syncable
 from meshplane.streams.errors import (
@@ -36,18 +33,16 @@ from meshplane.streams.errors import (
     Conflict,
     LimitReached,
     NotFound,
-    PayloadTooLarge,
-    StorageError,
     storage_error,
 )
-from meshplane.streams.events import StreamEvent
+from meshplane.streams.events import StreamEvent, encode_checked
 from meshplane.streams.files import FilePool, write_atomic
-from meshplane.streams.groups import GroupStore
+from meshplane.streams.groups import GroupStore, group_partitions
 from meshplane.streams.idempotency import IdempotencyTable
 from meshplane.streams.pubsub import PubSub, PubSubLimits
-from meshplane.streams.recovery_report import counted_not_logged, summarise
-from meshplane.streams.rooms import LocalRoom, Room, read_room_settings
-from meshplane.streams.topics import RawSpan, TopicBase, TopicStore
+from meshplane.streams.recovery_report import DataProblems, counted_not_logged, summarise
+from meshplane.streams.rooms import LocalRoom, Room, read_room_settings, room_settings
+from meshplane.streams.topics import RawSpan, TopicBase, TopicStore, group_lag
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +59,8 @@ class StreamsService:
         self.root = Path(self.config.data_dir)
         self.rooms: dict[str, Room] = {}
         self.files = FilePool(self.config.max_open_files)
-        self.problems: list[str] = []  # what was found wrong in the data directory, and set aside
+        self.problems = DataProblems(self.root)  # what was found wrong in the data directory
+        self._report, self._set_aside = self.problems.report, self.problems.set_aside
         queue, policy = self.config.pubsub_queue_size, self.config.pubsub_backpressure
         self.pubsub = PubSub(PubSubLimits(queue_messages=queue, backpressure_policy=policy))
         self.durability = Durability(
@@ -104,13 +100,7 @@ class StreamsService:
                 self._open()
         except OSError as exc:
             raise storage_error(exc, f"opening the data directory {self.root}") from exc
-        logs = [(f"room {room.name}", room.problems_total, room.problems) for room in self.rooms.values()]
-        logs += [
-            (f"topic {topic.name}/{n}", plog.problems_total, plog.problems)
-            for topic in self.topic_store.topics.values()
-            for n, plog in enumerate(topic.partitions)
-        ]
-        summary = summarise(self.root, logs)
+        summary = summarise(self.root, self._logs())
         if summary is not None:
             log.error("%s", summary)
 
@@ -137,16 +127,6 @@ class StreamsService:
         if not (directory / "room.json").exists():
             write_atomic(directory / "room.json", json.dumps(room.settings()).encode())
 
-    def _set_aside(self, path: Path, problem: str) -> None:
-        with contextlib.suppress(OSError):
-            os.replace(path, path.with_name(f"{path.name}.corrupt-{time.time_ns()}"))
-        self._report(problem + f"; the file was set aside as {path.name}.corrupt-*")
-
-    def _report(self, problem: str) -> None:
-        log.error("streams data %s: %s", self.root, problem)
-        self.problems.append(problem)
-        del self.problems[:-100]
-
     def limits(self) -> dict[str, tuple[int, int]]:
         """Each bounded resource: (in use, limit)."""
         c = self.config
@@ -164,13 +144,19 @@ class StreamsService:
 
     def storage_problems(self) -> list[str]:
         """What recovery found and set aside, in metadata and in every log."""
-        found = list(self.problems)
-        for room in self.rooms.values():
-            found.extend(f"room {room.name}: {p}" for p in room.problems)
-        for topic in self.topic_store.topics.values():  # the local logs (JetStream keeps its own)
-            for n, plog in enumerate(topic.partitions):
-                found.extend(f"topic {topic.name}/{n}: {p}" for p in plog.problems)
+        found = list(self.problems.found)
+        found.extend(f"{name}: {problem}" for name, _, problems in self._logs() for problem in problems)
         return found
+
+    def _logs(self) -> list[tuple[str, int, list[str]]]:
+        """(name, problems found, the last of them) of every local log (JetStream keeps its own)."""
+        logs = [(f"room {room.name}", room.problems_total, room.problems) for room in self.rooms.values()]
+        logs += [
+            (f"topic {topic.name}/{n}", plog.problems_total, plog.problems)
+            for topic in self.topic_store.topics.values()
+            for n, plog in enumerate(topic.partitions)
+        ]
+        return logs
 
     async def start(self) -> None:
         self.open()
@@ -205,13 +191,9 @@ class StreamsService:
         wall_ms = now_ms()
         for room in list(self.rooms.values()):
             room.expire(wall_ms)
-            idle_since = room.last_event_at or room.created_at
-            if (
-                not room.pushers
-                and not room.subscribers
-                and time.time() - idle_since > self.config.room_inactive_timeout
-            ):
-                log.info("room %s inactive since %.0f s: removed", room.name, time.time() - idle_since)
+            idle = room.idle_for(time.time())
+            if idle > self.config.room_inactive_timeout:
+                log.info("room %s inactive since %.0f s: removed", room.name, idle)
                 self._remove_room(room)
         budget = self.config.verify_bytes_per_cycle
         for topic in self.topic_store.topics.values():  # the local logs (JetStream keeps its own)
@@ -240,12 +222,7 @@ class StreamsService:
             raise Conflict(f"room {name!r} already exists")
         if len(self.rooms) >= self.config.max_rooms:
             raise LimitReached(f"room limit reached ({self.config.max_rooms} rooms)")
-        max_events = self.config.room_max_events if max_events is None else max_events
-        most = self.config.room_max_events_limit
-        if isinstance(max_events, bool) or not isinstance(max_events, int) or not 1 <= max_events <= most:
-            raise BadRequest(f"max_events must be an integer in 1..{most}, not {max_events!r}")
-        retention = self.config.room_retention_secs if retention_secs is None else retention_secs
-        return await self._make_room(name, max_events, retention, exist_ok)
+        return await self._make_room(name, *room_settings(self.config, max_events, retention_secs), exist_ok)
 
     async def _make_room(
         self, name: str, max_events: int, retention_secs: float | None, exist_ok: bool
@@ -319,7 +296,7 @@ class StreamsService:
         metadata: dict[str, str] | None = None,
     ) -> tuple[Room, StreamEvent]:
         body = StoredEvent(new_event_id(), event_type, data, None, metadata)
-        payload = self._encode_checked(body)  # before the room is made: a refused event makes none
+        payload = self.encode(body)  # before the room is made: a refused event makes none
         room = await self.room_or_create(name)
         event = await self._append_to_room(room, body, payload)
         self._count_publish(1, len(payload))
@@ -343,36 +320,6 @@ class StreamsService:
         events = room.read(start, limit, to_offset)
         self.counters["events_consumed"] += len(events)
         return room, events
-
-    def room_stats(self, name: str) -> dict[str, Any]:
-        room = self.room(name)
-        oldest, nxt = room.oldest, room.next_offset
-        return {
-            "name": name,
-            "room": name,
-            "message_count": len(room),
-            "min_offset": oldest,
-            "max_offset": nxt - 1 if nxt > oldest else None,
-            "next_offset": nxt,
-            "subscriber_count": len(room.subscribers),
-            "live_subscribers": len(room.pushers),
-            "published": room.published,
-            "max_events": room.max_events,
-            "retention_secs": room.retention_secs,
-            "total_bytes": room.stored_bytes,
-            "created_at": room.created_at,
-            "last_event_at": room.last_event_at,
-        }
-
-    def touch_subscriber(self, room: Room, subscriber_id: str) -> None:
-        if (
-            subscriber_id not in room.subscribers
-            and len(room.subscribers) >= self.config.max_subscribers_per_room
-        ):
-            raise LimitReached(
-                f"room {room.name!r} has {self.config.max_subscribers_per_room} subscribers (the limit)"
-            )
-        room.subscribers[subscriber_id] = time.time()
 
     # --- topics --------------------------------------------------------------------------------------
 
@@ -448,7 +395,7 @@ class StreamsService:
     ) -> tuple[list[tuple[int, int]], list[Syncable]]:
         """:meth:`publish_topic` up to the fsync: the places, and what the durability loop must sync
         before they are acknowledged (for callers that commit several writes as a group)."""
-        topic = self.topic(name)
+        topic = self.topic_store.get(name)
         key = None
         if idempotency_key is not None:
             if not 1 <= len(idempotency_key) <= 256:
@@ -458,35 +405,16 @@ class StreamsService:
             if seen is not None:
                 self.counters["duplicates_skipped"] += len(events)
                 return seen, []
-        encoded = [self._encode_checked(e) for e in events]  # all checked before anything is appended
-        total = sum(len(e) for e in encoded)
-        by_partition: dict[int, list[bytes]] = {}
-        places: list[tuple[int, int]] = []
-        for event, payload in zip(events, encoded, strict=True):
-            p = topic.choose_partition(event.key, partition)
-            by_partition.setdefault(p, []).append(payload)
-            places.append((p, len(by_partition[p]) - 1))
-        timestamp = now_ms()
-        firsts: dict[int, int] = {}
-        marks = {p: topic.partitions[p].mark() for p in by_partition}
-        try:
-            for p, batch in by_partition.items():
-                firsts[p] = topic.partitions[p].append(batch, timestamp)
-            result = [(p, firsts[p] + i) for p, i in places]
+        encoded = [self.encode(e) for e in events]  # all checked before anything is appended
+
+        def remember(result: list[tuple[int, int]]) -> None:
             if key is not None:  # before any await: a concurrent retry must see it
                 self.idempotency.put(key, result)
-        except (OSError, StorageError) as exc:
-            # All or nothing: what the other partitions took is taken back (nobody has read it).
-            for p in firsts:
-                topic.partitions[p].undo(marks[p])
-            if isinstance(exc, StorageError):
-                raise
-            raise storage_error(exc, f"publish to {name!r}") from exc
-        for p, batch in by_partition.items():
-            topic.published[p] += len(batch)
-            topic.notifiers[p].notify()
-        self._count_publish(len(events), total)
-        synced: list[Syncable] = [topic.partitions[p] for p in by_partition]
+
+        keys = [event.key for event in events]
+        result, written = topic.append_all(keys, encoded, partition, now_ms(), remember)
+        self._count_publish(len(events), sum(map(len, encoded)))
+        synced: list[Syncable] = list(written)
         if key is not None:
             synced.append(self.idempotency)
         return result, synced
@@ -502,16 +430,9 @@ class StreamsService:
         session_timeout: float | None = None,
     ) -> GroupCoordinator:
         found = self.topics.get(topic)
-        if partition_count is None:
-            if found is None:
-                raise NotFound(
-                    f"topic {topic!r} not found (create it, or pass partition_count / --partitions)"
-                )
-            partition_count = len(found.partitions)
-        elif found is not None and partition_count != len(found.partitions):
-            raise BadRequest(f"topic {topic!r} has {len(found.partitions)} partitions, not {partition_count}")
+        partitions = group_partitions(topic, len(found.partitions) if found else None, partition_count)
         timeout = session_timeout or self.config.default_session_timeout
-        return await self._store_new_group(group_id, topic, partition_count, strategy, timeout)
+        return await self._store_new_group(group_id, topic, partitions, strategy, timeout)
 
     async def _store_new_group(
         self, group_id: str, topic: str, partitions: int, strategy: str, session_timeout: float
@@ -563,15 +484,8 @@ class StreamsService:
 
     # --- helpers -------------------------------------------------------------------------------------
 
-    def _encode_checked(self, event: StoredEvent) -> bytes:
-        try:
-            payload = encode_event(event)
-        except (OverflowError, msgspec.EncodeError) as exc:
-            raise BadRequest(f"event cannot be stored: {exc} (integers must fit in 64 bits)") from None
-        limit = self.config.max_payload_bytes
-        if len(payload) > limit:
-            raise PayloadTooLarge(f"event of {len(payload)} bytes is larger than the limit of {limit} bytes")
-        return payload
+    def encode(self, event: StoredEvent) -> bytes:
+        return encode_checked(event, self.config.max_payload_bytes)
 
     def _count_publish(self, events: int, size: int) -> None:
         self.counters["events_published"] += events
@@ -579,13 +493,7 @@ class StreamsService:
 
     def lag(self) -> Iterable[tuple[str, int, int]]:
         """(group, partition, lag) for every group of an existing topic."""
-        for group in self.groups.values():
-            topic = self.topics.get(group.topic)
-            if topic is None:
-                continue
-            for p, plog in enumerate(topic.partitions[: group.partitions]):
-                committed = group.committed.get(p, plog.start_offset)
-                yield group.group_id, p, max(0, plog.next_offset - committed)
+        return group_lag(self.groups.values(), self.topics)
 
 
 __all__ = ["StreamsConfig", "StreamsService"]

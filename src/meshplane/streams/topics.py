@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 
+from meshplane.core.groups import GroupCoordinator
 from meshplane.core.streamlog import RetentionPolicy, partition_for_key
 from meshplane.streams.config import StreamsConfig, check_name
 from meshplane.streams.errors import (
@@ -174,6 +175,41 @@ class Topic(TopicBase[PartitionLog]):
             self.consumed[partition] += len(events)
         return events
 
+    def append_all(
+        self,
+        keys: list[str | None],
+        encoded: list[bytes],
+        partition: int | None,
+        timestamp: int,
+        remember: Callable[[list[tuple[int, int]]], None],
+    ) -> tuple[list[tuple[int, int]], list[PartitionLog]]:
+        """Append each event where its key (or ``partition``) sends it, all or nothing: when a write
+        fails, or ``remember`` (called with the places before anyone is woken) does, what the other
+        partitions took is taken back (nobody has read it). The places, and the logs written."""
+        by_partition: dict[int, list[bytes]] = {}
+        places: list[tuple[int, int]] = []
+        for key, payload in zip(keys, encoded, strict=True):
+            p = self.choose_partition(key, partition)
+            by_partition.setdefault(p, []).append(payload)
+            places.append((p, len(by_partition[p]) - 1))
+        firsts: dict[int, int] = {}
+        marks = {p: self.partitions[p].mark() for p in by_partition}
+        try:
+            for p, batch in by_partition.items():
+                firsts[p] = self.partitions[p].append(batch, timestamp)
+            result = [(p, firsts[p] + i) for p, i in places]
+            remember(result)
+        except (OSError, StorageError) as exc:
+            for p in firsts:
+                self.partitions[p].undo(marks[p])
+            if isinstance(exc, StorageError):
+                raise
+            raise storage_error(exc, f"publish to {self.name!r}") from exc
+        for p, batch in by_partition.items():
+            self.published[p] += len(batch)
+            self.notifiers[p].notify()
+        return result, [self.partitions[p] for p in by_partition]
+
     def offsets_for_time(self, timestamp_ms: int) -> list[int]:
         """Per partition, the first offset stamped at or after ``timestamp_ms`` (the end when none is)."""
         return [plog.offset_for_time(timestamp_ms) for plog in self.partitions]
@@ -336,3 +372,16 @@ def _remove_tree(directory: Path) -> None:
             path.rmdir() if path.is_dir() else path.unlink()
     with contextlib.suppress(OSError):
         directory.rmdir()
+
+
+def group_lag(
+    groups: Iterable[GroupCoordinator], topics: Mapping[str, TopicBase[Any]]
+) -> Iterator[tuple[str, int, int]]:
+    """(group, partition, lag) for every group of an existing topic."""
+    for group in groups:
+        topic = topics.get(group.topic)
+        if topic is None:
+            continue
+        for p, plog in enumerate(topic.partitions[: group.partitions]):
+            committed = group.committed.get(p, plog.start_offset)
+            yield group.group_id, p, max(0, plog.next_offset - committed)

@@ -7,13 +7,14 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 from aiohttp import WSMsgType, web
 from prometheus_client import CollectorRegistry, generate_latest
 
+from meshplane import __version__
 from meshplane.core.streamlog import RetentionPolicy
 from meshplane.streams.errors import (
     BadRequest,
@@ -23,15 +24,14 @@ from meshplane.streams.errors import (
 )
 from meshplane.streams.events import StreamEvent
 from meshplane.streams.http.commands import Commands, failure_envelope, history
+from meshplane.streams.http.groups import GroupApi
 from meshplane.streams.http.metrics import REGISTRY, readable_metrics
 from meshplane.streams.http.params import (
     GRANT,
     MAX_CONSUME_LIMIT,
     get_int,
-    get_str,
     json_response,
     parse_json_object,
-    positive,
     query_int,
     read_json,
     readable,
@@ -39,7 +39,6 @@ from meshplane.streams.http.params import (
     topic_list,
 )
 from meshplane.streams.http.push import RoomPusher, drain_incoming, frames_of, ws_event
-from meshplane.streams.http.routes import Route, openapi_document, route_table, version
 from meshplane.streams.rooms import Room
 from meshplane.streams.service import StreamsService
 
@@ -47,18 +46,16 @@ log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
 
 
-GROUP_PATH_FIELDS = {"group": "group", "member": "member_id", "partition": "partition_id"}
-
-
 class Api:
     def __init__(self, engine: StreamsService) -> None:
         self.engine = engine
         self.commands = Commands(engine)
+        self.groups = GroupApi(engine, self.commands)
 
     # health and meta
 
     async def health(self, request: web.Request) -> web.Response:
-        return json_response({"status": "healthy", "service": "meshplane-streams", "version": version()})
+        return json_response({"status": "healthy", "service": "meshplane-streams", "version": __version__})
 
     async def storage(self, request: web.Request) -> web.Response:
         e = self.engine
@@ -154,14 +151,14 @@ class Api:
         )
 
     async def room_stats(self, request: web.Request) -> web.Response:
-        return json_response(self.engine.room_stats(request.match_info["room"]))
+        return json_response(self.engine.room(request.match_info["room"]).stats())
 
     async def room_ws(self, request: web.Request) -> web.StreamResponse:
         name, subscriber = request.match_info["room"], request.match_info["subscriber_id"]
         from_offset = query_int(request, "from_offset")
         room = await self.engine.room_or_create(name)
         start = room.resolve(from_offset)
-        self.engine.touch_subscriber(room, subscriber)
+        room.touch_subscriber(subscriber, self.engine.config.max_subscribers_per_room)
         ws = web.WebSocketResponse(heartbeat=30)
         await ws.prepare(request)
         await ws.send_str(
@@ -442,69 +439,7 @@ class Api:
             }
         )
 
-    # consumer groups
-
-    async def group_list(self, request: web.Request) -> web.Response:
-        groups = readable(request, sorted(self.engine.groups))
-        return json_response({"groups": groups, "count": len(groups)})
-
-    async def group_create(self, request: web.Request) -> web.Response:
-        body = await read_json(request)
-        group = await self.engine.create_group(
-            request.match_info["group"],
-            get_str(body, "topic"),
-            get_int(body, "partition_count", None, minimum=1),
-            get_str(body, "strategy", "round_robin"),
-            positive(body, "session_timeout_secs"),
-        )
-        return json_response(
-            {
-                "success": True,
-                "group_id": group.group_id,
-                "topic": group.topic,
-                "strategy": group.strategy,
-                "partition_count": group.partitions,
-            },
-            201,
-        )
-
-    async def group_delete(self, request: web.Request) -> web.Response:
-        name = request.match_info["group"]
-        if not await self.engine.delete_group(name):
-            raise NotFound(f"consumer group {name!r} not found")
-        return json_response({"success": True, "group_id": name})
-
-    async def _group_command(
-        self, request: web.Request, run: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-    ) -> web.Response:
-        """A group route: the body (if any) and the path's names, handed to the group command."""
-        body = await read_json(request) if request.can_read_body else {}
-        for name, value in request.match_info.items():
-            body[GROUP_PATH_FIELDS[name]] = value
-        return json_response(await run(body))
-
-    async def group_join(self, request: web.Request) -> web.Response:
-        return await self._group_command(request, self.commands.cmd_group_join)
-
-    async def group_assignment(self, request: web.Request) -> web.Response:
-        return await self._group_command(request, self.commands.cmd_group_assignment)
-
-    async def group_heartbeat(self, request: web.Request) -> web.Response:
-        return await self._group_command(request, self.commands.cmd_group_heartbeat)
-
-    async def group_leave(self, request: web.Request) -> web.Response:
-        return await self._group_command(request, self.commands.cmd_group_leave)
-
-    async def group_commit(self, request: web.Request) -> web.Response:
-        return await self._group_command(request, self.commands.cmd_group_commit)
-
-    async def group_offset(self, request: web.Request) -> web.Response:
-        return await self._group_command(request, self.commands.cmd_group_offset)
-
-    async def group_stats(self, request: web.Request) -> web.Response:
-        return json_response(await self.engine.group_stats(request.match_info["group"]))
-
-    # metrics and OpenAPI
+    # metrics
 
     async def metrics(self, request: web.Request) -> web.Response:
         registry: CollectorRegistry = request.app[REGISTRY]
@@ -512,9 +447,3 @@ class Api:
         if request.get(GRANT) is not None:
             body = readable_metrics(request, body)
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
-
-    async def openapi(self, request: web.Request) -> web.Response:
-        return json_response(openapi_document(self.routes()))
-
-    def routes(self) -> list[Route]:
-        return route_table(self)

@@ -31,6 +31,7 @@ from meshplane.streams.http.api import Api
 from meshplane.streams.http.mesh import MESH, register_mesh_metrics
 from meshplane.streams.http.metrics import REGISTRY, EngineCollector
 from meshplane.streams.http.params import ENGINE, GRANT, Handler, error_response, json_response
+from meshplane.streams.http.routes import route_table
 from meshplane.streams.service import StreamsService
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def create_app(
 ) -> web.Application:
     limit = max_request_bytes or max(engine.config.max_payload_bytes * 2, 1 << 20)
     api = Api(engine)
-    routes = api.routes()
+    routes = route_table(api)
     by_key = {(r.method, r.path): r for r in routes}
 
     @web.middleware

@@ -129,7 +129,7 @@ class Commands:
         subscriber = get_str(p, "subscriber_id", "sdk-reader")
         from_offset = get_int(p, "from_offset", 0)
         limit = get_int(p, "limit", 100, minimum=1, maximum=MAX_CONSUME_LIMIT)
-        self.engine.touch_subscriber(self.engine.room(name), subscriber)
+        self.engine.room(name).touch_subscriber(subscriber, self.engine.config.max_subscribers_per_room)
         room, events = self.engine.read_room(name, from_offset, limit)
         next_offset = events[-1].offset + 1 if events else room.resolve(from_offset)
         return {
@@ -150,7 +150,7 @@ class Commands:
         )
 
     async def cmd_stream_stats(self, p: dict[str, Any]) -> dict[str, Any]:
-        return self.engine.room_stats(get_str(p, "room"))
+        return self.engine.room(get_str(p, "room")).stats()
 
     async def cmd_stream_list(self, p: dict[str, Any]) -> dict[str, Any]:
         rooms = sorted(self.engine.rooms)

@@ -6,15 +6,16 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from aiohttp import web
+
+from meshplane import __version__
 from meshplane.dashboard import http as dashboard
 from meshplane.streams.access import Level
+from meshplane.streams.http.api import Api
 from meshplane.streams.http.mesh import mesh_status, node_forget, queue_delete, queue_put, queues_list
-from meshplane.streams.http.params import Handler
-
-if TYPE_CHECKING:
-    from meshplane.streams.http.api import Api
+from meshplane.streams.http.params import Handler, json_response
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,11 @@ _READ_ACTIONS = ("/consume", "/join", "/heartbeat", "/leave", "/offsets/commit")
 
 def route_table(api: Api) -> list[Route]:
     g = "/consumer-groups/{group}"
-    return [
+
+    async def openapi(request: web.Request) -> web.Response:
+        return json_response(openapi_document(table))
+
+    table = [
         Route(
             "GET",
             "/health",
@@ -102,7 +107,7 @@ def route_table(api: Api) -> list[Route]:
             "What recovery and verification found and set aside; descriptors; limits",
             "meta",
         ),
-        Route("GET", "/openapi.json", api.openapi, "This description", "meta", public=True),
+        Route("GET", "/openapi.json", openapi, "This description", "meta", public=True),
         Route(
             "GET",
             "/ui/static/{name:.+}",
@@ -298,11 +303,11 @@ def route_table(api: Api) -> list[Route]:
             "Per partition, the first offset stamped at or after ?timestamp_ms= (the end when none is)",
             "topics",
         ),
-        Route("GET", "/consumer-groups", api.group_list, "List consumer groups", "groups"),
+        Route("GET", "/consumer-groups", api.groups.list, "List consumer groups", "groups"),
         Route(
             "POST",
             g,
-            api.group_create,
+            api.groups.create,
             "Create a consumer group",
             "groups",
             {
@@ -312,11 +317,11 @@ def route_table(api: Api) -> list[Route]:
                 "session_timeout_secs": "number",
             },
         ),
-        Route("DELETE", g, api.group_delete, "Delete a consumer group and its offsets", "groups"),
+        Route("DELETE", g, api.groups.delete, "Delete a consumer group and its offsets", "groups"),
         Route(
             "POST",
             g + "/join",
-            api.group_join,
+            api.groups.join,
             "Join: returns member_id, generation and partitions",
             "groups",
             {"member_id": "string", "session_timeout_secs": "number"},
@@ -324,28 +329,28 @@ def route_table(api: Api) -> list[Route]:
         Route(
             "GET",
             g + "/members/{member}/assignment",
-            api.group_assignment,
+            api.groups.assignment,
             "A member's partitions in the current generation",
             "groups",
         ),
         Route(
             "POST",
             g + "/members/{member}/heartbeat",
-            api.group_heartbeat,
+            api.groups.heartbeat,
             "Keep a member alive; returns the generation (changed: fetch the assignment)",
             "groups",
         ),
         Route(
             "DELETE",
             g + "/members/{member}/leave",
-            api.group_leave,
+            api.groups.leave,
             "Leave the group (rebalances)",
             "groups",
         ),
         Route(
             "POST",
             g + "/offsets/commit",
-            api.group_commit,
+            api.groups.commit,
             "Commit the next offset to read (fenced by member_id and generation)",
             "groups",
             {
@@ -358,18 +363,13 @@ def route_table(api: Api) -> list[Route]:
         Route(
             "GET",
             g + "/offsets/{partition}",
-            api.group_offset,
+            api.groups.offset,
             "A partition's committed offset",
             "groups",
         ),
-        Route("GET", g + "/stats", api.group_stats, "Group state, members, generation, lag", "groups"),
+        Route("GET", g + "/stats", api.groups.stats, "Group state, members, generation, lag", "groups"),
     ]
-
-
-def version() -> str:
-    from meshplane import __version__
-
-    return __version__
+    return table
 
 
 _PATTERN = re.compile(r"\{(\w+):[^{}]*\}")
@@ -413,7 +413,7 @@ def openapi_document(routes: list[Route]) -> dict[str, Any]:
         paths.setdefault(path, {})[route.method.lower()] = operation
     return {
         "openapi": "3.1.0",
-        "info": {"title": "meshplane streams", "version": version()},
+        "info": {"title": "meshplane streams", "version": __version__},
         "paths": paths,
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     }

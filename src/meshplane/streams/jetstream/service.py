@@ -401,7 +401,7 @@ class JetStreamStreamsService(StreamsService):
         topic = self.topic(name)
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= 256:
             raise BadRequest("idempotency_key must be 1..256 characters")
-        encoded = [self._encode_checked(e) for e in events]
+        encoded = [self.encode(e) for e in events]
         by_partition: dict[int, list[int]] = {}
         for i, event in enumerate(events):
             if event.key is None and partition is None and idempotency_key is not None:
