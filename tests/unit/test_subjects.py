@@ -11,7 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshplane.core.subjects import MAX_TOKENS, InvalidSubject, PatternIndex, matches, validate
+from meshplane.core.subjects import (
+    MAX_TOKENS,
+    InvalidSubject,
+    PatternIndex,
+    SubjectCheck,
+    matches,
+    valid_pattern,
+    validate,
+)
 
 
 def reference(pattern: str, subject: str) -> bool:
@@ -144,3 +152,15 @@ def test_invalid_subjects_are_refused(text: str, wildcards: bool) -> None:
 def test_valid_subjects() -> None:
     assert validate("orders.eu-1.created", wildcards=False) == "orders.eu-1.created"
     assert validate("orders.*.#", wildcards=True) == "orders.*.#"
+
+
+def test_subject_check_answers_as_validate_and_stays_bounded() -> None:
+    check = SubjectCheck(capacity=3)
+    assert check("a.b")
+    assert not check("a.*")
+    assert not check("a..b")
+    for n in range(10):
+        assert check(f"s.{n}")
+        assert len(check._known) <= 3
+    assert valid_pattern("a.*.>") == "a.*.>"
+    assert valid_pattern("a.>.b") is None

@@ -59,6 +59,35 @@ def validate(subject: object, *, wildcards: bool) -> str:
     return subject
 
 
+def valid_pattern(text: str) -> str | None:
+    """``text`` when it is a valid pattern, else None (for input that is counted, not raised)."""
+    try:
+        return validate(text, wildcards=True)
+    except InvalidSubject:
+        return None
+
+
+class SubjectCheck:
+    """Whether a subject is valid, each subject checked once: subjects repeat. Bounded: emptied when
+    ``capacity`` subjects are known."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._known: dict[str, bool] = {}
+
+    def __call__(self, subject: str) -> bool:
+        known = self._known.get(subject)
+        if known is None:
+            if len(self._known) >= self.capacity:
+                self._known.clear()
+            try:
+                known = bool(validate(subject, wildcards=False))
+            except InvalidSubject:
+                known = False
+            self._known[subject] = known
+        return known
+
+
 class PatternIndex(Generic[V]):
     """Patterns, each with the values (subscribers) that hold it, matched with bit sets.
 

@@ -18,7 +18,8 @@ from meshplane.core.mesh.frames import (
     encode_frame,
     event_parts,
 )
-from meshplane.core.subjects import is_reserved
+from meshplane.core.subjects import is_reserved, valid_pattern
+from meshplane.mesh.connection import close_peer
 from meshplane.mesh.holders import ClientSession, MeshEvent
 from meshplane.mesh.links import Handshake
 
@@ -96,7 +97,7 @@ class Clients:
             else:
                 node.publish(frame.subject, body, frame.flags)
         elif kind is FrameType.SUB_ADD:
-            pattern = node.valid_pattern(frame.subject)
+            pattern = valid_pattern(frame.subject)
             if (
                 pattern is None
                 or is_reserved(pattern)  # the node's queues
@@ -111,7 +112,7 @@ class Clients:
             peers = {peer for peer, link in node.links.items() if link.conn is not None}
             if frame.flags & FLAG_PROPAGATED and peers:  # ... here and, with this flag, at every peer
                 if self._pings_of[session] >= node.config.limits.max_pings_per_client:
-                    return node.close_peer(session.conn, "ping_limit")
+                    return close_peer(session.conn, "ping_limit")
                 token = next(self._pings)
                 deadline = time.monotonic() + node.config.limits.ping_timeout
                 self._pending_pings[token] = (session, frame.sequence, peers, deadline)

@@ -288,3 +288,10 @@ class FrameConnection(asyncio.Protocol):
             self.limit("slow_frame")
         elif idle_timeout and now - self.last_received > idle_timeout:
             self.limit("idle")
+
+
+def close_peer(conn: FrameConnection | None, reason: str) -> None:
+    """A connection that passed a limit or broke the protocol: closed and counted (its ``on_limit``);
+    nobody else notices."""
+    if conn is not None:
+        conn.limit(reason)

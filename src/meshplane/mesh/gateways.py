@@ -40,7 +40,8 @@ from meshplane.core.mesh.interest import (
     encode_leaves,
     version_ceiling,
 )
-from meshplane.core.subjects import is_reserved
+from meshplane.core.subjects import is_reserved, valid_pattern
+from meshplane.mesh.connection import close_peer
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.links import Handshake, Link, link_status
 
@@ -164,13 +165,13 @@ class Gateways:
         elif kind in (FrameType.SUB_ADD, FrameType.SUB_REMOVE):
             added = kind is FrameType.SUB_ADD
             link.counters["sub_add_in" if added else "sub_remove_in"] += 1
-            pattern = node.valid_pattern(frame.subject)
+            pattern = valid_pattern(frame.subject)
             if pattern is None:
                 link.counters["bad_frames"] += 1
             elif frame.sequence > version_ceiling(link.interest.version, link.epoch, time.time_ns()):
-                node.close_peer(link.conn, "version_jump")
+                close_peer(link.conn, "version_jump")
             elif added and len(link.interest.versions) >= node.config.limits.max_patterns_per_peer:
-                node.close_peer(link.conn, "pattern_limit")
+                close_peer(link.conn, "pattern_limit")
             elif link.interest.apply(pattern, frame.sequence, added):
                 (node.subscribe if added else node.unsubscribe)(link.holder, pattern)
         elif kind is FrameType.HEARTBEAT:
@@ -199,12 +200,10 @@ class Gateways:
                 link.counters["bad_frames"] += 1
                 return
             if answer.version > version_ceiling(link.interest.version, link.epoch, time.time_ns()):
-                return node.close_peer(link.conn, "version_jump")
+                return close_peer(link.conn, "version_jump")
             if sum(len(b) for b in answer.buckets.values()) > node.config.limits.max_patterns_per_peer:
-                return node.close_peer(link.conn, "pattern_limit")
-            buckets = {
-                i: [p for p in ps if node.valid_pattern(p) is not None] for i, ps in answer.buckets.items()
-            }
+                return close_peer(link.conn, "pattern_limit")
+            buckets = {i: [p for p in ps if valid_pattern(p) is not None] for i, ps in answer.buckets.items()}
             gained, lost = link.interest.replace(answer.version, buckets)
             for pattern in gained:
                 node.subscribe(link.holder, pattern)

@@ -37,7 +37,7 @@ from meshplane.core.mesh.frames import (
     encode_frame,
     event_parts,
 )
-from meshplane.core.subjects import PatternIndex
+from meshplane.core.subjects import PatternIndex, valid_pattern
 from meshplane.mesh.holders import Holder, MeshEvent
 from meshplane.mesh.peer_queues import Change, PeerQueuesLog
 from meshplane.mesh.queues import PREFIX, Queue, Queues, stored_event
@@ -104,7 +104,7 @@ class Guaranteed:
         self.queues.open(engine, self._root)
         self._peer_log = PeerQueuesLog(self._root)
         for peer, patterns in self._peer_log.load().items():
-            self._set_peer_queues(peer, {p for p in patterns if self.node.valid_pattern(p) is not None})
+            self._set_peer_queues(peer, {p for p in patterns if valid_pattern(p) is not None})
 
     def start(self) -> None:
         if self.enabled and self._task is None:
@@ -222,7 +222,7 @@ class Guaranteed:
         event = MeshEvent(
             inner.source, inner.subject, inner.sequence, timestamp, body, inner.flags, inner.raw
         )
-        self.node.deliver_remote(link, event, quiet=True)
+        self.node.routes.deliver_remote(link, event, quiet=True)
         queues = [h for h in self.node.router.route(PREFIX + event.subject).local if isinstance(h, Queue)]
         if not queues:
             self.counters["spooled_unwanted"] += 1  # the queue went away on the way

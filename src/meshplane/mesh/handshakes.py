@@ -224,7 +224,7 @@ class Handshakes:
         if not state.dialed:
             self._send_proof(state, hello, state.origin)
         if hello.role == "route":
-            node.install_link(state, hello)
+            node.routes.install(state, hello)
         elif hello.role == "gateway":
             node.gateways.install(state, hello)
         else:

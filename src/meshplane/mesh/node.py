@@ -33,16 +33,10 @@ from meshplane.core.mesh.frames import (
     Frame,
     FrameError,
     FrameType,
-    Hello,
-    SyncResponse,
-    decode_sync,
     encode_frame,
-    encode_payload,
-    event_parts,
 )
-from meshplane.core.mesh.interest import decode_leaves, encode_leaves, version_ceiling
 from meshplane.core.mesh.router import Router
-from meshplane.core.subjects import InvalidSubject, is_reserved, validate
+from meshplane.core.subjects import SubjectCheck, is_reserved
 from meshplane.mesh.clients import Clients
 from meshplane.mesh.config import MeshConfig, parse_route
 from meshplane.mesh.connection import FrameConnection, PartialBytes
@@ -51,12 +45,11 @@ from meshplane.mesh.guaranteed import Guaranteed
 from meshplane.mesh.handshakes import Handshakes
 from meshplane.mesh.holders import Holder, MeshEvent, PubSubBridge, PubSubHolder
 from meshplane.mesh.links import Handshake, Link
+from meshplane.mesh.routes import Routes
 from meshplane.mesh.status import node_status
 from meshplane.streams.service import StreamsService
 
 log = logging.getLogger(__name__)
-
-HELD_EVENTS = 10_000  # events of a new connection held while a retired one drains, at most
 
 
 class MeshNode:
@@ -69,6 +62,7 @@ class MeshNode:
         self.router: Router[Holder] = Router(config.router)
         self.links: dict[str, Link] = {}
         self.clients = Clients(self)
+        self.routes = Routes(self)
         self.dedup = DedupCache(config.dedup_per_topic, config.dedup_ttl_secs, config.dedup_topics)
         self.counters: Counter[str] = Counter()  # rare events, by name
         self.routed = self.forwarded = self.deliveries = 0  # per event: plain attributes, cheaper
@@ -76,11 +70,11 @@ class MeshNode:
         self.route_port = 0
         self.on_latency: Any = None  # a callable taking seconds (the routing latency histogram)
         self._sequence = itertools.count(1)
-        self._conns: dict[FrameConnection, Handshake] = {}
-        self._subjects_checked: dict[str, bool] = {}
+        self.conns: dict[FrameConnection, Handshake] = {}  # every open connection, by its state
+        self.valid_subject = SubjectCheck()
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._running = False
+        self.running = False
         self.gateways = Gateways(self)
         self.guaranteed = Guaranteed(self, config.spool)
         self.handshakes = Handshakes(self)
@@ -96,7 +90,7 @@ class MeshNode:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._running = True
+        self.running = True
         self.guaranteed.start()
         self._server = await loop.create_server(
             lambda: self._connection(dialed=False),
@@ -114,7 +108,7 @@ class MeshNode:
             self._tasks.append(asyncio.create_task(self._dial(address, "gateway")))
 
     async def close(self) -> None:
-        self._running = False
+        self.running = False
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -122,7 +116,7 @@ class MeshNode:
                 await task
         if self._server is not None:
             self._server.close()
-        for conn in list(self._conns):
+        for conn in list(self.conns):
             conn.close()
         if self._server is not None:
             with contextlib.suppress(asyncio.TimeoutError):
@@ -140,16 +134,16 @@ class MeshNode:
             on_close=self._on_close,
             on_open=self._on_open,
             on_resume=self._on_resume,
-            on_eof=self._on_eof,
+            on_eof=self.routes.on_eof,
             on_limit=self._on_limit,
             max_pending_bytes=self.config.limits.max_pending_bytes,
             partial=self.partial,
         )
-        self._conns[conn] = Handshake(conn, dialed, dial_role=role)
+        self.conns[conn] = Handshake(conn, dialed, dial_role=role)
         return conn
 
     def _on_open(self, conn: FrameConnection) -> None:
-        self.handshakes.opened(self._conns[conn])
+        self.handshakes.opened(self.conns[conn])
 
     def _on_limit(self, conn: FrameConnection, reason: str) -> None:
         self.counters[f"closed_{reason}"] += 1
@@ -161,7 +155,7 @@ class MeshNode:
         host, port = parse_route(route)
         loop = asyncio.get_running_loop()
         backoff = self.config.reconnect_min
-        while self._running:
+        while self.running:
             try:
                 async with asyncio.timeout(self.config.handshake_timeout):
                     _, conn = await loop.create_connection(
@@ -178,7 +172,7 @@ class MeshNode:
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
                 backoff = min(self.config.reconnect_max, backoff * 2)
                 continue
-            state = self._conns[conn]
+            state = self.conns[conn]
             await conn.closed
             if state.error == "self":
                 log.info("route %s is this node itself: not dialled again", route)
@@ -197,14 +191,14 @@ class MeshNode:
 
     def _on_bad_frame(self, conn: FrameConnection, error: FrameError) -> None:
         self.frame_errors[error.reason] += 1
-        state = self._conns.get(conn)
+        state = self.conns.get(conn)
         if state is not None and state.role in ("route", "gateway"):
             links = self.links if state.role == "route" else self.gateways.links
             links[state.peer].counters["bad_frames"] += 1
         log.warning("dropped a frame from %s: %s", conn.peer or "a new connection", error.detail)
 
     def _on_frame(self, conn: FrameConnection, frame: Frame) -> None:
-        state = self._conns[conn]
+        state = self.conns[conn]
         if state.role == "route":
             link = self.links[state.peer]
             if not state.was_current:  # the losing one of two connections: nothing on it applies
@@ -212,9 +206,9 @@ class MeshNode:
                 return
             held = frame.type is FrameType.EVENT or frame.type is FrameType.SPOOLED
             if link.retiring is not None and conn is link.conn and held:
-                self._hold(link, frame)  # the retired connection's last events come first
+                self.routes.hold(link, frame)  # the retired connection's last events come first
             else:
-                self._on_route_frame(link, frame)
+                self.routes.on_frame(link, frame)
         elif state.role == "gateway":
             self.gateways.on_frame(state.peer, frame)
         elif state.session is not None:
@@ -222,255 +216,19 @@ class MeshNode:
         else:
             self.handshakes.on_frame(state, frame)
 
-    def install_link(self, state: Handshake, hello: Hello) -> None:
-        peer, conn = hello.node, state.conn
-        link = self.links.setdefault(peer, Link(peer))
-        dialer = self.node_id if state.dialed else peer
-        swapped = False
-        if link.conn is not None and link.conn is not conn and link.conn.is_open:
-            keep_new = dialer == min(self.node_id, peer) and link.dialed_by != dialer
-            swapped = keep_new
-            # Both ends apply the same rule and retire the same connection: each stops sending on
-            # it and reads on until the other has too, so nothing sent before the switch is lost.
-            loser = link.conn if keep_new else conn
-            self._conns[loser].superseded = True
-            self._conns[loser].role, self._conns[loser].peer, loser.peer = "route", peer, peer
-            if keep_new and not loser.peer_done:
-                link.retiring = loser  # events on the new connection wait for the old one's end
-            loser.retire()
-            if not keep_new:
-                return
-        state.role, state.peer, state.was_current = "route", peer, True
-        conn.peer = peer
-        if link.epoch and link.epoch != hello.epoch:
-            self.counters["peer_restarts"] += 1
-        same_process = link.epoch == hello.epoch
-        link.conn, link.dialed_by, link.epoch = conn, dialer, hello.epoch
-        transport = conn.transport
-        link.address = str(transport.get_extra_info("peername")) if transport is not None else ""
-        link.last_heard = time.monotonic()
-        if not swapped:
-            link.since = link.last_heard
-        link.counters["connects"] += 1
-        if swapped and same_process and link.state == "up":
-            # Both ends dialled: the pair moves to the connection the smaller id dialled. The peer's
-            # interest is still what it was, so the link keeps carrying events (a digest checks it).
-            link.counters["connection_swaps"] += 1
-            self._request_sync(link)
-            return
-        link.state = "syncing"
-        # A new connection starts from what the peer confirmed: the old one may have died (its close
-        # not yet seen here) with guaranteed events in flight.
-        self.guaranteed.link_down(peer)
-        self.gateways.changed((), self.router.add_peer(peer))
-        self._request_sync(link)
-        log.info("link to %s (%s) up; learning its interest", peer, link.address)
-
-    def _request_sync(self, link: Link) -> None:
-        state = self.router.peers.get(link.peer)
-        if link.conn is None or state is None:
-            return
-        link.sync_sent = time.monotonic()
-        link.conn.send(
-            encode_frame(FrameType.SYNC_REQ, self.node_id, payload=encode_leaves(state.interest.leaves()))
-        )
-
-    def _on_eof(self, conn: FrameConnection) -> bool:
-        """A link's connection the peer retired first: it will switch to the connection it dialled
-        (or accepted) too. Keep sending here until then, but no longer than a dead peer would last."""
-        state = self._conns.get(conn)
-        link = self.links.get(state.peer) if state is not None and state.role == "route" else None
-        if link is not None and link.retiring is conn:
-            self._release(link)
-        if link is None or link.conn is not conn:
-            return False
-        asyncio.get_running_loop().call_later(self.config.dead_after, self._close_if_current, link, conn)
-        return True
-
-    @staticmethod
-    def _close_if_current(link: Link, conn: FrameConnection) -> None:
-        if link.conn is conn:
-            conn.close()
-
     def _on_close(self, conn: FrameConnection) -> None:
-        state = self._conns.pop(conn)
+        state = self.conns.pop(conn)
         if state.session is not None:
             self.clients.drop(state.session)
         if state.role == "gateway":
             self.gateways.on_close(state.peer, conn)
-        link = self.links.get(state.peer) if state.role == "route" else None
-        if link is not None:
-            for name in ("bytes_in", "bytes_out", "batches_out"):
-                link.counters[name] += getattr(conn.stats, name)
-            if link.retiring is conn:
-                self._release(link)
-        if link is not None and link.conn is conn:
-            link.conn, link.state, link.sync_sent = None, "down", None
-            link.down.set()
-            self.guaranteed.link_down(link.peer)
-            self.clients.peer_gone(link.peer)
-            if self._running:
-                log.warning("link to %s down", link.peer)
-            if not link.was_up and link.peer not in self.guaranteed.spools:
-                # It never carried anything: nothing to remember (a peer that links and leaves at
-                # once, under ever new ids, must not leave a Link and a Bloom filter each behind).
-                del self.links[link.peer]
-                self.gateways.changed((), self.router.remove_peer(link.peer))
-
-    def _hold(self, link: Link, frame: Frame) -> None:
-        link.held.append(frame)
-        if len(link.held) >= HELD_EVENTS:  # the old connection takes too long: order gives way
-            self._release(link)
-
-    def _release(self, link: Link) -> None:
-        held, link.held, link.retiring = link.held, [], None
-        for frame in held:
-            self._on_route_frame(link, frame)
-
-    # --- route frames --------------------------------------------------------------------------------
-
-    def _on_route_frame(self, link: Link, frame: Frame) -> None:
-        link.last_heard = time.monotonic()
-        kind = frame.type
-        if kind is FrameType.EVENT:
-            self._on_remote_event(link, frame)
-        elif kind is FrameType.SPOOLED:
-            self.guaranteed.on_spooled(link, frame)
-        elif kind is FrameType.ACK:
-            self.guaranteed.on_ack(link, frame)
-        elif kind in (FrameType.SUB_ADD, FrameType.SUB_REMOVE):
-            added = kind is FrameType.SUB_ADD
-            link.counters["sub_add_in" if added else "sub_remove_in"] += 1
-            if frame.source != link.peer:
-                return self._count_bad(link, "foreign_origin")
-            pattern = self._valid(frame.subject, wildcards=True)
-            if pattern is None:
-                return self._count_bad(link, "bad_pattern")
-            peer_state = self.router.peers.get(link.peer)
-            if peer_state is not None:
-                if frame.sequence > version_ceiling(peer_state.interest.version, link.epoch, time.time_ns()):
-                    return self.close_peer(link.conn, "version_jump")
-                if added and len(peer_state.interest.versions) >= self.config.limits.max_patterns_per_peer:
-                    return self.close_peer(link.conn, "pattern_limit")
-            if self.router.apply(link.peer, pattern, frame.sequence, added):
-                gained, lost = ({pattern}, ()) if added else ((), {pattern})
-                self.gateways.changed(gained, lost)
-                self.guaranteed.learnt(link.peer, gained, lost)
-        elif kind is FrameType.HEARTBEAT:
-            state = self.router.peers.get(link.peer)
-            stale = state is not None and frame.payload != state.interest.root()
-            if link.state == "up" and link.sync_sent is None and stale:
-                link.counters["resyncs"] += 1
-                self._request_sync(link)
-        elif kind is FrameType.SYNC_REQ and not frame.payload:  # a ping: answered once all before it is
-            if link.conn is not None:
-                link.conn.send(encode_frame(FrameType.SYNC_RESP, self.node_id, sequence=frame.sequence))
-        elif kind is FrameType.SYNC_RESP and not frame.payload:  # the answer to our ping
-            self.clients.pong(link.peer, frame.sequence)
-        elif kind is FrameType.SYNC_REQ:
-            try:
-                leaves = decode_leaves(frame.payload)
-            except ValueError:
-                return self._count_bad(link, "bad_digest")
-            answer = SyncResponse(self.router.own.version, self.router.own.answer(leaves))
-            if link.conn is not None:
-                link.conn.send(
-                    encode_frame(
-                        FrameType.SYNC_RESP,
-                        self.node_id,
-                        sequence=answer.version,
-                        payload=encode_payload(answer),
-                    )
-                )
-        elif kind is FrameType.SYNC_RESP:
-            try:
-                answer = decode_sync(frame.payload)
-            except ValueError:
-                return self._count_bad(link, "bad_sync")
-            peer_state = self.router.peers.get(link.peer)
-            known = peer_state.interest.version if peer_state is not None else 0
-            if answer.version > version_ceiling(known, link.epoch, time.time_ns()):
-                return self.close_peer(link.conn, "version_jump")
-            if sum(len(b) for b in answer.buckets.values()) > self.config.limits.max_patterns_per_peer:
-                return self.close_peer(link.conn, "pattern_limit")
-            buckets = {
-                i: [p for p in patterns if self._valid(p, wildcards=True) is not None]
-                for i, patterns in answer.buckets.items()
-            }
-            gained, lost = self.router.apply_sync(link.peer, SyncResponse(answer.version, buckets))
-            self.gateways.changed(gained, lost)
-            self.guaranteed.learnt(link.peer, gained, lost)
-            link.sync_sent = None
-            if link.state == "syncing":
-                link.state, link.was_up = "up", True
-                link.down.clear()
-                log.info("link to %s carries events", link.peer)
-                self.guaranteed.link_up(link.peer, self.router.peers[link.peer].interest.versions)
-        else:
-            self._count_bad(link, "unexpected_hello")
-
-    @staticmethod
-    def close_peer(conn: FrameConnection | None, reason: str) -> None:
-        """A connection that passed a limit or broke the protocol: closed and counted (``_on_limit``);
-        nobody else notices."""
-        if conn is not None:
-            conn.limit(reason)
-
-    def _count_bad(self, link: Link, reason: str) -> None:
-        link.counters["bad_frames"] += 1
-        self.frame_errors[reason] += 1
-
-    def valid_pattern(self, text: str) -> str | None:
-        return self._valid(text, wildcards=True)
-
-    @staticmethod
-    def _valid(text: str, *, wildcards: bool) -> str | None:
-        try:
-            return validate(text, wildcards=wildcards)
-        except InvalidSubject:
-            return None
-
-    def valid_subject(self, subject: str) -> bool:
-        """Subjects repeat: each is checked once (the cache is bounded, and emptied when full)."""
-        known = self._subjects_checked.get(subject)
-        if known is None:
-            if len(self._subjects_checked) >= 4096:
-                self._subjects_checked.clear()
-            known = self._subjects_checked[subject] = self._valid(subject, wildcards=False) is not None
-        return known
-
-    def _on_remote_event(self, link: Link, frame: Frame) -> None:
-        link.events_in += 1
-        subject = frame.subject
-        if not self.valid_subject(subject):
-            return self._count_bad(link, "bad_subject")
-        timestamp, body = event_parts(frame)
-        self.deliver_remote(
-            link, MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, frame.raw)
-        )
-
-    def deliver_remote(self, link: Link, event: MeshEvent, *, quiet: bool = False) -> None:
-        """An event from a peer to this node's holders, once per event id; ``quiet``: a guaranteed
-        event, which queues may want when nobody else does."""
-        if self.dedup.seen(
-            event.subject, (event.timestamp_ms, event.sequence, event.source), time.monotonic()
-        ):
-            link.counters["duplicates_in"] += 1
-            return
-        holders = self.router.route(event.subject).local
-        if not holders:
-            if not quiet:
-                link.counters["unwanted_in"] += 1  # interest changed on the way, or a peer's stale copy
-            return
-        self.routed += 1
-        self.deliveries += len(holders)
-        for holder in holders:
-            holder.deliver(event)
+        if state.role == "route":
+            self.routes.closed(state.peer, conn)
 
     # --- clients -------------------------------------------------------------------------------------
 
     def _on_resume(self, conn: FrameConnection) -> None:
-        state = self._conns.get(conn)
+        state = self.conns.get(conn)
         if state is not None and state.session is not None:
             state.session.resume()
         elif state is not None and state.role == "route":
@@ -605,11 +363,11 @@ class MeshNode:
                 continue
             link.conn.send(heartbeat)
             if link.sync_sent is not None and now - link.sync_sent > self.config.dead_after:
-                self._request_sync(link)  # the answer went missing
+                self.routes.request_sync(link)  # the answer went missing
         for session in self.clients.sessions.values():
             session.conn.send(heartbeat)
         limits = self.config.limits
-        for conn in list(self._conns):
+        for conn in list(self.conns):
             conn.check_deadlines(now, limits.frame_timeout, limits.idle_timeout)
         self.clients.expire_pings(now)
         self.gateways.tick(now)

@@ -19,7 +19,7 @@ import msgspec
 
 from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE
 from meshplane.core.streamlog import StoredEvent
-from meshplane.core.subjects import is_reserved
+from meshplane.core.subjects import is_reserved, valid_pattern
 from meshplane.mesh.holders import MeshEvent
 from meshplane.streams.errors import BadRequest, CorruptRecords, StorageError, StreamError
 from meshplane.streams.files import write_atomic
@@ -97,7 +97,7 @@ class Queues:
             raise BadRequest("this mesh node has no streams data directory: it keeps no queues")
         checked = []
         for pattern in patterns:
-            valid = self.node.valid_pattern(pattern)
+            valid = valid_pattern(pattern)
             if valid is None or is_reserved(valid):
                 raise BadRequest(f"queue pattern {pattern!r}: not a valid pattern")
             checked.append(valid)
