@@ -1,6 +1,7 @@
 """A process with many broker-mode publishers, driven line by line over stdin (for the HA tests).
 
-python -m tests.broker_publishers COUNT EVENTS_PER_PHASE   (DYN_* variables give the brokers)
+python -m tests.broker_publishers COUNT EVENTS_PER_PHASE [PAUSE]   (DYN_* variables give the brokers)
+PAUSE: seconds between two rounds (one event of every publisher), so that a phase lasts a while.
 stdout: "ready" once every publisher sees the subscriber through every broker, then "sent" per phase.
 stdin:  "go" starts a phase; "exit" ends.
 """
@@ -15,7 +16,7 @@ from meshplane import EventPlane, Scope
 SCOPE = Scope.endpoint("ha", "worker", "generate")
 
 
-async def main(count: int, per_phase: int) -> None:
+async def main(count: int, per_phase: int, pause: float) -> None:
     async with EventPlane() as plane:
         publishers = [await plane.publisher(SCOPE, "kv-events") for _ in range(count)]
         brokers = len(plane.config.zmq_brokers)
@@ -27,8 +28,9 @@ async def main(count: int, per_phase: int) -> None:
             for _ in range(per_phase):
                 for pub in publishers:
                     await pub.publish(pub.next_sequence)
+                await asyncio.sleep(pause)
             print("sent", flush=True)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2])))
+    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else 0.0))

@@ -1,10 +1,14 @@
-"""Polling helpers: wait for a condition with a timeout instead of sleeping and hoping."""
+"""Polling helpers: wait for a condition with a timeout instead of sleeping and hoping, and read a child
+process's output up to a line with a deadline."""
 
 from __future__ import annotations
 
 import asyncio
+import re
+import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import IO
 
 from meshplane import EventPlane, Scope
 
@@ -47,3 +51,31 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {what or condition}")
         time.sleep(interval)
+
+
+def read_until(
+    stream: IO[str] | None, done: str | Callable[[str], bool], timeout: float, what: str
+) -> list[str]:
+    """The lines of a child's ``stream`` up to and including the first that ``done`` matches (a regex,
+    or a predicate). Read by a thread: a child that stops writing fails the test after ``timeout``
+    seconds, naming ``what`` and showing what it wrote, instead of hanging it."""
+    assert stream is not None
+    matches = done if callable(done) else (lambda line: re.search(done, line) is not None)
+    lines: list[str] = []
+    finished = threading.Event()
+
+    def read() -> None:
+        try:
+            for line in stream:
+                lines.append(line)
+                if matches(line):
+                    break
+        finally:
+            finished.set()
+
+    threading.Thread(target=read, daemon=True, name=f"read-until {what}").start()
+    if not finished.wait(timeout):
+        raise AssertionError(f"{what}: not within {timeout:g}s; it wrote:\n{''.join(lines)[-3000:]}")
+    if not lines or not matches(lines[-1]):
+        raise AssertionError(f"{what}: its output ended first:\n{''.join(lines)[-3000:]}")
+    return lines

@@ -19,7 +19,7 @@ import requests
 from meshplane import EventPlane, Scope
 from meshplane.launchers import StreamsServerProcess
 from tests.conftest import make_config
-from tests.helpers import wait_until
+from tests.helpers import read_until, wait_until
 
 MESHPLANE = [sys.executable, "-m", "meshplane.cli.main"]
 
@@ -83,13 +83,11 @@ def test_ups_dashboard_shows_the_brokers_and_their_counters(tmp_path: Path) -> N
     up = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env_for(tmp_path, "zmq"))
     try:
         assert up.stdout is not None
-        url = None
-        for line in up.stdout:
-            found = re.search(r"dashboard at (\S+)/ui", line)
-            if found:
-                url = found.group(1)
-                break
-        assert url is not None
+        found = re.search(
+            r"dashboard at (\S+)/ui", read_until(up.stdout, r"dashboard at", 60, "up's dashboard")[-1]
+        )
+        assert found is not None
+        url = found.group(1)
         plane: dict[str, Any] = {}
 
         def brokers_counted() -> bool:
@@ -111,14 +109,9 @@ def test_up_with_cluster_runs_on_three_jetstream_nodes_served_by_two_streams_ser
     argv += ["--context", "none"]
     env = {**env_for(tmp_path, "nats"), "MESHPLANE_TOKEN": "up-s3cret"}
     up = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
-    lines: list[str] = []
     try:
-        assert up.stdout is not None
-        for line in up.stdout:
-            lines.append(line)
-            if line.startswith("up "):  # the first status line: everything is started
-                break
-        output = "".join(lines)
+        # the first status line: everything is started
+        output = "".join(read_until(up.stdout, r"^up ", 120, "up --cluster's first status line"))
         nats_pids = [int(pid) for pid in re.findall(r"nats-server n\d \(JetStream\): pid (\d+)", output)]
         streams_urls = re.findall(r"streams server at (\S+) ", output)
         assert (len(nats_pids), len(streams_urls)) == (3, 2), output
@@ -429,13 +422,11 @@ def test_a_second_up_in_the_same_folder_stops_with_one_line_naming_the_first(tmp
     first = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env_for(tmp_path, "zmq"))
     try:
         assert first.stdout is not None
-        dashboard = None
-        for line in first.stdout:  # pytest-timeout bounds it; `up` prints this line within seconds
-            found = re.search(r"dashboard at (\S+/ui)", line)
-            if found:
-                dashboard = found.group(1)
-                break
-        assert dashboard is not None, "the first `up` printed no dashboard line"
+        found = re.search(
+            r"dashboard at (\S+/ui)", read_until(first.stdout, "dashboard at", 60, "the first up")[-1]
+        )
+        assert found is not None
+        dashboard = found.group(1)
         second = subprocess.run(
             argv, capture_output=True, text=True, timeout=60, env=env_for(tmp_path, "zmq")
         )

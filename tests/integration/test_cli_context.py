@@ -9,7 +9,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tests.helpers import wait_until
+from tests.helpers import read_until, wait_until
 from tests.integration.test_cli import MESHPLANE
 
 
@@ -27,14 +27,11 @@ def start_up(state_dir: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
     argv = [*MESHPLANE, "up", "--no-pipeline", "--state-dir", str(state_dir), "--nats-port", "0"]
     argv += ["--streams-port", "0", "--publishers", "2", "--rate", "50", "--duration", "60", *extra]
     up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env())
-    assert up.stdout is not None
-    lines: list[str] = []
-    while not any("as variables" in line for line in lines):
-        line = up.stdout.readline()
-        if not line:
-            up.kill()
-            raise AssertionError("".join(lines))
-        lines.append(line)
+    try:
+        lines = read_until(up.stdout, "as variables", 60, "up's next steps")
+    except AssertionError:
+        up.kill()
+        raise
     return up, "".join(lines)
 
 

@@ -18,6 +18,7 @@ from meshplane.cli.errors import CliError
 from meshplane.cli.main import build_parser
 from meshplane.cli.options import subcommands
 from meshplane.launchers import NatsServer, StreamsServerProcess
+from tests.helpers import read_until
 from tests.integration.test_cli import MESHPLANE, env_for
 
 
@@ -119,7 +120,7 @@ def test_tailing_a_room_that_does_not_exist_says_it_waits_then_gets_the_first_ev
     )
     assert tail.stderr is not None
     try:
-        note = tail.stderr.readline()
+        note = read_until(tail.stderr, r"\S", 60, "tail's note")[-1]
         assert "room 'later' does not exist yet: waiting for its first event" in note
         published = run(tmp_path, "stream", "publish", "later", "msg", '{"text": "hi"}', "--url", streams.url)
         assert published.returncode == 0, published.stderr

@@ -24,7 +24,7 @@ from meshplane.discovery.etcd import EtcdDiscovery
 from meshplane.discovery.file import FileDiscovery
 from meshplane.discovery.mem import MemoryDiscovery
 from meshplane.launchers import EtcdServer
-from tests.helpers import eventually
+from tests.helpers import eventually, read_until
 
 REPO = Path(__file__).resolve().parents[2]
 DiscoveryFactory = Callable[[], Awaitable[Discovery]]
@@ -161,14 +161,23 @@ async def test_file_layout_is_dynamos_and_writes_are_atomic(tmp_path: Path) -> N
 
 
 async def test_file_records_of_a_stopped_owner_expire(tmp_path: Path) -> None:
-    owner = FileDiscovery(tmp_path, ttl=0.5, poll_interval=0.02)
-    watcher = FileDiscovery(tmp_path, ttl=0.5, poll_interval=0.02)
+    ttl = 1.0
+    owner = FileDiscovery(tmp_path, ttl=ttl, poll_interval=0.02)
+    watcher = FileDiscovery(tmp_path, ttl=ttl, poll_interval=0.02)
     key = "v1/event_channels/namespace/ns/topic/t/1"
     await owner.register(key, b"v")
     recorder = Recorder(watcher, "v1/event_channels/")
     await eventually(lambda: recorder.saw(Added(key, b"v")))
-    # the owner keeps touching: still there after several TTLs
-    await asyncio.sleep(1.5)
+    # the owner keeps touching (every TTL / 3): still there after three TTLs and six touches
+    path = tmp_path / "v1" / "event_channels" / key_to_file_name(key)[1]
+    touches: set[int] = set()
+    started = time.monotonic()
+
+    def kept_for_three_ttls() -> bool:
+        touches.add(path.stat().st_mtime_ns)
+        return time.monotonic() - started > 3 * ttl and len(touches) >= 6
+
+    await eventually(kept_for_three_ttls, timeout=30, what="six keep-alive touches over three TTLs")
     assert not recorder.saw(Removed(key))
     # the owner stops touching (as a killed process would): the record expires and is deleted
     assert owner._keepalive is not None
@@ -203,8 +212,7 @@ def _spawn_registrar(*args: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.registrar", *args], cwd=REPO, stdout=subprocess.PIPE, text=True
     )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "registered"
+    assert read_until(proc.stdout, r"\S", 60, "the registrar")[-1].strip() == "registered"
     return proc
 
 

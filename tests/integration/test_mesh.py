@@ -143,7 +143,7 @@ async def test_links_dialled_from_both_ends_switch_connections_without_losing_an
             inbox = Inbox()
             a.subscribe("switch.x", inbox)
             await a.flush()
-            sent, switched_at, started = 0, 0, time.monotonic()
+            sent, switched_at, deadline = 0, 0, time.monotonic() + 30
             # Until the pair has switched connections (a's retry comes after b's first dial), then more.
             while not switched_at or sent < switched_at + 500:
                 await b.publish("switch.x", b"%d" % sent)
@@ -153,8 +153,9 @@ async def test_links_dialled_from_both_ends_switch_connections_without_losing_an
                     await asyncio.sleep(0.002)
                 if not switched_at and sent % 100 == 0:
                     links = (await status(cluster["a"]))["links"]
-                    if (links and links[0]["connects"] >= 2) or time.monotonic() - started > 5:
+                    if links and links[0]["connects"] >= 2:
                         switched_at = sent
+                    assert time.monotonic() < deadline, f"no switch of connections in 30 s: {links}"
             await b.flush()
             await eventually(lambda: inbox.events[-1:] == [("switch.x", b"%d" % (sent - 1))])
             numbers = [int(body) for _, body in inbox.events]
@@ -177,7 +178,8 @@ async def test_three_local_subscribers_are_one_sub_add_and_the_last_one_out_one_
         await interest_reached(three["b"], "a", "t3.payments")
         for client, sid in list(zip(clients, sids, strict=True))[:2]:
             client.unsubscribe(sid)
-            await client.flush()
+            # until b and c have handled all a sent before: a wrong SUB_REMOVE would have arrived
+            await client.flush(propagated=True)
         await interest_reached(three["c"], "a", "t3.payments")  # still there
         after_two = await link(three["b"], "a")
         assert after_two["sub_add_in"] - before["sub_add_in"] == 1

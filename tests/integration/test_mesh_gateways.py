@@ -3,8 +3,8 @@ external links to B and C; B also linked to D. Each node its own process."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -107,10 +107,20 @@ async def test_interest_crosses_one_external_link_and_is_never_passed_on(topolog
         await eventually(lambda: knows(topology["b1"], "A", "pay.>"), what="B learns A's subscription")
         await eventually(lambda: knows(topology["c1"], "A", "pay.>"), what="C learns A's subscription")
         await eventually(lambda: knows(topology["b1"], "D", "dd.>"), what="B learns D's subscription")
-        await asyncio.sleep(1.0)  # five heartbeat intervals: room for a wrong propagation to happen
+        # Markers: interest of B's and A's own, made after B and A learnt the rest, crosses the same
+        # external links after anything they wrongly passed on would have.
+        b1, a1 = await client(topology, "b1"), await client(topology, "a1")
+        b1.subscribe("mark.b", Inbox())
+        a1.subscribe("mark.a", Inbox())
+        await b1.flush(propagated=True)
+        await a1.flush(propagated=True)
+        for at, cluster, marker in (("d1", "B", "mark.b"), ("a1", "B", "mark.b"), ("c1", "A", "mark.a")):
+            await eventually(partial(knows, topology[at], cluster, marker), what=f"{at} learns {marker}")
         assert not await knows(topology["d1"], "B", "pay.>")  # B does not re-transmit A's interest
         assert not await knows(topology["a1"], "B", "dd.>")  # nor D's to A
         assert not await knows(topology["c1"], "A", "dd.>")
+        await b1.close()
+        await a1.close()
     finally:
         await a2.close()
         await d1.close()
@@ -142,8 +152,18 @@ async def test_events_reach_exactly_the_clusters_with_interest_over_a_shared_lin
         }
         expected = {name: sorted(f"evt.{src}" for src in names if name in reach[src]) for name in names}
         await eventually(lambda: all(len(inboxes[n].events) >= len(expected[n]) for n in names), timeout=15)
-        await asyncio.sleep(0.5)  # anything wrong would have arrived by now
-        assert {n: sorted(s for s, _ in inboxes[n].events) for n in names} == expected
+        # Each node forwards on receipt: after a marker from every node, published now, has arrived
+        # wherever it goes, whatever was wrongly passed on before it (on the same links) has too.
+        for name in names:
+            await clients[name].publish(f"evt.end.{name}", b"")
+            await clients[name].flush()
+
+        def markers_in(n: str) -> bool:
+            return sum(s.startswith("evt.end.") for s, _ in inboxes[n].events) == len(expected[n])
+
+        await eventually(lambda: all(markers_in(n) for n in names), timeout=15, what="every marker")
+        got = {n: sorted(s for s, _ in inboxes[n].events if not s.startswith("evt.end.")) for n in names}
+        assert got == expected
     finally:
         for c in clients.values():
             await c.close()

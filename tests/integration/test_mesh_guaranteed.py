@@ -444,9 +444,10 @@ async def test_the_standby_mate_takes_over_with_every_acknowledged_event(tmp_pat
 
 
 async def test_an_event_sent_into_the_dying_connection_is_sent_again_to_the_mate(tmp_path: Path) -> None:
-    """Published on b right after the active mate is killed: b may send it on the dead connection
-    (its close not yet seen) and then link to the standby: the new connection starts from what a
-    confirmed, so the event is sent again."""
+    """Sent by b on the connection to the active mate as it dies: the active mate is stopped
+    (SIGSTOP: its connection stays open), b sends the event on it (sent, not confirmed), then the
+    mate is killed. b links to the standby: the new connection starts from what a confirmed, so
+    the event is sent again."""
     a1, a2, b, _ = ha_trio(tmp_path)
     with a1, a2, b:
         a1.start()
@@ -457,8 +458,18 @@ async def test_an_event_sent_into_the_dying_connection_is_sent_again_to_the_mate
         publisher = await MeshClient(b.route_url).connect()
         try:
             await publisher.publish("dy.x", b"before", guaranteed=True)
+            a1.kill(signal.SIGSTOP)
+            after = asyncio.create_task(publisher.publish("dy.x", b"after", guaranteed=True))
+
+            async def sent_not_confirmed() -> bool:
+                spools = {s["peer"]: s for s in (await status(b))["guaranteed"]["spools"]}
+                return "a" in spools and spools["a"]["sent"] > spools["a"]["acked"]
+
+            await eventually(
+                sent_not_confirmed, timeout=10, what="'after' sent into the stopped mate's connection"
+            )
             a1.kill(signal.SIGKILL)
-            await publisher.publish("dy.x", b"after", guaranteed=True)
+            await asyncio.wait_for(after, 30)  # stored by the standby once it took over
         finally:
             await publisher.close()
         await asyncio.to_thread(a2.wait_ready, 20)

@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 
 from meshplane.launchers import StreamsServerProcess
 from meshplane.streams.client import StreamsClient
+from tests.helpers import read_until
 from tests.spark_support import collect_available_now, publish, reader, run
 
 
@@ -288,15 +289,10 @@ def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> Non
         text=True,
         env=env,
     )
-    assert up.stdout is not None
     lines: list[str] = []
 
-    def read_until(pattern: str) -> None:
-        assert up.stdout is not None
-        while not re.search(pattern, lines[-1] if lines else ""):
-            line = up.stdout.readline()
-            assert line, "".join(lines[-20:])  # `up` ended first
-            lines.append(line)
+    def read_to(pattern: str, timeout: float) -> None:
+        lines.extend(read_until(up.stdout, pattern, timeout, f"up printing {pattern!r}"))
 
     def status() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -308,7 +304,7 @@ def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> Non
         )
 
     try:
-        read_until(r"Spark running, windows [1-9]")
+        read_to(r"Spark running, windows [1-9]", 120)
         assert any("Spark pipeline: starting" in line for line in lines)
         checks = {c["name"]: c for c in map(json.loads, status().stdout.splitlines())}
         assert checks["pipeline"]["state"] == "ok"
@@ -316,11 +312,11 @@ def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> Non
         assert f"pid {pid}" in checks["pipeline"]["detail"]
         # Issue 35: a dead pipeline went unreported. Killed, it is restarted and says so everywhere.
         os.kill(pid, signal.SIGKILL)
-        read_until(r"Spark restarting \(1/3: killed by SIGKILL")
+        read_to(r"Spark restarting \(1/3: killed by SIGKILL", 30)
         down = status()
         assert down.returncode == 3
         assert "killed by SIGKILL" in down.stdout
-        read_until(r"Spark running, restarted 1x, windows")
+        read_to(r"Spark running, restarted 1x, windows", 120)
         checks = {c["name"]: c for c in map(json.loads, status().stdout.splitlines())}
         assert checks["pipeline"]["state"] == "ok"
         assert "restarted 1x (last: killed by SIGKILL" in checks["pipeline"]["detail"]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
+import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,12 +56,24 @@ def chunks(client: SyncStreamsClient, max_bytes: int) -> Iterator[tuple[int, byt
         offset += len(records)
 
 
+def open_files() -> set[Path]:
+    """The files this process holds open."""
+    found = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            found.add(Path(os.readlink(fd)))
+    return found
+
+
 def test_local_reads_return_what_http_sends(server: StreamsServerProcess) -> None:
     local = SyncStreamsClient(server.url, TOKEN, local_reads=True)
     remote = SyncStreamsClient(server.url, TOKEN, local_reads=False)
     try:
         for max_bytes in (1, 3000, 1 << 20):
             assert list(chunks(local, max_bytes)) == list(chunks(remote, max_bytes))
+            # the local client read the segment itself: it holds the file open (HTTP would not)
+            segments = {p.resolve() for p in (server.data_dir / "topics" / "t" / "0").glob("*.log")}
+            assert segments & open_files(), "the local client did not read the segment file"
         assert local.fetch_raw("t", 0, EVENTS, 1000) == (b"", 0, EVENTS)  # past the end: nothing
         with pytest.raises(OffsetOutOfRange):
             local.fetch_raw("t", 0, EVENTS + 5, 1000)

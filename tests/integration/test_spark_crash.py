@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,6 +52,14 @@ def _copied(url: str) -> list[int]:
     return result
 
 
+def _duplicates_skipped(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+        metrics = answer.read().decode()
+    found = re.search(r"^meshplane_streams_duplicates_skipped(?:_total)? (\S+)$", metrics, re.MULTILINE)
+    assert found is not None, "no duplicates_skipped metric"
+    return float(found.group(1))
+
+
 def _driver(url: str, checkpoint: Path, log: Path) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "tests.spark_copy_driver", url, "copy-in", "copy-out", str(checkpoint)]
     return subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -74,6 +84,13 @@ def test_a_driver_killed_mid_stream_resumes_on_its_checkpoint_and_copies_every_e
         driver.wait(30)
         partial = _copied(server.url)
         assert 0 < len(partial) < EVENTS, "killed too late to prove anything"
+        # A kill between a batch's writes and its commit, made certain: the last commit taken back,
+        # the restarted driver runs that batch again, and the sink's idempotency keys store it once.
+        commits = sorted((checkpoint / "commits").glob("[0-9]*"), key=lambda f: int(f.name))
+        assert commits, "no batch was committed before the kill"
+        commits[-1].unlink()
+        (checkpoint / "commits" / f".{commits[-1].name}.crc").unlink(missing_ok=True)
+        skipped_before = _duplicates_skipped(server.url)
         driver = _driver(server.url, checkpoint, log)
         wait_until(
             lambda: len(_copied(server.url)) >= EVENTS, timeout=120, interval=0.2, what="copied events"
@@ -83,3 +100,4 @@ def test_a_driver_killed_mid_stream_resumes_on_its_checkpoint_and_copies_every_e
         driver.wait(30)
     copied = _copied(server.url)
     assert sorted(copied) == list(range(EVENTS))  # every event, none twice
+    assert _duplicates_skipped(server.url) > skipped_before  # the replayed batch, not stored again

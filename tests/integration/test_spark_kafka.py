@@ -7,6 +7,7 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -211,14 +212,24 @@ def test_a_streaming_query_survives_a_server_crash_and_restart(spark: SparkSessi
                 seen.extend(got)
 
         query = (
-            reader(spark, url, "through-crash", startingOffsets="earliest", retryTimeoutMs="60000")
+            # 50 a batch: the backlog still flows when the server dies
+            reader(
+                spark,
+                url,
+                "through-crash",
+                startingOffsets="earliest",
+                retryTimeoutMs="60000",
+                maxOffsetsPerTrigger="50",
+            )
             .writeStream.foreachBatch(each)
             .option("checkpointLocation", str(tmp_path / "ckpt"))
             .trigger(processingTime="200 milliseconds")
             .start()
         )
         try:
-            wait_until(lambda: len(seen) >= 500, timeout=120, what="the first events")
+            wait_until(lambda: len(seen) >= 100, timeout=120, what="the first batches")
+            with lock:
+                assert len(seen) < 500, "the backlog was read before the kill"
             proc.kill()
             proc.start()  # same port, same data directory
             run(publish(url, "through-crash", 500, 500, partitions=2))
@@ -240,29 +251,68 @@ def test_the_docs_parity_table_lists_what_works(spark: SparkSession, server: Str
     )
     assert len(supported) >= 11
     run(publish(server.url, "parity", 0, 10, partitions=2))
-    examples = {
-        "subscribe": "parity",
-        "subscribePattern": "par.ty",
-        "assign": '{"parity": [0, 1]}',
-        "startingOffsets": "earliest",
-        "endingOffsets": "latest",
-        "maxOffsetsPerTrigger": "5",
-        "minOffsetsPerTrigger": "1",
-        "maxTriggerDelay": "1s",
-        "failOnDataLoss": "false",
-        "minPartitions": "3",
-        "includeHeaders": "true",
-        "startingTimestamp": "0",
-        "startingOffsetsByTimestamp": '{"parity": {"0": 0}}',
-        "endingTimestamp": "99999999999999",
-        "endingOffsetsByTimestamp": '{"parity": {"0": 99999999999999}}',
+    everything = batch_read(spark, server.url, subscribe="parity").collect()
+    in_0 = sorted(r["offset"] for r in everything if r["partition"] == 0)
+    in_1 = sorted(r["offset"] for r in everything if r["partition"] == 1)
+    assert (len(everything), min(len(in_0), len(in_1)) > 1) == (10, True), "both partitions hold events"
+    never = "99999999999999"
+
+    def read(**options: str) -> DataFrame:
+        chosen = {"assign", "subscribePattern"} & set(options)
+        return batch_read(spark, server.url, **(options if chosen else {"subscribe": "parity", **options}))
+
+    def places(**options: str) -> list[tuple[int, int]]:
+        return sorted((r["partition"], r["offset"]) for r in read(**options).collect())
+
+    every_place = [(0, o) for o in in_0] + [(1, o) for o in in_1]
+    only_1 = [(1, o) for o in in_1]
+    by_time = {
+        "starting": f'{{"parity": {{"0": {never}, "1": 0}}}}',
+        "ending": f'{{"parity": {{"0": 0, "1": {never}}}}}',
     }
-    assert set(supported) <= set(examples)
-    for name in supported:
-        options = {"subscribe": "parity", name: examples[name]}
-        if name in ("subscribePattern", "assign"):
-            del options["subscribe"]
-        assert batch_read(spark, server.url, **options).count() == 10, name
+    # Each option with what it must change (against reading everything), in a batch read:
+    acts: dict[str, Callable[[], bool]] = {
+        "subscribe": lambda: places() == every_place,
+        "subscribePattern": lambda: places(subscribePattern="par.ty") == every_place,
+        "assign": lambda: places(assign='{"parity": [1]}') == only_1,
+        "startingOffsets": lambda: places(startingOffsets='{"parity": {"0": 1, "1": -2}}') == every_place[1:],
+        "endingOffsets": lambda: (
+            places(endingOffsets='{"parity": {"0": 1, "1": -1}}') == [(0, in_0[0]), *only_1]
+        ),
+        "minPartitions": lambda: read(minPartitions="5").rdd.getNumPartitions() >= 5,
+        "includeHeaders": lambda: (
+            "headers" in read(includeHeaders="true").columns and "headers" not in read().columns
+        ),
+        "startingTimestamp": lambda: places(startingTimestamp=never) == [],
+        "endingTimestamp": lambda: places(endingTimestamp="0") == [],
+        "startingOffsetsByTimestamp": lambda: (
+            places(startingOffsetsByTimestamp=by_time["starting"]) == only_1
+        ),
+        "endingOffsetsByTimestamp": lambda: places(endingOffsetsByTimestamp=by_time["ending"]) == only_1,
+    }
+    # Options that act only on streams or on lost data, each proven by the test named.
+    proven_elsewhere = {
+        "maxOffsetsPerTrigger": "test_max_offsets_per_trigger_caps_each_micro_batch",
+        "minOffsetsPerTrigger": "test_min_offsets_per_trigger_waits_for_enough_events_or_the_delay",
+        "maxTriggerDelay": "test_min_offsets_per_trigger_waits_for_enough_events_or_the_delay",
+        "failOnDataLoss": "test_a_skipped_range_is_reported_once_and_jumped_in_one_batch",
+    }
+    assert set(supported) == set(acts) | set(proven_elsewhere)
+    assert all(name in globals() for name in proven_elsewhere.values())
+    failed = [name for name, check in acts.items() if not check()]
+    assert failed == [], f"options that did not act: {failed}"
+
+
+def test_max_offsets_per_trigger_caps_each_micro_batch(
+    spark: SparkSession, server: StreamsServerProcess, tmp_path: Path
+) -> None:
+    run(publish(server.url, "capped", 0, 23, partitions=2))
+    rows, sizes = collect_available_now(
+        reader(spark, server.url, "capped", maxOffsetsPerTrigger="5"), tmp_path / "checkpoint"
+    )
+    assert sorted(json.loads(r["value"])["i"] for r in rows) == list(range(23))
+    assert max(sizes) <= 5
+    assert len(sizes) >= 5  # 23 events in batches of at most 5
 
 
 def test_min_offsets_per_trigger_waits_for_enough_events_or_the_delay(server: StreamsServerProcess) -> None:

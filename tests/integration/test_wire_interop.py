@@ -318,7 +318,8 @@ async def test_a_publisher_that_starts_after_its_record_is_still_reached(
     write_dynamo_record(zmq_config.file_kv, "later", 5, endpoint)
     async with EventPlane(zmq_config) as plane:
         sub = await plane.subscriber(SCOPE, "later")
-        await asyncio.sleep(0.3)  # the subscriber's first connection attempts fail: nobody listens yet
+        # it has read the record and connects, while nobody listens yet: the first attempts fail
+        await eventually(lambda: sub.stats.publishers_discovered == 1, what="the record read")
         ctx = zmq.asyncio.Context()
         sock = ctx.socket(zmq.XPUB)
         sock.bind(endpoint)
@@ -329,4 +330,3 @@ async def test_a_publisher_that_starts_after_its_record_is_still_reached(
         finally:
             sock.close(0)
             ctx.term()
-        await eventually(lambda: sub.stats.publishers_discovered == 1)
