@@ -180,6 +180,7 @@ def test_up_with_nodes_runs_the_demo_through_a_mesh_and_stops_every_node(tmp_pat
         assert not Path(f"/proc/{pid}").exists()  # every node is stopped with `up`
 
 
+@pytest.mark.timeout(200)  # each of its commands has 60 s
 def test_pub_reaches_sub_and_sub_prints_json(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     sub = subprocess.Popen(
@@ -350,6 +351,7 @@ async def test_nats_server_may_list_several_servers_of_a_cluster() -> None:
         assert redact_url(f"{gone},{server.url}").count("***@") == 2
 
 
+@pytest.mark.timeout(200)  # each of its commands has 60 s
 def test_stream_topic_and_group_commands(tmp_path: Path) -> None:
     with StreamsServerProcess(data_dir=tmp_path / "data") as server:
         server.start()
@@ -415,6 +417,7 @@ def test_stream_topic_and_group_commands(tmp_path: Path) -> None:
     assert "cannot reach the streams server" in gone.stderr
 
 
+@pytest.mark.timeout(200)  # each of its commands has 60 s
 def test_a_second_up_in_the_same_folder_stops_with_one_line_naming_the_first(tmp_path: Path) -> None:
     """Issue 35's first finding: a second `make run` in the same folder wrote the same logs."""
     argv = [*MESHPLANE, "up", "--no-pipeline", "--streams-port", "0", "--state-dir", str(tmp_path)]

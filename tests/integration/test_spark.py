@@ -258,6 +258,7 @@ def test_corrupt_records_fail_the_query_or_are_skipped(spark: SparkSession, tmp_
         assert sorted(r["offset"] for r in rows) == [*range(100), *range(101, 300)]
 
 
+@pytest.mark.timeout(330)  # the demo's own 300 s bound first
 def test_pipeline_demo_prints_its_progress_and_result_not_sparks_noise(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MESHPLANE_")}
     result = subprocess.run(

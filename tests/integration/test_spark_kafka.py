@@ -196,6 +196,7 @@ def test_progress_gives_kafkas_lag_metrics(
     assert offsets_behind(last["sources"][0])["maxOffsetsBehindLatest"] == 0
 
 
+@pytest.mark.timeout(300)  # two waits of 120 s and a restart
 def test_a_streaming_query_survives_a_server_crash_and_restart(spark: SparkSession, tmp_path: Path) -> None:
     """SIGKILL the server mid-stream, start it again on the same port and data: the query keeps
     running, and every event arrives exactly once."""

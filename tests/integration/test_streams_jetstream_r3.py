@@ -135,11 +135,15 @@ class Consumer:
             await asyncio.sleep(0.02)
 
 
-async def _retry(call: Any) -> Any:
+async def _retry(call: Any, timeout: float = 60) -> Any:
+    """``call()`` again while the cluster refuses it (an election): at most ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
     while True:
         try:
             return await call()
-        except RETRYABLE:
+        except RETRYABLE as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"still refused after {timeout:g}s: {exc!r}") from exc
             await asyncio.sleep(0.1)
 
 
@@ -154,6 +158,7 @@ async def _stream_leader(cluster: JetStreamCluster, partition: int) -> str:
         await nc.close()
 
 
+@pytest.mark.timeout(480)  # five phases of at most 2 x 30 s, the set-up's retries and the final read
 async def test_r3_loses_and_duplicates_nothing_when_a_node_then_a_stream_leader_is_killed(
     cluster: JetStreamCluster, servers: list[StreamsServerProcess]
 ) -> None:
@@ -176,8 +181,8 @@ async def test_r3_loses_and_duplicates_nothing_when_a_node_then_a_stream_leader_
 
         async def progress(events: int, what: str) -> None:
             target, consumed = acked() + events, len(consumer.seen)
-            await eventually(lambda: acked() >= target, timeout=60, what=f"{what}: publishers go on")
-            await eventually(lambda: len(consumer.seen) > consumed, timeout=60, what=f"{what}: group goes on")
+            await eventually(lambda: acked() >= target, timeout=30, what=f"{what}: publishers go on")
+            await eventually(lambda: len(consumer.seen) > consumed, timeout=30, what=f"{what}: group goes on")
 
         try:
             await progress(100, "before any failure")
@@ -235,6 +240,7 @@ async def test_r3_loses_and_duplicates_nothing_when_a_node_then_a_stream_leader_
         assert watcher.received == room  # pushed in order, with no gap, through the other server
 
 
+@pytest.mark.timeout(300)  # three phases of at most 30 s, a meta leader within 30 s, retries of 60 s
 async def test_publishes_answer_only_200_or_503_while_the_meta_leader_then_a_stream_leader_die(
     cluster: JetStreamCluster, servers: list[StreamsServerProcess]
 ) -> None:
@@ -265,7 +271,7 @@ async def test_publishes_answer_only_200_or_503_while_the_meta_leader_then_a_str
 
         async def stored(count: int) -> None:
             target = answers.get(200, 0) + count
-            await eventually(lambda: answers.get(200, 0) >= target, timeout=60, what="publishes go on")
+            await eventually(lambda: answers.get(200, 0) >= target, timeout=30, what="publishes go on")
 
         try:
             await stored(20)

@@ -35,8 +35,12 @@ async def main():
         sub._socket.connect(endpoint)
     await asyncio.sleep(0.3)
     sequences = [0, 0]
-    received = 0
+    received = attempts = 0
+    deadline = asyncio.get_running_loop().time() + 60  # the scenario ends by itself, loaded machine or not
     for attempt in range(300):
+        if asyncio.get_running_loop().time() > deadline:
+            break
+        attempts += 1
         for index, (sock, _, encoder) in enumerate(publishers):
             for _ in range(20):
                 sock.send_multipart(encoder.encode(EventEnvelope(index + 1, sequences[index], 0, "kv", b"x")))
@@ -46,11 +50,15 @@ async def main():
         endpoint = publishers[attempt % 2][1]
         sub.disconnect(endpoint)
         sub._socket.connect(endpoint)
-        batch = await sub.receive()
+        try:  # what was sent while the connection was down is gone: nothing may come this time
+            async with asyncio.timeout(0.5):
+                batch = await sub.receive()
+        except TimeoutError:
+            continue
         assert not any(isinstance(item, WireError) for item in batch), batch
         received += len(batch)
     await sub.close()
-    print("ok", received)
+    print("ok", received, attempts)
 
 asyncio.run(main())
 """
@@ -63,9 +71,11 @@ def test_disconnecting_while_a_frame_is_fetched_ahead_keeps_the_process_alive(ex
         [sys.executable, "-c", SCENARIO],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=100,
         env={**os.environ, **env},
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("ok ")
-    assert int(result.stdout.split()[1]) > 0
+    received, attempts = map(int, result.stdout.split()[1:3])
+    assert received > 0
+    assert attempts >= 50  # disconnections enough to meet a frame fetched ahead
