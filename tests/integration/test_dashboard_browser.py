@@ -12,7 +12,7 @@ import requests
 from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from meshplane.launchers import StreamsServerProcess
+from meshplane.launchers import MeshCluster, StreamsServerProcess
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 TOKEN = "dashboard-browser-token-42"
@@ -192,6 +192,16 @@ def test_the_browser_shows_an_event_published_a_moment_ago(url: str, page: Page)
 def test_the_event_plane_page_shows_the_mesh_placeholder(url: str, page: Page) -> None:
     page.goto(url + "/ui/plane")
     page.wait_for_selector("text=not a mesh node", timeout=WAIT_MS)
+
+
+def test_the_event_plane_page_shows_a_mesh_node_and_its_links(page: Page) -> None:
+    with MeshCluster(2, cluster="dash") as mesh:
+        mesh.start().wait_linked()
+        page.goto(mesh["a"].url + "/ui/plane")
+        page.wait_for_selector("#mesh >> text=of cluster dash", timeout=WAIT_MS)
+        assert "Node a of cluster dash" in page.inner_text("#mesh")
+        page.wait_for_selector("#mesh td:text-is('b')", timeout=WAIT_MS)  # its link to b
+        assert "up" in page.inner_text("#mesh table")
 
 
 @pytest.fixture(scope="module")

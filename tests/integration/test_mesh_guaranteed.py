@@ -20,6 +20,7 @@ from meshplane import EventPlane, PlaneConfig, Scope
 from meshplane.errors import TransportError
 from meshplane.launchers import MeshCluster, ServerError, StreamsServerProcess, free_port
 from meshplane.mesh.client import MeshClient
+from meshplane.streams.client import StreamsClient
 from tests.helpers import eventually
 from tests.integration.test_mesh import Inbox, interest_reached, link, status
 
@@ -237,8 +238,8 @@ async def test_a_resend_of_stored_events_is_dropped_by_event_id_even_after_a_res
 
 
 async def test_every_client_can_ask_for_guaranteed_delivery(pair: MeshCluster, tmp_path: Path) -> None:
-    """HTTP pub/sub (and so the WebSocket command channel, which runs the same command) and the event
-    plane (MESHPLANE_GUARANTEED) publish guaranteed events that reach a queue on the other node."""
+    """HTTP pub/sub, the WebSocket command channel and the event plane (MESHPLANE_GUARANTEED) publish
+    guaranteed events that reach a queue on the other node."""
     await asyncio.to_thread(pair.wait_linked)
     scope = Scope.endpoint("ns", "comp", "ep")
     await put_queue(pair["b"], "all-clients", ["g6.>", scope.subject("t")])
@@ -250,6 +251,11 @@ async def test_every_client_can_ask_for_guaranteed_delivery(pair: MeshCluster, t
                 answer = await response.json()
                 assert response.status == 200, answer
                 assert answer["guaranteed"] is True
+    async with StreamsClient(pair["a"].url, channel=True) as over_websocket:
+        for i in range(3):
+            payload = {"topic": "g6.ws", "payload": {"ws": i}, "guaranteed": True}
+            assert (await over_websocket.command("pubsub.publish", payload))["guaranteed"] is True
+        assert over_websocket.channel_open  # the commands went over the WebSocket, not POST
     config = PlaneConfig(
         event_plane="mesh",
         discovery_backend="file",
@@ -269,13 +275,13 @@ async def test_every_client_can_ask_for_guaranteed_delivery(pair: MeshCluster, t
                 page: dict[str, Any] = await response.json()
                 return list(page["events"])
 
-    async def six() -> bool:
-        return len(await events()) == 6
+    async def nine() -> bool:
+        return len(await events()) == 9
 
-    await eventually(six, what="three HTTP and three event-plane events in b's queue")
+    await eventually(nine, what="three HTTP, three WebSocket and three event-plane events in b's queue")
     stored = await events()
-    assert [e["data"] for e in stored[:3]] == [{"i": 0}, {"i": 1}, {"i": 2}]
-    assert {e["event_type"] for e in stored[3:]} == {scope.subject("t")}
+    assert [e["data"] for e in stored[:6]] == [{"i": 0}, {"i": 1}, {"i": 2}, {"ws": 0}, {"ws": 1}, {"ws": 2}]
+    assert {e["event_type"] for e in stored[6:]} == {scope.subject("t")}
 
 
 async def test_guaranteed_without_a_mesh_node_is_a_400() -> None:

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from meshplane.core.streamlog import StoredEvent
+from meshplane.dashboard.http import WRITE_TIMEOUT_SECS
 from meshplane.dashboard.live import MAX_VIEWERS, Dashboard, Tail
 from meshplane.streams.access import Grant, Scope
-from meshplane.streams.errors import LimitReached
+from meshplane.streams.errors import LimitReached, http_status
 from meshplane.streams.service import StreamsConfig, StreamsService
 
 
@@ -84,6 +85,13 @@ async def test_pages_are_bounded(engine: StreamsService) -> None:
         dashboard.join(None)
     dashboard.leave(viewers[0])
     dashboard.join(None)
+
+
+def test_the_docs_cite_the_page_limits() -> None:
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "dashboard.md").read_text().split())
+    assert f"a page that stops reading is dropped after {WRITE_TIMEOUT_SECS:g} s" in text
+    refused = http_status(LimitReached("65th"))
+    assert f"At most {MAX_VIEWERS} pages are open at a time (then {refused})" in text
 
 
 async def test_a_token_limited_to_a_prefix_sees_only_its_names(engine: StreamsService) -> None:

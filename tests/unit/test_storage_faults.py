@@ -17,6 +17,7 @@ from meshplane.streams.service import StreamsConfig, StreamsService
 from tests.faults import FaultInjector
 
 ERRORS = [errno.ENOSPC, errno.EIO]
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def payload(i: int) -> bytes:
@@ -66,8 +67,11 @@ def test_a_failed_append_leaves_no_trace_and_a_crash_loses_nothing_acknowledged(
             try:
                 plog = PartitionLog(directory, segment_bytes=8_000, index_interval=1_000)
             except StorageError:
-                continue  # the very first open failed: nothing was acknowledged
-            failures = append_workload(plog, acked, seen)
+                plog = None  # the very first open failed: nothing was acknowledged
+            failures = append_workload(plog, acked, seen) if plog is not None else []
+        if plog is None:  # what the failed open left must open next time
+            PartitionLog(directory, segment_bytes=8_000, index_interval=1_000).close()
+            continue
         assert injector.failed is not None
         assert len(failures) <= 1, failures
         # kill -9: nothing more is written; the next process recovers from the files alone.
@@ -192,8 +196,7 @@ async def check_recovered(directory: Path, ack: Acknowledged, where: str) -> Non
         await engine.close()
 
 
-async def run_engine_faults(tmp_path: Path, error: int) -> None:
-    dry = tmp_path / "dry"
+async def count_engine_operations(dry: Path) -> int:
     with FaultInjector(dry).installed() as counter:
         engine = StreamsService(StreamsConfig(data_dir=dry, fsync="always"))
         await engine.start()
@@ -201,6 +204,11 @@ async def run_engine_faults(tmp_path: Path, error: int) -> None:
         total = counter.count  # what the workload does (a crash skips what close() would)
         await engine.close()
     assert {op for op, _ in counter.seen[:total]} >= {"open", "write", "fsync", "replace"}
+    return total
+
+
+async def run_engine_faults(tmp_path: Path, error: int) -> None:
+    total = await count_engine_operations(tmp_path / "dry")
     for fail_at in range(1, total + 1):
         directory = tmp_path / f"{error}-{fail_at}"
         ack = Acknowledged()
@@ -210,7 +218,8 @@ async def run_engine_faults(tmp_path: Path, error: int) -> None:
             try:
                 await engine.start()
             except StorageError:
-                crash(engine)
+                crash(engine)  # a start that failed acknowledged nothing; the next one starts
+                await check_recovered(directory, ack, f"a failed start ({fail_at} of {total})")
                 continue
             await engine_workload(engine, ack)
         crash(engine)
@@ -225,3 +234,15 @@ async def test_engine_operations_fail_in_turn_and_nothing_acknowledged_is_lost(
     tmp_path: Path, error: int
 ) -> None:
     await run_engine_faults(tmp_path, error)
+
+
+async def test_the_docs_cite_the_operations_failed_in_turn(tmp_path: Path) -> None:
+    """docs/streams.md and docs/performance.md say how many operations fail in turn: these."""
+    log_ops, engine_ops = count_operations(tmp_path), await count_engine_operations(tmp_path / "engine")
+    streams, performance = (DOCS / "streams.md").read_text(), (DOCS / "performance.md").read_text()
+    flat = " ".join(streams.split())
+    assert f"each of the {log_ops} file operations of a partition-log workload" in flat
+    assert f"each of the {engine_ops} of an engine workload" in flat
+    flat = " ".join(performance.split())
+    assert f"each of the {log_ops} file operations of a partition-log workload and the {engine_ops}" in flat
+    assert f"{len(ERRORS) * (log_ops + engine_ops)} failures" in flat

@@ -133,6 +133,11 @@ class StreamsClient:
         self._channel_opening = asyncio.Lock()
 
     @property
+    def channel_open(self) -> bool:
+        """Whether commands go over an open WebSocket command channel (``channel=True``)."""
+        return self._channel is not None and not self._channel.closed
+
+    @property
     def url(self) -> str:
         """The server requests go to now."""
         return self.urls[self._current]
