@@ -6,18 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshplane.core.envelope import Codec, EventEnvelope
-from meshplane.core.framing import HEARTBEAT_SUFFIX, MessageType, WireFormat, encode_nats
+from meshplane.core.envelope import Codec
+from meshplane.core.framing import WireFormat
 from meshplane.errors import TransportError
 from meshplane.mesh.client import MeshClient
-from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
-from meshplane.transports.inbox import Inbox, decode_messages
-from meshplane.transports.native import NativeNatsDecode, native_nats_decode
+from meshplane.transports.subjects import SubjectPublisher, SubjectSubscriber
 
 TRANSPORT_MESH = "Mesh"  # in discovery records (meshplane only; Dynamo has no such transport)
 
 
-class MeshPublisherTransport(PublisherTransport):
+class MeshPublisherTransport(SubjectPublisher):
     def __init__(
         self,
         client: MeshClient,
@@ -28,27 +26,15 @@ class MeshPublisherTransport(PublisherTransport):
         *,
         guaranteed: bool = False,
     ) -> None:
+        super().__init__(subject, subject_prefix, wire, codec)
         self._client = client
         self._guaranteed = guaranteed  # MESHPLANE_GUARANTEED: each publish waits until it is stored
-        self._subject = subject
-        self._subject_prefix = subject_prefix
-        self._wire = wire
-        self._codec = codec
-
-    async def start(self) -> None:
-        return None
 
     def discovery_transport(self) -> tuple[str, dict[str, Any]]:
         return TRANSPORT_MESH, {"subject_prefix": self._subject_prefix, "node": self._client.node}
 
-    async def send(self, envelope: EventEnvelope) -> None:
-        data = encode_nats(envelope, self._wire, self._codec)
-        await self._client.publish(self._subject, data, guaranteed=self._guaranteed)
-
-    async def send_heartbeat(self, envelope: EventEnvelope) -> None:
-        data = encode_nats(envelope, self._wire, self._codec, MessageType.HEARTBEAT)
-        dynamo = self._wire is WireFormat.DYNAMO
-        await self._client.publish(self._subject + HEARTBEAT_SUFFIX if dynamo else self._subject, data)
+    async def _publish(self, subject: str, data: bytes, *, heartbeat: bool) -> None:
+        await self._client.publish(subject, data, guaranteed=self._guaranteed and not heartbeat)
 
     async def flush(self, timeout: float) -> None:
         try:
@@ -58,41 +44,26 @@ class MeshPublisherTransport(PublisherTransport):
         except Exception as exc:
             raise TransportError(f"mesh flush failed: {exc!r}") from exc
 
-    async def close(self) -> None:
-        return None  # the connection belongs to the plane
 
-
-class MeshSubscriberTransport(SubscriberTransport):
-    announces = True
-
+class MeshSubscriberTransport(SubjectSubscriber):
     def __init__(self, client: MeshClient, subject: str, max_bytes: int, pending_limit: int) -> None:
+        super().__init__(subject, max_bytes, pending_limit)
         self._client = client
-        self._subject = subject
-        self._routing_topic = subject.encode()
-        self._max_bytes = max_bytes
-        self._inbox = Inbox(pending_limit)
         self._sids: list[int] = []
-        self._native: NativeNatsDecode | None = None
 
     @property
-    def dropped(self) -> int:
-        return self._inbox.dropped
+    def subscribed(self) -> bool:
+        return bool(self._sids)
 
     def _on_message(self, subject: str, body: bytes) -> None:
         self._inbox.put(body)
 
     async def start(self) -> None:
-        self._native = native_nats_decode()
-        for subject in (self._subject, self._subject + HEARTBEAT_SUFFIX):
+        await super().start()
+        for subject in self.subjects:
             self._sids.append(self._client.subscribe(subject, self._on_message))
         # Every node of the cluster has the subscription: nothing published after it is missed.
         await self._client.flush(propagated=True)
-
-    async def receive(self) -> list[Received]:
-        batch = await self._inbox.take()
-        if not self._sids:
-            return []
-        return decode_messages(batch, self._routing_topic, self._max_bytes, self._native)
 
     async def close(self) -> None:
         sids, self._sids = self._sids, []

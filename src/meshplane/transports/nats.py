@@ -13,13 +13,12 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from meshplane.aio import cancel_and_wait
-from meshplane.core.envelope import Codec, EventEnvelope
-from meshplane.core.framing import HEARTBEAT_SUFFIX, MessageType, WireFormat, encode_nats
+from meshplane.core.envelope import Codec
+from meshplane.core.framing import WireFormat
 from meshplane.core.records import TRANSPORT_NATS
 from meshplane.errors import TransportAuthError, TransportError
-from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
-from meshplane.transports.inbox import MAX_BATCH, Inbox, decode_messages
-from meshplane.transports.native import NativeNatsDecode, native_nats_decode
+from meshplane.transports.inbox import MAX_BATCH
+from meshplane.transports.subjects import SubjectPublisher, SubjectSubscriber
 
 log = logging.getLogger(__name__)
 
@@ -96,39 +95,25 @@ def redact_url(url: str) -> str:
     return url
 
 
-class NatsPublisherTransport(PublisherTransport):
+class NatsPublisherTransport(SubjectPublisher):
     def __init__(
         self, client: NatsClient, subject: str, subject_prefix: str, wire: WireFormat, codec: Codec
     ) -> None:
+        super().__init__(subject, subject_prefix, wire, codec)
         self._client = client
-        self._subject = subject
-        self._subject_prefix = subject_prefix
-        self._wire = wire
-        self._codec = codec
-
-    async def start(self) -> None:
-        return None
 
     def discovery_transport(self) -> tuple[str, dict[str, Any]]:
         return TRANSPORT_NATS, {"subject_prefix": self._subject_prefix}
 
-    async def send(self, envelope: EventEnvelope) -> None:
+    async def _publish(self, subject: str, data: bytes, *, heartbeat: bool) -> None:
         # nats-py only appends to its write buffer here; its flusher task writes in batches.
-        await self._client.publish(self._subject, encode_nats(envelope, self._wire, self._codec))
-
-    async def send_heartbeat(self, envelope: EventEnvelope) -> None:
-        data = encode_nats(envelope, self._wire, self._codec, MessageType.HEARTBEAT)
-        dynamo = self._wire is WireFormat.DYNAMO
-        await self._client.publish(self._subject + HEARTBEAT_SUFFIX if dynamo else self._subject, data)
+        await self._client.publish(subject, data)
 
     async def flush(self, timeout: float) -> None:
         try:
             await self._client.flush(timeout=max(1, int(timeout)))
         except Exception as exc:
             raise TransportError(f"NATS flush failed: {exc!r}") from exc
-
-    async def close(self) -> None:
-        return None  # the connection belongs to the plane
 
 
 def _pending_queue(subscription: Any) -> asyncio.Queue[Msg] | None:
@@ -138,7 +123,7 @@ def _pending_queue(subscription: Any) -> asyncio.Queue[Msg] | None:
     return queue if ok else None
 
 
-class NatsSubscriberTransport(SubscriberTransport):
+class NatsSubscriberTransport(SubjectSubscriber):
     """Subscribes to the topic's subject (and the Dynamo heartbeats' subject).
 
     nats-py hands a callback one message at a time, each through its queue, a coroutine and a task
@@ -148,22 +133,16 @@ class NatsSubscriberTransport(SubscriberTransport):
     callback.
     """
 
-    announces = True
-
     def __init__(self, client: NatsClient, subject: str, max_bytes: int, pending_limit: int) -> None:
+        super().__init__(subject, max_bytes, pending_limit)
         self._client = client
-        self._subject = subject
-        self._routing_topic = subject.encode()
-        self._max_bytes = max_bytes
         self._pending_limit = pending_limit
-        self._inbox = Inbox(pending_limit)
         self._subs: list[Any] = []
         self._drains: list[asyncio.Task[None]] = []
-        self._native: NativeNatsDecode | None = None
 
     @property
-    def dropped(self) -> int:
-        return self._inbox.dropped
+    def subscribed(self) -> bool:
+        return bool(self._subs)
 
     @property
     def drains_in_bulk(self) -> bool:
@@ -186,9 +165,8 @@ class NatsSubscriberTransport(SubscriberTransport):
             put_many(batch)
 
     async def start(self) -> None:
-        self._native = native_nats_decode()
-        # Dynamo-layout heartbeats come on a subject of their own, so Dynamo subscribers never see them.
-        for subject in (self._subject, self._subject + HEARTBEAT_SUFFIX):
+        await super().start()
+        for subject in self.subjects:
             subscription = await self._client.subscribe(subject, pending_msgs_limit=self._pending_limit)
             queue = _pending_queue(subscription)
             if queue is None:  # another nats-py: its callback, one message at a time
@@ -203,12 +181,6 @@ class NatsSubscriberTransport(SubscriberTransport):
             self._subs.append(subscription)
         # Once the server has the subscription, nothing published afterwards is missed.
         await self._client.flush()
-
-    async def receive(self) -> list[Received]:
-        batch = await self._inbox.take()
-        if not self._subs:
-            return []  # closed
-        return decode_messages(batch, self._routing_topic, self._max_bytes, self._native)
 
     async def close(self) -> None:
         subs, self._subs = self._subs, []
