@@ -19,10 +19,12 @@ from meshplane.core.mesh.frames import (
     check_node_id,
     encode_event,
     encode_frame,
+    encode_payload,
     event_id,
     event_parts,
 )
 from meshplane.core.mesh.interest import BUCKETS, OwnInterest, PeerInterest, decode_leaves, encode_leaves
+from meshplane.core.mesh.interest_frames import Known, Refusal, interest_change, sync_answer, sync_reply
 from meshplane.core.mesh.router import Router, RouterLimits
 from meshplane.core.subjects import matches
 
@@ -304,3 +306,28 @@ def test_sync_responses_round_trip() -> None:
     assert decode_sync(encode_payload(response)) == response
     with pytest.raises(ValueError, match="malformed SYNC_RESP"):
         decode_sync(b"\xc1garbage")
+
+
+def test_interest_frames_are_refused_alike_for_routes_and_gateways() -> None:
+    known = Known(version=5, patterns=2, epoch=0, max_patterns=2)
+    now = 10**18
+
+    def change(kind: FrameType, subject: str, version: int) -> object:
+        return interest_change(Frame(kind, 0, "b", subject, version, b""), known, now)
+
+    assert change(FrameType.SUB_REMOVE, "a.*", 6) == "a.*"
+    assert change(FrameType.SUB_ADD, "a..b", 6) == Refusal("bad_pattern", close=False)
+    assert change(FrameType.SUB_REMOVE, "a.b", 5 + 10**6 + 1) == Refusal("version_jump", close=True)
+    assert change(FrameType.SUB_ADD, "a.c", 6) == Refusal("pattern_limit", close=True)  # 2 held already
+    own = OwnInterest()
+    own.add("x.>")
+    ping = sync_reply(Frame(FrameType.SYNC_REQ, 0, "b", "", 7, b""), "a", own)
+    assert isinstance(ping, bytes)
+    assert sync_reply(Frame(FrameType.SYNC_REQ, 0, "b", "", 1, b"\x01"), "a", own) == Refusal(
+        "bad_digest", False
+    )
+    buckets = SyncResponse(6, {0: ["ok.x", "bad..x"]})
+    assert sync_answer(encode_payload(buckets), known, now) == SyncResponse(6, {0: ["ok.x"]})
+    too_many = SyncResponse(6, {0: ["a", "b", "c"]})
+    assert sync_answer(encode_payload(too_many), known, now) == Refusal("pattern_limit", True)
+    assert sync_answer(b"\xc1", known, now) == Refusal("bad_sync", False)

@@ -27,20 +27,16 @@ from meshplane.core.mesh.frames import (
     Frame,
     FrameType,
     Hello,
-    SyncResponse,
-    decode_sync,
     encode_frame,
-    encode_payload,
     event_parts,
 )
 from meshplane.core.mesh.interest import (
     OwnInterest,
     PeerInterest,
-    decode_leaves,
     encode_leaves,
-    version_ceiling,
 )
-from meshplane.core.subjects import is_reserved, valid_pattern
+from meshplane.core.mesh.interest_frames import Known, Refusal, interest_change, sync_answer, sync_reply
+from meshplane.core.subjects import is_reserved
 from meshplane.mesh.connection import close_peer
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.links import Handshake, Link, link_status
@@ -165,13 +161,9 @@ class Gateways:
         elif kind in (FrameType.SUB_ADD, FrameType.SUB_REMOVE):
             added = kind is FrameType.SUB_ADD
             link.counters["sub_add_in" if added else "sub_remove_in"] += 1
-            pattern = valid_pattern(frame.subject)
-            if pattern is None:
-                link.counters["bad_frames"] += 1
-            elif frame.sequence > version_ceiling(link.interest.version, link.epoch, time.time_ns()):
-                close_peer(link.conn, "version_jump")
-            elif added and len(link.interest.versions) >= node.config.limits.max_patterns_per_peer:
-                close_peer(link.conn, "pattern_limit")
+            pattern = interest_change(frame, self._known(link), time.time_ns())
+            if isinstance(pattern, Refusal):
+                self._refuse(link, pattern)
             elif link.interest.apply(pattern, frame.sequence, added):
                 (node.subscribe if added else node.unsubscribe)(link.holder, pattern)
         elif kind is FrameType.HEARTBEAT:
@@ -179,32 +171,15 @@ class Gateways:
                 link.counters["resyncs"] += 1
                 self._request_sync(link)
         elif kind is FrameType.SYNC_REQ and link.conn is not None:
-            if not frame.payload:
-                link.conn.send(encode_frame(FrameType.SYNC_RESP, node.node_id, sequence=frame.sequence))
-                return
-            try:
-                leaves = decode_leaves(frame.payload)
-            except ValueError:
-                link.counters["bad_frames"] += 1
-                return
-            answer = SyncResponse(self.interest.version, self.interest.answer(leaves))
-            link.conn.send(
-                encode_frame(
-                    FrameType.SYNC_RESP, node.node_id, sequence=answer.version, payload=encode_payload(answer)
-                )
-            )
+            reply = sync_reply(frame, node.node_id, self.interest)
+            if isinstance(reply, Refusal):
+                return self._refuse(link, reply)
+            link.conn.send(reply)
         elif kind is FrameType.SYNC_RESP and frame.payload:
-            try:
-                answer = decode_sync(frame.payload)
-            except ValueError:
-                link.counters["bad_frames"] += 1
-                return
-            if answer.version > version_ceiling(link.interest.version, link.epoch, time.time_ns()):
-                return close_peer(link.conn, "version_jump")
-            if sum(len(b) for b in answer.buckets.values()) > node.config.limits.max_patterns_per_peer:
-                return close_peer(link.conn, "pattern_limit")
-            buckets = {i: [p for p in ps if valid_pattern(p) is not None] for i, ps in answer.buckets.items()}
-            gained, lost = link.interest.replace(answer.version, buckets)
+            answer = sync_answer(frame.payload, self._known(link), time.time_ns())
+            if isinstance(answer, Refusal):
+                return self._refuse(link, answer)
+            gained, lost = link.interest.replace(answer.version, answer.buckets)
             for pattern in gained:
                 node.subscribe(link.holder, pattern)
             for pattern in lost:
@@ -212,6 +187,17 @@ class Gateways:
             link.sync_sent = None
             if link.state == "syncing":
                 link.state = "up"
+
+    def _known(self, link: GatewayLink) -> Known:
+        limit = self.node.config.limits.max_patterns_per_peer
+        return Known(link.interest.version, len(link.interest.versions), link.epoch, limit)
+
+    @staticmethod
+    def _refuse(link: GatewayLink, refusal: Refusal) -> None:
+        if refusal.close:
+            close_peer(link.conn, refusal.reason)
+        else:
+            link.counters["bad_frames"] += 1
 
     def _on_event(self, link: GatewayLink, frame: Frame) -> None:
         node = self.node

@@ -14,14 +14,11 @@ from meshplane.core.mesh.frames import (
     Frame,
     FrameType,
     Hello,
-    SyncResponse,
-    decode_sync,
     encode_frame,
-    encode_payload,
     event_parts,
 )
-from meshplane.core.mesh.interest import decode_leaves, encode_leaves, version_ceiling
-from meshplane.core.subjects import valid_pattern
+from meshplane.core.mesh.interest import encode_leaves
+from meshplane.core.mesh.interest_frames import Known, Refusal, interest_change, sync_answer, sync_reply
 from meshplane.mesh.connection import FrameConnection, close_peer
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.links import Handshake, Link
@@ -161,15 +158,9 @@ class Routes:
             link.counters["sub_add_in" if added else "sub_remove_in"] += 1
             if frame.source != link.peer:
                 return self._count_bad(link, "foreign_origin")
-            pattern = valid_pattern(frame.subject)
-            if pattern is None:
-                return self._count_bad(link, "bad_pattern")
-            peer_state = node.router.peers.get(link.peer)
-            if peer_state is not None:
-                if frame.sequence > version_ceiling(peer_state.interest.version, link.epoch, time.time_ns()):
-                    return close_peer(link.conn, "version_jump")
-                if added and len(peer_state.interest.versions) >= node.config.limits.max_patterns_per_peer:
-                    return close_peer(link.conn, "pattern_limit")
+            pattern = interest_change(frame, self._known(link), time.time_ns())
+            if isinstance(pattern, Refusal):
+                return self._refuse(link, pattern)
             if node.router.apply(link.peer, pattern, frame.sequence, added):
                 gained, lost = ({pattern}, ()) if added else ((), {pattern})
                 node.gateways.changed(gained, lost)
@@ -180,42 +171,19 @@ class Routes:
             if link.state == "up" and link.sync_sent is None and stale:
                 link.counters["resyncs"] += 1
                 self.request_sync(link)
-        elif kind is FrameType.SYNC_REQ and not frame.payload:  # a ping: answered once all before it is
+        elif kind is FrameType.SYNC_REQ:  # a ping is answered once all before it is
+            reply = sync_reply(frame, node.node_id, node.router.own)
+            if isinstance(reply, Refusal):
+                return self._refuse(link, reply)
             if link.conn is not None:
-                link.conn.send(encode_frame(FrameType.SYNC_RESP, node.node_id, sequence=frame.sequence))
+                link.conn.send(reply)
         elif kind is FrameType.SYNC_RESP and not frame.payload:  # the answer to our ping
             node.clients.pong(link.peer, frame.sequence)
-        elif kind is FrameType.SYNC_REQ:
-            try:
-                leaves = decode_leaves(frame.payload)
-            except ValueError:
-                return self._count_bad(link, "bad_digest")
-            answer = SyncResponse(node.router.own.version, node.router.own.answer(leaves))
-            if link.conn is not None:
-                link.conn.send(
-                    encode_frame(
-                        FrameType.SYNC_RESP,
-                        node.node_id,
-                        sequence=answer.version,
-                        payload=encode_payload(answer),
-                    )
-                )
         elif kind is FrameType.SYNC_RESP:
-            try:
-                answer = decode_sync(frame.payload)
-            except ValueError:
-                return self._count_bad(link, "bad_sync")
-            peer_state = node.router.peers.get(link.peer)
-            known = peer_state.interest.version if peer_state is not None else 0
-            if answer.version > version_ceiling(known, link.epoch, time.time_ns()):
-                return close_peer(link.conn, "version_jump")
-            if sum(len(b) for b in answer.buckets.values()) > node.config.limits.max_patterns_per_peer:
-                return close_peer(link.conn, "pattern_limit")
-            buckets = {
-                i: [p for p in patterns if valid_pattern(p) is not None]
-                for i, patterns in answer.buckets.items()
-            }
-            gained, lost = node.router.apply_sync(link.peer, SyncResponse(answer.version, buckets))
+            answer = sync_answer(frame.payload, self._known(link), time.time_ns())
+            if isinstance(answer, Refusal):
+                return self._refuse(link, answer)
+            gained, lost = node.router.apply_sync(link.peer, answer)
             node.gateways.changed(gained, lost)
             node.guaranteed.learnt(link.peer, gained, lost)
             link.sync_sent = None
@@ -226,6 +194,20 @@ class Routes:
                 node.guaranteed.link_up(link.peer, node.router.peers[link.peer].interest.versions)
         else:
             self._count_bad(link, "unexpected_hello")
+
+    def _known(self, link: Link) -> Known:
+        state = self.node.router.peers.get(link.peer)
+        interest = state.interest if state is not None else None
+        limit = self.node.config.limits.max_patterns_per_peer
+        return Known(
+            interest.version if interest else 0, len(interest.versions) if interest else 0, link.epoch, limit
+        )
+
+    def _refuse(self, link: Link, refusal: Refusal) -> None:
+        if refusal.close:
+            close_peer(link.conn, refusal.reason)
+        else:
+            self._count_bad(link, refusal.reason)
 
     def _count_bad(self, link: Link, reason: str) -> None:
         link.counters["bad_frames"] += 1
