@@ -25,6 +25,8 @@ from typing import Any
 
 import zmq
 
+from harness import add_out, write_results
+
 sys.path.insert(0, str(Path(__file__).parent))
 from event_plane import run_pair
 from meshplane.broker import query_stats
@@ -141,7 +143,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=300_000)
     parser.add_argument("--latency-events", type=int, default=5_000)
     parser.add_argument("--interval", type=float, default=0.0005)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "broker_mode.json")
+    add_out(parser, "broker_mode")
     args = parser.parse_args()
     cases = [
         "raw-zmq-proxy",
@@ -213,7 +215,7 @@ def main() -> None:
     }
     print(json.dumps(results["ratios"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.out, results)
     print(f"written to {args.out}")
 
 

@@ -49,6 +49,8 @@ import msgspec
 import zmq
 import zmq.backend
 
+from harness import add_out, emit, write_results
+
 PAYLOAD_SIZE = 100
 TOPIC = "bench"
 IDLE_SECONDS = 3.0
@@ -144,10 +146,6 @@ def emit_cpu(events: int, since: float) -> None:
 def cpu_per_event(tally: Tally) -> dict[str, float]:
     """A subscriber's CPU time per event from its first event on."""
     return {"cpu_us_per_event": round((cpu_seconds() - tally.cpu_at_first) / max(tally.count, 1) * 1e6, 2)}
-
-
-def emit(message: dict[str, Any]) -> None:
-    print(json.dumps(message), flush=True)
 
 
 # ---- raw ZeroMQ ----------------------------------------------------------------------------------------
@@ -580,7 +578,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.0005, help="seconds between latency-run events")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of throughput runs; medians are kept")
     parser.add_argument("--latency-rounds", type=int, default=3, help="rounds of latency runs")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "event_plane.json")
+    add_out(parser, "event_plane")
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated kinds (default all)")
     args = parser.parse_args()
     kinds = args.kinds.split(",")
@@ -682,7 +680,7 @@ def main() -> None:
         )
     results["ratios"] = ratios
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.out, results)
     print(f"written to {args.out}")
 
 

@@ -38,6 +38,7 @@ from typing import Any
 
 import zmq
 
+from harness import add_out, write_results
 from meshplane import EventPlane, PlaneConfig, Scope, WireFormat
 from meshplane.core.envelope import Codec, EventEnvelope
 from meshplane.core.framing import ZmqEncoder
@@ -285,9 +286,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--wire", default="header8", choices=["header8", "dynamo"])
-    parser.add_argument(
-        "--out", type=Path, default=Path(__file__).parent / "results" / "event_plane_profile.json"
-    )
+    add_out(parser, "event_plane_profile")
     args = parser.parse_args()
     out: dict[str, Any] = {"machine": {"python": platform.python_version(), "platform": platform.platform()}}
     if args.out.exists():
@@ -297,7 +296,7 @@ def main() -> None:
         "ns_per_event": asyncio.run(run(args.events, args.repeat, WireFormat(args.wire))),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_results(args.out, out)
     print(f"written to {args.out}")
 
 

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import add_out, emit, write_results
+
 PAYLOAD_SIZE = 100
 SUBJECT = "bench.mesh.events"
 IDLE_SECONDS = 3.0
@@ -39,10 +41,6 @@ IDLE_SECONDS = 3.0
 
 def payload(now_ns: int) -> bytes:
     return struct.pack(">Q", now_ns) + b"x" * (PAYLOAD_SIZE - 8)
-
-
-def emit(message: dict[str, Any]) -> None:
-    print(json.dumps(message), flush=True)
 
 
 class Tally:
@@ -355,7 +353,7 @@ def main() -> None:
     parser.add_argument("--fanout-events", type=int, default=10_000, help="events to 100 subscribers")
     parser.add_argument("--churn", type=int, default=10_000, help="subscribe/unsubscribe operations")
     parser.add_argument("--repeat", type=int, default=3, help="throughput runs per kind; the median is kept")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "mesh.json")
+    add_out(parser, "mesh")
     args = parser.parse_args()
 
     from meshplane.cli.bench import Steps
@@ -473,7 +471,7 @@ def main() -> None:
         f"p99 {r['across_clusters_p99_latency']}x"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.out, results)
     print(f"written to {args.out}")
 
 

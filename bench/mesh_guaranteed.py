@@ -29,6 +29,7 @@ from typing import Any
 
 import aiohttp
 
+from harness import add_out, write_results
 from meshplane.cli.bench import Steps
 from meshplane.launchers import MeshCluster, StreamsServerProcess, free_port
 from meshplane.mesh.client import MeshClient
@@ -217,9 +218,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--spooled", type=int, default=100_000)
     parser.add_argument("--window", type=int, default=2_000, help="guaranteed publishes awaiting an ACK")
-    parser.add_argument(
-        "--out", type=Path, default=Path(__file__).parent / "results" / "mesh_guaranteed.json"
-    )
+    add_out(parser, "mesh_guaranteed")
     args = parser.parse_args()
     steps = Steps(4)
     results = asyncio.run(main_async(args, steps))
@@ -233,7 +232,7 @@ def main() -> None:
     )
     print(f"guaranteed/direct throughput: {results['ratio_guaranteed_to_direct']}x")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.out, results)
     print(f"written to {args.out}")
 
 

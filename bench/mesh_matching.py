@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import nats
 
+from harness import add_out, write_results
 from meshplane.core.mesh.router import Router
 from meshplane.launchers import NatsServer, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
@@ -196,9 +195,7 @@ async def main() -> None:
     parser.add_argument("--patterns", type=int, default=10_000)
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--attacker", nargs=2, metavar=("KIND", "URL"), help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--output", type=Path, default=Path(__file__).parent / "results" / "mesh_matching.json"
-    )
+    add_out(parser, "mesh_matching", "--output")
     args = parser.parse_args()
     if args.attacker:
         return await attacker(args.attacker[0], args.attacker[1], args.patterns)
@@ -225,7 +222,7 @@ async def main() -> None:
             "health_p99_under_50ms": mesh["health_p99_ms"] < 50,
         },
     }
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.output, result)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ cross-node throughput and latency of bench/mesh.py, both in the same run, and th
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import trustme
+
+from harness import add_out, write_results
 
 sys.path.insert(0, str(Path(__file__).parent))
 from mesh import run_pair
@@ -47,7 +48,7 @@ def main() -> None:
     parser.add_argument("--latency-events", type=int, default=5_000)
     parser.add_argument("--interval", type=float, default=0.0005)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds, plain then TLS")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "mesh_tls.json")
+    add_out(parser, "mesh_tls")
     args = parser.parse_args()
     runs: dict[str, list[dict[str, Any]]] = {"plain": [], "tls": []}
     with tempfile.TemporaryDirectory() as folder:
@@ -98,7 +99,7 @@ def main() -> None:
         f"TLS/plain throughput {results['ratios']['throughput']}x, "
         f"p50 latency {results['ratios']['p50_latency']}x"
     )
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":

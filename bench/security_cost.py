@@ -26,6 +26,8 @@ from typing import Any
 import trustme
 import zmq.auth
 
+from harness import write_results
+
 sys.path.insert(0, str(Path(__file__).parent))
 from event_plane import run_pair
 from meshplane.cli.bench import Steps
@@ -128,7 +130,7 @@ def main() -> None:
         "rounds_events_per_s": {k: [round(v) for v in vs] for k, vs in rates.items()},
     }
     out = Path(__file__).parent / "results" / "security_cost.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(out, result)
     print(json.dumps({"median_events_per_s": medians, "ratios": ratios}, indent=2))
 
 

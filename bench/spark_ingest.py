@@ -33,6 +33,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from harness import add_out, write_results
 from meshplane.cli.bench import Steps
 from meshplane.launchers import StreamsServerProcess
 from meshplane.spark.decode import SCHEMA
@@ -188,7 +189,7 @@ def main() -> None:
     )
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "spark_ingest.json")
+    add_out(parser, "spark_ingest")
     parser.add_argument("--url", help=argparse.SUPPRESS)  # set for the child measuring one transport
     parser.add_argument("--transport", choices=TRANSPORTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -218,7 +219,7 @@ def main() -> None:
             steps.step(f"Spark ingest, Python workers over {transport}")
     print(json.dumps(results, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":

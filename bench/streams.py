@@ -44,6 +44,8 @@ from typing import Any
 import aiohttp
 import msgspec
 
+import streams_storage
+from harness import RESULTS, percentile, rate, write_results
 from meshplane.cli.bench import Steps
 from meshplane.core.groups import GroupCoordinator
 from meshplane.core.streamlog import StoredEvent, decode_event, encode_event
@@ -51,57 +53,13 @@ from meshplane.launchers import NatsServer, StreamsServerProcess, free_port
 from meshplane.streams.client import StreamsClient
 from meshplane.streams.log import PartitionLog
 from meshplane.streams.service import StreamsConfig, StreamsService
+from streams_http import BATCH, DATA, group_round_trips, meshplane_http
 
-DATA = "x" * 100
-BATCH = 1000
 IDLE_SECS = 5.0  # the window in which the server's CPU is measured with nothing else going on
-DEFAULT_OUT = Path(__file__).parent / "results" / "streams.json"
-
-
-def rate(events: int, seconds: float) -> float:
-    return round(events / seconds, 1)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+DEFAULT_OUT = RESULTS / "streams.json"
 
 
 # --- meshplane -------------------------------------------------------------------------------------
-
-
-async def meshplane_http(url: str, events: int) -> dict[str, float]:
-    async with StreamsClient(url, timeout=300) as client:
-        await client.create_topic("bench", 1)
-        batch = [{"event_type": "bench", "data": DATA} for _ in range(BATCH)]
-        started = time.perf_counter()
-        for _ in range(events // BATCH):
-            await client.publish_batch("bench", batch, partition=0)
-        append = time.perf_counter() - started
-        started = time.perf_counter()
-        offset = read = 0
-        while read < events:
-            page = await client.consume_partition("bench", 0, offset, 1000)
-            read += page["count"]
-            offset = page["next_offset"]
-        consume = time.perf_counter() - started
-        raw = {}
-        for decoded in (False, True):
-            started = time.perf_counter()
-            offset = 0
-            while offset < events:
-                fetched = await client.fetch("bench", 0, offset, 1 << 20)
-                if decoded:
-                    for record in fetched.records:
-                        decode_event(record.payload)
-                offset = fetched.records[-1].offset + 1
-            raw["decoded" if decoded else "records"] = time.perf_counter() - started
-    return {
-        "append_per_s": rate(events, append),
-        "consume_json_per_s": rate(events, consume),
-        "consume_per_s": rate(events, raw["records"]),
-        "consume_decoded_per_s": rate(events, raw["decoded"]),
-    }
 
 
 async def meshplane_engine(directory: Path, events: int) -> dict[str, float]:
@@ -128,35 +86,6 @@ async def meshplane_engine(directory: Path, events: int) -> dict[str, float]:
     consume = time.perf_counter() - started
     plog.close()
     return {"append_per_s": rate(events, append), "consume_per_s": rate(events, consume)}
-
-
-async def group_round_trips(url: str, channel: bool, rounds: int, commits: int) -> dict[str, float]:
-    """A 10th member joining 9 (rebalance), then offset commits one after another."""
-    kind = "channel" if channel else "http"
-    async with StreamsClient(url, channel=channel) as client:
-        await client.create_topic(f"grouped-{kind}", 12)
-        await client.create_group(f"bench-{kind}", f"grouped-{kind}", strategy="sticky")
-        for i in range(9):
-            await client.join(f"bench-{kind}", member_id=f"m{i}")
-        joins = []
-        for _ in range(rounds):
-            started = time.perf_counter()
-            await client.join(f"bench-{kind}", member_id="m9")
-            joins.append(time.perf_counter() - started)
-            await client.leave(f"bench-{kind}", "m9")
-        member = await client.join(f"bench-{kind}", member_id="m9")
-        partition, generation = member["partitions"][0], member["generation"]
-        latencies = []
-        for i in range(commits):
-            started = time.perf_counter()
-            await client.commit(f"bench-{kind}", partition, i, member_id="m9", generation=generation)
-            latencies.append(time.perf_counter() - started)
-    return {
-        f"rebalance_{kind}_p50_ms": round(statistics.median(joins) * 1000, 3),
-        f"rebalance_{kind}_p99_ms": round(percentile(joins, 0.99) * 1000, 3),
-        f"commit_{kind}_p50_ms": round(statistics.median(latencies) * 1000, 3),
-        f"commit_{kind}_p99_ms": round(percentile(latencies, 0.99) * 1000, 3),
-    }
 
 
 async def group_timings(url: str, rounds: int, commits: int) -> dict[str, float]:
@@ -487,10 +416,8 @@ def redis_streams(events: int) -> dict[str, float]:
 
 
 async def jetstream(events: int) -> dict[str, float]:
-    from streams_storage import raw_jetstream  # beside this script
-
     with NatsServer(jetstream=True) as server:
-        return await raw_jetstream([server.start().url], 1, events)
+        return await streams_storage.raw_jetstream([server.start().url], 1, events)
 
 
 # --- main ------------------------------------------------------------------------------------------
@@ -503,8 +430,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "payload_bytes": len(DATA),
     }
     if args.only == "storage":
-        import streams_storage  # beside this script
-
         return {**results, **await streams_storage.run(args.events)}
     if args.only == "dashboard":
         steps = Steps(2 * args.dashboard_rounds)
@@ -578,8 +503,7 @@ def main() -> None:
         args.out = args.out.with_name(f"streams_{args.only}.json")
     results = asyncio.run(run(args))
     print(json.dumps(results, indent=2))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.out, results)
 
 
 if __name__ == "__main__":

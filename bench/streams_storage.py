@@ -5,10 +5,10 @@ through `meshplane serve`, and raw nats-py JetStream on the same servers; same r
 
 Per backend (100-byte payloads, one partition):
 - append: ``publish_batch`` of 1000 events a request over HTTP (meshplane, ``meshplane_http`` of
-  streams.py), ``publish_async`` of 1000 then waiting for their acks (raw JetStream);
+  streams_http.py), ``publish_async`` of 1000 then waiting for their acks (raw JetStream);
 - consume: the bulk fetch (raw records, 1 MiB a request; also with every payload decoded) and the
   JSON consume route (meshplane), a pull consumer's ``fetch(1000)`` with an ack each (raw JetStream);
-- consumer groups (``group_round_trips`` of streams.py): a 10th member joining 9 (a rebalance), and
+- consumer groups (``group_round_trips`` of streams_http.py): a 10th member joining 9 (a rebalance), and
   commit latency p50/p99, one commit after another, over REST and over the command WebSocket (on
   JetStream each is a compare-and-set of the group's key);
 - Spark ingest: rows/s of a batch read of the whole topic into Spark's ``noop`` sink, median of 3
@@ -30,16 +30,13 @@ import nats
 
 from meshplane.cli.bench import Steps
 from meshplane.launchers import JetStreamCluster, NatsServer, StreamsServerProcess
+from streams_http import BATCH, DATA, group_round_trips, meshplane_http
 
-DATA = "x" * 100
-BATCH = 1000
 COMMITS = 300
 
 
 async def through_meshplane(url: str, events: int) -> dict[str, float]:
     """The same measures as bench/streams.py's of the local server: appends, reads, groups."""
-    from streams import group_round_trips, meshplane_http  # beside this script
-
     results = await meshplane_http(url, events)
     for channel in (False, True):
         results.update(await group_round_trips(url, channel, rounds=20, commits=COMMITS))
