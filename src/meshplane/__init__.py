@@ -25,8 +25,7 @@ from meshplane.errors import (
 from meshplane.plane import EventPlane
 from meshplane.publisher import EventPublisher
 from meshplane.subscriber import EventSubscriber, Notice, SubscriberStats
-
-__version__ = "0.1.0"
+from meshplane.version import __version__ as __version__
 
 __all__ = [
     "AuthError",

@@ -337,8 +337,9 @@ async def test_embedded_nats_server_rejects_clients_without_the_token() -> None:
 
 
 async def test_nats_server_may_list_several_servers_of_a_cluster() -> None:
+    from meshplane.core.urls import redact_url
     from meshplane.launchers import NatsServer, free_port
-    from meshplane.transports.nats import connect_nats, redact_url
+    from meshplane.transports.nats import connect_nats
 
     with NatsServer(token="s3cr3t") as server:
         server.start()

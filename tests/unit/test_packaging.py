@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import meshplane
@@ -114,3 +115,61 @@ def test_no_import_cycle_in_bench() -> None:
         graph[name] = {m for m in found if m in scripts and m != name}
     assert graph["streams"] >= {"streams_storage", "streams_http"}  # the graph is read at all
     assert_no_cycle(graph)
+
+
+def test_the_version_is_pyprojects() -> None:
+    pyproject = tomllib.loads((BENCH.parent / "pyproject.toml").read_text())
+    assert meshplane.__version__ == pyproject["project"]["version"]
+
+
+#: The floors of the house, lowest first: a module imports only from its own floor or below
+#: (docs/architecture.md draws the same table). Within a floor, the import-cycle test keeps order.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("meshplane.errors", "meshplane.version", "meshplane.aio", "meshplane.context")),
+    ("core", ("meshplane.core",)),
+    ("config", ("meshplane.config",)),
+    ("discovery, launchers", ("meshplane.discovery", "meshplane.launchers")),
+    ("streams storage", ("meshplane.streams",)),
+    ("mesh", ("meshplane.mesh",)),
+    ("transports", ("meshplane.transports", "meshplane.broker")),
+    (
+        "event plane",
+        (
+            "meshplane.plane",
+            "meshplane.publisher",
+            "meshplane.subscriber",
+            "meshplane.membership",
+            "meshplane.callbacks",
+        ),
+    ),
+    ("plane API", ("meshplane.app", "meshplane")),
+    ("spark", ("meshplane.spark",)),
+    ("server", ("meshplane.streams.http", "meshplane.dashboard")),
+    ("cli", ("meshplane.cli",)),
+]
+
+
+def floor_of(module: str) -> int:
+    """The floor of the longest prefix that names ``module`` (``meshplane.streams.http`` before
+    ``meshplane.streams``; the package itself last)."""
+    best, floor = -1, -1
+    for number, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, floor = len(prefix), number
+    assert floor >= 0, f"{module} is on no floor: add it to LAYERS"
+    return floor
+
+
+def test_imports_go_down_the_floors() -> None:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    upward = [
+        f"{name} ({LAYERS[floor_of(name)][0]}) imports {target} ({LAYERS[floor_of(target)][0]})"
+        for name, path in sorted(modules.items())
+        for target in sorted(module_imports(path, set(modules)))
+        if target in modules and floor_of(target) > floor_of(name)
+    ]
+    assert upward == []

@@ -291,7 +291,7 @@ def _toml(value: Any, dest: str) -> str | None:
         return "[" + ", ".join(i for i in items if i is not None) + "]"
     text = str(value)
     if dest == "storage":
-        from meshplane.transports.nats import redact_url
+        from meshplane.core.urls import redact_url
 
         text = redact_url(text)
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -24,8 +24,8 @@ from meshplane.cli.options import add_plane_options, config_from_args
 from meshplane.cli.up_state import RUNNING_FILE, read_running
 from meshplane.config import PlaneConfig
 from meshplane.core.names import EVENT_CHANNELS_BUCKET
+from meshplane.core.urls import redact_url
 from meshplane.errors import AuthError, MeshplaneError
-from meshplane.transports.nats import redact_url
 
 TIMEOUT = 3.0
 

@@ -35,6 +35,7 @@ from meshplane.config import PlaneConfig
 from meshplane.core.brokers import BROKERS_BUCKET, broker_record
 from meshplane.core.records import new_instance_id
 from meshplane.core.streamlog import StoredEvent
+from meshplane.core.urls import redact_url
 from meshplane.discovery.base import Discovery
 from meshplane.errors import ConfigError
 from meshplane.launchers import JetStreamCluster, NatsServer
@@ -44,7 +45,6 @@ from meshplane.streams.access import ADMIN, Tokens
 from meshplane.streams.lock import DataDirLock
 from meshplane.streams.service import StreamsConfig, StreamsService
 from meshplane.subscriber import EventSubscriber
-from meshplane.transports.nats import redact_url
 
 
 def add_up_options(parser: argparse.ArgumentParser) -> None:

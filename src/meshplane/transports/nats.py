@@ -7,7 +7,6 @@ import contextlib
 import logging
 import ssl
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -16,6 +15,7 @@ from meshplane.aio import cancel_and_wait
 from meshplane.core.envelope import Codec
 from meshplane.core.framing import WireFormat
 from meshplane.core.records import TRANSPORT_NATS
+from meshplane.core.urls import redact_url
 from meshplane.errors import TransportAuthError, TransportError
 from meshplane.transports.inbox import MAX_BATCH
 from meshplane.transports.subjects import SubjectPublisher, SubjectSubscriber
@@ -80,19 +80,6 @@ async def connect_nats(
             "start nats-server or point NATS_SERVER at one"
         ) from exc
     return client
-
-
-def redact_url(url: str) -> str:
-    """The URL (or comma-separated URLs) without credentials, for messages and logs."""
-    if "," in url:
-        return ",".join(redact_url(one.strip()) for one in url.split(","))
-    parts = urlsplit(url)
-    if parts.username or parts.password:
-        netloc = parts.hostname or ""
-        if parts.port:
-            netloc += f":{parts.port}"
-        return urlunsplit(parts._replace(netloc=f"***@{netloc}"))
-    return url
 
 
 class NatsPublisherTransport(SubjectPublisher):

@@ -14,7 +14,6 @@ import msgspec
 from aiohttp import WSMsgType, web
 from prometheus_client import CollectorRegistry, generate_latest
 
-from meshplane import __version__
 from meshplane.core.streamlog import RetentionPolicy
 from meshplane.streams.errors import (
     BadRequest,
@@ -41,6 +40,7 @@ from meshplane.streams.http.params import (
 from meshplane.streams.http.push import RoomPusher, drain_incoming, frames_of, ws_event
 from meshplane.streams.rooms import Room
 from meshplane.streams.service import StreamsService
+from meshplane.version import __version__
 
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()

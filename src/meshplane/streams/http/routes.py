@@ -10,12 +10,12 @@ from typing import Any
 
 from aiohttp import web
 
-from meshplane import __version__
 from meshplane.dashboard import http as dashboard
 from meshplane.streams.access import Level
 from meshplane.streams.http.api import Api
 from meshplane.streams.http.mesh import mesh_status, node_forget, queue_delete, queue_put, queues_list
 from meshplane.streams.http.params import Handler, json_response
+from meshplane.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from nats.js import api
 from nats.js.kv import KeyValue
 
 from meshplane.core.streamlog import Record
+from meshplane.core.urls import redact_url
 from meshplane.streams.errors import StorageError
 from meshplane.streams.jetstream import naming
-from meshplane.transports.nats import redact_url
 
 log = logging.getLogger(__name__)
 
