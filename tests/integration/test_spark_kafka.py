@@ -309,7 +309,8 @@ def test_max_offsets_per_trigger_caps_each_micro_batch(
 ) -> None:
     run(publish(server.url, "capped", 0, 23, partitions=2))
     rows, sizes = collect_available_now(
-        reader(spark, server.url, "capped", maxOffsetsPerTrigger="5"), tmp_path / "checkpoint"
+        reader(spark, server.url, "capped", startingOffsets="earliest", maxOffsetsPerTrigger="5"),
+        tmp_path / "checkpoint",
     )
     assert sorted(json.loads(r["value"])["i"] for r in rows) == list(range(23))
     assert max(sizes) <= 5
