@@ -276,13 +276,13 @@ def test_pipeline_demo_prints_its_progress_and_result_not_sparks_noise(tmp_path:
     assert result.stderr == ""
 
 
-@pytest.mark.timeout(300)  # Spark starts twice: the first windows, then again after the kill
+@pytest.mark.timeout(540)  # Spark starts twice (on a loaded machine, minutes each): its four waits
 def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "MESHPLANE_"))}
     up = subprocess.Popen(
         [
             *(sys.executable, "-m", "meshplane.cli.main", "up", "--state-dir", str(tmp_path)),
-            *("--nats-port", "0", "--streams-port", "0", "--interval", "1", "--duration", "240"),
+            *("--nats-port", "0", "--streams-port", "0", "--interval", "1", "--duration", "480"),
             *("--context", "none"),
         ],
         stdout=subprocess.PIPE,
@@ -305,7 +305,7 @@ def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> Non
         )
 
     try:
-        read_to(r"Spark running, windows [1-9]", 120)
+        read_to(r"Spark running, windows [1-9]", 200)
         assert any("Spark pipeline: starting" in line for line in lines)
         checks = {c["name"]: c for c in map(json.loads, status().stdout.splitlines())}
         assert checks["pipeline"]["state"] == "ok"
@@ -313,11 +313,11 @@ def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> Non
         assert f"pid {pid}" in checks["pipeline"]["detail"]
         # Issue 35: a dead pipeline went unreported. Killed, it is restarted and says so everywhere.
         os.kill(pid, signal.SIGKILL)
-        read_to(r"Spark restarting \(1/3: killed by SIGKILL", 30)
+        read_to(r"Spark restarting \(1/3: killed by SIGKILL", 60)
         down = status()
         assert down.returncode == 3
         assert "killed by SIGKILL" in down.stdout
-        read_to(r"Spark running, restarted 1x, windows", 120)
+        read_to(r"Spark running, restarted 1x, windows", 200)
         checks = {c["name"]: c for c in map(json.loads, status().stdout.splitlines())}
         assert checks["pipeline"]["state"] == "ok"
         assert "restarted 1x (last: killed by SIGKILL" in checks["pipeline"]["detail"]
