@@ -173,3 +173,13 @@ def test_imports_go_down_the_floors() -> None:
         if target in modules and floor_of(target) > floor_of(name)
     ]
     assert upward == []
+
+
+def test_no_module_is_over_500_lines() -> None:
+    """A module that grows past 500 lines is split by responsibility (docs/architecture.md)."""
+    long = {
+        str(path.relative_to(PACKAGE)): lines
+        for path in PACKAGE.rglob("*.py")
+        if (lines := len(path.read_text().splitlines())) > 500
+    }
+    assert long == {}
