@@ -141,7 +141,7 @@ def add_up_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         metavar="S",
-        help="stop after S seconds (default: run until Ctrl-C)",
+        help="stop after S seconds of demo traffic (default: run until Ctrl-C)",
     )
 
 
@@ -214,8 +214,6 @@ async def run_up(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    if args.duration:
-        loop.call_later(args.duration, stop.set)
 
     print(f"meshplane up: transport={config.event_plane} discovery=file:{config.file_kv}", flush=True)
     shown_url = redact_url(nats_url) if nats_url else None
@@ -289,6 +287,8 @@ async def run_up(args: argparse.Namespace) -> int:
             if config.event_plane == "zmq":
                 for pub in publishers:
                     await pub.wait_for_subscribers(max(1, len(addresses)), timeout=10)
+            if args.duration:  # seconds of traffic: a slow start (a loaded machine) does not eat them
+                loop.call_later(args.duration, stop.set)
             tasks = [
                 asyncio.create_task(_demo_publisher(p, i, args.rate, stop)) for i, p in enumerate(publishers)
             ]
