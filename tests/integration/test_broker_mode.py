@@ -71,7 +71,7 @@ async def test_2000_publishers_through_two_brokers_arrive_exactly_once(
                 "tests.broker_publishers",
                 str(per_process),
                 str(per_phase),
-                "0.2" if kill_one else "0",  # a second phase of ~1 s: the kill lands in it
+                "1.0" if kill_one else "0",  # a second phase of ~5 s: the kill lands in it, loaded or not
                 cwd=REPO,
                 env=env,
                 stdin=asyncio.subprocess.PIPE,
