@@ -31,10 +31,13 @@ async def test_a_pipeline_that_keeps_failing_is_restarted_then_reported_dead_wit
 
 async def test_a_killed_pipeline_comes_back_and_stop_takes_its_children_too(tmp_path: Path) -> None:
     child_pid_file = tmp_path / "child"
+    written = tmp_path / "child.tmp"  # renamed into place: a reader never sees it half written
     program = (
-        "import subprocess, sys, time; "
+        "import os, subprocess, sys, time; "
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
-        f"open({str(child_pid_file)!r}, 'w').write(str(child.pid)); time.sleep(600)"
+        f"open({str(written)!r}, 'w').write(str(child.pid)); "
+        f"os.replace({str(written)!r}, {str(child_pid_file)!r}); "
+        "time.sleep(600)"
     )
     supervisor = PipelineSupervisor([sys.executable, "-c", program], tmp_path / "log", first_backoff=0.01)
     await supervisor.start()
