@@ -35,7 +35,7 @@ def test_available_now_reads_exactly_what_was_published_and_resumes(
     for r in rows:
         by_partition.setdefault(r["partition"], []).append(r["offset"])
         assert (r["topic"], r["event_type"]) == ("orders", "order")
-        assert r["key"].startswith("customer-")
+        assert r["key"].startswith(b"customer-")
     for offsets in by_partition.values():
         assert sorted(offsets) == list(range(len(offsets)))  # every offset once, from 0
     run(publish(server.url, "orders", 1000, 300))
@@ -71,7 +71,7 @@ def test_batch_read_between_offsets(spark: SparkSession, server: StreamsServerPr
         (1, o) for o in range(5)
     ]
     assert read["true"] == read["false"]
-    past_the_end = json.dumps({"backfill": {"0": 10_000}})
+    past_the_end = json.dumps({"backfill": {"0": 10_000, "1": -1}})
     with pytest.raises(Exception, match=r"endingOffsets lie past the written events: backfill/0 at 10000"):
         spark.read.format("meshplane").option("url", server.url).option("topic", "backfill").option(
             "endingOffsets", past_the_end

@@ -21,6 +21,11 @@ from tests.helpers import wait_until
 from tests.spark_support import collect_available_now, publish, reader, run
 
 
+async def topics(url: str) -> list[str]:
+    async with StreamsClient(url) as client:
+        return list(await client.topics())
+
+
 def create_topic(url: str, topic: str, partitions: int, **settings: Any) -> None:
     async def go() -> None:
         async with StreamsClient(url) as client:
@@ -40,7 +45,6 @@ def test_an_empty_batch_read_is_empty(spark: SparkSession, server: StreamsServer
     create_topic(server.url, "nothing-yet", 2)
     assert batch_read(spark, server.url, subscribe="nothing-yet").count() == 0
     run(publish(server.url, "nothing-yet", 0, 10, partitions=2))
-    assert batch_read(spark, server.url, subscribe="nothing-yet", startingOffsets="latest").count() == 0
     assert batch_read(spark, server.url, subscribe="nothing-yet").count() == 10
 
 
@@ -67,6 +71,136 @@ def test_a_bad_option_fails_at_load_in_one_line(
     assert "UnboundLocalError" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"startingOffsets": "latest"}, "startingOffsets cannot be latest in a batch read"),
+        ({"startingOffsets": '{"spec": {"0": 0, "1": -1}}'}, r"cannot be latest \(-1\) .*: spec/1"),
+        ({"endingOffsets": '{"spec": {"0": -2, "1": 3}}'}, r"cannot be earliest \(-2\) .*: spec/0"),
+        ({"startingOffsets": '{"spec": {"0": 2}}'}, "must give every partition read .* leaves out spec/1"),
+        (
+            {"startingOffsets": '{"spec": {"0": 4, "1": 0}}', "endingOffsets": '{"spec": {"0": 2, "1": 1}}'},
+            "spec/0 ends at 2, before its start 4",
+        ),
+        (
+            {"startingTimestamp": "99999999999999"},
+            r"no event is stamped at or after spec/0 at 99999999999999",
+        ),
+    ],
+)
+def test_a_batch_read_refuses_offset_specs_kafka_refuses(
+    spark: SparkSession, server: StreamsServerProcess, options: dict[str, str], message: str
+) -> None:
+    if "spec" not in run(topics(server.url)):
+        run(publish(server.url, "spec", 0, 20, partitions=2))
+    with pytest.raises(Exception, match=message) as caught:
+        batch_read(spark, server.url, subscribe="spec", **options).collect()
+    assert "Traceback" not in str(caught.value)  # one line: register() hides the Python frames
+
+
+@pytest.mark.timeout(200)  # two waits of 60 s and a query's start
+def test_subscribe_waits_for_a_topic_that_does_not_exist_yet(
+    spark: SparkSession, server: StreamsServerProcess, tmp_path: Path
+) -> None:
+    query = (
+        reader(spark, server.url, "appears-later", startingOffsets="earliest")
+        .writeStream.format("memory")
+        .queryName("appears_later")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        wait_until(lambda: query.lastProgress is not None, timeout=60, what="a first (empty) micro-batch")
+        assert query.exception() is None
+        run(publish(server.url, "appears-later", 0, 30, partitions=3))
+        wait_until(
+            lambda: spark.sql("SELECT count(*) AS n FROM appears_later").collect()[0]["n"] == 30,
+            timeout=60,
+            what="the topic's 30 events, once it was created",
+        )
+    finally:
+        query.stop()
+
+
+def test_a_stream_refuses_ending_offsets(
+    spark: SparkSession, server: StreamsServerProcess, tmp_path: Path
+) -> None:
+    run(publish(server.url, "endless", 0, 5, partitions=1))
+    frame = reader(spark, server.url, "endless", endingOffsets="latest")
+    with pytest.raises(Exception, match="endingOffsets is for batch reads; a streaming query has no end"):
+        collect_available_now(frame, tmp_path / "checkpoint")
+
+
+def test_headers_round_trip_exactly_and_the_default_save_mode_appends(
+    spark: SparkSession, server: StreamsServerProcess
+) -> None:
+    written = [
+        [("hn", None)],
+        [("dup", b"1"), ("dup", b"2")],
+        [("bin", b"\xff\x00"), ("meshplane.encoding", b"mine")],
+        [("plain", b"text"), ("z", b"")],
+        [],
+    ]
+    rows = spark.createDataFrame(
+        [(str(i).encode(), b"\xfe" if i == 2 else b"v", h) for i, h in enumerate(written)],
+        "key binary, value binary, headers array<struct<key string, value binary>>",
+    )
+    rows.write.format("meshplane").option("url", server.url).option(
+        "topic", "headed"
+    ).save()  # Spark's default mode
+    back = sorted(
+        batch_read(spark, server.url, subscribe="headed", includeHeaders="true").collect(),
+        key=lambda r: r["key"],
+    )
+    assert [[(h["key"], h["value"]) for h in r["headers"]] for r in back] == written
+    assert back[2]["value"] == b"\xfe"  # its internal encoding marker is not among the headers
+    assert back[3]["metadata"] == {"plain": "text", "z": ""}  # headers that fit a map stay readable metadata
+    with pytest.raises(Exception, match="save mode Overwrite is refused"):
+        rows.write.mode("overwrite").format("meshplane").option("url", server.url).option(
+            "topic", "headed"
+        ).save()
+    with pytest.raises(Exception, match="Ignore"):
+        rows.write.mode("ignore").format("meshplane").option("url", server.url).option(
+            "topic", "headed"
+        ).save()
+    assert batch_read(spark, server.url, subscribe="headed").count() == len(written)  # neither wrote
+
+
+def test_the_columns_are_kafkas_first_and_legacy_keeps_the_old_ones(
+    spark: SparkSession, server: StreamsServerProcess
+) -> None:
+    run(publish(server.url, "shaped", 0, 3, partitions=1))
+    kafka = batch_read(spark, server.url, subscribe="shaped", includeHeaders="true")
+    assert [(f.name, f.dataType.simpleString()) for f in kafka.schema.fields] == [
+        ("key", "binary"),
+        ("value", "binary"),
+        ("topic", "string"),
+        ("partition", "int"),
+        ("offset", "bigint"),
+        ("timestamp", "timestamp"),
+        ("timestampType", "int"),
+        ("headers", "array<struct<key:string,value:binary>>"),
+        ("event_type", "string"),
+        ("id", "string"),
+        ("metadata", "map<string,string>"),
+    ]
+    assert kafka.collect()[0]["key"] == b"customer-0"
+    legacy = batch_read(spark, server.url, subscribe="shaped", columns="legacy")
+    assert legacy.columns == [
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "event_type",
+        "id",
+        "metadata",
+        "timestampType",
+    ]
+    assert legacy.collect()[0]["key"] == "customer-0"
+
+
 def test_sink_keeps_nulls_refuses_unnamed_values_and_lets_the_topic_option_win(
     spark: SparkSession, server: StreamsServerProcess
 ) -> None:
@@ -79,7 +213,7 @@ def test_sink_keeps_nulls_refuses_unnamed_values_and_lets_the_topic_option_win(
     rows.write.mode("append").format("meshplane").option("url", server.url).option("topic", "sink-a").save()
     assert batch_read(spark, server.url, subscribe="sink-b").count() == 0  # the option won (Kafka)
     back = {
-        r["key"]: r
+        r["key"].decode(): r
         for r in batch_read(spark, server.url, subscribe="sink-a", includeHeaders="true").collect()
     }
     assert back["k1"]["value"] is None  # null stays null, not b"null"
@@ -137,7 +271,10 @@ def test_timestamps_choose_where_reading_starts_and_ends(
     per_partition = json.dumps({"timed": {"0": between, "1": 0}})
     expected = [i for i in range(200) if partition_of[i] == 1 or i >= 100]
     assert values(startingOffsetsByTimestamp=per_partition) == expected
-    assert values(startingTimestamp=str(between + 3_600_000)) == []  # nothing that late: the end
+    late = str(between + 3_600_000)  # no event that late: an error, as Kafka's default strategy
+    with pytest.raises(Exception, match="no event is stamped at or after timed/0 at"):
+        values(startingTimestamp=late)
+    assert values(startingTimestamp=late, startingOffsetsByTimestampStrategy="latest") == []
 
 
 def test_min_partitions_splits_a_large_range(spark: SparkSession, server: StreamsServerProcess) -> None:
@@ -265,6 +402,13 @@ def test_the_docs_parity_table_lists_what_works(spark: SparkSession, server: Str
     def places(**options: str) -> list[tuple[int, int]]:
         return sorted((r["partition"], r["offset"]) for r in read(**options).collect())
 
+    def refused(**options: str) -> bool:
+        try:
+            read(**options).collect()
+        except Exception as exc:  # Spark wraps it: the message is what counts
+            return "no event is stamped at or after" in str(exc)
+        return False
+
     every_place = [(0, o) for o in in_0] + [(1, o) for o in in_1]
     only_1 = [(1, o) for o in in_1]
     by_time = {
@@ -284,10 +428,16 @@ def test_the_docs_parity_table_lists_what_works(spark: SparkSession, server: Str
         "includeHeaders": lambda: (
             "headers" in read(includeHeaders="true").columns and "headers" not in read().columns
         ),
-        "startingTimestamp": lambda: places(startingTimestamp=never) == [],
+        "startingTimestamp": lambda: refused(startingTimestamp=never),
+        "startingOffsetsByTimestampStrategy": lambda: (
+            places(startingTimestamp=never, startingOffsetsByTimestampStrategy="latest") == []
+        ),
         "endingTimestamp": lambda: places(endingTimestamp="0") == [],
         "startingOffsetsByTimestamp": lambda: (
-            places(startingOffsetsByTimestamp=by_time["starting"]) == only_1
+            places(
+                startingOffsetsByTimestamp=by_time["starting"], startingOffsetsByTimestampStrategy="latest"
+            )
+            == only_1
         ),
         "endingOffsetsByTimestamp": lambda: places(endingOffsetsByTimestamp=by_time["ending"]) == only_1,
     }
@@ -326,15 +476,17 @@ def test_min_offsets_per_trigger_waits_for_enough_events_or_the_delay(server: St
     run(publish(server.url, "trickle", 0, 5, partitions=1))
     options = {"url": server.url, "subscribe": "trickle", "startingOffsets": "earliest"}
     stream = MeshplaneStreamReader(
-        Options.for_source({**options, "minOffsetsPerTrigger": "10", "maxTriggerDelay": "500ms"})
+        Options.for_source({**options, "minOffsetsPerTrigger": "10", "maxTriggerDelay": "2s"})
     )
     try:
-        start = stream.initialOffset()
-        assert stream.latestOffset(start, ReadAllAvailable()) == start  # 5 < 10: no batch yet
+        first = stream.latestOffset(stream.initialOffset(), ReadAllAvailable())
+        assert first == {"trickle": {"0": 5}}  # the first batch comes at once, as Kafka's does
         run(publish(server.url, "trickle", 5, 5, partitions=1))
-        end = stream.latestOffset(start, ReadAllAvailable())
-        assert end == {"trickle": {"0": 10}}  # enough: a batch at once
-        run(publish(server.url, "trickle", 10, 1, partitions=1))
+        assert stream.latestOffset(first, ReadAllAvailable()) == first  # 5 < 10: no batch yet
+        run(publish(server.url, "trickle", 10, 5, partitions=1))
+        end = stream.latestOffset(first, ReadAllAvailable())
+        assert end == {"trickle": {"0": 15}}  # enough: a batch at once
+        run(publish(server.url, "trickle", 15, 1, partitions=1))
         assert stream.latestOffset(end, ReadAllAvailable()) == end  # one event, the delay just restarted
         later: list[dict[str, Any]] = []
 
@@ -343,6 +495,6 @@ def test_min_offsets_per_trigger_waits_for_enough_events_or_the_delay(server: St
             return later[-1] != end
 
         wait_until(batch_offered, timeout=10, what="a batch once maxTriggerDelay has passed")
-        assert later[-1] == {"trickle": {"0": 11}}
+        assert later[-1] == {"trickle": {"0": 16}}
     finally:
         stream.stop()

@@ -340,6 +340,18 @@ async def test_batch_publish_and_partition_consume(client: StreamsClient) -> Non
     assert (page["next_offset"], page["count"]) == (65, 25)
 
 
+async def test_a_partition_on_an_event_of_a_batch_is_refused_not_ignored(
+    http: aiohttp.ClientSession, client: StreamsClient
+) -> None:
+    await client.create_topic("placed", 2)
+    events = [{"event_type": "e", "data": 1}, {"event_type": "e", "data": 2, "partition": 1}]
+    async with http.post("/topics/placed/publish", json={"events": events}) as answer:
+        assert answer.status == 400
+        assert "events[1] has a partition" in (await answer.json())["error"]
+    stats = await client.topic_stats("placed")
+    assert sum(p["message_count"] for p in stats["partitions"]) == 0  # nothing of the batch stored
+
+
 async def test_bulk_fetch_sends_whole_records_from_any_offset(client: StreamsClient) -> None:
     """The records route (sendfile from the segment files): whole records, in order, none twice."""
     await client.create_topic("bulk", 1, segment_bytes=4096)

@@ -7,13 +7,14 @@ import sys
 import zlib
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshplane.core.streamlog import StoredEvent, encode_event, encode_record
 from meshplane.spark.columnar import CRC_TABLE, HAS_CLMUL, _crc32_clmul, _crc32_tables, _utf8, scan_to_arrow
-from meshplane.spark.decode import ARROW_SCHEMA, decode_columns, to_arrow
+from meshplane.spark.decode import ARROW_SCHEMA, arrow_schema, decode_columns, to_arrow
 
 texts = st.text(max_size=300)  # up to 900 UTF-8 bytes: fixstr, str8 and str16 headers
 simple_events = st.builds(
@@ -47,20 +48,30 @@ def records(events: list[StoredEvent], first: int) -> bytes:
     )
 
 
-def general(data: bytes, first: int, end: int):  # type: ignore[no-untyped-def]
-    return to_arrow(decode_columns(data, first, end), "orders", 3)
+def general(data: bytes, first: int, end: int, schema: pa.Schema = ARROW_SCHEMA):  # type: ignore[no-untyped-def]
+    return to_arrow(decode_columns(data, first, end), "orders", 3, schema)
+
+
+SCHEMAS = [arrow_schema(kafka, headers) for kafka in (True, False) for headers in (False, True)]
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(simple_events, max_size=30), st.integers(0, 2**40), st.integers(0, 40))
-def test_the_scan_matches_the_general_decoder(events: list[StoredEvent], first: int, limit: int) -> None:
+@given(
+    st.lists(simple_events, max_size=30),
+    st.integers(0, 2**40),
+    st.integers(0, 40),
+    st.sampled_from(SCHEMAS),
+)
+def test_the_scan_matches_the_general_decoder(
+    events: list[StoredEvent], first: int, limit: int, schema: pa.Schema
+) -> None:
     data = records(events, first)
     end = first + limit
-    result = scan_to_arrow(data, first, end, "orders", 3, ARROW_SCHEMA)
+    result = scan_to_arrow(data, first, end, "orders", 3, schema)
     assert result is not None
     batch, rows = result
     assert rows == min(limit, len(events))
-    assert batch.equals(general(data, first, end))
+    assert batch.equals(general(data, first, end, schema))
 
 
 @settings(max_examples=50, deadline=None)

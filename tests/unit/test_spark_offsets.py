@@ -9,11 +9,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from meshplane.spark.offsets import (
+    EARLIEST,
+    LATEST,
     OffsetsError,
     admit,
     cap,
+    check_order,
     check_written,
     fill_new_partitions,
+    markers,
     normalize,
     ranges,
     resolve,
@@ -28,10 +32,31 @@ def test_earliest_and_latest():
     assert resolve(None, BOUNDS, "earliest") == {"orders": {"0": 10, "1": 0, "2": 5}}
 
 
-def test_json_offsets_with_kafka_markers_and_defaults():
-    option = json.dumps({"orders": {"0": 42, "1": -2}})
+def test_json_offsets_with_kafka_markers():
+    option = json.dumps({"orders": {"0": 42, "1": -2, "2": -1}})
     assert resolve(option, BOUNDS, "latest") == {"orders": {"0": 42, "1": 0, "2": 5}}
-    assert resolve('{"orders": {"2": -1}}', BOUNDS, "earliest") == {"orders": {"0": 10, "1": 0, "2": 5}}
+
+
+def test_json_offsets_must_name_every_partition_read_as_kafkas_do():
+    with pytest.raises(
+        OffsetsError, match=r"startingOffsets must give every partition read .*orders/1, orders/2"
+    ):
+        resolve('{"orders": {"0": 42}}', BOUNDS, "earliest", "startingOffsets")
+    with pytest.raises(OffsetsError, match=r"leaves out orders/0, orders/1, orders/2"):
+        resolve("{}", BOUNDS, "earliest", "endingOffsets")
+
+
+def test_markers_name_the_partitions_set_to_one():
+    assert markers('{"a": {"0": -1, "1": 5}, "b": {"3": -1}}', LATEST) == ["a/0", "b/3"]
+    assert markers('{"a": {"0": -1}}', EARLIEST) == []
+    assert markers("latest", LATEST) == []
+    assert markers(None, LATEST) == []
+
+
+def test_an_end_before_its_start_is_refused():
+    check_order({"t": {"0": 3}}, {"t": {"0": 3}})
+    with pytest.raises(OffsetsError, match=r"t/1 ends at 2, before its start 4"):
+        check_order({"t": {"0": 3, "1": 4}}, {"t": {"0": 9, "1": 2}})
 
 
 @pytest.mark.parametrize(
@@ -41,8 +66,8 @@ def test_json_offsets_with_kafka_markers_and_defaults():
         ("[1]", "object of topics"),
         ('{"users": {"0": 1}}', "not read: users"),
         ('{"orders": {"7": 1}}', "no partition '7'"),
-        ('{"orders": {"0": -3}}', ">= -2"),
-        ('{"orders": {"0": "5"}}', ">= -2"),
+        ('{"orders": {"0": -3, "1": 0, "2": 0}}', "orders/0 must be an integer >= -2"),
+        ('{"orders": {"0": 1, "1": "5", "2": 0}}', "orders/1 must be an integer >= -2"),
     ],
 )
 def test_bad_offsets_are_clear_errors(option, message):
@@ -51,9 +76,13 @@ def test_bad_offsets_are_clear_errors(option, message):
 
 
 def test_ending_offsets_past_the_written_events_are_refused():
-    check_written(resolve('{"orders": {"0": 100}}', BOUNDS, "latest"), BOUNDS, "endingOffsets")
+    check_written(
+        resolve('{"orders": {"0": 100, "1": -1, "2": -1}}', BOUNDS, "latest"), BOUNDS, "endingOffsets"
+    )
     with pytest.raises(OffsetsError, match=r"endingOffsets lie past .*orders/0 at 101 \(it ends at 100\)"):
-        check_written(resolve('{"orders": {"0": 101}}', BOUNDS, "latest"), BOUNDS, "endingOffsets")
+        check_written(
+            resolve('{"orders": {"0": 101, "1": 0, "2": 5}}', BOUNDS, "latest"), BOUNDS, "endingOffsets"
+        )
 
 
 def test_offsets_serialise_identically_whatever_the_insertion_order():

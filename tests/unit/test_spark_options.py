@@ -32,7 +32,12 @@ def source(**given: Any) -> Options:
         ({"maxEventsPerTrigger": "-1"}, r"maxOffsetsPerTrigger must be an integer >= 1, not '-1'"),
         ({"maxOffsetsPerTrigger": "many"}, r"maxOffsetsPerTrigger must be an integer >= 1"),
         ({"startingOffsets": "{garbage"}, r"startingOffsets must be earliest \| latest or JSON"),
-        ({"endingOffsets": "earliest"}, r"endingOffsets must be latest or JSON"),
+        ({"endingOffsets": "first"}, r"endingOffsets must be earliest \| latest or JSON"),
+        (
+            {"startingOffsetsByTimestampStrategy": "closest"},
+            r"Strategy must be error or latest, not 'closest'",
+        ),
+        ({"maxTriggerDelay": "10 minutes"}, r"maxTriggerDelay must be a duration like 15m, 10min"),
         ({"failOnDataLoss": "maybe"}, r"failOnDataLoss must be true or false"),
         ({"minPartitions": "0"}, r"minPartitions must be an integer >= 1"),
         ({"maxTriggerDelay": "soon"}, r"maxTriggerDelay must be a duration"),
@@ -107,3 +112,52 @@ def test_every_documented_option_is_accepted_in_any_case() -> None:
             assert Options.for_source({name.lower(): "t"}) == plain
         else:
             assert Options.for_source({name.lower(): None, "subscribe": "t"}) == plain
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("10min", 600.0),
+        ("15m", 900.0),
+        ("30s", 30.0),
+        ("500ms", 0.5),
+        ("250", 0.25),
+        ("2H", 7200.0),
+        ("1d", 86400),
+    ],
+)
+def test_durations_are_written_as_spark_writes_them(text: str, seconds: float) -> None:
+    assert source(maxTriggerDelay=text).max_trigger_delay == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"startingOffsets": "latest"}, r"startingOffsets cannot be latest in a batch read"),
+        ({"startingOffsets": '{"t": {"0": 4, "1": -1}}'}, r"startingOffsets cannot be latest \(-1\).*: t/1$"),
+        ({"endingOffsets": "earliest"}, r"endingOffsets cannot be earliest in a batch read"),
+        ({"endingOffsets": '{"t": {"0": -2}}'}, r"endingOffsets cannot be earliest \(-2\).*: t/0$"),
+    ],
+)
+def test_a_batch_read_refuses_what_kafka_refuses(given: dict[str, str], message: str) -> None:
+    options = source(**given)
+    if "startingOffsets" in given:
+        options.check_streaming()  # a stream may start at the end
+    with pytest.raises(SparkOptionError, match=message):
+        options.check_batch()
+
+
+@pytest.mark.parametrize(
+    "given",
+    [{"endingOffsets": "latest"}, {"endingTimestamp": "5"}, {"endingOffsetsByTimestamp": '{"t": {"0": 5}}'}],
+)
+def test_a_stream_refuses_ending_options(given: dict[str, str]) -> None:
+    options = source(**given)
+    options.check_batch()
+    with pytest.raises(SparkOptionError, match=r"is for batch reads; a streaming query has no end"):
+        options.check_streaming()
+
+
+def test_the_timestamp_strategy_defaults_to_kafkas_error() -> None:
+    assert source().starting_no_match == "error"
+    assert source(startingOffsetsByTimestampStrategy="LATEST").starting_no_match == "latest"

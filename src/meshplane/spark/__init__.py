@@ -19,9 +19,16 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 
-def register(spark: Any) -> None:
-    """Make ``format("meshplane")`` available in this Spark session."""
+def register(spark: Any, one_line_errors: bool = True) -> None:
+    """Make ``format("meshplane")`` available in this Spark session, with Kafka's save modes; with
+    ``one_line_errors`` (default), a Python source's or UDF's error is its message alone, without
+    Python frames (see :mod:`meshplane.spark.kafka_compat`)."""
+    from meshplane.spark import kafka_compat
+
     spark.dataSource.register(MeshplaneDataSource)
+    kafka_compat.default_save_mode_appends()
+    if one_line_errors:
+        kafka_compat.one_line_errors(spark)
 
 
 __all__ = ["DataLossError", "MeshplaneDataSource", "register"]

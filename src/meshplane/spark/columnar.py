@@ -25,7 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from meshplane.core.streamlog import HEADER_SIZE
-from meshplane.spark.decode import LOG_APPEND_TIME
+from meshplane.spark.decode import LOG_APPEND_TIME, empty_headers
 
 OK, CORRUPT, COMPLEX = 0, 1, 2
 
@@ -457,20 +457,22 @@ def scan_to_arrow(
     )
     name = topic.encode()
     topic_offsets = np.arange(rows + 1, dtype=np.int32) * len(name)
-    arrays = [
-        _column(pa.string(), rows, *key, key_valid),
-        _column(pa.binary(), rows, *value, None),
-        pa.Array.from_buffers(
+    columns = {
+        "key": _column(schema.field("key").type, rows, *key, key_valid),
+        "value": _column(pa.binary(), rows, *value, None),
+        "topic": pa.Array.from_buffers(
             pa.string(), rows, [None, pa.py_buffer(topic_offsets), pa.py_buffer(name * rows)]
         ),
-        pa.array(np.full(rows, partition, np.int32)),
-        pa.array(offsets[:rows]),
-        pa.array(stamps[:rows], pa.timestamp("us", tz="UTC")),
-        _column(pa.string(), rows, *event_type, None),
-        _column(pa.string(), rows, *event_id, None),
-        pa.MapArray.from_arrays(
+        "partition": pa.array(np.full(rows, partition, np.int32)),
+        "offset": pa.array(offsets[:rows]),
+        "timestamp": pa.array(stamps[:rows], pa.timestamp("us", tz="UTC")),
+        "timestampType": pa.array(np.full(rows, LOG_APPEND_TIME, np.int32)),
+        "event_type": _column(pa.string(), rows, *event_type, None),
+        "id": _column(pa.string(), rows, *event_id, None),
+        "metadata": pa.MapArray.from_arrays(
             pa.array(np.zeros(rows + 1, np.int32)), pa.array([], pa.string()), pa.array([], pa.string())
         ),
-        pa.array(np.full(rows, LOG_APPEND_TIME, np.int32)),
-    ]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema), rows
+    }
+    if "headers" in schema.names:
+        columns["headers"] = empty_headers(rows)
+    return pa.RecordBatch.from_arrays([columns[n] for n in schema.names], schema=schema), rows

@@ -17,31 +17,56 @@ import numpy as np
 import pyarrow as pa
 
 from meshplane.core.streamlog import EVENT_DECODER, scan_records
+from meshplane.spark.headers import BASE64, from_metadata
 
-SCHEMA = (
-    "key string, value binary, topic string, partition int, offset long, timestamp timestamp, "
-    "event_type string, id string, metadata map<string,string>, timestampType int"
-)
-HEADERS_SCHEMA = SCHEMA + ", headers array<struct<key string, value binary>>"
-ARROW_SCHEMA = pa.schema(
-    [
-        ("key", pa.string()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-        ("event_type", pa.string()),
-        ("id", pa.string()),
-        ("metadata", pa.map_(pa.string(), pa.string())),
-        ("timestampType", pa.int32()),
-    ]
-)
+#: Kafka's columns, names, types and order, then meshplane's own (``columns=kafka``, the default).
+KAFKA_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+OWN_COLUMNS = ["event_type", "id", "metadata"]
+#: The order before Kafka's (``columns=legacy``): a string key, meshplane's columns in between.
+LEGACY_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", *OWN_COLUMNS, "timestampType"]
 HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-ARROW_SCHEMA_WITH_HEADERS = ARROW_SCHEMA.append(pa.field("headers", HEADERS_TYPE))
+_TYPES = {
+    "value": pa.binary(),
+    "topic": pa.string(),
+    "partition": pa.int32(),
+    "offset": pa.int64(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "timestampType": pa.int32(),
+    "headers": HEADERS_TYPE,
+    "event_type": pa.string(),
+    "id": pa.string(),
+    "metadata": pa.map_(pa.string(), pa.string()),
+}
+
+
+def arrow_schema(kafka: bool = True, headers: bool = False) -> pa.Schema:
+    """The source's columns: Kafka's (binary key), ``headers`` after them with ``includeHeaders``
+    (where Kafka puts it), then meshplane's; or the legacy order (a string key, headers last)."""
+    if kafka:
+        names = [*KAFKA_COLUMNS, *(["headers"] if headers else []), *OWN_COLUMNS]
+    else:
+        names = [*LEGACY_COLUMNS, *(["headers"] if headers else [])]
+    key = pa.binary() if kafka else pa.string()
+    return pa.schema([(name, key if name == "key" else _TYPES[name]) for name in names])
+
+
+def spark_schema(schema: pa.Schema) -> str:
+    """``schema`` in Spark's DDL, for ``DataSource.schema()``."""
+    ddl = {
+        pa.binary(): "binary",
+        pa.string(): "string",
+        pa.int32(): "int",
+        pa.int64(): "long",
+        _TYPES["timestamp"]: "timestamp",
+        HEADERS_TYPE: "array<struct<key string, value binary>>",
+        _TYPES["metadata"]: "map<string,string>",
+    }
+    return ", ".join(f"{field.name} {ddl[field.type]}" for field in schema)
+
+
+ARROW_SCHEMA = arrow_schema()
 #: Kafka's timestampType: the server stamps each event when it appends it (LogAppendTime).
 LOG_APPEND_TIME = 1
-BASE64 = "meshplane.encoding"  # metadata marking a value that was not UTF-8 (carried as base64)
 
 
 def _value(data: Any, metadata: dict[str, str] | None) -> bytes | None:
@@ -109,39 +134,47 @@ _KEY, _TYPE, _ID = operator.attrgetter("key"), operator.attrgetter("event_type")
 
 def to_arrow(cols: Columns, topic: str, partition: int, schema: pa.Schema = ARROW_SCHEMA) -> pa.RecordBatch:
     n = len(cols.offsets)
-    batch = pa.RecordBatch.from_arrays(
-        [
-            pa.array(cols.keys, pa.string()),
-            pa.array(cols.values, pa.binary()),
-            pa.array([topic] * n, pa.string()),
-            pa.array([partition] * n, pa.int32()),
-            pa.array(cols.offsets, pa.int64()),
-            pa.array(cols.stamps_us, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-            pa.array(cols.types, pa.string()),
-            pa.array(cols.ids, pa.string()),
-            pa.array(cols.metadata, pa.map_(pa.string(), pa.string())),
-            pa.array(np.full(n, LOG_APPEND_TIME, np.int32)),
-        ],
-        schema=ARROW_SCHEMA,
-    )
-    return with_headers(batch) if schema is not ARROW_SCHEMA else batch
+    columns = {
+        "key": pa.array(cols.keys, pa.string()).cast(schema.field("key").type),
+        "value": pa.array(cols.values, pa.binary()),
+        "topic": pa.array([topic] * n, pa.string()),
+        "partition": pa.array([partition] * n, pa.int32()),
+        "offset": pa.array(cols.offsets, pa.int64()),
+        "timestamp": pa.array(cols.stamps_us, pa.int64()).cast(_TYPES["timestamp"]),
+        "timestampType": pa.array(np.full(n, LOG_APPEND_TIME, np.int32)),
+        "event_type": pa.array(cols.types, pa.string()),
+        "id": pa.array(cols.ids, pa.string()),
+        "metadata": pa.array(cols.metadata, _TYPES["metadata"]),
+    }
+    if "headers" in schema.names:
+        columns["headers"] = pa.array([from_metadata(m) for m in cols.metadata], HEADERS_TYPE)
+    return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
 
 
-def to_tuples(cols: Columns, topic: str, partition: int, headers: bool = False) -> Iterator[tuple[Any, ...]]:
+def to_tuples(cols: Columns, topic: str, partition: int, schema: pa.Schema) -> Iterator[tuple[Any, ...]]:
+    binary_key = schema.field("key").type == pa.binary()
     for key, value, offset, stamp, event_type, event_id, meta in zip(
         cols.keys, cols.values, cols.offsets, cols.stamps_us, cols.types, cols.ids, cols.metadata, strict=True
     ):
-        when = datetime.fromtimestamp(stamp / 1e6, tz=UTC)
-        row = (key, value, topic, partition, offset, when, event_type, event_id, dict(meta), LOG_APPEND_TIME)
-        yield (*row, [(k, v.encode()) for k, v in meta]) if headers else row
+        row = {
+            "key": key.encode() if binary_key and key is not None else key,
+            "value": value,
+            "topic": topic,
+            "partition": partition,
+            "offset": offset,
+            "timestamp": datetime.fromtimestamp(stamp / 1e6, tz=UTC),
+            "timestampType": LOG_APPEND_TIME,
+            "event_type": event_type,
+            "id": event_id,
+            "metadata": dict(meta),
+        }
+        if "headers" in schema.names:
+            row["headers"] = from_metadata(meta)
+        yield tuple(row[name] for name in schema.names)
 
 
-def with_headers(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``batch`` plus Kafka's ``headers`` column (``array<struct<key string, value binary>>``): the
-    events' metadata, which Arrow keeps in the same layout (a map is a list of key/value structs)."""
-    metadata = batch.column("metadata")
-    entries = pa.StructArray.from_arrays(
-        [metadata.keys, metadata.items.cast(pa.binary())], names=["key", "value"]
+def empty_headers(rows: int) -> pa.Array:
+    """A ``headers`` column of ``rows`` empty lists (for events without metadata)."""
+    return pa.ListArray.from_arrays(
+        pa.array(np.zeros(rows + 1, np.int32)), pa.array([], HEADERS_TYPE.value_type)
     )
-    headers = pa.ListArray.from_arrays(metadata.offsets, entries, type=HEADERS_TYPE)
-    return pa.RecordBatch.from_arrays([*batch.columns, headers], schema=ARROW_SCHEMA_WITH_HEADERS)

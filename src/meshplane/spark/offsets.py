@@ -30,10 +30,11 @@ def normalize(offsets: Mapping[str, Mapping[str, int]]) -> TopicOffsets:
     return {t: {p: int(offsets[t][p]) for p in sorted(offsets[t])} for t in sorted(offsets)}
 
 
-def resolve(option: str | None, bounds: Bounds, default: str) -> TopicOffsets:
+def resolve(option: str | None, bounds: Bounds, default: str, name: str = "offsets") -> TopicOffsets:
     """``earliest`` | ``latest`` | JSON ``{"topic": {"0": 12, "1": -2}}`` (-2 earliest, -1 latest).
 
-    Partitions missing from a JSON option take ``default``.
+    A JSON option names every partition of every topic read, as Kafka insists: a partition left out
+    would otherwise be read from a silent default. ``name`` is the option, for the messages.
     """
     text = (option or default).strip()
     if text in ("earliest", "latest"):
@@ -43,31 +44,65 @@ def resolve(option: str | None, bounds: Bounds, default: str) -> TopicOffsets:
         raw = json.loads(text)
     except ValueError as exc:
         raise OffsetsError(
-            f'offsets must be earliest, latest or JSON like {{"topic": {{"0": 5}}}}: {exc}'
+            f'{name} must be earliest, latest or JSON like {{"topic": {{"0": 5}}}}: {exc}'
         ) from None
     if not isinstance(raw, dict):
-        raise OffsetsError("offsets JSON must be an object of topics")
+        raise OffsetsError(f"{name} JSON must be an object of topics")
     unknown = sorted(set(raw) - set(bounds))
     if unknown:
-        raise OffsetsError(f"offsets name topics that are not read: {', '.join(unknown)}")
-    fallback = resolve(default, bounds, default)
+        raise OffsetsError(f"{name} name topics that are not read: {', '.join(unknown)}")
     result: dict[str, dict[str, int]] = {}
     for topic, parts in bounds.items():
         given = raw.get(topic, {})
         if not isinstance(given, dict):
-            raise OffsetsError(f"offsets of topic {topic!r} must be an object of partitions")
+            raise OffsetsError(f"{name} of topic {topic!r} must be an object of partitions")
         for p in given:
             if p not in parts:
                 raise OffsetsError(
-                    f"topic {topic!r} has no partition {p!r} (it has {', '.join(sorted(parts))})"
+                    f"topic {topic!r} has no partition {p!r} (it has {', '.join(sorted(parts, key=int))})"
                 )
+        left_out = [f"{topic}/{p}" for p in sorted(parts, key=int) if p not in given]
+        if left_out:
+            raise OffsetsError(
+                f"{name} must give every partition read (as Kafka's do; -2 earliest, -1 latest); it leaves "
+                f"out {', '.join(left_out)}"
+            )
         result[topic] = {}
         for p, (start, end) in parts.items():
-            value = given.get(p, fallback[topic][p])
+            value = given[p]
             if isinstance(value, bool) or not isinstance(value, int) or value < EARLIEST:
-                raise OffsetsError(f"offset of {topic}/{p} must be an integer >= -2, not {value!r}")
+                raise OffsetsError(f"{name}: {topic}/{p} must be an integer >= -2, not {value!r}")
             result[topic][p] = start if value == EARLIEST else end if value == LATEST else value
     return normalize(result)
+
+
+def markers(option: str | None, marker: int) -> list[str]:
+    """``topic/partition`` of every partition a JSON offsets option sets to ``marker`` (-1 or -2)."""
+    try:
+        raw = json.loads(option or "")
+    except ValueError:
+        return []
+    if not isinstance(raw, dict):
+        return []
+    return [
+        f"{topic}/{p}"
+        for topic, parts in raw.items()
+        if isinstance(parts, dict)
+        for p, value in parts.items()
+        if value == marker and not isinstance(value, bool)
+    ]
+
+
+def check_order(start: Mapping[str, Mapping[str, int]], end: Mapping[str, Mapping[str, int]]) -> None:
+    """Fail when a batch read's end lies before its start (Kafka fails the read; nothing is silent)."""
+    behind = [
+        f"{topic}/{p} ends at {o}, before its start {start[topic][p]}"
+        for topic, parts in end.items()
+        for p, o in parts.items()
+        if o < start.get(topic, {}).get(p, o)
+    ]
+    if behind:
+        raise OffsetsError(f"endingOffsets lie before startingOffsets: {', '.join(behind)}")
 
 
 def check_written(offsets: Mapping[str, Mapping[str, int]], bounds: Bounds, option: str) -> None:

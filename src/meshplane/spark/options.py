@@ -18,6 +18,7 @@ from typing import Any
 
 from meshplane import context
 from meshplane.errors import MeshplaneError
+from meshplane.spark import offsets as off
 
 DEFAULT_URL = "http://127.0.0.1:15500"
 
@@ -39,18 +40,22 @@ SOURCE_OPTIONS = {
     "subscribePattern": "a regular expression matched against whole topic names",
     "assign": 'JSON {"topic": [0, 1]}: only these partitions',
     "startingOffsets": 'earliest | latest | JSON {"topic": {"0": 5}} (-2 earliest, -1 latest)',
-    "endingOffsets": 'latest | JSON {"topic": {"0": 5}} (batch reads only)',
+    "endingOffsets": 'latest | JSON {"topic": {"0": 5}} (-1 latest; batch reads only)',
     "startingTimestamp": "milliseconds since the epoch: every partition starts at its first event then",
+    "startingOffsetsByTimestampStrategy": "error | latest: a start time no event is stamped at or after "
+    "fails the query, or starts at the end (default error, as Kafka's)",
     "startingOffsetsByTimestamp": 'JSON {"topic": {"0": 1700000000000}}: per partition, in milliseconds',
     "endingTimestamp": "milliseconds since the epoch (batch reads only)",
     "endingOffsetsByTimestamp": 'JSON {"topic": {"0": 1700000000000}} (batch reads only)',
     "maxOffsetsPerTrigger": "an integer >= 1: events per micro-batch at most",
     "maxEventsPerTrigger": "an integer >= 1 (alias of maxOffsetsPerTrigger)",
     "minOffsetsPerTrigger": "an integer >= 1: wait for this many events (up to maxTriggerDelay)",
-    "maxTriggerDelay": "a duration like 15m, 30s or 500ms (default 15m)",
+    "maxTriggerDelay": "a duration like 15m, 10min, 30s or 500ms, as Spark writes them (default 15m)",
     "failOnDataLoss": "true | false (default true)",
     "minPartitions": "an integer >= 1: split ranges so a batch has at least this many Spark partitions",
-    "includeHeaders": "true | false: add a Kafka-shaped headers column (the events' metadata)",
+    "includeHeaders": "true | false: add Kafka's headers column (the events' metadata)",
+    "columns": "kafka | legacy: Kafka's columns first, a binary key (default), or meshplane's earlier order "
+    "(a string key; event_type, id, metadata before timestampType)",
     "fetchMaxBytes": "an integer >= 1024: bytes per fetch (default 2 MiB)",
     "localReads": "true | false: read segment files directly on the server's host (default true)",
     "arrow": "true | false: yield Arrow batches (default true)",
@@ -76,8 +81,18 @@ KAFKA_INSTEAD = {
     "kafka.sasl.jaas.config": "token",
     "kafka.group.id": "nothing: the checkpoint is the position",
 }
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 0.001}
+# Spark's time strings (JavaUtils.timeStringAs): an integer and a unit, milliseconds when none is given.
+_DURATION = re.compile(r"^\s*(\d+)\s*(us|ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {
+    "us": 1e-6,
+    "ms": 0.001,
+    "s": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+    "": 0.001,
+}
 
 
 def _check_names(given: Mapping[str, Any], known: Mapping[str, str], what: str) -> None:
@@ -134,8 +149,10 @@ class _Reader:
             return default
         match = _DURATION.match(value)
         if match is None:
-            raise SparkOptionError(f"option {name} must be a duration like 15m, 30s or 500ms, not {value!r}")
-        return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+            raise SparkOptionError(
+                f"option {name} must be a duration like 15m, 10min, 30s or 500ms, not {value!r}"
+            )
+        return int(match.group(1)) * _UNIT_SECONDS[(match.group(2) or "").lower()]
 
 
 def _server(read: _Reader) -> tuple[str, str | None]:
@@ -197,6 +214,13 @@ def _times(read: _Reader, every: str, by_partition: str) -> int | dict[str, dict
     return {str(topic): {str(p): int(t) for p, t in parts.items()} for topic, parts in raw.items()}
 
 
+def _choice(read: _Reader, name: str, allowed: tuple[str, ...]) -> str:
+    value = (read.text(name) or allowed[0]).strip().lower()
+    if value not in allowed:
+        raise SparkOptionError(f"option {name} must be {' or '.join(allowed)}, not {value!r}")
+    return value
+
+
 def _offsets_text(read: _Reader, name: str, allowed: tuple[str, ...]) -> str | None:
     value = read.text(name)
     if value is None or value.strip() in allowed:
@@ -224,12 +248,15 @@ class Options:
     #: Milliseconds: one time for every partition, or {topic: {partition: time}}; wins over the offsets.
     starting_time: int | dict[str, dict[str, int]] | None = None
     ending_time: int | dict[str, dict[str, int]] | None = None
+    #: What a starting time with no event at or after it means: "error" (Kafka's default) or "latest".
+    starting_no_match: str = "error"
     max_events_per_trigger: int | None = None
     min_events_per_trigger: int | None = None
     max_trigger_delay: float = 900.0
     fail_on_data_loss: bool = True
     min_partitions: int | None = None
     include_headers: bool = False
+    columns: str = "kafka"  # or "legacy": the source's columns before Kafka's order was adopted
     # 2 MiB: a chunk and its columns stay near the cache (4 MiB read ~5% slower, 512 KiB ~15%)
     fetch_max_bytes: int = 2 << 20
     event_type: str = "spark"
@@ -278,15 +305,17 @@ class Options:
             topic_pattern=pattern,
             assign=assign,
             starting_offsets=_offsets_text(read, "startingOffsets", ("earliest", "latest")),
-            ending_offsets=_offsets_text(read, "endingOffsets", ("latest",)),
+            ending_offsets=_offsets_text(read, "endingOffsets", ("earliest", "latest")),
             starting_time=_times(read, "startingTimestamp", "startingOffsetsByTimestamp"),
             ending_time=_times(read, "endingTimestamp", "endingOffsetsByTimestamp"),
+            starting_no_match=_choice(read, "startingOffsetsByTimestampStrategy", ("error", "latest")),
             max_events_per_trigger=max_events,
             min_events_per_trigger=min_events,
             max_trigger_delay=read.duration("maxTriggerDelay", 900.0),
             fail_on_data_loss=read.boolean("failOnDataLoss", True),
             min_partitions=read.integer("minPartitions", default=None, minimum=1),
             include_headers=read.boolean("includeHeaders", False),
+            columns=_choice(read, "columns", ("kafka", "legacy")),
             fetch_max_bytes=read.integer("fetchMaxBytes", default=2 << 20, minimum=1024) or 2 << 20,
             arrow=read.boolean("arrow", True),
             local_reads=read.boolean("localReads", True),
@@ -294,14 +323,49 @@ class Options:
             retry_timeout=(read.integer("retryTimeoutMs", default=60_000, minimum=0) or 0) / 1000,
         )
 
+    def check_batch(self) -> None:
+        """What Kafka refuses in a batch read: a start at the end, an end at the beginning."""
+        if (self.starting_offsets or "").strip() == "latest" and self.starting_time is None:
+            raise SparkOptionError(
+                "option startingOffsets cannot be latest in a batch read (Kafka refuses it too)"
+            )
+        if (self.ending_offsets or "").strip() == "earliest" and self.ending_time is None:
+            raise SparkOptionError(
+                "option endingOffsets cannot be earliest in a batch read (Kafka refuses it too)"
+            )
+        for name, text, marker, what in (
+            ("startingOffsets", self.starting_offsets, off.LATEST, "latest (-1)"),
+            ("endingOffsets", self.ending_offsets, off.EARLIEST, "earliest (-2)"),
+        ):
+            marked = off.markers(text, marker)
+            if marked:
+                raise SparkOptionError(
+                    f"option {name} cannot be {what} in a batch read (Kafka refuses it too): "
+                    + ", ".join(marked)
+                )
+
+    def check_streaming(self) -> None:
+        """A streaming query has no end: Kafka refuses the ending options in one, and so does this."""
+        given = [
+            name
+            for name, value in (
+                ("endingOffsets", self.ending_offsets),
+                ("endingTimestamp / endingOffsetsByTimestamp", self.ending_time),
+            )
+            if value is not None
+        ]
+        if given:
+            raise SparkOptionError(
+                f"option {given[0]} is for batch reads; a streaming query has no end (Trigger.AvailableNow "
+                "reads what is there and stops)"
+            )
+
     @classmethod
     def for_sink(cls, options: Mapping[str, Any]) -> Options:
         _check_names(options, SINK_OPTIONS, "sink")
         read = _Reader(options)
         url, token = _server(read)
-        value_format = (read.text("valueFormat") or "strict").strip().lower()
-        if value_format not in ("strict", "json"):
-            raise SparkOptionError(f"option valueFormat must be strict or json, not {value_format!r}")
+        value_format = _choice(read, "valueFormat", ("strict", "json"))
         topic = read.text("topic")
         return cls(
             url=url,

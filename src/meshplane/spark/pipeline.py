@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from meshplane.spark.source import MeshplaneDataSource
+from meshplane.spark import register
 
 
 @dataclass
@@ -58,7 +58,7 @@ def spark_session(app: str = "meshplane-pipeline", python_over_unix_socket: bool
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(MeshplaneDataSource)
+    register(session)
     return session
 
 
@@ -72,7 +72,9 @@ def windowed_counts(spark: Any, settings: PipelineSettings) -> Any:
     at = F.get_json_object(F.col("value").cast("string"), "$.at").cast("double")
     event_time = F.coalesce(F.timestamp_seconds(at), F.col("timestamp"))
     return (
-        events.select(F.coalesce(F.col("key"), F.lit("")).alias("key"), event_time.alias("event_time"))
+        events.select(
+            F.coalesce(F.col("key").cast("string"), F.lit("")).alias("key"), event_time.alias("event_time")
+        )
         .withWatermark("event_time", settings.watermark)
         .groupBy(F.window("event_time", settings.window), "key")
         .agg(F.count(F.lit(1)).alias("events"))

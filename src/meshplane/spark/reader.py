@@ -12,6 +12,7 @@ import ctypes
 import gc
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -26,22 +27,18 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from meshplane.errors import MeshplaneError
+from meshplane.errors import MeshplaneError, NotFound
 from meshplane.spark import offsets as off
-from meshplane.spark.decode import (
-    ARROW_SCHEMA,
-    ARROW_SCHEMA_WITH_HEADERS,
-    decode_columns,
-    to_arrow,
-    to_tuples,
-)
-from meshplane.spark.decode import with_headers as add_headers
+from meshplane.spark.decode import ARROW_SCHEMA, arrow_schema, decode_columns, to_arrow, to_tuples
 from meshplane.spark.http import SyncStreamsClient
+from meshplane.spark.kafka_compat import quiet_runner_exit
 from meshplane.spark.options import Options, SparkOptionError
 from meshplane.streams.errors import CorruptRecords, OffsetOutOfRange
 
 log = logging.getLogger(__name__)
 
+STARTING = ("startingOffsets", "startingOffsetsByTimestamp")
+ENDING = ("endingOffsets", "endingOffsetsByTimestamp")
 # columnar.scan_to_arrow: (raw records, first offset, end offset, topic, partition, schema) -> (batch, rows)
 ScanToArrow = Callable[[bytes | memoryview, int, int, str, int, pa.Schema], tuple[pa.RecordBatch, int] | None]
 
@@ -50,6 +47,11 @@ class DataLossError(MeshplaneError):
     """Offsets a query needs were deleted by retention or damaged (and failOnDataLoss is true)."""
 
     kind = "data_loss"
+
+
+def columns_of(options: Options) -> pa.Schema:
+    """The source's columns for ``options`` (``columns``, ``includeHeaders``)."""
+    return arrow_schema(kafka=options.columns == "kafka", headers=options.include_headers)
 
 
 def open_client(options: Options) -> SyncStreamsClient:
@@ -78,7 +80,7 @@ def read_bounds(client: SyncStreamsClient, options: Options) -> off.Bounds:
         listed = client.json("GET", "/topics").get("topics", [])
         names = sorted(str(t) for t in listed if pattern.fullmatch(str(t)))
         return {t: client.bounds(t) for t in names}
-    bounds = {t: client.bounds(t) for t in options.topics}
+    bounds = {t: _bounds_once_created(client, t) for t in options.topics}
     if options.assign is None:
         return bounds
     assigned = {}
@@ -92,28 +94,60 @@ def read_bounds(client: SyncStreamsClient, options: Options) -> off.Bounds:
     return assigned
 
 
+_waiting_for: set[str] = set()  # topics said to be missing, once per process
+
+
+def _bounds_once_created(client: SyncStreamsClient, topic: str) -> dict[str, tuple[int, int]]:
+    """The topic's bounds; none while it does not exist: as Kafka's ``subscribe``, the query reads
+    it once it is created (its partitions from their earliest offset)."""
+    try:
+        return client.bounds(topic)
+    except NotFound:
+        if topic not in _waiting_for:
+            _waiting_for.add(topic)
+            log.warning("meshplane topic %r does not exist yet; it is read once it is created", topic)
+        return {}
+
+
 def resolve_offsets(
     client: SyncStreamsClient,
     bounds: off.Bounds,
     offsets: str | None,
     times: int | dict[str, dict[str, int]] | None,
     default: str,
+    names: tuple[str, str],
+    no_match: str = "latest",
 ) -> off.TopicOffsets:
     """Offsets from an offsets option, or (winning over it, as in Kafka) from a timestamp option: per
-    partition the first event stamped at or after the time, the end when there is none."""
+    partition the first event stamped at or after the time. Where no event is, ``no_match`` says:
+    ``latest`` (the end) or ``error`` (Kafka's default for starting timestamps).
+
+    ``names`` are the (offsets, timestamp) options, for the messages."""
     if times is None:
-        return off.resolve(offsets, bounds, default)
+        return off.resolve(offsets, bounds, default, names[0])
+    if isinstance(times, dict) and set(times) - set(bounds):
+        unread = ", ".join(sorted(set(times) - set(bounds)))
+        raise off.OffsetsError(f"{names[1]} name topics that are not read: {unread}")
     found: dict[str, dict[str, int]] = {}
     for topic, parts in bounds.items():
         wanted = {p: times for p in parts} if isinstance(times, int) else times.get(topic, {})
         answers = {t: client.offsets_for_time(topic, t) for t in sorted(set(wanted.values()))}
         found[topic] = {p: answers[t][p] for p, t in wanted.items() if p in answers[t]}
-    return off.resolve(json.dumps(found), bounds, default)
+        late = [
+            f"{topic}/{p} at {t}" for p, t in wanted.items() if p in parts and found[topic][p] >= parts[p][1]
+        ]
+        if late and no_match == "error":
+            raise off.OffsetsError(
+                f"{names[1]}: no event is stamped at or after {', '.join(late)} ms "
+                "(startingOffsetsByTimestampStrategy=error, as Kafka's default; latest starts at the end)"
+            )
+    return off.resolve(json.dumps(found), bounds, default, names[1])
 
 
 def read_range(options: Options, part: TopicRange) -> Iterator[Any]:
     """Fetch [start, end) in large chunks; each chunk becomes one Arrow batch (or its rows as tuples)."""
     scan = _record_scan() if options.arrow else None
+    schema = columns_of(options)
     client = open_client(options)
     offset = part.start
     try:
@@ -132,7 +166,7 @@ def read_range(options: Options, part: TopicRange) -> Iterator[Any]:
                 )
                 offset = exc.next_offset
                 continue
-            rows, decoded = _decode(scan, data, offset, part, options.include_headers)
+            rows, decoded = _decode(scan, data, offset, part, schema)
             if not rows:
                 raise MeshplaneError(
                     f"meshplane {part.topic}/{part.partition}: no event at offset {offset} although the "
@@ -197,20 +231,19 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 
 
 def _decode(
-    scan: ScanToArrow | None, data: bytes | memoryview, first: int, part: TopicRange, headers: bool
+    scan: ScanToArrow | None, data: bytes | memoryview, first: int, part: TopicRange, schema: pa.Schema
 ) -> tuple[int, Iterable[Any]]:
     """One fetched chunk: (records, Arrow batches or tuples). With ``scan`` (Arrow), batches come from
     the compiled scan, or from the general decoder for chunks the scan does not take."""
     if scan is not None:
-        fast = scan(data, first, part.end, part.topic, part.partition, ARROW_SCHEMA)
+        fast = scan(data, first, part.end, part.topic, part.partition, schema)
         if fast is not None:
             batch, rows = fast
-            return rows, [add_headers(batch) if headers else batch]
+            return rows, [batch]
     cols = decode_columns(data, first, part.end)
     if scan is not None:
-        schema = ARROW_SCHEMA_WITH_HEADERS if headers else ARROW_SCHEMA
         return len(cols.offsets), [to_arrow(cols, part.topic, part.partition, schema)]
-    return len(cols.offsets), to_tuples(cols, part.topic, part.partition, headers)
+    return len(cols.offsets), to_tuples(cols, part.topic, part.partition, schema)
 
 
 def _data_lost(options: Options, topic: str, partition: int, first: int, oldest: int, why: str) -> None:
@@ -244,10 +277,12 @@ def plan(
 
 class MeshplaneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Options) -> None:
+        quiet_runner_exit()  # this runs in PySpark's streaming source runner
+        options.check_streaming()
         self.options = options
         self._client = open_client(options)
         self._target: off.TopicOffsets | None = None
-        self._last_batch_at = time.monotonic()
+        self._last_batch_at = -math.inf  # the first batch comes at once, as Kafka's does
 
     def _bounds(self) -> off.Bounds:
         return read_bounds(self._client, self.options)
@@ -258,7 +293,15 @@ class MeshplaneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def initialOffset(self) -> dict:  # type: ignore[type-arg]
         o = self.options
-        return resolve_offsets(self._client, self._bounds(), o.starting_offsets, o.starting_time, "latest")
+        return resolve_offsets(
+            self._client,
+            self._bounds(),
+            o.starting_offsets,
+            o.starting_time,
+            "latest",
+            STARTING,
+            o.starting_no_match,
+        )
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_events_per_trigger
@@ -303,6 +346,7 @@ class MeshplaneBatchReader(DataSourceReader):
     """Backfills: startingOffsets (default earliest) to endingOffsets (default latest)."""
 
     def __init__(self, options: Options) -> None:
+        options.check_batch()
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -310,11 +354,14 @@ class MeshplaneBatchReader(DataSourceReader):
         client = open_client(o)
         try:
             bounds = read_bounds(client, o)
-            start = resolve_offsets(client, bounds, o.starting_offsets, o.starting_time, "earliest")
-            end = resolve_offsets(client, bounds, o.ending_offsets, o.ending_time, "latest")
+            start = resolve_offsets(
+                client, bounds, o.starting_offsets, o.starting_time, "earliest", STARTING, o.starting_no_match
+            )
+            end = resolve_offsets(client, bounds, o.ending_offsets, o.ending_time, "latest", ENDING)
         finally:
             client.close()
         off.check_written(end, bounds, "endingOffsets")
+        off.check_order(start, end)
         return plan(self.options, start, end, bounds)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

@@ -23,7 +23,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, Wri
 from pyspark.sql.types import ArrayType, BinaryType, StringType, StructType
 
 from meshplane.errors import Conflict, NotFound
-from meshplane.spark.decode import BASE64
+from meshplane.spark.headers import BASE64, to_metadata
 from meshplane.spark.http import SyncStreamsClient
 from meshplane.spark.options import Options, SparkOptionError
 from meshplane.spark.reader import open_client
@@ -79,8 +79,9 @@ def row_to_event(row: Any, options: Options) -> tuple[str, int | None, dict[str,
     fields = row.asDict(recursive=True)
     value = fields.get("value")
     metadata = {str(k): str(v) for k, v in (fields.get("metadata") or {}).items()}
-    for header in fields.get("headers") or ():
-        metadata[_text(header["key"], "a header key")] = _text(header["value"], f"header {header['key']!r}")
+    # Beside a metadata column, headers are stored whole: read back, they are not mixed with its entries.
+    headers = ((h["key"], h["value"]) for h in fields.get("headers") or ())
+    metadata.update(to_metadata(headers, plain=not metadata))
     data: Any
     if isinstance(value, bytearray | bytes):
         try:

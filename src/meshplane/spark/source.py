@@ -23,9 +23,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from meshplane.spark.decode import HEADERS_SCHEMA, SCHEMA
-from meshplane.spark.options import Options
-from meshplane.spark.reader import DataLossError, MeshplaneBatchReader, MeshplaneStreamReader
+from meshplane.spark.decode import spark_schema
+from meshplane.spark.options import Options, SparkOptionError
+from meshplane.spark.reader import DataLossError, MeshplaneBatchReader, MeshplaneStreamReader, columns_of
 from meshplane.spark.sink import MeshplaneBatchWriter, MeshplaneStreamWriter, check_sink_schema
 
 
@@ -38,7 +38,7 @@ class MeshplaneDataSource(DataSource):
 
     def schema(self) -> str:
         # Spark calls this at load(): a wrong option fails there, not after start().
-        return HEADERS_SCHEMA if Options.for_source(self.options).include_headers else SCHEMA
+        return spark_schema(columns_of(Options.for_source(self.options)))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return MeshplaneBatchReader(Options.for_source(self.options))
@@ -48,6 +48,10 @@ class MeshplaneDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         options = Options.for_sink(self.options)
+        if overwrite:
+            raise SparkOptionError(
+                "the meshplane sink appends: save mode Overwrite is refused, as Kafka's sink does"
+            )
         check_sink_schema(schema, options)
         return MeshplaneBatchWriter(options)
 

@@ -200,6 +200,12 @@ class Commands:
         if batch is not None:
             if not isinstance(batch, list) or not batch or not all(isinstance(e, dict) for e in batch):
                 raise BadRequest("events must be a non-empty list of objects")
+            placed = [i for i, e in enumerate(batch) if "partition" in e]
+            if placed:  # one batch lands in one partition: an event's own would be ignored
+                raise BadRequest(
+                    f"events[{placed[0]}] has a partition; a batch goes to one partition: set partition "
+                    "beside events, or publish those events in their own batch"
+                )
             items = batch
         else:
             items = [p]
