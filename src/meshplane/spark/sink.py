@@ -116,9 +116,8 @@ def publish_rows(options: Options, rows: Iterator[Any], key_prefix: str) -> Publ
         try:
             client.publish_batch(topic, events, key, partition)
         except NotFound:
-            if not _created(client, topic):
-                raise
-            client.publish_batch(topic, events, key, partition)
+            _create(client, topic)
+            client.publish_batch(topic, events, key, partition)  # a 404 again: it was about something else
         chunk += 1
 
     try:
@@ -136,15 +135,14 @@ def publish_rows(options: Options, rows: Iterator[Any], key_prefix: str) -> Publ
     return PublishedRows(count)
 
 
-def _created(client: SyncStreamsClient, topic: str) -> bool:
+def _create(client: SyncStreamsClient, topic: str) -> None:
     """Make a missing topic with the server's default partitions, as Kafka's brokers do by default
-    (``auto.create.topics.enable``). False when it existed: the 404 was about something else."""
+    (``auto.create.topics.enable``). A conflict is another task of the query that made it first."""
     try:
         client.json("POST", f"/topics/{urllib.parse.quote(topic, safe='')}", {})
     except Conflict:
-        return False
+        return
     log.info("meshplane sink: created topic %r", topic)
-    return True
 
 
 class MeshplaneStreamWriter(DataSourceStreamWriter):

@@ -1,0 +1,102 @@
+"""The Spark sink into a topic replicated three ways on JetStream, through the failures HA exists for:
+the JetStream metadata leader, then the leader of a partition written to, are killed (SIGKILL) while
+a streaming query copies a topic. The query does not fail, and every row lands once (the sink's
+idempotent batches, retried on 503)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import pytest
+from pyspark.sql import SparkSession
+
+from meshplane.launchers import JetStreamCluster, StreamsServerProcess
+from meshplane.streams.client import StreamsClient
+from meshplane.streams.jetstream import naming
+from tests.helpers import wait_until
+from tests.spark_support import publish, reader, run
+
+EVENTS = 20_000
+
+
+@pytest.fixture
+def replicated() -> Iterator[tuple[JetStreamCluster, StreamsServerProcess]]:
+    with JetStreamCluster(3) as cluster:
+        cluster.start()
+        args = ("--storage", ",".join(cluster.urls), "--replicas", "3")
+        with StreamsServerProcess(extra_args=args) as server:
+            yield cluster, server.start()
+
+
+def stored(url: str, topic: str) -> int:
+    async def count() -> int:
+        async with StreamsClient(url) as client:
+            if topic not in await client.topics():
+                return 0
+            stats = await client.topic_stats(topic)
+            return sum(int(p["message_count"]) for p in stats["partitions"])
+
+    return int(run(count()))
+
+
+def stream_leader(cluster: JetStreamCluster, stream: str) -> str:
+    async def ask() -> str:
+        nc = await nats.connect(cluster.urls)
+        try:
+            info = await nc.jetstream().stream_info(stream)
+            assert info.cluster is not None
+            assert info.cluster.leader is not None
+            return info.cluster.leader
+        finally:
+            await nc.close()
+
+    return str(run(ask()))
+
+
+@pytest.mark.timeout(480)  # waits of 120 + 60 + 60 + 120 s
+def test_a_streaming_sink_copies_every_row_once_while_the_meta_leader_is_killed(
+    spark: SparkSession, replicated: tuple[JetStreamCluster, StreamsServerProcess], tmp_path: Path
+) -> None:
+    cluster, server = replicated
+    cluster.wait_meta_leader()
+    run(publish(server.url, "js-in", 0, EVENTS, partitions=4))
+    query = (
+        reader(spark, server.url, "js-in", startingOffsets="earliest", maxOffsetsPerTrigger="1000")
+        .selectExpr("key", "value")
+        .writeStream.format("meshplane")
+        .option("url", server.url)
+        .option("topic", "js-out")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        wait_until(lambda: stored(server.url, "js-out") >= 3_000, timeout=120, what="3,000 rows copied")
+        meta = cluster.wait_meta_leader()
+        cluster.node(meta).kill(signal.SIGKILL)
+        copied = stored(server.url, "js-out")
+        wait_until(
+            lambda: stored(server.url, "js-out") >= copied + 3_000,
+            timeout=60,
+            what="copying with a node down",
+        )
+        cluster.node(meta).start()
+        leader = stream_leader(cluster, naming.partition_stream("js-out", 0))
+        cluster.node(leader).kill(signal.SIGKILL)
+        copied = stored(server.url, "js-out")
+        wait_until(
+            lambda: stored(server.url, "js-out") >= copied + 3_000,
+            timeout=60,
+            what="copying without a leader",
+        )
+        cluster.node(leader).start()
+        wait_until(lambda: stored(server.url, "js-out") >= EVENTS, timeout=120, what="every row copied")
+        assert query.exception() is None
+    finally:
+        query.stop()
+    rows = spark.read.format("meshplane").option("url", server.url).option("subscribe", "js-out").load()
+    values = sorted(json.loads(r["value"])["i"] for r in rows.select("value").collect())
+    assert values == list(range(EVENTS))  # every row, once
