@@ -549,3 +549,53 @@ def drain_events(sock: socket.socket, reader: FrameReader, last: int) -> list[in
 
 async def _counter(node: StreamsServerProcess, name: str, at_least: int) -> bool:
     return bool((await status(node))["counters"].get(name, 0) >= at_least)
+
+
+@pytest.mark.timeout(150)  # a burst of 200,000, waits of 60 s
+async def test_a_burst_into_a_briefly_stalled_subscriber_arrives_whole() -> None:
+    """200,000 events of 100 B while the subscriber reads nothing: at defaults the node holds them for
+    it (nats-server holds 64 MB per connection) and every one arrives once the subscriber reads."""
+    with MeshCluster(2) as cluster:
+        cluster.start()
+        await all_linked(cluster)
+        subscriber = await MeshClient(cluster["b"].route_url).connect()
+        publisher = await MeshClient(cluster["a"].route_url).connect()
+        try:
+            received = 0
+
+            def count(subject: str, body: bytes) -> None:
+                nonlocal received
+                received += 1
+
+            subscriber.subscribe("burst.x", count)
+            await subscriber.flush()
+            await interest_reached(cluster["a"], "b", "burst.x")
+            stalled = subscriber._conn
+            assert stalled is not None
+            assert stalled.transport is not None
+            stalled.transport.pause_reading()  # held back, as by a publisher sharing its loop
+            body = b"x" * 100
+            for _ in range(200_000):
+                await publisher.publish("burst.x", body)
+            await publisher.flush()
+
+            async def subscriber_at_b() -> dict[str, Any]:
+                (client,) = [c for c in (await status(cluster["b"]))["clients"] if c["patterns"]]
+                return dict(client)
+
+            async def all_at_b() -> bool:
+                client = await subscriber_at_b()
+                return bool(client["delivered"] + client["queued"] + client["dropped"] >= 200_000)
+
+            await eventually(all_at_b, timeout=60, what="the burst at the subscriber's node")
+            stalled.transport.resume_reading()
+
+            async def settled() -> bool:
+                return received + int((await subscriber_at_b())["dropped"]) >= 200_000
+
+            await eventually(settled, timeout=60, what="every event of the burst delivered or dropped")
+            assert (await subscriber_at_b())["dropped"] == 0
+            assert received == 200_000
+        finally:
+            await publisher.close()
+            await subscriber.close()

@@ -87,9 +87,12 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
     mesh.add_argument(
         "--max-message-queue-size",
         type=int,
-        default=defaults.max_message_queue_size,
+        default=None,
         metavar="N",
-        help="messages queued per subscriber (mesh client, pub/sub WebSocket) before the policy applies",
+        help="messages queued per subscriber (mesh client, pub/sub WebSocket) before the policy applies "
+        f"(default: {defaults.max_message_queue_size:,} for a mesh client, whose "
+        f"{defaults.max_message_queue_bytes >> 20} MB bound binds first, as nats-server's max_pending; "
+        "10,000 for a pub/sub WebSocket)",
     )
     mesh.add_argument(
         "--backpressure-policy",
@@ -182,7 +185,7 @@ def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
         ),
         message_batch_size=args.message_batch_size,
         message_batch_timeout_ms=args.message_batch_timeout_ms,
-        max_message_queue_size=args.max_message_queue_size,
+        max_message_queue_size=args.max_message_queue_size or MeshConfig.max_message_queue_size,
         spool=SpoolLimits(max_bytes=args.spool_max_bytes, max_events=args.spool_max_events),
         faults=frozenset(args.mesh_fault),
         limits=PeerLimits(**{name: getattr(args, f"mesh_{name}") for name in PEER_LIMIT_FLAGS}),
@@ -205,7 +208,9 @@ def with_pubsub_backpressure(config: StreamsConfig, args: argparse.Namespace) ->
     """The pub/sub listeners follow the node's queue settings when they are given."""
     if args.node_id is None:
         return config
-    changes: dict[str, Any] = {"pubsub_queue_size": args.max_message_queue_size}
+    changes: dict[str, Any] = {}
+    if args.max_message_queue_size:
+        changes["pubsub_queue_size"] = args.max_message_queue_size
     if args.backpressure_policy:
         changes["pubsub_backpressure"] = args.backpressure_policy
     return dataclasses.replace(config, **changes)

@@ -92,7 +92,9 @@ class MeshConfig:
     router: RouterLimits = field(default_factory=RouterLimits)
     message_batch_size: int = 256  # frames per write on a link
     message_batch_timeout_ms: float = 0.0  # 0: write once the loop has nothing else to do
-    max_message_queue_size: int = 10_000  # per subscriber (client connection, pub/sub listener)
+    # Per mesh client. The bytes (each frame charged its Python overhead too) bind first at defaults,
+    # as nats-server's 64 MB max_pending: a burst to a subscriber held back briefly waits, whole.
+    max_message_queue_size: int = 1_000_000
     max_message_queue_bytes: int = 64 * 1024 * 1024
     backpressure_policy: BackpressurePolicy = "drop_oldest"
     link_buffer_bytes: int = 64 * 1024 * 1024  # events to a peer beyond this are dropped, counted

@@ -61,6 +61,11 @@ class Routing(Protocol):
     ) -> None: ...
 
 
+#: What a queued frame costs beyond its bytes (the bytes object's header, the deque's slot): charged
+#: to the queue's byte bound, so that bound is the memory a client can make the node hold.
+QUEUED_FRAME_OVERHEAD = 48
+
+
 @dataclass(eq=False)
 class ClientSession:
     """A mesh client (the event plane's ``mesh`` transport) connected to this node.
@@ -82,7 +87,7 @@ class ClientSession:
             self.conn.send(raw)
             self.delivered += 1
             return
-        self.queue.offer(raw, len(raw))
+        self.queue.offer(raw, len(raw) + QUEUED_FRAME_OVERHEAD)
         if self.queue.overflowed:
             self.on_overflow(self)
 
