@@ -13,6 +13,11 @@ Python source can reach here. The reads take turns, round after round (7 by defa
 medians, and the Arrow/Parquet ratio is the median of the rounds' ratios, each listed. All of it runs
 twice, each time in a fresh process: with Spark's Python workers on Unix sockets (``spark_session()``'s
 setting), then on Spark's default loopback TCP.
+
+A second method, as a Kafka user compares: the same rows as a stream with Trigger.AvailableNow into
+``noop``, from ``readStream.format("meshplane")`` against ``readStream.parquet`` of the same file, wall
+clock from ``start()`` to the end of ``awaitTermination()`` (a fresh checkpoint each run), in the same
+rounds (``available_now_vs_parquet``); the batch read above is the method's other half.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from harness import add_out, write_results
 from meshplane.cli.bench import Steps
 from meshplane.launchers import StreamsServerProcess
-from meshplane.spark.decode import SCHEMA
+from meshplane.spark.decode import ARROW_SCHEMA, spark_schema
 from meshplane.spark.pipeline import spark_session
 from meshplane.streams.client import StreamsClient
 
@@ -87,7 +92,7 @@ class PrebuiltSource(DataSource):
         return "prebuilt"
 
     def schema(self) -> str:
-        return SCHEMA
+        return spark_schema(ARROW_SCHEMA)
 
     def reader(self, schema: Any) -> DataSourceReader:
         return _PrebuiltReader(int(self.options["events"]))
@@ -125,8 +130,30 @@ def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuple
 
     source(True).write.parquet(parquet)
     assert spark.read.parquet(parquet).count() == events
+    checkpoints = tempfile.mkdtemp(prefix="meshplane-bench-checkpoints-")
+
+    def available_now(frame: Any) -> None:
+        checkpoint = tempfile.mkdtemp(dir=checkpoints)
+        query = (
+            frame.writeStream.format("noop")
+            .option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    stream_parquet = spark.readStream.schema(spark.read.parquet(parquet).schema).parquet(parquet)
+    stream_meshplane = (
+        spark.readStream.format("meshplane")
+        .option("url", url)
+        .option("subscribe", "ingest")
+        .option("startingOffsets", "earliest")
+        .load()
+    )
     rounds = timed_rounds(
         {
+            "stream_parquet": lambda: available_now(stream_parquet),
+            "stream_meshplane_arrow": lambda: available_now(stream_meshplane),
             "parquet": lambda: spark.read.parquet(parquet).write.format("noop").mode("overwrite").save(),
             "meshplane_arrow": lambda: source(True).write.format("noop").mode("overwrite").save(),
             "meshplane_arrow_over_http": lambda: (
@@ -152,10 +179,13 @@ def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuple
         )
     rates = {k: round(events / statistics.median(v)) for k, v in rounds.items()}
 
-    def per_round(read: str) -> list[float]:
-        return [p / m for p, m in zip(rounds["parquet"], rounds[read], strict=True)]
+    def per_round(read: str, ceiling: str = "parquet") -> list[float]:
+        return [p / m for p, m in zip(rounds[ceiling], rounds[read], strict=True)]
 
     ratios = {
+        "available_now_vs_parquet": round(
+            statistics.median(per_round("stream_meshplane_arrow", "stream_parquet")), 2
+        ),
         "arrow_vs_parquet": round(statistics.median(per_round("meshplane_arrow")), 2),
         "arrow_over_http_vs_parquet": round(statistics.median(per_round("meshplane_arrow_over_http")), 2),
         "python_source_ceiling_vs_parquet": round(rates["python_source_doing_nothing"] / rates["parquet"], 2),
