@@ -498,3 +498,31 @@ def test_min_offsets_per_trigger_waits_for_enough_events_or_the_delay(server: St
         assert later[-1] == {"trickle": {"0": 16}}
     finally:
         stream.stop()
+
+
+def test_a_querys_lag_shows_on_the_server_beside_the_groups(
+    spark: SparkSession, server: StreamsServerProcess, tmp_path: Path
+) -> None:
+    from meshplane.spark.http import SyncStreamsClient
+
+    run(publish(server.url, "watched", 0, 100, partitions=2))
+    frame = reader(spark, server.url, "watched", startingOffsets="earliest", readerName="etl-1")
+    collect_available_now(frame, tmp_path / "checkpoint")
+    client = SyncStreamsClient(server.url)
+    try:
+        (view,) = client.json("GET", "/topics/watched/readers")["readers"]
+        assert (view["reader"], view["lag_total"]) == ("etl-1", 0)
+        run(publish(server.url, "watched", 100, 25, partitions=2))
+        (view,) = client.json("GET", "/topics/watched/readers")["readers"]
+        assert view["lag_total"] == 25  # the server counts what the query has still to read
+        _, _, metrics = client.request("GET", "/metrics")
+        lines = [line for line in metrics.decode().splitlines() if line.startswith("meshplane_reader_lag{")]
+        assert sum(float(line.rsplit(" ", 1)[1]) for line in lines if 'reader="etl-1"' in line) == 25
+        snapshot = client.json("GET", "/ui/api/snapshot")
+        assert [(r["reader"], r["lag"]) for r in snapshot["readers"] if r["topic"] == "watched"] == [
+            ("etl-1", 25)
+        ]
+        status, _, _ = client.request("PUT", "/topics/watched/readers/etl-1", {"offsets": {"7": 1}})
+        assert status == 400  # no partition 7: refused, the view unchanged
+    finally:
+        client.close()

@@ -31,6 +31,7 @@ from meshplane.mesh.node import MeshNode
 from meshplane.streams.access import Grant
 from meshplane.streams.errors import LimitReached, NotFound, StreamError
 from meshplane.streams.events import StreamEvent
+from meshplane.streams.readers import Readers, ReaderView, reader_lag
 from meshplane.streams.service import StreamsService
 
 log = logging.getLogger(__name__)
@@ -103,8 +104,10 @@ class Dashboard:
         discovery: Discovery | None = None,
         tick: float = 1.0,
         clock: Callable[[], float] = time.time,
+        readers: Readers | None = None,
     ) -> None:
         self.engine, self.mesh, self.discovery = engine, mesh, discovery
+        self.readers = readers or Readers()  # Spark queries' progress, as the HTTP API recorded it
         self.tick_secs, self.clock = tick, clock
         self.started_at = clock()
         self.trends = Trends()
@@ -221,6 +224,7 @@ class Dashboard:
             ],
             "rooms": [self._room(name) for name in sorted(e.rooms)[:MAX_LISTED]],
             "groups": groups,
+            "readers": [self._reader(view, now) for view in itertools.islice(self.readers, MAX_LISTED)],
             "more": {
                 "topics": max(0, len(e.topics) - MAX_LISTED),
                 "rooms": max(0, len(e.rooms) - MAX_LISTED),
@@ -331,12 +335,27 @@ class Dashboard:
             "lag_ms": max(ages, default=0),
         }
 
-    def _lag_ms(self, group: str, partition: int, offset: int, now: float) -> int | None:
+    def _reader(self, view: ReaderView, now: float) -> dict[str, Any]:
+        """A reader's lag as the groups' (its time lag keyed apart from any group's name)."""
+        topic = self.engine.topics.get(view.topic)
+        bounds = [(p.start_offset, p.next_offset) for p in topic.partitions] if topic is not None else []
+        lags = reader_lag(view, bounds)
+        at = {p: view.offsets.get(p, bounds[p][0]) for p, lag in lags.items() if lag}
+        age = max(
+            (self._lag_ms(f"reader {view.name}", p, o, now, view.topic) or 0 for p, o in at.items()),
+            default=0,
+        )
+        row = {"reader": view.name, "topic": view.topic, "lag": sum(lags.values()), "lag_ms": age}
+        return {**row, "updated_secs_ago": max(0.0, now - view.updated_at)}
+
+    def _lag_ms(
+        self, group: str, partition: int, offset: int, now: float, topic_name: str = ""
+    ) -> int | None:
         """How long the oldest unconsumed event has waited: its stamp, read once per offset."""
         key = (group, partition)
         known = self._lag_stamps.get(key)
         if known is None or known[0] != offset:
-            topic = self.engine.topic_store.topics.get(self.engine.groups[group].topic)
+            topic = self.engine.topic_store.topics.get(topic_name or self.engine.groups[group].topic)
             if topic is None or not self.engine.local_files:  # a remote log: not read on every tick
                 return None
             try:

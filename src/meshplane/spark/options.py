@@ -9,6 +9,7 @@ option and what it accepts. ``kafka.*`` options say what meshplane uses instead.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import re
 import urllib.parse
@@ -56,6 +57,8 @@ SOURCE_OPTIONS = {
     "includeHeaders": "true | false: add Kafka's headers column (the events' metadata)",
     "columns": "kafka | legacy: Kafka's columns first, a binary key (default), or meshplane's earlier order "
     "(a string key; event_type, id, metadata before timestampType)",
+    "readerName": "the name a streaming query's progress is recorded under on the server, for its lag "
+    "(default: spark- and a hash of what it reads; empty: not recorded)",
     "fetchMaxBytes": "an integer >= 1024: bytes per fetch (default 2 MiB)",
     "localReads": "true | false: read segment files directly on the server's host (default true)",
     "arrow": "true | false: yield Arrow batches (default true)",
@@ -214,6 +217,23 @@ def _times(read: _Reader, every: str, by_partition: str) -> int | dict[str, dict
     return {str(topic): {str(p): int(t) for p, t in parts.items()} for topic, parts in raw.items()}
 
 
+def _reader_name(
+    read: _Reader, topics: tuple[str, ...], pattern: str | None, assign: dict[str, tuple[int, ...]] | None
+) -> str:
+    """The ``readerName`` option, checked; by default one that stays the same across restarts of a
+    query (a hash of what it reads and from where it starts)."""
+    given = read.text("readerName")
+    if given is not None:
+        if given and not _READER_NAME.fullmatch(given):
+            raise SparkOptionError(f"option readerName must be 1-200 of A-Z a-z 0-9 _ . : - , not {given!r}")
+        return given
+    what = json.dumps([topics, pattern, assign, read.text("startingOffsets")], sort_keys=True, default=list)
+    return "spark-" + hashlib.sha256(what.encode()).hexdigest()[:12]
+
+
+_READER_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}")
+
+
 def _choice(read: _Reader, name: str, allowed: tuple[str, ...]) -> str:
     value = (read.text(name) or allowed[0]).strip().lower()
     if value not in allowed:
@@ -256,6 +276,7 @@ class Options:
     fail_on_data_loss: bool = True
     min_partitions: int | None = None
     include_headers: bool = False
+    reader_name: str = ""  # where a streaming query records its progress ("": nowhere)
     columns: str = "kafka"  # or "legacy": the source's columns before Kafka's order was adopted
     # 2 MiB: a chunk and its columns stay near the cache (4 MiB read ~5% slower, 512 KiB ~15%)
     fetch_max_bytes: int = 2 << 20
@@ -316,6 +337,7 @@ class Options:
             min_partitions=read.integer("minPartitions", default=None, minimum=1),
             include_headers=read.boolean("includeHeaders", False),
             columns=_choice(read, "columns", ("kafka", "legacy")),
+            reader_name=_reader_name(read, topics, pattern, assign),
             fetch_max_bytes=read.integer("fetchMaxBytes", default=2 << 20, minimum=1024) or 2 << 20,
             arrow=read.boolean("arrow", True),
             local_reads=read.boolean("localReads", True),

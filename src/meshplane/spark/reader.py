@@ -15,6 +15,7 @@ import logging
 import math
 import re
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ from meshplane.streams.errors import CorruptRecords, OffsetOutOfRange
 
 log = logging.getLogger(__name__)
 
+PROGRESS_REFRESH = 30.0  # seconds between notes of an unchanged position (its "last said" stays fresh)
 STARTING = ("startingOffsets", "startingOffsetsByTimestamp")
 ENDING = ("endingOffsets", "endingOffsetsByTimestamp")
 # columnar.scan_to_arrow: (raw records, first offset, end offset, topic, partition, schema) -> (batch, rows)
@@ -283,6 +285,11 @@ class MeshplaneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._client = open_client(options)
         self._target: off.TopicOffsets | None = None
         self._last_batch_at = -math.inf  # the first batch comes at once, as Kafka's does
+        # Progress notes wait for no retry: a query never slows down for its lag view.
+        self._progress = SyncStreamsClient(options.url, options.token, timeout=5.0)
+        self._progress_paused_until = 0.0
+        self._noted: off.TopicOffsets | None = None
+        self._noted_at = 0.0
 
     def _bounds(self) -> off.Bounds:
         return read_bounds(self._client, self.options)
@@ -311,6 +318,9 @@ class MeshplaneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._target = self._ends(self._bounds())
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # type: ignore[type-arg]
+        # Spark asks once the previous batch has completed: ``start`` is where the query is. (Its
+        # commit() of a batch comes only when a next one is planned: never for the last one.)
+        self._note_progress(start)
         bounds = self._bounds()
         begin = off.fill_new_partitions(start, bounds)
         if not self.options.fail_on_data_loss:
@@ -336,10 +346,34 @@ class MeshplaneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return read_partition(self.options, partition)
 
     def commit(self, end: dict) -> None:  # type: ignore[type-arg]
-        """Nothing to do: the checkpoint is the position (offsets are not committed to the server)."""
+        """The checkpoint is the position; the server is told (see :meth:`_note_progress`)."""
+        self._note_progress(end)
+
+    def _note_progress(self, done: off.TopicOffsets) -> None:
+        """Tell the server where the query is (a read-only view for its lag, ``GET
+        /topics/{t}/readers``): the end of its last completed batch, when it moves, else every
+        ``PROGRESS_REFRESH`` seconds. Best effort: a failure is logged and never raised."""
+        name, now = self.options.reader_name, time.monotonic()
+        fresh = done == self._noted and now - self._noted_at < PROGRESS_REFRESH
+        if not name or fresh or now < self._progress_paused_until:
+            return
+        self._noted, self._noted_at = off.normalize(done), now
+        for topic, parts in done.items():
+            path = f"/topics/{urllib.parse.quote(topic, safe='')}/readers/{urllib.parse.quote(name, safe='')}"
+            try:
+                self._progress.json("PUT", path, {"offsets": parts})
+            except NotFound:
+                continue  # a topic deleted since, or not made yet
+            except (MeshplaneError, OSError) as exc:  # the query goes on; the next note in a minute
+                self._progress_paused_until = now + 60.0
+                log.warning(
+                    "meshplane: cannot record this query's progress as %r (%s); lag not shown", name, exc
+                )
+                return
 
     def stop(self) -> None:
         self._client.close()
+        self._progress.close()
 
 
 class MeshplaneBatchReader(DataSourceReader):

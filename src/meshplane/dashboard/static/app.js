@@ -281,10 +281,18 @@ function topicPage(name) {
   };
 }
 
+function readersTable(readers) {
+  if (!readers || !readers.length) return "";
+  return `<h2>Readers that keep their own position (Spark queries)</h2><p class="muted">Where each said it was after its last committed batch: a read-only view, nothing moves for it.</p>
+    <table><tr><th>reader</th><th>topic</th><th class="num">lag (events)</th><th class="num">lag (time)</th><th class="num">last said</th></tr>
+    ${readers.map((r) => `<tr data-reader="${esc(r.reader)}"><td>${esc(r.reader)}</td><td>${link(`/ui/topics/${enc(r.topic)}`, r.topic)}</td><td class="num" data-test="reader-lag">${fmt(r.lag)}</td><td class="num">${duration(r.lag_ms)}</td><td class="num">${duration(r.updated_secs_ago * 1000)} ago</td></tr>`).join("")}</table>`;
+}
+
 function groupsPage() {
-  view.innerHTML = `<h1>Consumer groups</h1><div id="groups"></div>`;
+  view.innerHTML = `<h1>Consumer groups</h1><div id="groups"></div><div id="readers"></div>`;
   return {
     update(s) {
+      document.getElementById("readers").innerHTML = readersTable(s.readers);
       document.getElementById("groups").innerHTML = s.groups.length
         ? `<table><tr><th>group</th><th>topic</th><th>state</th><th class="num">generation</th><th class="num">members</th><th class="num">lag (events)</th><th class="num">lag (time)</th><th></th></tr>
           ${s.groups.map((g) => `<tr data-group="${esc(g.group)}"><td>${link(`/ui/groups/${enc(g.group)}`, g.group)}</td><td>${link(`/ui/topics/${enc(g.topic)}`, g.topic)}</td><td><span class="pill ${esc(g.state)}">${esc(g.state)}</span></td><td class="num">${g.generation}</td><td class="num">${g.members.length}</td><td class="num" data-test="lag">${fmt(g.lag)}</td><td class="num">${duration(g.lag_ms)}</td><td>${sparkline(`lag:${g.group}`)}</td></tr>`).join("")}</table>${more(s.more.groups, "groups")}`

@@ -38,6 +38,8 @@ from meshplane.streams.http.params import (
     topic_list,
 )
 from meshplane.streams.http.push import RoomPusher, drain_incoming, frames_of, ws_event
+from meshplane.streams.http.readers import ReaderApi
+from meshplane.streams.readers import Readers
 from meshplane.streams.rooms import Room
 from meshplane.streams.service import StreamsService
 from meshplane.version import __version__
@@ -51,6 +53,7 @@ class Api:
         self.engine = engine
         self.commands = Commands(engine)
         self.groups = GroupApi(engine, self.commands)
+        self.readers = ReaderApi(engine, Readers())
 
     # health and meta
 
@@ -318,6 +321,7 @@ class Api:
         name = request.match_info["topic"]
         if not await self.engine.delete_topic(name):
             raise NotFound(f"topic {name!r} not found")
+        self.readers.readers.forget_topic(name)  # a topic made again under the name starts unread
         return json_response({"success": True, "topic": name})
 
     async def topic_publish(self, request: web.Request) -> web.Response:

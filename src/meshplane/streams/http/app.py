@@ -86,14 +86,16 @@ def create_app(
     app = web.Application(middlewares=[errors_and_auth], client_max_size=limit)
     app[ENGINE] = engine
     registry = CollectorRegistry()
-    registry.register(EngineCollector(engine))
+    registry.register(EngineCollector(engine, api.readers.readers))
     fsync_hist = Histogram(
         "meshplane_fsync_seconds",
         "fsync latency (group commit)",
         registry=registry,
         buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
     )
-    dashboard = app[DASHBOARD] = Dashboard(engine, mesh=mesh, discovery=discovery)
+    dashboard = app[DASHBOARD] = Dashboard(
+        engine, mesh=mesh, discovery=discovery, readers=api.readers.readers
+    )
 
     def on_fsync(seconds: float) -> None:
         fsync_hist.observe(seconds)

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from meshplane.streams.http.params import readable
+from meshplane.streams.readers import Readers, reader_lag
 from meshplane.streams.service import StreamsService
 
 # --- metrics ---------------------------------------------------------------------------------------
@@ -32,8 +33,9 @@ def readable_metrics(request: web.Request, exposition: bytes) -> bytes:
 class EngineCollector(Collector):
     """Reads the engine's counters at scrape time."""
 
-    def __init__(self, engine: StreamsService) -> None:
+    def __init__(self, engine: StreamsService, readers: Readers | None = None) -> None:
         self.engine = engine
+        self.readers = readers or Readers()
 
     def collect(self) -> Any:
         e = self.engine
@@ -69,6 +71,18 @@ class EngineCollector(Collector):
         for group, p, value in e.lag():
             lag.add_metric([group, str(p)], value)
         yield lag
+        reader_lags = GaugeMetricFamily(
+            "meshplane_reader_lag",
+            "Events not yet read by a reader that keeps its own position (a Spark query), as it last said",
+            labels=["topic", "reader", "partition"],
+        )
+        for view in self.readers:
+            read = e.topics.get(view.topic)
+            if read is not None:
+                ends = [(plog.start_offset, plog.next_offset) for plog in read.partitions]
+                for p, value in reader_lag(view, ends).items():
+                    reader_lags.add_metric([view.topic, view.name, str(p)], value)
+        yield reader_lags
         yield GaugeMetricFamily("meshplane_rooms", "Rooms", value=len(e.rooms))
         yield GaugeMetricFamily(
             "meshplane_room_live_subscribers",

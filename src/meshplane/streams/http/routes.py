@@ -51,7 +51,7 @@ class Route:
 
 
 # Consumer-side actions that change state: what a consumer with a read token does.
-_READ_ACTIONS = ("/consume", "/join", "/heartbeat", "/leave", "/offsets/commit")
+_READ_ACTIONS = ("/consume", "/join", "/heartbeat", "/leave", "/offsets/commit", "/readers/{reader}")
 
 
 def route_table(api: Api) -> list[Route]:
@@ -296,6 +296,21 @@ def route_table(api: Api) -> list[Route]:
             "topics",
         ),
         Route("GET", "/topics/{topic}/stats", api.topic_stats, "Per-partition statistics", "topics"),
+        Route(
+            "GET",
+            "/topics/{topic}/readers",
+            api.readers.list,
+            "Readers that keep their own position (Spark queries): their offsets and lag",
+            "topics",
+        ),
+        Route(
+            "PUT",
+            "/topics/{topic}/readers/{reader}",
+            api.readers.record,
+            "Record where a reader is (a read-only view for lag: nothing moves for it)",
+            "topics",
+            body={"offsets": "object"},
+        ),
         Route(
             "GET",
             "/topics/{topic}/offsets",

@@ -1,0 +1,55 @@
+"""Where readers that keep their own position are: a read-only view for lag. Pure; bounded.
+
+A Spark query's checkpoint is its position (Kafka's connector never tells Kafka where a query is).
+meshplane's source records the offsets each micro-batch committed here, so ``GET
+/topics/{t}/readers``, ``/metrics`` and the dashboard show a query's lag beside the consumer groups.
+Nothing is moved, held or fenced for a reader: it is a note of where it says it is, the least
+recently updated forgotten first when there are too many.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+MAX_READERS = 1000  # views kept on one server, over all topics
+
+
+@dataclass(frozen=True)
+class ReaderView:
+    topic: str
+    name: str
+    offsets: Mapping[int, int]  # partition -> the next offset the reader reads
+    updated_at: float
+
+
+class Readers:
+    def __init__(self, capacity: int = MAX_READERS) -> None:
+        self.capacity = capacity
+        self.forgotten = 0  # views dropped to stay within capacity
+        self._views: OrderedDict[tuple[str, str], ReaderView] = OrderedDict()
+
+    def record(self, topic: str, name: str, offsets: Mapping[int, int], now: float) -> None:
+        key = (topic, name)
+        self._views.pop(key, None)
+        self._views[key] = ReaderView(topic, name, dict(offsets), now)
+        while len(self._views) > self.capacity:
+            self._views.popitem(last=False)
+            self.forgotten += 1
+
+    def of_topic(self, topic: str) -> list[ReaderView]:
+        return sorted((v for v in self._views.values() if v.topic == topic), key=lambda v: v.name)
+
+    def __iter__(self) -> Iterator[ReaderView]:
+        return iter(list(self._views.values()))
+
+    def forget_topic(self, topic: str) -> None:
+        for key in [k for k in self._views if k[0] == topic]:
+            del self._views[key]
+
+
+def reader_lag(view: ReaderView, bounds: list[tuple[int, int]]) -> dict[int, int]:
+    """partition -> events the reader has still to read, given each partition's (start, next offset);
+    a partition it has not recorded counts from its start (where a new partition is read from)."""
+    return {p: max(0, end - view.offsets.get(p, start)) for p, (start, end) in enumerate(bounds)}

@@ -1,0 +1,34 @@
+"""Readers' progress (a Spark query's committed offsets): bounded, lag counted from what they said."""
+
+from __future__ import annotations
+
+from meshplane.streams.readers import Readers, reader_lag
+
+
+def test_a_reader_is_one_view_per_topic_and_name_updated_in_place() -> None:
+    readers = Readers()
+    readers.record("orders", "etl", {0: 5}, now=1.0)
+    readers.record("orders", "etl", {0: 9, 1: 2}, now=2.0)
+    readers.record("users", "etl", {0: 1}, now=3.0)
+    (view,) = readers.of_topic("orders")
+    assert (view.offsets, view.updated_at) == ({0: 9, 1: 2}, 2.0)
+    readers.forget_topic("orders")
+    assert readers.of_topic("orders") == []
+    assert [v.topic for v in readers] == ["users"]
+
+
+def test_the_least_recently_updated_is_forgotten_beyond_capacity() -> None:
+    readers = Readers(capacity=2)
+    for i, name in enumerate(("a", "b", "c")):
+        readers.record("t", name, {0: i}, now=float(i))
+    readers.record("t", "b", {0: 7}, now=9.0)  # b moves to the back
+    readers.record("t", "d", {0: 0}, now=10.0)
+    assert sorted(v.name for v in readers) == ["b", "d"]
+    assert readers.forgotten == 2
+
+
+def test_lag_counts_from_what_the_reader_said_and_a_partition_it_did_not_from_its_start() -> None:
+    readers = Readers()
+    readers.record("t", "q", {0: 10, 1: 50}, now=0.0)
+    (view,) = readers.of_topic("t")
+    assert reader_lag(view, [(0, 15), (0, 40), (3, 8)]) == {0: 5, 1: 0, 2: 5}
