@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from meshplane.streams.readers import Readers, reader_lag
 
 
@@ -31,4 +33,5 @@ def test_lag_counts_from_what_the_reader_said_and_a_partition_it_did_not_from_it
     readers = Readers()
     readers.record("t", "q", {0: 10, 1: 50}, now=0.0)
     (view,) = readers.of_topic("t")
-    assert reader_lag(view, [(0, 15), (0, 40), (3, 8)]) == {0: 5, 1: 0, 2: 5}
+    logs = [SimpleNamespace(start_offset=start, next_offset=end) for start, end in [(0, 15), (0, 40), (3, 8)]]
+    assert reader_lag(view, logs) == {0: 5, 1: 0, 2: 5}

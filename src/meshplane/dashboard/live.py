@@ -338,9 +338,9 @@ class Dashboard:
     def _reader(self, view: ReaderView, now: float) -> dict[str, Any]:
         """A reader's lag as the groups' (its time lag keyed apart from any group's name)."""
         topic = self.engine.topics.get(view.topic)
-        bounds = [(p.start_offset, p.next_offset) for p in topic.partitions] if topic is not None else []
-        lags = reader_lag(view, bounds)
-        at = {p: view.offsets.get(p, bounds[p][0]) for p, lag in lags.items() if lag}
+        partitions = topic.partitions if topic is not None else []
+        lags = reader_lag(view, partitions)
+        at = {p: view.offsets.get(p, partitions[p].start_offset) for p, lag in lags.items() if lag}
         age = max(
             (self._lag_ms(f"reader {view.name}", p, o, now, view.topic) or 0 for p, o in at.items()),
             default=0,

@@ -10,8 +10,9 @@ recently updated forgotten first when there are too many.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 MAX_READERS = 1000  # views kept on one server, over all topics
 
@@ -49,7 +50,14 @@ class Readers:
             del self._views[key]
 
 
-def reader_lag(view: ReaderView, bounds: list[tuple[int, int]]) -> dict[int, int]:
-    """partition -> events the reader has still to read, given each partition's (start, next offset);
-    a partition it has not recorded counts from its start (where a new partition is read from)."""
-    return {p: max(0, end - view.offsets.get(p, start)) for p, (start, end) in enumerate(bounds)}
+class PartitionBounds(Protocol):
+    start_offset: int
+    next_offset: int
+
+
+def reader_lag(view: ReaderView, partitions: Sequence[PartitionBounds]) -> dict[int, int]:
+    """partition -> events the reader has still to read, given the topic's partitions; one it has not
+    recorded counts from its start (where a new partition is read from)."""
+    return {
+        p: max(0, log.next_offset - view.offsets.get(p, log.start_offset)) for p, log in enumerate(partitions)
+    }

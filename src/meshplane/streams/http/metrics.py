@@ -79,8 +79,7 @@ class EngineCollector(Collector):
         for view in self.readers:
             read = e.topics.get(view.topic)
             if read is not None:
-                ends = [(plog.start_offset, plog.next_offset) for plog in read.partitions]
-                for p, value in reader_lag(view, ends).items():
+                for p, value in reader_lag(view, read.partitions).items():
                     reader_lags.add_metric([view.topic, view.name, str(p)], value)
         yield reader_lags
         yield GaugeMetricFamily("meshplane_rooms", "Rooms", value=len(e.rooms))

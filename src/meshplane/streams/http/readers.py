@@ -16,7 +16,7 @@ from meshplane.streams.topics import TopicBase
 
 
 def describe(view: ReaderView, topic: TopicBase[Any], now: float) -> dict[str, Any]:
-    lag = reader_lag(view, [(p.start_offset, p.next_offset) for p in topic.partitions])
+    lag = reader_lag(view, topic.partitions)
     return {
         "reader": view.name,
         "topic": view.topic,
