@@ -70,6 +70,7 @@ class StreamsServerProcess(ServerProcess):
         data_dir: Path | None = None,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        launcher: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
         self.port = port
@@ -78,12 +79,14 @@ class StreamsServerProcess(ServerProcess):
         self.announced: dict[str, Any] = {}
         self._extra_args = extra_args
         self._env = env  # added to this process's environment (tokens go there, never on argv)
+        self._launcher = launcher  # e.g. ("ip", "netns", "exec", NAME): the server in a network namespace
 
     def start(self, timeout: float = 20.0, *, ready: bool = True) -> StreamsServerProcess:
         """Start the server and (``ready``) wait until it listens; a ``--standby`` server listens
         only once it has taken over: start it with ``ready=False`` and :meth:`wait_ready` later."""
         self.log_path.write_bytes(b"")
         argv = [
+            *self._launcher,
             sys.executable,
             "-m",
             "meshplane.cli.main",

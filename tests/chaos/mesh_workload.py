@@ -1,0 +1,90 @@
+"""Guaranteed mesh events: publishers, each through its own node, publish one event at a time to
+``orders.<publisher>`` and record every outcome; queues on other nodes take ``orders.>``. At the end
+each queue's topic is read whole."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import aiohttp
+
+from meshplane.errors import TransportError
+from meshplane.mesh.client import MeshClient
+from tests.chaos.checker import Op
+
+
+def body(publisher: str, seq: int) -> bytes:
+    return json.dumps({"p": publisher, "seq": seq}).encode()
+
+
+def parse(raw: bytes) -> tuple[str, int]:
+    fields = json.loads(raw)
+    return str(fields["p"]), int(fields["seq"])
+
+
+async def publish_until(node_url: str, publisher: str, stop_at: float, history: list[Op]) -> None:
+    """Publish ``orders.<publisher>`` events one at a time until ``stop_at`` (monotonic)."""
+    client = await MeshClient(node_url, timeout=5.0).connect()
+    try:
+        seq = 0
+        while time.monotonic() < stop_at:
+            try:
+                await client.publish(f"orders.{publisher}", body(publisher, seq), guaranteed=True)
+                history.append(Op(publisher, seq, "ok"))
+            except TransportError:
+                history.append(Op(publisher, seq, "unknown"))
+            seq += 1
+    finally:
+        await client.close()
+
+
+async def put_queue(http: aiohttp.ClientSession, url: str, name: str, patterns: list[str]) -> None:
+    async with http.put(f"{url}/mesh/queues/{name}", json={"patterns": patterns}) as response:
+        if response.status != 200:
+            raise RuntimeError(f"PUT queue {name} at {url}: {response.status} {await response.text()}")
+
+
+async def read_queue(http: aiohttp.ClientSession, url: str, name: str) -> list[tuple[str, int]]:
+    """Everything the queue's topic holds, in order."""
+    held: list[tuple[str, int]] = []
+    offset = 0
+    while True:
+        request = {"from_offset": offset, "limit": 1000}
+        async with http.post(f"{url}/topics/{name}/partitions/0/consume", json=request) as response:
+            if response.status != 200:
+                raise RuntimeError(
+                    f"reading queue {name} at {url}: {response.status} {await response.text()}"
+                )
+            page: dict[str, Any] = await response.json()
+        if not page["events"]:
+            return held
+        held.extend(parse(base64.b64decode(event["data"])) for event in page["events"])
+        offset = page["next_offset"]
+
+
+async def collect(
+    queues: dict[str, str], history: Iterable[Op], timeout: float
+) -> dict[str, list[tuple[str, int]]]:
+    """Each queue (name -> its node's URL) read whole, once it holds every acknowledged event or
+    ``timeout`` has passed (what is missing then is lost)."""
+    acknowledged = {(op.publisher, op.seq) for op in history if op.outcome == "ok"}
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        while True:
+            held: dict[str, list[tuple[str, int]]] = {}
+            try:
+                for name, url in queues.items():
+                    held[name] = await read_queue(http, url, name)
+            except (aiohttp.ClientError, TimeoutError, RuntimeError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+                continue
+            if all(acknowledged <= set(items) for items in held.values()) or time.monotonic() > deadline:
+                return held
+            await asyncio.sleep(0.5)

@@ -1,0 +1,61 @@
+"""Which fault, when, on which hosts: drawn from a seed, so a run that fails is replayed exactly.
+
+Pure: the harness applies a :class:`Fault` at ``start`` and heals it ``length`` seconds later; faults
+come one at a time with a quiet gap between them, and the last ends before ``duration``. The kinds
+come in rounds (each once per round, in a random order), so a schedule long enough has them all.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# One host: isolate (its switch port down), cap (tbf at a few hundred kbit/s), kill (SIGKILL, restarted
+# at heal with its data), pause (SIGSTOP, SIGCONT at heal). Two hosts: cut (both ways), one-way (the
+# first's packets to the second dropped).
+SINGLE = ("isolate", "cap", "kill", "pause")
+PAIRED = ("cut", "one-way")
+NEMESES = (*SINGLE, *PAIRED)
+
+
+@dataclass(frozen=True)
+class Fault:
+    start: float
+    length: float
+    kind: str
+    hosts: tuple[str, ...]
+
+    def describe(self) -> str:
+        where = " -> ".join(self.hosts) if self.kind == "one-way" else " / ".join(self.hosts)
+        return f"{self.start:6.1f}s +{self.length:4.1f}s {self.kind} {where}"
+
+
+def plan(
+    seed: int,
+    duration: float,
+    hosts: Sequence[str],
+    kinds: Sequence[str] = NEMESES,
+    *,
+    gap: tuple[float, float] = (1.0, 3.0),
+    length: tuple[float, float] = (2.0, 6.0),
+) -> list[Fault]:
+    unknown = sorted(set(kinds) - set(NEMESES))
+    if unknown or not kinds:
+        raise ValueError(f"nemeses must be some of {', '.join(NEMESES)} (got {', '.join(unknown) or 'none'})")
+    if any(kind in PAIRED for kind in kinds) and len(hosts) < 2:
+        raise ValueError("cut and one-way need two hosts")
+    rng = random.Random(seed)
+    faults: list[Fault] = []
+    now = rng.uniform(*gap)
+    round_: list[str] = []
+    while True:
+        if not round_:
+            round_ = rng.sample(list(kinds), len(kinds))
+        kind = round_.pop()
+        span = rng.uniform(*length)
+        if now + span > duration:
+            return faults
+        chosen = tuple(rng.sample(list(hosts), 2 if kind in PAIRED else 1))
+        faults.append(Fault(round(now, 3), round(span, 3), kind, chosen))
+        now += span + rng.uniform(*gap)

@@ -1,0 +1,97 @@
+"""The fault harness's pure parts: the seeded schedule, the checker, the results table."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.chaos.checker import Op, Verdict, check_queues, combined
+from tests.chaos.schedule import NEMESES, PAIRED, plan
+from tests.chaos.table import BEGIN, END, markdown, replace_table
+
+HOSTS = ("a", "b", "c")
+
+
+@given(st.integers(0, 2**32), st.floats(5, 300), st.lists(st.sampled_from(NEMESES), min_size=1, unique=True))
+def test_a_schedule_is_replayed_from_its_seed_one_fault_at_a_time_within_the_duration(
+    seed: int, duration: float, kinds: list[str]
+) -> None:
+    faults = plan(seed, duration, HOSTS, kinds)
+    assert faults == plan(seed, duration, HOSTS, kinds)
+    end = 0.0
+    for fault in faults:
+        assert fault.kind in kinds
+        assert fault.start >= end  # the previous one was healed first
+        end = fault.start + fault.length
+        assert len(set(fault.hosts)) == len(fault.hosts) == (2 if fault.kind in PAIRED else 1)
+        assert set(fault.hosts) <= set(HOSTS)
+    assert end <= duration
+
+
+@given(st.integers(0, 2**32))
+def test_every_nemesis_comes_once_a_round(seed: int) -> None:
+    faults = plan(seed, 600, HOSTS)
+    for start in range(0, len(faults) - len(NEMESES) + 1, len(NEMESES)):
+        assert sorted(f.kind for f in faults[start : start + len(NEMESES)]) == sorted(NEMESES)
+    assert plan(seed + 1, 600, HOSTS) != faults
+
+
+def test_unknown_nemeses_and_pairs_without_two_hosts_are_refused() -> None:
+    with pytest.raises(ValueError, match="some of"):
+        plan(1, 60, HOSTS, ["meteor"])
+    with pytest.raises(ValueError, match="two hosts"):
+        plan(1, 60, ("a",), ["cut"])
+
+
+def ops(publisher: str, outcomes: str) -> list[Op]:
+    """``"ok?o"``: seq 0 acknowledged, seq 1 unknown, seq 2 acknowledged."""
+    return [Op(publisher, seq, "ok" if c == "o" else "unknown") for seq, c in enumerate(outcomes)]
+
+
+def test_a_clean_history_is_valid() -> None:
+    history = ops("p1", "ooo") + ops("p2", "oo")
+    held = [("p1", 0), ("p2", 0), ("p1", 1), ("p2", 1), ("p1", 2)]
+    (verdict,) = check_queues(history, {"q": held}, lambda q, p: True).values()
+    assert verdict == Verdict(operations=5, acknowledged=5)
+    assert verdict.valid
+
+
+def test_lost_duplicated_reordered_and_unexpected_are_each_counted() -> None:
+    history = ops("p1", "oooo")
+    lost = check_queues(history, {"q": [("p1", 0), ("p1", 2), ("p1", 3)]}, lambda q, p: True)["q"]
+    assert (lost.lost, lost.valid) == (1, False)
+    doubled = check_queues(
+        history, {"q": [("p1", 0), ("p1", 1), ("p1", 1), ("p1", 2), ("p1", 3)]}, lambda q, p: True
+    )
+    assert (doubled["q"].duplicated, doubled["q"].lost) == (1, 0)
+    swapped = check_queues(history, {"q": [("p1", 0), ("p1", 2), ("p1", 1), ("p1", 3)]}, lambda q, p: True)
+    assert (swapped["q"].reordered, swapped["q"].lost) == (1, 0)
+    phantom = check_queues(
+        history, {"q": [("p1", 0), ("p1", 1), ("p1", 2), ("p1", 3), ("p9", 0)]}, lambda q, p: True
+    )
+    assert phantom["q"].unexpected == 1
+    unwanted = check_queues(history, {"q": [("p1", 0)]}, lambda q, p: False)["q"]
+    assert (unwanted.unexpected, unwanted.operations, unwanted.lost) == (1, 0, 0)
+
+
+def test_an_unknown_outcome_may_arrive_or_not_and_its_order_is_not_checked() -> None:
+    history = ops("p1", "o?o?")
+    arrived_late = check_queues(history, {"q": [("p1", 0), ("p1", 2), ("p1", 1)]}, lambda q, p: True)["q"]
+    assert arrived_late == Verdict(operations=4, acknowledged=2, indeterminate=2, indeterminate_arrived=1)
+
+
+def test_queues_combine_counting_publishes_once_and_faults_per_queue() -> None:
+    one = Verdict(operations=10, acknowledged=9, lost=1, indeterminate=1)
+    other = Verdict(operations=10, acknowledged=9, duplicated=2, indeterminate=1, indeterminate_arrived=1)
+    assert combined([one, other]) == Verdict(10, 9, 1, 2, 0, 0, 1, 1)
+
+
+def test_the_table_goes_between_the_markers_and_nothing_else_changes() -> None:
+    total = {"operations": 3, "acknowledged": 2, "lost": 0, "duplicated": 0, "reordered": 0, "unexpected": 0,
+             "indeterminate": 1, "indeterminate_arrived": 1}  # fmt: skip
+    report = {"workload": "w", "nemeses": ["kill"], "seed": 7, "faults": [{}], "total": total}
+    table = markdown([report])
+    assert "| w | kill | 7 | 1 | 3 | 2 | 0 | 0 | 0 | 0 | 1 | 1 |" in table
+    document = f"before\n{BEGIN}\nold\n{END}\nafter\n"
+    assert replace_table(document, table) == f"before\n{BEGIN}\n{table}{END}\nafter\n"
