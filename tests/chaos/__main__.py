@@ -1,7 +1,7 @@
 """``python -m tests.chaos``: run schedules by hand (root), print each run, optionally write the table.
 
 python -m tests.chaos --seed 7 --duration 60 --nemesis kill,pause
-python -m tests.chaos --nemesis each --duration 60 --markdown docs/chaos.md
+python -m tests.chaos --workload all --nemesis each --fsync always,interval --markdown docs/chaos.md
 """
 
 from __future__ import annotations
@@ -13,22 +13,30 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.chaos.harness import WORKLOADS, print_report, run
-from tests.chaos.schedule import NEMESES
+from tests.chaos.harness import print_report, run, workloads
 from tests.chaos.table import markdown, replace_table
 
 
+def schedules(nemesis: str, allowed: tuple[str, ...]) -> list[list[str] | None]:
+    """The runs' nemeses (None: every one the workload takes, in one schedule)."""
+    if nemesis == "each":
+        return [[kind] for kind in allowed] + [None]
+    return [{"all": None, "none": []}.get(nemesis, nemesis.split(","))]
+
+
 def main(argv: list[str] | None = None) -> int:
+    known = workloads()
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="mesh-guaranteed")
+    parser.add_argument("--workload", default="mesh-guaranteed", help=f"{', '.join(known)}, or all")
     parser.add_argument("--seed", type=int, default=None, help="default: a random one, printed")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of faults and traffic")
     parser.add_argument(
         "--nemesis",
         default="all",
-        help=f"comma-separated among {', '.join(NEMESES)}; all: mixed in one schedule; each: one run per "
-        "nemesis, then one mixed; none: no faults",
+        help="comma-separated (isolate, cap, kill, power, pause, cut, one-way); all: the workload's, "
+        "mixed in one schedule; each: one run per nemesis, then one mixed; none: no faults",
     )
+    parser.add_argument("--fsync", default="always", help="the servers' --fsync; several comma-separated")
     parser.add_argument("--json", type=Path, help="write the reports here (a JSON list)")
     parser.add_argument(
         "--markdown", type=Path, help="put the table in this file, between its chaos-table markers"
@@ -37,26 +45,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     if args.one:
-        kinds = {"none": [], "all": list(NEMESES)}.get(args.nemesis, args.nemesis.split(","))
-        report = run(args.workload, seed, args.duration, kinds)
+        (kinds,) = schedules(args.nemesis, known[args.workload].nemeses)
+        report = run(args.workload, seed, args.duration, kinds, args.fsync)
         print_report(report)
         print(json.dumps(report.to_json()))
         return 0 if report.total.valid else 1
-    schedules = [[kind] for kind in NEMESES] + [["all"]] if args.nemesis == "each" else [[args.nemesis]]
+    names = list(known) if args.workload == "all" else args.workload.split(",")
     reports = []
-    for kinds in schedules:
-        # Each run in a process of its own: a run moves its process into its namespaces.
-        command = [
-            *(sys.executable, "-m", "tests.chaos", "--one", "--workload", args.workload, "--seed", str(seed)),
-            *("--duration", str(args.duration), "--nemesis", ",".join(kinds)),
-        ]
-        print(f"seed {seed}: {args.workload} under {','.join(kinds)}", file=sys.stderr, flush=True)
-        done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
-        lines = done.stdout.strip().splitlines()
-        if not lines:
-            print(f"the run failed (exit {done.returncode})", file=sys.stderr)
-            return 2
-        reports.append(json.loads(lines[-1]))
+    for name in names:
+        for kinds in schedules(args.nemesis, known[name].nemeses):
+            for fsync in args.fsync.split(","):
+                # Each run in a process of its own: a run moves its process into its namespaces.
+                nemesis = "all" if kinds is None else ",".join(kinds) or "none"
+                command = [
+                    *(sys.executable, "-m", "tests.chaos", "--one", "--workload", name, "--seed", str(seed)),
+                    *("--duration", str(args.duration), "--nemesis", nemesis, "--fsync", fsync),
+                ]
+                print(f"seed {seed}: {name} under {nemesis}, fsync {fsync}", file=sys.stderr, flush=True)
+                done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+                lines = done.stdout.strip().splitlines()
+                if not lines:
+                    print(f"the run failed (exit {done.returncode})", file=sys.stderr)
+                    return 2
+                reports.append(json.loads(lines[-1]))
     if args.json:
         args.json.write_text(json.dumps(reports, indent=1))
     if args.markdown:

@@ -14,6 +14,7 @@ publisher's events, the checker counts:
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -27,6 +28,7 @@ class Op:
     publisher: str
     seq: int
     outcome: Outcome
+    offset: int | None = None  # where an acknowledged append was placed (topics)
 
 
 @dataclass
@@ -39,10 +41,14 @@ class Verdict:
     unexpected: int = 0
     indeterminate: int = 0
     indeterminate_arrived: int = 0
+    moved: int = 0  # acknowledged at one offset, found at another
+    gaps: int = 0  # offsets missing between the log's first and last
 
     @property
     def valid(self) -> bool:
-        return self.lost == self.duplicated == self.reordered == self.unexpected == 0
+        return (
+            self.lost == self.duplicated == self.reordered == self.unexpected == self.moved == self.gaps == 0
+        )
 
 
 def combined(verdicts: Iterable[Verdict]) -> Verdict:
@@ -96,3 +102,44 @@ def check_queues(
             last[publisher] = max(seq, last.get(publisher, -1))
         verdicts[queue] = verdict
     return verdicts
+
+
+def check_log(history: Iterable[Op], log: Sequence[tuple[int, str, int]]) -> Verdict:
+    """A topic partition written by idempotent producers (each retries an unknown outcome with the
+    same key, one event at a time): ``log`` is its (offset, publisher, seq) records in order. Every
+    acknowledged append must be there once, at the offset it was given, in publishing order, and the
+    offsets must run without a gap."""
+    ops = list(history)
+    outcomes = {(op.publisher, op.seq): op for op in ops}
+    where: dict[tuple[str, int], list[int]] = {}
+    for offset, publisher, seq in log:
+        where.setdefault((publisher, seq), []).append(offset)
+    offsets = [offset for offset, _, _ in log]
+    verdict = Verdict(
+        operations=len(ops),
+        acknowledged=sum(op.outcome == "ok" for op in ops),
+        lost=sum(op.outcome == "ok" and (op.publisher, op.seq) not in where for op in ops),
+        duplicated=sum(len(places) - 1 for places in where.values()),
+        unexpected=sum(len(places) for key, places in where.items() if key not in outcomes),
+        indeterminate=sum(op.outcome == "unknown" for op in ops),
+        indeterminate_arrived=sum(op.outcome == "unknown" and (op.publisher, op.seq) in where for op in ops),
+        moved=sum(
+            op.outcome == "ok"
+            and (op.publisher, op.seq) in where
+            and op.offset not in where[(op.publisher, op.seq)]
+            for op in ops
+        ),
+        gaps=sum(b - a - 1 for a, b in itertools.pairwise(offsets) if b > a + 1),
+    )
+    last: dict[str, int] = {}
+    # Order among the acknowledged events still where they were put (one lost is counted as lost).
+    placed = sorted(
+        (op.seq, op.publisher, op.offset)
+        for op in ops
+        if op.outcome == "ok" and op.offset is not None and op.offset in where.get((op.publisher, op.seq), ())
+    )
+    for _, publisher, offset in placed:
+        if offset < last.get(publisher, -1):
+            verdict.reordered += 1
+        last[publisher] = max(offset, last.get(publisher, -1))
+    return verdict

@@ -1,9 +1,10 @@
-"""One run: build the namespaces, start real nodes in them, run a workload while the schedule's
-faults come and go, heal everything, read the final state, check it.
+"""One run: build the namespaces, start real servers in them (each data directory on a lossy disk),
+run a workload while the schedule's faults come and go, heal everything, read the final state,
+check it.
 
 The harness process itself moves into the ``client`` namespace (``setns``, before it opens a socket
-or starts a thread), so it reaches the nodes as a client on another machine would; ``ip -n`` and
-signals reach every namespace from there.
+or starts a thread), so it reaches the servers as a client on another machine would; ``ip -n``,
+mounts and signals reach every namespace from there.
 """
 
 from __future__ import annotations
@@ -11,20 +12,21 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from meshplane.launchers import StreamsServerProcess
-from tests.chaos import mesh_workload
-from tests.chaos.checker import Op, Verdict, check_queues, combined
+from tests.chaos.checker import Verdict, combined
+from tests.chaos.lossyfs import Disk
 from tests.chaos.network import Network, can_build
-from tests.chaos.schedule import NEMESES, Fault, plan
+from tests.chaos.schedule import Fault, plan
 
 CLONE_NEWNET = 0x40000000
 HTTP_PORT, ROUTE_PORT = 8080, 7000
@@ -41,12 +43,118 @@ def enter(ns_path: str) -> None:
         os.close(fd)
 
 
+class Servers:
+    """``meshplane serve`` on each host, in the host's namespace, its data on the host's lossy disk."""
+
+    def __init__(
+        self, network: Network, hosts: tuple[str, ...], args: Callable[[Servers, str], tuple[str, ...]]
+    ):
+        self.network = network
+        self.hosts = hosts
+        self.root = Path(tempfile.mkdtemp(prefix="meshplane-chaos-"))
+        self.disks = {host: Disk(self.root / f"{host}.backing", self.root / host) for host in hosts}
+        self.servers = {
+            host: StreamsServerProcess(
+                port=HTTP_PORT,
+                data_dir=self.root / host / "data",
+                extra_args=("--host", network.address(host), *args(self, host)),
+                launcher=network.exec_prefix(host),
+            )
+            for host in hosts
+        }
+        self.active: Fault | None = None  # the fault applied now, if any
+
+    def route_url(self, host: str) -> str:
+        return f"tcp://{self.network.address(host)}:{ROUTE_PORT}"
+
+    def url(self, host: str) -> str:
+        return f"http://{self.network.address(host)}:{HTTP_PORT}"
+
+    def start(self) -> None:
+        for host in self.hosts:
+            self.disks[host].mount()
+            self.servers[host].start(timeout=30)
+
+    def stop(self) -> None:
+        if self.active is not None:
+            self.heal(self.active)
+        for host in self.hosts:
+            self.servers[host].cleanup()
+            self.disks[host].unmount()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def apply(self, fault: Fault) -> None:
+        net, first = self.network, fault.hosts[0]
+        match fault.kind:
+            case "isolate":
+                net.isolate(first)
+            case "cap":
+                net.cap(first, "300kbit")
+            case "kill":
+                self.servers[first].kill(signal.SIGKILL)
+            case "power":
+                self.servers[first].kill(signal.SIGKILL)
+                self.disks[first].cut()
+            case "pause":
+                self.servers[first].kill(signal.SIGSTOP)
+            case "cut":
+                net.drop(first, fault.hosts[1])
+                net.drop(fault.hosts[1], first)
+            case "one-way":
+                net.drop(first, fault.hosts[1])
+        self.active = fault
+
+    def heal(self, fault: Fault) -> None:
+        net, first = self.network, fault.hosts[0]
+        match fault.kind:
+            case "isolate":
+                net.rejoin(first)
+            case "cap":
+                net.uncap(first)
+            case "kill":
+                self.servers[first].start(timeout=30)
+            case "power":
+                self.disks[first].mount()
+                self.servers[first].start(timeout=30)
+            case "pause":
+                self.servers[first].kill(signal.SIGCONT)
+            case "cut":
+                net.undrop(first, fault.hosts[1])
+                net.undrop(fault.hosts[1], first)
+            case "one-way":
+                net.undrop(first, fault.hosts[1])
+        self.active = None
+
+
+async def run_schedule(servers: Servers, faults: list[Fault], log: list[str]) -> None:
+    began = time.monotonic()
+    for fault in faults:
+        await asyncio.sleep(max(0.0, began + fault.start - time.monotonic()))
+        log.append(f"{time.monotonic() - began:6.1f}s apply {fault.describe()}")
+        await asyncio.to_thread(servers.apply, fault)
+        await asyncio.sleep(max(0.0, began + fault.start + fault.length - time.monotonic()))
+        await asyncio.to_thread(servers.heal, fault)
+        log.append(f"{time.monotonic() - began:6.1f}s heal  {fault.kind}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Servers on ``hosts`` started with ``args``; ``body`` runs the traffic for the duration (the
+    schedule beside it, through ``run_schedule``), then reads the final state and checks it."""
+
+    hosts: tuple[str, ...]
+    nemeses: tuple[str, ...]
+    args: Callable[[Servers, str], tuple[str, ...]]
+    body: Callable[[Servers, list[Fault], float, list[str]], Coroutine[Any, Any, dict[str, Verdict]]]
+
+
 @dataclass
 class Report:
     workload: str
     nemeses: list[str]
     seed: int
     duration: float
+    fsync: str
     faults: list[Fault]
     verdicts: dict[str, Verdict]
     log: list[str] = field(default_factory=list)
@@ -59,185 +167,42 @@ class Report:
         return {**asdict(self), "total": asdict(self.total), "valid": self.total.valid}
 
 
-class MeshNodes:
-    """Nodes a, b, c of one cluster, one per namespace, each routed to the others."""
+def workloads() -> dict[str, Workload]:
+    from tests.chaos import mesh_workload, topics_workload
 
-    def __init__(self, network: Network, ids: tuple[str, ...], fsync: str) -> None:
-        self.network = network
-        self.ids = ids
-        self.nodes = {
-            node: StreamsServerProcess(
-                port=HTTP_PORT,
-                extra_args=(
-                    *("--host", network.address(node), "--node-id", node, "--cluster", "c1"),
-                    *("--route-port", str(ROUTE_PORT), "--heartbeat-interval", "0.2", "--fsync", fsync),
-                    "--routes",
-                    ",".join(self.route_url(peer) for peer in ids if peer != node),
-                ),
-                launcher=network.exec_prefix(node),
-            )
-            for node in ids
-        }
-        self.active: Fault | None = None  # the fault applied now, if any
-
-    def route_url(self, node: str) -> str:
-        return f"tcp://{self.network.address(node)}:{ROUTE_PORT}"
-
-    def url(self, node: str) -> str:
-        return f"http://{self.network.address(node)}:{HTTP_PORT}"
-
-    def start(self) -> None:
-        for node in self.nodes.values():
-            node.start(timeout=30)
-
-    def stop(self) -> None:
-        if self.active is not None:
-            self.heal(self.active)
-        for node in self.nodes.values():
-            node.cleanup()
-
-    def apply(self, fault: Fault) -> None:
-        net = self.network
-        first = fault.hosts[0]
-        match fault.kind:
-            case "isolate":
-                net.isolate(first)
-            case "cap":
-                net.cap(first, "300kbit")
-            case "kill":
-                self.nodes[first].kill(signal.SIGKILL)
-            case "pause":
-                self.nodes[first].kill(signal.SIGSTOP)
-            case "cut":
-                net.drop(first, fault.hosts[1])
-                net.drop(fault.hosts[1], first)
-            case "one-way":
-                net.drop(first, fault.hosts[1])
-        self.active = fault
-
-    def heal(self, fault: Fault) -> None:
-        net = self.network
-        first = fault.hosts[0]
-        match fault.kind:
-            case "isolate":
-                net.rejoin(first)
-            case "cap":
-                net.uncap(first)
-            case "kill":
-                self.nodes[first].start(timeout=30)
-            case "pause":
-                self.nodes[first].kill(signal.SIGCONT)
-            case "cut":
-                net.undrop(first, fault.hosts[1])
-                net.undrop(fault.hosts[1], first)
-            case "one-way":
-                net.undrop(first, fault.hosts[1])
-        self.active = None
-
-    async def wait_linked(self, http: aiohttp.ClientSession, timeout: float = 30.0) -> None:
-        """Every node up on a link to every other, and knowing the others' queues (``queues``)."""
-        deadline = time.monotonic() + timeout
-        while not await self._linked(http):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the nodes did not link within {timeout}s")
-            await asyncio.sleep(0.1)
-
-    async def _linked(self, http: aiohttp.ClientSession) -> bool:
-        for node in self.ids:
-            try:
-                async with http.get(f"{self.url(node)}/mesh") as response:
-                    links = (await response.json())["links"]
-            except (aiohttp.ClientError, TimeoutError):
-                return False
-            if sorted(link["peer"] for link in links if link["state"] == "up") != [
-                p for p in self.ids if p != node
-            ]:
-                return False
-        return True
-
-    async def wait_known(self, http: aiohttp.ClientSession, pattern: str, timeout: float = 30.0) -> None:
-        """Every node knows every other's ``pattern``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            known = True
-            for node in self.ids:
-                async with http.get(f"{self.url(node)}/mesh", params={"patterns": "1"}) as response:
-                    peers = (await response.json())["patterns"]["peers"]
-                known &= all(pattern in peers.get(peer, []) for peer in self.ids if peer != node)
-            if known:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{pattern} did not reach every node within {timeout}s")
-            await asyncio.sleep(0.1)
+    return {"mesh-guaranteed": mesh_workload.WORKLOAD, "topics-local": topics_workload.WORKLOAD}
 
 
-async def run_schedule(
-    faults: list[Fault], apply: Callable[[Fault], None], heal: Callable[[Fault], None], log: list[str]
-) -> None:
-    began = time.monotonic()
-    for fault in faults:
-        await asyncio.sleep(max(0.0, began + fault.start - time.monotonic()))
-        log.append(f"{time.monotonic() - began:6.1f}s apply {fault.describe()}")
-        await asyncio.to_thread(apply, fault)
-        await asyncio.sleep(max(0.0, began + fault.start + fault.length - time.monotonic()))
-        await asyncio.to_thread(heal, fault)
-        log.append(f"{time.monotonic() - began:6.1f}s heal  {fault.kind}")
-
-
-async def mesh_guaranteed(
-    nodes: MeshNodes, faults: list[Fault], duration: float, log: list[str]
-) -> dict[str, Verdict]:
-    """Publishers p1 (through a) and p2 (through c); a queue on every node takes ``orders.>``."""
-    queues = {f"q{node}": nodes.url(node) for node in nodes.ids}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        await nodes.wait_linked(http)
-        for name, url in queues.items():
-            await mesh_workload.put_queue(http, url, name, ["orders.>"])
-        await nodes.wait_known(http, "$G.orders.>")
-    history: list[Op] = []
-    stop_at = time.monotonic() + duration
-    publishers = {"p1": nodes.route_url("a"), "p2": nodes.route_url("c")}
-    tasks = [mesh_workload.publish_until(url, name, stop_at, history) for name, url in publishers.items()]
-    await asyncio.gather(run_schedule(faults, nodes.apply, nodes.heal, log), *tasks)
-    log.append(f"published {len(history)}, collecting")
-    held = await mesh_workload.collect(queues, history, timeout=90)
-    return check_queues(history, held, lambda queue, publisher: True)
-
-
-WORKLOADS = {"mesh-guaranteed": mesh_guaranteed}
-
-
-def run(workload: str, seed: int, duration: float, nemeses: list[str], fsync: str = "always") -> Report:
-    """Run one schedule; the calling process moves into the run's client namespace."""
+def run(name: str, seed: int, duration: float, nemeses: list[str] | None, fsync: str = "always") -> Report:
+    """Run one schedule (``nemeses`` None: every one the workload takes); the calling process moves
+    into the run's client namespace."""
     reason = can_build()
     if reason:
         raise RuntimeError(reason)
-    node_ids = ("a", "b", "c")
-    faults = plan(seed, duration, node_ids, nemeses) if nemeses else []
-    network = Network([*node_ids, "client"]).build()
-    report = Report(workload, nemeses, seed, duration, faults, {})
+    workload = workloads()[name]
+    kinds = list(workload.nemeses) if nemeses is None else nemeses
+    faults = plan(seed, duration, workload.hosts, kinds) if kinds else []
+    network = Network([*workload.hosts, "client"]).build()
+    report = Report(name, kinds, seed, duration, fsync, faults, {})
     try:
         enter(f"/run/netns/{network.ns('client')}")
-        nodes = MeshNodes(network, node_ids, fsync)
+        servers = Servers(
+            network, workload.hosts, lambda s, host: (*workload.args(s, host), "--fsync", fsync)
+        )
         try:
-            nodes.start()
-            report.verdicts = asyncio.run(WORKLOADS[workload](nodes, faults, duration, report.log))
+            servers.start()
+            report.verdicts = asyncio.run(workload.body(servers, faults, duration, report.log))
         finally:
-            nodes.stop()
+            servers.stop()
     finally:
         network.teardown()
     return report
 
 
 def print_report(report: Report) -> None:
-    print(
-        f"{report.workload} under {'+'.join(report.nemeses) or 'no faults'}, seed {report.seed}:",
-        file=sys.stderr,
-    )
+    what = "+".join(report.nemeses) or "no faults"
+    print(f"{report.workload} under {what}, seed {report.seed}, fsync {report.fsync}:", file=sys.stderr)
     for line in report.log:
         print("  " + line, file=sys.stderr)
-    for queue, verdict in report.verdicts.items():
-        print(f"  {queue}: {verdict}", file=sys.stderr)
-
-
-__all__ = ["NEMESES", "WORKLOADS", "Report", "print_report", "run"]
+    for name, verdict in report.verdicts.items():
+        print(f"  {name}: {verdict}", file=sys.stderr)

@@ -1,6 +1,6 @@
-"""Guaranteed mesh events: publishers, each through its own node, publish one event at a time to
-``orders.<publisher>`` and record every outcome; queues on other nodes take ``orders.>``. At the end
-each queue's topic is read whole."""
+"""Guaranteed mesh events: nodes a, b, c of one cluster; publishers p1 (through a) and p2 (through c)
+publish one event at a time to ``orders.<publisher>`` and record every outcome; a queue on every node
+takes ``orders.>``. At the end each queue's topic is read whole."""
 
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ import aiohttp
 
 from meshplane.errors import TransportError
 from meshplane.mesh.client import MeshClient
-from tests.chaos.checker import Op
+from tests.chaos.checker import Op, Verdict, check_queues
+from tests.chaos.harness import ROUTE_PORT, Servers, Workload, run_schedule
+from tests.chaos.schedule import NEMESES, Fault
+
+NODES = ("a", "b", "c")
 
 
 def body(publisher: str, seq: int) -> bytes:
@@ -88,3 +92,48 @@ async def collect(
             if all(acknowledged <= set(items) for items in held.values()) or time.monotonic() > deadline:
                 return held
             await asyncio.sleep(0.5)
+
+
+def node_args(servers: Servers, node: str) -> tuple[str, ...]:
+    routes = ",".join(servers.route_url(peer) for peer in NODES if peer != node)
+    ids = ("--node-id", node, "--cluster", "c1", "--route-port", str(ROUTE_PORT))
+    return (*ids, "--heartbeat-interval", "0.2", "--routes", routes)
+
+
+async def linked(http: aiohttp.ClientSession, servers: Servers, pattern: str) -> bool:
+    """Every node up on a link to every other and knowing the others' ``pattern``."""
+    for node in NODES:
+        try:
+            async with http.get(f"{servers.url(node)}/mesh", params={"patterns": "1"}) as response:
+                state = await response.json()
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+        peers = [peer for peer in NODES if peer != node]
+        if sorted(link["peer"] for link in state["links"] if link["state"] == "up") != peers:
+            return False
+        if not all(pattern in state["patterns"]["peers"].get(peer, []) for peer in peers):
+            return False
+    return True
+
+
+async def run(servers: Servers, faults: list[Fault], duration: float, log: list[str]) -> dict[str, Verdict]:
+    queues = {f"q{node}": servers.url(node) for node in NODES}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        for name, url in queues.items():
+            await put_queue(http, url, name, ["orders.>"])
+        deadline = time.monotonic() + 30
+        while not await linked(http, servers, "$G.orders.>"):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the nodes did not link and learn each other's queues within 30s")
+            await asyncio.sleep(0.1)
+    history: list[Op] = []
+    stop_at = time.monotonic() + duration
+    publishers = {"p1": servers.route_url("a"), "p2": servers.route_url("c")}
+    tasks = [publish_until(url, name, stop_at, history) for name, url in publishers.items()]
+    await asyncio.gather(run_schedule(servers, faults, log), *tasks)
+    log.append(f"published {len(history)}, collecting")
+    held = await collect(queues, history, timeout=90)
+    return check_queues(history, held, lambda queue, publisher: True)
+
+
+WORKLOAD = Workload(NODES, NEMESES, node_args, run)

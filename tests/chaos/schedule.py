@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 # One host: isolate (its switch port down), cap (tbf at a few hundred kbit/s), kill (SIGKILL, restarted
-# at heal with its data), pause (SIGSTOP, SIGCONT at heal). Two hosts: cut (both ways), one-way (the
-# first's packets to the second dropped).
-SINGLE = ("isolate", "cap", "kill", "pause")
+# at heal with its data), power (SIGKILL and what its disk had not fsynced gone), pause (SIGSTOP,
+# SIGCONT at heal). Two hosts: cut (both ways), one-way (the first's packets to the second dropped).
+SINGLE = ("isolate", "cap", "kill", "power", "pause")
 PAIRED = ("cut", "one-way")
 NEMESES = (*SINGLE, *PAIRED)
 

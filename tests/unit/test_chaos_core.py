@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.chaos.checker import Op, Verdict, check_queues, combined
+from tests.chaos.checker import Op, Verdict, check_log, check_queues, combined
 from tests.chaos.schedule import NEMESES, PAIRED, plan
 from tests.chaos.table import BEGIN, END, markdown, replace_table
 
@@ -95,3 +95,26 @@ def test_the_table_goes_between_the_markers_and_nothing_else_changes() -> None:
     assert "| w | kill | 7 | 1 | 3 | 2 | 0 | 0 | 0 | 0 | 1 | 1 |" in table
     document = f"before\n{BEGIN}\nold\n{END}\nafter\n"
     assert replace_table(document, table) == f"before\n{BEGIN}\n{table}{END}\nafter\n"
+
+
+def placed(publisher: str, offsets: list[int | None]) -> list[Op]:
+    """Appends of one producer: an offset is an acknowledged one, None an unknown outcome."""
+    return [Op(publisher, seq, "unknown" if o is None else "ok", o) for seq, o in enumerate(offsets)]
+
+
+def test_a_log_written_by_idempotent_producers_is_checked_for_place_order_gaps_and_doubles() -> None:
+    history = placed("p1", [0, 2, None]) + placed("p2", [1])
+    clean = check_log(history, [(0, "p1", 0), (1, "p2", 0), (2, "p1", 1), (3, "p1", 2)])
+    assert clean == Verdict(operations=4, acknowledged=3, indeterminate=1, indeterminate_arrived=1)
+    assert clean.valid
+    doubled = check_log(history, [(0, "p1", 0), (1, "p2", 0), (2, "p1", 1), (3, "p1", 1)])
+    assert (doubled.duplicated, doubled.lost, doubled.moved) == (1, 0, 0)
+    moved = check_log(history, [(0, "p2", 0), (1, "p1", 0), (2, "p1", 1)])
+    assert (moved.moved, moved.lost) == (2, 0)
+    # Power lost with offsets 2.. unsynced: p1's seq 1 gone and its offset given to the next append.
+    reused = check_log(placed("p1", [0, 1, 1]), [(0, "p1", 0), (1, "p1", 2)])
+    assert (reused.lost, reused.reordered, reused.moved) == (1, 0, 0)
+    gap = check_log(placed("p1", [0, 2]), [(0, "p1", 0), (2, "p1", 1)])
+    assert (gap.gaps, gap.valid) == (1, False)
+    phantom = check_log(placed("p1", [0]), [(0, "p1", 0), (1, "p9", 0)])
+    assert phantom.unexpected == 1

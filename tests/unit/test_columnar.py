@@ -12,18 +12,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshplane.core.streamlog import StoredEvent, encode_event, encode_record
+from meshplane.core.streamlog import MarkedEvent, StoredEvent, encode_event, encode_record
 from meshplane.spark.columnar import CRC_TABLE, HAS_CLMUL, _crc32_clmul, _crc32_tables, _utf8, scan_to_arrow
 from meshplane.spark.decode import ARROW_SCHEMA, arrow_schema, decode_columns, to_arrow
 
 texts = st.text(max_size=300)  # up to 900 UTF-8 bytes: fixstr, str8 and str16 headers
-simple_events = st.builds(
-    StoredEvent,
-    id=texts,
-    event_type=texts,
-    data=st.one_of(texts, st.binary(max_size=70_000)),  # bin8, bin16 and bin32 headers
-    key=st.one_of(st.none(), texts),
-    metadata=st.one_of(st.none(), st.just({})),
+simple_events = st.one_of(
+    *(
+        st.builds(
+            kind,
+            id=texts,
+            event_type=texts,
+            data=st.one_of(texts, st.binary(max_size=70_000)),  # bin8, bin16 and bin32 headers
+            key=st.one_of(st.none(), texts),
+            metadata=st.one_of(st.none(), st.just({})),
+            **({"idempotency": texts} if kind is MarkedEvent else {}),  # an idempotent publish's mark
+        )
+        for kind in (StoredEvent, MarkedEvent)
+    )
 )
 json_values = st.one_of(
     st.none(),
@@ -199,7 +205,7 @@ def test_an_executor_reuses_the_memory_of_freed_chunks() -> None:
     """Once the scan is loaded, each chunk's columns reuse freed memory: no fresh pages fault in per chunk."""
     probe = """
 import resource
-from meshplane.core.streamlog import StoredEvent, encode_event, encode_record
+from meshplane.core.streamlog import MarkedEvent, StoredEvent, encode_event, encode_record
 from meshplane.spark.decode import ARROW_SCHEMA
 from meshplane.spark.reader import _record_scan
 event = encode_event(StoredEvent("i" * 24, "e", "x" * 100, "k"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,13 @@ import pytest
 from meshplane.core.streamlog import StoredEvent
 from meshplane.streams.errors import LimitReached, NotFound, OffsetOutOfRange
 from meshplane.streams.service import StreamsConfig, StreamsService
+from tests.faults import FaultInjector
 from tests.helpers import eventually
+from tests.unit.test_storage_faults import crash
 
 
-def event(i: int) -> StoredEvent:
-    return StoredEvent(f"id{i}", "e", {"i": i})
+def event(i: int, key: str | None = None) -> StoredEvent:
+    return StoredEvent(f"id{i}", "e", {"i": i}, key)
 
 
 async def test_fsync_always_acknowledges_after_a_shared_fsync(tmp_path: Path) -> None:
@@ -257,3 +260,57 @@ async def test_every_kind_of_change_survives_a_restart(tmp_path: Path, change: A
         assert durable_state(again) == changed
     finally:
         await again.close()
+
+
+async def test_a_crash_that_lost_the_answers_tail_does_not_let_a_retry_append_again(tmp_path: Path) -> None:
+    """Power lost after the events reached the log but before their answer reached idempotency.log
+    (the two are fsynced apart): the answer is rebuilt from the events' marks, and a retry appends
+    nothing. Lost the other way round (the answer on disk, the events not), the answer is dropped and
+    the retry appends them."""
+    engine = StreamsService(StreamsConfig(data_dir=tmp_path))
+    engine.open()
+    await engine.create_topic("t", 3)
+    await engine.publish_topic("t", [event(0)], idempotency_key="kept")
+    answers = (tmp_path / "idempotency.log").read_bytes()
+    spread = [event(i, key=f"k{i}") for i in range(1, 9)]  # over the three partitions
+    first = await engine.publish_topic("t", spread, idempotency_key="spread")
+    assert len({p for p, _ in first}) > 1
+    crash(engine)
+    (tmp_path / "idempotency.log").write_bytes(answers)  # the answer's record lost
+    again = StreamsService(StreamsConfig(data_dir=tmp_path))
+    again.open()
+    assert await again.publish_topic("t", spread, idempotency_key="spread") == first
+    assert sum(p.next_offset for p in again.topics["t"].partitions) == 9
+    partition = again.topics["t"].choose_partition("k9", None)
+    (segment,) = (tmp_path / "topics" / "t" / str(partition)).glob("*.log")
+    size = segment.stat().st_size
+    published = await again.publish_topic("t", [event(9, key="k9")], idempotency_key="gone")
+    ((_, offset),) = published
+    crash(again)
+    os.truncate(segment, size)  # the event lost, its answer kept
+    third = StreamsService(StreamsConfig(data_dir=tmp_path))
+    third.open()
+    assert third.topics["t"].partitions[partition].next_offset == offset
+    assert await third.publish_topic("t", [event(9, key="k9")], idempotency_key="gone") == published  # anew
+    assert third.topics["t"].partitions[partition].next_offset == offset + 1
+    await third.close()
+
+
+async def test_the_answers_are_on_disk_before_a_segment_holding_their_events_is_sealed(
+    tmp_path: Path,
+) -> None:
+    """After a crash only the active segments are searched for marks: so a roll syncs the answers
+    before it seals the segment it leaves."""
+    config = StreamsConfig(data_dir=tmp_path, fsync="interval", fsync_interval_ms=600_000)  # none meanwhile
+    engine = StreamsService(config)
+    engine.open()
+    await engine.create_topic("t", 1, segment_bytes=1024)
+    with FaultInjector(tmp_path).installed() as seen:
+        for i in range(100):
+            await engine.publish_topic("t", [event(i)], idempotency_key=f"k{i}")
+    fsyncs = [Path(path).name for operation, path in seen.seen if operation == "fsync"]
+    assert len(engine.topics["t"].partitions[0].segments) > 2
+    rolls = [i for i, name in enumerate(fsyncs) if name.endswith(".log") and name != "idempotency.log"]
+    assert rolls
+    assert all(fsyncs[i - 1] == "idempotency.log" for i in rolls), fsyncs
+    await engine.close()

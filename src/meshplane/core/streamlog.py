@@ -41,8 +41,16 @@ class StoredEvent(msgspec.Struct, array_like=True, omit_defaults=True):
     metadata: dict[str, str] | None = None
 
 
+class MarkedEvent(StoredEvent, array_like=True, omit_defaults=True):
+    """A stored event with a sixth field: the mark of an idempotent publish (:mod:`.idempotency`), on
+    the last event it appends to a partition. Decoding as StoredEvent ignores it."""
+
+    idempotency: str | None = None
+
+
 _encoder = msgspec.msgpack.Encoder()
 EVENT_DECODER = msgspec.msgpack.Decoder(StoredEvent)
+MARKED_DECODER = msgspec.msgpack.Decoder(MarkedEvent)
 
 
 def encode_event(event: StoredEvent) -> bytes:

@@ -354,10 +354,10 @@ def scan(buf, first, end, table):  # type: ignore[no-untyped-def]
         offsets[row] = first + row
         stamps[row] = np.int64(_be(buf, pos + 16, 8)) * 1000
         p = pos + HEADER_SIZE
-        # StoredEvent: a fixarray of id, event_type, data[, key[, metadata]]. Anything unexpected goes
+        # StoredEvent: a fixarray of id, event_type, data[, key[, metadata[, mark]]]. Anything unexpected goes
         # to the general decoder, which names the problem.
         fields = buf[p] - 0x90 if p < stop else 0
-        if fields < 3 or fields > 5:
+        if fields < 3 or fields > 6:
             status = COMPLEX
             break
         id_start, id_len = _text(buf, p + 1, stop, False)
@@ -386,10 +386,18 @@ def scan(buf, first, end, table):  # type: ignore[no-untyped-def]
                     status = COMPLEX
                     break
                 p = key_start + key_len
-        if fields == 5 and (p >= stop or (buf[p] != 0xC0 and buf[p] != 0x80)):  # metadata: only null or {}
-            status = COMPLEX
-            break
-        if p + (fields == 5) != stop:  # the event must fill its record exactly, as msgspec insists
+        if fields >= 5:  # metadata: only null or {}
+            if p >= stop or (buf[p] != 0xC0 and buf[p] != 0x80):
+                status = COMPLEX
+                break
+            p += 1
+        if fields == 6:  # an idempotent publish's mark (core.idempotency): text, skipped
+            mark_start, mark_len = _text(buf, p, stop, False)
+            if mark_start < 0:
+                status = COMPLEX
+                break
+            p = mark_start + mark_len
+        if p != stop:  # the event must fill its record exactly, as msgspec insists
             status = COMPLEX
             break
         value_header = buf[type_start + type_len]

@@ -22,6 +22,7 @@ import bisect
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from meshplane.core.streamlog import (
@@ -59,8 +60,12 @@ class PartitionLog(SegmentRecovery):
         index_interval: int = 4096,
         retention: RetentionPolicy | None = None,
         files: FilePool | None = None,
+        before_seal: Callable[[], None] | None = None,
     ) -> None:
         self.directory = directory
+        # Run before a segment is sealed (fsynced for good): the idempotency answers of the events in
+        # it must be on disk first, since only the active segment is searched for them after a crash.
+        self.before_seal = before_seal
         self.segment_bytes = segment_bytes
         self.index_interval = index_interval
         self.retention = retention or RetentionPolicy()
@@ -207,6 +212,8 @@ class PartitionLog(SegmentRecovery):
     def _roll(self) -> None:
         """Seal the active segment (data fsynced, index written whole) and start the next one."""
         old = self.active
+        if self.before_seal is not None:
+            self.before_seal()
         os.fsync(old.fd)
         write_atomic(old.index_path, old.index_bytes())
         old.verified, old.verified_offset = old.size, old.next_offset  # written by this process

@@ -38,7 +38,7 @@ from meshplane.streams.errors import (
 from meshplane.streams.events import StreamEvent, encode_checked
 from meshplane.streams.files import FilePool, write_atomic
 from meshplane.streams.groups import GroupStore, group_partitions
-from meshplane.streams.idempotency import IdempotencyTable
+from meshplane.streams.idempotency import IdempotencyTable, routed
 from meshplane.streams.pubsub import PubSub, PubSubLimits
 from meshplane.streams.recovery_report import DataProblems, counted_not_logged, summarise
 from meshplane.streams.rooms import LocalRoom, Room, read_room_settings, room_settings
@@ -66,7 +66,7 @@ class StreamsService:
         self.durability = Durability(
             self.config.fsync, self.config.fsync_interval_ms, self.config.fsync_every_records
         )
-        self.idempotency = IdempotencyTable(
+        self.idempotency = answers = IdempotencyTable(
             self.config.idempotency_keys, self.config.idempotency_bytes, self.config.idempotency_ttl_secs
         )
         self._cleanup: asyncio.Task[None] | None = None
@@ -82,7 +82,7 @@ class StreamsService:
             "room_events_unreadable": 0,
         }
         self.topic_store = TopicStore(
-            self.root / "topics", self.files, self.config, self._report, self._set_aside
+            self.root / "topics", self.files, self.config, self._report, self._set_aside, answers.sync
         )
         self.group_store = GroupStore(
             self.root / "groups", self.counters, sync=self.config.fsync != "never", report=self._report
@@ -110,7 +110,8 @@ class StreamsService:
         self._load_rooms()
         for directory in sorted(p for p in (self.root / "topics").iterdir() if p.is_dir()):
             self.topic_store.load(directory)
-        self.idempotency.open(self.root / "idempotency.log", sync=self.config.fsync != "never")
+        sync = self.config.fsync != "never"
+        self.idempotency.open(self.root / "idempotency.log", sync=sync, topics=self.topic_store.topics)
         self.group_store.load(self._set_aside)
         self.ready = True
 
@@ -405,14 +406,14 @@ class StreamsService:
             if seen is not None:
                 self.counters["duplicates_skipped"] += len(events)
                 return seen, []
+        partitions, events = routed(topic, events, partition, idempotency_key)
         encoded = [self.encode(e) for e in events]  # all checked before anything is appended
 
         def remember(result: list[tuple[int, int]]) -> None:
             if key is not None:  # before any await: a concurrent retry must see it
                 self.idempotency.put(key, result)
 
-        keys = [event.key for event in events]
-        result, written = topic.append_all(keys, encoded, partition, now_ms(), remember)
+        result, written = topic.append_all(partitions, encoded, now_ms(), remember)
         self._count_publish(len(events), sum(map(len, encoded)))
         synced: list[Syncable] = list(written)
         if key is not None:

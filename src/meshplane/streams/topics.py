@@ -126,11 +126,17 @@ class Topic(TopicBase[PartitionLog]):
     """A topic on the local disk: one segment log per partition."""
 
     def __init__(
-        self, name: str, directory: Path, settings: TopicSettings, files: FilePool | None = None
+        self,
+        name: str,
+        directory: Path,
+        settings: TopicSettings,
+        files: FilePool | None = None,
+        before_seal: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name, settings)
         self.directory = directory
         self.files = files
+        self.before_seal = before_seal
         self._open_partitions(settings.num_partitions)
 
     def _open_partitions(self, count: int) -> None:
@@ -154,6 +160,7 @@ class Topic(TopicBase[PartitionLog]):
                     segment_bytes=s.segment_bytes,
                     retention=s.retention,
                     files=self.files,
+                    before_seal=self.before_seal,
                 )
             )
 
@@ -177,19 +184,17 @@ class Topic(TopicBase[PartitionLog]):
 
     def append_all(
         self,
-        keys: list[str | None],
+        partitions: list[int],
         encoded: list[bytes],
-        partition: int | None,
         timestamp: int,
         remember: Callable[[list[tuple[int, int]]], None],
     ) -> tuple[list[tuple[int, int]], list[PartitionLog]]:
-        """Append each event where its key (or ``partition``) sends it, all or nothing: when a write
+        """Append each event to its partition (:meth:`choose_partition`), all or nothing: when a write
         fails, or ``remember`` (called with the places before anyone is woken) does, what the other
         partitions took is taken back (nobody has read it). The places, and the logs written."""
         by_partition: dict[int, list[bytes]] = {}
         places: list[tuple[int, int]] = []
-        for key, payload in zip(keys, encoded, strict=True):
-            p = self.choose_partition(key, partition)
+        for p, payload in zip(partitions, encoded, strict=True):
             by_partition.setdefault(p, []).append(payload)
             places.append((p, len(by_partition[p]) - 1))
         firsts: dict[int, int] = {}
@@ -233,11 +238,13 @@ class TopicStore:
         config: StreamsConfig,
         report: Callable[[str], None],
         set_aside: Callable[[Path, str], None],
+        before_seal: Callable[[], None] | None = None,
     ) -> None:
         self.folder = folder
         self.topics: dict[str, Topic] = {}
         self.config = config
         self._files = files
+        self._before_seal = before_seal
         self._report = report
         self._set_aside = set_aside
 
@@ -257,7 +264,8 @@ class TopicStore:
         changed = not settings.incarnation or not path.exists() or partitions > settings.num_partitions
         settings.num_partitions = max(settings.num_partitions, partitions)
         settings.incarnation = settings.incarnation or uuid.uuid4().hex
-        self.topics[directory.name] = Topic(directory.name, directory, settings, self._files)
+        name = directory.name
+        self.topics[name] = Topic(name, directory, settings, self._files, self._before_seal)
         if changed:
             try:
                 write_atomic(path, msgspec.json.encode(settings))
@@ -291,7 +299,7 @@ class TopicStore:
         )
         directory = self.folder / name
         try:
-            topic = Topic(name, directory, settings, self._files)
+            topic = Topic(name, directory, settings, self._files, self._before_seal)
         except (OSError, StorageError) as exc:
             _remove_tree(directory)
             if isinstance(exc, StorageError):
