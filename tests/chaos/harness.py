@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from meshplane.launchers import StreamsServerProcess
 from tests.chaos.checker import Verdict, combined
@@ -43,26 +43,30 @@ def enter(ns_path: str) -> None:
         os.close(fd)
 
 
-class Servers:
-    """``meshplane serve`` on each host, in the host's namespace, its data on the host's lossy disk."""
+class Server(Protocol):
+    """A server process the harness starts, signals and stops (a launcher's ``Server``)."""
 
-    def __init__(
-        self, network: Network, hosts: tuple[str, ...], args: Callable[[Servers, str], tuple[str, ...]]
-    ):
+    def start(self, timeout: float = ...) -> object: ...
+
+    def kill(self, sig: int = ...) -> None: ...
+
+    def cleanup(self) -> None: ...
+
+
+class Servers:
+    """A server process on each host, in the host's namespace, its data on the host's lossy disk
+    (mounted at ``mount(host)``); ``make`` builds each (``meshplane serve`` unless a workload says)."""
+
+    def __init__(self, network: Network, hosts: tuple[str, ...], make: Callable[[Servers, str], Server]):
         self.network = network
         self.hosts = hosts
         self.root = Path(tempfile.mkdtemp(prefix="meshplane-chaos-"))
-        self.disks = {host: Disk(self.root / f"{host}.backing", self.root / host) for host in hosts}
-        self.servers = {
-            host: StreamsServerProcess(
-                port=HTTP_PORT,
-                data_dir=self.root / host / "data",
-                extra_args=("--host", network.address(host), *args(self, host)),
-                launcher=network.exec_prefix(host),
-            )
-            for host in hosts
-        }
+        self.disks = {host: Disk(self.root / f"{host}.backing", self.mount(host)) for host in hosts}
+        self.servers = {host: make(self, host) for host in hosts}
         self.active: Fault | None = None  # the fault applied now, if any
+
+    def mount(self, host: str) -> Path:
+        return self.root / host
 
     def route_url(self, host: str) -> str:
         return f"tcp://{self.network.address(host)}:{ROUTE_PORT}"
@@ -73,6 +77,7 @@ class Servers:
     def start(self) -> None:
         for host in self.hosts:
             self.disks[host].mount()
+        for host in self.hosts:
             self.servers[host].start(timeout=30)
 
     def stop(self) -> None:
@@ -92,9 +97,11 @@ class Servers:
                 net.cap(first, "300kbit")
             case "kill":
                 self.servers[first].kill(signal.SIGKILL)
-            case "power":
-                self.servers[first].kill(signal.SIGKILL)
-                self.disks[first].cut()
+            case "power" | "power-all":
+                for host in fault.hosts:  # all at once: what a shared power supply does
+                    self.servers[host].kill(signal.SIGKILL)
+                for host in fault.hosts:
+                    self.disks[host].cut()
             case "pause":
                 self.servers[first].kill(signal.SIGSTOP)
             case "cut":
@@ -113,9 +120,11 @@ class Servers:
                 net.uncap(first)
             case "kill":
                 self.servers[first].start(timeout=30)
-            case "power":
-                self.disks[first].mount()
-                self.servers[first].start(timeout=30)
+            case "power" | "power-all":
+                for host in fault.hosts:
+                    self.disks[host].mount()
+                for host in fault.hosts:
+                    self.servers[host].start(timeout=30)
             case "pause":
                 self.servers[first].kill(signal.SIGCONT)
             case "cut":
@@ -137,15 +146,36 @@ async def run_schedule(servers: Servers, faults: list[Fault], log: list[str]) ->
         log.append(f"{time.monotonic() - began:6.1f}s heal  {fault.kind}")
 
 
+def streams_server(
+    args: Callable[[Servers, str], tuple[str, ...]],
+) -> Callable[[Servers, str, str], Server]:
+    """``meshplane serve`` on the host's address with ``args`` and ``--fsync``."""
+
+    def make(servers: Servers, host: str, fsync: str) -> Server:
+        return StreamsServerProcess(
+            port=HTTP_PORT,
+            data_dir=servers.mount(host) / "data",
+            extra_args=("--host", servers.network.address(host), *args(servers, host), "--fsync", fsync),
+            launcher=servers.network.exec_prefix(host),
+        )
+
+    return make
+
+
+Body = Callable[[Servers, list[Fault], float, list[str]], Coroutine[Any, Any, dict[str, Verdict]]]
+
+
 @dataclass(frozen=True)
 class Workload:
-    """Servers on ``hosts`` started with ``args``; ``body`` runs the traffic for the duration (the
-    schedule beside it, through ``run_schedule``), then reads the final state and checks it."""
+    """Servers on ``hosts`` made by ``server`` (given the run's fsync setting), faults on ``targets``
+    (default: every host); ``body`` runs the traffic for the duration (the schedule beside it,
+    through ``run_schedule``), then reads the final state and checks it."""
 
     hosts: tuple[str, ...]
     nemeses: tuple[str, ...]
-    args: Callable[[Servers, str], tuple[str, ...]]
-    body: Callable[[Servers, list[Fault], float, list[str]], Coroutine[Any, Any, dict[str, Verdict]]]
+    server: Callable[[Servers, str, str], Server]
+    body: Body
+    targets: tuple[str, ...] = ()
 
 
 @dataclass
@@ -168,9 +198,13 @@ class Report:
 
 
 def workloads() -> dict[str, Workload]:
-    from tests.chaos import mesh_workload, topics_workload
+    from tests.chaos import jetstream_workload, mesh_workload, topics_workload
 
-    return {"mesh-guaranteed": mesh_workload.WORKLOAD, "topics-local": topics_workload.WORKLOAD}
+    return {
+        "mesh-guaranteed": mesh_workload.WORKLOAD,
+        "topics-local": topics_workload.WORKLOAD,
+        "topics-jetstream": jetstream_workload.WORKLOAD,
+    }
 
 
 def run(name: str, seed: int, duration: float, nemeses: list[str] | None, fsync: str = "always") -> Report:
@@ -181,17 +215,18 @@ def run(name: str, seed: int, duration: float, nemeses: list[str] | None, fsync:
         raise RuntimeError(reason)
     workload = workloads()[name]
     kinds = list(workload.nemeses) if nemeses is None else nemeses
-    faults = plan(seed, duration, workload.hosts, kinds) if kinds else []
+    faults = plan(seed, duration, workload.targets or workload.hosts, kinds) if kinds else []
     network = Network([*workload.hosts, "client"]).build()
     report = Report(name, kinds, seed, duration, fsync, faults, {})
     try:
         enter(f"/run/netns/{network.ns('client')}")
-        servers = Servers(
-            network, workload.hosts, lambda s, host: (*workload.args(s, host), "--fsync", fsync)
-        )
+        servers = Servers(network, workload.hosts, lambda s, host: workload.server(s, host, fsync))
         try:
             servers.start()
             report.verdicts = asyncio.run(workload.body(servers, faults, duration, report.log))
+        except BaseException:
+            print_report(report)  # the schedule as far as it went
+            raise
         finally:
             servers.stop()
     finally:

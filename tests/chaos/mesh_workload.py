@@ -16,7 +16,7 @@ import aiohttp
 from meshplane.errors import TransportError
 from meshplane.mesh.client import MeshClient
 from tests.chaos.checker import Op, Verdict, check_queues
-from tests.chaos.harness import ROUTE_PORT, Servers, Workload, run_schedule
+from tests.chaos.harness import ROUTE_PORT, Servers, Workload, run_schedule, streams_server
 from tests.chaos.schedule import NEMESES, Fault
 
 NODES = ("a", "b", "c")
@@ -136,4 +136,4 @@ async def run(servers: Servers, faults: list[Fault], duration: float, log: list[
     return check_queues(history, held, lambda queue, publisher: True)
 
 
-WORKLOAD = Workload(NODES, NEMESES, node_args, run)
+WORKLOAD = Workload(NODES, NEMESES, streams_server(node_args), run)

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 # One host: isolate (its switch port down), cap (tbf at a few hundred kbit/s), kill (SIGKILL, restarted
 # at heal with its data), power (SIGKILL and what its disk had not fsynced gone), pause (SIGSTOP,
 # SIGCONT at heal). Two hosts: cut (both ways), one-way (the first's packets to the second dropped).
+# Every host: power-all.
 SINGLE = ("isolate", "cap", "kill", "power", "pause")
 PAIRED = ("cut", "one-way")
-NEMESES = (*SINGLE, *PAIRED)
+EVERY = ("power-all",)  # every host at once: a coordinated power failure
+NEMESES = (*SINGLE, *PAIRED, *EVERY)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,6 @@ def plan(
         span = rng.uniform(*length)
         if now + span > duration:
             return faults
-        chosen = tuple(rng.sample(list(hosts), 2 if kind in PAIRED else 1))
+        chosen = tuple(hosts) if kind in EVERY else tuple(rng.sample(list(hosts), 2 if kind in PAIRED else 1))
         faults.append(Fault(round(now, 3), round(span, 3), kind, chosen))
         now += span + rng.uniform(*gap)

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 
 from tests.chaos.checker import Op, Verdict, check_log
-from tests.chaos.harness import Servers, Workload, run_schedule
+from tests.chaos.harness import Body, Servers, Workload, run_schedule, streams_server
 from tests.chaos.schedule import Fault
 
 HOSTS = ("a",)
@@ -56,14 +56,28 @@ async def produce_until(url: str, producer: str, stop_at: float, history: list[O
             seq += 1
 
 
-async def read_log(http: aiohttp.ClientSession, url: str) -> list[tuple[int, str, int]]:
+async def read_log(
+    http: aiohttp.ClientSession, url: str, timeout: float = 90.0
+) -> list[tuple[int, str, int]]:
+    """The partition whole, once the server answers (a replicated store may still be electing)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await read_once(http, url)
+        except (aiohttp.ClientError, TimeoutError, Unanswered):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+async def read_once(http: aiohttp.ClientSession, url: str) -> list[tuple[int, str, int]]:
     records: list[tuple[int, str, int]] = []
     offset = 0
     while True:
         request = {"from_offset": offset, "limit": 1000}
         async with http.post(f"{url}/topics/{TOPIC}/partitions/0/consume", json=request) as response:
             if response.status != 200:
-                raise RuntimeError(f"reading {TOPIC}: {response.status} {await response.text()}")
+                raise Unanswered(f"reading {TOPIC}: {response.status} {await response.text()}")
             page: dict[str, Any] = await response.json()
         if not page["events"]:
             return records
@@ -76,20 +90,35 @@ async def read_log(http: aiohttp.ClientSession, url: str) -> list[tuple[int, str
         offset = page["next_offset"]
 
 
-async def run(servers: Servers, faults: list[Fault], duration: float, log: list[str]) -> dict[str, Verdict]:
-    url = servers.url("a")
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        async with http.post(
-            f"{url}/topics/{TOPIC}", json={"num_partitions": 1, "segment_bytes": 64 << 10}
-        ) as r:
-            if r.status != 201:
-                raise RuntimeError(f"creating {TOPIC}: {r.status} {await r.text()}")
-        history: list[Op] = []
-        stop_at = time.monotonic() + duration
-        producers = [produce_until(url, producer, stop_at, history) for producer in ("p1", "p2")]
-        await asyncio.gather(run_schedule(servers, faults, log), *producers)
-        log.append(f"appended {len(history)}, reading the log")
-        return {TOPIC: check_log(history, await read_log(http, url))}
+def topic_run(host: str, settings: dict[str, Any]) -> Body:
+    """The workload against the streams server on ``host``, its topic created with ``settings``."""
+
+    async def run(
+        servers: Servers, faults: list[Fault], duration: float, log: list[str]
+    ) -> dict[str, Verdict]:
+        url = servers.url(host)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            async with http.post(f"{url}/topics/{TOPIC}", json=settings) as response:
+                if response.status != 201:
+                    raise RuntimeError(f"creating {TOPIC}: {response.status} {await response.text()}")
+            history: list[Op] = []
+            stop_at = time.monotonic() + duration
+            producers = [produce_until(url, producer, stop_at, history) for producer in ("p1", "p2")]
+            await asyncio.gather(run_schedule(servers, faults, log), *producers)
+            log.append(f"appended {len(history)}, reading the log")
+            try:
+                records = await read_log(http, url)
+            except (aiohttp.ClientError, TimeoutError, Unanswered) as exc:  # nothing readable: all lost
+                log.append(f"the topic could not be read within 90 s: {exc}")
+                records = []
+            return {TOPIC: check_log(history, records)}
+
+    return run
 
 
-WORKLOAD = Workload(HOSTS, ("isolate", "cap", "kill", "power", "pause"), lambda servers, host: (), run)
+WORKLOAD = Workload(
+    HOSTS,
+    ("isolate", "cap", "kill", "power", "pause"),
+    streams_server(lambda servers, host: ()),
+    topic_run("a", {"num_partitions": 1, "segment_bytes": 64 << 10}),
+)

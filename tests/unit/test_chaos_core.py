@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.chaos.checker import Op, Verdict, check_log, check_queues, combined
-from tests.chaos.schedule import NEMESES, PAIRED, plan
+from tests.chaos.schedule import EVERY, NEMESES, PAIRED, plan
 from tests.chaos.table import BEGIN, END, markdown, replace_table
 
 HOSTS = ("a", "b", "c")
@@ -24,7 +24,8 @@ def test_a_schedule_is_replayed_from_its_seed_one_fault_at_a_time_within_the_dur
         assert fault.kind in kinds
         assert fault.start >= end  # the previous one was healed first
         end = fault.start + fault.length
-        assert len(set(fault.hosts)) == len(fault.hosts) == (2 if fault.kind in PAIRED else 1)
+        expected = len(HOSTS) if fault.kind in EVERY else 2 if fault.kind in PAIRED else 1
+        assert len(set(fault.hosts)) == len(fault.hosts) == expected
         assert set(fault.hosts) <= set(HOSTS)
     assert end <= duration
 
