@@ -84,7 +84,7 @@ test: $(STAMP) etcd java chromium fuse lint typecheck
 ## chaos: the fault harness's full schedule (root): every workload under each nemesis, then all mixed,
 ## with --fsync always and interval; the table goes to docs/chaos.md
 chaos: $(STAMP) fuse
-	$(BIN)/python -m tests.chaos --workload all --nemesis each --fsync always,interval --duration 60 \
+	$(BIN)/python -m tests.chaos --workload all --nemesis each --fsync always,interval --duration 30 \
 	  --markdown docs/chaos.md
 
 ## redis: install redis-server from Debian when it is missing (the streams benchmark runs it)
