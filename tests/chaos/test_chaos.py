@@ -23,7 +23,9 @@ SEED = 36 if os.environ.get("CI") else random.randrange(1 << 31)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("workload", "duration"), [("mesh-guaranteed", 80), ("topics-local", 50), ("topics-jetstream", 70)])
+@pytest.mark.parametrize(
+    ("workload", "duration"), [("mesh-guaranteed", 80), ("topics-local", 50), ("topics-jetstream", 70)]
+)
 def test_nothing_acknowledged_is_lost_under_every_nemesis(
     workload: str, duration: int, tmp_path: Path
 ) -> None:

@@ -10,6 +10,7 @@ import pty
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -200,6 +201,26 @@ def test_answers_are_tables_at_a_terminal_and_json_otherwise(server: StreamsServ
     assert "OFFSET  TIME" in history
     assert '{"text":"hi"}' in history
     assert '"plain"' in history
+
+
+def test_topic_readers_shows_a_spark_querys_place_and_lag(server: StreamsServerProcess) -> None:
+    """A reader records its offsets as the Spark source does after a batch; the CLI shows its lag."""
+    publish(server.url, "read-by-spark", range(5), partitions=1)
+    put = urllib.request.Request(
+        f"{server.url}/topics/read-by-spark/readers/spark-nightly",
+        data=json.dumps({"offsets": {"0": 2}}).encode(),
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(put, timeout=10) as response:
+        assert response.status == 200
+    command = [*MESHPLANE, "topic", "readers", "read-by-spark"]
+    piped = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env_for(server))
+    (reader,) = json.loads(piped.stdout)["readers"]
+    assert (reader["reader"], reader["offsets"], reader["lag_total"]) == ("spark-nightly", {"0": 2}, 3)
+    table = shown_at_a_terminal(command, server).decode()
+    assert "READER         PARTITION  OFFSET  LAG" in table
+    assert "spark-nightly  0          2       3" in table
 
 
 def _group(server: StreamsServerProcess, group: str, topic: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from meshplane.cli.tables import group_stats, table, topic_stats
+from meshplane.cli.tables import group_stats, table, topic_readers, topic_stats
 
 
 def test_columns_line_up_and_missing_values_show_as_a_dash() -> None:
@@ -162,3 +162,24 @@ def test_cells_and_titles_never_show_python_reprs() -> None:
         "retention    size max_bytes=9",
     ]
     assert (plural(1, "event"), plural(0, "event"), plural(7, "event")) == ("1 event", "0 events", "7 events")
+
+
+def test_a_topics_readers_read_as_one_row_per_reader_and_partition() -> None:
+    answer = {
+        "topic": "t",
+        "readers": [
+            {
+                "reader": "spark-a",
+                "offsets": {"0": 5, "1": 2},
+                "lag": {"0": 0, "1": 7},
+                "updated_secs_ago": 3.2,
+            },
+        ],
+    }
+    assert topic_readers(answer).splitlines() == [
+        "topic t: 1 reader",
+        "READER   PARTITION  OFFSET  LAG  RECORDED",
+        "spark-a  0          5       0    3s ago",
+        "spark-a  1          2       7    3s ago",
+    ]
+    assert "no readers" in topic_readers({"topic": "t", "readers": []})

@@ -89,7 +89,9 @@ def add_client_commands(commands: Any) -> None:
     p.add_argument("room", help="room name")
     action("list", "the rooms")
 
-    action = client_parser("topic", "partitioned topics: create, publish, produce, consume, stats, list")
+    action = client_parser(
+        "topic", "partitioned topics: create, publish, produce, consume, stats, readers, list"
+    )
     p = action("create", "create a partitioned topic", "meshplane topic create orders --partitions 4")
     p.add_argument("topic", help="topic name")
     p.add_argument("--partitions", type=int, default=3, help="number of partitions")
@@ -126,6 +128,8 @@ def add_client_commands(commands: Any) -> None:
     )
     add_produce_options(p)
     p = action("stats", "a topic's partitions: offsets, sizes, retention")
+    p.add_argument("topic", help="topic name")
+    p = action("readers", "who reads a topic outside groups (Spark queries): offsets, lag")
     p.add_argument("topic", help="topic name")
     action("list", "the topics")
 
@@ -331,6 +335,8 @@ async def _run_client(args: argparse.Namespace) -> int:
                 return await produce(client, args)
             elif action == "stats":
                 _print(await client.topic_stats(args.topic), args=args)
+            elif action == "readers":
+                _print(await client.topic_readers(args.topic), args=args)
             else:
                 _print(await client.topics(), args=args)
         else:

@@ -53,6 +53,20 @@ def topic_stats(answer: dict[str, Any]) -> str:
     return title + "\n" + table(("PARTITION", "OLDEST", "NEXT", "EVENTS", "BYTES", "SEGMENTS"), rows)
 
 
+def topic_readers(answer: dict[str, Any]) -> str:
+    """One row per reader and partition: where it is and how far behind."""
+    readers = answer["readers"]
+    if not readers:
+        return f"topic {answer['topic']}: no readers (a Spark query records itself after its first batch)"
+    rows = [
+        (r["reader"], p, offset, r["lag"].get(p), f"{r['updated_secs_ago']:.0f}s ago")
+        for r in readers
+        for p, offset in r["offsets"].items()
+    ]
+    title = f"topic {answer['topic']}: {plural(len(readers), 'reader')}"
+    return title + "\n" + table(("READER", "PARTITION", "OFFSET", "LAG", "RECORDED"), rows)
+
+
 def group_stats(answer: dict[str, Any]) -> str:
     title = (
         f"group {answer['group_id']} on {answer['topic']}: {answer['state']}, "
@@ -183,6 +197,7 @@ RENDERERS: dict[tuple[str, str], Callable[[Any], str]] = {
     ("mesh", "status"): mesh_status,
     ("mesh", "queues"): mesh_queues,
     ("topic", "stats"): topic_stats,
+    ("topic", "readers"): topic_readers,
     ("topic", "list"): names("TOPIC"),
     ("group", "stats"): group_stats,
     ("stream", "list"): names("ROOM"),

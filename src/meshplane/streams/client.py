@@ -405,6 +405,10 @@ class StreamsClient:
     async def topic_stats(self, topic: str) -> dict[str, Any]:
         return await self.request("GET", f"/topics/{topic}/stats")
 
+    async def topic_readers(self, topic: str) -> dict[str, Any]:
+        """Who reads the topic outside any group (Spark queries, by ``readerName``): offsets and lag."""
+        return await self.request("GET", f"/topics/{topic}/readers")
+
     # --- consumer groups -----------------------------------------------------------------------------
 
     async def create_group(
