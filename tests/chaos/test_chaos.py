@@ -24,7 +24,8 @@ SEED = 36 if os.environ.get("CI") else random.randrange(1 << 31)
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    ("workload", "duration"), [("mesh-guaranteed", 80), ("topics-local", 50), ("topics-jetstream", 70)]
+    ("workload", "duration"),
+    [("mesh-guaranteed", 80), ("topics-local", 50), ("topics-jetstream", 70), ("spark-cluster", 40)],
 )
 def test_nothing_acknowledged_is_lost_under_every_nemesis(
     workload: str, duration: int, tmp_path: Path
