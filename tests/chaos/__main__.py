@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
         "mixed in one schedule; each: one run per nemesis, then one mixed; none: no faults",
     )
     parser.add_argument("--fsync", default="always", help="the servers' --fsync; several comma-separated")
+    parser.add_argument(
+        "--short", action="store_true", help="faults of 1-3 s (default 2-6 s), closer together"
+    )
     parser.add_argument("--json", type=Path, help="write the reports here (a JSON list)")
     parser.add_argument(
         "--markdown", type=Path, help="put the table in this file, between its chaos-table markers"
@@ -46,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     if args.one:
         (kinds,) = schedules(args.nemesis, known[args.workload].nemeses)
-        report = run(args.workload, seed, args.duration, kinds, args.fsync)
+        report = run(args.workload, seed, args.duration, kinds, args.fsync, args.short)
         print_report(report)
         print(json.dumps(report.to_json()))
         return 0 if report.total.valid else 1
@@ -60,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                 command = [
                     *(sys.executable, "-m", "tests.chaos", "--one", "--workload", name, "--seed", str(seed)),
                     *("--duration", str(args.duration), "--nemesis", nemesis, "--fsync", fsync),
+                    *(["--short"] if args.short else []),
                 ]
                 print(f"seed {seed}: {name} under {nemesis}, fsync {fsync}", file=sys.stderr, flush=True)
                 done = subprocess.run(command, stdout=subprocess.PIPE, text=True)

@@ -208,15 +208,24 @@ def workloads() -> dict[str, Workload]:
     }
 
 
-def run(name: str, seed: int, duration: float, nemeses: list[str] | None, fsync: str = "always") -> Report:
-    """Run one schedule (``nemeses`` None: every one the workload takes); the calling process moves
-    into the run's client namespace."""
+def run(
+    name: str,
+    seed: int,
+    duration: float,
+    nemeses: list[str] | None,
+    fsync: str = "always",
+    short: bool = False,
+) -> Report:
+    """Run one schedule (``nemeses`` None: every one the workload takes; ``short``: faults of 1-3 s
+    with 0.5-1.5 s between, so a short run still has every nemesis); the calling process moves into
+    the run's client namespace."""
     reason = can_build()
     if reason:
         raise RuntimeError(reason)
     workload = workloads()[name]
     kinds = list(workload.nemeses) if nemeses is None else nemeses
-    faults = plan(seed, duration, workload.targets or workload.hosts, kinds) if kinds else []
+    spans = {"gap": (0.5, 1.5), "length": (1.0, 3.0)} if short else {}
+    faults = plan(seed, duration, workload.targets or workload.hosts, kinds, **spans) if kinds else []
     network = Network([*workload.hosts, "client"]).build()
     report = Report(name, kinds, seed, duration, fsync, faults, {})
     try:
