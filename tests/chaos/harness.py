@@ -198,12 +198,19 @@ class Report:
 
 
 def workloads() -> dict[str, Workload]:
-    from tests.chaos import jetstream_workload, mesh_workload, spark_workload, topics_workload
+    from tests.chaos import (
+        groups_workload,
+        jetstream_workload,
+        mesh_workload,
+        spark_workload,
+        topics_workload,
+    )
 
     return {
         "mesh-guaranteed": mesh_workload.WORKLOAD,
         "topics-local": topics_workload.WORKLOAD,
         "topics-jetstream": jetstream_workload.WORKLOAD,
+        "groups": groups_workload.WORKLOAD,
         "spark-cluster": spark_workload.WORKLOAD,
     }
 

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.chaos.checker import Op, Verdict, check_log, check_queues, combined
+from tests.chaos.groups_workload import Assigned, Commit, check_group
 from tests.chaos.schedule import EVERY, NEMESES, PAIRED, plan
 from tests.chaos.table import BEGIN, END, markdown, replace_table
 
@@ -119,3 +120,19 @@ def test_a_log_written_by_idempotent_producers_is_checked_for_place_order_gaps_a
     assert (gap.gaps, gap.valid) == (1, False)
     phantom = check_log(placed("p1", [0]), [(0, "p1", 0), (1, "p9", 0)])
     assert phantom.unexpected == 1
+
+
+def test_a_group_is_checked_for_split_owners_fencing_commit_order_and_lost_commits() -> None:
+    assigned = [Assigned("m1", 1, (0, 1)), Assigned("m1", 2, (0,)), Assigned("m2", 2, (1,))]
+    commits = [Commit("m1", 1, 0, 1, "ok"), Commit("m1", 1, 1, 1, "ok"), Commit("m2", 2, 1, 2, "ok")]
+    commits += [Commit("m1", 1, 1, 2, "refused"), Commit("m1", 2, 0, 2, "unknown")]
+    clean = check_group(assigned, commits, {0: 1, 1: 2})
+    assert clean == Verdict(operations=5, acknowledged=3, indeterminate=1)
+    assert clean.valid
+    split = check_group([*assigned, Assigned("m3", 2, (0,))], commits, {0: 1, 1: 2})
+    assert split.unexpected == 1  # partition 0 had two owners in generation 2
+    stale = check_group(assigned, [*commits, Commit("m1", 1, 1, 3, "ok")], {0: 1, 1: 3})
+    assert stale.unexpected == 1  # accepted from m1, which no longer owned partition 1
+    back = check_group(assigned, [*commits, Commit("m2", 2, 1, 2, "ok")], {0: 1, 1: 2})
+    assert back.reordered == 1  # the same offset accepted twice: the first was lost meanwhile
+    assert check_group(assigned, commits, {0: 1, 1: 1}).lost == 1  # partition 1 went back at the end
