@@ -5,21 +5,22 @@ from __future__ import annotations
 from typing import Any
 
 BEGIN, END = "<!-- chaos-table -->", "<!-- /chaos-table -->"
-COLUMNS = ("operations", "acknowledged", "lost", "duplicated", "reordered", "unexpected", "indeterminate")
+COLUMNS = ("operations", "acknowledged", "lost", "duplicated", "reordered", "unexpected", "moved", "gaps")
 
 
 def markdown(reports: list[dict[str, Any]]) -> str:
-    head = "| workload | nemesis | seed | faults | " + " | ".join(COLUMNS) + " | unknown, arrived |"
-    rows = [head, "|" + "---|" * (len(COLUMNS) + 5)]
+    head = "| workload | nemesis | fsync | seed | faults | " + " | ".join(COLUMNS) + " | unknown (arrived) |"
+    rows = [head, "|" + "---|" * (len(COLUMNS) + 6)]
     for report in reports:
         total = report["total"]
         cells = [
             report["workload"],
-            "+".join(report["nemeses"]) or "none",
+            "+".join(report["nemeses"]) if len(report["nemeses"]) < 3 else f"{len(report['nemeses'])} mixed",
+            report.get("fsync", "always"),
             str(report["seed"]),
             str(len(report["faults"])),
-            *(str(total[column]) for column in COLUMNS),
-            str(total["indeterminate_arrived"]),
+            *(str(total.get(column, 0)) for column in COLUMNS),
+            f"{total['indeterminate']} ({total['indeterminate_arrived']})",
         ]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"

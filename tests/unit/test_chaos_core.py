@@ -92,9 +92,16 @@ def test_queues_combine_counting_publishes_once_and_faults_per_queue() -> None:
 def test_the_table_goes_between_the_markers_and_nothing_else_changes() -> None:
     total = {"operations": 3, "acknowledged": 2, "lost": 0, "duplicated": 0, "reordered": 0, "unexpected": 0,
              "indeterminate": 1, "indeterminate_arrived": 1}  # fmt: skip
-    report = {"workload": "w", "nemeses": ["kill"], "seed": 7, "faults": [{}], "total": total}
+    report = {
+        "workload": "w",
+        "nemeses": ["kill"],
+        "fsync": "interval",
+        "seed": 7,
+        "faults": [{}],
+        "total": total,
+    }
     table = markdown([report])
-    assert "| w | kill | 7 | 1 | 3 | 2 | 0 | 0 | 0 | 0 | 1 | 1 |" in table
+    assert "| w | kill | interval | 7 | 1 | 3 | 2 | 0 | 0 | 0 | 0 | 0 | 0 | 1 (1) |" in table
     document = f"before\n{BEGIN}\nold\n{END}\nafter\n"
     assert replace_table(document, table) == f"before\n{BEGIN}\n{table}{END}\nafter\n"
 
