@@ -16,6 +16,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import aiohttp
+
 from meshplane.core.groups import IllegalGeneration, NotPartitionOwner, UnknownMember
 from meshplane.streams.client import StreamsClient
 from meshplane.streams.errors import StreamError
@@ -96,7 +98,7 @@ async def member(
             except UnknownMember:
                 generation = 0  # evicted (a pause or a cut longer than the session): join again
                 continue
-            except (StreamError, OSError, TimeoutError):
+            except (StreamError, aiohttp.ClientError, OSError, TimeoutError):
                 await asyncio.sleep(0.2)
                 continue
             if (answer["generation"], tuple(answer["partitions"])) != (generation, mine):
@@ -113,7 +115,7 @@ async def member(
                 except REFUSED:
                     commits.append(Commit(name, generation, p, next_offset[p], "refused"))
                     break  # a rebalance: the next heartbeat says what is ours now
-                except (StreamError, OSError, TimeoutError):
+                except (StreamError, aiohttp.ClientError, OSError, TimeoutError):
                     if p in next_offset:
                         commits.append(Commit(name, generation, p, next_offset[p], "unknown"))
                         next_offset.pop(p)  # read the committed offset again before the next
