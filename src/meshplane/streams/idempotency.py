@@ -21,6 +21,8 @@ from meshplane.streams.files import RecordFile
 if TYPE_CHECKING:
     from meshplane.streams.topics import Topic
 
+MARKED_ARRAY = b"\x96"  # msgpack's fixarray of 6: only a MarkedEvent has a sixth field
+
 log = logging.getLogger(__name__)
 
 
@@ -176,6 +178,8 @@ def _marks(topic: Topic) -> Iterator[tuple[int, int, Mark, float]]:
             if not records:
                 break
             for record in records:
+                if record.payload[:1] != MARKED_ARRAY:  # no mark: no decoding (most records)
+                    continue
                 try:
                     text = MARKED_DECODER.decode(record.payload).idempotency
                 except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
