@@ -44,7 +44,7 @@ def enter(ns_path: str) -> None:
 
 
 class Server(Protocol):
-    """A server process the harness starts, signals and stops (a launcher's ``Server``)."""
+    """A server process the harness starts, signals and stops (a launcher's ``ServerProcess``)."""
 
     def start(self, timeout: float = ...) -> object: ...
 
