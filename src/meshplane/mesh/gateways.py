@@ -10,6 +10,9 @@
   own cluster for another cluster leaves through the holder: one copy per external link.
 - An event that came over an external link goes to this cluster only (local holders and internal
   peers with interest), never out on another external link.
+- Queues' interest (``$G.``) crosses too, aggregated from every node's queues as the gateway knows
+  them (kept on disk, so it does not flap when an internal link restarts); guaranteed events then
+  cross as SPOOLED frames from a spool per other cluster (:mod:`.guaranteed`).
 
 One gateway per cluster: every external link of a cluster ends on the same node. The dialling side
 of a pair is the cluster whose name sorts first, so two clusters share at most one external link.
@@ -21,9 +24,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from meshplane.core.mesh.frames import (
+    FLAG_GUARANTEED,
     Frame,
     FrameType,
     Hello,
@@ -40,8 +44,10 @@ from meshplane.core.subjects import is_reserved
 from meshplane.mesh.connection import close_peer
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.links import Handshake, Link, link_status
+from meshplane.mesh.queues import PREFIX
 
 if TYPE_CHECKING:
+    from meshplane.mesh.guaranteed import Guaranteed
     from meshplane.mesh.node import MeshNode
 
 
@@ -50,9 +56,13 @@ class GatewayHolder:
     """Another cluster as a holder in this node's routing table: delivering is sending over the link."""
 
     link: GatewayLink
+    guaranteed: Guaranteed | None = None
 
     def deliver(self, event: MeshEvent) -> None:
         link = self.link
+        spooled = event.flags & FLAG_GUARANTEED and self.guaranteed is not None
+        if spooled and self.guaranteed.cluster_wants(link.peer, event.subject):  # type: ignore[union-attr]
+            return  # that cluster's spool carries it, and serves its direct subscribers too
         if link.state != "up" or link.conn is None:
             link.counters["dropped_peer_down"] += 1
             return
@@ -64,6 +74,7 @@ class GatewayHolder:
 class GatewayLink(Link):
     """An external link: ``peer`` is the other cluster's name; ``interest`` what it advertised."""
 
+    external: ClassVar[bool] = True
     interest: PeerInterest = field(default_factory=PeerInterest)
     holder: GatewayHolder = field(init=False)
 
@@ -95,9 +106,19 @@ class Gateways:
 
     # --- interest this cluster advertises ------------------------------------------------------------
 
+    def link(self, cluster: str) -> GatewayLink:
+        link = self.links.get(cluster)
+        if link is None:
+            link = self.links[cluster] = GatewayLink(cluster)
+            link.holder.guaranteed = self.node.guaranteed
+        return link
+
+    def holder(self, cluster: str) -> GatewayHolder:
+        return self.link(cluster).holder
+
     def changed(self, added: Iterable[str], removed: Iterable[str]) -> None:
         """Patterns gained or lost by a holder here (not a gateway) or by an internal peer. Reserved
-        ones (queues' ``$G.``) stay in the cluster: guaranteed events do not cross gateways."""
+        ones stay in the cluster; queues' cross through :meth:`queues_changed`."""
         if not self.enabled:
             return
         for pattern in added:
@@ -108,6 +129,20 @@ class Gateways:
             version = None if is_reserved(pattern) else self.interest.remove(pattern)
             if version is not None:
                 self._announce(FrameType.SUB_REMOVE, pattern, version)
+
+    def queues_changed(self, added: Iterable[str], removed: Iterable[str]) -> None:
+        """Queue patterns (without ``$G.``) gained or lost by a queue of this node or of an internal
+        peer, as this node remembers them."""
+        if not self.enabled:
+            return
+        for pattern in added:
+            version = self.interest.add(PREFIX + pattern)
+            if version is not None:
+                self._announce(FrameType.SUB_ADD, PREFIX + pattern, version)
+        for pattern in removed:
+            version = self.interest.remove(PREFIX + pattern)
+            if version is not None:
+                self._announce(FrameType.SUB_REMOVE, PREFIX + pattern, version)
 
     def _announce(self, kind: FrameType, pattern: str, version: int) -> None:
         frame = encode_frame(kind, self.node.node_id, pattern, version)
@@ -122,7 +157,7 @@ class Gateways:
     def install(self, state: Handshake, hello: Hello) -> None:
         """An external link whose handshake is complete (its cluster checked, both proofs right)."""
         node, cluster = self.node, hello.cluster
-        link = self.links.setdefault(cluster, GatewayLink(cluster))
+        link = self.link(cluster)
         if link.conn is not None and link.conn is not state.conn:
             link.conn.close()  # at most one external link between two clusters: the newest
         state.role, state.peer, state.conn.peer = "gateway", cluster, cluster
@@ -136,8 +171,10 @@ class Gateways:
         )
         link.counters["connects"] += 1
         link.down.clear()
-        for pattern in link.interest.clear():  # learnt afresh, as on an internal link
-            node.unsubscribe(link.holder, pattern)
+        for pattern in link.interest.clear():  # learnt afresh, as on an internal link ...
+            if not pattern.startswith(PREFIX):  # ... but its queues stay remembered until it answers
+                node.unsubscribe(link.holder, pattern)
+        node.guaranteed.link_down(link)  # a new connection resends what was not confirmed
         self._request_sync(link)
 
     def _request_sync(self, link: GatewayLink) -> None:
@@ -151,6 +188,7 @@ class Gateways:
         if link is not None and link.conn is conn:
             link.conn, link.state, link.sync_sent = None, "down", None
             link.down.set()
+            self.node.guaranteed.link_down(link)
 
     def on_frame(self, cluster: str, frame: Frame) -> None:
         node, link = self.node, self.links[cluster]
@@ -158,6 +196,10 @@ class Gateways:
         kind = frame.type
         if kind is FrameType.EVENT:
             self._on_event(link, frame)
+        elif kind is FrameType.SPOOLED:
+            node.guaranteed.on_spooled(link, frame)
+        elif kind is FrameType.ACK:
+            node.guaranteed.on_ack(link, frame)
         elif kind in (FrameType.SUB_ADD, FrameType.SUB_REMOVE):
             added = kind is FrameType.SUB_ADD
             link.counters["sub_add_in" if added else "sub_remove_in"] += 1
@@ -165,7 +207,7 @@ class Gateways:
             if isinstance(pattern, Refusal):
                 self._refuse(link, pattern)
             elif link.interest.apply(pattern, frame.sequence, added):
-                (node.subscribe if added else node.unsubscribe)(link.holder, pattern)
+                self._learnt(link, {pattern} if added else (), () if added else {pattern})
         elif kind is FrameType.HEARTBEAT:
             if link.state == "up" and link.sync_sent is None and frame.payload != link.interest.root():
                 link.counters["resyncs"] += 1
@@ -180,13 +222,30 @@ class Gateways:
             if isinstance(answer, Refusal):
                 return self._refuse(link, answer)
             gained, lost = link.interest.replace(answer.version, answer.buckets)
-            for pattern in gained:
-                node.subscribe(link.holder, pattern)
-            for pattern in lost:
-                node.unsubscribe(link.holder, pattern)
             link.sync_sent = None
             if link.state == "syncing":
                 link.state = "up"
+                self._learnt(link, gained, lost, afresh=True)
+            else:
+                self._learnt(link, gained, lost)
+
+    def _learnt(
+        self, link: GatewayLink, gained: Iterable[str], lost: Iterable[str], afresh: bool = False
+    ) -> None:
+        """Another cluster's interest changed: direct patterns go into the routing table at once,
+        queues' through :class:`Guaranteed` (remembered on disk). ``afresh``: the link's first answer,
+        which holds the cluster's whole interest."""
+        node, holder = self.node, link.holder
+        for pattern in gained:
+            if not pattern.startswith(PREFIX):
+                node.subscribe(holder, pattern)
+        for pattern in lost:
+            if not pattern.startswith(PREFIX):
+                node.unsubscribe(holder, pattern)
+        if afresh:
+            node.guaranteed.link_up(link, link.interest.versions)
+        else:
+            node.guaranteed.cluster_learnt(link.peer, gained, lost)
 
     def _known(self, link: GatewayLink) -> Known:
         limit = self.node.config.limits.max_patterns_per_peer
@@ -239,8 +298,15 @@ class Gateways:
                 self._request_sync(link)
 
     def status(self) -> list[dict[str, Any]]:
+        spools = {
+            s["peer"]: s for s in self.node.guaranteed.spool_status(self.node.guaranteed.cluster_spools)
+        }
         return [
-            {"cluster": cluster, **link_status(link, len(link.interest.versions), 0)}
+            {
+                "cluster": cluster,
+                **link_status(link, len(link.interest.versions), 0),
+                "spool": spools.get(cluster),
+            }
             for cluster, link in sorted(self.links.items())
         ]
 

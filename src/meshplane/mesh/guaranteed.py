@@ -13,6 +13,14 @@ per publisher, to the guaranteed subscriptions (queues) of every node, whatever 
   published meanwhile, or after this node restarts while that peer is down, must still be spooled for it.
 - On the **destination**, the event goes to the direct subscribers at once and to the queues that
   want it (dropped there if that event id was stored already); ACK goes back once stored.
+- **Across gateways** (seed 002's DMR): a cluster's queues' patterns cross each external link
+  aggregated, as ``$G.`` interest (:meth:`Guaranteed.cluster_learnt`); the gateway remembers each
+  other cluster's on disk and holds them in its routing table, so its cluster's nodes spool for it.
+  The gateway stores what they send, or what is published on it, in a spool per other cluster
+  (``mesh/cluster-spool``) and sends it over the external link as SPOOLED; the other gateway stores
+  it for its own cluster as if it had been published there (spools per node, its queues) and
+  confirms. One copy crosses each external link; queues drop resends by event id, so the event
+  arrives once, in publisher order, through either gateway's restart.
 
 Writes are group-committed: everything that arrived while the last fsync ran shares the next one.
 Direct events remain at-most-once; guaranteed ones also reach direct subscribers, as direct ones.
@@ -24,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -37,9 +46,8 @@ from meshplane.core.mesh.frames import (
     encode_frame,
     event_parts,
 )
-from meshplane.core.subjects import PatternIndex, valid_pattern
 from meshplane.mesh.holders import Holder, MeshEvent
-from meshplane.mesh.peer_queues import Change, PeerQueuesLog
+from meshplane.mesh.peer_queues import KnownQueues
 from meshplane.mesh.queues import PREFIX, Queue, Queues, stored_event
 from meshplane.mesh.spool import Spool, SpoolFull, SpoolLimits, spool_directory, spool_peer
 from meshplane.streams.errors import CorruptRecords, NotStored, StorageError, StreamError
@@ -59,7 +67,7 @@ MAX_WAITING_BYTES = 256 * 1024 * 1024  # ... and their bytes
 @dataclass(eq=False)
 class _Work:
     event: MeshEvent | None  # None: a bad SPOOLED frame, confirmed in its turn
-    spools: list[Spool]
+    spools: list[Spool]  # of peers, and of other clusters
     queues: list[Queue]
     done: Callable[[str], None]  # "" once stored (and synced as the policy says), else why not
 
@@ -71,19 +79,19 @@ class Guaranteed:
         self.node = node
         self.limits = limits
         self.engine: StreamsService | None = None
-        self.spools: dict[str, Spool] = {}
+        self.spools: dict[str, Spool] = {}  # by peer
+        self.cluster_spools: dict[str, Spool] = {}  # a gateway's, by other cluster
         self.queues = Queues(node)
         self.counters: Counter[str] = Counter()
         self._root = Path()
         self._work: list[_Work] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._failed: set[str] = set()  # peers whose events failed to store: no ACK past the failure
-        self._acks: dict[str, int] = {}  # peer -> highest spool offset handled in this batch
+        self._failed: set[Link] = set()  # links whose events failed to store: no ACK past the failure
+        self._acks: dict[Link, int] = {}  # link -> highest spool offset handled in this batch
         self._waiting_bytes = 0
-        self.peer_queues: dict[str, set[str]] = {}  # peer -> its queues' patterns (without the prefix)
-        self._peer_trie: PatternIndex[str] = PatternIndex()
-        self._peer_log: PeerQueuesLog | None = None
+        self.peers: KnownQueues | None = None  # each peer's queues
+        self.clusters: KnownQueues | None = None  # each other cluster's queues (a gateway)
 
     @property
     def enabled(self) -> bool:
@@ -95,16 +103,17 @@ class Guaranteed:
         """Load the spools and the queues (subscribing them, so they are advertised from the start)."""
         self.engine = engine
         self._root = engine.root / "mesh"
-        spools = self._root / "spool"
-        spools.mkdir(parents=True, exist_ok=True)
-        for directory in sorted(p for p in spools.iterdir() if p.is_dir()):
-            peer = spool_peer(directory)
-            if peer is not None:
-                self.spools[peer] = Spool(directory, peer, self.limits, engine.files)
+        for folder, spools in (("spool", self.spools), ("cluster-spool", self.cluster_spools)):
+            (self._root / folder).mkdir(parents=True, exist_ok=True)
+            for directory in sorted(p for p in (self._root / folder).iterdir() if p.is_dir()):
+                peer = spool_peer(directory)
+                if peer is not None:
+                    spools[peer] = Spool(directory, peer, self.limits, engine.files)
+        self.peers = KnownQueues(self._root, "peer_queues.log", self._peer_queues_changed)
+        self.clusters = KnownQueues(self._root, "cluster_queues.log", self._cluster_queues_changed)
         self.queues.open(engine, self._root)
-        self._peer_log = PeerQueuesLog(self._root)
-        for peer, patterns in self._peer_log.load().items():
-            self._set_peer_queues(peer, {p for p in patterns if valid_pattern(p) is not None})
+        self.peers.load()
+        self.clusters.load()
 
     def start(self) -> None:
         if self.enabled and self._task is None:
@@ -119,16 +128,23 @@ class Guaranteed:
         for work in self._work:
             work.done("the node is shutting down")
         self._work.clear()
-        for spool in self.spools.values():
+        for spool in (*self.spools.values(), *self.cluster_spools.values()):
             spool.close()
-        if self._peer_log is not None:
-            self._peer_log.close()
+        for known in (self.peers, self.clusters):
+            if known is not None:
+                known.close()
 
     def tick(self) -> None:
-        for spool in self.spools.values():
+        for spool in (*self.spools.values(), *self.cluster_spools.values()):
             spool.save()
-        if self._peer_log is not None:
-            self._peer_log.sync()
+        for known in (self.peers, self.clusters):
+            if known is not None:
+                known.sync()
+
+    @property
+    def peer_queues(self) -> dict[str, set[str]]:
+        """Peer -> its queues' patterns (without the prefix)."""
+        return self.peers.by_key if self.peers is not None else {}
 
     def forget(self, peer: str) -> dict[str, int]:
         """A departed node: its spool (with what it never confirmed) and its remembered queues go."""
@@ -137,17 +153,15 @@ class Guaranteed:
         if spool is not None:
             spool.close()
             shutil.rmtree(spool.directory, ignore_errors=True)
-        patterns = self.peer_queues.get(peer, set())
-        if patterns or spool is not None:
-            self._set_peer_queues(peer, set())
-            if self._peer_log is not None:
-                self._peer_log.append(Change(peer, forget=True), self.peer_queues)
-        self._failed.discard(peer)
-        return {"spooled_events_dropped": dropped, "queues_forgotten": len(patterns)}
+        forgotten = 0
+        if self.peers is not None and (peer in self.peers.by_key or spool is not None):
+            forgotten = self.peers.forget(peer)
+        return {"spooled_events_dropped": dropped, "queues_forgotten": forgotten}
 
     # --- queues --------------------------------------------------------------------------------------
 
-    def spool_status(self) -> list[dict[str, Any]]:
+    def spool_status(self, spools: dict[str, Spool] | None = None) -> list[dict[str, Any]]:
+        """Each peer's spool (or, given ``cluster_spools``, each other cluster's)."""
         return [
             {
                 "peer": s.peer,
@@ -157,23 +171,32 @@ class Guaranteed:
                 "sent": s.sent,
                 "refused": s.refused,
             }
-            for s in sorted(self.spools.values(), key=lambda s: s.peer)
+            for s in sorted((self.spools if spools is None else spools).values(), key=lambda s: s.peer)
         ]
 
     # --- publishing: on the node the publisher is on --------------------------------------------------
 
     def publish(self, event: MeshEvent, done: Callable[[str], None], skip: Holder | None = None) -> None:
         """Route ``event`` (its flags say guaranteed) and call ``done`` once it is stored everywhere it
-        must be: the spool of each node whose queues want it, and this node's queues."""
-        if self.engine is None:
+        must be: the spool of each node whose queues want it, of each other cluster whose queues want
+        it (a gateway), and this node's queues."""
+        if self.peers is None or self.clusters is None:
             done("this mesh node keeps no guaranteed events (it runs without a streams data directory)")
             return
-        peers = self._peer_trie.match(event.subject)
+        peers = self.peers.match(event.subject)
         spools = [self._spool(peer) for peer in sorted(peers)]
-        queues = [h for h in self.node.router.route(PREFIX + event.subject).local if isinstance(h, Queue)]
+        spools += [self._cluster_spool(cluster) for cluster in sorted(self.clusters.match(event.subject))]
         # The spooled copy serves the direct subscribers of the peers it goes to.
         self.node.route_direct(event, peers, skip)
-        self._submit(_Work(event, spools, queues, done))
+        self._submit(_Work(event, spools, self._queues(event), done))
+
+    def _queues(self, event: MeshEvent) -> list[Queue]:
+        return [h for h in self.node.router.route(PREFIX + event.subject).local if isinstance(h, Queue)]
+
+    def cluster_wants(self, cluster: str, subject: str) -> bool:
+        """Whether ``cluster``'s spool takes a guaranteed event on ``subject`` (then its direct copy
+        does not cross too: the spooled one serves that cluster's direct subscribers)."""
+        return self.clusters is not None and cluster in self.clusters.match(subject)
 
     async def publish_async(self, event: MeshEvent, skip: Holder | None = None) -> None:
         """:meth:`publish`, awaited: raises NotStored when it was not stored."""
@@ -196,17 +219,31 @@ class Guaranteed:
             spool = self.spools[peer] = Spool(directory, peer, self.limits, self.engine.files)
         return spool
 
+    def _link_of(self, spool: Spool) -> Link | None:
+        if self.cluster_spools.get(spool.peer) is spool:
+            return self.node.gateways.links.get(spool.peer)
+        return self.node.links.get(spool.peer)
+
+    def _cluster_spool(self, cluster: str) -> Spool:
+        spool = self.cluster_spools.get(cluster)
+        if spool is None:
+            assert self.engine is not None
+            directory = spool_directory(self._root / "cluster-spool", cluster)
+            spool = self.cluster_spools[cluster] = Spool(directory, cluster, self.limits, self.engine.files)
+        return spool
+
     # --- on the destination ----------------------------------------------------------------------------
 
     def on_spooled(self, link: Link, frame: Frame) -> None:
-        peer, offset = link.peer, frame.sequence
+        """A SPOOLED frame from a peer, or (``link.external``) from another cluster's gateway."""
+        offset = frame.sequence
 
         def done(error: str) -> None:
-            self._confirm(peer, offset, error)
+            self._confirm(link, offset, error)
 
-        if self.engine is None:  # no queues here, ever: nothing to wait for
+        if self.peers is None or self.clusters is None:  # no queues here, ever: nothing to wait for
             self.counters["spooled_unwanted"] += 1
-            self._confirm(peer, offset, "")
+            self._confirm(link, offset, "")
             self._send_acks()
             return
         try:
@@ -219,90 +256,113 @@ class Guaranteed:
             self._submit(_Work(None, [], [], done))
             return
         timestamp, body = event_parts(inner)
+        if link.external:
+            event = MeshEvent(inner.source, inner.subject, inner.sequence, timestamp, body, inner.flags)
+            self._from_cluster(link, event, done)
+            return
         event = MeshEvent(
             inner.source, inner.subject, inner.sequence, timestamp, body, inner.flags, inner.raw
         )
         self.node.routes.deliver_remote(link, event, quiet=True)
-        queues = [h for h in self.node.router.route(PREFIX + event.subject).local if isinstance(h, Queue)]
-        if not queues:
+        queues = self._queues(event)
+        clusters = sorted(self.clusters.match(event.subject))  # a gateway passes it on, once per cluster
+        if not queues and not clusters:
             self.counters["spooled_unwanted"] += 1  # the queue went away on the way
-        self._submit(_Work(event, [], queues, done))
+        self._submit(_Work(event, [self._cluster_spool(c) for c in clusters], queues, done))
 
-    def _confirm(self, peer: str, offset: int, error: str) -> None:
+    def _from_cluster(self, link: Link, event: MeshEvent, done: Callable[[str], None]) -> None:
+        """A guaranteed event another cluster's gateway sent: stored here as if published on this node
+        (spools of the nodes whose queues want it, this node's queues), never sent on to a third
+        cluster. Node ids are unique within a cluster only: the stored copy's origin is
+        ``node@cluster``, so that queues tell apart the events of two clusters' same-named nodes."""
+        assert self.peers is not None
+        key = (event.timestamp_ms, event.sequence, event.source, link.peer)
+        event = MeshEvent(
+            f"{event.source}@{link.peer}",
+            event.subject,
+            event.sequence,
+            event.timestamp_ms,
+            event.body,
+            event.flags,
+        )
+        peers = self.peers.match(event.subject)
+        if self.node.dedup.seen(event.subject, key, time.monotonic()):
+            link.counters["duplicates_in"] += 1  # a resend: stored again (queues drop it by id)
+        else:
+            self.node.route_foreign(event, exclude=peers)
+        self._submit(_Work(event, [self._spool(peer) for peer in sorted(peers)], self._queues(event), done))
+
+    def _confirm(self, link: Link, offset: int, error: str) -> None:
         """One SPOOLED frame handled: confirmed (cumulatively, once per batch) unless it failed."""
-        link = self.node.links.get(peer)
-        if peer in self._failed or link is None or link.conn is None:
+        if link in self._failed or link.conn is None:
             return
         if error:
             # Confirming later ones would skip this one: the link starts over and the peer resends.
-            self._failed.add(peer)
-            self._acks.pop(peer, None)
+            self._failed.add(link)
+            self._acks.pop(link, None)
             self.counters["store_failures"] += 1
-            log.warning("could not store guaranteed events from %s (%s): the link starts over", peer, error)
+            log.warning(
+                "could not store guaranteed events from %s (%s): the link starts over", link.peer, error
+            )
             link.conn.close()
             return
-        self._acks[peer] = offset  # frames are handled in order: the last is the highest
+        self._acks[link] = offset  # frames are handled in order: the last is the highest
 
     def _send_acks(self) -> None:
         acks, self._acks = self._acks, {}
-        for peer, offset in acks.items():
-            link = self.node.links.get(peer)
-            if link is not None and link.conn is not None:
+        for link, offset in acks.items():
+            if link.conn is not None:
                 link.conn.send(encode_frame(FrameType.ACK, self.node.node_id, sequence=offset))
 
     def on_ack(self, link: Link, frame: Frame) -> None:
-        spool = self.spools.get(link.peer)
+        spool = (self.cluster_spools if link.external else self.spools).get(link.peer)
         if spool is not None and spool.confirm(frame.sequence):
-            self.pump(link.peer)
+            self.pump(link)
 
     # --- links -----------------------------------------------------------------------------------------
 
     def learnt(self, peer: str, gained: Iterable[str], lost: Iterable[str]) -> None:
         """Interest a peer gained or lost: its queues' patterns are remembered apart."""
-        added = {p[len(PREFIX) :] for p in gained if p.startswith(PREFIX)}
-        removed = {p[len(PREFIX) :] for p in lost if p.startswith(PREFIX)}
-        if not added and not removed:
-            return
-        have = self.peer_queues.get(peer, set())
-        now = (have | added) - removed
-        if now != have:
-            self._set_peer_queues(peer, now)
-            self._record(Change(peer, sorted(now - have), sorted(have - now)))
+        if self.peers is not None:
+            self.peers.learnt(peer, _queue_patterns(gained), _queue_patterns(lost))
 
-    def link_up(self, peer: str, interest: Iterable[str]) -> None:
-        """The peer's interest is learnt afresh (``interest``): its queues are exactly those now."""
-        now = {p[len(PREFIX) :] for p in interest if p.startswith(PREFIX)}
-        have = self.peer_queues.get(peer, set())
-        if now != have:
-            self._set_peer_queues(peer, now)
-            self._record(Change(peer, sorted(now - have), sorted(have - now)))
-        self.pump(peer)
+    def link_up(self, link: Link, interest: Iterable[str]) -> None:
+        """The peer's (or other cluster's) interest is learnt afresh (``interest``): its queues are
+        exactly those now."""
+        known = self.clusters if link.external else self.peers
+        if known is not None:
+            known.replace(link.peer, _queue_patterns(interest))
+        self.pump(link)
 
-    def _set_peer_queues(self, peer: str, patterns: set[str]) -> None:
-        for pattern in self.peer_queues.pop(peer, set()) - patterns:
-            self._peer_trie.remove(pattern, peer)
-        for pattern in patterns:
-            self._peer_trie.insert(pattern, peer)
-        if patterns:
-            self.peer_queues[peer] = patterns
+    def cluster_learnt(self, cluster: str, gained: Iterable[str], lost: Iterable[str]) -> None:
+        """Interest another cluster announced over its external link (a gateway)."""
+        if self.clusters is not None:
+            self.clusters.learnt(cluster, _queue_patterns(gained), _queue_patterns(lost))
 
-    def _record(self, change: Change) -> None:
-        if self._peer_log is not None:
-            self._peer_log.append(change, self.peer_queues)
+    def _peer_queues_changed(self, peer: str, added: set[str], removed: set[str]) -> None:
+        """What this cluster's queues want, as other clusters are told: each node's queues', once."""
+        self.node.gateways.queues_changed(added, removed)
 
-    def link_down(self, peer: str) -> None:
-        self._failed.discard(peer)
-        spool = self.spools.get(peer)
+    def _cluster_queues_changed(self, cluster: str, added: set[str], removed: set[str]) -> None:
+        """Held in the routing table, so that this cluster's nodes spool for this gateway."""
+        holder = self.node.gateways.holder(cluster)
+        for pattern in added:
+            self.node.subscribe(holder, PREFIX + pattern)
+        for pattern in removed:
+            self.node.unsubscribe(holder, PREFIX + pattern)
+
+    def link_down(self, link: Link) -> None:
+        self._failed.discard(link)
+        spool = (self.cluster_spools if link.external else self.spools).get(link.peer)
         if spool is not None:
             spool.rewind()
 
-    def pump(self, peer: str) -> None:
-        """Send what the peer's spool holds and it has not been sent, while the socket takes it."""
-        spool = self.spools.get(peer)
-        link = self.node.links.get(peer)
-        if spool is None or link is None or link.state != "up" or link.conn is None:
+    def pump(self, link: Link | None) -> None:
+        """Send what the link's spool holds and it has not been sent, while the socket takes it."""
+        if link is None or link.state != "up" or link.conn is None:
             return
-        if "hold_spooled" in self.node.config.faults:
+        spool = (self.cluster_spools if link.external else self.spools).get(link.peer)
+        if spool is None or "hold_spooled" in self.node.config.faults:
             return
         conn = link.conn
         while not conn.paused and conn.is_open:
@@ -310,7 +370,7 @@ class Guaranteed:
                 records = spool.to_send()
             except (StorageError, CorruptRecords) as exc:
                 self.counters["spool_read_errors"] += 1
-                log.error("spool for %s: cannot read at offset %d (%s)", peer, spool.sent, exc)
+                log.error("spool for %s: cannot read at offset %d (%s)", link.peer, spool.sent, exc)
                 return
             if not records:
                 return
@@ -347,8 +407,8 @@ class Guaranteed:
             except Exception as exc:  # a bug must not stop every later guaranteed publish
                 log.exception("storing guaranteed events failed")
                 failed, synced = {work: f"internal error: {exc!r}" for work in batch}, set()
-            for peer in {spool.peer for work in batch if work not in failed for spool in work.spools}:
-                self.pump(peer)  # before the fsync: a copy that arrives first is harmless
+            for spool in {spool for work in batch if work not in failed for spool in work.spools}:
+                self.pump(self._link_of(spool))  # before the fsync: a copy that arrives first is harmless
             if synced:
                 try:
                     await durability.written(*synced, records=len(batch) - len(failed))
@@ -419,3 +479,8 @@ class Guaranteed:
                 queue.remember(event_id)
             queue.stored += len(fresh)
         return failed, synced
+
+
+def _queue_patterns(interest: Iterable[str]) -> set[str]:
+    """The queues' patterns among announced interest, without their prefix."""
+    return {p[len(PREFIX) :] for p in interest if p.startswith(PREFIX)}

@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from meshplane.core.mesh.frames import Hello
 from meshplane.mesh.connection import FrameConnection
@@ -34,6 +34,7 @@ LINK_COUNTERS = (
 class Link:
     """What a node knows of one peer, across that peer's connections."""
 
+    external: ClassVar[bool] = False  # a gateway's link to another cluster (``peer``: its name)
     peer: str
     state: str = "down"  # down -> syncing (interest being learnt) -> up (carries events)
     conn: FrameConnection | None = None

@@ -232,7 +232,9 @@ class MeshNode:
         if state is not None and state.session is not None:
             state.session.resume()
         elif state is not None and state.role == "route":
-            self.guaranteed.pump(state.peer)
+            self.guaranteed.pump(self.links.get(state.peer))
+        elif state is not None and state.role == "gateway":
+            self.guaranteed.pump(self.gateways.links.get(state.peer))
 
     # --- the node's API: interest and publishing -----------------------------------------------------
 
@@ -318,10 +320,10 @@ class MeshNode:
             self.on_latency(time.perf_counter() - started)
         return copies
 
-    def route_foreign(self, event: MeshEvent) -> bool:
+    def route_foreign(self, event: MeshEvent, exclude: Collection[str] = ()) -> bool:
         """An event from another cluster: to this cluster only (local holders but gateways, and
-        internal peers with interest). False when nobody here wanted it."""
-        return self._route(event, foreign=True) > 0
+        internal peers with interest, but those to ``exclude``). False when nobody here wanted it."""
+        return self._route(event, foreign=True, exclude=exclude) > 0
 
     def _forward(self, link: Link | None, event: MeshEvent) -> int:
         if link is None:

@@ -1,18 +1,19 @@
-"""Which peer's queues want what, kept on disk as a log of changes (``peer_queues.log``): one JSON line
-per change, appended in O(change) and fsynced on the node's tick; compacted (rewritten whole,
-atomically) once it holds far more lines than the state. A torn last line (a crash mid-append) is
-skipped; what it held is learnt again when that peer links. The whole-file ``peer_queues.json`` of
-older versions is read once and replaced by the log."""
+"""Which peer's queues want what, kept on disk as a log of changes (``peer_queues.log``; a gateway keeps the
+other clusters' in ``cluster_queues.log``): one JSON line per change, appended in O(change) and fsynced
+on the node's tick; compacted (rewritten whole, atomically) once it holds far more lines than the state.
+A torn last line (a crash mid-append) is skipped; what it held is learnt again when that peer links. The
+whole-file ``peer_queues.json`` of older versions is read once and replaced by the log."""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import msgspec
 
+from meshplane.core.subjects import PatternIndex, valid_pattern
 from meshplane.streams.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,9 @@ _encode = msgspec.json.Encoder().encode
 
 
 class PeerQueuesLog:
-    def __init__(self, root: Path) -> None:
-        self.path = root / LOG_FILE
-        self._legacy = root / LEGACY_FILE
+    def __init__(self, root: Path, name: str = LOG_FILE) -> None:
+        self.path = root / name
+        self._legacy = root / (LEGACY_FILE if name == LOG_FILE else name + ".legacy")
         self._lines = 0
         self._fd: int | None = None
         self._dirty = False
@@ -115,3 +116,55 @@ class PeerQueuesLog:
             self.sync()
             os.close(self._fd)
             self._fd = None
+
+
+class KnownQueues:
+    """The queues' patterns (without the ``$G.`` prefix) of each peer, or of each other cluster, as
+    announced, remembered on disk and matched: whose spool a guaranteed event goes to. ``on_change``
+    hears each key's patterns gained and lost."""
+
+    def __init__(self, root: Path, name: str, on_change: Callable[[str, set[str], set[str]], None]) -> None:
+        self.by_key: dict[str, set[str]] = {}
+        self._index: PatternIndex[str] = PatternIndex()
+        self._log = PeerQueuesLog(root, name)
+        self._on_change = on_change
+
+    def load(self) -> None:
+        for key, patterns in self._log.load().items():
+            self._set(key, {p for p in patterns if valid_pattern(p) is not None})
+
+    def match(self, subject: str) -> set[str]:
+        return self._index.match(subject)
+
+    def learnt(self, key: str, added: Iterable[str], removed: Iterable[str]) -> None:
+        have = self.by_key.get(key, set())
+        self.replace(key, (have | set(added)) - set(removed))
+
+    def replace(self, key: str, patterns: set[str]) -> None:
+        """``key``'s queues are exactly ``patterns`` now (its interest learnt afresh)."""
+        have = self.by_key.get(key, set())
+        if patterns != have:
+            self._set(key, patterns)
+            self._log.append(Change(key, sorted(patterns - have), sorted(have - patterns)), self.by_key)
+
+    def forget(self, key: str) -> int:
+        patterns = self.by_key.get(key, set())
+        self._set(key, set())
+        self._log.append(Change(key, forget=True), self.by_key)
+        return len(patterns)
+
+    def _set(self, key: str, patterns: set[str]) -> None:
+        have = self.by_key.pop(key, set())
+        for pattern in have - patterns:
+            self._index.remove(pattern, key)
+        for pattern in patterns - have:
+            self._index.insert(pattern, key)
+        if patterns:
+            self.by_key[key] = patterns
+        self._on_change(key, patterns - have, have - patterns)
+
+    def sync(self) -> None:
+        self._log.sync()
+
+    def close(self) -> None:
+        self._log.close()

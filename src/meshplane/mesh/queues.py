@@ -111,8 +111,7 @@ class Queues:
         self._save(saved)
         old = self.queues.pop(name, None)
         if old is not None:
-            for pattern in old.patterns:
-                self.node.unsubscribe(old, PREFIX + pattern)
+            self._withdraw(old)
         return self._install(name, sorted(set(checked)), recent=old.recent if old is not None else None)
 
     def delete(self, name: str) -> bool:
@@ -122,9 +121,13 @@ class Queues:
             return False
         self._save({q.name: q.patterns for q in self.queues.values() if q is not queue})
         del self.queues[name]
+        self._withdraw(queue)
+        return True
+
+    def _withdraw(self, queue: Queue) -> None:
         for pattern in queue.patterns:
             self.node.unsubscribe(queue, PREFIX + pattern)
-        return True
+        self.node.gateways.queues_changed((), queue.patterns)
 
     def _save(self, queues: dict[str, list[str]]) -> None:
         try:
@@ -141,6 +144,7 @@ class Queues:
         self.queues[name] = queue
         for pattern in patterns:
             self.node.subscribe(queue, PREFIX + pattern)
+        self.node.gateways.queues_changed(patterns, ())  # other clusters are told of it too
         return queue
 
     def _recall(self, queue: Queue) -> None:

@@ -75,7 +75,7 @@ class Routes:
         link.state = "syncing"
         # A new connection starts from what the peer confirmed: the old one may have died (its close
         # not yet seen here) with guaranteed events in flight.
-        node.guaranteed.link_down(peer)
+        node.guaranteed.link_down(link)
         node.gateways.changed((), node.router.add_peer(peer))
         self.request_sync(link)
         log.info("link to %s (%s) up; learning its interest", peer, link.address)
@@ -123,7 +123,7 @@ class Routes:
             return
         link.conn, link.state, link.sync_sent = None, "down", None
         link.down.set()
-        node.guaranteed.link_down(peer)
+        node.guaranteed.link_down(link)
         node.clients.peer_gone(peer)
         if node.running:
             log.warning("link to %s down", peer)
@@ -191,7 +191,7 @@ class Routes:
                 link.state, link.was_up = "up", True
                 link.down.clear()
                 log.info("link to %s carries events", link.peer)
-                node.guaranteed.link_up(link.peer, node.router.peers[link.peer].interest.versions)
+                node.guaranteed.link_up(link, node.router.peers[link.peer].interest.versions)
         else:
             self._count_bad(link, "unexpected_hello")
 
