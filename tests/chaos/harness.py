@@ -199,6 +199,7 @@ class Report:
 
 def workloads() -> dict[str, Workload]:
     from tests.chaos import (
+        gateways_workload,
         groups_workload,
         jetstream_workload,
         mesh_workload,
@@ -208,6 +209,7 @@ def workloads() -> dict[str, Workload]:
 
     return {
         "mesh-guaranteed": mesh_workload.WORKLOAD,
+        "mesh-gateways": gateways_workload.WORKLOAD,
         "topics-local": topics_workload.WORKLOAD,
         "topics-jetstream": jetstream_workload.WORKLOAD,
         "groups": groups_workload.WORKLOAD,

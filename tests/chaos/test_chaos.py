@@ -27,6 +27,7 @@ SEED = 36 if os.environ.get("CI") else random.randrange(1 << 31)
     ("workload", "duration", "at_least"),
     [
         ("mesh-guaranteed", 40, 1000),
+        ("mesh-gateways", 40, 1000),
         ("topics-local", 25, 1000),
         ("topics-jetstream", 35, 1000),
         ("groups", 25, 100),  # acknowledged commits

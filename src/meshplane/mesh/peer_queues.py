@@ -6,6 +6,7 @@ whole-file ``peer_queues.json`` of older versions is read once and replaced by t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -37,23 +38,23 @@ _encode = msgspec.json.Encoder().encode
 class PeerQueuesLog:
     def __init__(self, root: Path, name: str = LOG_FILE) -> None:
         self.path = root / name
-        self._legacy = root / (LEGACY_FILE if name == LOG_FILE else name + ".legacy")
+        self._legacy = root / LEGACY_FILE if name == LOG_FILE else None
         self._lines = 0
         self._fd: int | None = None
         self._dirty = False
 
     def load(self) -> dict[str, set[str]]:
         state: dict[str, set[str]] = {}
-        try:
-            legacy = msgspec.json.decode(self._legacy.read_bytes(), type=dict[str, list[str]])
-        except (OSError, msgspec.DecodeError):
-            legacy = {}
+        legacy: dict[str, list[str]] = {}
+        if self._legacy is not None:
+            with contextlib.suppress(OSError, msgspec.DecodeError):
+                legacy = msgspec.json.decode(self._legacy.read_bytes(), type=dict[str, list[str]])
         for peer, patterns in legacy.items():
             state[peer] = set(patterns)
         for change in self._read():
             self._lines += 1
             self._apply(state, change)
-        if legacy:
+        if legacy and self._legacy is not None:
             self.compact(state)
             self._legacy.unlink(missing_ok=True)
         return state

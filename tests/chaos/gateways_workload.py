@@ -1,0 +1,74 @@
+"""Guaranteed mesh events across gateways (issue 36, item 3): cluster A (a1, its gateway, and a2) and
+cluster B (b1, its gateway, and b2); publishers p1 (through a2) and p2 (through b2); a queue on every
+node takes ``orders.>``, so each event crosses the external link once for the other cluster's two
+queues. Faults hit the gateways: killed, powered off, paused, isolated, capped, and the external link
+cut both ways or one way. At the end every queue's topic is read whole."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from tests.chaos.checker import Op, Verdict, check_queues
+from tests.chaos.harness import ROUTE_PORT, Servers, Workload, run_schedule, streams_server
+from tests.chaos.mesh_workload import collect, publish_until, put_queue
+from tests.chaos.schedule import NEMESES, Fault
+
+NODES = ("a1", "a2", "b1", "b2")
+GATEWAYS = ("a1", "b1")
+
+
+def node_args(servers: Servers, node: str) -> tuple[str, ...]:
+    cluster = node[0]
+    mate = next(other for other in NODES if other[0] == cluster and other != node)
+    args = ["--node-id", node, "--cluster", cluster.upper(), "--route-port", str(ROUTE_PORT)]
+    args += ["--heartbeat-interval", "0.2", "--routes", servers.route_url(mate)]
+    if node in GATEWAYS:
+        other = next(gateway for gateway in GATEWAYS if gateway != node)
+        args += ["--gateway", f"{other[0].upper()}={servers.route_url(other)}"]
+    return tuple(args)
+
+
+async def ready(http: aiohttp.ClientSession, servers: Servers) -> bool:
+    """Every internal link up, the external link up, and each gateway knowing the other cluster's
+    queues."""
+    for node in NODES:
+        try:
+            async with http.get(f"{servers.url(node)}/mesh", params={"patterns": "1"}) as response:
+                state = await response.json()
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+        if [link["state"] for link in state["links"]] != ["up"]:
+            return False
+        if node in GATEWAYS:
+            other = "B" if node == "a1" else "A"
+            if [g["state"] for g in state["gateways"] if g["cluster"] == other] != ["up"]:
+                return False
+            if "$G.orders.>" not in state["patterns"]["gateways"].get(other, []):
+                return False
+    return True
+
+
+async def run(servers: Servers, faults: list[Fault], duration: float, log: list[str]) -> dict[str, Verdict]:
+    queues = {f"q{node}": servers.url(node) for node in NODES}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        for name, url in queues.items():
+            await put_queue(http, url, name, ["orders.>"])
+        deadline = time.monotonic() + 30
+        while not await ready(http, servers):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the clusters did not link and learn each other's queues within 30s")
+            await asyncio.sleep(0.1)
+    history: list[Op] = []
+    stop_at = time.monotonic() + duration
+    publishers = {"p1": servers.route_url("a2"), "p2": servers.route_url("b2")}
+    tasks = [publish_until(url, name, stop_at, history) for name, url in publishers.items()]
+    await asyncio.gather(run_schedule(servers, faults, log), *tasks)
+    log.append(f"published {len(history)}, collecting")
+    held = await collect(queues, history, timeout=90)
+    return check_queues(history, held, lambda queue, publisher: True)
+
+
+WORKLOAD = Workload(NODES, NEMESES, streams_server(node_args), run, targets=GATEWAYS)
