@@ -9,6 +9,7 @@ import asyncio
 import signal
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -22,18 +23,25 @@ from tests.integration.test_mesh_guaranteed import publish_all, put_queue, queue
 
 
 class TwoClusters:
-    def __init__(self) -> None:
-        ports = {name: free_port() for name in ("a1", "a2", "b1", "b2")}
+    """Given ``mate_dir``, B's gateway is an HA pair on that data directory: b1 and its standby b1s."""
+
+    def __init__(self, mate_dir: Path | None = None) -> None:
+        names = ("a1", "a2", "b1", "b2", *(("b1s",) if mate_dir else ()))
+        ports = {name: free_port() for name in names}
         url = {name: f"tcp://127.0.0.1:{port}" for name, port in ports.items()}
-        peers = {"a1": "a2", "a2": "a1", "b1": "b2", "b2": "b1"}
-        gateways = {"a1": "B=" + url["b1"], "b1": "A=" + url["a1"]}
+        b1 = url["b1"] + ("," + url["b1s"] if mate_dir else "")
+        peers = {"a1": url["a2"], "a2": url["a1"], "b1": url["b2"], "b1s": url["b2"], "b2": b1}
+        gateways = {"a1": "B=" + b1, "b1": "A=" + url["a1"], "b1s": "A=" + url["a1"]}
         self.nodes: dict[str, StreamsServerProcess] = {}
         for name, port in ports.items():
-            args = ["--node-id", name, "--cluster", name[0].upper(), "--route-port", str(port)]
-            args += ["--heartbeat-interval", "0.2", "--routes", url[peers[name]]]
+            args = ["--node-id", name[:2], "--cluster", name[0].upper(), "--route-port", str(port)]
+            args += ["--heartbeat-interval", "0.2", "--routes", peers[name]]
             if name in gateways:
                 args += ["--gateway", gateways[name]]
-            self.nodes[name] = StreamsServerProcess(extra_args=tuple(args))
+            if name == "b1s":
+                args += ["--standby"]
+            data_dir = mate_dir if mate_dir and name.startswith("b1") else None
+            self.nodes[name] = StreamsServerProcess(data_dir=data_dir, extra_args=tuple(args))
 
     def __getitem__(self, name: str) -> StreamsServerProcess:
         return self.nodes[name]
@@ -143,3 +151,32 @@ async def test_a_queue_crosses_only_as_guaranteed_interest_and_leaves_when_delet
         return not await queue_known(clusters["a2"], "a1", "gw.only.>")
 
     await eventually(withdrawn, timeout=15, what="the queue's interest withdrawn across the gateways")
+
+
+@pytest.mark.timeout(180)
+async def test_a_gateway_mate_takes_over_with_the_spool_for_the_other_cluster(tmp_path: Path) -> None:
+    """B's gateway is an HA pair; SIGKILL its active mate while A publishes for b2's queue: the
+    standby takes over with what the active had stored, and b2's queue holds every event once, in
+    order."""
+    topo = TwoClusters(mate_dir=tmp_path / "b1")
+    try:
+        for name in ("a1", "a2", "b1", "b2"):
+            topo[name].start()
+        topo["b1s"].start(ready=False)
+        await put_queue(topo["b2"], "mated", ["gw.mated.>"])
+        await eventually(lambda: queue_known(topo["a2"], "a1", "gw.mated.>"), timeout=20, what="$G at a2")
+        publisher = await MeshClient(topo["a2"].route_url).connect()
+        try:
+            bodies = [b"m-%d" % i for i in range(1500)]
+            publishing = asyncio.create_task(publish_all(publisher, "gw.mated.x", bodies))
+            await eventually(partial(delivered, topo["b2"], "mated", 200), timeout=20, what="flowing")
+            topo["b1"].kill(signal.SIGKILL)
+            await asyncio.to_thread(topo["b1s"].wait_ready, 20)  # the mate has the lock and serves
+            await publishing
+        finally:
+            await publisher.close()
+        await eventually(partial(delivered, topo["b2"], "mated", len(bodies)), timeout=60, what="all at b2")
+        assert await queue_bodies(topo["b2"], "mated") == bodies
+    finally:
+        for node in topo.nodes.values():
+            node.cleanup()
