@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run(args.workload, seed, args.duration, kinds, args.fsync, args.short)
         print_report(report)
         print(json.dumps(report.to_json()))
-        return 0 if report.total.valid else 1
+        return 0 if report.valid else 1
     names = list(known) if args.workload == "all" else args.workload.split(",")
     reports = []
     for name in names:

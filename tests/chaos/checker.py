@@ -10,6 +10,10 @@ publisher's events, the checker counts:
 - reordered: acknowledged events of one publisher out of publishing order in the queue;
 - unexpected: in the queue but never published (or not wanted by that queue);
 - indeterminate: ``unknown`` outcomes, and how many of them arrived (either is allowed).
+
+Direct events (:func:`check_direct`) are at most once: nothing is acknowledged, so nothing can be
+lost; what did not arrive is counted as **gaps** in each publisher's sequence (allowed, reported),
+and a copy twice, out of order or never published is wrong.
 """
 
 from __future__ import annotations
@@ -42,13 +46,16 @@ class Verdict:
     indeterminate: int = 0
     indeterminate_arrived: int = 0
     moved: int = 0  # acknowledged at one offset, found at another
-    gaps: int = 0  # offsets missing between the log's first and last
+    gaps: int = 0  # offsets missing between the log's first and last; direct events a subscriber missed
 
     @property
     def valid(self) -> bool:
-        return (
-            self.lost == self.duplicated == self.reordered == self.unexpected == self.moved == self.gaps == 0
-        )
+        return self.valid_for(at_most_once=False)
+
+    def valid_for(self, *, at_most_once: bool) -> bool:
+        """Nothing wrong; ``at_most_once`` (direct events): gaps are allowed."""
+        wrong = (self.lost, self.duplicated, self.reordered, self.unexpected, self.moved)
+        return not any(wrong) and (at_most_once or self.gaps == 0)
 
 
 def combined(verdicts: Iterable[Verdict]) -> Verdict:
@@ -143,3 +150,29 @@ def check_log(history: Iterable[Op], log: Sequence[tuple[int, str, int]]) -> Ver
             verdict.reordered += 1
         last[publisher] = max(offset, last.get(publisher, -1))
     return verdict
+
+
+def check_direct(
+    published: Mapping[str, int], received: Mapping[str, Sequence[tuple[str, int]]]
+) -> dict[str, Verdict]:
+    """One verdict per subscriber: ``published`` maps a publisher to how many events it sent (seq 0
+    to n-1), ``received`` a subscriber to the (publisher, seq) it got, in arrival order."""
+    total = sum(published.values())
+    verdicts: dict[str, Verdict] = {}
+    for subscriber, held in received.items():
+        counts = Counter(held)
+        known = {key for key in counts if 0 <= key[1] < published.get(key[0], 0)}
+        verdict = Verdict(
+            operations=total,
+            duplicated=sum(n - 1 for key, n in counts.items() if key in known),
+            unexpected=sum(n for key, n in counts.items() if key not in known),
+            gaps=total - len(known),
+        )
+        last: dict[str, int] = {}
+        for publisher, seq in held:
+            if (publisher, seq) in known:
+                if seq < last.get(publisher, -1):
+                    verdict.reordered += 1
+                last[publisher] = max(seq, last.get(publisher, -1))
+        verdicts[subscriber] = verdict
+    return verdicts

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.chaos.checker import Op, Verdict, check_log, check_queues, combined
+from tests.chaos.checker import Op, Verdict, check_direct, check_log, check_queues, combined
 from tests.chaos.groups_workload import Assigned, Commit, check_group
 from tests.chaos.schedule import EVERY, NEMESES, PAIRED, plan
 from tests.chaos.table import BEGIN, END, markdown, replace_table
@@ -143,3 +143,25 @@ def test_a_group_is_checked_for_split_owners_fencing_commit_order_and_lost_commi
     back = check_group(assigned, [*commits, Commit("m2", 2, 1, 2, "ok")], {0: 1, 1: 2})
     assert back.reordered == 1  # the same offset accepted twice: the first was lost meanwhile
     assert check_group(assigned, commits, {0: 1, 1: 1}).lost == 1  # partition 1 went back at the end
+
+
+def test_direct_events_count_what_missed_as_gaps_and_doubles_order_and_strangers_as_wrong() -> None:
+    published = {"p1": 4, "p2": 2}
+    received = {
+        "clean": [("p1", 0), ("p2", 0), ("p1", 1), ("p1", 2), ("p2", 1), ("p1", 3)],
+        "lossy": [("p1", 0), ("p1", 3), ("p2", 1)],  # at most once: gaps only
+        "wrong": [("p1", 1), ("p1", 0), ("p1", 1), ("p3", 0), ("p2", 2)],
+    }
+    verdicts = check_direct(published, received)
+    assert verdicts["clean"] == Verdict(operations=6)
+    assert verdicts["lossy"] == Verdict(operations=6, gaps=3)
+    assert verdicts["lossy"].valid is False  # gaps make a verdict invalid: the caller allows them
+    assert verdicts["wrong"] == Verdict(operations=6, duplicated=1, reordered=1, unexpected=2, gaps=4)
+
+
+@given(st.lists(st.integers(0, 30), max_size=60))
+def test_a_subsequence_in_order_is_never_wrong(seqs: list[int]) -> None:
+    arrived = sorted(set(seqs))
+    (verdict,) = check_direct({"p": 31}, {"s": [("p", seq) for seq in arrived]}).values()
+    assert (verdict.duplicated, verdict.reordered, verdict.unexpected) == (0, 0, 0)
+    assert verdict.gaps == 31 - len(arrived)
