@@ -16,7 +16,7 @@ from meshplane.mesh.client import MeshClient
 from tests.chaos.checker import Verdict, check_direct
 from tests.chaos.harness import Servers, Workload, run_schedule, streams_server
 from tests.chaos.mesh_workload import NODES, linked, node_args, parse
-from tests.chaos.schedule import NEMESES, Fault
+from tests.chaos.schedule import LINK_NEMESES, Fault
 
 
 class Recorder:
@@ -101,4 +101,4 @@ async def run(servers: Servers, faults: list[Fault], duration: float, log: list[
     return verdicts
 
 
-WORKLOAD = Workload(NODES, NEMESES, streams_server(node_args), run, at_most_once=True)
+WORKLOAD = Workload(NODES, LINK_NEMESES, streams_server(node_args), run, at_most_once=True, proxied=True)

@@ -14,7 +14,7 @@ import aiohttp
 from tests.chaos.checker import Op, Verdict, check_queues
 from tests.chaos.harness import ROUTE_PORT, Servers, Workload, run_schedule, streams_server
 from tests.chaos.mesh_workload import collect, publish_until, put_queue
-from tests.chaos.schedule import NEMESES, Fault
+from tests.chaos.schedule import LINK_NEMESES, Fault
 
 NODES = ("a1", "a2", "b1", "b2")
 GATEWAYS = ("a1", "b1")
@@ -24,10 +24,10 @@ def node_args(servers: Servers, node: str) -> tuple[str, ...]:
     cluster = node[0]
     mate = next(other for other in NODES if other[0] == cluster and other != node)
     args = ["--node-id", node, "--cluster", cluster.upper(), "--route-port", str(ROUTE_PORT)]
-    args += ["--heartbeat-interval", "0.2", "--routes", servers.route_url(mate)]
+    args += ["--heartbeat-interval", "0.2", "--routes", servers.peer_url(node, mate)]
     if node in GATEWAYS:
         other = next(gateway for gateway in GATEWAYS if gateway != node)
-        args += ["--gateway", f"{other[0].upper()}={servers.route_url(other)}"]
+        args += ["--gateway", f"{other[0].upper()}={servers.peer_url(node, other)}"]
     return tuple(args)
 
 
@@ -71,4 +71,4 @@ async def run(servers: Servers, faults: list[Fault], duration: float, log: list[
     return check_queues(history, held, lambda queue, publisher: True)
 
 
-WORKLOAD = Workload(NODES, NEMESES, streams_server(node_args), run, targets=GATEWAYS)
+WORKLOAD = Workload(NODES, LINK_NEMESES, streams_server(node_args), run, targets=GATEWAYS, proxied=True)

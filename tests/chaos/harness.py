@@ -14,6 +14,7 @@ import ctypes
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +31,8 @@ from tests.chaos.schedule import Fault, plan
 
 CLONE_NEWNET = 0x40000000
 HTTP_PORT, ROUTE_PORT = 8080, 7000
+PROXY_PORT = 7100  # + the peer's index: where a host's proxy to that peer listens (on its loopback)
+SLOW = (200, 200)  # the slow nemesis: milliseconds of delay, and of jitter on top, each way
 
 
 def enter(ns_path: str) -> None:
@@ -57,9 +60,17 @@ class Servers:
     """A server process on each host, in the host's namespace, its data on the host's lossy disk
     (mounted at ``mount(host)``); ``make`` builds each (``meshplane serve`` unless a workload says)."""
 
-    def __init__(self, network: Network, hosts: tuple[str, ...], make: Callable[[Servers, str], Server]):
+    def __init__(
+        self,
+        network: Network,
+        hosts: tuple[str, ...],
+        make: Callable[[Servers, str], Server],
+        proxied: bool = False,
+    ):
         self.network = network
         self.hosts = hosts
+        self.proxied = proxied
+        self.proxies: dict[str, subprocess.Popen[str]] = {}
         self.root = Path(tempfile.mkdtemp(prefix="meshplane-chaos-"))
         self.disks = {host: Disk(self.root / f"{host}.backing", self.mount(host)) for host in hosts}
         self.servers = {host: make(self, host) for host in hosts}
@@ -74,7 +85,41 @@ class Servers:
     def url(self, host: str) -> str:
         return f"http://{self.network.address(host)}:{HTTP_PORT}"
 
+    def peer_url(self, host: str, peer: str) -> str:
+        """How ``host``'s server dials ``peer``'s route port: through the host's proxy to that peer,
+        if the workload has proxies (for the slow nemesis)."""
+        if not self.proxied:
+            return self.route_url(peer)
+        return f"tcp://127.0.0.1:{PROXY_PORT + self.hosts.index(peer)}"
+
+    def _control(self, host: str) -> Path:
+        return self.root / f"{host}.slow"
+
+    def _start_proxies(self) -> None:
+        for host in self.hosts:
+            self._control(host).write_text("")
+            links = [
+                f"{PROXY_PORT + index}={peer}={self.network.address(peer)}:{ROUTE_PORT}"
+                for index, peer in enumerate(self.hosts)
+                if peer != host
+            ]
+            command = [*self.network.exec_prefix(host), sys.executable, "-m", "tests.chaos.proxy"]
+            proxy = subprocess.Popen(
+                [*command, str(self._control(host)), *links], stdout=subprocess.PIPE, text=True
+            )
+            self.proxies[host] = proxy
+            assert proxy.stdout is not None
+            if proxy.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the proxy on {host} did not start (exit {proxy.poll()})")
+
+    def _slow(self, pair: tuple[str, ...], slow: bool) -> None:
+        first, second = pair
+        for host, peer in ((first, second), (second, first)):
+            self._control(host).write_text(f"{peer} {SLOW[0]} {SLOW[1]}\n" if slow else "")
+
     def start(self) -> None:
+        if self.proxied:
+            self._start_proxies()
         for host in self.hosts:
             self.disks[host].mount()
         for host in self.hosts:
@@ -86,6 +131,9 @@ class Servers:
         for host in self.hosts:
             self.servers[host].cleanup()
             self.disks[host].unmount()
+        for proxy in self.proxies.values():
+            proxy.kill()
+            proxy.wait()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def apply(self, fault: Fault) -> None:
@@ -109,6 +157,8 @@ class Servers:
                 net.drop(fault.hosts[1], first)
             case "one-way":
                 net.drop(first, fault.hosts[1])
+            case "slow":
+                self._slow(fault.hosts, True)
         self.active = fault
 
     def heal(self, fault: Fault) -> None:
@@ -132,6 +182,8 @@ class Servers:
                 net.undrop(fault.hosts[1], first)
             case "one-way":
                 net.undrop(first, fault.hosts[1])
+            case "slow":
+                self._slow(fault.hosts, False)
         self.active = None
 
 
@@ -177,6 +229,7 @@ class Workload:
     body: Body
     targets: tuple[str, ...] = ()
     at_most_once: bool = False  # direct events: what a subscriber missed (gaps) is allowed
+    proxied: bool = False  # servers dial each other through a proxy per link (``peer_url``): slow works
 
 
 @dataclass
@@ -246,7 +299,8 @@ def run(
     report = Report(name, kinds, seed, duration, fsync, faults, {})
     try:
         enter(f"/run/netns/{network.ns('client')}")
-        servers = Servers(network, workload.hosts, lambda s, host: workload.server(s, host, fsync))
+        make = lambda s, host: workload.server(s, host, fsync)  # noqa: E731
+        servers = Servers(network, workload.hosts, make, workload.proxied)
         try:
             servers.start()
             report.verdicts = asyncio.run(workload.body(servers, faults, duration, report.log))

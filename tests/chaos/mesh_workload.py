@@ -17,7 +17,7 @@ from meshplane.errors import TransportError
 from meshplane.mesh.client import MeshClient
 from tests.chaos.checker import Op, Verdict, check_queues
 from tests.chaos.harness import ROUTE_PORT, Servers, Workload, run_schedule, streams_server
-from tests.chaos.schedule import NEMESES, Fault
+from tests.chaos.schedule import LINK_NEMESES, Fault
 
 NODES = ("a", "b", "c")
 
@@ -95,7 +95,7 @@ async def collect(
 
 
 def node_args(servers: Servers, node: str) -> tuple[str, ...]:
-    routes = ",".join(servers.route_url(peer) for peer in NODES if peer != node)
+    routes = ",".join(servers.peer_url(node, peer) for peer in NODES if peer != node)
     ids = ("--node-id", node, "--cluster", "c1", "--route-port", str(ROUTE_PORT))
     return (*ids, "--heartbeat-interval", "0.2", "--routes", routes)
 
@@ -136,4 +136,4 @@ async def run(servers: Servers, faults: list[Fault], duration: float, log: list[
     return check_queues(history, held, lambda queue, publisher: True)
 
 
-WORKLOAD = Workload(NODES, NEMESES, streams_server(node_args), run)
+WORKLOAD = Workload(NODES, LINK_NEMESES, streams_server(node_args), run, proxied=True)

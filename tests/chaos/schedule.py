@@ -13,12 +13,14 @@ from dataclasses import dataclass
 
 # One host: isolate (its switch port down), cap (tbf at a few hundred kbit/s), kill (SIGKILL, restarted
 # at heal with its data), power (SIGKILL and what its disk had not fsynced gone), pause (SIGSTOP,
-# SIGCONT at heal). Two hosts: cut (both ways), one-way (the first's packets to the second dropped).
-# Every host: power-all.
+# SIGCONT at heal). Two hosts: cut (both ways), one-way (the first's packets to the second dropped),
+# slow (latency and jitter both ways, from the harness's proxy on the link: workloads whose servers
+# dial each other through it). Every host: power-all.
 SINGLE = ("isolate", "cap", "kill", "power", "pause")
-PAIRED = ("cut", "one-way")
+PAIRED = ("cut", "one-way", "slow")
 EVERY = ("power-all",)  # every host at once: a coordinated power failure
-NEMESES = (*SINGLE, *PAIRED, *EVERY)
+NEMESES = tuple(kind for kind in (*SINGLE, *PAIRED, *EVERY) if kind != "slow")
+LINK_NEMESES = (*NEMESES, "slow")  # for workloads with a proxy on each link
 
 
 @dataclass(frozen=True)
@@ -42,11 +44,12 @@ def plan(
     gap: tuple[float, float] = (1.0, 3.0),
     length: tuple[float, float] = (2.0, 6.0),
 ) -> list[Fault]:
-    unknown = sorted(set(kinds) - set(NEMESES))
+    unknown = sorted(set(kinds) - set(LINK_NEMESES))
     if unknown or not kinds:
-        raise ValueError(f"nemeses must be some of {', '.join(NEMESES)} (got {', '.join(unknown) or 'none'})")
+        known = ", ".join(LINK_NEMESES)
+        raise ValueError(f"nemeses must be some of {known} (got {', '.join(unknown) or 'none'})")
     if any(kind in PAIRED for kind in kinds) and len(hosts) < 2:
-        raise ValueError("cut and one-way need two hosts")
+        raise ValueError("cut, one-way and slow need two hosts")
     rng = random.Random(seed)
     faults: list[Fault] = []
     now = rng.uniform(*gap)

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.chaos.checker import Op, Verdict, check_direct, check_log, check_queues, combined
 from tests.chaos.groups_workload import Assigned, Commit, check_group
+from tests.chaos.proxy import Proxy, due, parse_control
 from tests.chaos.schedule import EVERY, NEMESES, PAIRED, plan
 from tests.chaos.table import BEGIN, END, markdown, replace_table
+from tests.helpers import eventually
 
 HOSTS = ("a", "b", "c")
 
@@ -165,3 +171,53 @@ def test_a_subsequence_in_order_is_never_wrong(seqs: list[int]) -> None:
     (verdict,) = check_direct({"p": 31}, {"s": [("p", seq) for seq in arrived]}).values()
     assert (verdict.duplicated, verdict.reordered, verdict.unexpected) == (0, 0, 0)
     assert verdict.gaps == 31 - len(arrived)
+
+
+@given(
+    st.lists(st.floats(0, 100), min_size=1, max_size=30),
+    st.floats(0, 1),
+    st.floats(0, 1),
+    st.floats(0, 1),
+)
+def test_a_slowed_chunk_is_due_after_its_delay_and_never_before_the_one_ahead(
+    reads: list[float], delay: float, jitter: float, fraction: float
+) -> None:
+    previous = 0.0
+    for now in sorted(reads):
+        when = due(now, previous, (delay, jitter), lambda low, high: low + (high - low) * fraction)
+        assert when >= previous
+        assert now + delay <= when <= max(previous, now + delay + jitter)
+        previous = when
+
+
+def test_the_control_file_names_slowed_peers_and_torn_lines_are_skipped() -> None:
+    assert parse_control("b 200 50\nc 10\nd x 1\ne -5 0\n") == {"b": (0.2, 0.05), "e": (0.0, 0.0)}
+    assert parse_control("") == {}
+
+
+async def test_the_proxy_delays_each_way_and_passes_a_half_close_on(tmp_path: Path) -> None:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(await reader.read())  # everything, up to the client's half-close
+        writer.close()
+
+    upstream = await asyncio.start_server(echo, "127.0.0.1", 0)
+    upstream_port = upstream.sockets[0].getsockname()[1]
+    control = tmp_path / "slow"
+    control.write_text("peer 150 0\n")
+    proxy = Proxy(control)
+    watching = asyncio.create_task(proxy.watch())
+    listening = await proxy.serve(0, "peer", "127.0.0.1", upstream_port)
+    port = listening.sockets[0].getsockname()[1]
+    try:
+        await eventually(lambda: proxy.slow == {"peer": (0.15, 0.0)}, what="the control file read")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        started = time.monotonic()
+        writer.write(b"ping")
+        writer.write_eof()
+        assert await asyncio.wait_for(reader.read(), 5) == b"ping"
+        assert time.monotonic() - started >= 0.3  # 150 ms there, 150 ms back
+        writer.close()
+    finally:
+        watching.cancel()
+        listening.close()
+        upstream.close()
