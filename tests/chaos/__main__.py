@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     if args.one:
+        # A run stopped from outside still heals, stops its servers and proxies, unmounts its disks
+        # and removes its namespaces: its ``finally`` blocks run.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         (kinds,) = schedules(args.nemesis, known[args.workload].nemeses)
         report = run(args.workload, seed, args.duration, kinds, args.fsync, args.short)
         print_report(report)
@@ -55,6 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if report.valid else 1
     names = list(known) if args.workload == "all" else args.workload.split(",")
     reports = []
+    running: list[subprocess.Popen[str]] = []
+    stopped: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        stopped.append(signum)
+        for child in running:
+            child.terminate()  # the run cleans up after itself, then this stops
+
+    signal.signal(signal.SIGTERM, stop)
     for name in names:
         for kinds in schedules(args.nemesis, known[name].nemeses):
             for fsync in args.fsync.split(","):
@@ -66,10 +79,14 @@ def main(argv: list[str] | None = None) -> int:
                     *(["--short"] if args.short else []),
                 ]
                 print(f"seed {seed}: {name} under {nemesis}, fsync {fsync}", file=sys.stderr, flush=True)
-                done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
-                lines = done.stdout.strip().splitlines()
+                child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+                running[:] = [child]
+                output, _ = child.communicate()
+                if stopped:
+                    return 128 + stopped[0]
+                lines = output.strip().splitlines()
                 if not lines:
-                    print(f"the run failed (exit {done.returncode})", file=sys.stderr)
+                    print(f"the run failed (exit {child.returncode})", file=sys.stderr)
                     return 2
                 reports.append(json.loads(lines[-1]))
     if args.json:

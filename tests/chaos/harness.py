@@ -33,6 +33,7 @@ CLONE_NEWNET = 0x40000000
 HTTP_PORT, ROUTE_PORT = 8080, 7000
 PROXY_PORT = 7100  # + the peer's index: where a host's proxy to that peer listens (on its loopback)
 SLOW = (200, 200)  # the slow nemesis: milliseconds of delay, and of jitter on top, each way
+CLOCK_STEP = 15.0  # the clock nemesis: seconds a host's wall clock steps ahead (and back at heal)
 
 
 def enter(ns_path: str) -> None:
@@ -91,6 +92,10 @@ class Servers:
         if not self.proxied:
             return self.route_url(peer)
         return f"tcp://127.0.0.1:{PROXY_PORT + self.hosts.index(peer)}"
+
+    def clock_file(self, host: str) -> Path:
+        """Seconds the host's wall clock is off (the clock nemesis; read by servers that watch it)."""
+        return self.root / f"{host}.clock"
 
     def _control(self, host: str) -> Path:
         return self.root / f"{host}.slow"
@@ -159,6 +164,8 @@ class Servers:
                 net.drop(first, fault.hosts[1])
             case "slow":
                 self._slow(fault.hosts, True)
+            case "clock":
+                self.clock_file(first).write_text(str(CLOCK_STEP))
         self.active = fault
 
     def heal(self, fault: Fault) -> None:
@@ -184,6 +191,8 @@ class Servers:
                 net.undrop(first, fault.hosts[1])
             case "slow":
                 self._slow(fault.hosts, False)
+            case "clock":
+                self.clock_file(first).write_text("0")  # stepped back: the wall clock goes backwards
         self.active = None
 
 
@@ -257,6 +266,7 @@ class Report:
 
 def workloads() -> dict[str, Workload]:
     from tests.chaos import (
+        clock_workload,
         direct_workload,
         gateways_workload,
         groups_workload,
@@ -273,6 +283,7 @@ def workloads() -> dict[str, Workload]:
         "topics-local": topics_workload.WORKLOAD,
         "topics-jetstream": jetstream_workload.WORKLOAD,
         "groups": groups_workload.WORKLOAD,
+        "groups-jetstream-clock": clock_workload.WORKLOAD,
         "spark-cluster": spark_workload.WORKLOAD,
     }
 

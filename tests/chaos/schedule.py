@@ -15,12 +15,14 @@ from dataclasses import dataclass
 # at heal with its data), power (SIGKILL and what its disk had not fsynced gone), pause (SIGSTOP,
 # SIGCONT at heal). Two hosts: cut (both ways), one-way (the first's packets to the second dropped),
 # slow (latency and jitter both ways, from the harness's proxy on the link: workloads whose servers
-# dial each other through it). Every host: power-all.
-SINGLE = ("isolate", "cap", "kill", "power", "pause")
+# dial each other through it). Every host: power-all. clock (a host's wall clock steps ahead, and back
+# at heal) only for workloads whose servers watch the harness's clock file.
+SINGLE = ("isolate", "cap", "kill", "power", "pause", "clock")
 PAIRED = ("cut", "one-way", "slow")
 EVERY = ("power-all",)  # every host at once: a coordinated power failure
-NEMESES = tuple(kind for kind in (*SINGLE, *PAIRED, *EVERY) if kind != "slow")
+NEMESES = tuple(kind for kind in (*SINGLE, *PAIRED, *EVERY) if kind not in ("slow", "clock"))
 LINK_NEMESES = (*NEMESES, "slow")  # for workloads with a proxy on each link
+KNOWN = (*NEMESES, "slow", "clock")
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,9 @@ def plan(
     gap: tuple[float, float] = (1.0, 3.0),
     length: tuple[float, float] = (2.0, 6.0),
 ) -> list[Fault]:
-    unknown = sorted(set(kinds) - set(LINK_NEMESES))
+    unknown = sorted(set(kinds) - set(KNOWN))
     if unknown or not kinds:
-        known = ", ".join(LINK_NEMESES)
+        known = ", ".join(KNOWN)
         raise ValueError(f"nemeses must be some of {known} (got {', '.join(unknown) or 'none'})")
     if any(kind in PAIRED for kind in kinds) and len(hosts) < 2:
         raise ValueError("cut, one-way and slow need two hosts")

@@ -32,6 +32,7 @@ SEED = 36 if os.environ.get("CI") else random.randrange(1 << 31)
         ("topics-local", 25, 1000),
         ("topics-jetstream", 35, 1000),
         ("groups", 25, 100),  # acknowledged commits
+        ("groups-jetstream-clock", 30, 100),
         ("spark-cluster", 30, 1000),
     ],
 )
