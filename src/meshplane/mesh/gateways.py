@@ -60,8 +60,8 @@ class GatewayHolder:
 
     def deliver(self, event: MeshEvent) -> None:
         link = self.link
-        spooled = event.flags & FLAG_GUARANTEED and self.guaranteed is not None
-        if spooled and self.guaranteed.cluster_wants(link.peer, event.subject):  # type: ignore[union-attr]
+        spooling = self.guaranteed if event.flags & FLAG_GUARANTEED else None
+        if spooling is not None and spooling.cluster_wants(link.peer, event.subject):
             return  # that cluster's spool carries it, and serves its direct subscribers too
         if link.state != "up" or link.conn is None:
             link.counters["dropped_peer_down"] += 1

@@ -156,6 +156,7 @@ class Guaranteed:
         forgotten = 0
         if self.peers is not None and (peer in self.peers.by_key or spool is not None):
             forgotten = self.peers.forget(peer)
+        self._failed = {link for link in self._failed if link.external or link.peer != peer}
         return {"spooled_events_dropped": dropped, "queues_forgotten": forgotten}
 
     # --- queues --------------------------------------------------------------------------------------
