@@ -80,6 +80,15 @@ async def queue_known(node: StreamsServerProcess, peer: str, pattern: str) -> bo
     return ("$G." + pattern) in peers.get(peer, [])
 
 
+async def spool_confirmed(gateway: StreamsServerProcess, cluster: str) -> bool:
+    """Everything the gateway spooled for ``cluster`` confirmed, in ``GET /mesh`` and the metrics."""
+    link = next(g for g in (await status(gateway))["gateways"] if g["cluster"] == cluster)
+    async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/metrics") as response:
+        metrics = await response.text()
+    line = f'meshplane_mesh_gateway_spool_pending{{cluster="{cluster}"}} 0.0'
+    return link["spool"]["pending"] == 0 and link["spool"]["acked"] > 0 and line in metrics
+
+
 async def delivered(node: StreamsServerProcess, queue: str, count: int) -> bool:
     return len(await queue_bodies(node, queue)) >= count
 
@@ -121,6 +130,7 @@ async def test_guaranteed_events_cross_the_gateways_once_in_order_through_gatewa
             assert await queue_bodies(clusters["b2"], "orders-b2") == expected  # once each, in order
         await eventually(lambda: delivered(clusters["b1"], "orders-b1", len(expected)), timeout=30)
         assert await queue_bodies(clusters["b1"], "orders-b1") == expected
+        await eventually(lambda: spool_confirmed(clusters["a1"], "B"), what="a1's spool for B confirmed")
     finally:
         await publisher.close()
         await direct.close()

@@ -152,6 +152,20 @@ class MeshCollector(Collector):
             external_up.add_metric([gateway["cluster"]], 1 if gateway["state"] == "up" else 0)
         yield from external.values()
         yield external_up
+        spooled = GaugeMetricFamily(
+            prefix + "spool_pending", "Guaranteed events spooled for a peer, unconfirmed", labels=["peer"]
+        )
+        for spool in status["guaranteed"]["spools"]:
+            spooled.add_metric([spool["peer"]], spool["pending"])
+        yield spooled
+        crossing = GaugeMetricFamily(
+            prefix + "gateway_spool_pending",
+            "Guaranteed events spooled for another cluster, not yet confirmed",
+            labels=["cluster"],
+        )
+        for gateway in status["gateways"]:
+            crossing.add_metric([gateway["cluster"]], (gateway["spool"] or {}).get("pending", 0))
+        yield crossing
         errors = CounterMetricFamily(
             prefix + "frames_dropped", "Frames dropped, by reason", labels=["reason"]
         )
