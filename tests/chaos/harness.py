@@ -285,6 +285,8 @@ def workloads() -> dict[str, Workload]:
         "groups": groups_workload.WORKLOAD,
         "groups-jetstream-clock": clock_workload.WORKLOAD,
         "spark-cluster": spark_workload.WORKLOAD,
+        "spark-jetstream": spark_workload.ON_JETSTREAM,
+        "spark-queue": spark_workload.ON_QUEUE,
     }
 
 

@@ -1,9 +1,18 @@
 """A Spark query on a real cluster copying a topic exactly once while its machines fail: a standalone
 Spark master (host m) and two workers (w1, w2: one core each), each in its own namespace; the streams
-server on host a; the driver (``tests/spark_copy_driver.py``) on the client host. Producers append to
-the source topic's two partitions throughout; the faults fall on the workers (a kill takes the
-worker and its executor, as a machine's death does). At the end the copy must hold every
-acknowledged source event once, each source partition's in its order."""
+server on host a; the driver (``tests/spark_copy_driver.py``) on the client host. The faults fall on
+the workers (a kill takes the worker and its executor, as a machine's death does). At the end the
+copy must hold every acknowledged source event once, each source partition's in its order.
+
+Three sources (issue 36, item 5):
+
+- **spark-cluster**: a topic of two partitions on server a's local log; producers append to both
+  throughout (idempotent batches);
+- **spark-jetstream**: the same on JetStream: three nats-servers (n1-n3) and server a keeping its
+  topics there with three replicas;
+- **spark-queue**: a mesh queue's topic: server a is mesh node a holding queue ``spark-in``, a
+  publisher on mesh node b publishes guaranteed events for it throughout.
+"""
 
 from __future__ import annotations
 
@@ -20,9 +29,12 @@ from typing import Any
 
 import aiohttp
 
+from meshplane.errors import TransportError
 from meshplane.launchers.base import ServerProcess, wait_for_port
+from meshplane.mesh.client import MeshClient
 from tests.chaos.checker import Op, Outcome, Verdict, check_queues
-from tests.chaos.harness import Server, Servers, Workload, run_schedule, streams_server
+from tests.chaos.harness import ROUTE_PORT, Server, Servers, Workload, run_schedule, streams_server
+from tests.chaos.jetstream_workload import CLIENT_PORT, NATS, NatsHost
 from tests.chaos.schedule import Fault
 
 SOURCE, COPY = "spark-in", "spark-out"
@@ -69,9 +81,23 @@ class SparkDaemon(ServerProcess):
 
 
 def server(servers: Servers, host: str, fsync: str) -> Server:
-    if host == "a":
-        return streams_server(lambda s, h: ())(servers, host, fsync)
+    if host in NATS:
+        return NatsHost(servers, host, fsync == "always")
+    if host in ("a", "b"):
+        return streams_server(server_args)(servers, host, fsync)
     return SparkDaemon(servers, host, None if host == "m" else servers.network.address("m"))
+
+
+def server_args(servers: Servers, host: str) -> tuple[str, ...]:
+    """Server a on JetStream when the run has nats-servers; a and b mesh nodes when it has b."""
+    if "n1" in servers.hosts and host == "a":
+        storage = ",".join(f"nats://{servers.network.address(n)}:{CLIENT_PORT}" for n in NATS)
+        return ("--storage", storage, "--replicas", "3")
+    if "b" in servers.hosts:
+        peer = "b" if host == "a" else "a"
+        ids = ("--node-id", host, "--cluster", "spark", "--route-port", str(ROUTE_PORT))
+        return (*ids, "--heartbeat-interval", "0.2", "--routes", servers.route_url(peer))
+    return ()
 
 
 async def produce_until(http: aiohttp.ClientSession, url: str, stop_at: float, history: list[Op]) -> None:
@@ -115,6 +141,42 @@ async def read_copy(http: aiohttp.ClientSession, url: str) -> list[tuple[str, in
         offset = page["next_offset"]
 
 
+async def publish_until(servers: Servers, stop_at: float, history: list[Op]) -> None:
+    """Guaranteed events for a's queue from a client of node b, 50 in flight at a time."""
+    client = await MeshClient(servers.route_url("b"), timeout=5.0).connect()
+    seq = 0
+
+    async def one(n: int) -> None:
+        body = json.dumps({"p": "pub", "seq": n}).encode()
+        try:
+            await client.publish("spark.in", body, guaranteed=True)
+            history.append(Op("pub", n, "ok"))
+        except TransportError:
+            history.append(Op("pub", n, "unknown"))
+
+    try:
+        while time.monotonic() < stop_at:
+            await asyncio.gather(*(one(seq + i) for i in range(50)))
+            seq += 50
+            await asyncio.sleep(0.05)
+    finally:
+        await client.close()
+
+
+async def queue_ready(http: aiohttp.ClientSession, servers: Servers) -> None:
+    """Queue ``spark-in`` on a, and b knowing of it (so b spools for a from the first publish)."""
+    async with http.put(f"{servers.url('a')}/mesh/queues/{SOURCE}", json={"patterns": ["spark.>"]}) as answer:
+        assert answer.status == 200, await answer.text()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        async with http.get(f"{servers.url('b')}/mesh", params={"patterns": "1"}) as response:
+            state = await response.json()
+        if "$G.spark.>" in state["patterns"]["peers"].get("a", []):
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError("node b did not learn a's queue within 30s")
+
+
 def start_driver(servers: Servers, url: str) -> tuple[subprocess.Popen[bytes], Path]:
     """The copy's driver on the client host (this process's namespace), and its log."""
     checkpoint = Path(tempfile.mkdtemp(prefix="meshplane-chaos-spark-"))
@@ -141,17 +203,23 @@ def stop_driver(driver: subprocess.Popen[bytes]) -> None:
 
 async def run(servers: Servers, faults: list[Fault], duration: float, log: list[str]) -> dict[str, Verdict]:
     url = servers.url("a")
+    queue = "b" in servers.hosts
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        for topic, partitions in ((SOURCE, 2), (COPY, 1)):
+        if queue:
+            await queue_ready(http, servers)  # the queue's topic is the source
+        for topic, partitions in ((COPY, 1),) if queue else ((SOURCE, 2), (COPY, 1)):
             async with http.post(f"{url}/topics/{topic}", json={"num_partitions": partitions}) as response:
                 assert response.status == 201, await response.text()
         driver, driver_log = await asyncio.to_thread(start_driver, servers, url)
         try:
             history: list[Op] = []
             stop_at = time.monotonic() + duration
-            await asyncio.gather(
-                run_schedule(servers, faults, log), produce_until(http, url, stop_at, history)
+            producing = (
+                publish_until(servers, stop_at, history)
+                if queue
+                else produce_until(http, url, stop_at, history)
             )
+            await asyncio.gather(run_schedule(servers, faults, log), producing)
             acknowledged = {(op.publisher, op.seq) for op in history if op.outcome == "ok"}
             log.append(f"produced {len(history)}, waiting for the copy")
             deadline = time.monotonic() + 240
@@ -168,4 +236,9 @@ async def run(servers: Servers, faults: list[Fault], duration: float, log: list[
     return {COPY: check_queues(history, {COPY: held}, lambda queue, publisher: True)[COPY]}
 
 
-WORKLOAD = Workload(("a", "m", "w1", "w2"), ("kill", "pause", "isolate"), server, run, targets=("w1", "w2"))
+SPARK = ("m", "w1", "w2")
+WORKERS = ("w1", "w2")
+NEMESES = ("kill", "pause", "isolate")
+WORKLOAD = Workload(("a", *SPARK), NEMESES, server, run, targets=WORKERS)
+ON_JETSTREAM = Workload((*NATS, "a", *SPARK), NEMESES, server, run, targets=WORKERS)  # NATS first
+ON_QUEUE = Workload(("a", "b", *SPARK), NEMESES, server, run, targets=WORKERS)

@@ -34,6 +34,8 @@ SEED = 36 if os.environ.get("CI") else random.randrange(1 << 31)
         ("groups", 25, 100),  # acknowledged commits
         ("groups-jetstream-clock", 30, 100),
         ("spark-cluster", 30, 1000),
+        ("spark-queue", 30, 1000),  # the source a mesh queue's topic
+        ("spark-jetstream", 30, 1000),  # the source a topic on JetStream R3
     ],
 )
 def test_nothing_acknowledged_is_lost_under_every_nemesis(
