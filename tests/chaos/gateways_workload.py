@@ -6,15 +6,11 @@ cut both ways or one way. At the end every queue's topic is read whole."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import aiohttp
 
-from tests.chaos.checker import Op, Verdict, check_queues
-from tests.chaos.harness import ROUTE_PORT, Servers, Workload, run_schedule, streams_server
-from tests.chaos.mesh_workload import collect, publish_until, put_queue
-from tests.chaos.schedule import LINK_NEMESES, Fault
+from tests.chaos.harness import ROUTE_PORT, Servers, Workload, streams_server
+from tests.chaos.mesh_workload import queues_run
+from tests.chaos.schedule import LINK_NEMESES
 
 NODES = ("a1", "a2", "b1", "b2")
 GATEWAYS = ("a1", "b1")
@@ -51,24 +47,5 @@ async def ready(http: aiohttp.ClientSession, servers: Servers) -> bool:
     return True
 
 
-async def run(servers: Servers, faults: list[Fault], duration: float, log: list[str]) -> dict[str, Verdict]:
-    queues = {f"q{node}": servers.url(node) for node in NODES}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        for name, url in queues.items():
-            await put_queue(http, url, name, ["orders.>"])
-        deadline = time.monotonic() + 30
-        while not await ready(http, servers):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the clusters did not link and learn each other's queues within 30s")
-            await asyncio.sleep(0.1)
-    history: list[Op] = []
-    stop_at = time.monotonic() + duration
-    publishers = {"p1": servers.route_url("a2"), "p2": servers.route_url("b2")}
-    tasks = [publish_until(url, name, stop_at, history) for name, url in publishers.items()]
-    await asyncio.gather(run_schedule(servers, faults, log), *tasks)
-    log.append(f"published {len(history)}, collecting")
-    held = await collect(queues, history, timeout=90)
-    return check_queues(history, held, lambda queue, publisher: True)
-
-
-WORKLOAD = Workload(NODES, LINK_NEMESES, streams_server(node_args), run, targets=GATEWAYS, proxied=True)
+RUN = queues_run(NODES, {"p1": "a2", "p2": "b2"}, ready)
+WORKLOAD = Workload(NODES, LINK_NEMESES, streams_server(node_args), RUN, targets=GATEWAYS, proxied=True)

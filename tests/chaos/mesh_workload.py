@@ -8,7 +8,7 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import aiohttp
@@ -16,7 +16,7 @@ import aiohttp
 from meshplane.errors import TransportError
 from meshplane.mesh.client import MeshClient
 from tests.chaos.checker import Op, Verdict, check_queues
-from tests.chaos.harness import ROUTE_PORT, Servers, Workload, run_schedule, streams_server
+from tests.chaos.harness import ROUTE_PORT, Body, Servers, Workload, run_schedule, streams_server
 from tests.chaos.schedule import LINK_NEMESES, Fault
 
 NODES = ("a", "b", "c")
@@ -116,24 +116,43 @@ async def linked(http: aiohttp.ClientSession, servers: Servers, pattern: str) ->
     return True
 
 
-async def run(servers: Servers, faults: list[Fault], duration: float, log: list[str]) -> dict[str, Verdict]:
-    queues = {f"q{node}": servers.url(node) for node in NODES}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        for name, url in queues.items():
-            await put_queue(http, url, name, ["orders.>"])
-        deadline = time.monotonic() + 30
-        while not await linked(http, servers, "$G.orders.>"):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the nodes did not link and learn each other's queues within 30s")
-            await asyncio.sleep(0.1)
-    history: list[Op] = []
-    stop_at = time.monotonic() + duration
-    publishers = {"p1": servers.route_url("a"), "p2": servers.route_url("c")}
-    tasks = [publish_until(url, name, stop_at, history) for name, url in publishers.items()]
-    await asyncio.gather(run_schedule(servers, faults, log), *tasks)
-    log.append(f"published {len(history)}, collecting")
-    held = await collect(queues, history, timeout=90)
-    return check_queues(history, held, lambda queue, publisher: True)
+def queues_run(
+    nodes: Iterable[str],
+    publishers: dict[str, str],
+    ready: Callable[[aiohttp.ClientSession, Servers], Awaitable[bool]],
+) -> Body:
+    """A queue on each of ``nodes`` taking ``orders.>``; once ``ready``, each publisher (name -> the
+    node it publishes through) publishes until the duration is over; every queue read whole."""
+
+    async def run(
+        servers: Servers, faults: list[Fault], duration: float, log: list[str]
+    ) -> dict[str, Verdict]:
+        queues = {f"q{node}": servers.url(node) for node in nodes}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            for name, url in queues.items():
+                await put_queue(http, url, name, ["orders.>"])
+            deadline = time.monotonic() + 30
+            while not await ready(http, servers):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the nodes did not link and learn each other's queues within 30s")
+                await asyncio.sleep(0.1)
+        history: list[Op] = []
+        stop_at = time.monotonic() + duration
+        tasks = [
+            publish_until(servers.route_url(node), name, stop_at, history)
+            for name, node in publishers.items()
+        ]
+        await asyncio.gather(run_schedule(servers, faults, log), *tasks)
+        log.append(f"published {len(history)}, collecting")
+        held = await collect(queues, history, timeout=90)
+        return check_queues(history, held, lambda queue, publisher: True)
+
+    return run
 
 
-WORKLOAD = Workload(NODES, LINK_NEMESES, streams_server(node_args), run, proxied=True)
+async def cluster_ready(http: aiohttp.ClientSession, servers: Servers) -> bool:
+    return await linked(http, servers, "$G.orders.>")
+
+
+RUN = queues_run(NODES, {"p1": "a", "p2": "c"}, cluster_ready)
+WORKLOAD = Workload(NODES, LINK_NEMESES, streams_server(node_args), RUN, proxied=True)
