@@ -46,6 +46,7 @@ class Proxy:
     def __init__(self, control: Path) -> None:
         self.control = control
         self.slow: dict[str, Slowness] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def watch(self) -> None:
         while True:
@@ -55,26 +56,31 @@ class Proxy:
 
     async def serve(self, port: int, peer: str, host: str, peer_port: int) -> asyncio.Server:
         async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            # The loop holds tasks weakly: each connection's are kept here until they end.
+            this = asyncio.current_task()
+            assert this is not None
+            self._tasks.add(this)
+            both: set[asyncio.Task[None]] = set()
             try:
                 up_reader, up_writer = await asyncio.open_connection(host, peer_port)
             except OSError:
                 writer.close()
+                self._tasks.discard(this)
                 return
-            both = [
-                asyncio.create_task(self._pump(reader, up_writer, peer)),
-                asyncio.create_task(self._pump(up_reader, writer, peer)),
-            ]
             try:
-                for finished in asyncio.as_completed(both):
-                    try:
-                        await finished  # a clean end of one way (a half-close): the other goes on
-                    except OSError:
-                        break  # one side broke: the connection goes, both ways
+                both = {
+                    asyncio.create_task(self._pump(reader, up_writer, peer)),
+                    asyncio.create_task(self._pump(up_reader, writer, peer)),
+                }
+                self._tasks.update(both)
+                # Both ways ended (each a half-close, passed on), or one side broke: then both go.
+                await asyncio.wait(both, return_when=asyncio.FIRST_EXCEPTION)
             finally:
                 for task in both:
                     task.cancel()
                 writer.close()
                 up_writer.close()
+                self._tasks.difference_update({this, *both})
 
         return await asyncio.start_server(accepted, "127.0.0.1", port, reuse_address=True)
 
