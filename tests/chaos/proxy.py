@@ -62,8 +62,8 @@ class Proxy:
             self._tasks.add(this)
             both: set[asyncio.Task[None]] = set()
             try:
-                up_reader, up_writer = await asyncio.open_connection(host, peer_port)
-            except OSError:
+                up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(host, peer_port), 10)
+            except (OSError, TimeoutError):  # the peer down or cut off: the dialler tries again
                 writer.close()
                 self._tasks.discard(this)
                 return
