@@ -312,8 +312,9 @@ def run(
     report = Report(name, kinds, seed, duration, fsync, faults, {})
     try:
         enter(f"/run/netns/{network.ns('client')}")
-        make = lambda s, host: workload.server(s, host, fsync)  # noqa: E731
-        servers = Servers(network, workload.hosts, make, workload.proxied)
+        servers = Servers(
+            network, workload.hosts, lambda s, host: workload.server(s, host, fsync), workload.proxied
+        )
         try:
             servers.start()
             report.verdicts = asyncio.run(workload.body(servers, faults, duration, report.log))
