@@ -33,6 +33,7 @@ CLONE_NEWNET = 0x40000000
 HTTP_PORT, ROUTE_PORT = 8080, 7000
 PROXY_PORT = 7100  # + the peer's index: where a host's proxy to that peer listens (on its loopback)
 SLOW = (200, 200)  # the slow nemesis: milliseconds of delay, and of jitter on top, each way
+SHORT_SPANS = {"gap": (0.5, 1.5), "length": (1.0, 3.0)}  # --short: seconds between faults, of each fault
 CLOCK_STEP = 15.0  # the clock nemesis: seconds a host's wall clock steps ahead (and back at heal)
 
 
@@ -306,7 +307,7 @@ def run(
         raise RuntimeError(reason)
     workload = workloads()[name]
     kinds = list(workload.nemeses) if nemeses is None else nemeses
-    spans = {"gap": (0.5, 1.5), "length": (1.0, 3.0)} if short else {}
+    spans = SHORT_SPANS if short else {}
     faults = plan(seed, duration, workload.targets or workload.hosts, kinds, **spans) if kinds else []
     network = Network([*workload.hosts, "client"]).build()
     report = Report(name, kinds, seed, duration, fsync, faults, {})

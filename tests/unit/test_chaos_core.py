@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 
 from tests.chaos.checker import Op, Verdict, check_direct, check_log, check_queues, combined
 from tests.chaos.groups_workload import Assigned, Commit, check_group
+from tests.chaos.harness import SHORT_SPANS, workloads
 from tests.chaos.proxy import Proxy, due, parse_control
 from tests.chaos.schedule import EVERY, NEMESES, PAIRED, plan
 from tests.chaos.table import BEGIN, END, markdown, replace_table
+from tests.chaos.test_chaos import SHORT_RUNS
 from tests.helpers import eventually
 
 HOSTS = ("a", "b", "c")
@@ -221,3 +223,13 @@ async def test_the_proxy_delays_each_way_and_passes_a_half_close_on(tmp_path: Pa
         watching.cancel()
         listening.close()
         upstream.close()
+
+
+def test_every_short_run_fits_each_of_its_nemeses_whatever_the_seed() -> None:
+    """The suite's short runs assert that every nemesis came: the longest gaps and faults must still
+    leave room for one of each (a schedule stops at the first fault that would overrun)."""
+    longest_gap, longest_fault = SHORT_SPANS["gap"][1], SHORT_SPANS["length"][1]
+    for name, duration, _ in SHORT_RUNS:
+        kinds = len(workloads()[name].nemeses)
+        worst = longest_gap + kinds * longest_fault + (kinds - 1) * longest_gap
+        assert worst <= duration, f"{name}: {kinds} nemeses may need {worst} s, the run has {duration} s"
