@@ -9,7 +9,7 @@ from __future__ import annotations
 import aiohttp
 
 from tests.chaos.harness import ROUTE_PORT, Servers, Workload, streams_server
-from tests.chaos.mesh_workload import queues_run
+from tests.chaos.mesh_workload import mesh_state, queues_run
 from tests.chaos.schedule import LINK_NEMESES
 
 NODES = ("a1", "a2", "b1", "b2")
@@ -31,10 +31,8 @@ async def ready(http: aiohttp.ClientSession, servers: Servers) -> bool:
     """Every internal link up, the external link up, and each gateway knowing the other cluster's
     queues."""
     for node in NODES:
-        try:
-            async with http.get(f"{servers.url(node)}/mesh", params={"patterns": "1"}) as response:
-                state = await response.json()
-        except (aiohttp.ClientError, TimeoutError):
+        state = await mesh_state(http, servers, node)
+        if state is None:
             return False
         if [link["state"] for link in state["links"]] != ["up"]:
             return False

@@ -100,13 +100,21 @@ def node_args(servers: Servers, node: str) -> tuple[str, ...]:
     return (*ids, "--heartbeat-interval", "0.2", "--routes", routes)
 
 
+async def mesh_state(http: aiohttp.ClientSession, servers: Servers, node: str) -> dict[str, Any] | None:
+    """``GET /mesh?patterns=1`` of ``node``; None while it does not answer."""
+    try:
+        async with http.get(f"{servers.url(node)}/mesh", params={"patterns": "1"}) as response:
+            state: dict[str, Any] = await response.json()
+            return state
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
 async def linked(http: aiohttp.ClientSession, servers: Servers, pattern: str) -> bool:
     """Every node up on a link to every other and knowing the others' ``pattern``."""
     for node in NODES:
-        try:
-            async with http.get(f"{servers.url(node)}/mesh", params={"patterns": "1"}) as response:
-                state = await response.json()
-        except (aiohttp.ClientError, TimeoutError):
+        state = await mesh_state(http, servers, node)
+        if state is None:
             return False
         peers = [peer for peer in NODES if peer != node]
         if sorted(link["peer"] for link in state["links"] if link["state"] == "up") != peers:
