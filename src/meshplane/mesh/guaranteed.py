@@ -213,25 +213,23 @@ class Guaranteed:
             raise NotStored(error)
 
     def _spool(self, peer: str) -> Spool:
-        spool = self.spools.get(peer)
+        return self._spool_in(self.spools, "spool", peer)
+
+    def _cluster_spool(self, cluster: str) -> Spool:
+        return self._spool_in(self.cluster_spools, "cluster-spool", cluster)
+
+    def _spool_in(self, spools: dict[str, Spool], folder: str, key: str) -> Spool:
+        spool = spools.get(key)
         if spool is None:
             assert self.engine is not None
-            directory = spool_directory(self._root / "spool", peer)
-            spool = self.spools[peer] = Spool(directory, peer, self.limits, self.engine.files)
+            directory = spool_directory(self._root / folder, key)
+            spool = spools[key] = Spool(directory, key, self.limits, self.engine.files)
         return spool
 
     def _link_of(self, spool: Spool) -> Link | None:
         if self.cluster_spools.get(spool.peer) is spool:
             return self.node.gateways.links.get(spool.peer)
         return self.node.links.get(spool.peer)
-
-    def _cluster_spool(self, cluster: str) -> Spool:
-        spool = self.cluster_spools.get(cluster)
-        if spool is None:
-            assert self.engine is not None
-            directory = spool_directory(self._root / "cluster-spool", cluster)
-            spool = self.cluster_spools[cluster] = Spool(directory, cluster, self.limits, self.engine.files)
-        return spool
 
     # --- on the destination ----------------------------------------------------------------------------
 
