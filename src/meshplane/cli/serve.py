@@ -21,6 +21,7 @@ from meshplane.streams.service import StreamsConfig, StreamsService
 
 if TYPE_CHECKING:
     from meshplane.mesh.config import MeshConfig
+    from meshplane.mesh.lease import MateLease
 
 STORAGE_ENV = "MESHPLANE_STREAMS_STORAGE"
 
@@ -64,6 +65,28 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="if another server holds --data-dir, wait and take over when it stops (an HA mate: same "
         "--data-dir and --node-id, its own ports)",
+    )
+    parser.add_argument(
+        "--mates-etcd",
+        metavar="URL[,URL...]",
+        help="HA mates on separate machines (with --node-id): each mate its own --data-dir, the active "
+        "mirrors it to the standby, and etcd at these endpoints holds the lease that says which is active "
+        "(TLS: the MESHPLANE_ETCD_TLS_* variables). Start the other mate with the same --node-id",
+    )
+    parser.add_argument(
+        "--mate-lease-secs",
+        type=int,
+        default=3,
+        metavar="S",
+        help="with --mates-etcd: a paused or cut-off active loses the lease within S seconds (default 3)",
+    )
+    parser.add_argument(
+        "--mate-ack-timeout",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="with --mates-etcd: a standby that has not applied a change within S seconds is dropped, "
+        "and the active acknowledges alone until it has caught up again (default 2)",
     )
     parser.add_argument(
         "--token-file",
@@ -215,6 +238,14 @@ async def run_serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     lock = DataDirLock(args.data_dir)
+    if args.mates_etcd:
+        if mesh_config is None or args.standby:
+            raise ConfigError("--mates-etcd is for a mesh node (--node-id), without --standby")
+        lock.acquire()
+        try:
+            return await _serve_as_mate(args, tokens, tls, mesh_config, stop)
+        finally:
+            lock.release()
     if not args.standby:
         lock.acquire()
     elif not lock.try_acquire():
@@ -231,12 +262,85 @@ async def run_serve(args: argparse.Namespace) -> int:
         lock.release()
 
 
+async def _serve_as_mate(
+    args: argparse.Namespace,
+    tokens: Tokens | None,
+    tls: ssl.SSLContext | None,
+    mesh_config: MeshConfig,
+    stop: asyncio.Event,
+) -> int:
+    """Standby until etcd's lease is this mate's, then active until it is lost (then standby again)."""
+    from meshplane.config import PlaneConfig
+    from meshplane.discovery.etcd import EtcdTls
+    from meshplane.mesh.lease import MateLease
+    from meshplane.mesh.mates import Standby, mate_token
+    from meshplane.streams.mirror import DirectoryReplica
+
+    endpoints = tuple(e.strip() for e in args.mates_etcd.split(",") if e.strip())
+    plane = PlaneConfig.from_env()
+    use_tls = any(e.startswith("https://") for e in endpoints) or plane.etcd_tls_ca is not None
+    credentials = (
+        EtcdTls(plane.etcd_tls_ca, plane.etcd_tls_cert, plane.etcd_tls_key).credentials() if use_tls else None
+    )
+    lease = MateLease(
+        endpoints,
+        mesh_config.cluster,
+        mesh_config.node_id,
+        mate_token(args.data_dir),
+        ttl=args.mate_lease_secs,
+        credentials=credentials,
+    )
+    try:
+        while not stop.is_set():
+            standby = Standby(
+                DirectoryReplica(args.data_dir),
+                lease,
+                node_id=mesh_config.node_id,
+                cluster=mesh_config.cluster,
+                secret=mesh_config.secret,
+                tls=mesh_config.tls.client_context() if mesh_config.tls is not None else None,
+                max_payload=mesh_config.max_payload,
+            )
+            _say(
+                f"HA mate {lease.token}: standby (etcd {args.mates_etcd}); taking over when the lease is free"
+            )
+            if not await standby.run(stop):
+                break
+            await asyncio.to_thread(os.sync)  # what was mirrored into the page cache, on disk first
+            _say(f"HA mate {lease.token}: active (epoch {lease.epoch}, {standby.barriers} barriers mirrored)")
+            active = asyncio.Event()
+            watch = asyncio.create_task(_set_when_either(stop, lease.lost, active))
+            try:
+                await _serve_locked(args, tokens, tls, mesh_config, active, lease)
+            finally:
+                watch.cancel()
+                await lease.step_down()
+    finally:
+        await lease.close()
+    return 0
+
+
+def _say(line: str) -> None:
+    print(f"meshplane serve: {line}", file=sys.stderr, flush=True)
+
+
+async def _set_when_either(first: asyncio.Event, second: asyncio.Event, then: asyncio.Event) -> None:
+    waits = [asyncio.create_task(first.wait()), asyncio.create_task(second.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    then.set()
+
+
 async def _serve_locked(
     args: argparse.Namespace,
     tokens: Tokens | None,
     tls: ssl.SSLContext | None,
     mesh_config: MeshConfig | None,
     stop: asyncio.Event,
+    lease: MateLease | None = None,
 ) -> int:
     from meshplane.config import PlaneConfig
     from meshplane.discovery import create_discovery
@@ -246,6 +350,13 @@ async def _serve_locked(
 
     engine = streams_engine(args, mesh_config)
     mesh = MeshNode(mesh_config) if mesh_config is not None else None
+    published: list[asyncio.Task[None]] = []
+    if lease is not None and mesh is not None:
+        from meshplane.mesh.mates import MirrorServer
+        from meshplane.streams.mirror import DirectorySource
+
+        mesh.mirror = MirrorServer(mesh.node_id, DirectorySource(args.data_dir), lease, args.mate_ack_timeout)
+        engine.durability.replicate = mesh.mirror.barrier
 
     def ready(port: int) -> None:
         announced: dict[str, Any] = {
@@ -260,6 +371,8 @@ async def _serve_locked(
                 "route_url": mesh.route_url,
             }
         print(json.dumps(announced), flush=True)
+        if lease is not None and mesh is not None:
+            published.append(asyncio.create_task(lease.publish(mesh.route_url)))
 
     # The dashboard's event plane page lists what the plane's discovery (from the environment) holds.
     try:
@@ -280,6 +393,10 @@ async def _serve_locked(
             discovery=discovery,
         )
     finally:
+        if mesh is not None and mesh.mirror is not None:
+            mesh.mirror.close()
+        for task in published:
+            task.cancel()
         if discovery is not None:
             await discovery.close()
     return 0

@@ -83,6 +83,28 @@ class _TlsClient(aetcd.Client):  # type: ignore[misc]  # aetcd has no type infor
 _CONNECTS = asyncio.Lock()
 
 
+async def connect_etcd(
+    endpoints: list[tuple[str, int]], credentials: grpc.ChannelCredentials | None, timeout: float
+) -> aetcd.Client:
+    """A client of the first endpoint that answers (TLS with ``credentials``)."""
+    errors = []
+    for host, port in endpoints:
+        client = (
+            aetcd.Client(host=host, port=port, timeout=timeout)
+            if credentials is None
+            else _TlsClient(credentials, host=host, port=port, timeout=timeout)
+        )
+        try:
+            async with _CONNECTS:
+                await client.connect()
+            await client.status()  # gRPC connects lazily; make sure someone answers
+            return client
+        except Exception as exc:
+            errors.append(f"{host}:{port}: {exc}")
+            await _close_quietly(client)
+    raise DiscoveryError("cannot reach etcd (" + "; ".join(errors) + "); is etcd running? see ETCD_ENDPOINTS")
+
+
 class EtcdDiscovery(Discovery):
     name = "etcd"
 
@@ -106,24 +128,7 @@ class EtcdDiscovery(Discovery):
         self._lock = asyncio.Lock()
 
     async def _connect(self) -> aetcd.Client:
-        errors = []
-        for host, port in self._endpoints:
-            client = (
-                aetcd.Client(host=host, port=port, timeout=self._connect_timeout)
-                if self._credentials is None
-                else _TlsClient(self._credentials, host=host, port=port, timeout=self._connect_timeout)
-            )
-            try:
-                async with _CONNECTS:
-                    await client.connect()
-                await client.status()  # gRPC connects lazily; make sure someone answers
-                return client
-            except Exception as exc:
-                errors.append(f"{host}:{port}: {exc}")
-                await _close_quietly(client)
-        raise DiscoveryError(
-            "cannot reach etcd (" + "; ".join(errors) + "); is etcd running? see ETCD_ENDPOINTS"
-        )
+        return await connect_etcd(self._endpoints, self._credentials, self._connect_timeout)
 
     async def _ensure_client(self) -> aetcd.Client:
         if self._client is None:

@@ -51,6 +51,7 @@ from meshplane.mesh.peer_queues import KnownQueues
 from meshplane.mesh.queues import PREFIX, Queue, Queues, stored_event
 from meshplane.mesh.spool import Spool, SpoolFull, SpoolLimits, spool_directory, spool_peer
 from meshplane.streams.errors import CorruptRecords, NotStored, StorageError, StreamError
+from meshplane.streams.files import changed
 
 if TYPE_CHECKING:
     from meshplane.mesh.links import Link
@@ -153,6 +154,7 @@ class Guaranteed:
         if spool is not None:
             spool.close()
             shutil.rmtree(spool.directory, ignore_errors=True)
+            changed(spool.directory)
         forgotten = 0
         if self.peers is not None and (peer in self.peers.by_key or spool is not None):
             forgotten = self.peers.forget(peer)

@@ -75,7 +75,7 @@ class Handshakes:
     def send_hello(
         self,
         conn: FrameConnection,
-        role: Literal["route", "client", "gateway"],
+        role: Literal["route", "client", "gateway", "mate"],
         error: str = "",
         nonce: bytes = b"",
     ) -> None:
@@ -151,6 +151,12 @@ class Handshakes:
             if state.dialed or len(node.clients.sessions) >= node.config.max_clients:
                 return "limit", f"{node.config.max_clients} clients (the limit)"
             return None
+        if hello.role == "mate":
+            if node.mirror is None:
+                return "mate", "this node has no HA mate (no --mates-etcd)"
+            if hello.node != node.node_id or hello.cluster != node.config.cluster:
+                return "mate", f"a mate of {node.node_id!r} in cluster {node.config.cluster!r} only"
+            return self._certificate_names(state, hello.node)
         if hello.role == "gateway":
             cluster = hello.cluster
             if not node.gateways.enabled:
@@ -227,6 +233,8 @@ class Handshakes:
             node.routes.install(state, hello)
         elif hello.role == "gateway":
             node.gateways.install(state, hello)
+        elif hello.role == "mate" and node.mirror is not None:
+            node.mirror.accept(state)
         else:
             node.clients.accept(state)
 

@@ -25,7 +25,7 @@ import ssl
 import time
 from collections import Counter
 from collections.abc import Collection, Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from meshplane.core.mesh.dedup import DedupCache
 from meshplane.core.mesh.frames import (
@@ -48,6 +48,9 @@ from meshplane.mesh.links import Handshake, Link
 from meshplane.mesh.routes import Routes
 from meshplane.mesh.status import node_status
 from meshplane.streams.service import StreamsService
+
+if TYPE_CHECKING:
+    from meshplane.mesh.mates import MirrorServer
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,7 @@ class MeshNode:
         self.gateways = Gateways(self)
         self.guaranteed = Guaranteed(self, config.spool)
         self.handshakes = Handshakes(self)
+        self.mirror: MirrorServer | None = None  # with HA mates on other machines: the standby's feed
         self.partial = PartialBytes(config.limits.max_partial_bytes)
         self._server_tls = config.tls.server_context() if config.tls is not None else None
         self._client_tls = config.tls.client_context() if config.tls is not None else None
@@ -211,6 +215,8 @@ class MeshNode:
                 self.routes.on_frame(link, frame)
         elif state.role == "gateway":
             self.gateways.on_frame(state.peer, frame)
+        elif state.role == "mate" and self.mirror is not None:
+            self.mirror.on_frame(conn, frame)
         elif state.session is not None:
             self.clients.on_frame(state.session, frame)
         else:
@@ -224,6 +230,8 @@ class MeshNode:
             self.gateways.on_close(state.peer, conn)
         if state.role == "route":
             self.routes.closed(state.peer, conn)
+        if state.role == "mate" and self.mirror is not None:
+            self.mirror.closed(conn)
 
     # --- clients -------------------------------------------------------------------------------------
 

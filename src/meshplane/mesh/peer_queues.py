@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 
 from meshplane.core.subjects import PatternIndex, valid_pattern
-from meshplane.streams.files import write_atomic
+from meshplane.streams.files import changed, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class PeerQueuesLog:
         if legacy and self._legacy is not None:
             self.compact(state)
             self._legacy.unlink(missing_ok=True)
+            changed(self._legacy)
         return state
 
     def _read(self) -> Iterator[Change]:
@@ -90,6 +91,7 @@ class PeerQueuesLog:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             os.write(self._fd, _encode(change) + b"\n")
+            changed(self.path)
             self._lines += 1
             self._dirty = True
         except OSError as exc:  # kept in memory; a restart learns them again when the peers link

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from meshplane.streams.config import FsyncPolicy
@@ -44,13 +44,21 @@ class Durability:
         self.fsyncs = 0
         self.fsync_errors = 0
         self.on_fsync: Callable[[float], None] | None = None
+        # HA mates on other machines: returns once the standby has every change made before the call.
+        self.replicate: Callable[[], Awaitable[None]] | None = None
 
     def start(self) -> None:
         if self.policy != "never" and self._task is None:
             self._task = asyncio.create_task(self._run(), name="meshplane-fsync")
 
     async def written(self, *targets: Syncable, records: int = 1) -> None:
-        """Call after a write; with ``always`` this returns once it is on disk (or raises StorageError)."""
+        """Call after a write; with ``always`` this returns once it is on disk (or raises StorageError),
+        with an HA mate once the mate has it too (whatever the policy)."""
+        await self._written(targets, records)
+        if self.replicate is not None:
+            await self.replicate()
+
+    async def _written(self, targets: tuple[Syncable, ...], records: int) -> None:
         if self.policy == "never":
             return
         self._wake.set()

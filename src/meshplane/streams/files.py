@@ -8,15 +8,37 @@ import logging
 import os
 import resource
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from meshplane.core.streamlog import encode_record, scan_records
 
 log = logging.getLogger(__name__)
 
+Watcher = Callable[[Path, "int | None"], None]
+_watchers: list[Watcher] = []
+
+
+def watch_changes(watcher: Watcher) -> None:
+    """Hear of every path (file or directory) the storage changes: an HA mate's mirror."""
+    _watchers.append(watcher)
+
+
+def unwatch_changes(watcher: Watcher) -> None:
+    with contextlib.suppress(ValueError):
+        _watchers.remove(watcher)
+
+
+def changed(path: Path, cut: int | None = None) -> None:
+    """Called by every write, replacement and removal in a data directory; ``cut``: the file was
+    truncated to that size (what follows may be rewritten, so a mirror resends from there)."""
+    for watcher in _watchers:
+        watcher(path, cut)
+
 
 def fsync_dir(directory: Path) -> None:
     """Make a create, rename or unlink in ``directory`` survive a machine crash."""
+    changed(directory)
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -47,6 +69,7 @@ def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    changed(path, cut=0)  # a new content from its first byte (the inode number may be reused)
     if sync:
         fsync_dir(path.parent)
 
@@ -139,9 +162,11 @@ class RecordFile:
         except OSError:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, self._size)
+            changed(self.path, cut=self._size)
             raise
         self._size += len(record)
         self.records += 1
+        changed(self.path)
 
     def rewrite(self, payloads: list[bytes], *, sync: bool = True) -> None:
         """Replace the file with these records, atomically (compaction)."""
@@ -154,6 +179,7 @@ class RecordFile:
         self.close()
         self.path.unlink(missing_ok=True)
         self.records = 0
+        changed(self.path)
 
     def sync_fd(self) -> int:
         """The open descriptor (opened on first use)."""

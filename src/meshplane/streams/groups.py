@@ -21,7 +21,7 @@ from meshplane.core.groups import STRATEGIES, GroupCoordinator, GroupError, Stra
 from meshplane.streams.config import check_name
 from meshplane.streams.errors import BadRequest, Conflict, NotFound, storage_error
 from meshplane.streams.events import Notifier
-from meshplane.streams.files import RecordFile, write_atomic
+from meshplane.streams.files import RecordFile, changed, write_atomic
 
 log = logging.getLogger(__name__)
 COMPACT_EVERY = 10_000
@@ -100,6 +100,7 @@ class GroupStore:
         self._commits(group_id).remove()
         del self._commit_files[group_id]
         (self.folder / f"{group_id}.json").unlink(missing_ok=True)
+        changed(self.folder / f"{group_id}.json")
         return True
 
     def changed(self, group: GroupCoordinator) -> None:

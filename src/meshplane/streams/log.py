@@ -37,7 +37,7 @@ from meshplane.core.streamlog import (
     segments_to_delete,
 )
 from meshplane.streams.errors import CorruptRecords, StorageError, storage_error
-from meshplane.streams.files import FilePool, fsync_dir, write_atomic
+from meshplane.streams.files import FilePool, changed, fsync_dir, write_atomic
 from meshplane.streams.segments import (
     QUARANTINE,
     READ_CHUNK,
@@ -149,6 +149,7 @@ class PartitionLog(SegmentRecovery):
             log.error("log %s: cannot undo a failed append (%s); rescanning", self.directory, exc)
             self._needs_rescan = True
         segment.size = size
+        changed(segment.path, cut=size)
         if same:
             segment.next_offset = mark.next_offset
             del segment.index_offsets[mark.index_entries :], segment.index_positions[mark.index_entries :]
@@ -166,10 +167,12 @@ class PartitionLog(SegmentRecovery):
         on failure nothing was appended and :class:`StorageError` says why."""
         mark = self.mark()
         try:
-            return self._append(payloads, timestamp_ms)
+            first = self._append(payloads, timestamp_ms)
         except OSError as exc:
             self.undo(mark)
             raise storage_error(exc, f"append to {self.directory}") from exc
+        changed(self.directory)
+        return first
 
     def _append(self, payloads: list[bytes], timestamp_ms: int) -> int:
         # Stamps never go back (a clock set back stamps with the last time): offset_for_time searches.
@@ -417,6 +420,8 @@ class PartitionLog(SegmentRecovery):
             self._remove_files(segment.path)
             removed += segment.next_offset - segment.base_offset
         del self.segments[:count]
+        if count:
+            changed(self.directory)
         first = self.segments[0].base_offset
         self.holes = [h for h in self.holes if h.end > first]
         return removed
@@ -435,6 +440,7 @@ class PartitionLog(SegmentRecovery):
         for path in (self.directory / QUARANTINE, self.directory):
             with contextlib.suppress(OSError):
                 path.rmdir()
+        changed(self.directory)
 
     def close(self) -> None:
         self.closed = True

@@ -25,7 +25,7 @@ from meshplane.core.streamlog import (
     resync,
     scan_records,
 )
-from meshplane.streams.files import FilePool, write_atomic
+from meshplane.streams.files import FilePool, changed, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +260,7 @@ class SegmentRecovery:
         except OSError as exc:  # a full disk: the tail must go all the same, or the log cannot go on
             self._report(f"could not set {len(tail)} bytes aside ({exc}); cut off")
         os.ftruncate(segment.fd, position)
+        changed(segment.path, cut=position)
         self.truncated_bytes += len(tail)
 
     def _quarantine_file(self, path: Path) -> None:
@@ -267,6 +268,7 @@ class SegmentRecovery:
             folder = self.directory / QUARANTINE
             folder.mkdir(exist_ok=True)
             os.replace(path, folder / f"{path.name}.{time.time_ns()}")
+            changed(self.directory)
 
     def _create_segment(self, base: int) -> Segment:
         segment = Segment(base, self.directory / segment_name(base), self.files, next_offset=base)

@@ -24,7 +24,7 @@ from meshplane.streams.errors import (
     storage_error,
 )
 from meshplane.streams.events import Notifier, StreamEvent, decode_stream_event
-from meshplane.streams.files import FilePool, write_atomic
+from meshplane.streams.files import FilePool, changed, write_atomic
 from meshplane.streams.log import PartitionLog, Segment
 
 
@@ -345,6 +345,7 @@ class TopicStore:
         (topic.directory / "topic.json").unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             topic.directory.rmdir()
+        changed(topic.directory)
         return True
 
     @property
@@ -380,6 +381,7 @@ def _remove_tree(directory: Path) -> None:
             path.rmdir() if path.is_dir() else path.unlink()
     with contextlib.suppress(OSError):
         directory.rmdir()
+    changed(directory)
 
 
 def group_lag(

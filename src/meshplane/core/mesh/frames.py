@@ -3,7 +3,7 @@
 Byte for byte (docs/mesh.md)::
 
     0      1   type        SUB_ADD 1, SUB_REMOVE 2, EVENT 3, HEARTBEAT 4, SYNC_REQ 5, SYNC_RESP 6, HELLO 7,
-                           SPOOLED 8, ACK 9, AUTH 10
+                           SPOOLED 8, ACK 9, AUTH 10, MIRROR 11, MIRROR_ACK 12 (between HA mates)
     1      1   flags       bit 0 on EVENT: the body is a pub/sub message (JSON), else opaque bytes;
                            bit 1 on a client's ping: answer once every peer has handled what came before;
                            bit 2 on EVENT: guaranteed (stored before it is acknowledged)
@@ -70,6 +70,8 @@ class FrameType(enum.IntEnum):
     SPOOLED = 8
     ACK = 9
     AUTH = 10
+    MIRROR = 11  # active -> standby mate: data directory changes (sequence: the lease epoch)
+    MIRROR_ACK = 12  # standby -> active: applied up to barrier ``sequence`` (subject: the mate's token)
 
 
 @dataclass(slots=True)
@@ -238,7 +240,7 @@ class Hello(msgspec.Struct, frozen=True):
     protocol: int
     node: str
     cluster: str
-    role: Literal["route", "client", "gateway"]
+    role: Literal["route", "client", "gateway", "mate"]
     epoch: int = 0  # the node's start time: a peer that restarted has a new one
     nonce: bytes = b""
     error: str = ""
