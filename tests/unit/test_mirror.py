@@ -163,3 +163,65 @@ def test_a_directory_removed_while_the_snapshot_is_read_is_not_an_error(tmp_path
         assert tree(copy.root) == tree(root) == {"u/x": b"x"}
     finally:
         source.close()
+
+
+async def test_a_streams_server_reopened_on_the_copy_holds_what_the_active_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """The storage reports every change it makes (topics, rooms, groups, idempotency answers, segment
+    rolls, retention, deletions): the copy, brought up to date after each batch, opens as a server
+    with the same events, offsets and commits."""
+    from meshplane.core.streamlog import StoredEvent
+    from meshplane.streams.service import StreamsConfig, StreamsService
+
+    active = tmp_path / "active"
+    copy = DirectoryReplica(tmp_path / "standby")
+    engine = StreamsService(StreamsConfig(data_dir=active, segment_bytes=4096, room_max_events=50))
+    source = DirectorySource(active)
+    await engine.start()
+    try:
+        for change in source.snapshot():
+            copy.apply(change)
+
+        def round_trip() -> None:
+            for change in source.changes():
+                copy.apply(change)
+
+        await engine.create_topic("kept", 2)
+        await engine.create_topic("dropped", 1)
+        await engine.create_room("chat", max_events=50)
+        await engine.create_group("g", "kept")
+        for i in range(300):  # several segments per partition (4 KiB each), the room past its ring
+            await engine.publish_topic(
+                "kept", [StoredEvent(f"id{i}", "e", {"i": i}, f"k{i % 7}")], None, f"key{i}"
+            )
+            await engine.publish_room("chat", "said", {"i": i})
+            if i % 37 == 0:
+                round_trip()
+        await engine.publish_topic("dropped", [StoredEvent("x", "e", {}, None)])
+        round_trip()
+        await engine.delete_topic("dropped")
+        await engine.commit("g", 0, 120, None, None)
+        round_trip()
+        expected = [await engine.read_topic("kept", p, 0, 1000, counted=False) for p in (0, 1)]
+        expected_room = engine.read_room("chat", -1000, 1000)[1]
+    finally:
+        await engine.close()
+        source.close()
+    assert tree(copy.root) == tree(active)
+
+    standby = StreamsService(StreamsConfig(data_dir=copy.root, segment_bytes=4096, room_max_events=50))
+    await standby.start()
+    try:
+        assert sorted(standby.topics) == ["kept"]
+        for p in (0, 1):
+            got = await standby.read_topic("kept", p, 0, 1000, counted=False)
+            assert [(e.offset, e.body) for e in got] == [(e.offset, e.body) for e in expected[p]]
+        assert [e.body for e in standby.read_room("chat", -1000, 1000)[1]] == [e.body for e in expected_room]
+        assert len(expected_room) == 50
+        assert standby.group("g").committed.get(0) == 120
+        # An idempotent publish repeated on the copy is answered from the mirrored answers, not appended.
+        again = await standby.publish_topic("kept", [StoredEvent("id5", "e", {"i": 5}, "k5")], None, "key5")
+        assert again[0][1] < 300
+    finally:
+        await standby.close()

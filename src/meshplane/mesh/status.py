@@ -57,6 +57,7 @@ def node_status(node: MeshNode, patterns: bool, limit: int) -> dict[str, Any]:
             "queues": node.guaranteed.queues.status(),
             "spools": node.guaranteed.spool_status(),
         },
+        "mate": node.mirror.status() if node.mirror is not None else None,
     }
     if patterns:
         answer["patterns"] = {
