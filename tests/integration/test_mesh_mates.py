@@ -81,6 +81,10 @@ async def mate_state(mate: StreamsServerProcess) -> dict[str, Any] | None:
         return None
 
 
+async def serving(mate: StreamsServerProcess) -> bool:
+    return await mate_state(mate) is not None
+
+
 async def in_sync(active: StreamsServerProcess) -> bool:
     state = await mate_state(active)
     return state is not None and state["state"] == "in_sync"
@@ -125,7 +129,7 @@ async def test_a_paused_active_is_replaced_by_its_standby_within_six_seconds_and
     a1, a2 = mates.mates
     with mates:
         a1.start()
-        await eventually(lambda: mate_state(a1), what="a1 active")
+        await eventually(lambda: serving(a1), what="a1 active")
         a2.start(ready=False)
         mates.b.start()
         await put_queue(a1, "ha", ["ha.>"])
@@ -144,10 +148,10 @@ async def test_a_paused_active_is_replaced_by_its_standby_within_six_seconds_and
                 await eventually(lambda: len(acknowledged) > before_resume + 300, what="publishing via a2")
                 a1.kill(signal.SIGCONT)  # the old active resumes: it must not acknowledge anything
                 await eventually(lambda: in_sync(a2), timeout=30, what="a1 stepped down and mirrors a2")
-                assert await mate_state(a1) is None  # a standby does not serve
+                assert not await serving(a1)  # a standby does not serve
                 a2.kill(signal.SIGKILL)
                 killed = time.monotonic()
-                await eventually(lambda: mate_state(a1), timeout=10, what="a1 active again")
+                await eventually(lambda: serving(a1), timeout=10, what="a1 active again")
                 took_over = time.monotonic() - killed
                 assert took_over <= 6.0, f"the old active served again after {took_over:.1f}s"
                 await eventually(lambda: spool_drained(mates.b), timeout=30, what="b's spool confirmed by a1")
@@ -165,3 +169,30 @@ async def test_a_paused_active_is_replaced_by_its_standby_within_six_seconds_and
 async def spool_drained(node: StreamsServerProcess) -> bool:
     spools = (await status(node))["guaranteed"]["spools"]
     return all(spool["pending"] == 0 for spool in spools)
+
+
+async def test_a_mate_connection_is_refused_by_a_node_without_mates(tmp_path: Path) -> None:
+    """Only a node started with --mates-etcd feeds a standby (which proves the mesh secret as routes
+    do): the refusal says why and is counted; nothing is written to the would-be standby's directory."""
+    from meshplane.launchers import MeshCluster
+    from meshplane.mesh.lease import ActiveMate, MateLease
+    from meshplane.mesh.mates import Standby
+    from meshplane.streams.mirror import DirectoryReplica
+
+    with MeshCluster(1) as cluster:
+        node = cluster.start()["a"]
+        lease = MateLease(("127.0.0.1:1",), "default", "a", "t0")  # never reached: refused before
+        standby = Standby(
+            DirectoryReplica(tmp_path / "copy"),
+            lease,
+            node_id="a",
+            cluster=node.announced["mesh"]["cluster"],
+            secret="",
+            tls=None,
+            max_payload=1 << 20,
+        )
+        with pytest.raises(ConnectionError, match="no HA mate"):
+            await standby._follow(ActiveMate("t1", node.route_url, 1), asyncio.Event())
+        errors = (await status(node))["frame_errors"]
+        assert errors["hello_mate"] == 1
+        assert list((tmp_path / "copy").iterdir()) == []
