@@ -355,7 +355,8 @@ async def _serve_locked(
         from meshplane.mesh.mates import MirrorServer
         from meshplane.streams.mirror import DirectorySource
 
-        mesh.mirror = MirrorServer(mesh.node_id, DirectorySource(args.data_dir), lease, args.mate_ack_timeout)
+        source = DirectorySource(args.data_dir)
+        mesh.mirror = MirrorServer(mesh.node_id, source, lease, args.mate_ack_timeout, args.fsync == "always")
         engine.durability.replicate = mesh.mirror.barrier
 
     def ready(port: int) -> None:

@@ -7,7 +7,8 @@ its mate (the standby, on another machine) keeps a copy that is current at every
   from the size last sent, a shorter file, or a replaced file sent whole from 0);
 - ``Remove(path)``: the file, or the directory and everything under it, is gone;
 - ``Reset()``: the mate empties its copy first (a new mirror starts from a snapshot);
-- ``Barrier(number)``: everything before it is applied; the mate answers MIRROR_ACK ``number``.
+- ``Barrier(number, sync)``: everything before it is applied (and with ``sync``, fsynced: the active
+  runs with ``--fsync always``); the mate answers MIRROR_ACK ``number``.
 
 What the active has sent is remembered per file as (inode, size): a file whose inode changed was
 replaced (``os.replace``) and is sent whole, one that grew sends its tail, one that shrank is cut.
@@ -46,6 +47,7 @@ class Reset(msgspec.Struct, tag=True, frozen=True):
 
 class Barrier(msgspec.Struct, tag=True, frozen=True):
     number: int
+    sync: bool = False
 
 
 Change = Put | Remove | Reset | Barrier

@@ -95,8 +95,11 @@ class StandbyGone(Exception):
 class MirrorServer:
     """The active's side: one standby at a time (a newer connection replaces an older one)."""
 
-    def __init__(self, node_id: str, source: DirectorySource, lease: MateLease, ack_timeout: float) -> None:
+    def __init__(
+        self, node_id: str, source: DirectorySource, lease: MateLease, ack_timeout: float, sync: bool
+    ) -> None:
         self.node_id = node_id
+        self.sync = sync  # --fsync always: the standby fsyncs before it answers a barrier
         self.source = source
         self.lease = lease
         self.ack_timeout = ack_timeout
@@ -224,7 +227,7 @@ class MirrorServer:
 
     def _changes_and(self, number: int) -> Iterable[Change]:
         yield from self.source.changes()
-        yield Barrier(number)
+        yield Barrier(number, self.sync)
 
     async def _record_alone(self) -> None:
         """etcd's ``current`` back to this mate alone, before anything more is acknowledged."""
@@ -393,6 +396,8 @@ class Standby:
             changes = decode_changes(frame.payload).changes
             for change in changes:
                 if isinstance(change, Barrier):
+                    if change.sync:
+                        self.replica.sync()
                     self.barriers += 1
                     conn.send(
                         encode_frame(FrameType.MIRROR_ACK, self.node_id, self.lease.token, change.number)

@@ -143,6 +143,7 @@ class DirectoryReplica:
         self.root.mkdir(parents=True, exist_ok=True)
         self.applied = 0
         self.bytes = 0
+        self._touched: set[Path] = set()  # files and directories changed since the last sync
 
     def apply(self, change: Change) -> None:
         if isinstance(change, Put):
@@ -155,8 +156,20 @@ class DirectoryReplica:
                     self._remove(entry)
         self.applied += 1
 
+    def sync(self) -> None:
+        """fsync what changed since the last call (files, then the directories that hold them)."""
+        touched, self._touched = self._touched, set()
+        for path in sorted(touched, key=lambda p: -len(p.parts)):
+            with contextlib.suppress(FileNotFoundError):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+
     def _put(self, path: Path, offset: int, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._touched.update((path, path.parent))
         self.bytes += len(data)
         if offset == 0 and len(data) < MAX_PUT_BYTES:  # a whole small file: replaced whole, as there
             write_atomic(path, data, sync=False)
@@ -172,8 +185,8 @@ class DirectoryReplica:
         finally:
             os.close(fd)
 
-    @staticmethod
-    def _remove(path: Path) -> None:
+    def _remove(self, path: Path) -> None:
+        self._touched.add(path.parent)
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
