@@ -272,6 +272,7 @@ def workloads() -> dict[str, Workload]:
         gateways_workload,
         groups_workload,
         jetstream_workload,
+        mates_workload,
         mesh_workload,
         spark_workload,
         topics_workload,
@@ -281,6 +282,7 @@ def workloads() -> dict[str, Workload]:
         "mesh-guaranteed": mesh_workload.WORKLOAD,
         "mesh-gateways": gateways_workload.WORKLOAD,
         "mesh-direct": direct_workload.WORKLOAD,
+        "mesh-mates": mates_workload.WORKLOAD,
         "topics-local": topics_workload.WORKLOAD,
         "topics-jetstream": jetstream_workload.WORKLOAD,
         "groups": groups_workload.WORKLOAD,
@@ -321,6 +323,10 @@ def run(
             report.verdicts = asyncio.run(workload.body(servers, faults, duration, report.log))
         except BaseException:
             print_report(report)  # the schedule as far as it went
+            for host, server in servers.servers.items():  # and what each server said last
+                log_path = getattr(server, "log_path", None)
+                if log_path is not None and log_path.exists():
+                    print(f"--- {host}:\n{log_path.read_text()[-2500:]}", file=sys.stderr)
             raise
         finally:
             servers.stop()

@@ -237,7 +237,9 @@ class MateLease:
 
     async def step_down(self) -> None:
         """Stop renewing and give the lease back (the standby need not wait for it to expire)."""
-        self._lose("stepping down")
+        if self._lease is not None:
+            self._lose("stepping down")
+        self.lost.set()
         if self._keepalive is not None:
             self._keepalive.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -52,6 +52,7 @@ from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.lease import ActiveMate, MateLease
 from meshplane.mesh.links import Handshake
 from meshplane.streams.errors import StorageError
+from meshplane.streams.files import write_atomic
 from meshplane.streams.mirror import DirectoryReplica, DirectorySource
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,8 @@ def mate_token(data_dir: Path) -> str:
         token = path.read_text().strip()
         if token:
             return token
-    data_dir.mkdir(parents=True, exist_ok=True)
     token = os.urandom(8).hex()
-    path.write_text(token + "\n")
+    write_atomic(path, f"{token}\n".encode())  # fsynced: a mate that lost it would never be current
     return token
 
 
