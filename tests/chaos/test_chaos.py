@@ -27,6 +27,7 @@ SHORT_RUNS = [
     ("mesh-guaranteed", 45, 1000),
     ("mesh-gateways", 45, 1000),
     ("mesh-direct", 45, 100_000),  # published, not acknowledged: direct events are at most once
+    ("mesh-mates", 45, 1000),  # HA mates on separate hosts, the lease in etcd
     ("topics-local", 40, 1000),
     ("topics-jetstream", 35, 1000),
     ("groups", 25, 100),  # acknowledged commits
