@@ -143,6 +143,25 @@ def test_the_copy_equals_the_directory_after_every_round(
         source.close()
 
 
+def test_a_file_the_active_replaced_and_fsynced_is_replaced_and_fsynced_on_the_mate_too(
+    tmp_path: Path,
+) -> None:
+    """Metadata (queues.json, topic.json) is replaced synced even with --fsync interval: a standby that
+    loses power must not come back with it torn, as the active never would."""
+    root = tmp_path / "active"
+    root.mkdir()
+    source = DirectorySource(root)
+    try:
+        write_atomic(root / "queues.json", b"{}", sync=True)
+        write_atomic(root / "acked", b"7", sync=False)
+        (put_synced,) = [c for c in source.changes() if isinstance(c, Put) and c.path == "queues.json"]
+        assert put_synced.sync
+        (put_unsynced,) = [c for c in source.snapshot() if isinstance(c, Put) and c.path == "acked"]
+        assert not put_unsynced.sync
+    finally:
+        source.close()
+
+
 def test_a_directory_removed_while_the_snapshot_is_read_is_not_an_error(tmp_path: Path) -> None:
     root = tmp_path / "active"
     (root / "t" / "0").mkdir(parents=True)

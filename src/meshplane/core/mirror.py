@@ -35,6 +35,7 @@ class Put(msgspec.Struct, tag=True, frozen=True):
     path: str
     offset: int
     data: bytes
+    sync: bool = False  # a whole file the active fsynced when it replaced it: the mate does too
 
 
 class Remove(msgspec.Struct, tag=True, frozen=True):
@@ -120,9 +121,9 @@ class SentFiles:
         self.files.clear()
 
 
-def puts(path: str, start: int, data: bytes) -> list[Put]:
+def puts(path: str, start: int, data: bytes, sync: bool = False) -> list[Put]:
     """``data`` (the file's bytes from ``start``) as Puts of at most MAX_PUT_BYTES; at least one, so
     that a file cut shorter is cut on the mate too."""
-    if not data:
-        return [Put(path, start, b"")]
+    if not data or (start == 0 and len(data) < MAX_PUT_BYTES):
+        return [Put(path, start, data, sync)]
     return [Put(path, start + at, data[at : at + MAX_PUT_BYTES]) for at in range(0, len(data), MAX_PUT_BYTES)]

@@ -15,7 +15,7 @@ from meshplane.core.streamlog import encode_record, scan_records
 
 log = logging.getLogger(__name__)
 
-Watcher = Callable[[Path, "int | None"], None]
+Watcher = Callable[[Path, "int | None", bool], None]
 _watchers: list[Watcher] = []
 
 
@@ -29,11 +29,12 @@ def unwatch_changes(watcher: Watcher) -> None:
         _watchers.remove(watcher)
 
 
-def changed(path: Path, cut: int | None = None) -> None:
+def changed(path: Path, cut: int | None = None, synced: bool = False) -> None:
     """Called by every write, replacement and removal in a data directory; ``cut``: the file was
-    truncated to that size (what follows may be rewritten, so a mirror resends from there)."""
+    truncated to that size (what follows may be rewritten, so a mirror resends from there);
+    ``synced``: it was replaced whole and fsynced (a mirror makes its copy as durable)."""
     for watcher in _watchers:
-        watcher(path, cut)
+        watcher(path, cut, synced)
 
 
 def fsync_dir(directory: Path) -> None:
@@ -69,7 +70,7 @@ def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    changed(path, cut=0)  # a new content from its first byte (the inode number may be reused)
+    changed(path, cut=0, synced=sync)  # new from its first byte (the inode number may be reused)
     if sync:
         fsync_dir(path.parent)
 

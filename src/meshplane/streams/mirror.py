@@ -35,6 +35,7 @@ class DirectorySource:
         self.sent = SentFiles()
         self.dirty: set[str] = set()
         self.removals: list[str] = []
+        self.synced: set[str] = set()  # files last replaced whole and fsynced
         self.max_dirty = 100_000  # beyond this, the next changes re-read the whole directory
         self.on_change: Callable[[], None] | None = None  # told of the first change after each round
         watch_changes(self._changed)
@@ -42,7 +43,7 @@ class DirectorySource:
     def close(self) -> None:
         unwatch_changes(self._changed)
 
-    def _changed(self, path: Path, cut: int | None) -> None:
+    def _changed(self, path: Path, cut: int | None, synced: bool) -> None:
         try:
             relative = path.resolve().relative_to(self.root).as_posix()
         except ValueError:
@@ -52,6 +53,10 @@ class DirectorySource:
         if len(self.dirty) >= self.max_dirty:
             self.dirty = {"."}
         self.dirty.add(relative)
+        if synced:
+            self.synced.add(relative)
+        elif cut == 0:
+            self.synced.discard(relative)
         if cut is not None:
             self.sent.cut(relative, cut)
         elif not os.path.lexists(path) and self.sent.removed(relative):
@@ -121,7 +126,7 @@ class DirectorySource:
             at = start
             while at < end or at == start:
                 data = os.pread(fd, min(MAX_PUT_BYTES, end - at), at)
-                yield from puts(relative, at, data)
+                yield from puts(relative, at, data, relative in self.synced)
                 if not data:
                     break
                 at += len(data)
@@ -147,7 +152,7 @@ class DirectoryReplica:
 
     def apply(self, change: Change) -> None:
         if isinstance(change, Put):
-            self._put(self.root / checked_path(change.path), change.offset, change.data)
+            self._put(self.root / checked_path(change.path), change.offset, change.data, change.sync)
         elif isinstance(change, Remove):
             self._remove(self.root / checked_path(change.path))
         elif isinstance(change, Reset):
@@ -167,12 +172,12 @@ class DirectoryReplica:
                 finally:
                     os.close(fd)
 
-    def _put(self, path: Path, offset: int, data: bytes) -> None:
+    def _put(self, path: Path, offset: int, data: bytes, sync: bool) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._touched.update((path, path.parent))
         self.bytes += len(data)
         if offset == 0 and len(data) < MAX_PUT_BYTES:  # a whole small file: replaced whole, as there
-            write_atomic(path, data, sync=False)
+            write_atomic(path, data, sync=sync)
             return
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
