@@ -10,6 +10,10 @@ publisher on a:
   restarted: seconds from the restart until its queue holds them all;
 - HA takeover: node a as two mates on one data directory; SIGKILL the active: seconds until the
   standby serves, and until a guaranteed event published on b right after the kill is in a's queue.
+- mirrored mates: node a as two mates with their own data directories (``--mates-etcd``, a real
+  etcd), a's queue mirrored to the standby before each acknowledgement: guaranteed events from a
+  publisher on b until a's queue holds them, against the same with a single node a, in the same run;
+  then SIGSTOP of the active: seconds until the standby serves.
 
     python bench/mesh_guaranteed.py [--events N] [--spooled N]
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -32,6 +37,7 @@ import aiohttp
 from harness import add_out, write_results
 from meshplane.cli.bench import Steps
 from meshplane.launchers import MeshCluster, StreamsServerProcess, free_port
+from meshplane.launchers.etcd import EtcdServer
 from meshplane.mesh.client import MeshClient
 
 BODY = b"x" * 100
@@ -211,6 +217,65 @@ async def patterns(node: StreamsServerProcess) -> dict[str, Any]:
         return answer
 
 
+async def mirrored(tmp: Path, events: int, window: int) -> dict[str, float]:
+    """Guaranteed events b -> a's queue, a single node then a pair of mirrored mates; the takeover."""
+    rates, takeover = [], 0.0
+    with EtcdServer() as etcd, contextlib.ExitStack() as stack:
+        etcd.start()
+        for mates in (1, 2):
+            b_port, ports = free_port(), [free_port() for _ in range(mates)]
+            cluster = ("--cluster", f"bench{mates}", "--heartbeat-interval", "0.5")
+            a_args: tuple[str, ...] = (*cluster, "--node-id", "a", "--routes", f"tcp://127.0.0.1:{b_port}")
+            if mates == 2:
+                a_args += ("--mates-etcd", etcd.endpoint)
+            a = [
+                stack.enter_context(
+                    StreamsServerProcess(
+                        port=free_port(),
+                        data_dir=tmp / f"{mates}-a{i}",
+                        extra_args=(*a_args, "--route-port", str(port)),
+                    )
+                )
+                for i, port in enumerate(ports)
+            ]
+            routes = ",".join(f"tcp://127.0.0.1:{port}" for port in ports)
+            b_args = (*cluster, "--node-id", "b", "--route-port", str(b_port), "--routes", routes)
+            b = stack.enter_context(StreamsServerProcess(extra_args=b_args))
+            a[0].start()
+            for standby in a[1:]:
+                standby.start(ready=False)
+            b.start()
+            await put_queue(a[0], "m", "m.x", known_at=b)
+            if mates == 2:
+                await wait_in_sync(a[0])
+            publisher = await MeshClient(b.route_url, timeout=120).connect()
+            started = time.perf_counter()
+            await publish_guaranteed(publisher, "m.x", events, window)
+            await wait_stored(a[0], events)
+            rates.append(events / (time.perf_counter() - started))
+            await publisher.close()
+            if mates == 2:
+                paused = time.perf_counter()
+                a[0].kill(signal.SIGSTOP)
+                await asyncio.to_thread(a[1].wait_ready, 30)
+                takeover = time.perf_counter() - paused
+                a[0].kill(signal.SIGCONT)
+    return {
+        "single_node_events_per_s": round(rates[0]),
+        "mirrored_mates_events_per_s": round(rates[1]),
+        "ratio_mirrored_to_single": round(rates[1] / rates[0], 2),
+        "paused_active_replaced_s": round(takeover, 2),
+    }
+
+
+async def wait_in_sync(active: StreamsServerProcess, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while (await mesh_status(active))["mate"]["state"] != "in_sync":
+        if time.monotonic() > deadline:
+            raise TimeoutError("the standby did not catch up")
+        await asyncio.sleep(0.05)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -218,9 +283,10 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--spooled", type=int, default=100_000)
     parser.add_argument("--window", type=int, default=2_000, help="guaranteed publishes awaiting an ACK")
+    parser.add_argument("--mirrored", type=int, default=50_000, help="events for the mirrored mates part")
     add_out(parser, "mesh_guaranteed")
     args = parser.parse_args()
-    steps = Steps(4)
+    steps = Steps(5)
     results = asyncio.run(main_async(args, steps))
     with tempfile.TemporaryDirectory() as tmp:
         results["ha_takeover"] = asyncio.run(ha_takeover(Path(tmp)))
@@ -229,6 +295,15 @@ def main() -> None:
     print(
         f"HA takeover: the standby served {ha['standby_serving_s']} s after SIGKILL of the active; an event "
         f"published right after the kill was in a's queue after {ha['event_after_kill_stored_s']} s"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        results["mirrored_mates"] = asyncio.run(mirrored(Path(tmp), args.mirrored, args.window))
+    steps.step("mirrored mates")
+    m = results["mirrored_mates"]
+    print(
+        f"mirrored mates: b -> a's queue {m['mirrored_mates_events_per_s']:,} events/s against "
+        f"{m['single_node_events_per_s']:,} with a single node a ({m['ratio_mirrored_to_single']}x); "
+        f"a paused active replaced after {m['paused_active_replaced_s']} s"
     )
     print(f"guaranteed/direct throughput: {results['ratio_guaranteed_to_direct']}x")
     args.out.parent.mkdir(parents=True, exist_ok=True)

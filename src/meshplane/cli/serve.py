@@ -356,7 +356,8 @@ async def _serve_locked(
         from meshplane.streams.mirror import DirectorySource
 
         source = DirectorySource(args.data_dir)
-        mesh.mirror = MirrorServer(mesh.node_id, source, lease, args.mate_ack_timeout, args.fsync == "always")
+        sync_every = {"always": 0.0, "interval": args.fsync_interval_ms / 1000}.get(args.fsync)
+        mesh.mirror = MirrorServer(mesh.node_id, source, lease, args.mate_ack_timeout, sync_every)
         engine.durability.replicate = mesh.mirror.barrier
 
     def ready(port: int) -> None:

@@ -21,6 +21,7 @@ import itertools
 import logging
 import os
 import ssl
+import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -96,10 +97,18 @@ class MirrorServer:
     """The active's side: one standby at a time (a newer connection replaces an older one)."""
 
     def __init__(
-        self, node_id: str, source: DirectorySource, lease: MateLease, ack_timeout: float, sync: bool
+        self,
+        node_id: str,
+        source: DirectorySource,
+        lease: MateLease,
+        ack_timeout: float,
+        sync_every: float | None,
     ) -> None:
         self.node_id = node_id
-        self.sync = sync  # --fsync always: the standby fsyncs before it answers a barrier
+        # The standby fsyncs before it answers a barrier: each one (0: --fsync always), or one at least
+        # this often (--fsync interval), so its disk is never further behind than the active's.
+        self.sync_every = sync_every
+        self._synced_at = 0.0
         self.source = source
         self.lease = lease
         self.ack_timeout = ack_timeout
@@ -113,6 +122,7 @@ class MirrorServer:
         self._requested = self._completed = 0
         self._alone_pending = False  # etcd still names a standby that was dropped
         self._sync: asyncio.Task[None] | None = None
+        self._sync_next = False
         self._kicked: asyncio.Task[None] | None = None
         source.on_change = self._kick
 
@@ -180,6 +190,7 @@ class MirrorServer:
                 return
         self.state = "catching_up"
         self._sync = None
+        self._sync_next = True  # the snapshot's files on the standby's disk before it counts
         try:
             await self.barrier()
             if conn is self.conn and self.state == "catching_up":
@@ -227,7 +238,11 @@ class MirrorServer:
 
     def _changes_and(self, number: int) -> Iterable[Change]:
         yield from self.source.changes()
-        yield Barrier(number, self.sync)
+        now = time.monotonic()
+        due = self.sync_every is not None and now - self._synced_at >= self.sync_every
+        yield Barrier(number, due or self._sync_next)
+        if due or self._sync_next:
+            self._synced_at, self._sync_next = now, False
 
     async def _record_alone(self) -> None:
         """etcd's ``current`` back to this mate alone, before anything more is acknowledged."""
