@@ -83,6 +83,26 @@ def test_a_torn_confirmed_offset_means_sending_again_not_losing(tmp_path: Path) 
     again.close()
 
 
+def test_a_torn_confirmed_offset_falls_back_to_the_last_synced_one(tmp_path: Path) -> None:
+    """The offset is saved unsynced at each confirmation and synced every SYNC_ACKED_EVERY: a power loss
+    that tears the first resends at most that many, which the queues still remember (RECENT_IDS)."""
+    from meshplane.mesh.queues import RECENT_IDS
+    from meshplane.mesh.spool import SYNC_ACKED_EVERY
+
+    assert SYNC_ACKED_EVERY * 2 < RECENT_IDS
+    spool = open_spool(tmp_path)
+    spool.append([frame(i) for i in range(SYNC_ACKED_EVERY + 50)])
+    spool.confirm(SYNC_ACKED_EVERY + 9)
+    spool.save()  # synced: 10,010 confirmed
+    spool.confirm(SYNC_ACKED_EVERY + 29)
+    spool.save()  # unsynced: 10,030
+    spool.log.close()
+    (tmp_path / "acked").write_text("")  # what a power loss leaves of a file renamed before its data
+    again = open_spool(tmp_path)
+    assert again.acked == SYNC_ACKED_EVERY + 10
+    again.close()
+
+
 def test_limits_refuse_with_a_reason_and_count(tmp_path: Path) -> None:
     spool = open_spool(tmp_path, max_events=3)
     for i in range(3):

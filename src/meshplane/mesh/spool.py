@@ -24,6 +24,8 @@ from meshplane.streams.log import PartitionLog
 log = logging.getLogger(__name__)
 
 ACKED_FILE = "acked"
+SYNCED_ACKED_FILE = "acked.synced"
+SYNC_ACKED_EVERY = 10_000  # confirmations between two synced saves of the confirmed offset
 READ_BYTES = 256 * 1024  # read from a spool at a time
 
 
@@ -50,13 +52,16 @@ class Spool:
         self.acked = min(max(self._read_acked(), self.log.start_offset), self.log.next_offset)
         self.sent = self.acked
         self.refused = 0  # publishes refused because this spool was full
-        self._saved = self.acked
+        self._saved = self._synced = self.acked
 
     def _read_acked(self) -> int:
-        try:
-            return int((self.directory / ACKED_FILE).read_text().strip() or 0)
-        except (OSError, ValueError):
-            return 0  # no file yet, or a torn one: everything kept is sent again
+        """The confirmed offset saved last: the unsynced file, or if a power loss tore it, the one
+        synced every SYNC_ACKED_EVERY confirmations (else everything kept is sent again)."""
+        found = 0
+        for name in (ACKED_FILE, SYNCED_ACKED_FILE):
+            with contextlib.suppress(OSError, ValueError):
+                found = max(found, int((self.directory / name).read_text().strip() or 0))
+        return found
 
     @property
     def pending(self) -> int:
@@ -109,6 +114,10 @@ class Spool:
         try:
             write_atomic(self.directory / ACKED_FILE, str(self.acked).encode(), sync=False)
             self._saved = self.acked
+            if self.acked - self._synced >= SYNC_ACKED_EVERY:
+                # A resend after a power loss then stays within what queues remember (RECENT_IDS).
+                write_atomic(self.directory / SYNCED_ACKED_FILE, str(self.acked).encode())
+                self._synced = self.acked
             self.log.apply_retention(time.time_ns() // 1_000_000, keep_from=self.acked)
         except (OSError, StorageError) as exc:
             log.warning("spool for %s: could not save its confirmed offset (%s)", self.peer, exc)
