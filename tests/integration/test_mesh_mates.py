@@ -120,6 +120,7 @@ def mates(tmp_path: Path, etcd_server: EtcdServer) -> Mates:
     return Mates(tmp_path, etcd_server)
 
 
+@pytest.mark.timeout(240)
 async def test_a_paused_active_is_replaced_by_its_standby_within_six_seconds_and_nothing_is_lost(
     mates: Mates,
 ) -> None:
