@@ -182,6 +182,13 @@ class MirrorServer:
     async def _snapshot(self, conn: FrameConnection) -> None:
         self.state = "syncing"
         self.counters["snapshots"] += 1
+        try:
+            if self._alone_pending:  # the standby empties its copy first: etcd must not count it then
+                async with self._lock:
+                    await self._record_alone()
+        except StorageError:  # the lease is lost: nothing to mirror from here
+            self._drop(conn, "this mate lost its lease")
+            return
         for frame in mirror_frames(self.node_id, self.lease.epoch, self.source.snapshot()):
             conn.send(frame)
             self.counters["bytes_sent"] += len(frame)
@@ -197,7 +204,7 @@ class MirrorServer:
                 await self.lease.set_current([self.lease.token, self.standby])
                 self.state = "in_sync"
                 log.info("HA mate: the standby is in sync; acknowledgements wait for it")
-        except (DiscoveryError, OSError) as exc:
+        except (DiscoveryError, OSError, StorageError) as exc:
             log.warning("HA mate: could not record the standby as in sync (%s)", exc)
             self._drop(conn, str(exc))
 
