@@ -103,6 +103,22 @@ def test_a_torn_confirmed_offset_falls_back_to_the_last_synced_one(tmp_path: Pat
     again.close()
 
 
+def test_a_spool_reopened_syncs_its_confirmed_offset_at_the_first_save_if_far_behind(tmp_path: Path) -> None:
+    """Processes that restart often (HA mates taking over) never confirm 10,000 in one life: the synced
+    copy is judged against what it holds, not against the offset the process started from."""
+    from meshplane.mesh.spool import SYNC_ACKED_EVERY
+
+    spool = open_spool(tmp_path)
+    spool.append([frame(i) for i in range(SYNC_ACKED_EVERY + 50)])
+    spool.close()
+    (tmp_path / "acked").write_text(str(SYNC_ACKED_EVERY + 5))  # saved unsynced by an earlier life
+    again = open_spool(tmp_path)
+    again.confirm(SYNC_ACKED_EVERY + 9)
+    again.save()
+    assert (tmp_path / "acked.synced").read_text() == str(SYNC_ACKED_EVERY + 10)
+    again.close()
+
+
 def test_limits_refuse_with_a_reason_and_count(tmp_path: Path) -> None:
     spool = open_spool(tmp_path, max_events=3)
     for i in range(3):

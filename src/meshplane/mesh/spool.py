@@ -52,16 +52,19 @@ class Spool:
         self.acked = min(max(self._read_acked(), self.log.start_offset), self.log.next_offset)
         self.sent = self.acked
         self.refused = 0  # publishes refused because this spool was full
-        self._saved = self._synced = self.acked
+        self._saved = self.acked
+        self._synced = self._read(SYNCED_ACKED_FILE)  # behind by 10,000 or more: synced at the next save
 
     def _read_acked(self) -> int:
         """The confirmed offset saved last: the unsynced file, or if a power loss tore it, the one
         synced every SYNC_ACKED_EVERY confirmations (else everything kept is sent again)."""
-        found = 0
-        for name in (ACKED_FILE, SYNCED_ACKED_FILE):
-            with contextlib.suppress(OSError, ValueError):
-                found = max(found, int((self.directory / name).read_text().strip() or 0))
-        return found
+        return max(self._read(ACKED_FILE), self._read(SYNCED_ACKED_FILE))
+
+    def _read(self, name: str) -> int:
+        try:
+            return int((self.directory / name).read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
 
     @property
     def pending(self) -> int:
