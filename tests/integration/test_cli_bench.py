@@ -27,15 +27,16 @@ def test_list_names_every_script_of_the_checkout() -> None:
 
 def test_a_real_benchmark_reports_its_steps_in_order_with_its_results(tmp_path: Path) -> None:
     out = tmp_path / "mesh_guaranteed.json"
-    result = bench("mesh_guaranteed", "--args", f"--events 2000 --spooled 1000 --out {out}")
+    result = bench("mesh_guaranteed", "--args", f"--events 2000 --spooled 1000 --mirrored 1000 --out {out}")
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     steps = [line for line in lines if line.startswith("[mesh_guaranteed ")]
     assert steps == [
-        "[mesh_guaranteed 1/4] direct events",
-        "[mesh_guaranteed 2/4] guaranteed events",
-        "[mesh_guaranteed 3/4] recovery of a spool",
-        "[mesh_guaranteed 4/4] HA takeover",
+        "[mesh_guaranteed 1/5] direct events",
+        "[mesh_guaranteed 2/5] guaranteed events",
+        "[mesh_guaranteed 3/5] recovery of a spool",
+        "[mesh_guaranteed 4/5] HA takeover",
+        "[mesh_guaranteed 5/5] mirrored mates",
     ]
     direct = next(i for i, line in enumerate(lines) if line.startswith("direct "))
     assert lines[direct + 1] == steps[0]  # a step follows the result it finished
