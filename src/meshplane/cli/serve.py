@@ -307,7 +307,8 @@ async def _serve_as_mate(
             if not await standby.run(stop):
                 break
             await asyncio.to_thread(os.sync)  # what was mirrored into the page cache, on disk first
-            _say(f"HA mate {lease.token}: active (epoch {lease.epoch}, {standby.barriers} barriers mirrored)")
+            mirrored = f"{standby.barriers} barriers, {standby.replica.bytes} bytes mirrored"
+            _say(f"HA mate {lease.token}: active (epoch {lease.epoch}, {mirrored})")
             active = asyncio.Event()
             watch = asyncio.create_task(_set_when_either(stop, lease.lost, active))
             try:

@@ -146,8 +146,7 @@ class DirectoryReplica:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
-        self.applied = 0
-        self.bytes = 0
+        self.bytes = 0  # file bytes applied (said when the standby takes over)
         self._touched: set[Path] = set()  # files and directories changed since the last sync
 
     def apply(self, change: Change) -> None:
@@ -159,7 +158,6 @@ class DirectoryReplica:
             for entry in list(self.root.iterdir()):
                 if entry.name not in LOCK_NAMES:
                     self._remove(entry)
-        self.applied += 1
 
     def sync(self) -> None:
         """fsync what changed since the last call (files, then the directories that hold them)."""
