@@ -103,6 +103,61 @@ async def test_a_retry_through_another_server_appends_nothing(
     assert sum(p["next_offset"] for p in stats["partitions"]) == 8
 
 
+async def _set_stream(url: str, stream: str, **changes: object) -> None:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        config = (await js.stream_info(stream)).config
+        for name, value in changes.items():
+            setattr(config, name, value)
+        await js.update_stream(config)
+    finally:
+        await nc.close()
+
+
+async def _stored(url: str, stream: str) -> int:
+    nc = await nats.connect(url)
+    try:
+        return (await nc.jetstream().stream_info(stream)).state.messages
+    finally:
+        await nc.close()
+
+
+async def test_a_batch_jetstream_refuses_part_of_leaves_no_trace(
+    jetstream: NatsServer, clients: tuple[StreamsClient, StreamsClient]
+) -> None:
+    a, b = clients
+    await a.create_topic("atomic", 1)
+    stream = naming.partition_stream("atomic", 0)
+    await _set_stream(jetstream.url, stream, max_msg_size=400)  # the third event is past it
+    batch = [{"event_type": "e", "data": "x" * (1000 if i == 2 else 10)} for i in range(5)]
+    with pytest.raises(StreamError):
+        await a.publish_batch("atomic", batch, partition=0)
+    assert await _stored(jetstream.url, stream) == 0  # message by message, two would be stored
+    places = await b.publish_batch("atomic", batch[:2] + batch[3:], partition=0)
+    assert [o for _, o in places] == [0, 1, 2, 3]
+
+
+async def test_a_stream_made_without_atomic_batches_takes_appends_one_by_one(
+    jetstream: NatsServer, clients: tuple[StreamsClient, StreamsClient]
+) -> None:
+    a, _ = clients
+    await a.create_topic("older", 1)
+    await a.publish_batch("older", [{"event_type": "e", "data": i} for i in range(3)], partition=0)
+    await _set_stream(jetstream.url, naming.partition_stream("older", 0), allow_atomic=False)
+    places = await a.publish_batch("older", [{"event_type": "e", "data": i} for i in range(3, 2003)])
+    assert [o for _, o in places] == list(range(3, 2003))
+    answer = await a.consume_partition("older", 0, 1000, 1000)
+    assert [e["data"] for e in answer["events"]] == list(range(1000, 2000))
+    nc = await nats.connect(jetstream.url)
+    try:  # the stream was left as it was made
+        info = await nc.jetstream().stream_info(naming.partition_stream("older", 0))
+        assert not info.config.allow_atomic
+        assert info.state.messages == 2003
+    finally:
+        await nc.close()
+
+
 async def test_group_state_and_fencing_hold_across_servers(
     clients: tuple[StreamsClient, StreamsClient],
 ) -> None:

@@ -46,8 +46,8 @@ def partition_subject(topic: str, partition: int) -> str:
 
 
 def notice_subject(topic: str, partition: int) -> str:
-    """Where the stream republishes each stored message's headers: every server learns of every
-    append (its own or another's) and wakes its waiting readers."""
+    """Where the server that appended says the partition's new last sequence (the payload, in
+    digits): every server learns of every append and wakes its waiting readers."""
     return f"{NOTICE_PREFIX}.{escape(topic)}.{partition}"
 
 

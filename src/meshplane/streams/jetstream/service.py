@@ -3,8 +3,8 @@ servers over core NATS.
 
 Topic settings live in a key-value bucket that every server watches, so a topic made through one
 server is served by all. Each server keeps, per partition, the bounds JetStream last reported
-(from its own acknowledgements, from the notices each stream republishes, and from a periodic
-stream-info): views and lag read those; reads go to JetStream.
+(from its own acknowledgements, from the notice each server sends after an append, and from a
+periodic stream-info): views and lag read those; reads go to JetStream.
 """
 
 from __future__ import annotations
@@ -172,8 +172,8 @@ class JetStreamStreamsService(StreamsService):
 
     async def _on_notice(self, msg: Msg) -> None:
         place = naming.parse_notice(msg.subject)
-        seq = (msg.headers or {}).get("Nats-Sequence")
-        if place is None or seq is None:
+        seq = msg.data
+        if place is None or not seq.isdigit():
             return
         topic = self.shared_topics.get(place[0])
         if topic is not None and place[1] < len(topic.partitions):

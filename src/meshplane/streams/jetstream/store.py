@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import json
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,15 @@ log = logging.getLogger(__name__)
 # A read asks for at most this many messages at once (the server's direct-get batch limit is higher;
 # a bounded batch keeps one reader from holding a reply queue of unbounded size).
 MAX_BATCH = 1000
+
+# The most messages an atomic batch may hold (nats-server's limit), and the error code of a stream
+# that does not allow atomic batches.
+ATOMIC_MAX = 1000
+ATOMIC_DISABLED = 10174
+
+
+class _AtomicDisabled(Exception):
+    """The stream was made without ``allow_atomic``: nothing of the batch was stored."""
 
 
 class Unavailable(StorageError):
@@ -96,6 +106,8 @@ class JetStreamStore:
         self._replies: dict[str, asyncio.Queue[Msg]] = {}
         self._reply_prefix = ""
         self._tokens = itertools.count()
+        self._batch_prefix = secrets.token_hex(8)
+        self._not_atomic: set[str] = set()  # subjects of streams that refused atomic batches
 
     async def connect(self, on_notice: Callable[[Msg], Awaitable[None]]) -> None:
         """Connect and open the buckets, waiting up to ``start_timeout`` for servers that are not up yet or
@@ -176,11 +188,10 @@ class JetStreamStore:
     async def ensure_partition(
         self, topic: str, partition: int, limits: dict[str, Any], duplicate_window: float
     ) -> StreamBounds:
-        subject = naming.partition_subject(topic, partition)
         return await self._ensure_stream(
             naming.partition_stream(topic, partition),
-            subject,
-            api.RePublish(src=subject, dest=naming.notice_subject(topic, partition), headers_only=True),
+            naming.partition_subject(topic, partition),
+            None,
             duplicate_window=duplicate_window,
             **limits,
         )
@@ -198,16 +209,18 @@ class JetStreamStore:
         )
 
     async def _ensure_stream(
-        self, name: str, subject: str, republish: api.RePublish, **settings: Any
+        self, name: str, subject: str, republish: api.RePublish | None, **settings: Any
     ) -> StreamBounds:
         config = api.StreamConfig(
             name=name,
             subjects=[subject],
             num_replicas=self.replicas,
             allow_direct=True,
+            allow_atomic=True,
             republish=republish,
             **settings,
         )
+        self._not_atomic.discard(subject)
         try:
             info = await self.js.add_stream(config)
         except nats.js.errors.BadRequestError:  # it exists with other limits: those set now win
@@ -237,11 +250,74 @@ class JetStreamStore:
         self, topic: str, partition: int, payloads: list[bytes], timestamp_ms: int, ids: list[str] | None
     ) -> tuple[list[int], int]:
         """Append in order; the offsets once JetStream acknowledged each (stored on a quorum), and how
-        many were duplicates (same message id within the window: the first one's offset)."""
-        return await self.publish(naming.partition_subject(topic, partition), payloads, timestamp_ms, ids)
+        many were duplicates (same message id within the window: the first one's offset). Then every
+        server hears of the new end in one small notice (its waiting readers wake); a notice lost with
+        a server that died is made up for by each server's periodic look at the stream."""
+        appended = await self.publish(naming.partition_subject(topic, partition), payloads, timestamp_ms, ids)
+        assert self.nc is not None
+        with contextlib.suppress(nats.errors.Error):
+            await self.nc.publish(naming.notice_subject(topic, partition), b"%d" % (max(appended[0]) + 1))
+        return appended
 
     async def publish(
         self, subject: str, payloads: list[bytes], timestamp_ms: int, ids: list[str] | None = None
+    ) -> tuple[list[int], int]:
+        if ids is None and subject not in self._not_atomic and self._atomic_supported():
+            try:
+                return await self._publish_atomic(subject, payloads, str(timestamp_ms)), 0
+            except _AtomicDisabled:  # a stream made before atomic batches: message by message
+                self._not_atomic.add(subject)
+        return await self._publish_each(subject, payloads, timestamp_ms, ids)
+
+    def _atomic_supported(self) -> bool:
+        assert self.nc is not None
+        version = self.nc.connected_server_version
+        return (version.major, version.minor) >= (2, 12)
+
+    async def _publish_atomic(self, subject: str, payloads: list[bytes], stamp: str) -> list[int]:
+        """Atomic batches (nats-server 2.12+, ADR-50) of up to 1,000 messages, one acknowledgement
+        each: stored whole or not at all, at consecutive sequences. Message ids cannot take part
+        (a duplicate would fail the whole batch), so idempotent appends go message by message."""
+        assert self.nc is not None
+        chunks = [payloads[i : i + ATOMIC_MAX] for i in range(0, len(payloads), ATOMIC_MAX)]
+        commits = []
+        try:
+            for chunk in chunks:
+                batch_id = f"{self._batch_prefix}{next(self._tokens)}"
+                headers = {naming.TIMESTAMP_HEADER: stamp, "Nats-Batch-Id": batch_id}
+                for number, payload in enumerate(chunk[:-1], 1):
+                    headers["Nats-Batch-Sequence"] = str(number)
+                    await self.nc.publish(subject, payload, headers=headers)
+                headers["Nats-Batch-Sequence"] = str(len(chunk))
+                headers["Nats-Batch-Commit"] = "1"
+                commits.append(
+                    asyncio.ensure_future(
+                        self.nc.request(subject, chunk[-1], timeout=self.timeout, headers=headers)
+                    )
+                )
+            answers = await asyncio.gather(*commits)
+        except (TimeoutError, *ELECTION_ERRORS) as exc:
+            for commit in commits:
+                commit.cancel()
+            raise Unavailable(f"JetStream did not acknowledge an append to {subject} ({exc!r})") from exc
+        offsets: list[int] = []
+        for chunk, answer in zip(chunks, answers, strict=True):
+            ack = json.loads(answer.data)
+            error = ack.get("error")
+            if error is not None:
+                if error.get("err_code") == ATOMIC_DISABLED and not offsets:
+                    raise _AtomicDisabled
+                if error.get("code") == 503:
+                    raise Unavailable(f"JetStream could not store an append to {subject}: {error}")
+                raise StorageError(f"JetStream refused an append to {subject}: {error.get('description')}")
+            if ack.get("count") != len(chunk):
+                raise StorageError(f"JetStream answered an atomic batch of {len(chunk)} with {ack}")
+            last = int(ack["seq"]) - 1
+            offsets.extend(range(last - len(chunk) + 1, last + 1))
+        return offsets
+
+    async def _publish_each(
+        self, subject: str, payloads: list[bytes], timestamp_ms: int, ids: list[str] | None
     ) -> tuple[list[int], int]:
         stamp = str(timestamp_ms)
         pending = []
