@@ -25,6 +25,7 @@ from meshplane.core.streamlog import Record
 from meshplane.core.urls import redact_url
 from meshplane.streams.errors import StorageError
 from meshplane.streams.jetstream import naming
+from meshplane.streams.jetstream.client import StoreClient
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ class JetStreamStore:
 
     async def _open(self, on_notice: Callable[[Msg], Awaitable[None]]) -> None:
         if self.nc is None or not self.nc.is_connected:
-            client = Client()
+            client = StoreClient()
 
             async def failed(exc: Exception) -> None:  # said in the progress lines and the error
                 self._connect_error = exc
