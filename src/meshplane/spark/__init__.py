@@ -9,14 +9,25 @@ Needs the ``spark`` extra: ``pip install 'meshplane[spark]'``.
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-try:
+if TYPE_CHECKING:
     from meshplane.spark.source import DataLossError, MeshplaneDataSource
-except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError(
-        f"meshplane.spark needs pyspark and pyarrow: pip install 'meshplane[spark]' ({exc})"
-    ) from exc
+
+
+def __getattr__(name: str) -> Any:
+    """The source is imported when first used: ``meshplane.spark.worker_python`` runs before PySpark
+    can be imported quickly, and must not import it."""
+    if name not in ("DataLossError", "MeshplaneDataSource"):
+        raise AttributeError(f"module 'meshplane.spark' has no attribute {name!r}")
+    try:
+        source = importlib.import_module("meshplane.spark.source")
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise ImportError(
+            f"meshplane.spark needs pyspark and pyarrow: pip install 'meshplane[spark]' ({exc})"
+        ) from exc
+    return getattr(source, name)
 
 
 def register(spark: Any, one_line_errors: bool = True) -> None:
@@ -25,7 +36,7 @@ def register(spark: Any, one_line_errors: bool = True) -> None:
     Python frames (see :mod:`meshplane.spark.kafka_compat`)."""
     from meshplane.spark import kafka_compat
 
-    spark.dataSource.register(MeshplaneDataSource)
+    spark.dataSource.register(__getattr__("MeshplaneDataSource"))
     kafka_compat.default_save_mode_appends()
     if one_line_errors:
         kafka_compat.one_line_errors(spark)

@@ -31,14 +31,16 @@ class PipelineSettings:
 
 
 def spark_session(app: str = "meshplane-pipeline", python_over_unix_socket: bool = True) -> Any:
-    """A local[2] session (``MESHPLANE_SPARK_MASTER`` to change) whose Python workers run this interpreter,
-    with ``format("meshplane")`` registered.
+    """A local[2] session (``MESHPLANE_SPARK_MASTER`` to change) whose Python workers run this interpreter
+    (through ``meshplane-spark-python``: PySpark imported with its cached bytecode, a second sooner for
+    each Python process Spark starts), with ``format("meshplane")`` registered.
 
     With ``python_over_unix_socket`` (Spark's ``spark.python.unix.domain.socket.enabled``) the JVM and
     its Python workers exchange Arrow batches over Unix sockets instead of loopback TCP: Python sources
     read up to ~20% faster here (bench/spark_ingest.py measures both).
     """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    launcher = Path(sys.executable).with_name("meshplane-spark-python")  # see worker_python.py
+    os.environ.setdefault("PYSPARK_PYTHON", str(launcher) if launcher.is_file() else sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     master = os.environ.get("MESHPLANE_SPARK_MASTER", "local[2]")
     if master.startswith("local"):
