@@ -25,7 +25,8 @@ from tests.spark_support import collect_available_now, publish, reader, run
 
 def test_spark_python_workers_import_pyspark_with_its_cached_bytecode(spark: SparkSession) -> None:
     # A zip has no bytecode cache: each Python process Spark starts would compile PySpark anew.
-    where = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("pyspark").__file__).collect()
+    one = spark.sparkContext.parallelize([0], 1)
+    where = one.map(lambda _: str(__import__("pyspark").__file__)).collect()
     assert where[0].endswith("/pyspark/__init__.py")
     assert ".zip" not in where[0]
 
