@@ -8,6 +8,7 @@ plane and close it with the member.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -38,8 +39,8 @@ class PlaneMember:
     """Base of publishers and subscribers: one ``create`` shortcut, one way to leave the plane."""
 
     _private_plane: _Closable | None = None
-    #: What ``create`` without a plane makes: plane.py sets it to ``EventPlane`` when it is imported
-    #: (importing any meshplane module imports it, through the package), so members never import it.
+    #: What ``create`` without a plane makes: plane.py sets it to ``EventPlane`` when it is imported,
+    #: so this module never imports plane.py at its top (plane.py imports it).
     plane_factory: ClassVar[Callable[[PlaneConfig | None], EventPlane] | None] = None
 
     def __init__(self, membership: Membership) -> None:
@@ -60,7 +61,8 @@ class PlaneMember:
         if plane is not None:
             return await cls._made_by(plane)(scope, topic)
         if PlaneMember.plane_factory is None:
-            raise RuntimeError("meshplane.plane is not imported: import meshplane first")
+            importlib.import_module("meshplane.plane")  # sets it
+        assert PlaneMember.plane_factory is not None
         private = PlaneMember.plane_factory(config)
         try:
             member = await cls._made_by(private)(scope, topic)
