@@ -28,6 +28,7 @@ STEP_MARK = "\x1emeshplane-step "
 #: The benchmarks, in the order `meshplane bench` runs them, and what each measures.
 BENCHMARKS = {
     "event_plane": "event plane throughput and latency against raw pyzmq and nats-py",
+    "zmq_ceiling": "the event plane over ZeroMQ against libzmq's own C throughput test",
     "broker_mode": "ZeroMQ broker mode against a raw XSUB/XPUB proxy",
     "streams": "durable streams against Redis Streams and NATS JetStream",
     "security_cost": "what CURVE, TLS and HTTPS cost",
