@@ -17,6 +17,7 @@ import aiohttp
 import nats
 import nats.js.errors
 import pytest
+from nats.js import api
 
 from meshplane.core.streamlog import scan_records
 from meshplane.launchers import NatsServer, StreamsServerProcess
@@ -115,10 +116,10 @@ async def _set_stream(url: str, stream: str, **changes: object) -> None:
         await nc.close()
 
 
-async def _stored(url: str, stream: str) -> int:
+async def _stream_info(url: str, stream: str) -> api.StreamInfo:
     nc = await nats.connect(url)
     try:
-        return (await nc.jetstream().stream_info(stream)).state.messages
+        return await nc.jetstream().stream_info(stream)
     finally:
         await nc.close()
 
@@ -133,7 +134,7 @@ async def test_a_batch_jetstream_refuses_part_of_leaves_no_trace(
     batch = [{"event_type": "e", "data": "x" * (1000 if i == 2 else 10)} for i in range(5)]
     with pytest.raises(StreamError):
         await a.publish_batch("atomic", batch, partition=0)
-    assert await _stored(jetstream.url, stream) == 0  # message by message, two would be stored
+    assert (await _stream_info(jetstream.url, stream)).state.messages == 0  # one by one: two stored
     places = await b.publish_batch("atomic", batch[:2] + batch[3:], partition=0)
     assert [o for _, o in places] == [0, 1, 2, 3]
 
@@ -149,13 +150,9 @@ async def test_a_stream_made_without_atomic_batches_takes_appends_one_by_one(
     assert [o for _, o in places] == list(range(3, 2003))
     answer = await a.consume_partition("older", 0, 1000, 1000)
     assert [e["data"] for e in answer["events"]] == list(range(1000, 2000))
-    nc = await nats.connect(jetstream.url)
-    try:  # the stream was left as it was made
-        info = await nc.jetstream().stream_info(naming.partition_stream("older", 0))
-        assert not info.config.allow_atomic
-        assert info.state.messages == 2003
-    finally:
-        await nc.close()
+    info = await _stream_info(jetstream.url, naming.partition_stream("older", 0))
+    assert not info.config.allow_atomic  # the stream was left as it was made
+    assert info.state.messages == 2003
 
 
 async def test_group_state_and_fencing_hold_across_servers(
