@@ -257,7 +257,9 @@ class JetStreamStore:
         appended = await self.publish(naming.partition_subject(topic, partition), payloads, timestamp_ms, ids)
         assert self.nc is not None
         with contextlib.suppress(nats.errors.Error):
-            await self.nc.publish(naming.notice_subject(topic, partition), b"%d" % (max(appended[0]) + 1))
+            if appended[0]:
+                notice = b"%d" % (max(appended[0]) + 1)
+                await self.nc.publish(naming.notice_subject(topic, partition), notice)
         return appended
 
     async def publish(
