@@ -4,8 +4,11 @@ Two nodes (``meshplane serve --node-id``, separate processes, fsync ``interval``
 publisher on a:
 
 - direct: events from a to a subscriber on b (at most once), until the subscriber has them all;
-- guaranteed: the same events published guaranteed (up to ``--window`` awaiting their ACK at once)
-  until b's queue has stored them all; the ratio guaranteed/direct is printed;
+- guaranteed: the same events published guaranteed in rounds of ``--window`` (each round awaits all
+  its ACKs before the next starts) until b's queue has stored them all; the ratio guaranteed/direct is
+  printed;
+- guaranteed, ``--in-flight`` at once: a sliding window instead (a publish starts as soon as any one
+  is acknowledged), as a client that keeps a number of publishes in flight does;
 - recovery: b killed (SIGKILL), ``--spooled`` guaranteed events published (spooled on a), b
   restarted: seconds from the restart until its queue holds them all;
 - HA takeover: node a as two mates on one data directory; SIGKILL the active: seconds until the
@@ -80,6 +83,22 @@ async def publish_guaranteed(client: MeshClient, subject: str, count: int, windo
         )
 
 
+async def publish_in_flight(client: MeshClient, subject: str, count: int, in_flight: int) -> None:
+    slots = asyncio.Semaphore(in_flight)
+
+    async def one() -> None:
+        try:
+            await client.publish(subject, BODY, guaranteed=True)
+        finally:
+            slots.release()
+
+    pending = []
+    for _ in range(count):
+        await slots.acquire()
+        pending.append(asyncio.ensure_future(one()))
+    await asyncio.gather(*pending)
+
+
 async def direct_run(cluster: MeshCluster, events: int) -> float:
     received = 0
     done = asyncio.Event()
@@ -126,6 +145,13 @@ async def main_async(args: argparse.Namespace, steps: Steps) -> dict[str, Any]:
         )
         steps.step("guaranteed events")
 
+        started = time.perf_counter()
+        await publish_in_flight(publisher, "bench.guaranteed", args.events, args.in_flight)
+        await wait_stored(cluster["b"], 2 * args.events)
+        sliding = args.events / (time.perf_counter() - started)
+        print(f"guaranteed  a->b: {sliding:>9,.0f} events/s with {args.in_flight:,} in flight (sliding)")
+        steps.step("guaranteed events, a sliding window")
+
         cluster["b"].kill(signal.SIGKILL)
         await wait_link(cluster["a"], "b", "down")
         started = time.perf_counter()
@@ -151,6 +177,9 @@ async def main_async(args: argparse.Namespace, steps: Steps) -> dict[str, Any]:
         "direct_events_per_s": round(direct),
         "guaranteed_events_per_s": round(guaranteed),
         "ratio_guaranteed_to_direct": round(guaranteed / direct, 2),
+        "in_flight": args.in_flight,
+        "guaranteed_sliding_window_events_per_s": round(sliding),
+        "ratio_sliding_window_to_direct": round(sliding / direct, 2),
         "recovery": {
             "spooled_events": args.spooled,
             "spooling_events_per_s": round(spool_rate),
@@ -282,11 +311,12 @@ def main() -> None:
     )
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--spooled", type=int, default=100_000)
-    parser.add_argument("--window", type=int, default=2_000, help="guaranteed publishes awaiting an ACK")
+    parser.add_argument("--window", type=int, default=2_000, help="guaranteed publishes per round")
+    parser.add_argument("--in-flight", type=int, default=1_000, help="the sliding window's publishes")
     parser.add_argument("--mirrored", type=int, default=50_000, help="events for the mirrored mates part")
     add_out(parser, "mesh_guaranteed")
     args = parser.parse_args()
-    steps = Steps(5)
+    steps = Steps(6)
     results = asyncio.run(main_async(args, steps))
     with tempfile.TemporaryDirectory() as tmp:
         results["ha_takeover"] = asyncio.run(ha_takeover(Path(tmp)))
