@@ -66,6 +66,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'meshplane' has no attribute {name!r}")
+    if name in ("EventPublisher", "EventSubscriber"):
+        importlib.import_module("meshplane.plane")  # their create() without a plane makes an EventPlane
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -8,7 +8,6 @@ plane and close it with the member.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -39,8 +38,9 @@ class PlaneMember:
     """Base of publishers and subscribers: one ``create`` shortcut, one way to leave the plane."""
 
     _private_plane: _Closable | None = None
-    #: What ``create`` without a plane makes: plane.py sets it to ``EventPlane`` when it is imported,
-    #: so this module never imports plane.py at its top (plane.py imports it).
+    #: What ``create`` without a plane makes: plane.py sets it to ``EventPlane`` when it is imported
+    #: (``from meshplane import EventPublisher`` imports it, through the package), so members never
+    #: import it: plane.py imports this module.
     plane_factory: ClassVar[Callable[[PlaneConfig | None], EventPlane] | None] = None
 
     def __init__(self, membership: Membership) -> None:
@@ -61,8 +61,9 @@ class PlaneMember:
         if plane is not None:
             return await cls._made_by(plane)(scope, topic)
         if PlaneMember.plane_factory is None:
-            importlib.import_module("meshplane.plane")  # sets it
-        assert PlaneMember.plane_factory is not None
+            raise RuntimeError(
+                "meshplane.plane is not imported: import EventPublisher and EventSubscriber from meshplane"
+            )
         private = PlaneMember.plane_factory(config)
         try:
             member = await cls._made_by(private)(scope, topic)

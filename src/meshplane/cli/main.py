@@ -262,7 +262,7 @@ def format_event(envelope: EventEnvelope, as_json: bool) -> str:
 
 
 async def run_pub(args: argparse.Namespace) -> int:
-    from meshplane.publisher import EventPublisher
+    from meshplane import EventPublisher
 
     messages = args.message or (line.rstrip("\n") for line in sys.stdin)
     async with await EventPublisher.create(args.scope, args.topic, config=config_from_args(args)) as pub:
