@@ -173,7 +173,7 @@ class JetStreamStreamsService(StreamsService):
     async def _on_notice(self, msg: Msg) -> None:
         place = naming.parse_notice(msg.subject)
         seq = msg.data
-        if place is None or not seq.isdigit():
+        if place is None or not seq.isdigit() or len(seq) > 20:  # a JetStream sequence is a uint64
             return
         topic = self.shared_topics.get(place[0])
         if topic is not None and place[1] < len(topic.partitions):
