@@ -49,6 +49,8 @@ class RawPeer:
     sent_auth: bytes = b""  # the AUTH frame this peer sent (to replay it)
 
     def __post_init__(self) -> None:
+        if not self.route_url:
+            return  # ``answer_dial`` hands it the socket a node dialled
         host, port = address(self.route_url)
         sock = socket.create_connection((host, port), timeout=10)
         self.sock = self.tls.wrap_socket(sock, server_hostname=host) if self.tls is not None else sock
@@ -70,11 +72,13 @@ class RawPeer:
             self.frames += [f for f in self.reader.feed(data) if isinstance(f, Frame)]
 
     def closed(self, timeout: float = 10.0) -> bool:
-        """Whether the node closes the connection within ``timeout`` (what it sends meanwhile is read)."""
+        """Whether the node closes the connection within ``timeout`` (what it sends meanwhile is read
+        into ``frames``)."""
         self.sock.settimeout(timeout)
         try:
-            while self.sock.recv(65536):
-                pass
+            while data := self.sock.recv(65536):
+                self.received += data
+                self.frames += [f for f in self.reader.feed(data) if isinstance(f, Frame)]
         except TimeoutError:
             return False
         except OSError:
@@ -109,3 +113,27 @@ class RawPeer:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def answer_dial(listener: socket.socket, node_id: str, cluster: str = "c1", epoch: int = 1) -> RawPeer:
+    """Play a node another node dialled (as a route, with no secret): accept its connection and
+    answer its HELLO and its proof."""
+    sock, _ = listener.accept()
+    sock.settimeout(10)
+    peer = RawPeer("", node_id, cluster, epoch=epoch)
+    peer.sock = sock
+    dialler = decode_hello(peer.read_until(FrameType.HELLO).payload)
+    hello = Hello(PROTOCOL_VERSION, node_id, cluster, "route", epoch, peer.nonce)
+    peer.send(encode_frame(FrameType.HELLO, node_id, payload=encode_payload(hello)))
+    peer.read_until(FrameType.AUTH)
+    ours = proof(
+        "",
+        dialler=False,
+        dialler_nonce=dialler.nonce,
+        node_nonce=peer.nonce,
+        role="route",
+        dialler_id=dialler.node,
+        node_id=node_id,
+    )
+    peer.send(encode_frame(FrameType.AUTH, node_id, payload=encode_auth(Auth(ours))))
+    return peer

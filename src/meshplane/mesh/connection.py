@@ -85,6 +85,7 @@ class FrameConnection(asyncio.Protocol):
         self.peer_done = False
         self._backlog: list[Frame | FrameError] = []
         self._reading_paused = False
+        self._held = False  # ``hold``: what was read waits, and nothing more is read
         self._eof_waiting = False
         self._closing = False
         self._pending: list[bytes] = []
@@ -132,15 +133,20 @@ class FrameConnection(asyncio.Protocol):
         items, self._backlog = self._backlog, []
         deadline = time.perf_counter() + TURN_SECONDS
         for index, item in enumerate(items):
+            if self._held:
+                self._backlog = items[index:]
+                self._pause_reading()
+                return
             if not self._hand_over(item) or self.transport is None or self.transport.is_closing():
                 return
             if index & 31 == 31 and index + 1 < len(items) and time.perf_counter() > deadline:
                 self._backlog = items[index + 1 :]
-                if not self._reading_paused:
-                    self._reading_paused = True
-                    self.transport.pause_reading()
+                self._pause_reading()
                 asyncio.get_running_loop().call_soon(self._handle_backlog)
                 return
+        if self._held:
+            self._pause_reading()
+            return
         if self._reading_paused and self.transport is not None:
             self._reading_paused = False
             self.transport.resume_reading()
@@ -148,6 +154,21 @@ class FrameConnection(asyncio.Protocol):
             self._eof_waiting = False
             if not self._end_of_input():
                 self.close()
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def hold(self) -> None:
+        """Hand over nothing more until ``release``: the frames read wait, and the peer feels TCP
+        backpressure for the rest."""
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            asyncio.get_running_loop().call_soon(self._handle_backlog)
 
     def _hand_over(self, item: Frame | FrameError) -> bool:
         """False once the stream is lost (a fatal error: the connection is closed)."""

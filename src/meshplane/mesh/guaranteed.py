@@ -238,6 +238,15 @@ class Guaranteed:
     def on_spooled(self, link: Link, frame: Frame) -> None:
         """A SPOOLED frame from a peer, or (``link.external``) from another cluster's gateway."""
         offset = frame.sequence
+        if link.spooled_next is not None and offset > link.spooled_next:
+            # Offsets lost on the way (a retired connection closed unread): confirming this one would
+            # confirm them too. The link starts over; the peer resends from what was confirmed.
+            self.counters["spooled_gaps"] += 1
+            log.warning("%s skipped spool offset %d: the link starts over", link.peer, link.spooled_next)
+            if link.conn is not None:
+                link.conn.close()
+            return
+        link.spooled_next = offset + 1  # a resend (a lower offset) is welcome
 
         def done(error: str) -> None:
             self._confirm(link, offset, error)
@@ -354,6 +363,7 @@ class Guaranteed:
 
     def link_down(self, link: Link) -> None:
         self._failed.discard(link)
+        link.spooled_next = None  # the next connection starts where the peer's confirmations do
         spool = (self.cluster_spools if link.external else self.spools).get(link.peer)
         if spool is not None:
             spool.rewind()

@@ -51,6 +51,7 @@ class Link:
     down: asyncio.Event = field(default_factory=asyncio.Event)  # set while the link is down
     retiring: FrameConnection | None = None  # the connection being switched away from, still read
     held: list[Any] = field(default_factory=list)  # events of the new connection until it is done
+    spooled_next: int | None = None  # the spool offset the peer's next SPOOLED frame may have, at most
 
     def __post_init__(self) -> None:
         self.down.set()

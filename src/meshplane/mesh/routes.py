@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("meshplane.mesh.node")
 
-HELD_EVENTS = 10_000  # events of a new connection held while a retired one drains, at most
+HELD_EVENTS = 10_000  # events of a new connection held while a retired one drains; then it waits unread
 
 
 class Routes:
@@ -135,13 +135,17 @@ class Routes:
 
     def hold(self, link: Link, frame: Frame) -> None:
         link.held.append(frame)
-        if len(link.held) >= HELD_EVENTS:  # the old connection takes too long: order gives way
-            self.release(link)
+        if len(link.held) >= HELD_EVENTS and link.conn is not None:
+            # The old connection's last events are slow to come (its grace bounds the wait): the new
+            # one is read no further, rather than hold more or deliver out of order.
+            link.conn.hold()
 
     def release(self, link: Link) -> None:
         held, link.held, link.retiring = link.held, [], None
         for frame in held:
             self.on_frame(link, frame)
+        if link.conn is not None:
+            link.conn.release()
 
     def on_frame(self, link: Link, frame: Frame) -> None:
         node = self.node
