@@ -45,12 +45,13 @@ fuse:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libfuse3-3 fuse3; }
 
 ## compiler: install a C compiler and Python's headers from Debian when missing: meshplane's C extension
-## (the ZeroMQ and NATS hot paths) is optional for users, and the tests check it is built
+## (the ZeroMQ and NATS hot paths, the mesh frame reader) is optional for users; the tests check it is built
 compiler:
 	@{ command -v cc >/dev/null 2>&1 && \
-	  test -f "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h"; } || { \
+	  test -f "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" && \
+	  test -f /usr/include/zlib.h; } || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gcc python3-dev; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gcc python3-dev zlib1g-dev; }
 
 ## java: install a Java 17 runtime from Debian when java is missing (the Spark tests run a real Spark)
 java:

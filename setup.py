@@ -1,6 +1,7 @@
-"""The one thing pyproject.toml cannot say yet without an experimental table: the C extension.
+"""The one thing pyproject.toml cannot say yet without an experimental table: the C extensions.
 
-Optional: where it cannot be compiled, meshplane installs without it and runs on pyzmq and Python alone.
+Optional: where they cannot be compiled, meshplane installs without them and runs on pyzmq and Python
+alone.
 """
 
 from setuptools import Extension, setup
@@ -11,6 +12,12 @@ setup(
             "meshplane.transports._native",
             ["src/meshplane/transports/_native.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "meshplane.core.mesh._frames",
+            ["src/meshplane/core/mesh/_frames.c"],
+            libraries=["z"],
+            optional=True,
+        ),
     ]
 )

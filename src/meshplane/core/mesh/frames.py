@@ -29,11 +29,12 @@ answered with ACK too (its sequence the event's; a payload, if any, says why it 
 from __future__ import annotations
 
 import enum
+import os
 import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -143,7 +144,25 @@ def decode_spooled(frame: Frame, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Fram
 
 
 _TYPES = {t.value: t for t in FrameType}
+_KINDS = tuple(_TYPES.get(kind) for kind in range(max(_TYPES) + 1))  # by type number, for the C loop
 _TEXT_CACHE = 4096  # node ids and subjects seen recently, decoded once
+
+#: ``read_frames(buffer, start, max_payload, max_subject, frame_class, kinds, text, out) -> offset``
+ReadFrames = Callable[
+    [bytes, int, int, int, type[Frame], tuple[FrameType | None, ...], dict[bytes, str], list[Any]], int
+]
+
+
+def native_read_frames() -> ReadFrames | None:
+    """The C loop of ``_frames.c`` (whole, sound frames only; the rest is left to :class:`FrameReader`),
+    or None where it was not built or ``MESHPLANE_NO_EXTENSIONS`` is set."""
+    if os.environ.get("MESHPLANE_NO_EXTENSIONS"):
+        return None
+    try:
+        from meshplane.core.mesh._frames import read_frames
+    except ImportError:
+        return None
+    return read_frames
 
 
 class FrameReader:
@@ -157,6 +176,7 @@ class FrameReader:
         self._needed = 0  # bytes the frame begun in the buffer needs in all, once its lengths are in
         self._text: dict[bytes, str] = {}
         self.broken = False
+        self._read_frames = native_read_frames()
 
     def feed(self, data: bytes) -> list[Frame | FrameError]:
         if self.broken:
@@ -172,8 +192,14 @@ class FrameReader:
         append = out.append
         start, size = 0, len(buffer)
         unpack_head, unpack_middle, unpack_crc = _HEAD.unpack_from, _MIDDLE.unpack_from, _CRC.unpack_from
-        types, text = _TYPES, self._text
+        types, text, read_frames = _TYPES, self._text, self._read_frames
         while size - start >= HEAD_BYTES:  # the one hot loop of a node: kept flat on purpose
+            if read_frames is not None:  # as far as nothing is unusual; this loop takes the next frame
+                start = read_frames(
+                    buffer, start, self.max_payload, MAX_SUBJECT_BYTES, Frame, _KINDS, text, out
+                )
+                if size - start < HEAD_BYTES:
+                    break
             kind, flags, raw_source, subject_length = unpack_head(buffer, start)
             if subject_length > MAX_SUBJECT_BYTES:
                 return self._break(out, f"subject of {subject_length} bytes (at most {MAX_SUBJECT_BYTES})")

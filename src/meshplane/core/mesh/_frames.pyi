@@ -1,0 +1,15 @@
+"""Types of the C extension ``_frames.c`` (see there and ``frames.native_read_frames``)."""
+
+from typing import Any
+
+def read_frames(
+    buffer: bytes,
+    start: int,
+    max_payload: int,
+    max_subject: int,
+    frame_class: type[Any],
+    kinds: tuple[Any, ...],
+    text: dict[bytes, str],
+    out: list[Any],
+    /,
+) -> int: ...
