@@ -1,5 +1,6 @@
 """The mesh frame reader's C loop (``_frames.c``) against the Python reader: for any stream, sound or
-damaged, cut anywhere, both give the same frames and errors, the same pending bytes, the same end."""
+damaged, cut anywhere, both give the same frames and errors, the same pending bytes, the same end. The
+C encoder against the Python one: the same bytes, or the same error, for any arguments."""
 
 from __future__ import annotations
 
@@ -12,7 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshplane.core.mesh import frames as frames_module
-from meshplane.core.mesh.frames import Frame, FrameError, FrameReader, encode_frame, native_read_frames
+from meshplane.core.mesh.frames import (
+    _STAMP,
+    Frame,
+    FrameError,
+    FrameReader,
+    FrameType,
+    encode_event,
+    encode_frame,
+    native_encode_frame,
+    native_read_frames,
+    python_encode_frame,
+)
 
 MAX_PAYLOAD = 400
 
@@ -21,8 +33,11 @@ def test_the_extension_is_built_and_can_be_switched_off(monkeypatch: pytest.Monk
     assert native_read_frames() is not None, (
         "the C extension was not built: `pip install -e .` needs a C compiler"
     )
+    assert native_encode_frame() is not None
+    assert frames_module._native_encode is not None
     monkeypatch.setenv("MESHPLANE_NO_EXTENSIONS", "1")
     assert native_read_frames() is None
+    assert native_encode_frame() is None
 
 
 def damaged(frame: bytes, how: str, where: int) -> bytes:
@@ -110,3 +125,41 @@ def test_the_c_loop_stops_for_text_it_has_not_seen_and_the_reader_learns_it() ->
     ]
     assert not [f for f in got if isinstance(f, FrameError)]
     assert set(reader._text.values()) == {"n", "s.0", "s.1", "s.2"}
+
+
+def outcome(encode: object, *args: object) -> object:
+    try:
+        return encode(*args)  # type: ignore[operator]
+    except Exception as exc:  # the same kind of error, whichever encoder
+        return type(exc)
+
+
+INTS = st.one_of(st.integers(-2, 300), st.integers(2**64 - 2, 2**64 + 1), st.sampled_from(list(FrameType)))
+TEXT = st.one_of(st.text(max_size=40), st.sampled_from(["\ud800", "n" * 17, "é" * 9]))
+
+
+@settings(max_examples=400)
+@given(
+    INTS,
+    INTS,
+    TEXT,
+    TEXT,
+    INTS,
+    st.one_of(st.binary(max_size=50), st.builds(bytearray, st.binary(max_size=9))),
+)
+def test_the_c_encoder_makes_the_python_encoders_bytes_or_leaves_it_the_case(
+    kind: int, flags: int, source: str, subject: str, sequence: int, payload: bytes
+) -> None:
+    expected = outcome(python_encode_frame, kind, source, subject, sequence, payload, flags)
+    assert outcome(encode_frame, kind, source, subject, sequence, payload, flags) == expected
+    stamp = sequence
+    stamped = outcome(lambda: _STAMP.pack(stamp) + payload)
+    if isinstance(stamped, bytes):
+        expected = outcome(python_encode_frame, FrameType.EVENT, source, subject, kind, stamped, flags)
+    assert outcome(encode_event, source, subject, kind, stamp, payload, flags) == (
+        expected if isinstance(stamped, bytes) else stamped
+    )
+
+
+def test_a_subject_too_long_for_its_length_field_is_left_to_python() -> None:
+    assert outcome(encode_frame, FrameType.SUB_ADD, "n", "s" * 65_536) is struct.error

@@ -68,11 +68,12 @@ def valid_pattern(text: str) -> str | None:
 
 
 class SubjectCheck:
-    """Whether a subject is valid, each subject checked once: subjects repeat. Bounded: emptied when
-    ``capacity`` subjects are known."""
+    """Whether a subject is valid (and, unless ``reserved``, not reserved), each subject checked once:
+    subjects repeat. Bounded: emptied when ``capacity`` subjects are known."""
 
-    def __init__(self, capacity: int = 4096) -> None:
+    def __init__(self, capacity: int = 4096, *, reserved: bool = True) -> None:
         self.capacity = capacity
+        self.reserved = reserved
         self._known: dict[str, bool] = {}
 
     def __call__(self, subject: str) -> bool:
@@ -81,7 +82,9 @@ class SubjectCheck:
             if len(self._known) >= self.capacity:
                 self._known.clear()
             try:
-                known = bool(validate(subject, wildcards=False))
+                known = bool(validate(subject, wildcards=False)) and (
+                    self.reserved or not is_reserved(subject)
+                )
             except InvalidSubject:
                 known = False
             self._known[subject] = known

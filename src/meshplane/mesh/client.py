@@ -32,6 +32,7 @@ from meshplane.core.mesh.frames import (
     FLAG_GUARANTEED,
     FLAG_PROPAGATED,
     PROTOCOL_VERSION,
+    STAMP_BYTES,
     Frame,
     FrameError,
     FrameType,
@@ -40,7 +41,6 @@ from meshplane.core.mesh.frames import (
     encode_event,
     encode_frame,
     encode_payload,
-    event_parts,
 )
 from meshplane.core.mesh.handshake import (
     NONCE_BYTES,
@@ -235,7 +235,7 @@ class MeshClient:
                     self._subs[sid][1] for sid in self._trie.match(frame.subject)
                 ]
             if callbacks:
-                body = event_parts(frame)[1]
+                body = frame.payload[STAMP_BYTES:]
                 for callback in callbacks:
                     callback(frame.subject, body)
         elif frame.type is FrameType.ACK:

@@ -71,7 +71,7 @@ class Clients:
         node = self.node
         kind = frame.type
         if kind is FrameType.EVENT:
-            if not node.valid_subject(frame.subject) or is_reserved(frame.subject):
+            if not node.client_subject(frame.subject):
                 node.frame_errors["bad_subject"] += 1
                 if frame.flags & FLAG_GUARANTEED:
                     self.answer(session, frame.sequence, f"subject {frame.subject[:80]!r} is not valid")

@@ -132,12 +132,18 @@ class FrameConnection(asyncio.Protocol):
         until the backlog is done, so the peer feels it as TCP backpressure."""
         items, self._backlog = self._backlog, []
         deadline = time.perf_counter() + TURN_SECONDS
+        on_frame, stats = self._on_frame, self.stats
         for index, item in enumerate(items):
             if self._held:
                 self._backlog = items[index:]
                 self._pause_reading()
                 return
-            if not self._hand_over(item) or self.transport is None or self.transport.is_closing():
+            if type(item) is Frame:  # the one hot path of every connection: the rest in _hand_over
+                stats.frames_in += 1
+                on_frame(self, item)
+            elif not self._hand_over(item):
+                return
+            if self._closing or self.transport is None:  # closed by what it handed over
                 return
             if index & 31 == 31 and index + 1 < len(items) and time.perf_counter() > deadline:
                 self._backlog = items[index + 1 :]

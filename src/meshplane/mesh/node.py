@@ -75,6 +75,8 @@ class MeshNode:
         self._sequence = itertools.count(1)
         self.conns: dict[FrameConnection, Handshake] = {}  # every open connection, by its state
         self.valid_subject = SubjectCheck()
+        self.client_subject = SubjectCheck(reserved=False)  # what a client may publish on
+        self._duplicate_events = "duplicate_events" in config.faults
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.running = False
@@ -203,13 +205,16 @@ class MeshNode:
 
     def _on_frame(self, conn: FrameConnection, frame: Frame) -> None:
         state = self.conns[conn]
-        if state.role == "route":
+        if state.session is not None:  # the most frames: a client's events
+            self.clients.on_frame(state.session, frame)
+        elif state.role == "route":
             link = self.links[state.peer]
             if not state.was_current:  # the losing one of two connections: nothing on it applies
                 self.frame_errors["not_current_connection"] += 1
                 return
-            held = frame.type is FrameType.EVENT or frame.type is FrameType.SPOOLED
-            if link.retiring is not None and conn is link.conn and held:
+            if link.retiring is None or conn is not link.conn:
+                self.routes.on_frame(link, frame)
+            elif frame.type is FrameType.EVENT or frame.type is FrameType.SPOOLED:
                 self.routes.hold(link, frame)  # the retired connection's last events come first
             else:
                 self.routes.on_frame(link, frame)
@@ -217,8 +222,6 @@ class MeshNode:
             self.gateways.on_frame(state.peer, frame)
         elif state.role == "mate" and self.mirror is not None:
             self.mirror.on_frame(conn, frame)
-        elif state.session is not None:
-            self.clients.on_frame(state.session, frame)
         else:
             self.handshakes.on_frame(state, frame)
 
@@ -339,12 +342,13 @@ class MeshNode:
         if link.state != "up" or link.conn is None:
             link.counters["dropped_peer_down"] += 1
             return 0
-        if link.conn.buffered_bytes() > self.config.link_buffer_bytes:
+        conn = link.conn
+        if conn.buffered_bytes() > self.config.link_buffer_bytes:
             link.counters["dropped_backpressure"] += 1
             return 0
-        link.conn.send(event.raw)
-        if "duplicate_events" in self.config.faults:
-            link.conn.send(event.raw)
+        conn.send(event.raw)
+        if self._duplicate_events:
+            conn.send(event.raw)
         link.events_out += 1
         self.forwarded += 1
         return 1

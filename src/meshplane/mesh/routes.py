@@ -149,10 +149,10 @@ class Routes:
 
     def on_frame(self, link: Link, frame: Frame) -> None:
         node = self.node
-        link.last_heard = time.monotonic()
+        link.last_heard = now = time.monotonic()
         kind = frame.type
         if kind is FrameType.EVENT:
-            self._on_event(link, frame)
+            self._on_event(link, frame, now)
         elif kind is FrameType.SPOOLED:
             node.guaranteed.on_spooled(link, frame)
         elif kind is FrameType.ACK:
@@ -217,23 +217,23 @@ class Routes:
         link.counters["bad_frames"] += 1
         self.node.frame_errors[reason] += 1
 
-    def _on_event(self, link: Link, frame: Frame) -> None:
+    def _on_event(self, link: Link, frame: Frame, now: float) -> None:
         link.events_in += 1
         subject = frame.subject
         if not self.node.valid_subject(subject):
             return self._count_bad(link, "bad_subject")
         timestamp, body = event_parts(frame)
-        self.deliver_remote(
-            link, MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, frame.raw)
-        )
+        event = MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, frame.raw)
+        self.deliver_remote(link, event, now=now)
 
-    def deliver_remote(self, link: Link, event: MeshEvent, *, quiet: bool = False) -> None:
+    def deliver_remote(
+        self, link: Link, event: MeshEvent, *, quiet: bool = False, now: float | None = None
+    ) -> None:
         """An event from a peer to this node's holders, once per event id; ``quiet``: a guaranteed
         event, which queues may want when nobody else does."""
         node = self.node
-        if node.dedup.seen(
-            event.subject, (event.timestamp_ms, event.sequence, event.source), time.monotonic()
-        ):
+        key = (event.timestamp_ms, event.sequence, event.source)
+        if node.dedup.seen(event.subject, key, time.monotonic() if now is None else now):
             link.counters["duplicates_in"] += 1
             return
         holders = node.router.route(event.subject).local

@@ -1,4 +1,5 @@
-/* The mesh frame reader's hot loop in C (``frames.py`` holds the layout and the reference reader).
+/* The mesh frame reader's hot loop and the frame encoder in C (``frames.py`` holds the layout and the
+   reference reader and encoder).
 
 read_frames(buffer, start, max_payload, max_subject, frame_class, kinds, text, out) -> offset
 
@@ -125,7 +126,81 @@ static PyObject *read_frames(PyObject *self, PyObject *const *args, Py_ssize_t n
     return PyLong_FromSsize_t(start);
 }
 
+static void put_be(unsigned char *p, uint64_t v, int bytes) {
+    for (int i = bytes - 1; i >= 0; i--, v >>= 8) p[i] = (unsigned char)(v & 0xff);
+}
+
+/* A value in [0, limit], or -1 (no error set) when it is not an int in range. */
+static int in_range(PyObject *value, unsigned long long limit, unsigned long long *out) {
+    if (!PyLong_Check(value)) return -1;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow > 0) {
+        unsigned long long u = PyLong_AsUnsignedLongLong(value);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            return -1;
+        }
+        if (u > limit) return -1;
+        *out = u;
+        return 0;
+    }
+    if (overflow < 0 || v < 0 || (unsigned long long)v > limit) return -1;
+    *out = (unsigned long long)v;
+    return 0;
+}
+
+/* encode_frame(kind, flags, source, subject, sequence, payload, timestamp) -> bytes | None
+
+   The frame ``frames.encode_frame`` makes (``encode_event`` when ``timestamp`` is not None: the payload
+   is the timestamp, then ``payload``), or None for anything but the plain case (a value out of range,
+   text that is not UTF-8, a payload that is not bytes): the Python encoder then says what is wrong. */
+static PyObject *encode_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "encode_frame takes 7 arguments");
+        return NULL;
+    }
+    unsigned long long kind, flags, sequence, timestamp = 0;
+    int stamped = args[6] != Py_None;
+    if (in_range(args[0], 255, &kind) || in_range(args[1], 255, &flags) ||
+        in_range(args[4], UINT64_MAX, &sequence) || (stamped && in_range(args[6], UINT64_MAX, &timestamp)) ||
+        !PyUnicode_Check(args[2]) || !PyUnicode_Check(args[3]) || !PyBytes_Check(args[5]))
+        Py_RETURN_NONE;
+    Py_ssize_t source_size, subject_size;
+    const char *source = PyUnicode_AsUTF8AndSize(args[2], &source_size);
+    const char *subject = source != NULL ? PyUnicode_AsUTF8AndSize(args[3], &subject_size) : NULL;
+    if (subject == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t payload_size = PyBytes_GET_SIZE(args[5]) + (stamped ? STAMP_BYTES : 0);
+    if (subject_size > 0xffff || (unsigned long long)payload_size > 0xffffffffULL) Py_RETURN_NONE;
+    Py_ssize_t body = HEAD_BYTES + subject_size + MIDDLE_BYTES + payload_size;
+    PyObject *frame = PyBytes_FromStringAndSize(NULL, body + CRC_BYTES);
+    if (frame == NULL) return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(frame);
+    p[0] = (unsigned char)kind;
+    p[1] = (unsigned char)flags;
+    memset(p + 2, 0, SOURCE_BYTES);  /* struct's "16s": cut or padded with NULs */
+    memcpy(p + 2, source, (size_t)(source_size < SOURCE_BYTES ? source_size : SOURCE_BYTES));
+    put_be(p + 18, (uint64_t)subject_size, 2);
+    memcpy(p + HEAD_BYTES, subject, (size_t)subject_size);
+    unsigned char *middle = p + HEAD_BYTES + subject_size;
+    put_be(middle, sequence, 8);
+    put_be(middle + 8, (uint64_t)payload_size, 4);
+    unsigned char *payload = middle + MIDDLE_BYTES;
+    if (stamped) {
+        put_be(payload, timestamp, STAMP_BYTES);
+        payload += STAMP_BYTES;
+    }
+    memcpy(payload, PyBytes_AS_STRING(args[5]), (size_t)PyBytes_GET_SIZE(args[5]));
+    put_be(p + body, crc32_z(0L, p, (z_size_t)body), CRC_BYTES);
+    return frame;
+}
+
 static PyMethodDef methods[] = {
+    {"encode_frame", (PyCFunction)(void (*)(void))encode_frame, METH_FASTCALL,
+     "The frame frames.encode_frame (or encode_event) makes, or None where only Python says why not."},
     {"read_frames", (PyCFunction)(void (*)(void))read_frames, METH_FASTCALL,
      "Whole, sound frames from a buffer; the offset of the first that is not (see the module)."},
     {NULL, NULL, 0, NULL},

@@ -13,3 +13,6 @@ def read_frames(
     out: list[Any],
     /,
 ) -> int: ...
+def encode_frame(
+    kind: int, flags: int, source: str, subject: str, sequence: int, payload: bytes, timestamp: int | None, /
+) -> bytes | None: ...

@@ -16,7 +16,8 @@ class DedupCache:
         self.ttl_secs = ttl_secs
         self.max_topics = topics
         self._topics: OrderedDict[str, OrderedDict[Hashable, float]] = OrderedDict()
-        self._recent_topic = ""
+        self._recent_topic = ""  # the topic of the last call, and its ids: most calls repeat it
+        self._recent_ids: OrderedDict[Hashable, float] | None = None
         self._purge_at = 0.0
         self.duplicates = 0
 
@@ -25,14 +26,16 @@ class DedupCache:
         otherwise remembers it and returns False."""
         if now >= self._purge_at:
             self._purge(now)
-        ids = self._topics.get(topic)
-        if ids is None:
-            ids = self._topics[topic] = OrderedDict()
-            while len(self._topics) > self.max_topics:
-                self._topics.popitem(last=False)
-        elif topic is not self._recent_topic:
-            self._topics.move_to_end(topic)
-        self._recent_topic = topic
+        ids = self._recent_ids
+        if topic is not self._recent_topic or ids is None:
+            ids = self._topics.get(topic)
+            if ids is None:
+                ids = self._topics[topic] = OrderedDict()
+                while len(self._topics) > self.max_topics:
+                    self._topics.popitem(last=False)
+            else:
+                self._topics.move_to_end(topic)
+            self._recent_topic, self._recent_ids = topic, ids
         if event_id in ids:
             ids.move_to_end(event_id)
             self.duplicates += 1
@@ -45,6 +48,7 @@ class DedupCache:
     def _purge(self, now: float) -> None:
         """Forget what is older than the TTL; done every tenth of it, not on every event."""
         cutoff = now - self.ttl_secs
+        self._recent_ids = None  # its topic may go
         for topic in list(self._topics):
             ids = self._topics[topic]
             while ids:

@@ -51,6 +51,7 @@ _MIDDLE = struct.Struct(">QI")  # sequence, payload length
 _CRC = struct.Struct(">I")
 _STAMP = struct.Struct(">Q")  # an EVENT payload starts with the origin's timestamp (ms)
 HEAD_BYTES = _HEAD.size
+STAMP_BYTES = _STAMP.size  # an EVENT's body follows its timestamp
 _MIDDLE_BYTES = _MIDDLE.size
 _CRC_BYTES = _CRC.size
 OVERHEAD = _HEAD.size + _MIDDLE.size + _CRC.size
@@ -105,6 +106,17 @@ def check_node_id(node_id: str) -> str:
 def encode_frame(
     kind: FrameType, source: str, subject: str = "", sequence: int = 0, payload: bytes = b"", flags: int = 0
 ) -> bytes:
+    if _native_encode is not None:
+        frame = _native_encode(kind, flags, source, subject, sequence, payload, None)
+        if frame is not None:
+            return frame
+    return python_encode_frame(kind, source, subject, sequence, payload, flags)
+
+
+def python_encode_frame(
+    kind: FrameType, source: str, subject: str = "", sequence: int = 0, payload: bytes = b"", flags: int = 0
+) -> bytes:
+    """The reference encoder (``_frames.c`` makes the same bytes, or leaves the case to this one)."""
     subject_bytes = subject.encode()
     body = b"".join(
         (
@@ -120,7 +132,13 @@ def encode_frame(
 def encode_event(
     source: str, subject: str, sequence: int, timestamp_ms: int, body: bytes, flags: int = 0
 ) -> bytes:
-    return encode_frame(FrameType.EVENT, source, subject, sequence, _STAMP.pack(timestamp_ms) + body, flags)
+    if _native_encode is not None:
+        frame = _native_encode(FrameType.EVENT, flags, source, subject, sequence, body, timestamp_ms)
+        if frame is not None:
+            return frame
+    return python_encode_frame(
+        FrameType.EVENT, source, subject, sequence, _STAMP.pack(timestamp_ms) + body, flags
+    )
 
 
 def event_parts(frame: Frame) -> tuple[int, bytes]:
@@ -153,6 +171,22 @@ ReadFrames = Callable[
 ]
 
 
+#: ``encode_frame(kind, flags, source, subject, sequence, payload, timestamp) -> bytes | None``
+EncodeFrame = Callable[[int, int, str, str, int, bytes, int | None], bytes | None]
+
+
+def native_encode_frame() -> EncodeFrame | None:
+    """The C encoder of ``_frames.c``, or None (see :func:`native_read_frames`). Its bytes are the
+    Python encoder's, so it is chosen once, at import."""
+    if os.environ.get("MESHPLANE_NO_EXTENSIONS"):
+        return None
+    try:
+        from meshplane.core.mesh._frames import encode_frame
+    except ImportError:
+        return None
+    return encode_frame
+
+
 def native_read_frames() -> ReadFrames | None:
     """The C loop of ``_frames.c`` (whole, sound frames only; the rest is left to :class:`FrameReader`),
     or None where it was not built or ``MESHPLANE_NO_EXTENSIONS`` is set."""
@@ -163,6 +197,9 @@ def native_read_frames() -> ReadFrames | None:
     except ImportError:
         return None
     return read_frames
+
+
+_native_encode = native_encode_frame()
 
 
 class FrameReader:
