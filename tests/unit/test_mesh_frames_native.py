@@ -35,6 +35,7 @@ def test_the_extension_is_built_and_can_be_switched_off(monkeypatch: pytest.Monk
     )
     assert native_encode_frame() is not None
     assert frames_module._native_encode is not None
+    assert frames_module._native_read is not None
     monkeypatch.setenv("MESHPLANE_NO_EXTENSIONS", "1")
     assert native_read_frames() is None
     assert native_encode_frame() is None

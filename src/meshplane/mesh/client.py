@@ -23,7 +23,6 @@ import random
 import secrets
 import ssl
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -55,6 +54,7 @@ from meshplane.core.subjects import PatternIndex
 from meshplane.errors import ConfigError, TransportAuthError, TransportError
 from meshplane.mesh.config import SECRET_ENV
 from meshplane.mesh.connection import FrameConnection
+from meshplane.mesh.unconfirmed import Unconfirmed
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +109,7 @@ class MeshClient:
         self._reconnect: asyncio.Task[None] | None = None
         # Guaranteed events carry an origin of their own: their ids must not change with a reconnect.
         self._guaranteed_origin = secrets.token_hex(8)
-        self._unconfirmed: OrderedDict[int, tuple[bytes, asyncio.Future[str]]] = OrderedDict()
-        self._in_flight = asyncio.Semaphore(MAX_UNCONFIRMED)
+        self._unconfirmed = Unconfirmed(MAX_UNCONFIRMED, self.url)
 
     # --- connection ----------------------------------------------------------------------------------
 
@@ -155,7 +154,7 @@ class MeshClient:
         self._conn = conn
         for pattern in self._patterns:
             conn.send(encode_frame(FrameType.SUB_ADD, "", pattern))
-        for raw, _ in self._unconfirmed.values():
+        for raw in self._unconfirmed.raws():
             conn.send(raw)
 
     async def _handshake_with(self, conn: FrameConnection) -> str:
@@ -239,9 +238,7 @@ class MeshClient:
                 for callback in callbacks:
                     callback(frame.subject, body)
         elif frame.type is FrameType.ACK:
-            entry = self._unconfirmed.pop(frame.sequence, None)
-            if entry is not None and not entry[1].done():
-                entry[1].set_result(frame.payload.decode(errors="replace"))
+            self._unconfirmed.confirm(frame.sequence, frame.payload.decode(errors="replace"))
         elif frame.type is FrameType.SYNC_RESP:
             if self._pings:
                 ping = self._pings.pop(0)
@@ -314,29 +311,20 @@ class MeshClient:
             await conn.drain()
 
     async def _publish_guaranteed(self, subject: str, body: bytes) -> None:
-        async with self._in_flight:
-            sequence = next(self._sequence)
-            raw = encode_event(
-                self._guaranteed_origin, subject, sequence, time.time_ns() // 1_000_000, body, FLAG_GUARANTEED
-            )
-            answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-            self._unconfirmed[sequence] = (raw, answer)
-            conn = self._conn
-            if conn is not None:
-                conn.send(raw)
-                if conn.paused:
-                    await conn.drain()
-            try:
-                async with asyncio.timeout(self.timeout):  # no task per publish, as wait_for makes
-                    error = await answer
-            except TimeoutError:
-                self._unconfirmed.pop(sequence, None)
-                raise TransportError(
-                    f"the mesh node at {self.url} did not confirm a guaranteed event on {subject!r} within "
-                    f"{self.timeout}s: it may or may not have been stored"
-                ) from None
-            if error:
-                raise TransportError(f"the mesh node at {self.url} did not store the event: {error}")
+        await self._unconfirmed.room()
+        sequence = next(self._sequence)
+        raw = encode_event(
+            self._guaranteed_origin, subject, sequence, time.time_ns() // 1_000_000, body, FLAG_GUARANTEED
+        )
+        answer = self._unconfirmed.add(sequence, raw, subject, self.timeout)
+        conn = self._conn
+        if conn is not None:
+            conn.send(raw)
+            if conn.paused:
+                await conn.drain()
+        error = await answer  # TransportError once the timeout passes: stored or not, nobody knows
+        if error:
+            raise TransportError(f"the mesh node at {self.url} did not store the event: {error}")
 
     async def flush(self, timeout: float | None = None, *, propagated: bool = False) -> None:
         """Wait until the node has handled everything sent so far; with ``propagated``, until every

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 LOG_FILE = "peer_queues.log"
 LEGACY_FILE = "peer_queues.json"
 COMPACT_AFTER = 1000  # lines beyond twice the state's before the log is rewritten
+MATCHES_CACHED = 4096  # subjects whose matching keys are remembered
 
 
 class Change(msgspec.Struct, omit_defaults=True):
@@ -129,6 +130,7 @@ class KnownQueues:
     def __init__(self, root: Path, name: str, on_change: Callable[[str, set[str], set[str]], None]) -> None:
         self.by_key: dict[str, set[str]] = {}
         self._index: PatternIndex[str] = PatternIndex()
+        self._matches: dict[str, frozenset[str]] = {}  # by subject; emptied on any change, or when full
         self._log = PeerQueuesLog(root, name)
         self._on_change = on_change
 
@@ -136,8 +138,14 @@ class KnownQueues:
         for key, patterns in self._log.load().items():
             self._set(key, {p for p in patterns if valid_pattern(p) is not None})
 
-    def match(self, subject: str) -> set[str]:
-        return self._index.match(subject)
+    def match(self, subject: str) -> frozenset[str]:
+        """The keys whose queues want ``subject`` (asked for each guaranteed event: cached)."""
+        keys = self._matches.get(subject)
+        if keys is None:
+            if len(self._matches) >= MATCHES_CACHED:
+                self._matches.clear()
+            keys = self._matches[subject] = frozenset(self._index.match(subject))
+        return keys
 
     def learnt(self, key: str, added: Iterable[str], removed: Iterable[str]) -> None:
         have = self.by_key.get(key, set())
@@ -157,6 +165,7 @@ class KnownQueues:
         return len(patterns)
 
     def _set(self, key: str, patterns: set[str]) -> None:
+        self._matches.clear()
         have = self.by_key.pop(key, set())
         for pattern in have - patterns:
             self._index.remove(pattern, key)

@@ -153,7 +153,7 @@ def event_id(frame: Frame) -> str:
 
 def decode_spooled(frame: Frame, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Frame:
     """The EVENT a SPOOLED frame carries; ValueError unless it is exactly one well-formed EVENT."""
-    reader = FrameReader(max_payload)
+    reader = FrameReader(max_payload, _SPOOLED_TEXT)
     out = reader.feed(frame.payload)
     inner = out[0] if len(out) == 1 and not reader.pending else None
     if not isinstance(inner, Frame) or inner.type is not FrameType.EVENT:
@@ -162,6 +162,7 @@ def decode_spooled(frame: Frame, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Fram
 
 
 _TYPES = {t.value: t for t in FrameType}
+_SPOOLED_TEXT: dict[bytes, str] = {}  # the texts of the EVENTs SPOOLED frames carry: a reader for each
 _KINDS = tuple(_TYPES.get(kind) for kind in range(max(_TYPES) + 1))  # by type number, for the C loop
 _TEXT_CACHE = 4096  # node ids and subjects seen recently, decoded once
 
@@ -176,8 +177,8 @@ EncodeFrame = Callable[[int, int, str, str, int, bytes, int | None], bytes | Non
 
 
 def native_encode_frame() -> EncodeFrame | None:
-    """The C encoder of ``_frames.c``, or None (see :func:`native_read_frames`). Its bytes are the
-    Python encoder's, so it is chosen once, at import."""
+    """The C encoder of ``_frames.c`` (the Python encoder's bytes), or None (see
+    :func:`native_read_frames`)."""
     if os.environ.get("MESHPLANE_NO_EXTENSIONS"):
         return None
     try:
@@ -199,21 +200,23 @@ def native_read_frames() -> ReadFrames | None:
     return read_frames
 
 
-_native_encode = native_encode_frame()
+# Chosen once: a reader is made for every SPOOLED frame (to read the EVENT it carries).
+_native_encode, _native_read = native_encode_frame(), native_read_frames()
 
 
 class FrameReader:
     """Bytes in, frames (or the reasons frames were dropped) out."""
 
-    def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+    def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD, text: dict[bytes, str] | None = None) -> None:
+        """``text``: a cache of decoded sources and subjects to share (else one of its own)."""
         self.max_payload = max_payload
         self._buffer = b""
         self._chunks: list[bytes] = []  # a large frame's parts, joined once it is whole
         self._chunked = 0
         self._needed = 0  # bytes the frame begun in the buffer needs in all, once its lengths are in
-        self._text: dict[bytes, str] = {}
+        self._text: dict[bytes, str] = {} if text is None else text
         self.broken = False
-        self._read_frames = native_read_frames()
+        self._read_frames = _native_read
 
     def feed(self, data: bytes) -> list[Frame | FrameError]:
         if self.broken:

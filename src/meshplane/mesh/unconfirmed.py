@@ -1,0 +1,98 @@
+"""A mesh client's guaranteed publishes awaiting their ACK, in the order they were sent.
+
+At most ``limit`` at once (a publisher waits for room, first come first served), and each one failed
+when its timeout passes, by one timer for all of them: the publishes share one timeout, so the oldest
+is always the first to expire. (A timer per publish, or ``asyncio.Semaphore``, whose ``acquire``
+builds a generator over its waiters every time in Python 3.11, cost more than the publish itself.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from meshplane.errors import TransportError
+
+
+@dataclass(slots=True)
+class _Entry:
+    raw: bytes
+    answer: asyncio.Future[str]
+    deadline: float
+    subject: str
+    timeout: float
+
+
+class Unconfirmed:
+    def __init__(self, limit: int, node_url: str) -> None:
+        self.limit = limit
+        self.node_url = node_url
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._room: deque[asyncio.Future[None]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def room(self) -> None:
+        """Return once one more publish may be sent (at once while fewer than ``limit`` wait)."""
+        while len(self._entries) >= self.limit or self._room:
+            waiter = asyncio.get_running_loop().create_future()
+            self._room.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter in self._room:
+                    self._room.remove(waiter)
+                else:
+                    self._make_room()  # woken, then cancelled: the room goes to the next
+                raise
+            if len(self._entries) < self.limit:
+                return
+
+    def add(self, sequence: int, raw: bytes, subject: str, timeout: float) -> asyncio.Future[str]:
+        """The publish ``sequence`` was sent: its answer ("" when stored, else why not), failed with
+        TransportError once ``timeout`` passes without one."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[str] = loop.create_future()
+        self._entries[sequence] = _Entry(raw, answer, loop.time() + timeout, subject, timeout)
+        if self._timer is None:
+            self._timer = loop.call_at(loop.time() + timeout, self._expire)
+        return answer
+
+    def confirm(self, sequence: int, error: str) -> None:
+        entry = self._entries.pop(sequence, None)
+        if entry is not None:
+            if not entry.answer.done():
+                entry.answer.set_result(error)
+            self._make_room()
+
+    def raws(self) -> list[bytes]:
+        """What to send again on a new connection, oldest first."""
+        return [entry.raw for entry in self._entries.values()]
+
+    def _expire(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer, now = None, loop.time()
+        while self._entries:
+            entry = next(iter(self._entries.values()))
+            if entry.deadline > now and not entry.answer.done():
+                self._timer = loop.call_at(entry.deadline, self._expire)
+                break
+            self._entries.popitem(last=False)
+            if not entry.answer.done():
+                entry.answer.set_exception(
+                    TransportError(
+                        f"the mesh node at {self.node_url} did not confirm a guaranteed event on "
+                        f"{entry.subject!r} within {entry.timeout}s: it may or may not have been stored"
+                    )
+                )
+            self._make_room()
+
+    def _make_room(self) -> None:
+        while self._room and len(self._entries) < self.limit:
+            waiter = self._room.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return

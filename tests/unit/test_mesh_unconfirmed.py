@@ -1,0 +1,62 @@
+"""A mesh client's guaranteed publishes awaiting their ACK: bounded, first come first served, each
+failed once its timeout passes (one timer for all), none lost from what a new connection resends."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from meshplane.errors import TransportError
+from meshplane.mesh.unconfirmed import Unconfirmed
+from tests.helpers import eventually
+
+
+async def test_answers_come_from_confirmations_and_resends_keep_the_order() -> None:
+    pending = Unconfirmed(10, "tcp://node")
+    first = pending.add(1, b"one", "s", 30)
+    second = pending.add(2, b"two", "s", 30)
+    assert pending.raws() == [b"one", b"two"]
+    pending.confirm(2, "")
+    pending.confirm(1, "disk full")
+    pending.confirm(1, "a second ACK is ignored")
+    assert (await first, await second) == ("disk full", "")
+    assert len(pending) == 0
+
+
+async def test_publishers_beyond_the_limit_wait_their_turn() -> None:
+    pending = Unconfirmed(2, "tcp://node")
+    order: list[int] = []
+
+    async def publisher(sequence: int) -> None:
+        await pending.room()
+        order.append(sequence)
+        pending.add(sequence, b"", "s", 30)
+
+    tasks = [asyncio.create_task(publisher(n)) for n in range(5)]
+    await eventually(lambda: order == [0, 1])
+    cancelled = tasks[2]
+    cancelled.cancel()  # a waiter that gives up leaves its turn to the next
+    pending.confirm(0, "")
+    await eventually(lambda: order == [0, 1, 3])
+    pending.confirm(1, "")
+    pending.confirm(3, "")
+    await eventually(lambda: order == [0, 1, 3, 4])
+    assert cancelled.cancelled()
+    assert len(pending) == 1
+
+
+async def test_each_publish_fails_when_its_timeout_passes_and_makes_room() -> None:
+    pending = Unconfirmed(1, "tcp://node")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    answer = pending.add(1, b"", "orders.eu", 0.2)
+    waiter = asyncio.create_task(pending.room())
+    with pytest.raises(TransportError, match=r"orders\.eu.*within 0\.2s: it may or may not have been stored"):
+        await answer
+    assert loop.time() - started >= 0.2
+    await asyncio.wait_for(waiter, 5)  # the expired one made room
+    later = pending.add(2, b"", "s", 0.1)
+    pending.confirm(2, "")
+    assert await later == ""
+    assert pending.raws() == []
