@@ -56,9 +56,10 @@ class Unconfirmed:
         TransportError once ``timeout`` passes without one."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[str] = loop.create_future()
-        self._entries[sequence] = _Entry(raw, answer, loop.time() + timeout, subject, timeout)
+        deadline = loop.time() + timeout
+        self._entries[sequence] = _Entry(raw, answer, deadline, subject, timeout)
         if self._timer is None:
-            self._timer = loop.call_at(loop.time() + timeout, self._expire)
+            self._timer = loop.call_at(deadline, self._expire)
         return answer
 
     def confirm(self, sequence: int, error: str) -> None:
