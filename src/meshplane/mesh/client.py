@@ -230,6 +230,8 @@ class MeshClient:
         if frame.type is FrameType.EVENT:
             callbacks = self._cache.get(frame.subject)
             if callbacks is None:
+                if len(self._cache) >= CACHED_SUBJECTS:  # a subscription to ">" sees any number
+                    self._cache.clear()
                 callbacks = self._cache[frame.subject] = [
                     self._subs[sid][1] for sid in self._trie.match(frame.subject)
                 ]
@@ -367,4 +369,5 @@ class MeshClient:
 
 
 MAX_UNCONFIRMED = 10_000  # guaranteed publishes awaiting their ACK, at most
+CACHED_SUBJECTS = 4096  # subjects whose subscribers' callbacks are remembered
 SECRET_HINT = f"set {SECRET_ENV} to the node's secret"
