@@ -19,6 +19,7 @@ from meshplane.core.mesh.frames import (
     FrameError,
     FrameReader,
     FrameType,
+    decode_spooled,
     encode_event,
     encode_frame,
     native_encode_frame,
@@ -164,3 +165,24 @@ def test_the_c_encoder_makes_the_python_encoders_bytes_or_leaves_it_the_case(
 
 def test_a_subject_too_long_for_its_length_field_is_left_to_python() -> None:
     assert outcome(encode_frame, FrameType.SUB_ADD, "n", "s" * 65_536) is struct.error
+
+
+@settings(max_examples=300)
+@given(st.lists(FRAME, max_size=3), st.binary(max_size=20), st.integers(0, 3))
+def test_a_spooled_frames_event_is_read_alike(frames: list[bytes], garbage: bytes, where: int) -> None:
+    payload = b"".join(frames)
+    payload = (payload, payload, payload + garbage, garbage + payload)[where]  # whole, or with bytes around
+    spooled = Frame(FrameType.SPOOLED, 0, "n", "", 1, payload)
+
+    def python_decode(frame: Frame) -> Frame:
+        native, frames_module._native_read = frames_module._native_read, None
+        try:
+            return decode_spooled(frame, MAX_PAYLOAD)
+        finally:
+            frames_module._native_read = native
+
+    native = outcome(decode_spooled, spooled, MAX_PAYLOAD)
+    python = outcome(python_decode, spooled)
+    assert native == python
+    if isinstance(native, Frame) and isinstance(python, Frame):
+        assert native.raw == python.raw

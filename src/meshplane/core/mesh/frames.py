@@ -153,6 +153,12 @@ def event_id(frame: Frame) -> str:
 
 def decode_spooled(frame: Frame, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Frame:
     """The EVENT a SPOOLED frame carries; ValueError unless it is exactly one well-formed EVENT."""
+    payload = frame.payload
+    if _native_read is not None and type(payload) is bytes:  # the C loop alone, when all is well
+        decoded: list[Frame] = []
+        end = _native_read(payload, 0, max_payload, MAX_SUBJECT_BYTES, Frame, _KINDS, _SPOOLED_TEXT, decoded)
+        if end == len(payload) and len(decoded) == 1 and decoded[0].type is FrameType.EVENT:
+            return decoded[0]
     reader = FrameReader(max_payload, _SPOOLED_TEXT)
     out = reader.feed(frame.payload)
     inner = out[0] if len(out) == 1 and not reader.pending else None
