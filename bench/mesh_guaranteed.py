@@ -7,8 +7,8 @@ publisher on a:
 - guaranteed: the same events published guaranteed in rounds of ``--window`` (each round awaits all
   its ACKs before the next starts) until b's queue has stored them all; the ratio guaranteed/direct is
   printed;
-- guaranteed, ``--in-flight`` at once: a sliding window instead (a publish starts as soon as any one
-  is acknowledged), as a client that keeps a number of publishes in flight does;
+- guaranteed, ``--in-flight`` at once: a sliding window instead (``publish_async``: a publish is sent
+  as soon as the oldest in flight is acknowledged), as a client that keeps a number in flight does;
 - recovery: b killed (SIGKILL), ``--spooled`` guaranteed events published (spooled on a), b
   restarted: seconds from the restart until its queue holds them all;
 - HA takeover: node a as two mates on one data directory; SIGKILL the active: seconds until the
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -84,19 +85,15 @@ async def publish_guaranteed(client: MeshClient, subject: str, count: int, windo
 
 
 async def publish_in_flight(client: MeshClient, subject: str, count: int, in_flight: int) -> None:
-    slots = asyncio.Semaphore(in_flight)
-
-    async def one() -> None:
-        try:
-            await client.publish(subject, BODY, guaranteed=True)
-        finally:
-            slots.release()
-
-    pending = []
+    """At most ``in_flight`` unanswered at once, each answer's future awaited oldest first (no task
+    per publish: ``publish_async``)."""
+    pending: collections.deque[asyncio.Future[None]] = collections.deque()
     for _ in range(count):
-        await slots.acquire()
-        pending.append(asyncio.ensure_future(one()))
-    await asyncio.gather(*pending)
+        if len(pending) >= in_flight:
+            await pending.popleft()
+        pending.append(await client.publish_async(subject, BODY))
+    for answer in pending:
+        await answer
 
 
 async def direct_run(cluster: MeshCluster, events: int) -> float:

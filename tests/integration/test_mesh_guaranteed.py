@@ -195,6 +195,23 @@ async def test_a_full_spool_refuses_the_publish_and_says_why() -> None:
         assert spools[0]["refused"] == 1
 
 
+async def test_publishes_in_flight_without_a_task_each_are_stored_in_order_or_fail_on_their_future(
+    pair: MeshCluster,
+) -> None:
+    await queue_on_b(pair, "pipelined", "g9.>")
+    publisher = await MeshClient(pair["a"].route_url).connect()
+    try:
+        bodies = [b"%d" % i for i in range(3000)]
+        answers = [await publisher.publish_async("g9.x", body) for body in bodies]
+        refused = await publisher.publish_async("$G.reserved", b"never stored")
+        await asyncio.gather(*answers)
+        with pytest.raises(TransportError, match="did not store the event: subject"):
+            await refused
+        await eventually(lambda: queue_has(pair["b"], "pipelined", bodies), timeout=30)
+    finally:
+        await publisher.close()
+
+
 async def test_bad_queue_requests_are_4xx(pair: MeshCluster) -> None:
     bodies: list[dict[str, Any]] = [
         {},

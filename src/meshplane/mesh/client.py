@@ -313,6 +313,14 @@ class MeshClient:
             await conn.drain()
 
     async def _publish_guaranteed(self, subject: str, body: bytes) -> None:
+        await (await self.publish_async(subject, body))
+
+    async def publish_async(self, subject: str, body: bytes) -> asyncio.Future[None]:
+        """Send a guaranteed event without waiting for its answer (as nats-py's JetStream
+        ``publish_async``): waits only while 10,000 are unconfirmed or the socket pushes back, and
+        returns a future done once the node stored it, or failed with TransportError (refused, or no
+        answer within the timeout: then it may or may not have been stored). Many in flight cost no
+        task each."""
         await self._unconfirmed.room()
         sequence = next(self._sequence)
         raw = encode_event(
@@ -324,9 +332,7 @@ class MeshClient:
             conn.send(raw)
             if conn.paused:
                 await conn.drain()
-        error = await answer  # TransportError once the timeout passes: stored or not, nobody knows
-        if error:
-            raise TransportError(f"the mesh node at {self.url} did not store the event: {error}")
+        return answer
 
     async def flush(self, timeout: float | None = None, *, propagated: bool = False) -> None:
         """Wait until the node has handled everything sent so far; with ``propagated``, until every

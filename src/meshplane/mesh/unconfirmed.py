@@ -18,7 +18,7 @@ from meshplane.errors import TransportError
 @dataclass(slots=True)
 class _Entry:
     raw: bytes
-    answer: asyncio.Future[str]
+    answer: asyncio.Future[None]
     deadline: float
     subject: str
     timeout: float
@@ -51,11 +51,11 @@ class Unconfirmed:
             if len(self._entries) < self.limit:
                 return
 
-    def add(self, sequence: int, raw: bytes, subject: str, timeout: float) -> asyncio.Future[str]:
-        """The publish ``sequence`` was sent: its answer ("" when stored, else why not), failed with
-        TransportError once ``timeout`` passes without one."""
+    def add(self, sequence: int, raw: bytes, subject: str, timeout: float) -> asyncio.Future[None]:
+        """The publish ``sequence`` was sent: its answer, done once stored, failed with TransportError
+        when the node refused it or ``timeout`` passed without an answer."""
         loop = asyncio.get_running_loop()
-        answer: asyncio.Future[str] = loop.create_future()
+        answer: asyncio.Future[None] = loop.create_future()
         deadline = loop.time() + timeout
         self._entries[sequence] = _Entry(raw, answer, deadline, subject, timeout)
         if self._timer is None:
@@ -63,10 +63,17 @@ class Unconfirmed:
         return answer
 
     def confirm(self, sequence: int, error: str) -> None:
+        """The node's answer to ``sequence``: "" when stored, else why not."""
         entry = self._entries.pop(sequence, None)
         if entry is not None:
-            if not entry.answer.done():
-                entry.answer.set_result(error)
+            if entry.answer.done():
+                pass
+            elif error:
+                entry.answer.set_exception(
+                    TransportError(f"the mesh node at {self.node_url} did not store the event: {error}")
+                )
+            else:
+                entry.answer.set_result(None)
             self._make_room()
 
     def raws(self) -> list[bytes]:
