@@ -130,6 +130,8 @@ class FrameConnection(asyncio.Protocol):
         """Hand over what was read, a turn at a time: one read can hold thousands of frames, and
         every other connection (``/health`` included) waits while they are handled. Reading stops
         until the backlog is done, so the peer feels it as TCP backpressure."""
+        if self._closing:  # what was read and not yet handled is dropped
+            return
         items, self._backlog = self._backlog, []
         deadline = time.perf_counter() + TURN_SECONDS
         on_frame, stats = self._on_frame, self.stats
