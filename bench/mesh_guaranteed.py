@@ -78,10 +78,11 @@ async def wait_link(node: StreamsServerProcess, peer: str, state: str) -> None:
 
 
 async def publish_guaranteed(client: MeshClient, subject: str, count: int, window: int) -> None:
+    """Rounds of ``window`` publishes, each round's answers all awaited before the next is sent."""
     for start in range(0, count, window):
-        await asyncio.gather(
-            *(client.publish(subject, BODY, guaranteed=True) for _ in range(min(window, count - start)))
-        )
+        answers = [await client.publish_async(subject, BODY) for _ in range(min(window, count - start))]
+        for answer in answers:
+            await answer
 
 
 async def publish_in_flight(client: MeshClient, subject: str, count: int, in_flight: int) -> None:
