@@ -14,6 +14,12 @@ setup(
             optional=True,
         ),
         Extension(
+            "meshplane.core._records",
+            ["src/meshplane/core/_records.c"],
+            libraries=["z"],
+            optional=True,
+        ),
+        Extension(
             "meshplane.core.mesh._frames",
             ["src/meshplane/core/mesh/_frames.c"],
             libraries=["z"],

@@ -15,7 +15,9 @@ that the adapter truncates there.
 
 from __future__ import annotations
 
+import os
 import struct
+import types
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,7 +67,31 @@ def decode_event(payload: bytes | memoryview) -> StoredEvent:
         raise msgspec.DecodeError(f"a string that is not UTF-8: {exc}") from None
 
 
+def native_records() -> types.ModuleType | None:
+    """The C loops of ``_records.c`` (sound records only; the rest is left to this module), or None
+    where they were not built or ``MESHPLANE_NO_EXTENSIONS`` is set."""
+    if os.environ.get("MESHPLANE_NO_EXTENSIONS"):
+        return None
+    try:
+        from meshplane.core import _records
+    except ImportError:
+        return None
+    return _records
+
+
+_native = native_records()  # chosen once: the C code makes and reads the bytes this module does
+
+
 def encode_record(offset: int, timestamp_ms: int, payload: bytes) -> bytes:
+    if _native is not None:
+        record: bytes | None = _native.encode(offset, timestamp_ms, payload)
+        if record is not None:
+            return record
+    return python_encode_record(offset, timestamp_ms, payload)
+
+
+def python_encode_record(offset: int, timestamp_ms: int, payload: bytes) -> bytes:
+    """The reference encoder (``_records.c`` makes the same bytes, or leaves the case to this one)."""
     body = struct.pack(">Qq", offset, timestamp_ms) + payload
     return struct.pack(">II", len(body), zlib.crc32(body)) + body
 
@@ -123,7 +149,14 @@ def scan_records(
     end = len(data)
     remaining = -1 if max_records is None else max_records
     problem: str | None = None
+    scan = _native.scan if _native is not None else None
     while pos < end and remaining != 0:
+        if scan is not None:  # as far as every record is sound; this loop takes the next one
+            pos, expected_offset, remaining = scan(
+                data, pos, expected_offset, remaining, start_position, Record, records
+            )
+            if pos >= end or remaining == 0:
+                break
         if end - pos < HEADER_SIZE:
             problem = "truncated header"
             break
