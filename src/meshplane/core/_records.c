@@ -19,23 +19,14 @@ encode(offset, timestamp_ms, payload) -> bytes | None
 #include <stdint.h>
 #include <zlib.h>
 
+#include "bigendian.h"
+
 #define HEADER_SIZE 24 /* length, crc, offset, time */
 #define AFTER_CRC 16   /* offset, time */
 #define MAX_RECORD_BYTES (64 * 1024 * 1024)
 
-static uint64_t be64(const unsigned char *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v = (v << 8) | p[i];
-    return v;
-}
 
-static uint32_t be32(const unsigned char *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
 
-static void put_be(unsigned char *p, uint64_t v, int bytes) {
-    for (int i = bytes - 1; i >= 0; i--, v >>= 8) p[i] = (unsigned char)(v & 0xff);
-}
 
 static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7 || !PyBytes_Check(args[0]) || !PyType_Check(args[5]) ||

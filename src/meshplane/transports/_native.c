@@ -22,6 +22,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../core/bigendian.h"
+
 /* zmq.h's zmq_msg_t: 64 opaque bytes, pointer-aligned (stable across libzmq 4.x). */
 typedef struct {
     void *align;
@@ -53,15 +55,7 @@ static int is_msgpack_map(unsigned char first) {
     return (first >= 0x80 && first <= 0x8f) || first == 0xde || first == 0xdf;
 }
 
-static uint64_t be64(const unsigned char *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v = (v << 8) | p[i];
-    return v;
-}
 
-static uint32_t be32(const unsigned char *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
-}
 
 static PyObject *bind(PyObject *self, PyObject *args) {
     unsigned long long a[10];
@@ -344,9 +338,6 @@ static size_t put_bin_header(unsigned char *p, size_t n) {
     return 5;
 }
 
-static void put_be(unsigned char *p, uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * (bytes - 1 - i)));
-}
 
 static uint64_t unix_ms(void) {
     struct timespec now;

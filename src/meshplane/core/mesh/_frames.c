@@ -15,6 +15,8 @@ this loop, so both accept and refuse the same bytes. */
 #include <stdint.h>
 #include <zlib.h>
 
+#include "../bigendian.h"
+
 #define HEAD_BYTES 20   /* type, flags, source (16), subject length (2) */
 #define SOURCE_BYTES 16
 #define MIDDLE_BYTES 12 /* sequence (8), payload length (4) */
@@ -22,15 +24,7 @@ this loop, so both accept and refuse the same bytes. */
 #define STAMP_BYTES 8   /* an EVENT's payload starts with its timestamp */
 #define EVENT_TYPE 3
 
-static uint64_t be64(const unsigned char *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v = (v << 8) | p[i];
-    return v;
-}
 
-static uint32_t be32(const unsigned char *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
 
 /* The cached text for ``size`` raw bytes (a borrowed reference), or NULL (no error set) when the cache
    does not have it. The previous frame's text is tried first: a link's frames mostly repeat it. */
@@ -126,9 +120,6 @@ static PyObject *read_frames(PyObject *self, PyObject *const *args, Py_ssize_t n
     return PyLong_FromSsize_t(start);
 }
 
-static void put_be(unsigned char *p, uint64_t v, int bytes) {
-    for (int i = bytes - 1; i >= 0; i--, v >>= 8) p[i] = (unsigned char)(v & 0xff);
-}
 
 /* A value in [0, limit], or -1 (no error set) when it is not an int in range. */
 static int in_range(PyObject *value, unsigned long long limit, unsigned long long *out) {
