@@ -15,9 +15,7 @@ that the adapter truncates there.
 
 from __future__ import annotations
 
-import os
 import struct
-import types
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from typing import Any, Literal, NamedTuple
 
 import msgspec
 
+from meshplane.core.compiled import compiled
 from meshplane.errors import OffsetOutOfRange
 
 RECORD_HEADER = struct.Struct(">IIQq")
@@ -67,19 +66,7 @@ def decode_event(payload: bytes | memoryview) -> StoredEvent:
         raise msgspec.DecodeError(f"a string that is not UTF-8: {exc}") from None
 
 
-def native_records() -> types.ModuleType | None:
-    """The C loops of ``_records.c`` (sound records only; the rest is left to this module), or None
-    where they were not built or ``MESHPLANE_NO_EXTENSIONS`` is set."""
-    if os.environ.get("MESHPLANE_NO_EXTENSIONS"):
-        return None
-    try:
-        from meshplane.core import _records
-    except ImportError:
-        return None
-    return _records
-
-
-_native = native_records()  # chosen once: the C code makes and reads the bytes this module does
+_native = compiled("meshplane.core._records")  # chosen once: it makes and reads the bytes this module does
 
 
 def encode_record(offset: int, timestamp_ms: int, payload: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""Types of the C extension ``_frames.c`` (see there and ``frames.native_read_frames``)."""
+"""Types of the C extension ``_frames.c`` (see there and ``frames.py``)."""
 
 from typing import Any
 

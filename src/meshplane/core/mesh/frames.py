@@ -29,7 +29,6 @@ answered with ACK too (its sequence the event's; a payload, if any, says why it 
 from __future__ import annotations
 
 import enum
-import os
 import struct
 import zlib
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from meshplane.core.compiled import compiled
 from meshplane.core.subjects import MAX_SUBJECT_BYTES
 
 T = TypeVar("T")
@@ -176,38 +176,13 @@ _TEXT_CACHE = 4096  # node ids and subjects seen recently, decoded once
 ReadFrames = Callable[
     [bytes, int, int, int, type[Frame], tuple[FrameType | None, ...], dict[bytes, str], list[Any]], int
 ]
-
-
 #: ``encode_frame(kind, flags, source, subject, sequence, payload, timestamp) -> bytes | None``
 EncodeFrame = Callable[[int, int, str, str, int, bytes, int | None], bytes | None]
 
-
-def native_encode_frame() -> EncodeFrame | None:
-    """The C encoder of ``_frames.c`` (the Python encoder's bytes), or None (see
-    :func:`native_read_frames`)."""
-    if os.environ.get("MESHPLANE_NO_EXTENSIONS"):
-        return None
-    try:
-        from meshplane.core.mesh._frames import encode_frame
-    except ImportError:
-        return None
-    return encode_frame
-
-
-def native_read_frames() -> ReadFrames | None:
-    """The C loop of ``_frames.c`` (whole, sound frames only; the rest is left to :class:`FrameReader`),
-    or None where it was not built or ``MESHPLANE_NO_EXTENSIONS`` is set."""
-    if os.environ.get("MESHPLANE_NO_EXTENSIONS"):
-        return None
-    try:
-        from meshplane.core.mesh._frames import read_frames
-    except ImportError:
-        return None
-    return read_frames
-
-
-# Chosen once: a reader is made for every SPOOLED frame (to read the EVENT it carries).
-_native_encode, _native_read = native_encode_frame(), native_read_frames()
+# The C loop and encoder of ``_frames.c``, chosen once (a reader is made for every SPOOLED frame).
+_frames = compiled("meshplane.core.mesh._frames")
+_native_read: ReadFrames | None = _frames.read_frames if _frames is not None else None
+_native_encode: EncodeFrame | None = _frames.encode_frame if _frames is not None else None
 
 
 class FrameReader:
