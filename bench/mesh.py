@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import random
+import resource
 import struct
 import subprocess
 import sys
@@ -191,9 +192,30 @@ def _read(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return result
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a running process has had so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_pair(
-    kind: str, pub_url: str, sub_url: str, events: int, latency: bool, interval: float, connections: int = 1
+    kind: str,
+    pub_url: str,
+    sub_url: str,
+    events: int,
+    latency: bool,
+    interval: float,
+    connections: int = 1,
+    server_pids: tuple[int, ...] = (),
 ) -> dict[str, Any]:
+    """One publisher and one subscriber process; with ``server_pids``, the CPU time the servers and
+    the two clients spent on the run (the clients' includes their start), in microseconds per event."""
+    servers_before, clients_before = sum(map(cpu_seconds, server_pids)), children_cpu_seconds()
     with tempfile.TemporaryDirectory() as folder:
         marker = str(Path(folder) / "warm")
         sub = _spawn(["_sub", kind, sub_url, str(events), "1" if latency else "0", str(connections), marker])
@@ -202,6 +224,13 @@ def run_pair(
         result = _read(sub)
         pub.wait(300)
         sub.wait(60)
+    if server_pids:
+        servers = sum(map(cpu_seconds, server_pids)) - servers_before
+        clients = children_cpu_seconds() - clients_before
+        result["cpu_us_per_event"] = {
+            "servers": round(servers / events * 1e6, 2),
+            "clients": round(clients / events * 1e6, 2),
+        }
     return result
 
 
@@ -383,15 +412,23 @@ def main() -> None:
                 "mesh": (cluster["a"].route_url, cluster["b"].route_url),
                 "nats": (servers[0].url, servers[1].url),
             }
+            pids = {"mesh": (cluster["a"].pid, cluster["b"].pid), "nats": (servers[0].pid, servers[1].pid)}
             throughput: dict[str, Any] = {}
             for kind, (a, b) in urls.items():
-                runs = [run_pair(kind, a, b, args.events, False, 0.0) for _ in range(args.repeat)]
+                runs = [
+                    run_pair(kind, a, b, args.events, False, 0.0, server_pids=pids[kind])
+                    for _ in range(args.repeat)
+                ]
                 rates = sorted(r["rate"] for r in runs)
                 throughput[kind] = {
                     **runs[[r["rate"] for r in runs].index(rates[len(rates) // 2])],
                     "runs": rates,
                 }
-                print(f"{kind:5} A->B throughput {throughput[kind]['rate']:>9,} events/s  runs {rates}")
+                cpu = throughput[kind]["cpu_us_per_event"]
+                print(
+                    f"{kind:5} A->B throughput {throughput[kind]['rate']:>9,} events/s  runs {rates}  "
+                    f"CPU per event: servers {cpu['servers']} us, clients {cpu['clients']} us"
+                )
                 steps.step(f"{kind} throughput in a cluster")
             latency = {}
             for kind, (a, b) in urls.items():
