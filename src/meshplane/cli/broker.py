@@ -10,6 +10,7 @@ import signal
 import sys
 
 from meshplane.broker import Broker, query_stats
+from meshplane.cli.heap import settle_heap
 from meshplane.cli.options import add_plane_options, config_from_args
 from meshplane.core.brokers import BROKERS_BUCKET, broker_record
 from meshplane.core.records import new_instance_id
@@ -106,6 +107,7 @@ async def run_broker(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        settle_heap()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

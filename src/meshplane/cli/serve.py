@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from meshplane.cli.heap import settle_heap
 from meshplane.cli.streams import TOKEN_ENV, require_streams_extra
 from meshplane.config import default_state_dir
 from meshplane.errors import ConfigError
@@ -374,6 +375,7 @@ async def _serve_locked(
                 "route_url": mesh.route_url,
             }
         print(json.dumps(announced), flush=True)
+        settle_heap()
         if lease is not None and mesh is not None:
             published.append(asyncio.create_task(lease.publish(mesh.route_url)))
 
