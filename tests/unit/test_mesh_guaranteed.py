@@ -14,10 +14,12 @@ from meshplane.mesh import guaranteed as guaranteed_module
 from meshplane.mesh.config import MeshConfig
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.node import MeshNode
+from meshplane.mesh.spool import SpoolLimits
 from meshplane.streams.config import StreamsConfig
 from meshplane.streams.errors import BadRequest, NotStored
 from meshplane.streams.service import StreamsService
 from tests.faults import FaultInjector
+from tests.helpers import eventually
 
 
 @pytest.fixture
@@ -71,6 +73,24 @@ async def test_what_waits_for_a_commit_is_bounded(node: MeshNode, monkeypatch: p
         node.guaranteed.publish(event, answers.append)
     assert answers == ["the node is busy: 2 guaranteed events wait to be stored; retry"]
     assert node.guaranteed.counters["refused_busy"] == 1
+
+
+async def test_a_spool_filled_within_one_commit_refuses_only_what_is_beyond_its_room(
+    node: MeshNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(node.guaranteed, "limits", SpoolLimits(max_events=3))
+    assert node.guaranteed.peers is not None
+    node.guaranteed.peers.learnt("b", {"orders.>"}, ())  # node b's queue wants orders: spooled for b
+    answers: list[str] = []
+    for i in range(5):  # one commit: no await between them
+        node.guaranteed.publish(
+            MeshEvent("client", "orders.eu", i, 1000, b"x", FLAG_GUARANTEED), answers.append
+        )
+    await eventually(lambda: len(answers) == 5)
+    assert answers[:3] == ["", "", ""]
+    assert all("spool for node 'b' is full" in answer for answer in answers[3:])
+    spool = node.guaranteed.spools["b"]
+    assert (spool.pending, spool.refused) == (3, 2)
 
 
 @pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO], ids=errno.errorcode.get)

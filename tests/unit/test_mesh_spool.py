@@ -119,18 +119,19 @@ def test_a_spool_reopened_syncs_its_confirmed_offset_at_the_first_save_if_far_be
     again.close()
 
 
-def test_limits_refuse_with_a_reason_and_count(tmp_path: Path) -> None:
+def test_room_is_what_the_limits_leave_and_a_refusal_says_why(tmp_path: Path) -> None:
     spool = open_spool(tmp_path, max_events=3)
     for i in range(3):
-        spool.check_room(100)
+        assert spool.room()[0] == 3 - i
         spool.append([frame(i)])
+    assert spool.room()[0] == 0
     with pytest.raises(SpoolFull, match=r"spool for node .b. is full .* 3 events"):
-        spool.check_room(100)
-    by_bytes = open_spool(tmp_path / "bytes", max_bytes=50)
-    with pytest.raises(SpoolFull, match="bytes"):
-        by_bytes.check_room(51)
+        raise spool.refuse()
+    by_bytes = open_spool(tmp_path / "bytes", max_bytes=500)
+    by_bytes.append([frame(0)])
+    assert by_bytes.room()[1] == 500 - by_bytes.log.size_bytes < 500
     assert spool.refused == 1
-    assert by_bytes.refused == 1
+    assert by_bytes.refused == 0
     spool.close()
     by_bytes.close()
 

@@ -35,7 +35,6 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,31 +45,25 @@ from meshplane.core.mesh.frames import (
     encode_frame,
     event_parts,
 )
+from meshplane.mesh.commit_batch import Work, store_batch
 from meshplane.mesh.holders import Holder, MeshEvent
 from meshplane.mesh.peer_queues import KnownQueues
-from meshplane.mesh.queues import PREFIX, Queue, Queues, stored_event
-from meshplane.mesh.spool import Spool, SpoolFull, SpoolLimits, spool_directory, spool_peer
-from meshplane.streams.errors import CorruptRecords, NotStored, StorageError, StreamError
+from meshplane.mesh.queues import PREFIX, Queue, Queues
+from meshplane.mesh.spool import Spool, SpoolLimits, spool_directory, spool_peer
+from meshplane.streams.errors import CorruptRecords, NotStored, StorageError
 from meshplane.streams.files import changed
 
 if TYPE_CHECKING:
+    from meshplane.core.mesh.router import Route
     from meshplane.mesh.links import Link
     from meshplane.mesh.node import MeshNode
-    from meshplane.streams.durability import Syncable
     from meshplane.streams.service import StreamsService
 
 log = logging.getLogger(__name__)
 
 MAX_WAITING = 200_000  # guaranteed events waiting for the next group commit, at most ...
 MAX_WAITING_BYTES = 256 * 1024 * 1024  # ... and their bytes
-
-
-@dataclass(eq=False)
-class _Work:
-    event: MeshEvent | None  # None: a bad SPOOLED frame, confirmed in its turn
-    spools: list[Spool]  # of peers, and of other clusters
-    queues: list[Queue]
-    done: Callable[[str], None]  # "" once stored (and synced as the policy says), else why not
+CACHED_QUEUE_LISTS = 4096  # subjects whose queues are kept at hand
 
 
 class Guaranteed:
@@ -85,12 +78,13 @@ class Guaranteed:
         self.queues = Queues(node)
         self.counters: Counter[str] = Counter()
         self._root = Path()
-        self._work: list[_Work] = []
+        self._work: list[Work] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failed: set[Link] = set()  # links whose events failed to store: no ACK past the failure
         self._acks: dict[Link, int] = {}  # link -> highest spool offset handled in this batch
         self._waiting_bytes = 0
+        self._queues_of: dict[str, tuple[Route[Holder], list[Queue]]] = {}  # by subject
         self.peers: KnownQueues | None = None  # each peer's queues
         self.clusters: KnownQueues | None = None  # each other cluster's queues (a gateway)
 
@@ -191,10 +185,17 @@ class Guaranteed:
         spools += [self._cluster_spool(cluster) for cluster in sorted(self.clusters.match(event.subject))]
         # The spooled copy serves the direct subscribers of the peers it goes to.
         self.node.route_direct(event, peers, skip)
-        self._submit(_Work(event, spools, self._queues(event), done))
+        self._submit(Work(event, spools, self._queues(event), done))
 
     def _queues(self, event: MeshEvent) -> list[Queue]:
-        return [h for h in self.node.router.route(PREFIX + event.subject).local if isinstance(h, Queue)]
+        route = self.node.router.route(PREFIX + event.subject)
+        known = self._queues_of.get(event.subject)
+        if known is not None and known[0] is route:  # the router's cached route: still the same queues
+            return known[1]
+        if len(self._queues_of) >= CACHED_QUEUE_LISTS:
+            self._queues_of.clear()
+        queues = self._queues_of[event.subject] = (route, [h for h in route.local if isinstance(h, Queue)])
+        return queues[1]
 
     def cluster_wants(self, cluster: str, subject: str) -> bool:
         """Whether ``cluster``'s spool takes a guaranteed event on ``subject`` (then its direct copy
@@ -263,7 +264,7 @@ class Guaranteed:
         except ValueError:
             # Nothing will make it better: confirmed (in its turn) and counted.
             self.counters["bad_spooled"] += 1
-            self._submit(_Work(None, [], [], done))
+            self._submit(Work(None, [], [], done))
             return
         timestamp, body = event_parts(inner)
         if link.external:
@@ -278,7 +279,7 @@ class Guaranteed:
         clusters = sorted(self.clusters.match(event.subject))  # a gateway passes it on, once per cluster
         if not queues and not clusters:
             self.counters["spooled_unwanted"] += 1  # the queue went away on the way
-        self._submit(_Work(event, [self._cluster_spool(c) for c in clusters], queues, done))
+        self._submit(Work(event, [self._cluster_spool(c) for c in clusters], queues, done))
 
     def _from_cluster(self, link: Link, event: MeshEvent, done: Callable[[str], None]) -> None:
         """A guaranteed event another cluster's gateway sent: stored here as if published on this node
@@ -300,7 +301,7 @@ class Guaranteed:
             link.counters["duplicates_in"] += 1  # a resend: stored again (queues drop it by id)
         else:
             self.node.route_foreign(event, exclude=peers)
-        self._submit(_Work(event, [self._spool(peer) for peer in sorted(peers)], self._queues(event), done))
+        self._submit(Work(event, [self._spool(peer) for peer in sorted(peers)], self._queues(event), done))
 
     def _confirm(self, link: Link, offset: int, error: str) -> None:
         """One SPOOLED frame handled: confirmed (cumulatively, once per batch) unless it failed."""
@@ -396,7 +397,7 @@ class Guaranteed:
 
     # --- group commit ----------------------------------------------------------------------------------
 
-    def _submit(self, work: _Work) -> None:
+    def _submit(self, work: Work) -> None:
         size = len(work.event.raw) if work.event is not None else 0
         if len(self._work) >= MAX_WAITING or self._waiting_bytes + size > MAX_WAITING_BYTES:
             self.counters["refused_busy"] += 1
@@ -414,11 +415,11 @@ class Guaranteed:
             self._wake.clear()
             batch, self._work, self._waiting_bytes = self._work, [], 0
             try:
-                failed, synced = self._store(batch)
+                failed, synced, appended = store_batch(self.engine, batch, self.counters)
             except Exception as exc:  # a bug must not stop every later guaranteed publish
                 log.exception("storing guaranteed events failed")
-                failed, synced = {work: f"internal error: {exc!r}" for work in batch}, set()
-            for spool in {spool for work in batch if work not in failed for spool in work.spools}:
+                failed, synced, appended = {work: f"internal error: {exc!r}" for work in batch}, set(), []
+            for spool in appended:
                 self.pump(self._link_of(spool))  # before the fsync: a copy that arrives first is harmless
             if synced:
                 try:
@@ -426,70 +427,10 @@ class Guaranteed:
                 except StorageError as exc:
                     failed = {work: str(exc) for work in batch}
             for work in batch:
-                work.done(failed.get(work, ""))
+                work.done(failed.get(work, "") if failed else "")
             self.counters["stored"] += len(batch) - len(failed)
             self.counters["refused"] += len(failed)
             self._send_acks()
-
-    def _store(self, batch: list[_Work]) -> tuple[dict[_Work, str], set[Syncable]]:
-        """Append a batch to spools and queues, one write per spool and per queue: the works that
-        failed (and why), and what must be synced before the others are acknowledged. A failed
-        write fails the works it held; what they wrote elsewhere is dropped by id if they are sent
-        again."""
-        assert self.engine is not None
-        failed: dict[_Work, str] = {}
-        by_spool: dict[Spool, list[tuple[_Work, bytes]]] = {}
-        by_queue: dict[Queue, list[tuple[_Work, MeshEvent]]] = {}
-        room: Counter[Spool] = Counter()
-        for work in batch:
-            if work.event is None:
-                continue
-            raw, size = work.event.raw, len(work.event.raw)
-            try:
-                for spool in work.spools:
-                    spool.check_room(
-                        size, by_spool_events=len(by_spool.get(spool, ())), extra_bytes=room[spool]
-                    )
-            except SpoolFull as exc:
-                failed[work] = str(exc)
-                continue
-            for spool in work.spools:
-                by_spool.setdefault(spool, []).append((work, raw))
-                room[spool] += size
-            for queue in work.queues:
-                by_queue.setdefault(queue, []).append((work, work.event))
-        synced: set[Syncable] = set()
-        for spool, entries in by_spool.items():
-            try:
-                spool.append([raw for _, raw in entries])
-                synced.add(spool.log)
-            except StorageError as exc:
-                failed.update((work, str(exc)) for work, _ in entries)
-        for queue, pairs in by_queue.items():
-            fresh: dict[str, tuple[_Work, MeshEvent]] = {}
-            for work, event in pairs:
-                event_id = event.event_id
-                if work in failed:
-                    continue
-                if event_id in queue.recent or event_id in fresh:
-                    queue.duplicates += 1
-                    self.counters["duplicates_dropped"] += 1
-                else:
-                    fresh[event_id] = (work, event)
-            if not fresh:
-                continue
-            try:
-                if queue.name not in self.engine.topics:  # deleted under the queue: made again
-                    self.engine.topic_store.create(queue.name, 1)
-                _, more = self.engine.append_topic(queue.name, [stored_event(e) for _, e in fresh.values()])
-            except StreamError as exc:
-                failed.update((work, str(exc)) for work, _ in fresh.values())
-                continue
-            synced.update(more)
-            for event_id in fresh:
-                queue.remember(event_id)
-            queue.stored += len(fresh)
-        return failed, synced
 
 
 def _queue_patterns(interest: Iterable[str]) -> set[str]:

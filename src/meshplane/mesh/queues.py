@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,20 +50,21 @@ class Queue:
     def deliver(self, event: MeshEvent) -> None:
         """Queues take events only through :class:`Guaranteed` (stored, then acknowledged)."""
 
-    def remember(self, event_id: str) -> None:
-        self.recent[event_id] = None
-        if len(self.recent) > RECENT_IDS:
-            self.recent.popitem(last=False)
+    def remember(self, event_ids: Iterable[str]) -> None:
+        recent = self.recent
+        recent.update(dict.fromkeys(event_ids))
+        for _ in range(len(recent) - RECENT_IDS):
+            recent.popitem(last=False)
 
 
-def stored_event(event: MeshEvent) -> StoredEvent:
+def stored_event(event: MeshEvent, event_id: str | None = None) -> StoredEvent:
     """How a queue's topic keeps an event: pub/sub messages by their payload, others as bytes."""
     data: Any = event.body
     if event.flags & FLAG_JSON_MESSAGE:
         with contextlib.suppress(msgspec.DecodeError, AttributeError, TypeError):
             data = msgspec.json.decode(event.body).get("payload")
     return StoredEvent(
-        id=event.event_id,
+        id=event.event_id if event_id is None else event_id,
         event_type=event.subject,
         data=data,
         key=event.source,
@@ -164,8 +166,7 @@ class Queues:
                     break
                 if not events:
                     break
-                for event in events:
-                    queue.remember(event.body.id)
+                queue.remember(event.body.id for event in events)
                 offset = events[-1].offset + 1
 
     def status(self) -> list[dict[str, Any]]:

@@ -232,14 +232,14 @@ class Routes:
         """An event from a peer to this node's holders, once per event id; ``quiet``: a guaranteed
         event, which queues may want when nobody else does."""
         node = self.node
+        holders = node.router.route(event.subject).local
+        if not holders:  # nobody to deliver a copy to twice: no dedup either
+            if not quiet:
+                link.counters["unwanted_in"] += 1  # interest changed on the way, or a peer's stale copy
+            return
         key = (event.timestamp_ms, event.sequence, event.source)
         if node.dedup.seen(event.subject, key, time.monotonic() if now is None else now):
             link.counters["duplicates_in"] += 1
-            return
-        holders = node.router.route(event.subject).local
-        if not holders:
-            if not quiet:
-                link.counters["unwanted_in"] += 1  # interest changed on the way, or a peer's stale copy
             return
         node.routed += 1
         node.deliveries += len(holders)

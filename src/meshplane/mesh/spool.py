@@ -71,20 +71,18 @@ class Spool:
         """Events stored here and not yet confirmed by the destination."""
         return self.log.next_offset - self.acked
 
-    def check_room(self, size: int, *, by_spool_events: int = 0, extra_bytes: int = 0) -> None:
-        """Raise SpoolFull unless one more event of ``size`` bytes fits (besides ``by_spool_events``
-        and ``extra_bytes`` about to be appended with it)."""
-        events = self.pending + by_spool_events + 1
-        if (
-            events > self.limits.max_events
-            or self.log.size_bytes + extra_bytes + size > self.limits.max_bytes
-        ):
-            self.refused += 1
-            raise SpoolFull(
-                f"the spool for node {self.peer!r} is full ({self.pending} events, "
-                f"{self.log.size_bytes} bytes; limits {self.limits.max_events} events, "
-                f"{self.limits.max_bytes} bytes): the node has been unreachable too long"
-            )
+    def room(self) -> list[int]:
+        """[events, bytes] this spool may still take (a batch counts them down as it fills it)."""
+        return [self.limits.max_events - self.pending, self.limits.max_bytes - self.log.size_bytes]
+
+    def refuse(self) -> SpoolFull:
+        """An event that does not fit: counted, and why."""
+        self.refused += 1
+        return SpoolFull(
+            f"the spool for node {self.peer!r} is full ({self.pending} events, "
+            f"{self.log.size_bytes} bytes; limits {self.limits.max_events} events, "
+            f"{self.limits.max_bytes} bytes): the node has been unreachable too long"
+        )
 
     def append(self, frames: list[bytes]) -> int:
         """Store EVENT frames; the offset of the first. Raises StorageError (nothing stored) on a

@@ -84,7 +84,7 @@ class TopicBase(Generic[P]):
                 )
             return partition
         if key is not None:
-            return partition_for_key(key, count)
+            return partition_for_key(key, count) if count > 1 else 0
         chosen = self._next_partition
         self._next_partition = (chosen + 1) % count
         return chosen

@@ -1,0 +1,121 @@
+"""One group commit of guaranteed events (:mod:`.guaranteed`): a batch appended to the spools and the
+queues it goes to, one write per spool and per queue.
+
+Everything per event here is the cheapest form of it: a spool's room is read once per batch and
+counted down, an event id is made once, a queue remembers a batch's ids at once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from meshplane.core.streamlog import StoredEvent
+from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh.queues import Queue, stored_event
+from meshplane.mesh.spool import Spool
+from meshplane.streams.errors import StorageError, StreamError
+
+if TYPE_CHECKING:
+    from meshplane.streams.durability import Syncable
+    from meshplane.streams.service import StreamsService
+
+
+@dataclass(eq=False, slots=True)
+class Work:
+    """A guaranteed event waiting for the next commit."""
+
+    event: MeshEvent | None  # None: a bad SPOOLED frame, confirmed in its turn
+    spools: list[Spool]  # of peers, and of other clusters
+    queues: list[Queue]
+    done: Callable[[str], None]  # "" once stored (and synced as the policy says), else why not
+
+
+def store_batch(
+    engine: StreamsService, batch: list[Work], counters: Counter[str]
+) -> tuple[dict[Work, str], set[Syncable], list[Spool]]:
+    """Append a batch to spools and queues, one write per spool and per queue: the works that
+    failed (and why), what must be synced before the others are acknowledged, and the spools that
+    took events. A failed write fails the works it held; what they wrote elsewhere is dropped by id
+    if they are sent again."""
+    failed: dict[Work, str] = {}
+    by_spool: dict[Spool, list[bytes]] = {}
+    works_of: dict[Spool, list[Work]] = {}
+    by_queue: dict[Queue, list[Work]] = {}
+    room: dict[Spool, list[int]] = {}  # [events, bytes] each spool may still take
+    for work in batch:
+        event = work.event
+        if event is None:
+            continue
+        if work.spools:
+            raw = event.raw
+            size = len(raw)
+            full = None
+            for spool in work.spools:
+                left = room.get(spool) or room.setdefault(spool, spool.room())
+                if left[0] < 1 or left[1] < size:
+                    full = spool
+                    break
+            if full is not None:
+                failed[work] = str(full.refuse())
+                continue
+            for spool in work.spools:
+                left = room[spool]
+                left[0] -= 1
+                left[1] -= size
+                by_spool.setdefault(spool, []).append(raw)
+                works_of.setdefault(spool, []).append(work)
+        for queue in work.queues:
+            by_queue.setdefault(queue, []).append(work)
+    synced: set[Syncable] = set()
+    appended: list[Spool] = []
+    for spool, raws in by_spool.items():
+        try:
+            spool.append(raws)
+            synced.add(spool.log)
+            appended.append(spool)
+        except StorageError as exc:
+            failed.update((work, str(exc)) for work in works_of[spool])
+    for queue, works in by_queue.items():
+        _store_in(engine, queue, works, failed, synced, counters)
+    return failed, synced, appended
+
+
+def _store_in(
+    engine: StreamsService,
+    queue: Queue,
+    works: list[Work],
+    failed: dict[Work, str],
+    synced: set[Syncable],
+    counters: Counter[str],
+) -> None:
+    """A batch's events for one queue, but those it stored already (by event id)."""
+    recent = queue.recent
+    fresh: dict[str, Work] = {}
+    events: list[StoredEvent] = []
+    for work in works:
+        if failed and work in failed:
+            continue
+        event = work.event
+        assert event is not None
+        event_id = f"{event.timestamp_ms}-{event.sequence}-{event.source}"  # MeshEvent.event_id
+        if event_id in recent or event_id in fresh:
+            queue.duplicates += 1
+            counters["duplicates_dropped"] += 1
+        else:
+            fresh[event_id] = work
+            events.append(stored_event(event, event_id))
+    if not fresh:
+        return
+    try:
+        if queue.name not in engine.topics:  # deleted under the queue: made again
+            engine.topic_store.create(queue.name, 1)
+        _, more = engine.append_topic(queue.name, events)
+    except StreamError as exc:
+        failed.update((work, str(exc)) for work in fresh.values())
+        return
+    synced.update(more)
+    queue.remember(fresh)
+    queue.stored += len(fresh)
