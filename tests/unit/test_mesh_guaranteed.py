@@ -11,9 +11,11 @@ import pytest
 
 from meshplane.core.mesh.frames import FLAG_GUARANTEED
 from meshplane.mesh import guaranteed as guaranteed_module
+from meshplane.mesh import queues as queues_module
 from meshplane.mesh.config import MeshConfig
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.node import MeshNode
+from meshplane.mesh.queues import RecentIds
 from meshplane.mesh.spool import SpoolLimits
 from meshplane.streams.config import StreamsConfig
 from meshplane.streams.errors import BadRequest, NotStored
@@ -106,3 +108,14 @@ async def test_a_failed_write_is_not_stored_and_leaves_no_trace(
     assert injector.failed is not None
     await node.publish_guaranteed("orders.eu", b"after")
     assert [data for _, data in queue_events(node, "q")] == [b"before", b"after"]
+
+
+def test_a_queue_remembers_exactly_the_last_ids_it_stored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(queues_module, "RECENT_IDS", 5)
+    recent = RecentIds()
+    recent.remember(["a", "b", "c"])
+    recent.remember(["d", "e", "f", "g"])
+    assert recent.ids == {"c", "d", "e", "f", "g"}
+    recent.remember(["h"])
+    assert recent.ids == {"d", "e", "f", "g", "h"}
+    assert len(recent) == 5

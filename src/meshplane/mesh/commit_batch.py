@@ -92,7 +92,7 @@ def _store_in(
     counters: Counter[str],
 ) -> None:
     """A batch's events for one queue, but those it stored already (by event id)."""
-    recent = queue.recent
+    recent = queue.recent.ids
     fresh: dict[str, Work] = {}
     events: list[StoredEvent] = []
     for work in works:
@@ -117,5 +117,5 @@ def _store_in(
         failed.update((work, str(exc)) for work in fresh.values())
         return
     synced.update(more)
-    queue.remember(fresh)
+    queue.recent.remember(fresh.keys())
     queue.stored += len(fresh)

@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 
 MAX_WAITING = 200_000  # guaranteed events waiting for the next group commit, at most ...
 MAX_WAITING_BYTES = 256 * 1024 * 1024  # ... and their bytes
-CACHED_QUEUE_LISTS = 4096  # subjects whose queues are kept at hand
+CACHED_SUBJECTS = 4096  # subjects whose spools and queues are kept at hand
 
 
 class Guaranteed:
@@ -85,6 +85,8 @@ class Guaranteed:
         self._acks: dict[Link, int] = {}  # link -> highest spool offset handled in this batch
         self._waiting_bytes = 0
         self._queues_of: dict[str, tuple[Route[Holder], list[Queue]]] = {}  # by subject
+        # by subject: the peers and other clusters whose queues want it (as matched), and their spools
+        self._spools_of: dict[str, tuple[frozenset[str], frozenset[str], list[Spool]]] = {}
         self.peers: KnownQueues | None = None  # each peer's queues
         self.clusters: KnownQueues | None = None  # each other cluster's queues (a gateway)
 
@@ -153,6 +155,7 @@ class Guaranteed:
         if self.peers is not None and (peer in self.peers.by_key or spool is not None):
             forgotten = self.peers.forget(peer)
         self._failed = {link for link in self._failed if link.external or link.peer != peer}
+        self._spools_of.clear()
         return {"spooled_events_dropped": dropped, "queues_forgotten": forgotten}
 
     # --- queues --------------------------------------------------------------------------------------
@@ -180,9 +183,17 @@ class Guaranteed:
         if self.peers is None or self.clusters is None:
             done("this mesh node keeps no guaranteed events (it runs without a streams data directory)")
             return
-        peers = self.peers.match(event.subject)
-        spools = [self._spool(peer) for peer in sorted(peers)]
-        spools += [self._cluster_spool(cluster) for cluster in sorted(self.clusters.match(event.subject))]
+        subject = event.subject
+        peers, clusters = self.peers.match(subject), self.clusters.match(subject)
+        known = self._spools_of.get(subject)
+        if known is not None and known[0] is peers and known[1] is clusters:  # the same matches: cached
+            spools = known[2]
+        else:
+            spools = [self._spool(peer) for peer in sorted(peers)]
+            spools += [self._cluster_spool(cluster) for cluster in sorted(clusters)]
+            if len(self._spools_of) >= CACHED_SUBJECTS:
+                self._spools_of.clear()
+            self._spools_of[subject] = (peers, clusters, spools)
         # The spooled copy serves the direct subscribers of the peers it goes to.
         self.node.route_direct(event, peers, skip)
         self._submit(Work(event, spools, self._queues(event), done))
@@ -192,7 +203,7 @@ class Guaranteed:
         known = self._queues_of.get(event.subject)
         if known is not None and known[0] is route:  # the router's cached route: still the same queues
             return known[1]
-        if len(self._queues_of) >= CACHED_QUEUE_LISTS:
+        if len(self._queues_of) >= CACHED_SUBJECTS:
             self._queues_of.clear()
         queues = self._queues_of[event.subject] = (route, [h for h in route.local if isinstance(h, Queue)])
         return queues[1]
@@ -276,10 +287,11 @@ class Guaranteed:
         )
         self.node.routes.deliver_remote(link, event, quiet=True)
         queues = self._queues(event)
-        clusters = sorted(self.clusters.match(event.subject))  # a gateway passes it on, once per cluster
+        clusters = self.clusters.match(event.subject)  # a gateway passes it on, once per cluster
         if not queues and not clusters:
             self.counters["spooled_unwanted"] += 1  # the queue went away on the way
-        self._submit(Work(event, [self._cluster_spool(c) for c in clusters], queues, done))
+        spools = [self._cluster_spool(c) for c in sorted(clusters)] if clusters else []
+        self._submit(Work(event, spools, queues, done))
 
     def _from_cluster(self, link: Link, event: MeshEvent, done: Callable[[str], None]) -> None:
         """A guaranteed event another cluster's gateway sent: stored here as if published on this node
