@@ -83,6 +83,35 @@ def test_removing_patterns_leaves_the_others(texts: list[str], data: st.DataObje
     assert not any(trie._length)
 
 
+SHARED_PATTERNS = st.sampled_from(["t.*", "t.>", "t.x", "*.x", ">", "t.#", "#", "*", "t", "x.>"])
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from("abc"), SHARED_PATTERNS), min_size=1, max_size=12),
+    st.data(),
+)
+def test_values_sharing_patterns_are_each_found(held: list[tuple[str, str]], data: st.DataObject) -> None:
+    """Several subscribers, each with several patterns, some the same: a found subscriber's patterns
+    may be skipped only where nobody else holds them."""
+    index: PatternIndex[str] = PatternIndex()
+    for value, text in held:
+        index.insert(text, value)
+    gone = data.draw(st.sets(st.sampled_from(held)))
+    for value, text in gone:
+        index.remove(text, value)
+    kept = set(held) - gone
+    subject = ".".join(data.draw(st.lists(st.sampled_from(["t", "x"]), min_size=1, max_size=3)))
+    assert index.match(subject) == {value for value, text in kept if reference(text, subject)}
+
+
+def test_a_pattern_held_by_a_found_subscriber_still_finds_its_other_holders() -> None:
+    index: PatternIndex[str] = PatternIndex()
+    index.insert("t.*", "c")
+    index.insert("t.>", "b")
+    index.insert("t.>", "c")  # was: c found through t.*, then t.> skipped as c's, and b never found
+    assert index.match("t.x") == {"b", "c"}
+
+
 def test_synap_wildcards() -> None:
     assert matches("alerts.*", "alerts.cpu")
     assert not matches("alerts.*", "alerts.cpu.core1")

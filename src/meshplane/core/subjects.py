@@ -98,9 +98,9 @@ class PatternIndex(Generic[V]):
     word there, which have ``*`` there, and which end before it with ``#`` or ``>`` (so take any word
     there); per subject length, which patterns can match that many tokens. Matching a subject is one
     AND per token over those bit sets (each as long as the number of patterns, a Python int), then one
-    step per value found: a value's other patterns are cleared at once, so a subscriber holding 10,000
-    patterns that all match costs one step, not 10,000. Nothing depends on how the patterns overlap,
-    so no set of patterns makes one subject expensive.
+    step per value found: the patterns a found value holds alone are cleared at once, so a subscriber
+    holding 10,000 patterns that all match costs one step, not 10,000. A pattern others hold too is
+    still looked at (its other holders are not found yet), once.
     """
 
     def __init__(self) -> None:
@@ -111,7 +111,7 @@ class PatternIndex(Generic[V]):
         self._one: list[int] = [0] * MAX_TOKENS  # position -> patterns with '*' there
         self._open: list[int] = [0] * MAX_TOKENS  # position -> patterns ended by '#'/'>' before it
         self._length: list[int] = [0] * (MAX_TOKENS + 1)  # token count -> patterns that can match it
-        self._of: dict[V, int] = {}  # value -> the bits of its patterns
+        self._alone: dict[V, int] = {}  # value -> the bits of the patterns only it holds
         self.patterns = 0
 
     def insert(self, pattern: str, value: V) -> bool:
@@ -122,9 +122,20 @@ class PatternIndex(Generic[V]):
         holders = self._values[slot]
         if value in holders:
             return False
+        if len(holders) == 1:
+            self._set_alone(next(iter(holders)), slot, False)
         holders.add(value)
-        self._of[value] = self._of.get(value, 0) | (1 << slot)
+        if len(holders) == 1:
+            self._set_alone(value, slot, True)
         return True
+
+    def _set_alone(self, value: V, slot: int, alone: bool) -> None:
+        bits = self._alone.get(value, 0)
+        bits = bits | (1 << slot) if alone else bits & ~(1 << slot)
+        if bits:
+            self._alone[value] = bits
+        else:
+            self._alone.pop(value, None)
 
     def _add(self, pattern: str) -> int:
         fixed, tail = pattern_shape(pattern)
@@ -151,13 +162,12 @@ class PatternIndex(Generic[V]):
         slot = self._slots.get(pattern)
         if slot is None or value not in self._values[slot]:
             return False
-        self._values[slot].discard(value)
-        bits = self._of[value] & ~(1 << slot)
-        if bits:
-            self._of[value] = bits
-        else:
-            del self._of[value]
-        if not self._values[slot]:
+        holders = self._values[slot]
+        holders.discard(value)
+        self._set_alone(value, slot, False)
+        if len(holders) == 1:
+            self._set_alone(next(iter(holders)), slot, True)
+        if not holders:
             self._drop(pattern, slot)
         return True
 
@@ -197,7 +207,7 @@ class PatternIndex(Generic[V]):
             for value in self._values[lowest.bit_length() - 1]:
                 if value not in found:
                     found.add(value)
-                    candidates &= ~self._of[value]  # its other patterns need no look
+                    candidates &= ~self._alone.get(value, 0)  # the patterns it holds alone need no look
             candidates &= ~lowest
         return found
 
