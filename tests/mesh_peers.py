@@ -47,6 +47,7 @@ class RawPeer:
     origin: str = ""
     received: bytearray = field(default_factory=bytearray)  # every byte the node sent
     sent_auth: bytes = b""  # the AUTH frame this peer sent (to replay it)
+    batched_acks: bool = False  # as a client: asks for one ACK for many stored events
 
     def __post_init__(self) -> None:
         if not self.route_url:
@@ -86,7 +87,15 @@ class RawPeer:
         return True
 
     def hello(self, protocol: int = PROTOCOL_VERSION) -> Hello:
-        hello = Hello(protocol, self.node_id, self.cluster, self.role, self.epoch, self.nonce)
+        hello = Hello(
+            protocol,
+            self.node_id,
+            self.cluster,
+            self.role,
+            self.epoch,
+            self.nonce,
+            batched_acks=self.batched_acks,
+        )
         self.send(encode_frame(FrameType.HELLO, self.node_id, payload=encode_payload(hello)))
         return decode_hello(self.read_until(FrameType.HELLO).payload)
 

@@ -10,13 +10,17 @@ from meshplane.core.backpressure import SubscriberQueue
 from meshplane.core.mesh.bloom import BloomFilter, BloomShape, pattern_key, subject_keys
 from meshplane.core.mesh.dedup import DedupCache
 from meshplane.core.mesh.frames import (
+    ACKS_PER_FRAME,
+    FLAG_BATCHED_ACKS,
     OVERHEAD,
     Frame,
     FrameError,
     FrameReader,
     FrameType,
     SyncResponse,
+    batched_ack_sequences,
     check_node_id,
+    encode_batched_ack,
     encode_event,
     encode_frame,
     encode_payload,
@@ -331,3 +335,23 @@ def test_interest_frames_are_refused_alike_for_routes_and_gateways() -> None:
     too_many = SyncResponse(6, {0: ["a", "b", "c"]})
     assert sync_answer(encode_payload(too_many), known, now) == Refusal("pattern_limit", True)
     assert sync_answer(b"\xc1", known, now) == Refusal("bad_sync", False)
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=ACKS_PER_FRAME))
+def test_a_batched_ack_carries_each_number_back(sequences: list[int]) -> None:
+    [frame] = FrameReader().feed(encode_batched_ack("node", sequences))
+    assert isinstance(frame, Frame)
+    assert frame.type is FrameType.ACK
+    assert frame.flags & FLAG_BATCHED_ACKS
+    assert batched_ack_sequences(frame) == tuple(sequences)
+
+
+@pytest.mark.parametrize(("count", "payload"), [(2, b"\0" * 15), (3, b"\0" * 16), (1, b"")])
+def test_a_batched_ack_whose_payload_is_not_its_count_of_numbers_is_refused(
+    count: int, payload: bytes
+) -> None:
+    frame = encode_frame(FrameType.ACK, "node", sequence=count, payload=payload, flags=FLAG_BATCHED_ACKS)
+    [decoded] = FrameReader().feed(frame)
+    assert isinstance(decoded, Frame)
+    with pytest.raises(ValueError, match="batched ACK"):
+        batched_ack_sequences(decoded)

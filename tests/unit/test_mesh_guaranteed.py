@@ -3,13 +3,21 @@ waits for a commit, and failed writes that answer "not stored" and leave nothing
 
 from __future__ import annotations
 
+import asyncio
 import errno
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from meshplane.core.mesh.frames import FLAG_GUARANTEED
+from meshplane.core.mesh.frames import (
+    FLAG_BATCHED_ACKS,
+    FLAG_GUARANTEED,
+    Frame,
+    FrameType,
+    batched_ack_sequences,
+    encode_event,
+)
 from meshplane.mesh import guaranteed as guaranteed_module
 from meshplane.mesh import queues as queues_module
 from meshplane.mesh.config import MeshConfig
@@ -22,6 +30,7 @@ from meshplane.streams.errors import BadRequest, NotStored
 from meshplane.streams.service import StreamsService
 from tests.faults import FaultInjector
 from tests.helpers import eventually
+from tests.mesh_peers import RawPeer
 
 
 @pytest.fixture
@@ -119,3 +128,37 @@ def test_a_queue_remembers_exactly_the_last_ids_it_stored(monkeypatch: pytest.Mo
     recent.remember(["h"])
     assert recent.ids == {"d", "e", "f", "g", "h"}
     assert len(recent) == 5
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "one_by_one"])
+async def test_a_client_that_asked_gets_one_ack_for_many_stored_events(node: MeshNode, batched: bool) -> None:
+    """A client's HELLO says whether it takes batched ACKs; one that does not (an older client) still
+    gets one ACK per event."""
+    node.guaranteed.queues.create("q", ["orders.>"])
+    client = RawPeer(node.route_url, "c", "", "client", batched_acks=batched)
+    await asyncio.to_thread(client.authenticate)
+    try:
+        client.send(
+            *(encode_event(client.origin, "orders.eu", n, 1000, b"x", FLAG_GUARANTEED) for n in range(1, 301))
+        )
+
+        def acks() -> list[Frame]:
+            frames, confirmed = [], 0
+            while confirmed < 300:
+                frame = client.read_until(FrameType.ACK)
+                frames.append(frame)
+                confirmed += frame.sequence if frame.flags & FLAG_BATCHED_ACKS else 1
+            return frames
+
+        frames = await asyncio.to_thread(acks)
+    finally:
+        client.close()
+    if batched:
+        assert all(frame.flags & FLAG_BATCHED_ACKS for frame in frames)
+        assert [n for frame in frames for n in batched_ack_sequences(frame)] == list(range(1, 301))
+        assert len(frames) < 300
+    else:
+        assert [(frame.flags, frame.sequence, frame.payload) for frame in frames] == [
+            (0, n, b"") for n in range(1, 301)
+        ]
+    assert len(queue_events(node, "q")) == 300

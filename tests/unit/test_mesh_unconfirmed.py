@@ -62,3 +62,15 @@ async def test_each_publish_fails_when_its_timeout_passes_and_makes_room() -> No
     pending.confirm(2, "")
     await later
     assert pending.raws() == []
+
+
+async def test_a_batched_ack_confirms_the_numbers_it_lists_and_makes_room() -> None:
+    pending = Unconfirmed(3, "tcp://node")
+    answers = {n: pending.add(n, b"%d" % n, "s", 30) for n in (1, 2, 3)}
+    waiter = asyncio.create_task(pending.room())
+    pending.confirm_stored((3, 1, 99))  # a number it does not hold (answered already) is ignored
+    await answers[1]
+    await answers[3]
+    await waiter
+    assert not answers[2].done()
+    assert pending.raws() == [b"2"]

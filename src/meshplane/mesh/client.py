@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from meshplane.core.mesh.frames import (
     DEFAULT_MAX_PAYLOAD,
+    FLAG_BATCHED_ACKS,
     FLAG_GUARANTEED,
     FLAG_PROPAGATED,
     PROTOCOL_VERSION,
@@ -36,6 +37,7 @@ from meshplane.core.mesh.frames import (
     FrameError,
     FrameType,
     Hello,
+    batched_ack_sequences,
     decode_hello,
     encode_event,
     encode_frame,
@@ -162,7 +164,7 @@ class MeshClient:
         the node gave this connection."""
         assert self._handshake is not None
         name, nonce = self.name.encode()[:16].decode(errors="ignore"), new_nonce()
-        hello = Hello(PROTOCOL_VERSION, name, "", "client", 0, nonce)
+        hello = Hello(PROTOCOL_VERSION, name, "", "client", 0, nonce, batched_acks=True)
         conn.send(encode_frame(FrameType.HELLO, "", payload=encode_payload(hello)))
         answer = self._refusal_or_hello(await self._handshake.get())
         if len(answer.nonce) != NONCE_BYTES:
@@ -240,7 +242,14 @@ class MeshClient:
                 for callback in callbacks:
                     callback(frame.subject, body)
         elif frame.type is FrameType.ACK:
-            self._unconfirmed.confirm(frame.sequence, frame.payload.decode(errors="replace"))
+            if not frame.flags & FLAG_BATCHED_ACKS:
+                self._unconfirmed.confirm(frame.sequence, frame.payload.decode(errors="replace"))
+                return
+            try:
+                self._unconfirmed.confirm_stored(batched_ack_sequences(frame))
+            except ValueError as exc:  # none confirmed: they time out, and are resent on a new connection
+                self.bad_frames += 1
+                log.warning("dropped a frame from mesh node %s: %s", self.url, exc)
         elif frame.type is FrameType.SYNC_RESP:
             if self._pings:
                 ping = self._pings.pop(0)

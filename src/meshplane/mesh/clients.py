@@ -3,6 +3,7 @@ pings that wait for every linked peer."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -11,10 +12,12 @@ from typing import TYPE_CHECKING
 
 from meshplane.core.backpressure import SubscriberQueue
 from meshplane.core.mesh.frames import (
+    ACKS_PER_FRAME,
     FLAG_GUARANTEED,
     FLAG_PROPAGATED,
     Frame,
     FrameType,
+    encode_batched_ack,
     encode_frame,
     event_parts,
 )
@@ -53,7 +56,12 @@ class Clients:
             node.config.backpressure_policy,
         )
         session = ClientSession(
-            client_id, state.conn, queue, origin=state.origin, on_overflow=self._overflowed
+            client_id,
+            state.conn,
+            queue,
+            origin=state.origin,
+            batched_acks=state.hello is not None and state.hello.batched_acks,
+            on_overflow=self._overflowed,
         )
         state.role, state.session = "client", session
         state.conn.peer = client_id
@@ -128,12 +136,26 @@ class Clients:
             node.frame_errors["unexpected_client_frame"] += 1
 
     def answer(self, session: ClientSession, sequence: int, error: str) -> None:
-        """A client's guaranteed EVENT: ACK once stored (a payload says why it was not)."""
-        node = self.node
-        if session.conn.is_open:
+        """A client's guaranteed EVENT: ACK once stored (a payload says why it was not). A client that
+        takes batched ACKs gets one for all its events a commit stored, once the commit is done."""
+        if not session.conn.is_open:
+            return
+        if error or not session.batched_acks:
             session.conn.send(
-                encode_frame(FrameType.ACK, node.node_id, sequence=sequence, payload=error.encode())
+                encode_frame(FrameType.ACK, self.node.node_id, sequence=sequence, payload=error.encode())
             )
+            return
+        if not session.stored:
+            asyncio.get_running_loop().call_soon(self._send_stored, session)
+        session.stored.append(sequence)
+
+    def _send_stored(self, session: ClientSession) -> None:
+        stored, session.stored = session.stored, []
+        if session.conn.is_open:
+            for start in range(0, len(stored), ACKS_PER_FRAME):
+                session.conn.send(
+                    encode_batched_ack(self.node.node_id, stored[start : start + ACKS_PER_FRAME])
+                )
 
     def pong(self, peer: str, token: int) -> None:
         """``peer`` has handled everything this node sent before ping ``token`` (or is gone)."""

@@ -78,6 +78,8 @@ class ClientSession:
     conn: FrameConnection
     queue: SubscriberQueue[bytes]
     origin: str = ""  # the source id its EVENTs carry
+    batched_acks: bool = False  # it takes one ACK for many stored events (its HELLO said so)
+    stored: list[int] = field(default_factory=list)  # its events stored since its last batched ACK
     delivered: int = 0  # handed to the socket
     on_overflow: Callable[[ClientSession], None] = field(default=lambda session: None)
 

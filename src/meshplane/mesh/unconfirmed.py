@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from meshplane.errors import TransportError
@@ -75,6 +76,15 @@ class Unconfirmed:
             else:
                 entry.answer.set_result(None)
             self._make_room()
+
+    def confirm_stored(self, sequences: Iterable[int]) -> None:
+        """The node stored each of ``sequences`` (a batched ACK)."""
+        entries = self._entries
+        for sequence in sequences:
+            entry = entries.pop(sequence, None)
+            if entry is not None and not entry.answer.done():
+                entry.answer.set_result(None)
+        self._make_room()
 
     def raws(self) -> list[bytes]:
         """What to send again on a new connection, oldest first."""

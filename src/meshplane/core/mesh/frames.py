@@ -59,6 +59,8 @@ OVERHEAD = _HEAD.size + _MIDDLE.size + _CRC.size
 FLAG_JSON_MESSAGE = 0x01  # on EVENT
 FLAG_PROPAGATED = 0x02  # on a client's ping (empty SYNC_REQ): answer once every peer has what came before
 FLAG_GUARANTEED = 0x04  # on EVENT
+FLAG_BATCHED_ACKS = 0x08  # on ACK to a client that asked for them (HELLO): the numbers of stored EVENTs
+ACKS_PER_FRAME = 8192  # numbers in one batched ACK, at most
 
 
 class FrameType(enum.IntEnum):
@@ -144,6 +146,22 @@ def encode_event(
 def event_parts(frame: Frame) -> tuple[int, bytes]:
     """An EVENT's (origin timestamp in ms, body)."""
     return _STAMP.unpack_from(frame.payload)[0], frame.payload[_STAMP.size :]
+
+
+def encode_batched_ack(source: str, sequences: list[int]) -> bytes:
+    """One ACK for many stored EVENTs of a client (at most ACKS_PER_FRAME): their numbers, 8 bytes each."""
+    payload = struct.pack(f">{len(sequences)}Q", *sequences)
+    return encode_frame(
+        FrameType.ACK, source, sequence=len(sequences), payload=payload, flags=FLAG_BATCHED_ACKS
+    )
+
+
+def batched_ack_sequences(frame: Frame) -> tuple[int, ...]:
+    """The EVENT numbers a batched ACK confirms; ValueError unless the payload is exactly that."""
+    count, extra = divmod(len(frame.payload), _STAMP.size)
+    if extra or count != frame.sequence:
+        raise ValueError(f"a batched ACK of {len(frame.payload)} bytes for {frame.sequence} events")
+    return struct.unpack(f">{count}Q", frame.payload)
 
 
 def event_id(frame: Frame) -> str:
@@ -291,6 +309,7 @@ class Hello(msgspec.Struct, frozen=True):
     epoch: int = 0  # the node's start time: a peer that restarted has a new one
     nonce: bytes = b""
     error: str = ""
+    batched_acks: bool = False  # a client's: it takes one ACK for many stored events
 
 
 class SyncResponse(msgspec.Struct, frozen=True):
