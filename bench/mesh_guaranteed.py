@@ -9,6 +9,10 @@ publisher on a:
   printed;
 - guaranteed, ``--in-flight`` at once: a sliding window instead (``publish_async``: a publish is sent
   as soon as the oldest in flight is acknowledged), as a client that keeps a number in flight does;
+- against raw JetStream R1 (nats-server from the wheel, nats-py ``publish_async`` with the same
+  number in flight, until the stream has them all), both at their default durability (meshplane: an
+  fsync every 10 ms; JetStream: every 2 minutes), then both fsyncing before every acknowledgement
+  (``--fsync always``; ``sync_interval: always``), each pair in the same run;
 - recovery: b killed (SIGKILL), ``--spooled`` guaranteed events published (spooled on a), b
   restarted: seconds from the restart until its queue holds them all;
 - HA takeover: node a as two mates on one data directory; SIGKILL the active: seconds until the
@@ -37,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import nats
 
 from harness import add_out, write_results
 from meshplane.cli.bench import Steps
-from meshplane.launchers import MeshCluster, StreamsServerProcess, free_port
+from meshplane.launchers import MeshCluster, NatsServer, StreamsServerProcess, free_port
 from meshplane.launchers.etcd import EtcdServer
 from meshplane.mesh.client import MeshClient
 
@@ -119,6 +124,60 @@ async def direct_run(cluster: MeshCluster, events: int) -> float:
     await publisher.close()
     await subscriber.close()
     return events / seconds
+
+
+async def raw_jetstream(url: str, count: int, in_flight: int) -> float:
+    """Events/s of nats-py publishing into a JetStream R1 stream, ``in_flight`` unanswered at once."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream(timeout=120, publish_async_max_pending=in_flight)
+        await js.add_stream(name="BENCH", subjects=["bench.js"], num_replicas=1)
+        pending: collections.deque[asyncio.Future[Any]] = collections.deque()
+        started = time.perf_counter()
+        for _ in range(count):
+            if len(pending) >= in_flight:
+                await pending.popleft()
+            pending.append(await js.publish_async("bench.js", BODY))
+        for answer in pending:
+            await answer
+        seconds = time.perf_counter() - started
+        stored = (await js.stream_info("BENCH")).state.messages
+        if stored != count:
+            raise RuntimeError(f"JetStream holds {stored} of {count} events")
+        await js.delete_stream("BENCH")
+    finally:
+        await nc.close()
+    return count / seconds
+
+
+async def against_jetstream(events: int, in_flight: int) -> dict[str, dict[str, float]]:
+    """Guaranteed events a -> b's queue and raw JetStream R1, ``in_flight`` at once, at both
+    durabilities."""
+    results = {}
+    for name, fsync, sync_interval in (("default", "interval", None), ("fsync_always", "always", "always")):
+        with MeshCluster(2, heartbeat_interval=0.5, extra_args=("--fsync", fsync)) as cluster:
+            cluster.start()
+            await asyncio.to_thread(cluster.wait_linked)
+            await put_queue(cluster["b"], "bench", "bench.guaranteed", known_at=cluster["a"])
+            publisher = await MeshClient(cluster["a"].route_url, timeout=120).connect()
+            started = time.perf_counter()
+            await publish_in_flight(publisher, "bench.guaranteed", events, in_flight)
+            await wait_stored(cluster["b"], events)
+            mesh = events / (time.perf_counter() - started)
+            await publisher.close()
+        with NatsServer(jetstream=True, sync_interval=sync_interval) as server:
+            server.start()
+            raw = await raw_jetstream(server.url, events, in_flight)
+        results[name] = {
+            "meshplane_events_per_s": round(mesh),
+            "raw_jetstream_r1_events_per_s": round(raw),
+            "ratio": round(mesh / raw, 2),
+        }
+        print(
+            f"against JetStream R1 ({name}): meshplane {mesh:,.0f} events/s, raw nats-py {raw:,.0f} "
+            f"({mesh / raw:.2f}x), {in_flight:,} in flight"
+        )
+    return results
 
 
 async def main_async(args: argparse.Namespace, steps: Steps) -> dict[str, Any]:
@@ -314,8 +373,10 @@ def main() -> None:
     parser.add_argument("--mirrored", type=int, default=50_000, help="events for the mirrored mates part")
     add_out(parser, "mesh_guaranteed")
     args = parser.parse_args()
-    steps = Steps(6)
+    steps = Steps(7)
     results = asyncio.run(main_async(args, steps))
+    results["against_jetstream"] = asyncio.run(against_jetstream(args.events, args.in_flight))
+    steps.step("against raw JetStream R1")
     with tempfile.TemporaryDirectory() as tmp:
         results["ha_takeover"] = asyncio.run(ha_takeover(Path(tmp)))
     steps.step("HA takeover")
