@@ -81,7 +81,7 @@ async def test_what_waits_for_a_commit_is_bounded(node: MeshNode, monkeypatch: p
     answers: list[str] = []
     for i in range(3):  # no await between them: the commit loop has not run yet
         event = MeshEvent("client", "orders.eu", i, 1000, b"x", FLAG_GUARANTEED)
-        node.guaranteed.publish(event, answers.append)
+        node.guaranteed.publish(event, lambda _, error: answers.append(error))
     assert answers == ["the node is busy: 2 guaranteed events wait to be stored; retry"]
     assert node.guaranteed.counters["refused_busy"] == 1
 
@@ -95,7 +95,8 @@ async def test_a_spool_filled_within_one_commit_refuses_only_what_is_beyond_its_
     answers: list[str] = []
     for i in range(5):  # one commit: no await between them
         node.guaranteed.publish(
-            MeshEvent("client", "orders.eu", i, 1000, b"x", FLAG_GUARANTEED), answers.append
+            MeshEvent("client", "orders.eu", i, 1000, b"x", FLAG_GUARANTEED),
+            lambda _, error: answers.append(error),
         )
     await eventually(lambda: len(answers) == 5)
     assert answers[:3] == ["", "", ""]

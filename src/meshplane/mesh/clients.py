@@ -8,6 +8,7 @@ import itertools
 import logging
 import time
 from collections import Counter
+from functools import partial
 from typing import TYPE_CHECKING
 
 from meshplane.core.backpressure import SubscriberQueue
@@ -63,6 +64,7 @@ class Clients:
             batched_acks=state.hello is not None and state.hello.batched_acks,
             on_overflow=self._overflowed,
         )
+        session.answer = partial(self.answer, session)
         state.role, state.session = "client", session
         state.conn.peer = client_id
         self.sessions[client_id] = session
@@ -91,7 +93,7 @@ class Clients:
                 )
                 sequence = frame.sequence
                 try:
-                    node.guaranteed.publish(event, lambda error: self.answer(session, sequence, error))
+                    node.guaranteed.publish(event, session.answer, sequence)
                 except Exception as exc:  # a failed store is an answer, never a dropped connection
                     node.counters["guaranteed_errors"] += 1
                     log.exception("a guaranteed publish on %r failed", frame.subject[:80])

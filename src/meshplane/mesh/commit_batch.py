@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     from meshplane.streams.service import StreamsService
 
 
+Answer = Callable[
+    [int, str], None
+]  # (the work's ticket, "" once stored and synced as the policy says, else why not)
+
+
 @dataclass(eq=False, slots=True)
 class Work:
     """A guaranteed event waiting for the next commit."""
@@ -30,7 +35,8 @@ class Work:
     event: MeshEvent | None  # None: a bad SPOOLED frame, confirmed in its turn
     spools: list[Spool]  # of peers, and of other clusters
     queues: list[Queue]
-    done: Callable[[str], None]  # "" once stored (and synced as the policy says), else why not
+    done: Answer
+    ticket: int  # what ``done`` is told the answer is for: a client's EVENT number, a spool offset
 
 
 def store_batch(

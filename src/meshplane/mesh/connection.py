@@ -260,6 +260,12 @@ class FrameConnection(asyncio.Protocol):
                 else loop.call_soon(self.flush)
             )
 
+    def send_many(self, frames: list[bytes]) -> None:
+        """:meth:`send` of each, at once."""
+        if frames:
+            self.send(b"".join(frames))
+            self.stats.frames_out += len(frames) - 1
+
     def flush(self) -> None:
         if self._flush_handle is not None:
             self._flush_handle.cancel()

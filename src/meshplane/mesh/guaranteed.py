@@ -34,7 +34,8 @@ import logging
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,7 @@ from meshplane.core.mesh.frames import (
     encode_frame,
     event_parts,
 )
-from meshplane.mesh.commit_batch import Work, store_batch
+from meshplane.mesh.commit_batch import Answer, Work, store_batch
 from meshplane.mesh.holders import Holder, MeshEvent
 from meshplane.mesh.peer_queues import KnownQueues
 from meshplane.mesh.queues import PREFIX, Queue, Queues
@@ -84,6 +85,7 @@ class Guaranteed:
         self._failed: set[Link] = set()  # links whose events failed to store: no ACK past the failure
         self._acks: dict[Link, int] = {}  # link -> highest spool offset handled in this batch
         self._waiting_bytes = 0
+        self._confirmers: dict[Link, Answer] = {}  # each link's answer to its SPOOLED frames (by offset)
         self._queues_of: dict[str, tuple[Route[Holder], list[Queue]]] = {}  # by subject
         # by subject: the peers and other clusters whose queues want it (as matched), and their spools
         self._spools_of: dict[str, tuple[frozenset[str], frozenset[str], list[Spool]]] = {}
@@ -123,7 +125,7 @@ class Guaranteed:
                 await self._task
             self._task = None
         for work in self._work:
-            work.done("the node is shutting down")
+            work.done(work.ticket, "the node is shutting down")
         self._work.clear()
         for spool in (*self.spools.values(), *self.cluster_spools.values()):
             spool.close()
@@ -155,6 +157,9 @@ class Guaranteed:
         if self.peers is not None and (peer in self.peers.by_key or spool is not None):
             forgotten = self.peers.forget(peer)
         self._failed = {link for link in self._failed if link.external or link.peer != peer}
+        self._confirmers = {
+            link: c for link, c in self._confirmers.items() if link.external or link.peer != peer
+        }
         self._spools_of.clear()
         return {"spooled_events_dropped": dropped, "queues_forgotten": forgotten}
 
@@ -176,12 +181,14 @@ class Guaranteed:
 
     # --- publishing: on the node the publisher is on --------------------------------------------------
 
-    def publish(self, event: MeshEvent, done: Callable[[str], None], skip: Holder | None = None) -> None:
-        """Route ``event`` (its flags say guaranteed) and call ``done`` once it is stored everywhere it
-        must be: the spool of each node whose queues want it, of each other cluster whose queues want
-        it (a gateway), and this node's queues."""
+    def publish(self, event: MeshEvent, done: Answer, ticket: int = 0, skip: Holder | None = None) -> None:
+        """Route ``event`` (its flags say guaranteed) and call ``done(ticket, error)`` once it is stored
+        everywhere it must be: the spool of each node whose queues want it, of each other cluster whose
+        queues want it (a gateway), and this node's queues."""
         if self.peers is None or self.clusters is None:
-            done("this mesh node keeps no guaranteed events (it runs without a streams data directory)")
+            done(
+                ticket, "this mesh node keeps no guaranteed events (it runs without a streams data directory)"
+            )
             return
         subject = event.subject
         peers, clusters = self.peers.match(subject), self.clusters.match(subject)
@@ -196,7 +203,7 @@ class Guaranteed:
             self._spools_of[subject] = (peers, clusters, spools)
         # The spooled copy serves the direct subscribers of the peers it goes to.
         self.node.route_direct(event, peers, skip)
-        self._submit(Work(event, spools, self._queues(event), done))
+        self._submit(Work(event, spools, self._queues(event), done, ticket))
 
     def _queues(self, event: MeshEvent) -> list[Queue]:
         route = self.node.router.route(PREFIX + event.subject)
@@ -217,11 +224,11 @@ class Guaranteed:
         """:meth:`publish`, awaited: raises NotStored when it was not stored."""
         answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
-        def done(error: str) -> None:
+        def done(_: int, error: str) -> None:
             if not answer.done():
                 answer.set_result(error)
 
-        self.publish(event, done, skip)
+        self.publish(event, done, skip=skip)
         error = await answer
         if error:
             raise NotStored(error)
@@ -260,9 +267,7 @@ class Guaranteed:
             return
         link.spooled_next = offset + 1  # a resend (a lower offset) is welcome
 
-        def done(error: str) -> None:
-            self._confirm(link, offset, error)
-
+        done = self._confirmers.get(link) or self._confirmers.setdefault(link, partial(self._confirm, link))
         if self.peers is None or self.clusters is None:  # no queues here, ever: nothing to wait for
             self.counters["spooled_unwanted"] += 1
             self._confirm(link, offset, "")
@@ -275,12 +280,12 @@ class Guaranteed:
         except ValueError:
             # Nothing will make it better: confirmed (in its turn) and counted.
             self.counters["bad_spooled"] += 1
-            self._submit(Work(None, [], [], done))
+            self._submit(Work(None, [], [], done, offset))
             return
         timestamp, body = event_parts(inner)
         if link.external:
             event = MeshEvent(inner.source, inner.subject, inner.sequence, timestamp, body, inner.flags)
-            self._from_cluster(link, event, done)
+            self._from_cluster(link, event, done, offset)
             return
         event = MeshEvent(
             inner.source, inner.subject, inner.sequence, timestamp, body, inner.flags, inner.raw
@@ -291,9 +296,9 @@ class Guaranteed:
         if not queues and not clusters:
             self.counters["spooled_unwanted"] += 1  # the queue went away on the way
         spools = [self._cluster_spool(c) for c in sorted(clusters)] if clusters else []
-        self._submit(Work(event, spools, queues, done))
+        self._submit(Work(event, spools, queues, done, offset))
 
-    def _from_cluster(self, link: Link, event: MeshEvent, done: Callable[[str], None]) -> None:
+    def _from_cluster(self, link: Link, event: MeshEvent, done: Answer, offset: int) -> None:
         """A guaranteed event another cluster's gateway sent: stored here as if published on this node
         (spools of the nodes whose queues want it, this node's queues), never sent on to a third
         cluster. Node ids are unique within a cluster only: the stored copy's origin is
@@ -313,7 +318,9 @@ class Guaranteed:
             link.counters["duplicates_in"] += 1  # a resend: stored again (queues drop it by id)
         else:
             self.node.route_foreign(event, exclude=peers)
-        self._submit(Work(event, [self._spool(peer) for peer in sorted(peers)], self._queues(event), done))
+        self._submit(
+            Work(event, [self._spool(peer) for peer in sorted(peers)], self._queues(event), done, offset)
+        )
 
     def _confirm(self, link: Link, offset: int, error: str) -> None:
         """One SPOOLED frame handled: confirmed (cumulatively, once per batch) unless it failed."""
@@ -398,12 +405,13 @@ class Guaranteed:
                 return
             if not records:
                 return
-            for record in records:
-                conn.send(
-                    encode_frame(
-                        FrameType.SPOOLED, self.node.node_id, sequence=record.offset, payload=record.payload
-                    )
-                )
+            node_id = self.node.node_id
+            conn.send_many(
+                [
+                    encode_frame(FrameType.SPOOLED, node_id, sequence=r.offset, payload=r.payload)
+                    for r in records
+                ]
+            )
             spool.sent = records[-1].offset + 1
             conn.flush()
 
@@ -413,7 +421,9 @@ class Guaranteed:
         size = len(work.event.raw) if work.event is not None else 0
         if len(self._work) >= MAX_WAITING or self._waiting_bytes + size > MAX_WAITING_BYTES:
             self.counters["refused_busy"] += 1
-            work.done(f"the node is busy: {len(self._work)} guaranteed events wait to be stored; retry")
+            work.done(
+                work.ticket, f"the node is busy: {len(self._work)} guaranteed events wait to be stored; retry"
+            )
             return
         self._waiting_bytes += size
         self._work.append(work)
@@ -439,7 +449,7 @@ class Guaranteed:
                 except StorageError as exc:
                     failed = {work: str(exc) for work in batch}
             for work in batch:
-                work.done(failed.get(work, "") if failed else "")
+                work.done(work.ticket, failed.get(work, "") if failed else "")
             self.counters["stored"] += len(batch) - len(failed)
             self.counters["refused"] += len(failed)
             self._send_acks()

@@ -80,6 +80,7 @@ class ClientSession:
     origin: str = ""  # the source id its EVENTs carry
     batched_acks: bool = False  # it takes one ACK for many stored events (its HELLO said so)
     stored: list[int] = field(default_factory=list)  # its events stored since its last batched ACK
+    answer: Callable[[int, str], None] = field(default=lambda sequence, error: None)  # (EVENT number, error)
     delivered: int = 0  # handed to the socket
     on_overflow: Callable[[ClientSession], None] = field(default=lambda session: None)
 
