@@ -163,3 +163,25 @@ async def test_a_client_that_asked_gets_one_ack_for_many_stored_events(node: Mes
             (0, n, b"") for n in range(1, 301)
         ]
     assert len(queue_events(node, "q")) == 300
+
+
+async def test_queues_and_spools_made_or_gone_between_publishes_are_seen_at_once(node: MeshNode) -> None:
+    """A subject's queues and spools are kept between publishes: they must follow every change."""
+    guaranteed = node.guaranteed
+    assert guaranteed.peers is not None
+
+    async def publish(n: int) -> None:
+        await guaranteed.publish_async(MeshEvent("client", "orders.eu", n, 1000, b"%d" % n, FLAG_GUARANTEED))
+
+    await publish(1)  # nobody wants it yet
+    guaranteed.queues.create("first", ["orders.>"])
+    guaranteed.peers.learnt("b", {"orders.*"}, ())
+    await publish(2)
+    guaranteed.queues.delete("first")
+    guaranteed.queues.create("second", ["orders.eu"])
+    guaranteed.peers.learnt("c", {"orders.eu"}, ())
+    guaranteed.peers.learnt("b", (), {"orders.*"})
+    await publish(3)
+    assert [data for _, data in queue_events(node, "first")] == [b"2"]
+    assert [data for _, data in queue_events(node, "second")] == [b"3"]
+    assert (guaranteed.spools["b"].log.next_offset, guaranteed.spools["c"].log.next_offset) == (1, 1)
