@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from meshplane.core.mesh.frames import (
 )
 from meshplane.mesh import guaranteed as guaranteed_module
 from meshplane.mesh import queues as queues_module
+from meshplane.mesh.commit_batch import Work, store_batch
 from meshplane.mesh.config import MeshConfig
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.node import MeshNode
@@ -185,3 +187,48 @@ async def test_queues_and_spools_made_or_gone_between_publishes_are_seen_at_once
     assert [data for _, data in queue_events(node, "first")] == [b"2"]
     assert [data for _, data in queue_events(node, "second")] == [b"3"]
     assert (guaranteed.spools["b"].log.next_offset, guaranteed.spools["c"].log.next_offset) == (1, 1)
+
+
+def test_a_resend_is_known_however_busy_the_other_ways_into_the_queue_were(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mesh-mates chaos run that stored 10 events twice in b's queue: a mate's spool for b resent
+    from a stale confirmed offset after a power loss, while b's own publisher had filled the queue's
+    window with its events. Each way into a queue keeps its own window."""
+    monkeypatch.setattr(queues_module, "RECENT_IDS", 5)
+    recent = RecentIds()
+    recent.remember(["a1", "a2", "a3"], way="a")  # spooled from node a
+    recent.remember([f"local{n}" for n in range(20)])  # this node's publisher, far busier
+    assert {"a1", "a2", "a3"} <= recent.ids
+    assert recent.ids >= {f"local{n}" for n in range(15, 20)}
+    assert not recent.ids & {f"local{n}" for n in range(15)}
+
+
+async def test_a_commit_remembers_each_event_by_the_way_it_came(
+    node: MeshNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(queues_module, "RECENT_IDS", 5)
+    queue = node.guaranteed.queues.create("q", ["orders.>"])
+    engine = node.guaranteed.engine
+    assert engine is not None
+    answers: list[str] = []
+    counters: Counter[str] = Counter()
+
+    def works(first: int, count: int, way: str) -> list[Work]:
+        return [
+            Work(
+                MeshEvent("o", "orders.eu", n, 1000, b"x"),
+                [],
+                [queue],
+                lambda _, e: answers.append(e),
+                n,
+                way,
+            )
+            for n in range(first, first + count)
+        ]
+
+    store_batch(engine, works(0, 3, "a"), counters)  # spooled from node a
+    store_batch(engine, works(100, 20, ""), counters)  # published here, far more
+    store_batch(engine, works(0, 3, "a"), counters)  # node a resends them
+    assert counters["duplicates_dropped"] == 3
+    assert queue.stored == 23

@@ -37,6 +37,7 @@ class Work:
     queues: list[Queue]
     done: Answer
     ticket: int  # what ``done`` is told the answer is for: a client's EVENT number, a spool offset
+    way: str = ""  # how it came: "" published here, a peer's id (its spool), "@" + another cluster
 
 
 def store_batch(
@@ -123,5 +124,9 @@ def _store_in(
         failed.update((work, str(exc)) for work in fresh.values())
         return
     synced.update(more)
-    queue.recent.remember(fresh.keys())
+    ways: dict[str, list[str]] = {}
+    for event_id, work in fresh.items():
+        ways.setdefault(work.way, []).append(event_id)
+    for way, event_ids in ways.items():
+        queue.recent.remember(event_ids, way)
     queue.stored += len(fresh)

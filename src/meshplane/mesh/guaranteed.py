@@ -296,7 +296,7 @@ class Guaranteed:
         if not queues and not clusters:
             self.counters["spooled_unwanted"] += 1  # the queue went away on the way
         spools = [self._cluster_spool(c) for c in sorted(clusters)] if clusters else []
-        self._submit(Work(event, spools, queues, done, offset))
+        self._submit(Work(event, spools, queues, done, offset, link.peer))
 
     def _from_cluster(self, link: Link, event: MeshEvent, done: Answer, offset: int) -> None:
         """A guaranteed event another cluster's gateway sent: stored here as if published on this node
@@ -319,7 +319,14 @@ class Guaranteed:
         else:
             self.node.route_foreign(event, exclude=peers)
         self._submit(
-            Work(event, [self._spool(peer) for peer in sorted(peers)], self._queues(event), done, offset)
+            Work(
+                event,
+                [self._spool(p) for p in sorted(peers)],
+                self._queues(event),
+                done,
+                offset,
+                f"@{link.peer}",
+            )
         )
 
     def _confirm(self, link: Link, offset: int, error: str) -> None:

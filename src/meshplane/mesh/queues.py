@@ -32,25 +32,32 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PREFIX = "$G."  # a queue's pattern travels as this + the pattern; guaranteed events are routed so too
-RECENT_IDS = 50_000  # event ids each queue remembers (more than a spool's window of unconfirmed ones)
+RECENT_IDS = 50_000  # event ids a queue remembers per way in (more than a spool's resends reach back)
+RECALLED = "\x00recalled"  # the way of the ids read back on start (no node id holds a NUL)
 MAX_QUEUES = 1000
 MAX_PATTERNS_PER_QUEUE = 100
 
 
 class RecentIds:
-    """The last RECENT_IDS event ids a queue stored: a set to ask, the order they came in to forget
-    the oldest (an OrderedDict did both at three times the cost)."""
+    """The event ids a queue stored last, RECENT_IDS for each way they came in: this node's
+    publishers (``""``), each peer's spool, each other cluster's. A resend (a link that starts over, a
+    mate's stale confirmed offset after a power loss) comes the way its first copy did and reaches back
+    a bounded number of that way's events, however busy the other ways were meanwhile. A set to ask,
+    each way's order to forget its oldest (an OrderedDict did both at three times the cost)."""
 
     def __init__(self) -> None:
         self.ids: set[str] = set()
-        self._order: deque[str] = deque()
+        self._order: dict[str, deque[str]] = {}  # by way
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def remember(self, event_ids: Collection[str]) -> None:
-        """``event_ids``: new ids, each once (the caller asked ``ids``)."""
-        ids, order = self.ids, self._order
+    def remember(self, event_ids: Collection[str], way: str = "") -> None:
+        """``event_ids``: new ids, each once (the caller asked ``ids``), that came in ``way``."""
+        ids = self.ids
+        order = self._order.get(way)
+        if order is None:
+            order = self._order[way] = deque()
         ids.update(event_ids)
         order.extend(event_ids)
         for _ in range(len(order) - RECENT_IDS):
@@ -181,7 +188,7 @@ class Queues:
                 if not events:
                     break
                 new = dict.fromkeys(event.body.id for event in events)
-                queue.recent.remember([event_id for event_id in new if event_id not in queue.recent.ids])
+                queue.recent.remember([i for i in new if i not in queue.recent.ids], RECALLED)
                 offset = events[-1].offset + 1
 
     def status(self) -> list[dict[str, Any]]:
