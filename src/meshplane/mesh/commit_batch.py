@@ -23,9 +23,8 @@ if TYPE_CHECKING:
     from meshplane.streams.service import StreamsService
 
 
-Answer = Callable[
-    [int, str], None
-]  # (the work's ticket, "" once stored and synced as the policy says, else why not)
+# done(ticket, error): error "" once stored (and synced as the policy says), else why not
+Answer = Callable[[int, str], None]
 
 
 @dataclass(eq=False, slots=True)
