@@ -12,10 +12,12 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.errors import Error as NatsError
 from pyspark.sql import SparkSession
 
 from meshplane.launchers import JetStreamCluster, StreamsServerProcess
 from meshplane.streams.client import StreamsClient
+from meshplane.streams.errors import RequestTimeout, StorageError
 from meshplane.streams.jetstream import naming
 from tests.helpers import wait_until
 from tests.spark_support import publish, reader, run
@@ -32,29 +34,49 @@ def replicated() -> Iterator[tuple[JetStreamCluster, StreamsServerProcess]]:
             yield cluster, server.start()
 
 
-def stored(url: str, topic: str) -> int:
-    async def count() -> int:
+def stored(url: str, topic: str, timeout: float = 30.0) -> int:
+    """How many events ``topic`` holds, asked until the server answers: while JetStream elects, it
+    answers 503 or 504."""
+    counts: list[int] = []
+
+    async def count() -> bool:
         async with StreamsClient(url) as client:
-            if topic not in await client.topics():
-                return 0
-            stats = await client.topic_stats(topic)
-            return sum(int(p["message_count"]) for p in stats["partitions"])
+            try:
+                if topic not in await client.topics():
+                    counts.append(0)
+                else:
+                    stats = await client.topic_stats(topic)
+                    counts.append(sum(int(p["message_count"]) for p in stats["partitions"]))
+            except (StorageError, RequestTimeout):
+                return False
+        return True
 
-    return int(run(count()))
+    wait_until(lambda: bool(run(count())), timeout, 0.2, f"the size of {topic}")
+    return counts[-1]
 
 
-def stream_leader(cluster: JetStreamCluster, stream: str) -> str:
-    async def ask() -> str:
-        nc = await nats.connect(cluster.urls)
+def stream_leader(cluster: JetStreamCluster, stream: str, timeout: float = 60.0) -> str:
+    """The node leading ``stream``, asked until one answers: just after a node restarts, the meta group
+    may still be electing and STREAM.INFO goes unanswered for a while."""
+    leaders: list[str] = []
+
+    async def ask() -> bool:
+        try:
+            nc = await nats.connect(cluster.urls, connect_timeout=2, max_reconnect_attempts=0)
+        except (NatsError, OSError):
+            return False
         try:
             info = await nc.jetstream().stream_info(stream)
-            assert info.cluster is not None
-            assert info.cluster.leader is not None
-            return info.cluster.leader
+        except NatsError:
+            return False  # no answer yet: asked again
         finally:
             await nc.close()
+        if info.cluster is not None and info.cluster.leader:
+            leaders.append(info.cluster.leader)
+        return bool(leaders)
 
-    return str(run(ask()))
+    wait_until(lambda: bool(run(ask())), timeout, 0.2, f"a leader of {stream}")
+    return leaders[0]
 
 
 @pytest.mark.timeout(480)  # waits of 120 + 60 + 60 + 120 s
