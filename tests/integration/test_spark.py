@@ -18,8 +18,9 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from meshplane.launchers import StreamsServerProcess
+from meshplane.spark import forkserver
 from meshplane.streams.client import StreamsClient
-from tests.helpers import read_until
+from tests.helpers import read_until, wait_until
 from tests.spark_support import collect_available_now, publish, reader, run
 
 
@@ -29,6 +30,37 @@ def test_spark_python_workers_import_pyspark_with_its_cached_bytecode(spark: Spa
     where = one.map(lambda _: str(__import__("pyspark").__file__)).collect()
     assert where[0].endswith("/pyspark/__init__.py")
     assert ".zip" not in where[0]
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_a_streaming_querys_source_runner_is_forked_from_the_fork_server_and_ends_with_it(
+    spark: SparkSession, server: StreamsServerProcess, tmp_path: Path
+) -> None:
+    # Spark starts a Python per streaming query to plan its batches: forked, it skips ~0.25 s of imports.
+    forkserver_pid = forkserver.running_pid()
+    assert forkserver_pid is not None
+    before = set(_children(forkserver_pid))
+    run(publish(server.url, "forked", 0, 10))
+    query = (
+        reader(spark, server.url, "forked", startingOffsets="earliest")
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    try:
+        wait_until(lambda: bool(set(_children(forkserver_pid)) - before), timeout=30, what="a forked runner")
+        runners = set(_children(forkserver_pid)) - before
+        wait_until(lambda: query.lastProgress is not None, timeout=30, what="a batch")
+        progress = query.lastProgress
+        assert progress is not None
+        assert progress["numInputRows"] == 10
+    finally:
+        query.stop()
+    wait_until(lambda: not runners & set(_children(forkserver_pid)), timeout=30, what="the runner ended")
 
 
 def test_available_now_reads_exactly_what_was_published_and_resumes(

@@ -7,14 +7,25 @@ anew: about a second here, paid by each query's streaming source runner and each
 the package beside them, so leaving them out imports the same code, compiled once. Anything else on
 the path is kept. Installed as the ``meshplane-spark-python`` command; ``spark_session()`` uses it.
 
+Where the driver runs a fork server (forkserver.py: ``MESHPLANE_SPARK_FORKSERVER`` names its socket), a
+process Spark starts on its own (``-m`` a module other than PySpark's daemon, which forks its workers
+itself) is forked from it, with PySpark already imported; when it refuses, a fresh Python starts.
+
 This module imports nothing of meshplane or PySpark: it runs before each of Spark's Python processes.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import socket
+import struct
 import sys
 from pathlib import Path
+
+FORKSERVER_ENV = "MESHPLANE_SPARK_FORKSERVER"  # forkserver.ENV, not imported: see above
+CONNECT_TIMEOUT = 2.0
 
 
 def _bundled(entry: str) -> tuple[Path, str] | None:
@@ -46,8 +57,49 @@ def without_bundled_zips(python_path: str, importable_from: list[str]) -> str:
     return os.pathsep.join(kept)
 
 
+def run_forked(server: str, argv: list[str]) -> int | None:
+    """The exit code of ``python argv`` run as a child of the fork server at ``server``, or ``None`` when
+    it did not start one (no server there, or it refused: then it says why on stderr)."""
+    request = json.dumps(
+        {"executable": sys.executable, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}
+    ).encode()
+    message = struct.pack(">I", len(request)) + request
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(CONNECT_TIMEOUT)
+        sock.connect(server)
+        sent = socket.send_fds(sock, [message], [0, 1, 2])
+        sock.sendall(message[sent:])
+        answers = sock.makefile("rb")
+        started = json.loads(answers.readline() or b"{}")
+    except (OSError, ValueError):
+        return None
+    if "pid" not in started:
+        reason = started.get("refused", "no answer") if isinstance(started, dict) else "a bad answer"
+        print(f"meshplane-spark-python: not forked ({reason}): starting a fresh Python", file=sys.stderr)
+        return None
+    sock.settimeout(None)  # the child runs as long as it runs; Spark ends it by ending this process
+    try:
+        return int(json.loads(answers.readline())["exit"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1  # the server is gone, and it ended the child
+
+
+def _exit_as(code: int) -> None:
+    if code < 0:  # the child died of a signal: so does this process
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code if code >= 0 else 128 - code)
+
+
 def main() -> None:
     path = os.environ.get("PYTHONPATH")
     if path:
         os.environ["PYTHONPATH"] = without_bundled_zips(path, sys.path)
-    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+    argv = sys.argv[1:]
+    server = os.environ.get(FORKSERVER_ENV)
+    if server and argv[:1] == ["-m"] and argv[1:2] != ["pyspark.daemon"]:
+        code = run_forked(server, argv)
+        if code is not None:
+            _exit_as(code)
+    os.execv(sys.executable, [sys.executable, *argv])

@@ -1,0 +1,192 @@
+"""The fork server Spark's one-off Python processes are forked from (each streaming query's source
+runner): real server, real launcher (`meshplane-spark-python`), a probe module as the child."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshplane.spark import forkserver
+from tests.helpers import wait_until
+
+LAUNCHER = Path(sys.executable).with_name("meshplane-spark-python")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    proc, path = forkserver.spawn()
+    wait_until(lambda: os.path.exists(path), timeout=30, what="the fork server's socket")
+    yield proc, path
+    if proc.poll() is None:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def launch(path: str, mode: str, **env: str) -> subprocess.Popen[str]:
+    settings = {**os.environ, **forkserver.SPARK_WORKER_SETTINGS, forkserver.ENV: path, "PROBE": "p"}
+    proc = subprocess.Popen(
+        [str(LAUNCHER), "-m", "tests.forkserver_probe", mode],
+        env={**settings, **env},
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write("hello\n")
+    proc.stdin.flush()
+    return proc
+
+
+def report(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    assert proc.stdout is not None
+    return dict(json.loads(proc.stdout.readline()))
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_module_runs_forked_from_the_server_with_the_launchers_streams_environment_and_exit_code(
+    server: tuple[subprocess.Popen[bytes], str],
+) -> None:
+    proc = launch(server[1], "exit")
+    got = report(proc)
+    assert got["ppid"] == server[0].pid  # forked by the server, not started by the launcher
+    assert got["pid"] != proc.pid
+    assert (got["argv"], got["cwd"], got["probe"], got["stdin"], got["main"]) == (
+        ["exit"],
+        str(ROOT),
+        "p",
+        "hello",
+        "__main__",
+    )
+    assert proc.wait(timeout=30) == 7
+    assert proc.stderr is not None
+    assert "to stderr" in proc.stderr.read()
+
+
+def test_a_child_killed_by_a_signal_ends_its_launcher_by_the_same_signal(
+    server: tuple[subprocess.Popen[bytes], str],
+) -> None:
+    proc = launch(server[1], "signal")
+    assert report(proc)["ppid"] == server[0].pid
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+
+
+def test_killing_the_launcher_ends_the_child(server: tuple[subprocess.Popen[bytes], str]) -> None:
+    proc = launch(server[1], "sleep")
+    child = report(proc)["pid"]
+    proc.kill()  # as Spark stops a worker
+    proc.wait(timeout=30)
+    wait_until(lambda: gone(child), timeout=30, what="the child ended")
+
+
+def test_other_interpreter_settings_are_refused_and_a_fresh_python_runs_instead(
+    server: tuple[subprocess.Popen[bytes], str],
+) -> None:
+    proc = launch(server[1], "exit", PYTHONHASHSEED="1")
+    got = report(proc)
+    assert got["pid"] == proc.pid  # the launcher became the Python itself
+    assert proc.wait(timeout=30) == 7
+    assert proc.stderr is not None
+    assert "not forked (interpreter settings differ: PYTHONHASHSEED)" in proc.stderr.read()
+
+
+def test_without_a_server_the_launcher_starts_a_fresh_python(tmp_path: Path) -> None:
+    proc = launch(str(tmp_path / "no-socket"), "exit")
+    assert report(proc)["pid"] == proc.pid
+    assert proc.wait(timeout=30) == 7
+    assert proc.stderr is not None
+    assert "not forked" not in proc.stderr.read()
+
+
+def _raw_request(path: str, data: bytes, fds: list[int]) -> dict[str, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(path)
+        socket.send_fds(sock, [data], fds) if fds else sock.sendall(data)
+        return dict(json.loads(sock.makefile("rb").readline()))
+
+
+@pytest.mark.parametrize(
+    ("data", "with_fds", "reason"),
+    [
+        (struct.pack(">I", 5) + b"{nope", True, "not JSON"),
+        (struct.pack(">I", 1 << 30), True, "at most"),
+        (struct.pack(">I", 2) + b"[]", True, "not a JSON object"),
+        (struct.pack(">I", 2) + b"{}", False, "0 file descriptors"),
+    ],
+)
+def test_bad_requests_are_refused_with_the_reason_and_the_server_serves_on(
+    server: tuple[subprocess.Popen[bytes], str], data: bytes, with_fds: bool, reason: str
+) -> None:
+    fds = [0, 1, 2] if with_fds else []
+    assert reason in _raw_request(server[1], data, fds)["refused"]
+    proc = launch(server[1], "exit")
+    assert report(proc)["ppid"] == server[0].pid
+    assert proc.wait(timeout=30) == 7
+
+
+def _request(**changes: Any) -> dict[str, Any]:
+    request = {"executable": sys.executable, "argv": ["-m", "x"], "env": dict(os.environ), "cwd": str(ROOT)}
+    return {**request, **changes}
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (_request(argv=["-c", "print(1)"]), "only `-m module`"),
+        (_request(executable="/usr/bin/python3.9"), "another interpreter"),
+        (_request(cwd="/nonexistent"), "cwd is not a directory"),
+        (_request(env={"A": 1}), "env is not an object of strings"),
+    ],
+)
+def test_plan_refuses_what_a_fresh_python_would_run_differently(
+    request_: dict[str, Any], reason: str
+) -> None:
+    with pytest.raises(forkserver.Refused, match=reason):
+        forkserver.plan(request_)
+
+
+def test_a_path_that_imports_a_loaded_package_from_elsewhere_is_refused(tmp_path: Path) -> None:
+    assert forkserver.moved_packages(forkserver.child_path(str(ROOT), "")) == []
+    (tmp_path / "pytest").mkdir()
+    (tmp_path / "pytest" / "__init__.py").write_text("")
+    # pytest: a third-party package loaded here, as pyspark is in the server
+    assert "pytest" in forkserver.moved_packages(forkserver.child_path(str(ROOT), str(tmp_path)))
+
+
+def test_interpreter_settings_are_the_pythons_own_variables() -> None:
+    env = {"PYTHONHASHSEED": "0", "PYTHONPATH": "/x", "PYTHON_WORKER_FACTORY_PORT": "1", "HOME": "/root"}
+    assert forkserver.interpreter_settings(env) == {"PYTHONHASHSEED": "0"}
+
+
+def test_the_server_ends_with_its_driver_and_takes_its_children_and_socket_along() -> None:
+    proc, path = forkserver.spawn()
+    wait_until(lambda: os.path.exists(path), timeout=30, what="the fork server's socket")
+    child = launch(path, "sleep")
+    pid = report(child)["pid"]
+    assert proc.stdin is not None
+    proc.stdin.close()  # the driver is gone
+    assert proc.wait(timeout=30) == 0
+    wait_until(lambda: gone(pid), timeout=30, what="the child ended")
+    assert child.wait(timeout=30) == -signal.SIGTERM
+    assert not os.path.exists(os.path.dirname(path))
