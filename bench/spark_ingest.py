@@ -17,7 +17,9 @@ setting), then on Spark's default loopback TCP.
 A second method, as a Kafka user compares: the same rows as a stream with Trigger.AvailableNow into
 ``noop``, from ``readStream.format("meshplane")`` against ``readStream.parquet`` of the same file, wall
 clock from ``start()`` to the end of ``awaitTermination()`` (a fresh checkpoint each run), in the same
-rounds (``available_now_vs_parquet``); the batch read above is the method's other half.
+rounds (``available_now_vs_parquet``); the batch read above is the method's other half. The stream
+pair runs again on a topic of 200,000 events (``--small-events``, the size issue 37 compared at), where
+a query's fixed start-up cost weighs more (``available_now_vs_parquet_small``).
 """
 
 from __future__ import annotations
@@ -49,12 +51,12 @@ PARTITIONS = 4
 TRANSPORTS = ("unix_socket", "tcp")
 
 
-async def publish(url: str, events: int) -> None:
+async def publish(url: str, topic: str, events: int) -> None:
     async with StreamsClient(url, timeout=300) as client:
-        await client.create_topic("ingest", PARTITIONS)
+        await client.create_topic(topic, PARTITIONS)
         batch = [{"event_type": "bench", "key": f"k{i % 100}", "data": "x" * 100} for i in range(1000)]
         for _ in range(events // 1000):
-            await client.publish_batch("ingest", batch)
+            await client.publish_batch(topic, batch)
 
 
 class _PrebuiltReader(DataSourceReader):
@@ -114,22 +116,26 @@ def timed_rounds(runs: dict[str, Any], repeats: int) -> dict[str, list[float]]:
     return times
 
 
-def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuples: bool) -> dict[str, Any]:
-    """Rates and ratios of one session: the topic is written to ``parquet``, then the reads take turns,
-    round after round."""
+def measure(
+    spark: Any, url: str, parquet: str, sizes: dict[str, int], repeats: int, tuples: bool
+) -> dict[str, Any]:
+    """Rates and ratios of one session: each topic (``sizes``: events by topic) is written to Parquet,
+    then the reads take turns, round after round."""
 
-    def source(arrow: bool, local_reads: bool = True) -> Any:
+    def source(arrow: bool, local_reads: bool = True, topic: str = "ingest") -> Any:
         return (
             spark.read.format("meshplane")
             .option("url", url)
-            .option("topic", "ingest")
+            .option("topic", topic)
             .option("arrow", str(arrow).lower())
             .option("localReads", str(local_reads).lower())
             .load()
         )
 
-    source(True).write.parquet(parquet)
-    assert spark.read.parquet(parquet).count() == events
+    for topic, count in sizes.items():
+        source(True, topic=topic).write.parquet(f"{parquet}-{topic}")
+        assert spark.read.parquet(f"{parquet}-{topic}").count() == count
+    events = sizes["ingest"]
     checkpoints = tempfile.mkdtemp(prefix="meshplane-bench-checkpoints-")
 
     def available_now(frame: Any) -> None:
@@ -142,19 +148,23 @@ def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuple
         )
         query.awaitTermination()
 
-    stream_parquet = spark.readStream.schema(spark.read.parquet(parquet).schema).parquet(parquet)
-    stream_meshplane = (
-        spark.readStream.format("meshplane")
-        .option("url", url)
-        .option("subscribe", "ingest")
-        .option("startingOffsets", "earliest")
-        .load()
-    )
+    def stream_parquet(topic: str) -> Any:
+        path = f"{parquet}-{topic}"
+        return spark.readStream.schema(spark.read.parquet(path).schema).parquet(path)
+
+    def stream_meshplane(topic: str) -> Any:
+        stream = spark.readStream.format("meshplane").option("url", url).option("subscribe", topic)
+        return stream.option("startingOffsets", "earliest").load()
+
     rounds = timed_rounds(
         {
-            "stream_parquet": lambda: available_now(stream_parquet),
-            "stream_meshplane_arrow": lambda: available_now(stream_meshplane),
-            "parquet": lambda: spark.read.parquet(parquet).write.format("noop").mode("overwrite").save(),
+            "stream_parquet": lambda: available_now(stream_parquet("ingest")),
+            "stream_meshplane_arrow": lambda: available_now(stream_meshplane("ingest")),
+            "stream_parquet_small": lambda: available_now(stream_parquet("ingest-small")),
+            "stream_meshplane_arrow_small": lambda: available_now(stream_meshplane("ingest-small")),
+            "parquet": lambda: (
+                spark.read.parquet(f"{parquet}-ingest").write.format("noop").mode("overwrite").save()
+            ),
             "meshplane_arrow": lambda: source(True).write.format("noop").mode("overwrite").save(),
             "meshplane_arrow_over_http": lambda: (
                 source(True, local_reads=False).write.format("noop").mode("overwrite").save()
@@ -177,7 +187,10 @@ def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuple
                 max(1, repeats - 2),
             )
         )
-    rates = {k: round(events / statistics.median(v)) for k, v in rounds.items()}
+    rates = {
+        k: round(sizes["ingest-small" if k.endswith("_small") else "ingest"] / statistics.median(v))
+        for k, v in rounds.items()
+    }
 
     def per_round(read: str, ceiling: str = "parquet") -> list[float]:
         return [p / m for p, m in zip(rounds[ceiling], rounds[read], strict=True)]
@@ -185,6 +198,9 @@ def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuple
     ratios = {
         "available_now_vs_parquet": round(
             statistics.median(per_round("stream_meshplane_arrow", "stream_parquet")), 2
+        ),
+        "available_now_vs_parquet_small": round(
+            statistics.median(per_round("stream_meshplane_arrow_small", "stream_parquet_small")), 2
         ),
         "arrow_vs_parquet": round(statistics.median(per_round("meshplane_arrow")), 2),
         "arrow_over_http_vs_parquet": round(statistics.median(per_round("meshplane_arrow_over_http")), 2),
@@ -202,13 +218,13 @@ def measure(spark: Any, url: str, parquet: str, events: int, repeats: int, tuple
     }
 
 
-def measure_in_this_process(url: str, transport: str, events: int, repeats: int) -> dict[str, Any]:
+def measure_in_this_process(url: str, transport: str, sizes: dict[str, int], repeats: int) -> dict[str, Any]:
     unix = transport == "unix_socket"
     spark = spark_session("meshplane-bench", python_over_unix_socket=unix)
     spark.dataSource.register(PrebuiltSource)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            return measure(spark, url, str(Path(tmp) / "ingest.parquet"), events, repeats, tuples=unix)
+            return measure(spark, url, str(Path(tmp) / "parquet"), sizes, repeats, tuples=unix)
     finally:
         spark.stop()
 
@@ -218,32 +234,37 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--small-events", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=7)
     add_out(parser, "spark_ingest")
     parser.add_argument("--url", help=argparse.SUPPRESS)  # set for the child measuring one transport
     parser.add_argument("--transport", choices=TRANSPORTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.transport:
-        result = measure_in_this_process(args.url, args.transport, args.events, args.repeats)
+        sizes = {"ingest": args.events, "ingest-small": args.small_events}
+        result = measure_in_this_process(args.url, args.transport, sizes, args.repeats)
         args.out.write_text(json.dumps(result))
         return
     results: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "events": args.events,
+        "small_events": args.small_events,
         "partitions": PARTITIONS,
         "master": "local[2]",
     }
     steps = Steps(1 + len(TRANSPORTS))
     with StreamsServerProcess() as server, tempfile.TemporaryDirectory() as tmp:
         server.start()
-        asyncio.run(publish(server.url, args.events))
-        steps.step(f"{args.events:,} events published")
+        asyncio.run(publish(server.url, "ingest", args.events))
+        asyncio.run(publish(server.url, "ingest-small", args.small_events))
+        steps.step(f"{args.events:,} and {args.small_events:,} events published")
         # Spark's Python workers over Unix sockets (spark_session()'s setting), then over Spark's
         # default, loopback TCP: each in a fresh process, so neither starts with the other's warm JVM.
         for transport in TRANSPORTS:
             out = Path(tmp) / f"{transport}.json"
             child = [sys.executable, __file__, "--url", server.url, "--transport", transport]
             child += ["--out", str(out), "--events", str(args.events), "--repeats", str(args.repeats)]
+            child += ["--small-events", str(args.small_events)]
             subprocess.run(child, check=True)
             results[f"python_workers_over_{transport}"] = json.loads(out.read_text())
             steps.step(f"Spark ingest, Python workers over {transport}")
