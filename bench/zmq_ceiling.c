@@ -3,9 +3,14 @@
  * counted from the first message received to the last. bench/zmq_ceiling.py builds it against the
  * libzmq that pyzmq loads (the one meshplane runs on) and runs both sides.
  *
- *   zmq_ceiling local tcp://127.0.0.1:*  SIZE COUNT   prints its endpoint, then one JSON line
- *   zmq_ceiling remote ENDPOINT SIZE COUNT
+ * With TOPIC, messages travel as an event of meshplane's 8-byte-header layout does: PUB to SUB, a
+ * topic frame the SUB socket filters on, then a body of SIZE bytes (nothing dropped: XPUB_NODROP, and
+ * the sender waits for room).
+ *
+ *   zmq_ceiling local tcp://127.0.0.1:*  SIZE COUNT [TOPIC]   prints its endpoint, then one JSON line
+ *   zmq_ceiling remote ENDPOINT SIZE COUNT [TOPIC]
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,12 +28,21 @@ static int fail(const char *what) {
     return 1;
 }
 
+/* One message (its frames, when a topic frame comes first); its last frame is left in msg. */
+static int receive(void *socket, zmq_msg_t *msg) {
+    do {
+        zmq_msg_init(msg);
+        if (zmq_msg_recv(msg, socket, 0) < 0) return fail("recv");
+        if (!zmq_msg_more(msg)) return 0;
+        zmq_msg_close(msg);
+    } while (1);
+}
+
 static int pull(void *socket, size_t size, long count) {
     zmq_msg_t msg;
     double started = 0.0;
     for (long i = 0; i < count; i++) {
-        zmq_msg_init(&msg);
-        if (zmq_msg_recv(&msg, socket, 0) < 0) return fail("recv");
+        if (receive(socket, &msg) != 0) return 1;
         if (zmq_msg_size(&msg) != size) {
             fprintf(stderr, "zmq_ceiling: a message of %zu bytes, not %zu\n", zmq_msg_size(&msg), size);
             return 1;
@@ -42,27 +56,52 @@ static int pull(void *socket, size_t size, long count) {
     return 0;
 }
 
-static int push(void *socket, size_t size, long count) {
+/* Sends a frame, waiting for room where a full subscriber's queue refuses it (XPUB_NODROP). */
+static int send_frame(void *socket, const char *fill, size_t size, int flags) {
     zmq_msg_t msg;
-    for (long i = 0; i < count; i++) {
+    for (;;) {
         if (zmq_msg_init_size(&msg, size) != 0) return fail("msg_init_size");
-        memset(zmq_msg_data(&msg), 'x', size);
-        if (zmq_msg_send(&msg, socket, 0) < 0) return fail("send");
+        if (fill != NULL) memcpy(zmq_msg_data(&msg), fill, size);
+        else memset(zmq_msg_data(&msg), 'x', size);
+        if (zmq_msg_send(&msg, socket, flags) >= 0) return 0;
+        zmq_msg_close(&msg);
+        if (zmq_errno() != EAGAIN) return fail("send");
+        zmq_pollitem_t item = {socket, 0, ZMQ_POLLOUT, 0};
+        if (zmq_poll(&item, 1, -1) < 0) return fail("poll");
+    }
+}
+
+static int push(void *socket, size_t size, long count, const char *topic) {
+    if (topic != NULL) { /* wait for the subscription, as a publisher that counts its subscribers */
+        zmq_msg_t subscription;
+        zmq_msg_init(&subscription);
+        if (zmq_msg_recv(&subscription, socket, 0) < 0) return fail("subscription");
+        zmq_msg_close(&subscription);
+    }
+    for (long i = 0; i < count; i++) {
+        if (topic != NULL && send_frame(socket, topic, strlen(topic), ZMQ_SNDMORE) != 0) return 1;
+        if (send_frame(socket, NULL, size, 0) != 0) return 1;
     }
     return 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc != 5 || (strcmp(argv[1], "local") != 0 && strcmp(argv[1], "remote") != 0)) {
-        fprintf(stderr, "usage: %s local|remote ENDPOINT SIZE COUNT\n", argv[0]);
+    if ((argc != 5 && argc != 6) || (strcmp(argv[1], "local") != 0 && strcmp(argv[1], "remote") != 0)) {
+        fprintf(stderr, "usage: %s local|remote ENDPOINT SIZE COUNT [TOPIC]\n", argv[0]);
         return 2;
     }
     int local = strcmp(argv[1], "local") == 0;
     size_t size = strtoul(argv[3], NULL, 10);
     long count = strtol(argv[4], NULL, 10);
+    const char *topic = argc == 6 ? argv[5] : NULL;
     void *context = zmq_ctx_new();
-    void *socket = zmq_socket(context, local ? ZMQ_PULL : ZMQ_PUSH);
-    int rc;
+    int type = topic == NULL ? (local ? ZMQ_PULL : ZMQ_PUSH) : (local ? ZMQ_SUB : ZMQ_XPUB);
+    void *socket = zmq_socket(context, type);
+    int rc, on = 1;
+    if (topic != NULL && local && zmq_setsockopt(socket, ZMQ_SUBSCRIBE, topic, strlen(topic)) != 0)
+        return fail("subscribe");
+    if (topic != NULL && !local && zmq_setsockopt(socket, ZMQ_XPUB_NODROP, &on, sizeof on) != 0)
+        return fail("nodrop");
     if (local) {
         char endpoint[256];
         size_t length = sizeof endpoint;
@@ -73,7 +112,7 @@ int main(int argc, char **argv) {
         rc = pull(socket, size, count);
     } else {
         if (zmq_connect(socket, argv[2]) != 0) return fail("connect");
-        rc = push(socket, size, count);
+        rc = push(socket, size, count, topic);
     }
     zmq_close(socket); /* the default linger: a pusher's close waits until all is sent */
     zmq_ctx_term(context);
