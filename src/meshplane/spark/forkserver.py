@@ -44,6 +44,7 @@ PRELOAD = (RUNNER, "meshplane.spark.source")
 # What Spark sets for the Python it starts (PythonWorkerFactory): the server starts with the same.
 SPARK_WORKER_SETTINGS = {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
 MAX_REQUEST = 1 << 20
+MAX_CHILDREN = 256  # one per running streaming query; more start as fresh Pythons
 REQUEST_TIMEOUT = 5.0
 STOP_TIMEOUT = 10.0  # for the children to end on SIGTERM when the driver is gone
 HEADER = struct.Struct(">I")
@@ -208,7 +209,6 @@ class ForkServer:
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, _Child] = {}  # by pid
         self.running = True
-        self.refused = 0
 
     def serve(self) -> None:
         self.listener.setblocking(False)
@@ -245,6 +245,8 @@ class ForkServer:
         try:
             if _peer_uid(conn) != os.getuid():
                 raise Refused("a launcher of another user")
+            if len(self.children) >= MAX_CHILDREN:
+                raise Refused(f"{MAX_CHILDREN} children running already")
             request, streams = receive_request(conn)
             try:
                 child = plan(request)
@@ -256,7 +258,6 @@ class ForkServer:
                 for fd in streams:
                     os.close(fd)
         except Refused as why:
-            self.refused += 1
             _answer(conn, {"refused": str(why)})
             conn.close()
             return
@@ -335,6 +336,7 @@ def spawn() -> tuple[subprocess.Popen[bytes], str]:
     server = subprocess.Popen(
         [sys.executable, "-m", "meshplane.spark.forkserver", path],
         stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,  # it prints nothing: a reader of the driver's output sees its end
         env={**os.environ, **SPARK_WORKER_SETTINGS},
         start_new_session=True,  # a Ctrl-C in the driver's terminal reaches the driver, not the server
     )
