@@ -316,6 +316,26 @@ def test_pipeline_demo_prints_its_progress_and_result_not_sparks_noise(tmp_path:
     assert result.stderr == ""
 
 
+STOP_AFTER_PYTHON_WORK = """
+from meshplane.spark.pipeline import spark_session
+spark = spark_session("stop")
+for _ in range(3):
+    assert spark.sparkContext.parallelize(range(100), 2).map(lambda x: x * 2).sum() == 9900
+spark.stop()
+"""
+
+
+@pytest.mark.timeout(330)  # a Spark session started (on a loaded machine, minutes)
+def test_a_session_stops_without_a_traceback_from_its_idle_python_workers() -> None:
+    # PySpark's own daemon printed a BrokenPipeError traceback at about every other such stop
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHPLANE_")}
+    result = subprocess.run(
+        [sys.executable, "-c", STOP_AFTER_PYTHON_WORK], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
 @pytest.mark.timeout(540)  # Spark starts twice (on a loaded machine, minutes each): its four waits
 def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "MESHPLANE_"))}

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def server() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     proc, path = forkserver.spawn()
     wait_until(lambda: os.path.exists(path), timeout=30, what="the fork server's socket")
+    assert os.listdir(f"/proc/{proc.pid}/task") == [str(proc.pid)]  # one thread: forking is safe
     yield proc, path
     if proc.poll() is None:
         assert proc.stdin is not None

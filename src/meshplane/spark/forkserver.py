@@ -43,6 +43,9 @@ RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
 PRELOAD = (RUNNER, "meshplane.spark.source")
 # What Spark sets for the Python it starts (PythonWorkerFactory): the server starts with the same.
 SPARK_WORKER_SETTINGS = {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
+# A process that forks must have one thread: NumPy's OpenBLAS and PyArrow's jemalloc start theirs on
+# import unless told not to (the server checks, and does not serve when it has more).
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 MAX_REQUEST = 1 << 20
 MAX_CHILDREN = 256  # one per running streaming query; more start as fresh Pythons
 REQUEST_TIMEOUT = 5.0
@@ -315,6 +318,9 @@ def preload() -> None:
 def main() -> None:
     path = sys.argv[1]
     preload()
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        sys.exit(f"meshplane fork server: {threads} threads after its imports, forking is unsafe: stopped")
     gc.collect()
     gc.freeze()  # what the children inherit stays shared: not written by their collections
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -337,7 +343,7 @@ def spawn() -> tuple[subprocess.Popen[bytes], str]:
         [sys.executable, "-m", "meshplane.spark.forkserver", path],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,  # it prints nothing: a reader of the driver's output sees its end
-        env={**os.environ, **SPARK_WORKER_SETTINGS},
+        env={**os.environ, **SPARK_WORKER_SETTINGS, **ONE_THREAD},
         start_new_session=True,  # a Ctrl-C in the driver's terminal reaches the driver, not the server
     )
     return server, path

@@ -62,6 +62,7 @@ def spark_session(app: str = "meshplane-pipeline", python_over_unix_socket: bool
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.python.unix.domain.socket.enabled", str(python_over_unix_socket).lower())
+        .config("spark.python.daemon.module", "meshplane.spark.daemon")  # no traceback at stop()
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

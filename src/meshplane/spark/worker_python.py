@@ -8,7 +8,7 @@ the package beside them, so leaving them out imports the same code, compiled onc
 the path is kept. Installed as the ``meshplane-spark-python`` command; ``spark_session()`` uses it.
 
 Where the driver runs a fork server (forkserver.py: ``MESHPLANE_SPARK_FORKSERVER`` names its socket), a
-process Spark starts on its own (``-m`` a module other than PySpark's daemon, which forks its workers
+process Spark starts on its own (``-m`` a module other than the worker daemon, which forks its workers
 itself) is forked from it, with PySpark already imported; when it refuses, a fresh Python starts.
 
 This module imports nothing of meshplane or PySpark: it runs before each of Spark's Python processes.
@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 FORKSERVER_ENV = "MESHPLANE_SPARK_FORKSERVER"  # forkserver.ENV, not imported: see above
+DAEMONS = ("pyspark.daemon", "meshplane.spark.daemon")  # long-lived, they fork their own workers
 CONNECT_TIMEOUT = 2.0
 
 
@@ -98,7 +99,7 @@ def main() -> None:
         os.environ["PYTHONPATH"] = without_bundled_zips(path, sys.path)
     argv = sys.argv[1:]
     server = os.environ.get(FORKSERVER_ENV)
-    if server and argv[:1] == ["-m"] and argv[1:2] != ["pyspark.daemon"]:
+    if server and argv[:1] == ["-m"] and argv[1:2] and argv[1] not in DAEMONS:
         code = run_forked(server, argv)
         if code is not None:
             _exit_as(code)
