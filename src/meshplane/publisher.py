@@ -105,18 +105,27 @@ class EventPublisher(PlaneMember):
         sequence used twice.
         """
         self._check_open()
-        payloads = [self._payload(event) for event in events]
+        limit, payload_of = self._max_bytes, self._payload  # bytes within the limit: no call (as publish)
+        payloads = [e if type(e) is bytes and len(e) <= limit else payload_of(e) for e in events]
         first = self._sequence
         self._sequence = first + len(payloads)
         publisher_id, topic = self.publisher_id, self.topic
         transport = self._transport
-        if transport.send_payload is not None:
-            for sequence, payload in enumerate(payloads, first):
-                # read for every event: after an await the transport may be closed (the sender is then None)
-                send_payload = transport.send_payload
-                if send_payload is None or send_payload(sequence, payload):
-                    now_ms = time_ns() // 1_000_000
-                    await transport.send(EventEnvelope(publisher_id, sequence, now_ms, topic, payload))
+        if transport.send_payloads is not None:
+            index = 0
+            while index < len(payloads):
+                # read again after each await: the transport may be closed (the sender is then None)
+                send_payloads = transport.send_payloads
+                if send_payloads is not None:
+                    sent, refused = send_payloads(first, payloads, index)
+                    index += sent
+                    if not refused:
+                        break
+                # refused (a full queue under XPUB_NODROP): the envelope path waits for room, or raises
+                now_ms = time_ns() // 1_000_000
+                payload = payloads[index]
+                await transport.send(EventEnvelope(publisher_id, first + index, now_ms, topic, payload))
+                index += 1
             return range(first, self._sequence)
         now_ms = time_ns() // 1_000_000
         await self._transport.send_many(

@@ -211,11 +211,13 @@ async def test_events_lost_to_a_high_water_mark_are_reported_as_exact_gaps(
         assert sub.stats.missing == len(missing)
 
 
+@pytest.mark.parametrize("many", [False, True], ids=["publish", "publish_many"])
 async def test_send_when_full_wait_holds_the_publisher_back_and_loses_nothing(
-    tmp_path: Path, scope: Scope
+    tmp_path: Path, scope: Scope, many: bool
 ) -> None:
-    """The same burst with MESHPLANE_SEND_WHEN_FULL=wait: publish waits at the high-water mark (it is
-    held back while the subscriber reads nothing), and every event arrives, none reported missing."""
+    """The same burst with MESHPLANE_SEND_WHEN_FULL=wait: publish (or one publish_many) waits at the
+    high-water mark (held back while the subscriber reads nothing), and every event arrives in order,
+    none reported missing."""
     config = make_config(
         "zmq", "file", tmp_path, None, None, send_hwm=5, receive_hwm=5, send_when_full="wait"
     )
@@ -226,7 +228,9 @@ async def test_send_when_full_wait_holds_the_publisher_back_and_loses_nothing(
         await pub.wait_for_subscribers(1, timeout=10)
 
         async def publish_all() -> None:
-            for _ in range(total):
+            if many:
+                assert await pub.publish_many([payload] * total) == range(total)
+            for _ in range(0 if many else total):
                 await pub.publish(payload)
 
         publishing = asyncio.create_task(publish_all())

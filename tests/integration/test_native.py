@@ -220,10 +220,10 @@ def test_compiled_sender_sends_what_the_python_encoder_sends() -> None:
             st.binary(min_size=1, max_size=40),
         )
         def check(pid: int, seq: int, topic: str, payload: bytes, wire: WireFormat, routing: bytes) -> None:
-            send = native_sender(pub, routing, pid, topic, wire, Codec.MSGPACK)
-            assert send is not None
+            senders = native_sender(pub, routing, pid, topic, wire, Codec.MSGPACK)
+            assert senders is not None
             before = time.time_ns() // 1_000_000
-            assert send(seq, payload) == 0
+            assert senders.one(seq, payload) == 0
             after = time.time_ns() // 1_000_000
             assert sub.poll(10_000)
             frames = sub.recv_multipart()
@@ -233,6 +233,64 @@ def test_compiled_sender_sends_what_the_python_encoder_sends() -> None:
             assert frames == ZmqEncoder(routing, pid, wire, Codec.MSGPACK).encode(expected)
 
         check()
+
+
+def test_compiled_batch_sender_sends_the_list_from_start_as_one_by_one_sends_would() -> None:
+    """``send_events``: payloads[start:], payloads[i] as sequence first + i, each message the frames
+    ``ZmqEncoder`` makes for its envelope; (sent, 0) when all went."""
+    with socket_pair() as (pub, sub):
+
+        @settings(max_examples=100, deadline=None)
+        @given(
+            u64,
+            st.integers(0, 2**63),
+            st.lists(st.binary(max_size=300) | payload_lengths.map(bytes), max_size=8),
+            st.integers(0, 8),
+            st.sampled_from(WireFormat),
+        )
+        def check(pid: int, first: int, payloads: list[bytes], start: int, wire: WireFormat) -> None:
+            start = min(start, len(payloads))
+            senders = native_sender(pub, b"kv", pid, "kv", wire, Codec.MSGPACK)
+            assert senders is not None
+            assert senders.many(first, payloads, start) == (len(payloads) - start, 0)
+            encoder = ZmqEncoder(b"kv", pid, wire, Codec.MSGPACK)
+            for i in range(start, len(payloads)):
+                assert sub.poll(10_000)
+                frames = sub.recv_multipart()
+                at = decode_zmq(frames).envelope.published_at
+                assert frames == encoder.encode(EventEnvelope(pid, first + i, at, "kv", payloads[i]))
+            assert not sub.poll(0)
+
+        check()
+
+
+def test_compiled_batch_sender_stops_at_a_full_queue_with_nothing_of_that_event_sent() -> None:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    pub, sub = ctx.socket(zmq.XPUB), ctx.socket(zmq.SUB)
+    pub.setsockopt(zmq.SNDHWM, 2)
+    pub.setsockopt(zmq.XPUB_NODROP, 1)  # as MESHPLANE_SEND_WHEN_FULL=wait: refuse, never drop
+    sub.setsockopt(zmq.RCVHWM, 2)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    sub.connect(f"tcp://127.0.0.1:{pub.bind_to_random_port('tcp://127.0.0.1')}")
+    try:
+        assert pub.poll(10_000)
+        assert pub.recv() == b"\x01kv"  # subscribed
+        senders = native_sender(pub, b"kv", 1, "kv", WireFormat.HEADER8, Codec.MSGPACK)
+        assert senders is not None
+        payloads = [b"x" * 100_000] * 200  # more than the socket buffers and both queues hold
+        sent, refused = senders.many(0, payloads, 0)
+        assert refused == errno.EAGAIN
+        assert 0 < sent < len(payloads)
+        received = 0
+        while sub.poll(1000):
+            frames = sub.recv_multipart()  # whole messages only: the refused one left nothing behind
+            assert decode_zmq(frames).envelope.sequence == received
+            received += 1
+        assert received == sent
+    finally:
+        pub.close(linger=0)
+        sub.close(linger=0)
+        ctx.term()
 
 
 # NATS message data: what the frames above carry in their last frame, the bare Dynamo envelope, or noise

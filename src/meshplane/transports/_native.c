@@ -2,7 +2,8 @@
  *
  * send_event() builds one event's frames straight into ZeroMQ messages: the envelope's MessagePack map
  * from a template fixed per publisher (native.py checks it against msgspec's own encoding before
- * using it), the sequence and the clock written in, then the frames sent without blocking.
+ * using it), the sequence and the clock written in, then the frames sent without blocking;
+ * send_events() does it for a list of payloads (publish_many) without returning to Python per event.
  *
  * receive() drains a SUB socket without blocking and, for the two common shapes under the subscriber's
  * own routing topic (the 8-byte-header layout's 2 frames, Dynamo's 4 frames), checks the framing and
@@ -352,56 +353,49 @@ static PyObject *mid_message_error(void) {
     return PyErr_SetFromErrno(PyExc_OSError);
 }
 
-/* send_event(socket_address, topic, pid_frame, prefix, middle, suffix, sequence, payload) -> errno
- *
- * One event: with pid_frame None the 8-byte-header layout (topic, header + body), else Dynamo's
- * (topic, publisher id, sequence, version + length + body). The body is prefix, the sequence, middle,
- * the current Unix milliseconds, suffix and the payload as MessagePack bin. Returns 0 when sent, else
- * the errno of the first frame's send, before anything was sent (EAGAIN: the queue is full under
- * XPUB_NODROP); the caller then takes pyzmq's path, which waits or raises. A failure after the first
- * frame raises OSError. */
-static PyObject *send_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8 || !PyBytes_Check(args[1]) || !PyBytes_Check(args[3]) || !PyBytes_Check(args[4]) ||
-        !PyBytes_Check(args[5]) || !PyBytes_Check(args[7]) || (args[2] != Py_None && !PyBytes_Check(args[2]))) {
-        PyErr_SetString(PyExc_TypeError,
-                        "send_event(socket_address, topic, pid_frame, prefix, middle, suffix, sequence, payload)");
-        return NULL;
-    }
-    void *socket = PyLong_AsVoidPtr(args[0]);
-    uint64_t sequence = PyLong_AsUnsignedLongLong(args[6]);
-    if (PyErr_Occurred()) return NULL;
-    int dynamo = args[2] != Py_None;
-    size_t prefix = (size_t)PyBytes_GET_SIZE(args[3]), middle = (size_t)PyBytes_GET_SIZE(args[4]);
-    size_t suffix = (size_t)PyBytes_GET_SIZE(args[5]), payload = (size_t)PyBytes_GET_SIZE(args[7]);
+/* One event's frames: the frame template (topic, pid_frame, prefix, middle, suffix, checked by the
+ * callers) with the sequence, the clock and the payload written in. Returns 0 when sent, the errno of
+ * the first frame's send when nothing was sent, or -1 with OSError set when a later frame failed. */
+static int send_one(void *socket, PyObject *const *template, uint64_t sequence, PyObject *payload_bytes) {
+    PyObject *topic = template[0], *pid_frame = template[1];
+    PyObject *prefix_bytes = template[2], *middle_bytes = template[3], *suffix_bytes = template[4];
+    int dynamo = pid_frame != Py_None;
+    size_t prefix = (size_t)PyBytes_GET_SIZE(prefix_bytes), middle = (size_t)PyBytes_GET_SIZE(middle_bytes);
+    size_t suffix = (size_t)PyBytes_GET_SIZE(suffix_bytes), payload = (size_t)PyBytes_GET_SIZE(payload_bytes);
     size_t head = dynamo ? DYNAMO_HEADER_SIZE : HEADER8_SIZE;
     uint64_t now = unix_ms();
     size_t body = prefix + 1 + (size_t)uint_bytes(sequence) + middle + 1 + (size_t)uint_bytes(now) + suffix +
                   bin_header_size(payload) + payload;
-    if (body > 0xffffffffULL) return PyLong_FromLong(EMSGSIZE); /* the 4-byte length cannot say it */
+    if (body > 0xffffffffULL) return EMSGSIZE; /* the 4-byte length cannot say it */
 
-    if (send_bytes(socket, PyBytes_AS_STRING(args[1]), (size_t)PyBytes_GET_SIZE(args[1]),
+    if (send_bytes(socket, PyBytes_AS_STRING(topic), (size_t)PyBytes_GET_SIZE(topic),
                    ZMQ_SNDMORE_FLAG | ZMQ_DONTWAIT_FLAG) < 0)
-        return PyLong_FromLong(zmq_errno_fn());
+        return zmq_errno_fn();
     int more = ZMQ_SNDMORE_FLAG | ZMQ_DONTWAIT_FLAG;
     if (dynamo) {
         unsigned char seq_frame[8];
         put_be(seq_frame, sequence, 8);
-        if (send_bytes(socket, PyBytes_AS_STRING(args[2]), 8, more) < 0 || send_bytes(socket, seq_frame, 8, more) < 0)
-            return mid_message_error();
+        if (send_bytes(socket, PyBytes_AS_STRING(pid_frame), 8, more) < 0 || send_bytes(socket, seq_frame, 8, more) < 0) {
+            mid_message_error();
+            return -1;
+        }
     }
     zmq_msg message;
-    if (msg_init_size(&message, head + body) < 0) return mid_message_error();
+    if (msg_init_size(&message, head + body) < 0) {
+        mid_message_error();
+        return -1;
+    }
     unsigned char *start = msg_data(&message), *p = start + head;
-    memcpy(p, PyBytes_AS_STRING(args[3]), prefix);
+    memcpy(p, PyBytes_AS_STRING(prefix_bytes), prefix);
     p += prefix;
     p += put_uint(p, sequence);
-    memcpy(p, PyBytes_AS_STRING(args[4]), middle);
+    memcpy(p, PyBytes_AS_STRING(middle_bytes), middle);
     p += middle;
     p += put_uint(p, now);
-    memcpy(p, PyBytes_AS_STRING(args[5]), suffix);
+    memcpy(p, PyBytes_AS_STRING(suffix_bytes), suffix);
     p += suffix;
     p += put_bin_header(p, payload);
-    memcpy(p, PyBytes_AS_STRING(args[7]), payload);
+    memcpy(p, PyBytes_AS_STRING(payload_bytes), payload);
     if (dynamo) {
         start[0] = 1;
         put_be(start + 1, body, 4);
@@ -411,8 +405,73 @@ static PyObject *send_event(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     int rc = msg_send(&message, socket, ZMQ_DONTWAIT_FLAG);
     msg_close(&message);
-    if (rc < 0) return mid_message_error();
-    return PyLong_FromLong(0);
+    if (rc < 0) {
+        mid_message_error();
+        return -1;
+    }
+    return 0;
+}
+
+/* The frame template's arguments (args[1] to args[5]) as send_one takes them. */
+static int template_ok(PyObject *const *args) {
+    return PyBytes_Check(args[1]) && (args[2] == Py_None || (PyBytes_Check(args[2]) && PyBytes_GET_SIZE(args[2]) == 8)) &&
+           PyBytes_Check(args[3]) && PyBytes_Check(args[4]) && PyBytes_Check(args[5]);
+}
+
+/* send_event(socket_address, topic, pid_frame, prefix, middle, suffix, sequence, payload) -> errno
+ *
+ * One event: with pid_frame None the 8-byte-header layout (topic, header + body), else Dynamo's
+ * (topic, publisher id, sequence, version + length + body). The body is prefix, the sequence, middle,
+ * the current Unix milliseconds, suffix and the payload as MessagePack bin. Returns 0 when sent, else
+ * the errno of the first frame's send, before anything was sent (EAGAIN: the queue is full under
+ * XPUB_NODROP); the caller then takes pyzmq's path, which waits or raises. A failure after the first
+ * frame raises OSError. */
+static PyObject *send_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8 || !template_ok(args) || !PyBytes_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "send_event(socket_address, topic, pid_frame, prefix, middle, suffix, sequence, payload)");
+        return NULL;
+    }
+    void *socket = PyLong_AsVoidPtr(args[0]);
+    uint64_t sequence = PyLong_AsUnsignedLongLong(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    int rc = send_one(socket, args + 1, sequence, args[7]);
+    return rc < 0 ? NULL : PyLong_FromLong(rc);
+}
+
+/* send_events(socket_address, topic, pid_frame, prefix, middle, suffix, first_sequence, payloads, start)
+ *     -> (sent, errno)
+ *
+ * payloads[start:], each as send_event sends it, payloads[i] with sequence first_sequence + i, until one
+ * is refused before anything of it was sent: returns how many were sent and that errno (0 when all
+ * were). A failure after an event's first frame raises OSError, as in send_event. */
+static PyObject *send_events(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9 || !template_ok(args) || !PyList_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "send_events(socket_address, topic, pid_frame, prefix, middle, suffix, "
+                                         "first_sequence, payloads, start)");
+        return NULL;
+    }
+    void *socket = PyLong_AsVoidPtr(args[0]);
+    uint64_t first = PyLong_AsUnsignedLongLong(args[6]);
+    Py_ssize_t start = PyLong_AsSsize_t(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *payloads = args[7];
+    Py_ssize_t count = PyList_GET_SIZE(payloads);
+    if (start < 0 || start > count) {
+        PyErr_SetString(PyExc_IndexError, "send_events: start is outside the payloads");
+        return NULL;
+    }
+    for (Py_ssize_t i = start; i < count; i++) {
+        PyObject *payload = PyList_GET_ITEM(payloads, i);
+        if (!PyBytes_Check(payload)) {
+            PyErr_SetString(PyExc_TypeError, "send_events: every payload must be bytes");
+            return NULL;
+        }
+        int rc = send_one(socket, args + 1, first + (uint64_t)i, payload);
+        if (rc < 0) return NULL;
+        if (rc > 0) return Py_BuildValue("ni", i - start, rc);
+    }
+    return Py_BuildValue("ni", count - start, 0);
 }
 
 static PyMethodDef methods[] = {
@@ -421,6 +480,9 @@ static PyMethodDef methods[] = {
      "decode_nats(messages, max_bytes, decode, out) -> unusual"},
     {"send_event", (PyCFunction)(void (*)(void))send_event, METH_FASTCALL,
      "send_event(socket_address, topic, pid_frame, prefix, middle, suffix, sequence, payload) -> errno"},
+    {"send_events", (PyCFunction)(void (*)(void))send_events, METH_FASTCALL,
+     "send_events(socket_address, topic, pid_frame, prefix, middle, suffix, first_sequence, payloads, start)"
+     " -> (sent, errno)"},
     {"receive", (PyCFunction)(void (*)(void))receive, METH_FASTCALL,
      "receive(socket_address, topic, max_bytes, max_messages, decode, out) -> (unusual, errno)"},
     {NULL, NULL, 0, NULL},

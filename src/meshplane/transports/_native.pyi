@@ -30,3 +30,15 @@ def send_event(
     payload: bytes,
     /,
 ) -> int: ...
+def send_events(
+    socket_address: int,
+    topic: bytes,
+    pid_frame: bytes | None,
+    prefix: bytes,
+    middle: bytes,
+    suffix: bytes,
+    first_sequence: int,
+    payloads: list[bytes],
+    start: int,
+    /,
+) -> tuple[int, int]: ...

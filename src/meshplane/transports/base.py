@@ -26,6 +26,10 @@ class PublisherTransport(abc.ABC):
     #: ``send_payload(sequence, payload)`` sends the publisher's event with the current time and returns
     #: 0, or returns an errno having sent nothing, and ``publish`` then takes the envelope path.
     send_payload: Callable[[int, bytes], int] | None = None
+    #: The same for a list: ``send_payloads(first_sequence, payloads, start)`` sends ``payloads[start:]``
+    #: (``payloads[i]`` as sequence ``first_sequence + i``) until one is refused with nothing of it sent,
+    #: and returns ``(sent, errno)``; ``publish_many`` sends the refused one by the envelope path.
+    send_payloads: Callable[[int, list[bytes], int], tuple[int, int]] | None = None
 
     @abc.abstractmethod
     async def start(self) -> None: ...

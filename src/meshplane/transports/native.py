@@ -17,7 +17,7 @@ import os
 import struct
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import zmq
@@ -33,6 +33,16 @@ NativeReceive = Callable[[int, bytes, int, int, Callable[[bytes], Any], list[Any
 NativeNatsDecode = Callable[[list[bytes], int, Callable[[bytes], Any], list[Any]], int]
 #: ``send(sequence, payload) -> errno``: 0 when sent, else nothing was sent (see ``send_event`` in C)
 NativeSend = Callable[[int, bytes], int]
+#: ``send_many(first_sequence, payloads, start) -> (sent, errno)`` (see ``send_events`` in C)
+NativeSendMany = Callable[[int, list[bytes], int], tuple[int, int]]
+
+
+class NativeSenders(NamedTuple):
+    """A publisher's compiled sends: one event, and a list of them."""
+
+    one: NativeSend
+    many: NativeSendMany
+
 
 _LIBZMQ_FUNCTIONS = (
     "zmq_msg_init",
@@ -100,9 +110,9 @@ def native_sender(
     envelope_topic: str,
     wire: WireFormat,
     codec: Codec,
-) -> NativeSend | None:
-    """A compiled send of one publisher's events, ``send(sequence, payload)``; None without the
-    extension, for codecs other than MessagePack, or if msgspec would encode the envelope otherwise."""
+) -> NativeSenders | None:
+    """The compiled sends of one publisher's events; None without the extension, for codecs other than
+    MessagePack, or if msgspec would encode the envelope otherwise."""
     native = _enabled()
     if native is None or codec is not Codec.MSGPACK:
         return None
@@ -116,7 +126,7 @@ def native_sender(
         log.warning("msgspec encodes envelopes differently than expected; sending through pyzmq")
         return None
     pid_frame = struct.pack(">Q", publisher_id) if wire is WireFormat.DYNAMO else None
-    send: NativeSend = functools.partial(
-        native.send_event, sock.underlying, routing_topic, pid_frame, prefix, middle, suffix
+    template = (sock.underlying, routing_topic, pid_frame, prefix, middle, suffix)
+    return NativeSenders(
+        functools.partial(native.send_event, *template), functools.partial(native.send_events, *template)
     )
-    return send

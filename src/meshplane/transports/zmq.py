@@ -155,7 +155,7 @@ class XPubPublisher(PublisherTransport):
         # Frame by frame: pyzmq's send_multipart re-validates every frame, which costs more than the send.
         self._send_event = self._encoder.event_sender(direct_send(sock), _MORE, zmq.NOBLOCK)
         if self._envelope_topic is not None:
-            self.send_payload = native_sender(
+            senders = native_sender(
                 sock,
                 self._routing_topic,
                 self._publisher_id,
@@ -163,6 +163,8 @@ class XPubPublisher(PublisherTransport):
                 self._encoder.wire,
                 self._encoder.codec,
             )
+            if senders is not None:
+                self.send_payload, self.send_payloads = senders
         if self._wait_when_full:
             sock.setsockopt(zmq.XPUB_NODROP, 1)
             self.send_now = None  # publish awaits send(), which can wait
@@ -226,7 +228,7 @@ class XPubPublisher(PublisherTransport):
 
     async def close(self) -> None:
         self._send_event = self._send_closed
-        self.send_payload = None  # holds the socket's address
+        self.send_payload = self.send_payloads = None  # they hold the socket's address
         if self.send_now is not None:
             self.send_now = self._send_closed
         if self._socket is not None:
