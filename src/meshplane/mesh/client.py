@@ -352,8 +352,9 @@ class MeshClient:
         ping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pings.append(ping)
         conn.send(encode_frame(FrameType.SYNC_REQ, "", flags=FLAG_PROPAGATED if propagated else 0))
+        timeout = timeout or self.timeout
         try:
-            async with asyncio.timeout(timeout or self.timeout):
+            async with asyncio.timeout(timeout):
                 await ping
         except TimeoutError as exc:
             raise TransportError(f"the mesh node at {self.url} did not answer within {timeout}s") from exc
