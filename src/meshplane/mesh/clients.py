@@ -48,6 +48,17 @@ class Clients:
         for token in list(self._pending_pings):
             self.pong(peer, token)
 
+    def resend_pings(self, peer: str) -> None:
+        """``peer``'s link moved to another connection: the pings it has not answered go again there.
+        When both ends dial at once, the peer ignores whatever came on the connection it did not keep
+        (a ping sent there would wait for its expiry); a second answer to a ping is ignored."""
+        link = self.node.links.get(peer)
+        if link is None or link.conn is None:
+            return
+        for token, (_, _, waiting, _) in self._pending_pings.items():
+            if peer in waiting:
+                link.conn.send(encode_frame(FrameType.SYNC_REQ, self.node.node_id, sequence=token))
+
     def accept(self, state: Handshake) -> None:
         node = self.node
         client_id = f"c{next(self._ids)}"

@@ -66,6 +66,7 @@ class Routes:
         if not swapped:
             link.since = link.last_heard
         link.counters["connects"] += 1
+        node.clients.resend_pings(peer)
         if swapped and same_process and link.state == "up":
             # Both ends dialled: the pair moves to the connection the smaller id dialled. The peer's
             # interest is still what it was, so the link keeps carrying events (a digest checks it).
