@@ -75,7 +75,7 @@ def run_forked(server: str, argv: list[str]) -> int | None:
         started = json.loads(answers.readline() or b"{}")
     except (OSError, ValueError):
         return None
-    if "pid" not in started:
+    if not isinstance(started, dict) or "pid" not in started:
         reason = started.get("refused", "no answer") if isinstance(started, dict) else "a bad answer"
         print(f"meshplane-spark-python: not forked ({reason}): starting a fresh Python", file=sys.stderr)
         return None
