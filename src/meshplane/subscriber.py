@@ -10,7 +10,7 @@ import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from meshplane.aio import cancel_and_wait
 from meshplane.core.envelope import EventEnvelope
@@ -196,7 +196,12 @@ class EventSubscriber(PlaneMember):
         return s
 
     def _accept(self, batch: list[Received]) -> None:
-        outcome = self._intake.accept(batch, time.monotonic(), self._transport.paths)
+        run = self._transport.batch_run
+        if run is not None and batch:
+            envelopes = cast(list[EventEnvelope], batch)  # the transport vouches for every item
+            outcome = self._intake.accept_run(envelopes, *run, time.monotonic(), self._transport.paths)
+        else:
+            outcome = self._intake.accept(batch, time.monotonic(), self._transport.paths)
         self._buffer.extend(outcome.envelopes)
         if outcome.notices or outcome.new_errors:
             self._report(outcome)

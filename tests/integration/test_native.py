@@ -34,7 +34,14 @@ from meshplane.core.framing import (
 )
 from meshplane.errors import WireError
 from meshplane.transports.inbox import decode_messages
-from meshplane.transports.native import NativeReceive, native_nats_decode, native_receive, native_sender
+from meshplane.transports.native import (
+    ExpectedEnvelope,
+    NativeReceive,
+    expected_envelope,
+    native_nats_decode,
+    native_receive,
+    native_sender,
+)
 from meshplane.transports.zmq import decode_frames
 
 TOPIC = b"kv"
@@ -60,14 +67,18 @@ def test_the_extension_is_built_and_can_be_switched_off(monkeypatch: pytest.Monk
 
 
 @contextlib.contextmanager
-def socket_pair() -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
+def socket_pair(inproc: bool = False) -> Iterator[tuple[zmq.Socket[bytes], zmq.Socket[bytes]]]:
+    """A connected PUB and SUB, over TCP, or in-process (where a message sent is at once receivable)."""
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     pub, sub = ctx.socket(zmq.PUB), ctx.socket(zmq.SUB)
     pub.setsockopt(zmq.SNDHWM, 0)
     sub.setsockopt(zmq.RCVHWM, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: foreign ones too must come back as frames
-    port = pub.bind_to_random_port("tcp://127.0.0.1")
-    sub.connect(f"tcp://127.0.0.1:{port}")
+    if inproc:
+        pub.bind("inproc://native")
+        sub.connect("inproc://native")
+    else:
+        sub.connect(f"tcp://127.0.0.1:{pub.bind_to_random_port('tcp://127.0.0.1')}")
     deadline = time.monotonic() + 10
     while True:  # until the subscription has reached the publisher
         pub.send(b"probe")
@@ -102,9 +113,66 @@ def _dynamo(pid: int, seq: int, topic: str, payload: bytes, frame_pid: int | Non
 
 topics = st.sampled_from(["kv", "kv-events", "kv" + HEARTBEAT_SUFFIX, "", "ké"])
 payloads = st.binary(max_size=200)
+
+
+def _sized(fixed: int | None, first_sized: int, length: int, width: int) -> bytes:
+    """A str or bin header of ``length``: the fix form (when ``fixed`` is given and width is 0), or the
+    sized form with a length of 1, 2 or 4 bytes (types first_sized, + 1, + 2)."""
+    if width == 0 and fixed is not None and length < 32:
+        return bytes([fixed | length])
+    width = max(width, 1)
+    if length >= 1 << (8 * width):
+        width = 4 if length >= 1 << 16 else 2
+    return bytes([first_sized + {1: 0, 2: 1, 4: 2}[width]]) + length.to_bytes(width, "big")
+
+
+def _uint(value: int, how: str) -> bytes:
+    """``value`` in any MessagePack integer form that holds it: the smallest unsigned, a wider unsigned, or
+    a signed one (which msgspec reads as the same int)."""
+    if how == "smallest" or value >= 2**63:
+        return msgpack.packb(value)  # type: ignore[no-any-return]
+    if how == "uint64":
+        return b"\xcf" + value.to_bytes(8, "big")
+    return b"\xd3" + value.to_bytes(8, "big", signed=True)
+
+
+@st.composite
+def envelope_bodies(draw: st.DrawFn, pid: int, seq: int, topic: str, payload: bytes) -> bytes:
+    """An envelope map as any MessagePack writer may lay it out: mostly msgspec's own layout, else keys
+    reordered, integers, str and bin in other widths, an extra field or bytes after the map."""
+    ints = st.sampled_from(["smallest"] * 6 + ["uint64", "int64"])
+    widths = st.sampled_from([0] * 6 + [1, 2, 4])
+    text = topic.encode()
+    fields = [
+        (b"publisher_id", _uint(pid, draw(ints))),
+        (b"sequence", _uint(seq, draw(ints))),
+        (b"published_at", _uint(1769000000000, draw(ints))),
+        (b"topic", _sized(0xA0, 0xD9, len(text), draw(widths)) + text),
+        (b"payload", _sized(None, 0xC4, len(payload), draw(widths)) + payload),
+    ]
+    if draw(st.integers(0, 9)) == 0:
+        fields.append((b"extra", b"\xc0"))
+    if draw(st.integers(0, 9)) == 0:
+        fields = draw(st.permutations(fields))
+    body = bytes([0x80 | len(fields)]) + b"".join(bytes([0xA0 | len(k)]) + k + v for k, v in fields)
+    return body + (b"\x00" if draw(st.integers(0, 19)) == 0 else b"")
+
+
+@st.composite
+def laid_out(draw: st.DrawFn) -> list[bytes]:
+    """An event of either layout whose body is any layout of the envelope map."""
+    pid, seq, topic, payload = draw(u64), draw(u64), draw(topics), draw(payloads)
+    body = draw(envelope_bodies(pid, seq, topic, payload))
+    if draw(st.booleans()):
+        return [TOPIC, struct.pack(">BBBBI", 2, 0, 0, 0, len(body)) + body]
+    head = struct.pack(">Q", pid) + struct.pack(">Q", seq)
+    return [TOPIC, head[:8], head[8:], struct.pack(">BI", 1, len(body)) + body]
+
+
 good_messages = st.one_of(
     st.builds(_header8, u64, u64, topics, payloads, st.booleans()),
     st.builds(_dynamo, u64, u64, topics, payloads, st.none() | u64),
+    laid_out(),
 )
 
 
@@ -139,18 +207,39 @@ def _outcome(item: Any) -> Any:
     return as_frame(item, TOPIC)
 
 
+def _check_run(out: list[Any], run: tuple[int, int] | None, topic: str) -> None:
+    """A run the receive claims is true: every item an envelope of ``topic``, one publisher's, in sequence."""
+    if run is not None:
+        publisher, first = run
+        assert [(type(e), e.publisher_id, e.sequence, e.topic) for e in out] == [
+            (EventEnvelope, publisher, first + i, topic) for i in range(len(out))
+        ]
+
+
 def _drain(
-    receive: NativeReceive, sub: zmq.Socket[bytes], expected: int, max_bytes: int, batch: int
+    receive: NativeReceive,
+    sub: zmq.Socket[bytes],
+    expected: int,
+    max_bytes: int,
+    batch: int,
+    expected_topic: ExpectedEnvelope | None = None,
+    runs: list[tuple[int, int] | None] | None = None,
 ) -> list[Any]:
     got: list[Any] = []
     deadline = time.monotonic() + 10
     while len(got) < expected:
         out: list[Any] = []
         decode = msgpack_envelope_decoder.decode
-        unusual, error = receive(sub.underlying, TOPIC, max_bytes, batch, decode, out)
+        unusual, error, run = receive(sub.underlying, TOPIC, max_bytes, batch, decode, out, expected_topic)
         assert len(out) <= batch
         assert unusual == sum(type(item) is list for item in out)
         assert error == (0 if len(out) == batch else errno.EAGAIN)
+        if expected_topic is None:
+            assert run is None  # nothing is read without the decoder, so nothing is vouched for
+        else:
+            _check_run(out, run, expected_topic[1])
+        if out and runs is not None:
+            runs.append(run)
         got += out
         if not out:
             assert time.monotonic() < deadline, f"{len(got)} of {expected} messages arrived"
@@ -158,8 +247,12 @@ def _drain(
     return got
 
 
-def test_compiled_receive_decides_every_message_as_the_python_decoders_do() -> None:
+@pytest.mark.parametrize("expected_topic", [None, "kv", "ké"])
+def test_compiled_receive_decides_every_message_as_the_python_decoders_do(expected_topic: str | None) -> None:
+    """With or without an expected topic (whose events C reads without the decoder when laid out as
+    msgspec lays them out), for any mix of messages and any layout of the envelope map."""
     receive = _compiled()
+    expected_envelope_of = None if expected_topic is None else expected_envelope(expected_topic)
     with socket_pair() as (pub, sub):
 
         @settings(max_examples=300, deadline=None)
@@ -167,7 +260,7 @@ def test_compiled_receive_decides_every_message_as_the_python_decoders_do() -> N
         def check(sent: list[list[bytes]], max_bytes: int, batch: int) -> None:
             for frames in sent:
                 pub.send_multipart(frames)
-            got = _drain(receive, sub, len(sent), max_bytes, batch)
+            got = _drain(receive, sub, len(sent), max_bytes, batch, expected_envelope_of)
             for frames, item in zip(sent, got, strict=True):
                 expected = decode_frames(frames, TOPIC, max_bytes)
                 if type(item) is list:
@@ -196,9 +289,37 @@ def test_compiled_receive_takes_the_common_shapes_itself() -> None:
         ]
         for frames in common + unusual:
             pub.send_multipart(frames)
-        got = _drain(receive, sub, len(common) + len(unusual), 300, 100)
+        runs: list[tuple[int, int] | None] = []
+        got = _drain(receive, sub, len(common) + len(unusual), 300, 100, expected_envelope("kv"), runs)
         assert [(e.sequence, e.payload) for e in got[:2]] == [(1, b"a"), (2, b"b")]
         assert got[2:] == unusual
+        assert runs == [None]  # the batch holds more than one publisher's events
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([7, 8]), st.integers(0, 3)), min_size=1, max_size=30))
+def test_compiled_receive_reports_a_batch_of_consecutive_events_as_a_run(
+    steps: list[tuple[int, int]],
+) -> None:
+    """Events of one topic from publishers 7 and 8, each step a publisher and how far its sequence
+    jumps: a batch is a run exactly when it is one publisher's consecutive events, and the claim is
+    checked against the envelopes (``_check_run``)."""
+    receive = _compiled()
+    next_sequence = {7: 0, 8: 2**64 - 3}  # 8 reaches the end of the sequence space
+    sent: list[tuple[int, int]] = []
+    for publisher, jump in steps:
+        sequence = (next_sequence[publisher] + jump) % 2**64
+        sent.append((publisher, sequence))
+        next_sequence[publisher] = (sequence + 1) % 2**64
+    with socket_pair(inproc=True) as (pub, sub):  # all in one batch
+        for publisher, sequence in sent:
+            pub.send_multipart(_header8(publisher, sequence, "kv", b"x", False))
+        runs: list[tuple[int, int] | None] = []
+        _drain(receive, sub, len(sent), 300, len(sent), expected_envelope("kv"), runs)
+    one_run = all(p == sent[0][0] for p, _ in sent) and all(
+        s == sent[0][1] + i for i, (_, s) in enumerate(sent)
+    )
+    assert runs == [sent[0] if one_run else None]
 
 
 payload_lengths = st.sampled_from([0, 1, 127, 255, 256, 65535, 65536, 70000])

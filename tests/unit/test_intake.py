@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -236,3 +238,63 @@ def test_a_bare_envelope_of_another_topic_is_filtered() -> None:
     )
     assert [e.topic for e in outcome.envelopes] == [TOPIC]
     assert (machine.filtered, machine.received) == (1, 1)
+
+
+def _run_of(batch: list[EventEnvelope | Frame]) -> tuple[int, int] | None:
+    """What a transport vouches for: the batch is one publisher's consecutive bare events."""
+    if not batch or not all(isinstance(item, EventEnvelope) for item in batch):
+        return None
+    first = batch[0]
+    assert isinstance(first, EventEnvelope)
+    consecutive = all(
+        isinstance(e, EventEnvelope)
+        and (e.publisher_id, e.sequence) == (first.publisher_id, first.sequence + i)
+        for i, e in enumerate(batch)
+    )
+    return (first.publisher_id, first.sequence) if consecutive else None
+
+
+@given(ARRIVALS, st.lists(st.integers(1, 20), max_size=6), st.sampled_from([1, 2]), st.booleans())
+def test_a_batch_taken_as_a_run_gives_exactly_what_accepting_it_gives(
+    arrivals: list[Frame], cuts: list[int], paths: int, silence: bool
+) -> None:
+    """``accept_run`` delivers a vouched-for batch at once when it continues the publisher's stream, and
+    otherwise as ``accept`` does: cut into any batches, on one path or two, after a silence long enough
+    to time a publisher out or not, both give the same events, notices and counters."""
+    plain, runs = intake(liveness=5.0), intake(liveness=5.0)
+    items = [f.envelope if f.message_type is MessageType.EVENT else f for f in arrivals]
+    outcomes: dict[str, tuple[list[EventEnvelope], list[object]]] = {"plain": ([], []), "runs": ([], [])}
+    for name, machine in (("plain", plain), ("runs", runs)):
+        events, notices = outcomes[name]
+        start, now = 0, 0.0
+        for cut in [*cuts, len(items)]:
+            batch = items[start : start + cut]
+            start += cut
+            if silence:
+                now += 6.0
+                notices += machine.check_liveness(now)
+            run = _run_of(batch) if name == "runs" else None
+            if run is not None:
+                outcome = machine.accept_run(cast(list[EventEnvelope], batch), *run, now, paths)
+            else:
+                outcome = machine.accept(batch, now, paths)
+            events += outcome.envelopes
+            notices += outcome.notices
+        outcome = machine.tick(now=now + 10.0, paths=1)
+        events += outcome.envelopes
+        notices += outcome.notices
+    assert outcomes["runs"] == outcomes["plain"]
+    for counter in ("gaps", "missing", "duplicates"):
+        assert getattr(runs.tracker, counter) == getattr(plain.tracker, counter)
+    assert (runs.received, runs.heartbeats) == (plain.received, plain.heartbeats)
+
+
+def test_a_run_that_continues_the_stream_is_delivered_as_it_came() -> None:
+    machine = intake(liveness=5.0)
+    first = [EventEnvelope(7, s, 0, TOPIC, b"") for s in range(3)]
+    machine.accept_run(first, 7, 0, now=0.0)
+    batch = [EventEnvelope(7, s, 0, TOPIC, b"") for s in range(3, 6)]
+    outcome = machine.accept_run(batch, 7, 3, now=0.0)
+    assert outcome.envelopes is batch  # no copy, no walk
+    assert machine.received == 6
+    assert machine.tracker.continues(7, 6)

@@ -100,6 +100,10 @@ class SequenceTracker:
         self.duplicates += 1
         return _DUPLICATE
 
+    def continues(self, publisher_id: int, sequence: int) -> bool:
+        """Whether ``sequence`` is the very next event of a publisher in the newer generation."""
+        return self._last.get(publisher_id, -2) == sequence - 1
+
     def settle(self, publisher_id: int, sequence: int) -> None:
         """``publisher_id``'s events arrived in order up to ``sequence``: what ``observe`` of each, as
         IN_ORDER, would have left. For a publisher just observed (so in the newer generation)."""

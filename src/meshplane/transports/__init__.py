@@ -136,7 +136,12 @@ async def create_subscriber_transport(shared: Resources, scope: Scope, topic: st
         from meshplane.transports.zmq import ZmqSubscriberTransport
 
         transport = ZmqSubscriberTransport(
-            shared.zmq_context(), topic.encode(), cfg.receive_hwm, cfg.max_message_bytes, shared.curve
+            shared.zmq_context(),
+            topic.encode(),
+            cfg.receive_hwm,
+            cfg.max_message_bytes,
+            shared.curve,
+            envelope_topic=topic,
         )
     await transport.start()
     return transport

@@ -7,7 +7,8 @@
  *
  * receive() drains a SUB socket without blocking and, for the two common shapes under the subscriber's
  * own routing topic (the 8-byte-header layout's 2 frames, Dynamo's 4 frames), checks the framing and
- * calls the MessagePack decoder on the body, so an event costs no Python bytecode until the intake.
+ * decodes the body, so an event costs no Python bytecode until the intake: a body in msgspec's own
+ * layout under the subscriber's topic is read here (envelope_map.h), any other goes to the decoder.
  * Anything else (other shapes, other topics, heartbeats, bad headers, undecodable bodies, a decoder
  * error of any kind) is handed back as its list of frames, and the Python decoders say what is wrong:
  * this file only ever takes the path where nothing is wrong, so it defines no error of its own.
@@ -24,6 +25,7 @@
 #include <time.h>
 
 #include "../core/bigendian.h"
+#include "../core/envelope_map.h"
 
 /* zmq.h's zmq_msg_t: 64 opaque bytes, pointer-aligned (stable across libzmq 4.x). */
 typedef struct {
@@ -97,6 +99,42 @@ static PyObject *decode_body(PyObject *decode, const unsigned char *body, size_t
     return envelope;
 }
 
+/* What a subscriber's events are: its EventEnvelope type and its topic, as str and as UTF-8. */
+typedef struct {
+    PyObject *type, *topic;
+    const char *topic_utf8;
+    size_t topic_size;
+} expected_envelope;
+
+/* The envelope of a body in msgspec's own layout under the expected topic, built without the decoder;
+ * NULL (no exception set) for any other body, or out of memory (then the decoder has its turn). */
+static PyObject *canonical_envelope(const expected_envelope *expected, const unsigned char *body, size_t size,
+                                    envelope_view *view) {
+    if (expected == NULL || !read_envelope_map(body, size, view) || view->topic_size != expected->topic_size ||
+        memcmp(view->topic, expected->topic_utf8, view->topic_size) != 0)
+        return NULL;
+    PyObject *args[5] = {PyLong_FromUnsignedLongLong(view->publisher_id),
+                         PyLong_FromUnsignedLongLong(view->sequence),
+                         PyLong_FromUnsignedLongLong(view->published_at), expected->topic,
+                         PyBytes_FromStringAndSize((const char *)view->payload, (Py_ssize_t)view->payload_size)};
+    PyObject *envelope = NULL;
+    if (args[0] != NULL && args[1] != NULL && args[2] != NULL && args[4] != NULL)
+        envelope = PyObject_Vectorcall(expected->type, args, 5, NULL);
+    for (int i = 0; i < 5; i++)
+        if (i != 3) Py_XDECREF(args[i]);
+    if (envelope == NULL) PyErr_Clear();
+    return envelope;
+}
+
+/* The envelope of an event's body: read here when canonical (*canonical set, fields in *view), else
+ * decoded by `decode`; NULL (no exception set) when it does not decode. */
+static PyObject *body_event(PyObject *decode, const expected_envelope *expected, const unsigned char *body,
+                            size_t size, envelope_view *view, int *canonical) {
+    PyObject *envelope = canonical_envelope(expected, body, size, view);
+    *canonical = envelope != NULL;
+    return envelope != NULL ? envelope : decode_body(decode, body, size);
+}
+
 static int attr_equals(PyObject *obj, PyObject *name, uint64_t expected) {
     PyObject *value = PyObject_GetAttr(obj, name);
     if (value == NULL) {
@@ -129,20 +167,26 @@ static int is_heartbeat_topic(PyObject *envelope) {
 
 /* The event of an 8-byte-header message (version 2, an event, MessagePack, no flags, the length as
  * announced, a map within max_bytes); NULL otherwise (no exception set). */
-static PyObject *header8_event(const unsigned char *data, size_t size, size_t max_bytes, PyObject *decode) {
+static PyObject *header8_event(const unsigned char *data, size_t size, size_t max_bytes, PyObject *decode,
+                               const expected_envelope *expected, envelope_view *view, int *canonical) {
     if (size <= HEADER8_SIZE || size - HEADER8_SIZE > max_bytes) return NULL;
     if (memcmp(data, header8_event_head, 4) != 0 || be32(data + 4) != size - HEADER8_SIZE) return NULL;
     if (!is_msgpack_map(data[HEADER8_SIZE])) return NULL;
-    return decode_body(decode, data + HEADER8_SIZE, size - HEADER8_SIZE);
+    return body_event(decode, expected, data + HEADER8_SIZE, size - HEADER8_SIZE, view, canonical);
 }
 
 /* The event in frames[0..count), if the message is one of the two common shapes under `topic` and
- * nothing about it is unusual; NULL otherwise (no exception set). */
-static PyObject *fast_event(zmq_msg *frames, int count, const char *topic, size_t topic_size,
-                            size_t max_bytes, PyObject *decode) {
+ * nothing about it is unusual; NULL otherwise (no exception set). *canonical says whether it was read
+ * here under the expected topic (body_event). */
+static PyObject *fast_event(zmq_msg *frames, int count, const char *topic, size_t topic_size, size_t max_bytes,
+                            PyObject *decode, const expected_envelope *expected, envelope_view *view,
+                            int *canonical) {
+    *canonical = 0;
     if (msg_size(&frames[0]) != topic_size || memcmp(msg_data(&frames[0]), topic, topic_size) != 0)
         return NULL;
-    if (count == 2) return header8_event(msg_data(&frames[1]), msg_size(&frames[1]), max_bytes, decode);
+    if (count == 2)
+        return header8_event(msg_data(&frames[1]), msg_size(&frames[1]), max_bytes, decode, expected, view,
+                             canonical);
     if (count == 4) {
         const unsigned char *data = msg_data(&frames[3]);
         size_t size = msg_size(&frames[3]);
@@ -150,8 +194,16 @@ static PyObject *fast_event(zmq_msg *frames, int count, const char *topic, size_
         if (size <= DYNAMO_HEADER_SIZE || size - DYNAMO_HEADER_SIZE > max_bytes) return NULL;
         if (data[0] != 1 || be32(data + 1) != size - DYNAMO_HEADER_SIZE) return NULL;
         if (!is_msgpack_map(data[DYNAMO_HEADER_SIZE])) return NULL;
-        PyObject *envelope = decode_body(decode, data + DYNAMO_HEADER_SIZE, size - DYNAMO_HEADER_SIZE);
+        PyObject *envelope = body_event(decode, expected, data + DYNAMO_HEADER_SIZE, size - DYNAMO_HEADER_SIZE,
+                                        view, canonical);
         if (envelope == NULL) return NULL;
+        if (*canonical) { /* the expected topic is never a heartbeat's (native.py) */
+            if (view->publisher_id == be64(msg_data(&frames[1])) && view->sequence == be64(msg_data(&frames[2])))
+                return envelope;
+            *canonical = 0;
+            Py_DECREF(envelope);
+            return NULL;
+        }
         if (!attr_equals(envelope, str_publisher_id, be64(msg_data(&frames[1]))) ||
             !attr_equals(envelope, str_sequence, be64(msg_data(&frames[2]))) || is_heartbeat_topic(envelope)) {
             Py_DECREF(envelope);
@@ -177,7 +229,9 @@ static PyObject *fast_nats_event(PyObject *data, size_t max_bytes, PyObject *dec
         }
     } else {
         /* a version-2 heartbeat has its own message type: what this decodes is an event */
-        return header8_event(bytes, size, max_bytes, decode);
+        envelope_view view;
+        int canonical;
+        return header8_event(bytes, size, max_bytes, decode, NULL, &view, &canonical);
     }
     if (is_heartbeat_topic(envelope)) { /* Dynamo's heartbeats are told by their topic */
         Py_DECREF(envelope);
@@ -253,14 +307,21 @@ static PyObject *frame_list(zmq_msg *frames, int count, void *socket, int *recv_
     return list;
 }
 
-/* receive(socket_address, topic, max_bytes, max_messages, decode, out) -> (unusual, errno)
+/* receive(socket_address, topic, max_bytes, max_messages, decode, out, expected) -> (unusual, errno, run)
  *
  * Appends to `out` up to max_messages items: an envelope for each common event, a list of frames
  * for anything else (`unusual` counts those). errno is 0 when max_messages were read, else the error
- * that ended the batch (EAGAIN when the socket is drained). */
+ * that ended the batch (EAGAIN when the socket is drained). `expected` is (EventEnvelope, topic,
+ * topic as UTF-8) or None; `run` is (publisher_id, first_sequence) when every item is an envelope of
+ * the expected topic read here and they are that publisher's consecutive events, else None. */
 static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6 || !PyBytes_Check(args[1]) || !PyList_Check(args[5])) {
-        PyErr_SetString(PyExc_TypeError, "receive(socket_address, topic, max_bytes, max_messages, decode, out)");
+    if (nargs != 7 || !PyBytes_Check(args[1]) || !PyList_Check(args[5]) ||
+        (args[6] != Py_None && !(PyTuple_Check(args[6]) && PyTuple_GET_SIZE(args[6]) == 3 &&
+                                 PyType_Check(PyTuple_GET_ITEM(args[6], 0)) &&
+                                 PyUnicode_Check(PyTuple_GET_ITEM(args[6], 1)) &&
+                                 PyBytes_Check(PyTuple_GET_ITEM(args[6], 2))))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "receive(socket_address, topic, max_bytes, max_messages, decode, out, expected)");
         return NULL;
     }
     if (msg_recv == NULL) {
@@ -274,11 +335,21 @@ static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     const char *topic = PyBytes_AS_STRING(args[1]);
     size_t topic_size = (size_t)PyBytes_GET_SIZE(args[1]);
     PyObject *decode = args[4], *out = args[5];
+    expected_envelope expected_storage, *expected = NULL;
+    if (args[6] != Py_None) {
+        PyObject *utf8 = PyTuple_GET_ITEM(args[6], 2);
+        expected_storage = (expected_envelope){PyTuple_GET_ITEM(args[6], 0), PyTuple_GET_ITEM(args[6], 1),
+                                               PyBytes_AS_STRING(utf8), (size_t)PyBytes_GET_SIZE(utf8)};
+        expected = &expected_storage;
+    }
     Py_ssize_t unusual = 0;
     int recv_errno = 0;
+    int run = 0; /* 0: nothing yet, 1: one publisher's consecutive events so far, -1: anything else */
+    uint64_t run_publisher = 0, run_first = 0, run_next = 0;
     for (Py_ssize_t n = 0; n < max_messages && recv_errno == 0; n++) {
         zmq_msg frames[INLINE_FRAMES];
-        int count = 0, more = 1;
+        int count = 0, more = 1, canonical = 0;
+        envelope_view view;
         while (more && count < INLINE_FRAMES) {
             msg_init(&frames[count]);
             if (msg_recv(&frames[count], socket, ZMQ_DONTWAIT_FLAG) < 0) {
@@ -290,19 +361,34 @@ static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             count++;
         }
         if (count == 0) break;
-        PyObject *item = more ? NULL : fast_event(frames, count, topic, topic_size, (size_t)max_bytes, decode);
+        PyObject *item = more ? NULL
+                              : fast_event(frames, count, topic, topic_size, (size_t)max_bytes, decode, expected,
+                                           &view, &canonical);
         if (item == NULL) {
             item = frame_list(frames, count, socket, &recv_errno);
             unusual++;
         }
         for (int i = 0; i < count; i++) msg_close(&frames[i]);
+        if (!canonical) {
+            run = -1;
+        } else if (run == 0) {
+            run = 1;
+            run_publisher = view.publisher_id;
+            run_first = view.sequence;
+            run_next = run_first + 1;
+        } else if (run == 1 && view.publisher_id == run_publisher && view.sequence == run_next && run_next != 0) {
+            run_next++;
+        } else {
+            run = -1;
+        }
         if (item == NULL || PyList_Append(out, item) < 0) {
             Py_XDECREF(item);
             return NULL; /* out of memory: what was appended stays in `out` */
         }
         Py_DECREF(item);
     }
-    return Py_BuildValue("ni", unusual, recv_errno);
+    if (run == 1) return Py_BuildValue("ni(KK)", unusual, recv_errno, run_publisher, run_first);
+    return Py_BuildValue("niO", unusual, recv_errno, Py_None);
 }
 
 
@@ -484,7 +570,7 @@ static PyMethodDef methods[] = {
      "send_events(socket_address, topic, pid_frame, prefix, middle, suffix, first_sequence, payloads, start)"
      " -> (sent, errno)"},
     {"receive", (PyCFunction)(void (*)(void))receive, METH_FASTCALL,
-     "receive(socket_address, topic, max_bytes, max_messages, decode, out) -> (unusual, errno)"},
+     "receive(socket_address, topic, max_bytes, max_messages, decode, out, expected) -> (unusual, errno, run)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,8 +14,9 @@ def receive(
     max_messages: int,
     decode: Callable[[bytes], Any],
     out: list[Any],
+    expected: tuple[type, str, bytes] | None,
     /,
-) -> tuple[int, int]: ...
+) -> tuple[int, int, tuple[int, int] | None]: ...
 def decode_nats(
     messages: list[bytes], max_bytes: int, decode: Callable[[bytes], Any], out: list[Any], /
 ) -> int: ...

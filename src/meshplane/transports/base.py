@@ -72,6 +72,10 @@ class SubscriberTransport(abc.ABC):
     announces = False
     #: Copies of an event dropped before delivery (multi-broker deduplication).
     duplicates_dropped = 0
+    #: ``(publisher_id, first_sequence)`` when the batch ``receive`` last returned is, whole, that
+    #: publisher's consecutive events of the subscriber's topic (transports that can tell without
+    #: looking at each event say so, and the intake takes the batch at once); None otherwise.
+    batch_run: tuple[int, int] | None = None
 
     @abc.abstractmethod
     async def start(self) -> None: ...

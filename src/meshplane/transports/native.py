@@ -27,8 +27,14 @@ from meshplane.core.framing import EVENT_MSGPACK_HEAD, HEARTBEAT_SUFFIX, WireFor
 
 log = logging.getLogger(__name__)
 
-#: ``receive(socket_address, topic, max_bytes, max_messages, decode, out) -> (unusual, errno)``
-NativeReceive = Callable[[int, bytes, int, int, Callable[[bytes], Any], list[Any]], tuple[int, int]]
+#: What a subscriber's events are, for the compiled receive: (EventEnvelope, topic, topic as UTF-8).
+ExpectedEnvelope = tuple[type[EventEnvelope], str, bytes]
+#: ``(publisher_id, first_sequence)`` of a batch that is one publisher's consecutive events, or None.
+Run = tuple[int, int] | None
+#: ``receive(socket_address, topic, max_bytes, max_messages, decode, out, expected) -> (unusual, errno, run)``
+NativeReceive = Callable[
+    [int, bytes, int, int, Callable[[bytes], Any], list[Any], ExpectedEnvelope | None], tuple[int, int, Run]
+]
 #: ``decode_nats(messages, max_bytes, decode, out) -> unusual``
 NativeNatsDecode = Callable[[list[bytes], int, Callable[[bytes], Any], list[Any]], int]
 #: ``send(sequence, payload) -> errno``: 0 when sent, else nothing was sent (see ``send_event`` in C)
@@ -95,6 +101,14 @@ def native_receive() -> NativeReceive | None:
     """The compiled receive loop (``receive`` in C), or None."""
     native = _enabled()
     return None if native is None else native.receive
+
+
+def expected_envelope(topic: str) -> ExpectedEnvelope | None:
+    """What the compiled receive reads without the decoder: envelopes of ``topic`` (None for a topic
+    that ends like a heartbeat's, which Dynamo's layout tells apart by topic alone)."""
+    if topic.endswith(HEARTBEAT_SUFFIX):
+        return None
+    return (EventEnvelope, topic, topic.encode())
 
 
 def native_nats_decode() -> NativeNatsDecode | None:

@@ -31,7 +31,7 @@ from meshplane.core.records import TRANSPORT_ZMQ, EventChannel
 from meshplane.errors import TransportError, WireError
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
 from meshplane.transports.curve import Curve
-from meshplane.transports.native import NativeReceive, native_receive, native_sender
+from meshplane.transports.native import NativeReceive, expected_envelope, native_receive, native_sender
 
 log = logging.getLogger(__name__)
 _MAX_BATCH = 4096
@@ -297,6 +297,7 @@ class ZmqSubscriberTransport(SubscriberTransport):
         rcvhwm: int,
         max_bytes: int,
         curve: Curve | None = None,
+        envelope_topic: str | None = None,
     ) -> None:
         self._context = context
         self._curve = curve
@@ -309,6 +310,8 @@ class ZmqSubscriberTransport(SubscriberTransport):
         self._readable: Readable | None = None
         self._one_at_a_time = False
         self._native: NativeReceive | None = None
+        # what the compiled receive reads itself and vouches for as runs (batch_run)
+        self._expected = None if envelope_topic is None else expected_envelope(envelope_topic)
         self._kept: list[Received] = []  # received before a disconnect, for the next receive()
         self._endpoints: dict[int, str] = {}
 
@@ -408,6 +411,7 @@ class ZmqSubscriberTransport(SubscriberTransport):
         self._socket.disconnect(endpoint)
 
     async def receive(self) -> list[Received]:
+        self.batch_run = None
         if self._kept:
             kept, self._kept = self._kept, []
             return kept
@@ -465,8 +469,14 @@ class ZmqSubscriberTransport(SubscriberTransport):
             if self._socket is None:
                 return []  # closed while waiting: the socket's address is no longer valid
             out: list[Any] = []
-            unusual, error = native(
-                self._socket.underlying, self._routing_topic, self._max_bytes, _MAX_BATCH, _decode_map, out
+            unusual, error, self.batch_run = native(
+                self._socket.underlying,
+                self._routing_topic,
+                self._max_bytes,
+                _MAX_BATCH,
+                _decode_map,
+                out,
+                self._expected,
             )
             if unusual:
                 for index, item in enumerate(out):
