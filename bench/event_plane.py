@@ -8,7 +8,9 @@ only count what arrives: they are the transport's ceiling). Kinds, as ``transpor
 - ``faststream`` (``nats`` only): FastStream's NatsBroker, the bare payload, one ``publish`` each;
 - ``raw``: pyzmq / nats-py alone; ``asyncio`` (``zmq8`` only): raw pyzmq received on asyncio, the floor
   of an asyncio subscriber's latency; ``meshplane``: ``publish`` and ``async for`` one event at a time;
-  ``batch``: ``publish_many`` (1000 at a time) and ``async for batch in sub.batches()``.
+  ``batch``: ``publish_many`` (1000 at a time) and ``async for batch in sub.batches()``;
+  ``busypoll`` (ZeroMQ): as ``meshplane``, the subscriber spinning 2 ms after each batch
+  (``MESHPLANE_BUSY_POLL=0.002``, longer than the latency runs' pace) instead of sleeping in its loop.
 - ``dynamo-runtime``: the Dynamo runtime's own Python pair over ZeroMQ (``bench/dynamo_runtime_peer.py``:
   its forward-pass-metrics publisher and subscriber, ~420-byte snapshots), run with the Python of
   ``.venv-dynamo`` (``make .venv-dynamo``; ``MESHPLANE_BENCH_DYNAMO_PYTHON`` names another), left out
@@ -57,9 +59,11 @@ IDLE_SECONDS = 3.0
 KINDS = [
     "zmq-raw",
     "zmq-meshplane",
+    "zmq-busypoll",
     "zmq8-raw",
     "zmq8-asyncio",
     "zmq8-meshplane",
+    "zmq8-busypoll",
     "zmq8-batch",
     "nats-raw",
     "nats-meshplane",
@@ -76,6 +80,8 @@ RATIOS = {
     "dynamo_layout_zmq_vs_raw_pyzmq_4_frames": ("zmq-meshplane", "zmq-raw"),
     "header8_zmq_vs_raw_pyzmq_2_frames": ("zmq8-meshplane", "zmq8-raw"),
     "header8_zmq_batch_vs_raw_pyzmq_2_frames": ("zmq8-batch", "zmq8-raw"),
+    "dynamo_layout_zmq_busy_poll_vs_raw_pyzmq_4_frames": ("zmq-busypoll", "zmq-raw"),
+    "header8_zmq_busy_poll_vs_raw_pyzmq_2_frames": ("zmq8-busypoll", "zmq8-raw"),
     "header8_zmq_vs_raw_pyzmq_on_asyncio": ("zmq8-meshplane", "zmq8-asyncio"),
     "header8_zmq_vs_raw_nats_py": ("zmq8-meshplane", "nats-raw"),
     "nats_vs_raw_nats_py": ("nats-meshplane", "nats-raw"),
@@ -555,6 +561,8 @@ def child(argv: list[str]) -> None:
             asyncio.run(meshplane_pub(transport, kv, where, events, interval, batch=impl == "batch"))
         return
     latency = extra == "1"
+    if impl == "busypoll":
+        os.environ["MESHPLANE_BUSY_POLL"] = "0.002"
     if kind == "zmq8-asyncio":
         asyncio.run(zmq_asyncio_sub(where, events, latency))
     elif transport != "nats" and impl == "raw":

@@ -38,6 +38,8 @@ MESH_MODES = [("mesh", "file"), ("mesh", "etcd")]
 HEADER8_MODES = [("nats-header8", "file"), ("zmq-header8", "file")]  # the 8-byte-header layout
 # Without the C extension, as where it is not built (MESHPLANE_NO_EXTENSIONS): pyzmq and Python decoders
 NO_EXTENSION_MODES = [("zmq-noext", "file"), ("zmq-header8-noext", "file"), ("nats-noext", "file")]
+# A ZeroMQ subscriber that spins after each batch instead of sleeping (MESHPLANE_BUSY_POLL)
+BUSY_POLL_MODES = [("zmq-busypoll", "file")]
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,7 @@ def make_config(
     + MESH_MODES
     + HEADER8_MODES
     + NO_EXTENSION_MODES
+    + BUSY_POLL_MODES
     + [("mem", "mem")],
     ids=lambda p: f"{p[0]}-{p[1]}",
 )
@@ -168,12 +171,14 @@ def plane_config(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> PlaneConfig:
     """Every transport x discovery combination, both broker modes, CURVE, a mesh node, the 8-byte-
-    header layout and both transports without the C extension, on real servers; and the in-process transport
-    (an extra, for the application API's test plane)."""
+    header layout, both transports without the C extension and a busy-polling ZeroMQ subscriber, on real
+    servers; and the in-process transport (an extra, for the application API's test plane)."""
     transport, discovery = request.param
     if transport.endswith("-noext"):
         monkeypatch.setenv("MESHPLANE_NO_EXTENSIONS", "1")
         transport = transport.removesuffix("-noext")
+    if transport == "zmq-busypoll":
+        return make_config("zmq", discovery, tmp_path, None, None, busy_poll=0.05)
     if transport.endswith("-header8"):
         transport = transport.removesuffix("-header8")
         nats = request.getfixturevalue("nats_server") if transport == "nats" else None

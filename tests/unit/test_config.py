@@ -27,6 +27,7 @@ def test_environment_is_read():
             "MESHPLANE_CODEC": "json",
             "MESHPLANE_SNDHWM": "5",
             "MESHPLANE_RCVHWM": "0",
+            "MESHPLANE_BUSY_POLL": "0.0005",
         }
     )
     assert cfg.event_plane == "zmq"
@@ -38,6 +39,7 @@ def test_environment_is_read():
     assert cfg.host == "10.0.0.1"
     assert (cfg.wire_format, cfg.codec) == (WireFormat.HEADER8, Codec.JSON)
     assert (cfg.send_hwm, cfg.receive_hwm) == (5, 0)
+    assert cfg.busy_poll == 0.0005
 
 
 def test_etcd_endpoints_alone_select_etcd():
@@ -60,6 +62,9 @@ def test_code_overrides_the_environment():
         ({"MESHPLANE_RCVHWM": "-1"}, "receive_hwm"),
         ({"MESHPLANE_SEND_WHEN_FULL": "block"}, "MESHPLANE_SEND_WHEN_FULL"),
         ({"ETCD_ENDPOINTS": " , "}, "ETCD_ENDPOINTS"),
+        ({"MESHPLANE_BUSY_POLL": "soon"}, "MESHPLANE_BUSY_POLL"),
+        ({"MESHPLANE_BUSY_POLL": "-0.001"}, "busy_poll"),
+        ({"MESHPLANE_BUSY_POLL": "2"}, "busy_poll"),
     ],
 )
 def test_bad_values_name_the_variable(env, message):

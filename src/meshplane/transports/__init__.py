@@ -113,6 +113,7 @@ async def create_subscriber_transport(shared: Resources, scope: Scope, topic: st
             cfg.max_message_bytes,
             cfg.dedup_capacity,
             shared.curve,
+            busy_poll=cfg.busy_poll,
         )
     elif cfg.event_plane == "mem":
         from meshplane.transports.memory import MemorySubscriberTransport
@@ -142,6 +143,7 @@ async def create_subscriber_transport(shared: Resources, scope: Scope, topic: st
             cfg.max_message_bytes,
             shared.curve,
             envelope_topic=topic,
+            busy_poll=cfg.busy_poll,
         )
     await transport.start()
     return transport

@@ -226,8 +226,9 @@ class ZmqBrokerSubscriberTransport(ZmqSubscriberTransport):
         max_bytes: int,
         dedup_capacity: int,
         curve: Curve | None = None,
+        busy_poll: float = 0.0,
     ) -> None:
-        super().__init__(context, subject, rcvhwm, max_bytes, curve)
+        super().__init__(context, subject, rcvhwm, max_bytes, curve, busy_poll=busy_poll)
         self._directory = directory
         self._dedup = DedupCache(dedup_capacity)
         self._brokers: dict[str, str] = {}
