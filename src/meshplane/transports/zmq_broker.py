@@ -30,7 +30,8 @@ from meshplane.discovery.base import Discovery
 from meshplane.errors import ConfigError, InvalidDiscoveryRecord
 from meshplane.transports.base import Received
 from meshplane.transports.curve import Curve
-from meshplane.transports.zmq import Readable, XPubPublisher, ZmqSubscriberTransport
+from meshplane.transports.zmq import XPubPublisher, ZmqSubscriberTransport
+from meshplane.transports.zmq_readable import Readable
 
 log = logging.getLogger(__name__)
 _MONITORED = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
