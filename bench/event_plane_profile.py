@@ -34,7 +34,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -104,14 +104,16 @@ class Stages:
 
     async def _transport(self, ctx: Any, intake: Intake | None, compiled: bool = True) -> float:
         pub, sub = await self._filled_socket(ctx)
-        transport = ZmqSubscriberTransport(ctx, TOPIC.encode(), 0, 8 * 1024 * 1024)
+        transport = ZmqSubscriberTransport(ctx, TOPIC.encode(), 0, 8 * 1024 * 1024, envelope_topic=TOPIC)
         transport._socket, transport._readable = sub, Readable(sub)  # the filled socket
         transport._native = native_receive() if compiled else None
         left = self.events
         started = time.thread_time()
         while left > 0:
             batch = await transport.receive()
-            if intake is not None:
+            if intake is not None and (run := transport.batch_run) is not None:
+                intake.accept_run(cast(list[EventEnvelope], batch), *run, time.monotonic())
+            elif intake is not None:
                 intake.accept(batch, time.monotonic())
             left -= len(batch)
         elapsed = time.thread_time() - started
