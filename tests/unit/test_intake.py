@@ -33,6 +33,12 @@ def delivered(events: list[EventEnvelope]) -> dict[int, list[int]]:
     return out
 
 
+def assert_same_counters(got: Intake, expected: Intake) -> None:
+    for counter in ("gaps", "missing", "duplicates"):
+        assert getattr(got.tracker, counter) == getattr(expected.tracker, counter)
+    assert (got.received, got.heartbeats) == (expected.received, expected.heartbeats)
+
+
 SENT = st.dictionaries(st.integers(1, 4), st.integers(1, 30), min_size=1, max_size=3)  # publisher -> events
 
 
@@ -193,9 +199,7 @@ def test_a_batch_gives_exactly_what_its_frames_one_by_one_give(
     got_notices += outcome.notices
     assert got_events == expected_events
     assert got_notices == expected_notices
-    for counter in ("gaps", "missing", "duplicates"):
-        assert getattr(batched.tracker, counter) == getattr(one_by_one.tracker, counter)
-    assert (batched.received, batched.heartbeats) == (one_by_one.received, one_by_one.heartbeats)
+    assert_same_counters(batched, one_by_one)
 
 
 @given(
@@ -226,9 +230,7 @@ def test_bare_envelopes_give_exactly_what_their_frames_give(
         events += outcome.envelopes
         notices += outcome.notices
     assert outcomes["mixed"] == outcomes["framed"]
-    for counter in ("gaps", "missing", "duplicates"):
-        assert getattr(mixed.tracker, counter) == getattr(framed.tracker, counter)
-    assert (mixed.received, mixed.heartbeats) == (framed.received, framed.heartbeats)
+    assert_same_counters(mixed, framed)
 
 
 def test_a_bare_envelope_of_another_topic_is_filtered() -> None:
@@ -284,9 +286,7 @@ def test_a_batch_taken_as_a_run_gives_exactly_what_accepting_it_gives(
         events += outcome.envelopes
         notices += outcome.notices
     assert outcomes["runs"] == outcomes["plain"]
-    for counter in ("gaps", "missing", "duplicates"):
-        assert getattr(runs.tracker, counter) == getattr(plain.tracker, counter)
-    assert (runs.received, runs.heartbeats) == (plain.received, plain.heartbeats)
+    assert_same_counters(runs, plain)
 
 
 def test_a_run_that_continues_the_stream_is_delivered_as_it_came() -> None:
