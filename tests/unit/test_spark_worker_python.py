@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from meshplane.spark.worker_python import without_bundled_zips
+from meshplane.spark.worker_python import with_quiet_daemon, without_bundled_zips
 
 
 def _pip_installed_pyspark(site: Path) -> tuple[str, str]:
@@ -40,3 +40,19 @@ def test_a_spark_home_that_is_no_pip_install_is_kept(tmp_path: Path) -> None:
     lib.mkdir(parents=True)
     path = os.pathsep.join([str(lib / "pyspark.zip"), ""])
     assert without_bundled_zips(path, [str(tmp_path)]) == path
+
+
+def test_pyspark_s_own_daemon_is_started_as_meshplane_s_quiet_one() -> None:
+    lookup = ["-m", "pyspark.daemon", "pyspark.sql.worker.lookup_data_sources"]
+    assert with_quiet_daemon(lookup) == [
+        "-m",
+        "meshplane.spark.daemon",
+        "pyspark.sql.worker.lookup_data_sources",
+    ]
+    for kept in (
+        ["-m", "pyspark.worker"],
+        ["-m", "meshplane.spark.daemon", "pyspark.worker"],
+        ["-c", "pass"],
+        [],
+    ):
+        assert with_quiet_daemon(kept) == kept

@@ -41,12 +41,14 @@ def spark_session(app: str = "meshplane-pipeline", python_over_unix_socket: bool
     read up to ~20% faster here (bench/spark_ingest.py measures both).
     """
     launcher = Path(sys.executable).with_name("meshplane-spark-python")  # see worker_python.py
-    os.environ.setdefault("PYSPARK_PYTHON", str(launcher) if launcher.is_file() else sys.executable)
+    python = str(launcher) if launcher.is_file() else sys.executable
+    os.environ.setdefault("PYSPARK_PYTHON", python)
+    # the Python processes Spark starts for the driver (Python data sources' lookup and planning) too
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", python)
     if os.environ["PYSPARK_PYTHON"] == str(launcher):
         server = forkserver.start()  # before Spark's JVM starts: it passes the variable on
         if server is not None:
             os.environ[forkserver.ENV] = server
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     master = os.environ.get("MESHPLANE_SPARK_MASTER", "local[2]")
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "hostname resolves to loopback" warning

@@ -26,6 +26,7 @@ from pathlib import Path
 
 FORKSERVER_ENV = "MESHPLANE_SPARK_FORKSERVER"  # forkserver.ENV, not imported: see above
 DAEMONS = ("pyspark.daemon", "meshplane.spark.daemon")  # long-lived, they fork their own workers
+QUIET_DAEMON = "meshplane.spark.daemon"  # daemon.py
 CONNECT_TIMEOUT = 2.0
 
 
@@ -86,6 +87,16 @@ def run_forked(server: str, argv: list[str]) -> int | None:
         return 1  # the server is gone, and it ended the child
 
 
+def with_quiet_daemon(argv: list[str]) -> list[str]:
+    """``argv`` with PySpark's worker daemon replaced by meshplane's (daemon.py: the same daemon, without
+    the traceback of an idle worker at a session's stop). ``spark.python.daemon.module`` names the
+    daemon of the default workers only; Spark starts ``pyspark.daemon`` itself for the others (the Python
+    data source lookup, ``pyspark.sql.worker.lookup_data_sources``), whose idle workers print it too."""
+    if argv[:2] == ["-m", "pyspark.daemon"]:
+        return ["-m", QUIET_DAEMON, *argv[2:]]
+    return argv
+
+
 def _exit_as(code: int) -> None:
     if code < 0:  # the child died of a signal: so does this process
         signal.signal(-code, signal.SIG_DFL)
@@ -97,7 +108,7 @@ def main() -> None:
     path = os.environ.get("PYTHONPATH")
     if path:
         os.environ["PYTHONPATH"] = without_bundled_zips(path, sys.path)
-    argv = sys.argv[1:]
+    argv = with_quiet_daemon(sys.argv[1:])
     server = os.environ.get(FORKSERVER_ENV)
     if server and argv[:1] == ["-m"] and argv[1:2] and argv[1] not in DAEMONS:
         code = run_forked(server, argv)
