@@ -197,7 +197,7 @@ class EventSubscriber(PlaneMember):
 
     def _accept(self, batch: list[Received]) -> None:
         run = self._transport.batch_run
-        if run is not None and batch:
+        if run is not None:
             envelopes = cast(list[EventEnvelope], batch)  # the transport vouches for every item
             outcome = self._intake.accept_run(envelopes, *run, time.monotonic(), self._transport.paths)
         else:
