@@ -19,6 +19,7 @@ import argcomplete
 import msgspec
 from argcomplete.shell_integration import shellcode
 
+from meshplane import runloop
 from meshplane.aio import cancel_and_wait
 from meshplane.cli.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NOTHING, report
 from meshplane.cli.examples import EXAMPLES
@@ -438,7 +439,7 @@ def _run(args: argparse.Namespace) -> int:
         "group": run_client,
         "mesh": run_client,
     }[args.command]
-    return asyncio.run(runner(args))
+    return runloop.run(runner(args))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from meshplane.core.mesh.frames import Frame, FrameError, FrameReader
 
@@ -95,8 +96,8 @@ class FrameConnection(asyncio.Protocol):
     # --- asyncio.Protocol ----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A cast, not an isinstance check: uvloop's transports do not subclass asyncio's.
+        self.transport = transport = cast(asyncio.Transport, transport)
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         if self._on_open is not None:
             self._on_open(self)

@@ -8,7 +8,7 @@ import json
 import struct
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import WSMsgType, web
 
@@ -41,7 +41,9 @@ class RoomPusher:
         wire: Callable[[StreamEvent], bytes] | None,
         engine: StreamsService,
     ) -> None:
-        self.out, self.transport, self.room, self.cursor = out, transport, room, cursor
+        self.out, self.room, self.cursor = out, room, cursor
+        # A cast, not an isinstance check: uvloop's transports do not subclass asyncio's.
+        self.transport = cast(asyncio.WriteTransport | None, transport)
         self.render, self.wire, self.engine = render, wire, engine
         self.lock = asyncio.Lock()
         self.wakeup = asyncio.Event()
@@ -59,7 +61,7 @@ class RoomPusher:
             self.wire is None
             or self.lock.locked()  # catching up in its own task: it will reach this event in order
             or event.offset != self.cursor
-            or not isinstance(transport, asyncio.WriteTransport)
+            or transport is None
             or transport.is_closing()
             or transport.get_write_buffer_size() > self.BACKLOG_LIMIT
         ):
