@@ -21,9 +21,11 @@ import pytest
 import uvloop
 
 from meshplane import EventPlane, PlaneConfig, Scope
-from meshplane.core.streamlog import StoredEvent
-from meshplane.launchers import MeshCluster, NatsServer
+from meshplane.core.streamlog import StoredEvent, decode_event, scan_records
+from meshplane.launchers import MeshCluster, NatsServer, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
+from meshplane.spark.http import SyncStreamsClient
+from meshplane.streams.client import StreamsClient
 from meshplane.streams.events import StreamEvent
 from meshplane.streams.http.push import RoomPusher
 from tests.helpers import eventually
@@ -136,3 +138,25 @@ def test_a_caught_up_room_subscriber_is_written_in_the_publisher_s_turn_on_uvloo
 
 def _readable(sock: socket.socket) -> bool:
     return bool(select.select([sock], [], [], 0)[0])
+
+
+def test_a_streams_server_on_uvloop_serves_bulk_reads_without_sendfile() -> None:
+    """uvloop has no ``loop.sendfile``: the records go through the response instead."""
+
+    async def publish(url: str) -> None:
+        async with StreamsClient(url) as client:
+            await client.create_topic("uv", 1)
+            await client.publish_batch("uv", [{"event_type": "t", "data": "x" * i} for i in range(300)])
+
+    with StreamsServerProcess(env={"MESHPLANE_LOOP": "uvloop"}) as server:
+        server.start()
+        uvloop.run(publish(server.url))
+        reader = SyncStreamsClient(server.url)
+        try:
+            data, start, end = reader.fetch_raw("uv", 0, 0, 1 << 20)
+        finally:
+            reader.close()
+        assert "Traceback" not in server.log_path.read_text()
+    scanned = scan_records(bytes(data), expected_offset=0, max_records=300)
+    assert (start, end, scanned.problem) == (0, 300, None)
+    assert [decode_event(r.payload).data for r in scanned.records] == ["x" * i for i in range(300)]

@@ -387,7 +387,10 @@ class Api:
             await response.prepare(request)
             if request.transport is None:
                 raise ConnectionResetError("the client went away")
-            await asyncio.get_running_loop().sendfile(request.transport, file, position, count)
+            try:
+                await asyncio.get_running_loop().sendfile(request.transport, file, position, count)
+            except NotImplementedError:  # uvloop has no loop.sendfile: the bytes go through the response
+                await response.write(await asyncio.to_thread(os.pread, file.fileno(), count, position))
             await response.write_eof()
         return response
 
