@@ -293,7 +293,9 @@ def test_compiled_receive_takes_the_common_shapes_itself() -> None:
         got = _drain(receive, sub, len(common) + len(unusual), 300, 100, expected_envelope("kv"), runs)
         assert [(e.sequence, e.payload) for e in got[:2]] == [(1, b"a"), (2, b"b")]
         assert got[2:] == unusual
-        assert runs == [None]  # the batch holds more than one publisher's events
+        # The messages may come in more than one batch (each claim was checked by _drain); the one with
+        # the unusual frames is never a run.
+        assert runs[-1] is None
 
 
 @settings(max_examples=100, deadline=None)

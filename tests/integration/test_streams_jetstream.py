@@ -429,15 +429,28 @@ def test_serve_gives_up_on_jetstream_in_one_line(tmp_path: Path) -> None:
 
     from meshplane.launchers import free_port
 
-    argv = [sys.executable, "-m", "meshplane.cli.main", "serve", "--port", "0", "--data-dir", str(tmp_path)]
-    result = subprocess.run(
-        [*argv, "--storage", f"nats://127.0.0.1:{free_port()}", "--storage-timeout", "6"],
-        capture_output=True,
+    argv = [sys.executable, "-X", "faulthandler", "-m", "meshplane.cli.main", "serve", "--port", "0"]
+    server = subprocess.Popen(
+        [
+            *argv,
+            "--data-dir",
+            str(tmp_path),
+            "--storage",
+            f"nats://127.0.0.1:{free_port()}",
+            "--storage-timeout",
+            "6",
+        ],
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
     )
-    assert result.returncode == 3
-    *progress, error = result.stderr.strip().splitlines()
+    try:
+        _, stderr = server.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # rare in CI (1 run in ~40): its threads' stacks say where it was
+        server.send_signal(signal.SIGABRT)
+        _, stderr = server.communicate(timeout=30)
+        raise AssertionError(f"serve did not give up within 60 s; its stacks:\n{stderr}") from None
+    assert server.returncode == 3
+    *progress, error = stderr.strip().splitlines()
     assert progress
     assert all(
         line.startswith("meshplane serve: waiting for JetStream at nats://127.0.0.1:") for line in progress
