@@ -10,7 +10,9 @@ only count what arrives: they are the transport's ceiling). Kinds, as ``transpor
   of an asyncio subscriber's latency; ``meshplane``: ``publish`` and ``async for`` one event at a time;
   ``batch``: ``publish_many`` (1000 at a time) and ``async for batch in sub.batches()``;
   ``busypoll`` (ZeroMQ): as ``meshplane``, the subscriber spinning 2 ms after each batch
-  (``MESHPLANE_BUSY_POLL=0.002``, longer than the latency runs' pace) instead of sleeping in its loop.
+  (``MESHPLANE_BUSY_POLL=0.002``, longer than the latency runs' pace) instead of sleeping in its loop;
+  ``uvloop`` (ZeroMQ): as ``meshplane``, publisher and subscriber on uvloop (not run by default:
+  ``--kinds zmq-uvloop,zmq8-uvloop,...``).
 - ``dynamo-runtime``: the Dynamo runtime's own Python pair over ZeroMQ (``bench/dynamo_runtime_peer.py``:
   its forward-pass-metrics publisher and subscriber, ~420-byte snapshots), run with the Python of
   ``.venv-dynamo`` (``make .venv-dynamo``; ``MESHPLANE_BENCH_DYNAMO_PYTHON`` names another), left out
@@ -52,6 +54,7 @@ import zmq
 import zmq.backend
 
 from harness import add_out, emit, write_results
+from meshplane import runloop
 
 PAYLOAD_SIZE = 100
 TOPIC = "bench"
@@ -88,6 +91,8 @@ RATIOS = {
     "nats_batch_vs_raw_nats_py": ("nats-batch", "nats-raw"),
     "nats_vs_faststream_nats_broker": ("nats-meshplane", "nats-faststream"),
     "header8_zmq_vs_faststream_nats_broker": ("zmq8-meshplane", "nats-faststream"),
+    "dynamo_layout_zmq_uvloop_vs_raw_pyzmq_4_frames": ("zmq-uvloop", "zmq-raw"),
+    "header8_zmq_uvloop_vs_raw_pyzmq_2_frames": ("zmq8-uvloop", "zmq8-raw"),
     "dynamo_layout_zmq_vs_dynamo_runtime_pair": ("zmq-meshplane", "dynamo-runtime"),
     "header8_zmq_vs_dynamo_runtime_pair": ("zmq8-meshplane", "dynamo-runtime"),
 }
@@ -548,6 +553,8 @@ def run_pair(
 def child(argv: list[str]) -> None:
     role, kind, kv, where, events, extra = argv[0], argv[1], argv[2], argv[3], int(argv[4]), argv[5]
     transport, impl = kind.split("-")
+    if impl == "uvloop":
+        os.environ["MESHPLANE_LOOP"] = "uvloop"
     if role == "_pub":
         interval = float(extra)
         if transport != "nats" and impl in ("raw", "asyncio"):
@@ -558,7 +565,7 @@ def child(argv: list[str]) -> None:
         elif kind == "nats-faststream":
             asyncio.run(faststream_pub(where, events, interval))
         else:
-            asyncio.run(meshplane_pub(transport, kv, where, events, interval, batch=impl == "batch"))
+            runloop.run(meshplane_pub(transport, kv, where, events, interval, batch=impl == "batch"))
         return
     latency = extra == "1"
     if impl == "busypoll":
@@ -572,7 +579,7 @@ def child(argv: list[str]) -> None:
     elif kind == "nats-faststream":
         asyncio.run(faststream_sub(where, events, latency))
     else:
-        asyncio.run(meshplane_sub(transport, kv, where, events, latency, batch=impl == "batch"))
+        runloop.run(meshplane_sub(transport, kv, where, events, latency, batch=impl == "batch"))
 
 
 def main() -> None:
