@@ -22,7 +22,7 @@ import uvloop
 
 from meshplane import EventPlane, PlaneConfig, Scope
 from meshplane.core.streamlog import StoredEvent, decode_event, scan_records
-from meshplane.launchers import MeshCluster, NatsServer, StreamsServerProcess
+from meshplane.launchers import EtcdServer, MeshCluster, NatsServer, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
 from meshplane.spark.http import SyncStreamsClient
 from meshplane.streams.client import StreamsClient
@@ -49,15 +49,21 @@ async def publish_and_receive(config: PlaneConfig) -> list[bytes]:
         return received
 
 
-@pytest.mark.parametrize("transport", ["zmq", "zmq-busypoll", "nats"])
-def test_the_event_plane_runs_on_uvloop(transport: str, tmp_path: Path, nats_server: NatsServer) -> None:
+@pytest.mark.parametrize(
+    ("transport", "discovery"),
+    [("zmq", "file"), ("zmq", "etcd"), ("zmq-busypoll", "file"), ("nats", "file"), ("nats", "etcd")],
+)
+def test_the_event_plane_runs_on_uvloop(
+    transport: str, discovery: str, tmp_path: Path, nats_server: NatsServer, etcd_server: EtcdServer
+) -> None:
     config = PlaneConfig.from_env(
         {},
         event_plane=transport.removesuffix("-busypoll"),
         nats_server=nats_server.url,
-        discovery_backend="file",
+        discovery_backend=discovery,
         file_kv=tmp_path / "kv",
         file_kv_poll_interval=0.02,
+        etcd_endpoints=(etcd_server.endpoint,),
         busy_poll=0.01 if transport.endswith("busypoll") else 0.0,
     )
     received = uvloop.run(publish_and_receive(config))
