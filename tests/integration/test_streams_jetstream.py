@@ -456,7 +456,7 @@ def test_serve_gives_up_on_jetstream_in_one_line(tmp_path: Path) -> None:
         line.startswith("meshplane serve: waiting for JetStream at nats://127.0.0.1:") for line in progress
     )
     assert error.startswith("meshplane: error: JetStream at nats://127.0.0.1:")
-    assert "did not answer within 6 s (last: [Errno 111] Connect call failed" in error
+    assert "did not answer within 6 s (last: [Errno 111] " in error  # asyncio and uvloop word the rest apart
 
 
 @pytest.mark.parametrize(("sync_interval", "always"), [("always", True), (None, False)])
