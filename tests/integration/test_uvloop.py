@@ -34,7 +34,8 @@ EVENTS = 2_000
 
 
 async def publish_and_receive(config: PlaneConfig) -> list[bytes]:
-    """``EVENTS`` payloads published in two batches and one at a time, as one subscriber received them."""
+    """``EVENTS`` payloads, the first half in one ``publish_many``, the rest one at a time, as one subscriber
+    received them."""
     scope = Scope.namespace(f"uv-{uuid.uuid4().hex[:8]}")
     async with EventPlane(config) as plane:
         sub = await plane.subscriber(scope, "kv")
