@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from time import time_ns
 from typing import TYPE_CHECKING, Any
@@ -46,8 +47,15 @@ class EventPublisher(PlaneMember):
         self.publisher_id = publisher_id
         self._transport = transport
         self._max_bytes = membership.config.max_message_bytes
-        self._sequence = 0
+        self._sequence = 0  # the next sequence to take
         self._closed = False
+        # True once closed, or while a send waits (for room, for the network): publishes then wait their
+        # turn, so that sequences are taken and handed over in order
+        self._held = False
+        self._turns: deque[asyncio.Future[None]] = deque()
+        # While a send waits: the first sequence taken and not yet handed to the transport. Heartbeats
+        # announce no further: a subscriber told of an event before it comes reports it missing.
+        self._unsent: int | None = None
         self._registered_in: Discovery | None = None
         registration = transport.discovery_transport()
         #: The discovery record; None where the transport registers no publishers (broker mode).
@@ -80,8 +88,8 @@ class EventPublisher(PlaneMember):
 
         Does not wait for the network: the transport batches writes.
         """
-        if self._closed:
-            self._check_open()
+        if self._held:
+            await self._wait_turn()
         # bytes within the limit, the common case, without a call; anything else is checked there
         payload = event if type(event) is bytes and len(event) <= self._max_bytes else self._payload(event)
         sequence = self._sequence
@@ -89,10 +97,18 @@ class EventPublisher(PlaneMember):
         if send_payload is None or send_payload(sequence, payload):
             envelope = EventEnvelope(self.publisher_id, sequence, time_ns() // 1_000_000, self.topic, payload)
             send_now = self._transport.send_now
-            if send_now is not None:
-                send_now(envelope)
-            else:
-                await self._transport.send(envelope)
+            if send_now is None:
+                self._sequence = sequence + 1
+                self._held, self._unsent = True, sequence
+                try:
+                    await self._transport.send(envelope)
+                finally:  # _next_turn(), inline: NATS publishes all come this way
+                    self._unsent = None
+                    self._held = self._closed
+                    if self._turns:
+                        self._pass_turn()
+                return sequence
+            send_now(envelope)
         self._sequence = sequence + 1
         return sequence
 
@@ -104,16 +120,38 @@ class EventPublisher(PlaneMember):
         spent before sending, so should the transport fail part-way, subscribers see a gap, never a
         sequence used twice.
         """
-        self._check_open()
+        if self._held:
+            await self._wait_turn()
         limit, payload_of = self._max_bytes, self._payload  # bytes within the limit: no call (as publish)
         payloads = [e if type(e) is bytes and len(e) <= limit else payload_of(e) for e in events]
         first = self._sequence
         self._sequence = first + len(payloads)
-        publisher_id, topic = self.publisher_id, self.topic
+        sequences = range(first, self._sequence)
         transport = self._transport
+        index = 0
         if transport.send_payloads is not None:
-            index = 0
+            sent, refused = transport.send_payloads(first, payloads, 0)
+            if not refused:
+                return sequences
+            index = sent
+        self._held, self._unsent = True, first + index
+        try:
+            if transport.send_payloads is None:
+                now_ms = time_ns() // 1_000_000
+                await transport.send_many(
+                    [
+                        EventEnvelope(self.publisher_id, s, now_ms, self.topic, p)
+                        for s, p in zip(sequences, payloads, strict=True)
+                    ]
+                )
+                return sequences
             while index < len(payloads):
+                # refused (a full queue under XPUB_NODROP): the envelope path waits for room, or raises
+                now_ms = time_ns() // 1_000_000
+                await transport.send(
+                    EventEnvelope(self.publisher_id, first + index, now_ms, self.topic, payloads[index])
+                )
+                index += 1
                 # read again after each await: the transport may be closed (the sender is then None)
                 send_payloads = transport.send_payloads
                 if send_payloads is not None:
@@ -121,17 +159,43 @@ class EventPublisher(PlaneMember):
                     index += sent
                     if not refused:
                         break
-                # refused (a full queue under XPUB_NODROP): the envelope path waits for room, or raises
-                now_ms = time_ns() // 1_000_000
-                payload = payloads[index]
-                await transport.send(EventEnvelope(publisher_id, first + index, now_ms, topic, payload))
-                index += 1
-            return range(first, self._sequence)
-        now_ms = time_ns() // 1_000_000
-        await self._transport.send_many(
-            [EventEnvelope(publisher_id, first + i, now_ms, topic, p) for i, p in enumerate(payloads)]
-        )
-        return range(first, self._sequence)
+                self._unsent = first + index
+        finally:
+            self._next_turn()
+        return sequences
+
+    async def _wait_turn(self) -> None:
+        """Wait until no send waits (raising once closed): publishes take their sequences in turn."""
+        woken = False
+        while self._held:
+            self._check_open()
+            turn = asyncio.get_running_loop().create_future()
+            if woken:  # another send began to wait first: stay at the head of the line
+                self._turns.appendleft(turn)
+            else:
+                self._turns.append(turn)
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if turn.done() and not turn.cancelled():
+                    self._pass_turn()  # woken, then cancelled: the turn goes to the next one
+                raise
+            woken = True
+        # The next in line follows once this publish has sent (without a yield from here) or begun to wait.
+        self._pass_turn()
+
+    def _next_turn(self) -> None:
+        """The waiting send is over: let the next publish in."""
+        self._unsent = None
+        self._held = self._closed
+        self._pass_turn()
+
+    def _pass_turn(self) -> None:
+        while self._turns:
+            turn = self._turns.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
 
     def _check_open(self) -> None:
         if self._closed:
@@ -155,8 +219,9 @@ class EventPublisher(PlaneMember):
         """Tell subscribers this publisher is alive and which sequence comes next (the plane calls this)."""
         if not self._closed:
             now_ms = time_ns() // 1_000_000
+            next_sequence = self._sequence if self._unsent is None else self._unsent
             await self._transport.send_heartbeat(
-                EventEnvelope(self.publisher_id, self._sequence, now_ms, self.topic, b"")
+                EventEnvelope(self.publisher_id, next_sequence, now_ms, self.topic, b"")
             )
 
     async def flush(self, timeout: float = 5.0) -> None:
@@ -192,7 +257,10 @@ class EventPublisher(PlaneMember):
         """Unregister from discovery and release the transport (the plane too, if it is private)."""
         if self._closed:
             return
-        self._closed = True
+        self._closed = self._held = True
+        while self._turns:  # publishes waiting their turn raise ClosedError
+            if not (turn := self._turns.popleft()).done():
+                turn.set_result(None)
         self._leave_plane()
         try:
             if self._registered_in is not None and self.channel is not None:

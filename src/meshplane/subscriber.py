@@ -274,6 +274,8 @@ class EventSubscriber(PlaneMember):
         reconnected_at: dict[int, float] = {}
         while True:
             await asyncio.sleep(period / 2)
+            if self._transport.unread():
+                continue  # the application is behind, not (as far as we can tell) the publishers
             now = time.monotonic()
             for publisher_id in await self._left_cleanly(liveness.silent(now)):
                 log.info(

@@ -211,35 +211,85 @@ async def test_events_lost_to_a_high_water_mark_are_reported_as_exact_gaps(
         assert sub.stats.missing == len(missing)
 
 
-@pytest.mark.parametrize("many", [False, True], ids=["publish", "publish_many"])
+@pytest.mark.parametrize("how", ["publish", "publish_many", "concurrent"])
 async def test_send_when_full_wait_holds_the_publisher_back_and_loses_nothing(
-    tmp_path: Path, scope: Scope, many: bool
+    tmp_path: Path, scope: Scope, how: str
 ) -> None:
-    """The same burst with MESHPLANE_SEND_WHEN_FULL=wait: publish (or one publish_many) waits at the
-    high-water mark (held back while the subscriber reads nothing), and every event arrives in order,
-    none reported missing."""
+    """The same burst with MESHPLANE_SEND_WHEN_FULL=wait: publish (or one publish_many, or eight tasks
+    publishing at once) waits at the high-water mark (held back while the subscriber reads nothing), and
+    every event arrives in order, once, with the payload its sequence was returned for, none reported
+    missing. Heartbeats every 20 ms: one sent while events wait for room must not announce them (the
+    subscriber would report them missing and drop them as duplicates when they come)."""
     config = make_config(
-        "zmq", "file", tmp_path, None, None, send_hwm=5, receive_hwm=5, send_when_full="wait"
+        "zmq",
+        "file",
+        tmp_path,
+        None,
+        None,
+        send_hwm=5,
+        receive_hwm=5,
+        send_when_full="wait",
+        heartbeat_period=0.02,
+        heartbeat_misses=1000,  # the reader is held back on purpose: no timeouts here
     )
-    total, payload = 2000, b"x" * 10_000  # 20 MB: more than the socket buffers hold
+    total, pad = 2000, b"x" * 10_000  # 20 MB: more than the socket buffers hold
     async with EventPlane(config) as plane:
         sub = await plane.subscriber(scope, "burst")
         pub = await plane.publisher(scope, "burst")
         await pub.wait_for_subscribers(1, timeout=10)
+        sent: dict[int, bytes] = {}
 
-        async def publish_all() -> None:
-            if many:
-                assert await pub.publish_many([payload] * total) == range(total)
-            for _ in range(0 if many else total):
-                await pub.publish(payload)
+        async def publish_some(task: int, count: int) -> None:
+            payloads = [b"%d:%d:" % (task, i) + pad for i in range(count)]
+            if how == "publish_many":
+                sent.update(zip(await pub.publish_many(payloads), payloads, strict=True))
+                return
+            for payload in payloads:
+                sent[await pub.publish(payload)] = payload
 
-        publishing = asyncio.create_task(publish_all())
+        tasks = 8 if how == "concurrent" else 1
+        publishing = asyncio.gather(*(publish_some(task, total // tasks) for task in range(tasks)))
         await eventually(lambda: pub._transport.waits > 0, timeout=10)  # type: ignore[attr-defined]
         assert not publishing.done()  # held back: the subscriber has read nothing yet
+        got = [await sub.next(10) for _ in range(total)]
+        await publishing
+        assert [event.sequence for event in got] == list(range(total))
+        assert [event.payload for event in got] == [sent[sequence] for sequence in range(total)]
+        assert (sub.stats.gaps, sub.stats.missing, sub.stats.duplicates) == (0, 0, 0)
+
+
+async def test_a_reader_behind_its_queue_does_not_time_out_a_live_publisher(
+    tmp_path: Path, scope: Scope
+) -> None:
+    """An application that stops reading for longer than the liveness timeout, while the publisher waits
+    for room (MESHPLANE_SEND_WHEN_FULL=wait): the publisher is not silent, its events wait unread, so no
+    timeout is reported and no reconnection drops them; every event arrives."""
+    config = make_config(
+        "zmq",
+        "file",
+        tmp_path,
+        None,
+        None,
+        send_hwm=5,
+        receive_hwm=5,
+        send_when_full="wait",
+        heartbeat_period=PERIOD,
+        heartbeat_misses=MISSES,
+    )
+    total, pad = 300, b"x" * 10_000
+    async with EventPlane(config) as plane:
+        sub = await plane.subscriber(scope, "slow")
+        pub = await plane.publisher(scope, "slow")
+        await pub.wait_for_subscribers(1, timeout=10)
+        await pub.publish(b"first")
+        assert (await sub.next(10)).sequence == 0  # the subscriber has heard from the publisher
+        publishing = asyncio.create_task(pub.publish_many([pad] * total))
+        await eventually(lambda: pub._transport.waits > 0, timeout=10)  # type: ignore[attr-defined]
+        await asyncio.sleep(PERIOD * MISSES * 4)  # the application reads nothing for four timeouts
         got = [(await sub.next(10)).sequence for _ in range(total)]
         await publishing
-        assert got == list(range(total))
-        assert (sub.stats.gaps, sub.stats.missing) == (0, 0)
+        assert got == list(range(1, total + 1))
+        assert (sub.stats.timeouts, sub.stats.gaps, sub.stats.missing) == (0, 0, 0)
 
 
 async def test_callbacks_stop_at_unsubscribe_and_may_subscribe(

@@ -89,6 +89,11 @@ class SubscriberTransport(abc.ABC):
     def reconnect_publisher(self, publisher_id: int) -> None:
         """A publisher went silent: connect to it afresh (transports with a connection per publisher)."""
 
+    def unread(self) -> bool:
+        """Whether messages wait that the subscriber has not taken: while they do, a publisher's silence
+        may be the application's being behind (its events and heartbeats are among them)."""
+        return False
+
     @property
     def paths(self) -> int:
         """Routes an event can take to this subscriber: above 1, events may arrive out of order."""

@@ -41,6 +41,9 @@ class Inbox:
             self._pending.extend(batch)
             self._ready.set()
 
+    def __len__(self) -> int:
+        return len(self._pending)
+
     def wake(self) -> None:
         """Let a waiting :meth:`take` return (at close)."""
         self._ready.set()

@@ -59,6 +59,9 @@ class SubjectSubscriber(SubscriberTransport):
     def dropped(self) -> int:
         return self._inbox.dropped
 
+    def unread(self) -> bool:
+        return len(self._inbox) > 0
+
     @property
     def subscribed(self) -> bool:
         raise NotImplementedError

@@ -332,6 +332,14 @@ class ZmqSubscriberTransport(SubscriberTransport):
         self._server_keys[channel.instance_id] = key
         return True
 
+    def unread(self) -> bool:
+        if self._kept:
+            return True
+        try:
+            return self._readable is not None and self._readable.poll()
+        except zmq.ZMQError:  # closed meanwhile
+            return False
+
     def reconnect_publisher(self, publisher_id: int) -> None:
         # Tango's keep-alive: a silent peer may be a half-open connection; start a fresh one.
         endpoint = self._endpoints.get(publisher_id)
@@ -362,6 +370,8 @@ class ZmqSubscriberTransport(SubscriberTransport):
             pass
         else:
             self._kept.append(decode_frames(frames, self._routing_topic, self._max_bytes))
+            if self._readable is not None:
+                self._readable.wake()  # a waiting receive() returns it, ahead of what comes next
         self._socket.disconnect(endpoint)
 
     async def receive(self) -> list[Received]:
@@ -381,6 +391,9 @@ class ZmqSubscriberTransport(SubscriberTransport):
         readable = self._readable
         while not out:
             await readable.wait()
+            if self._kept:
+                kept, self._kept = self._kept, []
+                return kept
             # When messages come one at a time (the last batch was one), asking ZMQ_EVENTS after the
             # first is cheaper than the EAGAIN exception that would end the batch.
             ask = self._one_at_a_time
@@ -422,6 +435,9 @@ class ZmqSubscriberTransport(SubscriberTransport):
             await self._readable.wait()
             if self._socket is None:
                 return []  # closed while waiting: the socket's address is no longer valid
+            if self._kept:
+                kept, self._kept = self._kept, []
+                return kept
             out: list[Any] = []
             unusual, error, self.batch_run = native(
                 self._socket.underlying,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import types
@@ -39,11 +40,20 @@ class Readable:
         self._loop.add_reader(self._fd, self._on_signal)
 
     def _on_signal(self) -> None:
-        try:
-            readable = self.readable()
-        except zmq.ZMQError:
-            return
-        if readable and self._waiter is not None and not self._waiter.done():
+        with contextlib.suppress(zmq.ZMQError):
+            self.poll()
+
+    def poll(self) -> bool:
+        """``readable()`` for anyone but ``wait``: reading ``ZMQ_EVENTS`` consumes the signal ``wait``
+        sleeps on, so a message found here wakes it (else it would sleep with the message waiting)."""
+        readable = self.readable()
+        if readable:
+            self.wake()
+        return readable
+
+    def wake(self) -> None:
+        """Let a sleeping ``wait`` return (its caller looks again)."""
+        if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     def readable(self) -> bool:
