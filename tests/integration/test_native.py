@@ -22,6 +22,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from meshplane.core.batches import BATCH_BYTES, batch_topic, decode_batch
 from meshplane.core.envelope import Codec, EventEnvelope, msgpack_envelope_decoder
 from meshplane.core.framing import (
     HEARTBEAT_SUFFIX,
@@ -230,7 +231,9 @@ def _drain(
     while len(got) < expected:
         out: list[Any] = []
         decode = msgpack_envelope_decoder.decode
-        unusual, error, run = receive(sub.underlying, TOPIC, max_bytes, batch, decode, out, expected_topic)
+        unusual, error, run = receive(
+            sub.underlying, TOPIC, max_bytes, batch, decode, out, expected_topic, None
+        )
         assert len(out) <= batch
         assert unusual == sum(type(item) is list for item in out)
         assert error == (0 if len(out) == batch else errno.EAGAIN)
@@ -414,6 +417,156 @@ def test_compiled_batch_sender_stops_at_a_full_queue_with_nothing_of_that_event_
         pub.close(linger=0)
         sub.close(linger=0)
         ctx.term()
+
+
+BATCH = batch_topic(TOPIC)
+
+
+@st.composite
+def batch_messages(draw: st.DrawFn) -> list[bytes]:
+    """A batch message: good events in the 8-byte-header layout back to back, or with one damaged, a
+    heartbeat, an item of another layout, a bad length, bytes left over, or nothing at all."""
+    items = [
+        _header8(draw(st.sampled_from([7, 8])), draw(u64), draw(topics), draw(payloads), False)[1]
+        for _ in range(draw(st.integers(1, 6)))
+    ]
+    how = draw(st.sampled_from(["good"] * 4 + ["damaged", "heartbeat", "dynamo", "length", "tail", "empty"]))
+    index = draw(st.integers(0, len(items) - 1))
+    if how == "damaged":
+        items[index] = draw(damaged().filter(lambda frames: len(frames) == 2))[1]
+    elif how == "heartbeat":
+        items[index] = _header8(7, 1, "kv", b"h", True)[1]
+    elif how == "dynamo":
+        items[index] = _dynamo(7, 1, "kv", b"d", None)[3]
+    elif how == "length":
+        item = bytearray(items[index])
+        item[4:8] = draw(st.integers(0, 2**32 - 1)).to_bytes(4, "big")
+        items[index] = bytes(item)
+    elif how == "tail":
+        items.append(draw(st.binary(min_size=1, max_size=12)))
+    elif how == "empty":
+        items = []
+    return [BATCH, b"".join(items)]
+
+
+def test_compiled_receive_reads_batch_messages_as_decode_batch_does() -> None:
+    """Batch messages among ordinary ones: a batch comes back as its events (every item a common event)
+    or as its frames, and either way what it holds is what ``decode_batch`` makes of it; the run claim
+    holds across batches."""
+    receive = _compiled()
+    with socket_pair() as (pub, sub):
+
+        @settings(max_examples=300, deadline=None)
+        @given(st.lists(batch_messages() | messages, min_size=1, max_size=8), st.integers(8, 300))
+        def check(sent: list[list[bytes]], max_bytes: int) -> None:
+            for frames in sent:
+                pub.send_multipart(frames)
+            got: list[Any] = []
+            deadline = time.monotonic() + 10
+            expected = [
+                decode_batch(f[1], TOPIC, max_bytes) if f[0] == BATCH and len(f) == 2 else [f] for f in sent
+            ]
+            while len(got) < sum(map(len, expected)):  # an upper bound: batches of frames count as one
+                out: list[Any] = []
+                unusual, _, run = receive(
+                    sub.underlying, TOPIC, max_bytes, 4, msgpack_envelope_decoder.decode, out, None, BATCH
+                )
+                assert len(out) < 4 + 1024  # bounded: one batch past max_messages at most
+                assert unusual == sum(type(item) is list for item in out)
+                assert run is None  # nothing read without the decoder is vouched for
+                got += out
+                if not out:
+                    if not sub.poll(200):
+                        break
+                    assert time.monotonic() < deadline
+            for frames, decoded in zip(sent, expected, strict=True):
+                if frames[0] == BATCH and len(frames) == 2:
+                    if got and got[0] == frames:  # handed back whole
+                        got.pop(0)
+                        continue
+                    mine, got = got[: len(decoded)], got[len(decoded) :]
+                    assert all(isinstance(item, EventEnvelope) for item in mine)
+                    assert [_outcome(item) for item in mine] == [_outcome(item) for item in decoded]
+                else:
+                    item = got.pop(0)
+                    item = decode_frames(item, TOPIC, max_bytes) if type(item) is list else item
+                    assert _outcome(item) == _outcome(decode_frames(frames, TOPIC, max_bytes))
+            assert got == []
+
+        check()
+
+
+def test_compiled_receive_reports_a_run_across_batch_messages() -> None:
+    receive = _compiled()
+    with socket_pair(inproc=True) as (pub, sub):
+        items = [_header8(7, sequence, "kv", b"x", False)[1] for sequence in range(10)]
+        pub.send_multipart([BATCH, b"".join(items[:4])])
+        pub.send_multipart(_header8(7, 4, "kv", b"x", False))
+        pub.send_multipart([BATCH, b"".join(items[5:])])
+        out: list[Any] = []
+        unusual, _, run = receive(
+            sub.underlying,
+            TOPIC,
+            300,
+            100,
+            msgpack_envelope_decoder.decode,
+            out,
+            expected_envelope("kv"),
+            BATCH,
+        )
+        assert (unusual, run) == (0, (7, 0))
+        assert [e.sequence for e in out] == list(range(10))
+        pub.send_multipart([BATCH, b"".join([items[0], _header8(8, 1, "kv", b"x", False)[1]])])
+        out = []
+        unusual, _, run = receive(
+            sub.underlying,
+            TOPIC,
+            300,
+            100,
+            msgpack_envelope_decoder.decode,
+            out,
+            expected_envelope("kv"),
+            BATCH,
+        )
+        assert (unusual, run, len(out)) == (0, None, 2)  # two publishers: no run
+
+
+def test_compiled_sender_sends_batches_whose_items_are_the_events_one_by_one_sends_would_carry() -> None:
+    """``send_batches``: payloads[start:] as batch messages of at most BATCH_BYTES (one event at least),
+    each item the 8-byte-header frame ``ZmqEncoder`` makes for its envelope, in order."""
+    with socket_pair() as (pub, sub):
+
+        @settings(max_examples=100, deadline=None)
+        @given(
+            u64,
+            st.integers(0, 2**63),
+            st.lists(st.binary(max_size=3000) | payload_lengths.map(bytes), max_size=40),
+            st.integers(0, 8),
+            st.sampled_from(WireFormat),
+        )
+        def check(pid: int, first: int, payloads: list[bytes], start: int, wire: WireFormat) -> None:
+            start = min(start, len(payloads))
+            senders = native_sender(pub, b"kv", pid, "kv", wire, Codec.MSGPACK)
+            assert senders is not None
+            assert senders.batches(first, payloads, start, BATCH_BYTES) == (len(payloads) - start, 0)
+            encoder = ZmqEncoder(b"kv", pid, WireFormat.HEADER8, Codec.MSGPACK)
+            got: list[EventEnvelope] = []
+            while len(got) < len(payloads) - start:
+                assert sub.poll(10_000)
+                frames = sub.recv_multipart()
+                assert (frames[0], len(frames)) == (BATCH, 2)
+                events = decode_batch(frames[1], b"kv", 2**20)
+                assert len(frames[1]) <= BATCH_BYTES or len(events) == 1
+                for event in events:
+                    assert isinstance(event, EventEnvelope)
+                    assert frames[1].count(encoder.encode(event)[1]) >= 1  # the item, byte for byte
+                got += events  # type: ignore[arg-type]
+            assert not sub.poll(0)
+            assert [(e.publisher_id, e.sequence, e.topic, e.payload) for e in got] == [
+                (pid, first + i, "kv", payloads[i]) for i in range(start, len(payloads))
+            ]
+
+        check()
 
 
 # NATS message data: what the frames above carry in their last frame, the bare Dynamo envelope, or noise

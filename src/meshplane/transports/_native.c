@@ -307,21 +307,74 @@ static PyObject *frame_list(zmq_msg *frames, int count, void *socket, int *recv_
     return list;
 }
 
-/* receive(socket_address, topic, max_bytes, max_messages, decode, out, expected) -> (unusual, errno, run)
+/* Whether a batch's items are one publisher's consecutive events, read here (see `run` in receive). */
+typedef struct {
+    int state; /* 0: nothing yet, 1: one publisher's consecutive events so far, -1: anything else */
+    uint64_t publisher, first, next;
+} run_state;
+
+static void run_add(run_state *run, int canonical, const envelope_view *view) {
+    if (!canonical) {
+        run->state = -1;
+    } else if (run->state == 0) {
+        *run = (run_state){1, view->publisher_id, view->sequence, view->sequence + 1};
+    } else if (run->state == 1 && view->publisher_id == run->publisher && view->sequence == run->next &&
+               run->next != 0) {
+        run->next++;
+    } else {
+        run->state = -1;
+    }
+}
+
+/* A batch message's items (core/batches.py), each a common event, appended to `out` with the run
+ * followed; 0 when any item is not (then nothing was appended and *run is as it was: the whole message
+ * goes to the Python decoders). */
+static int batch_events(const unsigned char *data, size_t size, size_t max_bytes, PyObject *decode,
+                        const expected_envelope *expected, PyObject *out, run_state *run) {
+    Py_ssize_t appended = PyList_GET_SIZE(out);
+    run_state before = *run;
+    int ok = size > 0;
+    while (ok && size > 0) {
+        size_t item = size <= HEADER8_SIZE ? 0 : HEADER8_SIZE + (size_t)be32(data + 4);
+        int canonical = 0;
+        envelope_view view;
+        PyObject *event = item == 0 || item > size
+                              ? NULL
+                              : header8_event(data, item, max_bytes, decode, expected, &view, &canonical);
+        ok = event != NULL && PyList_Append(out, event) == 0;
+        Py_XDECREF(event);
+        run_add(run, canonical, &view);
+        data += item;
+        size -= ok ? item : size;
+    }
+    if (!ok) {
+        PyErr_Clear();
+        PyList_SetSlice(out, appended, PY_SSIZE_T_MAX, NULL);
+        *run = before;
+    }
+    return ok;
+}
+
+/* receive(socket_address, topic, max_bytes, max_messages, decode, out, expected, batch_topic)
+ *     -> (unusual, errno, run)
  *
  * Appends to `out` up to max_messages items: an envelope for each common event, a list of frames
  * for anything else (`unusual` counts those). errno is 0 when max_messages were read, else the error
  * that ended the batch (EAGAIN when the socket is drained). `expected` is (EventEnvelope, topic,
  * topic as UTF-8) or None; `run` is (publisher_id, first_sequence) when every item is an envelope of
- * the expected topic read here and they are that publisher's consecutive events, else None. */
+ * the expected topic read here and they are that publisher's consecutive events, else None. A batch
+ * message under `batch_topic` (bytes, or None where the subscriber takes no batches) appends its events
+ * when every item is a common one, else its frames; reading stops once `out` holds max_messages. */
 static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7 || !PyBytes_Check(args[1]) || !PyList_Check(args[5]) ||
+    if (nargs != 8 || !PyBytes_Check(args[1]) || !PyList_Check(args[5]) ||
+        (args[7] != Py_None && !PyBytes_Check(args[7])) ||
         (args[6] != Py_None && !(PyTuple_Check(args[6]) && PyTuple_GET_SIZE(args[6]) == 3 &&
                                  PyType_Check(PyTuple_GET_ITEM(args[6], 0)) &&
                                  PyUnicode_Check(PyTuple_GET_ITEM(args[6], 1)) &&
                                  PyBytes_Check(PyTuple_GET_ITEM(args[6], 2))))) {
         PyErr_SetString(PyExc_TypeError,
-                        "receive(socket_address, topic, max_bytes, max_messages, decode, out, expected)");
+                        "receive(socket_address, topic, max_bytes, max_messages, decode, out, expected, "
+                        "batch_topic)");
         return NULL;
     }
     if (msg_recv == NULL) {
@@ -342,11 +395,12 @@ static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs
                                                PyBytes_AS_STRING(utf8), (size_t)PyBytes_GET_SIZE(utf8)};
         expected = &expected_storage;
     }
+    const char *batch = args[7] == Py_None ? NULL : PyBytes_AS_STRING(args[7]);
+    size_t batch_size = batch == NULL ? 0 : (size_t)PyBytes_GET_SIZE(args[7]);
     Py_ssize_t unusual = 0;
     int recv_errno = 0;
-    int run = 0; /* 0: nothing yet, 1: one publisher's consecutive events so far, -1: anything else */
-    uint64_t run_publisher = 0, run_first = 0, run_next = 0;
-    for (Py_ssize_t n = 0; n < max_messages && recv_errno == 0; n++) {
+    run_state run = {0, 0, 0, 0};
+    while (PyList_GET_SIZE(out) < max_messages && recv_errno == 0) {
         zmq_msg frames[INLINE_FRAMES];
         int count = 0, more = 1, canonical = 0;
         envelope_view view;
@@ -361,6 +415,13 @@ static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             count++;
         }
         if (count == 0) break;
+        if (!more && count == 2 && batch != NULL && msg_size(&frames[0]) == batch_size &&
+            memcmp(msg_data(&frames[0]), batch, batch_size) == 0 &&
+            batch_events(msg_data(&frames[1]), msg_size(&frames[1]), (size_t)max_bytes, decode, expected, out,
+                         &run)) {
+            for (int i = 0; i < count; i++) msg_close(&frames[i]);
+            continue;
+        }
         PyObject *item = more ? NULL
                               : fast_event(frames, count, topic, topic_size, (size_t)max_bytes, decode, expected,
                                            &view, &canonical);
@@ -369,25 +430,14 @@ static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             unusual++;
         }
         for (int i = 0; i < count; i++) msg_close(&frames[i]);
-        if (!canonical) {
-            run = -1;
-        } else if (run == 0) {
-            run = 1;
-            run_publisher = view.publisher_id;
-            run_first = view.sequence;
-            run_next = run_first + 1;
-        } else if (run == 1 && view.publisher_id == run_publisher && view.sequence == run_next && run_next != 0) {
-            run_next++;
-        } else {
-            run = -1;
-        }
+        run_add(&run, canonical, &view);
         if (item == NULL || PyList_Append(out, item) < 0) {
             Py_XDECREF(item);
             return NULL; /* out of memory: what was appended stays in `out` */
         }
         Py_DECREF(item);
     }
-    if (run == 1) return Py_BuildValue("ni(KK)", unusual, recv_errno, run_publisher, run_first);
+    if (run.state == 1) return Py_BuildValue("ni(KK)", unusual, recv_errno, run.publisher, run.first);
     return Py_BuildValue("niO", unusual, recv_errno, Py_None);
 }
 
@@ -439,19 +489,36 @@ static PyObject *mid_message_error(void) {
     return PyErr_SetFromErrno(PyExc_OSError);
 }
 
+/* An event's body: prefix, the sequence, middle, the clock, suffix, the payload as MessagePack bin. */
+static size_t body_size(PyObject *const *template, uint64_t sequence, uint64_t now, size_t payload) {
+    return (size_t)PyBytes_GET_SIZE(template[2]) + 1 + (size_t)uint_bytes(sequence) +
+           (size_t)PyBytes_GET_SIZE(template[3]) + 1 + (size_t)uint_bytes(now) + (size_t)PyBytes_GET_SIZE(template[4]) +
+           bin_header_size(payload) + payload;
+}
+
+static unsigned char *write_body(unsigned char *p, PyObject *const *template, uint64_t sequence, uint64_t now,
+                                 PyObject *payload_bytes) {
+    size_t payload = (size_t)PyBytes_GET_SIZE(payload_bytes);
+    for (int part = 2; part <= 4; part++) {
+        memcpy(p, PyBytes_AS_STRING(template[part]), (size_t)PyBytes_GET_SIZE(template[part]));
+        p += PyBytes_GET_SIZE(template[part]);
+        if (part == 2) p += put_uint(p, sequence);
+        if (part == 3) p += put_uint(p, now);
+    }
+    p += put_bin_header(p, payload);
+    memcpy(p, PyBytes_AS_STRING(payload_bytes), payload);
+    return p + payload;
+}
+
 /* One event's frames: the frame template (topic, pid_frame, prefix, middle, suffix, checked by the
  * callers) with the sequence, the clock and the payload written in. Returns 0 when sent, the errno of
  * the first frame's send when nothing was sent, or -1 with OSError set when a later frame failed. */
 static int send_one(void *socket, PyObject *const *template, uint64_t sequence, PyObject *payload_bytes) {
     PyObject *topic = template[0], *pid_frame = template[1];
-    PyObject *prefix_bytes = template[2], *middle_bytes = template[3], *suffix_bytes = template[4];
     int dynamo = pid_frame != Py_None;
-    size_t prefix = (size_t)PyBytes_GET_SIZE(prefix_bytes), middle = (size_t)PyBytes_GET_SIZE(middle_bytes);
-    size_t suffix = (size_t)PyBytes_GET_SIZE(suffix_bytes), payload = (size_t)PyBytes_GET_SIZE(payload_bytes);
     size_t head = dynamo ? DYNAMO_HEADER_SIZE : HEADER8_SIZE;
     uint64_t now = unix_ms();
-    size_t body = prefix + 1 + (size_t)uint_bytes(sequence) + middle + 1 + (size_t)uint_bytes(now) + suffix +
-                  bin_header_size(payload) + payload;
+    size_t body = body_size(template, sequence, now, (size_t)PyBytes_GET_SIZE(payload_bytes));
     if (body > 0xffffffffULL) return EMSGSIZE; /* the 4-byte length cannot say it */
 
     if (send_bytes(socket, PyBytes_AS_STRING(topic), (size_t)PyBytes_GET_SIZE(topic),
@@ -471,17 +538,8 @@ static int send_one(void *socket, PyObject *const *template, uint64_t sequence, 
         mid_message_error();
         return -1;
     }
-    unsigned char *start = msg_data(&message), *p = start + head;
-    memcpy(p, PyBytes_AS_STRING(prefix_bytes), prefix);
-    p += prefix;
-    p += put_uint(p, sequence);
-    memcpy(p, PyBytes_AS_STRING(middle_bytes), middle);
-    p += middle;
-    p += put_uint(p, now);
-    memcpy(p, PyBytes_AS_STRING(suffix_bytes), suffix);
-    p += suffix;
-    p += put_bin_header(p, payload);
-    memcpy(p, PyBytes_AS_STRING(payload_bytes), payload);
+    unsigned char *start = msg_data(&message);
+    write_body(start + head, template, sequence, now, payload_bytes);
     if (dynamo) {
         start[0] = 1;
         put_be(start + 1, body, 4);
@@ -560,6 +618,68 @@ static PyObject *send_events(PyObject *self, PyObject *const *args, Py_ssize_t n
     return Py_BuildValue("ni", count - start, 0);
 }
 
+/* send_batches(socket_address, batch_topic, None, prefix, middle, suffix, first_sequence, payloads, start,
+ *              batch_bytes) -> (sent, errno)
+ *
+ * payloads[start:] as batch messages (core/batches.py): frames (batch_topic, items), the items being the
+ * events in the 8-byte-header layout back to back, as many as fit in batch_bytes (one at least).
+ * Returns as send_events does: a batch refused before anything of it was sent ends the call. */
+static PyObject *send_batches(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10 || !template_ok(args) || args[2] != Py_None || !PyList_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "send_batches(socket_address, batch_topic, None, prefix, middle, suffix, "
+                                         "first_sequence, payloads, start, batch_bytes)");
+        return NULL;
+    }
+    void *socket = PyLong_AsVoidPtr(args[0]);
+    uint64_t first = PyLong_AsUnsignedLongLong(args[6]);
+    Py_ssize_t start = PyLong_AsSsize_t(args[8]);
+    size_t batch_bytes = PyLong_AsSize_t(args[9]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *payloads = args[7], *topic = args[1];
+    Py_ssize_t count = PyList_GET_SIZE(payloads);
+    if (start < 0 || start > count) {
+        PyErr_SetString(PyExc_IndexError, "send_batches: start is outside the payloads");
+        return NULL;
+    }
+    for (Py_ssize_t i = start; i < count; i++)
+        if (!PyBytes_Check(PyList_GET_ITEM(payloads, i))) {
+            PyErr_SetString(PyExc_TypeError, "send_batches: every payload must be bytes");
+            return NULL;
+        }
+    uint64_t now = unix_ms();
+    Py_ssize_t i = start;
+    while (i < count) {
+        /* as many events as fit, one at least */
+        size_t total = 0;
+        Py_ssize_t end = i;
+        while (end < count) {
+            size_t item = HEADER8_SIZE + body_size(args + 1, first + (uint64_t)end, now,
+                                                   (size_t)PyBytes_GET_SIZE(PyList_GET_ITEM(payloads, end)));
+            if (item - HEADER8_SIZE > 0xffffffffULL) return Py_BuildValue("ni", i - start, EMSGSIZE);
+            if (end > i && total + item > batch_bytes) break;
+            total += item;
+            end++;
+        }
+        if (send_bytes(socket, PyBytes_AS_STRING(topic), (size_t)PyBytes_GET_SIZE(topic),
+                       ZMQ_SNDMORE_FLAG | ZMQ_DONTWAIT_FLAG) < 0)
+            return Py_BuildValue("ni", i - start, zmq_errno_fn());
+        zmq_msg message;
+        if (msg_init_size(&message, total) < 0) return mid_message_error();
+        unsigned char *p = msg_data(&message);
+        for (Py_ssize_t k = i; k < end; k++) {
+            unsigned char *body = p + HEADER8_SIZE;
+            p = write_body(body, args + 1, first + (uint64_t)k, now, PyList_GET_ITEM(payloads, k));
+            memcpy(body - HEADER8_SIZE, header8_event_head, 4);
+            put_be(body - 4, (uint64_t)(p - body), 4);
+        }
+        int rc = msg_send(&message, socket, ZMQ_DONTWAIT_FLAG);
+        msg_close(&message);
+        if (rc < 0) return mid_message_error();
+        i = end;
+    }
+    return Py_BuildValue("ni", count - start, 0);
+}
+
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "bind((10 libzmq function addresses), event head, heartbeat suffix)"},
     {"decode_nats", (PyCFunction)(void (*)(void))decode_nats, METH_FASTCALL,
@@ -569,8 +689,12 @@ static PyMethodDef methods[] = {
     {"send_events", (PyCFunction)(void (*)(void))send_events, METH_FASTCALL,
      "send_events(socket_address, topic, pid_frame, prefix, middle, suffix, first_sequence, payloads, start)"
      " -> (sent, errno)"},
+    {"send_batches", (PyCFunction)(void (*)(void))send_batches, METH_FASTCALL,
+     "send_batches(socket_address, batch_topic, None, prefix, middle, suffix, first_sequence, payloads, start,"
+     " batch_bytes) -> (sent, errno)"},
     {"receive", (PyCFunction)(void (*)(void))receive, METH_FASTCALL,
-     "receive(socket_address, topic, max_bytes, max_messages, decode, out, expected) -> (unusual, errno, run)"},
+     "receive(socket_address, topic, max_bytes, max_messages, decode, out, expected, batch_topic)"
+     " -> (unusual, errno, run)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,6 +15,7 @@ def receive(
     decode: Callable[[bytes], Any],
     out: list[Any],
     expected: tuple[type, str, bytes] | None,
+    batch_topic: bytes | None,
     /,
 ) -> tuple[int, int, tuple[int, int] | None]: ...
 def decode_nats(
@@ -41,5 +42,18 @@ def send_events(
     first_sequence: int,
     payloads: list[bytes],
     start: int,
+    /,
+) -> tuple[int, int]: ...
+def send_batches(
+    socket_address: int,
+    batch_topic: bytes,
+    pid_frame: None,
+    prefix: bytes,
+    middle: bytes,
+    suffix: bytes,
+    first_sequence: int,
+    payloads: list[bytes],
+    start: int,
+    batch_bytes: int,
     /,
 ) -> tuple[int, int]: ...

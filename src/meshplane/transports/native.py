@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import msgspec
 import zmq
 
+from meshplane.core.batches import batch_topic
 from meshplane.core.envelope import Codec, EventEnvelope, msgpack_envelope_encoder
 from meshplane.core.framing import EVENT_MSGPACK_HEAD, HEARTBEAT_SUFFIX, WireFormat
 
@@ -31,9 +32,11 @@ log = logging.getLogger(__name__)
 ExpectedEnvelope = tuple[type[EventEnvelope], str, bytes]
 #: ``(publisher_id, first_sequence)`` of a batch that is one publisher's consecutive events, or None.
 Run = tuple[int, int] | None
-#: ``receive(socket_address, topic, max_bytes, max_messages, decode, out, expected) -> (unusual, errno, run)``
+#: ``receive(socket_address, topic, max_bytes, max_messages, decode, out, expected, batch_topic)
+#: -> (unusual, errno, run)``
 NativeReceive = Callable[
-    [int, bytes, int, int, Callable[[bytes], Any], list[Any], ExpectedEnvelope | None], tuple[int, int, Run]
+    [int, bytes, int, int, Callable[[bytes], Any], list[Any], ExpectedEnvelope | None, bytes | None],
+    tuple[int, int, Run],
 ]
 #: ``decode_nats(messages, max_bytes, decode, out) -> unusual``
 NativeNatsDecode = Callable[[list[bytes], int, Callable[[bytes], Any], list[Any]], int]
@@ -41,13 +44,16 @@ NativeNatsDecode = Callable[[list[bytes], int, Callable[[bytes], Any], list[Any]
 NativeSend = Callable[[int, bytes], int]
 #: ``send_many(first_sequence, payloads, start) -> (sent, errno)`` (see ``send_events`` in C)
 NativeSendMany = Callable[[int, list[bytes], int], tuple[int, int]]
+#: ``send_batches(first_sequence, payloads, start, batch_bytes) -> (sent, errno)`` (``send_batches`` in C)
+NativeSendBatches = Callable[[int, list[bytes], int, int], tuple[int, int]]
 
 
 class NativeSenders(NamedTuple):
-    """A publisher's compiled sends: one event, and a list of them."""
+    """A publisher's compiled sends: one event, a list of them, and a list as batch messages."""
 
     one: NativeSend
     many: NativeSendMany
+    batches: NativeSendBatches
 
 
 _LIBZMQ_FUNCTIONS = (
@@ -141,6 +147,9 @@ def native_sender(
         return None
     pid_frame = struct.pack(">Q", publisher_id) if wire is WireFormat.DYNAMO else None
     template = (sock.underlying, routing_topic, pid_frame, prefix, middle, suffix)
+    batches = (sock.underlying, batch_topic(routing_topic), None, prefix, middle, suffix)
     return NativeSenders(
-        functools.partial(native.send_event, *template), functools.partial(native.send_events, *template)
+        functools.partial(native.send_event, *template),
+        functools.partial(native.send_events, *template),
+        functools.partial(native.send_batches, *batches),
     )

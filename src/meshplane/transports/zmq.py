@@ -17,41 +17,24 @@ from typing import Any
 import zmq
 import zmq.backend
 
+from meshplane.core.batches import BATCH_BYTES, SubscriptionTally, batch_topic, decode_batch
 from meshplane.core.envelope import Codec, EventEnvelope, msgpack_envelope_decoder
-from meshplane.core.framing import (
-    MessageType,
-    WireFormat,
-    ZmqEncoder,
-    decode_dynamo_event,
-    decode_header8_event,
-    decode_zmq,
-    max_frame_bytes,
-)
+from meshplane.core.framing import MessageType, WireFormat, ZmqEncoder, decode_header8_event, max_frame_bytes
 from meshplane.core.records import TRANSPORT_ZMQ, EventChannel
 from meshplane.errors import TransportError, WireError
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
 from meshplane.transports.curve import Curve
 from meshplane.transports.native import NativeReceive, expected_envelope, native_receive, native_sender
+from meshplane.transports.zmq_messages import ListSender, decode_frames, read_subscriptions
 from meshplane.transports.zmq_readable import Readable
+
+__all__ = ["ZmqPublisherTransport", "ZmqSubscriberTransport", "decode_frames"]
 
 log = logging.getLogger(__name__)
 _MAX_BATCH = 4096
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 _NOBLOCK = int(zmq.NOBLOCK)
 _decode_map = msgpack_envelope_decoder.decode
-
-
-def decode_frames(frames: list[bytes], routing_topic: bytes, max_bytes: int) -> Received:
-    """A message received as frames: an event under our own topic comes back bare, a bad one as its error."""
-    try:
-        if frames[0] == routing_topic:
-            if len(frames) == 2:
-                return decode_header8_event(frames[1], routing_topic, max_bytes)
-            if len(frames) == 4:
-                return decode_dynamo_event(frames[1], frames[2], frames[3], routing_topic, max_bytes)
-        return decode_zmq(frames, max_bytes)
-    except WireError as exc:
-        return exc
 
 
 def _tcp_url(host: str) -> str:
@@ -69,6 +52,9 @@ class XPubPublisher(PublisherTransport):
 
     Subclasses decide where it goes: bound on its own port (direct mode) or connected to brokers.
     """
+
+    #: Whether lists may go as batch messages (direct mode: the subscriptions seen are the subscribers')
+    sends_batches = False
 
     def __init__(
         self,
@@ -92,7 +78,7 @@ class XPubPublisher(PublisherTransport):
         self._sndhwm = sndhwm
         self._wait_when_full = wait_when_full
         self._socket: zmq.Socket[bytes] | None = None
-        self._subscribers = 0
+        self._subscriptions = SubscriptionTally(routing_topic)
         self._send_event: Callable[[EventEnvelope], None] = self._send_closed
         #: Times a publish found a subscriber's queue full and waited (``wait_when_full``).
         self.waits = 0
@@ -116,7 +102,9 @@ class XPubPublisher(PublisherTransport):
                 self._encoder.codec,
             )
             if senders is not None:
-                self.send_payload, self.send_payloads = senders
+                self.send_payload, self.send_payloads = senders.one, senders.many
+                if self.sends_batches:
+                    self.send_payloads = ListSender(sock, self._subscriptions, senders.many, senders.batches)
         if self._wait_when_full:
             sock.setsockopt(zmq.XPUB_NODROP, 1)
             self.send_now = None  # publish awaits send(), which can wait
@@ -125,18 +113,10 @@ class XPubPublisher(PublisherTransport):
         return sock
 
     def subscriber_count(self) -> int:
-        # Subscription messages queue up in the socket until read; reading them here, on demand,
-        # keeps the publish path free of any background work.
         if self._socket is not None:
-            while True:
-                try:
-                    message = self._socket.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                # Exact match: in broker mode a subscriber of `kv` must not count for `kv-events`.
-                if message[1:] == self._routing_topic:
-                    self._subscribers += 1 if message[:1] == b"\x01" else -1
-        return self._subscribers
+            read_subscriptions(self._socket, self._subscriptions)
+        # Exact match: in broker mode a subscriber of `kv` must not count for `kv-events`.
+        return self._subscriptions.plain
 
     def _send_closed(self, envelope: EventEnvelope) -> None:
         raise TransportError("ZMQ publisher socket is closed")
@@ -191,6 +171,8 @@ class XPubPublisher(PublisherTransport):
 class ZmqPublisherTransport(XPubPublisher):
     """Direct mode: bound on an OS-assigned port of ``host``, advertised in discovery."""
 
+    sends_batches = True
+
     def __init__(
         self,
         context: zmq.Context[zmq.Socket[bytes]],
@@ -241,6 +223,8 @@ class ZmqSubscriberTransport(SubscriberTransport):
     """One SUB socket connected to every discovered publisher of the topic."""
 
     publisher_discovery = "required"
+    #: Whether it subscribes to batch messages too (with the compiled receive, which reads them)
+    takes_batches = True
 
     def __init__(
         self,
@@ -267,6 +251,7 @@ class ZmqSubscriberTransport(SubscriberTransport):
         # what the compiled receive reads itself and vouches for as runs (batch_run)
         self._expected = None if envelope_topic is None else expected_envelope(envelope_topic)
         self._kept: list[Received] = []  # received before a disconnect, for the next receive()
+        self._batch_topic: bytes | None = None  # subscribed to batch messages under this topic
         self._endpoints: dict[int, str] = {}
 
     async def start(self) -> None:
@@ -279,11 +264,18 @@ class ZmqSubscriberTransport(SubscriberTransport):
         sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes(self._max_bytes))
         # SUB filtering is a prefix match; the subscriber re-checks the topic exactly.
         sock.setsockopt(zmq.SUBSCRIBE, self._routing_topic)
+        self._native = native_receive()
+        if (
+            self._native is not None
+            and self.takes_batches
+            and max_frame_bytes(self._max_bytes) >= BATCH_BYTES
+        ):
+            self._batch_topic = batch_topic(self._routing_topic)
+            sock.setsockopt(zmq.SUBSCRIBE, self._batch_topic)
         if self._curve is not None:
             self._curve.client(sock)
         self._socket = sock
         self._readable = Readable(sock, self._busy_poll)
-        self._native = native_receive()
 
     @property
     def connected_publishers(self) -> int:
@@ -369,7 +361,7 @@ class ZmqSubscriberTransport(SubscriberTransport):
         except zmq.Again:
             pass
         else:
-            self._kept.append(decode_frames(frames, self._routing_topic, self._max_bytes))
+            self._kept += self._decode(frames)
             if self._readable is not None:
                 self._readable.wake()  # a waiting receive() returns it, ahead of what comes next
         self._socket.disconnect(endpoint)
@@ -447,15 +439,24 @@ class ZmqSubscriberTransport(SubscriberTransport):
                 _decode_map,
                 out,
                 self._expected,
+                self._batch_topic,
             )
             if unusual:
-                for index, item in enumerate(out):
-                    if type(item) is list:
-                        out[index] = decode_frames(item, self._routing_topic, self._max_bytes)
+                out = [
+                    decoded
+                    for item in out
+                    for decoded in (self._decode(item) if type(item) is list else (item,))
+                ]
             if out:
                 return out
             if error not in (0, errno.EAGAIN, errno.EINTR):
                 raise zmq.ZMQError(error)
+
+    def _decode(self, frames: list[bytes]) -> list[Received]:
+        """A message as the Python decoders read it: a batch message's events, or the one item."""
+        if len(frames) == 2 and frames[0] == self._batch_topic:
+            return decode_batch(frames[1], self._routing_topic, self._max_bytes)
+        return [decode_frames(frames, self._routing_topic, self._max_bytes)]
 
     async def close(self) -> None:
         if self._readable is not None:

@@ -217,6 +217,7 @@ class ZmqBrokerSubscriberTransport(ZmqSubscriberTransport):
     """Connects to the XPUB side of every broker and drops the copies each extra broker delivers."""
 
     publisher_discovery = "none"
+    takes_batches = False  # broker-mode publishers send event by event
 
     def __init__(
         self,
