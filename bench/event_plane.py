@@ -8,7 +8,8 @@ only count what arrives: they are the transport's ceiling). Kinds, as ``transpor
 - ``faststream`` (``nats`` only): FastStream's NatsBroker, the bare payload, one ``publish`` each;
 - ``raw``: pyzmq / nats-py alone; ``asyncio`` (``zmq8`` only): raw pyzmq received on asyncio, the floor
   of an asyncio subscriber's latency; ``meshplane``: ``publish`` and ``async for`` one event at a time;
-  ``batch``: ``publish_many`` (1000 at a time) and ``async for batch in sub.batches()``;
+  ``batch``: ``publish_many`` (1000 at a time) and ``async for batch in sub.batches()``, counted a batch
+  at a time (latency runs look at every event);
   ``busypoll`` (ZeroMQ): as ``meshplane``, the subscriber spinning 2 ms after each batch
   (``MESHPLANE_BUSY_POLL=0.002``, longer than the latency runs' pace) instead of sleeping in its loop;
   ``uvloop`` (ZeroMQ): as ``meshplane``, publisher and subscriber on uvloop (not run by default:
@@ -122,6 +123,7 @@ class Tally:
         self.first = self.last = 0.0
         self.cpu_at_first = 0.0
         self.latencies: list[int] = []
+        self.untimed = 0
 
     def add(self, data: bytes | None) -> None:
         """Count one event; ``data`` is its payload when latencies are measured."""
@@ -134,12 +136,23 @@ class Tally:
         if data is not None:
             self.latencies.append(time.time_ns() - sent_at(data))
 
+    def add_batch(self, count: int) -> None:
+        """Count a batch at once, as a consumer of ``batches()`` does (no clock read per event): the
+        first batch's arrival is the start, as the first event's is for ``add``."""
+        now = time.perf_counter()
+        if not self.count:
+            self.first = now
+            self.cpu_at_first = cpu_seconds()
+            self.untimed = count - 1  # the first batch's events but one arrived before the clock started
+        self.last = now
+        self.count += count
+
     def summary(self) -> dict[str, Any]:
         seconds = max(self.last - self.first, 1e-9)
         result: dict[str, Any] = {
             "received": self.count,
             "seconds": round(seconds, 4),
-            "rate": round(self.count / seconds),
+            "rate": round((self.count - self.untimed) / seconds),
         }
         if self.latencies:
             self.latencies.sort()
@@ -156,7 +169,8 @@ def emit_cpu(events: int, since: float) -> None:
 
 def cpu_per_event(tally: Tally) -> dict[str, float]:
     """A subscriber's CPU time per event from its first event on."""
-    return {"cpu_us_per_event": round((cpu_seconds() - tally.cpu_at_first) / max(tally.count, 1) * 1e6, 2)}
+    timed = max(tally.count - tally.untimed, 1)
+    return {"cpu_us_per_event": round((cpu_seconds() - tally.cpu_at_first) / timed * 1e6, 2)}
 
 
 # ---- raw ZeroMQ ----------------------------------------------------------------------------------------
@@ -452,8 +466,11 @@ async def meshplane_sub(
     async def consume() -> None:
         if batch:
             async for envelopes in sub.batches():
-                for envelope in envelopes:
-                    tally.add(envelope.payload if latency else None)
+                if latency:
+                    for envelope in envelopes:
+                        tally.add(envelope.payload)
+                else:
+                    tally.add_batch(len(envelopes))
                 if tally.count >= events:
                     break
         else:
