@@ -43,7 +43,7 @@ from meshplane.transports.native import (
     native_receive,
     native_sender,
 )
-from meshplane.transports.zmq import decode_frames
+from meshplane.transports.zmq_messages import decode_frames
 
 TOPIC = b"kv"
 u64 = st.integers(min_value=0, max_value=2**64 - 1)

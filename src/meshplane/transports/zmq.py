@@ -28,8 +28,6 @@ from meshplane.transports.native import NativeReceive, expected_envelope, native
 from meshplane.transports.zmq_messages import ListSender, decode_frames, read_subscriptions
 from meshplane.transports.zmq_readable import Readable
 
-__all__ = ["ZmqPublisherTransport", "ZmqSubscriberTransport", "decode_frames"]
-
 log = logging.getLogger(__name__)
 _MAX_BATCH = 4096
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
