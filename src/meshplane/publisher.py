@@ -86,7 +86,9 @@ class EventPublisher(PlaneMember):
     async def publish(self, event: Any) -> int:
         """Publish ``event`` (bytes as they are, anything else as MessagePack); returns its sequence.
 
-        Does not wait for the network: the transport batches writes.
+        Does not wait for the network: the transport batches writes. A publish that must wait (for room
+        under MESHPLANE_SEND_WHEN_FULL=wait, for the network) and is cancelled or fails meanwhile has
+        spent its sequence: subscribers may report it missing, never see a sequence used twice.
         """
         if self._held:
             await self._wait_turn()
