@@ -390,6 +390,24 @@ def test_compiled_batch_sender_sends_the_list_from_start_as_one_by_one_sends_wou
         check()
 
 
+@pytest.mark.parametrize("kind", ["many", "batches"])
+def test_compiled_list_senders_refuse_bad_arguments_before_sending_anything(kind: str) -> None:
+    with socket_pair() as (pub, sub):
+        senders = native_sender(pub, b"kv", 1, "kv", WireFormat.HEADER8, Codec.MSGPACK)
+        assert senders is not None
+
+        def send(payloads: list[Any], start: int) -> tuple[int, int]:
+            if kind == "many":
+                return senders.many(0, payloads, start)
+            return senders.batches(0, payloads, start, BATCH_BYTES)
+
+        with pytest.raises(IndexError, match="start is outside the payloads"):
+            send([b"a"], 2)
+        with pytest.raises(TypeError, match="every payload must be bytes"):
+            send([b"a", "not bytes"], 0)
+        assert not sub.poll(100)  # nothing of either list went
+
+
 def test_compiled_batch_sender_stops_at_a_full_queue_with_nothing_of_that_event_sent() -> None:
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     pub, sub = ctx.socket(zmq.XPUB), ctx.socket(zmq.SUB)

@@ -583,6 +583,26 @@ static PyObject *send_event(PyObject *self, PyObject *const *args, Py_ssize_t na
     return rc < 0 ? NULL : PyLong_FromLong(rc);
 }
 
+/* The list arguments of send_events and send_batches (first_sequence, payloads, start at args[6..8]):
+ * 0 with *first, *start and *count set, or -1 with an exception set. */
+static int list_args(PyObject *const *args, const char *name, uint64_t *first, Py_ssize_t *start,
+                     Py_ssize_t *count) {
+    *first = PyLong_AsUnsignedLongLong(args[6]);
+    *start = PyLong_AsSsize_t(args[8]);
+    if (PyErr_Occurred()) return -1;
+    *count = PyList_GET_SIZE(args[7]);
+    if (*start < 0 || *start > *count) {
+        PyErr_Format(PyExc_IndexError, "%s: start is outside the payloads", name);
+        return -1;
+    }
+    for (Py_ssize_t i = *start; i < *count; i++)
+        if (!PyBytes_Check(PyList_GET_ITEM(args[7], i))) {
+            PyErr_Format(PyExc_TypeError, "%s: every payload must be bytes", name);
+            return -1;
+        }
+    return 0;
+}
+
 /* send_events(socket_address, topic, pid_frame, prefix, middle, suffix, first_sequence, payloads, start)
  *     -> (sent, errno)
  *
@@ -596,22 +616,11 @@ static PyObject *send_events(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     void *socket = PyLong_AsVoidPtr(args[0]);
-    uint64_t first = PyLong_AsUnsignedLongLong(args[6]);
-    Py_ssize_t start = PyLong_AsSsize_t(args[8]);
-    if (PyErr_Occurred()) return NULL;
-    PyObject *payloads = args[7];
-    Py_ssize_t count = PyList_GET_SIZE(payloads);
-    if (start < 0 || start > count) {
-        PyErr_SetString(PyExc_IndexError, "send_events: start is outside the payloads");
-        return NULL;
-    }
+    uint64_t first;
+    Py_ssize_t start, count;
+    if (PyErr_Occurred() || list_args(args, "send_events", &first, &start, &count) < 0) return NULL;
     for (Py_ssize_t i = start; i < count; i++) {
-        PyObject *payload = PyList_GET_ITEM(payloads, i);
-        if (!PyBytes_Check(payload)) {
-            PyErr_SetString(PyExc_TypeError, "send_events: every payload must be bytes");
-            return NULL;
-        }
-        int rc = send_one(socket, args + 1, first + (uint64_t)i, payload);
+        int rc = send_one(socket, args + 1, first + (uint64_t)i, PyList_GET_ITEM(args[7], i));
         if (rc < 0) return NULL;
         if (rc > 0) return Py_BuildValue("ni", i - start, rc);
     }
@@ -631,21 +640,11 @@ static PyObject *send_batches(PyObject *self, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     void *socket = PyLong_AsVoidPtr(args[0]);
-    uint64_t first = PyLong_AsUnsignedLongLong(args[6]);
-    Py_ssize_t start = PyLong_AsSsize_t(args[8]);
     size_t batch_bytes = PyLong_AsSize_t(args[9]);
-    if (PyErr_Occurred()) return NULL;
+    uint64_t first;
+    Py_ssize_t start, count;
+    if (PyErr_Occurred() || list_args(args, "send_batches", &first, &start, &count) < 0) return NULL;
     PyObject *payloads = args[7], *topic = args[1];
-    Py_ssize_t count = PyList_GET_SIZE(payloads);
-    if (start < 0 || start > count) {
-        PyErr_SetString(PyExc_IndexError, "send_batches: start is outside the payloads");
-        return NULL;
-    }
-    for (Py_ssize_t i = start; i < count; i++)
-        if (!PyBytes_Check(PyList_GET_ITEM(payloads, i))) {
-            PyErr_SetString(PyExc_TypeError, "send_batches: every payload must be bytes");
-            return NULL;
-        }
     uint64_t now = unix_ms();
     Py_ssize_t i = start;
     while (i < count) {
