@@ -216,6 +216,13 @@ async def test_events_lost_to_a_high_water_mark_are_reported_as_exact_gaps(
         assert sub.stats.missing == len(missing)
 
 
+def waiting_config(tmp_path: Path, **liveness: float) -> PlaneConfig:
+    """ZeroMQ with 5-message queues and MESHPLANE_SEND_WHEN_FULL=wait: a burst makes publishers wait."""
+    return make_config(
+        "zmq", "file", tmp_path, None, None, send_hwm=5, receive_hwm=5, send_when_full="wait", **liveness
+    )
+
+
 @pytest.mark.parametrize("how", ["publish", "publish_many", "concurrent"])
 async def test_send_when_full_wait_holds_the_publisher_back_and_loses_nothing(
     tmp_path: Path, scope: Scope, how: str
@@ -225,18 +232,8 @@ async def test_send_when_full_wait_holds_the_publisher_back_and_loses_nothing(
     every event arrives in order, once, with the payload its sequence was returned for, none reported
     missing. Heartbeats every 20 ms: one sent while events wait for room must not announce them (the
     subscriber would report them missing and drop them as duplicates when they come)."""
-    config = make_config(
-        "zmq",
-        "file",
-        tmp_path,
-        None,
-        None,
-        send_hwm=5,
-        receive_hwm=5,
-        send_when_full="wait",
-        heartbeat_period=0.02,
-        heartbeat_misses=1000,  # the reader is held back on purpose: no timeouts here
-    )
+    # the reader is held back on purpose: no timeouts here
+    config = waiting_config(tmp_path, heartbeat_period=0.02, heartbeat_misses=1000)
     total, pad = 2000, b"x" * 10_000  # 20 MB: more than the socket buffers hold
     async with EventPlane(config) as plane:
         sub = await plane.subscriber(scope, "burst")
@@ -269,18 +266,7 @@ async def test_a_reader_behind_its_queue_does_not_time_out_a_live_publisher(
     """An application that stops reading for longer than the liveness timeout, while the publisher waits
     for room (MESHPLANE_SEND_WHEN_FULL=wait): the publisher is not silent, its events wait unread, so no
     timeout is reported and no reconnection drops them; every event arrives."""
-    config = make_config(
-        "zmq",
-        "file",
-        tmp_path,
-        None,
-        None,
-        send_hwm=5,
-        receive_hwm=5,
-        send_when_full="wait",
-        heartbeat_period=PERIOD,
-        heartbeat_misses=MISSES,
-    )
+    config = waiting_config(tmp_path, heartbeat_period=PERIOD, heartbeat_misses=MISSES)
     total, pad = 300, b"x" * 10_000
     async with EventPlane(config) as plane:
         sub = await plane.subscriber(scope, "slow")
