@@ -9,6 +9,8 @@ import errno
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshplane import ClosedError, PlaneConfig, Scope
 from meshplane.core.envelope import EventEnvelope
@@ -160,3 +162,60 @@ async def test_closing_releases_the_publishes_waiting_their_turn() -> None:
             await asyncio.wait_for(task, 5)
     transport.gate.set()
     assert await first == 0  # the one already handed to the transport finishes
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["publish", "publish_many", "cancel", "heartbeat", "open", "shut", "step"]),
+        max_size=30,
+    )
+)
+def test_any_interleaving_hands_over_distinct_sequences_in_order(steps: list[str]) -> None:
+    """Publishes and lists from many tasks, cancellations, heartbeats and a gate opening and shutting in
+    any order: what reaches the transport is in sequence order with no sequence twice, each payload
+    under the sequence its call returned, and no heartbeat announces an event before it was handed over."""
+
+    async def run() -> None:
+        transport = GatedTransport()
+        pub = make_publisher(transport)
+        tasks: list[tuple[asyncio.Task[Any], list[bytes]]] = []
+        for number, step in enumerate(steps):
+            if step == "publish":
+                payload = [b"p%d" % number]
+                tasks.append((asyncio.create_task(pub.publish(payload[0])), payload))
+            elif step == "publish_many":
+                payloads = [b"m%d.%d" % (number, i) for i in range(number % 3 + 1)]
+                tasks.append((asyncio.create_task(pub.publish_many(payloads)), payloads))
+            elif step == "cancel" and tasks:
+                tasks[number % len(tasks)][0].cancel()
+            elif step == "heartbeat":
+                await pub.send_heartbeat()
+            elif step == "open":
+                transport.gate.set()
+            elif step == "shut":
+                transport.gate.clear()
+            await asyncio.sleep(0)
+        transport.gate.set()
+        await asyncio.wait_for(asyncio.gather(*(task for task, _ in tasks), return_exceptions=True), 5)
+        await pub.send_heartbeat()
+        check_announcements_allowing_spent(transport.handed)
+        handed = {sequence: payload for kind, sequence, payload in transport.handed if kind == "event"}
+        for task, payloads in tasks:
+            if not task.cancelled():
+                result = task.result()
+                sequences = [result] if isinstance(result, int) else list(result)
+                assert [handed[s] for s in sequences] == payloads
+
+    asyncio.run(run())
+
+
+def check_announcements_allowing_spent(handed: list[tuple[str, int, Any]]) -> None:
+    """Events in increasing sequence (a publish cancelled while waiting may have spent one), and no event
+    handed over after a heartbeat that announced a sequence past it (the subscriber would drop it)."""
+    events = [sequence for kind, sequence, _ in handed if kind == "event"]
+    assert events == sorted(set(events)), f"out of order or twice: {handed}"
+    for position, (kind, announced, _) in enumerate(handed):
+        if kind == "heartbeat":
+            later = [s for k, s, _ in handed[position + 1 :] if k == "event"]
+            assert all(s >= announced for s in later), f"heartbeat {announced} before {later}: {handed}"
