@@ -272,10 +272,15 @@ class EventSubscriber(PlaneMember):
     async def _watch_liveness(self, liveness: LivenessTracker, period: float) -> None:
         """Report publishers that stopped talking, and keep reconnecting to them until they are back."""
         reconnected_at: dict[int, float] = {}
+        taken = -1
         while True:
             await asyncio.sleep(period / 2)
-            if self._transport.unread():
-                continue  # the application is behind, not (as far as we can tell) the publishers
+            # Silence is judged on what the application takes. One that took nothing since the last look
+            # while messages wait is behind (publishers' events and heartbeats are among them): a timeout
+            # now would be its own, and the reconnection would drop what the socket holds.
+            taken, taken_before = self._intake.received + self._intake.heartbeats, taken
+            if taken == taken_before and self._transport.unread():
+                continue
             now = time.monotonic()
             for publisher_id in await self._left_cleanly(liveness.silent(now)):
                 log.info(

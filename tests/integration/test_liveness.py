@@ -154,6 +154,58 @@ async def test_killed_publisher_times_out_and_its_restart_is_picked_up(
                 await proc.wait()
 
 
+async def test_a_killed_publisher_times_out_while_another_floods_a_reader_that_keeps_up(
+    live_config: PlaneConfig, scope: Scope
+) -> None:
+    """A flood the application reads slower than it comes (20 us and a turn of the loop per event; the
+    flooder waits for room, so the queues stay full): messages always wait unread, yet the application
+    keeps taking them, so silence is judged and the killed publisher is reported, late only by what was
+    queued."""
+    config = live_config.replace(send_hwm=5, receive_hwm=5, send_when_full="wait")
+    async with EventPlane(config) as plane:
+        seen = Recorder()
+
+        async def slow_reader(item: Any) -> None:
+            if isinstance(item, EventEnvelope) and item.publisher_id == flooder.publisher_id:
+                until = time.perf_counter() + 20e-6
+                while time.perf_counter() < until:
+                    pass
+                await asyncio.sleep(0)  # the rest of the application has its turns meanwhile
+            seen(item)
+
+        await plane.subscribe_event(scope, "ticks", slow_reader, stateless=True)
+        proc, killed_id = await start_ticker(config, scope)
+        flooder = await plane.publisher(scope, "ticks")
+        flooding, flood_task = True, None
+
+        async def flood() -> None:
+            while flooding:
+                await flooder.publish_many([b"x" * 100] * 2000)
+                await asyncio.sleep(0)
+
+        try:
+            await eventually(
+                lambda: any(e.publisher_id == killed_id for e in seen.of(EventEnvelope)), timeout=20
+            )
+            flood_task = asyncio.create_task(flood())
+            await eventually(
+                lambda: any(e.publisher_id == flooder.publisher_id for e in seen.of(EventEnvelope))
+            )
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+            killed_at = time.monotonic()
+            await eventually(lambda: bool(seen.of(EventTimeout)), timeout=10, interval=0.005, what="timeout")
+            assert seen.of(EventTimeout)[0].publisher_id == killed_id
+            assert time.monotonic() - killed_at <= (MISSES + 1) * PERIOD + 2.0
+        finally:
+            flooding = False
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        if flood_task is not None:
+            await flood_task
+
+
 async def test_frozen_publisher_times_out_then_recovers(any_transport: PlaneConfig, scope: Scope) -> None:
     live_config = any_transport
     async with EventPlane(live_config) as plane:
