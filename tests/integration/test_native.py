@@ -596,15 +596,37 @@ nats_messages = st.one_of(
 
 
 @settings(max_examples=500)
-@given(st.lists(nats_messages, max_size=12), st.integers(0, 300))
+@given(st.lists(nats_messages, max_size=12), st.integers(0, 300), st.sampled_from([None, "kv", "ké"]))
 def test_compiled_nats_decoder_decides_every_message_as_the_python_decoder_does(
-    batch: list[bytes], max_bytes: int
+    batch: list[bytes], max_bytes: int, expected_topic: str | None
 ) -> None:
+    """With or without an expected topic, whose events C reads without the decoder and vouches for as
+    runs (each claim checked)."""
     compiled = native_nats_decode()
     assert compiled is not None
-    got = decode_messages(batch, TOPIC, max_bytes, compiled)
-    expected = decode_messages(batch, TOPIC, max_bytes)
+    expected_of = None if expected_topic is None else expected_envelope(expected_topic)
+    got, run = decode_messages(batch, TOPIC, max_bytes, compiled, expected_of)
+    expected, no_run = decode_messages(batch, TOPIC, max_bytes)
     assert [_outcome(item) for item in got] == [_outcome(item) for item in expected]
+    assert no_run is None
+    if expected_topic is None:
+        assert run is None
+    else:
+        _check_run(got, run, expected_topic)
+
+
+def test_compiled_nats_decoder_reports_one_publishers_consecutive_events_as_a_run() -> None:
+    compiled = native_nats_decode()
+    assert compiled is not None
+    dynamo = [_dynamo(7, sequence, "kv", b"a", None)[3][5:] for sequence in range(3)]
+    header8 = [_header8(7, sequence, "kv", b"b", False)[1] for sequence in range(3, 5)]
+    expected = expected_envelope("kv")
+    got, run = decode_messages([*dynamo, *header8], TOPIC, 300, compiled, expected)
+    assert (run, [e.sequence for e in got if isinstance(e, EventEnvelope)]) == ((7, 0), [0, 1, 2, 3, 4])
+    heartbeat = _header8(7, 5, "kv", b"", True)[1]
+    assert decode_messages([*dynamo, heartbeat], TOPIC, 300, compiled, expected)[1] is None
+    other = _dynamo(8, 3, "kv", b"a", None)[3][5:]
+    assert decode_messages([*dynamo, other], TOPIC, 300, compiled, expected)[1] is None
 
 
 def test_compiled_nats_decoder_takes_the_common_events_itself() -> None:
@@ -619,6 +641,10 @@ def test_compiled_nats_decoder_takes_the_common_events_itself() -> None:
         b"\x00garbage",
     ]
     out: list[Any] = []
-    assert compiled([dynamo, header8, *unusual], 300, msgpack_envelope_decoder.decode, out) == len(unusual)
+    decode = msgpack_envelope_decoder.decode
+    assert compiled([dynamo, header8, *unusual], 300, decode, out, expected_envelope("kv")) == (
+        len(unusual),
+        None,
+    )
     assert [(e.sequence, e.payload) for e in out[:2]] == [(1, b"a"), (2, b"b")]
     assert all(item is data for item, data in zip(out[2:], unusual, strict=True))

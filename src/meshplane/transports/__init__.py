@@ -125,13 +125,21 @@ async def create_subscriber_transport(shared: Resources, scope: Scope, topic: st
         from meshplane.transports.mesh import MeshSubscriberTransport
 
         transport = MeshSubscriberTransport(
-            await shared.mesh(), scope.subject(topic), cfg.max_message_bytes, cfg.receive_hwm or 2**31
+            await shared.mesh(),
+            scope.subject(topic),
+            cfg.max_message_bytes,
+            cfg.receive_hwm or 2**31,
+            envelope_topic=topic,
         )
     elif cfg.event_plane == "nats":
         from meshplane.transports.nats import NatsSubscriberTransport
 
         transport = NatsSubscriberTransport(
-            await shared.nats(), scope.subject(topic), cfg.max_message_bytes, cfg.receive_hwm or 2**31
+            await shared.nats(),
+            scope.subject(topic),
+            cfg.max_message_bytes,
+            cfg.receive_hwm or 2**31,
+            envelope_topic=topic,
         )
     else:
         from meshplane.transports.zmq import ZmqSubscriberTransport

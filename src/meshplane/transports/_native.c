@@ -214,14 +214,42 @@ static PyObject *fast_event(zmq_msg *frames, int count, const char *topic, size_
     return NULL;
 }
 
+/* Whether what one call returns is one publisher's consecutive events, read here (`run` in receive). */
+typedef struct {
+    int state; /* 0: nothing yet, 1: one publisher's consecutive events so far, -1: anything else */
+    uint64_t publisher, first, next;
+} run_state;
+
+static void run_add(run_state *run, int canonical, const envelope_view *view) {
+    if (!canonical) {
+        run->state = -1;
+    } else if (run->state == 0) {
+        *run = (run_state){1, view->publisher_id, view->sequence, view->sequence + 1};
+    } else if (run->state == 1 && view->publisher_id == run->publisher && view->sequence == run->next &&
+               run->next != 0) {
+        run->next++;
+    } else {
+        run->state = -1;
+    }
+}
+
 /* The envelope a NATS message carries, when it is the common case: Dynamo's bare MessagePack map, or
- * the 8-byte header of an event in MessagePack; NULL otherwise (no exception set). */
-static PyObject *fast_nats_event(PyObject *data, size_t max_bytes, PyObject *decode) {
+ * the 8-byte header of an event in MessagePack; NULL otherwise (no exception set). *canonical says
+ * whether it was read here under the expected topic (body_event). */
+static PyObject *fast_nats_event(PyObject *data, size_t max_bytes, PyObject *decode,
+                                 const expected_envelope *expected, envelope_view *view, int *canonical) {
     const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(data);
     size_t size = (size_t)PyBytes_GET_SIZE(data);
     PyObject *envelope;
+    *canonical = 0;
     if (size > 0 && is_msgpack_map(bytes[0])) {
         if (size > max_bytes) return NULL;
+        /* under the expected topic, never a Dynamo heartbeat's (native.py) */
+        envelope = canonical_envelope(expected, bytes, size, view);
+        if (envelope != NULL) {
+            *canonical = 1;
+            return envelope;
+        }
         envelope = PyObject_CallOneArg(decode, data); /* the message itself: no copy */
         if (envelope == NULL) {
             PyErr_Clear();
@@ -229,9 +257,7 @@ static PyObject *fast_nats_event(PyObject *data, size_t max_bytes, PyObject *dec
         }
     } else {
         /* a version-2 heartbeat has its own message type: what this decodes is an event */
-        envelope_view view;
-        int canonical;
-        return header8_event(bytes, size, max_bytes, decode, NULL, &view, &canonical);
+        return header8_event(bytes, size, max_bytes, decode, expected, view, canonical);
     }
     if (is_heartbeat_topic(envelope)) { /* Dynamo's heartbeats are told by their topic */
         Py_DECREF(envelope);
@@ -240,31 +266,62 @@ static PyObject *fast_nats_event(PyObject *data, size_t max_bytes, PyObject *dec
     return envelope;
 }
 
-/* decode_nats(messages, max_bytes, decode, out) -> unusual
+/* `expected` (None, or (EventEnvelope, topic, topic as UTF-8)) into *storage; NULL for None. */
+static const expected_envelope *expected_arg(PyObject *arg, expected_envelope *storage) {
+    if (arg == Py_None) return NULL;
+    PyObject *utf8 = PyTuple_GET_ITEM(arg, 2);
+    *storage = (expected_envelope){PyTuple_GET_ITEM(arg, 0), PyTuple_GET_ITEM(arg, 1), PyBytes_AS_STRING(utf8),
+                                   (size_t)PyBytes_GET_SIZE(utf8)};
+    return storage;
+}
+
+static int expected_ok(PyObject *arg) {
+    return arg == Py_None || (PyTuple_Check(arg) && PyTuple_GET_SIZE(arg) == 3 &&
+                              PyType_Check(PyTuple_GET_ITEM(arg, 0)) && PyUnicode_Check(PyTuple_GET_ITEM(arg, 1)) &&
+                              PyBytes_Check(PyTuple_GET_ITEM(arg, 2)));
+}
+
+static PyObject *with_run(Py_ssize_t unusual, int error, const run_state *run, int with_error) {
+    if (run->state == 1)
+        return with_error ? Py_BuildValue("ni(KK)", unusual, error, run->publisher, run->first)
+                          : Py_BuildValue("n(KK)", unusual, run->publisher, run->first);
+    return with_error ? Py_BuildValue("niO", unusual, error, Py_None) : Py_BuildValue("nO", unusual, Py_None);
+}
+
+/* decode_nats(messages, max_bytes, decode, out, expected) -> (unusual, run)
  *
  * Appends to `out`, for each message (bytes) of a NATS subscriber's own subject, its envelope when it
- * is a common event, else the message itself, for the Python decoder (`unusual` counts those). */
+ * is a common event, else the message itself, for the Python decoder (`unusual` counts those).
+ * `expected` and `run` as in receive. */
 static PyObject *decode_nats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyList_Check(args[0]) || !PyList_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "decode_nats(messages, max_bytes, decode, out)");
+    if (nargs != 5 || !PyList_Check(args[0]) || !PyList_Check(args[3]) || !expected_ok(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "decode_nats(messages, max_bytes, decode, out, expected)");
         return NULL;
     }
     Py_ssize_t max_bytes = PyLong_AsSsize_t(args[1]);
     if (max_bytes == -1 && PyErr_Occurred()) return NULL;
     PyObject *messages = args[0], *decode = args[2], *out = args[3];
+    expected_envelope storage;
+    const expected_envelope *expected = expected_arg(args[4], &storage);
     Py_ssize_t unusual = 0;
+    run_state run = {0, 0, 0, 0};
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(messages); i++) {
         PyObject *data = PyList_GET_ITEM(messages, i);
-        PyObject *item = PyBytes_CheckExact(data) ? fast_nats_event(data, (size_t)max_bytes, decode) : NULL;
+        envelope_view view;
+        int canonical = 0;
+        PyObject *item = PyBytes_CheckExact(data)
+                             ? fast_nats_event(data, (size_t)max_bytes, decode, expected, &view, &canonical)
+                             : NULL;
         if (item == NULL) {
             item = Py_NewRef(data);
             unusual++;
         }
+        run_add(&run, canonical, &view);
         int failed = PyList_Append(out, item);
         Py_DECREF(item);
         if (failed) return NULL;
     }
-    return PyLong_FromSsize_t(unusual);
+    return with_run(unusual, 0, &run, 0);
 }
 
 static PyObject *frame_bytes(zmq_msg *frame) {
@@ -307,25 +364,6 @@ static PyObject *frame_list(zmq_msg *frames, int count, void *socket, int *recv_
     return list;
 }
 
-/* Whether a batch's items are one publisher's consecutive events, read here (see `run` in receive). */
-typedef struct {
-    int state; /* 0: nothing yet, 1: one publisher's consecutive events so far, -1: anything else */
-    uint64_t publisher, first, next;
-} run_state;
-
-static void run_add(run_state *run, int canonical, const envelope_view *view) {
-    if (!canonical) {
-        run->state = -1;
-    } else if (run->state == 0) {
-        *run = (run_state){1, view->publisher_id, view->sequence, view->sequence + 1};
-    } else if (run->state == 1 && view->publisher_id == run->publisher && view->sequence == run->next &&
-               run->next != 0) {
-        run->next++;
-    } else {
-        run->state = -1;
-    }
-}
-
 /* A batch message's items (core/batches.py), each a common event, appended to `out` with the run
  * followed; 0 when any item is not (then nothing was appended and *run is as it was: the whole message
  * goes to the Python decoders). */
@@ -366,12 +404,8 @@ static int batch_events(const unsigned char *data, size_t size, size_t max_bytes
  * message under `batch_topic` (bytes, or None where the subscriber takes no batches) appends its events
  * when every item is a common one, else its frames; reading stops once `out` holds max_messages. */
 static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8 || !PyBytes_Check(args[1]) || !PyList_Check(args[5]) ||
-        (args[7] != Py_None && !PyBytes_Check(args[7])) ||
-        (args[6] != Py_None && !(PyTuple_Check(args[6]) && PyTuple_GET_SIZE(args[6]) == 3 &&
-                                 PyType_Check(PyTuple_GET_ITEM(args[6], 0)) &&
-                                 PyUnicode_Check(PyTuple_GET_ITEM(args[6], 1)) &&
-                                 PyBytes_Check(PyTuple_GET_ITEM(args[6], 2))))) {
+    if (nargs != 8 || !PyBytes_Check(args[1]) || !PyList_Check(args[5]) || !expected_ok(args[6]) ||
+        (args[7] != Py_None && !PyBytes_Check(args[7]))) {
         PyErr_SetString(PyExc_TypeError,
                         "receive(socket_address, topic, max_bytes, max_messages, decode, out, expected, "
                         "batch_topic)");
@@ -388,13 +422,8 @@ static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     const char *topic = PyBytes_AS_STRING(args[1]);
     size_t topic_size = (size_t)PyBytes_GET_SIZE(args[1]);
     PyObject *decode = args[4], *out = args[5];
-    expected_envelope expected_storage, *expected = NULL;
-    if (args[6] != Py_None) {
-        PyObject *utf8 = PyTuple_GET_ITEM(args[6], 2);
-        expected_storage = (expected_envelope){PyTuple_GET_ITEM(args[6], 0), PyTuple_GET_ITEM(args[6], 1),
-                                               PyBytes_AS_STRING(utf8), (size_t)PyBytes_GET_SIZE(utf8)};
-        expected = &expected_storage;
-    }
+    expected_envelope storage;
+    const expected_envelope *expected = expected_arg(args[6], &storage);
     const char *batch = args[7] == Py_None ? NULL : PyBytes_AS_STRING(args[7]);
     size_t batch_size = batch == NULL ? 0 : (size_t)PyBytes_GET_SIZE(args[7]);
     Py_ssize_t unusual = 0;
@@ -437,8 +466,7 @@ static PyObject *receive(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         }
         Py_DECREF(item);
     }
-    if (run.state == 1) return Py_BuildValue("ni(KK)", unusual, recv_errno, run.publisher, run.first);
-    return Py_BuildValue("niO", unusual, recv_errno, Py_None);
+    return with_run(unusual, recv_errno, &run, 1);
 }
 
 
@@ -682,7 +710,7 @@ static PyObject *send_batches(PyObject *self, PyObject *const *args, Py_ssize_t 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "bind((10 libzmq function addresses), event head, heartbeat suffix)"},
     {"decode_nats", (PyCFunction)(void (*)(void))decode_nats, METH_FASTCALL,
-     "decode_nats(messages, max_bytes, decode, out) -> unusual"},
+     "decode_nats(messages, max_bytes, decode, out, expected) -> (unusual, run)"},
     {"send_event", (PyCFunction)(void (*)(void))send_event, METH_FASTCALL,
      "send_event(socket_address, topic, pid_frame, prefix, middle, suffix, sequence, payload) -> errno"},
     {"send_events", (PyCFunction)(void (*)(void))send_events, METH_FASTCALL,

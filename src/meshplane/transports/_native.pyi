@@ -19,8 +19,13 @@ def receive(
     /,
 ) -> tuple[int, int, tuple[int, int] | None]: ...
 def decode_nats(
-    messages: list[bytes], max_bytes: int, decode: Callable[[bytes], Any], out: list[Any], /
-) -> int: ...
+    messages: list[bytes],
+    max_bytes: int,
+    decode: Callable[[bytes], Any],
+    out: list[Any],
+    expected: tuple[type, str, bytes] | None,
+    /,
+) -> tuple[int, tuple[int, int] | None]: ...
 def send_event(
     socket_address: int,
     topic: bytes,

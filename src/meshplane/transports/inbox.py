@@ -9,7 +9,7 @@ from meshplane.core.envelope import msgpack_envelope_decoder
 from meshplane.core.framing import decode_nats_event
 from meshplane.errors import WireError
 from meshplane.transports.base import Received
-from meshplane.transports.native import NativeNatsDecode
+from meshplane.transports.native import ExpectedEnvelope, NativeNatsDecode, Run
 
 _decode_map = msgpack_envelope_decoder.decode
 MAX_BATCH = 4096  # messages decoded per receive(): large enough to amortise, small enough to stay fair
@@ -58,19 +58,24 @@ class Inbox:
 
 
 def decode_messages(
-    batch: list[bytes], routing_topic: bytes, max_bytes: int, native: NativeNatsDecode | None = None
-) -> list[Received]:
+    batch: list[bytes],
+    routing_topic: bytes,
+    max_bytes: int,
+    native: NativeNatsDecode | None = None,
+    expected: ExpectedEnvelope | None = None,
+) -> tuple[list[Received], Run]:
     """NATS-encoded messages of the subscriber's own subject (events bare, heartbeats as Frames), or
     the error that says what was wrong with each; ``native``, the compiled decoder, takes the common
-    events and hands the others back as they came."""
+    events and hands the others back as they came, and says when they are a run of ``expected``'s."""
     if native is None:
-        return [_decode(data, routing_topic, max_bytes) for data in batch]
+        return [_decode(data, routing_topic, max_bytes) for data in batch], None
     decoded: list[Any] = []
-    if native(batch, max_bytes, _decode_map, decoded):
+    unusual, run = native(batch, max_bytes, _decode_map, decoded, expected)
+    if unusual:
         for index, item in enumerate(decoded):
             if type(item) is bytes:
                 decoded[index] = _decode(item, routing_topic, max_bytes)
-    return decoded
+    return decoded, run
 
 
 def _decode(data: bytes, routing_topic: bytes, max_bytes: int) -> Received:

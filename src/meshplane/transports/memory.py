@@ -72,6 +72,9 @@ class MemorySubscriberTransport(SubscriberTransport):
     def deliver(self, data: bytes) -> None:
         self._inbox.put(data)
 
+    def unread(self) -> bool:
+        return len(self._inbox) > 0
+
     async def start(self) -> None:
         self._open = True
         _BUS.subscribers[self._subject].add(self)
@@ -80,7 +83,7 @@ class MemorySubscriberTransport(SubscriberTransport):
         batch = await self._inbox.take()
         if not self._open:
             return []
-        return decode_messages(batch, self._routing_topic, self._max_bytes)
+        return decode_messages(batch, self._routing_topic, self._max_bytes)[0]
 
     async def close(self) -> None:
         self._open = False

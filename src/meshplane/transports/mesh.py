@@ -46,8 +46,15 @@ class MeshPublisherTransport(SubjectPublisher):
 
 
 class MeshSubscriberTransport(SubjectSubscriber):
-    def __init__(self, client: MeshClient, subject: str, max_bytes: int, pending_limit: int) -> None:
-        super().__init__(subject, max_bytes, pending_limit)
+    def __init__(
+        self,
+        client: MeshClient,
+        subject: str,
+        max_bytes: int,
+        pending_limit: int,
+        envelope_topic: str | None = None,
+    ) -> None:
+        super().__init__(subject, max_bytes, pending_limit, envelope_topic)
         self._client = client
         self._sids: list[int] = []
 

@@ -38,8 +38,10 @@ NativeReceive = Callable[
     [int, bytes, int, int, Callable[[bytes], Any], list[Any], ExpectedEnvelope | None, bytes | None],
     tuple[int, int, Run],
 ]
-#: ``decode_nats(messages, max_bytes, decode, out) -> unusual``
-NativeNatsDecode = Callable[[list[bytes], int, Callable[[bytes], Any], list[Any]], int]
+#: ``decode_nats(messages, max_bytes, decode, out, expected) -> (unusual, run)``
+NativeNatsDecode = Callable[
+    [list[bytes], int, Callable[[bytes], Any], list[Any], ExpectedEnvelope | None], tuple[int, Run]
+]
 #: ``send(sequence, payload) -> errno``: 0 when sent, else nothing was sent (see ``send_event`` in C)
 NativeSend = Callable[[int, bytes], int]
 #: ``send_many(first_sequence, payloads, start) -> (sent, errno)`` (see ``send_events`` in C)

@@ -120,8 +120,15 @@ class NatsSubscriberTransport(SubjectSubscriber):
     callback.
     """
 
-    def __init__(self, client: NatsClient, subject: str, max_bytes: int, pending_limit: int) -> None:
-        super().__init__(subject, max_bytes, pending_limit)
+    def __init__(
+        self,
+        client: NatsClient,
+        subject: str,
+        max_bytes: int,
+        pending_limit: int,
+        envelope_topic: str | None = None,
+    ) -> None:
+        super().__init__(subject, max_bytes, pending_limit, envelope_topic)
         self._client = client
         self._pending_limit = pending_limit
         self._subs: list[Any] = []

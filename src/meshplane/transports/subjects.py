@@ -8,7 +8,7 @@ from meshplane.core.envelope import Codec, EventEnvelope
 from meshplane.core.framing import HEARTBEAT_SUFFIX, MessageType, WireFormat, encode_nats
 from meshplane.transports.base import PublisherTransport, Received, SubscriberTransport
 from meshplane.transports.inbox import Inbox, decode_messages
-from meshplane.transports.native import NativeNatsDecode, native_nats_decode
+from meshplane.transports.native import NativeNatsDecode, expected_envelope, native_nats_decode
 
 
 class SubjectPublisher(PublisherTransport):
@@ -44,12 +44,14 @@ class SubjectSubscriber(SubscriberTransport):
 
     announces = True
 
-    def __init__(self, subject: str, max_bytes: int, pending_limit: int) -> None:
+    def __init__(self, subject: str, max_bytes: int, pending_limit: int, envelope_topic: str | None) -> None:
         self._subject = subject
         self._routing_topic = subject.encode()
         self._max_bytes = max_bytes
         self._inbox = Inbox(pending_limit)
         self._native: NativeNatsDecode | None = None
+        # what the compiled decoder reads itself and vouches for as runs (batch_run)
+        self._expected = None if envelope_topic is None else expected_envelope(envelope_topic)
 
     @property
     def subjects(self) -> tuple[str, str]:
@@ -73,4 +75,7 @@ class SubjectSubscriber(SubscriberTransport):
         batch = await self._inbox.take()
         if not self.subscribed:
             return []  # closed
-        return decode_messages(batch, self._routing_topic, self._max_bytes, self._native)
+        decoded, self.batch_run = decode_messages(
+            batch, self._routing_topic, self._max_bytes, self._native, self._expected
+        )
+        return decoded
