@@ -3,16 +3,18 @@
  * send_event() builds one event's frames straight into ZeroMQ messages: the envelope's MessagePack map
  * from a template fixed per publisher (native.py checks it against msgspec's own encoding before
  * using it), the sequence and the clock written in, then the frames sent without blocking;
- * send_events() does it for a list of payloads (publish_many) without returning to Python per event.
+ * send_events() does it for a list of payloads (publish_many) without returning to Python per event;
+ * send_batches() sends a list as batch messages (core/batches.py), many events to a ZeroMQ message.
  *
  * receive() drains a SUB socket without blocking and, for the two common shapes under the subscriber's
  * own routing topic (the 8-byte-header layout's 2 frames, Dynamo's 4 frames), checks the framing and
  * decodes the body, so an event costs no Python bytecode until the intake: a body in msgspec's own
  * layout under the subscriber's topic is read here (envelope_map.h), any other goes to the decoder.
+ * A batch message's events are read the same way, each item as an 8-byte-header event.
  * Anything else (other shapes, other topics, heartbeats, bad headers, undecodable bodies, a decoder
  * error of any kind) is handed back as its list of frames, and the Python decoders say what is wrong:
  * this file only ever takes the path where nothing is wrong, so it defines no error of its own.
- * decode_nats() does the same for a batch of NATS messages.
+ * decode_nats() does the same for a batch of NATS messages (runs included).
  *
  * libzmq is the one pyzmq loaded: its functions arrive as addresses through bind() (zmq_batch.py looks
  * them up with ctypes), so nothing here links against a libzmq of its own.
