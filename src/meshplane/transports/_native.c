@@ -16,7 +16,7 @@
  * this file only ever takes the path where nothing is wrong, so it defines no error of its own.
  * decode_nats() does the same for a batch of NATS messages (runs included).
  *
- * libzmq is the one pyzmq loaded: its functions arrive as addresses through bind() (zmq_batch.py looks
+ * libzmq is the one pyzmq loaded: its functions arrive as addresses through bind() (native.py looks
  * them up with ctypes), so nothing here links against a libzmq of its own.
  */
 #define PY_SSIZE_T_CLEAN
