@@ -333,6 +333,8 @@ async def nats_raw_pub(url: str, events: int, interval: float) -> None:
 async def nats_raw_sub(url: str, events: int, latency: bool) -> None:
     import nats
 
+    from meshplane.transports.nats import flush_in_order
+
     nc = await nats.connect(url, pending_size=64 * 1024 * 1024)
     tally = Tally(latency)
     done = asyncio.Event()
@@ -343,7 +345,7 @@ async def nats_raw_sub(url: str, events: int, latency: bool) -> None:
             done.set()
 
     await nc.subscribe(f"namespace.bench.{TOPIC}", cb=on_message, pending_msgs_limit=2_000_000)
-    await nc.flush()
+    await flush_in_order(nc, 10)  # nats-py's flush alone may answer before the server has the SUB
     emit({"ready": True})
     await _until_done_or_idle(done, tally)
     emit({**tally.summary(), **cpu_per_event(tally)})

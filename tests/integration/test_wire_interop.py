@@ -23,7 +23,7 @@ from meshplane import Codec, EventEnvelope, EventPlane, PlaneConfig, Scope, Wire
 from meshplane.core.framing import encode_nats
 from meshplane.launchers import NatsServer
 from meshplane.transports.native import native_receive
-from meshplane.transports.nats import NatsSubscriberTransport
+from meshplane.transports.nats import NatsSubscriberTransport, flush_in_order
 from tests.conftest import make_config
 from tests.helpers import eventually
 
@@ -239,7 +239,7 @@ async def test_nats_wire_is_the_bare_envelope_both_ways(nats_server: NatsServer,
     raw = await nats.connect(nats_server.url)
     try:
         raw_sub = await raw.subscribe(subject)
-        await raw.flush()
+        await flush_in_order(raw, 5)
         async with EventPlane(config) as plane:
             sub = await plane.subscriber(SCOPE, "kv-events")
             pub = await plane.publisher(SCOPE, "kv-events")

@@ -82,6 +82,23 @@ async def connect_nats(
     return client
 
 
+async def flush_in_order(client: NatsClient, timeout: float) -> None:
+    """Return once the server has every command sent before the call (SUB, PUB): what a flush means.
+
+    nats-py (2.16) writes a flush's PING straight to the socket, ahead of the commands still queued for
+    its flusher task, so its PONG alone can come back before they reached the server. A PING sent while
+    nothing is queued follows them all; until then each flush wakes the flusher and waits a round trip.
+    Commands queued meanwhile by other tasks can keep the queue from emptying: at ``timeout`` the last
+    flush is the one that counts.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        behind_nothing = client.pending_data_size == 0
+        await client.flush(timeout=max(1, int(timeout)))
+        if behind_nothing or asyncio.get_running_loop().time() >= deadline:
+            return
+
+
 class NatsPublisherTransport(SubjectPublisher):
     def __init__(
         self, client: NatsClient, subject: str, subject_prefix: str, wire: WireFormat, codec: Codec
@@ -98,7 +115,7 @@ class NatsPublisherTransport(SubjectPublisher):
 
     async def flush(self, timeout: float) -> None:
         try:
-            await self._client.flush(timeout=max(1, int(timeout)))
+            await flush_in_order(self._client, timeout)
         except Exception as exc:
             raise TransportError(f"NATS flush failed: {exc!r}") from exc
 
@@ -174,7 +191,7 @@ class NatsSubscriberTransport(SubjectSubscriber):
                 )
             self._subs.append(subscription)
         # Once the server has the subscription, nothing published afterwards is missed.
-        await self._client.flush()
+        await flush_in_order(self._client, 10)
 
     async def close(self) -> None:
         subs, self._subs = self._subs, []
