@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run shell test lint typecheck unit bench chaos etcd fuse java java-if-possible chromium redis zmq-headers compiler clean .venv-dynamo
+.PHONY: run shell test lint typecheck unit bench chaos etcd fuse java java-if-possible jdk chromium redis zmq-headers compiler clean .venv-dynamo
 
 # What `make run` needs (the event plane, streams, Spark, nats-server) at the exact versions of
 # constraints.txt; the tests and benchmarks add their tools. A user's `pip install meshplane[...]`
@@ -100,8 +100,14 @@ zmq-headers: compiler
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libzmq3-dev; }
 
+## jdk: install Debian's JDK when javac is missing (bench/spark_ingest.py compiles a JVM data source)
+jdk:
+	@command -v javac >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openjdk-17-jdk-headless; }
+
 ## bench: every benchmark against its raw peer in the same run (writes bench/results/)
-bench: $(STAMP) redis zmq-headers .venv-dynamo
+bench: $(STAMP) redis zmq-headers jdk .venv-dynamo
 	$(BIN)/meshplane bench
 
 ## .venv-dynamo: the Dynamo runtime (ai-dynamo-runtime 1.6.1), a peer of the event-plane benchmark, in a

@@ -6,10 +6,11 @@ Every read is materialised with the ``noop`` sink (all columns produced, nothing
 ceiling is Spark reading the same events from a Parquet file. meshplane is read twice: as configured
 by default (the executors share the server's host here, so they read its segment files: ``localReads``)
 and with ``localReads=false`` (every chunk over HTTP, as executors on other hosts read). The other
-comparisons are the same source yielding Python tuples instead of Arrow record batches, and a Python
-data source that does no
-work at all (it yields one pre-built Arrow batch of the same schema over and over): what any
-Python source can reach here. The reads take turns, round after round (7 by default); rates are
+comparisons are the same source yielding Python tuples instead of Arrow record batches, a Python
+data source that does no work at all (it yields one pre-built Arrow batch of the same schema over and
+over): what any Python source can reach here, and the same rows from a JVM source that does no work
+(``spark_jvm/NoWorkSource.java``, Spark's DataSource V2, compiled with javac for the run): what a reader
+in the JVM could reach. The reads take turns, round after round (7 by default); rates are
 medians, and the Arrow/Parquet ratio is the median of the rounds' ratios, each listed. All of it runs
 twice, each time in a fresh process: with Spark's Python workers on Unix sockets (``spark_session()``'s
 setting), then on Spark's default loopback TCP.
@@ -18,8 +19,9 @@ A second method, as a Kafka user compares: the same rows as a stream with Trigge
 ``noop``, from ``readStream.format("meshplane")`` against ``readStream.parquet`` of the same file, wall
 clock from ``start()`` to the end of ``awaitTermination()`` (a fresh checkpoint each run), in the same
 rounds (``available_now_vs_parquet``); the batch read above is the method's other half. The stream
-pair runs again on a topic of 200,000 events (``--small-events``, the size issue 37 compared at), where
-a query's fixed start-up cost weighs more (``available_now_vs_parquet_small``).
+pair and the batch pair run again on a topic of 200,000 events (``--small-events``, the size issue 37
+compared at), where a query's fixed start-up cost weighs more (``available_now_vs_parquet_small``,
+``arrow_vs_parquet_small``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from meshplane.spark.pipeline import spark_session
 from meshplane.streams.client import StreamsClient
 
 PARTITIONS = 4
+JVM_NO_WORK_SOURCE = "meshplane.bench.NoWorkSource"
 TRANSPORTS = ("unix_socket", "tcp")
 
 
@@ -98,6 +101,17 @@ class PrebuiltSource(DataSource):
 
     def reader(self, schema: Any) -> DataSourceReader:
         return _PrebuiltReader(int(self.options["events"]))
+
+
+def compile_jvm_source(into: Path) -> Path:
+    """``spark_jvm/NoWorkSource.java`` compiled against this PySpark's jars: a class folder for the
+    driver's class path (local mode: the executors run in the driver's JVM)."""
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    source = Path(__file__).with_name("spark_jvm") / "NoWorkSource.java"
+    subprocess.run(["javac", "-nowarn", "-cp", f"{jars}/*", "-d", str(into), str(source)], check=True)
+    return into
 
 
 def timed_rounds(runs: dict[str, Any], repeats: int) -> dict[str, list[float]]:
@@ -166,11 +180,25 @@ def measure(
                 spark.read.parquet(f"{parquet}-ingest").write.format("noop").mode("overwrite").save()
             ),
             "meshplane_arrow": lambda: source(True).write.format("noop").mode("overwrite").save(),
+            "parquet_small": lambda: (
+                spark.read.parquet(f"{parquet}-ingest-small").write.format("noop").mode("overwrite").save()
+            ),
+            "meshplane_arrow_small": lambda: (
+                source(True, topic="ingest-small").write.format("noop").mode("overwrite").save()
+            ),
             "meshplane_arrow_over_http": lambda: (
                 source(True, local_reads=False).write.format("noop").mode("overwrite").save()
             ),
             "python_source_doing_nothing": lambda: (
                 spark.read.format("prebuilt")
+                .option("events", events)
+                .load()
+                .write.format("noop")
+                .mode("overwrite")
+                .save()
+            ),
+            "jvm_source_doing_nothing": lambda: (
+                spark.read.format(JVM_NO_WORK_SOURCE)
                 .option("events", events)
                 .load()
                 .write.format("noop")
@@ -203,8 +231,12 @@ def measure(
             statistics.median(per_round("stream_meshplane_arrow_small", "stream_parquet_small")), 2
         ),
         "arrow_vs_parquet": round(statistics.median(per_round("meshplane_arrow")), 2),
+        "arrow_vs_parquet_small": round(
+            statistics.median(per_round("meshplane_arrow_small", "parquet_small")), 2
+        ),
         "arrow_over_http_vs_parquet": round(statistics.median(per_round("meshplane_arrow_over_http")), 2),
         "python_source_ceiling_vs_parquet": round(rates["python_source_doing_nothing"] / rates["parquet"], 2),
+        "jvm_source_ceiling_vs_parquet": round(rates["jvm_source_doing_nothing"] / rates["parquet"], 2),
         "arrow_vs_python_source_ceiling": round(
             rates["meshplane_arrow"] / rates["python_source_doing_nothing"], 2
         ),
@@ -254,6 +286,7 @@ def main() -> None:
     }
     steps = Steps(1 + len(TRANSPORTS))
     with StreamsServerProcess() as server, tempfile.TemporaryDirectory() as tmp:
+        classes = compile_jvm_source(Path(tmp) / "classes")
         server.start()
         asyncio.run(publish(server.url, "ingest", args.events))
         asyncio.run(publish(server.url, "ingest-small", args.small_events))
@@ -265,7 +298,8 @@ def main() -> None:
             child = [sys.executable, __file__, "--url", server.url, "--transport", transport]
             child += ["--out", str(out), "--events", str(args.events), "--repeats", str(args.repeats)]
             child += ["--small-events", str(args.small_events)]
-            subprocess.run(child, check=True)
+            submit = f"--driver-class-path {classes} pyspark-shell"  # read when PySpark starts the JVM
+            subprocess.run(child, check=True, env={**os.environ, "PYSPARK_SUBMIT_ARGS": submit})
             results[f"python_workers_over_{transport}"] = json.loads(out.read_text())
             steps.step(f"Spark ingest, Python workers over {transport}")
     print(json.dumps(results, indent=2))
