@@ -5,8 +5,10 @@ takes a partition over), recording each assignment the server gave it and each c
 
 Checked (:func:`check_group`): no partition with two owners in one generation; no commit accepted
 from a member that did not own the partition in that generation (fencing); the accepted commits of a
-partition strictly increasing in the order they were answered (a lost commit shows as a later one
-going back); at the end, each partition's committed offset is the last accepted one.
+partition strictly increasing (a lost commit shows as a later one going back); at the end, each
+partition's committed offset is the last accepted one. Order and fencing compare a commit with those
+answered before it was sent: one that overlapped it (a server paused between storing a commit and
+answering it) may have been stored first.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Commit:
     partition: int
     offset: int
     outcome: str  # ok, refused, unknown
+    sent: int | None = None  # how many commits had been answered when it was sent (None: all before it)
 
 
 def check_group(
@@ -67,17 +70,23 @@ def check_group(
         unexpected=sum(len(members) - 1 for members in owners.values())
         + sum(c.outcome == "ok" and (c.member, c.generation, c.partition) not in owned for c in done),
     )
-    last: dict[int, int] = {}
-    newest: dict[int, int] = {}  # the latest generation a commit of the partition was accepted in
+    # after[k]: per partition, the highest offset and the newest generation accepted among done[:k]
+    after: list[dict[int, tuple[int, int]]] = [{}]
     for c in done:
+        seen = dict(after[-1])
+        if c.outcome == "ok":
+            offset, generation = seen.get(c.partition, (-1, 0))
+            seen[c.partition] = (max(offset, c.offset), max(generation, c.generation))
+        after.append(seen)
+    for i, c in enumerate(done):
         if c.outcome != "ok":
             continue
-        if c.offset <= last.get(c.partition, -1):
+        offset, generation = after[i if c.sent is None else c.sent].get(c.partition, (-1, 0))
+        if c.offset <= offset:
             verdict.reordered += 1
-        if c.generation < newest.get(c.partition, 0):
+        if c.generation < generation:
             verdict.unexpected += 1  # accepted from a generation already replaced: fencing failed
-        last[c.partition] = max(c.offset, last.get(c.partition, -1))
-        newest[c.partition] = max(c.generation, newest.get(c.partition, 0))
+    last = {p: offset for p, (offset, _) in after[-1].items()}
     verdict.lost = sum((final.get(p) or 0) < offset for p, offset in last.items())
     return verdict
 
@@ -106,18 +115,20 @@ async def member(
                 assigned.append(Assigned(name, generation, mine))
                 next_offset = {}
             for p in mine:
+                sent = len(commits)
                 try:
                     if p not in next_offset:  # taken over: go on from the group's committed offset
                         next_offset[p] = (await client.committed(GROUP, p) or 0) + 1
+                    sent = len(commits)
                     await client.commit(GROUP, p, next_offset[p], member_id=name, generation=generation)
-                    commits.append(Commit(name, generation, p, next_offset[p], "ok"))
+                    commits.append(Commit(name, generation, p, next_offset[p], "ok", sent))
                     next_offset[p] += 1
                 except REFUSED:
-                    commits.append(Commit(name, generation, p, next_offset[p], "refused"))
+                    commits.append(Commit(name, generation, p, next_offset[p], "refused", sent))
                     break  # a rebalance: the next heartbeat says what is ours now
                 except (StreamError, aiohttp.ClientError, OSError, TimeoutError):
                     if p in next_offset:
-                        commits.append(Commit(name, generation, p, next_offset[p], "unknown"))
+                        commits.append(Commit(name, generation, p, next_offset[p], "unknown", sent))
                         next_offset.pop(p)  # read the committed offset again before the next
                     break
             await asyncio.sleep(0.1)

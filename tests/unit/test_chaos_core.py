@@ -151,6 +151,13 @@ def test_a_group_is_checked_for_split_owners_fencing_commit_order_and_lost_commi
     back = check_group(assigned, [*commits, Commit("m2", 2, 1, 2, "ok")], {0: 1, 1: 2})
     assert back.reordered == 1  # the same offset accepted twice: the first was lost meanwhile
     assert check_group(assigned, commits, {0: 1, 1: 1}).lost == 1  # partition 1 went back at the end
+    # m1's commit sent before m2's was answered, answered after it (its server paused in between): it
+    # may have been stored first, so neither order nor fencing is broken; sent after it, both are
+    late = Commit("m1", 1, 1, 1, "ok", sent=1)
+    overlapped = [commits[0], Commit("m2", 2, 1, 2, "ok"), late]
+    assert check_group(assigned, overlapped, {0: 1, 1: 2}).valid
+    stale_late = check_group(assigned, [*overlapped[:2], Commit("m1", 1, 1, 1, "ok", sent=2)], {0: 1, 1: 2})
+    assert (stale_late.reordered, stale_late.unexpected) == (1, 1)
 
 
 def test_direct_events_count_what_missed_as_gaps_and_doubles_order_and_strangers_as_wrong() -> None:
