@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -245,13 +247,44 @@ def test_a_removed_peer_takes_its_interest_with_it() -> None:
     assert router.route("a.b").peers == ()
 
 
-@given(st.sampled_from(PATTERN_POOL), st.lists(SUBJECT_WORDS, min_size=1, max_size=4))
-def test_bloom_filters_have_no_false_negatives(pattern: str, words: list[str]) -> None:
-    subject = ".".join(words)
+BLOOM_WORDS = ["a", "b"]
+BLOOM_PATTERNS = [
+    ".".join(tokens) + tail
+    for size in range(1, 4)
+    for tokens in itertools.product([*BLOOM_WORDS, "*"], repeat=size)
+    for tail in ("", ".>")
+] + [">"]
+BLOOM_SUBJECTS = [
+    ".".join(words) for size in range(1, 5) for words in itertools.product(BLOOM_WORDS, repeat=size)
+]
+
+
+def _found_by_bloom(pattern: str, subject: str) -> bool:
     bloom = BloomFilter(BloomShape(1000, 0.01))
     bloom.add(bloom.shape.positions(pattern_key(pattern)))
-    if matches(pattern, subject):
-        assert any(bloom.may_contain(bloom.shape.positions(k)) for k in subject_keys(subject))
+    return any(bloom.may_contain(bloom.shape.positions(k)) for k in subject_keys(subject))
+
+
+def test_bloom_filters_find_every_matching_pair_of_the_small_pools() -> None:
+    matching = [(p, s) for p in BLOOM_PATTERNS for s in BLOOM_SUBJECTS if matches(p, s)]
+    assert len(matching) > 200  # the pools are built to match often: the check below is not vacuous
+    assert [pair for pair in matching if not _found_by_bloom(*pair)] == []
+
+
+@given(
+    st.lists(st.sampled_from(["w1", "w2", "*"]), min_size=0, max_size=5),
+    st.booleans(),
+    st.data(),
+)
+def test_bloom_filters_have_no_false_negatives(tokens: list[str], tail: bool, data: st.DataObject) -> None:
+    """The subject is built from the pattern, so every example reaches the assertion."""
+    pattern = ".".join([*tokens, ">"] if tail else tokens or ["w1"])
+    words = [data.draw(SUBJECT_WORDS) if t == "*" else t for t in pattern.split(".") if t != ">"]
+    if tail:
+        words += data.draw(st.lists(SUBJECT_WORDS, min_size=1, max_size=3))
+    subject = ".".join(words)
+    assert matches(pattern, subject)
+    assert _found_by_bloom(pattern, subject)
 
 
 # --- dedup and queues --------------------------------------------------------------------------------
