@@ -77,6 +77,7 @@ def test_up_runs_a_local_plane_and_reports_what_flows(transport: str, brokers: s
         assert not Path(f"/proc/{pid}").exists()  # the embedded server is stopped with `up`
 
 
+@pytest.mark.timeout(150)  # its waits add up to 125 s
 def test_ups_dashboard_shows_the_brokers_and_their_counters(tmp_path: Path) -> None:
     argv = [*MESHPLANE, "up", "--no-pipeline", "--transport", "zmq", "--brokers", "2", "--streams-port", "0"]
     argv += ["--state-dir", str(tmp_path), "--duration", "60", "--publishers", "2", "--rate", "50"]
@@ -103,6 +104,7 @@ def test_ups_dashboard_shows_the_brokers_and_their_counters(tmp_path: Path) -> N
         up.wait(timeout=30)
 
 
+@pytest.mark.timeout(240)  # its waits add up to 215 s
 def test_up_with_cluster_runs_on_three_jetstream_nodes_served_by_two_streams_servers(tmp_path: Path) -> None:
     argv = [*MESHPLANE, "up", "--cluster", "3", "--no-pipeline", "--streams-port", "0", "--nats-port", "0"]
     argv += ["--state-dir", str(tmp_path), "--duration", "120", "--publishers", "2", "--rate", "100"]
@@ -418,7 +420,7 @@ def test_stream_topic_and_group_commands(tmp_path: Path) -> None:
     assert "cannot reach the streams server" in gone.stderr
 
 
-@pytest.mark.timeout(200)  # each of its commands has 60 s
+@pytest.mark.timeout(260)  # its waits add up to 240 s
 def test_a_second_up_in_the_same_folder_stops_with_one_line_naming_the_first(tmp_path: Path) -> None:
     """Issue 35's first finding: a second `make run` in the same folder wrote the same logs."""
     argv = [*MESHPLANE, "up", "--no-pipeline", "--streams-port", "0", "--state-dir", str(tmp_path)]

@@ -186,6 +186,7 @@ def shown_at_a_terminal(command: list[str], server: StreamsServerProcess) -> byt
     return shown
 
 
+@pytest.mark.timeout(200)  # its waits add up to 180 s
 def test_answers_are_tables_at_a_terminal_and_json_otherwise(server: StreamsServerProcess) -> None:
     publish(server.url, "shown", range(3), partitions=2)
     command = [*MESHPLANE, "topic", "stats", "shown"]
@@ -239,6 +240,7 @@ def _committed(server: StreamsServerProcess, group: str, partitions: int) -> int
     return asyncio.run(total())
 
 
+@pytest.mark.timeout(200)  # its waits add up to 180 s
 def test_group_consume_commits_exactly_what_it_printed(server: StreamsServerProcess) -> None:
     """Issue 35: `-c 5` printed 5 events and committed 500; the next `-c 2` started at 500."""
     publish(server.url, "counted", range(500), partitions=1)

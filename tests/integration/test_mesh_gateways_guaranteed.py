@@ -93,7 +93,7 @@ async def delivered(node: StreamsServerProcess, queue: str, count: int) -> bool:
     return len(await queue_bodies(node, queue)) >= count
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(270)
 async def test_guaranteed_events_cross_the_gateways_once_in_order_through_gateway_kills(
     clusters: TwoClusters,
 ) -> None:

@@ -200,6 +200,7 @@ async def test_sync_requests_never_read_close_that_connection_only() -> None:
         await client.close()
 
 
+@pytest.mark.timeout(240)  # its waits add up to 220 s
 async def test_route_and_pattern_limits_close_or_refuse_with_a_reason() -> None:
     args = ("--mesh-max-routes", "3", "--mesh-max-patterns-per-peer", "100")
     with node_process("n", *args) as node:

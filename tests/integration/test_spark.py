@@ -336,7 +336,7 @@ def test_a_session_stops_without_a_traceback_from_its_idle_python_workers() -> N
     assert "Traceback" not in result.stderr, result.stderr
 
 
-@pytest.mark.timeout(540)  # Spark starts twice (on a loaded machine, minutes each): its four waits
+@pytest.mark.timeout(600)  # Spark starts twice (on a loaded machine, minutes each): its waits, 580 s
 def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "MESHPLANE_"))}
     up = subprocess.Popen(
