@@ -264,6 +264,10 @@ class StreamsService:
             raise NotFound(f"room {name!r} not found")
         return found
 
+    async def caught_up_room(self, name: str) -> Room:
+        """The room, its view holding every event stored before this call (here: always so)."""
+        return self.room(name)
+
     async def room_or_create(self, name: str) -> Room:
         """The room, made with the defaults when it is missing and rooms are made on first use."""
         found = self.rooms.get(check_name("room", name))
@@ -359,6 +363,10 @@ class StreamsService:
         if counted:
             self.counters["events_consumed"] += len(events)
         return events
+
+    async def check_readable(self, name: str, partition: int, from_offset: int) -> None:
+        """Raises OffsetOutOfRange unless ``from_offset`` is within the partition (its end included)."""
+        self.topic(name).check_offset(partition, from_offset)
 
     async def read_topic_raw(self, name: str, partition: int, from_offset: int, max_bytes: int) -> bytes:
         """Records as :func:`meshplane.core.streamlog.scan_records` reads them (for bulk readers)."""

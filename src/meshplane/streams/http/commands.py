@@ -141,7 +141,7 @@ class Commands:
 
     async def cmd_stream_history(self, p: dict[str, Any]) -> dict[str, Any]:
         name = get_str(p, "room")
-        return history(
+        return await history(
             self.engine,
             name,
             get_int(p, "from_offset", None),
@@ -272,10 +272,10 @@ def failure_envelope(request_id: Any, exc: StreamError) -> dict[str, Any]:
     return {"success": False, "request_id": request_id, "payload": None, **body}
 
 
-def history(
+async def history(
     engine: StreamsService, name: str, from_offset: int | None, to_offset: int | None, limit: int
 ) -> dict[str, Any]:
-    room = engine.room(name)
+    room = await engine.caught_up_room(name)
     start = room.oldest if from_offset is None else from_offset
     _, events = engine.read_room(name, start, limit, to_offset)
     nxt = room.next_offset

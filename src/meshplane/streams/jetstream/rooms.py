@@ -160,6 +160,26 @@ class SharedRooms:
             room.broadcast(event)
         room.stored_end = max(room.stored_end, room.next_offset)
 
+    async def caught_up(self, name: str) -> SharedRoom | None:
+        """The room's view holding every event its stream stored before this call (an event
+        acknowledged through another server included), or None when the bucket has no such room."""
+        room = self._shared(name)
+        if room is None:  # made through another server, its settings not heard of yet
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+                entry = await self.store.rooms_kv.get(naming.escape(name))
+                self.seen(entry.key, entry.value)
+            room = self._shared(name)
+            if room is None:
+                return None
+        with contextlib.suppress(Unavailable, nats.js.errors.NotFoundError):
+            room.bounds = await self.store.stream_bounds(naming.room_stream(room.name))
+            end = room.bounds.next_offset
+            if end > room.next_offset:
+                room.stored_end = max(room.stored_end, end)
+                self.catch_up(room)
+                await self._reached(room, end - 1, self.store.timeout)
+        return room
+
     async def refresh(self) -> None:
         """What the feed may not have said (lost messages, the limits' removals): each room's bounds."""
         for room in list(self.rooms.values()):

@@ -133,6 +133,11 @@ class JetStreamStreamsService(StreamsService):
         await self.shared_rooms.settle()
         await super().start()
 
+    async def caught_up_room(self, name: str) -> Room:
+        """Read your writes through any server: the view is brought up to the room's stream."""
+        room = await self.shared_rooms.caught_up(check_name("room", name))
+        return self.room(name) if room is None else room
+
     def _load_rooms(self) -> None:
         """Rooms are JetStream's (followed from start()), not the data directory's."""
 
@@ -364,17 +369,23 @@ class JetStreamStreamsService(StreamsService):
     async def _records(
         self, name: str, partition: int, from_offset: int, limit: int, max_bytes: int
     ) -> list[Any]:
-        topic = self.topic(name)
-        plog = topic.log_of(partition)
-        if from_offset < plog.start_offset or from_offset > plog.next_offset:
-            plog.saw(await self.store.bounds(name, partition))  # the view may be behind: ask
-        topic.check_offset(partition, from_offset)
+        await self.check_readable(name, partition, from_offset)
+        plog = self.topic(name).log_of(partition)
         records = await self.store.read(name, partition, from_offset, limit, max_bytes)
         if records and records[0].offset != from_offset:  # retention removed it meanwhile
             raise OffsetOutOfRange(from_offset, records[0].offset, plog.next_offset - 1)
         if records:
             plog.saw_sequence(records[-1].offset + 1)
         return records
+
+    async def check_readable(self, name: str, partition: int, from_offset: int) -> None:
+        """The view may be behind JetStream (a notice lost, or heard before the topic was): an offset
+        outside it is checked against what JetStream holds before it is refused."""
+        topic = self.topic(name)
+        plog = topic.log_of(partition)
+        if from_offset < plog.start_offset or from_offset > plog.next_offset:
+            plog.saw(await self.store.bounds(name, partition))
+        topic.check_offset(partition, from_offset)
 
     def local_span(self, name: str, partition: int, from_offset: int, max_bytes: int) -> RawSpan | None:
         return None
