@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run shell test lint typecheck unit bench chaos etcd fuse java java-if-possible jdk chromium redis zmq-headers compiler clean .venv-dynamo
+.PHONY: run shell test check lint typecheck unit bench chaos etcd fuse java java-if-possible jdk chromium redis zmq-headers compiler clean .venv-dynamo
 
 # What `make run` needs (the event plane, streams, Spark, nats-server) at the exact versions of
 # constraints.txt; the tests and benchmarks add their tools. A user's `pip install meshplane[...]`
@@ -81,6 +81,11 @@ typecheck: $(STAMP)
 ## and the dashboard in a headless chromium)
 test: $(STAMP) etcd java chromium fuse lint typecheck
 	$(BIN)/pytest
+
+## check: the quick loop: ruff, mypy and every test but the fault harness's runs and those starting
+## a Spark JVM (markers chaos and spark_jvm)
+check: $(STAMP) etcd chromium lint typecheck
+	$(BIN)/pytest -m "not chaos and not spark_jvm"
 
 ## chaos: the fault harness's full schedule (root): every workload under each nemesis, then all mixed,
 ## with --fsync always and interval; the table goes to docs/chaos.md

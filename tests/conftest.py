@@ -214,3 +214,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     forked child of this process, which is only safe while the process has no other threads. Later it
     has gRPC's (etcd), libzmq's and asyncio's, and the child crashed now and then (SIGSEGV)."""
     items.sort(key=lambda item: 0 if item.path.name.startswith("test_spark") else 1)
+    for item in items:  # one given the Spark session starts a JVM: `make check` leaves it out
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark_jvm)

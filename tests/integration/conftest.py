@@ -19,7 +19,7 @@ def server() -> Iterator[StreamsServerProcess]:
         yield proc.start()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one JVM for every module (the Spark tests run first: see conftest)
 def spark() -> Iterator[SparkSession]:
     from meshplane.spark.pipeline import spark_session
 

@@ -23,6 +23,8 @@ from meshplane.streams.client import StreamsClient
 from tests.helpers import read_until, wait_until
 from tests.spark_support import collect_available_now, publish, reader, run
 
+pytestmark = pytest.mark.spark_jvm  # every test here runs Spark (a session, a driver or `up`)
+
 
 def test_spark_python_workers_import_pyspark_with_its_cached_bytecode(spark: SparkSession) -> None:
     # A zip has no bytecode cache: each Python process Spark starts would compile PySpark anew.

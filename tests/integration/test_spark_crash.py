@@ -20,6 +20,8 @@ from meshplane.streams.client import StreamsClient
 from tests.helpers import wait_until
 from tests.spark_support import publish, run
 
+pytestmark = pytest.mark.spark_jvm
+
 EVENTS = 3000
 
 
