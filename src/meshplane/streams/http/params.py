@@ -103,7 +103,9 @@ def get_int(
         raise BadRequest(f"missing field {name!r}")
     if value is None and default is _MISSING:
         raise BadRequest(f"{name} must be an integer, not null")
-    if value is None or value is default:
+    if value is None:  # null for an optional field: as if left out
+        return default
+    if value is default:
         return value
     if isinstance(value, str):
         try:
@@ -124,6 +126,8 @@ def get_str(source: dict[str, Any], name: str, default: Any = _MISSING) -> Any:
     value = source.get(name, default)
     if value is _MISSING:
         raise BadRequest(f"missing field {name!r}")
+    if value is None and default is not _MISSING:  # null for an optional field: as if left out
+        return default
     if value is not default and not isinstance(value, str):
         raise BadRequest(f"{name} must be a string, not {value!r}")
     return value
