@@ -12,7 +12,10 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from meshplane.streams.service import StreamsService
 
 OPERATIONS = ("open", "write", "fsync", "replace", "ftruncate")
 
@@ -79,3 +82,13 @@ class FaultInjector:
         finally:
             for name, function in originals.items():
                 setattr(os, name, function)
+
+
+def crash(engine: StreamsService) -> None:
+    """What kill -9 leaves: the files as written, nothing flushed or synced on the way out."""
+    for task in (engine._cleanup, engine.durability._task):
+        if task is not None:
+            task.cancel()
+    engine.files.close()
+    engine.idempotency.close()
+    engine.group_store.close()

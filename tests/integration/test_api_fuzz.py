@@ -48,7 +48,7 @@ def ensure_live(url: str, http: requests.Session) -> None:
     """The resources ``LIVE`` names exist, with events (a fuzzed DELETE may have removed them)."""
     if http.get(f"{url}/topics/fuzz-topic/stats", timeout=10).status_code == 404:
         http.post(f"{url}/topics/fuzz-topic", json={"num_partitions": 2}, timeout=10).raise_for_status()
-        events = [{"event_type": "e", "data": {"i": i}, "key": f"k{i}"} for i in range(10)]
+        events: list[Any] = [{"event_type": "e", "data": {"i": i}, "key": f"k{i}"} for i in range(10)]
         http.post(f"{url}/topics/fuzz-topic/publish", json={"events": events}, timeout=10).raise_for_status()
     if http.get(f"{url}/consumer-groups/fuzz-group/stats", timeout=10).status_code == 404:
         http.post(f"{url}/consumer-groups/fuzz-group", json={"topic": "fuzz-topic"}, timeout=10)

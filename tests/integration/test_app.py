@@ -7,7 +7,7 @@ from pathlib import Path
 from meshplane import EventPlane
 from meshplane.launchers import NatsServer
 from tests.conftest import make_config
-from tests.unit.test_app import SCOPE, Order, Receipt, make_app
+from tests.support.app import SCOPE, Order, Receipt, make_app
 
 
 async def test_the_app_over_nats(nats_server: NatsServer, tmp_path: Path) -> None:

@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +18,7 @@ from meshplane import EventPlane, Scope
 from meshplane.launchers import StreamsServerProcess
 from tests.conftest import make_config
 from tests.helpers import read_until, wait_until
-
-MESHPLANE = [sys.executable, "-m", "meshplane.cli.main"]
-
-
-def env_for(tmp_path: Path, transport: str = "zmq") -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "ETCD_", "MESHPLANE_"))}
-    env.update(DYN_EVENT_PLANE=transport, DYN_DISCOVERY_BACKEND="file", DYN_FILE_KV=str(tmp_path / "kv"))
-    return env
+from tests.support.cli import MESHPLANE, plane_env
 
 
 @pytest.mark.parametrize(("transport", "brokers"), [("nats", "0"), ("zmq", "0"), ("zmq", "2")])
@@ -57,7 +48,7 @@ def test_up_runs_a_local_plane_and_reports_what_flows(transport: str, brokers: s
         capture_output=True,
         text=True,
         timeout=60,
-        env=env_for(tmp_path, transport),
+        env=plane_env(tmp_path, transport),
     )
     assert result.returncode == 0, result.stderr
     assert "publishers heard 2" in result.stdout  # broker mode too: no false "0"
@@ -81,7 +72,7 @@ def test_up_runs_a_local_plane_and_reports_what_flows(transport: str, brokers: s
 def test_ups_dashboard_shows_the_brokers_and_their_counters(tmp_path: Path) -> None:
     argv = [*MESHPLANE, "up", "--no-pipeline", "--transport", "zmq", "--brokers", "2", "--streams-port", "0"]
     argv += ["--state-dir", str(tmp_path), "--duration", "60", "--publishers", "2", "--rate", "50"]
-    up = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env_for(tmp_path, "zmq"))
+    up = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=plane_env(tmp_path, "zmq"))
     try:
         assert up.stdout is not None
         found = re.search(
@@ -109,7 +100,7 @@ def test_up_with_cluster_runs_on_three_jetstream_nodes_served_by_two_streams_ser
     argv = [*MESHPLANE, "up", "--cluster", "3", "--no-pipeline", "--streams-port", "0", "--nats-port", "0"]
     argv += ["--state-dir", str(tmp_path), "--duration", "120", "--publishers", "2", "--rate", "100"]
     argv += ["--context", "none"]
-    env = {**env_for(tmp_path, "nats"), "MESHPLANE_TOKEN": "up-s3cret"}
+    env = {**plane_env(tmp_path, "nats"), "MESHPLANE_TOKEN": "up-s3cret"}
     up = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
     try:
         # the first status line: everything is started
@@ -166,7 +157,7 @@ def test_up_with_nodes_runs_the_demo_through_a_mesh_and_stops_every_node(tmp_pat
         capture_output=True,
         text=True,
         timeout=90,
-        env=env_for(tmp_path, "nats"),
+        env=plane_env(tmp_path, "nats"),
     )
     assert result.returncode == 0, result.stderr
     assert "transport=mesh" in result.stdout
@@ -184,7 +175,7 @@ def test_up_with_nodes_runs_the_demo_through_a_mesh_and_stops_every_node(tmp_pat
 
 @pytest.mark.timeout(200)  # each of its commands has 60 s
 def test_pub_reaches_sub_and_sub_prints_json(tmp_path: Path) -> None:
-    env = env_for(tmp_path)
+    env = plane_env(tmp_path)
     sub = subprocess.Popen(
         [*MESHPLANE, "sub", "ns/comp/ep", "kv-events", "--json", "--count", "3", "--timeout", "30"],
         stdout=subprocess.PIPE,
@@ -240,11 +231,11 @@ async def test_ls_lists_registered_publishers(tmp_path: Path) -> None:
     async with EventPlane(config) as plane:
         pub = await plane.publisher(Scope.endpoint("ns", "comp", "ep"), "kv-events")
         proc = await asyncio.create_subprocess_exec(
-            *MESHPLANE, "ls", stdout=asyncio.subprocess.PIPE, env=env_for(tmp_path)
+            *MESHPLANE, "ls", stdout=asyncio.subprocess.PIPE, env=plane_env(tmp_path)
         )
         table, _ = await proc.communicate()
         proc = await asyncio.create_subprocess_exec(
-            *MESHPLANE, "ls", "ns", "--json", stdout=asyncio.subprocess.PIPE, env=env_for(tmp_path)
+            *MESHPLANE, "ls", "ns", "--json", stdout=asyncio.subprocess.PIPE, env=plane_env(tmp_path)
         )
         raw, _ = await proc.communicate()
     assert f"{pub.publisher_id:x}" in table.decode()
@@ -289,7 +280,7 @@ def test_bad_input_is_a_clear_error(
     args: list[str], env: dict[str, str], message: str, code: int, tmp_path: Path
 ) -> None:
     result = subprocess.run(
-        [*MESHPLANE, *args], capture_output=True, text=True, timeout=60, env={**env_for(tmp_path), **env}
+        [*MESHPLANE, *args], capture_output=True, text=True, timeout=60, env={**plane_env(tmp_path), **env}
     )
     assert result.returncode == code
     assert message in result.stderr
@@ -316,7 +307,7 @@ def test_up_with_a_token_requires_it_and_never_prints_it(tmp_path: Path) -> None
         capture_output=True,
         text=True,
         timeout=60,
-        env={**env_for(tmp_path, "nats"), "MESHPLANE_TOKEN": "s3cr3t-t0ken"},  # never on argv
+        env={**plane_env(tmp_path, "nats"), "MESHPLANE_TOKEN": "s3cr3t-t0ken"},  # never on argv
     )
     assert result.returncode == 0, result.stderr
     assert "s3cr3t-t0ken" not in result.stdout + result.stderr
@@ -425,7 +416,7 @@ def test_a_second_up_in_the_same_folder_stops_with_one_line_naming_the_first(tmp
     """Issue 35's first finding: a second `make run` in the same folder wrote the same logs."""
     argv = [*MESHPLANE, "up", "--no-pipeline", "--streams-port", "0", "--state-dir", str(tmp_path)]
     argv += ["--transport", "zmq", "--duration", "60", "--publishers", "2", "--rate", "200"]
-    first = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env_for(tmp_path, "zmq"))
+    first = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=plane_env(tmp_path, "zmq"))
     try:
         assert first.stdout is not None
         found = re.search(
@@ -434,7 +425,7 @@ def test_a_second_up_in_the_same_folder_stops_with_one_line_naming_the_first(tmp
         assert found is not None
         dashboard = found.group(1)
         second = subprocess.run(
-            argv, capture_output=True, text=True, timeout=60, env=env_for(tmp_path, "zmq")
+            argv, capture_output=True, text=True, timeout=60, env=plane_env(tmp_path, "zmq")
         )
         assert second.returncode != 0
         assert second.stderr.strip().count("\n") == 0, second.stderr  # one line

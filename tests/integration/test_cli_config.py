@@ -12,7 +12,7 @@ import pytest
 from meshplane.errors import MeshplaneError
 from meshplane.launchers import StreamsServerProcess
 from meshplane.streams.client import StreamsClient
-from tests.integration.test_cli import MESHPLANE, env_for
+from tests.support.cli import MESHPLANE, plane_env
 
 CONFIG = """\
 port = 1  # the flag --port wins
@@ -63,7 +63,7 @@ def test_a_bad_file_stops_serve_with_one_line(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env=env_for(tmp_path),
+        env=plane_env(tmp_path),
     )
     assert result.returncode == 2
     assert result.stderr.strip() == (
@@ -79,7 +79,7 @@ def test_config_show_says_where_each_setting_comes_from_and_prints_a_file_check_
 ) -> None:
     config = tmp_path / "serve.toml"
     config.write_text(CONFIG)
-    env = env_for(tmp_path)
+    env = plane_env(tmp_path)
     if storage:
         env["MESHPLANE_STREAMS_STORAGE"] = storage
     shown = subprocess.run(

@@ -19,18 +19,13 @@ import pytest
 from meshplane.launchers import StreamsServerProcess
 from meshplane.streams.client import StreamsClient
 from tests.helpers import wait_until
-from tests.integration.test_cli import MESHPLANE
+from tests.support.cli import MESHPLANE, streams_env
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[StreamsServerProcess]:
     with StreamsServerProcess() as proc:
         yield proc.start()
-
-
-def env_for(server: StreamsServerProcess) -> dict[str, str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("MESHPLANE_")}
-    return {**clean, "MESHPLANE_STREAMS_URL": server.url}
 
 
 def publish(url: str, topic: str, values: range, partitions: int = 3) -> None:
@@ -51,7 +46,7 @@ def consume(server: StreamsServerProcess, *args: str) -> list[dict[str, Any]]:
         capture_output=True,
         text=True,
         timeout=60,
-        env=env_for(server),
+        env=streams_env(server),
     )
     assert result.returncode == 0, result.stderr
     return [json.loads(line) for line in result.stdout.splitlines()]
@@ -82,7 +77,7 @@ def test_topic_consume_follows_new_events(server: StreamsServerProcess) -> None:
         [*MESHPLANE, "topic", "consume", "follow", "-c", "5"],
         stdout=subprocess.PIPE,
         text=True,
-        env=env_for(server),
+        env=streams_env(server),
     )
     publish(server.url, "follow", range(3, 5))
     out, _ = proc.communicate(timeout=60)
@@ -104,7 +99,7 @@ def test_two_group_members_share_the_partitions_and_commit(server: StreamsServer
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=env_for(server),
+            env=streams_env(server),
         )
         for _ in range(2)
     ]
@@ -147,7 +142,7 @@ def test_keyed_produce_from_stdin(server: StreamsServerProcess) -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env=env_for(server),
+        env=streams_env(server),
     )
     assert result.returncode == 0, result.stderr
     assert "published 7 events to produced" in result.stderr
@@ -163,7 +158,7 @@ def test_keyed_produce_from_stdin(server: StreamsServerProcess) -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env=env_for(server),
+        env=streams_env(server),
     )
     assert broken.returncode == 2
     assert "line 1 has no key delimiter ':'" in broken.stderr
@@ -173,7 +168,7 @@ def shown_at_a_terminal(command: list[str], server: StreamsServerProcess) -> byt
     leader, follower = pty.openpty()
     try:
         proc = subprocess.run(
-            command, stdout=follower, stderr=subprocess.PIPE, timeout=60, env=env_for(server)
+            command, stdout=follower, stderr=subprocess.PIPE, timeout=60, env=streams_env(server)
         )
         os.close(follower)
         shown = b""
@@ -191,11 +186,11 @@ def test_answers_are_tables_at_a_terminal_and_json_otherwise(server: StreamsServ
     publish(server.url, "shown", range(3), partitions=2)
     command = [*MESHPLANE, "topic", "stats", "shown"]
     assert b"PARTITION  OLDEST  NEXT" in shown_at_a_terminal(command, server)
-    piped = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env_for(server))
+    piped = subprocess.run(command, capture_output=True, text=True, timeout=60, env=streams_env(server))
     assert json.loads(piped.stdout)["topic"] == "shown"
     for data in ('{"text": "hi"}', '"plain"'):
         published = subprocess.run(
-            [*MESHPLANE, "stream", "publish", "lobby", "msg", data], env=env_for(server), timeout=60
+            [*MESHPLANE, "stream", "publish", "lobby", "msg", data], env=streams_env(server), timeout=60
         )
         assert published.returncode == 0
     history = shown_at_a_terminal([*MESHPLANE, "stream", "history", "lobby"], server).decode()
@@ -216,7 +211,7 @@ def test_topic_readers_shows_a_spark_querys_place_and_lag(server: StreamsServerP
     with urllib.request.urlopen(put, timeout=10) as response:
         assert response.status == 200
     command = [*MESHPLANE, "topic", "readers", "read-by-spark"]
-    piped = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env_for(server))
+    piped = subprocess.run(command, capture_output=True, text=True, timeout=60, env=streams_env(server))
     (reader,) = json.loads(piped.stdout)["readers"]
     assert (reader["reader"], reader["offsets"], reader["lag_total"]) == ("spark-nightly", {"0": 2}, 3)
     table = shown_at_a_terminal(command, server).decode()
@@ -252,7 +247,7 @@ def test_group_consume_commits_exactly_what_it_printed(server: StreamsServerProc
             capture_output=True,
             text=True,
             timeout=60,
-            env=env_for(server),
+            env=streams_env(server),
         )
         assert result.returncode == 0, result.stderr
         printed = [json.loads(line)["data"] for line in result.stdout.splitlines()]
@@ -274,7 +269,7 @@ def test_group_consume_leaves_its_group_on_sigterm_and_sighup(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env_for(server),
+        env=streams_env(server),
     )
 
     async def members() -> list[Any]:

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from tests.helpers import read_until, wait_until
-from tests.integration.test_cli import MESHPLANE
+from tests.support.cli import MESHPLANE
 
 
 def clean_env() -> dict[str, str]:

@@ -17,7 +17,7 @@ import pytest
 from meshplane import EventPlane, Scope
 from meshplane.launchers import NatsServer, StreamsServerProcess
 from tests.conftest import make_config
-from tests.integration.test_cli import MESHPLANE, env_for
+from tests.support.cli import MESHPLANE, plane_env
 
 TOKEN = "right-token"
 
@@ -64,7 +64,7 @@ def not_meshplane() -> Iterator[str]:
 
 
 def test_bad_json_is_bad_input(tmp_path: Path) -> None:
-    env = env_for(tmp_path)
+    env = plane_env(tmp_path)
     assert_one_line_error(meshplane("pub", "a/b/c", "t", "{bad json", "--json", env=env), 2, "not valid JSON")
     created = meshplane("topic", "create", "t", "--retention", "{bad", env=env)
     assert_one_line_error(created, 2, "--retention is not valid JSON")
@@ -73,31 +73,31 @@ def test_bad_json_is_bad_input(tmp_path: Path) -> None:
 
 
 def test_a_bad_zmq_address_is_bad_input(tmp_path: Path) -> None:
-    result = meshplane("broker-stats", "not-an-address", env=env_for(tmp_path))
+    result = meshplane("broker-stats", "not-an-address", env=plane_env(tmp_path))
     assert_one_line_error(result, 2, "addresses look like tcp://host:port")
 
 
 def test_waiting_for_subscribers_that_never_come_is_a_timeout(tmp_path: Path) -> None:
     result = meshplane(
-        "pub", "a/b/c", "t", "x", "--wait-subscribers", "1", "--timeout", "0.5", env=env_for(tmp_path)
+        "pub", "a/b/c", "t", "x", "--wait-subscribers", "1", "--timeout", "0.5", env=plane_env(tmp_path)
     )
     assert_one_line_error(result, 3, "0 of 1 subscribers connected after 0.5s")
 
 
 def test_a_server_that_is_not_meshplane_is_named(tmp_path: Path, not_meshplane: str) -> None:
-    result = meshplane("topic", "list", "--url", not_meshplane, env=env_for(tmp_path))
+    result = meshplane("topic", "list", "--url", not_meshplane, env=plane_env(tmp_path))
     assert_one_line_error(result, 2, "is it a meshplane streams server?")
 
 
 def test_refused_credentials_are_called_so(tmp_path: Path, server: StreamsServerProcess) -> None:
-    wrong = {**env_for(tmp_path), "MESHPLANE_STREAMS_TOKEN": "wrong"}
+    wrong = {**plane_env(tmp_path), "MESHPLANE_STREAMS_TOKEN": "wrong"}
     for args in (("topic", "list"), ("stream", "tail", "room")):
         result = meshplane(*args, "--url", server.url, env=wrong)
         assert_one_line_error(result, 4, "authentication failed: 401 Unauthorized")
     with NatsServer(token=TOKEN) as nats:
         nats.start()
         env = {
-            **env_for(tmp_path, "nats"),
+            **plane_env(tmp_path, "nats"),
             "NATS_SERVER": f"nats://wrong@127.0.0.1:{nats.port}",
             "MESHPLANE_CONNECT_TIMEOUT": "2",
         }
@@ -109,7 +109,7 @@ def test_refused_credentials_are_called_so(tmp_path: Path, server: StreamsServer
 def test_a_url_without_scheme_and_the_partitions_flag_work(
     tmp_path: Path, server: StreamsServerProcess
 ) -> None:
-    env = {**env_for(tmp_path), "MESHPLANE_STREAMS_TOKEN": TOKEN}
+    env = {**plane_env(tmp_path), "MESHPLANE_STREAMS_TOKEN": TOKEN}
     host_port = server.url.removeprefix("http://")
     missing = meshplane("group", "create", "g", "not-yet", "--url", host_port, env=env)
     assert_one_line_error(missing, 2, "--partitions")
@@ -121,10 +121,10 @@ def test_a_url_without_scheme_and_the_partitions_flag_work(
 
 
 def test_the_version_and_a_bare_command_help(tmp_path: Path) -> None:
-    version = meshplane("--version", env=env_for(tmp_path))
+    version = meshplane("--version", env=plane_env(tmp_path))
     assert version.returncode == 0
     assert version.stdout.startswith("meshplane ")
-    bare = meshplane(env=env_for(tmp_path))
+    bare = meshplane(env=plane_env(tmp_path))
     assert bare.returncode == 2
     assert "usage: meshplane" in bare.stdout + bare.stderr
     assert "COMMAND" in bare.stdout + bare.stderr
@@ -132,7 +132,7 @@ def test_the_version_and_a_bare_command_help(tmp_path: Path) -> None:
 
 async def test_sub_follows_a_component_scope_and_says_why_nothing_comes(tmp_path: Path) -> None:
     config = make_config("zmq", "file", tmp_path, None, None)
-    env = env_for(tmp_path)
+    env = plane_env(tmp_path)
     async with EventPlane(config) as plane:
         publishers = [
             await plane.publisher(Scope.endpoint("ns", "comp", ep), "kv-events") for ep in ("a", "b")

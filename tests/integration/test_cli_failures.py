@@ -19,7 +19,7 @@ from meshplane.cli.main import build_parser
 from meshplane.cli.options import subcommands
 from meshplane.launchers import NatsServer, StreamsServerProcess
 from tests.helpers import read_until
-from tests.integration.test_cli import MESHPLANE, env_for
+from tests.support.cli import MESHPLANE, plane_env
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def streams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamsServerP
 
 def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*MESHPLANE, *args], capture_output=True, text=True, timeout=60, env=env_for(tmp_path)
+        [*MESHPLANE, *args], capture_output=True, text=True, timeout=60, env=plane_env(tmp_path)
     )
 
 
@@ -49,7 +49,7 @@ def test_a_wrong_nats_url_is_one_line_with_the_reason_not_a_warning_a_second(tmp
         text=True,
         timeout=60,
         env={
-            **env_for(tmp_path, "nats"),
+            **plane_env(tmp_path, "nats"),
             "NATS_SERVER": "nats://127.0.0.1:1",
             "MESHPLANE_CONNECT_TIMEOUT": "3",
         },
@@ -116,7 +116,7 @@ def test_tailing_a_room_that_does_not_exist_says_it_waits_then_gets_the_first_ev
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env_for(tmp_path),
+        env=plane_env(tmp_path),
     )
     assert tail.stderr is not None
     try:

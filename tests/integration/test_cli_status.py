@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 from pathlib import Path
 
-from meshplane.launchers import NatsServer, StreamsServerProcess
-from tests.integration.test_cli import MESHPLANE
+from meshplane.launchers import NatsServer, StreamsServerProcess, free_port
+from tests.support.cli import MESHPLANE, clean_env
 
 
 def status(env: dict[str, str], *args: str) -> tuple[int, dict[str, dict[str, str]]]:
@@ -21,16 +19,7 @@ def status(env: dict[str, str], *args: str) -> tuple[int, dict[str, dict[str, st
 
 
 def base_env(tmp_path: Path) -> dict[str, str]:
-    clean = {
-        k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "ETCD_", "MESHPLANE_"))
-    }
-    return {**clean, "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(tmp_path / "kv")}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return {**clean_env(), "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(tmp_path / "kv")}
 
 
 def test_everything_up_then_something_down(nats_server: NatsServer, tmp_path: Path) -> None:

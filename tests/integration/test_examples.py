@@ -15,7 +15,7 @@ import pytest
 from meshplane.launchers import NatsServer, StreamsServerProcess
 from meshplane.streams.client import StreamsClient
 from tests.helpers import wait_until
-from tests.integration.test_cli import MESHPLANE
+from tests.support.cli import MESHPLANE
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = ROOT / "examples"

@@ -33,39 +33,11 @@ from meshplane.launchers import MeshCluster, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
 from tests.mesh_peers import RawPeer
-
-
-async def status(node: StreamsServerProcess, patterns: bool = False) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as http:
-        query = "?patterns=1" if patterns else ""
-        async with http.get(f"{node.url}/mesh{query}") as response:
-            response.raise_for_status()
-            answer: dict[str, Any] = await response.json()
-            return answer
-
-
-async def link(node: StreamsServerProcess, peer: str) -> dict[str, Any]:
-    return next(entry for entry in (await status(node))["links"] if entry["peer"] == peer)
+from tests.support.mesh import Inbox, interest_reached, link, status
 
 
 async def all_linked(cluster: MeshCluster) -> None:
     await asyncio.to_thread(cluster.wait_linked)
-
-
-async def interest_reached(node: StreamsServerProcess, peer: str, pattern: str, present: bool = True) -> None:
-    async def there() -> bool:
-        known = (await status(node, patterns=True))["patterns"]["peers"].get(peer, [])
-        return (pattern in known) == present
-
-    await eventually(there, timeout=15, interval=0.02, what=f"{pattern} at {peer} known to a node")
-
-
-class Inbox:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, bytes]] = []
-
-    def __call__(self, subject: str, body: bytes) -> None:
-        self.events.append((subject, body))
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import pytest
 from meshplane.launchers import StreamsServerProcess, free_port
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
+from tests.support.mesh import status
 
 
 class Topology:
@@ -53,12 +54,6 @@ def topology() -> Iterator[Topology]:
     finally:
         for node in topo.nodes.values():
             node.cleanup()
-
-
-async def status(node: StreamsServerProcess) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as http, http.get(f"{node.url}/mesh?patterns=1") as response:
-        answer: dict[str, Any] = await response.json()
-        return answer
 
 
 def gateway(answer: dict[str, Any], cluster: str) -> dict[str, Any]:

@@ -17,9 +17,7 @@ import pytest
 from meshplane.launchers import StreamsServerProcess, free_port
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
-from tests.integration.test_mesh import Inbox
-from tests.integration.test_mesh_gateways import status
-from tests.integration.test_mesh_guaranteed import publish_all, put_queue, queue_bodies
+from tests.support.mesh import Inbox, publish_all, put_queue, queue_bodies, status
 
 
 class TwoClusters:

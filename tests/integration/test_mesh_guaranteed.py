@@ -4,7 +4,6 @@ queue's node or the publisher's node killed with SIGKILL while guaranteed events
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import signal
@@ -22,31 +21,7 @@ from meshplane.launchers import MeshCluster, ServerError, StreamsServerProcess, 
 from meshplane.mesh.client import MeshClient
 from meshplane.streams.client import StreamsClient
 from tests.helpers import eventually
-from tests.integration.test_mesh import Inbox, interest_reached, link, status
-
-
-async def put_queue(node: StreamsServerProcess, name: str, patterns: list[str]) -> dict[str, Any]:
-    url = f"{node.url}/mesh/queues/{name}"
-    async with aiohttp.ClientSession() as http, http.put(url, json={"patterns": patterns}) as response:
-        answer: dict[str, Any] = await response.json()
-        assert response.status == 200, answer
-        return answer
-
-
-async def queue_bodies(node: StreamsServerProcess, name: str) -> list[bytes]:
-    """Everything the queue's topic holds, in order."""
-    bodies: list[bytes] = []
-    offset = 0
-    async with aiohttp.ClientSession() as http:
-        while True:
-            url = f"{node.url}/topics/{name}/partitions/0/consume"
-            async with http.post(url, json={"from_offset": offset, "limit": 1000}) as response:
-                assert response.status == 200, await response.text()
-                page = await response.json()
-            if not page["events"]:
-                return bodies
-            bodies.extend(base64.b64decode(event["data"]) for event in page["events"])
-            offset = page["next_offset"]
+from tests.support.mesh import Inbox, interest_reached, link, publish_all, put_queue, queue_bodies, status
 
 
 @pytest.fixture
@@ -68,14 +43,6 @@ async def publish_from(node: StreamsServerProcess, subject: str, bodies: list[by
         await publish_all(publisher, subject, bodies)
     finally:
         await publisher.close()
-
-
-async def publish_all(client: MeshClient, subject: str, bodies: list[bytes]) -> None:
-    """Guaranteed publishes, 50 at a time (each returns once stored)."""
-    for start in range(0, len(bodies), 50):
-        await asyncio.gather(
-            *(client.publish(subject, body, guaranteed=True) for body in bodies[start : start + 50])
-        )
 
 
 async def test_events_for_a_dead_node_are_spooled_and_delivered_once_in_order_when_it_returns(

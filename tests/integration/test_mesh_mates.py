@@ -22,8 +22,7 @@ from meshplane.launchers import StreamsServerProcess, free_port
 from meshplane.launchers.etcd import EtcdServer
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
-from tests.integration.test_mesh import interest_reached, status
-from tests.integration.test_mesh_guaranteed import put_queue, queue_bodies
+from tests.support.mesh import interest_reached, put_queue, queue_bodies, status
 
 
 class Mates:

@@ -25,9 +25,8 @@ from meshplane.launchers import MeshCluster, StreamsServerProcess, free_port
 from meshplane.mesh.client import MeshClient
 from meshplane.mesh.config import SECRET_ENV
 from tests.helpers import eventually
-from tests.integration.test_mesh import Inbox, interest_reached, link, status
-from tests.integration.test_mesh_guaranteed import publish_all, put_queue, queue_bodies
 from tests.mesh_peers import RawPeer
+from tests.support.mesh import Inbox, interest_reached, link, publish_all, put_queue, queue_bodies, status
 
 SECRET = "the-mesh-secret-nobody-else-knows"
 

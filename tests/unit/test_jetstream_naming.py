@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from meshplane.core.streamlog import RetentionPolicy
 from meshplane.streams.config import NAME_PATTERN
 from meshplane.streams.jetstream import naming
-from meshplane.streams.jetstream.service import JetStreamPartition
 from meshplane.streams.jetstream.store import StreamBounds
+from meshplane.streams.jetstream.topics import JetStreamPartition
 
 names = st.from_regex(NAME_PATTERN, fullmatch=True)
 SUBJECT_TOKEN = re.compile(r"[^.*> \t\r\n]+")

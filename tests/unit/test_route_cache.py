@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from meshplane.core.mesh.route_cache import BULK, RouteCache
 from meshplane.core.mesh.router import Router
 from meshplane.core.subjects import matches
-from tests.unit.test_subjects import PATTERNS, WORDS
+from tests.support.subjects import PATTERNS, WORDS
 
 SUBJECTS = st.lists(WORDS, min_size=1, max_size=6).map(".".join)
 

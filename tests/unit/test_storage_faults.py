@@ -14,7 +14,7 @@ from meshplane.core.streamlog import StoredEvent
 from meshplane.streams.errors import StorageError, http_status
 from meshplane.streams.log import PartitionLog
 from meshplane.streams.service import StreamsConfig, StreamsService
-from tests.faults import FaultInjector
+from tests.faults import FaultInjector, crash
 
 ERRORS = [errno.ENOSPC, errno.EIO]
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -157,16 +157,6 @@ async def engine_workload(engine: StreamsService, ack: Acknowledged) -> None:
             ack.room[published.offset] = round_
 
         await attempt("room", room)
-
-
-def crash(engine: StreamsService) -> None:
-    """What kill -9 leaves: the files as written, nothing flushed or synced on the way out."""
-    for task in (engine._cleanup, engine.durability._task):
-        if task is not None:
-            task.cancel()
-    engine.files.close()
-    engine.idempotency.close()
-    engine.group_store.close()
 
 
 async def check_recovered(directory: Path, ack: Acknowledged, where: str) -> None:

@@ -12,9 +12,8 @@ import pytest
 from meshplane.core.streamlog import StoredEvent
 from meshplane.streams.errors import LimitReached, NotFound, OffsetOutOfRange
 from meshplane.streams.service import StreamsConfig, StreamsService
-from tests.faults import FaultInjector
+from tests.faults import FaultInjector, crash
 from tests.helpers import eventually
-from tests.unit.test_storage_faults import crash
 
 
 def event(i: int, key: str | None = None) -> StoredEvent:

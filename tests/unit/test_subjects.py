@@ -20,6 +20,7 @@ from meshplane.core.subjects import (
     valid_pattern,
     validate,
 )
+from tests.support.subjects import PATTERNS, WORDS
 
 
 def reference(pattern: str, subject: str) -> bool:
@@ -41,16 +42,6 @@ def reference(pattern: str, subject: str) -> bool:
         return pat[i] in ("*", words[j]) and match(i + 1, j + 1)
 
     return match(0, 0)
-
-
-WORDS = st.sampled_from(["a", "b", "c", "$g"])
-PATTERN_TOKENS = st.sampled_from(["a", "b", "c", "$g", "*"])
-# '#' and '>' only end a pattern.
-PATTERNS = (
-    st.tuples(st.lists(PATTERN_TOKENS, min_size=0, max_size=6), st.sampled_from(["", "", ">", "#"]))
-    .filter(lambda p: p[0] or p[1])
-    .map(lambda p: ".".join([*p[0], p[1]] if p[1] else p[0]))
-)
 
 
 @given(st.lists(PATTERNS, min_size=1, max_size=8), st.lists(WORDS, min_size=1, max_size=8))

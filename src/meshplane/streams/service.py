@@ -28,13 +28,7 @@ from meshplane.core.groups import GroupCoordinator
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent
 from meshplane.streams.config import StreamsConfig, check_name, new_event_id, now_ms
 from meshplane.streams.durability import Durability, Syncable
-from meshplane.streams.errors import (
-    BadRequest,
-    Conflict,
-    LimitReached,
-    NotFound,
-    storage_error,
-)
+from meshplane.streams.errors import BadRequest, Conflict, LimitReached, NotFound, storage_error
 from meshplane.streams.events import StreamEvent, encode_checked
 from meshplane.streams.files import FilePool, write_atomic
 from meshplane.streams.groups import GroupStore, group_partitions
@@ -264,8 +258,8 @@ class StreamsService:
             raise NotFound(f"room {name!r} not found")
         return found
 
-    async def caught_up_room(self, name: str) -> Room:
-        """The room, its view holding every event stored before this call (here: always so)."""
+    async def fresh_room(self, name: str) -> Room:
+        """The room as it is now (on a shared backend, with every event stored through any server)."""
         return self.room(name)
 
     async def room_or_create(self, name: str) -> Room:
@@ -363,10 +357,6 @@ class StreamsService:
         if counted:
             self.counters["events_consumed"] += len(events)
         return events
-
-    async def check_readable(self, name: str, partition: int, from_offset: int) -> None:
-        """Raises OffsetOutOfRange unless ``from_offset`` is within the partition (its end included)."""
-        self.topic(name).check_offset(partition, from_offset)
 
     async def read_topic_raw(self, name: str, partition: int, from_offset: int, max_bytes: int) -> bytes:
         """Records as :func:`meshplane.core.streamlog.scan_records` reads them (for bulk readers)."""

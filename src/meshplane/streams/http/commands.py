@@ -275,7 +275,7 @@ def failure_envelope(request_id: Any, exc: StreamError) -> dict[str, Any]:
 async def history(
     engine: StreamsService, name: str, from_offset: int | None, to_offset: int | None, limit: int
 ) -> dict[str, Any]:
-    room = await engine.caught_up_room(name)
+    room = await engine.fresh_room(name)
     start = room.oldest if from_offset is None else from_offset
     _, events = engine.read_room(name, start, limit, to_offset)
     nxt = room.next_offset

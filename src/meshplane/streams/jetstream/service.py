@@ -34,56 +34,12 @@ from meshplane.streams.jetstream.groups import SharedGroups
 from meshplane.streams.jetstream.pubsub import ClusterPubSub
 from meshplane.streams.jetstream.rooms import SharedRoom, SharedRooms
 from meshplane.streams.jetstream.store import JetStreamStore, StreamBounds, Unavailable
+from meshplane.streams.jetstream.topics import JetStreamTopic
 from meshplane.streams.rooms import Room
 from meshplane.streams.service import StreamsService
 from meshplane.streams.topics import RawSpan, TopicBase, TopicSettings, check_new_topic
 
 log = logging.getLogger(__name__)
-
-
-class JetStreamPartition:
-    """A partition's bounds as last reported by JetStream (no I/O)."""
-
-    def __init__(self) -> None:
-        self.bounds = StreamBounds()
-        self.problems: list[str] = []
-
-    def saw(self, bounds: StreamBounds) -> None:
-        if bounds.last_seq >= self.bounds.last_seq:
-            self.bounds = bounds
-
-    def saw_sequence(self, seq: int) -> None:
-        """An append at ``seq`` (a notice or an acknowledgement): the end moves, never back."""
-        b = self.bounds
-        if seq > b.last_seq:
-            first = b.first_seq if b.messages else seq - (seq - b.last_seq - 1)
-            self.bounds = StreamBounds(first, seq, b.messages + seq - b.last_seq, b.bytes)
-
-    @property
-    def start_offset(self) -> int:
-        return self.bounds.start_offset
-
-    @property
-    def next_offset(self) -> int:
-        return self.bounds.next_offset
-
-    @property
-    def size_bytes(self) -> int:
-        return self.bounds.bytes
-
-    @property
-    def segment_count(self) -> int:
-        return 0
-
-
-class JetStreamTopic(TopicBase[JetStreamPartition]):
-    def __init__(self, name: str, settings: TopicSettings) -> None:
-        super().__init__(name, settings)
-        self.grow_to(settings.num_partitions)
-
-    def grow_to(self, count: int) -> None:
-        while len(self.partitions) < count:
-            self._add_partition(JetStreamPartition())
 
 
 class JetStreamStreamsService(StreamsService):
@@ -133,7 +89,7 @@ class JetStreamStreamsService(StreamsService):
         await self.shared_rooms.settle()
         await super().start()
 
-    async def caught_up_room(self, name: str) -> Room:
+    async def fresh_room(self, name: str) -> Room:
         """Read your writes through any server: the view is brought up to the room's stream."""
         room = await self.shared_rooms.caught_up(check_name("room", name))
         return self.room(name) if room is None else room
@@ -369,7 +325,7 @@ class JetStreamStreamsService(StreamsService):
     async def _records(
         self, name: str, partition: int, from_offset: int, limit: int, max_bytes: int
     ) -> list[Any]:
-        await self.check_readable(name, partition, from_offset)
+        await self._check_readable(name, partition, from_offset)
         plog = self.topic(name).log_of(partition)
         records = await self.store.read(name, partition, from_offset, limit, max_bytes)
         if records and records[0].offset != from_offset:  # retention removed it meanwhile
@@ -378,7 +334,7 @@ class JetStreamStreamsService(StreamsService):
             plog.saw_sequence(records[-1].offset + 1)
         return records
 
-    async def check_readable(self, name: str, partition: int, from_offset: int) -> None:
+    async def _check_readable(self, name: str, partition: int, from_offset: int) -> None:
         """The view may be behind JetStream (a notice lost, or heard before the topic was): an offset
         outside it is checked against what JetStream holds before it is refused."""
         topic = self.topic(name)
