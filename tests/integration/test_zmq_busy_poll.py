@@ -44,8 +44,9 @@ async def test_the_loop_s_other_tasks_keep_their_turns_while_a_subscriber_spins(
             last = now
         spun = time.process_time() - cpu
         assert not waiting.done()
-        # A spin that held the loop would leave one gap of a whole second; turns come every millisecond.
-        assert max(gaps) < 0.1, f"the loop was held for {max(gaps):.3f} s"
+        # A spin that held the loop would leave one gap of the whole busy-poll second; turns come every
+        # millisecond (half a second leaves a loaded machine room and still catches the hold).
+        assert max(gaps) < 0.5, f"the loop was held for {max(gaps):.3f} s"
         assert spun > 0.1, f"the subscriber did not spin ({spun:.3f} s of CPU in 0.5 s)"
         await pub.publish(b"during the spin")
         assert (await waiting).payload == b"during the spin"
