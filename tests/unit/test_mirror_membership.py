@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from meshplane.core.mesh.mirror_membership import (
     Answer,
@@ -68,14 +74,16 @@ class MembershipMachine(RuleBasedStateMachine):
                 w.copies[w.open[action.gen]] = 0  # the snapshot empties the copy first
                 w.snapshots.add(action.gen)
             elif isinstance(action, SendRound):
-                assert action.gen in w.open and action.gen not in w.rounds
+                assert action.gen in w.open
+                assert action.gen not in w.rounds
                 w.rounds[action.gen] = (action.number, w.tickets)
             elif isinstance(action, WriteCurrent):
                 assert w.writing is None, "two etcd writes at once"
                 w.writing = action.tokens
             elif isinstance(action, Answer):
                 assert not w.lease_lost, "acknowledged after the lease was lost"
-                assert action.ticket not in w.answered and action.ticket not in w.failed
+                assert action.ticket not in w.answered
+                assert action.ticket not in w.failed
                 assert not w.answered or action.ticket > w.answered[-1]
                 w.answered.append(action.ticket)
             elif isinstance(action, Fail):
@@ -201,7 +209,8 @@ def test_todays_ordering_acknowledges_what_a_named_standby_lacks() -> None:
     write naming it is in flight, and the active acknowledges alone while etcd names it."""
     with pytest.raises(AssertionError, match="etcd may name"):
         run_state_machine_as_test(
-            TodaysMachine, settings=settings(
+            TodaysMachine,
+            settings=settings(
                 max_examples=2000, stateful_step_count=40, deadline=None, report_multiple_bugs=False
             ),
         )

@@ -210,7 +210,9 @@ class MirrorServer:
         if isinstance(action, Answer):
             future.set_result(None)
         else:
-            future.set_exception(LeaseLost(f"{action.reason} (epoch {self.lease.epoch}); retry on the other mate"))
+            future.set_exception(
+                LeaseLost(f"{action.reason} (epoch {self.lease.epoch}); retry on the other mate")
+            )
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(work, name=name)
@@ -247,7 +249,9 @@ class MirrorServer:
         self.counters["rounds"] += 1
         try:
             async with asyncio.timeout(self.ack_timeout):
-                await self._send(conn, mirror_frames(self.node_id, self.lease.epoch, self._changes_and(number)))
+                await self._send(
+                    conn, mirror_frames(self.node_id, self.lease.epoch, self._changes_and(number))
+                )
                 await answered
         except TimeoutError:
             self._drop(conn, f"no answer within {self.ack_timeout}s")
