@@ -353,7 +353,11 @@ class Standby:
                 if active is None:
                     if await self.lease.acquire():
                         return True
-                    line = "the lease is free but etcd does not count this mate as current: waiting"
+                    line = (
+                        "the lease is free but etcd does not count this mate as current: waiting for a "
+                        "mate it names (if every one of them is gone for good, and what only they held "
+                        f"may be lost: {self.lease.reset_command})"
+                    )
                 elif active.token != self.lease.token and active.route:
                     await self._follow(active, stop)
                     line = f"the active (epoch {active.epoch}) went away; looking again"
