@@ -27,7 +27,7 @@ from meshplane.launchers import StreamsServerProcess
 from tests.chaos.checker import Verdict, combined
 from tests.chaos.lossyfs import Disk
 from tests.chaos.network import Network, can_build
-from tests.chaos.schedule import Fault, plan
+from tests.chaos.schedule import Fault, plan, refuse_inert
 
 CLONE_NEWNET = 0x40000000
 HTTP_PORT, ROUTE_PORT = 8080, 7000
@@ -309,6 +309,7 @@ def run(
         raise RuntimeError(reason)
     workload = workloads()[name]
     kinds = list(workload.nemeses) if nemeses is None else nemeses
+    refuse_inert(name, kinds, workload.nemeses)
     spans = SHORT_SPANS if short else {}
     faults = plan(seed, duration, workload.targets or workload.hosts, kinds, **spans) if kinds else []
     network = Network([*workload.hosts, "client"]).build()

@@ -54,6 +54,23 @@ def test_unknown_nemeses_and_pairs_without_two_hosts_are_refused() -> None:
         plan(1, 60, ("a",), ["cut"])
 
 
+def test_a_nemesis_that_cannot_act_on_a_workload_is_refused_not_applied() -> None:
+    """Issue 53: `topics-local --nemesis clock` applied faults to servers that never read the clock
+    file, and mesh-mates took `slow` without proxies. The scheduler refuses both, before any run."""
+    from tests.chaos.__main__ import main
+    from tests.chaos.harness import workloads
+    from tests.chaos.schedule import refuse_inert
+
+    known = workloads()
+    for workload, kind in (("topics-local", "clock"), ("mesh-mates", "slow"), ("groups", "slow")):
+        with pytest.raises(ValueError, match=f"{kind} cannot act on workload {workload}"):
+            refuse_inert(workload, [kind], known[workload].nemeses)
+    refuse_inert("mesh-guaranteed", ["slow", "kill"], known["mesh-guaranteed"].nemeses)
+    refuse_inert("groups-jetstream-clock", ["clock"], known["groups-jetstream-clock"].nemeses)
+    with pytest.raises(SystemExit):  # the command line says so before it starts anything
+        main(["--workload", "mesh-mates", "--nemesis", "kill,slow"])
+
+
 def ops(publisher: str, outcomes: str) -> list[Op]:
     """``"ok?o"``: seq 0 acknowledged, seq 1 unknown, seq 2 acknowledged."""
     return [Op(publisher, seq, "ok" if c == "o" else "unknown") for seq, c in enumerate(outcomes)]
