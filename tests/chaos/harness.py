@@ -274,6 +274,7 @@ def workloads() -> dict[str, Workload]:
         jetstream_workload,
         mates_workload,
         mesh_workload,
+        reproductions,
         spark_workload,
         topics_workload,
     )
@@ -290,6 +291,8 @@ def workloads() -> dict[str, Workload]:
         "spark-cluster": spark_workload.WORKLOAD,
         "spark-jetstream": spark_workload.ON_JETSTREAM,
         "spark-queue": spark_workload.ON_QUEUE,
+        "mates-race": reproductions.MATES_RACE,
+        "mesh-resend": reproductions.MESH_RESEND,
     }
 
 
