@@ -126,9 +126,20 @@ def test_the_table_goes_between_the_markers_and_nothing_else_changes() -> None:
         "total": total,
     }
     table = markdown([report])
-    assert "| w | kill | interval | 7 | 1 | 3 | 2 | 0 | 0 | 0 | 0 | 0 | 0 | 1 (1) |" in table
+    assert "| w | kill | interval | 7 | 1 | 3 | 2 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 1 (1) |" in table
+    assert "| lost | unreadable | duplicated |" in table
     document = f"before\n{BEGIN}\nold\n{END}\nafter\n"
     assert replace_table(document, table) == f"before\n{BEGIN}\n{table}{END}\nafter\n"
+
+
+def test_a_store_that_cannot_be_read_is_unreadable_not_lost() -> None:
+    """Issue 53: topics-jetstream counted "unreadable within 90 s" (a 503) as lost."""
+    from tests.chaos.checker import unreadable
+
+    verdict = unreadable(ops("p1", "oo?o"))
+    assert verdict == Verdict(operations=4, acknowledged=3, indeterminate=1, unreadable=3)
+    assert verdict.lost == 0
+    assert not verdict.valid  # not served is still wrong: a column of its own
 
 
 def placed(publisher: str, offsets: list[int | None]) -> list[Op]:
