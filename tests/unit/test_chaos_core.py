@@ -186,6 +186,12 @@ def test_a_group_is_checked_for_split_owners_fencing_commit_order_and_lost_commi
     assert check_group(assigned, overlapped, {0: 1, 1: 2}).valid
     stale_late = check_group(assigned, [*overlapped[:2], Commit("m1", 1, 1, 1, "ok", sent=2)], {0: 1, 1: 2})
     assert (stale_late.reordered, stale_late.unexpected) == (1, 1)
+    # Unknown commits (issue 53): one the final offset shows was stored is fenced and ordered too.
+    assert check_group(assigned, commits, {0: 2, 1: 2}).valid  # m1's unknown commit of 2 was stored
+    stale_unknown = [*commits, Commit("m1", 1, 1, 5, "unknown")]  # m2 had partition 1 by then
+    assert check_group(assigned, stale_unknown, {0: 1, 1: 5}).unexpected == 1
+    assert check_group(assigned, stale_unknown, {0: 1, 1: 2}).valid  # not stored: nothing wrong
+    assert check_group(assigned, commits, {0: 1, 1: 9}).unexpected == 1  # an offset nobody committed
 
 
 def test_direct_events_count_what_missed_as_gaps_and_doubles_order_and_strangers_as_wrong() -> None:
