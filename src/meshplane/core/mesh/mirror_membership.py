@@ -30,6 +30,7 @@ adapter (``meshplane.mesh.mates.MirrorServer``) to carry out:
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 
@@ -92,7 +93,7 @@ class MirrorMembership:
         self._round: _Round | None = None
         self._rounds = 0
         self._tickets = 0
-        self._waiting: list[int] = []  # tickets in order
+        self._waiting: deque[int] = deque()  # tickets in order
         self._acked = 0  # the highest ticket answered (tickets are answered in order)
         # Per mate token: every ticket up to this one is applied in its copy (since its last reset).
         self._applied: dict[str, int] = {}
@@ -203,20 +204,22 @@ class MirrorMembership:
             return
         relied = self._relied_on()
         while self._waiting and all(self._applied.get(m, 0) >= self._waiting[0] for m in relied):
-            self._acked = self._waiting.pop(0)
+            self._acked = self._waiting.popleft()
             self._out.append(Answer(self._acked))
         conn, named = self._conn, self.named()
+        # Only what a named or connected mate applied matters (bounded by them, not by all ever seen).
+        self._applied = {t: n for t, n in self._applied.items() if t in named or (conn and t == conn.token)}
         if self._writing is None:
             if any(conn is None or not conn.live or token != conn.token for token in named):
                 self._write((self.active,))  # a named mate left (or is starting over): out first
             elif (
                 conn is not None
                 and conn.live
-                and conn.token not in named
                 and conn.caught_up
+                and self._possible != {(self.active, conn.token)}
                 and self._applied.get(conn.token, 0) >= self._acked
             ):
-                self._write((self.active, conn.token))  # caught up: it joins
+                self._write((self.active, conn.token))  # caught up: it joins (again, if unsure it did)
         if conn is not None and not conn.snapshot and not named:
             conn.snapshot = True
             self._applied.pop(conn.token, None)  # the snapshot empties its copy first
