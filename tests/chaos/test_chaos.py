@@ -58,7 +58,7 @@ def test_nothing_acknowledged_is_lost_under_every_nemesis(
     total = report["total"]
     at_most_once = workloads()[workload].at_most_once
     assert total["operations" if at_most_once else "acknowledged"] > at_least, total
-    checked = ("lost", "unreadable", "duplicated", "reordered", "unexpected", "moved")
+    checked: tuple[str, ...] = ("lost", "unreadable", "duplicated", "reordered", "unexpected", "moved")
     checked += () if at_most_once else ("gaps",)
     wrong = {name: total[name] for name in checked}
     assert wrong == dict.fromkeys(wrong, 0), f"seed {SEED}: {total}"

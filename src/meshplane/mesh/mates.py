@@ -234,7 +234,12 @@ class MirrorServer:
         if conn is None:
             return
         self.counters["snapshots"] += 1
-        await self._send(conn, mirror_frames(self.node_id, self.lease.epoch, self.source.snapshot()))
+        try:
+            await self._send(conn, mirror_frames(self.node_id, self.lease.epoch, self.source.snapshot()))
+        except (OSError, StorageError) as exc:  # it starts over on a new connection
+            log.warning("HA mate: could not send the standby its snapshot (%s)", exc)
+            self._drop(conn, str(exc))
+            return
         if self._conn_of(gen) is conn:
             self._sync_next = True  # the snapshot's files on the standby's disk before it counts
             self.membership.snapshot_sent(gen)
