@@ -275,14 +275,11 @@ async def _serve_as_mate(
     from meshplane.mesh.mates import Standby, mate_token
     from meshplane.streams.mirror import DirectoryReplica
 
-    lease = mate_lease(
-        args.mates_etcd,
-        mesh_config.cluster,
-        mesh_config.node_id,
-        mate_token(args.data_dir),
-        args.mate_lease_secs,
-    )
-    presence = asyncio.create_task(lease.stay_present(), name="meshplane-mate-presence")
+    named = (args.mates_etcd, mesh_config.cluster, mesh_config.node_id, mate_token(args.data_dir))
+    lease = mate_lease(*named, args.mate_lease_secs)
+    # Its alive key on a client of its own: a slow etcd call there never fails the lease's calls.
+    present = mate_lease(*named, args.mate_lease_secs)
+    presence = asyncio.create_task(present.stay_present(), name="meshplane-mate-presence")
     try:
         while not stop.is_set():
             standby = Standby(
@@ -311,6 +308,7 @@ async def _serve_as_mate(
                 await lease.step_down()
     finally:
         presence.cancel()
+        await present.close()
         await lease.close()
     return 0
 
