@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from tests.chaos.harness import print_report, run, workloads
+from tests.chaos.schedule import refuse_inert
 from tests.chaos.table import markdown, replace_table
 
 
@@ -58,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report.to_json()))
         return 0 if report.valid else 1
     names = list(known) if args.workload == "all" else args.workload.split(",")
+    for name in names:  # before any run: a nemesis a workload cannot act on is refused
+        for kinds in schedules(args.nemesis, known[name].nemeses):
+            try:
+                refuse_inert(name, kinds or [], known[name].nemeses)
+            except ValueError as exc:
+                parser.error(str(exc))
     reports = []
     running: list[subprocess.Popen[str]] = []
     stopped: list[int] = []

@@ -6,6 +6,8 @@ A publisher publishes one event at a time and records each outcome: ``ok`` (ackn
 publisher's events, the checker counts:
 
 - lost: acknowledged, not in the queue;
+- unreadable: acknowledged, and the store could not be read to tell (a 503 for the checker's whole
+  wait): not served, though perhaps not lost; a column of its own;
 - duplicated: in the queue more than once (whatever the outcome);
 - reordered: acknowledged events of one publisher out of publishing order in the queue;
 - unexpected: in the queue but never published (or not wanted by that queue);
@@ -47,6 +49,7 @@ class Verdict:
     indeterminate_arrived: int = 0
     moved: int = 0  # acknowledged at one offset, found at another
     gaps: int = 0  # offsets missing between the log's first and last; direct events a subscriber missed
+    unreadable: int = 0  # acknowledged, but the store could not be read to tell whether it holds them
 
     @property
     def valid(self) -> bool:
@@ -54,7 +57,7 @@ class Verdict:
 
     def valid_for(self, *, at_most_once: bool) -> bool:
         """Nothing wrong; ``at_most_once`` (direct events): gaps are allowed."""
-        wrong = (self.lost, self.duplicated, self.reordered, self.unexpected, self.moved)
+        wrong = (self.lost, self.unreadable, self.duplicated, self.reordered, self.unexpected, self.moved)
         return not any(wrong) and (at_most_once or self.gaps == 0)
 
 
@@ -150,6 +153,17 @@ def check_log(history: Iterable[Op], log: Sequence[tuple[int, str, int]]) -> Ver
             verdict.reordered += 1
         last[publisher] = max(offset, last.get(publisher, -1))
     return verdict
+
+
+def unreadable(history: Iterable[Op]) -> Verdict:
+    """The verdict when the final state could not be read at all: every acknowledged operation
+    unreadable (not lost: nothing says it is gone)."""
+    ops = list(history)
+    acknowledged = sum(op.outcome == "ok" for op in ops)
+    unknown = sum(op.outcome == "unknown" for op in ops)
+    return Verdict(
+        operations=len(ops), acknowledged=acknowledged, unreadable=acknowledged, indeterminate=unknown
+    )
 
 
 def check_direct(

@@ -6,7 +6,8 @@ takes a partition over), recording each assignment the server gave it and each c
 Checked (:func:`check_group`): no partition with two owners in one generation; no commit accepted
 from a member that did not own the partition in that generation (fencing); the accepted commits of a
 partition strictly increasing (a lost commit shows as a later one going back); at the end, each
-partition's committed offset is the last accepted one. Order and fencing compare a commit with those
+partition's committed offset is the last accepted one, or one an unknown commit set (then that commit
+is checked as an accepted one is: owner, generation, order). Order and fencing compare a commit with those
 answered before it was sent: one that overlapped it (a server paused between storing a commit and
 answering it) may have been stored first.
 """
@@ -88,6 +89,21 @@ def check_group(
             verdict.unexpected += 1  # accepted from a generation already replaced: fencing failed
     last = {p: offset for p, (offset, _) in after[-1].items()}
     verdict.lost = sum((final.get(p) or 0) < offset for p, offset in last.items())
+
+    # An unknown commit may or may not have been stored: a final offset above the last accepted one
+    # says it was, and it must then have been fenced and ordered as an accepted one is. A final offset
+    # that no accepted or unknown commit could have set (a refused one's, or none's) is unexpected.
+    def stored_rightly(i: int, c: Commit) -> bool:
+        before, generation = after[i if c.sent is None else c.sent].get(c.partition, (-1, 0))
+        owner = (c.member, c.generation, c.partition) in owned
+        return owner and c.generation >= generation and c.offset > before
+
+    for p, committed in final.items():
+        if committed is None or committed <= last.get(p, -1):
+            continue
+        setters = [(i, c) for i, c in enumerate(done) if c.outcome == "unknown" and c.partition == p]
+        if not any(stored_rightly(i, c) for i, c in setters if c.offset == committed):
+            verdict.unexpected += 1
     return verdict
 
 

@@ -27,7 +27,7 @@ from meshplane.launchers import StreamsServerProcess
 from tests.chaos.checker import Verdict, combined
 from tests.chaos.lossyfs import Disk
 from tests.chaos.network import Network, can_build
-from tests.chaos.schedule import Fault, plan
+from tests.chaos.schedule import Fault, plan, refuse_inert
 
 CLONE_NEWNET = 0x40000000
 HTTP_PORT, ROUTE_PORT = 8080, 7000
@@ -274,6 +274,7 @@ def workloads() -> dict[str, Workload]:
         jetstream_workload,
         mates_workload,
         mesh_workload,
+        reproductions,
         spark_workload,
         topics_workload,
     )
@@ -290,6 +291,8 @@ def workloads() -> dict[str, Workload]:
         "spark-cluster": spark_workload.WORKLOAD,
         "spark-jetstream": spark_workload.ON_JETSTREAM,
         "spark-queue": spark_workload.ON_QUEUE,
+        "mates-race": reproductions.MATES_RACE,
+        "mesh-resend": reproductions.MESH_RESEND,
     }
 
 
@@ -309,6 +312,7 @@ def run(
         raise RuntimeError(reason)
     workload = workloads()[name]
     kinds = list(workload.nemeses) if nemeses is None else nemeses
+    refuse_inert(name, kinds, workload.nemeses)
     spans = SHORT_SPANS if short else {}
     faults = plan(seed, duration, workload.targets or workload.hosts, kinds, **spans) if kinds else []
     network = Network([*workload.hosts, "client"]).build()

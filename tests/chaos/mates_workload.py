@@ -10,7 +10,10 @@ from whichever mate is active."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
+from collections.abc import Coroutine
+from typing import Any
 
 import aiohttp
 
@@ -107,7 +110,8 @@ async def ready(http: aiohttp.ClientSession, servers: Servers, active: str) -> b
     return True
 
 
-async def run(servers: Servers, faults: list[Fault], duration: float, log: list[str]) -> dict[str, Verdict]:
+async def prepare(servers: Servers) -> str:
+    """Queues on a and b, once the mates and b are linked and the standby mirrors: the active mate."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
         active = await active_mate(http, servers, 30)
         await put_queue(http, servers.url(active), "qa", ["orders.>"])
@@ -117,20 +121,72 @@ async def run(servers: Servers, faults: list[Fault], duration: float, log: list[
             if time.monotonic() > deadline:
                 raise TimeoutError("the mates and b did not link, learn the queues and mirror within 30s")
             await asyncio.sleep(0.1)
-    history: list[Op] = []
-    stop_at = time.monotonic() + duration
+    return active
+
+
+def publishers(servers: Servers, stop_at: float, history: list[Op]) -> list[Coroutine[Any, Any, None]]:
+    """p1 through b (spooled for a's queue), p2 through node a (its client names both mates)."""
     both_mates = ",".join(servers.route_url(mate) for mate in MATES)
-    await asyncio.gather(
-        run_schedule(servers, faults, log),
+    return [
         publish_until(servers.route_url("b"), "p1", stop_at, history),
         publish_until(both_mates, "p2", stop_at, history),
-    )
+    ]
+
+
+async def run(servers: Servers, faults: list[Fault], duration: float, log: list[str]) -> dict[str, Verdict]:
+    await prepare(servers)
+    history: list[Op] = []
+    stop_at = time.monotonic() + duration
+    await asyncio.gather(run_schedule(servers, faults, log), *publishers(servers, stop_at, history))
+    return await check_every_vouched_mate(servers, history, log)
+
+
+async def check_every_vouched_mate(servers: Servers, history: list[Op], log: list[str]) -> dict[str, Verdict]:
+    """b's queue and a's, read from the active mate and from the standby etcd's ``current`` names
+    (made the active: a standby serves no HTTP), each read settled."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        active = await active_mate(http, servers, 30)
+        active = await active_mate(http, servers, 60)
     log.append(f"published {len(history)}; {active} is active; collecting")
-    held = await collect({"qa": servers.url(active), "qb": servers.url("b")}, history, timeout=90)
+    queues = {f"qa@{active}": servers.url(active), "qb": servers.url("b")}
+    held = await collect(queues, history, timeout=90, settle=SETTLE, topic_of=topic_of)
+    view = await vouched(servers)
+    log.append(f"etcd's current: {view}")
+    standby = next(mate for mate in MATES if mate != active)
+    if token(servers, standby) in view:
+        await asyncio.to_thread(servers.servers[active].kill, signal.SIGKILL)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            now = await active_mate(http, servers, 60)
+        log.append(f"{active} killed: {now} serves; collecting its copy")
+        mine = {f"qa@{now}": servers.url(now)}
+        held |= await collect(mine, history, timeout=90, settle=SETTLE, topic_of=topic_of)
     return check_queues(history, held, lambda queue, publisher: True)
 
 
+SETTLE = 3.0  # seconds between the two reads that must be the same
+
+
+def token(servers: Servers, mate: str) -> str:
+    """The mate's name in etcd's ``current`` (kept with its data directory)."""
+    return (servers.mount(mate) / "data" / ".mate-id").read_text().strip()
+
+
+def topic_of(queue: str) -> str:
+    return queue.split("@")[0]
+
+
+async def vouched(servers: Servers) -> list[str]:
+    """The mate tokens etcd's ``current`` names for node a."""
+    from meshplane.mesh.lease import MateLease
+
+    lease = MateLease((f"http://{servers.network.address('etcd')}:{ETCD_PORT}",), "ha", "a", "checker")
+    try:
+        tokens, _ = await lease.current()
+        return tokens or []
+    finally:
+        await lease.close()
+
+
 HOSTS = ("etcd", *MATES, "b")
-WORKLOAD = Workload(HOSTS, NEMESES, server, run, targets=MATES)
+# The faults fall on the mates and on etcd: etcd paused, killed or powered off, a mate cut off from
+# etcd only (a partial partition: it still reaches b and its mate), one way or both.
+WORKLOAD = Workload(HOSTS, NEMESES, server, run, targets=(*MATES, "etcd"))

@@ -72,26 +72,35 @@ async def read_queue(http: aiohttp.ClientSession, url: str, name: str) -> list[t
 
 
 async def collect(
-    queues: dict[str, str], history: Iterable[Op], timeout: float
+    queues: dict[str, str],
+    history: Iterable[Op],
+    timeout: float,
+    settle: float = 0.0,
+    topic_of: Callable[[str], str] = lambda name: name,
 ) -> dict[str, list[tuple[str, int]]]:
-    """Each queue (name -> its node's URL) read whole, once it holds every acknowledged event or
-    ``timeout`` has passed (what is missing then is lost)."""
+    """Each queue (name -> its node's URL; its topic ``topic_of(name)``) read whole, once it holds
+    every acknowledged event or ``timeout`` has passed (what is missing then is lost); with ``settle``,
+    only once two reads that many seconds apart are the same (nothing still arriving or going)."""
     acknowledged = {(op.publisher, op.seq) for op in history if op.outcome == "ok"}
     deadline = time.monotonic() + timeout
+    before: dict[str, list[tuple[str, int]]] | None = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
         while True:
             held: dict[str, list[tuple[str, int]]] = {}
             try:
                 for name, url in queues.items():
-                    held[name] = await read_queue(http, url, name)
+                    held[name] = await read_queue(http, url, topic_of(name))
             except (aiohttp.ClientError, TimeoutError, RuntimeError):
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.5)
                 continue
-            if all(acknowledged <= set(items) for items in held.values()) or time.monotonic() > deadline:
+            now = time.monotonic()
+            done = now > deadline or all(acknowledged <= set(items) for items in held.values())
+            if done and (not settle or held == before or now > deadline + 4 * settle):
                 return held
-            await asyncio.sleep(0.5)
+            before = held if done else None
+            await asyncio.sleep(settle if done else 0.5)
 
 
 def node_args(servers: Servers, node: str) -> tuple[str, ...]:

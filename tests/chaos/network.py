@@ -3,8 +3,11 @@ its own address) on a bridge that lives in a namespace of its own (the "switch")
 test's network touches the host's. Root only (``ip netns``).
 
 Faults are what a network does: a host cut off from the switch (its port down), a pair of hosts that
-cannot reach each other (blackhole routes on both, or on one for a one-way partition: packets one
-way are dropped, the other way pass), a bandwidth cap (``tbf``; this kernel has no ``netem``).
+cannot reach each other (packets dropped on the way, both ways or one: a connect hangs and a
+connection's sends go unanswered, as on a real partition), a bandwidth cap (``tbf``; this kernel has
+no ``netem``). Packets are dropped by routing them to a neighbour whose MAC address no port has: the
+switch floods them and every host's interface discards them (a blackhole route failed connects at
+once with EINVAL instead, and this kernel has neither nftables nor tc's drop action).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 SUBNET = "10.77.0"
+NOWHERE = f"{SUBNET}.254", "02:00:00:00:00:fe"  # a neighbour no host is: what is routed there is lost
 
 
 class NetworkError(RuntimeError):
@@ -121,11 +125,13 @@ class Network:
         ip("-n", self.switch, "link", "set", self.port(host), "up")
 
     def drop(self, source: str, destination: str) -> None:
-        """Packets from ``source`` to ``destination`` are dropped (one way)."""
-        ip("-n", self.ns(source), "route", "add", "blackhole", f"{self.address(destination)}/32")
+        """Packets from ``source`` to ``destination`` are dropped (one way), silently."""
+        ns, (address, mac) = self.ns(source), NOWHERE
+        ip("-n", ns, "neigh", "replace", address, "lladdr", mac, "dev", "eth0", "nud", "permanent")
+        ip("-n", ns, "route", "replace", f"{self.address(destination)}/32", "via", address, "dev", "eth0")
 
     def undrop(self, source: str, destination: str) -> None:
-        ip("-n", self.ns(source), "route", "del", "blackhole", f"{self.address(destination)}/32")
+        ip("-n", self.ns(source), "route", "del", f"{self.address(destination)}/32")
 
     def cap(self, host: str, rate: str) -> None:
         """``host``'s outgoing traffic limited to ``rate`` (tc's units: 1mbit, 200kbit)."""

@@ -25,6 +25,16 @@ LINK_NEMESES = (*NEMESES, "slow")  # for workloads with a proxy on each link
 KNOWN = (*NEMESES, "slow", "clock")
 
 
+def refuse_inert(workload: str, kinds: Sequence[str], acting: Sequence[str]) -> None:
+    """A nemesis that cannot act on the workload is refused, never applied as a no-op: ``slow``
+    needs the proxies a workload's servers dial through, ``clock`` servers that watch the clock file."""
+    inert = [kind for kind in kinds if kind not in acting]
+    if inert:
+        raise ValueError(
+            f"{', '.join(inert)} cannot act on workload {workload} (it takes {', '.join(acting)})"
+        )
+
+
 @dataclass(frozen=True)
 class Fault:
     start: float

@@ -5,7 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 BEGIN, END = "<!-- chaos-table -->", "<!-- /chaos-table -->"
-COLUMNS = ("operations", "acknowledged", "lost", "duplicated", "reordered", "unexpected", "moved", "gaps")
+COLUMNS = (
+    "operations",
+    "acknowledged",
+    "lost",
+    "unreadable",
+    "duplicated",
+    "reordered",
+    "unexpected",
+    "moved",
+    "gaps",
+)
 
 
 def markdown(reports: list[dict[str, Any]]) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.chaos.checker import Op, Verdict, check_log
+from tests.chaos.checker import Op, Verdict, check_log, unreadable
 from tests.chaos.harness import Body, Servers, Workload, run_schedule, streams_server
 from tests.chaos.schedule import Fault
 
@@ -108,9 +108,9 @@ def topic_run(host: str, settings: dict[str, Any]) -> Body:
             log.append(f"appended {len(history)}, reading the log")
             try:
                 records = await read_log(http, url)
-            except (aiohttp.ClientError, TimeoutError, Unanswered) as exc:  # nothing readable: all lost
+            except (aiohttp.ClientError, TimeoutError, Unanswered) as exc:  # unreadable, not lost
                 log.append(f"the topic could not be read within 90 s: {exc}")
-                records = []
+                return {TOPIC: unreadable(history)}
             return {TOPIC: check_log(history, records)}
 
     return run

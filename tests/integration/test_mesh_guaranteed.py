@@ -199,16 +199,17 @@ async def test_a_resend_of_stored_events_is_dropped_by_event_id_even_after_a_res
     pair: MeshCluster,
 ) -> None:
     """a forgets what b confirmed (its ``acked`` file gone) and b restarts: a sends its whole spool
-    again, and b's queue keeps each event once (the ids it recalls from its topic)."""
+    again, and b's queue keeps each event once (the last offset it stored from a's spool)."""
     await asyncio.to_thread(pair.wait_linked)
     await queue_on_b(pair, "once", "g5.>")
     bodies = [b"once-%d" % i for i in range(300)]
     await publish_from(pair["a"], "g5.x", bodies)
     await eventually(lambda: spool_empty(pair["a"]), timeout=15, what="b confirmed everything")
+    [spool] = (await status(pair["a"]))["guaranteed"]["spools"]
     pair["a"].stop()
     pair["b"].stop()
     acked = pair["a"].data_dir / "mesh" / "spool" / b"b".hex() / "acked"
-    assert acked.read_text() == "300"
+    assert int(acked.read_text()) == spool["acked"]
     acked.unlink()
     pair["b"].start()
     pair["a"].start()
@@ -466,3 +467,39 @@ async def test_an_event_sent_into_the_dying_connection_is_sent_again_to_the_mate
         await eventually(
             lambda: queue_has(a2, "dying", [b"before", b"after"]), timeout=15, what="both stored"
         )
+
+
+async def publish_pipelined(node: StreamsServerProcess, subject: str, count: int, prefix: bytes) -> None:
+    """``count`` guaranteed publishes from a client of ``node``, many in flight, all acknowledged."""
+    publisher = await MeshClient(node.route_url, timeout=60).connect()
+    try:
+        answers = [await publisher.publish_async(subject, b"%s-%d" % (prefix, i)) for i in range(count)]
+        await asyncio.gather(*answers)
+    finally:
+        await publisher.close()
+
+
+@pytest.mark.timeout(300)
+async def test_a_whole_spool_resent_after_a_restart_is_dropped_however_much_else_came_in_between(
+    pair: MeshCluster,
+) -> None:
+    """Issue 53's reproduction: 5,000 events from a's spool into b's queue, then 55,000 published on
+    b itself (more than the 50,000 ids a queue recalled on start, all ways mixed); both restart and a
+    has lost what b confirmed (both ``acked`` files: a resend from the very start): b's queue keeps
+    each event once, as it remembers per spool, durably, the last offset it stored."""
+    await asyncio.to_thread(pair.wait_linked)
+    await queue_on_b(pair, "qb", "g53.>")
+    await publish_pipelined(pair["a"], "g53.x", 5000, b"from-a")
+    await eventually(lambda: spool_empty(pair["a"]), timeout=60, what="b confirmed a's spool")
+    await publish_pipelined(pair["b"], "g53.x", 55_000, b"on-b")
+    pair["a"].stop()
+    pair["b"].kill(signal.SIGKILL)
+    spool = pair["a"].data_dir / "mesh" / "spool" / b"b".hex()
+    for name in ("acked", "acked.synced"):
+        (spool / name).unlink(missing_ok=True)
+    pair["b"].start()
+    pair["a"].start()
+    await eventually(lambda: spool_empty(pair["a"]), timeout=60, what="the resend confirmed")
+    bodies = await queue_bodies(pair["b"], "qb")
+    assert len(bodies) == 60_000, f"{len(bodies) - 60_000} stored twice"
+    assert len(set(bodies)) == 60_000

@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
+import shutil
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -196,3 +199,81 @@ async def test_a_mate_connection_is_refused_by_a_node_without_mates(tmp_path: Pa
         errors = (await status(node))["frame_errors"]
         assert errors["hello_mate"] == 1
         assert list((tmp_path / "copy").iterdir()) == []
+
+
+async def mates_cli(etcd: EtcdServer, cluster: str, *argv: str) -> tuple[int, str]:
+    """``meshplane mesh mates ...`` for node a: its exit code and what it printed (stdout, stderr)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "meshplane.cli.main",
+        "mesh",
+        "mates",
+        *argv,
+        "--etcd",
+        etcd.endpoint,
+        "--cluster",
+        cluster,
+        "--node",
+        "a",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode()
+
+
+@pytest.mark.timeout(240)
+async def test_mates_whose_named_mates_are_gone_for_good_wait_until_an_operator_resets_current(
+    mates: Mates, etcd_server: EtcdServer
+) -> None:
+    """Issue 53, item 4: both mates stopped and both data directories replaced (a redeploy): neither
+    may take over (etcd names the old ones) and the standby's log names the way out; `meshplane mesh
+    mates` shows etcd's view, `mates reset` refuses while a named mate runs, says what may be lost,
+    and with --yes lets the first new mate take over."""
+    a1, a2 = mates.mates
+    with mates:
+        a1.start()
+        await eventually(lambda: serving(a1), what="a1 active")
+        a2.start(ready=False)
+        await eventually(lambda: in_sync(a1), timeout=20, what="a2 mirrors a1")
+        tokens = [(mate.data_dir / ".mate-id").read_text().strip() for mate in (a1, a2)]
+        code, out = await mates_cli(etcd_server, mates.cluster)
+        view = json.loads(out)
+        assert code == 0, out
+        assert (view["active"], view["current"], view["alive"]) == (tokens[0], tokens, sorted(tokens))
+        assert view["epoch"] > 0
+        code, out = await mates_cli(etcd_server, mates.cluster, "reset", "--yes")
+        assert code != 0
+        assert f"mate {tokens[0]} is active" in out
+
+        a2.kill(signal.SIGKILL)
+        a1.kill(signal.SIGKILL)
+        for mate in (a1, a2):
+            mate.proc.wait()  # type: ignore[union-attr]
+            shutil.rmtree(mate.data_dir)
+            mate.start(ready=False)
+
+        def waiting(mate: StreamsServerProcess) -> bool:
+            return "meshplane mesh mates reset --etcd" in mate.log_path.read_text()
+
+        await eventually(lambda: waiting(a1) and waiting(a2), timeout=30, what="both wait, naming reset")
+        code, out = await mates_cli(etcd_server, mates.cluster, "reset")
+        assert code != 0  # without --yes: says what it would lose (or that a named mate still runs)
+        assert f"etcd's current names {tokens[0]}" in out or "still runs" in out  # (a2's drop, if seen)
+
+        async def refused_until_gone() -> bool:  # the killed mates' presence lasts their lease's TTL
+            code, out = await mates_cli(etcd_server, mates.cluster, "reset")
+            return code != 0 and "is lost for good" in out and "Run again with --yes" in out
+
+        await eventually(refused_until_gone, timeout=20, what="reset says what may be lost")
+        assert not await serving(a1)
+        assert not await serving(a2)
+        code, out = await mates_cli(etcd_server, mates.cluster, "reset", "--yes")
+        assert code == 0, out
+
+        async def one_serves() -> bool:
+            return await serving(a1) or await serving(a2)
+
+        await eventually(one_serves, timeout=30, what="a new mate took over")

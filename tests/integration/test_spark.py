@@ -387,3 +387,83 @@ def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> Non
         up.send_signal(signal.SIGINT)
         up.wait(timeout=60)
     assert up.returncode == 0
+
+
+def _group(pgid: int) -> dict[int, str]:
+    """The processes of a process group: pid -> command line."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat.rsplit(") ", 1)[1].split()
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.timeout(400)
+def test_kill_9_of_up_leaves_no_pipeline_process_and_a_held_checkpoint_is_named(tmp_path: Path) -> None:
+    """Issue 53, item 4: `up` SIGKILLed once its pipeline's JVM runs: nothing of the pipeline stays
+    (the guard's parent-death signal takes its process group, JVM included). A pipeline still holding
+    the checkpoint when `up` starts is named in one line, and no second one is started."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "MESHPLANE_"))}
+    argv = [
+        *(sys.executable, "-m", "meshplane.cli.main", "up", "--state-dir", str(tmp_path)),
+        *("--nats-port", "0", "--streams-port", "0", "--duration", "300", "--context", "none"),
+    ]
+    up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        read_until(up.stdout, r"Spark pipeline: starting", 120, "up starting its pipeline")
+        wait_until((tmp_path / "pipeline.pid").exists, timeout=30, what="the pipeline's pid file")
+        guard = int((tmp_path / "pipeline.pid").read_text())
+        wait_until(
+            lambda: any(_is_spark_jvm(line) for line in _group(guard).values()),
+            timeout=240,
+            interval=0.5,
+            what="the pipeline's JVM running",
+        )
+        group = _group(guard)
+        up.kill()
+        up.wait()
+        wait_until(lambda: not _group(guard), timeout=60, interval=0.2, what=f"nothing left of {group}")
+    finally:
+        if up.poll() is None:
+            up.kill()
+        _kill_left_of(tmp_path)  # what else up started (its servers) has no parent-death signal
+
+    # A stand-in for a pipeline left by an older `up`: a guard process named in the pid file.
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "meshplane.cli.pipeline_guard", str(os.getpid()), "--", "sleep", "600"],
+        start_new_session=True,
+    )
+    try:
+        (tmp_path / "pipeline.pid").write_text(f"{holder.pid}\n")
+        up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        lines = read_until(up.stdout, r"Spark pipeline: ", 120, "up saying what of its pipeline")
+        assert f"a pipeline from an earlier run, pid {holder.pid}, still holds its checkpoint" in lines[-1]
+        assert f"kill -- -{holder.pid}" in lines[-1]
+    finally:
+        up.terminate()
+        up.wait(60)
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+
+
+def _is_spark_jvm(command: str) -> bool:
+    """Spark's driver JVM (not the launcher that spark-class runs first to build its command)."""
+    return Path(command.split(" ", 1)[0]).name == "java" and "deploy.SparkSubmit" in command
+
+
+def _kill_left_of(state_dir: Path) -> None:
+    """The processes a killed `up` started for this test (their command lines name its state dir)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if str(state_dir) in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                continue

@@ -54,6 +54,23 @@ def test_unknown_nemeses_and_pairs_without_two_hosts_are_refused() -> None:
         plan(1, 60, ("a",), ["cut"])
 
 
+def test_a_nemesis_that_cannot_act_on_a_workload_is_refused_not_applied() -> None:
+    """Issue 53: `topics-local --nemesis clock` applied faults to servers that never read the clock
+    file, and mesh-mates took `slow` without proxies. The scheduler refuses both, before any run."""
+    from tests.chaos.__main__ import main
+    from tests.chaos.harness import workloads
+    from tests.chaos.schedule import refuse_inert
+
+    known = workloads()
+    for workload, kind in (("topics-local", "clock"), ("mesh-mates", "slow"), ("groups", "slow")):
+        with pytest.raises(ValueError, match=f"{kind} cannot act on workload {workload}"):
+            refuse_inert(workload, [kind], known[workload].nemeses)
+    refuse_inert("mesh-guaranteed", ["slow", "kill"], known["mesh-guaranteed"].nemeses)
+    refuse_inert("groups-jetstream-clock", ["clock"], known["groups-jetstream-clock"].nemeses)
+    with pytest.raises(SystemExit):  # the command line says so before it starts anything
+        main(["--workload", "mesh-mates", "--nemesis", "kill,slow"])
+
+
 def ops(publisher: str, outcomes: str) -> list[Op]:
     """``"ok?o"``: seq 0 acknowledged, seq 1 unknown, seq 2 acknowledged."""
     return [Op(publisher, seq, "ok" if c == "o" else "unknown") for seq, c in enumerate(outcomes)]
@@ -109,9 +126,20 @@ def test_the_table_goes_between_the_markers_and_nothing_else_changes() -> None:
         "total": total,
     }
     table = markdown([report])
-    assert "| w | kill | interval | 7 | 1 | 3 | 2 | 0 | 0 | 0 | 0 | 0 | 0 | 1 (1) |" in table
+    assert "| w | kill | interval | 7 | 1 | 3 | 2 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 1 (1) |" in table
+    assert "| lost | unreadable | duplicated |" in table
     document = f"before\n{BEGIN}\nold\n{END}\nafter\n"
     assert replace_table(document, table) == f"before\n{BEGIN}\n{table}{END}\nafter\n"
+
+
+def test_a_store_that_cannot_be_read_is_unreadable_not_lost() -> None:
+    """Issue 53: topics-jetstream counted "unreadable within 90 s" (a 503) as lost."""
+    from tests.chaos.checker import unreadable
+
+    verdict = unreadable(ops("p1", "oo?o"))
+    assert verdict == Verdict(operations=4, acknowledged=3, indeterminate=1, unreadable=3)
+    assert verdict.lost == 0
+    assert not verdict.valid  # not served is still wrong: a column of its own
 
 
 def placed(publisher: str, offsets: list[int | None]) -> list[Op]:
@@ -158,6 +186,12 @@ def test_a_group_is_checked_for_split_owners_fencing_commit_order_and_lost_commi
     assert check_group(assigned, overlapped, {0: 1, 1: 2}).valid
     stale_late = check_group(assigned, [*overlapped[:2], Commit("m1", 1, 1, 1, "ok", sent=2)], {0: 1, 1: 2})
     assert (stale_late.reordered, stale_late.unexpected) == (1, 1)
+    # Unknown commits (issue 53): one the final offset shows was stored is fenced and ordered too.
+    assert check_group(assigned, commits, {0: 2, 1: 2}).valid  # m1's unknown commit of 2 was stored
+    stale_unknown = [*commits, Commit("m1", 1, 1, 5, "unknown")]  # m2 had partition 1 by then
+    assert check_group(assigned, stale_unknown, {0: 1, 1: 5}).unexpected == 1
+    assert check_group(assigned, stale_unknown, {0: 1, 1: 2}).valid  # not stored: nothing wrong
+    assert check_group(assigned, commits, {0: 1, 1: 9}).unexpected == 1  # an offset nobody committed
 
 
 def test_direct_events_count_what_missed_as_gaps_and_doubles_order_and_strangers_as_wrong() -> None:

@@ -21,14 +21,16 @@ from meshplane.core.mesh.frames import (
 )
 from meshplane.mesh import guaranteed as guaranteed_module
 from meshplane.mesh import queues as queues_module
+from meshplane.mesh.client import MeshClient
 from meshplane.mesh.commit_batch import Work, store_batch
 from meshplane.mesh.config import MeshConfig
 from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh.lease import LeaseLost
 from meshplane.mesh.node import MeshNode
-from meshplane.mesh.queues import RecentIds
+from meshplane.mesh.queues import Queue, RecentIds
 from meshplane.mesh.spool import SpoolLimits
 from meshplane.streams.config import StreamsConfig
-from meshplane.streams.errors import BadRequest, NotStored
+from meshplane.streams.errors import BadRequest, NotStored, OutcomeUnknown
 from meshplane.streams.service import StreamsService
 from tests.faults import FaultInjector
 from tests.helpers import eventually
@@ -186,7 +188,7 @@ async def test_queues_and_spools_made_or_gone_between_publishes_are_seen_at_once
     await publish(3)
     assert [data for _, data in queue_events(node, "first")] == [b"2"]
     assert [data for _, data in queue_events(node, "second")] == [b"3"]
-    assert (guaranteed.spools["b"].log.next_offset, guaranteed.spools["c"].log.next_offset) == (1, 1)
+    assert (guaranteed.spools["b"].pending, guaranteed.spools["c"].pending) == (1, 1)
 
 
 def test_a_resend_is_known_however_busy_the_other_ways_into_the_queue_were(
@@ -232,3 +234,114 @@ async def test_a_commit_remembers_each_event_by_the_way_it_came(
     store_batch(engine, works(0, 3, "a"), counters)  # node a resends them
     assert counters["duplicates_dropped"] == 3
     assert queue.stored == 23
+
+
+def spooled_works(queue: Queue, way: str, offsets: range, answers: list[str]) -> list[Work]:
+    return [
+        Work(
+            MeshEvent("o", "orders.eu", n, 1000 + n, b"%d" % n),
+            [],
+            [queue],
+            lambda _, e: answers.append(e),
+            n,
+            way,
+        )
+        for n in offsets
+    ]
+
+
+async def test_a_queue_recalls_the_last_offset_of_each_spool_from_its_checkpoint_and_topic(
+    node: MeshNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 53: what a restart must not forget, whatever else came in between: the checkpoint and
+    the events stored after it (each carries its spool and offset); a checkpoint newer than the topic
+    (its tail lost in a power loss) is ignored and the topic read whole."""
+    monkeypatch.setattr(queues_module, "RECENT_IDS", 2)  # ids alone would not know these resends
+    queues = node.guaranteed.queues
+    queue = queues.create("q", ["orders.>"])
+    engine = node.guaranteed.engine
+    assert engine is not None
+    answers: list[str] = []
+    counters: Counter[str] = Counter()
+    store_batch(engine, spooled_works(queue, "a", range(10, 20), answers), counters)
+    store_batch(engine, spooled_works(queue, "@c2", range(5, 7), answers), counters)
+    queues.save_marks()
+    store_batch(engine, spooled_works(queue, "a", range(20, 25), answers), counters)  # after it
+    store_batch(engine, works_here(queue, 50, answers), counters)
+
+    def recalled() -> Queue:
+        fresh = Queue("q", ["orders.>"])
+        queues._recall(fresh)
+        return fresh
+
+    assert (recalled().marks.last("a"), recalled().marks.last("@c2")) == (24, 6)
+    marks = engine.root / "mesh" / "queue-marks" / f"{b'q'.hex()}.json"
+    marks.write_bytes(queue.marks.encode(10_000))  # newer than the topic: not trusted
+    assert (recalled().marks.last("a"), recalled().marks.last("@c2")) == (24, 6)
+    marks.write_bytes(b"torn")
+    assert recalled().marks.last("a") == 24
+
+    queue.marks = recalled().marks
+    queue.recent = RecentIds()
+    store_batch(engine, spooled_works(queue, "a", range(0, 26), answers), counters)  # a resend, and one new
+    assert counters["duplicates_dropped"] == 25
+    assert queue.stored == 10 + 2 + 5 + 50 + 1
+
+
+def works_here(queue: Queue, count: int, answers: list[str]) -> list[Work]:
+    return [
+        Work(MeshEvent("p", "orders.eu", n, 5000 + n, b"y"), [], [queue], lambda _, e: answers.append(e), n)
+        for n in range(count)
+    ]
+
+
+async def test_what_a_link_sent_before_a_failed_store_is_not_stored(node: MeshNode) -> None:
+    """Once a store from a link fails, what that link sent before the failure is dropped unstored:
+    its queues would otherwise remember offsets past the failed one and drop it when it is resent."""
+    guaranteed = node.guaranteed
+    queue = guaranteed.queues.create("q", ["orders.>"])
+    link = object()
+    answers: list[str] = []
+    [before] = spooled_works(queue, "a", range(7, 8), answers)
+    before.link, before.failures = link, 0  # type: ignore[assignment]
+    guaranteed._failures[link] += 1  # type: ignore[index]
+    guaranteed._submit(before)
+    [after] = spooled_works(queue, "a", range(5, 6), answers)  # the resend, after the failure
+    after.link, after.failures = link, 1  # type: ignore[assignment]
+    guaranteed._submit(after)
+    later: list[str] = []
+    guaranteed._submit(works_here(queue, 1, later)[0])
+    await eventually(lambda: later == [""], what="everything before stored")
+    assert [data for _, data in queue_events(node, "q")] == [b"5", b"y"]
+    assert answers == [""]  # the resend's; the stale one is not answered (its link starts over)
+    assert queue.marks.last("a") == 5
+
+
+async def test_an_event_written_but_not_confirmed_by_the_mate_is_unknown_never_not_stored(
+    node: MeshNode,
+) -> None:
+    """Issue 53, item 3: the HA mate's lease ran out after the event was written (and perhaps
+    mirrored): the answer says the outcome is unknown, as the event is in the queue; a mesh client
+    sends it again with the same id, and the queue keeps it once."""
+    node.guaranteed.queues.create("q", ["orders.>"])
+    engine = node.guaranteed.engine
+    assert engine is not None
+    failures = [LeaseLost("this HA mate lost its lease (epoch 7)")]
+
+    async def replicate() -> None:
+        if failures:
+            raise failures.pop()
+
+    engine.durability.replicate = replicate
+    with pytest.raises(OutcomeUnknown, match=r"^unknown: this HA mate lost its lease"):
+        await node.publish_guaranteed("orders.eu", b"written")
+    assert [data for _, data in queue_events(node, "q")] == [b"written"]
+
+    failures.append(LeaseLost("this HA mate lost its lease (epoch 8)"))
+    client = await MeshClient(node.route_url, timeout=10).connect()
+    try:
+        await client.publish("orders.eu", b"resent", guaranteed=True)  # answered unknown, then stored
+    finally:
+        await client.close()
+    assert [data for _, data in queue_events(node, "q")] == [b"written", b"resent"]
+    assert node.guaranteed.counters["duplicates_dropped"] == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -30,7 +31,7 @@ def frame(i: int) -> bytes:
     return encode_event("origin", "orders.eu", i, 1_700_000_000_000 + i, b"body-%d" % i, FLAG_GUARANTEED)
 
 
-def open_spool(directory: Path, **limits: int) -> Spool:
+def open_spool(directory: Path, **limits: Any) -> Spool:
     return Spool(directory, "b", SpoolLimits(**{"segment_bytes": 2_000, **limits}), FilePool(16))
 
 
@@ -83,40 +84,47 @@ def test_a_torn_confirmed_offset_means_sending_again_not_losing(tmp_path: Path) 
     again.close()
 
 
-def test_a_torn_confirmed_offset_falls_back_to_the_last_synced_one(tmp_path: Path) -> None:
-    """The offset is saved unsynced at each confirmation and synced every SYNC_ACKED_EVERY: a power loss
-    that tears the first resends at most that many, which the queues still remember (RECENT_IDS)."""
-    from meshplane.mesh.queues import RECENT_IDS
-    from meshplane.mesh.spool import SYNC_ACKED_EVERY
+def test_the_confirmed_offset_is_synced_at_each_save_unless_fsync_is_never(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power loss then resends at most what was confirmed since the last save (the destination
+    drops it as a resend: by the last offset it stored from this spool)."""
+    import meshplane.mesh.spool as spool_module
+    from meshplane.streams.files import write_atomic as real
 
-    assert SYNC_ACKED_EVERY * 2 < RECENT_IDS
-    spool = open_spool(tmp_path)
-    spool.append([frame(i) for i in range(SYNC_ACKED_EVERY + 50)])
-    spool.confirm(SYNC_ACKED_EVERY + 9)
-    spool.save()  # synced: 10,010 confirmed
-    spool.confirm(SYNC_ACKED_EVERY + 29)
-    spool.save()  # unsynced: 10,030
-    spool.log.close()
-    (tmp_path / "acked").write_text("")  # what a power loss leaves of a file renamed before its data
-    again = open_spool(tmp_path)
-    assert again.acked == SYNC_ACKED_EVERY + 10
-    again.close()
+    writes: list[tuple[str, bool]] = []
+
+    def recorded(path: Path, data: bytes, *, sync: bool = True) -> None:
+        writes.append((data.decode(), sync))
+        real(path, data, sync=sync)
+
+    monkeypatch.setattr(spool_module, "write_atomic", recorded)
+    for sync in (True, False):
+        spool = Spool(tmp_path / str(sync), "b", SpoolLimits(sync_acked=sync), FilePool(16))
+        spool.append([frame(i) for i in range(10)])
+        spool.confirm(4)
+        spool.save()
+        spool.confirm(8)
+        spool.save()
+        spool.close()
+        assert writes == [("5", sync), ("9", sync)]
+        writes.clear()
 
 
-def test_a_spool_reopened_syncs_its_confirmed_offset_at_the_first_save_if_far_behind(tmp_path: Path) -> None:
-    """Processes that restart often (HA mates taking over) never confirm 10,000 in one life: the synced
-    copy is judged against what it holds, not against the offset the process started from."""
-    from meshplane.mesh.spool import SYNC_ACKED_EVERY
+def test_a_new_spool_starts_where_it_is_told_and_keeps_its_offsets(tmp_path: Path) -> None:
+    """Offsets of a destination's spool never start over (a new one starts at the clock in
+    microseconds), since the destination drops what is at or below the last offset it stored."""
+    from meshplane.mesh.spool import new_spool_offset
 
-    spool = open_spool(tmp_path)
-    spool.append([frame(i) for i in range(SYNC_ACKED_EVERY + 50)])
+    start = new_spool_offset()
+    spool = Spool(tmp_path, "b", SpoolLimits(), FilePool(16), start)
+    assert spool.append([frame(0), frame(1)]) == start
+    assert (spool.acked, spool.pending) == (start, 2)
     spool.close()
-    (tmp_path / "acked").write_text(str(SYNC_ACKED_EVERY + 5))  # saved unsynced by an earlier life
-    again = open_spool(tmp_path)
-    again.confirm(SYNC_ACKED_EVERY + 9)
-    again.save()
-    assert (tmp_path / "acked.synced").read_text() == str(SYNC_ACKED_EVERY + 10)
+    again = Spool(tmp_path, "b", SpoolLimits(), FilePool(16), new_spool_offset())  # kept, not restarted
+    assert (again.acked, again.log.next_offset) == (start, start + 2)
     again.close()
+    assert new_spool_offset() > start + 2
 
 
 def test_room_is_what_the_limits_leave_and_a_refusal_says_why(tmp_path: Path) -> None:

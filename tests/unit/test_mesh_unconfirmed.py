@@ -74,3 +74,21 @@ async def test_a_batched_ack_confirms_the_numbers_it_lists_and_makes_room() -> N
     await waiter
     assert not answers[2].done()
     assert pending.raws() == [b"2"]
+
+
+async def test_an_unknown_answer_keeps_the_publish_waiting_to_be_sent_again_as_it_was() -> None:
+    """Issue 53, item 3: "unknown" is neither stored nor refused: the same frame (the same event id)
+    goes again, and the publish fails only when its timeout passes, saying what it last heard."""
+    pending = Unconfirmed(10, "tcp://node")
+    answer = pending.add(1, b"one", "s", 0.2)
+    assert pending.confirm(1, "unknown: this HA mate lost its lease") == b"one"
+    assert pending.waiting(1) == b"one"
+    assert pending.raws() == [b"one"]  # a new connection sends it again too
+    assert not answer.done()
+    with pytest.raises(TransportError, match=r"may or may not have been stored \(last answer: unknown"):
+        await answer
+    assert pending.waiting(1) is None
+    again = pending.add(2, b"two", "s", 30)
+    assert pending.confirm(2, "unknown: fsync failed") == b"two"
+    assert pending.confirm(2, "") is None
+    await again

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
-from meshplane.cli.up_pipeline import MAX_RESTARTS, PipelineSupervisor, last_line
-from tests.helpers import eventually
+from meshplane.cli.up_pipeline import MAX_RESTARTS, PipelineSupervisor, last_line, pipeline_holder
+from tests.helpers import eventually, wait_until
 
 
 async def test_a_pipeline_that_keeps_failing_is_restarted_then_reported_dead_with_its_reason(
@@ -78,3 +79,53 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ")[1][0] != "Z"
     except OSError:
         return False
+
+
+SLEEPER_WITH_A_CHILD = (
+    "import os, subprocess, sys, time; "
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+    "open(sys.argv[1] + '.tmp', 'w').write(f'{os.getpid()} {child.pid}'); "
+    "os.replace(sys.argv[1] + '.tmp', sys.argv[1]); "
+    "time.sleep(600)"
+)
+
+
+def test_a_pipeline_dies_with_its_supervisor_however_the_supervisor_dies(tmp_path: Path) -> None:
+    """Issue 53, item 4: `up` killed with SIGKILL (it can clean nothing up) takes its pipeline with it:
+    the guard gets a parent-death signal and kills its whole process group (the JVM's stand-in here
+    is the pipeline's own child)."""
+    pids = tmp_path / "pids"
+    up = (
+        "import asyncio, sys\nfrom pathlib import Path\n"
+        "from meshplane.cli.up_pipeline import PipelineSupervisor\n"
+        "async def main():\n"
+        f"    s = PipelineSupervisor([sys.executable, '-c', {SLEEPER_WITH_A_CHILD!r}, {str(pids)!r}], "
+        f"Path({str(tmp_path / 'log')!r}), pid_file=Path({str(tmp_path / 'pipeline.pid')!r}))\n"
+        "    await s.start()\n"
+        "    await asyncio.sleep(600)\n"
+        "asyncio.run(main())"
+    )
+    supervisor = subprocess.Popen([sys.executable, "-c", up])
+    try:
+        wait_until(pids.exists, timeout=30, what="the pipeline and its child started")
+        pipeline, child = (int(pid) for pid in pids.read_text().split())
+        guard = int((tmp_path / "pipeline.pid").read_text())
+        assert pipeline_holder(tmp_path / "pipeline.pid") == guard  # named while it runs
+        assert os.getpgid(pipeline) == os.getpgid(child) == guard
+        supervisor.kill()
+        supervisor.wait()
+        for pid in (guard, pipeline, child):
+            wait_until(lambda pid=pid: not _alive(pid), timeout=30, what=f"pid {pid} gone")  # type: ignore[misc]
+        assert pipeline_holder(tmp_path / "pipeline.pid") is None  # its pid file stays, naming nothing
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+
+
+def test_only_a_live_pipeline_guard_is_named_as_holding_the_checkpoint(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pipeline.pid"
+    assert pipeline_holder(pid_file) is None
+    pid_file.write_text(f"{os.getpid()}\n")  # alive, but not a pipeline (pids are reused)
+    assert pipeline_holder(pid_file) is None
+    pid_file.write_text("garbage")
+    assert pipeline_holder(pid_file) is None

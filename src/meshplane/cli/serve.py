@@ -271,26 +271,15 @@ async def _serve_as_mate(
     stop: asyncio.Event,
 ) -> int:
     """Standby until etcd's lease is this mate's, then active until it is lost (then standby again)."""
-    from meshplane.config import PlaneConfig
-    from meshplane.discovery.etcd import EtcdTls
-    from meshplane.mesh.lease import MateLease
+    from meshplane.cli.mates import mate_lease
     from meshplane.mesh.mates import Standby, mate_token
     from meshplane.streams.mirror import DirectoryReplica
 
-    endpoints = tuple(e.strip() for e in args.mates_etcd.split(",") if e.strip())
-    plane = PlaneConfig.from_env()
-    use_tls = any(e.startswith("https://") for e in endpoints) or plane.etcd_tls_ca is not None
-    credentials = (
-        EtcdTls(plane.etcd_tls_ca, plane.etcd_tls_cert, plane.etcd_tls_key).credentials() if use_tls else None
-    )
-    lease = MateLease(
-        endpoints,
-        mesh_config.cluster,
-        mesh_config.node_id,
-        mate_token(args.data_dir),
-        ttl=args.mate_lease_secs,
-        credentials=credentials,
-    )
+    named = (args.mates_etcd, mesh_config.cluster, mesh_config.node_id, mate_token(args.data_dir))
+    lease = mate_lease(*named, args.mate_lease_secs)
+    # Its alive key on a client of its own: a slow etcd call there never fails the lease's calls.
+    present = mate_lease(*named, args.mate_lease_secs)
+    presence = asyncio.create_task(present.stay_present(), name="meshplane-mate-presence")
     try:
         while not stop.is_set():
             standby = Standby(
@@ -318,6 +307,8 @@ async def _serve_as_mate(
                 watch.cancel()
                 await lease.step_down()
     finally:
+        presence.cancel()
+        await present.close()
         await lease.close()
     return 0
 

@@ -12,6 +12,7 @@ from typing import Any
 from meshplane import context
 from meshplane.cli.consume import add_consume_options, consume_group, consume_topic, say
 from meshplane.cli.errors import CliError
+from meshplane.cli.mates import add_mates_options, run_mates
 from meshplane.cli.options import HelpFormatter, add_token_option
 from meshplane.cli.produce import add_produce_options, json_or_text, produce
 from meshplane.cli.tables import RENDERERS
@@ -208,6 +209,13 @@ def add_client_commands(commands: Any) -> None:
         example="meshplane mesh forget ghost --url http://127.0.0.1:15501",
     )
     p.add_argument("node", help="the node id")
+    p = action(
+        "mates",
+        "etcd's view of a node's HA mates (active, epoch, current, each mate's token); `mates reset` "
+        "deletes current when every mate it names is gone for good (refused while one runs)",
+        example="meshplane mesh mates --etcd http://127.0.0.1:2379 --node a",
+    )
+    add_mates_options(p)
 
 
 def streams_url(text: str) -> str:
@@ -268,6 +276,9 @@ async def run_client(args: argparse.Namespace) -> int:
 
 async def _run_client(args: argparse.Namespace) -> int:
     from meshplane.streams.client import StreamsClient
+
+    if args.command == "mesh" and args.action == "mates":  # etcd's, whichever mate runs (or none)
+        return await run_mates(args)
 
     env = context.environment()
     fallback = env.get("MESHPLANE_MESH_URL") if args.command == "mesh" else None  # up --nodes: node a

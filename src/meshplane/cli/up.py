@@ -29,7 +29,7 @@ from meshplane.cli.up_next_steps import (
     DEMO_WINDOWS_TOPIC,
     print_next_steps,
 )
-from meshplane.cli.up_pipeline import PipelineSupervisor
+from meshplane.cli.up_pipeline import PIPELINE_PID_FILE, PipelineSupervisor, pipeline_holder
 from meshplane.cli.up_state import RUNNING_FILE, RunState, drop_context, lock_state_dir, save_context
 from meshplane.config import PlaneConfig
 from meshplane.core.brokers import BROKERS_BUCKET, broker_record
@@ -243,6 +243,12 @@ async def run_up(args: argparse.Namespace) -> int:
     mesh_url = mesh.nodes[0].url if mesh is not None else None
     local = save_context(args, config, nats_url, streams.url if streams is not None else None, mesh_url)
     missing = _pipeline_missing(streams) if args.pipeline else None
+    holder = pipeline_holder(state_dir / PIPELINE_PID_FILE) if args.pipeline else None
+    if holder is not None and not missing:
+        missing = (
+            f"a pipeline from an earlier run, pid {holder}, still holds its checkpoint in {state_dir}: "
+            f"stop it (kill -- -{holder}) and run again"
+        )
     streams_url = streams.url if streams is not None else None
     print_next_steps(
         config, shown_url, addresses, streams_url, local, args.pipeline and not missing, mesh_url
@@ -260,7 +266,9 @@ async def run_up(args: argparse.Namespace) -> int:
         argv = [sys.executable, "-m", "meshplane.cli.main", "pipeline", "demo", "--url", streams.url]
         argv += ["--source", DEMO_STREAM_TOPIC, "--state-dir", str(state_dir)]
         pipeline = PipelineSupervisor(
-            [*argv, "--follow", str(args.duration or 10**9)], state_dir / "pipeline.log"
+            [*argv, "--follow", str(args.duration or 10**9)],
+            state_dir / "pipeline.log",
+            pid_file=state_dir / PIPELINE_PID_FILE,
         )
         await pipeline.start()
     run.pipeline = pipeline

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,11 +51,31 @@ def last_line(log: Path) -> str:
     return found[:REASON_CHARS]
 
 
-class PipelineSupervisor:
-    """Runs ``argv`` (in a session of its own: Spark's JVM goes with it) with its output in ``log``."""
+def pipeline_holder(pid_file: Path) -> int | None:
+    """The pid of a pipeline an earlier ``up`` left running (its process group holds the checkpoint),
+    or None."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if GUARD.encode() in command else None
 
-    def __init__(self, argv: list[str], log: Path, first_backoff: float = FIRST_BACKOFF) -> None:
-        self.argv = argv
+
+GUARD = "meshplane.cli.pipeline_guard"
+PIPELINE_PID_FILE = "pipeline.pid"  # in the state directory, while up's pipeline runs
+
+
+class PipelineSupervisor:
+    """Runs ``argv`` with its output in ``log``, under :mod:`.pipeline_guard` (a session of its own,
+    dying with this process however it dies: Spark's JVM goes with it). ``pid_file`` names it while it
+    runs."""
+
+    def __init__(
+        self, argv: list[str], log: Path, first_backoff: float = FIRST_BACKOFF, pid_file: Path | None = None
+    ) -> None:
+        self.argv = [sys.executable, "-m", GUARD, str(os.getpid()), "--", *argv]
+        self.pid_file = pid_file
         self.log = log
         self.first_backoff = first_backoff
         self._process: asyncio.subprocess.Process | None = None
@@ -81,6 +102,8 @@ class PipelineSupervisor:
                 *self.argv, start_new_session=True, stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL
             )
         self._state = "running"
+        if self.pid_file is not None:
+            self.pid_file.write_text(f"{self._process.pid}\n")
 
     async def _watch(self) -> None:
         while True:
@@ -124,6 +147,8 @@ class PipelineSupervisor:
                 self._kill_group()
                 await process.wait()
         self._kill_group()
+        if self.pid_file is not None:
+            self.pid_file.unlink(missing_ok=True)
 
 
 def _exit_reason(code: int, line: str) -> str:

@@ -8,7 +8,8 @@ handled, which is what :meth:`MeshClient.flush` waits for. When the node goes aw
 again with backoff and subscribes afresh; what is published meanwhile is dropped and counted.
 
 A guaranteed publish (``guaranteed=True``) waits for the node's ACK: the event is stored wherever it
-must go. Until then it is kept, and sent again as it was (same event id) after a reconnect, so the
+must go. Until then it is kept, and sent again as it was (same event id) after a reconnect, or when
+the node answers that it cannot tell whether it is stored (an HA mate that lost its lease), so the
 destination's dedup makes the resend harmless.
 """
 
@@ -243,7 +244,9 @@ class MeshClient:
                     callback(frame.subject, body)
         elif frame.type is FrameType.ACK:
             if not frame.flags & FLAG_BATCHED_ACKS:
-                self._unconfirmed.confirm(frame.sequence, frame.payload.decode(errors="replace"))
+                again = self._unconfirmed.confirm(frame.sequence, frame.payload.decode(errors="replace"))
+                if again is not None:  # stored or not, the node cannot say: the same event, a bit later
+                    asyncio.get_running_loop().call_later(RESEND_UNKNOWN_SECS, self._resend, frame.sequence)
                 return
             try:
                 self._unconfirmed.confirm_stored(batched_ack_sequences(frame))
@@ -321,6 +324,11 @@ class MeshClient:
         if conn.paused:
             await conn.drain()
 
+    def _resend(self, sequence: int) -> None:
+        raw = self._unconfirmed.waiting(sequence)
+        if raw is not None and self._conn is not None and self._conn.is_open:
+            self._conn.send(raw)
+
     async def _publish_guaranteed(self, subject: str, body: bytes) -> None:
         await (await self.publish_async(subject, body))
 
@@ -385,5 +393,6 @@ class MeshClient:
 
 
 MAX_UNCONFIRMED = 10_000  # guaranteed publishes awaiting their ACK, at most
+RESEND_UNKNOWN_SECS = 0.5  # a publish answered "unknown" goes again after this (a new connection sooner)
 CACHED_SUBJECTS = 4096  # subjects whose subscribers' callbacks are remembered
 SECRET_HINT = f"set {SECRET_ENV} to the node's secret"

@@ -7,6 +7,7 @@ counted down, an event id is made once, a queue remembers a batch's ids at once.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from meshplane.mesh.spool import Spool
 from meshplane.streams.errors import StorageError, StreamError
 
 if TYPE_CHECKING:
+    from meshplane.mesh.links import Link
     from meshplane.streams.durability import Syncable
     from meshplane.streams.service import StreamsService
 
@@ -37,6 +39,8 @@ class Work:
     done: Answer
     ticket: int  # what ``done`` is told the answer is for: a client's EVENT number, a spool offset
     way: str = ""  # how it came: "" published here, a peer's id (its spool), "@" + another cluster
+    link: Link | None = None  # a spool's: the link it came over ...
+    failures: int = 0  # ... and how many stores from that link had failed when it came
 
 
 def store_batch(
@@ -97,8 +101,10 @@ def _store_in(
     synced: set[Syncable],
     counters: Counter[str],
 ) -> None:
-    """A batch's events for one queue, but those it stored already (by event id)."""
+    """A batch's events for one queue, but those it stored already (by the spool offset of their
+    source, or by event id)."""
     recent = queue.recent.ids
+    marks = queue.marks
     fresh: dict[str, Work] = {}
     events: list[StoredEvent] = []
     for work in works:
@@ -107,12 +113,13 @@ def _store_in(
         event = work.event
         assert event is not None
         event_id = f"{event.timestamp_ms}-{event.sequence}-{event.source}"  # MeshEvent.event_id
-        if event_id in recent or event_id in fresh:
+        way = work.way  # a spool's: ``ticket`` is the offset there
+        if event_id in recent or event_id in fresh or (way and marks.seen(way, work.ticket)):
             queue.duplicates += 1
             counters["duplicates_dropped"] += 1
         else:
             fresh[event_id] = work
-            events.append(stored_event(event, event_id))
+            events.append(stored_event(event, event_id, way, work.ticket))
     if not fresh:
         return
     try:
@@ -124,8 +131,11 @@ def _store_in(
         return
     synced.update(more)
     ways: dict[str, list[str]] = {}
+    now_ms = time.time_ns() // 1_000_000
     for event_id, work in fresh.items():
         ways.setdefault(work.way, []).append(event_id)
+        if work.way:
+            marks.stored(work.way, work.ticket, now_ms)
     for way, event_ids in ways.items():
         queue.recent.remember(event_ids, way)
     queue.stored += len(fresh)

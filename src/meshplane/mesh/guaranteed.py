@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import shutil
 import time
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshplane.core.mesh.frames import (
+    ANSWER_UNKNOWN,
     Frame,
     FrameType,
     decode_spooled,
@@ -50,8 +52,8 @@ from meshplane.mesh.commit_batch import Answer, Work, store_batch
 from meshplane.mesh.holders import Holder, MeshEvent
 from meshplane.mesh.peer_queues import KnownQueues
 from meshplane.mesh.queues import PREFIX, Queue, Queues
-from meshplane.mesh.spool import Spool, SpoolLimits, spool_directory, spool_peer
-from meshplane.streams.errors import CorruptRecords, NotStored, StorageError
+from meshplane.mesh.spool import Spool, SpoolLimits, new_spool_offset, spool_directory, spool_peer
+from meshplane.streams.errors import CorruptRecords, NotStored, OutcomeUnknown, StorageError
 from meshplane.streams.files import changed
 
 if TYPE_CHECKING:
@@ -83,6 +85,9 @@ class Guaranteed:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failed: set[Link] = set()  # links whose events failed to store: no ACK past the failure
+        # Per link, failures so far: what a link sent before its last failure is not stored (its
+        # queues would remember offsets past the one that failed, and drop it when it is resent).
+        self._failures: Counter[Link] = Counter()
         self._acks: dict[Link, int] = {}  # link -> highest spool offset handled in this batch
         self._waiting_bytes = 0
         self._confirmers: dict[Link, Answer] = {}  # each link's answer to its SPOOLED frames (by offset)
@@ -102,6 +107,7 @@ class Guaranteed:
         """Load the spools and the queues (subscribing them, so they are advertised from the start)."""
         self.engine = engine
         self._root = engine.root / "mesh"
+        self.limits = dataclasses.replace(self.limits, sync_acked=engine.durability.policy != "never")
         for folder, spools in (("spool", self.spools), ("cluster-spool", self.cluster_spools)):
             (self._root / folder).mkdir(parents=True, exist_ok=True)
             for directory in sorted(p for p in (self._root / folder).iterdir() if p.is_dir()):
@@ -136,6 +142,8 @@ class Guaranteed:
     def tick(self) -> None:
         for spool in (*self.spools.values(), *self.cluster_spools.values()):
             spool.save()
+        if self.engine is not None:
+            self.queues.save_marks()
         for known in (self.peers, self.clusters):
             if known is not None:
                 known.sync()
@@ -221,7 +229,8 @@ class Guaranteed:
         return self.clusters is not None and cluster in self.clusters.match(subject)
 
     async def publish_async(self, event: MeshEvent, skip: Holder | None = None) -> None:
-        """:meth:`publish`, awaited: raises NotStored when it was not stored."""
+        """:meth:`publish`, awaited: raises NotStored when it was not stored, OutcomeUnknown when it
+        may or may not be."""
         answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
         def done(_: int, error: str) -> None:
@@ -230,6 +239,8 @@ class Guaranteed:
 
         self.publish(event, done, skip=skip)
         error = await answer
+        if error.startswith(ANSWER_UNKNOWN):
+            raise OutcomeUnknown(error)
         if error:
             raise NotStored(error)
 
@@ -244,7 +255,7 @@ class Guaranteed:
         if spool is None:
             assert self.engine is not None
             directory = spool_directory(self._root / folder, key)
-            spool = spools[key] = Spool(directory, key, self.limits, self.engine.files)
+            spool = spools[key] = Spool(directory, key, self.limits, self.engine.files, new_spool_offset())
         return spool
 
     def _link_of(self, spool: Spool) -> Link | None:
@@ -296,7 +307,7 @@ class Guaranteed:
         if not queues and not clusters:
             self.counters["spooled_unwanted"] += 1  # the queue went away on the way
         spools = [self._cluster_spool(c) for c in sorted(clusters)] if clusters else []
-        self._submit(Work(event, spools, queues, done, offset, link.peer))
+        self._submit(Work(event, spools, queues, done, offset, link.peer, link, self._failures[link]))
 
     def _from_cluster(self, link: Link, event: MeshEvent, done: Answer, offset: int) -> None:
         """A guaranteed event another cluster's gateway sent: stored here as if published on this node
@@ -326,6 +337,8 @@ class Guaranteed:
                 done,
                 offset,
                 f"@{link.peer}",
+                link,
+                self._failures[link],
             )
         )
 
@@ -336,6 +349,7 @@ class Guaranteed:
         if error:
             # Confirming later ones would skip this one: the link starts over and the peer resends.
             self._failed.add(link)
+            self._failures[link] += 1
             self._acks.pop(link, None)
             self.counters["store_failures"] += 1
             log.warning(
@@ -443,6 +457,8 @@ class Guaranteed:
             await self._wake.wait()
             self._wake.clear()
             batch, self._work, self._waiting_bytes = self._work, [], 0
+            failures = self._failures
+            batch = [w for w in batch if w.link is None or failures[w.link] == w.failures]
             try:
                 failed, synced, appended = store_batch(self.engine, batch, self.counters)
             except Exception as exc:  # a bug must not stop every later guaranteed publish
@@ -453,8 +469,9 @@ class Guaranteed:
             if synced:
                 try:
                     await durability.written(*synced, records=len(batch) - len(failed))
-                except StorageError as exc:
-                    failed = {work: str(exc) for work in batch}
+                except StorageError as exc:  # written, but maybe not where it must be: not "not stored"
+                    unknown = f"{ANSWER_UNKNOWN}{exc}; send it again with the same id"
+                    failed = {work: failed.get(work) or unknown for work in batch}
             for work in batch:
                 work.done(work.ticket, failed.get(work, "") if failed else "")
             self.counters["stored"] += len(batch) - len(failed)

@@ -10,6 +10,10 @@ Two keys per node, under ``meshplane/mates/<cluster>/<node>/``:
   acknowledges anything the set no longer covers: itself alone once its standby drops, both once
   the standby has caught up.
 
+A third, ``alive/<token>``, says a mate runs (active or standby), under a lease of its own: the
+operator's ``meshplane mesh mates reset`` (:meth:`MateLease.reset`) deletes ``current`` only while no
+mate it names is alive, the way out when every one of them is gone for good.
+
 A mate may take the ``active`` key only while it is free and only if ``current`` names it (or no
 mate ever did): a standby that fell behind cannot take over and lose what it missed. The active
 stops acknowledging before etcd can expire its lease (it counts the TTL from before each refresh
@@ -66,6 +70,9 @@ class MateLease:
         timeout: float = 2.0,
     ) -> None:
         self._endpoints = [parse_endpoint(e) for e in endpoints]
+        self.reset_command = (  # the operator's way out when every mate ``current`` names is gone
+            f"meshplane mesh mates reset --etcd {','.join(endpoints)} --cluster {cluster} --node {node_id}"
+        )
         self._credentials = credentials
         self.prefix = f"meshplane/mates/{cluster}/{node_id}/"
         self.token = token
@@ -252,3 +259,58 @@ class MateLease:
     async def close(self) -> None:
         await self.step_down()
         await self._drop_client()
+
+    # --- presence, and the operator's view -------------------------------------------------------------
+
+    def _alive_key(self, token: str) -> bytes:
+        return f"{self.prefix}alive/{token}".encode()
+
+    async def stay_present(self) -> None:
+        """While this mate runs: its ``alive/<token>`` key, under a lease of its own (runs until
+        cancelled; etcd drops the key a TTL after the process dies)."""
+        while True:
+            try:
+                await self._present_once()
+            except DiscoveryError:
+                await asyncio.sleep(0.5)
+
+    async def _present_once(self) -> None:
+        lease = await self._call(lambda etcd: etcd.lease(self.ttl))
+        await self._call(lambda etcd: etcd.put(self._alive_key(self.token), b"{}", lease=lease))
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            reply = await self._call(lambda etcd: etcd.refresh_lease(lease.id))
+            if reply is None or reply.TTL <= 0:
+                return
+
+    async def view(self) -> dict[str, Any]:
+        """What etcd holds for this node: the active mate, the epoch, ``current`` and the mates alive."""
+        active = await self.active()
+        tokens, revision = await self.current()
+        found = await self._call(lambda etcd: etcd.get_prefix(self._alive_key("")))
+        alive = sorted(kv.key.decode().rsplit("/", 1)[-1] for kv in found)
+        return {
+            "node": self.prefix.rstrip("/"),
+            "active": active.token if active is not None else None,
+            "route": active.route if active is not None else None,
+            "epoch": active.epoch if active is not None else None,
+            "current": tokens,
+            "current_revision": revision,
+            "alive": alive,
+        }
+
+    async def reset(self, revision: int) -> None:
+        """Delete ``current`` (as read at ``revision``) while no mate is active: the next mate to start
+        takes over with what its own data directory holds. Raises DiscoveryError if etcd changed."""
+
+        async def delete(etcd: aetcd.Client) -> Any:
+            txn = etcd.transactions
+            return await etcd.transaction(
+                compare=[txn.version(self._active_key) == 0, txn.mod(self._current_key) == revision],
+                success=[txn.delete(self._current_key)],
+                failure=[],
+            )
+
+        succeeded, _ = await self._call(delete)
+        if not succeeded:
+            raise DiscoveryError("etcd changed meanwhile (a mate took the lease, or current was rewritten)")

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import ssl
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +45,18 @@ from meshplane.core.mesh.handshake import (
     proof,
     proof_ok,
 )
+from meshplane.core.mesh.mirror_membership import (
+    Answer,
+    Fail,
+    MirrorMembership,
+    SendRound,
+    StartSnapshot,
+)
 from meshplane.core.mirror import Barrier, Change, Changes, Put, decode_changes, encode_changes
 from meshplane.errors import DiscoveryError
 from meshplane.mesh.config import parse_route
 from meshplane.mesh.connection import FrameConnection
-from meshplane.mesh.lease import ActiveMate, MateLease
+from meshplane.mesh.lease import ActiveMate, LeaseLost, MateLease
 from meshplane.mesh.links import Handshake
 from meshplane.streams.errors import StorageError
 from meshplane.streams.files import write_atomic
@@ -89,12 +95,10 @@ def mirror_frames(node_id: str, epoch: int, changes: Iterable[Change]) -> Iterab
         yield encode_frame(FrameType.MIRROR, node_id, "", epoch, encode_changes(Changes(batch)))
 
 
-class StandbyGone(Exception):
-    pass
-
-
 class MirrorServer:
-    """The active's side: one standby at a time (a newer connection replaces an older one)."""
+    """The active's side, the thin adapter of :class:`MirrorMembership`: one standby connection at a
+    time (a newer one replaces an older one); the membership decides what to send, what to write to
+    etcd and which acknowledgement to answer, this class does it and tells it what happened."""
 
     def __init__(
         self,
@@ -112,19 +116,25 @@ class MirrorServer:
         self.source = source
         self.lease = lease
         self.ack_timeout = ack_timeout
+        self.membership = MirrorMembership(lease.token)
         self.conn: FrameConnection | None = None
-        self.state = "absent"  # absent -> syncing (snapshot) -> catching_up -> in_sync
-        self.standby = ""  # the standby's token
+        self._gens: dict[FrameConnection, int] = {}
         self.counters: Counter[str] = Counter()
-        self._numbers = itertools.count(1)
-        self._acks: dict[int, asyncio.Future[None]] = {}
-        self._lock = asyncio.Lock()
-        self._requested = self._completed = 0
-        self._alone_pending = False  # etcd still names a standby that was dropped
-        self._sync: asyncio.Task[None] | None = None
+        self._tickets: dict[int, asyncio.Future[None]] = {}
+        self._answers: dict[int, asyncio.Future[None]] = {}  # round number: the standby answered
+        self._tasks: set[asyncio.Task[None]] = set()
         self._sync_next = False
         self._kicked: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
         source.on_change = self._kick
+
+    @property
+    def state(self) -> str:
+        return self.membership.state()
+
+    @property
+    def standby(self) -> str:
+        return self.membership.standby
 
     def _kick(self) -> None:
         """A change nobody waits for yet (a topic created, an interval-synced write): sent at once."""
@@ -149,14 +159,15 @@ class MirrorServer:
         if conn is not self.conn or frame.type is not FrameType.MIRROR_ACK:
             self.counters["bad_frames"] += 1
             return
+        gen = self._gens.get(conn)
         if frame.sequence == 0:  # hello (with the standby's token) or a heartbeat
-            if self.state == "absent" and frame.subject and self._sync is None:
-                self.standby = frame.subject
-                self._sync = asyncio.create_task(self._snapshot(conn), name="meshplane-mirror-snapshot")
+            if gen is None and frame.subject:
+                self._gens[conn] = self.membership.connected(frame.subject)
+                self._act()
             return
-        future = self._acks.pop(frame.sequence, None)
-        if future is not None and not future.done():
-            future.set_result(None)
+        answer = self._answers.get(frame.sequence)
+        if gen is not None and answer is not None and not answer.done():
+            answer.set_result(None)
 
     def closed(self, conn: FrameConnection) -> None:
         if conn is self.conn:
@@ -166,82 +177,127 @@ class MirrorServer:
         if conn is not self.conn:
             return
         if self.state != "absent":
-            log.warning("HA mate: standby dropped (%s); acknowledging alone", why)
+            log.warning("HA mate: standby dropped (%s); etcd counts it no more before the next answer", why)
             self.counters["standby_drops"] += 1
-        self._alone_pending = self._alone_pending or self.state == "in_sync"
-        self.state, self.conn = "absent", None
-        if self._sync is not None:
-            self._sync.cancel()
-            self._sync = None
-        for future in self._acks.values():
-            if not future.done():
-                future.set_exception(StandbyGone(why))
-        self._acks.clear()
+        self.conn = None
+        gen = self._gens.pop(conn, None)
         conn.close()
+        if gen is not None:
+            self.membership.closed(gen)
+            self._act()
 
-    async def _snapshot(self, conn: FrameConnection) -> None:
-        self.state = "syncing"
-        self.counters["snapshots"] += 1
-        try:
-            if self._alone_pending:  # the standby empties its copy first: etcd must not count it then
-                async with self._lock:
-                    await self._record_alone()
-        except StorageError:  # the lease is lost: nothing to mirror from here
-            self._drop(conn, "this mate lost its lease")
+    # --- carrying out the membership's decisions -------------------------------------------------------
+
+    def _act(self) -> None:
+        for action in self.membership.actions():
+            if isinstance(action, Answer | Fail):
+                self._answer(action)
+            elif isinstance(action, StartSnapshot):
+                self._spawn(self._snapshot(action.gen), "meshplane-mirror-snapshot")
+            elif isinstance(action, SendRound):
+                self._spawn(self._round(action.gen, action.number), "meshplane-mirror-round")
+            else:
+                self._spawn(self._write_current(action.tokens), "meshplane-mirror-current")
+
+    def _answer(self, action: Answer | Fail) -> None:
+        if isinstance(action, Answer) and not self.lease.valid():
+            self.membership.lease_lost()  # the lease ran out meanwhile: nothing is answered now
+            self._act()
             return
-        for frame in mirror_frames(self.node_id, self.lease.epoch, self.source.snapshot()):
+        future = self._tickets.pop(action.ticket, None)
+        if future is None or future.done():
+            return
+        if isinstance(action, Answer):
+            future.set_result(None)
+        else:
+            future.set_exception(
+                LeaseLost(f"{action.reason} (epoch {self.lease.epoch}); retry on the other mate")
+            )
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _conn_of(self, gen: int) -> FrameConnection | None:
+        conn = self.conn
+        return conn if conn is not None and self._gens.get(conn) == gen else None
+
+    async def _send(self, conn: FrameConnection, frames: Iterable[bytes]) -> None:
+        for frame in frames:
             conn.send(frame)
             self.counters["bytes_sent"] += len(frame)
             await conn.drain()
-            if conn is not self.conn:
-                return
-        self.state = "catching_up"
-        self._sync = None
-        self._sync_next = True  # the snapshot's files on the standby's disk before it counts
-        try:
-            await self.barrier()
-            if conn is self.conn and self.state == "catching_up":
-                await self.lease.set_current([self.lease.token, self.standby])
-                self.state = "in_sync"
-                log.info("HA mate: the standby is in sync; acknowledgements wait for it")
-        except (DiscoveryError, OSError, StorageError) as exc:
-            log.warning("HA mate: could not record the standby as in sync (%s)", exc)
-            self._drop(conn, str(exc))
 
-    async def barrier(self) -> None:
-        """Return once every change made before the call is on the standby (if one is counted), and
-        this mate still holds the lease; raises LeaseLost (a 503: retry on the other mate)."""
-        self.lease.check()
-        self._requested += 1
-        ticket = self._requested
-        async with self._lock:
-            if self._completed < ticket:
-                target = self._requested
-                await self._round()
-                self._completed = target
-        self.lease.check()
-
-    async def _round(self) -> None:
-        if self._alone_pending:
-            await self._record_alone()
-        conn = self.conn
-        if conn is None or self.state not in ("catching_up", "in_sync"):
+    async def _snapshot(self, gen: int) -> None:
+        conn = self._conn_of(gen)
+        if conn is None:
             return
-        number = next(self._numbers)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._acks[number] = future
+        self.counters["snapshots"] += 1
+        try:
+            await self._send(conn, mirror_frames(self.node_id, self.lease.epoch, self.source.snapshot()))
+        except (OSError, StorageError) as exc:  # it starts over on a new connection
+            log.warning("HA mate: could not send the standby its snapshot (%s)", exc)
+            self._drop(conn, str(exc))
+            return
+        if self._conn_of(gen) is conn:
+            self._sync_next = True  # the snapshot's files on the standby's disk before it counts
+            self.membership.snapshot_sent(gen)
+            self._act()
+
+    async def _round(self, gen: int, number: int) -> None:
+        conn = self._conn_of(gen)
+        if conn is None:
+            return
+        answered = asyncio.get_running_loop().create_future()
+        self._answers[number] = answered
         self.counters["rounds"] += 1
         try:
             async with asyncio.timeout(self.ack_timeout):
-                for frame in mirror_frames(self.node_id, self.lease.epoch, self._changes_and(number)):
-                    conn.send(frame)
-                    self.counters["bytes_sent"] += len(frame)
-                    await conn.drain()
-                await future
-        except (TimeoutError, StandbyGone) as exc:
-            self._drop(conn, str(exc) or f"no answer within {self.ack_timeout}s")
-            if self._alone_pending:
-                await self._record_alone()
+                await self._send(
+                    conn, mirror_frames(self.node_id, self.lease.epoch, self._changes_and(number))
+                )
+                await answered
+        except TimeoutError:
+            self._drop(conn, f"no answer within {self.ack_timeout}s")
+            return
+        finally:
+            del self._answers[number]
+        self.membership.answered(gen, number)
+        self._act()
+
+    async def _write_current(self, tokens: tuple[str, ...]) -> None:
+        ok = False
+        try:
+            self.lease.check()
+            await self.lease.set_current(list(tokens))
+            ok = True
+        except LeaseLost as exc:
+            self.membership.lease_lost(str(exc))
+        except DiscoveryError as exc:
+            log.warning("HA mate: etcd did not take current=%s (%s); trying again", list(tokens), exc)
+            await asyncio.sleep(0.2)
+        else:
+            if len(tokens) > 1:
+                log.info("HA mate: the standby is in sync; acknowledgements wait for it")
+        self.membership.written(ok)
+        self._act()
+
+    async def barrier(self) -> None:
+        """Return once every change made before the call is on every mate etcd's ``current`` may
+        name, and this mate still holds the lease; raises LeaseLost (a 503) otherwise."""
+        self.lease.check()
+        if self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_lease())
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._tickets[self.membership.request()] = future
+        self._act()
+        await future
+
+    async def _watch_lease(self) -> None:
+        await self.lease.lost.wait()
+        self.membership.lease_lost()
+        self._act()
 
     def _changes_and(self, number: int) -> Iterable[Change]:
         yield from self.source.changes()
@@ -251,24 +307,17 @@ class MirrorServer:
         if due or self._sync_next:
             self._synced_at, self._sync_next = now, False
 
-    async def _record_alone(self) -> None:
-        """etcd's ``current`` back to this mate alone, before anything more is acknowledged."""
-        while True:
-            self.lease.check()
-            try:
-                await self.lease.set_current([self.lease.token])
-                self._alone_pending = False
-                return
-            except DiscoveryError as exc:
-                log.warning("HA mate: etcd does not take the standby's drop yet (%s); retrying", exc)
-                await asyncio.sleep(0.2)
-
     def status(self) -> dict[str, Any]:
         return {"state": self.state, "standby": self.standby, "epoch": self.lease.epoch, **self.counters}
 
     def close(self) -> None:
         if self.conn is not None:
             self._drop(self.conn, "the active is stopping")
+        self.membership.lease_lost("this HA mate is stopping")
+        self._act()
+        for task in (*self._tasks, self._watch):
+            if task is not None:
+                task.cancel()
         self.source.close()
 
 
@@ -309,7 +358,11 @@ class Standby:
                 if active is None:
                     if await self.lease.acquire():
                         return True
-                    line = "the lease is free but etcd does not count this mate as current: waiting"
+                    line = (
+                        "the lease is free but etcd does not count this mate as current: waiting for a "
+                        "mate it names (if every one of them is gone for good, and what only they held "
+                        f"may be lost: {self.lease.reset_command})"
+                    )
                 elif active.token != self.lease.token and active.route:
                     await self._follow(active, stop)
                     line = f"the active (epoch {active.epoch}) went away; looking again"

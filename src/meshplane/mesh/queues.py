@@ -2,8 +2,10 @@
 ``<data dir>/mesh/queues.json`` (fsynced before they are advertised), and subscribed under ``$G.``.
 
 Each queue stores its events in the streams topic of its name (keyed by publisher, so that one
-publisher's events keep their order) and remembers the ids it stored last, read back from the topic
-when the node starts, so that a resend is dropped.
+publisher's events keep their order) and drops a resend: one from a spool (a peer's, another
+cluster's) by the last spool offset it stored from that source (:mod:`meshplane.core.mesh.source_marks`:
+checkpointed beside the topic, and rebuilt from the events after the checkpoint, which carry their
+source and offset), any other by the ids it stored last (read back from the topic on start).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE
+from meshplane.core.mesh.source_marks import SourceMarks
 from meshplane.core.streamlog import StoredEvent
 from meshplane.core.subjects import is_reserved, valid_pattern
 from meshplane.mesh.holders import MeshEvent
@@ -28,6 +31,7 @@ from meshplane.streams.files import write_atomic
 if TYPE_CHECKING:
     from meshplane.mesh.node import MeshNode
     from meshplane.streams.service import StreamsService
+    from meshplane.streams.topics import Topic
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,7 @@ class Queue:
     name: str
     patterns: list[str]
     recent: RecentIds = field(default_factory=RecentIds)
+    marks: SourceMarks = field(default_factory=SourceMarks)
     stored: int = 0
     duplicates: int = 0
 
@@ -78,18 +83,24 @@ class Queue:
         """Queues take events only through :class:`Guaranteed` (stored, then acknowledged)."""
 
 
-def stored_event(event: MeshEvent, event_id: str | None = None) -> StoredEvent:
-    """How a queue's topic keeps an event: pub/sub messages by their payload, others as bytes."""
+def stored_event(
+    event: MeshEvent, event_id: str | None = None, source: str = "", offset: int = 0
+) -> StoredEvent:
+    """How a queue's topic keeps an event: pub/sub messages by their payload, others as bytes; one
+    that came from a spool says which (``via``) and at what offset (``via_offset``)."""
     data: Any = event.body
     if event.flags & FLAG_JSON_MESSAGE:
         with contextlib.suppress(msgspec.DecodeError, AttributeError, TypeError):
             data = msgspec.json.decode(event.body).get("payload")
+    metadata = {"subject": event.subject, "origin": event.source}
+    if source:
+        metadata["via"], metadata["via_offset"] = source, str(offset)
     return StoredEvent(
         id=event.event_id if event_id is None else event_id,
         event_type=event.subject,
         data=data,
         key=event.source,
-        metadata={"subject": event.subject, "origin": event.source},
+        metadata=metadata,
     )
 
 
@@ -135,7 +146,7 @@ class Queues:
         old = self.queues.pop(name, None)
         if old is not None:
             self._withdraw(old)
-        return self._install(name, sorted(set(checked)), recent=old.recent if old is not None else None)
+        return self._install(name, sorted(set(checked)), old)
 
     def delete(self, name: str) -> bool:
         """Stop the queue's interest (its topic and what it holds stay, to be read or deleted)."""
@@ -158,10 +169,10 @@ class Queues:
         except OSError as exc:
             raise StorageError(f"saving the queues: {exc}") from exc
 
-    def _install(self, name: str, patterns: list[str], recent: RecentIds | None = None) -> Queue:
+    def _install(self, name: str, patterns: list[str], old: Queue | None = None) -> Queue:
         queue = Queue(name, patterns)
-        if recent is not None:
-            queue.recent = recent
+        if old is not None:
+            queue.recent, queue.marks = old.recent, old.marks
         else:
             self._recall(queue)
         self.queues[name] = queue
@@ -190,6 +201,52 @@ class Queues:
                 new = dict.fromkeys(event.body.id for event in events)
                 queue.recent.remember([i for i in new if i not in queue.recent.ids], RECALLED)
                 offset = events[-1].offset + 1
+        self._recall_marks(queue, topic)
+
+    def _marks_path(self, name: str) -> Path:
+        return self._root / "queue-marks" / f"{name.encode().hex()}.json"
+
+    def _recall_marks(self, queue: Queue, topic: Topic) -> None:
+        """The last offset stored from each spool: the checkpoint, then the events stored after it
+        (all of them without one: the first start with marks, or a checkpoint newer than the topic)."""
+        partition = topic.partitions[0]
+        start: int | None = None
+        with contextlib.suppress(OSError):
+            start = queue.marks.load(self._marks_path(queue.name).read_bytes(), partition.next_offset)
+        offset = max(partition.start_offset, start or 0)
+        if start is None:
+            queue.marks = SourceMarks()
+        while offset < partition.next_offset:
+            try:
+                events = topic.read(0, offset, 1000, counted=False)
+            except (CorruptRecords, StreamError) as exc:
+                log.warning("queue %s: could not read back its spool offsets (%s)", queue.name, exc)
+                break
+            if not events:
+                break
+            for event in events:
+                metadata = event.body.metadata or {}
+                via = metadata.get("via")
+                if via:
+                    with contextlib.suppress(ValueError):
+                        queue.marks.stored(via, int(metadata.get("via_offset", "")), event.timestamp_ms)
+            offset = events[-1].offset + 1
+
+    def save_marks(self) -> None:
+        """Checkpoint each queue's spool offsets that changed (not synced: one lost or newer than the
+        topic after a power loss is rebuilt from the topic)."""
+        assert self.engine is not None
+        for queue in self.queues.values():
+            topic = self.engine.topic_store.topics.get(queue.name)
+            if not queue.marks.changed or topic is None:
+                continue
+            path = self._marks_path(queue.name)
+            try:
+                path.parent.mkdir(exist_ok=True)
+                write_atomic(path, queue.marks.encode(topic.partitions[0].next_offset), sync=False)
+                queue.marks.changed = False
+            except OSError as exc:
+                log.warning("queue %s: could not checkpoint its spool offsets (%s)", queue.name, exc)
 
     def status(self) -> list[dict[str, Any]]:
         return [

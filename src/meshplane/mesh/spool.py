@@ -5,7 +5,13 @@ A spool is a streams partition log of EVENT frames. ``acked`` is the first offse
 not confirmed; ``sent`` the first not yet sent on the current connection. A link that goes down
 rewinds ``sent`` to ``acked``: what was unconfirmed goes again, and the destination's dedup by event
 id drops what it had stored already. ``acked`` is kept in a small file next to the log (a stale one
-only resends, never loses); segments below it are deleted.
+only resends, never loses; synced at each save unless ``--fsync never``); segments below it are
+deleted.
+
+Offsets never start over for a destination: a new spool (a first event for that node, or one after
+``mesh forget``, or a data directory replaced) starts at the clock in microseconds, above every offset
+an earlier spool used (unless it took more than a million events a second), since the destination
+drops as a resend anything at or below the last offset it stored from this node.
 """
 
 from __future__ import annotations
@@ -20,12 +26,12 @@ from meshplane.core.streamlog import Record
 from meshplane.streams.errors import StorageError
 from meshplane.streams.files import FilePool, write_atomic
 from meshplane.streams.log import PartitionLog
+from meshplane.streams.segments import segment_name
 
 log = logging.getLogger(__name__)
 
 ACKED_FILE = "acked"
-SYNCED_ACKED_FILE = "acked.synced"
-SYNC_ACKED_EVERY = 10_000  # confirmations between two synced saves of the confirmed offset
+SYNCED_ACKED_FILE = "acked.synced"  # written by earlier versions: still read
 READ_BYTES = 256 * 1024  # read from a spool at a time
 
 
@@ -39,25 +45,31 @@ class SpoolLimits:
     max_events: int = 1_000_000  # per destination
     window: int = 10_000  # sent but not yet confirmed, at most
     segment_bytes: int = 16 * 1024 * 1024
+    sync_acked: bool = True  # fsync the confirmed offset at each save (False: --fsync never)
 
 
 class Spool:
     """The guaranteed events one destination node has not confirmed yet."""
 
-    def __init__(self, directory: Path, peer: str, limits: SpoolLimits, files: FilePool) -> None:
+    def __init__(
+        self, directory: Path, peer: str, limits: SpoolLimits, files: FilePool, first_offset: int = 0
+    ) -> None:
+        """``first_offset``: where a spool that holds nothing yet starts (:func:`new_spool_offset`)."""
         self.directory = directory
         self.peer = peer
         self.limits = limits
+        if first_offset and not any(directory.glob("*.log")):
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / segment_name(first_offset)).touch()
         self.log = PartitionLog(directory, segment_bytes=limits.segment_bytes, files=files)
         self.acked = min(max(self._read_acked(), self.log.start_offset), self.log.next_offset)
         self.sent = self.acked
         self.refused = 0  # publishes refused because this spool was full
         self._saved = self.acked
-        self._synced = self._read(SYNCED_ACKED_FILE)  # behind by 10,000 or more: synced at the next save
 
     def _read_acked(self) -> int:
-        """The confirmed offset saved last: the unsynced file, or if a power loss tore it, the one
-        synced every SYNC_ACKED_EVERY confirmations (else everything kept is sent again)."""
+        """The confirmed offset saved last (if a power loss lost it, what is kept is sent again and
+        the destination drops what it stored already)."""
         return max(self._read(ACKED_FILE), self._read(SYNCED_ACKED_FILE))
 
     def _read(self, name: str) -> int:
@@ -108,17 +120,13 @@ class Spool:
         self.sent = self.acked
 
     def save(self) -> None:
-        """Remember ``acked`` and drop the segments below it (the file is not synced: a stale one
-        means resending, which the destination drops as duplicates)."""
+        """Remember ``acked`` and drop the segments below it (a stale one means resending, which the
+        destination drops as duplicates)."""
         if self.acked == self._saved:
             return
         try:
-            write_atomic(self.directory / ACKED_FILE, str(self.acked).encode(), sync=False)
+            write_atomic(self.directory / ACKED_FILE, str(self.acked).encode(), sync=self.limits.sync_acked)
             self._saved = self.acked
-            if self.acked - self._synced >= SYNC_ACKED_EVERY:
-                # A resend after a power loss then stays within what queues remember (RECENT_IDS).
-                write_atomic(self.directory / SYNCED_ACKED_FILE, str(self.acked).encode())
-                self._synced = self.acked
             self.log.apply_retention(time.time_ns() // 1_000_000, keep_from=self.acked)
         except (OSError, StorageError) as exc:
             log.warning("spool for %s: could not save its confirmed offset (%s)", self.peer, exc)
@@ -127,6 +135,11 @@ class Spool:
         with contextlib.suppress(OSError, StorageError):
             self.save()
         self.log.close()
+
+
+def new_spool_offset() -> int:
+    """Where a new spool starts: the clock in microseconds (above what an earlier one used)."""
+    return time.time_ns() // 1000
 
 
 def spool_directory(root: Path, peer: str) -> Path:

@@ -13,6 +13,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from meshplane.core.mesh.frames import ANSWER_UNKNOWN
 from meshplane.errors import TransportError
 
 
@@ -23,6 +24,7 @@ class _Entry:
     deadline: float
     subject: str
     timeout: float
+    reason: str = ""  # the last answer that said the outcome is unknown
 
 
 class Unconfirmed:
@@ -63,8 +65,16 @@ class Unconfirmed:
             self._timer = loop.call_at(deadline, self._expire)
         return answer
 
-    def confirm(self, sequence: int, error: str) -> None:
-        """The node's answer to ``sequence``: "" when stored, else why not."""
+    def confirm(self, sequence: int, error: str) -> bytes | None:
+        """The node's answer to ``sequence``: "" when stored, else why not. One that says the outcome
+        is unknown (ANSWER_UNKNOWN) keeps the publish waiting: its frame is returned, to be sent again
+        as it is (the same event id), until it is answered or times out."""
+        if error.startswith(ANSWER_UNKNOWN):
+            unknown = self._entries.get(sequence)
+            if unknown is not None and not unknown.answer.done():
+                unknown.reason = error
+                return unknown.raw
+            return None
         entry = self._entries.pop(sequence, None)
         if entry is not None:
             if entry.answer.done():
@@ -76,6 +86,7 @@ class Unconfirmed:
             else:
                 entry.answer.set_result(None)
             self._make_room()
+        return None
 
     def confirm_stored(self, sequences: Iterable[int]) -> None:
         """The node stored each of ``sequences`` (a batched ACK)."""
@@ -85,6 +96,11 @@ class Unconfirmed:
             if entry is not None and not entry.answer.done():
                 entry.answer.set_result(None)
         self._make_room()
+
+    def waiting(self, sequence: int) -> bytes | None:
+        """The frame of ``sequence`` if it still waits for its answer."""
+        entry = self._entries.get(sequence)
+        return entry.raw if entry is not None and not entry.answer.done() else None
 
     def raws(self) -> list[bytes]:
         """What to send again on a new connection, oldest first."""
@@ -100,10 +116,12 @@ class Unconfirmed:
                 break
             self._entries.popitem(last=False)
             if not entry.answer.done():
+                why = f" (last answer: {entry.reason})" if entry.reason else ""
                 entry.answer.set_exception(
                     TransportError(
                         f"the mesh node at {self.node_url} did not confirm a guaranteed event on "
-                        f"{entry.subject!r} within {entry.timeout}s: it may or may not have been stored"
+                        f"{entry.subject!r} within {entry.timeout}s: it may or may not have been "
+                        f"stored{why}"
                     )
                 )
             self._make_room()

@@ -59,6 +59,14 @@ class NotStored(StreamError):
     kind = "NotStored"
 
 
+class OutcomeUnknown(StreamError):
+    """A guaranteed publish that was written but may not be where it must be (an HA mate lost its
+    lease before its standby confirmed it, a failed fsync): it may or may not be stored. A client that
+    chose the event id (the mesh protocol's clients) sends it again with the same id."""
+
+    kind = "OutcomeUnknown"
+
+
 class CorruptRecords(StreamError):
     """Offsets whose records failed their checks on disk (a flipped bit, a bad sector): skippable,
     reading goes on at ``next_offset``. Like Kafka's CORRUPT_MESSAGE, a reader that must not lose
@@ -98,6 +106,7 @@ HTTP_STATUS: dict[str, int] = {
     "LimitReached": 429,
     "StorageUnavailable": 503,
     "NotStored": 503,
+    "OutcomeUnknown": 503,
     "InsufficientStorage": 507,
 }
 
