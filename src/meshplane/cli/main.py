@@ -175,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_context_commands(commands)
 
+    from meshplane.cli.tls import add_tls_commands
+
+    add_tls_commands(commands)
+
     completion = commands.add_parser(
         "completion",
         help="print the shell code that completes meshplane's commands (bash, zsh, fish)",
@@ -413,6 +417,10 @@ def _run(args: argparse.Namespace) -> int:
         from meshplane.cli.log import run_log
 
         return run_log(args)
+    if args.command == "tls":
+        from meshplane.cli.tls import run_tls
+
+        return run_tls(args)
     if args.command == "pipeline":  # Spark runs its own threads and JVM: not inside an event loop
         from meshplane.cli.pipeline import run_pipeline_command
 

@@ -122,6 +122,8 @@ class MeshClient:
             try:
                 await self._connect_once(max(0.1, deadline - time.monotonic()))
                 return self
+            except ssl.SSLCertVerificationError as exc:  # the node runs: retrying changes nothing
+                raise TransportError(await self._why_not_verified(exc)) from None
             except (OSError, TimeoutError) as exc:
                 if time.monotonic() + delay > deadline:
                     raise TransportError(
@@ -130,6 +132,20 @@ class MeshClient:
                     ) from exc
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
+
+    async def _why_not_verified(self, exc: ssl.SSLCertVerificationError) -> str:
+        """Which name was expected and which the node's certificate has (read again, unverified)."""
+        from meshplane.certs import presented_names
+
+        host, port = self.addresses[(self._next_address - 1) % len(self.addresses)]
+        names = await presented_names(host, port)
+        has = f"it names {', '.join(names)}" if names else "its names could not be read"
+        return (
+            f"the mesh node at {self.url} answered, but its TLS certificate was refused "
+            f"({exc.verify_message or exc}): expected one naming {host!r} signed by the CA in "
+            f"MESHPLANE_MESH_TLS_CA; {has}. Dial a name the certificate carries, or make the node a "
+            f"certificate for this host: meshplane tls node ID --host {host}"
+        )
 
     async def _connect_once(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
