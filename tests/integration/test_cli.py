@@ -175,7 +175,8 @@ def test_up_with_nodes_runs_the_demo_through_a_mesh_and_stops_every_node(tmp_pat
         r"stopped: (\d+) events received from 3 publishers, gaps 0, malformed 0", result.stdout
     )
     assert stopped, result.stdout
-    assert "mesh status --url http://127.0.0.1:" in result.stdout
+    assert "meshplane mesh status   (node a" in result.stdout  # the context names node a
+    assert "MESHPLANE_MESH_URL=http://127.0.0.1:" in result.stdout
     for pid in re.findall(r"mesh node [a-c]: pid (\d+)", result.stdout):
         assert not Path(f"/proc/{pid}").exists()  # every node is stopped with `up`
 

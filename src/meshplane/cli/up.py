@@ -30,7 +30,14 @@ from meshplane.cli.up_next_steps import (
     print_next_steps,
 )
 from meshplane.cli.up_pipeline import PipelineSupervisor
-from meshplane.cli.up_state import RUNNING_FILE, RunState, drop_context, lock_state_dir, save_context
+from meshplane.cli.up_state import (
+    RUNNING_FILE,
+    RunState,
+    context_values,
+    drop_context,
+    lock_state_dir,
+    save_context,
+)
 from meshplane.config import PlaneConfig
 from meshplane.core.brokers import BROKERS_BUCKET, broker_record
 from meshplane.core.records import new_instance_id
@@ -241,12 +248,11 @@ async def run_up(args: argparse.Namespace) -> int:
             print(f"  streams server at {second.url} (pid {second.pid}: the same topics, groups)", flush=True)
         print(f"  dashboard at {streams.url}/ui", flush=True)
     mesh_url = mesh.nodes[0].url if mesh is not None else None
-    local = save_context(args, config, nats_url, streams.url if streams is not None else None, mesh_url)
-    missing = _pipeline_missing(streams) if args.pipeline else None
     streams_url = streams.url if streams is not None else None
-    print_next_steps(
-        config, shown_url, addresses, streams_url, local, args.pipeline and not missing, mesh_url
-    )
+    variables = context_values(args, config, nats_url, streams_url, mesh_url)
+    local = save_context(args, variables)
+    missing = _pipeline_missing(streams) if args.pipeline else None
+    print_next_steps(variables, local, args.pipeline and not missing)
     pipeline = None
     if missing:
         print(f"  Spark pipeline: not started ({missing})", flush=True)
