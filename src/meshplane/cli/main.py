@@ -179,6 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tls_commands(commands)
 
+    from meshplane.cli.shell import add_shell_options
+
+    add_shell_options(
+        commands.add_parser(
+            "shell",
+            help="your shell with this meshplane first on PATH, after your rc files (what `make shell` runs)",
+            description="Start your shell ($SHELL) with this installation's bin folder first on PATH once "
+            "its start-up files have run (a ~/.bashrc that puts pyenv's or conda's shims first cannot hide "
+            "it); exit returns to where you were.",
+        )
+    )
+
     completion = commands.add_parser(
         "completion",
         help="print the shell code that completes meshplane's commands (bash, zsh, fish)",
@@ -417,6 +429,10 @@ def _run(args: argparse.Namespace) -> int:
         from meshplane.cli.log import run_log
 
         return run_log(args)
+    if args.command == "shell":
+        from meshplane.cli.shell import run_shell
+
+        return run_shell(args)
     if args.command == "tls":
         from meshplane.cli.tls import run_tls
 
