@@ -203,10 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser(
         "status",
-        help="check that discovery, NATS, brokers and the streams server are up (exit 0 when all are)",
+        help="check that discovery, NATS, the mesh node, brokers and the streams server are up and take "
+        "this shell's credentials (exit 0 when all do)",
         description="One line per check: the selected context, discovery, NATS (when the plane uses it), "
-        "the brokers of broker mode, and the streams server's /health (when a URL is known). Exits 0 when "
-        "all are up, 3 when something is down, 4 when credentials were refused.",
+        "the mesh node (a mesh plane: its secret and certificates), the brokers of broker mode, and the "
+        "streams server (when a URL is known: a route that needs its token). Exits 0 when all are up, 3 "
+        "when something is down, 4 when credentials were missing or refused.",
     )
     add_status_options(status)
 
