@@ -401,14 +401,17 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        if args.command == "config" or getattr(args, "config", None) is not None:
-            from meshplane.cli.config_file import load_for_serve, run_config
+        if args.command in ("config", "serve"):
+            from meshplane.cli.config_file import load_for_serve, refuse_broken, run_config
 
             serve = subcommands(parser)["serve"]
             if args.command == "config":
                 return run_config(args, serve)
-            load_for_serve(serve, args.config)  # its values become serve's defaults: flags still win
-            args = parse_with_suggestions(parser, argv)
+            config = load_for_serve(serve, args.config) if args.config is not None else None
+            if config is not None:  # its values become serve's defaults: flags still win
+                args = parse_with_suggestions(parser, argv)
+            words = sys.argv[1:] if argv is None else argv
+            refuse_broken(serve, args, config, words[words.index("serve") + 1 :])  # file and flags together
         return _run(args)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
