@@ -454,3 +454,39 @@ def test_a_second_up_in_the_same_folder_stops_with_one_line_naming_the_first(tmp
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert not (tmp_path / "up.json").exists()  # the folder is free again
+
+
+@pytest.mark.parametrize("columns", [60, 100])
+def test_ups_status_line_fits_the_terminal(tmp_path: Path, columns: int) -> None:
+    """Issue 57: `up`'s ~250-character status line, rewritten with \\r, piled up in a narrower terminal."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    argv = [*MESHPLANE, "up", "--no-pipeline", "--state-dir", str(tmp_path), "--streams-port", "0"]
+    argv += ["--nats-port", "0", "--duration", "3", "--interval", "0.3", "--context", "none"]
+    env = {k: v for k, v in env_for(tmp_path, "nats").items() if k not in ("COLUMNS", "LINES")}
+    up = subprocess.Popen(argv, stdout=terminal, stderr=terminal, stdin=terminal, env=env)
+    os.close(terminal)
+    written = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # the terminal closed: up has exited
+                break
+            if not chunk:
+                break
+            written += chunk
+    finally:
+        assert up.wait(timeout=60) == 0, written.decode(errors="replace")[-2000:]
+        os.close(controller)
+    text = written.decode(errors="replace")
+    rewritten = [part.split("\x1b[K")[0] for line in text.split("\n") for part in line.split("\r")[1:]]
+    status = [line for line in rewritten if line.startswith("up ")]
+    assert len(status) >= 3, text[-2000:]
+    assert all(len(line) < columns for line in status), [len(line) for line in status]
+    assert all("events/s" in line for line in status)  # the first fields stay
