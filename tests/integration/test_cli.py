@@ -490,3 +490,31 @@ def test_ups_status_line_fits_the_terminal(tmp_path: Path, columns: int) -> None
     assert len(status) >= 3, text[-2000:]
     assert all(len(line) < columns for line in status), [len(line) for line in status]
     assert all("events/s" in line for line in status)  # the first fields stay
+
+
+def test_a_mesh_nodes_dashboard_counts_ups_publishers_and_shows_link_addresses(tmp_path: Path) -> None:
+    """Issue 57: a node of `up --nodes 3` showed "0 publishers registered" with 3 in discovery, and
+    a Python tuple as a link's address."""
+    argv = [*MESHPLANE, "up", "--no-pipeline", "--nodes", "3", "--state-dir", str(tmp_path)]
+    argv += ["--streams-port", "0", "--publishers", "3", "--rate", "20", "--duration", "90"]
+    # a user's shell: no discovery variables (up uses its state folder's, and so must its nodes)
+    env = {k: v for k, v in env_for(tmp_path, "nats").items() if not k.startswith("DYN_")}
+    env["XDG_STATE_HOME"] = str(tmp_path / "elsewhere")
+    up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        printed = "".join(read_until(up.stdout, "as variables", 90, "up's next steps"))
+        node_a = re.search(r"mesh node a: pid \d+, (http://\S+),", printed)
+        assert node_a is not None, printed
+        seen: dict[str, Any] = {}
+
+        def snapshot() -> bool:
+            seen.update(requests.get(f"{node_a[1]}/ui/api/snapshot", timeout=5).json())
+            return seen.get("plane", {}).get("publishers") == 3
+
+        wait_until(snapshot, timeout=60, interval=0.5, what="node a's dashboard lists the 3 demo publishers")
+        addresses = [link["address"] for link in seen["mesh"]["links"]]
+        assert len(addresses) == 2
+        assert all(re.fullmatch(r"127\.0\.0\.1:\d+", address) for address in addresses), addresses
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=60)
