@@ -509,7 +509,7 @@ def test_a_mesh_nodes_dashboard_counts_ups_publishers_and_shows_link_addresses(t
 
         def snapshot() -> bool:
             seen.update(requests.get(f"{node_a[1]}/ui/api/snapshot", timeout=5).json())
-            return seen.get("plane", {}).get("publishers") == 3
+            return bool(seen.get("plane", {}).get("publishers") == 3)
 
         wait_until(snapshot, timeout=60, interval=0.5, what="node a's dashboard lists the 3 demo publishers")
         addresses = [link["address"] for link in seen["mesh"]["links"]]
