@@ -226,3 +226,15 @@ async def presented_names(host: str, port: int, timeout: float = 3.0) -> list[st
         return names_of_der(der) if der else None
     finally:
         writer.close()
+
+
+async def refusal(what: str, host: str, port: int, reason: object, trust: str) -> str:
+    """What to say when ``what`` at host:port answered and its certificate was refused: the name that
+    was expected and the names the certificate has, rather than "cannot reach"."""
+    names = await presented_names(host, port)
+    has = f"it names {', '.join(names)}" if names else "its names could not be read"
+    return (
+        f"{what} answered, but its TLS certificate was refused ({reason}): expected one naming {host!r} "
+        f"signed by the CA in {trust}; {has}. Dial a name the certificate carries, or make one for this "
+        f"host (meshplane tls ... --host {host})"
+    )

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from meshplane.launchers import StreamsServerProcess
 from meshplane.launchers.base import free_port
 from tests.helpers import read_until
 from tests.integration.test_cli import MESHPLANE, env_for
@@ -161,3 +162,36 @@ def test_tls_never_replaces_a_file_without_force(tmp_path: Path, role: str) -> N
     subprocess.run([*MESHPLANE, "tls", *argv, "--force"], cwd=tmp_path, env=env, check=True, timeout=60)
     assert key.read_bytes() != before
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
+
+
+def test_an_https_streams_server_whose_certificate_is_refused_is_explained_not_unreachable(
+    tmp_path: Path,
+) -> None:
+    env = user_env(tmp_path)
+    certs = tmp_path / "certs"
+    for argv in (["ca"], ["server", "streams", "--host", "10.9.9.9"]):
+        subprocess.run([*MESHPLANE, "tls", *argv, "--dir", str(certs)], env=env, check=True, timeout=60)
+    argv = ("--tls-cert", str(certs / "streams.pem"), "--tls-key", str(certs / "streams.key"))
+    with StreamsServerProcess(extra_args=argv) as server:
+        server.start()
+        client_env = {**env, "SSL_CERT_FILE": str(certs / "ca.pem"), "DYN_EVENT_PLANE": "zmq"}
+        listed = subprocess.run(
+            [*MESHPLANE, "topic", "list", "--url", server.url],
+            env=client_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        status = subprocess.run(
+            [*MESHPLANE, "status", "--url", server.url, "--json"],
+            env=client_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert listed.returncode != 0
+    for said in (listed.stderr, status.stdout):
+        assert "answered, but its TLS certificate was refused" in said, said
+        assert "expected one naming '127.0.0.1'" in said
+        assert "IP:10.9.9.9" in said
+        assert "cannot reach" not in said.lower()

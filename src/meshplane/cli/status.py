@@ -27,7 +27,7 @@ from meshplane.cli.up_state import RUNNING_FILE, read_running
 from meshplane.config import PlaneConfig
 from meshplane.core.names import EVENT_CHANNELS_BUCKET
 from meshplane.core.urls import redact_url
-from meshplane.errors import AuthError, MeshplaneError
+from meshplane.errors import AuthError, MeshplaneError, TransportError
 
 TIMEOUT = 3.0
 
@@ -94,10 +94,16 @@ async def _tcp(endpoint: str) -> str:
 
 
 async def _streams(url: str, token: str | None) -> str:
+    import aiohttp
+
+    from meshplane.cli.streams import refused_certificate
     from meshplane.streams.client import StreamsClient
 
     async with StreamsClient(url, token=token, timeout=TIMEOUT) as client:
-        health = await client.request("GET", "/health")  # public: what runs there
+        try:
+            health = await client.request("GET", "/health")  # public: what runs there
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise TransportError(await refused_certificate(url, exc)) from None
         await client.request("GET", "/topics")  # needs a read token where tokens are required
     served = f"{health.get('status')}, {health.get('service')} {health.get('version', '')}".strip()
     return f"{served}, {'token accepted' if token else 'no token needed'}"

@@ -135,17 +135,11 @@ class MeshClient:
 
     async def _why_not_verified(self, exc: ssl.SSLCertVerificationError) -> str:
         """Which name was expected and which the node's certificate has (read again, unverified)."""
-        from meshplane.certs import presented_names
+        from meshplane.certs import refusal
 
         host, port = self.addresses[(self._next_address - 1) % len(self.addresses)]
-        names = await presented_names(host, port)
-        has = f"it names {', '.join(names)}" if names else "its names could not be read"
-        return (
-            f"the mesh node at {self.url} answered, but its TLS certificate was refused "
-            f"({exc.verify_message or exc}): expected one naming {host!r} signed by the CA in "
-            f"MESHPLANE_MESH_TLS_CA; {has}. Dial a name the certificate carries, or make the node a "
-            f"certificate for this host: meshplane tls node ID --host {host}"
-        )
+        reason = exc.verify_message or exc
+        return await refusal(f"the mesh node at {self.url}", host, port, reason, "MESHPLANE_MESH_TLS_CA")
 
     async def _connect_once(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
