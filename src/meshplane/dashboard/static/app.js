@@ -1,6 +1,7 @@
 // The meshplane dashboard: one live stream per page (server-sent events read with fetch, so that
 // the token travels in a header), pages routed by URL under /ui, charts drawn with uPlot.
 import uPlot from "/ui/static/vendor/uPlot.esm.js";
+import { topicActions, topicCreator } from "/ui/static/actions.js";
 
 const TOKEN_KEY = "meshplane.token";
 const SPAN = 300; // points kept per series: the last five minutes at one a second
@@ -249,7 +250,8 @@ function retention(r) {
 }
 
 function topicsPage() {
-  view.innerHTML = `<h1>Topics and rooms</h1><h2>Partitioned topics</h2><div id="topics"></div><h2>Rooms</h2><div id="rooms"></div>`;
+  view.innerHTML = `<h1>Topics and rooms</h1><h2>Partitioned topics</h2><div id="topics"></div><div id="new-topic"></div><h2>Rooms</h2><div id="rooms"></div>`;
+  topicCreator(document.getElementById("new-topic"), headers);
   return {
     update(s) {
       document.getElementById("topics").innerHTML = s.topics.length
@@ -267,7 +269,11 @@ function topicsPage() {
 const more = (n, what) => (n ? `<p class="muted">and ${fmt(n)} more ${what}</p>` : "");
 
 function topicPage(name) {
-  view.innerHTML = `<h1>Topic ${esc(name)}</h1><div id="topic"></div>`;
+  view.innerHTML = `<h1>Topic ${esc(name)}</h1><div id="topic"></div><div id="topic-actions"></div>`;
+  topicActions(document.getElementById("topic-actions"), name, headers, () => {
+    history.pushState(null, "", "/ui/topics");
+    route();
+  });
   return {
     update(s) {
       const t = s.topics.find((x) => x.name === name);
