@@ -169,10 +169,10 @@ def test_an_https_streams_server_whose_certificate_is_refused_is_explained_not_u
 ) -> None:
     env = user_env(tmp_path)
     certs = tmp_path / "certs"
-    for argv in (["ca"], ["server", "streams", "--host", "10.9.9.9"]):
-        subprocess.run([*MESHPLANE, "tls", *argv, "--dir", str(certs)], env=env, check=True, timeout=60)
-    argv = ("--tls-cert", str(certs / "streams.pem"), "--tls-key", str(certs / "streams.key"))
-    with StreamsServerProcess(extra_args=argv) as server:
+    for made in (["ca"], ["server", "streams", "--host", "10.9.9.9"]):
+        subprocess.run([*MESHPLANE, "tls", *made, "--dir", str(certs)], env=env, check=True, timeout=60)
+    tls = ("--tls-cert", str(certs / "streams.pem"), "--tls-key", str(certs / "streams.key"))
+    with StreamsServerProcess(extra_args=tls) as server:
         server.start()
         client_env = {**env, "SSL_CERT_FILE": str(certs / "ca.pem"), "DYN_EVENT_PLANE": "zmq"}
         listed = subprocess.run(
