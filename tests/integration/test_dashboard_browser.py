@@ -367,3 +367,62 @@ def test_a_read_only_token_is_refused_each_action_and_told_why(scoped: str, brow
     page.wait_for_selector("text=Not created: 403", timeout=WAIT_MS)
     assert "not-made" not in topics(scoped, TOKEN)
     context.close()
+
+
+def committed_is(page: Page, partition: int, offset: int) -> None:
+    page.wait_for_function(
+        "([p, n]) => document.querySelector(`[data-test=committed-${p}]`)?.innerText.replace(',', '') == "
+        "String(n)",
+        arg=[partition, offset],
+        timeout=WAIT_MS,
+    )
+
+
+def test_a_groups_offsets_are_reset_only_while_it_has_no_live_member(url: str, browser: Browser) -> None:
+    group, topic = f"resets-{uuid.uuid4().hex[:6]}", f"reset-{uuid.uuid4().hex[:6]}"
+    post(url, f"/topics/{topic}", {"num_partitions": 2})
+    publish(url, topic, 6, partition=0)
+    publish(url, topic, 4, partition=1)
+    post(url, f"/consumer-groups/{group}", {"topic": topic})
+    member = post(url, f"/consumer-groups/{group}/join", {})["member_id"]
+    context = browser.new_context()
+    page = context.new_page()
+    problems: list[str] = []  # the browser logs the refused request itself: only that one is expected
+    page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda error: problems.append(f"uncaught: {error}"))
+    page.goto(url + f"/ui/groups/{group}")
+    page.wait_for_selector(
+        "[data-action=reset-offsets] select[name=partition] option[value='1']",
+        state="attached",
+        timeout=WAIT_MS,
+    )
+
+    def reset(to: str, partition: str = "", **fields: str) -> None:
+        form = "[data-action=reset-offsets]"
+        page.select_option(f"{form} [name=partition]", partition)
+        page.select_option(f"{form} [name=to]", to)
+        for field, value in fields.items():
+            page.fill(f"{form} [name={field}]", value)
+        page.click(f"{form} button[type=submit]")
+        confirm(page)
+
+    reset("latest")  # a live member: refused, as Kafka refuses
+    page.wait_for_selector("text=Not reset: 409", timeout=WAIT_MS)
+    assert "live members" in page.inner_text("[data-action=reset-offsets] [data-action-result]")
+    requests.delete(f"{url}/consumer-groups/{group}/members/{member}/leave", timeout=5).raise_for_status()
+    reset("latest")
+    page.wait_for_selector("text=Reset: partition 0 at 6, partition 1 at 4.", timeout=WAIT_MS)
+    committed_is(page, 0, 6)
+    committed_is(page, 1, 4)
+    reset("earliest")
+    committed_is(page, 0, 0)
+    committed_is(page, 1, 0)
+    reset("offset", partition="1", offset="3")
+    committed_is(page, 1, 3)
+    committed_is(page, 0, 0)  # the other partition untouched
+    reset("time", time="2999-01-01T00:00:00")  # after every event: the end
+    committed_is(page, 0, 6)
+    committed_is(page, 1, 4)
+    context.close()
+    assert [p for p in problems if "status of 409 (Conflict)" not in p] == []
+    assert len(problems) == 1

@@ -118,3 +118,65 @@ export function topicActions(container, name, headers, onDeleted) {
     }
   });
 }
+
+// The "reset offsets" form of a group's page: every partition (or one) to the earliest or latest
+// offset, an offset, or the first event at or after a time (UTC). Commits without a member, which
+// the server refuses while the group has live members, as Kafka does.
+export function groupActions(container, name, headers, current) {
+  container.innerHTML = `<form class="panel action" data-action="reset-offsets">
+      <h2>Reset offsets</h2>
+      <label>partition <select name="partition"><option value="">all</option></select></label>
+      <label>to <select name="to"><option value="earliest">earliest</option><option value="latest">latest</option><option value="offset">an offset</option><option value="time">a time (UTC)</option></select></label>
+      <label>offset <input name="offset" type="number" min="0"></label>
+      <label>time <input name="time" type="datetime-local" step="1"></label>
+      <button type="submit">Reset</button>
+      <p class="muted">Refused while the group has live members: stop them first.</p>
+      <p data-action-result hidden></p>
+    </form>`;
+  const form = container.querySelector("form");
+  const result = form.querySelector("[data-action-result]");
+  const group = current();
+  if (group) {
+    form.partition.innerHTML += group.partitions.map((p) => `<option value="${p.partition}">${p.partition}</option>`).join("");
+  }
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const g = current();
+    if (!g) return;
+    const partitions = form.partition.value === "" ? g.partitions.map((p) => p.partition) : [Number(form.partition.value)];
+    const to = form.to.value;
+    const what = to === "offset" ? `offset ${form.offset.value}` : to === "time" ? `${form.time.value} UTC` : `the ${to} offset`;
+    if (!(await confirmAction(`Reset group ${name} on partition(s) ${partitions.join(", ")} to ${what}?`))) return;
+    try {
+      const targets = await offsetsFor(g.topic, partitions, to, form, headers);
+      for (const p of partitions) {
+        await send("POST", `/consumer-groups/${enc(name)}/offsets/commit`, { partition_id: p, offset: targets[p] }, headers);
+      }
+      say(result, `Reset: ${partitions.map((p) => `partition ${p} at ${targets[p]}`).join(", ")}.`, true);
+    } catch (error) {
+      say(result, `Not reset: ${error.message}`, false);
+    }
+  });
+}
+
+async function offsetsFor(topic, partitions, to, form, headers) {
+  const targets = {};
+  if (to === "offset") {
+    if (form.offset.value === "") throw new Error("give an offset");
+    for (const p of partitions) targets[p] = Number(form.offset.value);
+    return targets;
+  }
+  if (to === "time") {
+    const ms = Date.parse(`${form.time.value}Z`);
+    if (Number.isNaN(ms)) throw new Error("give a time");
+    const found = await send("GET", `/topics/${enc(topic)}/offsets?timestamp_ms=${ms}`, null, headers);
+    for (const p of partitions) targets[p] = Number(found.offsets[String(p)]);
+    return targets;
+  }
+  const stats = await send("GET", `/topics/${enc(topic)}/stats`, null, headers);
+  for (const info of stats.partitions) {
+    const p = Number(info.partition_id);
+    if (partitions.includes(p)) targets[p] = Number(to === "earliest" ? info.min_offset : info.next_offset);
+  }
+  return targets;
+}
