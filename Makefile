@@ -25,10 +25,10 @@ $(STAMP): $(RUN_STAMP) | compiler
 run: $(RUN_STAMP) java-if-possible
 	$(BIN)/meshplane up
 
-## shell: a shell with meshplane on PATH (the venv's bin first); exit returns to yours
+## shell: your shell with meshplane on PATH (the venv's bin first, after your rc files: pyenv's or
+## conda's shims cannot hide it); exit returns to yours
 shell: $(RUN_STAMP)
-	@echo "meshplane is on PATH in this shell; exit to leave it"
-	@PATH="$(CURDIR)/$(BIN):$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)" $${SHELL:-/bin/sh} -i
+	@$(BIN)/meshplane shell
 
 ## etcd: install etcd from Debian when it is missing (tests start a real etcd)
 etcd:

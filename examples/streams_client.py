@@ -3,16 +3,14 @@ exactly what it handled (fenced by its generation), room replay."""
 
 import asyncio
 import contextlib
-import os
 
 from meshplane.streams.client import StreamsClient
 from meshplane.streams.errors import Conflict
 
-URL = os.environ.get("MESHPLANE_STREAMS_URL", "http://127.0.0.1:15500")
-
 
 async def main() -> None:
-    async with StreamsClient(URL) as client:
+    # No URL: the server and token the CLI uses ($MESHPLANE_STREAMS_URL/_TOKEN or the selected context)
+    async with StreamsClient() as client:
         if "orders" not in await client.topics():
             await client.create_topic(
                 "orders", 3, retention_policy={"type": "Messages", "max_messages": 100000}
@@ -42,7 +40,7 @@ async def main() -> None:
 
     # Publishes, heartbeats and commits as commands over one WebSocket (/api/v1/ws): same answers,
     # about a third of an HTTP round trip each.
-    async with StreamsClient(URL, channel=True) as client:
+    async with StreamsClient(channel=True) as client:
         await client.publish_to_topic("orders", "order.created", {"id": 2}, key="customer-123")
 
 

@@ -2,15 +2,17 @@
 installs the SDK; elsewhere: pip install 'meshplane[examples]')."""
 
 import asyncio
-import os
 
 from synap_sdk import SynapClient, SynapConfig
 
-URL = os.environ.get("MESHPLANE_STREAMS_URL", "http://127.0.0.1:15500")
+from meshplane.context import streams_endpoint
+
+# The server and token the CLI uses: $MESHPLANE_STREAMS_URL/_TOKEN, or the selected context (`make run`'s)
+URL, TOKEN = streams_endpoint()
 
 
 async def main() -> None:
-    async with SynapClient(SynapConfig(URL)) as synap:
+    async with SynapClient(SynapConfig(URL, auth_token=TOKEN)) as synap:
         offset = await synap.stream.publish("chat-room-1", "message", {"text": "hi"})
         events = await synap.stream.read("chat-room-1", offset=offset)
         print("read back", events[0].data)

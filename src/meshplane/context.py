@@ -45,6 +45,7 @@ VARIABLES = (
     "MESHPLANE_STATE_DIR",  # a `meshplane up`'s folder, for `meshplane status`
 )
 SECRETS = ("MESHPLANE_STREAMS_TOKEN",)
+DEFAULT_STREAMS_URL = "http://127.0.0.1:15500"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -279,3 +280,11 @@ def environment() -> Mapping[str, str]:
     """The process's environment over the selected context's values."""
     context = current()
     return ChainMap(dict(os.environ), context.values) if context is not None else os.environ
+
+
+def streams_endpoint() -> tuple[str, str | None]:
+    """The streams server the CLI uses and its token: ``$MESHPLANE_STREAMS_URL`` and
+    ``$MESHPLANE_STREAMS_TOKEN``, else the selected context's (``meshplane up``'s), else
+    ``http://127.0.0.1:15500`` without a token. What every client and example starts from."""
+    env = environment()
+    return env.get("MESHPLANE_STREAMS_URL") or DEFAULT_STREAMS_URL, env.get("MESHPLANE_STREAMS_TOKEN") or None

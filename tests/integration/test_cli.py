@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -168,7 +169,8 @@ def test_up_with_nodes_runs_the_demo_through_a_mesh_and_stops_every_node(tmp_pat
         r"stopped: (\d+) events received from 3 publishers, gaps 0, malformed 0", result.stdout
     )
     assert stopped, result.stdout
-    assert "mesh status --url http://127.0.0.1:" in result.stdout
+    assert "meshplane mesh status   (node a" in result.stdout  # the context names node a
+    assert "MESHPLANE_MESH_URL=http://127.0.0.1:" in result.stdout
     for pid in re.findall(r"mesh node [a-c]: pid (\d+)", result.stdout):
         assert not Path(f"/proc/{pid}").exists()  # every node is stopped with `up`
 
@@ -446,3 +448,67 @@ def test_a_second_up_in_the_same_folder_stops_with_one_line_naming_the_first(tmp
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert not (tmp_path / "up.json").exists()  # the folder is free again
+
+
+@pytest.mark.parametrize("columns", [60, 100])
+def test_ups_status_line_fits_the_terminal(tmp_path: Path, columns: int) -> None:
+    """Issue 57: `up`'s ~250-character status line, rewritten with \\r, piled up in a narrower terminal."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    argv = [*MESHPLANE, "up", "--no-pipeline", "--state-dir", str(tmp_path), "--streams-port", "0"]
+    argv += ["--nats-port", "0", "--duration", "3", "--interval", "0.3", "--context", "none"]
+    env = {k: v for k, v in plane_env(tmp_path, "nats").items() if k not in ("COLUMNS", "LINES")}
+    up = subprocess.Popen(argv, stdout=terminal, stderr=terminal, stdin=terminal, env=env)
+    os.close(terminal)
+    written = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # the terminal closed: up has exited
+                break
+            if not chunk:
+                break
+            written += chunk
+    finally:
+        assert up.wait(timeout=60) == 0, written.decode(errors="replace")[-2000:]
+        os.close(controller)
+    text = written.decode(errors="replace")
+    rewritten = [part.split("\x1b[K")[0] for line in text.split("\n") for part in line.split("\r")[1:]]
+    status = [line for line in rewritten if line.startswith("up ")]
+    assert len(status) >= 3, text[-2000:]
+    assert all(len(line) < columns for line in status), [len(line) for line in status]
+    assert all("events/s" in line for line in status)  # the first fields stay
+
+
+def test_a_mesh_nodes_dashboard_counts_ups_publishers_and_shows_link_addresses(tmp_path: Path) -> None:
+    """Issue 57: a node of `up --nodes 3` showed "0 publishers registered" with 3 in discovery, and
+    a Python tuple as a link's address."""
+    argv = [*MESHPLANE, "up", "--no-pipeline", "--nodes", "3", "--state-dir", str(tmp_path)]
+    argv += ["--streams-port", "0", "--publishers", "3", "--rate", "20", "--duration", "90"]
+    # a user's shell: no discovery variables (up uses its state folder's, and so must its nodes)
+    env = {k: v for k, v in plane_env(tmp_path, "nats").items() if not k.startswith("DYN_")}
+    env["XDG_STATE_HOME"] = str(tmp_path / "elsewhere")
+    up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        printed = "".join(read_until(up.stdout, "as variables", 90, "up's next steps"))
+        node_a = re.search(r"mesh node a: pid \d+, (http://\S+),", printed)
+        assert node_a is not None, printed
+        seen: dict[str, Any] = {}
+
+        def snapshot() -> bool:
+            seen.update(requests.get(f"{node_a[1]}/ui/api/snapshot", timeout=5).json())
+            return bool(seen.get("plane", {}).get("publishers") == 3)
+
+        wait_until(snapshot, timeout=60, interval=0.5, what="node a's dashboard lists the 3 demo publishers")
+        addresses = [link["address"] for link in seen["mesh"]["links"]]
+        assert len(addresses) == 2
+        assert all(re.fullmatch(r"127\.0\.0\.1:\d+", address) for address in addresses), addresses
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=60)

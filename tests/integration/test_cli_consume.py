@@ -281,3 +281,38 @@ def test_group_consume_leaves_its_group_on_sigterm_and_sighup(
     member.send_signal(stop_signal)
     member.communicate(timeout=30)
     assert asyncio.run(members()) == []  # it left at once: no session timeout to wait for
+
+
+def test_group_consume_count_says_it_waits_for_the_rest_and_e_stops_at_the_end(
+    server: StreamsServerProcess,
+) -> None:
+    """Issue 57: the README's `group consume billing --topic orders -c 10` waited forever (as kcat does)
+    on a topic with fewer events, without a word."""
+    from tests.helpers import read_until
+
+    publish(server.url, "few", range(3), partitions=2)
+    member = subprocess.Popen(
+        [*MESHPLANE, "group", "consume", "billing-few", "--topic", "few", "-c", "10"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=streams_env(server),
+    )
+    try:
+        said = read_until(member.stderr, "waiting for", 60, "group consume at the end")
+        assert "at the end of few after 3 of 10 events: waiting for more (-e exits at the end)" in said[-1]
+        assert member.poll() is None  # it waits, as kcat -c does
+    finally:
+        member.send_signal(signal.SIGINT)
+        member.communicate(timeout=30)
+    publish(server.url, "few", range(3, 5))
+    result = subprocess.run(
+        [*MESHPLANE, "group", "consume", "billing-few", "-c", "10", "-e"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=streams_env(server),
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(json.loads(line)["data"] for line in result.stdout.splitlines()) == [3, 4]
+    assert "waiting for" not in result.stderr

@@ -77,3 +77,39 @@ def test_an_up_that_was_killed_is_reported_not_its_stale_health(tmp_path: Path) 
     assert checks["up"]["state"] == "down"
     assert f"(pid {gone.stdout.strip()}) has stopped" in checks["up"]["detail"]
     assert "pipeline" not in checks
+
+
+def test_a_streams_token_is_checked_not_just_the_public_health(tmp_path: Path) -> None:
+    """Issue 57: `status` said ok with a wrong token (it asked only the public /health; exit 0)."""
+    with StreamsServerProcess(env={"MESHPLANE_STREAMS_TOKEN": "right-t0ken-0123456789"}) as streams:
+        streams.start()
+        # zmq: no NATS to check, so the exit code is the streams server's alone
+        env = {**base_env(tmp_path), "DYN_EVENT_PLANE": "zmq", "MESHPLANE_STREAMS_URL": streams.url}
+        for token in ("wrong-t0ken-0123456789", None):
+            given = {"MESHPLANE_STREAMS_TOKEN": token} if token else {}
+            code, checks = status({**env, **given})
+            assert code == 4, checks
+            assert checks["streams"]["state"] == "auth", checks
+            assert "wrong-t0ken" not in json.dumps(checks)
+        code, checks = status({**env, "MESHPLANE_STREAMS_TOKEN": "right-t0ken-0123456789"})
+        assert code == 0, checks
+        assert "token accepted" in checks["streams"]["detail"]
+        token_file = tmp_path / "token"
+        token_file.write_text("wrong-t0ken-0123456789\n")
+        code, checks = status(env, "--token-file", str(token_file))
+        assert code == 4, checks
+
+
+def test_the_mesh_node_of_a_mesh_plane_is_asked_for_its_secret(tmp_path: Path) -> None:
+    env = {**base_env(tmp_path), "MESHPLANE_MESH_SECRET": "the-right-secret"}
+    argv = ("--node-id", "a", "--route-port", "0")
+    with StreamsServerProcess(extra_args=argv, env={"MESHPLANE_MESH_SECRET": "the-right-secret"}) as node:
+        node.start()
+        plane = {**env, "DYN_EVENT_PLANE": "mesh", "MESHPLANE_NODE": node.announced["mesh"]["route_url"]}
+        code, checks = status(plane)
+        assert code == 0, checks
+        assert "node a, secret proven" in checks["mesh node"]["detail"]
+        code, checks = status({**plane, "MESHPLANE_MESH_SECRET": "a-wrong-secret"})
+        assert code == 4, checks
+        assert checks["mesh node"]["state"] == "auth"
+        assert "a-wrong-secret" not in json.dumps(checks)

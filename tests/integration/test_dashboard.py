@@ -201,3 +201,28 @@ def test_a_token_for_some_names_sees_and_browses_only_those(guarded: str) -> Non
         f"{guarded}/ui/api/live", params={"tail": "topic:billing:0"}, headers=reader, timeout=5
     )
     assert live.status_code == 403
+
+
+def test_events_read_by_spark_queries_count_as_events_out(url: str) -> None:
+    """Issue 57: the Overview said "events out/s 0" while the pipeline read ~600/s: its reads (records
+    in bulk, or the segment files themselves) counted no events. They count as the reader says how far
+    it got, never past what was written."""
+    requests.post(f"{url}/topics/spark-in", json={"num_partitions": 1}, timeout=5).raise_for_status()
+    publish(url, "spark-in", 40)
+
+    def at(offset: int) -> None:
+        body = {"offsets": {"0": offset}}
+        requests.put(f"{url}/topics/spark-in/readers/q1", json=body, timeout=5).raise_for_status()
+
+    def out_rate() -> float:
+        overview = requests.get(f"{url}/ui/api/snapshot", timeout=5).json()["overview"]
+        return float(overview["events_out_per_sec"])
+
+    at(0)
+    at(30)
+    wait_until(lambda: out_rate() > 0, timeout=30, what="the reader's events in events out/s")
+    at(10**15)  # a reader that says more than was written counts only what was (10 more)
+    deadline = time.monotonic() + 3  # the next samples, a second apart
+    while time.monotonic() < deadline:
+        assert out_rate() < 1000
+        time.sleep(0.2)

@@ -255,3 +255,174 @@ def test_with_a_token_the_page_asks_for_it_and_never_puts_it_in_a_url(guarded: s
     page.click("#logout")
     page.wait_for_selector("#login[open]", timeout=WAIT_MS)
     context.close()
+
+
+# --- actions: create and delete topics, produce a message (issue 57) --------------------------------
+
+
+def topics(url: str, token: str | None = None) -> list[str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return list(requests.get(f"{url}/topics", headers=headers, timeout=5).json()["topics"])
+
+
+def confirm(page: Page, typed: str | None = None) -> None:
+    page.wait_for_selector("#confirm[open]", timeout=WAIT_MS)
+    if typed is not None:
+        assert page.is_disabled("#confirm [data-confirm-ok]")  # not before the name is typed
+        page.fill("#confirm [data-confirm-typed]", typed)
+    page.click("#confirm [data-confirm-ok]")
+
+
+def test_a_topic_is_created_from_the_topics_page_after_a_confirmation(url: str, page: Page) -> None:
+    name = f"made-{uuid.uuid4().hex[:6]}"
+    page.goto(url + "/ui/topics")
+    page.fill("[data-action=create-topic] [name=name]", name)
+    page.fill("[data-action=create-topic] [name=partitions]", "3")
+    page.select_option("[data-action=create-topic] [name=retention]", "86400")
+    page.click("[data-action=create-topic] button[type=submit]")
+    page.wait_for_selector("#confirm[open]", timeout=WAIT_MS)
+    assert f"Create topic {name} with 3 partition(s)?" in page.inner_text("#confirm")
+    page.click("#confirm button[value=cancel]")  # cancelled: nothing happens
+    assert name not in topics(url)
+    page.click("[data-action=create-topic] button[type=submit]")
+    confirm(page)
+    page.wait_for_selector(f"text=Topic {name} created.", timeout=WAIT_MS)
+    page.wait_for_selector(f"tr[data-topic='{name}']", timeout=WAIT_MS)  # the live table has it
+    assert "24.0 h" in page.inner_text(f"tr[data-topic='{name}']")  # its retention
+    stats = requests.get(f"{url}/topics/{name}/stats", timeout=5).json()
+    assert len(stats["partitions"]) == 3
+
+
+def test_a_message_is_produced_from_a_topics_page(url: str, page: Page) -> None:
+    marker = f"produced-{uuid.uuid4().hex[:6]}"
+    page.goto(url + "/ui/topics/orders")
+    page.wait_for_selector("[data-test=next-1]", timeout=WAIT_MS)
+    before = int(page.inner_text("[data-test=next-1]").replace(",", ""))
+    page.fill("[data-action=produce] [name=partition]", "1")
+    page.fill("[data-action=produce] [name=key]", "customer-7")
+    page.fill("[data-action=produce] [name=value]", f'{{"marker": "{marker}"}}')
+    page.click("[data-action=produce] button[type=submit]")
+    confirm(page)
+    page.wait_for_selector(f"text=Produced at partition 1, offset {before}.", timeout=WAIT_MS)
+    page.wait_for_function(
+        "n => document.querySelector('[data-test=next-1]').innerText.replace(',', '') == String(n)",
+        arg=before + 1,
+        timeout=WAIT_MS,
+    )
+    read = post(url, "/topics/orders/partitions/1/consume", {"from_offset": before, "limit": 1})
+    (event,) = read["events"]
+    assert (event["data"], event["key"]) == ({"marker": marker}, "customer-7")
+
+
+def test_a_topic_is_deleted_only_once_its_name_is_typed(url: str, page: Page) -> None:
+    name = f"doomed-{uuid.uuid4().hex[:6]}"
+    post(url, f"/topics/{name}", {"num_partitions": 1})
+    page.goto(url + f"/ui/topics/{name}")
+    page.click("[data-action=delete-topic]")
+    page.wait_for_selector("#confirm[open]", timeout=WAIT_MS)
+    page.fill("#confirm [data-confirm-typed]", name[:-1])  # almost: still refused
+    assert page.is_disabled("#confirm [data-confirm-ok]")
+    page.click("#confirm button[value=cancel]")
+    assert name in topics(url)
+    page.click("[data-action=delete-topic]")
+    confirm(page, typed=name)
+    page.wait_for_url(url + "/ui/topics", timeout=WAIT_MS)
+    assert name not in topics(url)
+
+
+@pytest.fixture(scope="module")
+def scoped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tokens = tmp_path_factory.mktemp("tokens") / "tokens"
+    tokens.write_text(f"{TOKEN} admin\n{READ_TOKEN} read\n")
+    with StreamsServerProcess(extra_args=("--token-file", str(tokens))) as proc:
+        base = proc.start().url
+        post(base, "/topics/kept", {"num_partitions": 1}, token=TOKEN)
+        yield base
+
+
+READ_TOKEN = "dashboard-read-only-token-7"
+
+
+def test_a_read_only_token_is_refused_each_action_and_told_why(scoped: str, browser: Browser) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(scoped + "/ui/topics/kept")
+    page.wait_for_selector("#login[open]", timeout=WAIT_MS)
+    page.fill("#token", READ_TOKEN)
+    page.click("#login button[type=submit]")
+    page.wait_for_selector("[data-test=next-0]", timeout=WAIT_MS)
+    page.fill("[data-action=produce] [name=value]", "text, not JSON")
+    page.click("[data-action=produce] button[type=submit]")
+    confirm(page)
+    page.wait_for_selector("text=Not produced: 403", timeout=WAIT_MS)
+    page.click("[data-action=delete-topic]")
+    confirm(page, typed="kept")
+    page.wait_for_selector("text=Not deleted: 403", timeout=WAIT_MS)
+    assert "kept" in topics(scoped, TOKEN)
+    page.goto(scoped + "/ui/topics")
+    page.wait_for_selector("tr[data-topic=kept]", timeout=WAIT_MS)
+    page.fill("[data-action=create-topic] [name=name]", "not-made")
+    page.click("[data-action=create-topic] button[type=submit]")
+    confirm(page)
+    page.wait_for_selector("text=Not created: 403", timeout=WAIT_MS)
+    assert "not-made" not in topics(scoped, TOKEN)
+    context.close()
+
+
+def committed_is(page: Page, partition: int, offset: int) -> None:
+    page.wait_for_function(
+        "([p, n]) => document.querySelector(`[data-test=committed-${p}]`)?.innerText.replace(',', '') == "
+        "String(n)",
+        arg=[partition, offset],
+        timeout=WAIT_MS,
+    )
+
+
+def test_a_groups_offsets_are_reset_only_while_it_has_no_live_member(url: str, browser: Browser) -> None:
+    group, topic = f"resets-{uuid.uuid4().hex[:6]}", f"reset-{uuid.uuid4().hex[:6]}"
+    post(url, f"/topics/{topic}", {"num_partitions": 2})
+    publish(url, topic, 6, partition=0)
+    publish(url, topic, 4, partition=1)
+    post(url, f"/consumer-groups/{group}", {"topic": topic})
+    member = post(url, f"/consumer-groups/{group}/join", {})["member_id"]
+    context = browser.new_context()
+    page = context.new_page()
+    problems: list[str] = []  # the browser logs the refused request itself: only that one is expected
+    page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda error: problems.append(f"uncaught: {error}"))
+    page.goto(url + f"/ui/groups/{group}")
+    page.wait_for_selector(
+        "[data-action=reset-offsets] select[name=partition] option[value='1']",
+        state="attached",
+        timeout=WAIT_MS,
+    )
+
+    def reset(to: str, partition: str = "", **fields: str) -> None:
+        form = "[data-action=reset-offsets]"
+        page.select_option(f"{form} [name=partition]", partition)
+        page.select_option(f"{form} [name=to]", to)
+        for field, value in fields.items():
+            page.fill(f"{form} [name={field}]", value)
+        page.click(f"{form} button[type=submit]")
+        confirm(page)
+
+    reset("latest")  # a live member: refused, as Kafka refuses
+    page.wait_for_selector("text=Not reset: 409", timeout=WAIT_MS)
+    assert "live members" in page.inner_text("[data-action=reset-offsets] [data-action-result]")
+    requests.delete(f"{url}/consumer-groups/{group}/members/{member}/leave", timeout=5).raise_for_status()
+    reset("latest")
+    page.wait_for_selector("text=Reset: partition 0 at 6, partition 1 at 4.", timeout=WAIT_MS)
+    committed_is(page, 0, 6)
+    committed_is(page, 1, 4)
+    reset("earliest")
+    committed_is(page, 0, 0)
+    committed_is(page, 1, 0)
+    reset("offset", partition="1", offset="3")
+    committed_is(page, 1, 3)
+    committed_is(page, 0, 0)  # the other partition untouched
+    reset("time", time="2999-01-01T00:00:00")  # after every event: the end
+    committed_is(page, 0, 6)
+    committed_is(page, 1, 4)
+    context.close()
+    assert [p for p in problems if "status of 409 (Conflict)" not in p] == []
+    assert len(problems) == 1

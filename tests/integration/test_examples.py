@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
 import os
 import re
+import shlex
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +18,7 @@ import pytest
 
 from meshplane.launchers import NatsServer, StreamsServerProcess
 from meshplane.streams.client import StreamsClient
-from tests.helpers import wait_until
+from tests.helpers import read_until, wait_until
 from tests.support.cli import MESHPLANE
 
 ROOT = Path(__file__).parents[2]
@@ -159,3 +163,67 @@ def test_streams_client_commits_exactly_what_it_handled_run_after_run(
 
 def test_app(env: dict[str, str]) -> None:
     assert run_example("app.py", env) == "Receipt(order_id=1, total=12.0)\n"
+
+
+def _expected(name: str) -> str:
+    """What each example prints (a regex): one for every file in examples/."""
+    return {
+        "quickstart.py": r"publisher [0-9a-f]+ event 0: \{'stored': \[1, 2, 3\]\}\n",
+        "callbacks.py": r"received hello\n",
+        "app.py": r"Receipt\(order_id=1, total=12\.0\)\n",
+        "synap_client.py": r"read back \{'text': 'hi'\}\n",
+        "streams_client.py": r"replayed \{'text': 'hi'\} ; handled and committed \d+ orders\n",
+    }[name]
+
+
+def test_every_example_follows_up_to_a_moved_port_with_a_token(tmp_path: Path) -> None:
+    """Issue 57: with port 15500 taken `up` moved the streams server and the CLI followed its context,
+    but streams_client.py got a 404 from whatever held 15500, synap_client.py could not parse it, and
+    under MESHPLANE_TOKEN streams_client.py got 401; the variables `up` printed left out the streams URL."""
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "ETCD_", "MESHPLANE_"))
+    }
+    token = "example-t0ken-0123456789"
+    # Another web server holds the port `up` asks for: it answers 404 in plain text, as in the issue.
+    squatter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    port = squatter.server_address[1]
+    threading.Thread(target=squatter.serve_forever, daemon=True).start()
+    try:
+        argv = ["up", "--no-pipeline", "--state-dir", str(tmp_path / "up"), "--nats-port", "0"]
+        argv += ["--streams-port", str(port), "--publishers", "1", "--rate", "20"]
+        up = subprocess.Popen(
+            [*MESHPLANE, *argv],
+            env={**clean, "MESHPLANE_TOKEN": token},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            printed = "".join(read_until(up.stdout, "as variables", 90, "up's next steps"))
+            assert f"port {port} is taken" in printed
+            line = printed.splitlines()[-1].split(": ", 1)[1]
+            variables = dict(item.split("=", 1) for item in shlex.split(line))
+            assert "MESHPLANE_STREAMS_URL" in variables, line
+            assert token not in printed  # the token is never printed
+            # Another shell, with nothing set: the selected context. Then the printed variables alone.
+            shells = {
+                "the context": clean,
+                "the variables": {
+                    **clean,
+                    "MESHPLANE_CONTEXT": "none",
+                    **{k: v.replace("YOUR_TOKEN", token) for k, v in variables.items()},
+                },
+            }
+            for shell, env in shells.items():
+                for example in sorted(EXAMPLES.glob("*.py")):
+                    result = subprocess.run(
+                        [sys.executable, str(example)], capture_output=True, text=True, timeout=120, env=env
+                    )
+                    assert result.returncode == 0, f"{example.name} with {shell}: {result.stderr}"
+                    assert re.fullmatch(_expected(example.name), result.stdout), (shell, result.stdout)
+        finally:
+            up.send_signal(signal.SIGINT)
+            up.wait(timeout=60)
+    finally:
+        squatter.shutdown()
+        squatter.server_close()

@@ -430,6 +430,10 @@ def test_serve_gives_up_on_jetstream_in_one_line(tmp_path: Path) -> None:
     from meshplane.launchers import free_port
 
     argv = [sys.executable, "-X", "faulthandler", "-m", "meshplane.cli.main", "serve", "--port", "0"]
+    started = time.monotonic()
+    subprocess.run([*argv, "--help"], capture_output=True, check=True, timeout=60)
+    starting = time.monotonic() - started  # what Python and the imports take here, before any waiting
+    started = time.monotonic()
     server = subprocess.Popen(
         [
             *argv,
@@ -450,6 +454,8 @@ def test_serve_gives_up_on_jetstream_in_one_line(tmp_path: Path) -> None:
         _, stderr = server.communicate(timeout=30)
         raise AssertionError(f"serve did not give up within 60 s; its stacks:\n{stderr}") from None
     assert server.returncode == 3
+    # Issue 57: --storage-timeout 6 gave up after 11.8 s (a try begun before 6 s ran to its own end)
+    assert time.monotonic() - started - starting < 6 + 2.5, stderr
     *progress, error = stderr.strip().splitlines()
     assert progress
     assert all(

@@ -17,11 +17,13 @@ import os
 import re
 import tomllib
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from meshplane.cli.serve import STORAGE_ENV
+from meshplane.cli.serve_rules import Broken, broken
 
 #: seed 004's sections, by the key they hold
 SEED_SECTIONS = {
@@ -78,19 +80,31 @@ def settings_of(parser: argparse.ArgumentParser) -> dict[tuple[str, str], Settin
     return found
 
 
+_KEY_PART = r'(?:[A-Za-z0-9_-]+|"[^"]*"|\'[^\']*\')'
+_DOTTED = re.compile(rf"^\s*({_KEY_PART}(?:\s*\.\s*{_KEY_PART})*)\s*=")
+
+
+def _key_path(dotted: str) -> list[str]:
+    return [part.strip().strip("\"'") for part in re.findall(_KEY_PART, dotted)]
+
+
 def key_lines(text: str) -> dict[tuple[str, str], int]:
-    """Where each key (and section header, key "") is written: tomllib gives values, not lines."""
+    """Where each key (and section header, key "") is written: tomllib gives values, not lines.
+    Dotted keys count where they are written: ``mesh.tls_cert = ...`` at the top is ``[mesh] tls_cert``."""
     lines: dict[tuple[str, str], int] = {}
-    section = "server"
+    table: list[str] = []
     for number, line in enumerate(text.splitlines(), 1):
-        header = re.match(r"^\s*\[\s*([^\]\s]+)\s*\]", line)
+        header = re.match(rf"^\s*\[\s*({_KEY_PART}(?:\s*\.\s*{_KEY_PART})*)\s*\]", line)
         if header:
-            section = header[1]
-            lines.setdefault((section, ""), number)
+            table = _key_path(header[1])
+            lines.setdefault((table[0], ""), number)
             continue
-        key = re.match(r"^\s*([A-Za-z0-9_-]+)\s*=", line)
+        key = _DOTTED.match(line)
         if key:
-            lines.setdefault((section, key[1]), number)
+            path = table + _key_path(key[1])
+            if len(path) >= 2:
+                lines.setdefault((path[0], ""), number)
+            lines.setdefault((path[0], path[-1]) if len(path) >= 2 else ("server", path[0]), number)
     return lines
 
 
@@ -176,11 +190,26 @@ def convert(action: argparse.Action, value: Any) -> Any:
     return _one(action, value)
 
 
+def _holds_credentials(text: str) -> bool:
+    """Any URL of a comma-separated list with a user or password (``nats://s3cr3t@host``: a token)."""
+    for part in text.split(","):
+        if "://" not in part:
+            continue
+        try:
+            parts = urllib.parse.urlsplit(part.strip())
+        except ValueError:
+            continue
+        if parts.username or parts.password:
+            return True
+    return False
+
+
 def _one(action: argparse.Action, value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"expected a {'string' if action.type in (None, Path) else 'number'}, not {value!r}")
-    if action.dest == "storage" and isinstance(value, str) and urllib.parse.urlsplit(value).password:
-        raise ValueError("credentials go in $MESHPLANE_STREAMS_STORAGE, not in the config file")
+    if isinstance(value, str) and _holds_credentials(value):
+        where = f"${ENVIRONMENT[action.dest]}" if action.dest in ENVIRONMENT else "the environment"
+        raise ValueError(f"a URL holds credentials: they go in {where}, not in the config file")
     text = str(value)
     try:
         converted = action.type(text) if callable(action.type) else text
@@ -190,6 +219,62 @@ def _one(action: argparse.Action, value: Any) -> Any:
         choices = ", ".join(map(str, action.choices))
         raise ValueError(f"{converted!r} is not one of {choices}")
     return converted
+
+
+def file_name(parser: argparse.ArgumentParser) -> Callable[[str], str]:
+    """dest -> ``[section] key``, as a file names it."""
+    keys = {setting.action.dest: (section, key) for (section, key), setting in settings_of(parser).items()}
+    return lambda dest: "[{}] {}".format(*keys[dest]) if dest in keys else dest
+
+
+def flag_name(parser: argparse.ArgumentParser) -> Callable[[str], str]:
+    flags = {a.dest: a.option_strings[-1] for a in parser._actions if a.option_strings}
+    return lambda dest: flags.get(dest, dest)
+
+
+def broken_in_file(parser: argparse.ArgumentParser, config: ConfigFile) -> list[Problem]:
+    """What ``serve`` would refuse in this file's settings (the rest at their defaults), in its terms."""
+    settings = parser.parse_args([])
+    settings.storage = "local"  # the file alone: not $MESHPLANE_STREAMS_STORAGE, which serve checks itself
+    for dest, value in config.values.items():
+        setattr(settings, dest, value)
+    name = file_name(parser)
+    return [_problem(config, found, name) for found in broken(settings, name)]
+
+
+def _problem(config: ConfigFile, found: Broken, name: Callable[[str], str]) -> Problem:
+    """A rule's message as a file's problem: at the setting's line, each section said once
+    (``[mesh] tls_cert: needs tls_key``)."""
+    where = name(found.dest)
+    message = found.message.removeprefix(where).strip()
+    for section in set(re.findall(r"\[[a-z_]+\] ", found.message)):
+        message = message.replace(section, "") if where.startswith(section) else message
+    return Problem(config.lines.get(found.dest), where, message)
+
+
+def refuse_broken(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, config: ConfigFile | None, argv: list[str]
+) -> None:
+    """Stop ``serve`` at the first rule its settings break, named as they were given: with a file, its
+    keys (and the line) except for the settings given as flags."""
+    from meshplane.cli.errors import CliError
+
+    flagged = {a.dest for a in parser._actions if a.option_strings and flags_given(argv, a)}
+    from_file = set(config.values) - flagged if config is not None else set()
+    in_file, flag = file_name(parser), flag_name(parser)
+
+    def name(dest: str) -> str:
+        return in_file(dest) if config is not None and dest not in flagged else flag(dest)
+
+    found = broken(args, name)
+    if not found:
+        return
+    if config is not None and found[0].dest in from_file:
+        problem = _problem(config, found[0], name)
+        raise CliError(
+            f"{problem.render(config.path)} (meshplane config check {config.path} lists every one)"
+        )
+    raise CliError(found[0].message)
 
 
 def flags_given(argv: list[str], action: argparse.Action) -> bool:
@@ -246,6 +331,8 @@ def run_config(args: argparse.Namespace, serve: argparse.ArgumentParser) -> int:
 
     if args.action == "check":
         checked = read_config(args.file, serve)
+        if not checked.problems:  # each setting is right alone: and together?
+            checked.problems += broken_in_file(serve, checked)
         for problem in checked.problems:
             print(problem.render(args.file))
         if checked.problems:

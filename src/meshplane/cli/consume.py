@@ -49,7 +49,13 @@ def add_consume_options(parser: argparse.ArgumentParser, *, group: bool) -> None
             "s@MS (the first event at or after MS milliseconds since the epoch). Default beginning",
         )
     parser.add_argument("-e", "--exit-at-end", action="store_true", help="exit once every partition is read")
-    parser.add_argument("-c", "--count", type=int, default=0, help="exit after N events (default: no limit)")
+    parser.add_argument(
+        "-c",
+        "--count",
+        type=int,
+        default=0,
+        help="exit after N events, waiting for them at the end as kcat does unless -e (default: no limit)",
+    )
 
 
 def start_offset(spec: str, oldest: int, end: int, by_time: int | None) -> int:
@@ -84,6 +90,7 @@ class _Printer:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.printed = 0
+        self.said_waiting = False  # that -c waits at the end, said once each time the end is reached
 
     def print(self, topic: str, partition: int, events: list[dict[str, Any]]) -> None:
         for event in events:
@@ -134,7 +141,15 @@ async def _read_from(
         if not progressed:
             if exit_at_end:
                 return
+            if printer.limit and not printer.said_waiting:  # -c as kcat's: it waits for the rest
+                printer.said_waiting = True
+                say(
+                    f"at the end of {topic} after {printer.printed} of {printer.limit} events: waiting for "
+                    "more (-e exits at the end)"
+                )
             await asyncio.sleep(POLL_INTERVAL)
+        else:
+            printer.said_waiting = False
 
 
 async def consume_topic(client: StreamsClient, args: argparse.Namespace) -> int:

@@ -175,6 +175,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_context_commands(commands)
 
+    from meshplane.cli.tls import add_tls_commands
+
+    add_tls_commands(commands)
+
+    from meshplane.cli.shell import add_shell_options
+
+    add_shell_options(
+        commands.add_parser(
+            "shell",
+            help="your shell with this meshplane first on PATH, after your rc files (what `make shell` runs)",
+            description="Start your shell ($SHELL) with this installation's bin folder first on PATH once "
+            "its start-up files have run (a ~/.bashrc that puts pyenv's or conda's shims first cannot hide "
+            "it); exit returns to where you were.",
+        )
+    )
+
     completion = commands.add_parser(
         "completion",
         help="print the shell code that completes meshplane's commands (bash, zsh, fish)",
@@ -187,10 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser(
         "status",
-        help="check that discovery, NATS, brokers and the streams server are up (exit 0 when all are)",
+        help="check that discovery, NATS, the mesh node, brokers and the streams server are up and take "
+        "this shell's credentials (exit 0 when all do)",
         description="One line per check: the selected context, discovery, NATS (when the plane uses it), "
-        "the brokers of broker mode, and the streams server's /health (when a URL is known). Exits 0 when "
-        "all are up, 3 when something is down, 4 when credentials were refused.",
+        "the mesh node (a mesh plane: its secret and certificates), the brokers of broker mode, and the "
+        "streams server (when a URL is known: a route that needs its token). Exits 0 when all are up, 3 "
+        "when something is down, 4 when credentials were missing or refused.",
     )
     add_status_options(status)
 
@@ -383,14 +401,17 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        if args.command == "config" or getattr(args, "config", None) is not None:
-            from meshplane.cli.config_file import load_for_serve, run_config
+        if args.command in ("config", "serve"):
+            from meshplane.cli.config_file import load_for_serve, refuse_broken, run_config
 
             serve = subcommands(parser)["serve"]
             if args.command == "config":
                 return run_config(args, serve)
-            load_for_serve(serve, args.config)  # its values become serve's defaults: flags still win
-            args = parse_with_suggestions(parser, argv)
+            config = load_for_serve(serve, args.config) if args.config is not None else None
+            if config is not None:  # its values become serve's defaults: flags still win
+                args = parse_with_suggestions(parser, argv)
+            words = sys.argv[1:] if argv is None else argv
+            refuse_broken(serve, args, config, words[words.index("serve") + 1 :])  # file and flags together
         return _run(args)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -413,6 +434,14 @@ def _run(args: argparse.Namespace) -> int:
         from meshplane.cli.log import run_log
 
         return run_log(args)
+    if args.command == "shell":
+        from meshplane.cli.shell import run_shell
+
+        return run_shell(args)
+    if args.command == "tls":
+        from meshplane.cli.tls import run_tls
+
+        return run_tls(args)
     if args.command == "pipeline":  # Spark runs its own threads and JVM: not inside an event loop
         from meshplane.cli.pipeline import run_pipeline_command
 

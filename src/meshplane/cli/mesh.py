@@ -9,7 +9,6 @@ from typing import Any
 
 from meshplane.core.backpressure import POLICIES
 from meshplane.core.mesh.router import RouterLimits
-from meshplane.errors import ConfigError
 from meshplane.mesh.config import FAULTS, MeshConfig, MeshTls, PeerLimits
 from meshplane.mesh.spool import SpoolLimits
 from meshplane.streams.config import StreamsConfig
@@ -164,9 +163,7 @@ def _routes(text: str) -> tuple[str, ...]:
 
 
 def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
-    if args.node_id is None:
-        if args.routes or args.gateway:
-            raise ConfigError("--routes and --gateway need --node-id: a server joins a mesh as a named node")
+    if args.node_id is None:  # --routes without it is refused before: serve_rules.py
         return None
     policy: dict[str, Any] = (
         {"backpressure_policy": args.backpressure_policy} if args.backpressure_policy else {}
@@ -195,12 +192,8 @@ def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
 
 
 def _mesh_tls(args: argparse.Namespace) -> MeshTls | None:
-    if args.mesh_tls_cert is None and args.mesh_tls_key is None:
-        if args.mesh_tls_ca is not None:
-            raise ConfigError("--mesh-tls-ca needs --mesh-tls-cert and --mesh-tls-key")
+    if args.mesh_tls_cert is None or args.mesh_tls_key is None:  # one without the other: serve_rules.py
         return None
-    if args.mesh_tls_cert is None or args.mesh_tls_key is None:
-        raise ConfigError("--mesh-tls-cert and --mesh-tls-key go together")
     return MeshTls(args.mesh_tls_cert, args.mesh_tls_key, args.mesh_tls_ca)
 
 

@@ -178,11 +178,7 @@ def streams_engine(args: argparse.Namespace, mesh_config: MeshConfig | None) -> 
     config = with_pubsub_backpressure(streams_config_from_args(args), args)
     if args.storage == "local":
         return StreamsService(config)
-    servers = [url.strip() for url in args.storage.split(",") if url.strip()]
-    if not servers or not all(url.startswith(("nats://", "tls://")) for url in servers):
-        raise ConfigError(f"--storage is local or nats://HOST:PORT[,...], not {args.storage!r}")
-    if mesh_config is not None:
-        raise ConfigError("a mesh node (--node-id) keeps its guaranteed queues locally: use --storage local")
+    servers = [url.strip() for url in args.storage.split(",") if url.strip()]  # checked: serve_rules.py
     from meshplane.streams.jetstream.service import JetStreamStreamsService
 
     def progress(line: str) -> None:
@@ -227,9 +223,7 @@ async def run_serve(args: argparse.Namespace) -> int:
     from meshplane.streams.http.app import server_tls
 
     tokens = Tokens.load(args.token_file, os.environ.get(TOKEN_ENV))
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise ConfigError("--tls-cert and --tls-key go together")
-    try:
+    try:  # settings that go together are checked before: serve_rules.py
         tls = server_tls(args.tls_cert, args.tls_key) if args.tls_cert else None
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load the TLS certificate or key: {exc}") from None
@@ -239,9 +233,7 @@ async def run_serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     lock = DataDirLock(args.data_dir)
-    if args.mates_etcd:
-        if mesh_config is None or args.standby:
-            raise ConfigError("--mates-etcd is for a mesh node (--node-id), without --standby")
+    if args.mates_etcd and mesh_config is not None:
         lock.acquire()
         try:
             return await _serve_as_mate(args, tokens, tls, mesh_config, stop)

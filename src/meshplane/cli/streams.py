@@ -266,12 +266,22 @@ async def run_client(args: argparse.Namespace) -> int:
 
     try:
         return await _run_client(args)
+    except aiohttp.ClientConnectorCertificateError as exc:
+        raise StreamError(await refused_certificate(args.url, exc)) from None
     except aiohttp.ClientResponseError as exc:  # e.g. the WebSocket of `stream tail` refused
         if exc.status == 401:
             raise Unauthorized(UNAUTHORIZED) from None
         raise StreamError(f"the streams server at {args.url} answered {exc.status} {exc.message}") from None
     except aiohttp.ClientError as exc:
         raise StreamError(f"cannot reach the streams server at {args.url}: {exc}") from None
+
+
+async def refused_certificate(url: str, exc: Any) -> str:
+    """An https server whose certificate was refused: the name expected, the names it has."""
+    from meshplane.certs import refusal
+
+    reason = getattr(exc.certificate_error, "verify_message", None) or exc.certificate_error
+    return await refusal(f"the streams server at {url}", exc.host, exc.port, reason, "SSL_CERT_FILE")
 
 
 async def _run_client(args: argparse.Namespace) -> int:

@@ -30,7 +30,14 @@ from meshplane.cli.up_next_steps import (
     print_next_steps,
 )
 from meshplane.cli.up_pipeline import PIPELINE_PID_FILE, PipelineSupervisor, pipeline_holder
-from meshplane.cli.up_state import RUNNING_FILE, RunState, drop_context, lock_state_dir, save_context
+from meshplane.cli.up_state import (
+    RUNNING_FILE,
+    RunState,
+    context_values,
+    drop_context,
+    lock_state_dir,
+    save_context,
+)
 from meshplane.config import PlaneConfig
 from meshplane.core.brokers import BROKERS_BUCKET, broker_record
 from meshplane.core.records import new_instance_id
@@ -241,7 +248,9 @@ async def run_up(args: argparse.Namespace) -> int:
             print(f"  streams server at {second.url} (pid {second.pid}: the same topics, groups)", flush=True)
         print(f"  dashboard at {streams.url}/ui", flush=True)
     mesh_url = mesh.nodes[0].url if mesh is not None else None
-    local = save_context(args, config, nats_url, streams.url if streams is not None else None, mesh_url)
+    streams_url = streams.url if streams is not None else None
+    variables = context_values(args, config, nats_url, streams_url, mesh_url)
+    local = save_context(args, variables)
     missing = _pipeline_missing(streams) if args.pipeline else None
     holder = pipeline_holder(state_dir / PIPELINE_PID_FILE) if args.pipeline else None
     if holder is not None and not missing:
@@ -249,10 +258,7 @@ async def run_up(args: argparse.Namespace) -> int:
             f"a pipeline from an earlier run, pid {holder}, still holds its checkpoint in {state_dir}: "
             f"stop it (kill -- -{holder}) and run again"
         )
-    streams_url = streams.url if streams is not None else None
-    print_next_steps(
-        config, shown_url, addresses, streams_url, local, args.pipeline and not missing, mesh_url
-    )
+    print_next_steps(variables, local, args.pipeline and not missing)
     pipeline = None
     if missing:
         print(f"  Spark pipeline: not started ({missing})", flush=True)
@@ -456,18 +462,35 @@ async def _report_lines(
         heard = f"publishers heard {stats.publishers_heard}"
         if subscriber.uses_discovery:
             heard += f" (in discovery {stats.publishers_discovered})"
-        line = (
-            f"up {now - started:6.1f}s | {heard} | "
-            f"{rate:8.0f} events/s | received {stats.received} | gaps {stats.gaps} "
-            f"(missing {stats.missing}) | malformed {stats.malformed_total} | timeouts {stats.timeouts}"
-        )
-        if streams is not None:
-            line += f" | stored in {DEMO_STREAM_TOPIC} {_stored(streams, DEMO_STREAM_TOPIC)}"
-            if run.pipeline is not None:
-                line += f" | {run.pipeline.health.summary()}, windows {_stored(streams, DEMO_WINDOWS_TOPIC)}"
+        fields = [
+            f"up {now - started:6.1f}s",
+            f"{rate:8.0f} events/s",
+            heard,
+            f"received {stats.received}",
+            f"gaps {stats.gaps} (missing {stats.missing})",
+        ]
+        if run.pipeline is not None and streams is not None:
+            fields.append(f"{run.pipeline.health.summary()}, windows {_stored(streams, DEMO_WINDOWS_TOPIC)}")
         if run.mesh is not None:
-            line += " | " + await mesh_summary(run.mesh, http)
+            fields.append(await mesh_summary(run.mesh, http))
+        if streams is not None:
+            fields.append(f"stored in {DEMO_STREAM_TOPIC} {_stored(streams, DEMO_STREAM_TOPIC)}")
+        fields += [f"malformed {stats.malformed_total}", f"timeouts {stats.timeouts}"]
         run.write()
         if stats.duplicates_dropped:  # each event comes once through every broker: expected, not loss
-            line += f" | duplicate copies removed {stats.duplicates_dropped}"
-        print(("\r" + line) if tty else line, end="" if tty else "\n", flush=True)
+            fields.append(f"duplicate copies removed {stats.duplicates_dropped}")
+        if tty:  # one line rewritten in place: it must fit, or each rewrite piles up below the last
+            line = fit(fields, shutil.get_terminal_size().columns - 1)
+            print(f"\r{line}\x1b[K", end="", flush=True)
+        else:
+            print(" | ".join(fields), flush=True)
+
+
+def fit(fields: list[str], width: int) -> str:
+    """The fields, most important first, that fit in ``width`` columns (the first one cut if need be)."""
+    line = fields[0][:width]
+    for field in fields[1:]:
+        if len(line) + 3 + len(field) > width:
+            break
+        line += " | " + field
+    return line

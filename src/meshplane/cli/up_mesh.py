@@ -14,7 +14,9 @@ from meshplane.launchers import MeshCluster
 def start_mesh(nodes: int, state_dir: Path) -> MeshCluster:
     if nodes < 2:
         raise ConfigError("--nodes needs at least 2 (one node is `meshplane serve --node-id`)")
-    cluster = MeshCluster(nodes, cluster="up", heartbeat_interval=1.0)
+    # the nodes' dashboards list what the demo registers: up's own discovery folder
+    discovery = {"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(state_dir / "kv")}
+    cluster = MeshCluster(nodes, cluster="up", heartbeat_interval=1.0, env=discovery)
     for node, node_id in zip(cluster.nodes, cluster.ids, strict=True):
         node.data_dir = state_dir / "mesh" / node_id
     try:

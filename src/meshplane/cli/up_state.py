@@ -68,17 +68,14 @@ def lock_state_dir(state_dir: Path) -> DataDirLock:
     )
 
 
-def save_context(
+def context_values(
     args: argparse.Namespace,
     config: PlaneConfig,
     nats_url: str | None,
     streams_url: str | None,
     mesh_url: str | None,
-) -> tuple[str, bool] | None:
-    """Save this run's context and select it unless another live `up` holds the selection (other shells'
-    commands then need no variables). Returns its name and whether it is selected."""
-    if args.context == "none":
-        return None
+) -> dict[str, str]:
+    """Every variable another shell needs to reach this run: its context, and the line `up` prints."""
     values = {
         "MESHPLANE_STATE_DIR": str(args.state_dir.resolve()),
         "DYN_EVENT_PLANE": config.event_plane,
@@ -97,6 +94,14 @@ def save_context(
         values["MESHPLANE_STREAMS_URL"] = streams_url
         if args.token:
             values["MESHPLANE_STREAMS_TOKEN"] = args.token
+    return values
+
+
+def save_context(args: argparse.Namespace, values: dict[str, str]) -> tuple[str, bool] | None:
+    """Save this run's context and select it unless another live `up` holds the selection (other shells'
+    commands then need no variables). Returns its name and whether it is selected."""
+    if args.context == "none":
+        return None
     description = f"meshplane up (pid {os.getpid()})"
     return context.claim_for_run(args.context, values, description)
 

@@ -191,7 +191,7 @@ class Dashboard:
         e = self.engine
         counters = {
             "in": e.counters["events_published"],
-            "out": e.counters["events_consumed"] + e.pubsub.delivered,
+            "out": e.counters["events_consumed"] + e.pubsub.delivered + self.readers.events_read,
             "bytes_in": e.counters["bytes_published"],
             "bulk_out": e.counters["bytes_read_in_bulk"],
         }

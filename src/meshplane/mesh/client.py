@@ -123,6 +123,8 @@ class MeshClient:
             try:
                 await self._connect_once(max(0.1, deadline - time.monotonic()))
                 return self
+            except ssl.SSLCertVerificationError as exc:  # the node runs: retrying changes nothing
+                raise TransportError(await self._why_not_verified(exc)) from None
             except (OSError, TimeoutError) as exc:
                 if time.monotonic() + delay > deadline:
                     raise TransportError(
@@ -131,6 +133,14 @@ class MeshClient:
                     ) from exc
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
+
+    async def _why_not_verified(self, exc: ssl.SSLCertVerificationError) -> str:
+        """Which name was expected and which the node's certificate has (read again, unverified)."""
+        from meshplane.certs import refusal
+
+        host, port = self.addresses[(self._next_address - 1) % len(self.addresses)]
+        reason = exc.verify_message or exc
+        return await refusal(f"the mesh node at {self.url}", host, port, reason, "MESHPLANE_MESH_TLS_CA")
 
     async def _connect_once(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()

@@ -43,7 +43,7 @@ from meshplane.core.mesh.interest_frames import Known, Refusal, interest_change,
 from meshplane.core.subjects import is_reserved
 from meshplane.mesh.connection import close_peer
 from meshplane.mesh.holders import MeshEvent
-from meshplane.mesh.links import Handshake, Link, link_status
+from meshplane.mesh.links import Handshake, Link, link_status, peer_address
 from meshplane.mesh.queues import PREFIX
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ class Gateways:
             link.conn.close()  # at most one external link between two clusters: the newest
         state.role, state.peer, state.conn.peer = "gateway", cluster, cluster
         transport = state.conn.transport
-        link.address = str(transport.get_extra_info("peername")) if transport is not None else ""
+        link.address = peer_address(transport)
         link.conn, link.state, link.last_heard, link.epoch = (
             state.conn,
             "syncing",

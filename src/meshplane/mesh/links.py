@@ -76,6 +76,15 @@ class Handshake:
     was_current: bool = False  # a route connection that carried its link (its frames apply)
 
 
+def peer_address(transport: asyncio.BaseTransport | None) -> str:
+    """``host:port`` (``[host]:port`` for IPv6) of a connection's peer, as dashboards and logs show it."""
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    if not isinstance(peer, tuple) or len(peer) < 2:
+        return str(peer or "")
+    host, port = peer[0], peer[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
 def link_status(link: Link, patterns_remote: int, bloom_false_positives: int) -> dict[str, Any]:
     live = link.conn.stats if link.conn is not None else None
     return {

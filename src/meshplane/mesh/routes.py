@@ -21,7 +21,7 @@ from meshplane.core.mesh.interest import encode_leaves
 from meshplane.core.mesh.interest_frames import Known, Refusal, interest_change, sync_answer, sync_reply
 from meshplane.mesh.connection import FrameConnection, close_peer
 from meshplane.mesh.holders import MeshEvent
-from meshplane.mesh.links import Handshake, Link
+from meshplane.mesh.links import Handshake, Link, peer_address
 
 if TYPE_CHECKING:
     from meshplane.mesh.node import MeshNode
@@ -61,7 +61,7 @@ class Routes:
         same_process = link.epoch == hello.epoch
         link.conn, link.dialed_by, link.epoch = conn, dialer, hello.epoch
         transport = conn.transport
-        link.address = str(transport.get_extra_info("peername")) if transport is not None else ""
+        link.address = peer_address(transport)
         link.last_heard = time.monotonic()
         if not swapped:
             link.since = link.last_heard

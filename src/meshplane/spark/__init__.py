@@ -10,6 +10,8 @@ Needs the ``spark`` extra: ``pip install 'meshplane[spark]'``.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,6 +38,11 @@ def register(spark: Any, one_line_errors: bool = True) -> None:
     Python frames (see :mod:`meshplane.spark.kafka_compat`)."""
     from meshplane.spark import kafka_compat
 
+    # Spark's Python workers run `python3` from PATH unless told otherwise: behind pyenv's or conda's
+    # shims that is an interpreter without meshplane. Unless the user chose one, they run this one.
+    context = getattr(spark, "sparkContext", None)  # a Spark Connect session has none
+    if context is not None and "PYSPARK_PYTHON" not in os.environ and context.pythonExec == "python3":
+        context.pythonExec = sys.executable
     spark.dataSource.register(__getattr__("MeshplaneDataSource"))
     kafka_compat.default_save_mode_appends()
     if one_line_errors:

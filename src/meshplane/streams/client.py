@@ -106,7 +106,7 @@ def _payload_of(envelope: dict[str, Any]) -> dict[str, Any]:
 class StreamsClient:
     def __init__(
         self,
-        url: str | Sequence[str] = "http://127.0.0.1:15500",
+        url: str | Sequence[str] | None = None,
         *,
         token: str | None = None,
         timeout: float = 30.0,
@@ -114,8 +114,15 @@ class StreamsClient:
         tls: ssl.SSLContext | None = None,
     ) -> None:
         """``url``: a server, or several serving the same streams (``meshplane serve --storage nats://``),
-        comma-separated or a list: when the current one cannot be reached, the next is tried.
-        ``tls``: how to check an https server (default: the system's CAs, or $SSL_CERT_FILE)."""
+        comma-separated or a list: when the current one cannot be reached, the next is tried. None:
+        the server the CLI uses (``$MESHPLANE_STREAMS_URL``, the selected context's, or port 15500 on
+        loopback), with its token unless ``token`` is given; a URL given here never gets the context's
+        token. ``tls``: how to check an https server (default: the system's CAs, or $SSL_CERT_FILE)."""
+        if url is None:
+            from meshplane.context import streams_endpoint
+
+            url, found = streams_endpoint()
+            token = token or found
         urls = url.split(",") if isinstance(url, str) else list(url)
         self.urls = [u.strip().rstrip("/") for u in urls if u.strip()]
         if not self.urls:

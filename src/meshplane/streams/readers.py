@@ -29,11 +29,22 @@ class Readers:
     def __init__(self, capacity: int = MAX_READERS) -> None:
         self.capacity = capacity
         self.forgotten = 0  # views dropped to stay within capacity
+        # Events readers moved past, as they said: Spark reads records in bulk (or straight from the
+        # segment files on this host), so its reads are counted where it says how far it got.
+        self.events_read = 0
         self._views: OrderedDict[tuple[str, str], ReaderView] = OrderedDict()
 
-    def record(self, topic: str, name: str, offsets: Mapping[int, int], now: float) -> None:
+    def record(
+        self, topic: str, name: str, offsets: Mapping[int, int], now: float, ends: Sequence[int] = ()
+    ) -> None:
+        """``ends``: each partition's next offset, so that no reader counts more than was written."""
         key = (topic, name)
-        self._views.pop(key, None)
+        before = self._views.pop(key, None)
+        if before is not None:
+            for p, offset in offsets.items():
+                end = ends[p] if p < len(ends) else offset
+                if p in before.offsets:
+                    self.events_read += max(0, min(offset, end) - min(before.offsets[p], end))
         self._views[key] = ReaderView(topic, name, dict(offsets), now)
         while len(self._views) > self.capacity:
             self._views.popitem(last=False)

@@ -1,6 +1,7 @@
 // The meshplane dashboard: one live stream per page (server-sent events read with fetch, so that
 // the token travels in a header), pages routed by URL under /ui, charts drawn with uPlot.
 import uPlot from "/ui/static/vendor/uPlot.esm.js";
+import { groupActions, topicActions, topicCreator } from "/ui/static/actions.js";
 
 const TOKEN_KEY = "meshplane.token";
 const SPAN = 300; // points kept per series: the last five minutes at one a second
@@ -249,7 +250,8 @@ function retention(r) {
 }
 
 function topicsPage() {
-  view.innerHTML = `<h1>Topics and rooms</h1><h2>Partitioned topics</h2><div id="topics"></div><h2>Rooms</h2><div id="rooms"></div>`;
+  view.innerHTML = `<h1>Topics and rooms</h1><h2>Partitioned topics</h2><div id="topics"></div><div id="new-topic"></div><h2>Rooms</h2><div id="rooms"></div>`;
+  topicCreator(document.getElementById("new-topic"), headers);
   return {
     update(s) {
       document.getElementById("topics").innerHTML = s.topics.length
@@ -267,7 +269,11 @@ function topicsPage() {
 const more = (n, what) => (n ? `<p class="muted">and ${fmt(n)} more ${what}</p>` : "");
 
 function topicPage(name) {
-  view.innerHTML = `<h1>Topic ${esc(name)}</h1><div id="topic"></div>`;
+  view.innerHTML = `<h1>Topic ${esc(name)}</h1><div id="topic"></div><div id="topic-actions"></div>`;
+  topicActions(document.getElementById("topic-actions"), name, headers, () => {
+    history.pushState(null, "", "/ui/topics");
+    route();
+  });
   return {
     update(s) {
       const t = s.topics.find((x) => x.name === name);
@@ -303,18 +309,23 @@ function groupsPage() {
 
 function groupPage(name) {
   view.innerHTML = `<h1>Consumer group ${esc(name)}</h1><div id="group"></div>
-    <div class="panel"><h2>Lag (events)</h2><div id="lag-chart"></div></div>`;
+    <div class="panel"><h2>Lag (events)</h2><div id="lag-chart"></div></div><div id="group-actions"></div>`;
   const lag = chart(document.getElementById("lag-chart"), [`lag:${name}`], ["lag"], ["#d97706"]);
+  let actions = false;
   return {
     update(s) {
       const g = s.groups.find((x) => x.group === name);
       const box = document.getElementById("group");
       if (!g) { box.innerHTML = '<p class="error">No such group (deleted, or not visible to this token).</p>'; return; }
+      if (!actions) {  // once the group's partitions are known
+        actions = true;
+        groupActions(document.getElementById("group-actions"), name, headers, () => state && state.groups.find((x) => x.group === name));
+      }
       box.innerHTML = `<p>Reads ${link(`/ui/topics/${enc(g.topic)}`, g.topic)} · <span class="pill ${esc(g.state)}">${esc(g.state)}</span> · generation ${g.generation} · ${esc(g.strategy)} ·
           total lag <b data-test="lag">${fmt(g.lag)}</b> events, oldest unconsumed event waiting <b data-test="lag-time">${duration(g.lag_ms)}</b></p>
         <h2>Members</h2>${g.members.length ? `<table><tr><th>member</th><th>partitions</th></tr>${g.members.map((m) => `<tr><td>${esc(m.id)}</td><td>${m.partitions.join(", ") || '<span class="muted">none</span>'}</td></tr>`).join("")}</table>` : '<p class="muted">No members.</p>'}
         <h2>Partitions</h2><table><tr><th class="num">partition</th><th>member</th><th class="num">committed</th><th class="num">end</th><th class="num">lag</th><th class="num">lag (time)</th></tr>
-        ${g.partitions.map((p) => `<tr><td class="num">${p.partition}</td><td>${esc(p.member || "–")}</td><td class="num">${p.committed == null ? '<span class="muted">none</span>' : fmt(p.committed)}</td><td class="num">${fmt(p.end)}</td><td class="num ${p.lag > 0 ? "lag-high" : ""}" data-test="lag-${p.partition}">${fmt(p.lag)}</td><td class="num">${duration(p.lag_ms)}</td></tr>`).join("")}</table>`;
+        ${g.partitions.map((p) => `<tr><td class="num">${p.partition}</td><td>${esc(p.member || "–")}</td><td class="num" data-test="committed-${p.partition}">${p.committed == null ? '<span class="muted">none</span>' : fmt(p.committed)}</td><td class="num">${fmt(p.end)}</td><td class="num ${p.lag > 0 ? "lag-high" : ""}" data-test="lag-${p.partition}">${fmt(p.lag)}</td><td class="num">${duration(p.lag_ms)}</td></tr>`).join("")}</table>`;
       lag.update();
     },
     destroy: () => lag.destroy(),

@@ -44,7 +44,8 @@ class ReaderApi:
                 f"offsets must be an object of partitions (0..{partitions - 1}) to offsets >= 0, "
                 'like {"0": 42}'
             )
-        self.readers.record(topic.name, name, {int(p): o for p, o in raw.items()}, time.time())
+        ends = [log.next_offset for log in topic.partitions]
+        self.readers.record(topic.name, name, {int(p): o for p, o in raw.items()}, time.time(), ends)
         return json_response({"success": True, "topic": topic.name, "reader": name})
 
     async def list(self, request: web.Request) -> web.Response:

@@ -118,8 +118,9 @@ class JetStreamStore:
         said = started
         last: BaseException | None = None
         while True:
-            try:
-                await self._open(on_notice)
+            try:  # each try within what is left: --storage-timeout 6 gives up after 6 s, not 11
+                async with asyncio.timeout(max(0.1, started + self.start_timeout - loop.time())):
+                    await self._open(on_notice)
                 return
             except (*ELECTION_ERRORS, TimeoutError, OSError, nats.errors.NoServersError) as exc:
                 last = self._connect_error if self.nc is None and self._connect_error else exc
