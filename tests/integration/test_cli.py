@@ -486,6 +486,7 @@ def test_ups_status_line_fits_the_terminal(tmp_path: Path, columns: int) -> None
     assert all("events/s" in line for line in status)  # the first fields stay
 
 
+@pytest.mark.timeout(240)  # its waits add up to 215 s
 def test_a_mesh_nodes_dashboard_counts_ups_publishers_and_shows_link_addresses(tmp_path: Path) -> None:
     """Issue 57: a node of `up --nodes 3` showed "0 publishers registered" with 3 in discovery, and
     a Python tuple as a link's address."""

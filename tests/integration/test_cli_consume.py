@@ -283,6 +283,7 @@ def test_group_consume_leaves_its_group_on_sigterm_and_sighup(
     assert asyncio.run(members()) == []  # it left at once: no session timeout to wait for
 
 
+@pytest.mark.timeout(170)  # its waits add up to 150 s
 def test_group_consume_count_says_it_waits_for_the_rest_and_e_stops_at_the_end(
     server: StreamsServerProcess,
 ) -> None:

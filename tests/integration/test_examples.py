@@ -176,6 +176,7 @@ def _expected(name: str) -> str:
     }[name]
 
 
+@pytest.mark.timeout(290)  # its waits add up to 270 s
 def test_every_example_follows_up_to_a_moved_port_with_a_token(tmp_path: Path) -> None:
     """Issue 57: with port 15500 taken `up` moved the streams server and the CLI followed its context,
     but streams_client.py got a 404 from whatever held 15500, synap_client.py could not parse it, and

@@ -405,7 +405,7 @@ def _group(pgid: int) -> dict[int, str]:
     return found
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(590)  # its waits add up to 570 s
 def test_kill_9_of_up_leaves_no_pipeline_process_and_a_held_checkpoint_is_named(tmp_path: Path) -> None:
     """Issue 53, item 4: `up` SIGKILLed once its pipeline's JVM runs: nothing of the pipeline stays
     (the guard's parent-death signal takes its process group, JVM included). A pipeline still holding

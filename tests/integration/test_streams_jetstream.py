@@ -423,6 +423,7 @@ def test_serve_waits_for_jetstream_that_starts_late_and_says_so(tmp_path: Path) 
         assert server.url.startswith("http://")
 
 
+@pytest.mark.timeout(170)  # its waits add up to 150 s
 def test_serve_gives_up_on_jetstream_in_one_line(tmp_path: Path) -> None:
     import subprocess
     import sys

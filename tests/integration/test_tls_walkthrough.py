@@ -39,6 +39,7 @@ def user_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.timeout(230)  # its waits add up to 210 s
 def test_the_security_docs_certificate_walkthrough_runs_as_written(tmp_path: Path) -> None:
     env = user_env(tmp_path)
     made = subprocess.run(
@@ -84,6 +85,7 @@ def test_the_security_docs_certificate_walkthrough_runs_as_written(tmp_path: Pat
     assert "Traceback" not in errors, errors
 
 
+@pytest.mark.timeout(350)  # its waits add up to 330 s
 def test_a_client_refused_by_the_certificate_is_told_which_name_it_expected_and_which_it_has(
     tmp_path: Path,
 ) -> None:
@@ -144,6 +146,7 @@ def test_a_client_refused_by_the_certificate_is_told_which_name_it_expected_and_
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+@pytest.mark.timeout(260)  # its waits add up to 240 s
 @pytest.mark.parametrize("role", ["ca", "node", "client"])
 def test_tls_never_replaces_a_file_without_force(tmp_path: Path, role: str) -> None:
     env = user_env(tmp_path)
@@ -164,6 +167,7 @@ def test_tls_never_replaces_a_file_without_force(tmp_path: Path, role: str) -> N
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
 
 
+@pytest.mark.timeout(260)  # its waits add up to 240 s
 def test_an_https_streams_server_whose_certificate_is_refused_is_explained_not_unreachable(
     tmp_path: Path,
 ) -> None:

@@ -99,7 +99,8 @@ def test_every_problem_is_found_with_its_line(serve: argparse.ArgumentParser, tm
         f"{path}:9: [http] token: secrets are not read from the config file: tokens come from token_file, "
         "the mesh secret from $MESHPLANE_MESH_SECRET",
         f"{path}:10: [sever]: unknown section (did you mean [server]?)",
-        f"{path}:13: [server] storage: credentials go in $MESHPLANE_STREAMS_STORAGE, not in the config file",
+        f"{path}:13: [server] storage: a URL holds credentials: they go in $MESHPLANE_STREAMS_STORAGE, "
+        "not in the config file",
         f"{path}:14: [server] fsync: expected a string, not True",
     ]
     assert "s3cret" not in " ".join(rendered)

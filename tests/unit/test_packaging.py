@@ -125,7 +125,10 @@ def test_the_version_is_pyprojects() -> None:
 #: The floors of the house, lowest first: a module imports only from its own floor or below
 #: (docs/architecture.md draws the same table). Within a floor, the import-cycle test keeps order.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("meshplane.errors", "meshplane.version", "meshplane.aio", "meshplane.context")),
+    (
+        "base",
+        ("meshplane.errors", "meshplane.version", "meshplane.aio", "meshplane.context", "meshplane.certs"),
+    ),
     ("core", ("meshplane.core",)),
     ("config", ("meshplane.config",)),
     ("discovery, launchers", ("meshplane.discovery", "meshplane.launchers")),

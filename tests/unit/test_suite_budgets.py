@@ -50,6 +50,9 @@ class TimeoutParameter:
     default: float | None
 
 
+ASYNCIO = {"wait_for": TimeoutParameter(1, None)}  # asyncio's own: wait_for(aw, timeout)
+
+
 def _timeout_parameter(function: FunctionNode) -> TimeoutParameter | None:
     positional = [a.arg for a in function.args.posonlyargs + function.args.args]
     defaults = function.args.defaults
@@ -82,7 +85,7 @@ def _timeouts() -> dict[str, TimeoutParameter]:
             parameter = _timeout_parameter(function)
             if parameter is not None and not function.name.startswith("__"):
                 takes[function.name].add(parameter)
-    timeouts = {"wait_for": TimeoutParameter(1, None)}  # asyncio.wait_for(aw, timeout)
+    timeouts: dict[str, TimeoutParameter] = {}
     for name, found in takes.items():
         positions = {p.position for p in found}
         defaults = {p.default for p in found}
@@ -118,10 +121,14 @@ def _budget(node: ast.AST) -> float:
     total = 0.0
     if isinstance(node, ast.Call):
         name, args = _name(node), list(node.args)
-        if name in PASS_THROUGH and args and isinstance(args[0], ast.Attribute | ast.Name):
-            name = args[0].attr if isinstance(args[0], ast.Attribute) else args[0].id
-            args = args[1:]
-        parameter = _timeouts().get(name, TimeoutParameter(None, None))  # any call's timeout= counts
+        func = node.func
+        if isinstance(func, ast.Attribute) and getattr(func.value, "id", "") == "asyncio" and name in ASYNCIO:
+            parameter = ASYNCIO[name]  # asyncio.wait_for(aw, timeout), whatever the suite names so
+        else:
+            if name in PASS_THROUGH and args and isinstance(args[0], ast.Attribute | ast.Name):
+                name = args[0].attr if isinstance(args[0], ast.Attribute) else args[0].id
+                args = args[1:]
+            parameter = _timeouts().get(name, TimeoutParameter(None, None))  # any call's timeout= counts
         if name not in MILLISECONDS:
             total += _call_wait(node, parameter, args)
     for child in ast.iter_child_nodes(node):

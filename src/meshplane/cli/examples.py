@@ -19,6 +19,13 @@ EXAMPLES = {
     "ls": ["meshplane ls", "meshplane ls dynamo/worker --json"],
     "broker": ["meshplane broker --xsub tcp://127.0.0.1:5555 --xpub tcp://127.0.0.1:5556"],
     "broker-stats": ["meshplane broker-stats tcp://127.0.0.1:5557"],
+    "shell": ["meshplane shell", "meshplane shell --shell /bin/bash"],
+    "tls": [
+        "meshplane tls ca --dir certs",
+        "meshplane tls node a --cluster east --dir certs --host 10.0.0.5",
+        "meshplane tls client billing --dir certs",
+        "meshplane tls show certs/a.pem",
+    ],
     "serve": [
         "meshplane serve",
         "meshplane serve --port 15500 --data-dir /var/lib/meshplane --fsync always",

@@ -35,7 +35,12 @@ def add_tls_commands(commands: Any) -> None:
     _common(ca)
     for role, text in ROLES.items():
         issue = actions.add_parser(role, help=text, description=text)
-        issue.add_argument("name", metavar="NAME" if role in ("client", "server") else "ID")
+        named = role in ("client", "server")
+        issue.add_argument(
+            "name",
+            metavar="NAME" if named else "ID",
+            help="the client's or server's name" if named else "the node id (serve --node-id)",
+        )
         if role in ("node", "gateway", "mate"):
             issue.add_argument(
                 "--cluster",
