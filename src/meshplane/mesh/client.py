@@ -56,6 +56,7 @@ from meshplane.core.subjects import PatternIndex
 from meshplane.errors import ConfigError, TransportAuthError, TransportError
 from meshplane.mesh.config import SECRET_ENV
 from meshplane.mesh.connection import FrameConnection
+from meshplane.mesh.session import session_keys
 from meshplane.mesh.unconfirmed import Unconfirmed
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,15 @@ class MeshClient:
             raise TransportAuthError(
                 f"the mesh node at {self.url} could not prove it holds the mesh secret ({SECRET_HINT})"
             )
+        keys = session_keys(
+            self.secret.encode(),
+            dialler_nonce=nonce,
+            node_nonce=answer.nonce,
+            role="client",
+            dialler_id=name,
+            node_id=answer.node,
+        )
+        conn.seal(keys, dialler=True)
         return auth.origin
 
     def _refusal_or_hello(self, frame: Frame | None) -> Hello:

@@ -35,12 +35,21 @@ from meshplane.core.mesh.handshake import (
     proof_ok,
 )
 from meshplane.mesh.connection import FrameConnection
-from meshplane.mesh.links import Handshake
+from meshplane.mesh.links import Handshake, Link
+from meshplane.mesh.session import SessionKeys, session_keys
 
 if TYPE_CHECKING:
     from meshplane.mesh.node import MeshNode
 
 log = logging.getLogger(__name__)
+
+TEXT_IN_LOGS = 200  # characters of a peer's text in a log line or an error, at most
+
+
+def bounded(text: str, limit: int = TEXT_IN_LOGS) -> str:
+    """A peer-supplied string fit for a log line: its repr, cut to ``limit`` characters."""
+    shown = repr(text[:limit])
+    return shown if len(text) <= limit else f"{shown}... ({len(text)} characters)"
 
 MAX_CLUSTER_BYTES = 64
 
@@ -106,13 +115,18 @@ class Handshakes:
             state.conn.close()
 
     def _refused(self, state: Handshake, frame: Frame) -> None:
+        """A refusal from the other side: only logged (cut to a bound) and the dial retried. It comes
+        before any proof, so nothing it says is believed ("self" is decided here, in :meth:`_check`)."""
         try:
-            hello = decode_hello(frame.payload)
+            error = decode_hello(frame.payload).error
         except ValueError:
-            hello = None
-        error = hello.error if hello is not None else ""
-        state.error = "self" if error.startswith("self") else (error or "refused")
-        log.warning("node at %s refused this node: %s", state.conn.peer or "a route", error or "(no reason)")
+            error = ""
+        self.node.frame_errors["refused_by_peer"] += 1
+        if state.error != "self":
+            state.error = "refused"
+        log.warning(
+            "node at %s refused this node: %s", state.conn.peer or "a route", bounded(error) or "(no reason)"
+        )
         state.conn.close()
 
     def _on_hello(self, state: Handshake, frame: Frame) -> None:
@@ -169,11 +183,22 @@ class Handshakes:
         except ValueError as exc:
             return "malformed", str(exc)
         if hello.node == node.node_id:
-            return "self", "self: a route to this node itself"
+            return self._self_or_impostor(hello)
         if hello.cluster != node.config.cluster:
             theirs = hello.cluster[:MAX_CLUSTER_BYTES]
             return "cluster", f"cluster {theirs!r}; this node is in {node.config.cluster!r}"
         return self._certificate_names(state, hello.node)
+
+    def _self_or_impostor(self, hello: Hello) -> tuple[str, str]:
+        """A route HELLO with this node's id: this very process (its epoch, and the nonce of one of its
+        own dials; its dial is then slowed, never stopped), or another claiming the id."""
+        node = self.node
+        dials = [s for s in node.conns.values() if s.dialed and s.nonce == hello.nonce]
+        if hello.epoch == node.epoch and dials:
+            for state in dials:
+                state.error = "self"
+            return "self", "self: a route to this node itself"
+        return "self_id", "another process claims this node's id"
 
     def _certificate_names(self, state: Handshake, claimed: str) -> tuple[str, str] | None:
         """With TLS, a route's or gateway's certificate must carry the id it claims."""
@@ -204,6 +229,17 @@ class Handshakes:
             node_id=node_id,
         )
 
+    def _keys(self, state: Handshake, hello: Hello) -> SessionKeys:
+        dialler_nonce, node_nonce, dialler_id, node_id = self._nonces(state, hello)
+        return session_keys(
+            self.node.config.secret.encode(),
+            dialler_nonce=dialler_nonce,
+            node_nonce=node_nonce,
+            role=hello.role,
+            dialler_id=dialler_id,
+            node_id=node_id,
+        )
+
     def _send_proof(self, state: Handshake, hello: Hello, origin: str = "") -> None:
         own = self._proof(state, hello, dialler=state.dialed)
         payload = encode_auth(Auth(own, origin))
@@ -223,12 +259,27 @@ class Handshakes:
                 state.error = "auth"
                 return state.conn.close()
             return self.refuse(state, "auth", "wrong or missing mesh secret")
-        if hello.role == "route":
+        if hello.role in ("route", "gateway"):
             taken = self._link_taken(state, hello)
             if taken is not None:
                 return self.refuse(state, *taken)
-        if not state.dialed:
-            self._send_proof(state, hello, state.origin)
+        keys = self._keys(state, hello)
+        if state.dialed:
+            state.conn.seal(keys, dialler=True)
+            return self._install(state, hello)
+        self._send_proof(state, hello, state.origin)
+        # Installed once the dialler's first record opens: whoever relayed the handshake holds no keys.
+        state.conn.seal(keys, dialler=False, on_confirmed=lambda _: self._confirmed(state, hello))
+
+    def _confirmed(self, state: Handshake, hello: Hello) -> None:
+        if hello.role in ("route", "gateway"):
+            taken = self._link_taken(state, hello)
+            if taken is not None:  # another connection took the link meanwhile
+                return self.refuse(state, *taken)
+        self._install(state, hello)
+
+    def _install(self, state: Handshake, hello: Hello) -> None:
+        node = self.node
         if hello.role == "route":
             node.routes.install(state, hello)
         elif hello.role == "gateway":
@@ -239,17 +290,25 @@ class Handshakes:
             node.clients.accept(state)
 
     def _link_taken(self, state: Handshake, hello: Hello) -> tuple[str, str] | None:
-        """Why an authenticated route HELLO may not take the link (reason, detail), or None. A link
-        carried by a live connection is never taken over by another process of the same id (another
-        epoch); two connections from the same process (both ends dialled) are paired as below."""
-        link = self.node.links.get(hello.node)
+        """Why an authenticated route or gateway HELLO may not take the link (reason, detail), or None.
+        One link per node (a route) or cluster (a gateway): a link carried by a live connection is never
+        taken over by another process of the same id (another epoch); two connections from the same
+        process (both ends dialled) are paired as :meth:`Routes.install` says."""
+        node = self.node
+        link: Link | None
+        if hello.role == "gateway":
+            name, link = hello.cluster, node.gateways.links.get(hello.cluster)
+            claim = f"cluster {name!r}"
+        else:
+            name, link = hello.node, node.links.get(hello.node)
+            claim = f"node {name!r}"
         if link is None or link.conn is None or link.conn is state.conn or not link.conn.is_open:
-            if link is None and len(self.node.links) >= self.node.config.limits.max_routes:
-                return "limit", f"{self.node.config.limits.max_routes} route peers (the limit)"
+            if hello.role == "route" and link is None and len(node.links) >= node.config.limits.max_routes:
+                return "limit", f"{node.config.limits.max_routes} route peers (the limit)"
             return None
         if link.epoch != hello.epoch:
-            return "duplicate", f"duplicate: node {hello.node!r} has a live link from another process"
-        if time.monotonic() - link.since > self.node.config.handshake_timeout:
+            return "duplicate", f"duplicate: {claim} has a live link from another process"
+        if time.monotonic() - link.since > node.config.handshake_timeout:
             # Both ends dial at once only as a link (re)starts: a second connection later is a claim.
-            return "duplicate", f"duplicate: node {hello.node!r} has a live link"
+            return "duplicate", f"duplicate: {claim} has a live link"
         return None

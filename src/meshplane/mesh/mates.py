@@ -52,6 +52,7 @@ from meshplane.mesh.config import parse_route
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.lease import ActiveMate, MateLease
 from meshplane.mesh.links import Handshake
+from meshplane.mesh.session import session_keys
 from meshplane.streams.errors import StorageError
 from meshplane.streams.files import write_atomic
 from meshplane.streams.mirror import DirectoryReplica, DirectorySource
@@ -377,6 +378,15 @@ class Standby:
         frame = self._expect(await self._frames.get(), FrameType.AUTH)
         if not proof_ok(proof_of(False), decode_auth(frame.payload).proof):
             raise ConnectionError("the active could not prove the mesh secret")
+        keys = session_keys(
+            self.secret.encode(),
+            dialler_nonce=nonce,
+            node_nonce=answer.nonce,
+            role="mate",
+            dialler_id=self.node_id,
+            node_id=self.node_id,
+        )
+        conn.seal(keys, dialler=True)
 
     @staticmethod
     def _expect(frame: Frame | None, kind: FrameType) -> Frame:

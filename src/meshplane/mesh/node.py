@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SELF_RETRY = 30.0  # seconds between dials of an address that turned out to be this node itself
+
 
 class MeshNode:
     """One node: started and closed around a streams server (``serve --node-id``), or on its own."""
@@ -161,6 +163,7 @@ class MeshNode:
         host, port = parse_route(route)
         loop = asyncio.get_running_loop()
         backoff = self.config.reconnect_min
+        said_self = False
         while self.running:
             try:
                 async with asyncio.timeout(self.config.handshake_timeout):
@@ -180,12 +183,16 @@ class MeshNode:
                 continue
             state = self.conns[conn]
             await conn.closed
-            if state.error == "self":
-                log.info("route %s is this node itself: not dialled again", route)
-                return
+            if state.error == "self":  # known from this process's own dial, never from the peer's word
+                if not said_self:
+                    log.info("route %s is this node itself: dialled only every %.0fs", route, SELF_RETRY)
+                    said_self = True
+                await asyncio.sleep(SELF_RETRY)
+                continue
             peer = state.peer or (state.hello.node if state.hello is not None else "")
             link = self.links.get(peer)
-            paired = state.superseded or state.error.startswith("duplicate")
+            # Refused while this node has a live link to that peer: the pair kept the other connection.
+            paired = state.superseded or (state.error == "refused" and state.hello is not None)
             if paired and link is not None and link.state != "down":
                 await link.down.wait()  # the pair keeps the peer's connection; dial again once it is gone
             if state.role:

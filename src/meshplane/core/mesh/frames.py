@@ -42,9 +42,10 @@ from meshplane.core.subjects import MAX_SUBJECT_BYTES
 
 T = TypeVar("T")
 
-PROTOCOL_VERSION = 2  # 2: the secret is proven (HELLO's nonces, then AUTH), never sent
+PROTOCOL_VERSION = 3  # 2: the secret is proven (HELLO's nonces, then AUTH); 3: then sealed records
 NODE_ID_BYTES = 16
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
+HANDSHAKE_FRAME_BYTES = 4096  # a HELLO or an AUTH, whole, at most (nats-server's max_control_line)
 
 _HEAD = struct.Struct(">BB16sH")  # type, flags, source, subject length
 _MIDDLE = struct.Struct(">QI")  # sequence, payload length
@@ -129,6 +130,23 @@ def python_encode_frame(
         )
     )
     return body + _CRC.pack(zlib.crc32(body))
+
+
+def handshake_frame_length(buffer: bytes) -> int | None:
+    """The length of the frame ``buffer`` begins with, once its lengths are in (else None);
+    ValueError when it would be more than ``HANDSHAKE_FRAME_BYTES``."""
+    if len(buffer) < HEAD_BYTES:
+        return None
+    subject_length: int = _HEAD.unpack_from(buffer)[3]
+    if HEAD_BYTES + subject_length + _MIDDLE_BYTES + _CRC_BYTES > HANDSHAKE_FRAME_BYTES:
+        raise ValueError(f"a handshake frame of more than {HANDSHAKE_FRAME_BYTES} bytes")
+    if len(buffer) < HEAD_BYTES + subject_length + _MIDDLE_BYTES:
+        return None
+    payload_length: int = _MIDDLE.unpack_from(buffer, HEAD_BYTES + subject_length)[1]
+    length = HEAD_BYTES + subject_length + _MIDDLE_BYTES + payload_length + _CRC_BYTES
+    if length > HANDSHAKE_FRAME_BYTES:
+        raise ValueError(f"a handshake frame of {length} bytes (at most {HANDSHAKE_FRAME_BYTES})")
+    return length
 
 
 def encode_event(
