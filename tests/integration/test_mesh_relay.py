@@ -128,9 +128,10 @@ async def test_a_relayed_route_handshake_installs_nothing_and_reads_nothing(
     pki = relay_pki if with_tls else None
     listener = listening()
     relay_url = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
-    with process("b", "c1", 0, *tls_args(pki, "b")) as b, process(
-        "a", "c1", 0, "--routes", relay_url, *tls_args(pki, "a")
-    ) as a:
+    with (
+        process("b", "c1", 0, *tls_args(pki, "b")) as b,
+        process("a", "c1", 0, "--routes", relay_url, *tls_args(pki, "a")) as a,
+    ):
         b.start()
         a.start()
         client_tls = contexts(pki, "client")[1]
@@ -159,9 +160,10 @@ async def test_a_relayed_gateway_handshake_installs_nothing_and_reads_nothing(
     listener = listening()
     relay_url = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
     port_a, port_b = free_port(), free_port()
-    with process(
-        "gB", "B", port_b, "--gateway", f"A=tcp://127.0.0.1:{port_a}", *tls_args(pki, "gB")
-    ) as b, process("gA", "A", port_a, "--gateway", f"B={relay_url}", *tls_args(pki, "gA")) as a:
+    with (
+        process("gB", "B", port_b, "--gateway", f"A=tcp://127.0.0.1:{port_a}", *tls_args(pki, "gB")) as b,
+        process("gA", "A", port_a, "--gateway", f"B={relay_url}", *tls_args(pki, "gA")) as a,
+    ):
         b.start()
         a.start()  # A sorts first: it dials B, here at the relay's address
         client_tls = contexts(pki, "client")[1]

@@ -302,8 +302,10 @@ async def test_a_long_peer_id_is_refused_at_hello() -> None:
     with node_process("n") as node:
         node.start()
         answer = await asyncio.to_thread(RawPeer(node.route_url, "g" * 200, "c1").hello)
-        assert "node id" in answer.error
-        assert (await status(node))["frame_errors"]["hello_malformed"] == 1
+        assert "HELLO's node: at most 64" in answer.error
+        answer = await asyncio.to_thread(RawPeer(node.route_url, "g" * 20, "c1").hello)
+        assert "node id 'gggggggggggggggggggg': 1-16" in answer.error
+        assert (await status(node))["frame_errors"]["hello_malformed"] == 2
 
 
 async def test_a_failed_store_is_an_error_ack_and_the_client_stays() -> None:

@@ -21,6 +21,7 @@ class RecordingTransport(Recording):
     def abort(self) -> None:
         return None
 
+
 FIELDS: dict[str, Any] = {
     "dialler_nonce": b"d" * NONCE_BYTES,
     "node_nonce": b"n" * NONCE_BYTES,

@@ -21,7 +21,9 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
     mesh = parser.add_argument_group(
         "event mesh (with --node-id: this server is a node; --routes links it to the others of its cluster)"
     )
-    mesh.add_argument("--node-id", metavar="ID", help="this node's id (1-16 bytes); turns the mesh on")
+    mesh.add_argument(
+        "--node-id", metavar="ID", help="this node's id (1-16 ASCII characters); turns the mesh on"
+    )
     mesh.add_argument("--cluster", default="meshplane", help="cluster name: links only join equal names")
     mesh.add_argument(
         "--routes",
@@ -149,6 +151,9 @@ PEER_LIMIT_FLAGS: dict[str, tuple[type, str]] = {
     "ping_timeout": (float, "seconds before a propagated ping is answered whatever the peers do"),
     "frame_timeout": (float, "seconds a connection may take to finish a frame"),
     "idle_timeout": (float, "seconds a mesh connection may send nothing (0: no limit)"),
+    "auth_timeout": (float, "seconds an accepted connection has for its TLS handshake and its proof"),
+    "max_unauthenticated": (int, "accepted connections not yet proven, in all (more are closed at once)"),
+    "max_unauthenticated_per_address": (int, "accepted connections not yet proven from one address"),
 }
 
 

@@ -164,7 +164,7 @@ class MeshClient:
         """HELLO, the node's challenge, both proofs (:mod:`meshplane.core.mesh.handshake`): the origin
         the node gave this connection."""
         assert self._handshake is not None
-        name, nonce = self.name.encode()[:16].decode(errors="ignore"), new_nonce()
+        name, nonce = self.name.encode("ascii", "ignore")[:16].decode(), new_nonce()
         hello = Hello(PROTOCOL_VERSION, name, "", "client", 0, nonce, batched_acks=True)
         conn.send(encode_frame(FrameType.HELLO, "", payload=encode_payload(hello)))
         answer = self._refusal_or_hello(await self._handshake.get())

@@ -73,6 +73,9 @@ class PeerLimits:
     ping_timeout: float = 10.0  # a propagated ping is answered after this long whatever the peers do
     frame_timeout: float = 10.0  # seconds to finish a frame once it has begun
     idle_timeout: float = 120.0  # seconds a connection may send nothing at all (clients ping)
+    auth_timeout: float = 2.0  # seconds an accepted connection has for TLS and its proof
+    max_unauthenticated: int = 256  # accepted connections not yet proven, in all
+    max_unauthenticated_per_address: int = 32  # ... from one source address
 
 
 @dataclass

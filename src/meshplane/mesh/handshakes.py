@@ -20,6 +20,7 @@ from meshplane.core.mesh.frames import (
     Frame,
     FrameType,
     Hello,
+    check_hello_ids,
     check_node_id,
     decode_hello,
     encode_frame,
@@ -36,20 +37,13 @@ from meshplane.core.mesh.handshake import (
 )
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.links import Handshake, Link
+from meshplane.mesh.preauth import TEXT_IN_LOGS, QuietLog, Unproven, bounded
 from meshplane.mesh.session import SessionKeys, session_keys
 
 if TYPE_CHECKING:
     from meshplane.mesh.node import MeshNode
 
 log = logging.getLogger(__name__)
-
-TEXT_IN_LOGS = 200  # characters of a peer's text in a log line or an error, at most
-
-
-def bounded(text: str, limit: int = TEXT_IN_LOGS) -> str:
-    """A peer-supplied string fit for a log line: its repr, cut to ``limit`` characters."""
-    shown = repr(text[:limit])
-    return shown if len(text) <= limit else f"{shown}... ({len(text)} characters)"
 
 MAX_CLUSTER_BYTES = 64
 
@@ -68,13 +62,34 @@ def certificate_names(peercert: dict[str, Any] | None) -> set[str]:
 class Handshakes:
     def __init__(self, node: MeshNode) -> None:
         self.node = node
+        limits = node.config.limits
+        self.unproven = Unproven(limits.max_unauthenticated, limits.max_unauthenticated_per_address)
+        self.quiet = QuietLog(log)
 
     def opened(self, state: Handshake) -> None:
         state.nonce = new_nonce()
+        node = self.node
         if state.dialed:
             role: Literal["route", "gateway"] = "gateway" if state.dial_role == "gateway" else "route"
             self.send_hello(state.conn, role, nonce=state.nonce)
-        asyncio.get_running_loop().call_later(self.node.config.handshake_timeout, self._deadline, state)
+            timeout = node.config.handshake_timeout
+        else:
+            transport = state.conn.transport
+            peername = transport.get_extra_info("peername") if transport is not None else None
+            address = str(peername[0]) if isinstance(peername, tuple) else str(peername)
+            refused = self.unproven.admit(address)
+            if refused:  # closed before anything is read (counted and logged as ``closed_<refused>``)
+                state.conn.limit(refused)
+                return
+            state.address = address
+            timeout = node.config.limits.auth_timeout
+        asyncio.get_running_loop().call_later(timeout, self._deadline, state)
+
+    def proven(self, state: Handshake) -> None:
+        """The connection's handshake is over (it was installed, or it closed)."""
+        if state.address is not None:
+            self.unproven.done(state.address)
+            state.address = None
 
     def _deadline(self, state: Handshake) -> None:
         if not state.role and state.conn.is_open:
@@ -96,7 +111,7 @@ class Handshakes:
     def refuse(self, state: Handshake, reason: str, detail: str) -> None:
         """Counted as ``hello_<reason>``; the other side is told only ``detail``."""
         self.node.frame_errors[f"hello_{reason}"] += 1
-        log.warning("refused a connection: %s", detail)
+        self.quiet.warning(reason, "refused a connection: %s", detail)
         if not state.dialed:
             self.send_hello(state.conn, "route", error=detail)
         state.error = reason
@@ -124,16 +139,20 @@ class Handshakes:
         self.node.frame_errors["refused_by_peer"] += 1
         if state.error != "self":
             state.error = "refused"
-        log.warning(
-            "node at %s refused this node: %s", state.conn.peer or "a route", bounded(error) or "(no reason)"
+        self.quiet.warning(
+            "refused_by_peer",
+            "node at %s refused this node: %s",
+            state.conn.peer or "a route",
+            bounded(error) or "(no reason)",
         )
         state.conn.close()
 
     def _on_hello(self, state: Handshake, frame: Frame) -> None:
         try:
             hello = decode_hello(frame.payload)
+            check_hello_ids(hello)
         except ValueError as exc:
-            return self.refuse(state, "malformed", str(exc))
+            return self.refuse(state, "malformed", str(exc)[:TEXT_IN_LOGS])
         if hello.error:
             return self._refused(state, frame)
         if hello.protocol != PROTOCOL_VERSION:
@@ -280,6 +299,7 @@ class Handshakes:
 
     def _install(self, state: Handshake, hello: Hello) -> None:
         node = self.node
+        self.proven(state)
         if hello.role == "route":
             node.routes.install(state, hello)
         elif hello.role == "gateway":

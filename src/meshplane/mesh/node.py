@@ -106,7 +106,7 @@ class MeshNode:
             self.config.route_port,
             reuse_address=True,
             ssl=self._server_tls,
-            ssl_handshake_timeout=self.config.handshake_timeout if self._server_tls else None,
+            ssl_handshake_timeout=self.config.limits.auth_timeout if self._server_tls else None,
         )
         self.route_port = int(self._server.sockets[0].getsockname()[1])
         self._tasks.append(asyncio.create_task(self._heartbeats()))
@@ -155,7 +155,12 @@ class MeshNode:
 
     def _on_limit(self, conn: FrameConnection, reason: str) -> None:
         self.counters[f"closed_{reason}"] += 1
-        log.warning("closed the connection of %s: %s", conn.peer or "a new peer", reason.replace("_", " "))
+        self.handshakes.quiet.warning(
+            f"closed_{reason}",
+            "closed the connection of %s: %s",
+            conn.peer or "a new peer",
+            reason.replace("_", " "),
+        )
 
     # --- dialling ------------------------------------------------------------------------------------
 
@@ -234,6 +239,7 @@ class MeshNode:
 
     def _on_close(self, conn: FrameConnection) -> None:
         state = self.conns.pop(conn)
+        self.handshakes.proven(state)
         if state.session is not None:
             self.clients.drop(state.session)
         if state.role == "gateway":

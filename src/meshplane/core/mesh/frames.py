@@ -45,6 +45,7 @@ T = TypeVar("T")
 PROTOCOL_VERSION = 3  # 2: the secret is proven (HELLO's nonces, then AUTH); 3: then sealed records
 NODE_ID_BYTES = 16
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
+MAX_ID_BYTES = 64  # a HELLO's node or cluster name, at most (a node id: NODE_ID_BYTES)
 HANDSHAKE_FRAME_BYTES = 4096  # a HELLO or an AUTH, whole, at most (nats-server's max_control_line)
 
 _HEAD = struct.Struct(">BB16sH")  # type, flags, source, subject length
@@ -100,10 +101,17 @@ class FrameError:
 
 
 def check_node_id(node_id: str) -> str:
-    raw = node_id.encode()
-    if not node_id or len(raw) > NODE_ID_BYTES or "\x00" in node_id or not node_id.isprintable():
-        raise ValueError(f"node id {node_id!r}: 1-{NODE_ID_BYTES} bytes of printable UTF-8")
+    """A node id: 1-16 printable ASCII characters, compared byte for byte (no case or Unicode folding)."""
+    if not node_id or len(node_id) > NODE_ID_BYTES or not (node_id.isascii() and node_id.isprintable()):
+        raise ValueError(f"node id {node_id[:MAX_ID_BYTES]!r}: 1-{NODE_ID_BYTES} printable ASCII characters")
     return node_id
+
+
+def check_hello_ids(hello: Hello) -> None:
+    """ValueError unless HELLO's node and cluster are printable ASCII of at most ``MAX_ID_BYTES``."""
+    for what, text in (("node", hello.node), ("cluster", hello.cluster)):
+        if len(text) > MAX_ID_BYTES or not (text.isascii() and text.isprintable()):
+            raise ValueError(f"HELLO's {what}: at most {MAX_ID_BYTES} printable ASCII characters")
 
 
 def encode_frame(
