@@ -7,12 +7,20 @@ import asyncio
 import socket
 from pathlib import Path
 
-from meshplane.core.mesh.frames import PROTOCOL_VERSION, FrameType, Hello, encode_frame, encode_payload
+from meshplane.core.mesh.frames import (
+    FLAG_GUARANTEED,
+    PROTOCOL_VERSION,
+    FrameType,
+    Hello,
+    encode_event,
+    encode_frame,
+    encode_payload,
+)
 from meshplane.launchers import StreamsServerProcess
 from meshplane.mesh.client import MeshClient
 from meshplane.mesh.config import SECRET_ENV
 from tests.helpers import eventually
-from tests.integration.test_mesh import status
+from tests.integration.test_mesh import Inbox, status
 from tests.mesh_peers import RawPeer
 
 SECRET = "the-mesh-secret-nobody-else-knows"
@@ -139,3 +147,38 @@ async def counter_at_least(node: StreamsServerProcess, name: str, count: int) ->
 
 async def frame_errors_at_least(node: StreamsServerProcess, name: str, count: int) -> bool:
     return int((await status(node))["frame_errors"].get(name, 0)) >= count
+
+
+async def test_a_member_stamping_another_nodes_origin_hides_none_of_its_events() -> None:
+    with node_process("b") as node:
+        node.start()
+        subscriber = await MeshClient(node.route_url, secret=SECRET).connect()
+        inbox = Inbox()
+        subscriber.subscribe("orders.>", inbox)
+        await subscriber.flush()
+        forger = await asyncio.to_thread(RawPeer(node.route_url, "x", "c1", secret=SECRET).authenticate)
+        real = await asyncio.to_thread(RawPeer(node.route_url, "y", "c1", secret=SECRET).authenticate)
+        forger.send(*(encode_event("y", "orders.eu", n, 1000, b"forged") for n in range(1, 11)))
+        await eventually(lambda: len(inbox.events) == 10, what="the forged events")
+        real.send(*(encode_event("y", "orders.eu", n, 1000, b"real") for n in range(1, 11)))
+        await eventually(  # before issue 54: every real event taken for a duplicate of a forged one
+            lambda: inbox.events.count(("orders.eu", b"real")) == 10, what="y's own events"
+        )
+        forger.close()
+        real.close()
+        await subscriber.close()
+
+
+async def test_a_clients_guaranteed_event_must_carry_the_origin_the_node_gave_it() -> None:
+    with node_process("b") as node:
+        node.start()
+        client = await asyncio.to_thread(
+            RawPeer(node.route_url, "app", "", "client", secret=SECRET).authenticate
+        )
+        for source, sequence in (("b", 1), (client.origin, 2)):
+            client.send(encode_event(source, "orders.eu", sequence, 1000, b"x", FLAG_GUARANTEED))
+            ack = await asyncio.to_thread(client.read_until, FrameType.ACK)
+            assert ack.sequence == sequence
+            assert (b"origin" in ack.payload) == (source != client.origin)
+        assert (await status(node))["frame_errors"]["foreign_origin"] == 1
+        client.close()

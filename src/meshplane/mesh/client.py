@@ -20,7 +20,6 @@ import itertools
 import logging
 import os
 import random
-import secrets
 import ssl
 import time
 from collections.abc import Callable
@@ -110,8 +109,7 @@ class MeshClient:
         self._sequence = itertools.count(1)
         self._closing = False
         self._reconnect: asyncio.Task[None] | None = None
-        # Guaranteed events carry an origin of their own: their ids must not change with a reconnect.
-        self._guaranteed_origin = secrets.token_hex(8)
+        self._ticket = b""  # the node's, to keep ``_origin`` on the next connection
         self._unconfirmed = Unconfirmed(MAX_UNCONFIRMED, self.url)
 
     # --- connection ----------------------------------------------------------------------------------
@@ -157,7 +155,7 @@ class MeshClient:
         self._conn = conn
         for pattern in self._patterns:
             conn.send(encode_frame(FrameType.SUB_ADD, "", pattern))
-        for raw in self._unconfirmed.raws():
+        for raw in self._unconfirmed.raws(origin):
             conn.send(raw)
 
     async def _handshake_with(self, conn: FrameConnection) -> str:
@@ -165,7 +163,17 @@ class MeshClient:
         the node gave this connection."""
         assert self._handshake is not None
         name, nonce = self.name.encode("ascii", "ignore")[:16].decode(), new_nonce()
-        hello = Hello(PROTOCOL_VERSION, name, "", "client", 0, nonce, batched_acks=True)
+        hello = Hello(
+            PROTOCOL_VERSION,
+            name,
+            "",
+            "client",
+            0,
+            nonce,
+            batched_acks=True,
+            origin=self._origin,
+            ticket=self._ticket,
+        )
         conn.send(encode_frame(FrameType.HELLO, "", payload=encode_payload(hello)))
         answer = self._refusal_or_hello(await self._handshake.get())
         if len(answer.nonce) != NONCE_BYTES:
@@ -205,6 +213,7 @@ class MeshClient:
             node_id=answer.node,
         )
         conn.seal(keys, dialler=True)
+        self._ticket = auth.ticket
         return auth.origin
 
     def _refusal_or_hello(self, frame: Frame | None) -> Hello:
@@ -343,7 +352,7 @@ class MeshClient:
         await self._unconfirmed.room()
         sequence = next(self._sequence)
         raw = encode_event(
-            self._guaranteed_origin, subject, sequence, time.time_ns() // 1_000_000, body, FLAG_GUARANTEED
+            self._origin, subject, sequence, time.time_ns() // 1_000_000, body, FLAG_GUARANTEED
         )
         answer = self._unconfirmed.add(sequence, raw, subject, self.timeout)
         conn = self._conn

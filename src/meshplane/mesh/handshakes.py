@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import ssl
 import time
 from typing import TYPE_CHECKING, Any, Literal
@@ -32,8 +31,10 @@ from meshplane.core.mesh.handshake import (
     decode_auth,
     encode_auth,
     new_nonce,
+    origin_ticket,
     proof,
     proof_ok,
+    resumed_origin,
 )
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.links import Handshake, Link
@@ -173,8 +174,9 @@ class Handshakes:
         else:
             if hello.role == "client":
                 # The client stamps its EVENTs with this origin, so the node passes them on unchanged;
-                # random, so that event ids ({timestamp}-{sequence}-{origin}) stay unique in the mesh.
-                state.origin = secrets.token_hex(8)
+                # random, so that event ids ({timestamp}-{sequence}-{origin}) stay unique in the mesh,
+                # and kept across connections by a ticket only a node can make (resends keep their ids).
+                state.origin = resumed_origin(self.node.config.secret, hello.origin, hello.ticket)
             self.send_hello(state.conn, hello.role, nonce=state.nonce)
 
     def _check(self, state: Handshake, hello: Hello) -> tuple[str, str] | None:
@@ -261,7 +263,8 @@ class Handshakes:
 
     def _send_proof(self, state: Handshake, hello: Hello, origin: str = "") -> None:
         own = self._proof(state, hello, dialler=state.dialed)
-        payload = encode_auth(Auth(own, origin))
+        ticket = origin_ticket(self.node.config.secret, origin) if origin else b""
+        payload = encode_auth(Auth(own, origin, ticket))
         state.conn.send(encode_frame(FrameType.AUTH, self.node.node_id, payload=payload))
 
     def _on_auth(self, state: Handshake, frame: Frame) -> None:

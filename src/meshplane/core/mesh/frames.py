@@ -336,6 +336,14 @@ class Hello(msgspec.Struct, frozen=True):
     nonce: bytes = b""
     error: str = ""
     batched_acks: bool = False  # a client's: it takes one ACK for many stored events
+    origin: str = ""  # a client's: the origin it had (to keep it, with its ticket from that AUTH)
+    ticket: bytes = b""
+
+
+def restamp(raw: bytes, source: str) -> bytes:
+    """A frame as it was, with another source (and its checksum made again)."""
+    body = raw[:2] + source.encode().ljust(NODE_ID_BYTES, b"\x00") + raw[HEAD_BYTES - 2 : -_CRC_BYTES]
+    return body + _CRC.pack(zlib.crc32(body))
 
 
 class SyncResponse(msgspec.Struct, frozen=True):
