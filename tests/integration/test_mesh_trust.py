@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from pathlib import Path
+
+import pytest
 
 from meshplane.core.mesh.frames import (
     FLAG_GUARANTEED,
@@ -18,10 +21,11 @@ from meshplane.core.mesh.frames import (
 )
 from meshplane.launchers import StreamsServerProcess
 from meshplane.mesh.client import MeshClient
-from meshplane.mesh.config import SECRET_ENV
+from meshplane.mesh.config import CLIENT_SECRET_ENV, MEMBER_SECRET_ENV, SECRET_ENV
 from tests.helpers import eventually
 from tests.integration.test_mesh import Inbox, status
 from tests.mesh_peers import RawPeer
+from tests.mesh_pki import MeshCA
 
 SECRET = "the-mesh-secret-nobody-else-knows"
 
@@ -182,3 +186,74 @@ async def test_a_clients_guaranteed_event_must_carry_the_origin_the_node_gave_it
             assert (b"origin" in ack.payload) == (source != client.origin)
         assert (await status(node))["frame_errors"]["foreign_origin"] == 1
         client.close()
+
+
+MEMBERS, CLIENTS = "the-members-secret-0123456789", "the-clients-secret-0123456789"
+
+
+def split_secrets_node(node_id: str, *args: str) -> StreamsServerProcess:
+    return StreamsServerProcess(
+        extra_args=("--node-id", node_id, "--cluster", "c1", "--route-port", "0", *args),
+        env={MEMBER_SECRET_ENV: MEMBERS, CLIENT_SECRET_ENV: CLIENTS},
+    )
+
+
+async def test_the_clients_secret_never_links_as_a_member() -> None:
+    with split_secrets_node("n") as node:
+        node.start()
+        with pytest.raises(ConnectionRefusedError, match="secret"):
+            await asyncio.to_thread(RawPeer(node.route_url, "app", "c1", secret=CLIENTS).authenticate)
+        with pytest.raises(ConnectionRefusedError, match="secret"):  # nor the members' as a client
+            await asyncio.to_thread(RawPeer(node.route_url, "app", "", "client", secret=MEMBERS).authenticate)
+        client = await MeshClient(node.route_url, secret=CLIENTS).connect()
+        member = await asyncio.to_thread(RawPeer(node.route_url, "m", "c1", secret=MEMBERS).authenticate)
+        await eventually(lambda: links_of(node, ["m"]), what="the member linked")
+        member.close()
+        await client.close()
+        assert "one mesh secret" not in node.log_path.read_text()
+
+
+async def test_the_single_secret_of_an_earlier_release_still_works_with_a_warning() -> None:
+    with node_process("n") as node:  # MESHPLANE_MESH_SECRET only
+        node.start()
+        client = await MeshClient(node.route_url, secret=SECRET).connect()
+        await asyncio.to_thread(RawPeer(node.route_url, "m", "c1", secret=SECRET).authenticate)
+        await client.close()
+        assert "one mesh secret for members and clients" in node.log_path.read_text()
+
+
+async def test_a_client_certificate_never_links_as_a_member(tmp_path: Path) -> None:
+    ca = MeshCA(tmp_path)
+    ca.issue("n", "meshplane://node/c1/n", "127.0.0.1")
+    ca.issue("app1", "meshplane://client/app1", "app1")  # its DNS name says app1 too
+    ca.issue("m", "meshplane://node/c1/m")
+    ca.issue("upper", "meshplane://node/c1/M")
+    tls = ("--mesh-tls-cert", str(tmp_path / "n.pem"), "--mesh-tls-key", str(tmp_path / "n.key"))
+    with split_secrets_node("n", *tls, "--mesh-tls-ca", str(tmp_path / "ca.pem")) as node:
+        node.start()
+        for name, claim, error in (
+            ("app1", "app1", "a client's certificate cannot link as a route"),
+            ("upper", "m", "does not name 'meshplane://node/c1/m'"),  # byte for byte
+        ):
+            peer = RawPeer(node.route_url, claim, "c1", secret=MEMBERS, tls=context(tmp_path, name))
+            answer = await asyncio.to_thread(peer.hello)
+            peer.close()
+            assert error in answer.error
+        assert (await status(node))["frame_errors"]["hello_identity"] == 2
+        member = RawPeer(node.route_url, "m", "c1", secret=MEMBERS, tls=context(tmp_path, "m"))
+        await asyncio.to_thread(member.authenticate)
+        client = await MeshClient(node.route_url, secret=CLIENTS, tls=context(tmp_path, "app1")).connect()
+        await client.flush()
+        await client.close()
+        member.close()
+        assert (await status(node))["counters"].get("legacy_certificates", 0) == 0
+
+
+def context(folder: Path, name: str) -> ssl.SSLContext:
+    tls = ssl.create_default_context(cafile=folder / "ca.pem")
+    tls.load_cert_chain(folder / f"{name}.pem", folder / f"{name}.key")
+    return tls
+
+
+async def links_of(node: StreamsServerProcess, peers: list[str]) -> bool:
+    return [link["peer"] for link in (await status(node))["links"]] == peers

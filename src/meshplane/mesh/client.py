@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import random
 import ssl
 import time
@@ -53,7 +52,7 @@ from meshplane.core.mesh.handshake import (
 )
 from meshplane.core.subjects import PatternIndex
 from meshplane.errors import ConfigError, TransportAuthError, TransportError
-from meshplane.mesh.config import SECRET_ENV
+from meshplane.mesh.config import CLIENT_SECRET_ENV, secret_from_env
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.session import session_keys
 from meshplane.mesh.unconfirmed import Unconfirmed
@@ -89,7 +88,7 @@ class MeshClient:
         self.url = url
         self.addresses = parse_node_urls(url)
         self._next_address = 0
-        self.secret = os.environ.get(SECRET_ENV, "") if secret is None else secret  # never on argv
+        self.secret = secret_from_env(CLIENT_SECRET_ENV) if secret is None else secret  # never on argv
         self.timeout = timeout
         self.max_payload = max_payload
         self.name = name
@@ -405,4 +404,4 @@ class MeshClient:
 
 MAX_UNCONFIRMED = 10_000  # guaranteed publishes awaiting their ACK, at most
 CACHED_SUBJECTS = 4096  # subjects whose subscribers' callbacks are remembered
-SECRET_HINT = f"set {SECRET_ENV} to the node's secret"
+SECRET_HINT = f"set {CLIENT_SECRET_ENV} to the nodes' secret for clients"

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import ssl
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from meshplane.core.mesh.frames import (
     PROTOCOL_VERSION,
@@ -36,6 +36,7 @@ from meshplane.core.mesh.handshake import (
     proof_ok,
     resumed_origin,
 )
+from meshplane.core.mesh.identity import Match, match_client, match_member, member_uri
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.links import Handshake, Link
 from meshplane.mesh.preauth import TEXT_IN_LOGS, QuietLog, Unproven, bounded
@@ -47,17 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_CLUSTER_BYTES = 64
-
-
-def certificate_names(peercert: dict[str, Any] | None) -> set[str]:
-    """The names a verified certificate carries: its DNS subject alternative names and common name,
-    lower-cased (DNS names compare without case, and CAs often store them lower-cased)."""
-    if not peercert:
-        return set()
-    names = {value.lower() for kind, value in peercert.get("subjectAltName", ()) if kind == "DNS"}
-    for rdn in peercert.get("subject", ()):
-        names.update(value.lower() for key, value in rdn if key == "commonName")
-    return names
 
 
 class Handshakes:
@@ -185,20 +175,20 @@ class Handshakes:
         if hello.role == "client":
             if state.dialed or len(node.clients.sessions) >= node.config.max_clients:
                 return "limit", f"{node.config.max_clients} clients (the limit)"
-            return None
+            return self._certificate(state, hello)
         if hello.role == "mate":
             if node.mirror is None:
                 return "mate", "this node has no HA mate (no --mates-etcd)"
             if hello.node != node.node_id or hello.cluster != node.config.cluster:
                 return "mate", f"a mate of {node.node_id!r} in cluster {node.config.cluster!r} only"
-            return self._certificate_names(state, hello.node)
+            return self._certificate(state, hello)
         if hello.role == "gateway":
             cluster = hello.cluster
             if not node.gateways.enabled:
                 return "gateway", "this node is not a gateway (no --gateway)"
             if cluster not in node.gateways.remote or cluster == node.config.cluster:
                 return "gateway", f"cluster {cluster[:MAX_CLUSTER_BYTES]!r} is not one this gateway links to"
-            return self._certificate_names(state, cluster)
+            return self._certificate(state, hello)
         try:
             check_node_id(hello.node)
         except ValueError as exc:
@@ -208,7 +198,7 @@ class Handshakes:
         if hello.cluster != node.config.cluster:
             theirs = hello.cluster[:MAX_CLUSTER_BYTES]
             return "cluster", f"cluster {theirs!r}; this node is in {node.config.cluster!r}"
-        return self._certificate_names(state, hello.node)
+        return self._certificate(state, hello)
 
     def _self_or_impostor(self, hello: Hello) -> tuple[str, str]:
         """A route HELLO with this node's id: this very process (its epoch, and the nonce of one of its
@@ -221,16 +211,40 @@ class Handshakes:
             return "self", "self: a route to this node itself"
         return "self_id", "another process claims this node's id"
 
-    def _certificate_names(self, state: Handshake, claimed: str) -> tuple[str, str] | None:
-        """With TLS, a route's or gateway's certificate must carry the id it claims."""
+    def _certificate(self, state: Handshake, hello: Hello) -> tuple[str, str] | None:
+        """With TLS, the peer's certificate must name the role and identity its HELLO claims
+        (:mod:`meshplane.core.mesh.identity`): a member's URI for a route, gateway or mate; a client's
+        (or a member's) for a client."""
         transport = state.conn.transport
         if self.node.config.tls is None or transport is None:
             return None
         ssl_object = transport.get_extra_info("ssl_object")
         peercert = ssl_object.getpeercert() if isinstance(ssl_object, ssl.SSLObject) else None
-        if claimed.lower() not in certificate_names(peercert):
-            return "identity", f"the certificate does not name {claimed!r}"
-        return None
+        expected = member_uri(hello.cluster, hello.node)
+        if hello.role == "client":
+            if not peercert:
+                return None  # a node without --mesh-tls-ca asks for no client certificate
+            match = match_client(peercert)
+        else:
+            legacy = (hello.cluster,) if hello.role == "gateway" else (hello.node,)
+            match = match_member(peercert, hello.cluster, hello.node, legacy)
+        if match is Match.EXACT:
+            return None
+        if match is Match.LEGACY:
+            self.node.counters["legacy_certificates"] += 1
+            self.quiet.warning(
+                "legacy_certificate",
+                "a %s certificate with no meshplane:// URI (its DNS name or common name taken as the id): "
+                "accepted for one more release; issue certificates naming %s",
+                hello.role,
+                "meshplane://client/<name>" if hello.role == "client" else expected,
+            )
+            return None
+        if match is Match.CLIENT:
+            return "identity", f"a client's certificate cannot link as a {hello.role}"
+        if hello.role == "client":
+            return "identity", "the certificate names no meshplane client or node"
+        return "identity", f"the certificate does not name {bounded(expected)}"
 
     def _nonces(self, state: Handshake, hello: Hello) -> tuple[bytes, bytes, str, str]:
         node_id = self.node.node_id
@@ -241,7 +255,7 @@ class Handshakes:
     def _proof(self, state: Handshake, hello: Hello, *, dialler: bool) -> bytes:
         dialler_nonce, node_nonce, dialler_id, node_id = self._nonces(state, hello)
         return proof(
-            self.node.config.secret,
+            self._secret(hello),
             dialler=dialler,
             dialler_nonce=dialler_nonce,
             node_nonce=node_nonce,
@@ -250,10 +264,15 @@ class Handshakes:
             node_id=node_id,
         )
 
+    def _secret(self, hello: Hello) -> str:
+        """Clients prove the clients' secret, members (routes, gateways, mates) the members'."""
+        config = self.node.config
+        return (config.client_secret or "") if hello.role == "client" else config.secret
+
     def _keys(self, state: Handshake, hello: Hello) -> SessionKeys:
         dialler_nonce, node_nonce, dialler_id, node_id = self._nonces(state, hello)
         return session_keys(
-            self.node.config.secret.encode(),
+            self._secret(hello).encode(),
             dialler_nonce=dialler_nonce,
             node_nonce=node_nonce,
             role=hello.role,

@@ -38,7 +38,13 @@ from meshplane.core.mesh.frames import (
 from meshplane.core.mesh.router import Router
 from meshplane.core.subjects import SubjectCheck, is_reserved
 from meshplane.mesh.clients import Clients
-from meshplane.mesh.config import MeshConfig, parse_route
+from meshplane.mesh.config import (
+    CLIENT_SECRET_ENV,
+    MEMBER_SECRET_ENV,
+    SECRET_ENV,
+    MeshConfig,
+    parse_route,
+)
 from meshplane.mesh.connection import FrameConnection, PartialBytes
 from meshplane.mesh.gateways import GatewayHolder, Gateways
 from meshplane.mesh.guaranteed import Guaranteed
@@ -99,6 +105,14 @@ class MeshNode:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.running = True
+        if self.config.one_secret:
+            log.warning(
+                "one mesh secret for members and clients (%s): any client could link as a node. Set "
+                "%s and %s apart; the single secret is accepted for one more release",
+                SECRET_ENV,
+                MEMBER_SECRET_ENV,
+                CLIENT_SECRET_ENV,
+            )
         self.guaranteed.start()
         self._server = await loop.create_server(
             lambda: self._connection(dialed=False),
