@@ -290,6 +290,7 @@ async def _serve_as_mate(
         mate_token(args.data_dir),
         ttl=args.mate_lease_secs,
         credentials=credentials,
+        secret=mesh_config.secret,
     )
     try:
         while not stop.is_set():

@@ -299,7 +299,7 @@ class Standby:
         self.max_payload = max_payload
         self.poll = poll
         self.barriers = 0
-        self.counters: Counter[str] = Counter()  # actives refused (``impostors``), records ignored
+        self.counters: Counter[str] = Counter()  # actives refused (``impostors``)
         self._following: ActiveMate | None = None
         self._frames: asyncio.Queue[Frame | None] = asyncio.Queue()
         self._authenticated = False
