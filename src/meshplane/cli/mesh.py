@@ -47,7 +47,7 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_ROUTE_PORT,
         metavar="PORT",
         help=f"where other nodes and mesh clients (MESHPLANE_NODE) connect (default {DEFAULT_ROUTE_PORT}; "
-        "0: a free one). The secret, if any, comes from $MESHPLANE_MESH_SECRET",
+        "0: a free one). Secrets, if any: $MESHPLANE_MESH_MEMBER_SECRET and $MESHPLANE_MESH_CLIENT_SECRET",
     )
     defaults = MeshConfig(node_id="x")
     mesh.add_argument(
