@@ -121,6 +121,28 @@ def listening() -> socket.socket:
     return listener
 
 
+async def attack(
+    victim: StreamsServerProcess, listener: socket.socket, pki: Path | None, subject: str
+) -> None:
+    """Relay a handshake to ``victim`` and speak on while its own client publishes on ``subject``: the
+    relay reads nothing, the victim refuses its first record, and its own subscriber loses nothing."""
+    client_tls = contexts(pki, "client")[1]
+    subscriber = await MeshClient(victim.route_url, secret=SECRET, tls=client_tls).connect()
+    inbox = Inbox()
+    subscriber.subscribe(subject, inbox)
+    await subscriber.flush()
+    publisher = await MeshClient(victim.route_url, secret=SECRET, tls=client_tls).connect()
+    relay = asyncio.ensure_future(asyncio.to_thread(hijack, listener, victim.route_url, pki, 6.0))
+    sent = await publish_while(publisher, subject, relay)
+    outcome = await relay
+    assert outcome["events"] == 0, f"the relay read {outcome['events']} events"
+    assert (await status(victim))["counters"]["closed_bad_record"] >= 1  # its frames in clear refused
+    await publisher.flush()
+    await eventually(lambda: len(inbox.events) == sent, what="every event to the victim's own subscriber")
+    await publisher.close()
+    await subscriber.close()
+
+
 @pytest.mark.parametrize("with_tls", [False, True], ids=["clear", "tls"])
 async def test_a_relayed_route_handshake_installs_nothing_and_reads_nothing(
     with_tls: bool, relay_pki: Path
@@ -134,21 +156,8 @@ async def test_a_relayed_route_handshake_installs_nothing_and_reads_nothing(
     ):
         b.start()
         a.start()
-        client_tls = contexts(pki, "client")[1]
-        subscriber = await MeshClient(b.route_url, secret=SECRET, tls=client_tls).connect()
-        inbox = Inbox()
-        subscriber.subscribe("private.>", inbox)
-        await subscriber.flush()
-        publisher = await MeshClient(b.route_url, secret=SECRET, tls=client_tls).connect()
-        relay = asyncio.ensure_future(asyncio.to_thread(hijack, listener, b.route_url, pki, 6.0))
-        sent = await publish_while(publisher, "private.x", relay)
-        outcome = await relay
-        assert outcome["events"] == 0, f"the relay read {outcome['events']} events"
+        await attack(b, listener, pki, "private.x")
         assert [entry["peer"] for entry in (await status(b))["links"]] == []  # never installed
-        await publisher.flush()
-        await eventually(lambda: len(inbox.events) == sent, what="every event to b's own subscriber")
-        await publisher.close()
-        await subscriber.close()
     listener.close()
 
 
@@ -166,20 +175,7 @@ async def test_a_relayed_gateway_handshake_installs_nothing_and_reads_nothing(
     ):
         b.start()
         a.start()  # A sorts first: it dials B, here at the relay's address
-        client_tls = contexts(pki, "client")[1]
-        subscriber = await MeshClient(b.route_url, secret=SECRET, tls=client_tls).connect()
-        inbox = Inbox()
-        subscriber.subscribe("orders.>", inbox)
-        await subscriber.flush()
-        publisher = await MeshClient(b.route_url, secret=SECRET, tls=client_tls).connect()
-        relay = asyncio.ensure_future(asyncio.to_thread(hijack, listener, b.route_url, pki, 6.0))
-        sent = await publish_while(publisher, "orders.eu", relay)
-        outcome = await relay
-        assert outcome["events"] == 0, f"the relay read {outcome['events']} events"
+        await attack(b, listener, pki, "orders.eu")
         gateways = (await status(b))["gateways"]
         assert [g for g in gateways if g["state"] != "down" or g["connects"]] == []  # never installed
-        await publisher.flush()
-        await eventually(lambda: len(inbox.events) == sent, what="every event to B's own subscriber")
-        await publisher.close()
-        await subscriber.close()
     listener.close()

@@ -147,3 +147,22 @@ async def test_before_its_proof_a_connection_takes_small_handshake_frames_only(
     conn.data_received(first)
     assert limits == [reason]
     assert seen == []
+
+
+async def test_a_record_begun_must_be_finished_within_the_frame_timeout() -> None:
+    limits: list[str] = []
+    conn = FrameConnection(
+        max_payload=1000,
+        batch_size=10,
+        batch_timeout_ms=0,
+        on_frame=lambda c, f: None,
+        on_bad=lambda c, e: None,
+        on_close=lambda c: None,
+        on_limit=lambda c, r: limits.append(r),
+    )
+    conn.connection_made(RecordingTransport())
+    conn.seal(keys(), dialler=False)
+    conn.data_received(keys().sealer(True).seal(b"x" * 1000)[:500])  # half a record, no frame yet
+    assert conn.partial_since is not None
+    conn.check_deadlines(conn.partial_since + 11, frame_timeout=10, idle_timeout=0)
+    assert limits == ["slow_frame"]

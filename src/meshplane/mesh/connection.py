@@ -166,6 +166,8 @@ class FrameConnection(asyncio.Protocol):
             self._frames_received(data)
         elif self._partial is not None:
             self._count_partial()
+        if self._opener.pending and self.partial_since is None:
+            self.partial_since = self.last_received  # a record begun must be finished in time too
 
     def _frames_received(self, data: bytes) -> None:
         now = self.last_received
@@ -314,10 +316,6 @@ class FrameConnection(asyncio.Protocol):
             self.stats.bytes_out += len(confirmation)
             self.transport.write(confirmation)
         self._on_confirmed = on_confirmed
-
-    @property
-    def sealed(self) -> bool:
-        return self._sealer is not None
 
     # --- writing -------------------------------------------------------------------------------------
 
