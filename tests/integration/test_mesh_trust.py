@@ -19,7 +19,7 @@ from meshplane.core.mesh.frames import (
     encode_frame,
     encode_payload,
 )
-from meshplane.launchers import StreamsServerProcess
+from meshplane.launchers import StreamsServerProcess, free_port
 from meshplane.mesh.client import MeshClient
 from meshplane.mesh.config import CLIENT_SECRET_ENV, MEMBER_SECRET_ENV, SECRET_ENV
 from tests.helpers import eventually
@@ -257,3 +257,36 @@ def context(folder: Path, name: str) -> ssl.SSLContext:
 
 async def links_of(node: StreamsServerProcess, peers: list[str]) -> bool:
     return [link["peer"] for link in (await status(node))["links"]] == peers
+
+
+async def test_a_gateway_keeps_one_link_per_cluster() -> None:
+    ports = {"gA": free_port(), "gB": free_port()}
+    nodes = [
+        StreamsServerProcess(
+            extra_args=(
+                *("--node-id", name, "--cluster", cluster, "--route-port", str(ports[name])),
+                *(
+                    "--gateway",
+                    f"{other}=tcp://127.0.0.1:{ports['g' + other]}",
+                    "--heartbeat-interval",
+                    "0.2",
+                ),
+            ),
+            env={SECRET_ENV: SECRET},
+        )
+        for name, cluster, other in (("gA", "A", "B"), ("gB", "B", "A"))
+    ]
+    with nodes[0] as a, nodes[1] as b:
+        a.start()
+        b.start()
+        await eventually(lambda: gateway_up(b), what="A's gateway link up at B")
+        second = RawPeer(b.route_url, "gA", "A", "gateway", epoch=12345, secret=SECRET)
+        with pytest.raises(ConnectionRefusedError, match="cluster 'A' has a live link"):
+            await asyncio.to_thread(second.authenticate)  # before issue 54: it replaced the live link
+        second.close()
+        assert (await status(b))["gateways"][0]["connects"] == 1
+        assert await gateway_up(b)
+
+
+async def gateway_up(node: StreamsServerProcess) -> bool:
+    return [g["state"] for g in (await status(node))["gateways"]] == ["up"]
