@@ -19,6 +19,7 @@ from meshplane.mesh.client import MeshClient
 from meshplane.mesh.config import SECRET_ENV
 from tests.helpers import eventually
 from tests.integration.test_mesh import Inbox, status
+from tests.integration.test_mesh_guaranteed import publish_all, put_queue, queue_bodies
 from tests.mesh_peers import relay_handshake
 from tests.mesh_pki import MeshCA
 
@@ -178,4 +179,49 @@ async def test_a_relayed_gateway_handshake_installs_nothing_and_reads_nothing(
         await attack(b, listener, pki, "orders.eu")
         gateways = (await status(b))["gateways"]
         assert [g for g in gateways if g["state"] != "down" or g["connects"]] == []  # never installed
+    listener.close()
+
+
+async def queue_crossed(node: StreamsServerProcess, cluster: str, pattern: str) -> bool:
+    patterns = (await status(node, patterns=True))["patterns"]["gateways"]
+    return f"$G.{pattern}" in patterns.get(cluster, [])
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("with_tls", [False, True], ids=["clear", "tls"])
+async def test_a_relay_beside_a_live_gateway_link_loses_no_acknowledged_event(
+    with_tls: bool, relay_pki: Path
+) -> None:
+    """The issue's run: A's gateway dials B at two addresses (B's gateway, and a mate's address a
+    stranger holds). Before issue 54 the relayed connection replaced the live link, its sync answer
+    dropped A's queue, and acknowledged guaranteed events never reached it."""
+    pki = relay_pki if with_tls else None
+    listener = listening()
+    relay_url = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    port_a, port_b = free_port(), free_port()
+    with (
+        process("gB", "B", port_b, "--gateway", f"A=tcp://127.0.0.1:{port_a}", *tls_args(pki, "gB")) as b,
+        process(
+            "gA", "A", port_a, "--gateway", f"B=tcp://127.0.0.1:{port_b},{relay_url}", *tls_args(pki, "gA")
+        ) as a,
+    ):
+        b.start()
+        a.start()
+        await put_queue(a, "orders", ["orders.>"])
+        await eventually(lambda: queue_crossed(b, "A", "orders.>"), timeout=20, what="A's queue known at B")
+        publisher = await MeshClient(b.route_url, secret=SECRET, tls=contexts(pki, "client")[1]).connect()
+        relay = asyncio.ensure_future(asyncio.to_thread(hijack, listener, b.route_url, pki, 8.0))
+        acknowledged: list[bytes] = []
+        while not relay.done() or len(acknowledged) < 400:  # the relay may be refused at once
+            bodies = [b"%d" % (len(acknowledged) + i) for i in range(20)]
+            await publish_all(publisher, "orders.eu", bodies)
+            acknowledged += bodies
+        outcome = await relay
+        assert outcome["events"] == 0
+
+        async def all_there() -> bool:
+            return await queue_bodies(a, "orders") == acknowledged
+
+        await eventually(all_there, timeout=30, what=f"all {len(acknowledged)} acknowledged events at A")
+        await publisher.close()
     listener.close()
