@@ -19,8 +19,9 @@ from meshplane.core.mesh.frames import (
     encode_payload,
 )
 from meshplane.core.mesh.handshake import Auth, decode_auth, encode_auth, new_nonce, proof
+from meshplane.mesh.session import Opener, Sealer, session_keys
 
-Role = Literal["route", "client", "gateway"]
+Role = Literal["route", "client", "gateway", "mate"]
 
 
 def address(route_url: str) -> tuple[str, int]:
@@ -48,6 +49,8 @@ class RawPeer:
     received: bytearray = field(default_factory=bytearray)  # every byte the node sent
     sent_auth: bytes = b""  # the AUTH frame this peer sent (to replay it)
     batched_acks: bool = False  # as a client: asks for one ACK for many stored events
+    sealer: Sealer | None = None  # once the handshake is done, what it sends and reads is in records
+    opener: Opener | None = None
 
     def __post_init__(self) -> None:
         if not self.route_url:
@@ -57,7 +60,29 @@ class RawPeer:
         self.sock = self.tls.wrap_socket(sock, server_hostname=host) if self.tls is not None else sock
 
     def send(self, *frames: bytes) -> None:
-        self.sock.sendall(b"".join(frames))
+        data = b"".join(frames)
+        self.sock.sendall(self.sealer.seal(data) if self.sealer is not None else data)
+
+    def receive(self, data: bytes) -> None:
+        """Bytes the node sent (as read from the socket) into ``frames``."""
+        self.received += data
+        if self.opener is not None:
+            data = self.opener.feed(data)
+        self.frames += [f for f in self.reader.feed(data) if isinstance(f, Frame)]
+
+    def seal(self, peer_nonce: bytes, peer_id: str, *, dialler: bool) -> None:
+        """Both proofs are in: records from now on (the dialler's first, empty, confirms it)."""
+        keys = session_keys(
+            self.secret.encode(),
+            dialler_nonce=self.nonce if dialler else peer_nonce,
+            node_nonce=peer_nonce if dialler else self.nonce,
+            role=self.role,
+            dialler_id=self.node_id if dialler else peer_id,
+            node_id=peer_id if dialler else self.node_id,
+        )
+        self.sealer, self.opener = keys.sealer(dialler), keys.opener(dialler)
+        if dialler:
+            self.send()
 
     def read_until(self, *kinds: FrameType) -> Frame:
         """The first frame of one of ``kinds`` (the frames before it are dropped)."""
@@ -69,8 +94,7 @@ class RawPeer:
             data = self.sock.recv(65536)
             if not data:
                 raise ConnectionError(f"the node closed the connection before a {kinds[0].name}")
-            self.received += data
-            self.frames += [f for f in self.reader.feed(data) if isinstance(f, Frame)]
+            self.receive(data)
 
     def closed(self, timeout: float = 10.0) -> bool:
         """Whether the node closes the connection within ``timeout`` (what it sends meanwhile is read
@@ -78,8 +102,7 @@ class RawPeer:
         self.sock.settimeout(timeout)
         try:
             while data := self.sock.recv(65536):
-                self.received += data
-                self.frames += [f for f in self.reader.feed(data) if isinstance(f, Frame)]
+                self.receive(data)
         except TimeoutError:
             return False
         except OSError:
@@ -118,6 +141,7 @@ class RawPeer:
         if frame.type is FrameType.HELLO:
             raise ConnectionRefusedError(decode_hello(frame.payload).error)
         self.origin = decode_auth(frame.payload).origin
+        self.seal(answer.nonce, answer.node, dialler=True)
         return self
 
     def close(self) -> None:
@@ -145,4 +169,33 @@ def answer_dial(listener: socket.socket, node_id: str, cluster: str = "c1", epoc
         node_id=node_id,
     )
     peer.send(encode_frame(FrameType.AUTH, node_id, payload=encode_auth(Auth(ours))))
+    peer.seal(dialler.nonce, dialler.node, dialler=False)
     return peer
+
+
+def relay_handshake(
+    dialled: socket.socket, target_url: str, tls: ssl.SSLContext | None = None
+) -> tuple[RawPeer, RawPeer]:
+    """Play a stranger on an address a node dials: forward the dialler's HELLO and AUTH to the node at
+    ``target_url`` and that node's answers back, frame by frame, then stop relaying. Returns (the
+    dialler's side, the target's side) as raw peers, to speak as the dialler on the second."""
+    dialler = RawPeer("", "?")
+    dialler.sock = dialled
+    dialled.settimeout(10)
+    target = RawPeer(target_url, "?", tls=tls)
+    for source, sink, kind in (
+        (dialler, target, FrameType.HELLO),
+        (target, dialler, FrameType.HELLO),
+        (dialler, target, FrameType.AUTH),
+        (target, dialler, FrameType.AUTH),
+    ):
+        frame = source.read_until(kind, FrameType.HELLO)
+        sink.send(frame.raw)
+        if frame.type is FrameType.HELLO and kind is FrameType.HELLO:
+            hello = decode_hello(frame.payload)
+            if source is dialler:
+                dialler.node_id, dialler.cluster, dialler.role = hello.node, hello.cluster, hello.role
+        elif frame.type is FrameType.HELLO:
+            raise ConnectionRefusedError(decode_hello(frame.payload).error)
+    target.node_id, target.cluster, target.role = dialler.node_id, dialler.cluster, dialler.role
+    return dialler, target

@@ -8,7 +8,6 @@ import asyncio
 import json
 import random
 import signal
-import socket
 import time
 import zlib
 from collections.abc import Iterator
@@ -21,8 +20,6 @@ import pytest
 from meshplane import EventPlane, PlaneConfig, Scope
 from meshplane.core.mesh.frames import (
     PROTOCOL_VERSION,
-    Frame,
-    FrameReader,
     FrameType,
     encode_event,
     encode_frame,
@@ -321,7 +318,7 @@ async def test_bad_frames_and_unwanted_events_are_counted_and_the_link_stays_up(
         junk_type = bytearray(encode_frame(FrameType.HEARTBEAT, "intruder"))
         junk_type[0] = 42
         junk_type[-4:] = zlib.crc32(junk_type[:-4]).to_bytes(4, "big")
-        sock.sendall(
+        peer.send(  # in the session's records: frames bad inside a good record
             bytes(corrupt)
             + bytes(junk_type)
             + encode_event("intruder", "t6.unwanted", 2, 1, b"nobody")
@@ -464,8 +461,7 @@ async def test_backpressure_policies_on_a_subscriber_that_stops_reading(policy: 
     with StreamsServerProcess(extra_args=args) as node:
         node.start()
         peer = await asyncio.to_thread(RawPeer(node.route_url, "slow", "", "client").authenticate)
-        slow, reader = peer.sock, peer.reader
-        slow.sendall(encode_frame(FrameType.SUB_ADD, "", "bp.flood") + encode_frame(FrameType.SYNC_REQ, ""))
+        peer.send(encode_frame(FrameType.SUB_ADD, "", "bp.flood"), encode_frame(FrameType.SYNC_REQ, ""))
         await asyncio.to_thread(peer.read_until, FrameType.SYNC_RESP)
         publisher = await MeshClient(node.route_url).connect()
         total = 40_000
@@ -487,7 +483,7 @@ async def test_backpressure_policies_on_a_subscriber_that_stops_reading(policy: 
             client = await slow_client()
             assert client["dropped"] > 0
             assert client["queued"] <= 100
-            seen = await asyncio.to_thread(drain_events, slow, reader, total)
+            seen = await asyncio.to_thread(drain_events, peer, total)
             assert seen == sorted(seen)
             assert len(seen) < total
             if policy == "drop_oldest":
@@ -496,13 +492,14 @@ async def test_backpressure_policies_on_a_subscriber_that_stops_reading(policy: 
                 assert seen[-1] < total - 1  # the newest refused
             assert len(seen) + client["dropped"] == total
         finally:
-            slow.close()
+            peer.close()
             await publisher.close()
 
 
-def drain_events(sock: socket.socket, reader: FrameReader, last: int) -> list[int]:
+def drain_events(peer: RawPeer, last: int) -> list[int]:
     """Read the numbered events until the last one, or until none came for a second (heartbeats
     keep coming: they do not count)."""
+    sock = peer.sock
     sock.settimeout(0.2)
     seen: list[int] = []
     quiet_since = time.monotonic()
@@ -512,7 +509,9 @@ def drain_events(sock: socket.socket, reader: FrameReader, last: int) -> list[in
         except TimeoutError:
             continue
         assert data, "the node closed the connection"
-        events = [f for f in reader.feed(data) if isinstance(f, Frame) and f.type is FrameType.EVENT]
+        peer.receive(data)
+        events = [f for f in peer.frames if f.type is FrameType.EVENT]
+        peer.frames.clear()
         if events:
             quiet_since = time.monotonic()
             seen += [int.from_bytes(event_parts(f)[1][:4], "big") for f in events]

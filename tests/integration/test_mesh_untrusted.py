@@ -302,8 +302,10 @@ async def test_a_long_peer_id_is_refused_at_hello() -> None:
     with node_process("n") as node:
         node.start()
         answer = await asyncio.to_thread(RawPeer(node.route_url, "g" * 200, "c1").hello)
-        assert "node id" in answer.error
-        assert (await status(node))["frame_errors"]["hello_malformed"] == 1
+        assert "HELLO's node: at most 64" in answer.error
+        answer = await asyncio.to_thread(RawPeer(node.route_url, "g" * 20, "c1").hello)
+        assert "node id 'gggggggggggggggggggg': 1-16" in answer.error
+        assert (await status(node))["frame_errors"]["hello_malformed"] == 2
 
 
 async def test_a_failed_store_is_an_error_ack_and_the_client_stays() -> None:
@@ -456,7 +458,7 @@ async def test_links_and_clients_over_tls_with_identities_from_certificates(mesh
         # A certificate the CA signed, the secret too, but a claim the certificate does not carry.
         mallory = RawPeer(pair["a"].route_url, "b", "c1", secret=SECRET, tls=client_tls(mesh_pki, "mallory"))
         answer = await asyncio.to_thread(mallory.hello)
-        assert "certificate does not name 'b'" in answer.error
+        assert "certificate does not name 'meshplane://node/c1/b'" in answer.error
         mallory.close()
         assert (await status(pair["a"]))["frame_errors"]["hello_identity"] == 1
         with pytest.raises(TransportError):  # no client certificate: no TLS session at all
@@ -538,7 +540,7 @@ async def test_gateways_over_tls_carry_events_and_refuse_a_cluster_their_certifi
         impostor = RawPeer(a.route_url, "x", "B", "gateway", secret=SECRET, tls=client_tls(mesh_pki, "x"))
         answer = await asyncio.to_thread(impostor.hello)
         impostor.close()
-        assert "certificate does not name 'B'" in answer.error
+        assert "certificate does not name 'meshplane://node/B/x'" in answer.error
         await publisher.close()
         await subscriber.close()
 

@@ -97,7 +97,7 @@ def test_every_problem_is_found_with_its_line(serve: argparse.ArgumentParser, tm
         f"{path}:8: [http] backpressure_policy: 'sometimes' is not one of "
         "drop_oldest, drop_newest, disconnect",
         f"{path}:9: [http] token: secrets are not read from the config file: tokens come from token_file, "
-        "the mesh secret from $MESHPLANE_MESH_SECRET",
+        "the mesh secrets from $MESHPLANE_MESH_MEMBER_SECRET and $MESHPLANE_MESH_CLIENT_SECRET",
         f"{path}:10: [sever]: unknown section (did you mean [server]?)",
         f"{path}:13: [server] storage: a URL holds credentials: they go in $MESHPLANE_STREAMS_STORAGE, "
         "not in the config file",

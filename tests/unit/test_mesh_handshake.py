@@ -9,7 +9,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshplane.core.mesh.handshake import NONCE_BYTES, Auth, decode_auth, encode_auth, new_nonce, proof
+from meshplane.core.mesh.handshake import (
+    NONCE_BYTES,
+    Auth,
+    decode_auth,
+    encode_auth,
+    new_nonce,
+    new_origin,
+    origin_ticket,
+    proof,
+    resumed_origin,
+)
 from meshplane.core.mesh.interest import VERSION_SLACK, version_ceiling
 from meshplane.mesh.peer_queues import COMPACT_AFTER, Change, PeerQueuesLog
 
@@ -101,3 +111,16 @@ def test_the_whole_file_of_older_versions_is_read_once(tmp_path: Path) -> None:
 def test_malformed_auth_is_a_value_error(payload: bytes) -> None:
     with pytest.raises(ValueError, match="AUTH"):
         decode_auth(payload)
+
+
+def test_a_client_keeps_its_origin_only_with_the_ticket_a_node_made_for_it() -> None:
+    origin = new_origin()
+    ticket = origin_ticket("members", origin)
+    assert resumed_origin("members", origin, ticket) == origin
+    for other_origin, other_ticket, secret in (
+        (new_origin(), ticket, "members"),  # another client's origin, this ticket
+        (origin, ticket[:-1] + bytes([ticket[-1] ^ 1]), "members"),  # a forged ticket
+        (origin, ticket, "another secret"),  # made by a node of another mesh
+        ("n0", origin_ticket("members", "n0"), "members"),  # a node id, not a client's origin
+    ):
+        assert resumed_origin(secret, other_origin, other_ticket) != other_origin

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from meshplane.core.mesh.frames import FLAG_GUARANTEED, Frame, FrameReader, encode_event
 from meshplane.errors import TransportError
 from meshplane.mesh.unconfirmed import Unconfirmed
 from tests.helpers import eventually
@@ -16,7 +17,7 @@ async def test_answers_come_from_confirmations_and_resends_keep_the_order() -> N
     pending = Unconfirmed(10, "tcp://node")
     first = pending.add(1, b"one", "s", 30)
     second = pending.add(2, b"two", "s", 30)
-    assert pending.raws() == [b"one", b"two"]
+    assert pending.raws("") == [b"one", b"two"]
     pending.confirm(2, "")
     pending.confirm(1, "disk full")
     pending.confirm(1, "a second ACK is ignored")
@@ -61,7 +62,7 @@ async def test_each_publish_fails_when_its_timeout_passes_and_makes_room() -> No
     later = pending.add(2, b"", "s", 0.1)
     pending.confirm(2, "")
     await later
-    assert pending.raws() == []
+    assert pending.raws("") == []
 
 
 async def test_a_batched_ack_confirms_the_numbers_it_lists_and_makes_room() -> None:
@@ -73,7 +74,7 @@ async def test_a_batched_ack_confirms_the_numbers_it_lists_and_makes_room() -> N
     await answers[3]
     await waiter
     assert not answers[2].done()
-    assert pending.raws() == [b"2"]
+    assert pending.raws("") == [b"2"]
 
 
 async def test_an_unknown_answer_keeps_the_publish_waiting_to_be_sent_again_as_it_was() -> None:
@@ -83,7 +84,7 @@ async def test_an_unknown_answer_keeps_the_publish_waiting_to_be_sent_again_as_i
     answer = pending.add(1, b"one", "s", 0.2)
     assert pending.confirm(1, "unknown: this HA mate lost its lease") == b"one"
     assert pending.waiting(1) == b"one"
-    assert pending.raws() == [b"one"]  # a new connection sends it again too
+    assert pending.raws("") == [b"one"]  # a new connection sends it again too
     assert not answer.done()
     with pytest.raises(TransportError, match=r"may or may not have been stored \(last answer: unknown"):
         await answer
@@ -92,3 +93,15 @@ async def test_an_unknown_answer_keeps_the_publish_waiting_to_be_sent_again_as_i
     assert pending.confirm(2, "unknown: fsync failed") == b"two"
     assert pending.confirm(2, "") is None
     await again
+
+
+async def test_resends_under_another_origin_are_stamped_with_it_and_stay_whole() -> None:
+    pending = Unconfirmed(10, "tcp://node")
+    raw = encode_event("0123456789abcdef", "s.x", 7, 123, b"body", FLAG_GUARANTEED)
+    pending.add(7, raw, "s.x", 30)
+    assert pending.raws("0123456789abcdef") == [raw]  # the node let the client keep its origin
+    (resent,) = pending.raws("fedcba9876543210")
+    (frame,) = FrameReader().feed(resent)
+    assert isinstance(frame, Frame)
+    assert (frame.source, frame.subject, frame.sequence, frame.flags) == ("fedcba9876543210", "s.x", 7, 4)
+    assert frame.payload == FrameReader().feed(raw)[0].payload  # type: ignore[union-attr]

@@ -163,8 +163,8 @@ def read_config(path: Path, parser: argparse.ArgumentParser) -> ConfigFile:
 
 
 _SECRET = (
-    "secrets are not read from the config file: tokens come from token_file, the mesh secret from "
-    "$MESHPLANE_MESH_SECRET"
+    "secrets are not read from the config file: tokens come from token_file, the mesh secrets from "
+    "$MESHPLANE_MESH_MEMBER_SECRET and $MESHPLANE_MESH_CLIENT_SECRET"
 )
 
 

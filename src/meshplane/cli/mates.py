@@ -18,8 +18,11 @@ if TYPE_CHECKING:
 OPERATOR = "operator"  # the token the command reads etcd as: it never takes the lease
 
 
-def mate_lease(endpoints: str, cluster: str, node_id: str, token: str, ttl: int = 3) -> MateLease:
-    """A node's lease in etcd at ``endpoints`` (comma-separated), with TLS as the plane configures it."""
+def mate_lease(
+    endpoints: str, cluster: str, node_id: str, token: str, ttl: int = 3, *, secret: str = ""
+) -> MateLease:
+    """A node's lease in etcd at ``endpoints`` (comma-separated), with TLS as the plane configures it;
+    ``secret``, the members', signs and checks its records."""
     from meshplane.config import PlaneConfig
     from meshplane.discovery.etcd import EtcdTls
     from meshplane.mesh.lease import MateLease
@@ -30,7 +33,7 @@ def mate_lease(endpoints: str, cluster: str, node_id: str, token: str, ttl: int 
     credentials = (
         EtcdTls(plane.etcd_tls_ca, plane.etcd_tls_cert, plane.etcd_tls_key).credentials() if use_tls else None
     )
-    return MateLease(listed, cluster, node_id, token, ttl=ttl, credentials=credentials)
+    return MateLease(listed, cluster, node_id, token, ttl=ttl, credentials=credentials, secret=secret)
 
 
 def add_mates_options(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +45,11 @@ def add_mates_options(parser: argparse.ArgumentParser) -> None:
 
 
 async def run_mates(args: argparse.Namespace) -> int:
-    lease = mate_lease(args.etcd, args.cluster, args.node, OPERATOR)
+    from meshplane.mesh.config import MEMBER_SECRET_ENV, secret_from_env
+
+    # The members' secret checks the records (a record that fails it is shown as nobody's).
+    secret = secret_from_env(MEMBER_SECRET_ENV)
+    lease = mate_lease(args.etcd, args.cluster, args.node, OPERATOR, secret=secret)
     try:
         view = await lease.view()
         if args.operation != "reset":

@@ -20,7 +20,9 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
     mesh = parser.add_argument_group(
         "event mesh (with --node-id: this server is a node; --routes links it to the others of its cluster)"
     )
-    mesh.add_argument("--node-id", metavar="ID", help="this node's id (1-16 bytes); turns the mesh on")
+    mesh.add_argument(
+        "--node-id", metavar="ID", help="this node's id (1-16 ASCII characters); turns the mesh on"
+    )
     mesh.add_argument("--cluster", default="meshplane", help="cluster name: links only join equal names")
     mesh.add_argument(
         "--routes",
@@ -44,7 +46,7 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_ROUTE_PORT,
         metavar="PORT",
         help=f"where other nodes and mesh clients (MESHPLANE_NODE) connect (default {DEFAULT_ROUTE_PORT}; "
-        "0: a free one). The secret, if any, comes from $MESHPLANE_MESH_SECRET",
+        "0: a free one). Secrets, if any: $MESHPLANE_MESH_MEMBER_SECRET and $MESHPLANE_MESH_CLIENT_SECRET",
     )
     defaults = MeshConfig(node_id="x")
     mesh.add_argument(
@@ -148,6 +150,9 @@ PEER_LIMIT_FLAGS: dict[str, tuple[type, str]] = {
     "ping_timeout": (float, "seconds before a propagated ping is answered whatever the peers do"),
     "frame_timeout": (float, "seconds a connection may take to finish a frame"),
     "idle_timeout": (float, "seconds a mesh connection may send nothing (0: no limit)"),
+    "auth_timeout": (float, "seconds an accepted connection has for its TLS handshake and its proof"),
+    "max_unauthenticated": (int, "accepted connections not yet proven, in all (more are closed at once)"),
+    "max_unauthenticated_per_address": (int, "accepted connections not yet proven from one address"),
 }
 
 

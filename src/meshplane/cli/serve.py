@@ -268,9 +268,9 @@ async def _serve_as_mate(
     from meshplane.streams.mirror import DirectoryReplica
 
     named = (args.mates_etcd, mesh_config.cluster, mesh_config.node_id, mate_token(args.data_dir))
-    lease = mate_lease(*named, args.mate_lease_secs)
+    lease = mate_lease(*named, args.mate_lease_secs, secret=mesh_config.secret)
     # Its alive key on a client of its own: a slow etcd call there never fails the lease's calls.
-    present = mate_lease(*named, args.mate_lease_secs)
+    present = mate_lease(*named, args.mate_lease_secs, secret=mesh_config.secret)
     presence = asyncio.create_task(present.stay_present(), name="meshplane-mate-presence")
     try:
         while not stop.is_set():

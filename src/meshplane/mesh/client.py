@@ -19,9 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import random
-import secrets
 import ssl
 import time
 from collections.abc import Callable
@@ -55,8 +53,9 @@ from meshplane.core.mesh.handshake import (
 )
 from meshplane.core.subjects import PatternIndex
 from meshplane.errors import ConfigError, TransportAuthError, TransportError
-from meshplane.mesh.config import SECRET_ENV
+from meshplane.mesh.config import CLIENT_SECRET_ENV, secret_from_env
 from meshplane.mesh.connection import FrameConnection
+from meshplane.mesh.session import session_keys
 from meshplane.mesh.unconfirmed import Unconfirmed
 
 log = logging.getLogger(__name__)
@@ -90,7 +89,7 @@ class MeshClient:
         self.url = url
         self.addresses = parse_node_urls(url)
         self._next_address = 0
-        self.secret = os.environ.get(SECRET_ENV, "") if secret is None else secret  # never on argv
+        self.secret = secret_from_env(CLIENT_SECRET_ENV) if secret is None else secret  # never on argv
         self.timeout = timeout
         self.max_payload = max_payload
         self.name = name
@@ -110,8 +109,7 @@ class MeshClient:
         self._sequence = itertools.count(1)
         self._closing = False
         self._reconnect: asyncio.Task[None] | None = None
-        # Guaranteed events carry an origin of their own: their ids must not change with a reconnect.
-        self._guaranteed_origin = secrets.token_hex(8)
+        self._ticket = b""  # the node's, to keep ``_origin`` on the next connection
         self._unconfirmed = Unconfirmed(MAX_UNCONFIRMED, self.url)
 
     # --- connection ----------------------------------------------------------------------------------
@@ -167,15 +165,25 @@ class MeshClient:
         self._conn = conn
         for pattern in self._patterns:
             conn.send(encode_frame(FrameType.SUB_ADD, "", pattern))
-        for raw in self._unconfirmed.raws():
+        for raw in self._unconfirmed.raws(origin):
             conn.send(raw)
 
     async def _handshake_with(self, conn: FrameConnection) -> str:
         """HELLO, the node's challenge, both proofs (:mod:`meshplane.core.mesh.handshake`): the origin
         the node gave this connection."""
         assert self._handshake is not None
-        name, nonce = self.name.encode()[:16].decode(errors="ignore"), new_nonce()
-        hello = Hello(PROTOCOL_VERSION, name, "", "client", 0, nonce, batched_acks=True)
+        name, nonce = self.name.encode("ascii", "ignore")[:16].decode(), new_nonce()
+        hello = Hello(
+            PROTOCOL_VERSION,
+            name,
+            "",
+            "client",
+            0,
+            nonce,
+            batched_acks=True,
+            origin=self._origin,
+            ticket=self._ticket,
+        )
         conn.send(encode_frame(FrameType.HELLO, "", payload=encode_payload(hello)))
         answer = self._refusal_or_hello(await self._handshake.get())
         if len(answer.nonce) != NONCE_BYTES:
@@ -206,6 +214,16 @@ class MeshClient:
             raise TransportAuthError(
                 f"the mesh node at {self.url} could not prove it holds the mesh secret ({SECRET_HINT})"
             )
+        keys = session_keys(
+            self.secret.encode(),
+            dialler_nonce=nonce,
+            node_nonce=answer.nonce,
+            role="client",
+            dialler_id=name,
+            node_id=answer.node,
+        )
+        conn.seal(keys, dialler=True)
+        self._ticket = auth.ticket
         return auth.origin
 
     def _refusal_or_hello(self, frame: Frame | None) -> Hello:
@@ -351,7 +369,7 @@ class MeshClient:
         await self._unconfirmed.room()
         sequence = next(self._sequence)
         raw = encode_event(
-            self._guaranteed_origin, subject, sequence, time.time_ns() // 1_000_000, body, FLAG_GUARANTEED
+            self._origin, subject, sequence, time.time_ns() // 1_000_000, body, FLAG_GUARANTEED
         )
         answer = self._unconfirmed.add(sequence, raw, subject, self.timeout)
         conn = self._conn
@@ -405,4 +423,4 @@ class MeshClient:
 MAX_UNCONFIRMED = 10_000  # guaranteed publishes awaiting their ACK, at most
 RESEND_UNKNOWN_SECS = 0.5  # a publish answered "unknown" goes again after this (a new connection sooner)
 CACHED_SUBJECTS = 4096  # subjects whose subscribers' callbacks are remembered
-SECRET_HINT = f"set {SECRET_ENV} to the node's secret"
+SECRET_HINT = f"set {CLIENT_SECRET_ENV} to the nodes' secret for clients"

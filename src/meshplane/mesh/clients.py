@@ -98,6 +98,9 @@ class Clients:
                     self.answer(session, frame.sequence, f"subject {frame.subject[:80]!r} is not valid")
                 return
             timestamp, body = event_parts(frame)
+            if frame.flags & FLAG_GUARANTEED and frame.source != session.origin:
+                node.frame_errors["foreign_origin"] += 1
+                return self.answer(session, frame.sequence, "not this client's origin: connect again")
             if frame.flags & FLAG_GUARANTEED:  # stamps kept as they are: a resend keeps its event id
                 event = MeshEvent(
                     frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw

@@ -14,7 +14,16 @@ from meshplane.core.mesh.router import RouterLimits
 from meshplane.errors import ConfigError
 from meshplane.mesh.spool import SpoolLimits
 
-SECRET_ENV = "MESHPLANE_MESH_SECRET"
+SECRET_ENV = "MESHPLANE_MESH_SECRET"  # one secret for members and clients alike: an earlier release's
+MEMBER_SECRET_ENV = "MESHPLANE_MESH_MEMBER_SECRET"  # what nodes, gateways and HA mates prove
+CLIENT_SECRET_ENV = "MESHPLANE_MESH_CLIENT_SECRET"  # what mesh clients prove
+
+
+def secret_from_env(name: str) -> str:
+    """``name``'s secret, else the single secret of an earlier release (``MESHPLANE_MESH_SECRET``)."""
+    return os.environ.get(name) or os.environ.get(SECRET_ENV, "")
+
+
 # hold_spooled: guaranteed events are stored and acknowledged but never sent (to kill the node then)
 FAULTS = ("drop_sub_add", "duplicate_events", "hold_spooled")
 
@@ -73,6 +82,9 @@ class PeerLimits:
     ping_timeout: float = 10.0  # a propagated ping is answered after this long whatever the peers do
     frame_timeout: float = 10.0  # seconds to finish a frame once it has begun
     idle_timeout: float = 120.0  # seconds a connection may send nothing at all (clients ping)
+    auth_timeout: float = 2.0  # seconds an accepted connection has for TLS and its proof
+    max_unauthenticated: int = 256  # accepted connections not yet proven, in all
+    max_unauthenticated_per_address: int = 32  # ... from one source address
 
 
 @dataclass
@@ -83,7 +95,8 @@ class MeshConfig:
     route_port: int = 0  # routes and mesh clients connect here (0: a free port)
     routes: tuple[str, ...] = ()  # tcp://host:port of the other nodes
     gateways: tuple[tuple[str, str], ...] = ()  # (cluster, tcp://host:port of its gateway): a gateway
-    secret: str = field(default_factory=lambda: os.environ.get(SECRET_ENV, ""), repr=False)
+    secret: str = field(default_factory=lambda: secret_from_env(MEMBER_SECRET_ENV), repr=False)  # members'
+    client_secret: str | None = field(default=None, repr=False)  # None: $MESHPLANE_MESH_CLIENT_SECRET
     heartbeat_interval: float = 1.0  # also the anti-entropy (digest) interval
     dead_after: float = 3.5  # a link silent this long is closed and dialled again
     reconnect_min: float = 0.05
@@ -109,7 +122,17 @@ class MeshConfig:
     tls: MeshTls | None = None  # routes, gateways and clients over TLS (with its CA: mutual)
     faults: frozenset[str] = frozenset()  # fault injection for tests: see FAULTS
 
+    @property
+    def one_secret(self) -> bool:
+        """Members and clients prove the same secret: a client could link as a member (an earlier
+        release's single secret, accepted for one more release)."""
+        return bool(self.secret) and self.secret == self.client_secret
+
     def __post_init__(self) -> None:
+        if self.client_secret is None:
+            self.client_secret = (
+                os.environ.get(CLIENT_SECRET_ENV) or os.environ.get(SECRET_ENV) or self.secret
+            )
         try:
             check_node_id(self.node_id)
         except ValueError as exc:

@@ -1,6 +1,10 @@
 """One TCP connection carrying mesh frames: a :class:`~meshplane.core.mesh.frames.FrameReader` on
 the way in, batched writes on the way out (seed 004's ``message_batch_size`` and
-``message_batch_timeout_ms``), and the transport's flow control reported as ``paused``."""
+``message_batch_timeout_ms``), and the transport's flow control reported as ``paused``.
+
+Until :meth:`FrameConnection.seal` the connection reads handshake frames only (HELLO and AUTH, one at a
+time, each at most ``HANDSHAKE_FRAME_BYTES``); from then on every byte either way travels in the
+session's records (:mod:`.session`), and one that does not open closes the connection."""
 
 from __future__ import annotations
 
@@ -11,7 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from meshplane.core.mesh.frames import Frame, FrameError, FrameReader
+from meshplane.core.mesh.frames import (
+    Frame,
+    FrameError,
+    FrameReader,
+    FrameType,
+    handshake_frame_length,
+)
+from meshplane.mesh.session import Opener, Sealer, SessionError, SessionKeys
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +103,10 @@ class FrameConnection(asyncio.Protocol):
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._flush_handle: asyncio.Handle | None = None
+        self._handshake_bytes = b""  # a handshake frame not yet whole (before ``seal``)
+        self._sealer: Sealer | None = None
+        self._opener: Opener | None = None
+        self._on_confirmed: Callable[[FrameConnection], None] | None = None
 
     # --- asyncio.Protocol ----------------------------------------------------------------------------
 
@@ -104,7 +119,58 @@ class FrameConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.stats.bytes_in += len(data)
-        self.last_received = now = time.monotonic()
+        self.last_received = time.monotonic()
+        if self._opener is None:
+            self._handshake_received(data)
+        else:
+            self._sealed_received(data)
+
+    def _handshake_received(self, data: bytes) -> None:
+        """HELLO and AUTH, one frame at a time: the one that completes the handshake seals the
+        connection, and what follows it is read as records."""
+        buffer = self._handshake_bytes + data
+        while True:
+            try:
+                length = handshake_frame_length(buffer)
+            except ValueError:
+                return self.limit("hello_too_large")
+            if length is None:
+                self._handshake_bytes = buffer
+                return
+            items, buffer = self.reader.feed(buffer[:length]), buffer[length:]
+            item = items[0] if items else None
+            if not isinstance(item, Frame) or item.type not in (FrameType.HELLO, FrameType.AUTH):
+                return self.limit("before_auth")
+            self.stats.frames_in += 1
+            self._on_frame(self, item)
+            if self._closing or self.transport is None:
+                return
+            if self._opener is not None:
+                self._handshake_bytes = b""
+                if buffer:
+                    self._sealed_received(buffer)
+                return
+
+    def _sealed_received(self, data: bytes) -> None:
+        assert self._opener is not None
+        try:
+            data = self._opener.feed(data)
+        except SessionError:
+            return self.limit("bad_record")
+        if self._on_confirmed is not None and self._opener.opened:
+            confirmed, self._on_confirmed = self._on_confirmed, None
+            confirmed(self)  # the dialler holds the session's keys: its link may be installed now
+            if self._closing or self.transport is None:
+                return
+        if data:
+            self._frames_received(data)
+        elif self._partial is not None:
+            self._count_partial()
+        if self._opener.pending and self.partial_since is None:
+            self.partial_since = self.last_received  # a record begun must be finished in time too
+
+    def _frames_received(self, data: bytes) -> None:
+        now = self.last_received
         items = self.reader.feed(data)
         if not self.reader.pending:
             self.partial_since = None
@@ -118,7 +184,7 @@ class FrameConnection(asyncio.Protocol):
     def _count_partial(self) -> bool:
         """True when this connection's half frame was one too many for the node (it is closed)."""
         assert self._partial is not None
-        pending = self.reader.pending
+        pending = self.reader.pending + (self._opener.pending if self._opener is not None else 0)
         self._partial.used += pending - self._partial_counted
         self._partial.peak = max(self._partial.peak, self._partial.used)
         self._partial_counted = pending
@@ -232,6 +298,25 @@ class FrameConnection(asyncio.Protocol):
             self.closed.set_result(None)
         self._on_close(self)
 
+    # --- the session -----------------------------------------------------------------------------------
+
+    def seal(
+        self,
+        keys: SessionKeys,
+        *,
+        dialler: bool,
+        on_confirmed: Callable[[FrameConnection], None] | None = None,
+    ) -> None:
+        """Both proofs are in: from now on every byte either way is in the session's records. The
+        dialler confirms at once (an empty record); the node hears of it through ``on_confirmed``."""
+        self.flush()  # the handshake's last frame goes in clear
+        self._sealer, self._opener = keys.sealer(dialler), keys.opener(dialler)
+        if dialler and self.transport is not None:
+            confirmation = self._sealer.seal(b"")
+            self.stats.bytes_out += len(confirmation)
+            self.transport.write(confirmation)
+        self._on_confirmed = on_confirmed
+
     # --- writing -------------------------------------------------------------------------------------
 
     @property
@@ -276,6 +361,8 @@ class FrameConnection(asyncio.Protocol):
         data = b"".join(self._pending)
         self._pending.clear()
         self._pending_bytes = 0
+        if self._sealer is not None:
+            data = self._sealer.seal(data)
         self.stats.bytes_out += len(data)
         self.stats.batches_out += 1
         self.transport.write(data)

@@ -159,7 +159,9 @@ class Gateways:
         node, cluster = self.node, hello.cluster
         link = self.link(cluster)
         if link.conn is not None and link.conn is not state.conn:
-            link.conn.close()  # at most one external link between two clusters: the newest
+            # One external link between two clusters: a live one is replaced only by its own process
+            # as the link starts (``Handshakes._link_taken`` refused anything else).
+            link.conn.close()
         state.role, state.peer, state.conn.peer = "gateway", cluster, cluster
         transport = state.conn.transport
         link.address = peer_address(transport)
@@ -169,6 +171,7 @@ class Gateways:
             time.monotonic(),
             hello.epoch,
         )
+        link.since = link.last_heard
         link.counters["connects"] += 1
         link.down.clear()
         for pattern in link.interest.clear():  # learnt afresh, as on an internal link ...

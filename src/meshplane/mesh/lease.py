@@ -14,6 +14,10 @@ A third, ``alive/<token>``, says a mate runs (active or standby), under a lease 
 operator's ``meshplane mesh mates reset`` (:meth:`MateLease.reset`) deletes ``current`` only while no
 mate it names is alive, the way out when every one of them is gone for good.
 
+Both records carry an HMAC keyed by the members' secret (:mod:`meshplane.core.mesh.mate_records`): one
+that fails it is ignored and counted (``records_ignored``). An ``active`` key no active mate can have
+written (without a lease, or unreadable) is deleted (``records_repaired``): it would never expire.
+
 A mate may take the ``active`` key only while it is free and only if ``current`` names it (or no
 mate ever did): a standby that fell behind cannot take over and lose what it missed. The active
 stops acknowledging before etcd can expire its lease (it counts the TTL from before each refresh
@@ -26,12 +30,19 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import aetcd
-import msgspec
 
+from meshplane.core.mesh.mate_records import (
+    Unreadable,
+    decode_active,
+    decode_current,
+    encode_active,
+    encode_current,
+)
 from meshplane.discovery.etcd import _close_quietly, connect_etcd, parse_endpoint
 from meshplane.errors import DiscoveryError
 from meshplane.streams.errors import StorageError
@@ -46,11 +57,6 @@ class ActiveMate:
     token: str
     route: str
     epoch: int
-
-
-class _Record(msgspec.Struct, frozen=True):
-    token: str
-    route: str = ""
 
 
 class LeaseLost(StorageError):
@@ -68,6 +74,7 @@ class MateLease:
         ttl: int = 3,
         credentials: Any = None,
         timeout: float = 2.0,
+        secret: str = "",
     ) -> None:
         self._endpoints = [parse_endpoint(e) for e in endpoints]
         self.reset_command = (  # the operator's way out when every mate ``current`` names is gone
@@ -76,6 +83,8 @@ class MateLease:
         self._credentials = credentials
         self.prefix = f"meshplane/mates/{cluster}/{node_id}/"
         self.token = token
+        self._secret = secret  # the members': it signs and checks the records
+        self.counters: Counter[str] = Counter()
         self.ttl = ttl
         self.timeout = timeout
         self.epoch = 0  # while active: the create revision of our ``active`` key
@@ -115,19 +124,54 @@ class MateLease:
     # --- reading -------------------------------------------------------------------------------------
 
     async def active(self) -> ActiveMate | None:
-        """The active mate as etcd has it now, or None."""
+        """The active mate as etcd has it now, or None (also for a record that fails its check)."""
         found = await self._call(lambda etcd: etcd.get(self._active_key))
         if found is None:
             return None
-        record = msgspec.json.decode(found.value, type=_Record)
+        try:
+            record = decode_active(self._secret, self._active_key, found.value)
+        except ValueError as exc:
+            self._ignored("active", str(exc))
+            if isinstance(exc, Unreadable):
+                await self._repair(found, "unreadable")
+            return None
+        if not found.lease:
+            self._ignored("active", "it has no lease, so it would never expire")
+            await self._repair(found, "lease-less")
+            return None
         return ActiveMate(record.token, record.route, found.create_revision)
 
+    def _ignored(self, name: str, why: str) -> None:
+        self.counters["records_ignored"] += 1
+        log.warning("HA mate: the %s record in etcd under %s is ignored: %s", name, self.prefix, why[:200])
+
+    async def _repair(self, found: Any, what: str) -> None:
+        """Delete an ``active`` key no mate can have written, unless it changed meanwhile."""
+
+        async def delete(etcd: aetcd.Client) -> Any:
+            txn = etcd.transactions
+            return await etcd.transaction(
+                compare=[txn.mod(self._active_key) == found.mod_revision],
+                success=[txn.delete(self._active_key)],
+                failure=[],
+            )
+
+        succeeded, _ = await self._call(delete)
+        if succeeded:
+            self.counters["records_repaired"] += 1
+            log.warning("HA mate: deleted a %s active key under %s", what, self.prefix)
+
     async def current(self) -> tuple[list[str] | None, int]:
-        """The mates known to hold every acknowledged write (None: never written), and its revision."""
+        """The mates known to hold every acknowledged write (None: never written), and its revision;
+        a record that fails its check names nobody."""
         found = await self._call(lambda etcd: etcd.get(self._current_key))
         if found is None:
             return None, 0
-        return msgspec.json.decode(found.value, type=list[str]), found.mod_revision
+        try:
+            return decode_current(self._secret, self._current_key, found.value), found.mod_revision
+        except ValueError as exc:
+            self._ignored("current", str(exc))
+            return [], found.mod_revision
 
     # --- the active's lease --------------------------------------------------------------------------
 
@@ -149,8 +193,12 @@ class MateLease:
             return await etcd.transaction(
                 compare=[txn.version(self._active_key) == 0, current_unchanged],
                 success=[
-                    txn.put(self._active_key, msgspec.json.encode(_Record(self.token)), lease=lease),
-                    txn.put(self._current_key, msgspec.json.encode([self.token])),
+                    txn.put(
+                        self._active_key,
+                        encode_active(self._secret, self._active_key, self.token),
+                        lease=lease,
+                    ),
+                    txn.put(self._current_key, encode_current(self._secret, self._current_key, [self.token])),
                 ],
                 failure=[],
             )
@@ -215,7 +263,7 @@ class MateLease:
         while not self.lost.is_set():
             try:
                 await self._while_active(
-                    self._active_key, msgspec.json.encode(_Record(self.token, route)), True
+                    self._active_key, encode_active(self._secret, self._active_key, self.token, route), True
                 )
                 return
             except DiscoveryError as exc:
@@ -226,7 +274,9 @@ class MateLease:
 
     async def set_current(self, tokens: list[str]) -> None:
         """Record who holds every acknowledged write; raises LeaseLost if this mate is not active."""
-        await self._while_active(self._current_key, msgspec.json.encode(tokens), False)
+        await self._while_active(
+            self._current_key, encode_current(self._secret, self._current_key, tokens), False
+        )
 
     async def _while_active(self, key: bytes, value: bytes, leased: bool) -> None:
         async def put(etcd: aetcd.Client) -> Any:

@@ -74,6 +74,7 @@ class Handshake:
     proved: bool = False  # a dialled connection: this side's AUTH went out
     origin: str = ""  # a client's: the source id its EVENTs are to carry
     was_current: bool = False  # a route connection that carried its link (its frames apply)
+    address: str | None = None  # an accepted connection's source address, while it is not yet proven
 
 
 def peer_address(transport: asyncio.BaseTransport | None) -> str:

@@ -45,6 +45,7 @@ from meshplane.core.mesh.handshake import (
     proof,
     proof_ok,
 )
+from meshplane.core.mesh.identity import Match, match_member, member_uri
 from meshplane.core.mesh.mirror_membership import (
     Answer,
     Fail,
@@ -58,6 +59,8 @@ from meshplane.mesh.config import parse_route
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.lease import ActiveMate, LeaseLost, MateLease
 from meshplane.mesh.links import Handshake
+from meshplane.mesh.preauth import bounded
+from meshplane.mesh.session import session_keys
 from meshplane.streams.errors import StorageError
 from meshplane.streams.files import write_atomic
 from meshplane.streams.mirror import DirectoryReplica, DirectorySource
@@ -345,6 +348,7 @@ class Standby:
         self.max_payload = max_payload
         self.poll = poll
         self.barriers = 0
+        self.counters: Counter[str] = Counter()  # actives refused (``impostors``)
         self._following: ActiveMate | None = None
         self._frames: asyncio.Queue[Frame | None] = asyncio.Queue()
         self._authenticated = False
@@ -413,7 +417,12 @@ class Standby:
         conn.send(encode_frame(FrameType.HELLO, self.node_id, payload=encode_payload(hello)))
         answer = decode_hello(self._expect(await self._frames.get(), FrameType.HELLO).payload)
         if answer.error or len(answer.nonce) != NONCE_BYTES:
-            raise ConnectionError(f"the active refused this mate: {answer.error or 'no challenge'}")
+            raise ConnectionError(f"the active refused this mate: {bounded(answer.error) or 'no challenge'}")
+        if (answer.node, answer.cluster, answer.role) != (self.node_id, self.cluster, "mate"):
+            raise ConnectionError(
+                f"the active answered as {bounded(answer.node)} ({answer.role}), not as this mate"
+            )
+        self._check_certificate(conn)
 
         def proof_of(dialler: bool) -> bytes:
             return proof(
@@ -430,6 +439,33 @@ class Standby:
         frame = self._expect(await self._frames.get(), FrameType.AUTH)
         if not proof_ok(proof_of(False), decode_auth(frame.payload).proof):
             raise ConnectionError("the active could not prove the mesh secret")
+        keys = session_keys(
+            self.secret.encode(),
+            dialler_nonce=nonce,
+            node_nonce=answer.nonce,
+            role="mate",
+            dialler_id=self.node_id,
+            node_id=self.node_id,
+        )
+        conn.seal(keys, dialler=True)
+
+    def _check_certificate(self, conn: FrameConnection) -> None:
+        """With TLS, the active's certificate must name this node (a member's URI; an earlier release's
+        DNS name or common name, with a warning): a client's certificate never makes an active."""
+        if self.tls is None or conn.transport is None:
+            return
+        ssl_object = conn.transport.get_extra_info("ssl_object")
+        peercert = ssl_object.getpeercert() if isinstance(ssl_object, ssl.SSLObject) else None
+        match = match_member(peercert, self.cluster, self.node_id, (self.node_id,))
+        if match is Match.LEGACY:
+            log.warning(
+                "HA mate (standby): the active's certificate has no meshplane:// URI (one more release)"
+            )
+        elif match is not Match.EXACT:
+            self.counters["impostors"] += 1
+            raise ConnectionError(
+                f"the active's certificate does not name {member_uri(self.cluster, self.node_id)}"
+            )
 
     @staticmethod
     def _expect(frame: Frame | None, kind: FrameType) -> Frame:

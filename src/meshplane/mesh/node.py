@@ -38,7 +38,13 @@ from meshplane.core.mesh.frames import (
 from meshplane.core.mesh.router import Router
 from meshplane.core.subjects import SubjectCheck, is_reserved
 from meshplane.mesh.clients import Clients
-from meshplane.mesh.config import MeshConfig, parse_route
+from meshplane.mesh.config import (
+    CLIENT_SECRET_ENV,
+    MEMBER_SECRET_ENV,
+    SECRET_ENV,
+    MeshConfig,
+    parse_route,
+)
 from meshplane.mesh.connection import FrameConnection, PartialBytes
 from meshplane.mesh.gateways import GatewayHolder, Gateways
 from meshplane.mesh.guaranteed import Guaranteed
@@ -53,6 +59,8 @@ if TYPE_CHECKING:
     from meshplane.mesh.mates import MirrorServer
 
 log = logging.getLogger(__name__)
+
+SELF_RETRY = 30.0  # seconds between dials of an address that turned out to be this node itself
 
 
 class MeshNode:
@@ -97,6 +105,14 @@ class MeshNode:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.running = True
+        if self.config.one_secret:
+            log.warning(
+                "one mesh secret for members and clients (%s): any client could link as a node. Set "
+                "%s and %s apart; the single secret is accepted for one more release",
+                SECRET_ENV,
+                MEMBER_SECRET_ENV,
+                CLIENT_SECRET_ENV,
+            )
         self.guaranteed.start()
         self._server = await loop.create_server(
             lambda: self._connection(dialed=False),
@@ -104,7 +120,7 @@ class MeshNode:
             self.config.route_port,
             reuse_address=True,
             ssl=self._server_tls,
-            ssl_handshake_timeout=self.config.handshake_timeout if self._server_tls else None,
+            ssl_handshake_timeout=self.config.limits.auth_timeout if self._server_tls else None,
         )
         self.route_port = int(self._server.sockets[0].getsockname()[1])
         self._tasks.append(asyncio.create_task(self._heartbeats()))
@@ -153,7 +169,12 @@ class MeshNode:
 
     def _on_limit(self, conn: FrameConnection, reason: str) -> None:
         self.counters[f"closed_{reason}"] += 1
-        log.warning("closed the connection of %s: %s", conn.peer or "a new peer", reason.replace("_", " "))
+        self.handshakes.quiet.warning(
+            f"closed_{reason}",
+            "closed the connection of %s: %s",
+            conn.peer or "a new peer",
+            reason.replace("_", " "),
+        )
 
     # --- dialling ------------------------------------------------------------------------------------
 
@@ -161,6 +182,7 @@ class MeshNode:
         host, port = parse_route(route)
         loop = asyncio.get_running_loop()
         backoff = self.config.reconnect_min
+        said_self = False
         while self.running:
             try:
                 async with asyncio.timeout(self.config.handshake_timeout):
@@ -180,12 +202,16 @@ class MeshNode:
                 continue
             state = self.conns[conn]
             await conn.closed
-            if state.error == "self":
-                log.info("route %s is this node itself: not dialled again", route)
-                return
+            if state.error == "self":  # known from this process's own dial, never from the peer's word
+                if not said_self:
+                    log.info("route %s is this node itself: dialled only every %.0fs", route, SELF_RETRY)
+                    said_self = True
+                await asyncio.sleep(SELF_RETRY)
+                continue
             peer = state.peer or (state.hello.node if state.hello is not None else "")
             link = self.links.get(peer)
-            paired = state.superseded or state.error.startswith("duplicate")
+            # Refused while this node has a live link to that peer: the pair kept the other connection.
+            paired = state.superseded or (state.error == "refused" and state.hello is not None)
             if paired and link is not None and link.state != "down":
                 await link.down.wait()  # the pair keeps the peer's connection; dial again once it is gone
             if state.role:
@@ -227,6 +253,7 @@ class MeshNode:
 
     def _on_close(self, conn: FrameConnection) -> None:
         state = self.conns.pop(conn)
+        self.handshakes.proven(state)
         if state.session is not None:
             self.clients.drop(state.session)
         if state.role == "gateway":

@@ -238,7 +238,8 @@ class Routes:
             if not quiet:
                 link.counters["unwanted_in"] += 1  # interest changed on the way, or a peer's stale copy
             return
-        key = (event.timestamp_ms, event.sequence, event.source)
+        # The link is part of the id: a member that stamps another node's origin hides nothing of it.
+        key = (event.timestamp_ms, event.sequence, event.source, link.peer)
         if node.dedup.seen(event.subject, key, time.monotonic() if now is None else now):
             link.counters["duplicates_in"] += 1
             return

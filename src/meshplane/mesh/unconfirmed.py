@@ -13,7 +13,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from meshplane.core.mesh.frames import ANSWER_UNKNOWN
+from meshplane.core.mesh.frames import ANSWER_UNKNOWN, restamp
 from meshplane.errors import TransportError
 
 
@@ -102,9 +102,14 @@ class Unconfirmed:
         entry = self._entries.get(sequence)
         return entry.raw if entry is not None and not entry.answer.done() else None
 
-    def raws(self) -> list[bytes]:
-        """What to send again on a new connection, oldest first."""
-        return [entry.raw for entry in self._entries.values()]
+    def raws(self, origin: str) -> list[bytes]:
+        """What to send again on a new connection, oldest first, with its ``origin`` (a node that did not
+        let the client keep its origin gets them under the new one: their ids change)."""
+        entries = self._entries.values()
+        for entry in entries:
+            if entry.raw[2 : 2 + len(origin)] != origin.encode():
+                entry.raw = restamp(entry.raw, origin)
+        return [entry.raw for entry in entries]
 
     def _expire(self) -> None:
         loop = asyncio.get_running_loop()

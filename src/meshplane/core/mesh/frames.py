@@ -42,9 +42,11 @@ from meshplane.core.subjects import MAX_SUBJECT_BYTES
 
 T = TypeVar("T")
 
-PROTOCOL_VERSION = 2  # 2: the secret is proven (HELLO's nonces, then AUTH), never sent
+PROTOCOL_VERSION = 3  # 2: the secret is proven (HELLO's nonces, then AUTH); 3: then sealed records
 NODE_ID_BYTES = 16
 DEFAULT_MAX_PAYLOAD = 8 * 1024 * 1024
+MAX_ID_BYTES = 64  # a HELLO's node or cluster name, at most (a node id: NODE_ID_BYTES)
+HANDSHAKE_FRAME_BYTES = 4096  # a HELLO or an AUTH, whole, at most (nats-server's max_control_line)
 
 _HEAD = struct.Struct(">BB16sH")  # type, flags, source, subject length
 _MIDDLE = struct.Struct(">QI")  # sequence, payload length
@@ -103,10 +105,17 @@ class FrameError:
 
 
 def check_node_id(node_id: str) -> str:
-    raw = node_id.encode()
-    if not node_id or len(raw) > NODE_ID_BYTES or "\x00" in node_id or not node_id.isprintable():
-        raise ValueError(f"node id {node_id!r}: 1-{NODE_ID_BYTES} bytes of printable UTF-8")
+    """A node id: 1-16 printable ASCII characters, compared byte for byte (no case or Unicode folding)."""
+    if not node_id or len(node_id) > NODE_ID_BYTES or not (node_id.isascii() and node_id.isprintable()):
+        raise ValueError(f"node id {node_id[:MAX_ID_BYTES]!r}: 1-{NODE_ID_BYTES} printable ASCII characters")
     return node_id
+
+
+def check_hello_ids(hello: Hello) -> None:
+    """ValueError unless HELLO's node and cluster are printable ASCII of at most ``MAX_ID_BYTES``."""
+    for what, text in (("node", hello.node), ("cluster", hello.cluster)):
+        if len(text) > MAX_ID_BYTES or not (text.isascii() and text.isprintable()):
+            raise ValueError(f"HELLO's {what}: at most {MAX_ID_BYTES} printable ASCII characters")
 
 
 def encode_frame(
@@ -133,6 +142,23 @@ def python_encode_frame(
         )
     )
     return body + _CRC.pack(zlib.crc32(body))
+
+
+def handshake_frame_length(buffer: bytes) -> int | None:
+    """The length of the frame ``buffer`` begins with, once its lengths are in (else None);
+    ValueError when it would be more than ``HANDSHAKE_FRAME_BYTES``."""
+    if len(buffer) < HEAD_BYTES:
+        return None
+    subject_length: int = _HEAD.unpack_from(buffer)[3]
+    if HEAD_BYTES + subject_length + _MIDDLE_BYTES + _CRC_BYTES > HANDSHAKE_FRAME_BYTES:
+        raise ValueError(f"a handshake frame of more than {HANDSHAKE_FRAME_BYTES} bytes")
+    if len(buffer) < HEAD_BYTES + subject_length + _MIDDLE_BYTES:
+        return None
+    payload_length: int = _MIDDLE.unpack_from(buffer, HEAD_BYTES + subject_length)[1]
+    length = HEAD_BYTES + subject_length + _MIDDLE_BYTES + payload_length + _CRC_BYTES
+    if length > HANDSHAKE_FRAME_BYTES:
+        raise ValueError(f"a handshake frame of {length} bytes (at most {HANDSHAKE_FRAME_BYTES})")
+    return length
 
 
 def encode_event(
@@ -314,6 +340,14 @@ class Hello(msgspec.Struct, frozen=True):
     nonce: bytes = b""
     error: str = ""
     batched_acks: bool = False  # a client's: it takes one ACK for many stored events
+    origin: str = ""  # a client's: the origin it had (to keep it, with its ticket from that AUTH)
+    ticket: bytes = b""
+
+
+def restamp(raw: bytes, source: str) -> bytes:
+    """A frame as it was, with another source (and its checksum made again)."""
+    body = raw[:2] + source.encode().ljust(NODE_ID_BYTES, b"\x00") + raw[HEAD_BYTES - 2 : -_CRC_BYTES]
+    return body + _CRC.pack(zlib.crc32(body))
 
 
 class SyncResponse(msgspec.Struct, frozen=True):

@@ -30,10 +30,12 @@ PROOF_BYTES = 32
 
 
 class Auth(msgspec.Struct, frozen=True):
-    """AUTH's payload: a side's proof; from the node to a client, also the origin its EVENTs carry."""
+    """AUTH's payload: a side's proof; from the node to a client, also the origin its EVENTs carry and
+    the ticket that lets it keep that origin on its next connection (its resent events keep their ids)."""
 
     proof: bytes
     origin: str = ""
+    ticket: bytes = b""
 
 
 encode_auth = encode_payload
@@ -64,3 +66,23 @@ def proof(
 
 def proof_ok(expected: bytes, given: bytes) -> bool:
     return hmac.compare_digest(expected, given)
+
+
+ORIGIN_BYTES = 16  # a client's origin: 16 hex digits, as a node id fills the frame's source field
+
+
+def new_origin() -> str:
+    return os.urandom(ORIGIN_BYTES // 2).hex()
+
+
+def origin_ticket(secret: str, origin: str) -> bytes:
+    """What a client shows to keep ``origin`` on a new connection: only a node (a holder of the members'
+    secret) makes one, so no client can take another's origin (and, through dedup, hide its events)."""
+    return hmac.new(secret.encode(), b"meshplane-origin\x00" + origin.encode(), hashlib.sha256).digest()[:16]
+
+
+def resumed_origin(secret: str, origin: str, ticket: bytes) -> str:
+    """``origin`` when ``ticket`` is its own, else a new one."""
+    if len(origin) == ORIGIN_BYTES and proof_ok(origin_ticket(secret, origin), ticket):
+        return origin
+    return new_origin()
