@@ -18,8 +18,19 @@ from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.lease import MateLease
 from meshplane.mesh.links import Handshake
 from meshplane.mesh.mates import MirrorServer
+from meshplane.mesh.session import session_keys
 from meshplane.streams.mirror import DirectorySource
 from tests.helpers import eventually
+
+# Both ends sealed as after a real handshake (every frame after AUTH travels in the session's records).
+KEYS = session_keys(
+    b"mates' secret", dialler_nonce=b"d" * 16, node_nonce=b"n" * 16, role="mate", dialler_id="a", node_id="a"
+)
+
+
+def _seal_and(conn: FrameConnection, dialler: bool, then: Callable[[FrameConnection], None]) -> None:
+    conn.seal(KEYS, dialler=dialler)
+    then(conn)
 
 
 class FakeStandby:
@@ -40,7 +51,9 @@ class FakeStandby:
             on_frame=self._frame,
             on_bad=lambda conn, error: conn.close(),
             on_close=lambda conn: None,
-            on_open=lambda conn: conn.send(encode_frame(FrameType.MIRROR_ACK, "a", self.token, 0)),
+            on_open=lambda conn: _seal_and(
+                conn, True, lambda c: c.send(encode_frame(FrameType.MIRROR_ACK, "a", self.token, 0))
+            ),
         )
         return self.conn
 
@@ -72,7 +85,7 @@ async def test_barrier_never_returns_alone_while_etcd_names_a_standby_that_close
             on_frame=mirror.on_frame,
             on_bad=lambda conn, error: conn.close(),
             on_close=mirror.closed,
-            on_open=lambda conn: mirror.accept(Handshake(conn, dialed=False)),
+            on_open=lambda conn: _seal_and(conn, False, lambda c: mirror.accept(Handshake(c, dialed=False))),
         )
 
     server = await loop.create_server(active_side, "127.0.0.1", 0)
