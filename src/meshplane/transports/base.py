@@ -86,6 +86,15 @@ class SubscriberTransport(abc.ABC):
     def remove_publisher(self, channel: EventChannel) -> None:
         """A publisher left discovery."""
 
+    def publisher_left(self, publisher_id: int) -> None:
+        """A publisher said goodbye: nothing more comes from it (a connection per publisher can close)."""
+
+    @property
+    def drops(self) -> dict[str, int]:
+        """Messages dropped before the subscriber saw them, by reason (``queue_full``: its own bounded
+        queue; ``slow_consumer``: the client library's)."""
+        return {}
+
     def reconnect_publisher(self, publisher_id: int) -> None:
         """A publisher went silent: connect to it afresh (transports with a connection per publisher)."""
 
