@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
 
@@ -67,45 +68,68 @@ class PublisherLeft:
 
 
 HEADS_REMEMBERED = 10_000
+T = TypeVar("T")
 
 
 class HeadTracker:
-    """Publishers first heard of past their sequence 0, until their age says why.
+    """Publishers first heard of past their sequence 0, and publishers' ages, until both are known.
 
     Invariant: a publisher is reported at most once, as an :class:`EventGap` from 0 (it began at or
-    after ``subscribed_at``) or as :class:`JoinedLate` (it began before). At most ``remembered``
-    publishers wait for their age; past that the longest waiting is given up (never reported).
+    after ``subscribed_at``) or as :class:`JoinedLate` (it began before), whichever of its first
+    sequence and its age comes first. The age is taken when a heartbeat arrives, not when it is
+    processed (events waiting for reordering hold it back), and the earliest estimate wins: each is
+    late by its trip. At most ``remembered`` publishers wait for either; past that the longest waiting
+    is given up (never reported).
     """
 
     def __init__(self, subscribed_at: float, remembered: int = HEADS_REMEMBERED) -> None:
         self.subscribed_at = subscribed_at
         self._remembered = max(1, remembered)
         self._pending: OrderedDict[int, int] = OrderedDict()  # publisher -> first sequence heard
+        self._born: OrderedDict[int, float] = OrderedDict()  # publisher -> when it began, as yet unused
         self.joined_late = 0  # events sent before the subscriber joined (summed over publishers)
         self.given_up = 0
 
-    def first(self, publisher_id: int, sequence: int) -> None:
+    def first(self, publisher_id: int, sequence: int) -> EventGap | JoinedLate | None:
         """The first news of ``publisher_id`` is ``sequence`` (an event's, or a heartbeat's next)."""
+        born = self._born.pop(publisher_id, None)
         if sequence <= 0:
-            return
-        self._pending[publisher_id] = sequence
-        if len(self._pending) > self._remembered:
-            self._pending.popitem(last=False)
-            self.given_up += 1
+            return None
+        if born is not None:
+            return self._judge(publisher_id, sequence, born)
+        self._remember(self._pending, publisher_id, sequence)
+        return None
 
     def started(self, publisher_id: int, started_at: float) -> EventGap | JoinedLate | None:
-        """``publisher_id`` began at ``started_at`` (the subscriber's clock): what its head was."""
+        """``publisher_id`` began at ``started_at`` (the subscriber's clock); for a publisher whose first
+        news is in, what its head was; else kept for when it is."""
         first = self._pending.pop(publisher_id, None)
-        if first is None:
-            return None
+        if first is not None:
+            return self._judge(publisher_id, first, started_at)
+        earlier = self._born.get(publisher_id)
+        self._remember(self._born, publisher_id, started_at if earlier is None else min(earlier, started_at))
+        return None
+
+    def _judge(self, publisher_id: int, first: int, started_at: float) -> EventGap | JoinedLate:
         if started_at >= self.subscribed_at:
             return EventGap(publisher_id, 0, first - 1)
         self.joined_late += first
         return JoinedLate(publisher_id, first)
 
+    def _remember(self, table: OrderedDict[int, T], publisher_id: int, value: T) -> None:
+        table[publisher_id] = value
+        if len(table) > self._remembered:
+            table.popitem(last=False)
+            self.given_up += 1
+
     def forget(self, publisher_id: int) -> None:
         self._pending.pop(publisher_id, None)
+        self._born.pop(publisher_id, None)
+
+    def is_pending(self, publisher_id: int) -> bool:
+        """Whether ``publisher_id``'s first news is in and its age is awaited."""
+        return publisher_id in self._pending
 
     @property
     def waiting(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._born)

@@ -108,6 +108,8 @@ class Intake:
                     continue
                 if item.message_type is _EVENT:
                     item = envelope
+                elif envelope.payload and not self._aged(envelope, now, out):
+                    continue  # a heartbeat whose news is malformed: counted, dropped
             if envelope.publisher_id != last_alive:
                 # once per run of one publisher: the batch shares its `now`
                 last_alive = envelope.publisher_id
@@ -177,7 +179,7 @@ class Intake:
         return out
 
     def _sequence(self, admitted: list[EventEnvelope | Frame], out: Outcome, now: float) -> None:
-        tracker, tally, heads = self.tracker, self.tally, self.heads
+        tracker, tally, heads, left = self.tracker, self.tally, self.heads, self._left
         delivered = out.envelopes
         # Most of a batch is runs of one publisher's next events: those skip the tracker, which
         # learns where a run ended before it sees anything else.
@@ -193,6 +195,9 @@ class Intake:
                     tracker.settle(run_publisher, run_next - 1)
                     tally.add(run_publisher, Count.EVENTS, run_next - run_start)
                     run_publisher = -1
+                if left and item.publisher_id in left:  # behind its goodbye in this very batch
+                    self.after_leave += 1
+                    continue
                 observation = tracker.observe(item.publisher_id, item.sequence)
                 if observation.arrival is not Arrival.DUPLICATE:  # a duplicate is counted by the tracker
                     delivered.append(item)
@@ -208,15 +213,18 @@ class Intake:
                     tally.add(run_publisher, Count.EVENTS, run_next - run_start)
                     run_publisher = -1
                 envelope = item.envelope
+                if left and envelope.publisher_id in left:
+                    self.after_leave += 1
+                    continue
                 self.heartbeats += 1
                 observation = tracker.expect(envelope.publisher_id, envelope.sequence)
             if observation.arrival is Arrival.GAP:
                 gap = EventGap(envelope.publisher_id, observation.missing_from, observation.missing_to)
                 self._gap(out, gap)
             elif observation.arrival is Arrival.FIRST and heads is not None:
-                heads.first(envelope.publisher_id, envelope.sequence)
-            if not isinstance(item, EventEnvelope):
-                self._heard(envelope, out, now)
+                self._head(heads.first(envelope.publisher_id, envelope.sequence), out)
+            if not isinstance(item, EventEnvelope) and item.envelope.payload:
+                self._heard(envelope, out)
         if run_publisher != -1:
             self.received += run_next - run_start
             tracker.settle(run_publisher, run_next - 1)
@@ -227,25 +235,35 @@ class Intake:
         self.tally.add(gap.publisher_id, Count.GAPS)
         self.tally.add(gap.publisher_id, Count.MISSING, gap.missing)
 
-    def _heard(self, heartbeat: EventEnvelope, out: Outcome, now: float) -> None:
-        """What a heartbeat's payload says: the publisher's age settles its head, a final one its leave."""
+    def _head(self, head: EventGap | JoinedLate | None, out: Outcome) -> None:
+        if isinstance(head, EventGap):
+            self.tracker.gaps += 1
+            self.tracker.missing += head.missing
+            self._gap(out, head)
+        elif head is not None:
+            out.notices.append(head)
+
+    def _aged(self, heartbeat: EventEnvelope, now: float, out: Outcome) -> bool:
+        """A heartbeat's news as it arrives (False: malformed). Its age is taken now: a heartbeat
+        processed later (behind events held for reordering) would make its publisher look younger."""
         try:
             news = decode_news(heartbeat.payload)
         except WireError as exc:
             if not self.malformed[exc.reason]:
                 out.new_errors.append(exc)
             self.malformed[exc.reason] += 1
-            return
-        publisher_id = heartbeat.publisher_id
-        if news.uptime_ms is not None and self.heads is not None:
-            head = self.heads.started(publisher_id, now - news.uptime_ms / 1000)
-            if isinstance(head, EventGap):
-                self.tracker.gaps += 1
-                self.tracker.missing += head.missing
-                self._gap(out, head)
-            elif head is not None:
-                out.notices.append(head)
-        if news.final:
+            return False
+        heads = self.heads
+        if news.uptime_ms is not None and heads is not None:
+            publisher_id = heartbeat.publisher_id
+            if not self.tracker.knows(publisher_id) or heads.is_pending(publisher_id):
+                self._head(heads.started(publisher_id, now - news.uptime_ms / 1000), out)
+        return True
+
+    def _heard(self, heartbeat: EventEnvelope, out: Outcome) -> None:
+        """A final heartbeat, in its place after the events: the publisher left."""
+        if decode_news(heartbeat.payload).final:  # checked on arrival (_aged)
+            publisher_id = heartbeat.publisher_id
             out.notices.append(PublisherLeft(publisher_id, heartbeat.sequence))
             self.forget(publisher_id)
             self.left += 1
