@@ -350,8 +350,7 @@ class ZmqSubscriberTransport(SubscriberTransport):
                 log.info("reconnecting to silent publisher %x at %s", publisher_id, endpoint)
 
     def remove_publisher(self, channel: EventChannel) -> None:
-        """Its record is gone; its connection stays until its goodbye or :data:`LEAVING_LINGER`, so that
-        the events it sent before closing are not thrown away with the connection."""
+        """Its record is gone: its connection stays until its goodbye or :data:`LEAVING_LINGER`."""
         publisher_id = channel.instance_id
         endpoint = self._endpoints.pop(publisher_id, None)
         if endpoint is not None and self._socket is not None:
