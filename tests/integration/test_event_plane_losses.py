@@ -11,8 +11,16 @@ from collections.abc import Callable
 
 import pytest
 
-from meshplane import EventGap, EventPlane, EventSubscriber, EventTimeout, PlaneConfig, Scope
-from meshplane.core.heads import JoinedLate, PublisherLeft
+from meshplane import (
+    EventGap,
+    EventPlane,
+    EventSubscriber,
+    EventTimeout,
+    JoinedLate,
+    PlaneConfig,
+    PublisherLeft,
+    Scope,
+)
 from tests.helpers import eventually
 from tests.integration.test_event_plane_contract import ready, registers_publishers
 

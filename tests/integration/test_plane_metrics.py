@@ -10,8 +10,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from meshplane import EventEnvelope, EventGap, EventPlane, EventSubscriber, Scope
-from meshplane.core.heads import PublisherLeft
+from meshplane import EventEnvelope, EventGap, EventPlane, EventSubscriber, PublisherLeft, Scope
 from meshplane.launchers import NatsServer
 from tests.conftest import make_config
 
