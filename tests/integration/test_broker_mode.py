@@ -387,3 +387,30 @@ async def test_a_named_publisher_keeps_its_brokers_across_restarts(
     ]
     assert sorted(used)[0] == 0, used  # all five lives through the same broker
     assert sorted(used)[1] >= 5, used
+
+
+async def test_publisher_names_default_to_the_host_and_count_up_within_a_plane(tmp_path: Path) -> None:
+    import socket
+
+    from meshplane import EventPublisher
+    from meshplane.core.records import publisher_identity
+
+    scope = Scope.namespace(f"names{uuid.uuid4().hex[:6]}")
+    config = make_config("mem", "mem", tmp_path, None, None)
+    async with EventPlane(config) as plane:
+        first, second = await plane.publisher(scope, "t"), await plane.publisher(scope, "t")
+        other_topic = await plane.publisher(scope, "u")
+        named = await EventPublisher.create(scope, "t", plane=plane, name="worker-7")
+        host = socket.gethostname()
+        assert [first.name, second.name, other_topic.name, named.name] == [
+            host,
+            f"{host}#1",
+            host,
+            "worker-7",
+        ]
+        assert named.identity == publisher_identity("worker-7", scope, "t")
+        assert len({first.identity, second.identity, other_topic.identity}) == 3
+        await first.close()
+        assert (await plane.publisher(scope, "t")).name == host  # the lowest free ordinal, as after a restart
+    async with EventPlane(config.replace(publisher_name="svc-a")) as plane:
+        assert [(await plane.publisher(scope, "t")).name for _ in range(2)] == ["svc-a", "svc-a#1"]
