@@ -108,8 +108,6 @@ class Intake:
                     continue
                 if item.message_type is _EVENT:
                     item = envelope
-                elif envelope.payload and not self._aged(envelope, now, out):
-                    continue  # a heartbeat whose news is malformed: counted, dropped
             if envelope.publisher_id != last_alive:
                 # once per run of one publisher: the batch shares its `now`
                 last_alive = envelope.publisher_id
@@ -121,6 +119,8 @@ class Intake:
             if gone:
                 self.after_leave += 1
                 continue
+            if item is not envelope and envelope.payload and not self._aged(envelope, now, out):
+                continue  # a heartbeat whose news is malformed: counted, dropped
             append(item)
         if paths > 1 or self.reorderer.deadline is not None:
             admitted = self._reorder(admitted, now, paths)
