@@ -227,8 +227,9 @@ class EventPlane:
 
         ``callback(item)`` may be a plain function or a coroutine function; ``item`` is an
         :class:`EventEnvelope`, a notice (:class:`EventTimeout`, :class:`PublisherRecovered`,
-        :class:`EventGap`) or a :class:`MeshplaneError`. Calls never overlap, may subscribe or
-        unsubscribe themselves, and stop before :meth:`unsubscribe_event` returns.
+        :class:`EventGap`, :class:`JoinedLate`, :class:`PublisherLeft`) or a :class:`MeshplaneError`.
+        Calls never overlap, may subscribe or unsubscribe themselves, and stop before
+        :meth:`unsubscribe_event` returns.
 
         ``stateless=False`` fails at once (:class:`SubscriptionError`) when discovery is unreachable or
         no publisher is registered; ``stateless=True`` always succeeds and connects when it can,
