@@ -49,10 +49,12 @@ class PlaneCollector:
         per_topic: dict[tuple[str, str], Counter[str]] = {}
         dropped: Counter[tuple[str, str, str]] = Counter()
         published: Counter[tuple[str, str]] = Counter()
+        unrouted: Counter[tuple[str, str]] = Counter()
         for member in self.plane.members:
             where = (str(member.scope), member.topic)
             if not isinstance(member, EventSubscriber):
                 published[where] += member.next_sequence
+                unrouted[where] += member.unrouted
                 continue
             for publisher_id, row in member.publisher_counts(self.publishers):
                 label = "other" if publisher_id == OTHER else f"{publisher_id:x}"
@@ -91,6 +93,15 @@ class PlaneCollector:
             "meshplane_plane_published", "Events published (sequences taken)", labels=["scope", "topic"]
         )
         for where, n in published.items():
+            family.add_metric(where, n)
+        yield family
+        family = CounterMetricFamily(
+            "meshplane_plane_unrouted",
+            "Events published while no subscription had reached the publisher (ZeroMQ drops them in its "
+            "socket: a slow joiner, or in broker mode the hop to the brokers)",
+            labels=["scope", "topic"],
+        )
+        for where, n in unrouted.items():
             family.add_metric(where, n)
         yield family
 

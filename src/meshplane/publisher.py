@@ -245,6 +245,12 @@ class EventPublisher(PlaneMember):
         await self._transport.flush(timeout)
 
     @property
+    def unrouted(self) -> int:
+        """Events sent while no subscriber could receive them, where the transport can tell: ZeroMQ
+        drops them in this publisher's socket (in broker mode: the hop to the brokers)."""
+        return self._transport.unrouted
+
+    @property
     def subscriber_count(self) -> int | None:
         """Subscribers connected to this publisher, where the transport can tell (ZeroMQ); else None."""
         return self._transport.subscriber_count()

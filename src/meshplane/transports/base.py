@@ -30,6 +30,9 @@ class PublisherTransport(abc.ABC):
     #: (``payloads[i]`` as sequence ``first_sequence + i``) until one is refused with nothing of it sent,
     #: and returns ``(sent, errno)``; ``publish_many`` sends the refused one by the envelope path.
     send_payloads: Callable[[int, list[bytes], int], tuple[int, int]] | None = None
+    #: Events sent while no subscriber could receive them, where the transport can tell (ZeroMQ drops
+    #: them in the socket: the slow joiner, or in broker mode the hop to the brokers).
+    unrouted = 0
 
     @abc.abstractmethod
     async def start(self) -> None: ...

@@ -195,6 +195,7 @@ class ZmqBrokerPublisherTransport(XPubPublisher):
         self._monitor = ConnectionMonitor(self._socket, "publisher")
         self._directory.listen(self._rebalance)
         self._rebalance()
+        self._routes.check()
 
     def _rebalance(self) -> None:
         if self._socket is None:
