@@ -21,7 +21,9 @@ class RouteWatch:
 
     def __init__(self, publisher: XPubPublisher) -> None:
         self._publisher = publisher
+        # the fast senders, while wrapped (kept after: a caller may hold a wrapper across a loop)
         self._fast: tuple[Any, Any, Any, Callable[[EventEnvelope], None]] | None = None
+        self._armed = False
 
     def routed(self) -> bool:
         """Whether any subscription (of the topic, or a prefix of it) has reached the socket."""
@@ -33,46 +35,45 @@ class RouteWatch:
     def check(self) -> None:
         """Wrap the senders while nothing is routed (at start, and at each heartbeat)."""
         p = self._publisher
-        if self._fast is not None or p._socket is None or self.routed():
+        if self._armed or p._socket is None or self.routed():
             return
         self._fast = (p.send_now, p.send_payload, p.send_payloads, p._send_event)
+        self._armed = True
         p.send_now = self._one if p.send_now is not None else None
         p.send_payload = self._payload if p.send_payload is not None else None
         p.send_payloads = self._payloads if p.send_payloads is not None else None
         p._send_event = self._one
 
-    def _unwrap(self) -> bool:
-        """The fast senders back once a subscription has come (True: they are back)."""
-        if self._fast is None or not self.routed():
+    def _unrouted(self) -> bool:
+        """Whether nothing is routed yet; once something is, the fast senders go back in place."""
+        if not self._armed:
             return False
+        if not self.routed():
+            return True
+        self._armed = False
         p = self._publisher
-        if p._socket is not None:  # closed meanwhile: close() put its own senders in place
+        if p._socket is not None and self._fast is not None:  # closed: close() put its own senders
             p.send_now, p.send_payload, p.send_payloads, p._send_event = self._fast
-        self._fast = None
-        return True
+        return False
 
     def _one(self, envelope: EventEnvelope) -> None:
-        if self._fast is None:
-            raise RuntimeError("unwrapped sender called")  # never: callers read the attribute each time
-        send = self._fast[3]
-        if not self._unwrap():
+        assert self._fast is not None
+        if self._unrouted():
             self._publisher.unrouted += 1
-        send(envelope)
+        self._fast[3](envelope)
 
     def _payload(self, sequence: int, payload: bytes) -> int:
         assert self._fast is not None
-        send = self._fast[1]
-        routed = self._unwrap()
-        refused: int = send(sequence, payload)
-        if not routed and not refused:
+        unrouted = self._unrouted()
+        refused: int = self._fast[1](sequence, payload)
+        if unrouted and not refused:
             self._publisher.unrouted += 1
         return refused
 
     def _payloads(self, first: int, payloads: list[bytes], start: int) -> tuple[int, int]:
         assert self._fast is not None
-        send = self._fast[2]
-        routed = self._unwrap()
-        sent, refused = send(first, payloads, start)
-        if not routed:
+        unrouted = self._unrouted()
+        sent, refused = self._fast[2](first, payloads, start)
+        if unrouted:
             self._publisher.unrouted += sent
         return sent, refused
