@@ -22,7 +22,7 @@ from meshplane.errors import MalformedFrame
 
 
 class HeartbeatNews(msgspec.Struct, omit_defaults=True):
-    """A heartbeat's payload: empty from Dynamo-era publishers, a MessagePack map from meshplane's."""
+    """A heartbeat's payload: empty from older publishers, a MessagePack map from this version on."""
 
     uptime_ms: int | None = None  # milliseconds since the publisher began (its own monotonic clock)
     final: bool = False  # the publisher is leaving: its heartbeat's sequence is one past its last event
