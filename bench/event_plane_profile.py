@@ -44,7 +44,8 @@ from meshplane.core.envelope import Codec, EventEnvelope
 from meshplane.core.framing import ZmqEncoder
 from meshplane.core.intake import Intake
 from meshplane.transports.native import native_receive
-from meshplane.transports.zmq import ZmqSubscriberTransport, direct_send
+from meshplane.transports.zmq import ZmqSubscriberTransport
+from meshplane.transports.zmq_messages import direct_send
 from meshplane.transports.zmq_readable import Readable
 
 TOPIC = "bench"

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from meshplane.config import PlaneConfig
     from meshplane.core.envelope import Codec, EventEnvelope
     from meshplane.core.framing import WireFormat
+    from meshplane.core.heads import JoinedLate, PublisherLeft
     from meshplane.core.liveness import EventTimeout, PublisherRecovered
     from meshplane.core.names import Scope
     from meshplane.core.sequence import EventGap
@@ -48,10 +49,12 @@ _EXPORTS = {
     "EventTimeout": "meshplane.core.liveness",
     "InvalidDiscoveryRecord": "meshplane.errors",
     "InvalidName": "meshplane.errors",
+    "JoinedLate": "meshplane.core.heads",
     "MeshplaneError": "meshplane.errors",
     "Notice": "meshplane.subscriber",
     "PayloadTooLarge": "meshplane.errors",
     "PlaneConfig": "meshplane.config",
+    "PublisherLeft": "meshplane.core.heads",
     "PublisherRecovered": "meshplane.core.liveness",
     "Scope": "meshplane.core.names",
     "SubscriberStats": "meshplane.subscriber",
@@ -87,10 +90,12 @@ __all__ = [
     "EventTimeout",
     "InvalidDiscoveryRecord",
     "InvalidName",
+    "JoinedLate",
     "MeshplaneError",
     "Notice",
     "PayloadTooLarge",
     "PlaneConfig",
+    "PublisherLeft",
     "PublisherRecovered",
     "Scope",
     "SubscriberStats",

@@ -81,6 +81,16 @@ class PlaneConfig:
     # MESHPLANE_BUSY_POLL, ZeroMQ subscribers: seconds a subscriber keeps asking its socket after a batch
     # before it sleeps in the event loop (lower latency for a core's worth of CPU); 0 = never spin
     busy_poll: float = 0.0
+    # MESHPLANE_PUBLISHER_ID: this process's publisher instance name; with the scope and topic it makes
+    # each publisher's stable identity, on which rendezvous hashing picks its brokers (default: the host
+    # name, and an ordinal among the plane's publishers of one topic)
+    publisher_name: str | None = None
+    # MESHPLANE_METRICS_PORT: serve the event plane's Prometheus metrics on http://metrics_host:port/metrics
+    # (needs prometheus-client, meshplane[streams]); None: no endpoint. MESHPLANE_METRICS_PUBLISHERS:
+    # publishers labelled by id per topic (the rest are summed as publisher="other")
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_publishers: int = 20
 
     @property
     def liveness_timeout(self) -> float:
@@ -126,6 +136,12 @@ class PlaneConfig:
             raise ConfigError(f"dedup_capacity must be positive, got {self.dedup_capacity!r}")
         if not self.etcd_endpoints:
             raise ConfigError("ETCD_ENDPOINTS must name at least one endpoint")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"MESHPLANE_METRICS_PORT must be a port (0-65535), got {self.metrics_port!r}")
+        if self.metrics_publishers < 0:
+            raise ConfigError(f"metrics_publishers must be >= 0, got {self.metrics_publishers!r}")
+        if self.publisher_name is not None and not self.publisher_name.strip():
+            raise ConfigError("MESHPLANE_PUBLISHER_ID must not be blank")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> PlaneConfig:
@@ -184,6 +200,10 @@ class PlaneConfig:
         take("MESHPLANE_HEARTBEAT_PERIOD", "heartbeat_period", float)
         take("MESHPLANE_HEARTBEAT_MISSES", "heartbeat_misses", int)
         take("MESHPLANE_BUSY_POLL", "busy_poll", float)
+        take("MESHPLANE_PUBLISHER_ID", "publisher_name")
+        take("MESHPLANE_METRICS_PORT", "metrics_port", int)
+        take("MESHPLANE_METRICS_HOST", "metrics_host")
+        take("MESHPLANE_METRICS_PUBLISHERS", "metrics_publishers", int)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

@@ -48,25 +48,31 @@ class PlaneMember:
         self._membership = membership
 
     @classmethod
-    def _made_by(cls, plane: EventPlane) -> Callable[[Scope, str], Awaitable[Self]]:
+    def _made_by(cls, plane: EventPlane) -> Callable[..., Awaitable[Self]]:
         """The plane's factory method for this kind of member."""
         raise NotImplementedError
 
     @classmethod
     async def create(
-        cls, scope: Scope, topic: str, *, plane: EventPlane | None = None, config: PlaneConfig | None = None
+        cls,
+        scope: Scope,
+        topic: str,
+        *,
+        plane: EventPlane | None = None,
+        config: PlaneConfig | None = None,
+        **options: Any,
     ) -> Self:
         """Make one on ``plane``; without one, on a private plane (from ``config`` or the
-        environment) that closes with it."""
+        environment) that closes with it. ``options`` go to the plane's factory (a publisher's ``name``)."""
         if plane is not None:
-            return await cls._made_by(plane)(scope, topic)
+            return await cls._made_by(plane)(scope, topic, **options)
         if PlaneMember.plane_factory is None:
             raise RuntimeError(
                 "meshplane.plane is not imported: import EventPublisher and EventSubscriber from meshplane"
             )
         private = PlaneMember.plane_factory(config)
         try:
-            member = await cls._made_by(private)(scope, topic)
+            member = await cls._made_by(private)(scope, topic, **options)
         except BaseException:
             await private.close()
             raise

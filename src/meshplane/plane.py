@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import socket
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -16,9 +17,9 @@ from zmq.auth.thread import ThreadAuthenticator
 from meshplane.callbacks import CallbackSubscriptions, EventCallback
 from meshplane.config import PlaneConfig
 from meshplane.core.names import Scope, validate_name
-from meshplane.core.records import new_instance_id
+from meshplane.core.records import new_instance_id, publisher_identity
 from meshplane.discovery import Discovery, create_discovery
-from meshplane.errors import ClosedError, DiscoveryError, SubscriptionError
+from meshplane.errors import ClosedError, ConfigError, DiscoveryError, SubscriptionError
 from meshplane.membership import Membership, PlaneMember
 from meshplane.publisher import EventPublisher
 from meshplane.subscriber import EventSubscriber
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NatsClient
 
     from meshplane.mesh.client import MeshClient
+    from meshplane.plane_metrics import MetricsEndpoint
 
 log = logging.getLogger(__name__)
 _MAX_ZMQ_SOCKETS = 65_536
@@ -73,6 +75,23 @@ class EventPlane:
             self.subscriber, self._check_publishers, retry_every=config.heartbeat_period or 1.0
         )
         self._closed = False
+        self._metrics: MetricsEndpoint | None = None
+        if config.metrics_port is not None:
+            from meshplane.plane_metrics import MetricsEndpoint
+
+            self._metrics = MetricsEndpoint(
+                self, config.metrics_host, config.metrics_port, config.metrics_publishers
+            )
+
+    @property
+    def members(self) -> list[EventPublisher | EventSubscriber]:
+        """The plane's open publishers and subscribers."""
+        return list(self._members)
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where this plane serves its Prometheus metrics (MESHPLANE_METRICS_PORT), if it does."""
+        return self._metrics.url if self._metrics is not None else None
 
     async def __aenter__(self) -> EventPlane:
         return self
@@ -151,17 +170,44 @@ class EventPlane:
             self._brokers = directory
         return self._brokers
 
-    async def publisher(self, scope: Scope, topic: str) -> EventPublisher:
-        """A publisher of ``topic`` in ``scope``, registered in discovery (where the transport registers)."""
+    async def publisher(self, scope: Scope, topic: str, *, name: str | None = None) -> EventPublisher:
+        """A publisher of ``topic`` in ``scope``, registered in discovery (where the transport registers).
+
+        ``name`` names this publisher instance (default: MESHPLANE_PUBLISHER_ID, else the host name; a
+        second publisher of the same scope and topic in this plane gets ``#1`` after it, and so on): with
+        the scope and topic it makes the publisher's stable identity, so a restarted publisher sends
+        through the same brokers.
+        """
         self._check_open()
         validate_name("topic", topic)
+        name = self._publisher_name(scope, topic, name)
+        identity = publisher_identity(name, scope, topic)
         publisher_id = new_instance_id()
-        transport = await create_publisher_transport(self, scope, topic, publisher_id)
+        transport = await create_publisher_transport(self, scope, topic, publisher_id, identity)
         async with _closed_on_failure(transport):
-            publisher = EventPublisher(scope, topic, publisher_id, transport, self._membership)
+            publisher = EventPublisher(
+                scope, topic, publisher_id, transport, self._membership, name=name, identity=identity
+            )
             await publisher._start()
         self._adopt(publisher)
         return publisher
+
+    def _publisher_name(self, scope: Scope, topic: str, name: str | None) -> str:
+        if name is not None:
+            if not name.strip():
+                raise ConfigError("a publisher's name must not be blank")
+            return name
+        base = self.config.publisher_name or socket.gethostname()
+        taken = {
+            m.name
+            for m in self._members
+            if isinstance(m, EventPublisher) and (m.scope, m.topic) == (scope, topic)
+        }
+        candidate, n = base, 0
+        while candidate in taken:  # the lowest free ordinal: the same after a restart of the same program
+            n += 1
+            candidate = f"{base}#{n}"
+        return candidate
 
     async def subscriber(self, scope: Scope, topic: str) -> EventSubscriber:
         """A subscriber of ``topic`` in ``scope``, connected to every publisher discovery knows."""
@@ -181,8 +227,9 @@ class EventPlane:
 
         ``callback(item)`` may be a plain function or a coroutine function; ``item`` is an
         :class:`EventEnvelope`, a notice (:class:`EventTimeout`, :class:`PublisherRecovered`,
-        :class:`EventGap`) or a :class:`MeshplaneError`. Calls never overlap, may subscribe or
-        unsubscribe themselves, and stop before :meth:`unsubscribe_event` returns.
+        :class:`EventGap`, :class:`JoinedLate`, :class:`PublisherLeft`) or a :class:`MeshplaneError`.
+        Calls never overlap, may subscribe or unsubscribe themselves, and stop before
+        :meth:`unsubscribe_event` returns.
 
         ``stateless=False`` fails at once (:class:`SubscriptionError`) when discovery is unreachable or
         no publisher is registered; ``stateless=True`` always succeeds and connects when it can,
@@ -240,6 +287,8 @@ class EventPlane:
             except Exception as exc:
                 log.warning("closing %r failed: %s", member, exc)
         self._closed = True
+        if self._metrics is not None:
+            self._metrics.close()
         if self._heartbeats is not None:
             self._heartbeats.cancel()
             with contextlib.suppress(asyncio.CancelledError):

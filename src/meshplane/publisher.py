@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from time import time_ns
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from meshplane.core.envelope import EventEnvelope
+from meshplane.core.heads import encode_news
 from meshplane.core.names import Scope
 from meshplane.core.records import EventChannel
 from meshplane.discovery import Discovery
@@ -30,7 +32,10 @@ class EventPublisher(PlaneMember):
     """Publishes events on ``topic`` in ``scope``.
 
     ``await EventPublisher.create(scope, topic)`` binds or connects the transport and registers the
-    publisher in discovery; ``close()`` (or leaving ``async with``) unregisters it.
+    publisher in discovery; ``close()`` (or leaving ``async with``) says goodbye to its subscribers (a
+    final heartbeat with its next sequence) and unregisters it. ``name`` is its instance name and
+    ``identity`` the stable number made of it, the scope and the topic (broker mode picks brokers by it);
+    ``publisher_id`` is new each life.
     """
 
     def __init__(
@@ -40,11 +45,16 @@ class EventPublisher(PlaneMember):
         publisher_id: int,
         transport: PublisherTransport,
         membership: Membership,
+        name: str = "",
+        identity: int | None = None,
     ) -> None:
         super().__init__(membership)
         self.scope = scope
         self.topic = topic
         self.publisher_id = publisher_id
+        self.name = name
+        self.identity = publisher_id if identity is None else identity
+        self._born = time.monotonic()  # heartbeats tell the age: subscribers judge what they missed by it
         self._transport = transport
         self._max_bytes = membership.config.max_message_bytes
         self._sequence = 0  # the next sequence to take
@@ -62,7 +72,7 @@ class EventPublisher(PlaneMember):
         self.channel = EventChannel(scope, topic, publisher_id, *registration) if registration else None
 
     @classmethod
-    def _made_by(cls, plane: EventPlane) -> Callable[[Scope, str], Awaitable[EventPublisher]]:
+    def _made_by(cls, plane: EventPlane) -> Callable[..., Awaitable[EventPublisher]]:
         return plane.publisher
 
     async def _start(self) -> None:
@@ -220,15 +230,25 @@ class EventPublisher(PlaneMember):
     async def send_heartbeat(self) -> None:
         """Tell subscribers this publisher is alive and which sequence comes next (the plane calls this)."""
         if not self._closed:
-            now_ms = time_ns() // 1_000_000
-            next_sequence = self._sequence if self._unsent is None else self._unsent
-            await self._transport.send_heartbeat(
-                EventEnvelope(self.publisher_id, next_sequence, now_ms, self.topic, b"")
-            )
+            await self._heartbeat(final=False)
+
+    async def _heartbeat(self, final: bool) -> None:
+        now_ms = time_ns() // 1_000_000
+        next_sequence = self._sequence if self._unsent is None else self._unsent
+        news = encode_news(int((time.monotonic() - self._born) * 1000), final)
+        await self._transport.send_heartbeat(
+            EventEnvelope(self.publisher_id, next_sequence, now_ms, self.topic, news)
+        )
 
     async def flush(self, timeout: float = 5.0) -> None:
         """Wait until everything published so far has been handed to the network."""
         await self._transport.flush(timeout)
+
+    @property
+    def unrouted(self) -> int:
+        """Events sent while no subscriber could receive them, where the transport can tell: ZeroMQ
+        drops them in this publisher's socket (in broker mode: the hop to the brokers)."""
+        return self._transport.unrouted
 
     @property
     def subscriber_count(self) -> int | None:
@@ -264,6 +284,12 @@ class EventPublisher(PlaneMember):
             if not (turn := self._turns.popleft()).done():
                 turn.set_result(None)
         self._leave_plane()
+        try:
+            # Goodbye, behind every event: subscribers report what of the tail did not reach them, and
+            # a leave instead of a timeout (broker mode registers no record whose removal would say so).
+            await self._heartbeat(final=True)
+        except Exception as exc:  # a broken transport: subscribers will time out instead
+            log.warning("publisher %x: goodbye failed: %s", self.publisher_id, exc)
         try:
             if self._registered_in is not None and self.channel is not None:
                 await self._registered_in.unregister(self.channel.key)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, cast
 
 from meshplane.aio import cancel_and_wait
 from meshplane.core.envelope import EventEnvelope
+from meshplane.core.heads import JoinedLate, PublisherLeft
 from meshplane.core.intake import Intake, Notice, Outcome
 from meshplane.core.liveness import EventTimeout, LivenessTracker, PublisherRecovered
 from meshplane.core.names import Scope
@@ -50,7 +51,11 @@ class SubscriberStats:
     publishers_discovered: int = 0
     publishers_heard: int = 0  # publishers that sent an event or heartbeat and have not left or timed out
     invalid_records: int = 0
-    dropped_slow: int = 0
+    dropped_slow: int = 0  # dropped before the subscriber saw them, all reasons (``drops`` says which)
+    drops: Counter[str] = field(default_factory=Counter)  # by reason: slow_consumer, queue_full
+    joined_late: int = 0  # events publishers sent before this subscriber joined (not lost: not in gaps)
+    publishers_left: int = 0  # publishers that said goodbye (closed cleanly)
+    after_leave: int = 0  # copies that came after their publisher's goodbye (other brokers), dropped
 
     @property
     def malformed_total(self) -> int:
@@ -80,6 +85,7 @@ class EventSubscriber(PlaneMember):
             {topic.encode(), scope.subject(topic).encode()},
             liveness_timeout=config.liveness_timeout if config.heartbeat_period else None,
             reorder_window=config.reorder_window,
+            subscribed_at=time.monotonic(),
         )
         self._liveness_task: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[Notice], None]] = []
@@ -92,7 +98,7 @@ class EventSubscriber(PlaneMember):
         self._closed = False
 
     @classmethod
-    def _made_by(cls, plane: EventPlane) -> Callable[[Scope, str], Awaitable[EventSubscriber]]:
+    def _made_by(cls, plane: EventPlane) -> Callable[..., Awaitable[EventSubscriber]]:
         return plane.subscriber
 
     async def _start(self) -> None:
@@ -156,8 +162,9 @@ class EventSubscriber(PlaneMember):
                         log.info(
                             "publisher %x of %s/%s left", event.channel.instance_id, self.scope, self.topic
                         )
+                        # Its connection lingers until its goodbye or a second (ZeroMQ); its sequence is
+                        # forgotten then, or when liveness finds it silent: its tail is still judged.
                         self._transport.remove_publisher(event.channel)
-                        self._intake.forget(event.channel.instance_id)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -188,7 +195,11 @@ class EventSubscriber(PlaneMember):
         if intake.liveness is not None:
             s.publishers_heard = intake.liveness.tracked - len(intake.liveness.timed_out)
         s.invalid_records = self._watch.invalid if self._watch is not None else 0
-        s.dropped_slow = getattr(self._transport, "dropped", 0)
+        s.drops = Counter(self._transport.drops)
+        s.dropped_slow = s.drops.total()
+        heads = intake.heads
+        s.joined_late = heads.joined_late if heads is not None else 0
+        s.publishers_left, s.after_leave = intake.left, intake.after_leave
         s.duplicates_dropped = self._transport.duplicates_dropped
         s.reordered = intake.reorderer.reordered
         if intake.liveness is not None:
@@ -236,9 +247,31 @@ class EventSubscriber(PlaneMember):
         with contextlib.suppress(ValueError):
             self._listeners.remove(listener)
 
+    def publisher_counts(self, top: int) -> list[tuple[int, list[int]]]:
+        """Events, gaps, missing and duplicates of the ``top`` publishers with the most events, then
+        everyone else's summed under id -1 (:class:`meshplane.core.tally.Count` orders a row)."""
+        return self._intake.tally.top(top)
+
     def _notify(self, notice: Notice) -> None:
         self.recent_notices.append(notice)
-        if isinstance(notice, EventTimeout):
+        if isinstance(notice, PublisherLeft):
+            log.info(
+                "publisher %x of %s/%s left after event %d",
+                notice.publisher_id,
+                self.scope,
+                self.topic,
+                notice.next_sequence - 1,
+            )
+            self._transport.publisher_left(notice.publisher_id)  # nothing more comes from it
+        elif isinstance(notice, JoinedLate):
+            log.info(
+                "publisher %x of %s/%s began before this subscriber: its events 0..%d were not for it",
+                notice.publisher_id,
+                self.scope,
+                self.topic,
+                notice.first_sequence - 1,
+            )
+        elif isinstance(notice, EventTimeout):
             log.warning(
                 "publisher %x of %s/%s silent for %.1fs: timed out",
                 notice.publisher_id,

@@ -163,7 +163,7 @@ async def test_fanout_sends_each_publisher_through_its_rendezvous_brokers(
     stats = [query_stats(b.stats_endpoint) for b in two_brokers]
     # The C relay counts frames: a Dynamo-layout event is 4 of them.
     per_broker = [s["messages_in"] if s["relay"] == "python" else s["frames_in"] // 4 for s in stats]
-    assert sum(per_broker) == 20
+    assert sum(per_broker) == 40  # each publisher's event and its goodbye (a final heartbeat), on closing
     assert all(n > 0 for n in per_broker), per_broker  # rendezvous hashing spreads the publishers
 
 
@@ -349,3 +349,68 @@ def test_broker_cli_serves_stats_and_stops_cleanly_on_sigterm(tmp_path: Path) ->
     assert proc.returncode == 0
     assert "broker stopped" in err
     assert list((tmp_path / "kv" / "v1" / "event_brokers").iterdir()) == []  # unregistered on the way out
+
+
+async def test_a_named_publisher_keeps_its_brokers_across_restarts(
+    two_brokers: list[BrokerProcess], tmp_path: Path
+) -> None:
+    """Seed 000's stable HRW hash: five lives of a publisher named by MESHPLANE_PUBLISHER_ID (a new plane,
+    as a restarted process makes, and a new per-life publisher_id each) all send through one broker."""
+    config = PlaneConfig.from_env(
+        {"MESHPLANE_PUBLISHER_ID": "worker-7"},
+        event_plane="zmq",
+        discovery_backend="file",
+        file_kv=tmp_path / "kv",
+        zmq_brokers=tuple(b.address for b in two_brokers),
+        broker_fanout=1,
+    )
+    scope = Scope.namespace(f"hrw{uuid.uuid4().hex[:6]}")
+    before = [query_stats(b.stats_endpoint) for b in two_brokers]
+    ids = set()
+    async with EventPlane(config) as sub_plane:
+        sub = await sub_plane.subscriber(scope, "t")
+        for _ in range(5):
+            async with EventPlane(config) as plane:
+                pub = await plane.publisher(scope, "t")
+                ids.add(pub.publisher_id)
+                await pub.wait_for_subscribers(1, timeout=10)
+                await pub.publish(b"x")
+                assert (await sub.next(10)).publisher_id == pub.publisher_id
+    assert len(ids) == 5  # (publisher_id, sequence) never repeats: deduplicating subscribers stay right
+    after = [query_stats(b.stats_endpoint) for b in two_brokers]
+    # The C relay counts frames: an event is 4 of them, a heartbeat (each life's goodbye) 4 more.
+    used = [
+        (a["messages_in"] - b["messages_in"])
+        if a["relay"] == "python"
+        else (a["frames_in"] - b["frames_in"]) // 4
+        for a, b in zip(after, before, strict=True)
+    ]
+    assert sorted(used)[0] == 0, used  # all five lives through the same broker
+    assert sorted(used)[1] >= 5, used
+
+
+async def test_publisher_names_default_to_the_host_and_count_up_within_a_plane(tmp_path: Path) -> None:
+    import socket
+
+    from meshplane import EventPublisher
+    from meshplane.core.records import publisher_identity
+
+    scope = Scope.namespace(f"names{uuid.uuid4().hex[:6]}")
+    config = make_config("mem", "mem", tmp_path, None, None)
+    async with EventPlane(config) as plane:
+        first, second = await plane.publisher(scope, "t"), await plane.publisher(scope, "t")
+        other_topic = await plane.publisher(scope, "u")
+        named = await EventPublisher.create(scope, "t", plane=plane, name="worker-7")
+        host = socket.gethostname()
+        assert [first.name, second.name, other_topic.name, named.name] == [
+            host,
+            f"{host}#1",
+            host,
+            "worker-7",
+        ]
+        assert named.identity == publisher_identity("worker-7", scope, "t")
+        assert len({first.identity, second.identity, other_topic.identity}) == 3
+        await first.close()
+        assert (await plane.publisher(scope, "t")).name == host  # the lowest free ordinal, as after a restart
+    async with EventPlane(config.replace(publisher_name="svc-a")) as plane:
+        assert [(await plane.publisher(scope, "t")).name for _ in range(2)] == ["svc-a", "svc-a#1"]

@@ -112,3 +112,36 @@ def test_broker_records():
     for bad in (b"nope", b"{}", b'{"type":"ZmqBroker","xsub":"x","xpub":"tcp://a:1"}'):
         with pytest.raises(InvalidDiscoveryRecord):
             parse_broker_record(bad)
+
+
+# --- a publisher's stable identity (HRW across restarts) -----------------------------------------------
+
+
+@given(st.text(min_size=1, max_size=30), st.text(alphabet="abcxyz-_", min_size=1, max_size=10))
+def test_a_publishers_identity_is_stable_below_2_53_and_picks_the_same_brokers(name: str, topic: str) -> None:
+    from meshplane.core.names import Scope
+    from meshplane.core.records import publisher_identity
+
+    scope = Scope.endpoint("ns", "worker", "generate")
+    identity = publisher_identity(name, scope, topic)
+    assert 0 < identity < 2**53  # JSON keeps it exact, as Dynamo's ids
+    assert publisher_identity(name, scope, topic) == identity  # every life, every process
+    assert select_brokers(publisher_identity(name, scope, topic), BROKERS, 2) == select_brokers(
+        identity, BROKERS, 2
+    )
+
+
+def test_identities_differ_by_name_scope_and_topic_and_spread_over_brokers() -> None:
+    from meshplane.core.names import Scope
+    from meshplane.core.records import publisher_identity
+
+    a, b = Scope.endpoint("ns", "worker", "generate"), Scope.component("ns", "worker")
+    ids = {
+        publisher_identity("host-1", a, "kv"),
+        publisher_identity("host-2", a, "kv"),
+        publisher_identity("host-1", b, "kv"),
+        publisher_identity("host-1", a, "kv-events"),
+    }
+    assert len(ids) == 4
+    chosen = {select_brokers(publisher_identity(f"worker-{i}", a, "kv"), BROKERS, 1)[0] for i in range(50)}
+    assert len(chosen) == len(BROKERS)  # named publishers still spread over every broker

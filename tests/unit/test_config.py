@@ -75,3 +75,19 @@ def test_bad_values_name_the_variable(env, message):
 def test_send_when_full_is_read_in_any_case():
     assert PlaneConfig.from_env({}).send_when_full == "drop"
     assert PlaneConfig.from_env({"MESHPLANE_SEND_WHEN_FULL": "WAIT"}).send_when_full == "wait"
+
+
+def test_publisher_id_and_metrics_are_read_and_checked():
+    config = PlaneConfig.from_env(
+        {
+            "MESHPLANE_PUBLISHER_ID": "worker-7",
+            "MESHPLANE_METRICS_PORT": "9464",
+            "MESHPLANE_METRICS_PUBLISHERS": "5",
+        }
+    )
+    assert (config.publisher_name, config.metrics_port, config.metrics_publishers) == ("worker-7", 9464, 5)
+    assert PlaneConfig.from_env({}).metrics_port is None  # no endpoint unless asked for
+    with pytest.raises(ConfigError, match="MESHPLANE_METRICS_PORT"):
+        PlaneConfig.from_env({"MESHPLANE_METRICS_PORT": "70000"})
+    with pytest.raises(ConfigError, match="MESHPLANE_PUBLISHER_ID"):
+        PlaneConfig(publisher_name="  ")

@@ -139,6 +139,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "event plane",
         (
             "meshplane.plane",
+            "meshplane.plane_metrics",
             "meshplane.publisher",
             "meshplane.subscriber",
             "meshplane.membership",

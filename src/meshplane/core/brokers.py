@@ -55,12 +55,13 @@ def parse_broker_url(text: str) -> tuple[BrokerAddress, ...]:
     return tuple(BrokerAddress(s, p) for s, p in zip(xsubs, xpubs, strict=True))
 
 
-def rendezvous_score(publisher_id: int, broker: BrokerAddress) -> int:
-    digest = hashlib.blake2b(f"{publisher_id:x}|{broker.key}".encode(), digest_size=8).digest()
+def rendezvous_score(identity: int, broker: BrokerAddress) -> int:
+    """``identity``: the publisher's stable identity (``publisher_identity``), not its per-life id."""
+    digest = hashlib.blake2b(f"{identity:x}|{broker.key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
 
 
-def select_brokers(publisher_id: int, brokers: list[BrokerAddress], k: int) -> list[BrokerAddress]:
+def select_brokers(identity: int, brokers: list[BrokerAddress], k: int) -> list[BrokerAddress]:
     """The ``k`` brokers with the highest rendezvous score for this publisher (all when ``k <= 0``).
 
     Every process computes the same choice, and removing a broker only moves the publishers that had
@@ -68,7 +69,7 @@ def select_brokers(publisher_id: int, brokers: list[BrokerAddress], k: int) -> l
     """
     if k <= 0 or k >= len(brokers):
         return sorted(brokers, key=lambda b: b.key)
-    return sorted(brokers, key=lambda b: rendezvous_score(publisher_id, b), reverse=True)[:k]
+    return sorted(brokers, key=lambda b: rendezvous_score(identity, b), reverse=True)[:k]
 
 
 def broker_record(instance_id: int, address: BrokerAddress, stats: str | None = None) -> bytes:

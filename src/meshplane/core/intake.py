@@ -8,20 +8,24 @@ over (:attr:`Intake.deadline` says when). No clock, no I/O: the asyncio subscrib
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from meshplane.core.envelope import EventEnvelope
 from meshplane.core.framing import Frame, MessageType
+from meshplane.core.heads import HeadTracker, JoinedLate, PublisherLeft, decode_news
 from meshplane.core.liveness import EventTimeout, LivenessTracker, PublisherRecovered
 from meshplane.core.sequence import Arrival, EventGap, Reorderer, SequenceTracker
+from meshplane.core.tally import Count, PublisherTally
 from meshplane.errors import WireError
 
 _EVENT = MessageType.EVENT
 
-#: What a subscriber reports besides events: a publisher timed out, came back, or events went missing.
-Notice = EventTimeout | PublisherRecovered | EventGap
+#: What a subscriber reports besides events: a publisher timed out, came back or left, events went
+#: missing, or were sent before the subscriber joined.
+Notice = EventTimeout | PublisherRecovered | EventGap | JoinedLate | PublisherLeft
+LEFT_REMEMBERED = 10_000
 
 
 @dataclass
@@ -37,7 +41,11 @@ class Intake:
     """Arrivals of one topic from every publisher: each event delivered once, in each publisher's order.
 
     ``paths`` (given with each step) is how many routes an event can take (brokers); above 1, events
-    that overtook a missing one wait for it up to ``reorder_window`` seconds.
+    that overtook a missing one wait for it up to ``reorder_window`` seconds. ``subscribed_at`` (the
+    clock of ``now``) is when the subscriber began: a publisher first heard of past its sequence 0 is
+    reported, once its heartbeat tells its age, as a gap from 0 if it began later, else as
+    :class:`JoinedLate` (None: heads are not judged). A publisher's final heartbeat reports its lost
+    tail, then :class:`PublisherLeft`; copies arriving after it (other brokers) are dropped.
     """
 
     def __init__(
@@ -47,12 +55,18 @@ class Intake:
         *,
         liveness_timeout: float | None,
         reorder_window: float,
+        subscribed_at: float | None = None,
     ) -> None:
         self.topic = topic
         self.routing_topics = frozenset(routing_topics)
         self.tracker = SequenceTracker()
         self.reorderer: Reorderer[EventEnvelope | Frame] = Reorderer(reorder_window)
         self.liveness = LivenessTracker(liveness_timeout) if liveness_timeout else None
+        self.heads = HeadTracker(subscribed_at) if subscribed_at is not None else None
+        self.tally = PublisherTally()
+        self._left: OrderedDict[int, None] = OrderedDict()  # publishers that said goodbye, newest last
+        self.left = 0
+        self.after_leave = 0  # copies of events or heartbeats that came after their publisher's goodbye
         self.received = 0
         self.filtered = 0  # right prefix, wrong topic (ZeroMQ prefix matching)
         self.heartbeats = 0
@@ -73,7 +87,9 @@ class Intake:
         append = admitted.append
         liveness = self.liveness
         topic = self.topic
+        left = self._left
         last_alive = None
+        gone = False
         for item in batch:
             if isinstance(item, EventEnvelope):
                 envelope = item
@@ -92,16 +108,23 @@ class Intake:
                     continue
                 if item.message_type is _EVENT:
                     item = envelope
-            if liveness is not None and envelope.publisher_id != last_alive:
+            if envelope.publisher_id != last_alive:
                 # once per run of one publisher: the batch shares its `now`
                 last_alive = envelope.publisher_id
-                recovered = liveness.seen(last_alive, now)
-                if recovered is not None:
-                    out.notices.append(recovered)
+                gone = bool(left) and last_alive in left
+                if liveness is not None and not gone:
+                    recovered = liveness.seen(last_alive, now)
+                    if recovered is not None:
+                        out.notices.append(recovered)
+            if gone:
+                self.after_leave += 1
+                continue
+            if item is not envelope and envelope.payload and not self._aged(envelope, now, out):
+                continue  # a heartbeat whose news is malformed: counted, dropped
             append(item)
         if paths > 1 or self.reorderer.deadline is not None:
             admitted = self._reorder(admitted, now, paths)
-        self._sequence(admitted, out)
+        self._sequence(admitted, out, now)
         return out
 
     def accept_run(
@@ -119,6 +142,7 @@ class Intake:
             out.notices.append(recovered)
         self.received += len(envelopes)
         tracker.settle(publisher_id, first + len(envelopes) - 1)
+        self.tally.add(publisher_id, Count.EVENTS, len(envelopes))
         return out
 
     def tick(self, now: float, paths: int = 1) -> Outcome:
@@ -131,8 +155,11 @@ class Intake:
     def forget(self, publisher_id: int) -> None:
         """A publisher left (its record is gone): its sequence and signs of life are no longer expected."""
         self.tracker.forget(publisher_id)
+        self.tally.fold(publisher_id)
         if self.liveness is not None:
             self.liveness.forget(publisher_id)
+        if self.heads is not None:
+            self.heads.forget(publisher_id)
 
     def _reorder(
         self, admitted: list[EventEnvelope | Frame], now: float, paths: int
@@ -151,8 +178,8 @@ class Intake:
             out.extend(reorderer.expire(now if paths > 1 else float("inf")))
         return out
 
-    def _sequence(self, admitted: list[EventEnvelope | Frame], out: Outcome) -> None:
-        tracker = self.tracker
+    def _sequence(self, admitted: list[EventEnvelope | Frame], out: Outcome, now: float) -> None:
+        tracker, tally, heads, left = self.tracker, self.tally, self.heads, self._left
         delivered = out.envelopes
         # Most of a batch is runs of one publisher's next events: those skip the tracker, which
         # learns where a run ended before it sees anything else.
@@ -166,25 +193,80 @@ class Intake:
                 if run_publisher != -1:
                     self.received += run_next - run_start
                     tracker.settle(run_publisher, run_next - 1)
+                    tally.add(run_publisher, Count.EVENTS, run_next - run_start)
                     run_publisher = -1
+                if left and item.publisher_id in left:  # behind its goodbye in this very batch
+                    self.after_leave += 1
+                    continue
                 observation = tracker.observe(item.publisher_id, item.sequence)
                 if observation.arrival is not Arrival.DUPLICATE:  # a duplicate is counted by the tracker
                     delivered.append(item)
                     run_publisher, run_start = item.publisher_id, item.sequence
                     run_next = run_start + 1
+                else:
+                    tally.add(item.publisher_id, Count.DUPLICATES)
                 envelope = item
             else:
                 if run_publisher != -1:
                     self.received += run_next - run_start
                     tracker.settle(run_publisher, run_next - 1)
+                    tally.add(run_publisher, Count.EVENTS, run_next - run_start)
                     run_publisher = -1
                 envelope = item.envelope
+                if left and envelope.publisher_id in left:
+                    self.after_leave += 1
+                    continue
                 self.heartbeats += 1
                 observation = tracker.expect(envelope.publisher_id, envelope.sequence)
             if observation.arrival is Arrival.GAP:
-                out.notices.append(
-                    EventGap(envelope.publisher_id, observation.missing_from, observation.missing_to)
-                )
+                gap = EventGap(envelope.publisher_id, observation.missing_from, observation.missing_to)
+                self._gap(out, gap)
+            elif observation.arrival is Arrival.FIRST and heads is not None:
+                self._head(heads.first(envelope.publisher_id, envelope.sequence), out)
+            if not isinstance(item, EventEnvelope) and item.envelope.payload:
+                self._heard(envelope, out)
         if run_publisher != -1:
             self.received += run_next - run_start
             tracker.settle(run_publisher, run_next - 1)
+            tally.add(run_publisher, Count.EVENTS, run_next - run_start)
+
+    def _gap(self, out: Outcome, gap: EventGap) -> None:
+        out.notices.append(gap)
+        self.tally.add(gap.publisher_id, Count.GAPS)
+        self.tally.add(gap.publisher_id, Count.MISSING, gap.missing)
+
+    def _head(self, head: EventGap | JoinedLate | None, out: Outcome) -> None:
+        if isinstance(head, EventGap):
+            self.tracker.gaps += 1
+            self.tracker.missing += head.missing
+            self._gap(out, head)
+        elif head is not None:
+            out.notices.append(head)
+
+    def _aged(self, heartbeat: EventEnvelope, now: float, out: Outcome) -> bool:
+        """A heartbeat's news as it arrives (False: malformed). Its age is taken now: a heartbeat
+        processed later (behind events held for reordering) would make its publisher look younger."""
+        try:
+            news = decode_news(heartbeat.payload)
+        except WireError as exc:
+            if not self.malformed[exc.reason]:
+                out.new_errors.append(exc)
+            self.malformed[exc.reason] += 1
+            return False
+        heads = self.heads
+        if news.uptime_ms is not None and heads is not None:
+            publisher_id = heartbeat.publisher_id
+            if not self.tracker.knows(publisher_id) or heads.is_pending(publisher_id):
+                self._head(heads.started(publisher_id, now - news.uptime_ms / 1000), out)
+        return True
+
+    def _heard(self, heartbeat: EventEnvelope, out: Outcome) -> None:
+        """A final heartbeat, in its place after the events: the publisher left."""
+        if decode_news(heartbeat.payload).final:  # checked on arrival (_aged)
+            publisher_id = heartbeat.publisher_id
+            out.notices.append(PublisherLeft(publisher_id, heartbeat.sequence))
+            self.forget(publisher_id)
+            self.left += 1
+            self._left[publisher_id] = None
+            if len(self._left) > LEFT_REMEMBERED:
+                self._left.popitem(last=False)

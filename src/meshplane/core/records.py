@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from dataclasses import dataclass, field
@@ -23,6 +24,16 @@ TRANSPORT_MEMORY = "Memory"  # in-process (meshplane only; Dynamo has no such tr
 def new_instance_id() -> int:
     """A random non-zero id below 2**53 (JSON keeps it exact): publishers, subscribers, brokers."""
     return secrets.randbits(53) or 1
+
+
+def publisher_identity(name: str, scope: Scope, topic: str) -> int:
+    """A publisher's stable identity: the same non-zero number below 2**53 for the same instance
+    ``name``, scope and topic in every process and every life, so rendezvous hashing picks the same
+    brokers after a restart. (The envelope's ``publisher_id`` stays new each life: ``(publisher_id,
+    sequence)`` must never repeat, or deduplicating subscribers, Dynamo's among them, drop a new life's
+    events as copies of the old one's.)"""
+    digest = hashlib.blake2b(f"{name}|{scope}|{topic}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") & (2**53 - 1)) or 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,6 +100,10 @@ class SequenceTracker:
         self.duplicates += 1
         return _DUPLICATE
 
+    def knows(self, publisher_id: int) -> bool:
+        """Whether ``publisher_id`` has been heard of (and not forgotten)."""
+        return publisher_id in self._last or publisher_id in self._older
+
     def continues(self, publisher_id: int, sequence: int) -> bool:
         """Whether ``sequence`` is the very next event of a publisher in the newer generation."""
         return self._last.get(publisher_id, -2) == sequence - 1

@@ -37,8 +37,10 @@ class Resources(Protocol):
 
 
 async def create_publisher_transport(
-    shared: Resources, scope: Scope, topic: str, publisher_id: int
+    shared: Resources, scope: Scope, topic: str, publisher_id: int, identity: int | None = None
 ) -> PublisherTransport:
+    """``identity``: the publisher's stable identity, on which broker mode picks its brokers
+    (``publisher_id`` when None)."""
     validate_name("topic", topic)
     cfg = shared.config
     transport: PublisherTransport
@@ -57,6 +59,7 @@ async def create_publisher_transport(
             shared.curve,
             wait_when_full=cfg.send_when_full == "wait",
             envelope_topic=topic,
+            identity=publisher_id if identity is None else identity,
         )
     elif cfg.event_plane == "mem":
         from meshplane.transports.memory import MemoryPublisherTransport

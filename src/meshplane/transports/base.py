@@ -30,6 +30,9 @@ class PublisherTransport(abc.ABC):
     #: (``payloads[i]`` as sequence ``first_sequence + i``) until one is refused with nothing of it sent,
     #: and returns ``(sent, errno)``; ``publish_many`` sends the refused one by the envelope path.
     send_payloads: Callable[[int, list[bytes], int], tuple[int, int]] | None = None
+    #: Events sent while no subscriber could receive them, where the transport can tell (ZeroMQ drops
+    #: them in the socket: the slow joiner, or in broker mode the hop to the brokers).
+    unrouted = 0
 
     @abc.abstractmethod
     async def start(self) -> None: ...
@@ -85,6 +88,15 @@ class SubscriberTransport(abc.ABC):
 
     def remove_publisher(self, channel: EventChannel) -> None:
         """A publisher left discovery."""
+
+    def publisher_left(self, publisher_id: int) -> None:
+        """A publisher said goodbye: nothing more comes from it (a connection per publisher can close)."""
+
+    @property
+    def drops(self) -> dict[str, int]:
+        """Messages dropped before the subscriber saw them, by reason (``queue_full``: its own bounded
+        queue; ``slow_consumer``: the client library's)."""
+        return {}
 
     def reconnect_publisher(self, publisher_id: int) -> None:
         """A publisher went silent: connect to it afresh (transports with a connection per publisher)."""

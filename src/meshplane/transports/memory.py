@@ -66,8 +66,8 @@ class MemorySubscriberTransport(SubscriberTransport):
         self._open = False
 
     @property
-    def dropped(self) -> int:
-        return self._inbox.dropped
+    def drops(self) -> dict[str, int]:
+        return {"queue_full": self._inbox.dropped}
 
     def deliver(self, data: bytes) -> None:
         self._inbox.put(data)

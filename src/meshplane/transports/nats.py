@@ -6,10 +6,13 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.errors import SlowConsumerError
 
 from meshplane.aio import cancel_and_wait
 from meshplane.core.envelope import Codec
@@ -23,6 +26,37 @@ from meshplane.transports.subjects import SubjectPublisher, SubjectSubscriber
 log = logging.getLogger(__name__)
 
 
+class SlowConsumers:
+    """Where nats-py's slow-consumer errors go: nats-py drops a message a subscription has no room
+    for and tells only the connection's error callback; this counts each drop for its subscription."""
+
+    def __init__(self) -> None:
+        self._counters: dict[int, Callable[[], None]] = {}
+        self.total = 0
+
+    def register(self, sid: int, count: Callable[[], None]) -> None:
+        self._counters[sid] = count
+
+    def unregister(self, sid: int) -> None:
+        self._counters.pop(sid, None)
+
+    def dropped(self, sid: int) -> int:
+        """Count one drop of subscription ``sid``; returns the connection's drops so far."""
+        count = self._counters.get(sid)
+        if count is not None:
+            count()
+        self.total += 1
+        return self.total
+
+
+_SLOW_CONSUMERS: weakref.WeakKeyDictionary[NatsClient, SlowConsumers] = weakref.WeakKeyDictionary()
+
+
+def slow_consumers(client: NatsClient) -> SlowConsumers:
+    """The slow-consumer counters of ``client`` (made by :func:`connect_nats`, or made now)."""
+    return _SLOW_CONSUMERS.setdefault(client, SlowConsumers())
+
+
 async def connect_nats(
     url: str, timeout: float, name: str = "meshplane", tls: ssl.SSLContext | None = None
 ) -> NatsClient:
@@ -31,10 +65,16 @@ async def connect_nats(
     ``tls``: a TLS context (a tls:// URL alone uses the system's CAs)."""
     safe_url = redact_url(url)
     client = NatsClient()
+    slow = slow_consumers(client)
     refused: list[Exception] = []
     failures: list[Exception] = []  # before the first connection: said once, in the error raised
 
     async def on_error(exc: Exception) -> None:
+        if isinstance(exc, SlowConsumerError):  # one per dropped message: counted, logged once in a while
+            drops = slow.dropped(exc.sid)
+            if drops == 1 or drops % 10_000 == 0:
+                log.warning("NATS %s: %d messages dropped for slow consumers (%s)", safe_url, drops, exc)
+            return
         if "authorization" in str(exc).lower() or "authentication" in str(exc).lower():
             refused.append(exc)
         if client.is_connected or client.is_reconnecting:
@@ -150,10 +190,19 @@ class NatsSubscriberTransport(SubjectSubscriber):
         self._pending_limit = pending_limit
         self._subs: list[Any] = []
         self._drains: list[asyncio.Task[None]] = []
+        self._slow_consumers = slow_consumers(client)
+        self.slow_dropped = 0  # messages nats-py dropped for want of room in a subscription's queue
 
     @property
     def subscribed(self) -> bool:
         return bool(self._subs)
+
+    @property
+    def drops(self) -> dict[str, int]:
+        return {**super().drops, "slow_consumer": self.slow_dropped}
+
+    def _count_slow(self) -> None:
+        self.slow_dropped += 1
 
     @property
     def drains_in_bulk(self) -> bool:
@@ -190,12 +239,14 @@ class NatsSubscriberTransport(SubjectSubscriber):
                     asyncio.create_task(self._drain(subscription, queue), name=f"meshplane-nats-{subject}")
                 )
             self._subs.append(subscription)
+            self._slow_consumers.register(subscription._id, self._count_slow)
         # Once the server has the subscription, nothing published afterwards is missed.
         await flush_in_order(self._client, 10)
 
     async def close(self) -> None:
         subs, self._subs = self._subs, []
         for sub in subs:
+            self._slow_consumers.unregister(sub._id)
             try:
                 await sub.unsubscribe()
             except Exception as exc:

@@ -58,8 +58,8 @@ class SubjectSubscriber(SubscriberTransport):
         return self._subject, self._subject + HEARTBEAT_SUFFIX
 
     @property
-    def dropped(self) -> int:
-        return self._inbox.dropped
+    def drops(self) -> dict[str, int]:
+        return {"queue_full": self._inbox.dropped}
 
     def unread(self) -> bool:
         return len(self._inbox) > 0

@@ -174,10 +174,12 @@ class ZmqBrokerPublisherTransport(XPubPublisher):
         curve: Curve | None = None,
         wait_when_full: bool = False,
         envelope_topic: str | None = None,
+        identity: int | None = None,
     ) -> None:
         super().__init__(
             context, subject, publisher_id, sndhwm, wire, codec, curve, wait_when_full, envelope_topic
         )
+        self._identity = publisher_id if identity is None else identity  # stable across lives: HRW's key
         self._directory = directory
         self._fanout = fanout
         self._connected: dict[str, str] = {}  # broker key -> xsub endpoint
@@ -193,11 +195,12 @@ class ZmqBrokerPublisherTransport(XPubPublisher):
         self._monitor = ConnectionMonitor(self._socket, "publisher")
         self._directory.listen(self._rebalance)
         self._rebalance()
+        self._routes.check()
 
     def _rebalance(self) -> None:
         if self._socket is None:
             return
-        chosen = select_brokers(self._publisher_id, list(self._directory.brokers.values()), self._fanout)
+        chosen = select_brokers(self._identity, list(self._directory.brokers.values()), self._fanout)
         wanted = {b.key: b.xsub for b in chosen}
         _reconcile(self._socket, self._connected, wanted)
         if not wanted:
@@ -205,6 +208,11 @@ class ZmqBrokerPublisherTransport(XPubPublisher):
 
     def discovery_transport(self) -> None:
         return None  # as in Dynamo: brokers are registered, publishers are not
+
+    @property
+    def brokers(self) -> list[str]:
+        """The XSUB endpoints this publisher sends through (its rendezvous choice)."""
+        return sorted(self._connected.values())
 
     async def close(self) -> None:
         self._directory.unlisten(self._rebalance)

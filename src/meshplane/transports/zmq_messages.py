@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 
 import zmq
 import zmq.backend
@@ -15,6 +16,12 @@ from meshplane.transports.base import Received
 from meshplane.transports.native import NativeSendBatches, NativeSendMany
 
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+
+
+def direct_send(sock: zmq.Socket[bytes]) -> Callable[[bytes, int], object]:
+    """``sock.send`` without pyzmq's Python wrapper, which only adds ``routing_id`` and ``group``
+    (never used here) before calling the compiled send: 0.15 us a frame instead of 0.39."""
+    return types.MethodType(zmq.backend.Socket.send, sock)
 
 
 def decode_frames(frames: list[bytes], routing_topic: bytes, max_bytes: int) -> Received:
