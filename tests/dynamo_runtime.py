@@ -43,64 +43,106 @@ def runtime_env(**env: str) -> dict[str, str]:
     return {**out, "DYN_LOG": "warn", "DYN_EVENT_PLANE_HOST": "127.0.0.1", "DYN_TCP_RPC_HOST": "127.0.0.1", **env}
 
 
-def snapshot_values(i: int) -> dict[str, Any]:
-    """The metrics of the peer's i-th published snapshot (``dynamo_peer.snapshot``), as the runtime
-    serializes them (the payload's MessagePack map)."""
+def snapshot_values(i: int, worker_id: str = WORKER_ID) -> dict[str, Any]:
+    """The metrics of the peer's i-th published snapshot (``dynamo_peer.snapshot``) under the names of the
+    runtime's payload: a MessagePack map whose request counts are in two nested maps."""
     return {
-        "worker_id": WORKER_ID,
+        "worker_id": worker_id,
         "dp_rank": 0,
         "wall_time": 1_700_000_000.0 + i,
-        "num_prefill_requests": i,
-        "sum_prefill_tokens": 1000 + i,
-        "sum_prefill_kv_tokens": 2000 + i,
-        "num_decode_requests": 3000 + i,
-        "sum_decode_kv_tokens": 4000 + i,
-        "queued_num_prefill_requests": 5000 + i,
-        "queued_sum_prefill_tokens": 6000 + i,
-        "queued_num_decode_requests": 7000 + i,
-        "queued_sum_decode_kv_tokens": 8000 + i,
+        "scheduled_requests": {
+            "num_prefill_requests": i,
+            "sum_prefill_tokens": 1000 + i,
+            "sum_prefill_kv_tokens": 2000 + i,
+            "num_decode_requests": 3000 + i,
+            "sum_decode_kv_tokens": 4000 + i,
+        },
+        "queued_requests": {
+            "num_prefill_requests": 5000 + i,
+            "sum_prefill_tokens": 6000 + i,
+            "num_decode_requests": 7000 + i,
+            "sum_decode_kv_tokens": 8000 + i,
+        },
     }
 
 
 def snapshot_metrics(payload: bytes) -> dict[str, Any]:
-    """The metrics of one forward-pass-metrics payload (a MessagePack map with nested request groups),
-    flattened to the names of :func:`snapshot_values`."""
+    """Of one forward-pass-metrics payload, the fields :func:`snapshot_values` sets."""
     value = msgpack.unpackb(payload)
-    scheduled, queued = value["scheduled_requests"], value["queued_requests"]
     return {
-        "worker_id": value["worker_id"],
-        "dp_rank": value["dp_rank"],
-        "wall_time": value["wall_time"],
-        **{k: scheduled[k] for k in snapshot_values(0) if k in scheduled},
-        **{f"queued_{k}": queued[k] for k in queued if f"queued_{k}" in snapshot_values(0)},
+        k: {m: value[k][m] for m in v} if isinstance(v, dict) else value[k] for k, v in snapshot_values(0).items()
     }
 
 
+def snapshot_payload(i: int, worker_id: str) -> bytes:
+    """A forward-pass-metrics payload laid out as the runtime's own (the captured one's keys, in order,
+    variances 0.0), with :func:`snapshot_values`; ``counter_id`` counts from 1 as the runtime's does."""
+    values = snapshot_values(i, worker_id)
+    scheduled, queued = values["scheduled_requests"], values["queued_requests"]
+    payload: bytes = msgpack.packb(
+        {
+            "version": 1,
+            "worker_id": worker_id,
+            "dp_rank": 0,
+            "counter_id": i + 1,
+            "wall_time": values["wall_time"],
+            "scheduled_requests": {
+                "num_prefill_requests": scheduled["num_prefill_requests"],
+                "sum_prefill_tokens": scheduled["sum_prefill_tokens"],
+                "var_prefill_length": 0.0,
+                "sum_prefill_kv_tokens": scheduled["sum_prefill_kv_tokens"],
+                "num_decode_requests": scheduled["num_decode_requests"],
+                "sum_decode_kv_tokens": scheduled["sum_decode_kv_tokens"],
+                "var_decode_kv_tokens": 0.0,
+            },
+            "queued_requests": {
+                "num_prefill_requests": queued["num_prefill_requests"],
+                "sum_prefill_tokens": queued["sum_prefill_tokens"],
+                "var_prefill_length": 0.0,
+                "num_decode_requests": queued["num_decode_requests"],
+                "sum_decode_kv_tokens": queued["sum_decode_kv_tokens"],
+                "var_decode_kv_tokens": 0.0,
+            },
+        }
+    )
+    return payload
+
+
 class Peer:
-    """One runtime process: JSON lines out, commands in; stopped by PID."""
+    """One runtime process: JSON lines out (read by a task into a queue), commands in; stopped by PID."""
 
     def __init__(self, proc: asyncio.subprocess.Process, log: Path, role: str) -> None:
         self.proc, self.log, self.role = proc, log, role
+        self._lines: asyncio.Queue[bytes] = asyncio.Queue()
+        self._reader = asyncio.create_task(self._read_lines())
 
-    async def read(self, timeout: float = START_TIMEOUT) -> dict[str, Any]:
+    async def _read_lines(self) -> None:
         assert self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            self._lines.put_nowait(line)
+        self._lines.put_nowait(b"")  # its output ended
+
+    async def poll(self, timeout: float) -> dict[str, Any] | None:
+        """Its next message, or None if it said nothing within ``timeout``."""
         try:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+            line = await asyncio.wait_for(self._lines.get(), timeout)
         except TimeoutError:
-            raise AssertionError(f"the Dynamo {self.role} said nothing for {timeout:g}s{self._log_tail()}") from None
+            return None
         if not line:
+            self._lines.put_nowait(b"")
             raise AssertionError(f"the Dynamo {self.role} exited ({await self.proc.wait()}){self._log_tail()}")
         message: dict[str, Any] = json.loads(line)
+        return message
+
+    async def read(self, timeout: float = START_TIMEOUT) -> dict[str, Any]:
+        if (message := await self.poll(timeout)) is None:
+            raise AssertionError(f"the Dynamo {self.role} said nothing for {timeout:g}s{self._log_tail()}")
         return message
 
     async def send(self, line: str) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(line.encode() + b"\n")
         await self.proc.stdin.drain()
-
-    async def payloads(self, count: int, timeout: float = 30.0) -> list[bytes]:
-        """The next ``count`` payloads a subscriber received (each within ``timeout``)."""
-        return [bytes.fromhex((await self.read(timeout))["payload"]) for _ in range(count)]
 
     def _log_tail(self) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -138,3 +180,4 @@ async def dynamo(role: str, backend: str, plane: str, log_dir: Path, **env: str)
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+        await peer._reader

@@ -1,0 +1,117 @@
+"""meshplane against the real Dynamo runtime (ai-dynamo-runtime 1.6.1), both directions, on real servers.
+
+The runtime runs in its own process (``tests/dynamo_peer.py`` under ``.venv-dynamo``'s Python, which
+``make test`` installs; without it these tests fail, they never skip). Its one Python pair that carries an
+event per call is the forward-pass metrics publisher and subscriber, so the events here are its
+forward-pass-metrics snapshots: each test checks their content, not just a count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from meshplane import EventEnvelope, EventPlane, EventSubscriber, PlaneConfig, Scope
+from meshplane.launchers import EtcdServer, NatsServer
+from tests.conftest import make_config
+from tests.dynamo_runtime import ENDPOINT, TOPIC, dynamo, snapshot_metrics, snapshot_payload, snapshot_values
+
+SCOPE = Scope.endpoint(*ENDPOINT)
+EVENTS = 20
+# transport x discovery: ZeroMQ finds publishers through discovery (the file backend, etcd); NATS needs none
+MODES = [("zmq", "file"), ("zmq", "etcd"), ("nats", "file")]
+
+
+def setup(
+    transport: str, discovery: str, tmp_path: Path, request: pytest.FixtureRequest, **kw: Any
+) -> tuple[PlaneConfig, dict[str, str]]:
+    """meshplane's configuration and the runtime's environment, on the same servers and discovery."""
+    nats_server: NatsServer | None = request.getfixturevalue("nats_server") if transport == "nats" else None
+    etcd: EtcdServer | None = request.getfixturevalue("etcd_server") if discovery == "etcd" else None
+    config = make_config(transport, discovery, tmp_path, nats_server, etcd, **kw)
+    env = {"DYN_FILE_KV": str(config.file_kv)}
+    if nats_server:
+        env["NATS_SERVER"] = nats_server.url
+    if etcd:
+        env["ETCD_ENDPOINTS"] = etcd.endpoint
+    return config, env
+
+
+def published(envelope: EventEnvelope) -> bool:
+    """A snapshot the peer published, not one of the runtime's zeroed idle heartbeats (one a second)."""
+    return bool(msgpack.unpackb(envelope.payload)["wall_time"])
+
+
+async def within(sub: EventSubscriber, timeout: float) -> bool:
+    """Whether ``sub`` receives an event within ``timeout`` seconds."""
+    try:
+        await sub.next(timeout)
+    except TimeoutError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("transport", "discovery"), MODES, ids=lambda p: str(p))
+async def test_a_meshplane_subscriber_receives_the_runtime_publisher(
+    transport: str, discovery: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The runtime registers its publisher (ZeroMQ: its endpoint in a record of its own making), meshplane
+    discovers it and receives every snapshot, decoded, in order, no gap counted."""
+    config, env = setup(transport, discovery, tmp_path, request)
+    async with EventPlane(config) as plane:
+        sub = await plane.subscriber(SCOPE, TOPIC)
+        async with dynamo("pub", discovery, transport, tmp_path, **env) as runtime:
+            got = [await sub.next(30)]  # an idle heartbeat (the runtime sends one a second): connected
+            await runtime.send(f"publish {EVENTS}")
+            assert (await runtime.read())["published"] == EVENTS
+            while sum(map(published, got)) < EVENTS:
+                got.append(await sub.next(30))
+            stats = sub.stats  # while the runtime's record is there
+    first = got[0]
+    assert {(e.publisher_id, e.topic) for e in got} == {(first.publisher_id, TOPIC)}
+    assert [e.sequence for e in got] == list(range(first.sequence, first.sequence + len(got)))
+    assert [snapshot_metrics(e.payload) for e in got if published(e)] == [snapshot_values(i) for i in range(EVENTS)]
+    assert (stats.received, stats.gaps, stats.missing, stats.duplicates) == (len(got), 0, 0, 0)
+    assert not stats.malformed and not stats.invalid_records
+    if transport == "zmq":  # found through the record the runtime wrote
+        assert stats.publishers_discovered == 1
+
+
+@pytest.mark.parametrize(("transport", "discovery"), MODES, ids=lambda p: str(p))
+async def test_the_runtime_subscriber_receives_a_meshplane_publisher_and_no_heartbeat(
+    transport: str, discovery: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A meshplane publisher in the Dynamo layout (the default): the runtime's subscriber (ZeroMQ: having
+    found it through meshplane's record) receives every snapshot with its values, and none of the
+    heartbeats meshplane sends between them, which a meshplane subscriber alongside does see."""
+    config, env = setup(transport, discovery, tmp_path, request, heartbeat_period=0.05)
+    async with dynamo("sub", discovery, transport, tmp_path, **env) as runtime, EventPlane(config) as plane:
+        watcher = await plane.subscriber(SCOPE, TOPIC)
+        pub = await plane.publisher(SCOPE, TOPIC)
+        # Until both subscribers hear one: the runtime's connects once it has read our record (NATS: once its
+        # subscription reached the server), and a ZeroMQ SUB loses what was sent before that.
+        heard, watcher_heard, warm_ups = None, False, 0
+        while heard is None or not watcher_heard:
+            assert warm_ups < 300, f"no warm-up event reached {'meshplane' if heard else 'the runtime'} in a minute"
+            await pub.publish(snapshot_payload(warm_ups, "warm-up"))
+            warm_ups += 1
+            heard = heard or await runtime.poll(0.2)
+            watcher_heard = watcher_heard or await within(watcher, 0.01)
+        for i in range(EVENTS):
+            await pub.send_heartbeat()  # besides the plane's own, every 0.05 s
+            await pub.publish(snapshot_payload(i, "meshplane"))
+        while (await watcher.next(30)).payload != snapshot_payload(EVENTS - 1, "meshplane"):
+            pass
+        assert watcher.stats.heartbeats >= EVENTS  # they were on the wire, between the events
+        await pub.publish(snapshot_payload(EVENTS, "meshplane"))  # the last: whatever the runtime took is before it
+        received = [bytes.fromhex(heard["payload"])]
+        while snapshot_metrics(received[-1]) != snapshot_values(EVENTS, "meshplane"):
+            received.append(bytes.fromhex((await runtime.read(30))["payload"]))
+    while snapshot_metrics(received[0])["worker_id"] == "warm-up":
+        received.pop(0)
+    # an empty payload or a repeat among these would be a heartbeat the runtime took for an event
+    assert [snapshot_metrics(p) for p in received] == [snapshot_values(i, "meshplane") for i in range(EVENTS + 1)]
+    assert received == [snapshot_payload(i, "meshplane") for i in range(EVENTS + 1)]
