@@ -51,9 +51,13 @@ def published(payload: bytes) -> bool:
     return bool(msgpack.unpackb(payload)["wall_time"])
 
 
+def files_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
 async def until_files(folder: Path, timeout: float = 30.0) -> list[Path]:
     deadline = asyncio.get_running_loop().time() + timeout
-    while not (files := sorted(p for p in folder.rglob("*") if p.is_file())):
+    while not (files := files_in(folder)):
         assert asyncio.get_running_loop().time() < deadline, f"the runtime wrote nothing into {folder}"
         await asyncio.sleep(0.05)
     return files
@@ -72,8 +76,11 @@ def keep_files(kv: Path, files: list[Path], into: str) -> list[Path]:
 async def zmq_message(sock: zmq.asyncio.Socket, payload_of: int) -> list[bytes]:
     """The first multipart message whose envelope carries a published snapshot (``payload_of``: the
     frame holding the envelope, after a 5-byte header)."""
+
     async def first() -> list[bytes]:
-        while not published(msgpack.unpackb((frames := await sock.recv_multipart())[payload_of][5:])["payload"]):
+        while not published(
+            msgpack.unpackb((frames := await sock.recv_multipart())[payload_of][5:])["payload"]
+        ):
             pass
         return frames
 
@@ -123,7 +130,11 @@ async def capture_etcd(work: Path, server: EtcdServer) -> None:
             for kv in await client.get_all():
                 lease = await client.get_lease_info(kv.lease) if kv.lease else None
                 records.append(
-                    {"key": kv.key.decode(), "value": kv.value.decode(), "lease_ttl": lease and lease.grantedTTL}
+                    {
+                        "key": kv.key.decode(),
+                        "value": kv.value.decode(),
+                        "lease_ttl": lease and lease.grantedTTL,
+                    }
                 )
     finally:
         await client.close()

@@ -1,4 +1,4 @@
-"""The Dynamo runtime (ai-dynamo-runtime 1.6.1) as a peer of the interop tests, run with ``.venv-dynamo``'s Python.
+"""The Dynamo runtime (ai-dynamo-runtime 1.6.1) as a peer of the interop tests, under .venv-dynamo's Python.
 
 The runtime exposes one Python pair that carries an event per call over its event plane: the
 forward-pass metrics publisher (``FpmDirectPublisher``) and subscriber (``FpmEventSubscriber``), on the

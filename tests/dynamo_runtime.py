@@ -31,8 +31,8 @@ def require_runtime() -> Path:
     """The Dynamo runtime's Python, or a failure that says how to install it."""
     if not DYNAMO_PYTHON.exists():
         raise AssertionError(
-            f"no {DYNAMO_PYTHON}: `make .venv-dynamo` installs the Dynamo runtime (ai-dynamo-runtime=={VERSION}) "
-            "that these tests run against (`make test` does it first)"
+            f"no {DYNAMO_PYTHON}: `make .venv-dynamo` installs the Dynamo runtime "
+            f"(ai-dynamo-runtime=={VERSION}) that these tests run against (`make test` does it first)"
         )
     return DYNAMO_PYTHON
 
@@ -40,7 +40,13 @@ def require_runtime() -> Path:
 def runtime_env(**env: str) -> dict[str, str]:
     """The peer's environment: loopback only, quiet logs, and the test's discovery and servers."""
     out = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "ETCD_", "NATS_"))}
-    return {**out, "DYN_LOG": "warn", "DYN_EVENT_PLANE_HOST": "127.0.0.1", "DYN_TCP_RPC_HOST": "127.0.0.1", **env}
+    return {
+        **out,
+        "DYN_LOG": "warn",
+        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+        "DYN_TCP_RPC_HOST": "127.0.0.1",
+        **env,
+    }
 
 
 def snapshot_values(i: int, worker_id: str = WORKER_ID) -> dict[str, Any]:
@@ -70,7 +76,8 @@ def snapshot_metrics(payload: bytes) -> dict[str, Any]:
     """Of one forward-pass-metrics payload, the fields :func:`snapshot_values` sets."""
     value = msgpack.unpackb(payload)
     return {
-        k: {m: value[k][m] for m in v} if isinstance(v, dict) else value[k] for k, v in snapshot_values(0).items()
+        k: {m: value[k][m] for m in v} if isinstance(v, dict) else value[k]
+        for k, v in snapshot_values(0).items()
     }
 
 
@@ -130,7 +137,9 @@ class Peer:
             return None
         if not line:
             self._lines.put_nowait(b"")
-            raise AssertionError(f"the Dynamo {self.role} exited ({await self.proc.wait()}){self._log_tail()}")
+            raise AssertionError(
+                f"the Dynamo {self.role} exited ({await self.proc.wait()}){self._log_tail()}"
+            )
         message: dict[str, Any] = json.loads(line)
         return message
 
