@@ -13,7 +13,9 @@ servers on free loopback ports, and writes what it produced, byte for byte:
 - ``broker/``: a broker record in the layout the runtime reads (1.6.1 ships no broker, so nothing of
   its own registers one: this record is ours, and the capture checks that the runtime accepts it:
   its publisher, with ``DYN_ZMQ_BROKER_ENABLED=true``, connects to the XSUB it names) and
-  ``broker-event.json``: the frames the runtime's publisher then sent into that XSUB.
+  ``broker-event.json``: the frames the runtime's publisher then sent into that XSUB;
+- ``scopes.json``: a component and a namespace scope in the form the runtime reads (each checked the
+  same way, in a broker record: the runtime logs and skips a record whose scope it cannot read).
 
 Ids and ports differ at each run; the tests compare everything else.
 """
@@ -141,36 +143,54 @@ async def capture_etcd(work: Path, server: EtcdServer) -> None:
     write_json("etcd-zmq.json", records)
 
 
-async def capture_broker(work: Path) -> None:
-    kv = work / "kv-broker"
-    ctx = zmq.asyncio.Context()
-    xsub = ctx.socket(zmq.XSUB)
-    xsub.bind("tcp://127.0.0.1:*")
-    record = {
+def broker_record(xsub: str, scope: dict[str, Any]) -> dict[str, Any]:
+    return {
         "type": "EventChannel",
-        "scope": {"kind": "component", "namespace": ENDPOINT[0], "component": "zmq_broker"},
+        "scope": scope,
         "topic": "broker",
         "instance_id": 0x1F,
         "transport": {
             "kind": "ZmqBroker",
-            "config": {
-                "xsub_endpoints": [xsub.getsockopt_string(zmq.LAST_ENDPOINT)],
-                "xpub_endpoints": ["tcp://127.0.0.1:1"],  # the publisher uses only the XSUB
-            },
+            # the publisher uses only the XSUB side
+            "config": {"xsub_endpoints": [xsub], "xpub_endpoints": ["tcp://127.0.0.1:1"]},
         },
     }
+
+
+async def runtime_takes_broker(
+    work: Path, record: dict[str, Any], xsub: zmq.asyncio.Socket, keep: str
+) -> list[bytes]:
+    """Run the runtime's publisher in broker mode with only ``record`` in discovery; return the first
+    frames it sent into ``xsub`` (the broker that record names), which proves it accepted the record."""
+    kv = work / f"kv-{keep}"
     bucket, name = key_to_file_name(BROKER_KEY)
     (kv / bucket).mkdir(parents=True)
     (kv / bucket / name).write_text(json.dumps(record, separators=(",", ":")))
-    keep_files(kv, await until_files(kv), "broker")
-    await xsub.send(b"\x01")  # subscribe to everything, upstream to each publisher that connects
+    if keep:
+        keep_files(kv, files_in(kv), keep)
     async with dynamo("pub", "file", "zmq", work, DYN_FILE_KV=str(kv), DYN_ZMQ_BROKER_ENABLED="true") as pub:
         await asyncio.wait_for(xsub.recv_multipart(), 30)  # an idle heartbeat: connected
         await pub.send("publish 1")
-        frames = await zmq_message(xsub, 3)
+        return await zmq_message(xsub, 3)
+
+
+async def capture_broker(work: Path) -> None:
+    ctx = zmq.asyncio.Context()
+    xsub = ctx.socket(zmq.XSUB)
+    xsub.bind("tcp://127.0.0.1:*")
+    await xsub.send(b"\x01")  # subscribe to everything, upstream to each publisher that connects
+    endpoint = xsub.getsockopt_string(zmq.LAST_ENDPOINT)
+    scopes = {
+        "component": {"kind": "component", "namespace": ENDPOINT[0], "component": "zmq_broker"},
+        # the runtime files it by its key and does not compare: this shows how a namespace scope is read
+        "namespace": {"kind": "namespace", "name": ENDPOINT[0]},
+    }
+    frames = await runtime_takes_broker(work, broker_record(endpoint, scopes["component"]), xsub, "broker")
+    write_json("broker-event.json", {"frames": [f.hex() for f in frames]})
+    await runtime_takes_broker(work, broker_record(endpoint, scopes["namespace"]), xsub, "")
+    write_json("scopes.json", scopes)
     xsub.close(0)
     ctx.term()
-    write_json("broker-event.json", {"frames": [f.hex() for f in frames]})
 
 
 async def main() -> None:
