@@ -8,6 +8,7 @@ forward-pass-metrics snapshots: each test checks their content, not just a count
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,23 @@ import msgpack
 import pytest
 
 from meshplane import EventEnvelope, EventPlane, EventSubscriber, PlaneConfig, Scope
+from meshplane.core.names import EVENT_CHANNELS_BUCKET
+from meshplane.core.records import file_name_to_key, key_to_file_name
 from meshplane.launchers import EtcdServer, NatsServer
 from tests.conftest import make_config
-from tests.dynamo_runtime import ENDPOINT, TOPIC, dynamo, snapshot_metrics, snapshot_payload, snapshot_values
+from tests.dynamo_runtime import (
+    ENDPOINT,
+    TOPIC,
+    VERSION,
+    dynamo,
+    snapshot_metrics,
+    snapshot_payload,
+    snapshot_values,
+)
 
 SCOPE = Scope.endpoint(*ENDPOINT)
 EVENTS = 20
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / f"dynamo-{VERSION}"
 # transport x discovery: ZeroMQ finds publishers through discovery (the file backend, etcd); NATS needs none
 MODES = [("zmq", "file"), ("zmq", "etcd"), ("nats", "file")]
 
@@ -124,3 +136,41 @@ async def test_the_runtime_subscriber_receives_a_meshplane_publisher_and_no_hear
         snapshot_values(i, "meshplane") for i in range(EVENTS + 1)
     ]
     assert received == [snapshot_payload(i, "meshplane") for i in range(EVENTS + 1)]
+
+
+def golden_record(transport: str) -> tuple[str, str, bytes]:
+    """The key, file name and content of the record the runtime wrote (tests/golden/dynamo-1.6.1)."""
+    folder = GOLDEN / "file-kv" / transport
+    [path] = sorted(p for p in folder.rglob("*") if p.is_file())
+    bucket, name = path.relative_to(folder).as_posix().rsplit("/", 1)
+    return file_name_to_key(bucket, name), name, path.read_bytes()
+
+
+def without_ids(record: dict[str, Any]) -> dict[str, Any]:
+    """A record with its id and address blanked (key order kept)."""
+    config = dict(record["transport"]["config"])
+    if "endpoint" in config:
+        config["endpoint"] = "tcp://127.0.0.1:*"
+    return {**record, "instance_id": 0, "transport": {**record["transport"], "config": config}}
+
+
+@pytest.mark.parametrize(("transport", "discovery"), [*MODES, ("nats", "etcd")], ids=lambda p: str(p))
+async def test_meshplane_publishers_register_the_records_the_runtime_registers(
+    transport: str, discovery: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """What a meshplane publisher writes equals what the runtime wrote (tests/golden/dynamo-1.6.1),
+    key, fields and their order, but for the id and the port."""
+    their_key, their_name, their_value = golden_record(transport)
+    config, _ = setup(transport, discovery, tmp_path, request)
+    async with EventPlane(config) as plane:
+        pub = await plane.publisher(SCOPE, TOPIC)
+        records = await (await plane.discovery()).list(EVENT_CHANNELS_BUCKET)
+        [(key, value)] = [(k, v) for k, v in records.items() if k.endswith(f"/{pub.publisher_id:x}")]
+        bucket, name = key_to_file_name(key)
+        if discovery == "file":  # the file the record is in, named as the runtime names its own
+            assert (config.file_kv / bucket / name).read_bytes() == value
+    assert name.rsplit("%2F", 1)[0] == their_name.rsplit("%2F", 1)[0]
+    assert key.rsplit("/", 1)[0] == their_key.rsplit("/", 1)[0]
+    ours, expected = json.loads(value), json.loads(their_value)
+    assert json.dumps(without_ids(ours)) == json.dumps(without_ids(expected))  # same fields, same order
+    assert value == json.dumps(ours, separators=(",", ":")).encode()  # compact, as the runtime's
