@@ -33,14 +33,18 @@ from tests.dynamo_runtime import (
 SCOPE = Scope.endpoint(*ENDPOINT)
 EVENTS = 20
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / f"dynamo-{VERSION}"
-# transport x discovery: ZeroMQ finds publishers through discovery (the file backend, etcd); NATS needs none
-MODES = [("zmq", "file"), ("zmq", "etcd"), ("nats", "file")]
+# transport x discovery: ZeroMQ finds publishers through discovery (the file backend, etcd); NATS needs none;
+# "-noext": without the C extension (pyzmq and the Python decoders and encoders, as where it is not built)
+MODES = [("zmq", "file"), ("zmq", "etcd"), ("nats", "file"), ("zmq-noext", "file")]
 
 
 def setup(
     transport: str, discovery: str, tmp_path: Path, request: pytest.FixtureRequest, **kw: Any
 ) -> tuple[PlaneConfig, dict[str, str]]:
     """meshplane's configuration and the runtime's environment, on the same servers and discovery."""
+    if transport.endswith("-noext"):
+        request.getfixturevalue("monkeypatch").setenv("MESHPLANE_NO_EXTENSIONS", "1")
+        transport = transport.removesuffix("-noext")
     nats_server: NatsServer | None = request.getfixturevalue("nats_server") if transport == "nats" else None
     etcd: EtcdServer | None = request.getfixturevalue("etcd_server") if discovery == "etcd" else None
     config = make_config(transport, discovery, tmp_path, nats_server, etcd, **kw)
@@ -75,7 +79,7 @@ async def test_a_meshplane_subscriber_receives_the_runtime_publisher(
     config, env = setup(transport, discovery, tmp_path, request)
     async with EventPlane(config) as plane:
         sub = await plane.subscriber(SCOPE, TOPIC)
-        async with dynamo("pub", discovery, transport, tmp_path, **env) as runtime:
+        async with dynamo("pub", discovery, config.event_plane, tmp_path, **env) as runtime:
             got = [await sub.next(30)]  # an idle heartbeat (the runtime sends one a second): connected
             await runtime.send(f"publish {EVENTS}")
             assert (await runtime.read())["published"] == EVENTS
@@ -91,7 +95,7 @@ async def test_a_meshplane_subscriber_receives_the_runtime_publisher(
     assert (stats.received, stats.gaps, stats.missing, stats.duplicates) == (len(got), 0, 0, 0)
     assert not stats.malformed
     assert not stats.invalid_records
-    if transport == "zmq":  # found through the record the runtime wrote
+    if config.event_plane == "zmq":  # found through the record the runtime wrote
         assert stats.publishers_discovered == 1
 
 
@@ -103,7 +107,10 @@ async def test_the_runtime_subscriber_receives_a_meshplane_publisher_and_no_hear
     found it through meshplane's record) receives every snapshot with its values, and none of the
     heartbeats meshplane sends between them, which a meshplane subscriber alongside does see."""
     config, env = setup(transport, discovery, tmp_path, request, heartbeat_period=0.05)
-    async with dynamo("sub", discovery, transport, tmp_path, **env) as runtime, EventPlane(config) as plane:
+    async with (
+        dynamo("sub", discovery, config.event_plane, tmp_path, **env) as runtime,
+        EventPlane(config) as plane,
+    ):
         watcher = await plane.subscriber(SCOPE, TOPIC)
         pub = await plane.publisher(SCOPE, TOPIC)
         # Until both subscribers hear one: the runtime's connects once it has read our record (NATS: once its
@@ -155,7 +162,11 @@ def without_ids(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, "instance_id": 0, "transport": {**record["transport"], "config": config}}
 
 
-@pytest.mark.parametrize(("transport", "discovery"), [*MODES, ("nats", "etcd")], ids=lambda p: str(p))
+@pytest.mark.parametrize(
+    ("transport", "discovery"),
+    [(t, d) for t in ("zmq", "nats") for d in ("file", "etcd")],
+    ids=lambda p: str(p),
+)
 async def test_meshplane_publishers_register_the_records_the_runtime_registers(
     transport: str, discovery: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
