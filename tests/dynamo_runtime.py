@@ -24,7 +24,7 @@ ENDPOINT = ("interop", "worker", "generate")  # dynamo_peer.ENDPOINT
 TOPIC = "forward-pass-metrics"
 WORKER_ID = "dynamo-peer"  # dynamo_peer.WORKER_ID
 # The runtime's peer starts in about a second; a loaded 2-core machine may take several.
-START_TIMEOUT = 60.0
+START_TIMEOUT = 30.0
 
 
 def require_runtime() -> Path:
