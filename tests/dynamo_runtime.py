@@ -137,15 +137,13 @@ class Peer:
             return None
         if not line:
             self._lines.put_nowait(b"")
-            raise AssertionError(
-                f"the Dynamo {self.role} exited ({await self.proc.wait()}){self._log_tail()}"
-            )
+            raise AssertionError(f"the Dynamo {self.role} exited ({await self.proc.wait()}){self.log_tail()}")
         message: dict[str, Any] = json.loads(line)
         return message
 
     async def read(self, timeout: float = START_TIMEOUT) -> dict[str, Any]:
         if (message := await self.poll(timeout)) is None:
-            raise AssertionError(f"the Dynamo {self.role} said nothing for {timeout:g}s{self._log_tail()}")
+            raise AssertionError(f"the Dynamo {self.role} said nothing for {timeout:g}s{self.log_tail()}")
         return message
 
     async def send(self, line: str) -> None:
@@ -153,7 +151,7 @@ class Peer:
         self.proc.stdin.write(line.encode() + b"\n")
         await self.proc.stdin.drain()
 
-    def _log_tail(self) -> str:
+    def log_tail(self) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
         return f"; its log ends:\n{text[-3000:]}" if text else ""
 

@@ -127,7 +127,7 @@ async def test_the_runtime_subscriber_receives_a_meshplane_publisher_and_no_hear
         heard, watcher_heard, warm_ups = None, False, 0
         while heard is None or not watcher_heard:
             assert warm_ups < 150, (
-                f"no warm-up event reached {'meshplane' if heard else 'the runtime'} in 30 s"
+                f"no warm-up event reached {'meshplane' if heard else 'the runtime'} in 30 s{runtime.log_tail()}"
             )
             await pub.publish(snapshot_payload(warm_ups, "warm-up"))
             warm_ups += 1
