@@ -78,8 +78,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 ## test: ruff, mypy and the whole pytest suite (real nats-server, etcd, ZeroMQ, streams server, Spark,
-## and the dashboard in a headless chromium)
-test: $(STAMP) etcd java chromium fuse lint typecheck
+## the dashboard in a headless chromium, and the Dynamo runtime as a peer)
+test: $(STAMP) etcd java chromium fuse .venv-dynamo lint typecheck
 	$(BIN)/pytest
 
 ## check: the quick loop: ruff, mypy and every test but the fault harness's runs and those starting
@@ -115,8 +115,9 @@ jdk:
 bench: $(STAMP) redis zmq-headers jdk .venv-dynamo
 	$(BIN)/meshplane bench
 
-## .venv-dynamo: the Dynamo runtime (ai-dynamo-runtime 1.6.1), a peer of the event-plane benchmark, in a
-## venv of its own (it pins a pydantic older than meshplane's)
+## .venv-dynamo: the Dynamo runtime (ai-dynamo-runtime 1.6.1), the peer of the interop tests
+## (tests/integration/test_dynamo_runtime.py) and of the event-plane benchmark, in a venv of its own (it
+## pins a pydantic older than meshplane's); `make run` does without it
 .venv-dynamo: .venv-dynamo/.installed
 .venv-dynamo/.installed:
 	test -x .venv-dynamo/bin/python || $(PYTHON) -m venv .venv-dynamo

@@ -52,6 +52,20 @@ def test_other_scopes_round_trip(scope):
     assert EventChannel.from_json(channel.to_json()) == channel
 
 
+@pytest.mark.parametrize(
+    ("scope", "nested"),
+    [
+        (Scope.component("a", "b"), {"kind": "component", "component": {"namespace": "a", "name": "b"}}),
+        (Scope.namespace("a"), {"kind": "namespace", "namespace": {"name": "a"}}),
+    ],
+)
+def test_scopes_meshplane_once_wrote_nested_are_still_read(scope, nested):
+    """meshplane 0.1.0's form of these two (Dynamo's is in tests/unit/test_dynamo_golden.py)."""
+    channel = EventChannel(scope, "t", 7, "Zmq", {"endpoint": "tcp://h:1"})
+    old = {**json.loads(channel.to_json()), "scope": nested}
+    assert EventChannel.from_json(json.dumps(old).encode()) == channel
+
+
 def mutate(**changes: object) -> bytes:
     value = json.loads(SPEC_RECORD)
     value.update(changes)

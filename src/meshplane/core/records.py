@@ -102,33 +102,42 @@ class EventChannel:
 
 
 def _scope_to_json(scope: Scope) -> dict[str, Any]:
+    """Dynamo 1.6.1's ``EventScope``: the endpoint's ids nested, a component's and a namespace's inline."""
     if scope.kind == "endpoint":
-        body = {
+        endpoint = {
             "namespace": scope.namespace_name,
             "component": scope.component_name,
             "name": scope.endpoint_name,
         }
-    elif scope.kind == "component":
-        body = {"namespace": scope.namespace_name, "name": scope.component_name}
-    else:
-        body = {"name": scope.namespace_name}
-    return {"kind": scope.kind, scope.kind: body}
+        return {"kind": "endpoint", "endpoint": endpoint}
+    if scope.kind == "component":
+        return {"kind": "component", "namespace": scope.namespace_name, "component": scope.component_name}
+    return {"kind": "namespace", "name": scope.namespace_name}
+
+
+# Where each scope kind keeps its names: (the object holding them, their keys in Scope's order).
+_SCOPE_FIELDS = {
+    "endpoint": ("endpoint", ("namespace", "component", "name")),
+    "component": (None, ("namespace", "component")),
+    "namespace": (None, ("name",)),
+}
+# meshplane 0.1.0 wrote these two nested like the endpoint's ({"kind": k, k: {...}}), which Dynamo
+# cannot read; still read, so that its publishers are found during an upgrade
+_NESTED_FIELDS = {"component": ("namespace", "name"), "namespace": ("name",)}
 
 
 def _scope_from_json(value: object) -> Scope:
     if not isinstance(value, dict):
         raise InvalidDiscoveryRecord("record has no scope object")
     kind = value.get("kind")
-    body = value.get(kind) if isinstance(kind, str) else None
+    if not isinstance(kind, str) or kind not in _SCOPE_FIELDS:
+        raise InvalidDiscoveryRecord(f"unknown scope kind {kind!r}")
+    holder, fields = _SCOPE_FIELDS[kind]
+    if holder is None and isinstance(value.get(kind), dict):
+        holder, fields = kind, _NESTED_FIELDS[kind]
+    body = value.get(holder) if holder else value
     if not isinstance(body, dict):
         raise InvalidDiscoveryRecord(f"scope kind {kind!r} has no matching body")
-    fields = {
-        "endpoint": ("namespace", "component", "name"),
-        "component": ("namespace", "name"),
-        "namespace": ("name",),
-    }.get(kind)  # type: ignore[arg-type]
-    if fields is None:
-        raise InvalidDiscoveryRecord(f"unknown scope kind {kind!r}")
     return Scope(*(validate_name(f"scope.{kind}.{f}", body.get(f)) for f in fields))
 
 
