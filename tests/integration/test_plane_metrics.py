@@ -91,6 +91,7 @@ async def _next_or_none(sub: EventSubscriber) -> EventEnvelope | None:
         return None
 
 
+@pytest.mark.timeout(180)  # its waits add up to 160 s
 async def test_publishers_are_labelled_up_to_the_bound_and_the_rest_summed(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:

@@ -21,7 +21,8 @@ TESTS = Path(__file__).resolve().parents[1]
 INTEGRATION = TESTS / "integration"
 SOURCES = (TESTS, TESTS.parent / "src" / "meshplane")
 DEFAULT_TIMEOUT = 120  # pyproject.toml's pytest-timeout
-MILLISECONDS = {"wait_for_function", "wait_for_selector", "wait_for_url", "expect_event"}  # Playwright
+# Playwright's waits and ZeroMQ's poll take milliseconds
+MILLISECONDS = {"wait_for_function", "wait_for_selector", "wait_for_url", "expect_event", "poll"}
 PASS_THROUGH = {"to_thread"}  # asyncio.to_thread(f, *args): the waits are f's
 FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
 
