@@ -179,7 +179,7 @@ async def test_a_mate_connection_is_refused_by_a_node_without_mates(tmp_path: Pa
     do): the refusal says why and is counted; nothing is written to the would-be standby's directory."""
     from meshplane.launchers import MeshCluster
     from meshplane.mesh.lease import ActiveMate, MateLease
-    from meshplane.mesh.mates import Standby
+    from meshplane.mesh.standby import Standby
     from meshplane.streams.mirror import DirectoryReplica
 
     with MeshCluster(1) as cluster:

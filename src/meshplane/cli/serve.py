@@ -264,7 +264,8 @@ async def _serve_as_mate(
 ) -> int:
     """Standby until etcd's lease is this mate's, then active until it is lost (then standby again)."""
     from meshplane.cli.mates import mate_lease
-    from meshplane.mesh.mates import Standby, mate_token
+    from meshplane.mesh.mates import mate_token
+    from meshplane.mesh.standby import Standby
     from meshplane.streams.mirror import DirectoryReplica
 
     named = (args.mates_etcd, mesh_config.cluster, mesh_config.node_id, mate_token(args.data_dir))
