@@ -9,6 +9,7 @@ Layout of ``data_dir``::
     groups/<group>.json                 group snapshot (members, generation, assignment, offsets)
     groups/<group>.offsets              commits since the snapshot (records, replayed on start)
     idempotency.log                     answers to recent idempotent publishes
+    staging/<stage>.stage               staged writes waiting for their commit (Spark's sink)
 
 Everything runs on one asyncio loop; only fsync goes to a thread.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplane.core.groups import GroupCoordinator
+from meshplane.core.staging import Limits, Reported
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent
 from meshplane.streams.config import StreamsConfig, check_name, new_event_id, now_ms
 from meshplane.streams.durability import Durability, Syncable
@@ -42,6 +44,7 @@ from meshplane.streams.idempotency import IdempotencyTable, routed
 from meshplane.streams.pubsub import PubSub, PubSubLimits
 from meshplane.streams.recovery_report import DataProblems, counted_not_logged, summarise
 from meshplane.streams.rooms import LocalRoom, Room, read_room_settings, room_settings
+from meshplane.streams.staging import Placed, StagingStore
 from meshplane.streams.topics import RawSpan, TopicBase, TopicStore, group_lag
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,9 @@ class StreamsService:
         self.idempotency = answers = IdempotencyTable(
             self.config.idempotency_keys, self.config.idempotency_bytes, self.config.idempotency_ttl_secs
         )
+        c = self.config
+        limits = Limits(c.staging_max_stages, c.staging_max_bytes, c.staging_ttl_secs)
+        self.staging = StagingStore(self.root / "staging", limits)
         self._cleanup: asyncio.Task[None] | None = None
         self.counters: dict[str, int] = {
             "events_published": 0,
@@ -112,6 +118,7 @@ class StreamsService:
             self.topic_store.load(directory)
         sync = self.config.fsync != "never"
         self.idempotency.open(self.root / "idempotency.log", sync=sync, topics=self.topic_store.topics)
+        self.staging.open(time.time())
         self.group_store.load(self._set_aside)
         self.ready = True
 
@@ -139,6 +146,8 @@ class StreamsService:
             "open_files": (len(self.files), self.files.capacity),
             "idempotency_keys": (len(self.idempotency.entries), c.idempotency_keys),
             "idempotency_bytes": (self.idempotency.bytes, c.idempotency_bytes),
+            "staged_writes": (len(self.staging.table.stages), c.staging_max_stages),
+            "staged_bytes": (self.staging.table.bytes, c.staging_max_bytes),
             "pubsub_registrations": (len(self.pubsub.registered), self.pubsub.limits.registered_subscribers),
             "pubsub_listeners": (len(self.pubsub.listeners), self.pubsub.limits.listeners),
         }
@@ -203,6 +212,7 @@ class StreamsService:
                 if budget > 0:
                     budget -= plog.verify_step(budget)
         self.idempotency.expire(time.time())
+        self.staging.expire(time.time())
         self.pubsub.expire(monotonic_now)
         self.group_store.expire()
 
@@ -393,9 +403,11 @@ class StreamsService:
         events: list[StoredEvent],
         partition: int | None = None,
         idempotency_key: str | None = None,
+        placed: list[int | None] | None = None,
     ) -> tuple[list[tuple[int, int]], list[Syncable]]:
         """:meth:`publish_topic` up to the fsync: the places, and what the durability loop must sync
-        before they are acknowledged (for callers that commit several writes as a group)."""
+        before they are acknowledged (for callers that commit several writes as a group). ``placed``:
+        each event's own partition (None: routed by key), instead of ``partition`` for all."""
         topic = self.topic_store.get(name)
         key = None
         if idempotency_key is not None:
@@ -406,7 +418,7 @@ class StreamsService:
             if seen is not None:
                 self.counters["duplicates_skipped"] += len(events)
                 return seen, []
-        partitions, events = routed(topic, events, partition, idempotency_key)
+        partitions, events = routed(topic, events, placed or [partition] * len(events), idempotency_key)
         encoded = [self.encode(e) for e in events]  # all checked before anything is appended
 
         def remember(result: list[tuple[int, int]]) -> None:
@@ -419,6 +431,39 @@ class StreamsService:
         if key is not None:
             synced.append(self.idempotency)
         return result, synced
+
+    # --- staged writes (a writer's commit protocol) ----------------------------------------------------
+
+    def stage(self, name: str, stage: str, seq: int, events: list[Placed]) -> bool:
+        """Keep chunk ``seq`` of a task attempt's rows until its commit; False: already kept."""
+        self.topic(name)  # a missing topic: 404 now, not at the commit
+        return self.staging.stage(name, stage, seq, events, time.time())
+
+    async def commit_staged(self, name: str, key: str, reported: list[Reported]) -> tuple[bool, int]:
+        """Append the events of exactly these stages, once per ``key``: (appended now, events). A key
+        already answered appends nothing (a batch committed before); the stages are dropped either way."""
+        if not 1 <= len(key) <= 256:
+            raise BadRequest("idempotency_key must be 1..256 characters")
+        stages = [r.stage for r in reported]
+        if self.idempotency.get(f"{name}/{self.topic(name).settings.incarnation}/{key}") is not None:
+            self.staging.drop(stages, name)
+            self.counters["duplicates_skipped"] += sum(r.events for r in reported)
+            return False, 0
+        placed = self.staging.take(name, reported)
+        if placed:
+            await self._append_staged(name, placed, key)
+        self.staging.drop(stages, name)
+        return True, len(placed)
+
+    async def _append_staged(self, name: str, placed: list[Placed], key: str) -> None:
+        """One append (all-or-nothing across the topic's partitions) under ``key``."""
+        events = [e for _, e in placed]
+        result, synced = self.append_topic(name, events, None, key, [p for p, _ in placed])
+        if synced:
+            await self.durability.written(*synced, records=len(result))
+
+    def abort_staged(self, name: str, stages: list[str]) -> int:
+        return self.staging.drop(stages, name)
 
     # --- consumer groups -----------------------------------------------------------------------------
 
