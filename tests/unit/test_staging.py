@@ -33,12 +33,11 @@ def test_a_stage_takes_each_chunk_once_in_order_within_its_bounds(
     model: dict[str, list[int]] = {}  # stage -> [chunks, events, bytes]
     for now, (stage, seq, events, size) in enumerate(steps):
         done = model.get(stage, [0, 0, 0])[0]
+        refused: StageError | None = None
         try:
             decision = table.offer(stage, "t", seq, events, size, float(now))
         except StageError as exc:
             refused = exc
-        else:
-            refused = None
         if refused is not None:
             full = (len(model) >= max_stages and stage not in model) or table.bytes + size > max_bytes
             assert (seq > done) if refused.kind == "bad" else (refused.kind == "limit" and full)
