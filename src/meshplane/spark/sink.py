@@ -16,6 +16,7 @@ on the server.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import urllib.parse
 import uuid
@@ -28,7 +29,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, Wri
 from pyspark.sql.types import ArrayType, BinaryType, StringType, StructType
 
 from meshplane.errors import Conflict, MeshplaneError, NotFound
-from meshplane.spark.headers import BASE64, to_metadata
+from meshplane.spark.headers import HEADERS_KEY, to_metadata
 from meshplane.spark.http import SyncStreamsClient
 from meshplane.spark.options import Options, SparkOptionError
 from meshplane.spark.reader import open_client
@@ -91,17 +92,22 @@ def row_to_event(row: Any, options: Options) -> tuple[str, int | None, dict[str,
     metadata = {str(k): str(v) for k, v in (fields.get("metadata") or {}).items()}
     # Beside a metadata column, headers are stored whole: read back, they are not mixed with its entries.
     headers = ((h["key"], h["value"]) for h in fields.get("headers") or ())
-    metadata.update(to_metadata(headers, plain=not metadata))
+    entries = to_metadata(headers, plain=not metadata)
+    whole = entries.pop(HEADERS_KEY, None)  # the server writes meshplane.* entries: asked by field
+    metadata.update(entries)
     data: Any
+    event: dict[str, Any] = {"event_type": fields.get("event_type") or options.event_type}
     if isinstance(value, bytearray | bytes):
         try:
             data = bytes(value).decode()
         except UnicodeDecodeError:
             data = base64.b64encode(bytes(value)).decode()
-            metadata[BASE64] = "base64"
+            event["encoding"] = "base64"
     else:
         data = value  # text, null, or (valueFormat=json) a number, list or struct with its field names
-    event: dict[str, Any] = {"event_type": fields.get("event_type") or options.event_type, "data": data}
+    event["data"] = data
+    if whole is not None:
+        event["headers"] = json.loads(whole)
     if fields.get("key") is not None:
         event["key"] = _text(fields["key"], "the key")
     if metadata:
