@@ -85,6 +85,14 @@ def test_a_bad_option_fails_at_load_in_one_line(
             {"startingTimestamp": "99999999999999"},
             r"no event is stamped at or after spec/0 at 99999999999999",
         ),
+        (  # a partition that does not exist: refused as startingOffsets refuses it
+            {"startingOffsetsByTimestamp": '{"spec": {"0": 0, "1": 0, "7": 0}}'},
+            r"startingOffsetsByTimestamp: topic 'spec' has no partition '7'",
+        ),
+        (  # a start past the end blames the start, not an endingOffsets never set
+            {"startingOffsets": '{"spec": {"0": 500, "1": 0}}'},
+            r"startingOffsets lie past the written events: spec/0 at 500",
+        ),
     ],
 )
 def test_a_batch_read_refuses_offset_specs_kafka_refuses(
@@ -155,7 +163,7 @@ def test_headers_round_trip_exactly_and_the_default_save_mode_appends(
     assert back[4]["headers"] is None  # no headers: null, as Kafka gives
     assert back[2]["value"] == b"\xfe"  # its internal encoding marker is not among the headers
     assert back[3]["metadata"] == {"plain": "text", "z": ""}  # headers that fit a map stay readable metadata
-    with pytest.raises(Exception, match="save mode Overwrite is refused"):
+    with pytest.raises(Exception, match="the meshplane sink only appends: use mode append"):
         rows.write.mode("overwrite").format("meshplane").option("url", server.url).option(
             "topic", "headed"
         ).save()
@@ -603,3 +611,45 @@ def test_poison_metadata_stored_before_it_was_reserved_never_fails_a_chunk(
                 *(f"good-{i}".encode() for i in range(5, 10)),
             ]
             assert [list(r["headers"] or []) for r in rows[5:8]] == [[], [], [("tenant", b"A")]]
+
+
+def test_a_stream_starting_past_a_partitions_end_is_data_loss_as_kafka_reports_it(
+    spark: SparkSession, server: StreamsServerProcess, tmp_path: Path
+) -> None:
+    run(publish(server.url, "short-stream", 0, 10, partitions=2))
+    past = '{"short-stream": {"0": 500, "1": 0}}'
+    with pytest.raises(
+        Exception, match=r"short-stream/0: the query is at offset 500, past the partition's end"
+    ):
+        collect_available_now(reader(spark, server.url, "short-stream", startingOffsets=past), tmp_path / "a")
+    frame = reader(spark, server.url, "short-stream", startingOffsets=past, failOnDataLoss="false")
+    rows, _ = collect_available_now(frame, tmp_path / "b")
+    assert rows  # the other partition is read; partition 0 goes on from its end
+    assert {r["partition"] for r in rows} == {1}
+
+
+def test_a_user_schema_is_checked_before_any_task_and_kafkas_seven_columns_read(
+    spark: SparkSession, server: StreamsServerProcess
+) -> None:
+    run(publish(server.url, "schemed", 0, 6, partitions=2))
+    kafka_seven = (
+        "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
+        "timestampType int"
+    )
+    frame = spark.read.format("meshplane").schema(kafka_seven).option("url", server.url)
+    rows = frame.option("subscribe", "schemed").load().collect()
+    assert len(rows) == 6
+    assert rows[0].__fields__ == [
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+    ]
+    wrong = spark.read.format("meshplane").schema("key string, value binary").option("url", server.url)
+    with pytest.raises(
+        Exception, match="the schema given makes column key string; the meshplane source's is binary"
+    ):
+        wrong.option("subscribe", "schemed").load().collect()

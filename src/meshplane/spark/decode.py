@@ -53,16 +53,27 @@ def arrow_schema(kafka: bool = True, headers: bool = False) -> pa.Schema:
 
 def spark_schema(schema: pa.Schema) -> str:
     """``schema`` in Spark's DDL, for ``DataSource.schema()``."""
-    ddl = {
-        pa.binary(): "binary",
-        pa.string(): "string",
-        pa.int32(): "int",
-        pa.int64(): "long",
-        _TYPES["timestamp"]: "timestamp",
-        HEADERS_TYPE: "array<struct<key string, value binary>>",
-        _TYPES["metadata"]: "map<string,string>",
+    return ", ".join(f"{field.name} {_DDL[field.type]}" for field in schema)
+
+
+def column_types(schema: pa.Schema) -> list[tuple[str, str]]:
+    """(name, Spark's ``simpleString`` of its type) of each column, to compare with a user's schema."""
+    simple = {
+        "long": "bigint",
+        "array<struct<key string, value binary>>": "array<struct<key:string,value:binary>>",
     }
-    return ", ".join(f"{field.name} {ddl[field.type]}" for field in schema)
+    return [(f.name, simple.get(_DDL[f.type], _DDL[f.type])) for f in schema]
+
+
+_DDL = {
+    pa.binary(): "binary",
+    pa.string(): "string",
+    pa.int32(): "int",
+    pa.int64(): "long",
+    _TYPES["timestamp"]: "timestamp",
+    HEADERS_TYPE: "array<struct<key string, value binary>>",
+    _TYPES["metadata"]: "map<string,string>",
+}
 
 
 log = logging.getLogger(__name__)

@@ -60,7 +60,8 @@ SOURCE_OPTIONS = {
     "columns": "kafka | legacy: Kafka's columns first, a binary key (default), or meshplane's earlier order "
     "(a string key; event_type, id, metadata before timestampType)",
     "readerName": "the name a streaming query's progress is recorded under on the server, for its lag "
-    "(default: spark- and a hash of what it reads; empty: not recorded)",
+    "(default: each query its own, spark-query-<queryName> or spark-<its checkpoint's query id>; empty: "
+    "not recorded)",
     "fetchMaxBytes": "an integer >= 1024: bytes per fetch (default 2 MiB)",
     "localReads": "true | false: read segment files directly on the server's host (default true)",
     "arrow": "true | false: yield Arrow batches (default true)",
@@ -313,6 +314,7 @@ class Options:
     request_timeout: float = 60.0
     retry_timeout: float = 60.0
     ignored: tuple[str, ...] = ()  # Kafka's options given that do not apply (each warned about)
+    projection: tuple[str, ...] | None = None  # the columns a user-given schema asks for, in its order
 
     @classmethod
     def for_source(cls, options: Mapping[str, Any]) -> Options:
