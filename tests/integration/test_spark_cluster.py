@@ -7,7 +7,6 @@ order than the first run's (shuffle blocks arrive from two executors as they com
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -25,7 +24,7 @@ from meshplane.launchers import StreamsServerProcess
 from meshplane.launchers.base import free_port
 from meshplane.streams.client import StreamsClient
 from tests.helpers import wait_until
-from tests.spark_support import run
+from tests.spark_support import run, stored_values
 
 ROWS, PER_BATCH = 24_000, 8_000  # 3 batches; each task writes ~4,000 rows in 1,000-row chunks
 SPARK_CLASS = Path(pyspark.__file__).with_name("bin") / "spark-class"
@@ -85,35 +84,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
             _stop(process)
 
 
-def _copied(url: str) -> list[int]:
-    async def read_all() -> list[int]:
-        values: list[int] = []
-        async with StreamsClient(url) as client:
-            for partition in range(2):
-                offset = 0
-                while True:
-                    batch = await client.consume_partition("cout", partition, offset, 1000)
-                    if not batch["events"]:
-                        break
-                    values += [json.loads(e["data"])["i"] for e in batch["events"]]
-                    offset = batch["events"][-1]["offset"] + 1
-        return values
-
-    result: list[int] = run(read_all())
-    return result
-
-
 def _driver(master: str, url: str, checkpoint: Path, log: Path) -> subprocess.Popen[bytes]:
-    argv = [
-        sys.executable,
-        "-m",
-        "tests.spark_cluster_driver",
-        url,
-        "cin",
-        "cout",
-        str(checkpoint),
-        str(PER_BATCH),
-    ]
+    argv = [sys.executable, "-m", "tests.spark_copy_driver", url, "cin", "cout", str(checkpoint)]
+    argv += [str(PER_BATCH), "shuffle"]
     env = dict(os.environ, MESHPLANE_SPARK_MASTER=master, SPARK_LOCAL_IP="127.0.0.1")
     return subprocess.Popen(
         argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -172,7 +145,7 @@ def test_a_driver_killed_mid_batch_on_a_cluster_with_a_shuffle_writes_every_row_
                 time.sleep(delay)  # a kill at a point of the write, not a wait for a condition
             finally:
                 _stop(driver)  # SIGKILL
-            kills.append((_committed(checkpoint), len(_copied(server.url))))
+            kills.append((_committed(checkpoint), len(stored_values(server.url, "cout"))))
         assert _committed(checkpoint) < ROWS // PER_BATCH, f"killed too late to prove anything: {kills}"
         driver = _driver(master, server.url, checkpoint, log)
         try:
@@ -184,7 +157,7 @@ def test_a_driver_killed_mid_batch_on_a_cluster_with_a_shuffle_writes_every_row_
             )
         finally:
             _stop(driver)
-        copied = _copied(server.url)
+        copied = stored_values(server.url, "cout")
         duplicated = len(copied) - len(set(copied))
         missing = ROWS - len(set(copied) & set(range(ROWS)))
         assert (len(copied), duplicated, missing) == (ROWS, 0, 0), (

@@ -16,8 +16,7 @@ from pyspark.sql import Row
 from meshplane.launchers import StreamsServerProcess
 from meshplane.spark import sink
 from meshplane.spark.options import Options
-from meshplane.streams.client import StreamsClient
-from tests.spark_support import run
+from tests.spark_support import stored_values
 
 ROWS = 2500
 
@@ -42,24 +41,6 @@ class FakeTask:
         return self.partition
 
 
-def stored(url: str, topic: str) -> list[int]:
-    async def read_all() -> list[int]:
-        values: list[int] = []
-        async with StreamsClient(url) as client:
-            for partition in range((await client.topic_stats(topic))["num_partitions"]):
-                offset = 0
-                while True:
-                    batch = await client.consume_partition(topic, partition, offset, 1000)
-                    if not batch["events"]:
-                        break
-                    values += [json.loads(e["data"])["i"] for e in batch["events"]]
-                    offset = batch["events"][-1]["offset"] + 1
-        return values
-
-    result: list[int] = run(read_all())
-    return result
-
-
 def dies_after(rows: list[Any], count: int) -> Iterator[Any]:
     yield from rows[:count]
     raise RuntimeError("executor lost")
@@ -75,10 +56,10 @@ def test_a_replayed_attempt_given_its_rows_in_another_order_stores_each_row_once
         writer.write(dies_after(rows, 1500))  # attempt 1 dies part-way
     message = writer.write(iter(random.Random(1).sample(rows, ROWS)))  # attempt 2, another order
     writer.commit([message], 0)
-    values = stored(server.url, "replayed")
+    values = stored_values(server.url, "replayed")
     assert (len(values), len(set(values))) == (ROWS, ROWS)
     # The driver dies after the commit, before Spark's commit log: the batch runs again, in yet
     # another order, and its commit adds nothing.
     again = writer.write(iter(random.Random(2).sample(rows, ROWS)))
     writer.commit([again], 0)
-    assert sorted(stored(server.url, "replayed")) == list(range(ROWS))
+    assert sorted(stored_values(server.url, "replayed")) == list(range(ROWS))

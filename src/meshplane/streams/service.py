@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplane.core.groups import GroupCoordinator
-from meshplane.core.staging import Limits, Reported
+from meshplane.core.staging import Limits
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent
 from meshplane.streams.config import StreamsConfig, check_name, new_event_id, now_ms
 from meshplane.streams.durability import Durability, Syncable
@@ -44,13 +44,13 @@ from meshplane.streams.idempotency import IdempotencyTable, routed
 from meshplane.streams.pubsub import PubSub, PubSubLimits
 from meshplane.streams.recovery_report import DataProblems, counted_not_logged, summarise
 from meshplane.streams.rooms import LocalRoom, Room, read_room_settings, room_settings
-from meshplane.streams.staging import Placed, StagingStore
+from meshplane.streams.staging import StagedWrites, StagingStore
 from meshplane.streams.topics import RawSpan, TopicBase, TopicStore, group_lag
 
 log = logging.getLogger(__name__)
 
 
-class StreamsService:
+class StreamsService(StagedWrites):
     """Rooms, partitioned topics, consumer groups and pub/sub over one data directory.
 
     Every state change goes through here (persisted, counted, waiters woken) and raises the streams
@@ -431,39 +431,6 @@ class StreamsService:
         if key is not None:
             synced.append(self.idempotency)
         return result, synced
-
-    # --- staged writes (a writer's commit protocol) ----------------------------------------------------
-
-    def stage(self, name: str, stage: str, seq: int, events: list[Placed]) -> bool:
-        """Keep chunk ``seq`` of a task attempt's rows until its commit; False: already kept."""
-        self.topic(name)  # a missing topic: 404 now, not at the commit
-        return self.staging.stage(name, stage, seq, events, time.time())
-
-    async def commit_staged(self, name: str, key: str, reported: list[Reported]) -> tuple[bool, int]:
-        """Append the events of exactly these stages, once per ``key``: (appended now, events). A key
-        already answered appends nothing (a batch committed before); the stages are dropped either way."""
-        if not 1 <= len(key) <= 256:
-            raise BadRequest("idempotency_key must be 1..256 characters")
-        stages = [r.stage for r in reported]
-        if self.idempotency.get(f"{name}/{self.topic(name).settings.incarnation}/{key}") is not None:
-            self.staging.drop(stages, name)
-            self.counters["duplicates_skipped"] += sum(r.events for r in reported)
-            return False, 0
-        placed = self.staging.take(name, reported)
-        if placed:
-            await self._append_staged(name, placed, key)
-        self.staging.drop(stages, name)
-        return True, len(placed)
-
-    async def _append_staged(self, name: str, placed: list[Placed], key: str) -> None:
-        """One append (all-or-nothing across the topic's partitions) under ``key``."""
-        events = [e for _, e in placed]
-        result, synced = self.append_topic(name, events, None, key, [p for p, _ in placed])
-        if synced:
-            await self.durability.written(*synced, records=len(result))
-
-    def abort_staged(self, name: str, stages: list[str]) -> int:
-        return self.staging.drop(stages, name)
 
     # --- consumer groups -----------------------------------------------------------------------------
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import msgspec
 
@@ -22,6 +23,9 @@ from meshplane.core.staging import Chunk, Limits, Reported, StageError, StagingT
 from meshplane.core.streamlog import StoredEvent
 from meshplane.streams.errors import BadRequest, Conflict, LimitReached, storage_error
 from meshplane.streams.files import RecordFile
+
+if TYPE_CHECKING:
+    from meshplane.streams.service import StreamsService
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -137,3 +141,56 @@ def _decided(decide: Callable[[], T]) -> T:
         if exc.kind == "missing":
             raise Conflict(str(exc)) from None
         raise BadRequest(str(exc)) from None
+
+
+class StagedWrites:
+    """The streams service's staged-write methods (a writer's commit protocol), mixed into it."""
+
+    def _service(self) -> StreamsService:
+        return cast("StreamsService", self)
+
+    def stage(self, name: str, stage: str, seq: int, events: list[Placed]) -> bool:
+        """Keep chunk ``seq`` of a task attempt's rows until its commit; False: already kept."""
+        service = self._service()
+        service.topic(name)  # a missing topic: 404 now, not at the commit
+        return service.staging.stage(name, stage, seq, events, time.time())
+
+    async def commit_staged(self, name: str, key: str, reported: list[Reported]) -> tuple[bool, int]:
+        """Append the events of exactly these stages, once per ``key``: (appended now, events). A key
+        already answered appends nothing (a batch committed before); the stages are dropped either way."""
+        if not 1 <= len(key) <= 256:
+            raise BadRequest("idempotency_key must be 1..256 characters")
+        service, stages = self._service(), [r.stage for r in reported]
+        if service.idempotency.get(f"{name}/{service.topic(name).settings.incarnation}/{key}") is not None:
+            service.staging.drop(stages, name)
+            service.counters["duplicates_skipped"] += sum(r.events for r in reported)
+            return False, 0
+        placed = service.staging.take(name, reported)
+        if placed:
+            await self._append_staged(name, placed, key)
+        service.staging.drop(stages, name)
+        return True, len(placed)
+
+    async def _append_staged(self, name: str, placed: list[Placed], key: str) -> None:
+        """One append (all-or-nothing across the topic's partitions) under ``key``."""
+        service, events = self._service(), [e for _, e in placed]
+        result, synced = service.append_topic(name, events, None, key, [p for p, _ in placed])
+        if synced:
+            await service.durability.written(*synced, records=len(result))
+
+    def abort_staged(self, name: str, stages: list[str]) -> int:
+        return self._service().staging.drop(stages, name)
+
+
+Publish = Callable[[str, list[StoredEvent], int | None, str | None], Awaitable[Any]]
+
+
+async def append_by_partition(publish: Publish, name: str, placed: list[Placed], key: str) -> None:
+    """Staged events appended by one publish per partition the rows named (and one for the rest),
+    each under its own key: where a multi-partition append is not all-or-nothing (JetStream), a
+    failure part-way is completed, without duplicates, by the writer running the batch again."""
+    by_partition: dict[int | None, list[StoredEvent]] = {}
+    for partition, event in placed:
+        by_partition.setdefault(partition, []).append(event)
+    for partition, events in by_partition.items():
+        await publish(name, events, partition, key if partition is None else f"{key}@{partition}")

@@ -36,7 +36,7 @@ from meshplane.streams.jetstream.rooms import SharedRoom, SharedRooms
 from meshplane.streams.jetstream.store import JetStreamStore, StreamBounds, Unavailable
 from meshplane.streams.rooms import Room
 from meshplane.streams.service import StreamsService
-from meshplane.streams.staging import Placed
+from meshplane.streams.staging import Placed, append_by_partition
 from meshplane.streams.topics import RawSpan, TopicBase, TopicSettings, check_new_topic
 
 log = logging.getLogger(__name__)
@@ -434,15 +434,7 @@ class JetStreamStreamsService(StreamsService):
         return result
 
     async def _append_staged(self, name: str, placed: list[Placed], key: str) -> None:
-        """One publish per partition the rows named (and one for the rest), each under its own key:
-        a failure part-way is completed, without duplicates, by the writer running the batch again."""
-        by_partition: dict[int | None, list[StoredEvent]] = {}
-        for partition, event in placed:
-            by_partition.setdefault(partition, []).append(event)
-        for partition, events in by_partition.items():
-            await self.publish_topic(
-                name, events, partition, key if partition is None else f"{key}@{partition}"
-            )
+        await append_by_partition(self.publish_topic, name, placed, key)
 
     # --- consumer groups -----------------------------------------------------------------------------
 
