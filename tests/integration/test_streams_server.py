@@ -605,6 +605,26 @@ async def test_scoped_tokens(tmp_path: Path) -> None:
                 assert answer["success"] is allowed, (command, answer)
                 if not allowed:
                     assert answer["code"] == 403
+            # A reader view is its writer's: a read-only token writing another's name writes its own.
+            view = "/topics/orders.eu/readers/etl"
+            async with http.put(
+                view, json={"offsets": {"0": 1}, "identity": "checkpoint"}, headers=writer
+            ) as r:
+                assert r.status == 200
+            async with http.put(view, json={"offsets": {"0": 0}}, headers=reader) as r:
+                assert r.status == 200
+            async with http.put(
+                "/topics/billing/readers/etl", json={"offsets": {"0": 0}}, headers=writer
+            ) as r:
+                assert r.status == 403  # no read scope on billing
+            async with http.get("/topics/orders.eu/readers", headers=admin) as r:
+                views = {v["owner"]: v for v in (await r.json())["readers"]}
+            assert len(views) == 2
+            assert sorted((v["offsets"]["0"], v["identity"]) for v in views.values()) == [
+                (0, ""),
+                (1, "checkpoint"),
+            ]
+            assert all(owner.startswith("t") and "0123456789" not in owner for owner in views)  # no token
 
 
 # --- durability -----------------------------------------------------------------------------------
