@@ -4,6 +4,7 @@ and started again on its checkpoint; the copy holds every event once. On both st
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -65,7 +66,7 @@ def test_a_driver_killed_mid_stream_resumes_on_its_checkpoint_and_copies_every_e
             interval=0.05,
             what="copied events",
         )
-        driver.kill()  # SIGKILL: no clean stop, whatever the driver was doing
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver's Python and JVM: no clean stop, whatever they did
         driver.wait(30)
         partial = stored_values(server.url, "copy-out")
         assert 0 < len(partial) < EVENTS, "killed too late to prove anything"
@@ -93,7 +94,8 @@ def test_a_driver_killed_mid_stream_resumes_on_its_checkpoint_and_copies_every_e
             what="copied events",
         )
     finally:
-        driver.send_signal(signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(30)
     copied = stored_values(server.url, "copy-out")
     assert sorted(copied) == list(range(EVENTS))  # every event, none twice
