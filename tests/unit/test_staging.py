@@ -35,7 +35,7 @@ def test_a_stage_takes_each_chunk_once_in_order_within_its_bounds(
         done = model.get(stage, [0, 0, 0])[0]
         refused: StageError | None = None
         try:
-            decision = table.offer(stage, "t", seq, events, size, float(now))
+            decision = table.offer(stage, "t", seq, events, size)
         except StageError as exc:
             refused = exc
         if refused is not None:
@@ -69,9 +69,9 @@ def test_a_stage_belongs_to_one_topic_and_a_gap_is_refused() -> None:
     table = StagingTable()
     table.taken("s", "t", 1, 10, 0.0)
     with pytest.raises(StageError, match="belongs to topic 't'"):
-        table.offer("s", "u", 1, 1, 10, 0.0)
+        table.offer("s", "u", 1, 1, 10)
     with pytest.raises(StageError, match="expects chunk 1 next, not 2"):
-        table.offer("s", "t", 2, 1, 10, 0.0)
+        table.offer("s", "t", 2, 1, 10)
     with pytest.raises(StageError, match="named twice"):
         table.check_commit("t", [Reported("s", 1, 1), Reported("s", 1, 1)])
 

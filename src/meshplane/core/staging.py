@@ -66,7 +66,7 @@ class StagingTable:
         self.stages: OrderedDict[str, Stage] = OrderedDict()
         self.bytes = 0
 
-    def offer(self, stage: str, topic: str, seq: int, events: int, size: int, now: float) -> Chunk:
+    def offer(self, stage: str, topic: str, seq: int, events: int, size: int) -> Chunk:
         """Decide about chunk ``seq`` of ``stage`` (``events`` events, ``size`` bytes); nothing changes
         until :meth:`taken` says it was stored."""
         if seq < 0 or events < 1 or size < 0:

@@ -81,7 +81,7 @@ class StagingStore:
         """Store chunk ``seq``; False when it was already stored (a retried request)."""
         check_stage_id(stage)
         payload = _ENCODER.encode(_Chunk(topic, seq, events))
-        decision = _decided(lambda: self.table.offer(stage, topic, seq, len(events), len(payload), now))
+        decision = _decided(lambda: self.table.offer(stage, topic, seq, len(events), len(payload)))
         if decision is Chunk.REPEATED:
             return False
         record = RecordFile(self._path(stage))
