@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from meshplane.core.groups import GroupCoordinator
-from meshplane.core.staging import Limits
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent
 from meshplane.streams.config import StreamsConfig, check_name, new_event_id, now_ms
 from meshplane.streams.durability import Durability, Syncable
@@ -42,7 +41,7 @@ from meshplane.streams.files import FilePool, write_atomic
 from meshplane.streams.groups import GroupStore, group_partitions
 from meshplane.streams.idempotency import IdempotencyTable, routed
 from meshplane.streams.pubsub import PubSub, PubSubLimits
-from meshplane.streams.recovery_report import DataProblems, counted_not_logged, summarise
+from meshplane.streams.recovery_report import DataProblems, counted_not_logged, local_logs, summarise
 from meshplane.streams.rooms import LocalRoom, Room, read_room_settings, room_settings
 from meshplane.streams.staging import StagedWrites, StagingStore
 from meshplane.streams.topics import RawSpan, TopicBase, TopicStore, group_lag
@@ -72,9 +71,7 @@ class StreamsService(StagedWrites):
         self.idempotency = answers = IdempotencyTable(
             self.config.idempotency_keys, self.config.idempotency_bytes, self.config.idempotency_ttl_secs
         )
-        c = self.config
-        limits = Limits(c.staging_max_stages, c.staging_max_bytes, c.staging_ttl_secs)
-        self.staging = StagingStore(self.root / "staging", limits)
+        self.staging = StagingStore.of(self.root, self.config)
         self._cleanup: asyncio.Task[None] | None = None
         self.counters: dict[str, int] = {
             "events_published": 0,
@@ -146,27 +143,17 @@ class StreamsService(StagedWrites):
             "open_files": (len(self.files), self.files.capacity),
             "idempotency_keys": (len(self.idempotency.entries), c.idempotency_keys),
             "idempotency_bytes": (self.idempotency.bytes, c.idempotency_bytes),
-            "staged_writes": (len(self.staging.table.stages), c.staging_max_stages),
-            "staged_bytes": (self.staging.table.bytes, c.staging_max_bytes),
+            **self.staging.use(),
             "pubsub_registrations": (len(self.pubsub.registered), self.pubsub.limits.registered_subscribers),
             "pubsub_listeners": (len(self.pubsub.listeners), self.pubsub.limits.listeners),
         }
 
     def storage_problems(self) -> list[str]:
         """What recovery found and set aside, in metadata and in every log."""
-        found = list(self.problems.found)
-        found.extend(f"{name}: {problem}" for name, _, problems in self._logs() for problem in problems)
-        return found
+        return [*self.problems.found, *(f"{n}: {p}" for n, _, problems in self._logs() for p in problems)]
 
     def _logs(self) -> list[tuple[str, int, list[str]]]:
-        """(name, problems found, the last of them) of every local log (JetStream keeps its own)."""
-        logs = [(f"room {room.name}", room.problems_total, room.problems) for room in self.rooms.values()]
-        logs += [
-            (f"topic {topic.name}/{n}", plog.problems_total, plog.problems)
-            for topic in self.topic_store.topics.values()
-            for n, plog in enumerate(topic.partitions)
-        ]
-        return logs
+        return local_logs(self.rooms.values(), self.topic_store.topics.values())
 
     async def start(self) -> None:
         self.open()
@@ -406,8 +393,8 @@ class StreamsService(StagedWrites):
         placed: list[int | None] | None = None,
     ) -> tuple[list[tuple[int, int]], list[Syncable]]:
         """:meth:`publish_topic` up to the fsync: the places, and what the durability loop must sync
-        before they are acknowledged (for callers that commit several writes as a group). ``placed``:
-        each event's own partition (None: routed by key), instead of ``partition`` for all."""
+        before they are acknowledged (for callers that commit several writes as a group); ``placed``:
+        each event's partition (None: by key), instead of ``partition`` for all."""
         topic = self.topic_store.get(name)
         key = None
         if idempotency_key is not None:

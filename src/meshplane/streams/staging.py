@@ -25,6 +25,7 @@ from meshplane.streams.errors import BadRequest, Conflict, LimitReached, storage
 from meshplane.streams.files import RecordFile
 
 if TYPE_CHECKING:
+    from meshplane.streams.config import StreamsConfig
     from meshplane.streams.service import StreamsService
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,20 @@ class StagingStore:
         self.directory = directory
         self.table = StagingTable(limits)
         self.expired_total = 0
+
+    @classmethod
+    def of(cls, root: Path, config: StreamsConfig) -> StagingStore:
+        """The store under ``<data dir>/staging`` with the configured bounds."""
+        limits = Limits(config.staging_max_stages, config.staging_max_bytes, config.staging_ttl_secs)
+        return cls(root / "staging", limits)
+
+    def use(self) -> dict[str, tuple[int, int]]:
+        """Its bounded resources: (in use, limit), for ``GET /storage`` and the metrics."""
+        limits = self.table.limits
+        return {
+            "staged_writes": (len(self.table.stages), limits.max_stages),
+            "staged_bytes": (self.table.bytes, limits.max_bytes),
+        }
 
     def open(self, now: float) -> None:
         """Take back the stages found on disk (a restart between a task's write and its commit)."""
