@@ -1,7 +1,9 @@
 """A Spark driver for the crash tests: copies topic IN to topic OUT through the meshplane source and
-sink on a checkpoint, a few hundred events a micro-batch, until it is killed.
+sink on a checkpoint, PER_BATCH events a micro-batch (default 300), until it is killed; with
+``shuffle``, through ``repartition(2, "key")`` (a task run again receives its rows in another order).
 
-    python -m tests.spark_copy_driver URL IN OUT CHECKPOINT
+    [MESHPLANE_SPARK_MASTER=spark://HOST:PORT] python -m tests.spark_copy_driver URL IN OUT CHECKPOINT \\
+        [PER_BATCH [shuffle]]
 """
 
 from __future__ import annotations
@@ -11,16 +13,20 @@ import sys
 from meshplane.spark.pipeline import spark_session
 
 
-def main(url: str, source: str, sink: str, checkpoint: str) -> None:
+def main(url: str, source: str, sink: str, checkpoint: str, per_batch: str = "300", *how: str) -> None:
     spark = spark_session("meshplane-crash-test")
-    query = (
+    rows = (
         spark.readStream.format("meshplane")
         .option("url", url)
         .option("topic", source)
         .option("startingOffsets", "earliest")
-        .option("maxEventsPerTrigger", "300")
+        .option("maxOffsetsPerTrigger", per_batch)
         .load()
-        .selectExpr("key", "value", "'copied' AS event_type")
+    )
+    if "shuffle" in how:
+        rows = rows.repartition(2, "key")
+    query = (
+        rows.selectExpr("key", "value", "'copied' AS event_type")
         .writeStream.format("meshplane")
         .option("url", url)
         .option("topic", sink)
@@ -33,4 +39,4 @@ def main(url: str, source: str, sink: str, checkpoint: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,25 @@ async def publish(url: str, topic: str, first: int, count: int, partitions: int 
         ]
         for start in range(0, len(events), 500):
             await client.publish_batch(topic, events[start : start + 500])
+
+
+def stored_values(url: str, topic: str) -> list[Any]:
+    """The ``i`` of every event's JSON data in ``topic`` (all its partitions), in offset order."""
+
+    async def read_all() -> list[Any]:
+        values: list[Any] = []
+        async with StreamsClient(url) as client:
+            for partition in range((await client.topic_stats(topic))["num_partitions"]):
+                offset = 0
+                while True:
+                    batch = await client.consume_partition(topic, partition, offset, 1000)
+                    if not batch["events"]:
+                        break
+                    values += [json.loads(e["data"])["i"] for e in batch["events"]]
+                    offset = batch["events"][-1]["offset"] + 1
+        return values
+
+    return list(run(read_all()))
 
 
 def reader(spark: SparkSession, url: str, topic: str, **options: Any) -> DataFrame:

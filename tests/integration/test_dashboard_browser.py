@@ -180,14 +180,19 @@ def test_a_group_that_stops_committing_shows_growing_lag(url: str, page: Page) -
 def test_a_spark_querys_lag_shows_beside_the_groups(url: str, page: Page) -> None:
     post(url, "/topics/clicks", {"num_partitions": 1})
     publish(url, "clicks", 5)
-    noted = requests.put(url + "/topics/clicks/readers/spark-daily", json={"offsets": {"0": 2}}, timeout=5)
+    noted = requests.put(
+        url + "/topics/clicks/readers/spark-daily",
+        json={"offsets": {"0": 2}, "identity": "queryName"},
+        timeout=5,
+    )
     noted.raise_for_status()  # what a Spark source says after each batch
     page.goto(url + "/ui/groups")
     row = "[data-reader=spark-daily]"
     page.wait_for_selector(f"{row} [data-test=reader-lag]:text-is('3')", timeout=WAIT_MS)
     publish(url, "clicks", 4)  # the query reads no further
     page.wait_for_selector(f"{row} [data-test=reader-lag]:text-is('7')", timeout=WAIT_MS)
-    assert page.inner_text(f"{row} td:nth-child(2)") == "clicks"
+    assert page.inner_text(f"{row} td:nth-child(3)") == "clicks"
+    assert page.inner_text(f"{row} [data-test=reader-identity]") == "queryName"  # how it was named
     first_age = page.inner_text(f"{row} [data-test=reader-lag-time]")
     page.wait_for_function(  # the oldest event it has not read keeps waiting: its age grows
         "age => document.querySelector('[data-reader=spark-daily] [data-test=reader-lag-time]')"

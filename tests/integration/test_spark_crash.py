@@ -4,7 +4,7 @@ and started again on its checkpoint; the copy holds every event once. On both st
 from __future__ import annotations
 
 import contextlib
-import json
+import os
 import re
 import signal
 import subprocess
@@ -18,7 +18,7 @@ import pytest
 from meshplane.launchers import NatsServer, StreamsServerProcess
 from meshplane.streams.client import StreamsClient
 from tests.helpers import wait_until
-from tests.spark_support import publish, run
+from tests.spark_support import publish, run, stored_values
 
 pytestmark = pytest.mark.spark_jvm
 
@@ -33,25 +33,6 @@ def server(request: pytest.FixtureRequest) -> Iterator[StreamsServerProcess]:
             nats = stack.enter_context(NatsServer(jetstream=True)).start()
             args = ("--storage", nats.url)
         yield stack.enter_context(StreamsServerProcess(extra_args=args)).start()
-
-
-def _copied(url: str) -> list[int]:
-    """The ``i`` of every event in copy-out (the sink stores each row's value, a JSON text)."""
-
-    async def read_all() -> list[int]:
-        values: list[int] = []
-        async with StreamsClient(url) as client:
-            for partition in range(2):
-                offset = 0
-                while batch := await client.consume_partition("copy-out", partition, offset, 1000):
-                    if not batch["events"]:
-                        break
-                    values += [json.loads(e["data"])["i"] for e in batch["events"]]
-                    offset = batch["events"][-1]["offset"] + 1
-        return values
-
-    result: list[int] = run(read_all())
-    return result
 
 
 def _duplicates_skipped(url: str) -> float:
@@ -81,26 +62,43 @@ def test_a_driver_killed_mid_stream_resumes_on_its_checkpoint_and_copies_every_e
     checkpoint, log = tmp_path / "checkpoint", tmp_path / "driver.log"
     driver = _driver(server.url, checkpoint, log)
     try:
-        wait_until(lambda: len(_copied(server.url)) > 0, timeout=120, interval=0.05, what="copied events")
-        driver.kill()  # SIGKILL: no clean stop, whatever the driver was doing
+        wait_until(
+            lambda: len(stored_values(server.url, "copy-out")) > 0,
+            timeout=120,
+            interval=0.05,
+            what="copied events",
+        )
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver's Python and JVM: no clean stop, whatever they did
         driver.wait(30)
-        partial = _copied(server.url)
+        partial = stored_values(server.url, "copy-out")
         assert 0 < len(partial) < EVENTS, "killed too late to prove anything"
-        # A kill between a batch's writes and its commit, made certain: the restarted driver runs
-        # that batch again, and the sink's idempotency keys store it once. With no commit yet, the
-        # kill came after the first batch's writes (events were copied) and before its commit.
+        # A kill after the sink committed a batch and before Spark's commit log says so, made
+        # certain: the restarted driver runs that batch again, and its commit appends nothing. (A
+        # batch the kill interrupted had made nothing visible: its staged rows are never committed.)
+        # With no commit yet, the kill came after the first batch's sink commit (events were copied)
+        # and before Spark logged it.
         commits = sorted((checkpoint / "commits").glob("[0-9]*"), key=lambda f: int(f.name))
-        if commits:  # the last commit taken back
-            commits[-1].unlink()
-            (checkpoint / "commits" / f".{commits[-1].name}.crc").unlink(missing_ok=True)
+        if commits:  # the last commit taken back, and the batch planned after it forgotten
+            last = int(commits[-1].name)
+            for log_dir, batch in [("commits", last)] + [
+                ("offsets", int(f.name))
+                for f in (checkpoint / "offsets").glob("[0-9]*")
+                if int(f.name) > last
+            ]:
+                (checkpoint / log_dir / str(batch)).unlink()
+                (checkpoint / log_dir / f".{batch}.crc").unlink(missing_ok=True)
         skipped_before = _duplicates_skipped(server.url)
         driver = _driver(server.url, checkpoint, log)
         wait_until(
-            lambda: len(_copied(server.url)) >= EVENTS, timeout=120, interval=0.2, what="copied events"
+            lambda: len(stored_values(server.url, "copy-out")) >= EVENTS,
+            timeout=120,
+            interval=0.2,
+            what="copied events",
         )
     finally:
-        driver.send_signal(signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(30)
-    copied = _copied(server.url)
+    copied = stored_values(server.url, "copy-out")
     assert sorted(copied) == list(range(EVENTS))  # every event, none twice
     assert _duplicates_skipped(server.url) > skipped_before  # the replayed batch, not stored again

@@ -605,6 +605,26 @@ async def test_scoped_tokens(tmp_path: Path) -> None:
                 assert answer["success"] is allowed, (command, answer)
                 if not allowed:
                     assert answer["code"] == 403
+            # A reader view is its writer's: a read-only token writing another's name writes its own.
+            view = "/topics/orders.eu/readers/etl"
+            async with http.put(
+                view, json={"offsets": {"0": 1}, "identity": "checkpoint"}, headers=writer
+            ) as r:
+                assert r.status == 200
+            async with http.put(view, json={"offsets": {"0": 0}}, headers=reader) as r:
+                assert r.status == 200
+            async with http.put(
+                "/topics/billing/readers/etl", json={"offsets": {"0": 0}}, headers=writer
+            ) as r:
+                assert r.status == 403  # no read scope on billing
+            async with http.get("/topics/orders.eu/readers", headers=admin) as r:
+                views = {v["owner"]: v for v in (await r.json())["readers"]}
+            assert len(views) == 2
+            assert sorted((v["offsets"]["0"], v["identity"]) for v in views.values()) == [
+                (0, ""),
+                (1, "checkpoint"),
+            ]
+            assert all(owner.startswith("t") and "0123456789" not in owner for owner in views)  # no token
 
 
 # --- durability -----------------------------------------------------------------------------------
@@ -767,3 +787,43 @@ async def test_offsets_for_a_time(http: aiohttp.ClientSession) -> None:
         answer = await http.get("/topics/timed/offsets", params=bad)
         assert answer.status == 400, bad
     assert (await http.get("/topics/nope/offsets", params={"timestamp_ms": 0})).status == 404
+
+
+async def test_meshplane_metadata_keys_are_the_servers_a_producer_writing_one_gets_a_400_naming_it(
+    http: aiohttp.ClientSession,
+) -> None:
+    poison = {"event_type": "e", "data": "abc", "metadata": {"tenant": "A", "meshplane.encoding": "base64"}}
+    async with http.post("/topics/reserved/publish", json=poison) as r:
+        assert r.status == 404 or r.status == 400
+    async with http.post("/topics/reserved", json={"num_partitions": 1}) as r:
+        assert r.status in (200, 201)
+    async with http.post("/topics/reserved/publish", json=poison) as r:
+        assert r.status == 400
+        assert "'meshplane.encoding' is reserved" in (await r.json())["error"]
+    batch = {"events": [{"event_type": "e", "data": "x", "metadata": {"meshplane.headers": "[" * 100_000}}]}
+    async with http.post("/topics/reserved/publish", json=batch) as r:
+        assert r.status == 400
+        assert "'meshplane.headers' is reserved" in (await r.json())["error"]
+    room = {
+        "command": "stream.publish",
+        "payload": {"room": "r", "event": "e", "data": 1, "metadata": poison["metadata"]},
+    }
+    async with http.ws_connect("/api/v1/ws") as ws:
+        await ws.send_json({**room, "request_id": 1})
+        answer = await ws.receive_json(timeout=10)
+    assert (answer["success"], answer["code"]) == (False, 400)
+    assert "'meshplane.encoding' is reserved" in answer["error"]
+    # What the server writes itself, asked for by the event's own fields, is checked first.
+    async with http.post(
+        "/topics/reserved/publish", json={"event_type": "e", "data": "abc", "encoding": "base64"}
+    ) as r:
+        assert r.status == 400  # "abc" is not base64: refused, not stored to fail its readers
+    good = {"event_type": "e", "data": "AAE=", "encoding": "base64", "headers": [["h", None], ["h", "AQ=="]]}
+    async with http.post("/topics/reserved/publish", json=good) as r:
+        assert r.status == 200
+    async with http.post("/topics/reserved/partitions/0/consume", json={"from_offset": 0}) as r:
+        (event,) = (await r.json())["events"]
+    assert event["metadata"] == {
+        "meshplane.encoding": "base64",
+        "meshplane.headers": '[["h",null],["h","AQ=="]]',
+    }

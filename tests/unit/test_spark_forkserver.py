@@ -167,6 +167,19 @@ def test_plan_refuses_what_a_fresh_python_would_run_differently(
         forkserver.plan(request_)
 
 
+def test_a_link_to_this_interpreter_in_its_folder_is_this_interpreter(tmp_path: Path) -> None:
+    # A venv's python is a link to its python3 (or the other way round): the same interpreter.
+    here = Path(sys.executable)
+    others = [p for p in here.parent.iterdir() if p.name.startswith("python") and p != here]
+    same = [p for p in others if os.path.realpath(p) == os.path.realpath(here)]
+    assert same, f"no second name for {here} in its folder"
+    forkserver.plan(_request(executable=str(same[0])))  # not refused
+    elsewhere = tmp_path / "python"
+    elsewhere.symlink_to(os.path.realpath(here))  # the same binary, another folder: not this venv
+    with pytest.raises(forkserver.Refused, match="another interpreter"):
+        forkserver.plan(_request(executable=str(elsewhere)))
+
+
 def test_a_path_that_imports_a_loaded_package_from_elsewhere_is_refused(tmp_path: Path) -> None:
     assert forkserver.moved_packages(forkserver.child_path(str(ROOT), "")) == []
     (tmp_path / "pytest").mkdir()

@@ -20,7 +20,6 @@ def source(**given: Any) -> Options:
             {"startingOffset": "earliest"},
             r"unknown option 'startingOffset' for the meshplane source; did you mean startingOffsets\?",
         ),
-        ({"kafka.bootstrap.servers": "h:9092"}, r"'kafka.bootstrap.servers' is Kafka's; meshplane uses url"),
         ({"startingTimestamp": "yesterday"}, r"startingTimestamp must be an integer >= 0"),
         (
             {"startingOffsetsByTimestamp": '{"t": {"0": "x"}}'},
@@ -51,6 +50,36 @@ def test_a_wrong_option_is_one_line_naming_it(given: dict[str, str | None], mess
     with pytest.raises(SparkOptionError, match=message) as caught:
         source(**given)
     assert "\n" not in str(caught.value)
+
+
+def test_kafkas_own_options_are_accepted_with_a_warning_naming_each(caplog: pytest.LogCaptureFixture) -> None:
+    given = {
+        "kafka.bootstrap.servers": "h:9092",
+        "kafka.group.id": "g",
+        "kafka.auto.offset.reset": "earliest",
+        "maxRecordsPerPartition": "10",
+        "groupIdPrefix": "x",
+        "kafkaConsumer.pollTimeoutMs": "512",
+        "fetchOffset.numRetries": "3",
+        "fetchOffset.retryIntervalMs": "10",
+    }
+    options = source(**{k.lower(): v for k, v in given.items()})  # Spark hands names in lower case
+    assert sorted(options.ignored) == sorted(given)
+    said = caplog.text
+    assert "kafka.bootstrap.servers is Kafka's and does not apply to meshplane (it uses url)" in said
+    assert (
+        "kafka.auto.offset.reset is Kafka's and does not apply to meshplane (it uses startingOffsets)" in said
+    )
+    assert "kafkaConsumer.pollTimeoutMs is Kafka's and does not apply" in said
+    assert Options.for_sink({"topic": "t", "kafka.acks": "all"}).ignored == ("kafka.acks",)
+
+
+def test_offset_values_are_case_insensitive_as_kafkas() -> None:
+    assert source(startingOffsets="EARLIEST").starting_offsets == "earliest"
+    assert source(endingOffsets=" Latest ").ending_offsets == "latest"
+    with pytest.raises(SparkOptionError, match="startingOffsets cannot be latest in a batch read"):
+        source(startingOffsets="LATEST").check_batch()
+    assert source(failOnDataLoss="FALSE").fail_on_data_loss is False
 
 
 def test_the_url_may_list_several_servers_of_the_same_streams() -> None:

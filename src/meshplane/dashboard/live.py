@@ -107,7 +107,8 @@ class Dashboard:
         readers: Readers | None = None,
     ) -> None:
         self.engine, self.mesh, self.discovery = engine, mesh, discovery
-        self.readers = readers or Readers()  # Spark queries' progress, as the HTTP API recorded it
+        # Spark queries' progress, as the HTTP API recorded it
+        self.readers = readers if readers is not None else Readers()
         self.tick_secs, self.clock = tick, clock
         self.started_at = clock()
         self.trends = Trends()
@@ -346,6 +347,7 @@ class Dashboard:
             default=0,
         )
         row = {"reader": view.name, "topic": view.topic, "lag": sum(lags.values()), "lag_ms": age}
+        row |= {"owner": view.owner, "identity": view.identity}
         return {**row, "updated_secs_ago": max(0.0, now - view.updated_at)}
 
     def _lag_ms(

@@ -5,7 +5,7 @@ The compiled scan (:mod:`meshplane.spark.columnar`) takes the common case; this 
 
 from __future__ import annotations
 
-import base64
+import logging
 import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,8 +16,9 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
+from meshplane.core.metadata import BASE64, INTERNAL_PREFIX, decode_base64
 from meshplane.core.streamlog import EVENT_DECODER, scan_records
-from meshplane.spark.headers import BASE64, from_metadata
+from meshplane.spark.headers import from_metadata, malformed
 
 #: Kafka's columns, names, types and order, then meshplane's own (``columns=kafka``, the default).
 KAFKA_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
@@ -52,18 +53,30 @@ def arrow_schema(kafka: bool = True, headers: bool = False) -> pa.Schema:
 
 def spark_schema(schema: pa.Schema) -> str:
     """``schema`` in Spark's DDL, for ``DataSource.schema()``."""
-    ddl = {
-        pa.binary(): "binary",
-        pa.string(): "string",
-        pa.int32(): "int",
-        pa.int64(): "long",
-        _TYPES["timestamp"]: "timestamp",
-        HEADERS_TYPE: "array<struct<key string, value binary>>",
-        _TYPES["metadata"]: "map<string,string>",
+    return ", ".join(f"{field.name} {_DDL[field.type]}" for field in schema)
+
+
+def column_types(schema: pa.Schema) -> list[tuple[str, str]]:
+    """(name, Spark's ``simpleString`` of its type) of each column, to compare with a user's schema."""
+    simple = {
+        "long": "bigint",
+        "array<struct<key string, value binary>>": "array<struct<key:string,value:binary>>",
     }
-    return ", ".join(f"{field.name} {ddl[field.type]}" for field in schema)
+    return [(f.name, simple.get(_DDL[f.type], _DDL[f.type])) for f in schema]
 
 
+_DDL = {
+    pa.binary(): "binary",
+    pa.string(): "string",
+    pa.int32(): "int",
+    pa.int64(): "long",
+    _TYPES["timestamp"]: "timestamp",
+    HEADERS_TYPE: "array<struct<key string, value binary>>",
+    _TYPES["metadata"]: "map<string,string>",
+}
+
+
+log = logging.getLogger(__name__)
 ARROW_SCHEMA = arrow_schema()
 #: Kafka's timestampType: the server stamps each event when it appends it (LogAppendTime).
 LOG_APPEND_TIME = 1
@@ -73,7 +86,10 @@ def _value(data: Any, metadata: dict[str, str] | None) -> bytes | None:
     if data is None:
         return None  # a null value stays null (Kafka's tombstone)
     if metadata and metadata.get(BASE64) == "base64" and isinstance(data, str):
-        return base64.b64decode(data)
+        decoded = decode_base64(data)
+        if decoded is not None:
+            return decoded
+        # Not base64 after all (stored before the key was the server's): the text as it is.
     if isinstance(data, bytes):
         return data
     if isinstance(data, str):
@@ -114,6 +130,7 @@ def decode_columns(data: bytes | memoryview, first: int, end: int) -> Columns:
     if any(metas) or not all(type(d) is str for d in datas):
         values = [_value(d, m) for d, m in zip(datas, metas, strict=True)]
         metadata = [list(m.items()) if m else [] for m in metas]
+        _count_malformed(datas, metas, offsets)
     else:  # the common case: text payloads, no metadata
         values = list(map(str.encode, datas))
         metadata = [[]] * len(events)
@@ -128,6 +145,29 @@ def decode_columns(data: bytes | memoryview, first: int, end: int) -> Columns:
     )
 
 
+def _count_malformed(datas: list[Any], metas: list[dict[str, str] | None], offsets: list[int]) -> None:
+    """Say how many events carry ``meshplane.*`` entries that cannot be read: they are delivered with
+    what can be (the value's text, the plain metadata as headers), never failing the chunk."""
+    bad = [
+        o
+        for d, m, o in zip(datas, metas, offsets, strict=True)
+        if m
+        and any(k.startswith(INTERNAL_PREFIX) for k in m)
+        and ((m.get(BASE64) == "base64" and isinstance(d, str) and decode_base64(d) is None) or malformed(m))
+    ]
+    if bad:
+        MALFORMED[0] += len(bad)
+        log.warning(
+            "meshplane: %d events with unreadable meshplane.* metadata (offsets %d..%d) delivered as read "
+            "(%d so far in this process)",
+            len(bad),
+            bad[0],
+            bad[-1],
+            MALFORMED[0],
+        )
+
+
+MALFORMED = [0]  # events with unreadable meshplane.* metadata decoded by this process
 _DATA, _METADATA = operator.attrgetter("data"), operator.attrgetter("metadata")
 _KEY, _TYPE, _ID = operator.attrgetter("key"), operator.attrgetter("event_type"), operator.attrgetter("id")
 
@@ -147,7 +187,8 @@ def to_arrow(cols: Columns, topic: str, partition: int, schema: pa.Schema = ARRO
         "metadata": pa.array(cols.metadata, _TYPES["metadata"]),
     }
     if "headers" in schema.names:
-        columns["headers"] = pa.array([from_metadata(m) for m in cols.metadata], HEADERS_TYPE)
+        # A record without headers: null, as Kafka's KafkaRecordToRowConverter gives
+        columns["headers"] = pa.array([from_metadata(m) or None for m in cols.metadata], HEADERS_TYPE)
     return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
 
 
@@ -169,12 +210,10 @@ def to_tuples(cols: Columns, topic: str, partition: int, schema: pa.Schema) -> I
             "metadata": dict(meta),
         }
         if "headers" in schema.names:
-            row["headers"] = from_metadata(meta)
+            row["headers"] = from_metadata(meta) or None
         yield tuple(row[name] for name in schema.names)
 
 
 def empty_headers(rows: int) -> pa.Array:
-    """A ``headers`` column of ``rows`` empty lists (for events without metadata)."""
-    return pa.ListArray.from_arrays(
-        pa.array(np.zeros(rows + 1, np.int32)), pa.array([], HEADERS_TYPE.value_type)
-    )
+    """A ``headers`` column for ``rows`` events without metadata: null, as Kafka's for no headers."""
+    return pa.nulls(rows, HEADERS_TYPE)

@@ -97,6 +97,18 @@ class Plan:
     path: list[str]
 
 
+def same_interpreter(executable: str) -> bool:
+    """Whether ``executable`` runs as this interpreter: the same binary once links are resolved
+    (a venv's ``python`` is often a link to its ``python3``) from the same folder once resolved (a
+    venv's links and the system's binary resolve alike, but only the venv's folder has its
+    ``pyvenv.cfg`` and so its packages)."""
+
+    def identity(path: str) -> tuple[str, str]:
+        return os.path.realpath(path), os.path.realpath(os.path.dirname(os.path.abspath(path)))
+
+    return executable == sys.executable or identity(executable) == identity(sys.executable)
+
+
 def plan(request: Any) -> Plan:
     """The child a launcher's request asks for, or :class:`Refused` saying why not."""
     if not isinstance(request, dict):
@@ -108,8 +120,9 @@ def plan(request: Any) -> Plan:
         raise Refused("env is not an object of strings")
     if not isinstance(cwd, str) or not os.path.isdir(cwd):
         raise Refused("cwd is not a directory")
-    if request.get("executable") != sys.executable:
-        raise Refused(f"another interpreter ({request.get('executable')!r}, not {sys.executable!r})")
+    executable = request.get("executable")
+    if not isinstance(executable, str) or same_interpreter(executable) is False:
+        raise Refused(f"another interpreter ({executable!r}, not {sys.executable!r})")
     if len(argv) < 2 or argv[0] != "-m":
         raise Refused(f"only `-m module` is forked, not {argv[:2]!r}")
     theirs, ours = interpreter_settings(env), interpreter_settings(os.environ)

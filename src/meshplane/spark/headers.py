@@ -13,11 +13,9 @@ import base64
 import json
 from collections.abc import Iterable, Mapping
 
-Header = tuple[str, bytes | None]
+from meshplane.core.metadata import BASE64, HEADERS_KEY, INTERNAL_PREFIX, Header, decode_headers
 
-INTERNAL_PREFIX = "meshplane."
-HEADERS_KEY = "meshplane.headers"  # headers that are not a plain map, as JSON [[key, base64 value | null]]
-BASE64 = "meshplane.encoding"  # marks a value that was not UTF-8 (carried as base64)
+__all__ = ["BASE64", "HEADERS_KEY", "from_metadata", "header_key", "to_metadata"]
 
 
 def header_key(key: str | bytes | bytearray) -> str:
@@ -63,20 +61,14 @@ def from_metadata(metadata: Mapping[str, str] | Iterable[tuple[str, str]]) -> li
     items = list(metadata.items() if isinstance(metadata, Mapping) else metadata)
     for key, value in items:
         if key == HEADERS_KEY:
-            decoded = _decoded(value)
+            decoded = decode_headers(value)  # bounded, never raises: a malformed entry is left out
             if decoded is not None:
                 return decoded
     return [(k, v.encode()) for k, v in items if not k.startswith(INTERNAL_PREFIX)]
 
 
-def _decoded(text: str) -> list[Header] | None:
-    """The headers of a ``meshplane.headers`` entry; None when it is not one this module wrote."""
-    try:
-        headers: list[Header] = []
-        for key, value in json.loads(text):
-            if not isinstance(key, str) or not (value is None or isinstance(value, str)):
-                return None
-            headers.append((key, None if value is None else base64.b64decode(value, validate=True)))
-    except (ValueError, TypeError):
-        return None
-    return headers
+def malformed(metadata: Mapping[str, str] | Iterable[tuple[str, str]]) -> bool:
+    """Whether an event's ``meshplane.headers`` entry cannot be read (its headers are then its plain
+    entries)."""
+    items = metadata.items() if isinstance(metadata, Mapping) else metadata
+    return any(k == HEADERS_KEY and decode_headers(v) is None for k, v in items)

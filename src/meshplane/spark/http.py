@@ -239,6 +239,22 @@ class SyncStreamsClient:
             body["idempotency_key"] = idempotency_key
         self.json("POST", f"/topics/{urllib.parse.quote(topic)}/publish", body)
 
+    def stage(self, topic: str, stage: str, seq: int, events: list[dict[str, Any]]) -> None:
+        """Chunk ``seq`` of a task attempt's rows, kept by the server until the commit names it."""
+        body = {"stage": stage, "seq": seq, "events": events}
+        self.json("POST", f"/topics/{urllib.parse.quote(topic)}/staged", body)
+
+    def commit_staged(self, topic: str, key: str, stages: list[dict[str, Any]]) -> bool:
+        """Append exactly these stages' events ({stage, chunks, events} each), once per ``key``;
+        False when ``key`` had been committed before."""
+        body = {"idempotency_key": key, "stages": stages}
+        return bool(
+            self.json("POST", f"/topics/{urllib.parse.quote(topic)}/staged/commit", body)["committed"]
+        )
+
+    def abort_staged(self, topic: str, stages: list[str]) -> None:
+        self.json("POST", f"/topics/{urllib.parse.quote(topic)}/staged/abort", {"stages": stages})
+
     def close(self) -> None:
         self._close_segment()
         if self._conn is not None:

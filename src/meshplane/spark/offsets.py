@@ -121,6 +121,16 @@ def check_written(offsets: Mapping[str, Mapping[str, int]], bounds: Bounds, opti
         )
 
 
+def past_end(offsets: Mapping[str, Mapping[str, int]], bounds: Bounds) -> list[tuple[str, str, int, int]]:
+    """(topic, partition, offset, end) of every partition ``offsets`` places past its end."""
+    return [
+        (topic, p, o, bounds[topic][p][1])
+        for topic, parts in offsets.items()
+        for p, o in parts.items()
+        if p in bounds.get(topic, {}) and o > bounds[topic][p][1]
+    ]
+
+
 def fill_new_partitions(start: Mapping[str, Mapping[str, int]], bounds: Bounds) -> TopicOffsets:
     """``start`` plus partitions (and topics) that appeared since, from their earliest offset."""
     filled = {t: dict(parts) for t, parts in start.items()}

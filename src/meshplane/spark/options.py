@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import logging
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from meshplane.errors import MeshplaneError
 from meshplane.spark import offsets as off
 
 DEFAULT_URL = "http://127.0.0.1:15500"
+log = logging.getLogger(__name__)
 
 
 class SparkOptionError(MeshplaneError, ValueError):
@@ -58,7 +60,8 @@ SOURCE_OPTIONS = {
     "columns": "kafka | legacy: Kafka's columns first, a binary key (default), or meshplane's earlier order "
     "(a string key; event_type, id, metadata before timestampType)",
     "readerName": "the name a streaming query's progress is recorded under on the server, for its lag "
-    "(default: spark- and a hash of what it reads; empty: not recorded)",
+    "(default: each query its own, spark-query-<queryName> or spark-<its checkpoint's query id>; empty: "
+    "not recorded)",
     "fetchMaxBytes": "an integer >= 1024: bytes per fetch (default 2 MiB)",
     "localReads": "true | false: read segment files directly on the server's host (default true)",
     "arrow": "true | false: yield Arrow batches (default true)",
@@ -77,12 +80,22 @@ SINK_OPTIONS = {
 }
 #: Options Spark itself sets or passes along, which the format accepts and ignores.
 SPARK_OWN = {"path", "checkpointlocation", "queryname"}
-#: What meshplane reads instead of a ``kafka.*`` option.
+#: What meshplane reads instead of a ``kafka.*`` option (any other: url and token).
 KAFKA_INSTEAD = {
     "kafka.bootstrap.servers": "url",
     "kafka.security.protocol": "url with https:// and token",
     "kafka.sasl.jaas.config": "token",
-    "kafka.group.id": "nothing: the checkpoint is the position",
+    "kafka.group.id": "nothing (the checkpoint is the position; each query has its own lag view)",
+    "kafka.auto.offset.reset": "startingOffsets",
+}
+#: Kafka's tuning options: accepted so that a Kafka job ports as it is, with a warning that they do
+#: not apply (lower case: as Spark hands them).
+KAFKA_TUNING = {
+    "maxrecordsperpartition": "maxRecordsPerPartition",
+    "groupidprefix": "groupIdPrefix",
+    "kafkaconsumer.polltimeoutms": "kafkaConsumer.pollTimeoutMs",
+    "fetchoffset.numretries": "fetchOffset.numRetries",
+    "fetchoffset.retryintervalms": "fetchOffset.retryIntervalMs",
 }
 # Spark's time strings (JavaUtils.timeStringAs): an integer and a unit, milliseconds when none is given.
 _DURATION = re.compile(r"^\s*(\d+)\s*(us|ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
@@ -98,20 +111,28 @@ _UNIT_SECONDS = {
 }
 
 
-def _check_names(given: Mapping[str, Any], known: Mapping[str, str], what: str) -> None:
+def _check_names(given: Mapping[str, Any], known: Mapping[str, str], what: str) -> tuple[str, ...]:
+    """Refuse unknown options; returns Kafka's that do not apply here (each said in a warning)."""
     by_lower = {k.lower(): k for k in known}
+    ignored = []
     for name in given:
         lower = name.lower()  # Spark hands option names in lower case
         if lower in by_lower or lower in SPARK_OWN:
             continue
-        if lower.startswith("kafka."):
-            instead = KAFKA_INSTEAD.get(lower, "url and token")
-            raise SparkOptionError(f"option {name!r} is Kafka's; meshplane uses {instead} instead")
+        if lower.startswith("kafka.") or lower in KAFKA_TUNING:
+            shown = KAFKA_TUNING.get(lower, lower)
+            instead = KAFKA_INSTEAD.get(lower, "url and token" if lower.startswith("kafka.") else "nothing")
+            log.warning(
+                "option %s is Kafka's and does not apply to meshplane (it uses %s); ignored", shown, instead
+            )
+            ignored.append(shown)
+            continue
         close = difflib.get_close_matches(lower, by_lower, n=1)
         hint = f"did you mean {by_lower[close[0]]}? " if close else ""
         raise SparkOptionError(
             f"unknown option {name!r} for the meshplane {what}; {hint}it takes: {', '.join(sorted(known))}"
         )
+    return tuple(ignored)
 
 
 class _Reader:
@@ -217,16 +238,19 @@ def _times(read: _Reader, every: str, by_partition: str) -> int | dict[str, dict
     return {str(topic): {str(p): int(t) for p, t in parts.items()} for topic, parts in raw.items()}
 
 
-def _reader_name(
+def _reader_name(read: _Reader) -> str | None:
+    """The ``readerName`` option, checked (None: each query notes its progress under its own name)."""
+    given = read.text("readerName")
+    if given and not _READER_NAME.fullmatch(given):
+        raise SparkOptionError(f"option readerName must be 1-200 of A-Z a-z 0-9 _ . : - , not {given!r}")
+    return given
+
+
+def _options_reader_name(
     read: _Reader, topics: tuple[str, ...], pattern: str | None, assign: dict[str, tuple[int, ...]] | None
 ) -> str:
-    """The ``readerName`` option, checked; by default one that stays the same across restarts of a
-    query (a hash of what it reads and from where it starts)."""
-    given = read.text("readerName")
-    if given is not None:
-        if given and not _READER_NAME.fullmatch(given):
-            raise SparkOptionError(f"option readerName must be 1-200 of A-Z a-z 0-9 _ . : - , not {given!r}")
-        return given
+    """A name that stays the same across restarts of a query (a hash of what it reads and from where
+    it starts): used only when a task cannot tell which query it belongs to."""
     what = json.dumps([topics, pattern, assign, read.text("startingOffsets")], sort_keys=True, default=list)
     return "spark-" + hashlib.sha256(what.encode()).hexdigest()[:12]
 
@@ -243,8 +267,8 @@ def _choice(read: _Reader, name: str, allowed: tuple[str, ...]) -> str:
 
 def _offsets_text(read: _Reader, name: str, allowed: tuple[str, ...]) -> str | None:
     value = read.text(name)
-    if value is None or value.strip() in allowed:
-        return value
+    if value is None or value.strip().lower() in allowed:  # EARLIEST: Kafka lower-cases them too
+        return None if value is None else value.strip().lower()
     try:
         json.loads(value)
     except ValueError:
@@ -276,7 +300,10 @@ class Options:
     fail_on_data_loss: bool = True
     min_partitions: int | None = None
     include_headers: bool = False
-    reader_name: str = ""  # where a streaming query records its progress ("": nowhere)
+    reader_name: str | None = (
+        None  # where a streaming query records its progress ("": nowhere; None: its own)
+    )
+    default_reader_name: str = ""  # the fallback when a task cannot tell which query it belongs to
     columns: str = "kafka"  # or "legacy": the source's columns before Kafka's order was adopted
     # 2 MiB: a chunk and its columns stay near the cache (4 MiB read ~5% slower, 512 KiB ~15%)
     fetch_max_bytes: int = 2 << 20
@@ -286,10 +313,12 @@ class Options:
     local_reads: bool = True  # executors on the server's host read its segment files
     request_timeout: float = 60.0
     retry_timeout: float = 60.0
+    ignored: tuple[str, ...] = ()  # Kafka's options given that do not apply (each warned about)
+    projection: tuple[str, ...] | None = None  # the columns a user-given schema asks for, in its order
 
     @classmethod
     def for_source(cls, options: Mapping[str, Any]) -> Options:
-        _check_names(options, SOURCE_OPTIONS, "source")
+        ignored = _check_names(options, SOURCE_OPTIONS, "source")
         read = _Reader(options)
         url, token = _server(read)
         topics = _topic_list(read.text("subscribe", "topics", "topic"))
@@ -337,12 +366,14 @@ class Options:
             min_partitions=read.integer("minPartitions", default=None, minimum=1),
             include_headers=read.boolean("includeHeaders", False),
             columns=_choice(read, "columns", ("kafka", "legacy")),
-            reader_name=_reader_name(read, topics, pattern, assign),
+            reader_name=_reader_name(read),
+            default_reader_name=_options_reader_name(read, topics, pattern, assign),
             fetch_max_bytes=read.integer("fetchMaxBytes", default=2 << 20, minimum=1024) or 2 << 20,
             arrow=read.boolean("arrow", True),
             local_reads=read.boolean("localReads", True),
             request_timeout=(read.integer("requestTimeoutMs", default=60_000, minimum=1) or 60_000) / 1000,
             retry_timeout=(read.integer("retryTimeoutMs", default=60_000, minimum=0) or 0) / 1000,
+            ignored=ignored,
         )
 
     def check_batch(self) -> None:
@@ -384,7 +415,7 @@ class Options:
 
     @classmethod
     def for_sink(cls, options: Mapping[str, Any]) -> Options:
-        _check_names(options, SINK_OPTIONS, "sink")
+        ignored = _check_names(options, SINK_OPTIONS, "sink")
         read = _Reader(options)
         url, token = _server(read)
         value_format = _choice(read, "valueFormat", ("strict", "json"))
@@ -397,4 +428,5 @@ class Options:
             value_format=value_format,
             request_timeout=(read.integer("requestTimeoutMs", default=60_000, minimum=1) or 60_000) / 1000,
             retry_timeout=(read.integer("retryTimeoutMs", default=60_000, minimum=0) or 0) / 1000,
+            ignored=ignored,
         )

@@ -58,7 +58,10 @@ def spark_session(app: str = "meshplane-pipeline", python_over_unix_socket: bool
     session = (
         SparkSession.builder.master(master)
         .appName(app)
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log_config}")
+        # -Xss: Spark's StreamExecution.PROXY_ERROR regex, ((.|\r\n|\r|\n)*), recurses once per character
+        # of a foreachBatch function's Py4J error when query.stop() interrupts it: a long message
+        # overflowed the default 1 MiB stack of the stream's thread (a StackOverflowError at stop).
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log_config} -Xss16m")
         .config("spark.ui.showConsoleProgress", "false")  # progress bars: noise between a pipeline's lines
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -32,6 +33,7 @@ from meshplane.errors import MeshplaneError, NotFound
 from meshplane.spark import offsets as off
 from meshplane.spark.decode import ARROW_SCHEMA, arrow_schema, decode_columns, to_arrow, to_tuples
 from meshplane.spark.http import SyncStreamsClient
+from meshplane.spark.identity import query_reader
 from meshplane.spark.kafka_compat import quiet_runner_exit
 from meshplane.spark.options import Options, SparkOptionError
 from meshplane.streams.errors import CorruptRecords, OffsetOutOfRange
@@ -67,11 +69,13 @@ def open_client(options: Options) -> SyncStreamsClient:
 
 
 class TopicRange(InputPartition):
-    """Events [start, end) of one topic partition: one Spark partition."""
+    """Events [start, end) of one topic partition: one Spark partition. The first of a streaming
+    batch carries the batch's end offsets (``progress``): its task notes them for the query."""
 
     def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
         super().__init__((topic, partition, start, end))
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
+        self.progress: off.TopicOffsets | None = None
 
 
 def read_bounds(client: SyncStreamsClient, options: Options) -> off.Bounds:
@@ -133,6 +137,12 @@ def resolve_offsets(
     found: dict[str, dict[str, int]] = {}
     for topic, parts in bounds.items():
         wanted = {p: times for p in parts} if isinstance(times, int) else times.get(topic, {})
+        absent = sorted((p for p in wanted if p not in parts), key=lambda p: (len(p), p))
+        if absent:
+            raise off.OffsetsError(
+                f"{names[1]}: topic {topic!r} has no partition {absent[0]!r} "
+                f"(it has {', '.join(sorted(parts, key=int)) or 'none'})"
+            )
         answers = {t: client.offsets_for_time(topic, t) for t in sorted(set(wanted.values()))}
         found[topic] = {p: answers[t][p] for p, t in wanted.items() if p in answers[t]}
         late = [
@@ -174,10 +184,22 @@ def read_range(options: Options, part: TopicRange) -> Iterator[Any]:
                     f"meshplane {part.topic}/{part.partition}: no event at offset {offset} although the "
                     f"planned range ends at {part.end}: was the topic deleted and created again?"
                 )
-            yield from decoded
+            yield from (
+                decoded if options.projection is None else _project(decoded, schema, options.projection)
+            )
             offset += rows
     finally:
         client.close()
+
+
+def _project(decoded: Iterable[Any], schema: pa.Schema, names: tuple[str, ...]) -> Iterator[Any]:
+    """Only the columns a user-given schema asked for, in its order."""
+    indexes = [schema.get_field_index(n) for n in names]
+    for item in decoded:
+        if isinstance(item, pa.RecordBatch):
+            yield pa.RecordBatch.from_arrays([item.column(i) for i in indexes], names=list(names))
+        else:
+            yield tuple(item[i] for i in indexes)
 
 
 def read_partition(options: Options, partition: InputPartition) -> Iterator[Any]:
@@ -261,6 +283,32 @@ def _data_lost(options: Options, topic: str, partition: int, first: int, oldest:
     log.warning("%s; skipped (failOnDataLoss=false)", message)
 
 
+def note_progress(
+    options: Options,
+    name: str,
+    identity: str,
+    done: off.TopicOffsets,
+    client: SyncStreamsClient | None = None,
+) -> bool:
+    """Record ``done`` as reader ``name``'s position on each topic. Best effort: a failure is logged,
+    never raised (False)."""
+    progress = client or SyncStreamsClient(options.url, options.token, timeout=5.0)
+    try:
+        for topic, parts in done.items():
+            path = f"/topics/{urllib.parse.quote(topic, safe='')}/readers/{urllib.parse.quote(name, safe='')}"
+            try:
+                progress.json("PUT", path, {"offsets": parts, "identity": identity})
+            except NotFound:
+                continue  # a topic deleted since, or not made yet
+    except (MeshplaneError, OSError) as exc:
+        log.warning("meshplane: cannot record this query's progress as %r (%s); lag not shown", name, exc)
+        return False
+    finally:
+        if client is None:
+            progress.close()
+    return True
+
+
 def plan(
     options: Options, start: off.TopicOffsets, end: off.TopicOffsets, bounds: off.Bounds
 ) -> list[TopicRange]:
@@ -323,6 +371,20 @@ class MeshplaneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._note_progress(start)
         bounds = self._bounds()
         begin = off.fill_new_partitions(start, bounds)
+        if off.past_end(begin, bounds):  # a second look first: a server of several may lag a moment
+            bounds = self._bounds()
+            begin = off.fill_new_partitions(start, bounds)
+        for topic, partition, first, end in off.past_end(begin, bounds):
+            # Events the query counted on are gone (a topic deleted and made again, a start given
+            # past the end): Kafka reports data loss, and so does this.
+            message = (
+                f"meshplane {topic}/{partition}: the query is at offset {first}, past the partition's end "
+                f"({end}): the events it expected there do not exist (was the topic made again?)"
+            )
+            if self.options.fail_on_data_loss:
+                raise DataLossError(message + ". Set failOnDataLoss=false to go on from the end.")
+            log.warning("%s; going on from offset %d (failOnDataLoss=false)", message, end)
+            begin[topic][partition] = end
         if not self.options.fail_on_data_loss:
             begin = off.skip_deleted(begin, bounds)  # a deleted range is jumped in one batch, not walked
         latest = off.cap(self._ends(bounds), self._target)
@@ -340,36 +402,33 @@ class MeshplaneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return self._ends(self._bounds())
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:  # type: ignore[type-arg]
-        return plan(self.options, start, end, self._bounds())
+        ranges = plan(self.options, start, end, self._bounds())
+        if ranges and self.options.reader_name is None:  # each query its own view: its tasks know it
+            ranges[0].progress = off.normalize(end)
+        return ranges
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return read_partition(self.options, partition)
+        yield from read_partition(self.options, partition)
+        if isinstance(partition, TopicRange) and partition.progress is not None:
+            name, identity = query_reader(TaskContext.get(), self.options.default_reader_name)
+            note_progress(self.options, name, identity, partition.progress)
 
     def commit(self, end: dict) -> None:  # type: ignore[type-arg]
         """The checkpoint is the position; the server is told (see :meth:`_note_progress`)."""
         self._note_progress(end)
 
     def _note_progress(self, done: off.TopicOffsets) -> None:
-        """Tell the server where the query is (a read-only view for its lag, ``GET
-        /topics/{t}/readers``): the end of its last completed batch, when it moves, else every
-        ``PROGRESS_REFRESH`` seconds. Best effort: a failure is logged and never raised."""
+        """With a ``readerName``, tell the server where the query is (a read-only view for its lag,
+        ``GET /topics/{t}/readers``): the end of its last completed batch, when it moves, else every
+        ``PROGRESS_REFRESH`` seconds. (Without one, each query's tasks note it under the query's own
+        name: this planner is not told which query it plans for.)"""
         name, now = self.options.reader_name, time.monotonic()
         fresh = done == self._noted and now - self._noted_at < PROGRESS_REFRESH
         if not name or fresh or now < self._progress_paused_until:
             return
         self._noted, self._noted_at = off.normalize(done), now
-        for topic, parts in done.items():
-            path = f"/topics/{urllib.parse.quote(topic, safe='')}/readers/{urllib.parse.quote(name, safe='')}"
-            try:
-                self._progress.json("PUT", path, {"offsets": parts})
-            except NotFound:
-                continue  # a topic deleted since, or not made yet
-            except (MeshplaneError, OSError) as exc:  # the query goes on; the next note in a minute
-                self._progress_paused_until = now + 60.0
-                log.warning(
-                    "meshplane: cannot record this query's progress as %r (%s); lag not shown", name, exc
-                )
-                return
+        if not note_progress(self.options, name, "readerName", done, self._progress):
+            self._progress_paused_until = now + 60.0  # the query goes on; the next note in a minute
 
     def stop(self) -> None:
         self._client.close()
@@ -394,7 +453,8 @@ class MeshplaneBatchReader(DataSourceReader):
             end = resolve_offsets(client, bounds, o.ending_offsets, o.ending_time, "latest", ENDING)
         finally:
             client.close()
-        off.check_written(end, bounds, "endingOffsets")
+        off.check_written(start, bounds, STARTING[1] if o.starting_time is not None else STARTING[0])
+        off.check_written(end, bounds, ENDING[1] if o.ending_time is not None else ENDING[0])
         off.check_order(start, end)
         return plan(self.options, start, end, bounds)
 

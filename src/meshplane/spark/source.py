@@ -14,6 +14,8 @@ Modelled on Spark's Kafka integration: the same option names and meanings
 
 from __future__ import annotations
 
+import dataclasses
+
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -23,10 +25,37 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from meshplane.spark.decode import spark_schema
+from meshplane.spark.decode import column_types, spark_schema
 from meshplane.spark.options import Options, SparkOptionError
 from meshplane.spark.reader import DataLossError, MeshplaneBatchReader, MeshplaneStreamReader, columns_of
 from meshplane.spark.sink import MeshplaneBatchWriter, MeshplaneStreamWriter, check_sink_schema
+
+SAVE_MODES = (
+    "the meshplane sink only appends: use mode append (or Spark's default, errorifexists, which appends "
+    "too, as Kafka's sink does); overwrite is refused, as Kafka's sink refuses it, and Spark refuses ignore "
+    "for Python data sources"
+)
+
+
+def with_user_schema(options: Options, schema: StructType) -> Options:
+    """``options`` reading the columns a user-given schema names (Kafka's seven, say), once each is
+    checked to be one of the source's with its type; a wrong one is refused naming it, before any
+    task runs (PySpark does not show a source the schema at ``load()``)."""
+    ours = dict(column_types(columns_of(options)))
+    given = [(f.name, f.dataType.simpleString()) for f in schema.fields]
+    if given == list(ours.items()):
+        return options
+    for name, kind in given:
+        if name not in ours:
+            raise SparkOptionError(
+                f"the schema given names column {name!r}, which the meshplane source does not have "
+                f"(it has {', '.join(ours)})"
+            )
+        if kind != ours[name]:
+            raise SparkOptionError(
+                f"the schema given makes column {name} {kind}; the meshplane source's is {ours[name]}"
+            )
+    return dataclasses.replace(options, projection=tuple(name for name, _ in given))
 
 
 class MeshplaneDataSource(DataSource):
@@ -41,17 +70,15 @@ class MeshplaneDataSource(DataSource):
         return spark_schema(columns_of(Options.for_source(self.options)))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return MeshplaneBatchReader(Options.for_source(self.options))
+        return MeshplaneBatchReader(with_user_schema(Options.for_source(self.options), schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return MeshplaneStreamReader(Options.for_source(self.options))
+        return MeshplaneStreamReader(with_user_schema(Options.for_source(self.options), schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         options = Options.for_sink(self.options)
         if overwrite:
-            raise SparkOptionError(
-                "the meshplane sink appends: save mode Overwrite is refused, as Kafka's sink does"
-            )
+            raise SparkOptionError(SAVE_MODES)
         check_sink_schema(schema, options)
         return MeshplaneBatchWriter(options)
 

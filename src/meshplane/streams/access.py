@@ -16,6 +16,7 @@ environment, never from the command line (where ``ps`` shows them).
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -45,12 +46,18 @@ class Grant:
     """What one presented token may do."""
 
     scopes: tuple[Scope, ...]
+    holder: str = ""  # a fingerprint of the token (never the token): whose a reader view is
 
     def allows(self, level: Level, names: Iterable[str | None] = (None,)) -> bool:
         return all(any(s.allows(level, name) for s in self.scopes) for name in names)
 
 
 ADMIN = Grant((Scope("admin"),))
+
+
+def holder(token: str) -> str:
+    """A short fingerprint of a token, to tell its holders apart in listings without showing it."""
+    return "t" + hashlib.sha256(token.encode()).hexdigest()[:10]
 
 
 def parse_scope(text: str) -> Scope:
@@ -78,7 +85,9 @@ class Tokens:
             token, scopes = words[0], words[1:]
             if len(token) < 16:
                 raise ConfigError(f"token file line {number}: a token must have at least 16 characters")
-            grants[token] = Grant(tuple(parse_scope(s) for s in scopes)) if scopes else ADMIN
+            grants[token] = Grant(
+                tuple(parse_scope(s) for s in scopes) if scopes else ADMIN.scopes, holder(token)
+            )
         return cls(grants)
 
     @classmethod
@@ -91,7 +100,7 @@ class Tokens:
             except OSError as exc:
                 raise ConfigError(f"cannot read the token file {token_file}: {exc.strerror}") from None
         if env_token:
-            grants[env_token] = ADMIN
+            grants[env_token] = Grant(ADMIN.scopes, holder(env_token))
         return cls(grants) if grants else None
 
     def _as_dict(self) -> dict[str, Grant]:

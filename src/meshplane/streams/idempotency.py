@@ -191,9 +191,9 @@ def _marks(topic: Topic) -> Iterator[tuple[int, int, Mark, float]]:
 
 
 def routed(
-    topic: Topic, events: list[StoredEvent], partition: int | None, idempotency_key: str | None
+    topic: Topic, events: list[StoredEvent], placed: list[int | None], idempotency_key: str | None
 ) -> tuple[list[int], list[StoredEvent]]:
-    """Each event's partition, and the events to append: with a key, marked (the key in the log too,
-    so the answer outlives a crash that loses this file's tail)."""
-    partitions = [topic.choose_partition(event.key, partition) for event in events]
+    """Each event's partition (``placed[i]``, else by key), and the events to append: with a key,
+    marked (the key in the log too, so the answer outlives a crash that loses this file's tail)."""
+    partitions = [topic.choose_partition(e.key, p) for e, p in zip(events, placed, strict=True)]
     return partitions, events if idempotency_key is None else marked(events, partitions, idempotency_key)

@@ -9,6 +9,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("meshplane.streams")
 SHOWN = 3  # problems quoted in the summary
@@ -44,6 +45,17 @@ def counted_not_logged() -> Iterator[None]:
         yield
     finally:
         segments.setLevel(before)
+
+
+def local_logs(rooms: Iterable[Any], topics: Iterable[Any]) -> list[tuple[str, int, list[str]]]:
+    """(name, problems found, the last of them) of every local log (JetStream keeps its own)."""
+    logs = [(f"room {room.name}", room.problems_total, room.problems) for room in rooms]
+    logs += [
+        (f"topic {topic.name}/{n}", plog.problems_total, plog.problems)
+        for topic in topics
+        for n, plog in enumerate(topic.partitions)
+    ]
+    return logs
 
 
 def summarise(root: Path, logs: Iterable[tuple[str, int, list[str]]]) -> str | None:

@@ -9,6 +9,7 @@ Layout of ``data_dir``::
     groups/<group>.json                 group snapshot (members, generation, assignment, offsets)
     groups/<group>.offsets              commits since the snapshot (records, replayed on start)
     idempotency.log                     answers to recent idempotent publishes
+    staging/<stage>.stage               staged writes waiting for their commit (Spark's sink)
 
 Everything runs on one asyncio loop; only fsync goes to a thread.
 """
@@ -34,14 +35,15 @@ from meshplane.streams.files import FilePool, write_atomic
 from meshplane.streams.groups import GroupStore, group_partitions
 from meshplane.streams.idempotency import IdempotencyTable, routed
 from meshplane.streams.pubsub import PubSub, PubSubLimits
-from meshplane.streams.recovery_report import DataProblems, counted_not_logged, summarise
+from meshplane.streams.recovery_report import DataProblems, counted_not_logged, local_logs, summarise
 from meshplane.streams.rooms import LocalRoom, Room, read_room_settings, room_settings
+from meshplane.streams.staging import StagedWrites, StagingStore
 from meshplane.streams.topics import RawSpan, TopicBase, TopicStore, group_lag
 
 log = logging.getLogger(__name__)
 
 
-class StreamsService:
+class StreamsService(StagedWrites):
     """Rooms, partitioned topics, consumer groups and pub/sub over one data directory.
 
     Every state change goes through here (persisted, counted, waiters woken) and raises the streams
@@ -63,6 +65,7 @@ class StreamsService:
         self.idempotency = answers = IdempotencyTable(
             self.config.idempotency_keys, self.config.idempotency_bytes, self.config.idempotency_ttl_secs
         )
+        self.staging = StagingStore.of(self.root, self.config)
         self._cleanup: asyncio.Task[None] | None = None
         self.counters: dict[str, int] = {
             "events_published": 0,
@@ -106,6 +109,7 @@ class StreamsService:
             self.topic_store.load(directory)
         sync = self.config.fsync != "never"
         self.idempotency.open(self.root / "idempotency.log", sync=sync, topics=self.topic_store.topics)
+        self.staging.open(time.time())
         self.group_store.load(self._set_aside)
         self.ready = True
 
@@ -133,25 +137,17 @@ class StreamsService:
             "open_files": (len(self.files), self.files.capacity),
             "idempotency_keys": (len(self.idempotency.entries), c.idempotency_keys),
             "idempotency_bytes": (self.idempotency.bytes, c.idempotency_bytes),
+            **self.staging.use(),
             "pubsub_registrations": (len(self.pubsub.registered), self.pubsub.limits.registered_subscribers),
             "pubsub_listeners": (len(self.pubsub.listeners), self.pubsub.limits.listeners),
         }
 
     def storage_problems(self) -> list[str]:
         """What recovery found and set aside, in metadata and in every log."""
-        found = list(self.problems.found)
-        found.extend(f"{name}: {problem}" for name, _, problems in self._logs() for problem in problems)
-        return found
+        return [*self.problems.found, *(f"{n}: {p}" for n, _, problems in self._logs() for p in problems)]
 
     def _logs(self) -> list[tuple[str, int, list[str]]]:
-        """(name, problems found, the last of them) of every local log (JetStream keeps its own)."""
-        logs = [(f"room {room.name}", room.problems_total, room.problems) for room in self.rooms.values()]
-        logs += [
-            (f"topic {topic.name}/{n}", plog.problems_total, plog.problems)
-            for topic in self.topic_store.topics.values()
-            for n, plog in enumerate(topic.partitions)
-        ]
-        return logs
+        return local_logs(self.rooms.values(), self.topic_store.topics.values())
 
     async def start(self) -> None:
         self.open()
@@ -197,6 +193,7 @@ class StreamsService:
                 if budget > 0:
                     budget -= plog.verify_step(budget)
         self.idempotency.expire(time.time())
+        self.staging.expire(time.time())
         self.pubsub.expire(monotonic_now)
         self.group_store.expire()
 
@@ -391,9 +388,11 @@ class StreamsService:
         events: list[StoredEvent],
         partition: int | None = None,
         idempotency_key: str | None = None,
+        placed: list[int | None] | None = None,
     ) -> tuple[list[tuple[int, int]], list[Syncable]]:
         """:meth:`publish_topic` up to the fsync: the places, and what the durability loop must sync
-        before they are acknowledged (for callers that commit several writes as a group)."""
+        before they are acknowledged (for callers that commit several writes as a group); ``placed``:
+        each event's partition (None: by key), instead of ``partition`` for all."""
         topic = self.topic_store.get(name)
         key = None
         if idempotency_key is not None:
@@ -404,7 +403,7 @@ class StreamsService:
             if seen is not None:
                 self.counters["duplicates_skipped"] += len(events)
                 return seen, []
-        partitions, events = routed(topic, events, partition, idempotency_key)
+        partitions, events = routed(topic, events, placed or [partition] * len(events), idempotency_key)
         encoded = [self.encode(e) for e in events]  # all checked before anything is appended
 
         def remember(result: list[tuple[int, int]]) -> None:

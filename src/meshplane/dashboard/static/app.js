@@ -290,8 +290,8 @@ function topicPage(name) {
 function readersTable(readers) {
   if (!readers || !readers.length) return "";
   return `<h2>Readers that keep their own position (Spark queries)</h2><p class="muted">Where each said it was after its last committed batch: a read-only view, nothing moves for it.</p>
-    <table><tr><th>reader</th><th>topic</th><th class="num">lag (events)</th><th class="num">lag (time)</th><th class="num">last said</th></tr>
-    ${readers.map((r) => `<tr data-reader="${esc(r.reader)}"><td>${esc(r.reader)}</td><td>${link(`/ui/topics/${enc(r.topic)}`, r.topic)}</td><td class="num" data-test="reader-lag">${fmt(r.lag)}</td><td class="num" data-test="reader-lag-time">${duration(r.lag_ms)}</td><td class="num">${duration(r.updated_secs_ago * 1000)} ago</td></tr>`).join("")}</table>`;
+    <table><tr><th>reader</th><th>named by</th><th>topic</th><th class="num">lag (events)</th><th class="num">lag (time)</th><th class="num">last said</th></tr>
+    ${readers.map((r) => `<tr data-reader="${esc(r.reader)}"><td>${esc(r.reader)}${r.owner ? ` <span class="muted">(${esc(r.owner)})</span>` : ""}</td><td data-test="reader-identity">${esc(r.identity || "")}</td><td>${link(`/ui/topics/${enc(r.topic)}`, r.topic)}</td><td class="num" data-test="reader-lag">${fmt(r.lag)}</td><td class="num" data-test="reader-lag-time">${duration(r.lag_ms)}</td><td class="num">${duration(r.updated_secs_ago * 1000)} ago</td></tr>`).join("")}</table>`;
 }
 
 function groupsPage() {

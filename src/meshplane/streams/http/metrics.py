@@ -35,7 +35,7 @@ class EngineCollector(Collector):
 
     def __init__(self, engine: StreamsService, readers: Readers | None = None) -> None:
         self.engine = engine
-        self.readers = readers or Readers()
+        self.readers = readers if readers is not None else Readers()
 
     def collect(self) -> Any:
         e = self.engine
@@ -74,13 +74,13 @@ class EngineCollector(Collector):
         reader_lags = GaugeMetricFamily(
             "meshplane_reader_lag",
             "Events not yet read by a reader that keeps its own position (a Spark query), as it last said",
-            labels=["topic", "reader", "partition"],
+            labels=["topic", "reader", "owner", "partition"],
         )
         for view in self.readers:
             read = e.topics.get(view.topic)
             if read is not None:
                 for p, value in reader_lag(view, read.partitions).items():
-                    reader_lags.add_metric([view.topic, view.name, str(p)], value)
+                    reader_lags.add_metric([view.topic, view.name, view.owner, str(p)], value)
         yield reader_lags
         yield GaugeMetricFamily("meshplane_rooms", "Rooms", value=len(e.rooms))
         yield GaugeMetricFamily(

@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from meshplane.core.metadata import MetadataError, internal_entries, reserved_key
 from meshplane.core.streamlog import StoredEvent
 from meshplane.streams.access import Grant
 from meshplane.streams.config import new_event_id
@@ -134,12 +135,25 @@ def get_str(source: dict[str, Any], name: str, default: Any = _MISSING) -> Any:
 
 
 def get_metadata(source: dict[str, Any]) -> dict[str, str] | None:
+    """A producer's metadata, with the ``meshplane.*`` entries its ``encoding`` and ``headers``
+    fields ask for (a ``meshplane.*`` key of its own is refused: they are the server's)."""
     metadata = source.get("metadata")
-    if metadata is None:
-        return None
-    if not isinstance(metadata, dict):
+    if metadata is not None and not isinstance(metadata, dict):
         raise BadRequest("metadata must be an object of strings")
-    return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+    reserved = reserved_key(metadata or {})
+    if reserved is not None:
+        raise BadRequest(
+            f"metadata key {reserved[:100]!r} is reserved: meshplane.* keys are the server's (send binary "
+            "data with encoding='base64', Kafka headers with headers=[[key, base64 value or null], ...])"
+        )
+    try:
+        internal = internal_entries(source.get("encoding"), source.get("headers"), source.get("data"))
+    except MetadataError as exc:
+        raise BadRequest(str(exc)) from None
+    if metadata is None and not internal:
+        return None
+    entries = {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in (metadata or {}).items()}
+    return entries | internal
 
 
 def event_type_of(source: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from meshplane.errors import BadRequest
 from meshplane.streams.config import check_name
-from meshplane.streams.http.params import json_response, read_json
+from meshplane.streams.http.params import GRANT, json_response, read_json
 from meshplane.streams.readers import Readers, ReaderView, reader_lag
 from meshplane.streams.service import StreamsService
 from meshplane.streams.topics import TopicBase
@@ -24,6 +24,8 @@ def describe(view: ReaderView, topic: TopicBase[Any], now: float) -> dict[str, A
         "lag": {str(p): n for p, n in lag.items()},
         "lag_total": sum(lag.values()),
         "updated_secs_ago": round(max(0.0, now - view.updated_at), 3),
+        "owner": view.owner,
+        "identity": view.identity,
     }
 
 
@@ -34,7 +36,10 @@ class ReaderApi:
     async def record(self, request: web.Request) -> web.Response:
         topic = self.engine.topic(request.match_info["topic"])
         name = check_name("reader", request.match_info["reader"])
-        raw = (await read_json(request)).get("offsets")
+        body = await read_json(request)
+        raw, identity = body.get("offsets"), body.get("identity", "")
+        if not isinstance(identity, str):
+            raise BadRequest("identity must be a string (how the reader's name was chosen)")
         partitions = len(topic.partitions)
         if not isinstance(raw, dict) or not all(
             isinstance(p, str) and p.isdigit() and int(p) < partitions and type(o) is int and o >= 0
@@ -44,8 +49,11 @@ class ReaderApi:
                 f"offsets must be an object of partitions (0..{partitions - 1}) to offsets >= 0, "
                 'like {"0": 42}'
             )
+        grant = request.get(GRANT)
+        owner = grant.holder if grant is not None else ""
+        offsets = {int(p): o for p, o in raw.items()}
         ends = [log.next_offset for log in topic.partitions]
-        self.readers.record(topic.name, name, {int(p): o for p, o in raw.items()}, time.time(), ends)
+        self.readers.record(topic.name, name, offsets, time.time(), owner, identity, ends)
         return json_response({"success": True, "topic": topic.name, "reader": name})
 
     async def list(self, request: web.Request) -> web.Response:

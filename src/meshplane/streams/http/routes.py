@@ -12,6 +12,7 @@ from aiohttp import web
 
 from meshplane.dashboard import http as dashboard
 from meshplane.streams.access import Level
+from meshplane.streams.http import staging
 from meshplane.streams.http.api import Api
 from meshplane.streams.http.mesh import mesh_status, node_forget, queue_delete, queue_put, queues_list
 from meshplane.streams.http.params import Handler, json_response
@@ -40,7 +41,7 @@ class Route:
             return None
         if self.method == "GET" or self.path.endswith(_READ_ACTIONS):
             return "read"
-        return "write" if self.path.endswith("/publish") else "admin"
+        return "write" if self.path.endswith(_WRITE_ACTIONS) else "admin"
 
     @property
     def browser(self) -> bool:
@@ -51,6 +52,7 @@ class Route:
 
 
 # Consumer-side actions that change state: what a consumer with a read token does.
+_WRITE_ACTIONS = ("/publish", "/staged", "/staged/commit", "/staged/abort")
 _READ_ACTIONS = ("/consume", "/join", "/heartbeat", "/leave", "/offsets/commit", "/readers/{reader}")
 
 
@@ -270,6 +272,30 @@ def route_table(api: Api) -> list[Route]:
                 "events": "array",
                 "idempotency_key": "string",
             },
+        ),
+        Route(
+            "POST",
+            "/topics/{topic}/staged",
+            staging.stage,
+            "Stage chunk seq of a task attempt's rows until its commit (a repeated seq stores nothing)",
+            "topics",
+            {"stage": "string", "seq": "integer", "events": "array"},
+        ),
+        Route(
+            "POST",
+            "/topics/{topic}/staged/commit",
+            staging.commit,
+            "Append exactly the stages named (each must hold the chunks and events given), once per key",
+            "topics",
+            {"idempotency_key": "string", "stages": "array"},
+        ),
+        Route(
+            "POST",
+            "/topics/{topic}/staged/abort",
+            staging.abort,
+            "Drop stages (a writer's aborted attempts)",
+            "topics",
+            {"stages": "array"},
         ),
         Route(
             "POST",

@@ -37,6 +37,7 @@ from meshplane.streams.jetstream.store import JetStreamStore, StreamBounds, Unav
 from meshplane.streams.jetstream.topics import JetStreamTopic
 from meshplane.streams.rooms import Room
 from meshplane.streams.service import StreamsService
+from meshplane.streams.staging import Placed, append_by_partition
 from meshplane.streams.topics import RawSpan, TopicBase, TopicSettings, check_new_topic
 
 log = logging.getLogger(__name__)
@@ -398,6 +399,9 @@ class JetStreamStreamsService(StreamsService):
         self._count_publish(len(events) - duplicates, sum(map(len, encoded)))
         self.counters["duplicates_skipped"] += duplicates
         return result
+
+    async def _append_staged(self, name: str, placed: list[Placed], key: str) -> None:
+        await append_by_partition(self.publish_topic, name, placed, key)
 
     # --- consumer groups -----------------------------------------------------------------------------
 
