@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -23,7 +24,7 @@ ADMIN = "attack-admin-token-1"
 READ = "attack-read-token-2"
 
 
-def _post(url: str, path: str, body: dict[str, object], token: str) -> requests.Response:
+def _post(url: str, path: str, body: dict[str, Any], token: str) -> requests.Response:
     return requests.post(url + path, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=5)
 
 
