@@ -27,6 +27,7 @@ from meshplane.streams.errors import (
     StorageError,
     StreamError,
 )
+from meshplane.streams.http import origin
 from meshplane.streams.http.api import Api
 from meshplane.streams.http.mesh import MESH, register_mesh_metrics
 from meshplane.streams.http.metrics import REGISTRY, EngineCollector
@@ -46,7 +47,10 @@ def create_app(
     max_request_bytes: int | None = None,
     mesh: MeshNode | None = None,
     discovery: Discovery | None = None,
+    loopback_only: bool = False,
 ) -> web.Application:
+    """``loopback_only``: the server listens on loopback, so it answers only requests addressed to a
+    loopback name (:mod:`.origin`)."""
     limit = max_request_bytes or max(engine.config.max_payload_bytes * 2, 1 << 20)
     api = Api(engine)
     routes = route_table(api)
@@ -54,6 +58,9 @@ def create_app(
 
     @web.middleware
     async def errors_and_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        refused = origin.refusal(request.method, request.headers, loopback_only)
+        if refused is not None:
+            return error_response(Forbidden(refused))
         resource = request.match_info.route.resource
         route = by_key.get((request.method, resource.canonical if resource is not None else request.path))
         if tokens is not None and route is not None and not route.public:
@@ -154,7 +161,9 @@ async def serve(
     if mesh is not None:
         mesh.attach(engine)
         await mesh.start()
-    app = create_app(engine, tokens=tokens, mesh=mesh, discovery=discovery)
+    app = create_app(
+        engine, tokens=tokens, mesh=mesh, discovery=discovery, loopback_only=origin.is_loopback_name(host)
+    )
     app[DASHBOARD].start()
     runner = web.AppRunner(
         app,

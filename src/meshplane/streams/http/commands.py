@@ -77,6 +77,8 @@ class Commands:
             names = named if isinstance(named, list) else [named if isinstance(named, str) else None]
             if not grant.allows(level, names):
                 raise Forbidden(f"this token may not {command} {named or ''}".rstrip())
+            if command == "group.commit":
+                check_reset(payload, grant)
         result: dict[str, Any] = await handler(payload)
         return result
 
@@ -263,6 +265,16 @@ class Commands:
             "partition_id": partition,
             "offset": group.committed.get(partition),
         }
+
+
+def check_reset(payload: dict[str, Any], grant: Grant | None) -> None:
+    """A commit without a member moves the group's offset wherever it says (a reset, as the dashboard
+    does): only an admin token may, while a member's own commit (fenced by its generation) needs read."""
+    group = payload.get("group")
+    if grant is not None and payload.get("member_id") is None and not grant.allows("admin", [group]):
+        raise Forbidden(
+            f"a commit without a member_id resets group {group!r}'s offsets: it needs an admin token"
+        )
 
 
 def failure_envelope(request_id: Any, exc: StreamError) -> dict[str, Any]:

@@ -8,8 +8,16 @@ from typing import Any
 from aiohttp import web
 
 from meshplane.streams.errors import NotFound
-from meshplane.streams.http.commands import Commands
-from meshplane.streams.http.params import get_int, get_str, json_response, positive, read_json, readable
+from meshplane.streams.http.commands import Commands, check_reset
+from meshplane.streams.http.params import (
+    GRANT,
+    get_int,
+    get_str,
+    json_response,
+    positive,
+    read_json,
+    readable,
+)
 from meshplane.streams.service import StreamsService
 
 PATH_FIELDS = {"group": "group", "member": "member_id", "partition": "partition_id"}
@@ -72,7 +80,11 @@ class GroupApi:
         return await self._command(request, self.commands.cmd_group_leave)
 
     async def commit(self, request: web.Request) -> web.Response:
-        return await self._command(request, self.commands.cmd_group_commit)
+        async def reset_checked(body: dict[str, Any]) -> dict[str, Any]:
+            check_reset(body, request.get(GRANT))
+            return await self.commands.cmd_group_commit(body)
+
+        return await self._command(request, reset_checked)
 
     async def offset(self, request: web.Request) -> web.Response:
         return await self._command(request, self.commands.cmd_group_offset)
