@@ -133,6 +133,11 @@ class MeshConfig:
             self.client_secret = (
                 os.environ.get(CLIENT_SECRET_ENV) or os.environ.get(SECRET_ENV) or self.secret
             )
+        if self.client_secret and not self.secret:
+            raise ConfigError(
+                f"${CLIENT_SECRET_ENV} is set but the members' secret is not: nodes, gateways and HA "
+                f"mates would prove nothing and anyone could link as one; set ${MEMBER_SECRET_ENV} too"
+            )
         try:
             check_node_id(self.node_id)
         except ValueError as exc:
