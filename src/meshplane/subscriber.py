@@ -56,6 +56,7 @@ class SubscriberStats:
     joined_late: int = 0  # events publishers sent before this subscriber joined (not lost: not in gaps)
     publishers_left: int = 0  # publishers that said goodbye (closed cleanly)
     after_leave: int = 0  # copies that came after their publisher's goodbye (other brokers), dropped
+    goodbyes_contradicted: int = 0  # goodbyes whose publisher went on (not its own: followed again)
 
     @property
     def malformed_total(self) -> int:
@@ -200,6 +201,7 @@ class EventSubscriber(PlaneMember):
         heads = intake.heads
         s.joined_late = heads.joined_late if heads is not None else 0
         s.publishers_left, s.after_leave = intake.left, intake.after_leave
+        s.goodbyes_contradicted = intake.goodbyes_contradicted
         s.duplicates_dropped = self._transport.duplicates_dropped
         s.reordered = intake.reorderer.reordered
         if intake.liveness is not None:

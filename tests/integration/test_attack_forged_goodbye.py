@@ -1,13 +1,8 @@
-"""ATTACK (reviewer's reproduction, failing on today's code): a goodbye forged by a third party.
-
-A publisher's goodbye is a heartbeat whose news says ``final``; nothing binds it to the publisher whose
-id it carries. Any peer that can put a frame on the topic (any ZeroMQ or NATS publisher, a CURVE peer
-holding an allowed key, anyone who reaches a broker's XSUB) sends one with a live publisher's id (ids
-are on every frame) and every subscriber drops that publisher's events from then on, counted only as
-``after_leave`` (src/meshplane/core/intake.py, ``Intake._heard`` then ``accept``/``_sequence``), with no
-gap, no timeout: the live publisher is silenced by one frame. Expected: events that follow a goodbye in
-sequence (a publisher that is still talking) are delivered, or at least reported, not silently dropped.
-"""
+"""A reviewer's attack: a goodbye forged by a third party. A publisher's goodbye is a heartbeat whose
+news says ``final``, and nothing binds it to the publisher whose id it carries: any peer that can put a
+frame on the topic could send one with a live publisher's id, and every subscriber then dropped that
+publisher's events. Now what follows a goodbye in sequence is delivered, and counted as a goodbye
+contradicted; only what came before it (copies through other brokers) is dropped."""
 
 from __future__ import annotations
 
@@ -22,7 +17,7 @@ from meshplane.core.envelope import EventEnvelope
 from meshplane.core.framing import _dynamo_heartbeat, dynamo_zmq_frames
 from meshplane.core.heads import encode_news
 from meshplane.transports.zmq import XPubPublisher
-from tests.integration.test_event_plane_contract import ready
+from tests.support.plane import ready
 
 pytestmark = pytest.mark.parametrize("plane_config", [("zmq", "file"), ("zmq-curve", "file")], indirect=True)
 

@@ -17,26 +17,13 @@ from meshplane import (
     Scope,
 )
 from tests.helpers import eventually
+from tests.support.plane import ready, registers_publishers
 
 
 @pytest.fixture
 def scope() -> Scope:
     """A namespace of the test's own: the servers outlive a test."""
     return Scope.endpoint(f"contract-{uuid.uuid4().hex[:8]}", "worker", "generate")
-
-
-async def ready(pub: EventPublisher, subscribers: int = 1) -> None:
-    """ZeroMQ drops what is sent before a subscriber's subscription arrives; wait for it.
-
-    In broker mode each broker forwards the subscription: one is enough for nothing to be lost.
-    """
-    if pub.config.event_plane == "zmq":
-        await pub.wait_for_subscribers(subscribers, timeout=10)
-
-
-def registers_publishers(config: PlaneConfig) -> bool:
-    """Broker mode, as in Dynamo, registers brokers in discovery but not publishers."""
-    return not config.broker_mode
 
 
 async def receive(sub: EventSubscriber, n: int) -> list[EventEnvelope]:

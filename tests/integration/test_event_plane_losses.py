@@ -22,7 +22,7 @@ from meshplane import (
     Scope,
 )
 from tests.helpers import eventually
-from tests.integration.test_event_plane_contract import ready, registers_publishers
+from tests.support.plane import ready, registers_publishers
 
 HEARTBEAT = 0.2  # quick heartbeats: the tests wait for a few of them
 

@@ -64,9 +64,11 @@ class Intake:
         self.liveness = LivenessTracker(liveness_timeout) if liveness_timeout else None
         self.heads = HeadTracker(subscribed_at) if subscribed_at is not None else None
         self.tally = PublisherTally()
-        self._left: OrderedDict[int, None] = OrderedDict()  # publishers that said goodbye, newest last
+        # Publishers that said goodbye, newest last, with the sequence their goodbye said came next.
+        self._left: OrderedDict[int, int] = OrderedDict()
         self.left = 0
         self.after_leave = 0  # copies of events or heartbeats that came after their publisher's goodbye
+        self.goodbyes_contradicted = 0  # a goodbye's publisher went on (the goodbye was not its own)
         self.received = 0
         self.filtered = 0  # right prefix, wrong topic (ZeroMQ prefix matching)
         self.heartbeats = 0
@@ -116,7 +118,7 @@ class Intake:
                     recovered = liveness.seen(last_alive, now)
                     if recovered is not None:
                         out.notices.append(recovered)
-            if gone:
+            if gone and item is not envelope:  # a heartbeat after the goodbye: a copy of it, or stale
                 self.after_leave += 1
                 continue
             if item is not envelope and envelope.payload and not self._aged(envelope, now, out):
@@ -135,7 +137,12 @@ class Intake:
         delivered (and nothing waits for reordering), the batch is delivered as it is, in O(1);
         otherwise it goes through :meth:`accept` event by event."""
         tracker = self.tracker
-        if paths > 1 or self.reorderer.deadline is not None or not tracker.continues(publisher_id, first):
+        if (
+            paths > 1
+            or self.reorderer.deadline is not None
+            or not tracker.continues(publisher_id, first)
+            or publisher_id in self._left
+        ):
             return self.accept(envelopes, now, paths)
         out = Outcome(envelopes)
         if self.liveness is not None and (recovered := self.liveness.seen(publisher_id, now)) is not None:
@@ -195,8 +202,8 @@ class Intake:
                     tracker.settle(run_publisher, run_next - 1)
                     tally.add(run_publisher, Count.EVENTS, run_next - run_start)
                     run_publisher = -1
-                if left and item.publisher_id in left:  # behind its goodbye in this very batch
-                    self.after_leave += 1
+                if left and item.publisher_id in left and not self._still_talking(item, now, out):
+                    self.after_leave += 1  # a copy of what it sent before its goodbye
                     continue
                 observation = tracker.observe(item.publisher_id, item.sequence)
                 if observation.arrival is not Arrival.DUPLICATE:  # a duplicate is counted by the tracker
@@ -261,12 +268,30 @@ class Intake:
         return True
 
     def _heard(self, heartbeat: EventEnvelope, out: Outcome) -> None:
-        """A final heartbeat, in its place after the events: the publisher left."""
+        """A final heartbeat, in its place after the events: the publisher left. Its sequence is kept
+        (the tracker's too): what comes later below it is a copy, at or above it a publisher still
+        talking (nothing binds a goodbye to its sender: a third party's must not silence anyone)."""
         if decode_news(heartbeat.payload).final:  # checked on arrival (_aged)
             publisher_id = heartbeat.publisher_id
             out.notices.append(PublisherLeft(publisher_id, heartbeat.sequence))
-            self.forget(publisher_id)
+            self.tally.fold(publisher_id)
+            if self.liveness is not None:
+                self.liveness.forget(publisher_id)
+            if self.heads is not None:
+                self.heads.forget(publisher_id)
             self.left += 1
-            self._left[publisher_id] = None
+            self._left[publisher_id] = heartbeat.sequence
             if len(self._left) > LEFT_REMEMBERED:
                 self._left.popitem(last=False)
+
+    def _still_talking(self, event: EventEnvelope, now: float, out: Outcome) -> bool:
+        """An event of a publisher that said goodbye: a copy of one sent before it (False), or one
+        sent after it (True): the goodbye was not its publisher's, which is followed again."""
+        publisher_id = event.publisher_id
+        if event.sequence < self._left[publisher_id]:
+            return False
+        del self._left[publisher_id]
+        self.goodbyes_contradicted += 1
+        if self.liveness is not None and (recovered := self.liveness.seen(publisher_id, now)) is not None:
+            out.notices.append(recovered)
+        return True
