@@ -1,9 +1,6 @@
-"""ATTACK (reviewer's reproduction, failing on today's code): a subscriber's liveness table has no
-bound. Every publisher id heard is kept in ``LivenessTracker._last_seen`` (src/meshplane/core/liveness.py)
-until its goodbye or its record's removal, while the sequence tracker beside it forgets past
-``PUBLISHERS_REMEMBERED``: any peer that can put frames on a topic (any ZeroMQ publisher, a broker's
-XSUB) sprays events with fresh publisher ids and the subscriber's memory grows without end (and every
-``check`` walks the whole table, then reports each id as a timeout)."""
+"""A reviewer's attack: any peer that can put frames on a topic sprayed made-up publisher ids, and a
+subscriber's liveness table grew past every other bound (the sequence tracker stops at
+PUBLISHERS_REMEMBERED); each check then walked it all. Now it is bounded alike, oldest forgotten."""
 
 from __future__ import annotations
 
@@ -20,3 +17,4 @@ def test_a_spray_of_publisher_ids_is_remembered_within_a_bound() -> None:
         intake.accept(batch[start : start + 10_000], now=1.0)
     assert intake.liveness is not None
     assert intake.liveness.tracked <= PUBLISHERS_REMEMBERED, intake.liveness.tracked
+    assert intake.liveness.forgotten == sprayed - PUBLISHERS_REMEMBERED

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplane.core.sequence import PUBLISHERS_REMEMBERED
+
 
 @dataclass(frozen=True, slots=True)
 class EventTimeout:
@@ -25,18 +27,30 @@ class PublisherRecovered:
 
 
 class LivenessTracker:
-    """Tracks the last sign of life of every publisher; a publisher silent for ``timeout`` has timed out."""
+    """Tracks the last sign of life of every publisher; a publisher silent for ``timeout`` has timed out.
 
-    def __init__(self, timeout: float) -> None:
+    At most ``remembered`` publishers, as the sequence tracker keeps: the one heard of least recently
+    is forgotten first (``forgotten`` counts them), so a spray of made-up ids costs a bounded table.
+    """
+
+    def __init__(self, timeout: float, remembered: int = PUBLISHERS_REMEMBERED) -> None:
         self.timeout = timeout
-        self._last_seen: dict[int, float] = {}
+        self.remembered = remembered
+        self._last_seen: dict[int, float] = {}  # least recently seen first
         self._timed_out: dict[int, float] = {}  # publisher -> when it was last seen before timing out
         self.timeouts = 0
         self.recoveries = 0
+        self.forgotten = 0
 
     def seen(self, publisher_id: int, now: float) -> PublisherRecovered | None:
         """Record a sign of life; returns a recovery notice when the publisher had timed out."""
-        self._last_seen[publisher_id] = now
+        last_seen = self._last_seen
+        if last_seen.pop(publisher_id, None) is None and len(last_seen) >= self.remembered:
+            oldest = next(iter(last_seen))
+            del last_seen[oldest]
+            self._timed_out.pop(oldest, None)
+            self.forgotten += 1
+        last_seen[publisher_id] = now
         last = self._timed_out.pop(publisher_id, None)
         if last is None:
             return None
