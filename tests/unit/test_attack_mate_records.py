@@ -1,8 +1,6 @@
-"""ATTACK (reviewer's reproduction, failing on today's code): the mates' etcd records are MACed over
-their fields joined with NUL (src/meshplane/core/mesh/mate_records.py, ``_mac``), an ambiguous encoding:
-a party that can write etcd but holds no secret rewrites a signed ``current`` naming mates a and b as
-one naming the mate "a\\x00b" (which nobody is: no mate may take over, a wedge until `mates reset`), and
-the MAC still checks (a list of any length joined with NUL; ``active``'s two fields are safe)."""
+"""A reviewer's attack: the mates' ``current`` record signed its list joined with NUL, so
+["mate-1", "mate-2"] could be rewritten as ["mate-1\x00mate-2"] under the same MAC (naming no mate,
+so none could take over). Each part is now signed with its length."""
 
 from __future__ import annotations
 

@@ -39,7 +39,8 @@ def _mac(secret: str, key: bytes, *parts: str) -> str:
     if not secret:
         return ""
     signing = hmac.new(secret.encode(), b"meshplane-mates-etcd", hashlib.sha256).digest()
-    message = b"\x00".join((key, *(part.encode() for part in parts)))
+    # Each part with its length: no two lists of parts (["a", "b"] and ["a\x00b"]) sign alike.
+    message = b"".join(len(p).to_bytes(4, "big") + p for p in (key, *(part.encode() for part in parts)))
     return hmac.new(signing, message, hashlib.sha256).hexdigest()
 
 
