@@ -53,8 +53,18 @@ class Issued:
     names: list[str]
 
 
+def check_name(what: str, value: str) -> None:
+    """A name in a certificate's identity and in its file's name: printable ASCII of 1-64 characters
+    without ``/`` (``a/b`` in cluster ``x`` would name node ``b`` of cluster ``x/a``; ``../`` would
+    write outside the folder), not starting with a dot."""
+    if not (0 < len(value) <= 64 and value.isascii() and value.isprintable()) or "/" in value:
+        raise ConfigError(f"{what} {value[:80]!r}: 1-64 printable ASCII characters without '/'")
+    if value.startswith(".") or "\\" in value:
+        raise ConfigError(f"{what} {value[:80]!r} may not start with '.' nor hold a backslash")
+
+
 def _write(path: Path, data: bytes, mode: int, overwrite: bool) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # made here: the owner's alone
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
     try:
         fd = os.open(path, flags, mode)
@@ -152,6 +162,8 @@ def issue(
 ) -> Issued:
     """A certificate for ``role`` signed by the CA in ``folder``, written to ``out`` (default
     ``folder/<name>.pem``, a mate's ``folder/<name>-mate.pem``) and its key beside it (``.key``)."""
+    for what, value in (("name", name), ("cluster", cluster)):
+        check_name(what, value)
     ca_cert, ca_key = _load_ca(folder)
     key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = []
