@@ -20,18 +20,30 @@ def test_a_bounded_text_never_exceeds_its_bound(text: str) -> None:
     assert (len(text) <= TEXT_IN_LOGS) == (shown == repr(text))
 
 
-@given(st.lists(st.tuples(st.booleans(), st.sampled_from("abc")), max_size=200))
-def test_unproven_connections_stay_within_both_caps(steps: list[tuple[bool, str]]) -> None:
-    unproven, admitted = Unproven(limit=5, per_address=2), []
-    for opening, address in steps:
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from("abcd")), max_size=200))
+def test_unproven_connections_stay_within_both_caps_the_oldest_making_room(
+    steps: list[tuple[bool, str]],
+) -> None:
+    unproven: Unproven[int] = Unproven(limit=5, per_address=2)
+    admitted: list[tuple[int, str]] = []  # oldest first
+    for number, (opening, address) in enumerate(steps):
         if opening:
-            if not unproven.admit(address):
-                admitted.append(address)
-        elif address in admitted:
-            admitted.remove(address)
-            unproven.done(address)
+            refused, oldest = unproven.admit(number, address)
+            if not refused:
+                if len(admitted) == 5:  # full: the oldest one goes, the newcomer comes in
+                    assert oldest == admitted.pop(0)[0]
+                else:
+                    assert oldest is None
+                admitted.append((number, address))
+            else:
+                assert [a for _, a in admitted].count(address) == 2
+        elif any(a == address for _, a in admitted):
+            who = next(w for w, a in admitted if a == address)
+            admitted = [(w, a) for w, a in admitted if w != who]
+            unproven.done(who)
         assert unproven.count == len(admitted) <= 5
-        assert all(admitted.count(a) == unproven.by_address[a] <= 2 for a in set(admitted))
+        addresses = [a for _, a in admitted]
+        assert all(addresses.count(a) == unproven.by_address[a] <= 2 for a in set(addresses))
 
 
 def test_a_quiet_log_says_one_line_a_second_and_counts_the_rest(caplog: pytest.LogCaptureFixture) -> None:

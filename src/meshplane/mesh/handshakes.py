@@ -54,7 +54,9 @@ class Handshakes:
     def __init__(self, node: MeshNode) -> None:
         self.node = node
         limits = node.config.limits
-        self.unproven = Unproven(limits.max_unauthenticated, limits.max_unauthenticated_per_address)
+        self.unproven: Unproven[Handshake] = Unproven(
+            limits.max_unauthenticated, limits.max_unauthenticated_per_address
+        )
         self.quiet = QuietLog(log)
 
     def opened(self, state: Handshake) -> None:
@@ -68,10 +70,14 @@ class Handshakes:
             transport = state.conn.transport
             peername = transport.get_extra_info("peername") if transport is not None else None
             address = str(peername[0]) if isinstance(peername, tuple) else str(peername)
-            refused = self.unproven.admit(address)
+            refused, oldest = self.unproven.admit(state, address)
             if refused:  # closed before anything is read (counted and logged as ``closed_<refused>``)
                 state.conn.limit(refused)
                 return
+            if oldest is not None:  # all slots taken: the longest unproven makes room
+                oldest.address = None
+                node.frame_errors["unproven_evicted"] += 1
+                oldest.conn.close()
             state.address = address
             timeout = node.config.limits.auth_timeout
         asyncio.get_running_loop().call_later(timeout, self._deadline, state)
@@ -79,7 +85,7 @@ class Handshakes:
     def proven(self, state: Handshake) -> None:
         """The connection's handshake is over (it was installed, or it closed)."""
         if state.address is not None:
-            self.unproven.done(state.address)
+            self.unproven.done(state)
             state.address = None
 
     def _deadline(self, state: Handshake) -> None:

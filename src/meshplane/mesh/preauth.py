@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
+from typing import Generic, TypeVar
 
 TEXT_IN_LOGS = 200  # characters of a peer's text in a log line or an error, at most
 LOG_INTERVAL = 1.0  # seconds between two log lines of one kind about connections not yet proven
+
+
+T = TypeVar("T")
 
 
 def bounded(text: str, limit: int = TEXT_IN_LOGS) -> str:
@@ -38,28 +42,44 @@ class QuietLog:
         self.logger.warning(message + suffix, *args)
 
 
-class Unproven:
-    """Connections accepted whose handshake is not complete, in all and by source address."""
+class Unproven(Generic[T]):
+    """Connections accepted whose handshake is not complete, in all and by source address.
+
+    Past the cap in all, the oldest unproven connection makes room for the newcomer (it had the most
+    time to prove itself): holders of slots that never prove anything cannot keep a node's peers out,
+    as they could if newcomers were refused. Past the cap of its address, a newcomer is refused."""
 
     def __init__(self, limit: int, per_address: int) -> None:
         self.limit = limit
         self.per_address = per_address
         self.by_address: Counter[str] = Counter()
-        self.count = 0
+        self._pending: OrderedDict[T, str] = OrderedDict()  # oldest first
+        self.evicted = 0
 
-    def admit(self, address: str) -> str:
-        """ "" when a connection from ``address`` may begin its handshake (it is then counted until
-        :meth:`done`), else the limit it passes."""
-        if self.count >= self.limit:
-            return "unauthenticated_limit"
+    @property
+    def count(self) -> int:
+        return len(self._pending)
+
+    def admit(self, who: T, address: str) -> tuple[str, T | None]:
+        """("", the connection to close to make room, if any) when ``who`` from ``address`` may begin
+        its handshake (counted until :meth:`done`), else (the limit it passes, None)."""
         if self.by_address[address] >= self.per_address:
-            return "address_limit"
-        self.count += 1
+            return "address_limit", None
+        oldest = None
+        if len(self._pending) >= self.limit:
+            oldest, its_address = self._pending.popitem(last=False)
+            self._release(its_address)
+            self.evicted += 1
+        self._pending[who] = address
         self.by_address[address] += 1
-        return ""
+        return "", oldest
 
-    def done(self, address: str) -> None:
-        self.count -= 1
+    def done(self, who: T) -> None:
+        address = self._pending.pop(who, None)
+        if address is not None:
+            self._release(address)
+
+    def _release(self, address: str) -> None:
         if self.by_address[address] > 1:
             self.by_address[address] -= 1
         else:
