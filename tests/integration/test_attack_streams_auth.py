@@ -1,12 +1,10 @@
-"""ATTACK (reviewer's reproductions, failing on today's code): the streams API's authorisation.
+"""A reviewer's attacks on the streams API's authorisation:
 
-1. A read-only token rewinds or skips a consumer group's committed offsets: the dashboard's "reset
-   offsets" action is ``POST /consumer-groups/{g}/offsets/commit`` without a member, and that path is
-   in ``_READ_ACTIONS`` (src/meshplane/streams/http/routes.py, ``Route.access``), so a read token does
-   what should need admin (the dashboard's own read-only test covers create/produce/delete, not reset).
-2. Cross-site requests: with no tokens (the loopback default) any web page the operator visits can
-   create or delete topics on ``http://127.0.0.1:PORT`` with a CORS "simple" request (``text/plain``
-   body, no preflight): ``read_json`` parses any content type and no ``Origin`` is checked.
+1. A read-only token rewound a consumer group's committed offsets: a commit without a member (the
+   dashboard's "reset offsets") needed only read. It needs admin now.
+2. Cross-site requests: with no tokens (the loopback default) a web page the operator visits created or
+   deleted topics with a CORS "simple" request (a ``text/plain`` body, no preflight). A request from
+   another site's page that changes something is refused now.
 """
 
 from __future__ import annotations
