@@ -217,10 +217,10 @@ def test_half_sent_requests_are_closed(server: StreamsServerProcess) -> None:
     sockets = []
     for _ in range(50):
         s = socket.create_connection(("127.0.0.1", server.port))
-        s.sendall(b"POST /topics/slow HTTP/1.1\r\nHost: x\r\nContent-Le")  # and never the rest
+        s.sendall(b"POST /topics/slow HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")  # and never the rest
         sockets.append(s)
     body = socket.create_connection(("127.0.0.1", server.port))
-    body.sendall(b"POST /topics/slow HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+    body.sendall(b"POST /topics/slow HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{")
     sockets.append(body)
     try:
         for s in sockets:
@@ -240,7 +240,7 @@ async def test_abruptly_closed_sse_clients_are_noticed_on_an_idle_room(
     clients = []
     for _ in range(20):
         s = socket.create_connection(("127.0.0.1", server.port))
-        s.sendall(b"GET /events/quiet HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(b"GET /events/quiet HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         s.recv(1024)
         clients.append(s)
 

@@ -37,7 +37,7 @@ def is_loopback_name(host: str) -> bool:
 def refusal(method: str, headers: Mapping[str, str], loopback_only: bool) -> str | None:
     """Why a request must be refused (None: it may go on)."""
     host = headers.get("Host", "")
-    if loopback_only and not is_loopback_name(host):
+    if loopback_only and host and not is_loopback_name(host):  # browsers always send Host
         return f"this server answers requests for a loopback name only, not Host {host[:100]!r}"
     origin = headers.get("Origin")
     changes = method not in SAFE_METHODS or headers.get("Upgrade", "").lower() == "websocket"
