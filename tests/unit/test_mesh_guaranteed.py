@@ -4,6 +4,7 @@ waits for a commit, and failed writes that answer "not stored" and leave nothing
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -345,3 +346,77 @@ async def test_an_event_written_but_not_confirmed_by_the_mate_is_unknown_never_n
         await client.close()
     assert [data for _, data in queue_events(node, "q")] == [b"written", b"resent"]
     assert node.guaranteed.counters["duplicates_dropped"] == 1
+
+
+@contextlib.asynccontextmanager
+async def peer_with_a_queue(node: MeshNode, data_dir: Path) -> AsyncIterator[MeshNode]:
+    """Node b, routed to ``node``, with a queue on ``orders.>`` that ``node`` knows of."""
+    engine = StreamsService(StreamsConfig(data_dir=data_dir, fsync="always"))
+    await engine.start()
+    b = MeshNode(MeshConfig(node_id="b", routes=(node.route_url,)))
+    b.attach(engine)
+    await b.start()
+    try:
+        b.guaranteed.queues.create("q", ["orders.>"])
+
+        def knows_the_queue() -> bool:
+            link, peers = node.links.get("b"), node.guaranteed.peers
+            linked = link is not None and link.state == "up"
+            return linked and peers is not None and "b" in peers.match("orders.eu")
+
+        await eventually(knows_the_queue, what="a linked to b, knowing its queue")
+        yield b
+    finally:
+        await b.close()
+        await engine.close()
+
+
+def unsent(node: MeshNode, peer: str) -> tuple[int, int]:
+    """(events the spool for ``peer`` holds unconfirmed, of which not sent yet)."""
+    spool = node.guaranteed.spools[peer]
+    return spool.pending, spool.log.next_offset - spool.sent
+
+
+async def test_a_spooled_event_leaves_for_its_peer_only_once_the_standby_has_it(
+    node: MeshNode, tmp_path: Path
+) -> None:
+    """The mesh-mates chaos run (seed 36) that lost an acknowledged event in b's queue: the active mate
+    sent a spooled event to b before its standby had it, then died; the standby, serving, spooled
+    another event at the same offset, and b dropped it as a resend of the one it held."""
+    engine = node.guaranteed.engine
+    assert engine is not None
+    async with peer_with_a_queue(node, tmp_path / "b") as b:
+        mirrored, entered = asyncio.Event(), asyncio.Event()
+
+        async def replicate() -> None:  # the standby's answer to the barrier, held until set
+            entered.set()
+            await mirrored.wait()
+
+        engine.durability.replicate = replicate
+        publish = asyncio.create_task(node.publish_guaranteed("orders.eu", b"held"))
+        await asyncio.wait_for(entered.wait(), 10)
+        assert unsent(node, "b") == (1, 1), "sent to b (or even confirmed) before the standby had it"
+        mirrored.set()
+        await asyncio.wait_for(publish, 10)
+        await eventually(lambda: [data for _, data in queue_events(b, "q")] == [b"held"], what="b stored it")
+
+
+async def test_with_fsync_interval_a_spooled_event_leaves_once_on_disk_though_acknowledged_before(
+    tmp_path: Path,
+) -> None:
+    """The same offset reused after a power loss: sent before its fsync, lost from the spool's tail."""
+    config = StreamsConfig(data_dir=tmp_path / "a", fsync="interval", fsync_interval_ms=600_000)
+    engine = StreamsService(config)
+    await engine.start()
+    node = MeshNode(MeshConfig(node_id="a"))
+    node.attach(engine)
+    await node.start()
+    try:
+        async with peer_with_a_queue(node, tmp_path / "b") as b:
+            await node.publish_guaranteed("orders.eu", b"acknowledged, not on disk")
+            assert unsent(node, "b") == (1, 1), "sent to b before it was on disk"
+            await engine.durability.flush()
+            await eventually(lambda: len(queue_events(b, "q")) == 1, what="b stored it")
+    finally:
+        await node.close()
+        await engine.close()

@@ -39,6 +39,8 @@ def test_the_window_bounds_what_is_sent_before_confirmations(tmp_path: Path) -> 
     spool = open_spool(tmp_path, window=4)
     for i in range(10):
         assert spool.append([frame(i)]) == i
+    assert spool.to_send() == []  # nothing is on disk (and on the standby) yet
+    spool.durable = 10
     sent = spool.to_send()
     assert [r.payload for r in sent] == [frame(i) for i in range(4)]
     spool.sent = 4

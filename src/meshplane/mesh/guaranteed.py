@@ -464,19 +464,29 @@ class Guaranteed:
             except Exception as exc:  # a bug must not stop every later guaranteed publish
                 log.exception("storing guaranteed events failed")
                 failed, synced, appended = {work: f"internal error: {exc!r}" for work in batch}, set(), []
-            for spool in appended:
-                self.pump(self._link_of(spool))  # before the fsync: a copy that arrives first is harmless
+            ends = [(spool, spool.log.next_offset) for spool in appended]
+            on_disk = durability.when_synced(*(spool.log for spool in appended))
             if synced:
                 try:
                     await durability.written(*synced, records=len(batch) - len(failed))
                 except StorageError as exc:  # written, but maybe not where it must be: not "not stored"
                     unknown = f"{ANSWER_UNKNOWN}{exc}; send it again with the same id"
                     failed = {work: failed.get(work) or unknown for work in batch}
+                    ends = []  # sent once a later commit is durable, or resent by their publishers
+            # Sent once on disk and on the standby (Spool.durable), acknowledged as --fsync says.
+            on_disk.add_done_callback(partial(self._durable, ends))
             for work in batch:
                 work.done(work.ticket, failed.get(work, "") if failed else "")
             self.counters["stored"] += len(batch) - len(failed)
             self.counters["refused"] += len(failed)
             self._send_acks()
+
+    def _durable(self, ends: list[tuple[Spool, int]], on_disk: asyncio.Future[None]) -> None:
+        if on_disk.cancelled() or on_disk.exception() is not None:
+            return  # sent once a later commit is on disk
+        for spool, end in ends:
+            spool.durable = max(spool.durable, end)
+            self.pump(self._link_of(spool))
 
 
 def _queue_patterns(interest: Iterable[str]) -> set[str]:

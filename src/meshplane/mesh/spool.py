@@ -2,7 +2,10 @@
 the neighbour while the destination is down, delivered when it returns).
 
 A spool is a streams partition log of EVENT frames. ``acked`` is the first offset the destination has
-not confirmed; ``sent`` the first not yet sent on the current connection. A link that goes down
+not confirmed; ``sent`` the first not yet sent on the current connection; ``durable`` the first not yet
+known to be on disk (as ``--fsync`` says) and on the HA standby. Nothing at or past ``durable`` is sent:
+a copy that reached the destination first would make it drop, as a resend, whatever event a
+restarted node or its standby later stores at the same offset. A link that goes down
 rewinds ``sent`` to ``acked``: what was unconfirmed goes again, and the destination's dedup by event
 id drops what it had stored already. ``acked`` is kept in a small file next to the log (a stale one
 only resends, never loses; synced at each save unless ``--fsync never``); segments below it are
@@ -64,6 +67,7 @@ class Spool:
         self.log = PartitionLog(directory, segment_bytes=limits.segment_bytes, files=files)
         self.acked = min(max(self._read_acked(), self.log.start_offset), self.log.next_offset)
         self.sent = self.acked
+        self.durable = self.log.next_offset  # what a node (re)starting with finds is what it has
         self.refused = 0  # publishes refused because this spool was full
         self._saved = self.acked
 
@@ -103,8 +107,8 @@ class Spool:
 
     def to_send(self) -> list[Record]:
         """The next stored events not sent yet, within the window of unconfirmed ones."""
-        room = self.limits.window - (self.sent - self.acked)
-        if room <= 0 or self.sent >= self.log.next_offset:
+        room = min(self.limits.window - (self.sent - self.acked), self.durable - self.sent)
+        if room <= 0:
             return []
         return self.log.read(self.sent, min(room, 1024), READ_BYTES)
 

@@ -58,6 +58,19 @@ class Durability:
         if self.replicate is not None:
             await self.replicate()
 
+    def when_synced(self, *targets: Syncable) -> asyncio.Future[None]:
+        """Done once what was written to ``targets`` so far is on disk (an exception if the fsync failed):
+        with ``interval`` at the next fsync of the interval, with ``always`` at once (:meth:`written`
+        waited for it), with ``never`` at once (nothing ever is)."""
+        future = asyncio.get_running_loop().create_future()
+        if self.policy != "interval" or not targets:
+            future.set_result(None)
+            return future
+        for target in targets:
+            self._dirty.setdefault(target, []).append(future)
+        self._wake.set()
+        return future
+
     async def _written(self, targets: tuple[Syncable, ...], records: int) -> None:
         if self.policy == "never":
             return
