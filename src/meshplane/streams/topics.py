@@ -336,6 +336,20 @@ class TopicStore:
             raise storage_error(exc, f"adding partitions to {name!r}") from exc
         return topic
 
+    def set_retention(self, name: str, retention: RetentionPolicy) -> Topic:
+        """Change a topic's retention: saved first, then applied by the next retention pass (a
+        shorter one deletes whole segments then; a longer one brings nothing back)."""
+        topic = self.get(name)
+        settings = msgspec.structs.replace(topic.settings, retention=retention)
+        try:
+            write_atomic(topic.directory / "topic.json", msgspec.json.encode(settings))
+        except OSError as exc:
+            raise storage_error(exc, f"changing the retention of {name!r}") from exc
+        topic.settings = settings
+        for plog in topic.partitions:
+            plog.retention = retention
+        return topic
+
     def delete(self, name: str) -> bool:
         topic = self.topics.pop(check_name("topic", name), None)
         if topic is None:
