@@ -136,6 +136,7 @@ export function retentionActions(container, name, headers) {
     event.preventDefault();
     const type = form.type.value;
     const policy = { type };
+    if (field[type] && form.limit.value === "") { say(result, "Not changed: give a limit.", false); return; }
     if (field[type]) policy[field[type]] = Number(form.limit.value);
     const what = field[type] ? `${type.toLowerCase()} ${form.limit.value}` : "forever";
     if (!(await confirmAction(`Change the retention of ${name} to ${what}?`))) return;
