@@ -153,7 +153,9 @@ class Queues:
     def _pause(self, name: str, paused: bool) -> None:
         assert self.engine is not None
         self.queues[name].paused = paused
-        self.engine.hold(name, paused)
+        topic = self.engine.topic_store.topics.get(name)
+        if topic is not None:
+            topic.held = paused
 
     def create(self, name: str, patterns: list[str]) -> Queue:
         """Make (or change the patterns of) a queue and its topic; persisted before it is advertised."""

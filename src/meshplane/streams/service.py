@@ -34,6 +34,7 @@ from meshplane.streams.events import StreamEvent, encode_checked
 from meshplane.streams.files import FilePool, write_atomic
 from meshplane.streams.groups import GroupStore, group_partitions
 from meshplane.streams.idempotency import IdempotencyTable, routed
+from meshplane.streams.limit_calls import LimitCalls
 from meshplane.streams.pubsub import PubSub, PubSubLimits
 from meshplane.streams.recovery_report import DataProblems, counted_not_logged, local_logs, summarise
 from meshplane.streams.rooms import LocalRoom, Room, read_room_settings, room_settings
@@ -43,7 +44,7 @@ from meshplane.streams.topics import RawSpan, TopicBase, TopicStore, group_lag
 log = logging.getLogger(__name__)
 
 
-class StreamsService(StagedWrites):
+class StreamsService(StagedWrites, LimitCalls):
     """Rooms, partitioned topics, consumer groups and pub/sub over one data directory.
 
     Every state change goes through here (persisted, counted, waiters woken) and raises the streams
@@ -86,7 +87,6 @@ class StreamsService(StagedWrites):
         )
         self.ready = False
         self.local_files = True  # topics' logs are files on this host (sendfile, short-circuit reads)
-        self.held: set[str] = set()  # topics whose reads answer nothing for now (paused queues')
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -256,14 +256,6 @@ class StreamsService(StagedWrites):
             raise NotFound(f"room {name!r} not found")
         return found
 
-    async def set_room_retention(self, name: str, max_events: int, retention_secs: float | None) -> Room:
-        """Change a room's limits (``retention_secs`` None: no time limit): saved, then applied at once."""
-        room = self.room(name)
-        if not isinstance(room, LocalRoom):
-            raise BadRequest("changing a room's retention is not supported by this storage backend")
-        room.set_limits(room_settings(self.config, max_events, None)[0], retention_secs, now_ms())
-        return room
-
     async def fresh_room(self, name: str) -> Room:
         """The room as it is now (on a shared backend, with every event stored through any server)."""
         return self.room(name)
@@ -350,9 +342,6 @@ class StreamsService(StagedWrites):
         self.group_store.resize(name, count)
         return topic
 
-    async def set_topic_retention(self, name: str, retention: RetentionPolicy) -> TopicBase[Any]:
-        return self.topic_store.set_retention(name, retention)
-
     async def delete_topic(self, name: str) -> bool:
         deleted = self.topic_store.delete(name)
         self.idempotency.forget_topic(name)
@@ -362,30 +351,19 @@ class StreamsService(StagedWrites):
         self, name: str, partition: int, from_offset: int, limit: int, *, counted: bool = True
     ) -> list[StreamEvent]:
         """Events from ``from_offset``; ``counted=False`` for looking (the dashboard), not consuming."""
-        topic = self.topic_store.get(name)
-        if counted and name in self.held:
-            topic.check_offset(partition, from_offset)  # a bad offset is still refused
-            return []
-        events = topic.read(partition, from_offset, limit, counted=counted)
+        events = self.topic_store.get(name).read(partition, from_offset, limit, counted=counted)
         if counted:
             self.counters["events_consumed"] += len(events)
         return events
 
     async def read_topic_raw(self, name: str, partition: int, from_offset: int, max_bytes: int) -> bytes:
         """Records as :func:`meshplane.core.streamlog.scan_records` reads them (for bulk readers)."""
-        topic = self.topic_store.get(name)
-        return b"" if name in self.held else topic.read_raw(partition, from_offset, max_bytes)
+        return self.topic_store.get(name).read_raw(partition, from_offset, max_bytes)
 
     def local_span(self, name: str, partition: int, from_offset: int, max_bytes: int) -> RawSpan | None:
         """Where those records lie in a local segment file (to send them with ``sendfile``, or for a
         reader on this host to read them itself); ``None`` when there is nothing to send."""
-        topic = self.topic_store.get(name)
-        return None if name in self.held else topic.raw_span(partition, from_offset, max_bytes)
-
-    def hold(self, name: str, held: bool) -> None:
-        """Hold a topic's events back from its readers (a paused queue's): it keeps storing, reads
-        answer nothing until it is let go; looking (``counted=False``) still sees them."""
-        (self.held.add if held else self.held.discard)(name)
+        return self.topic_store.get(name).raw_span(partition, from_offset, max_bytes)
 
     async def offsets_for_time(self, name: str, timestamp_ms: int) -> list[int]:
         """Per partition, the first offset stamped at or after ``timestamp_ms`` (the end when none is)."""

@@ -2,7 +2,7 @@
 // the token travels in a header), pages routed by URL under /ui, charts drawn with uPlot.
 import uPlot from "/ui/static/vendor/uPlot.esm.js";
 import { groupActions, retentionActions, roomRetention, topicActions, topicCreator } from "/ui/static/actions.js";
-import { meshActions, meshHtml } from "/ui/static/mesh.js";
+import { meshActions, meshHtml, meshViewHtml } from "/ui/static/mesh.js";
 
 const TOKEN_KEY = "meshplane.token";
 const SPAN = 300; // points kept per series: the last five minutes at one a second
@@ -437,7 +437,7 @@ function treeHtml(nodes) {
 }
 
 function planePage() {
-  view.innerHTML = `<h1>Event plane</h1><div id="plane"></div><h2>Event mesh</h2><div id="mesh"></div><div id="mesh-result"></div>`;
+  view.innerHTML = `<h1>Event plane</h1><div id="plane"></div><h2>Event mesh</h2><div id="mesh"></div><div id="mesh-result"></div><h2>The mesh across nodes and clusters</h2><div id="mesh-view"></div>`;
   meshActions(document.getElementById("mesh"), document.getElementById("mesh-result"), headers);
   return {
     update(s) {
@@ -453,6 +453,7 @@ function planePage() {
       }
       document.getElementById("plane").innerHTML = html;
       document.getElementById("mesh").innerHTML = meshHtml(s.mesh);
+      document.getElementById("mesh-view").innerHTML = p.discovery && !p.hidden ? meshViewHtml(p.mesh_nodes) : '<p class="muted">Needs discovery and a token that reads everything.</p>';
     },
   };
 }

@@ -68,3 +68,22 @@ export function meshActions(section, result, headers) {
     }
   });
 }
+
+// The mesh across nodes and clusters: every node registered in discovery, as its GET /mesh says.
+export function meshViewHtml(nodes) {
+  if (!nodes) return '<p class="muted">Reading the nodes registered in discovery…</p>';
+  if (!nodes.length) return '<p class="muted">No mesh node is registered in discovery.</p>';
+  const clusters = [...new Set(nodes.map((n) => n.cluster))];
+  const list = (items, show) => items && items.length ? items.map(show).join("<br>") : '<span class="muted">none</span>';
+  const state = (s) => `<span class="pill ${s === "up" ? "ok" : "down"}">${esc(s)}</span>`;
+  return clusters.map((cluster) => `<div class="panel" data-cluster="${esc(cluster)}"><h3>Cluster ${esc(cluster)}</h3>
+    <table><tr><th>node</th><th>links (peer, state, its patterns)</th><th>gateways (cluster, state, spooled)</th><th>queues (stored)</th><th>spools (pending)</th><th>mate</th></tr>
+    ${nodes.filter((n) => n.cluster === cluster).map((n) => `<tr data-node="${esc(n.node)}"><td><a href="${esc(n.url)}/ui/plane">${esc(n.node)}</a>${n.self ? ' <span class="muted">(this one)</span>' : ""}</td>${n.error
+      ? `<td colspan="5" class="error">${esc(n.error)}</td>`
+      : `<td>${list(n.links, (l) => `${esc(l.peer)} ${state(l.state)} ${fmt(l.patterns_remote)}`)}</td>
+        <td>${list(n.gateways, (g) => `${esc(g.cluster)} ${state(g.state)} ${fmt(g.spooled)}`)}</td>
+        <td>${list(n.queues, (q) => `${esc(q.name)} ${fmt(q.stored)}${q.paused ? " (paused)" : ""}`)}</td>
+        <td>${list(n.spools, (s) => `${esc(s.peer)} ${fmt(s.pending)}`)}</td>
+        <td>${n.mate ? esc(`${n.mate.state}${n.mate.standby ? `, standby ${n.mate.standby}` : ""}`) : '<span class="muted">none</span>'}</td>`}</tr>`).join("")}
+    </table></div>`).join("");
+}
