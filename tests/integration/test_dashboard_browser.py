@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import requests
 from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from meshplane.launchers import MeshCluster, StreamsServerProcess
+from meshplane.launchers import MeshCluster, StreamsServerProcess, free_port
 from tests.helpers import wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -559,3 +560,48 @@ def test_a_queue_is_paused_and_resumed_and_a_departed_node_forgotten(page: Page)
         status = mesh_of(a)
         assert (status["guaranteed"]["spools"], status["counters"]["nodes_forgotten"]) == ([], 1)
         page.goto("about:blank")  # leave before the nodes stop: a live stream cut is not the page's error
+
+
+def test_the_mesh_view_draws_every_node_of_both_clusters_from_a_node_that_is_no_gateway(
+    page: Page, tmp_path: Path
+) -> None:
+    """east: e1 (gateway to west) and e2; west: w1 (gateway to east), with a queue. Opened on e2."""
+    ports = {name: free_port() for name in ("e1", "e2", "w1")}
+    url = {name: f"tcp://127.0.0.1:{port}" for name, port in ports.items()}
+    extra = {"e1": ("--routes", url["e2"], "--gateway", f"west={url['w1']}"), "e2": ("--routes", url["e1"])}
+    extra["w1"] = ("--gateway", f"east={url['e1']}")
+    discovery = {"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(tmp_path / "kv")}
+    nodes = {
+        name: StreamsServerProcess(
+            extra_args=(
+                *("--node-id", name, "--cluster", "east" if name.startswith("e") else "west"),
+                *("--route-port", str(port), "--heartbeat-interval", "0.2", *extra[name]),
+            ),
+            env=discovery,
+        )
+        for name, port in ports.items()
+    }
+    try:
+        for node in nodes.values():
+            node.start()
+        requests.put(f"{nodes['w1'].url}/mesh/queues/orders", json={"patterns": ["orders.>"]}, timeout=5)
+        page.goto(nodes["e2"].url + "/ui/plane")
+        west = "#mesh-view [data-cluster=west] tr[data-node=w1]"
+        page.wait_for_selector(f"{west} >> text=orders", timeout=WAIT_MS)  # w1's queue, read from w1
+        page.wait_for_function(  # w1's gateway to east, up
+            "sel => /east\\s*up/.test(document.querySelector(sel)?.innerText || '')",
+            arg=west,
+            timeout=WAIT_MS,
+        )
+        e1 = "#mesh-view [data-cluster=east] tr[data-node=e1]"
+        page.wait_for_function(  # e1's link to e2 and its gateway to west
+            "sel => /e2\\s*up/.test(document.querySelector(sel)?.innerText || '') && "
+            "/west\\s*up/.test(document.querySelector(sel)?.innerText || '')",
+            arg=e1,
+            timeout=WAIT_MS,
+        )
+        assert "(this one)" in page.inner_text("#mesh-view [data-cluster=east] tr[data-node=e2]")
+        page.goto("about:blank")  # leave before the nodes stop
+    finally:
+        for node in nodes.values():
+            node.cleanup()
