@@ -4,14 +4,17 @@ nothing; only admin tokens may act; what is changed survives a restart."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 import requests
 
-from meshplane.launchers import MeshCluster, StreamsServerProcess
+from meshplane.launchers import MeshCluster, NatsServer, StreamsServerProcess
+from meshplane.streams.jetstream import naming
 from tests.helpers import wait_until
 
 ADMIN = "admin-actions-token-0123456"
@@ -232,3 +235,33 @@ def test_a_queue_made_again_after_its_delete_delivers(node: StreamsServerProcess
     assert consumed(url) == [0]  # its topic stays, readable
     ok(call("PUT", f"{url}/mesh/queues/orders", {"patterns": ["orders.>"]}))
     assert queue(url)["paused"] is False
+
+
+# --- on JetStream ------------------------------------------------------------------------------------
+
+
+def test_on_jetstream_each_partitions_stream_takes_the_new_retention_and_other_servers_see_it() -> None:
+    with NatsServer(jetstream=True) as jetstream:
+        jetstream.start()
+        args = ("--storage", jetstream.url)
+        with StreamsServerProcess(extra_args=args) as a, StreamsServerProcess(extra_args=args) as b:
+            a.start()
+            b.start()
+            ok(call("POST", f"{a.url}/topics/shared", {"num_partitions": 2}))
+            policy = {"type": "Messages", "max_messages": 3}
+            assert ok(call("PUT", f"{a.url}/topics/shared/retention", {"retention_policy": policy}))
+            wait_until(lambda: stats(b.url, "shared")["retention_policy"] == policy, what="b sees it")
+
+            async def limits() -> list[int]:
+                nc = await nats.connect(jetstream.url)
+                try:
+                    streams = [naming.partition_stream("shared", p) for p in (0, 1)]
+                    return [(await nc.jetstream().stream_info(s)).config.max_msgs or 0 for s in streams]
+                finally:
+                    await nc.close()
+
+            assert asyncio.run(limits()) == [3, 3]
+            ok(call("POST", f"{a.url}/stream/chat/publish", {"event": "e", "data": 1}))
+            refused = call("PUT", f"{a.url}/stream/chat/retention", {"max_events": 5})
+            assert refused.status_code == 400
+            assert "not supported by this storage backend" in refused.json()["error"]
