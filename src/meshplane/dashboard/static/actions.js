@@ -47,20 +47,27 @@ export function say(box, text, ok) {
   box.hidden = false;
 }
 
+// A form in `container` whose submit (default prevented) calls `submit(form, result box)`.
+function formAction(container, html, submit) {
+  container.innerHTML = html;
+  const form = container.querySelector("form");
+  const result = form.querySelector("[data-action-result]");
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    submit(form, result);
+  });
+}
+
 // The "new topic" form of the topics page.
 export function topicCreator(container, headers) {
-  container.innerHTML = `<form class="panel action" data-action="create-topic">
+  formAction(container, `<form class="panel action" data-action="create-topic">
       <h2>New topic</h2>
       <label>name <input name="name" required></label>
       <label>partitions <input name="partitions" type="number" min="1" value="1" required></label>
       <label>retention <select name="retention"><option value="">infinite</option><option value="3600">1 hour</option><option value="86400">1 day</option><option value="604800">7 days</option></select></label>
       <button type="submit">Create topic</button>
       <p data-action-result hidden></p>
-    </form>`;
-  const form = container.querySelector("form");
-  const result = form.querySelector("[data-action-result]");
-  form.addEventListener("submit", async (event) => {
-    event.preventDefault();
+    </form>`, async (form, result) => {
     const name = form.name.value.trim();
     const partitions = Number(form.partitions.value);
     const body = { num_partitions: partitions };
@@ -121,19 +128,15 @@ export function topicActions(container, name, headers, onDeleted) {
 
 // The "retention" form of a topic's page: forever, for a time, up to a size or a number of events.
 export function retentionActions(container, name, headers) {
-  container.innerHTML = `<form class="panel action" data-action="retention">
+  formAction(container, `<form class="panel action" data-action="retention">
       <h2>Retention</h2>
       <label>keep <select name="type"><option value="Infinite">forever</option><option value="Time">for a time (seconds)</option><option value="Size">up to a size (bytes)</option><option value="Messages">up to a number of events</option></select></label>
       <label>limit <input name="limit" type="number" min="1"></label>
       <button type="submit">Change retention</button>
       <p class="muted">Whole segments go: a shorter retention deletes the older ones at the next pass.</p>
       <p data-action-result hidden></p>
-    </form>`;
-  const form = container.querySelector("form");
-  const result = form.querySelector("[data-action-result]");
-  const field = { Time: "retention_secs", Size: "max_bytes", Messages: "max_messages" };
-  form.addEventListener("submit", async (event) => {
-    event.preventDefault();
+    </form>`, async (form, result) => {
+    const field = { Time: "retention_secs", Size: "max_bytes", Messages: "max_messages" };
     const type = form.type.value;
     const policy = { type };
     if (field[type] && form.limit.value === "") { say(result, "Not changed: give a limit.", false); return; }
@@ -151,7 +154,7 @@ export function retentionActions(container, name, headers) {
 
 // The "room retention" form of the topics page: a room's event count and age limits.
 export function roomRetention(container, headers) {
-  container.innerHTML = `<form class="panel action" data-action="room-retention">
+  formAction(container, `<form class="panel action" data-action="room-retention">
       <h2>Room retention</h2>
       <label>room <input name="room" required></label>
       <label>max events <input name="max_events" type="number" min="1" placeholder="unchanged"></label>
@@ -159,11 +162,7 @@ export function roomRetention(container, headers) {
       <label style="flex-direction:row;align-items:center;gap:.3rem"><input type="checkbox" name="no_age"> no age limit</label>
       <button type="submit">Change</button>
       <p data-action-result hidden></p>
-    </form>`;
-  const form = container.querySelector("form");
-  const result = form.querySelector("[data-action-result]");
-  form.addEventListener("submit", async (event) => {
-    event.preventDefault();
+    </form>`, async (form, result) => {
     const room = form.room.value.trim();
     const body = {};
     if (form.max_events.value !== "") body.max_events = Number(form.max_events.value);
