@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import requests
 
+from meshplane.core.records import key_to_file_name
+from meshplane.dashboard.meshview import node_key
 from meshplane.launchers import StreamsServerProcess
 from tests.helpers import wait_until
 
@@ -226,3 +228,43 @@ def test_events_read_by_spark_queries_count_as_events_out(url: str) -> None:
     while time.monotonic() < deadline:
         assert out_rate() < 1000
         time.sleep(0.2)
+
+
+# --- the mesh view across nodes (issue 57) ----------------------------------------------------------
+
+
+def test_the_mesh_view_asks_other_nodes_without_credentials_and_skips_bad_records(tmp_path: Path) -> None:
+    """Node a (no tokens) draws the view; node b requires a token, which a never sends it; records in
+    discovery that are not a node's (not JSON, not an http URL) are left out."""
+    kv = tmp_path / "kv"
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{TOKEN} admin\n")
+    env = {"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(kv)}
+    a = StreamsServerProcess(extra_args=("--node-id", "a", "--cluster", "v", "--route-port", "0"), env=env)
+    b = StreamsServerProcess(
+        extra_args=("--node-id", "b", "--cluster", "v", "--route-port", "0", "--token-file", str(tokens)),
+        env=env,
+    )
+    with a, b:
+        a.start()
+        b.start()
+        for node, junk in (
+            ("x", b"{not json"),
+            ("y", b'{"node": "y", "cluster": "v", "url": "file:///etc/passwd"}'),
+        ):
+            bucket, name = key_to_file_name(node_key("v", node))
+            (kv / bucket).mkdir(parents=True, exist_ok=True)
+            (kv / bucket / name).write_bytes(junk)  # fresh: alive for the discovery's ttl
+
+        def view() -> list[dict[str, Any]] | None:
+            found: list[dict[str, Any]] | None = (
+                requests.get(f"{a.url}/ui/api/snapshot", timeout=5).json()["plane"].get("mesh_nodes")
+            )
+            return found
+
+        wait_until(lambda: len(view() or []) == 2, timeout=20, what="both nodes in the view")
+        seen = {node["node"]: node for node in view() or []}
+        assert seen["a"]["self"] is True
+        assert seen["a"]["links"] == []
+        assert "requires a token" in seen["b"]["error"]
+        assert set(seen) == {"a", "b"}

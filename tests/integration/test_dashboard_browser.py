@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,8 @@ import requests
 from playwright.sync_api import Browser, ConsoleMessage, Page, Playwright, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from meshplane.launchers import MeshCluster, StreamsServerProcess
+from meshplane.launchers import MeshCluster, StreamsServerProcess, free_port
+from tests.helpers import wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 TOKEN = "dashboard-browser-token-42"
@@ -364,6 +366,15 @@ def test_a_read_only_token_is_refused_each_action_and_told_why(scoped: str, brow
     confirm(page, typed="kept")
     page.wait_for_selector("text=Not deleted: 403", timeout=WAIT_MS)
     assert "kept" in topics(scoped, TOKEN)
+    page.fill("[data-action=retention] [name=limit]", "10")
+    page.select_option("[data-action=retention] [name=type]", "Messages")
+    page.click("[data-action=retention] button[type=submit]")
+    confirm(page)
+    page.wait_for_selector("text=Not changed: 403", timeout=WAIT_MS)
+    stats = requests.get(
+        f"{scoped}/topics/kept/stats", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5
+    )
+    assert stats.json()["retention_policy"] == {"type": "Infinite"}
     page.goto(scoped + "/ui/topics")
     page.wait_for_selector("tr[data-topic=kept]", timeout=WAIT_MS)
     page.fill("[data-action=create-topic] [name=name]", "not-made")
@@ -431,3 +442,155 @@ def test_a_groups_offsets_are_reset_only_while_it_has_no_live_member(url: str, b
     context.close()
     assert [p for p in problems if "status of 409 (Conflict)" not in p] == []
     assert len(problems) == 1
+
+
+# --- actions: retention, queues and nodes (issue 57) ---------------------------------------------------
+
+
+def test_a_topics_retention_is_changed_from_its_page_and_a_bad_one_refused(url: str, page: Page) -> None:
+    name = f"kept-{uuid.uuid4().hex[:6]}"
+    post(url, f"/topics/{name}", {"num_partitions": 1})
+    page.goto(url + f"/ui/topics/{name}")
+    page.wait_for_selector("#topic >> text=retention infinite", timeout=WAIT_MS)
+    form = "[data-action=retention]"
+    page.select_option(f"{form} [name=type]", "Time")
+    page.click(f"{form} button[type=submit]")  # no limit given: not sent
+    page.wait_for_selector("text=Not changed: give a limit.", timeout=WAIT_MS)
+    page.fill(f"{form} [name=limit]", "3600")
+    page.click(f"{form} button[type=submit]")
+    page.wait_for_selector("#confirm[open]", timeout=WAIT_MS)
+    assert f"Change the retention of {name} to time 3600?" in page.inner_text("#confirm")
+    confirm(page)
+    page.wait_for_selector("text=Retention changed", timeout=WAIT_MS)
+    page.wait_for_selector("#topic >> text=retention 60 min", timeout=WAIT_MS)  # the live view has it
+    stats = requests.get(f"{url}/topics/{name}/stats", timeout=5).json()
+    assert stats["retention_policy"] == {"type": "Time", "retention_secs": 3600}
+
+
+def test_a_rooms_limits_are_changed_from_the_topics_page(url: str, page: Page) -> None:
+    room = f"room-{uuid.uuid4().hex[:6]}"
+    for i in range(5):
+        post(url, f"/stream/{room}/publish", {"event": "message", "data": {"i": i}})
+    page.goto(url + "/ui/topics")
+    page.wait_for_selector(f"tr[data-room='{room}']", timeout=WAIT_MS)
+    form = "[data-action=room-retention]"
+    page.fill(f"{form} [name=room]", room)
+    page.fill(f"{form} [name=max_events]", "2")
+    page.check(f"{form} [name=no_age]")
+    page.click(f"{form} button[type=submit]")
+    confirm(page)
+    page.wait_for_selector(f"text=Room {room}: at most 2 events, no age limit.", timeout=WAIT_MS)
+    page.wait_for_function(
+        "room => document.querySelector(`tr[data-room='${room}']`)?.innerText.includes('2 events')",
+        arg=room,
+        timeout=WAIT_MS,
+    )
+    stats = requests.get(f"{url}/stream/{room}/stats", timeout=5).json()
+    assert (stats["message_count"], stats["min_offset"], stats["retention_secs"]) == (2, 3, None)
+
+
+def mesh_of(node: StreamsServerProcess) -> dict[str, Any]:
+    answer: dict[str, Any] = requests.get(f"{node.url}/mesh?patterns=1", timeout=5).json()
+    return answer
+
+
+def guaranteed(node: StreamsServerProcess, n: int) -> None:
+    for i in range(n):
+        post(node.url, "/pubsub/orders.new/publish", {"payload": {"i": i}, "guaranteed": True})
+
+
+def queued(node: StreamsServerProcess) -> int:
+    read = post(node.url, "/topics/orders/partitions/0/consume", {"from_offset": 0, "limit": 100})
+    return len(read["events"])
+
+
+def test_a_queue_is_paused_and_resumed_and_a_departed_node_forgotten(page: Page) -> None:
+    with MeshCluster(2, cluster="acts") as mesh:
+        a, b = mesh.start().wait_linked()["a"], mesh["b"]
+        requests.put(
+            f"{b.url}/mesh/queues/orders", json={"patterns": ["orders.>"]}, timeout=5
+        ).raise_for_status()
+        wait_until(
+            lambda: "$G.orders.>" in mesh_of(a)["patterns"]["peers"].get("b", []), what="a knows b's queue"
+        )
+        guaranteed(a, 2)
+        wait_until(lambda: queued(b) == 2, what="b's queue has a's events")
+
+        page.goto(b.url + "/ui/plane")
+        row = "#mesh tr[data-queue=orders]"
+        page.wait_for_selector(f"{row} >> text=delivering", timeout=WAIT_MS)
+        page.click(f"{row} button[data-queue-op=pause]")
+        page.wait_for_selector("#confirm[open]", timeout=WAIT_MS)
+        page.click("#confirm button[value=cancel]")  # cancelled: still delivering
+        assert queued(b) == 2
+        page.click(f"{row} button[data-queue-op=pause]")
+        confirm(page)
+        page.wait_for_selector("text=Queue orders paused.", timeout=WAIT_MS)
+        page.wait_for_selector(f"{row} >> text=paused", timeout=WAIT_MS)
+        guaranteed(a, 1)
+        wait_until(lambda: mesh_of(b)["guaranteed"]["queues"][0]["stored"] == 3, what="b stores while paused")
+        assert queued(b) == 0
+        page.click(f"{row} button[data-queue-op=resume]")
+        confirm(page)
+        page.wait_for_selector("text=Queue orders resumed.", timeout=WAIT_MS)
+        page.wait_for_selector(f"{row} >> text=delivering", timeout=WAIT_MS)
+        assert queued(b) == 3
+
+        page.goto(a.url + "/ui/plane")
+        page.wait_for_selector("#mesh tr[data-link=b] >> text=up", timeout=WAIT_MS)
+        assert page.query_selector("#mesh button[data-forget]") is None  # a linked node is not offered
+        b.stop()
+        guaranteed(a, 2)  # spooled for b, which is away
+        page.wait_for_selector("#mesh tr[data-spool=b] button[data-forget=b]", timeout=WAIT_MS)
+        page.click("#mesh tr[data-spool=b] button[data-forget=b]")
+        confirm(page, typed="b")
+        page.wait_for_selector("text=Forgot b: 2 spooled events dropped.", timeout=WAIT_MS)
+        page.wait_for_selector("#mesh >> text=No spool", timeout=WAIT_MS)
+        status = mesh_of(a)
+        assert (status["guaranteed"]["spools"], status["counters"]["nodes_forgotten"]) == ([], 1)
+        page.goto("about:blank")  # leave before the nodes stop: a live stream cut is not the page's error
+
+
+def test_the_mesh_view_draws_every_node_of_both_clusters_from_a_node_that_is_no_gateway(
+    page: Page, tmp_path: Path
+) -> None:
+    """east: e1 (gateway to west) and e2; west: w1 (gateway to east), with a queue. Opened on e2."""
+    ports = {name: free_port() for name in ("e1", "e2", "w1")}
+    url = {name: f"tcp://127.0.0.1:{port}" for name, port in ports.items()}
+    extra = {"e1": ("--routes", url["e2"], "--gateway", f"west={url['w1']}"), "e2": ("--routes", url["e1"])}
+    extra["w1"] = ("--gateway", f"east={url['e1']}")
+    discovery = {"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(tmp_path / "kv")}
+    nodes = {
+        name: StreamsServerProcess(
+            extra_args=(
+                *("--node-id", name, "--cluster", "east" if name.startswith("e") else "west"),
+                *("--route-port", str(port), "--heartbeat-interval", "0.2", *extra[name]),
+            ),
+            env=discovery,
+        )
+        for name, port in ports.items()
+    }
+    try:
+        for node in nodes.values():
+            node.start()
+        requests.put(f"{nodes['w1'].url}/mesh/queues/orders", json={"patterns": ["orders.>"]}, timeout=5)
+        page.goto(nodes["e2"].url + "/ui/plane")
+        west = "#mesh-view [data-cluster=west] tr[data-node=w1]"
+        page.wait_for_selector(f"{west} >> text=orders", timeout=WAIT_MS)  # w1's queue, read from w1
+        page.wait_for_function(  # w1's gateway to east, up
+            "sel => /east\\s*up/.test(document.querySelector(sel)?.innerText || '')",
+            arg=west,
+            timeout=WAIT_MS,
+        )
+        e1 = "#mesh-view [data-cluster=east] tr[data-node=e1]"
+        page.wait_for_function(  # e1's link to e2 and its gateway to west
+            "sel => /e2\\s*up/.test(document.querySelector(sel)?.innerText || '') && "
+            "/west\\s*up/.test(document.querySelector(sel)?.innerText || '')",
+            arg=e1,
+            timeout=WAIT_MS,
+        )
+        assert "(this one)" in page.inner_text("#mesh-view [data-cluster=east] tr[data-node=e2]")
+        page.goto("about:blank")  # leave before the nodes stop
+    finally:
+        for node in nodes.values():
+            node.cleanup()

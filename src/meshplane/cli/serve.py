@@ -335,6 +335,7 @@ async def _serve_locked(
     lease: MateLease | None = None,
 ) -> int:
     from meshplane.config import PlaneConfig
+    from meshplane.dashboard.meshview import register_node
     from meshplane.discovery import create_discovery
     from meshplane.discovery.base import Discovery
     from meshplane.mesh.node import MeshNode
@@ -368,6 +369,9 @@ async def _serve_locked(
         settle_heap()
         if lease is not None and mesh is not None:
             published.append(asyncio.create_task(lease.publish(mesh.route_url)))
+        if discovery is not None and mesh is not None:  # for the dashboards' mesh view
+            record = register_node(discovery, mesh.node_id, mesh.config.cluster, announced["url"])
+            published.append(asyncio.create_task(record))
 
     # The dashboard's event plane page lists what the plane's discovery (from the environment) holds.
     try:

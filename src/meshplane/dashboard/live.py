@@ -23,6 +23,7 @@ import msgspec
 
 from meshplane.core.brokers import BROKERS_BUCKET, parse_broker_record
 from meshplane.core.names import EVENT_CHANNELS_BUCKET
+from meshplane.dashboard.meshview import read_mesh_view
 from meshplane.dashboard.model import Trends, first_at_or_after, readable, scope_tree
 from meshplane.discovery.base import Discovery
 from meshplane.discovery.channels import parse_channel
@@ -400,7 +401,7 @@ class Dashboard:
         plane["invalid_records"] = invalid
         plane["tree"] = scope_tree(parsed)
         plane["brokers"] = [await self._broker(key, value) for key, value in sorted(brokers.items())[:32]]
-        self.plane = plane
+        self.plane = {**plane, "mesh_nodes": await read_mesh_view(discovery, self.mesh)}
 
     async def _broker(self, key: str, value: bytes) -> dict[str, Any]:
         from meshplane.broker import query_stats  # pyzmq: only when brokers are registered

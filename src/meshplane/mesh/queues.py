@@ -25,7 +25,7 @@ from meshplane.core.mesh.source_marks import SourceMarks
 from meshplane.core.streamlog import StoredEvent
 from meshplane.core.subjects import is_reserved, valid_pattern
 from meshplane.mesh.holders import MeshEvent
-from meshplane.streams.errors import BadRequest, CorruptRecords, StorageError, StreamError
+from meshplane.streams.errors import BadRequest, CorruptRecords, NotFound, StorageError, StreamError
 from meshplane.streams.files import write_atomic
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ class Queue:
     marks: SourceMarks = field(default_factory=SourceMarks)
     stored: int = 0
     duplicates: int = 0
+    paused: bool = False  # stores, but its topic's readers get nothing
 
     def deliver(self, event: MeshEvent) -> None:
         """Queues take events only through :class:`Guaranteed` (stored, then acknowledged)."""
@@ -124,6 +125,37 @@ class Queues:
             raise StorageError(f"{root / 'queues.json'}: unreadable ({exc})") from exc
         for name, patterns in saved.items():
             self._install(name, patterns)
+        try:
+            paused = msgspec.json.decode((root / "paused.json").read_bytes(), type=list[str])
+        except FileNotFoundError:
+            paused = []
+        except (OSError, msgspec.DecodeError) as exc:
+            raise StorageError(f"{root / 'paused.json'}: unreadable ({exc})") from exc
+        for name in paused:
+            if name in self.queues:
+                self._pause(name, True)
+
+    def pause(self, name: str, paused: bool = True) -> Queue:
+        """Pause (or resume) a queue: it keeps storing what it is sent, and its topic's readers get
+        nothing until it is resumed. Saved before it applies, so a restart keeps it paused."""
+        queue = self.queues.get(name)
+        if queue is None:
+            raise NotFound(f"queue {name!r} not found")
+        names = {q.name for q in self.queues.values() if q.paused}
+        names = names | {name} if paused else names - {name}
+        try:
+            write_atomic(self._root / "paused.json", msgspec.json.encode(sorted(names)))
+        except OSError as exc:
+            raise StorageError(f"saving the paused queues: {exc}") from exc
+        self._pause(name, paused)
+        return queue
+
+    def _pause(self, name: str, paused: bool) -> None:
+        assert self.engine is not None
+        self.queues[name].paused = paused
+        topic = self.engine.topic_store.topics.get(name)
+        if topic is not None:
+            topic.held = paused
 
     def create(self, name: str, patterns: list[str]) -> Queue:
         """Make (or change the patterns of) a queue and its topic; persisted before it is advertised."""
@@ -153,6 +185,8 @@ class Queues:
         queue = self.queues.get(name)
         if queue is None:
             return False
+        if queue.paused:  # its topic stays, readable: a queue made again under the name starts resumed
+            self.pause(name, False)
         self._save({q.name: q.patterns for q in self.queues.values() if q is not queue})
         del self.queues[name]
         self._withdraw(queue)
@@ -172,7 +206,7 @@ class Queues:
     def _install(self, name: str, patterns: list[str], old: Queue | None = None) -> Queue:
         queue = Queue(name, patterns)
         if old is not None:
-            queue.recent, queue.marks = old.recent, old.marks
+            queue.recent, queue.marks, queue.paused = old.recent, old.marks, old.paused
         else:
             self._recall(queue)
         self.queues[name] = queue
@@ -250,6 +284,12 @@ class Queues:
 
     def status(self) -> list[dict[str, Any]]:
         return [
-            {"name": q.name, "patterns": q.patterns, "stored": q.stored, "duplicates": q.duplicates}
+            {
+                "name": q.name,
+                "patterns": q.patterns,
+                "stored": q.stored,
+                "duplicates": q.duplicates,
+                "paused": q.paused,
+            }
             for q in sorted(self.queues.values(), key=lambda q: q.name)
         ]

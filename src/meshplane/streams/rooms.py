@@ -11,9 +11,9 @@ from typing import Any, Protocol
 from meshplane.core import streamlog
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent, resolve_start_offset
 from meshplane.streams.config import StreamsConfig, now_ms
-from meshplane.streams.errors import BadRequest, CorruptRecords, LimitReached
+from meshplane.streams.errors import BadRequest, CorruptRecords, LimitReached, storage_error
 from meshplane.streams.events import Notifier, StreamEvent, decode_stream_event
-from meshplane.streams.files import FilePool
+from meshplane.streams.files import FilePool, write_atomic
 from meshplane.streams.log import PartitionLog
 
 
@@ -244,6 +244,17 @@ class LocalRoom(Room):
     def expire(self, now: int) -> None:
         self.trim(now)
         self.log.apply_retention(now, keep_from=self.oldest)
+
+    def set_limits(self, max_events: int, retention_secs: float | None, now: int) -> None:
+        """New limits (checked by the caller): saved in ``room.json``, then applied."""
+        settings = self.settings() | {"max_events": max_events, "retention_secs": retention_secs}
+        try:
+            write_atomic(self.directory / "room.json", json.dumps(settings).encode())
+        except OSError as exc:
+            raise storage_error(exc, f"changing the retention of room {self.name!r}") from exc
+        self.max_events, self.retention_secs = max_events, retention_secs
+        self.log.retention = RetentionPolicy(max_messages=max_events)
+        self.expire(now)
 
     def close(self) -> None:
         self.log.sync()

@@ -34,6 +34,7 @@ from meshplane.streams.events import StreamEvent, encode_checked
 from meshplane.streams.files import FilePool, write_atomic
 from meshplane.streams.groups import GroupStore, group_partitions
 from meshplane.streams.idempotency import IdempotencyTable, routed
+from meshplane.streams.limit_calls import LimitCalls
 from meshplane.streams.pubsub import PubSub, PubSubLimits
 from meshplane.streams.recovery_report import DataProblems, counted_not_logged, local_logs, summarise
 from meshplane.streams.rooms import LocalRoom, Room, read_room_settings, room_settings
@@ -43,7 +44,7 @@ from meshplane.streams.topics import RawSpan, TopicBase, TopicStore, group_lag
 log = logging.getLogger(__name__)
 
 
-class StreamsService(StagedWrites):
+class StreamsService(StagedWrites, LimitCalls):
     """Rooms, partitioned topics, consumer groups and pub/sub over one data directory.
 
     Every state change goes through here (persisted, counted, waiters woken) and raises the streams

@@ -68,6 +68,9 @@ class TopicBase(Generic[P]):
         self.published: list[int] = []
         self.consumed: list[int] = []
         self._next_partition = 0
+        # A paused queue's topic: it keeps storing, its readers get nothing until it is let go
+        # (looking, ``counted=False``, still sees the events).
+        self.held = False
 
     def _add_partition(self, partition: P) -> None:
         self.partitions.append(partition)
@@ -176,7 +179,10 @@ class Topic(TopicBase[PartitionLog]):
     def read(
         self, partition: int, from_offset: int, limit: int, *, counted: bool = True
     ) -> list[StreamEvent]:
-        records = self.check_offset(partition, from_offset).read(from_offset, limit)
+        plog = self.check_offset(partition, from_offset)
+        if counted and self.held:
+            return []
+        records = plog.read(from_offset, limit)
         events = [decode_stream_event(r, partition) for r in records]
         if counted:
             self.consumed[partition] += len(events)
@@ -221,11 +227,13 @@ class Topic(TopicBase[PartitionLog]):
 
     def read_raw(self, partition: int, from_offset: int, max_bytes: int) -> bytes:
         """Record bytes as stored (see :func:`meshplane.core.streamlog.scan_records`)."""
-        return self.check_offset(partition, from_offset).read_raw(from_offset, max_bytes)
+        plog = self.check_offset(partition, from_offset)
+        return b"" if self.held else plog.read_raw(from_offset, max_bytes)
 
     def raw_span(self, partition: int, from_offset: int, max_bytes: int) -> RawSpan | None:
         """Where :meth:`read_raw`'s bytes are, for serving them with ``sendfile``."""
-        return self.check_offset(partition, from_offset).raw_span(from_offset, max_bytes)
+        plog = self.check_offset(partition, from_offset)
+        return None if self.held else plog.raw_span(from_offset, max_bytes)
 
 
 class TopicStore:
@@ -334,6 +342,20 @@ class TopicStore:
             write_atomic(topic.directory / "topic.json", msgspec.json.encode(topic.settings))
         except OSError as exc:
             raise storage_error(exc, f"adding partitions to {name!r}") from exc
+        return topic
+
+    def set_retention(self, name: str, retention: RetentionPolicy) -> Topic:
+        """Change a topic's retention: saved first, then applied by the next retention pass (a
+        shorter one deletes whole segments then; a longer one brings nothing back)."""
+        topic = self.get(name)
+        settings = msgspec.structs.replace(topic.settings, retention=retention)
+        try:
+            write_atomic(topic.directory / "topic.json", msgspec.json.encode(settings))
+        except OSError as exc:
+            raise storage_error(exc, f"changing the retention of {name!r}") from exc
+        topic.settings = settings
+        for plog in topic.partitions:
+            plog.retention = retention
         return topic
 
     def delete(self, name: str) -> bool:

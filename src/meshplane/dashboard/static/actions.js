@@ -1,13 +1,13 @@
-// Actions on the server from the dashboard: create and delete topics, produce a message. Each goes
-// through the streams API with the signed-in token (the server checks its scopes: creating and
-// deleting need admin, producing write) and asks for a confirmation first; deleting asks for the
-// topic's name to be typed.
+// Actions on the server from the dashboard: create and delete topics, change retention, produce a
+// message, reset a group's offsets. Each goes through the streams API with the signed-in token (the
+// server checks its scopes: creating, deleting and retention need admin, producing write) and asks
+// for a confirmation first; deleting asks for the topic's name to be typed.
 
-const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+export const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 const enc = encodeURIComponent;
 
 // The answer of a request the user asked for: its body, or an Error saying what the server said.
-async function send(method, path, body, headers) {
+export async function send(method, path, body, headers) {
   const response = await fetch(path, {
     method,
     headers: { ...headers(), ...(body ? { "Content-Type": "application/json" } : {}) },
@@ -41,26 +41,33 @@ export function confirmAction(message, typed = null) {
   });
 }
 
-function say(box, text, ok) {
+export function say(box, text, ok) {
   box.textContent = text;
   box.className = ok ? "ok" : "error";
   box.hidden = false;
 }
 
+// A form in `container` whose submit (default prevented) calls `submit(form, result box)`.
+function formAction(container, html, submit) {
+  container.innerHTML = html;
+  const form = container.querySelector("form");
+  const result = form.querySelector("[data-action-result]");
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    submit(form, result);
+  });
+}
+
 // The "new topic" form of the topics page.
 export function topicCreator(container, headers) {
-  container.innerHTML = `<form class="panel action" data-action="create-topic">
+  formAction(container, `<form class="panel action" data-action="create-topic">
       <h2>New topic</h2>
       <label>name <input name="name" required></label>
       <label>partitions <input name="partitions" type="number" min="1" value="1" required></label>
       <label>retention <select name="retention"><option value="">infinite</option><option value="3600">1 hour</option><option value="86400">1 day</option><option value="604800">7 days</option></select></label>
       <button type="submit">Create topic</button>
       <p data-action-result hidden></p>
-    </form>`;
-  const form = container.querySelector("form");
-  const result = form.querySelector("[data-action-result]");
-  form.addEventListener("submit", async (event) => {
-    event.preventDefault();
+    </form>`, async (form, result) => {
     const name = form.name.value.trim();
     const partitions = Number(form.partitions.value);
     const body = { num_partitions: partitions };
@@ -115,6 +122,58 @@ export function topicActions(container, name, headers, onDeleted) {
       onDeleted();
     } catch (error) {
       say(deleted, `Not deleted: ${error.message}`, false);
+    }
+  });
+}
+
+// The "retention" form of a topic's page: forever, for a time, up to a size or a number of events.
+export function retentionActions(container, name, headers) {
+  formAction(container, `<form class="panel action" data-action="retention">
+      <h2>Retention</h2>
+      <label>keep <select name="type"><option value="Infinite">forever</option><option value="Time">for a time (seconds)</option><option value="Size">up to a size (bytes)</option><option value="Messages">up to a number of events</option></select></label>
+      <label>limit <input name="limit" type="number" min="1"></label>
+      <button type="submit">Change retention</button>
+      <p class="muted">Whole segments go: a shorter retention deletes the older ones at the next pass.</p>
+      <p data-action-result hidden></p>
+    </form>`, async (form, result) => {
+    const field = { Time: "retention_secs", Size: "max_bytes", Messages: "max_messages" };
+    const type = form.type.value;
+    const policy = { type };
+    if (field[type] && form.limit.value === "") { say(result, "Not changed: give a limit.", false); return; }
+    if (field[type]) policy[field[type]] = Number(form.limit.value);
+    const what = field[type] ? `${type.toLowerCase()} ${form.limit.value}` : "forever";
+    if (!(await confirmAction(`Change the retention of ${name} to ${what}?`))) return;
+    try {
+      const answer = await send("PUT", `/topics/${enc(name)}/retention`, { retention_policy: policy }, headers);
+      say(result, `Retention changed: ${JSON.stringify(answer.retention_policy)}.`, true);
+    } catch (error) {
+      say(result, `Not changed: ${error.message}`, false);
+    }
+  });
+}
+
+// The "room retention" form of the topics page: a room's event count and age limits.
+export function roomRetention(container, headers) {
+  formAction(container, `<form class="panel action" data-action="room-retention">
+      <h2>Room retention</h2>
+      <label>room <input name="room" required></label>
+      <label>max events <input name="max_events" type="number" min="1" placeholder="unchanged"></label>
+      <label>max age (seconds) <input name="retention_secs" type="number" min="1" placeholder="unchanged"></label>
+      <label style="flex-direction:row;align-items:center;gap:.3rem"><input type="checkbox" name="no_age"> no age limit</label>
+      <button type="submit">Change</button>
+      <p data-action-result hidden></p>
+    </form>`, async (form, result) => {
+    const room = form.room.value.trim();
+    const body = {};
+    if (form.max_events.value !== "") body.max_events = Number(form.max_events.value);
+    if (form.no_age.checked) body.retention_secs = null;
+    else if (form.retention_secs.value !== "") body.retention_secs = Number(form.retention_secs.value);
+    if (!(await confirmAction(`Change the limits of room ${room}? Events past them are removed.`))) return;
+    try {
+      const answer = await send("PUT", `/stream/${enc(room)}/retention`, body, headers);
+      say(result, `Room ${room}: at most ${answer.max_events} events${answer.retention_secs ? `, ${answer.retention_secs} s` : ", no age limit"}.`, true);
+    } catch (error) {
+      say(result, `Not changed: ${error.message}`, false);
     }
   });
 }

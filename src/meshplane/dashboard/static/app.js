@@ -1,7 +1,8 @@
 // The meshplane dashboard: one live stream per page (server-sent events read with fetch, so that
 // the token travels in a header), pages routed by URL under /ui, charts drawn with uPlot.
 import uPlot from "/ui/static/vendor/uPlot.esm.js";
-import { groupActions, topicActions, topicCreator } from "/ui/static/actions.js";
+import { groupActions, retentionActions, roomRetention, topicActions, topicCreator } from "/ui/static/actions.js";
+import { meshActions, meshHtml, meshViewHtml } from "/ui/static/mesh.js";
 
 const TOKEN_KEY = "meshplane.token";
 const SPAN = 300; // points kept per series: the last five minutes at one a second
@@ -250,8 +251,9 @@ function retention(r) {
 }
 
 function topicsPage() {
-  view.innerHTML = `<h1>Topics and rooms</h1><h2>Partitioned topics</h2><div id="topics"></div><div id="new-topic"></div><h2>Rooms</h2><div id="rooms"></div>`;
+  view.innerHTML = `<h1>Topics and rooms</h1><h2>Partitioned topics</h2><div id="topics"></div><div id="new-topic"></div><h2>Rooms</h2><div id="rooms"></div><div id="room-retention"></div>`;
   topicCreator(document.getElementById("new-topic"), headers);
+  roomRetention(document.getElementById("room-retention"), headers);
   return {
     update(s) {
       document.getElementById("topics").innerHTML = s.topics.length
@@ -269,7 +271,8 @@ function topicsPage() {
 const more = (n, what) => (n ? `<p class="muted">and ${fmt(n)} more ${what}</p>` : "");
 
 function topicPage(name) {
-  view.innerHTML = `<h1>Topic ${esc(name)}</h1><div id="topic"></div><div id="topic-actions"></div>`;
+  view.innerHTML = `<h1>Topic ${esc(name)}</h1><div id="topic"></div><div id="retention-action"></div><div id="topic-actions"></div>`;
+  retentionActions(document.getElementById("retention-action"), name, headers);
   topicActions(document.getElementById("topic-actions"), name, headers, () => {
     history.pushState(null, "", "/ui/topics");
     route();
@@ -434,7 +437,8 @@ function treeHtml(nodes) {
 }
 
 function planePage() {
-  view.innerHTML = `<h1>Event plane</h1><div id="plane"></div><h2>Event mesh</h2><div id="mesh"></div>`;
+  view.innerHTML = `<h1>Event plane</h1><div id="plane"></div><h2>Event mesh</h2><div id="mesh"></div><div id="mesh-result"></div><h2>The mesh across nodes and clusters</h2><div id="mesh-view"></div>`;
+  meshActions(document.getElementById("mesh"), document.getElementById("mesh-result"), headers);
   return {
     update(s) {
       const p = s.plane;
@@ -448,11 +452,8 @@ function planePage() {
           <h2>Brokers</h2>${p.brokers.length ? `<table><tr><th>broker</th><th>xsub</th><th>xpub</th><th class="num">messages in</th><th class="num">messages out</th><th class="num">dropped</th></tr>${p.brokers.map((b) => `<tr><td>${esc(b.key.split("/").pop())}</td><td>${esc(b.xsub)}</td><td>${esc(b.xpub)}</td>${b.counters ? `<td class="num">${fmt(b.counters.messages_in ?? b.counters.frames_in)}</td><td class="num">${fmt(b.counters.messages_out ?? b.counters.frames_out)}</td><td class="num">${fmt(b.counters.dropped)}</td>` : `<td colspan="3" class="muted">${esc(b.error || "no stats endpoint registered")}</td>`}</tr>`).join("")}</table>` : '<p class="muted">No broker is registered (direct mode or NATS).</p>'}`;
       }
       document.getElementById("plane").innerHTML = html;
-      const m = s.mesh;
-      document.getElementById("mesh").innerHTML = !m
-        ? '<p class="muted">This server is not a mesh node (start it with --node-id).</p>'
-        : `<p>Node <b>${esc(m.node)}</b> of cluster ${esc(m.cluster)} · ${fmt(m.counters.messages_routed)} routed, ${fmt(m.counters.messages_forwarded)} forwarded · ${m.interest.patterns_local} local patterns</p>
-          <table><tr><th>link</th><th>state</th><th>details</th></tr>${m.links.map((l) => `<tr><td>${esc(l.peer)}</td><td>${esc(l.state)}</td><td class="muted">${esc(Object.entries(l).filter(([k, v]) => !["peer", "state"].includes(k) && typeof v !== "object").map(([k, v]) => `${k} ${v}`).join(" · "))}</td></tr>`).join("")}</table>`;
+      document.getElementById("mesh").innerHTML = meshHtml(s.mesh);
+      document.getElementById("mesh-view").innerHTML = p.discovery && !p.hidden ? meshViewHtml(p.mesh_nodes) : '<p class="muted">Needs discovery and a token that reads everything.</p>';
     },
   };
 }

@@ -116,6 +116,17 @@ class Api:
         )
         return json_response({"success": True, "room": room.name}, 201)
 
+    async def room_retention(self, request: web.Request) -> web.Response:
+        """``{"max_events": N, "retention_secs": S or null}``: what is left out stays as it is."""
+        body = await read_json(request)
+        if not body.keys() & {"max_events", "retention_secs"}:
+            raise BadRequest("body must set max_events or retention_secs (null: no time limit)")
+        room = self.engine.room(request.match_info["room"])
+        max_events = get_int(body, "max_events", room.max_events)
+        retention_secs = retention_secs_of(body) if "retention_secs" in body else room.retention_secs
+        room = await self.engine.set_room_retention(room.name, max_events, retention_secs)
+        return json_response({"success": True, "room": room.name, **room.settings()})
+
     async def room_get_or_create(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         room, created = await self.engine.create_room(
@@ -308,6 +319,19 @@ class Api:
                 "segment_bytes": s.segment_bytes,
             },
             201,
+        )
+
+    async def topic_retention(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        if "retention_policy" not in body:
+            raise BadRequest('body must be {"retention_policy": {"type": "Time", "retention_secs": 3600}}')
+        try:
+            retention = RetentionPolicy.from_json(body["retention_policy"])
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        topic = await self.engine.set_topic_retention(request.match_info["topic"], retention)
+        return json_response(
+            {"success": True, "topic": topic.name, "retention_policy": topic.settings.retention.to_json()}
         )
 
     async def topic_partitions(self, request: web.Request) -> web.Response:

@@ -64,6 +64,17 @@ async def queue_delete(request: web.Request) -> web.Response:
     return json_response({"deleted": name})
 
 
+async def queue_pause(request: web.Request) -> web.Response:
+    """Pause a queue: it keeps storing, its topic's readers get nothing until it is resumed."""
+    queue = _node(request).guaranteed.queues.pause(request.match_info["name"], True)
+    return json_response({"name": queue.name, "paused": queue.paused})
+
+
+async def queue_resume(request: web.Request) -> web.Response:
+    queue = _node(request).guaranteed.queues.pause(request.match_info["name"], False)
+    return json_response({"name": queue.name, "paused": queue.paused})
+
+
 async def node_forget(request: web.Request) -> web.Response:
     """Forget a departed node: its interest, its spool (events it never confirmed) and its queues."""
     peer = request.match_info["node"]

@@ -14,7 +14,15 @@ from meshplane.dashboard import http as dashboard
 from meshplane.streams.access import Level
 from meshplane.streams.http import staging
 from meshplane.streams.http.api import Api
-from meshplane.streams.http.mesh import mesh_status, node_forget, queue_delete, queue_put, queues_list
+from meshplane.streams.http.mesh import (
+    mesh_status,
+    node_forget,
+    queue_delete,
+    queue_pause,
+    queue_put,
+    queue_resume,
+    queues_list,
+)
 from meshplane.streams.http.params import Handler, json_response
 from meshplane.version import __version__
 
@@ -95,6 +103,14 @@ def route_table(api: Api) -> list[Route]:
         Route(
             "DELETE", "/mesh/queues/{name}", queue_delete, "Stop a queue's interest (its topic stays)", "mesh"
         ),
+        Route(
+            "POST",
+            "/mesh/queues/{name}/pause",
+            queue_pause,
+            "Pause a queue: it keeps storing, its topic's readers get nothing until it is resumed",
+            "mesh",
+        ),
+        Route("POST", "/mesh/queues/{name}/resume", queue_resume, "Resume a paused queue", "mesh"),
         Route(
             "DELETE",
             "/mesh/nodes/{node}",
@@ -180,6 +196,14 @@ def route_table(api: Api) -> list[Route]:
             "rooms",
             {"max_events": "integer", "retention_secs": "number"},
         ),
+        Route(
+            "PUT",
+            "/stream/{room}/retention",
+            api.room_retention,
+            "Change a room's limits (left out: unchanged; retention_secs null: no time limit)",
+            "rooms",
+            {"max_events": "integer", "retention_secs": "number"},
+        ),
         Route("DELETE", "/stream/{room}", api.room_delete, "Delete a room and its history", "rooms"),
         Route(
             "POST",
@@ -247,6 +271,14 @@ def route_table(api: Api) -> list[Route]:
                 "retention_policy": "object",
                 "segment_bytes": "integer",
             },
+        ),
+        Route(
+            "PUT",
+            "/topics/{topic}/retention",
+            api.topic_retention,
+            "Change a topic's retention (a shorter one deletes whole segments at the next pass)",
+            "topics",
+            {"retention_policy": "object"},
         ),
         Route("DELETE", "/topics/{topic}", api.topic_delete, "Delete a topic and its data", "topics"),
         Route(

@@ -276,6 +276,19 @@ class JetStreamStreamsService(StreamsService):
             name, partition, naming.retention_limits(settings.retention), window
         )
 
+    async def set_topic_retention(self, name: str, retention: RetentionPolicy) -> JetStreamTopic:
+        """Each partition's stream takes the new limits (JetStream applies them), then the settings."""
+        topic = self.topic(name)
+        settings = msgspec.structs.replace(topic.settings, retention=retention)
+        for p in range(len(topic.partitions)):
+            await self._ensure(name, p, settings)
+        entry = await self.store.topics_kv.get(naming.escape(name))
+        await self.store.topics_kv.update(
+            naming.escape(name), msgspec.json.encode(settings), last=entry.revision
+        )
+        topic.settings = settings
+        return topic
+
     async def add_partitions(self, name: str, count: int) -> JetStreamTopic:
         topic = self.topic(name)
         if count <= len(topic.partitions):
