@@ -27,6 +27,8 @@ from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
 from tests.support.mesh import interest_reached, put_queue, queue_bodies, status
 
+LEASE_TTL = 3.0  # seconds: meshplane.mesh.lease's default
+
 
 class Mates:
     """a1 and a2 (mates of node a, own data directories, fixed ports) and b, routed to both."""
@@ -123,16 +125,20 @@ def mates(tmp_path: Path, etcd_server: EtcdServer) -> Mates:
 
 
 @pytest.mark.timeout(240)
-async def test_a_paused_active_is_replaced_by_its_standby_within_six_seconds_and_nothing_is_lost(
+async def test_a_paused_active_is_replaced_by_its_standby_within_the_lease_and_a_start_and_nothing_is_lost(
     mates: Mates,
 ) -> None:
     """SIGSTOP the active while b publishes guaranteed events for a's queue: the standby serves within
-    6 s with every acknowledged event; the old active, resumed, steps down and mirrors the new one;
-    then the new active is killed and the old one takes over again with everything."""
+    the lease's 3 s and a mate's start-up (as measured here: under 6 s on an idle machine) with every
+    acknowledged event; the old active, resumed, steps down and mirrors the new one; then the new
+    active is killed and the old one takes over again with everything."""
     a1, a2 = mates.mates
     with mates:
+        spawned = time.monotonic()
         a1.start()
         await eventually(lambda: serving(a1), what="a1 active")
+        # A standby that waited for anything but the lease (a second TTL, a retry) takes seconds more.
+        takeover_bound = LEASE_TTL + 1.5 * (time.monotonic() - spawned) + 1.0
         a2.start(ready=False)
         mates.b.start()
         await put_queue(a1, "ha", ["ha.>"])
@@ -146,7 +152,7 @@ async def test_a_paused_active_is_replaced_by_its_standby_within_six_seconds_and
                 paused = time.monotonic()
                 await asyncio.to_thread(a2.wait_ready, 20)
                 took_over = time.monotonic() - paused
-                assert took_over <= 6.0, f"the standby served after {took_over:.1f}s"
+                assert took_over <= takeover_bound, f"the standby served after {took_over:.1f}s"
                 before_resume = len(acknowledged)
                 await eventually(lambda: len(acknowledged) > before_resume + 300, what="publishing via a2")
                 a1.kill(signal.SIGCONT)  # the old active resumes: it must not acknowledge anything
@@ -156,7 +162,7 @@ async def test_a_paused_active_is_replaced_by_its_standby_within_six_seconds_and
                 killed = time.monotonic()
                 await eventually(lambda: serving(a1), timeout=10, what="a1 active again")
                 took_over = time.monotonic() - killed
-                assert took_over <= 6.0, f"the old active served again after {took_over:.1f}s"
+                assert took_over <= takeover_bound, f"the old active served again after {took_over:.1f}s"
                 await eventually(lambda: spool_drained(mates.b), timeout=30, what="b's spool confirmed by a1")
         finally:
             await publisher.close()

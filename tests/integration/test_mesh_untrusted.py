@@ -647,7 +647,8 @@ async def test_a_tls_cluster_under_every_attack_loses_nothing_and_stays_responsi
             mine = [body for body in stored if body.startswith(node.encode())]
             assert mine == [b"%s-%d" % (node.encode(), i) for i in range(1500)]
         assert all(tally["refused"] > 0 and tally["closed"] > 0 for tally in tallies), tallies
-        assert latencies[int(len(latencies) * 0.99)] < 0.1
+        # A node the attacks froze answers in seconds; a loaded machine's scheduler alone takes 0.25 s.
+        assert latencies[int(len(latencies) * 0.99)] < 0.5
         for process in cluster.nodes:
             assert process.proc is not None
             assert rss_mb(process.proc.pid) < 300

@@ -4,31 +4,10 @@ longer than message_batch_timeout_ms (0: until the loop is idle). A fake transpo
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from meshplane.mesh.connection import FrameConnection
 from tests.helpers import eventually
-
-
-class RecordingTransport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[bytes] = []
-
-    def write(self, data: Any) -> None:
-        self.writes.append(bytes(data))
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        return None
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        return None
+from tests.support.transport import RecordingTransport
 
 
 def connection(batch_size: int, timeout_ms: float) -> tuple[FrameConnection, RecordingTransport]:

@@ -14,13 +14,7 @@ from meshplane.core.mesh.frames import HANDSHAKE_FRAME_BYTES, Frame, FrameType, 
 from meshplane.core.mesh.handshake import NONCE_BYTES
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.session import RECORD_BYTES, SessionError, SessionKeys, session_keys
-from tests.unit.test_mesh_connection import RecordingTransport as Recording
-
-
-class RecordingTransport(Recording):
-    def abort(self) -> None:
-        return None
-
+from tests.support.transport import RecordingTransport
 
 FIELDS: dict[str, Any] = {
     "dialler_nonce": b"d" * NONCE_BYTES,
