@@ -27,7 +27,8 @@ from pathlib import Path
 FORKSERVER_ENV = "MESHPLANE_SPARK_FORKSERVER"  # forkserver.ENV, not imported: see above
 DAEMONS = ("pyspark.daemon", "meshplane.spark.daemon")  # long-lived, they fork their own workers
 QUIET_DAEMON = "meshplane.spark.daemon"  # daemon.py
-CONNECT_TIMEOUT = 2.0
+CONNECT_TIMEOUT = 2.0  # a fork server that is there accepts at once
+ANSWER_TIMEOUT = 15.0  # ... and answers once it forked, later on a loaded machine
 
 
 def _bundled(entry: str) -> tuple[Path, str] | None:
@@ -70,12 +71,16 @@ def run_forked(server: str, argv: list[str]) -> int | None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(CONNECT_TIMEOUT)
         sock.connect(server)
+    except OSError:
+        return None  # no fork server there: Spark's way, silently
+    try:
+        sock.settimeout(ANSWER_TIMEOUT)
         sent = socket.send_fds(sock, [message], [0, 1, 2])
         sock.sendall(message[sent:])
         answers = sock.makefile("rb")
         started = json.loads(answers.readline() or b"{}")
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError) as exc:
+        started = {"refused": f"no answer: {exc or type(exc).__name__}"}
     if not isinstance(started, dict) or "pid" not in started:
         reason = started.get("refused", "no answer") if isinstance(started, dict) else "a bad answer"
         print(f"meshplane-spark-python: not forked ({reason}): starting a fresh Python", file=sys.stderr)
