@@ -30,6 +30,7 @@ from meshplane.mesh.lease import LeaseLost
 from meshplane.mesh.node import MeshNode
 from meshplane.mesh.queues import Queue, RecentIds
 from meshplane.mesh.spool import SpoolLimits
+from meshplane.streams import durability as durability_module
 from meshplane.streams.config import StreamsConfig
 from meshplane.streams.errors import BadRequest, NotStored, OutcomeUnknown
 from meshplane.streams.service import StreamsService
@@ -417,6 +418,40 @@ async def test_with_fsync_interval_a_spooled_event_leaves_once_on_disk_though_ac
             assert unsent(node, "b") == (1, 1), "sent to b before it was on disk"
             await engine.durability.flush()
             await eventually(lambda: len(queue_events(b, "q")) == 1, what="b stored it")
+    finally:
+        await node.close()
+        await engine.close()
+
+
+async def test_with_fsync_interval_an_acknowledged_event_whose_fsync_failed_once_still_leaves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interval fsync that fails once: the publisher was acknowledged already, so the spool must
+    send the event once a later fsync succeeds, not only when another event happens to be spooled
+    for that peer (or the node restarts)."""
+    config = StreamsConfig(data_dir=tmp_path / "a", fsync="interval", fsync_interval_ms=600_000)
+    engine = StreamsService(config)
+    await engine.start()
+    node = MeshNode(MeshConfig(node_id="a"))
+    node.attach(engine)
+    await node.start()
+    try:
+        async with peer_with_a_queue(node, tmp_path / "b") as b:
+            real = durability_module._fsync_each
+            failures = [errno.EIO]
+
+            def fsync_each(fds: list[int]) -> list[str | None]:
+                errors = real(fds)
+                return ["Input/output error" for _ in fds] if failures and failures.pop() else errors
+
+            monkeypatch.setattr(durability_module, "_fsync_each", fsync_each)
+            await node.publish_guaranteed("orders.eu", b"acknowledged, fsync failed once")
+            await engine.durability.flush()  # fails
+            assert engine.durability.fsync_errors
+            for _ in range(3):  # the interval's next fsyncs, which succeed
+                await asyncio.sleep(0.05)
+                await engine.durability.flush()
+            await eventually(lambda: len(queue_events(b, "q")) == 1, what="b stored it", timeout=5)
     finally:
         await node.close()
         await engine.close()

@@ -482,8 +482,15 @@ class Guaranteed:
             self._send_acks()
 
     def _durable(self, ends: list[tuple[Spool, int]], on_disk: asyncio.Future[None]) -> None:
-        if on_disk.cancelled() or on_disk.exception() is not None:
-            return  # sent once a later commit is on disk
+        if on_disk.cancelled():
+            return
+        if on_disk.exception() is not None:
+            # Acknowledged already with --fsync interval: sent once a later fsync succeeds, even if
+            # nothing more is ever spooled for that peer.
+            if self.engine is not None and ends:
+                retry = self.engine.durability.when_synced(*(spool.log for spool, _ in ends))
+                retry.add_done_callback(partial(self._durable, ends))
+            return
         for spool, end in ends:
             spool.durable = max(spool.durable, end)
             self.pump(self._link_of(spool))
