@@ -455,3 +455,25 @@ async def test_with_fsync_interval_an_acknowledged_event_whose_fsync_failed_once
     finally:
         await node.close()
         await engine.close()
+
+
+async def test_a_paused_queue_whose_topic_is_made_again_delivers_nothing_until_resumed(
+    node: MeshNode,
+) -> None:
+    """The queue's topic deleted under a paused queue (DELETE /topics/q, an admin's) is made again by
+    the next event stored or by a PUT of the queue: the queue still says paused, so its readers must
+    still get nothing."""
+    engine = node.guaranteed.engine
+    assert engine is not None
+    node.guaranteed.queues.create("q", ["orders.>"])
+    node.guaranteed.queues.pause("q")
+    assert await engine.delete_topic("q")
+    await node.publish_guaranteed("orders.eu", b"while paused")
+    assert node.guaranteed.queues.queues["q"].paused
+    assert await engine.read_topic("q", 0, 0, 10) == [], "a paused queue's topic delivered"
+    assert await engine.delete_topic("q")
+    node.guaranteed.queues.create("q", ["orders.>", "refunds.>"])
+    await node.publish_guaranteed("refunds.eu", b"still paused")
+    assert await engine.read_topic("q", 0, 0, 10) == [], "a paused queue's topic delivered"
+    node.guaranteed.queues.pause("q", False)
+    assert [e.body.data for e in await engine.read_topic("q", 0, 0, 10)] == [b"still paused"]
