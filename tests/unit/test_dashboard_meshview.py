@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import tempfile
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from aiohttp import web
 
+from meshplane import PlaneConfig
 from meshplane.dashboard import meshview
 from meshplane.dashboard.meshview import node_key, node_record, read_mesh_view
 from meshplane.discovery.mem import MemoryDiscovery
@@ -109,3 +111,11 @@ async def test_the_nodes_are_asked_a_few_at_a_time(fake_node: FakeNode) -> None:
     assert len(view) == meshview.MAX_NODES
     assert all("error" not in node for node in view), view[0]
     assert fake_node.most_in_flight <= 16, f"{fake_node.most_in_flight} asked at once"
+
+
+def test_mesh_nodes_the_tests_start_register_in_a_discovery_folder_of_their_own() -> None:
+    """Every ``serve --node-id`` registers in discovery, by default the user's state folder: tests
+    that start nodes without a discovery of their own (MeshCluster, StreamsServerProcess) wrote there,
+    where parallel runs and the developer's own nodes and dashboards see them."""
+    folder = PlaneConfig.from_env().file_kv
+    assert folder.is_relative_to(tempfile.gettempdir()), folder
