@@ -477,3 +477,33 @@ async def test_a_paused_queue_whose_topic_is_made_again_delivers_nothing_until_r
     assert await engine.read_topic("q", 0, 0, 10) == [], "a paused queue's topic delivered"
     node.guaranteed.queues.pause("q", False)
     assert [e.body.data for e in await engine.read_topic("q", 0, 0, 10)] == [b"still paused"]
+
+
+async def test_pausing_a_queue_answers_once_the_standby_has_it(node: MeshNode) -> None:
+    """docs/mesh.md: a mate's takeover keeps a paused queue paused. An answer given before the standby
+    had ``paused.json`` would be undone by a takeover right after it: the queue delivers again."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from meshplane.streams.http.app import create_app
+
+    engine = node.guaranteed.engine
+    assert engine is not None
+    node.guaranteed.queues.create("q", ["orders.>"])
+    mirrored, entered = asyncio.Event(), asyncio.Event()
+
+    async def replicate() -> None:  # the standby's answer to the barrier, held until set
+        entered.set()
+        await mirrored.wait()
+
+    engine.durability.replicate = replicate
+    async with TestClient(TestServer(create_app(engine, mesh=node))) as http:
+        for op in ("pause", "resume"):
+            entered.clear()
+            mirrored.clear()
+            answer = asyncio.create_task(http.post(f"/mesh/queues/q/{op}"))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(answer), 1)
+            assert not answer.done(), f"{op}: answered before the standby had it"
+            assert entered.is_set()
+            mirrored.set()
+            assert (await answer).status == 200
