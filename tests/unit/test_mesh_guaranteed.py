@@ -448,10 +448,12 @@ async def test_with_fsync_interval_an_acknowledged_event_whose_fsync_failed_once
             await node.publish_guaranteed("orders.eu", b"acknowledged, fsync failed once")
             await engine.durability.flush()  # fails
             assert engine.durability.fsync_errors
-            for _ in range(3):  # the interval's next fsyncs, which succeed
-                await asyncio.sleep(0.05)
+
+            async def stored_after_an_fsync() -> bool:  # the interval's next fsyncs, which succeed
                 await engine.durability.flush()
-            await eventually(lambda: len(queue_events(b, "q")) == 1, what="b stored it", timeout=5)
+                return len(queue_events(b, "q")) == 1
+
+            await eventually(stored_after_an_fsync, what="b stored it", interval=0.1)
     finally:
         await node.close()
         await engine.close()
