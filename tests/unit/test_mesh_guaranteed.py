@@ -406,18 +406,26 @@ async def test_with_fsync_interval_a_spooled_event_leaves_once_on_disk_though_ac
     tmp_path: Path,
 ) -> None:
     """The same offset reused after a power loss: sent before its fsync, lost from the spool's tail."""
-    config = StreamsConfig(data_dir=tmp_path / "a", fsync="interval", fsync_interval_ms=600_000)
-    engine = StreamsService(config)
+    async with (
+        node_fsyncing_rarely(tmp_path / "a") as (node, engine),
+        peer_with_a_queue(node, tmp_path / "b") as b,
+    ):
+        await node.publish_guaranteed("orders.eu", b"acknowledged, not on disk")
+        assert unsent(node, "b") == (1, 1), "sent to b before it was on disk"
+        await engine.durability.flush()
+        await eventually(lambda: len(queue_events(b, "q")) == 1, what="b stored it")
+
+
+@contextlib.asynccontextmanager
+async def node_fsyncing_rarely(data_dir: Path) -> AsyncIterator[tuple[MeshNode, StreamsService]]:
+    """Node a with --fsync interval, an interval no test waits for (a test flushes)."""
+    engine = StreamsService(StreamsConfig(data_dir=data_dir, fsync="interval", fsync_interval_ms=600_000))
     await engine.start()
     node = MeshNode(MeshConfig(node_id="a"))
     node.attach(engine)
     await node.start()
     try:
-        async with peer_with_a_queue(node, tmp_path / "b") as b:
-            await node.publish_guaranteed("orders.eu", b"acknowledged, not on disk")
-            assert unsent(node, "b") == (1, 1), "sent to b before it was on disk"
-            await engine.durability.flush()
-            await eventually(lambda: len(queue_events(b, "q")) == 1, what="b stored it")
+        yield node, engine
     finally:
         await node.close()
         await engine.close()
@@ -429,34 +437,27 @@ async def test_with_fsync_interval_an_acknowledged_event_whose_fsync_failed_once
     """An interval fsync that fails once: the publisher was acknowledged already, so the spool must
     send the event once a later fsync succeeds, not only when another event happens to be spooled
     for that peer (or the node restarts)."""
-    config = StreamsConfig(data_dir=tmp_path / "a", fsync="interval", fsync_interval_ms=600_000)
-    engine = StreamsService(config)
-    await engine.start()
-    node = MeshNode(MeshConfig(node_id="a"))
-    node.attach(engine)
-    await node.start()
-    try:
-        async with peer_with_a_queue(node, tmp_path / "b") as b:
-            real = durability_module._fsync_each
-            failures = [errno.EIO]
+    async with (
+        node_fsyncing_rarely(tmp_path / "a") as (node, engine),
+        peer_with_a_queue(node, tmp_path / "b") as b,
+    ):
+        real = durability_module._fsync_each
+        failures = [errno.EIO]
 
-            def fsync_each(fds: list[int]) -> list[str | None]:
-                errors = real(fds)
-                return ["Input/output error" for _ in fds] if failures and failures.pop() else errors
+        def fsync_each(fds: list[int]) -> list[str | None]:
+            errors = real(fds)
+            return ["Input/output error" for _ in fds] if failures and failures.pop() else errors
 
-            monkeypatch.setattr(durability_module, "_fsync_each", fsync_each)
-            await node.publish_guaranteed("orders.eu", b"acknowledged, fsync failed once")
-            await engine.durability.flush()  # fails
-            assert engine.durability.fsync_errors
+        monkeypatch.setattr(durability_module, "_fsync_each", fsync_each)
+        await node.publish_guaranteed("orders.eu", b"acknowledged, fsync failed once")
+        await engine.durability.flush()  # fails
+        assert engine.durability.fsync_errors
 
-            async def stored_after_an_fsync() -> bool:  # the interval's next fsyncs, which succeed
-                await engine.durability.flush()
-                return len(queue_events(b, "q")) == 1
+        async def stored_after_an_fsync() -> bool:  # the interval's next fsyncs, which succeed
+            await engine.durability.flush()
+            return len(queue_events(b, "q")) == 1
 
-            await eventually(stored_after_an_fsync, what="b stored it", interval=0.1)
-    finally:
-        await node.close()
-        await engine.close()
+        await eventually(stored_after_an_fsync, what="b stored it", interval=0.1)
 
 
 async def test_a_paused_queue_whose_topic_is_made_again_delivers_nothing_until_resumed(
