@@ -510,3 +510,36 @@ async def test_pausing_a_queue_answers_once_the_standby_has_it(node: MeshNode) -
             assert entered.is_set()
             mirrored.set()
             assert (await answer).status == 200
+
+
+async def test_with_fsync_interval_a_close_that_fails_after_an_fsync_does_not_stop_delivery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interval's fsync runs on duplicated descriptors, closed after; close(2) may fail (EIO on
+    NFS). That failure ended the fsync loop: nothing was ever synced again, so no spool ever sent
+    again, while publishers were still acknowledged."""
+    engine = StreamsService(StreamsConfig(data_dir=tmp_path / "a", fsync="interval", fsync_interval_ms=20))
+    await engine.start()
+    node = MeshNode(MeshConfig(node_id="a"))
+    node.attach(engine)
+    await node.start()
+    real = durability_module._fsync_each
+    failures = [errno.EIO]
+
+    def fsync_each(fds: list[int]) -> list[str | None]:
+        errors = real(fds)  # synced and closed, then: what an os.close raising in its finally does
+        if failures:
+            raise OSError(failures.pop(), "Input/output error")
+        return errors
+
+    try:
+        async with peer_with_a_queue(node, tmp_path / "b") as b:
+            monkeypatch.setattr(durability_module, "_fsync_each", fsync_each)
+            await node.publish_guaranteed("orders.eu", b"first")
+            await eventually(lambda: not failures, what="a close failed")
+            monkeypatch.undo()
+            await node.publish_guaranteed("orders.eu", b"second")
+            await eventually(lambda: len(queue_events(b, "q")) == 2, what="b stored both")
+    finally:
+        await node.close()
+        await engine.close()
