@@ -19,6 +19,8 @@ from meshplane.launchers import BrokerProcess, EtcdServer, NatsServer, StreamsSe
 # The developer's connection contexts (`meshplane up`, `meshplane context select`) must not reach the
 # tests, nor the tests' `up` runs the developer's: every test process reads its own, empty, config folder.
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="meshplane-test-config-")
+# Nor their state folder: every mesh node registers there (file discovery's default) for the mesh view.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="meshplane-test-state-")
 os.environ.pop("MESHPLANE_CONTEXT", None)
 
 # CI replays the same examples every run (deterministic); a developer's runs keep exploring.

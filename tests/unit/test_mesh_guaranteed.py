@@ -30,6 +30,7 @@ from meshplane.mesh.lease import LeaseLost
 from meshplane.mesh.node import MeshNode
 from meshplane.mesh.queues import Queue, RecentIds
 from meshplane.mesh.spool import SpoolLimits
+from meshplane.streams import durability as durability_module
 from meshplane.streams.config import StreamsConfig
 from meshplane.streams.errors import BadRequest, NotStored, OutcomeUnknown
 from meshplane.streams.service import StreamsService
@@ -405,18 +406,140 @@ async def test_with_fsync_interval_a_spooled_event_leaves_once_on_disk_though_ac
     tmp_path: Path,
 ) -> None:
     """The same offset reused after a power loss: sent before its fsync, lost from the spool's tail."""
-    config = StreamsConfig(data_dir=tmp_path / "a", fsync="interval", fsync_interval_ms=600_000)
-    engine = StreamsService(config)
+    async with (
+        node_fsyncing_rarely(tmp_path / "a") as (node, engine),
+        peer_with_a_queue(node, tmp_path / "b") as b,
+    ):
+        await node.publish_guaranteed("orders.eu", b"acknowledged, not on disk")
+        assert unsent(node, "b") == (1, 1), "sent to b before it was on disk"
+        await engine.durability.flush()
+        await eventually(lambda: len(queue_events(b, "q")) == 1, what="b stored it")
+
+
+@contextlib.asynccontextmanager
+async def node_fsyncing_rarely(data_dir: Path) -> AsyncIterator[tuple[MeshNode, StreamsService]]:
+    """Node a with --fsync interval, an interval no test waits for (a test flushes)."""
+    engine = StreamsService(StreamsConfig(data_dir=data_dir, fsync="interval", fsync_interval_ms=600_000))
     await engine.start()
     node = MeshNode(MeshConfig(node_id="a"))
     node.attach(engine)
     await node.start()
     try:
-        async with peer_with_a_queue(node, tmp_path / "b") as b:
-            await node.publish_guaranteed("orders.eu", b"acknowledged, not on disk")
-            assert unsent(node, "b") == (1, 1), "sent to b before it was on disk"
+        yield node, engine
+    finally:
+        await node.close()
+        await engine.close()
+
+
+async def test_with_fsync_interval_an_acknowledged_event_whose_fsync_failed_once_still_leaves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interval fsync that fails once: the publisher was acknowledged already, so the spool must
+    send the event once a later fsync succeeds, not only when another event happens to be spooled
+    for that peer (or the node restarts)."""
+    async with (
+        node_fsyncing_rarely(tmp_path / "a") as (node, engine),
+        peer_with_a_queue(node, tmp_path / "b") as b,
+    ):
+        real = durability_module._fsync_each
+        failures = [errno.EIO]
+
+        def fsync_each(fds: list[int]) -> list[str | None]:
+            errors = real(fds)
+            return ["Input/output error" for _ in fds] if failures and failures.pop() else errors
+
+        monkeypatch.setattr(durability_module, "_fsync_each", fsync_each)
+        await node.publish_guaranteed("orders.eu", b"acknowledged, fsync failed once")
+        await engine.durability.flush()  # fails
+        assert engine.durability.fsync_errors
+
+        async def stored_after_an_fsync() -> bool:  # the interval's next fsyncs, which succeed
             await engine.durability.flush()
-            await eventually(lambda: len(queue_events(b, "q")) == 1, what="b stored it")
+            return len(queue_events(b, "q")) == 1
+
+        await eventually(stored_after_an_fsync, what="b stored it", interval=0.1)
+
+
+async def test_a_paused_queue_whose_topic_is_made_again_delivers_nothing_until_resumed(
+    node: MeshNode,
+) -> None:
+    """The queue's topic deleted under a paused queue (DELETE /topics/q, an admin's) is made again by
+    the next event stored or by a PUT of the queue: the queue still says paused, so its readers must
+    still get nothing."""
+    engine = node.guaranteed.engine
+    assert engine is not None
+    node.guaranteed.queues.create("q", ["orders.>"])
+    node.guaranteed.queues.pause("q")
+    assert await engine.delete_topic("q")
+    await node.publish_guaranteed("orders.eu", b"while paused")
+    assert node.guaranteed.queues.queues["q"].paused
+    assert await engine.read_topic("q", 0, 0, 10) == [], "a paused queue's topic delivered"
+    assert await engine.delete_topic("q")
+    node.guaranteed.queues.create("q", ["orders.>", "refunds.>"])
+    await node.publish_guaranteed("refunds.eu", b"still paused")
+    assert await engine.read_topic("q", 0, 0, 10) == [], "a paused queue's topic delivered"
+    node.guaranteed.queues.pause("q", False)
+    assert [e.body.data for e in await engine.read_topic("q", 0, 0, 10)] == [b"still paused"]
+
+
+async def test_pausing_a_queue_answers_once_the_standby_has_it(node: MeshNode) -> None:
+    """docs/mesh.md: a mate's takeover keeps a paused queue paused. An answer given before the standby
+    had ``paused.json`` would be undone by a takeover right after it: the queue delivers again."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from meshplane.streams.http.app import create_app
+
+    engine = node.guaranteed.engine
+    assert engine is not None
+    node.guaranteed.queues.create("q", ["orders.>"])
+    mirrored, entered = asyncio.Event(), asyncio.Event()
+
+    async def replicate() -> None:  # the standby's answer to the barrier, held until set
+        entered.set()
+        await mirrored.wait()
+
+    engine.durability.replicate = replicate
+    async with TestClient(TestServer(create_app(engine, mesh=node))) as http:
+        for op in ("pause", "resume"):
+            entered.clear()
+            mirrored.clear()
+            answer = asyncio.create_task(http.post(f"/mesh/queues/q/{op}"))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(answer), 1)
+            assert not answer.done(), f"{op}: answered before the standby had it"
+            assert entered.is_set()
+            mirrored.set()
+            assert (await answer).status == 200
+
+
+async def test_with_fsync_interval_a_close_that_fails_after_an_fsync_does_not_stop_delivery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interval's fsync runs on duplicated descriptors, closed after; close(2) may fail (EIO on
+    NFS). That failure ended the fsync loop: nothing was ever synced again, so no spool ever sent
+    again, while publishers were still acknowledged."""
+    engine = StreamsService(StreamsConfig(data_dir=tmp_path / "a", fsync="interval", fsync_interval_ms=20))
+    await engine.start()
+    node = MeshNode(MeshConfig(node_id="a"))
+    node.attach(engine)
+    await node.start()
+    real = durability_module._fsync_each
+    failures = [errno.EIO]
+
+    def fsync_each(fds: list[int]) -> list[str | None]:
+        errors = real(fds)  # synced and closed, then: what an os.close raising in its finally does
+        if failures:
+            raise OSError(failures.pop(), "Input/output error")
+        return errors
+
+    try:
+        async with peer_with_a_queue(node, tmp_path / "b") as b:
+            monkeypatch.setattr(durability_module, "_fsync_each", fsync_each)
+            await node.publish_guaranteed("orders.eu", b"first")
+            await eventually(lambda: not failures, what="a close failed")
+            monkeypatch.undo()
+            await node.publish_guaranteed("orders.eu", b"second")
+            await eventually(lambda: len(queue_events(b, "q")) == 2, what="b stored both")
     finally:
         await node.close()
         await engine.close()

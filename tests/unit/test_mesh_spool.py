@@ -24,6 +24,7 @@ from meshplane.mesh.queues import stored_event
 from meshplane.mesh.spool import Spool, SpoolFull, SpoolLimits, spool_directory, spool_peer
 from meshplane.streams.errors import StorageError
 from meshplane.streams.files import FilePool
+from meshplane.streams.log import PartitionLog
 from tests.faults import FaultInjector
 
 
@@ -212,3 +213,20 @@ def test_queues_keep_pub_sub_payloads_as_json_and_other_bodies_as_bytes() -> Non
     stored = stored_event(json_event)
     assert (stored.id, stored.event_type, stored.data, stored.key) == ("5-1-o", "t", {"id": 1}, "o")
     assert stored_event(MeshEvent("o", "t", 2, 5, b"\xff\x00")).data == b"\xff\x00"
+
+
+def test_a_spool_reopened_after_a_crash_sends_its_tail_only_once_it_is_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With --fsync interval a killed node leaves appends in the page cache, not on disk: a restarted
+    node (or a standby taking over) that sent them at once, and then lost power, would spool other
+    events at the same offsets, which the destination drops as resends. What it finds is sent once
+    fsynced."""
+    spool = open_spool(tmp_path)
+    spool.append([frame(i) for i in range(3)])
+    spool.log.close()  # killed: no fsync, no save
+    synced: list[int] = []
+    monkeypatch.setattr(PartitionLog, "sync", lambda log: synced.append(log.next_offset))
+    reopened = open_spool(tmp_path)
+    assert [r.payload for r in reopened.to_send()] == [frame(i) for i in range(3)]
+    assert synced == [3], "sent what may not be on disk"

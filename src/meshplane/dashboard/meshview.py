@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 MESH_NODES_BUCKET = "v1/mesh_nodes"
 MAX_NODES = 64  # nodes asked per refresh
 MAX_STATUS_BYTES = 4 << 20  # a node's answer read at most
+MAX_ASKED_AT_ONCE = 8  # answers read and parsed at once (each up to MAX_STATUS_BYTES)
+MAX_DRAWN = 200  # links, gateways, queues and spools kept of each node's answer
 ASK_TIMEOUT_SECS = 2.0
 
 
@@ -46,9 +49,24 @@ def parse_node_record(value: bytes) -> dict[str, str] | None:
         isinstance(record.get(k), str) for k in ("node", "cluster", "url")
     ):
         return None
-    if not record["url"].startswith(("http://", "https://")):
+    if _origin(record["url"]) is None:
         return None
     return {k: record[k] for k in ("node", "cluster", "url")}
+
+
+def _origin(url: str) -> str | None:
+    """``scheme://host[:port]`` of a node's address; None for anything more (a path, a query, a
+    fragment, credentials: whoever wrote the record would choose what this server fetches)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+        return None
+    if parts.path not in ("", "/") or parts.query or parts.fragment or url.rstrip("/").endswith(("?", "#")):
+        return None
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 async def register_node(discovery: Discovery, node: str, cluster: str, url: str) -> None:
@@ -66,7 +84,7 @@ def summary(status: dict[str, Any]) -> dict[str, Any]:
     return {
         "links": [
             {k: link.get(k) for k in ("peer", "state", "patterns_remote", "events_out", "events_in")}
-            for link in status.get("links", [])
+            for link in status.get("links", [])[:MAX_DRAWN]
         ],
         "gateways": [
             {
@@ -75,10 +93,15 @@ def summary(status: dict[str, Any]) -> dict[str, Any]:
                 "patterns_remote": g.get("patterns_remote"),
                 "spooled": (g.get("spool") or {}).get("pending", 0),
             }
-            for g in status.get("gateways", [])
+            for g in status.get("gateways", [])[:MAX_DRAWN]
         ],
-        "queues": [{k: q.get(k) for k in ("name", "stored", "paused")} for q in guaranteed.get("queues", [])],
-        "spools": [{k: s.get(k) for k in ("peer", "pending")} for s in guaranteed.get("spools", [])],
+        "queues": [
+            {k: q.get(k) for k in ("name", "stored", "paused")}
+            for q in guaranteed.get("queues", [])[:MAX_DRAWN]
+        ],
+        "spools": [
+            {k: s.get(k) for k in ("peer", "pending")} for s in guaranteed.get("spools", [])[:MAX_DRAWN]
+        ],
         "patterns_local": (status.get("interest") or {}).get("patterns_local"),
         "mate": {k: (status.get("mate") or {}).get(k) for k in ("state", "standby")}
         if status.get("mate")
@@ -88,14 +111,16 @@ def summary(status: dict[str, Any]) -> dict[str, Any]:
 
 async def _ask(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
     try:
-        async with session.get(url + "/mesh", allow_redirects=False) as response:
+        async with session.get(f"{_origin(url)}/mesh", allow_redirects=False) as response:
             if response.status in (401, 403):
                 return {"error": f"{response.status}: it requires a token (this view sends none)"}
             if response.status != 200:
                 return {"error": f"GET /mesh answered {response.status}"}
-            body = await response.content.read(MAX_STATUS_BYTES + 1)
-            if len(body) > MAX_STATUS_BYTES:
-                return {"error": "its status is larger than the view reads"}
+            body = bytearray()
+            while chunk := await response.content.read(MAX_STATUS_BYTES + 1 - len(body)):
+                body += chunk  # read() answers what has arrived, not all it was asked for
+                if len(body) > MAX_STATUS_BYTES:
+                    return {"error": "its status is larger than the view reads"}
             return summary(json.loads(body))
     except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError, TypeError) as exc:
         return {"error": f"not reached: {exc or type(exc).__name__}"}
@@ -112,11 +137,13 @@ async def read_mesh_view(discovery: Discovery, own: MeshNode | None) -> list[dic
     nodes = [r for r in map(parse_node_record, records.values()) if r is not None]
     nodes = sorted(nodes, key=lambda r: (r["cluster"], r["node"]))[:MAX_NODES]
     timeout = aiohttp.ClientTimeout(total=ASK_TIMEOUT_SECS)
+    asking = asyncio.Semaphore(MAX_ASKED_AT_ONCE)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
         async def one(record: dict[str, str]) -> dict[str, Any]:
             if own is not None and (record["cluster"], record["node"]) == (own.config.cluster, own.node_id):
                 return {**record, "self": True, **summary(own.status())}
-            return {**record, **await _ask(session, record["url"])}
+            async with asking:
+                return {**record, **await _ask(session, record["url"])}
 
         return list(await asyncio.gather(*map(one, nodes)))

@@ -123,8 +123,8 @@ def _store_in(
     if not fresh:
         return
     try:
-        if queue.name not in engine.topics:  # deleted under the queue: made again
-            engine.topic_store.create(queue.name, 1)
+        if queue.name not in engine.topics:  # deleted under the queue: made again, held if paused
+            engine.topic_store.create(queue.name, 1).held = queue.paused
         _, more = engine.append_topic(queue.name, events)
     except StreamError as exc:
         failed.update((work, str(exc)) for work in fresh.values())

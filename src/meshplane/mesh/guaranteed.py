@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 MAX_WAITING = 200_000  # guaranteed events waiting for the next group commit, at most ...
 MAX_WAITING_BYTES = 256 * 1024 * 1024  # ... and their bytes
 CACHED_SUBJECTS = 4096  # subjects whose spools and queues are kept at hand
+FSYNC_RETRY_SECS = 1.0  # a spool's failed fsync tried again after this (what it holds waits for it)
 
 
 class Guaranteed:
@@ -482,11 +483,22 @@ class Guaranteed:
             self._send_acks()
 
     def _durable(self, ends: list[tuple[Spool, int]], on_disk: asyncio.Future[None]) -> None:
-        if on_disk.cancelled() or on_disk.exception() is not None:
-            return  # sent once a later commit is on disk
+        if on_disk.cancelled():
+            return
+        if on_disk.exception() is not None:
+            # Acknowledged already with --fsync interval: sent once a later fsync succeeds (tried
+            # again each second), even if nothing more is ever spooled for that peer.
+            if ends:
+                asyncio.get_running_loop().call_later(FSYNC_RETRY_SECS, self._sync_again, ends)
+            return
         for spool, end in ends:
             spool.durable = max(spool.durable, end)
             self.pump(self._link_of(spool))
+
+    def _sync_again(self, ends: list[tuple[Spool, int]]) -> None:
+        if self.engine is not None:
+            on_disk = self.engine.durability.when_synced(*(spool.log for spool, _ in ends))
+            on_disk.add_done_callback(partial(self._durable, ends))
 
 
 def _queue_patterns(interest: Iterable[str]) -> set[str]:

@@ -171,8 +171,9 @@ class Queues:
             raise BadRequest(f"a queue takes 1-{MAX_PATTERNS_PER_QUEUE} patterns")
         if name not in self.queues and len(self.queues) >= MAX_QUEUES:
             raise BadRequest(f"{MAX_QUEUES} queues (the limit)")
-        if name not in self.engine.topics:
-            self.engine.topic_store.create(name, 1)
+        if name not in self.engine.topics:  # new, or deleted under the queue: held if it is paused
+            old_queue = self.queues.get(name)
+            self.engine.topic_store.create(name, 1).held = old_queue is not None and old_queue.paused
         saved = {q.name: q.patterns for q in self.queues.values()} | {name: sorted(set(checked))}
         self._save(saved)
         old = self.queues.pop(name, None)

@@ -67,7 +67,13 @@ class Spool:
         self.log = PartitionLog(directory, segment_bytes=limits.segment_bytes, files=files)
         self.acked = min(max(self._read_acked(), self.log.start_offset), self.log.next_offset)
         self.sent = self.acked
-        self.durable = self.log.next_offset  # what a node (re)starting with finds is what it has
+        self.durable = self.log.next_offset  # what a node (re)starting with finds is what it has ...
+        if limits.sync_acked and self.log.next_offset > self.acked:
+            try:  # ... once on disk: a killed node's appends may be in the page cache only
+                self.log.sync()
+            except OSError as exc:
+                self.durable = self.acked  # sent once a later commit is on disk
+                log.error("spool for %s: cannot fsync what it holds (%s)", peer, exc)
         self.refused = 0  # publishes refused because this spool was full
         self._saved = self.acked
 

@@ -97,7 +97,11 @@ class Durability:
                         await self._due.wait()
             self._wake.clear()
             self._due.clear()
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception:  # the loop outlives a failed fsync: else nothing is ever synced again
+                self.fsync_errors += 1
+                log.exception("fsync failed")
 
     async def flush(self) -> None:
         dirty, self._dirty = self._dirty, {}
@@ -115,11 +119,13 @@ class Durability:
             started = time.perf_counter()
             try:
                 errors = await asyncio.to_thread(_fsync_each, [fd for _, fd in fds])
-            except BaseException:
+            except BaseException as exc:
+                stopping = isinstance(exc, asyncio.CancelledError)
+                why = "fsync cancelled: the server is stopping" if stopping else f"fsync failed ({exc!r})"
                 for futures in dirty.values():
                     for future in futures:
                         if not future.done():
-                            future.set_exception(StorageError("fsync cancelled: the server is stopping"))
+                            future.set_exception(StorageError(why))
                 raise
             failed.update({target: error for (target, _), error in zip(fds, errors, strict=True) if error})
             if self.on_fsync:
@@ -161,5 +167,6 @@ def _fsync_each(fds: list[int]) -> list[str | None]:
         except OSError as exc:
             errors.append(exc.strerror or str(exc))
         finally:
-            os.close(fd)
+            with contextlib.suppress(OSError):  # a duplicate: the fsync's answer is what counts
+                os.close(fd)
     return errors

@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 from meshplane.mesh.links import LINK_COUNTERS
 from meshplane.mesh.node import MeshNode
 from meshplane.streams.errors import BadRequest, Conflict, NotFound
-from meshplane.streams.http.params import GRANT, json_response, read_json, readable
+from meshplane.streams.http.params import ENGINE, GRANT, json_response, read_json, readable
 
 MESH: web.AppKey[MeshNode] = web.AppKey("mesh", MeshNode)
 
@@ -66,12 +66,18 @@ async def queue_delete(request: web.Request) -> web.Response:
 
 async def queue_pause(request: web.Request) -> web.Response:
     """Pause a queue: it keeps storing, its topic's readers get nothing until it is resumed."""
-    queue = _node(request).guaranteed.queues.pause(request.match_info["name"], True)
-    return json_response({"name": queue.name, "paused": queue.paused})
+    return await _pause(request, True)
 
 
 async def queue_resume(request: web.Request) -> web.Response:
-    queue = _node(request).guaranteed.queues.pause(request.match_info["name"], False)
+    return await _pause(request, False)
+
+
+async def _pause(request: web.Request, paused: bool) -> web.Response:
+    queue = _node(request).guaranteed.queues.pause(request.match_info["name"], paused)
+    replicate = request.app[ENGINE].durability.replicate
+    if replicate is not None:  # an HA mate's standby has it before the answer: a takeover keeps it
+        await replicate()
     return json_response({"name": queue.name, "paused": queue.paused})
 
 
