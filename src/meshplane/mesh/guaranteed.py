@@ -13,18 +13,13 @@ per publisher, to the guaranteed subscriptions (queues) of every node, whatever 
   published meanwhile, or after this node restarts while that peer is down, must still be spooled for it.
 - On the **destination**, the event goes to the direct subscribers at once and to the queues that
   want it (dropped there if that event id was stored already); ACK goes back once stored.
-- **Across gateways** (seed 002's DMR): a cluster's queues' patterns cross each external link
-  aggregated, as ``$G.`` interest (:meth:`Guaranteed.cluster_learnt`); the gateway remembers each
-  other cluster's on disk and holds them in its routing table, so its cluster's nodes spool for it.
-  The gateway stores what they send, or what is published on it, in a spool per other cluster
-  (``mesh/cluster-spool``) and sends it over the external link as SPOOLED; the other gateway stores
-  it for its own cluster as if it had been published there (spools per node, its queues) and
-  confirms. One copy crosses each external link; queues drop resends by event id, so the event
-  arrives once, in publisher order, through either gateway's restart.
+- **Across gateways** (seed 002's DMR): a cluster's queues' patterns cross each external link as
+  ``$G.`` interest (:meth:`Guaranteed.cluster_learnt`), kept on disk by the gateway, whose cluster's
+  nodes then spool for it. It spools what they send per other cluster (``mesh/cluster-spool``); the
+  other gateway stores it as if published there, then confirms: one copy crosses, once, in order.
 
-Writes are group-committed: everything that arrived while the last fsync ran shares the next one.
-Direct events remain at-most-once; guaranteed ones also reach direct subscribers, as direct ones.
-"""
+Writes are group-committed (what arrived while the last fsync ran shares the next one). Guaranteed
+events also reach direct subscribers, as direct ones (at most once)."""
 
 from __future__ import annotations
 
@@ -466,7 +461,7 @@ class Guaranteed:
                 log.exception("storing guaranteed events failed")
                 failed, synced, appended = {work: f"internal error: {exc!r}" for work in batch}, set(), []
             ends = [(spool, spool.log.next_offset) for spool in appended]
-            on_disk = durability.when_synced(*(spool.log for spool in appended))
+            on_disk = durability.when_synced(*(spool.log for spool, _ in ends))
             if synced:
                 try:
                     await durability.written(*synced, records=len(batch) - len(failed))
@@ -483,13 +478,12 @@ class Guaranteed:
             self._send_acks()
 
     def _durable(self, ends: list[tuple[Spool, int]], on_disk: asyncio.Future[None]) -> None:
-        if on_disk.cancelled():
+        """Send what a commit spooled, now on disk. A failed fsync is tried again each second: with
+        --fsync interval it was acknowledged, and must leave even if nothing more is spooled."""
+        if on_disk.cancelled() or not ends:
             return
         if on_disk.exception() is not None:
-            # Acknowledged already with --fsync interval: sent once a later fsync succeeds (tried
-            # again each second), even if nothing more is ever spooled for that peer.
-            if ends:
-                asyncio.get_running_loop().call_later(FSYNC_RETRY_SECS, self._sync_again, ends)
+            asyncio.get_running_loop().call_later(FSYNC_RETRY_SECS, self._sync_again, ends)
             return
         for spool, end in ends:
             spool.durable = max(spool.durable, end)
