@@ -51,6 +51,7 @@ from meshplane.core.mesh.handshake import (
     proof,
     proof_ok,
 )
+from meshplane.core.mesh.vpn import DEFAULT, bound_role, check_vpn
 from meshplane.core.subjects import PatternIndex
 from meshplane.errors import ConfigError, TransportAuthError, TransportError
 from meshplane.mesh.config import CLIENT_SECRET_ENV, secret_from_env
@@ -85,8 +86,11 @@ class MeshClient:
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         name: str = "meshplane",
         tls: ssl.SSLContext | None = None,
+        vpn: str = DEFAULT,
     ) -> None:
+        """``vpn``: the Message VPN to publish and subscribe in (the node must have it)."""
         self.url = url
+        self.vpn = check_vpn(vpn)
         self.addresses = parse_node_urls(url)
         self._next_address = 0
         self.secret = secret_from_env(CLIENT_SECRET_ENV) if secret is None else secret  # never on argv
@@ -183,12 +187,16 @@ class MeshClient:
             batched_acks=True,
             origin=self._origin,
             ticket=self._ticket,
+            vpn="" if self.vpn == DEFAULT else self.vpn,
         )
         conn.send(encode_frame(FrameType.HELLO, "", payload=encode_payload(hello)))
         answer = self._refusal_or_hello(await self._handshake.get())
         if len(answer.nonce) != NONCE_BYTES:
             raise TransportError(f"the mesh node at {self.url} sent no challenge (an older protocol?)")
         self.node = answer.node
+        if (answer.vpn or DEFAULT) != self.vpn:  # a node before VPNs would put us in the default one
+            raise TransportError(f"the mesh node at {self.url} knows no Message VPN {self.vpn!r}")
+        role = bound_role("client", self.vpn)
 
         def proof_of(dialler: bool) -> bytes:
             return proof(
@@ -196,7 +204,7 @@ class MeshClient:
                 dialler=dialler,
                 dialler_nonce=nonce,
                 node_nonce=answer.nonce,
-                role="client",
+                role=role,
                 dialler_id=name,
                 node_id=answer.node,
             )
@@ -218,7 +226,7 @@ class MeshClient:
             self.secret.encode(),
             dialler_nonce=nonce,
             node_nonce=answer.nonce,
-            role="client",
+            role=role,
             dialler_id=name,
             node_id=answer.node,
         )

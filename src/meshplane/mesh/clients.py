@@ -22,6 +22,7 @@ from meshplane.core.mesh.frames import (
     encode_frame,
     event_parts,
 )
+from meshplane.core.mesh.vpn import DEFAULT, prefix_of
 from meshplane.core.subjects import is_reserved, valid_pattern
 from meshplane.mesh.connection import close_peer
 from meshplane.mesh.holders import ClientSession, MeshEvent
@@ -67,11 +68,14 @@ class Clients:
             node.config.max_message_queue_bytes,
             node.config.backpressure_policy,
         )
+        vpn = (state.hello.vpn if state.hello is not None else "") or DEFAULT
         session = ClientSession(
             client_id,
             state.conn,
             queue,
             origin=state.origin,
+            vpn=vpn,
+            prefix=prefix_of(vpn),
             batched_acks=state.hello is not None and state.hello.batched_acks,
             on_overflow=self._overflowed,
         )
@@ -91,20 +95,22 @@ class Clients:
     def on_frame(self, session: ClientSession, frame: Frame) -> None:
         node = self.node
         kind = frame.type
+        prefix = session.prefix
         if kind is FrameType.EVENT:
-            if not node.client_subject(frame.subject):
+            subject = prefix + frame.subject  # inside the mesh, a VPN's subjects carry its prefix
+            if not node.client_subject(frame.subject) or (prefix and not node.valid_subject(subject)):
                 node.frame_errors["bad_subject"] += 1
                 if frame.flags & FLAG_GUARANTEED:
                     self.answer(session, frame.sequence, f"subject {frame.subject[:80]!r} is not valid")
                 return
+            # The frame as the client made it travels on, unless its subject took a VPN's prefix.
+            raw = None if prefix else frame.raw
             timestamp, body = event_parts(frame)
             if frame.flags & FLAG_GUARANTEED and frame.source != session.origin:
                 node.frame_errors["foreign_origin"] += 1
                 return self.answer(session, frame.sequence, "not this client's origin: connect again")
             if frame.flags & FLAG_GUARANTEED:  # stamps kept as they are: a resend keeps its event id
-                event = MeshEvent(
-                    frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw
-                )
+                event = MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, raw)
                 sequence = frame.sequence
                 try:
                     node.guaranteed.publish(event, session.answer, sequence)
@@ -114,24 +120,21 @@ class Clients:
                     self.answer(session, sequence, f"not stored: {exc}")
             elif frame.source == session.origin:  # stamped as agreed: passed on as it is
                 node.route_direct(
-                    MeshEvent(
-                        frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw
-                    )
+                    MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, raw)
                 )
             else:
-                node.publish(frame.subject, body, frame.flags)
+                node.publish(frame.subject, body, frame.flags, prefix=prefix)
         elif kind is FrameType.SUB_ADD:
             pattern = valid_pattern(frame.subject)
-            if (
-                pattern is None
-                or is_reserved(pattern)  # the node's queues
-                or len(node.router.patterns_of(session)) >= node.config.max_patterns_per_client
-            ):
-                node.frame_errors["bad_pattern" if pattern is None else "client_pattern_limit"] += 1
+            if pattern is None or is_reserved(pattern) or valid_pattern(prefix + pattern) is None:
+                node.frame_errors["bad_pattern"] += 1  # reserved: the node's queues, VPNs' prefixes
                 return
-            node.subscribe(session, pattern)
+            if len(node.router.patterns_of(session)) >= node.config.max_patterns_per_client:
+                node.frame_errors["client_pattern_limit"] += 1
+                return
+            node.subscribe(session, prefix + pattern)
         elif kind is FrameType.SUB_REMOVE:
-            node.unsubscribe(session, frame.subject)
+            node.unsubscribe(session, prefix + frame.subject)
         elif kind is FrameType.SYNC_REQ:  # a client's ping: everything before it has been handled ...
             peers = {peer for peer, link in node.links.items() if link.conn is not None}
             if frame.flags & FLAG_PROPAGATED and peers:  # ... here and, with this flag, at every peer

@@ -12,6 +12,7 @@ import msgspec
 
 from meshplane.core.backpressure import SubscriberQueue
 from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE, encode_event
+from meshplane.core.mesh.vpn import DEFAULT, outward
 from meshplane.mesh.connection import FrameConnection
 from meshplane.streams.pubsub import PubSub
 
@@ -29,6 +30,7 @@ class MeshEvent:
     body: bytes
     flags: int = 0
     _raw: bytes | None = None
+    _outward: bytes | None = None  # the frame as its VPN's clients get it (its subject without the prefix)
 
     @property
     def raw(self) -> bytes:
@@ -37,6 +39,16 @@ class MeshEvent:
                 self.source, self.subject, self.sequence, self.timestamp_ms, self.body, self.flags
             )
         return self._raw
+
+    def outward(self, prefix: str) -> bytes:
+        """The EVENT frame for a client of the VPN whose prefix is ``prefix`` (an event belongs to one
+        VPN: made once, for all of that VPN's clients)."""
+        if self._outward is None:
+            subject = outward(prefix, self.subject)
+            self._outward = encode_event(
+                self.source, subject, self.sequence, self.timestamp_ms, self.body, self.flags
+            )
+        return self._outward
 
     @property
     def event_id(self) -> str:
@@ -78,6 +90,8 @@ class ClientSession:
     conn: FrameConnection
     queue: SubscriberQueue[bytes]
     origin: str = ""  # the source id its EVENTs carry
+    vpn: str = DEFAULT  # its Message VPN ...
+    prefix: str = ""  # ... whose prefix its subjects and patterns take inside the mesh
     batched_acks: bool = False  # it takes one ACK for many stored events (its HELLO said so)
     stored: list[int] = field(default_factory=list)  # its events stored since its last batched ACK
     answer: Callable[[int, str], None] = field(default=lambda sequence, error: None)  # (EVENT number, error)
@@ -85,7 +99,7 @@ class ClientSession:
     on_overflow: Callable[[ClientSession], None] = field(default=lambda session: None)
 
     def deliver(self, event: MeshEvent) -> None:
-        raw = event.raw
+        raw = event.outward(self.prefix) if self.prefix else event.raw
         if not self.conn.paused and not self.queue:
             self.conn.send(raw)
             self.delivered += 1

@@ -302,14 +302,17 @@ class MeshNode:
                 link.conn.send(frame)
                 link.counters[counter] += 1
 
-    def publish(self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None) -> int:
+    def publish(
+        self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None, prefix: str = ""
+    ) -> int:
         """Route an event published on this node: to its local holders (but ``skip``, which has
-        delivered it already) and once over each link whose peer wants it. Returns the copies made."""
+        delivered it already) and once over each link whose peer wants it. Returns the copies made.
+        ``prefix``: the publisher's VPN's (:mod:`meshplane.core.mesh.vpn`)."""
         if is_reserved(subject):
             self.frame_errors["bad_subject"] += 1  # reserved subjects are the node's own
             return 0
         sequence = next(self._sequence)
-        event = MeshEvent(self.node_id, subject, sequence, time.time_ns() // 1_000_000, body, flags)
+        event = MeshEvent(self.node_id, prefix + subject, sequence, time.time_ns() // 1_000_000, body, flags)
         return self._route(event, skip)
 
     async def publish_guaranteed(

@@ -342,6 +342,7 @@ class Hello(msgspec.Struct, frozen=True):
     batched_acks: bool = False  # a client's: it takes one ACK for many stored events
     origin: str = ""  # a client's: the origin it had (to keep it, with its ticket from that AUTH)
     ticket: bytes = b""
+    vpn: str = ""  # a client's: the Message VPN it asks for; the node's answer: the one it gave ("": default)
 
 
 def restamp(raw: bytes, source: str) -> bytes:

@@ -10,8 +10,10 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.mesh.links import LINK_COUNTERS
 from meshplane.mesh.node import MeshNode
+from meshplane.mesh.queues import queue_status
 from meshplane.streams.errors import BadRequest, Conflict, NotFound
 from meshplane.streams.http.params import GRANT, json_response, read_json, readable
 
@@ -47,19 +49,23 @@ async def queues_list(request: web.Request) -> web.Response:
 
 
 async def queue_put(request: web.Request) -> web.Response:
-    """Make a queue (a guaranteed subscription): ``{"patterns": ["orders.>"]}``. Its events are read
-    from the topic of the same name."""
+    """Make a queue (a guaranteed subscription): ``{"patterns": ["orders.>"], "vpn": "team-a"}`` (no
+    ``vpn``: the default VPN). Its events are read from the topic it names."""
     body = await read_json(request)
-    patterns = body.get("patterns")
+    patterns, vpn = body.get("patterns"), body.get("vpn", DEFAULT)
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
         raise BadRequest('body must be {"patterns": ["a.pattern", ...]}')
-    queue = _node(request).guaranteed.queues.create(request.match_info["name"], patterns)
-    return json_response({"name": queue.name, "patterns": queue.patterns, "topic": queue.name})
+    if not isinstance(vpn, str):
+        raise BadRequest('"vpn" must be a VPN\'s name')
+    queue = _node(request).guaranteed.queues.create(request.match_info["name"], patterns, vpn)
+    shown = queue_status(queue)
+    name = request.match_info["name"]
+    return json_response({"name": name, "vpn": vpn, "patterns": shown["patterns"], "topic": queue.name})
 
 
 async def queue_delete(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    if not _node(request).guaranteed.queues.delete(name):
+    if not _node(request).guaranteed.queues.delete(name, request.query.get("vpn", DEFAULT)):
         raise NotFound(f"queue {name!r} not found")
     return json_response({"deleted": name})
 

@@ -1,0 +1,114 @@
+"""Message VPNs on real nodes (issue 58): seed 002's "if there are multiple queues in the cluster with
+the same name in the same Message VPN, all of these queues receive the messages", and nothing of one
+VPN reaches another's queues or subscribers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from meshplane.errors import TransportError
+from meshplane.launchers import MeshCluster
+from meshplane.mesh.client import MeshClient
+from tests.helpers import eventually
+from tests.support.mesh import Inbox, interest_reached, publish_all, put_queue, queue_bodies, status
+
+
+@pytest.fixture
+def trio(tmp_path: Path) -> Iterator[MeshCluster]:
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.A]\n[vpns.B]\n")
+    with MeshCluster(3, extra_args=("--mesh-vpns", str(vpns))) as cluster:
+        yield cluster.start()
+
+
+async def test_queues_of_one_name_in_one_vpn_all_receive_and_another_vpns_receive_nothing(
+    trio: MeshCluster,
+) -> None:
+    await asyncio.to_thread(trio.wait_linked)
+    for node, vpn in (("a", "A"), ("b", "A"), ("c", "B"), ("a", "B")):
+        answer = await put_queue_in(trio, node, "orders", ["orders.>"], vpn)
+        assert answer["topic"] == f"{vpn}:orders"
+    await put_queue(trio["b"], "everything", [">"])  # the default VPN's, on every subject it has
+    for node, peer, vpn in (("c", "a", "A"), ("c", "b", "A"), ("a", "c", "B"), ("c", "b", "")):
+        pattern = "$G.>" if not vpn else f"$G.$vpn:{vpn}.orders.>"
+        await interest_reached(trio[node], peer, pattern)
+    a_bodies = [b"A-%d" % i for i in range(120)]
+    b_bodies = [b"B-%d" % i for i in range(80)]
+    in_a = await MeshClient(trio["c"].route_url, vpn="A").connect()
+    in_b = await MeshClient(trio["b"].route_url, vpn="B").connect()
+    try:
+        await publish_all(in_a, "orders.eu", a_bodies)  # acknowledged: stored in every queue it reaches
+        await publish_all(in_b, "orders.eu", b_bodies)
+    finally:
+        await in_a.close()
+        await in_b.close()
+    assert await queue_bodies(trio["a"], "A:orders") == a_bodies
+    assert await queue_bodies(trio["b"], "A:orders") == a_bodies
+    assert await queue_bodies(trio["c"], "B:orders") == b_bodies
+    assert await queue_bodies(trio["a"], "B:orders") == b_bodies
+    assert await queue_bodies(trio["b"], "everything") == []
+    queues = {(q["name"], q["vpn"]): q for q in (await status(trio["a"]))["guaranteed"]["queues"]}
+    assert queues[("A:orders", "A")]["patterns"] == ["orders.>"]
+    assert queues[("A:orders", "A")]["stored"] == len(a_bodies)
+
+
+async def put_queue_in(
+    trio: MeshCluster, node: str, name: str, patterns: list[str], vpn: str
+) -> dict[str, str]:
+    import aiohttp
+
+    async with (
+        aiohttp.ClientSession() as http,
+        http.put(f"{trio[node].url}/mesh/queues/{name}", json={"patterns": patterns, "vpn": vpn}) as response,
+    ):
+        assert response.status == 200, await response.text()
+        answer: dict[str, str] = await response.json()
+        return answer
+
+
+async def test_direct_events_and_interest_stay_in_their_vpn(trio: MeshCluster) -> None:
+    await asyncio.to_thread(trio.wait_linked)
+    clients = {
+        ("a", "A"): await MeshClient(trio["a"].route_url, vpn="A").connect(),
+        ("b", "B"): await MeshClient(trio["b"].route_url, vpn="B").connect(),
+        ("b", "default"): await MeshClient(trio["b"].route_url).connect(),
+        ("c", "A"): await MeshClient(trio["c"].route_url, vpn="A").connect(),
+    }
+    inboxes = {key: Inbox() for key in clients}
+    try:
+        for key, client in clients.items():
+            client.subscribe(">", inboxes[key])
+            client.subscribe("*.eu", inboxes[key])
+            await client.flush(propagated=True)
+        for (node, vpn), client in clients.items():
+            await client.publish("orders.eu", f"{vpn}@{node}".encode())
+            await client.flush()
+        # Each client gets its VPN's events, on the subjects they were published on (no prefix).
+        expected = {
+            ("a", "A"): {b"A@a", b"A@c"},
+            ("c", "A"): {b"A@a", b"A@c"},
+            ("b", "B"): {b"B@b"},
+            ("b", "default"): {b"default@b"},
+        }
+        for key, bodies in expected.items():
+            await eventually(lambda k=key, b=bodies: {e[1] for e in inboxes[k].events} == b, what=f"{key}")
+        await asyncio.sleep(0)  # then nothing else arrives: a flush of every publisher was answered
+        for key, inbox in inboxes.items():
+            assert {body for _, body in inbox.events} == expected[key], key
+            assert {subject for subject, _ in inbox.events} == {"orders.eu"}
+        # Interest travels with its prefix: b knows a's VPN A interest as such, never as its own.
+        known = (await status(trio["b"]))["patterns"]["peers"]["a"]
+        assert "$vpn:A.>" in known
+        assert ">" not in known
+    finally:
+        for client in clients.values():
+            await client.close()
+
+
+async def test_a_vpn_the_node_does_not_have_is_refused(trio: MeshCluster) -> None:
+    with pytest.raises(TransportError, match="VPN"):
+        await MeshClient(trio["a"].route_url, vpn="nope", timeout=3).connect()
