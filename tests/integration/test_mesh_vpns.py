@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from meshplane.errors import TransportError
-from meshplane.launchers import MeshCluster
+from meshplane.launchers import MeshCluster, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
+from tests.integration.test_mesh_gateways_guaranteed import TwoClusters, all_up, delivered, queue_known
 from tests.support.mesh import Inbox, interest_reached, publish_all, put_queue, queue_bodies, status
 
 
@@ -59,8 +62,6 @@ async def test_queues_of_one_name_in_one_vpn_all_receive_and_another_vpns_receiv
 async def put_queue_in(
     trio: MeshCluster, node: str, name: str, patterns: list[str], vpn: str
 ) -> dict[str, str]:
-    import aiohttp
-
     async with (
         aiohttp.ClientSession() as http,
         http.put(f"{trio[node].url}/mesh/queues/{name}", json={"patterns": patterns, "vpn": vpn}) as response,
@@ -112,3 +113,61 @@ async def test_direct_events_and_interest_stay_in_their_vpn(trio: MeshCluster) -
 async def test_a_vpn_the_node_does_not_have_is_refused(trio: MeshCluster) -> None:
     with pytest.raises(TransportError, match="VPN"):
         await MeshClient(trio["a"].route_url, vpn="nope", timeout=3).connect()
+
+
+@pytest.fixture
+def two_clusters(tmp_path: Path) -> Iterator[TwoClusters]:
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.A]\n[vpns.B]\n")
+    topo = TwoClusters(extra_args=("--mesh-vpns", str(vpns)))
+    try:
+        for node in topo.nodes.values():
+            node.start()
+        yield topo
+    finally:
+        for node in topo.nodes.values():
+            node.cleanup()
+
+
+async def test_vpns_stay_apart_across_gateways(two_clusters: TwoClusters) -> None:
+    """Cluster A (a1 its gateway, a2) and B (b1 its gateway, b2): VPN A's queue ``orders`` on b2 and on
+    a2 both take VPN A's guaranteed events published on a1; VPN B's ``orders`` on b2 only B's; a
+    default-VPN queue and subscriber on ``>`` in cluster B nothing; A's subscriber in B its direct copies."""
+    topo = two_clusters
+    await all_up(topo)
+    for node, vpn in (("b2", "A"), ("a2", "A"), ("b2", "B")):
+        await put_queue_in(topo, node, "orders", ["orders.>"], vpn)
+    await put_queue(topo["b2"], "everything", [">"])
+    for pattern in ("$vpn:A.orders.>", "$vpn:B.orders.>"):
+        await eventually(partial(gateway_knows, topo["a1"], "B", "$G." + pattern), timeout=15, what=pattern)
+    await eventually(partial(queue_known, topo["a1"], "a2", "$vpn:A.orders.>"), timeout=15, what="a2's")
+    await eventually(partial(queue_known, topo["a2"], "a1", "$vpn:B.orders.>"), timeout=15, what="B's")
+    watchers = {vpn: await MeshClient(topo["b2"].route_url, vpn=vpn).connect() for vpn in ("A", "default")}
+    seen = {vpn: Inbox() for vpn in watchers}
+    for vpn, watcher in watchers.items():
+        watcher.subscribe(">", seen[vpn])
+        await watcher.flush(propagated=True)
+    await eventually(partial(gateway_knows, topo["a1"], "B", "$vpn:A.>"), timeout=15)
+    a_bodies = [b"A-%d" % i for i in range(60)]
+    b_bodies = [b"B-%d" % i for i in range(40)]
+    in_a = await MeshClient(topo["a1"].route_url, vpn="A").connect()
+    in_b = await MeshClient(topo["a2"].route_url, vpn="B").connect()
+    try:
+        await publish_all(in_a, "orders.eu", a_bodies)
+        await publish_all(in_b, "orders.eu", b_bodies)
+        await eventually(partial(delivered, topo["b2"], "A:orders", len(a_bodies)), timeout=20)
+        await eventually(partial(delivered, topo["b2"], "B:orders", len(b_bodies)), timeout=20)
+        assert await queue_bodies(topo["b2"], "A:orders") == a_bodies
+        assert await queue_bodies(topo["b2"], "B:orders") == b_bodies
+        assert await queue_bodies(topo["a2"], "A:orders") == a_bodies
+        await eventually(lambda: len(seen["A"].events) == len(a_bodies), what="A's direct copies at b2")
+        assert sorted(body for _, body in seen["A"].events) == sorted(a_bodies)
+        assert seen["default"].events == []
+        assert await queue_bodies(topo["b2"], "everything") == []
+    finally:
+        for client in (in_a, in_b, *watchers.values()):
+            await client.close()
+
+
+async def gateway_knows(node: StreamsServerProcess, cluster: str, pattern: str) -> bool:
+    return pattern in (await status(node))["patterns"]["gateways"].get(cluster, [])
