@@ -33,7 +33,7 @@ async def test_queues_of_one_name_in_one_vpn_all_receive_and_another_vpns_receiv
 ) -> None:
     await asyncio.to_thread(trio.wait_linked)
     for node, vpn in (("a", "A"), ("b", "A"), ("c", "B"), ("a", "B")):
-        answer = await put_queue_in(trio, node, "orders", ["orders.>"], vpn)
+        answer = await put_queue_in(trio[node], "orders", ["orders.>"], vpn)
         assert answer["topic"] == f"{vpn}:orders"
     await put_queue(trio["b"], "everything", [">"])  # the default VPN's, on every subject it has
     for node, peer, vpn in (("c", "a", "A"), ("c", "b", "A"), ("a", "c", "B"), ("c", "b", "")):
@@ -59,12 +59,16 @@ async def test_queues_of_one_name_in_one_vpn_all_receive_and_another_vpns_receiv
     assert queues[("A:orders", "A")]["stored"] == len(a_bodies)
 
 
+def received(inbox: Inbox, bodies: set[bytes]) -> bool:
+    return {body for _, body in inbox.events} == bodies
+
+
 async def put_queue_in(
-    trio: MeshCluster, node: str, name: str, patterns: list[str], vpn: str
+    node: StreamsServerProcess, name: str, patterns: list[str], vpn: str
 ) -> dict[str, str]:
     async with (
         aiohttp.ClientSession() as http,
-        http.put(f"{trio[node].url}/mesh/queues/{name}", json={"patterns": patterns, "vpn": vpn}) as response,
+        http.put(f"{node.url}/mesh/queues/{name}", json={"patterns": patterns, "vpn": vpn}) as response,
     ):
         assert response.status == 200, await response.text()
         answer: dict[str, str] = await response.json()
@@ -96,8 +100,13 @@ async def test_direct_events_and_interest_stay_in_their_vpn(trio: MeshCluster) -
             ("b", "default"): {b"default@b"},
         }
         for key, bodies in expected.items():
-            await eventually(lambda k=key, b=bodies: {e[1] for e in inboxes[k].events} == b, what=f"{key}")
-        await asyncio.sleep(0)  # then nothing else arrives: a flush of every publisher was answered
+            await eventually(partial(received, inboxes[key], bodies), what=f"{key}")
+        # Then nothing else comes: every node has handled what was sent before each publisher's
+        # propagated ping, and each receiver has read what its node sent before answering its own.
+        for client in clients.values():
+            await client.flush(propagated=True)
+        for client in clients.values():
+            await client.flush()
         for key, inbox in inboxes.items():
             assert {body for _, body in inbox.events} == expected[key], key
             assert {subject for subject, _ in inbox.events} == {"orders.eu"}
@@ -136,7 +145,7 @@ async def test_vpns_stay_apart_across_gateways(two_clusters: TwoClusters) -> Non
     topo = two_clusters
     await all_up(topo)
     for node, vpn in (("b2", "A"), ("a2", "A"), ("b2", "B")):
-        await put_queue_in(topo, node, "orders", ["orders.>"], vpn)
+        await put_queue_in(topo[node], "orders", ["orders.>"], vpn)
     await put_queue(topo["b2"], "everything", [">"])
     for pattern in ("$vpn:A.orders.>", "$vpn:B.orders.>"):
         await eventually(partial(gateway_knows, topo["a1"], "B", "$G." + pattern), timeout=15, what=pattern)
