@@ -113,6 +113,10 @@ class TransportAuthError(TransportError, AuthError):
     """A server of the event plane (NATS) refused the credentials."""
 
 
+class PermissionDenied(MeshplaneError):
+    """A mesh user's publish or subscription that its Message VPN's permissions refuse (the reason)."""
+
+
 class SubscriptionError(MeshplaneError):
     """A (non-stateless) subscription cannot be made now: nothing publishes, or discovery is unreachable."""
 

@@ -5,6 +5,7 @@ VPN reaches another's queues or subscribers."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -12,9 +13,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from meshplane.errors import TransportError
+from meshplane.errors import PermissionDenied, TransportAuthError, TransportError
 from meshplane.launchers import MeshCluster, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
+from meshplane.mesh.vpns import hash_password
 from tests.helpers import eventually
 from tests.integration.test_mesh_gateways_guaranteed import TwoClusters, all_up, delivered, queue_known
 from tests.support.mesh import Inbox, interest_reached, publish_all, put_queue, queue_bodies, status
@@ -180,3 +182,83 @@ async def test_vpns_stay_apart_across_gateways(two_clusters: TwoClusters) -> Non
 
 async def gateway_knows(node: StreamsServerProcess, cluster: str, pattern: str) -> bool:
     return pattern in (await status(node))["patterns"]["gateways"].get(cluster, [])
+
+
+ALICE, BOB, WATCHER = "alice-pw-7f3a", "bob-pw-91c2", "watcher-pw-0d55"
+
+
+@pytest.fixture
+def with_users(tmp_path: Path) -> Iterator[MeshCluster]:
+    """VPN A with users: alice may publish orders.> but not orders.audit.>, nor subscribe to what
+    could reach it; bob may subscribe to orders.eu.* only; watcher anything. VPN B has no users."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(
+        f"""
+[vpns.A.users.alice]
+password_hash = "{hash_password(ALICE)}"
+publish = {{ allow = ["orders.>"], deny = ["orders.audit.>"] }}
+subscribe = {{ deny = ["orders.audit.>"] }}
+[vpns.A.users.bob]
+password_hash = "{hash_password(BOB)}"
+subscribe = {{ allow = ["orders.eu.*"] }}
+[vpns.A.users.watcher]
+password_hash = "{hash_password(WATCHER)}"
+[vpns.B]
+"""
+    )
+    with MeshCluster(2, extra_args=("--mesh-vpns", str(vpns))) as cluster:
+        yield cluster.start()
+
+
+async def test_users_log_in_and_their_permissions_are_answered_counted_and_never_applied(
+    with_users: MeshCluster,
+) -> None:
+    await asyncio.to_thread(with_users.wait_linked)
+    a, b = with_users["a"], with_users["b"]
+    for user, password in (("alice", BOB), ("nobody", ALICE)):  # one answer for both: no user names learnt
+        with pytest.raises(TransportAuthError, match="wrong user or password"):
+            await MeshClient(a.route_url, vpn="A", user=user, password=password, timeout=3).connect()
+    anonymous = await MeshClient(a.route_url, vpn="A", timeout=3).connect()  # a VPN with users: no entry
+    anonymous.subscribe(">", Inbox())
+    await eventually(lambda: not anonymous.connected, what="the client without a user closed")
+    await anonymous.close()
+
+    alice = await MeshClient(a.route_url, vpn="A", user="alice", password=ALICE).connect()
+    bob = await MeshClient(b.route_url, vpn="A", user="bob", password=BOB).connect()
+    watcher = await MeshClient(b.route_url, vpn="A", user="watcher", password=WATCHER).connect()
+    seen, bobs = Inbox(), Inbox()
+    try:
+        watcher.subscribe(">", seen)
+        await watcher.flush(propagated=True)
+        alice.subscribe("orders.>", Inbox())  # could match orders.audit.x: refused
+        with pytest.raises(
+            PermissionDenied, match=re.escape("could match subjects denied by 'orders.audit.>'")
+        ):
+            await alice.flush()
+        bob.subscribe("orders.*", bobs)  # not within orders.eu.*: refused
+        bob.subscribe("orders.eu.*", bobs)
+        with pytest.raises(PermissionDenied, match=re.escape("subscription to 'orders.*' not allowed")):
+            await bob.flush(propagated=True)
+
+        await alice.publish("orders.audit.x", b"denied")
+        await alice.publish("payments.x", b"not allowed")
+        with pytest.raises(PermissionDenied, match=re.escape("denied by 'orders.audit.>'")):
+            await alice.flush()
+        with pytest.raises(PermissionDenied, match=re.escape("publish to 'orders.audit.y' denied")):
+            await alice.publish("orders.audit.y", b"denied too", guaranteed=True)
+        await alice.publish("orders.eu.created", b"allowed")  # the connection is still up
+        await alice.flush(propagated=True)
+        await eventually(lambda: [body for _, body in seen.events] == [b"allowed"], what="allowed only")
+        await eventually(lambda: [body for _, body in bobs.events] == [b"allowed"], what="bob's")
+
+        vpn_a = (await status(a))["vpns"]["A"]
+        assert vpn_a["violations"] == {"alice": 4}  # a subscription and three publishes
+        assert vpn_a["logins_refused"] >= 3  # the client without a user reconnects: refused again
+        assert sorted(vpn_a["users"]) == ["alice", "bob", "watcher"]
+        assert (await status(b))["vpns"]["A"]["violations"] == {"bob": 1}
+    finally:
+        for client in (alice, bob, watcher):
+            await client.close()
+    for node in (a, b):  # passwords are never logged
+        log = node.log_path.read_text()
+        assert not any(secret in log for secret in (ALICE, BOB, WATCHER))

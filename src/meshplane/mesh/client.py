@@ -19,9 +19,11 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import random
 import ssl
 import time
+from collections import deque
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -36,6 +38,7 @@ from meshplane.core.mesh.frames import (
     FrameError,
     FrameType,
     Hello,
+    Login,
     batched_ack_sequences,
     decode_hello,
     encode_event,
@@ -53,7 +56,7 @@ from meshplane.core.mesh.handshake import (
 )
 from meshplane.core.mesh.vpn import DEFAULT, bound_role, check_vpn
 from meshplane.core.subjects import PatternIndex
-from meshplane.errors import ConfigError, TransportAuthError, TransportError
+from meshplane.errors import ConfigError, PermissionDenied, TransportAuthError, TransportError
 from meshplane.mesh.config import CLIENT_SECRET_ENV, secret_from_env
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.session import session_keys
@@ -87,10 +90,19 @@ class MeshClient:
         name: str = "meshplane",
         tls: ssl.SSLContext | None = None,
         vpn: str = DEFAULT,
+        user: str = "",
+        password: str | None = None,
+        on_error: Callable[[PermissionDenied], None] | None = None,
     ) -> None:
-        """``vpn``: the Message VPN to publish and subscribe in (the node must have it)."""
+        """``vpn``: the Message VPN to publish and subscribe in (the node must have it); ``user``: log
+        in to it as this user, with ``password`` (default: ``$MESHPLANE_MESH_PASSWORD``; never argv).
+        What the user's permissions refuse is given to ``on_error`` and raised by the next ``flush``."""
         self.url = url
         self.vpn = check_vpn(vpn)
+        self.user = user
+        self._password = os.environ.get(PASSWORD_ENV, "") if password is None else password
+        self.on_error = on_error
+        self.refused: deque[PermissionDenied] = deque(maxlen=100)  # not yet raised by flush
         self.addresses = parse_node_urls(url)
         self._next_address = 0
         self.secret = secret_from_env(CLIENT_SECRET_ENV) if secret is None else secret  # never on argv
@@ -231,6 +243,17 @@ class MeshClient:
             node_id=answer.node,
         )
         conn.seal(keys, dialler=True)
+        if self.user:  # sealed: the password travels only inside the session
+            login = encode_payload(Login(self.user, self._password))
+            conn.send(encode_frame(FrameType.LOGIN, "", payload=login))
+            answer_frame = await self._handshake.get()
+            if answer_frame is None or answer_frame.type is not FrameType.LOGIN:
+                raise ConnectionError(f"the mesh node at {self.url} closed the connection at login")
+            if answer_frame.payload:
+                raise TransportAuthError(
+                    f"the mesh node at {self.url} refused user {self.user!r} in Message VPN {self.vpn!r}: "
+                    f"{answer_frame.payload.decode(errors='replace')[:200]}"
+                )
         self._ticket = auth.ticket
         return auth.origin
 
@@ -296,8 +319,22 @@ class MeshClient:
                     ping.set_result(None)
         elif frame.type is FrameType.HEARTBEAT:
             conn.send(encode_frame(FrameType.HEARTBEAT, ""))  # the node closes idle connections
-        elif frame.type in (FrameType.HELLO, FrameType.AUTH) and self._handshake is not None:
+        elif frame.type in (FrameType.HELLO, FrameType.AUTH, FrameType.LOGIN) and self._handshake is not None:
             self._handshake.put_nowait(frame)
+        elif frame.type is FrameType.REFUSED:
+            self._refused(frame)
+
+    def _refused(self, frame: Frame) -> None:
+        """The node refused a publish or (``sequence`` 0) a subscription of ours: a subscription is
+        dropped here too, so it is not made again on the next connection."""
+        error = PermissionDenied(frame.payload.decode(errors="replace")[:300])
+        if frame.sequence == 0:
+            for sid, (pattern, _) in list(self._subs.items()):
+                if pattern == frame.subject:
+                    self.unsubscribe(sid)
+        self.refused.append(error)
+        if self.on_error is not None:
+            self.on_error(error)
 
     def _on_close(self, conn: FrameConnection) -> None:
         if self._handshake is not None and conn is not self._conn:
@@ -402,6 +439,10 @@ class MeshClient:
                 await ping
         except TimeoutError as exc:
             raise TransportError(f"the mesh node at {self.url} did not answer within {timeout}s") from exc
+        if self.refused:  # what the node refused before it answered
+            first, more = self.refused.popleft(), len(self.refused)
+            self.refused.clear()
+            raise PermissionDenied(f"{first}" + (f" (and {more} more)" if more else ""))
 
     def subscribe(self, pattern: str, callback: Callback) -> int:
         sid = next(self._ids)
@@ -431,4 +472,5 @@ class MeshClient:
 MAX_UNCONFIRMED = 10_000  # guaranteed publishes awaiting their ACK, at most
 RESEND_UNKNOWN_SECS = 0.5  # a publish answered "unknown" goes again after this (a new connection sooner)
 CACHED_SUBJECTS = 4096  # subjects whose subscribers' callbacks are remembered
+PASSWORD_ENV = "MESHPLANE_MESH_PASSWORD"  # a VPN user's password (never on argv)
 SECRET_HINT = f"set {CLIENT_SECRET_ENV} to the nodes' secret for clients"

@@ -83,6 +83,7 @@ class Clients:
         state.role, state.session = "client", session
         state.conn.peer = client_id
         self.sessions[client_id] = session
+        node.logins.expect(session)
 
     def _overflowed(self, session: ClientSession) -> None:
         node = self.node
@@ -95,6 +96,8 @@ class Clients:
     def on_frame(self, session: ClientSession, frame: Frame) -> None:
         node = self.node
         kind = frame.type
+        if session.login_pending:
+            return node.logins.on_frame(session, frame)
         prefix = session.prefix
         if kind is FrameType.EVENT:
             subject = prefix + frame.subject  # inside the mesh, a VPN's subjects carry its prefix
@@ -103,6 +106,13 @@ class Clients:
                 if frame.flags & FLAG_GUARANTEED:
                     self.answer(session, frame.sequence, f"subject {frame.subject[:80]!r} is not valid")
                 return
+            if session.permissions is not None:
+                refused = session.permissions.why_not_publish(frame.subject)
+                if refused:
+                    if frame.flags & FLAG_GUARANTEED:
+                        node.logins.violations[(session.vpn, session.user)] += 1
+                        return self.answer(session, frame.sequence, refused)
+                    return node.logins.violation(session, frame.subject, frame.sequence, refused)
             # The frame as the client made it travels on, unless its subject took a VPN's prefix.
             raw = None if prefix else frame.raw
             timestamp, body = event_parts(frame)
@@ -132,6 +142,9 @@ class Clients:
             if len(node.router.patterns_of(session)) >= node.config.max_patterns_per_client:
                 node.frame_errors["client_pattern_limit"] += 1
                 return
+            refused = session.permissions.why_not_subscribe(pattern) if session.permissions else ""
+            if refused:
+                return node.logins.violation(session, pattern, 0, refused)
             node.subscribe(session, prefix + pattern)
         elif kind is FrameType.SUB_REMOVE:
             node.unsubscribe(session, prefix + frame.subject)

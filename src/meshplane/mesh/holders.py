@@ -12,6 +12,7 @@ import msgspec
 
 from meshplane.core.backpressure import SubscriberQueue
 from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE, encode_event
+from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward
 from meshplane.mesh.connection import FrameConnection
 from meshplane.streams.pubsub import PubSub
@@ -92,6 +93,9 @@ class ClientSession:
     origin: str = ""  # the source id its EVENTs carry
     vpn: str = DEFAULT  # its Message VPN ...
     prefix: str = ""  # ... whose prefix its subjects and patterns take inside the mesh
+    user: str = ""  # the VPN user it logged in as ...
+    permissions: Permissions | None = None  # ... and what that user may do (None: anything)
+    login_pending: bool = False  # its VPN has users and it has not logged in yet
     batched_acks: bool = False  # it takes one ACK for many stored events (its HELLO said so)
     stored: list[int] = field(default_factory=list)  # its events stored since its last batched ACK
     answer: Callable[[int, str], None] = field(default=lambda sequence, error: None)  # (EVENT number, error)

@@ -51,6 +51,7 @@ from meshplane.mesh.guaranteed import Guaranteed
 from meshplane.mesh.handshakes import Handshakes
 from meshplane.mesh.holders import Holder, MeshEvent, PubSubBridge, PubSubHolder
 from meshplane.mesh.links import Handshake, Link
+from meshplane.mesh.logins import Logins
 from meshplane.mesh.routes import Routes
 from meshplane.mesh.status import node_status
 from meshplane.streams.service import StreamsService
@@ -73,6 +74,7 @@ class MeshNode:
         self.router: Router[Holder] = Router(config.router)
         self.links: dict[str, Link] = {}
         self.clients = Clients(self)
+        self.logins = Logins(self)
         self.routes = Routes(self)
         self.dedup = DedupCache(config.dedup_per_topic, config.dedup_ttl_secs, config.dedup_topics)
         self.counters: Counter[str] = Counter()  # rare events, by name

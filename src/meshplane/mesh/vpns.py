@@ -1,13 +1,19 @@
 """A node's Message VPNs, read from ``--mesh-vpns FILE`` (TOML):
 
 ```toml
-[vpns.team-a]          # a VPN; "default" always exists
+[vpns.team-a]          # a VPN; "default" always exists (and takes users too: [vpns.default.users.x])
+[vpns.team-a.users.alice]
+password_hash = "$argon2id$v=19$..."   # meshplane mesh hash-password (the password from stdin)
+publish = { allow = ["orders.>"], deny = ["orders.audit.>"] }
+subscribe = { deny = ["orders.audit.>"] }
 [vpns.team-b]
 ```
 
 Every node of a mesh is given the same file. A client names its VPN in its HELLO (``MeshClient(...,
-vpn="team-a")``); a node refuses a VPN it does not have. See :mod:`meshplane.core.mesh.vpn` for how
-VPNs are kept apart.
+vpn="team-a")``); a node refuses a VPN it does not have. A VPN with users admits a client only once
+it logs in as one of them (``MeshClient(..., user="alice")``, the password from
+``$MESHPLANE_MESH_PASSWORD``), and then holds it to that user's permissions
+(:mod:`meshplane.core.mesh.permissions`). See :mod:`meshplane.core.mesh.vpn` for how VPNs are kept apart.
 """
 
 from __future__ import annotations
@@ -16,14 +22,42 @@ import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
+
+from meshplane.core.mesh.permissions import Rules
 from meshplane.core.mesh.vpn import DEFAULT, check_vpn
 from meshplane.errors import ConfigError
+
+_hasher = PasswordHasher()
+
+
+def hash_password(password: str) -> str:
+    """An argon2id hash of ``password`` for a VPN file (argon2-cffi's default, RFC 9106 parameters)."""
+    return _hasher.hash(password)
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    password_hash: str = field(repr=False)
+    publish: Rules = field(default_factory=Rules)
+    subscribe: Rules = field(default_factory=Rules)
+
+    def password_ok(self, password: str) -> bool:
+        """Whether ``password`` is this user's (slow on purpose: run it off the event loop)."""
+        try:
+            return _hasher.verify(self.password_hash, password)
+        except (VerifyMismatchError, VerificationError, InvalidHashError):
+            return False
 
 
 @dataclass(frozen=True)
 class Vpn:
     name: str
+    users: dict[str, User] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -62,8 +96,44 @@ def parse_vpns(text: str, where: str = "the VPN file") -> Vpns:
             raise ConfigError(f"{where}: [vpns.{name}]: {exc}") from None
         if not isinstance(settings, dict):
             raise ConfigError(f"{where}: vpns.{name} must be a section ([vpns.{name}])")
-        by_name[name] = Vpn(name)
+        unknown = set(settings) - {"users"}
+        if unknown:
+            raise ConfigError(f"{where}: [vpns.{name}]: unknown key(s) {sorted(unknown)} (users)")
+        users = settings.get("users", {})
+        if not isinstance(users, dict):
+            raise ConfigError(f"{where}: vpns.{name}.users must be sections ([vpns.{name}.users.NAME])")
+        by_name[name] = Vpn(
+            name, {user: _user(f"{where}: [vpns.{name}.users.{user}]", user, u) for user, u in users.items()}
+        )
     return Vpns(by_name)
+
+
+def _user(where: str, name: str, settings: Any) -> User:
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{where}: must be a section")
+    if not name or len(name) > 64 or not name.isprintable():
+        raise ConfigError(f"{where}: a user name is 1-64 printable characters")
+    unknown = set(settings) - {"password_hash", "publish", "subscribe"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)} (password_hash, publish, subscribe)")
+    password_hash = settings.get("password_hash")
+    if not isinstance(password_hash, str) or not password_hash.startswith("$argon2"):
+        raise ConfigError(f"{where}: password_hash must be an argon2 hash (meshplane mesh hash-password)")
+    return User(name, password_hash, _rules(where, settings, "publish"), _rules(where, settings, "subscribe"))
+
+
+def _rules(where: str, settings: dict[str, Any], direction: str) -> Rules:
+    given = settings.get(direction, {})
+    if not isinstance(given, dict) or set(given) - {"allow", "deny"}:
+        raise ConfigError(f"{where}: {direction} takes allow and deny lists of patterns")
+    lists = {key: given.get(key, []) for key in ("allow", "deny")}
+    for key, patterns in lists.items():
+        if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+            raise ConfigError(f"{where}: {direction}.{key} must be a list of patterns")
+    try:
+        return Rules(tuple(lists["allow"]), tuple(lists["deny"]))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {direction}: {exc}") from None
 
 
 def load_vpns(path: Path) -> Vpns:

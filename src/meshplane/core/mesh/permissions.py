@@ -72,6 +72,7 @@ class Rules:
                 raise ValueError(f"{pattern[:80]!r} is not a valid pattern")
 
 
+DENIED = "permission denied: "  # how every refusal's reason starts (a client raises PermissionDenied)
 DECISIONS = 4096  # subjects whose publish decision is remembered, per user
 
 
@@ -92,9 +93,9 @@ class Permissions:
         reason = ""
         denied = next((p for p in rules.deny if intersects(p, subject)), None)
         if denied is not None:
-            reason = f"publish to {subject[:80]!r} denied by {denied!r}"
+            reason = f"{DENIED}publish to {subject[:80]!r} denied by {denied!r}"
         elif rules.allow and not any(intersects(p, subject) for p in rules.allow):
-            reason = f"publish to {subject[:80]!r} not allowed"
+            reason = f"{DENIED}publish to {subject[:80]!r} not allowed"
         if len(self._decided) >= DECISIONS:
             self._decided.clear()
         self._decided[subject] = reason
@@ -105,7 +106,7 @@ class Permissions:
         rules = self.subscribe
         denied = next((p for p in rules.deny if intersects(p, pattern)), None)
         if denied is not None:
-            return f"subscription to {pattern[:80]!r} could match subjects denied by {denied!r}"
+            return f"{DENIED}subscription to {pattern[:80]!r} could match subjects denied by {denied!r}"
         if rules.allow and not any(covers(p, pattern) for p in rules.allow):
-            return f"subscription to {pattern[:80]!r} not allowed"
+            return f"{DENIED}subscription to {pattern[:80]!r} not allowed"
         return ""
