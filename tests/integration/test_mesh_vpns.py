@@ -25,7 +25,7 @@ from tests.support.mesh import Inbox, interest_reached, publish_all, put_queue, 
 @pytest.fixture
 def trio(tmp_path: Path) -> Iterator[MeshCluster]:
     vpns = tmp_path / "vpns.toml"
-    vpns.write_text("[vpns.A]\n[vpns.B]\n")
+    vpns.write_text("[vpns.A]\n[vpns.B]\nmax_connections = 2\nmax_subscriptions = 3\n")
     with MeshCluster(3, extra_args=("--mesh-vpns", str(vpns))) as cluster:
         yield cluster.start()
 
@@ -124,6 +124,36 @@ async def test_direct_events_and_interest_stay_in_their_vpn(trio: MeshCluster) -
 async def test_a_vpn_the_node_does_not_have_is_refused(trio: MeshCluster) -> None:
     with pytest.raises(TransportError, match="VPN"):
         await MeshClient(trio["a"].route_url, vpn="nope", timeout=3).connect()
+
+
+async def test_a_vpns_limits_refuse_connections_and_subscriptions_with_their_reason(
+    trio: MeshCluster,
+) -> None:
+    """VPN B: 2 clients and 3 subscriptions per node; the default VPN and other nodes are not held."""
+    node = trio["a"]
+    clients = [await MeshClient(node.route_url, vpn="B").connect() for _ in range(2)]
+    try:
+        with pytest.raises(TransportError, match=re.escape("Message VPN 'B': 2 clients (its limit)")):
+            await MeshClient(node.route_url, vpn="B", timeout=3).connect()
+        clients.append(await MeshClient(trio["b"].route_url, vpn="B").connect())  # another node's own
+        clients.append(await MeshClient(node.route_url).connect())  # the default VPN's
+        first, second = clients[0], clients[1]
+        sids = [first.subscribe(f"s{i}", Inbox()) for i in range(2)]
+        second.subscribe("s2", Inbox())
+        second.subscribe("s3", Inbox())
+        with pytest.raises(PermissionDenied, match=re.escape("3 subscriptions on this node (its limit)")):
+            await second.flush()
+        first.unsubscribe(sids[0])  # room for one again
+        second.subscribe("s4", Inbox())
+        await second.flush()
+        vpn_b = (await status(node))["vpns"]["B"]
+        assert vpn_b["clients"] == 2
+        assert vpn_b["subscriptions"] == 3
+        assert vpn_b["limits_refused"] == {"connections": 1, "subscriptions": 1}
+        assert (await status(node))["vpns"]["default"]["clients"] == 1
+    finally:
+        for client in clients:
+            await client.close()
 
 
 @pytest.fixture

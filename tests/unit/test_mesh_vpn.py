@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 from meshplane.core.mesh.router import Router
 from meshplane.core.mesh.vpn import DEFAULT, bound_role, check_vpn, outward, prefix_of, queue_topic, vpn_of
+from meshplane.errors import ConfigError
 from meshplane.mesh.queues import PREFIX
+from meshplane.mesh.vpns import hash_password, parse_vpns
 from tests.support.subjects import PATTERNS
 from tests.unit.test_subjects import reference
 
@@ -69,3 +71,29 @@ def test_events_reach_exactly_the_holders_peers_and_queues_of_their_vpn(
         assert set(guaranteed.local) == {
             queue for queue, (v, p) in enumerate(queues, first_queue) if v == vpn and reference(p, subject)
         }
+
+
+def test_the_vpn_file_says_each_mistake() -> None:
+    vpns = parse_vpns('[vpns.A.users.alice]\npassword_hash = "$argon2id$x"\npublish = { deny = ["a.>"] }\n')
+    assert sorted(vpns) == ["A", DEFAULT]
+    assert vpns["A"].users["alice"].publish.deny == ("a.>",)
+    assert "x" not in repr(vpns["A"].users["alice"])  # the hash is not shown
+    for text, message in (
+        ("[vpns.-a]", "VPN name"),
+        ("[other]", "unknown key"),
+        ("[vpns.A]\nlimit = 3", "unknown key"),
+        ('[vpns.A.users.u]\npassword_hash = "plain"', "argon2 hash"),
+        ('[vpns.A.users.u]\npassword_hash = "$argon2id$x"\nsubscribe = { allow = ["a..b"] }', "not a valid"),
+        ('[vpns.A.users.u]\npassword_hash = "$argon2id$x"\npublish = { only = [] }', "allow and deny"),
+        ("[vpns", "not TOML"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            parse_vpns(text)
+
+
+def test_a_password_is_checked_against_its_argon2_hash() -> None:
+    user = parse_vpns(f'[vpns.A.users.u]\npassword_hash = "{hash_password("right")}"').by_name["A"].users["u"]
+    assert user.password_ok("right")
+    assert not user.password_ok("wrong")
+    broken = parse_vpns('[vpns.A.users.u]\npassword_hash = "$argon2id$broken"').by_name["A"].users["u"]
+    assert not broken.password_ok("right")

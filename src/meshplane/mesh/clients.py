@@ -83,7 +83,7 @@ class Clients:
         state.role, state.session = "client", session
         state.conn.peer = client_id
         self.sessions[client_id] = session
-        node.logins.expect(session)
+        node.logins.joined(session)
 
     def _overflowed(self, session: ClientSession) -> None:
         node = self.node
@@ -145,8 +145,16 @@ class Clients:
             refused = session.permissions.why_not_subscribe(pattern) if session.permissions else ""
             if refused:
                 return node.logins.violation(session, pattern, 0, refused)
-            node.subscribe(session, prefix + pattern)
+            internal = prefix + pattern
+            if not node.router.holds(session, internal):
+                limited = node.logins.subscription_refused(session)
+                if limited:
+                    return node.logins.violation(session, pattern, 0, limited, counted=False)
+                node.logins.subscriptions[session.vpn] += 1
+            node.subscribe(session, internal)
         elif kind is FrameType.SUB_REMOVE:
+            if node.router.holds(session, prefix + frame.subject):
+                node.logins.subscriptions[session.vpn] -= 1
             node.unsubscribe(session, prefix + frame.subject)
         elif kind is FrameType.SYNC_REQ:  # a client's ping: everything before it has been handled ...
             peers = {peer for peer, link in node.links.items() if link.conn is not None}
@@ -224,5 +232,7 @@ class Clients:
         self.sessions.pop(session.client_id, None)
         self._pings_of.pop(session, None)  # its pings still waiting expire in their time
         node.counters["client_dropped_events"] += session.dropped
-        for pattern in node.router.patterns_of(session):
+        patterns = node.router.patterns_of(session)
+        node.logins.left(session, len(patterns))
+        for pattern in patterns:
             node.unsubscribe(session, pattern)

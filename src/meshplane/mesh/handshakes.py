@@ -186,8 +186,11 @@ class Handshakes:
         if hello.role == "client":
             if state.dialed or len(node.clients.sessions) >= node.config.max_clients:
                 return "limit", f"{node.config.max_clients} clients (the limit)"
-            if (hello.vpn or DEFAULT) not in node.config.vpns:
+            vpn = node.config.vpns.get(hello.vpn or DEFAULT)
+            if vpn is None:
                 return "vpn", f"no Message VPN {bounded(hello.vpn)} on this node"
+            if node.logins.connections_full(vpn):
+                return "vpn_limit", f"Message VPN {vpn.name!r}: {vpn.max_connections} clients (its limit)"
             return self._certificate(state, hello)
         if hello.role == "mate":
             if node.mirror is None:

@@ -2,6 +2,8 @@
 
 ```toml
 [vpns.team-a]          # a VPN; "default" always exists (and takes users too: [vpns.default.users.x])
+max_connections = 100  # its clients on one node, at most (a client past it is refused)
+max_subscriptions = 10000  # patterns its clients hold on one node, at most (each one past it refused)
 [vpns.team-a.users.alice]
 password_hash = "$argon2id$v=19$..."   # meshplane mesh hash-password (the password from stdin)
 publish = { allow = ["orders.>"], deny = ["orders.audit.>"] }
@@ -58,6 +60,8 @@ class User:
 class Vpn:
     name: str
     users: dict[str, User] = field(default_factory=dict)
+    max_connections: int | None = None  # its clients on one node, at most (None: the node's limit)
+    max_subscriptions: int | None = None  # patterns its clients hold on one node, at most
 
 
 @dataclass(frozen=True)
@@ -96,16 +100,26 @@ def parse_vpns(text: str, where: str = "the VPN file") -> Vpns:
             raise ConfigError(f"{where}: [vpns.{name}]: {exc}") from None
         if not isinstance(settings, dict):
             raise ConfigError(f"{where}: vpns.{name} must be a section ([vpns.{name}])")
-        unknown = set(settings) - {"users"}
+        unknown = set(settings) - {"users", *LIMITS}
         if unknown:
-            raise ConfigError(f"{where}: [vpns.{name}]: unknown key(s) {sorted(unknown)} (users)")
+            keys = ", ".join(("users", *LIMITS))
+            raise ConfigError(f"{where}: [vpns.{name}]: unknown key(s) {sorted(unknown)} ({keys})")
         users = settings.get("users", {})
         if not isinstance(users, dict):
             raise ConfigError(f"{where}: vpns.{name}.users must be sections ([vpns.{name}.users.NAME])")
+        for key in LIMITS:
+            value = settings.get(key)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ConfigError(f"{where}: [vpns.{name}] {key}: a whole number of 1 or more")
         by_name[name] = Vpn(
-            name, {user: _user(f"{where}: [vpns.{name}.users.{user}]", user, u) for user, u in users.items()}
+            name,
+            {user: _user(f"{where}: [vpns.{name}.users.{user}]", user, u) for user, u in users.items()},
+            **{key: settings.get(key) for key in LIMITS},
         )
     return Vpns(by_name)
+
+
+LIMITS = ("max_connections", "max_subscriptions")
 
 
 def _user(where: str, name: str, settings: Any) -> User:
