@@ -3,6 +3,9 @@ table against a reference model."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -97,3 +100,11 @@ def test_a_password_is_checked_against_its_argon2_hash() -> None:
     assert not user.password_ok("wrong")
     broken = parse_vpns('[vpns.A.users.u]\npassword_hash = "$argon2id$broken"').by_name["A"].users["u"]
     assert not broken.password_ok("right")
+
+
+def test_the_vpn_file_of_the_docs_is_one() -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "mesh.md").read_text()
+    (snippet,) = re.findall(r"```toml vpns.toml\n(.*?)```", docs, re.DOTALL)
+    vpns = parse_vpns(snippet)
+    assert vpns["team-a"].users["alice"].subscribe.deny == ("orders.audit.>",)
+    assert vpns["team-a"].max_connections == 100
