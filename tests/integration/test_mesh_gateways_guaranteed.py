@@ -6,6 +6,7 @@ order, through SIGKILLs of either gateway."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Iterator
 from functools import partial
@@ -45,9 +46,9 @@ class TwoClusters:
         return self.nodes[name]
 
 
-@pytest.fixture
-def clusters() -> Iterator[TwoClusters]:
-    topo = TwoClusters()
+@contextlib.contextmanager
+def running(topo: TwoClusters) -> Iterator[TwoClusters]:
+    """Every node of ``topo`` started, and stopped by PID at the end."""
     try:
         for node in topo.nodes.values():
             node.start()
@@ -55,6 +56,12 @@ def clusters() -> Iterator[TwoClusters]:
     finally:
         for node in topo.nodes.values():
             node.cleanup()
+
+
+@pytest.fixture
+def clusters() -> Iterator[TwoClusters]:
+    with running(TwoClusters()) as topo:
+        yield topo
 
 
 async def all_up(topo: TwoClusters) -> None:

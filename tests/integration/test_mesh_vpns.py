@@ -18,7 +18,13 @@ from meshplane.launchers import MeshCluster, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
 from meshplane.mesh.vpns import hash_password
 from tests.helpers import eventually
-from tests.integration.test_mesh_gateways_guaranteed import TwoClusters, all_up, delivered, queue_known
+from tests.integration.test_mesh_gateways_guaranteed import (
+    TwoClusters,
+    all_up,
+    delivered,
+    queue_known,
+    running,
+)
 from tests.support.mesh import Inbox, interest_reached, publish_all, put_queue, queue_bodies, status
 
 
@@ -139,11 +145,13 @@ async def test_a_vpns_limits_refuse_connections_and_subscriptions_with_their_rea
         clients.append(await MeshClient(node.route_url).connect())  # the default VPN's
         first, second = clients[0], clients[1]
         sids = [first.subscribe(f"s{i}", Inbox()) for i in range(2)]
+        await first.flush()  # the node has them before second's (connections are not ordered together)
         second.subscribe("s2", Inbox())
         second.subscribe("s3", Inbox())
         with pytest.raises(PermissionDenied, match=re.escape("3 subscriptions on this node (its limit)")):
             await second.flush()
         first.unsubscribe(sids[0])  # room for one again
+        await first.flush()
         second.subscribe("s4", Inbox())
         await second.flush()
         vpn_b = (await status(node))["vpns"]["B"]
@@ -160,14 +168,8 @@ async def test_a_vpns_limits_refuse_connections_and_subscriptions_with_their_rea
 def two_clusters(tmp_path: Path) -> Iterator[TwoClusters]:
     vpns = tmp_path / "vpns.toml"
     vpns.write_text("[vpns.A]\n[vpns.B]\n")
-    topo = TwoClusters(extra_args=("--mesh-vpns", str(vpns)))
-    try:
-        for node in topo.nodes.values():
-            node.start()
+    with running(TwoClusters(extra_args=("--mesh-vpns", str(vpns)))) as topo:
         yield topo
-    finally:
-        for node in topo.nodes.values():
-            node.cleanup()
 
 
 async def test_vpns_stay_apart_across_gateways(two_clusters: TwoClusters) -> None:

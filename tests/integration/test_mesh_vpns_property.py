@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from meshplane.errors import PermissionDenied
 from meshplane.mesh.client import MeshClient
 from meshplane.mesh.vpns import hash_password
-from tests.integration.test_mesh_gateways_guaranteed import TwoClusters, all_up
+from tests.integration.test_mesh_gateways_guaranteed import TwoClusters, all_up, running
 from tests.support.mesh import Inbox
 from tests.unit.test_subjects import reference
 
@@ -70,15 +70,9 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoClusters]:
                 f"{direction} = {{ allow = {list(allow)!r}, deny = {list(deny)!r} }}".replace("'", '"')
             )
     vpns.write_text("\n".join(lines) + "\n")
-    topo = TwoClusters(extra_args=("--mesh-vpns", str(vpns)))
-    try:
-        for node in topo.nodes.values():
-            node.start()
+    with running(TwoClusters(extra_args=("--mesh-vpns", str(vpns)))) as topo:
         asyncio.run(all_up(topo))
         yield topo
-    finally:
-        for node in topo.nodes.values():
-            node.cleanup()
 
 
 @dataclass(frozen=True)
