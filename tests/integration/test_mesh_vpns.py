@@ -13,6 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from meshplane.core.mesh.frames import FrameType, encode_event, encode_frame
 from meshplane.errors import PermissionDenied, TransportAuthError, TransportError
 from meshplane.launchers import MeshCluster, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
@@ -294,3 +295,33 @@ async def test_users_log_in_and_their_permissions_are_answered_counted_and_never
     for node in (a, b):  # passwords are never logged
         log = node.log_path.read_text()
         assert not any(secret in log for secret in (ALICE, BOB, WATCHER))
+
+
+async def test_a_client_that_names_another_vpns_subjects_is_refused(trio: MeshCluster) -> None:
+    """A VPN's client sends its subjects with its VPN's prefix: one that writes another VPN's (or a
+    reserved subject after its own, or none) is refused and counted, and nothing reaches VPN B."""
+    node = trio["a"]
+    in_b = await MeshClient(node.route_url, vpn="B").connect()
+    hostile = await MeshClient(node.route_url, vpn="A").connect()
+    seen = Inbox()
+    try:
+        in_b.subscribe(">", seen)
+        await in_b.flush()
+        before = (await status(node))["frame_errors"]
+        conn, origin = hostile._conn, hostile._origin
+        assert conn is not None
+        for subject in ("$vpn:B.orders", "$vpn:A.$G.orders", "orders", "$G.orders"):
+            conn.send(encode_event(origin, subject, 1, 0, b"forged"))
+        for pattern in ("$vpn:B.>", "$vpn:A.$G.>", ">", "$G.>"):
+            conn.send(encode_frame(FrameType.SUB_ADD, "", pattern))
+        await hostile.flush()
+        await in_b.publish("orders", b"B's own")
+        await in_b.flush()
+        await eventually(lambda: [body for _, body in seen.events] == [b"B's own"], what="B's own only")
+        errors = (await status(node))["frame_errors"]
+        assert errors.get("bad_subject", 0) - before.get("bad_subject", 0) == 4
+        assert errors.get("bad_pattern", 0) - before.get("bad_pattern", 0) == 4
+        assert hostile.connected  # refused, counted, still served
+    finally:
+        await hostile.close()
+        await in_b.close()

@@ -54,7 +54,7 @@ from meshplane.core.mesh.handshake import (
     proof,
     proof_ok,
 )
-from meshplane.core.mesh.vpn import DEFAULT, bound_role, check_vpn
+from meshplane.core.mesh.vpn import DEFAULT, bound_role, check_vpn, outward, prefix_of
 from meshplane.core.subjects import PatternIndex
 from meshplane.errors import ConfigError, PermissionDenied, TransportAuthError, TransportError
 from meshplane.mesh.config import CLIENT_SECRET_ENV, secret_from_env
@@ -99,6 +99,7 @@ class MeshClient:
         What the user's permissions refuse is given to ``on_error`` and raised by the next ``flush``."""
         self.url = url
         self.vpn = check_vpn(vpn)
+        self._prefix = prefix_of(self.vpn)  # on every subject and pattern sent, off every one received
         self.user = user
         self._password = os.environ.get(PASSWORD_ENV, "") if password is None else password
         self.on_error = on_error
@@ -180,7 +181,7 @@ class MeshClient:
         self._origin = origin
         self._conn = conn
         for pattern in self._patterns:
-            conn.send(encode_frame(FrameType.SUB_ADD, "", pattern))
+            conn.send(encode_frame(FrameType.SUB_ADD, "", self._prefix + pattern))
         for raw in self._unconfirmed.raws(origin):
             conn.send(raw)
 
@@ -290,17 +291,20 @@ class MeshClient:
 
     def _on_frame(self, conn: FrameConnection, frame: Frame) -> None:
         if frame.type is FrameType.EVENT:
-            callbacks = self._cache.get(frame.subject)
+            subject = frame.subject
+            callbacks = self._cache.get(subject)
             if callbacks is None:
                 if len(self._cache) >= CACHED_SUBJECTS:  # a subscription to ">" sees any number
                     self._cache.clear()
-                callbacks = self._cache[frame.subject] = [
-                    self._subs[sid][1] for sid in self._trie.match(frame.subject)
+                callbacks = self._cache[subject] = [
+                    self._subs[sid][1] for sid in self._trie.match(outward(self._prefix, subject))
                 ]
             if callbacks:
                 body = frame.payload[STAMP_BYTES:]
+                if self._prefix:
+                    subject = outward(self._prefix, subject)
                 for callback in callbacks:
-                    callback(frame.subject, body)
+                    callback(subject, body)
         elif frame.type is FrameType.ACK:
             if not frame.flags & FLAG_BATCHED_ACKS:
                 again = self._unconfirmed.confirm(frame.sequence, frame.payload.decode(errors="replace"))
@@ -392,7 +396,9 @@ class MeshClient:
             self.dropped_disconnected += 1
             return
         conn.send(
-            encode_event(self._origin, subject, next(self._sequence), time.time_ns() // 1_000_000, body)
+            encode_event(
+                self._origin, self._prefix + subject, next(self._sequence), time.time_ns() // 1_000_000, body
+            )
         )
         if conn.paused:
             await conn.drain()
@@ -414,7 +420,7 @@ class MeshClient:
         await self._unconfirmed.room()
         sequence = next(self._sequence)
         raw = encode_event(
-            self._origin, subject, sequence, time.time_ns() // 1_000_000, body, FLAG_GUARANTEED
+            self._origin, self._prefix + subject, sequence, time.time_ns() // 1_000_000, body, FLAG_GUARANTEED
         )
         answer = self._unconfirmed.add(sequence, raw, subject, self.timeout)
         conn = self._conn
@@ -452,7 +458,7 @@ class MeshClient:
         count = self._patterns.get(pattern, 0)
         self._patterns[pattern] = count + 1
         if count == 0 and self._conn is not None:
-            self._conn.send(encode_frame(FrameType.SUB_ADD, "", pattern))
+            self._conn.send(encode_frame(FrameType.SUB_ADD, "", self._prefix + pattern))
         return sid
 
     def unsubscribe(self, sid: int) -> None:
@@ -466,7 +472,7 @@ class MeshClient:
         if count:
             self._patterns[pattern] = count
         elif self._conn is not None:
-            self._conn.send(encode_frame(FrameType.SUB_REMOVE, "", pattern))
+            self._conn.send(encode_frame(FrameType.SUB_REMOVE, "", self._prefix + pattern))
 
 
 MAX_UNCONFIRMED = 10_000  # guaranteed publishes awaiting their ACK, at most

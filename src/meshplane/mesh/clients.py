@@ -22,8 +22,8 @@ from meshplane.core.mesh.frames import (
     encode_frame,
     event_parts,
 )
-from meshplane.core.mesh.vpn import DEFAULT, prefix_of
-from meshplane.core.subjects import is_reserved, valid_pattern
+from meshplane.core.mesh.vpn import DEFAULT, in_vpn, outward, prefix_of
+from meshplane.core.subjects import RESERVED, is_reserved, valid_pattern
 from meshplane.mesh.connection import close_peer
 from meshplane.mesh.holders import ClientSession, MeshEvent
 from meshplane.mesh.links import Handshake
@@ -100,21 +100,33 @@ class Clients:
             return node.logins.on_frame(session, frame)
         prefix = session.prefix
         if kind is FrameType.EVENT:
-            subject = prefix + frame.subject  # inside the mesh, a VPN's subjects carry its prefix
-            if not node.client_subject(frame.subject) or (prefix and not node.valid_subject(subject)):
+            # A VPN's client puts its VPN's prefix on its subjects itself (so its frames travel on as
+            # they are); the node checks that it is its own, and that the rest is a client's subject.
+            subject = frame.subject
+            if prefix:  # in_vpn(), inline: this is every event's path
+                valid = (
+                    subject.startswith(prefix)
+                    and not subject.startswith(RESERVED, len(prefix))
+                    and node.valid_subject(subject)
+                )
+            else:
+                valid = node.client_subject(subject)
+            if not valid:
                 node.frame_errors["bad_subject"] += 1
                 if frame.flags & FLAG_GUARANTEED:
-                    self.answer(session, frame.sequence, f"subject {frame.subject[:80]!r} is not valid")
+                    self.answer(
+                        session, frame.sequence, f"subject {outward(prefix, subject)[:80]!r} is not valid"
+                    )
                 return
             if session.permissions is not None:
-                refused = session.permissions.why_not_publish(frame.subject)
+                external = subject[len(prefix) :]
+                refused = session.permissions.why_not_publish(external)
                 if refused:
                     if frame.flags & FLAG_GUARANTEED:
                         node.logins.violations[(session.vpn, session.user)] += 1
                         return self.answer(session, frame.sequence, refused)
-                    return node.logins.violation(session, frame.subject, frame.sequence, refused)
-            # The frame as the client made it travels on, unless its subject took a VPN's prefix.
-            raw = None if prefix else frame.raw
+                    return node.logins.violation(session, external, frame.sequence, refused)
+            raw = frame.raw
             timestamp, body = event_parts(frame)
             if frame.flags & FLAG_GUARANTEED and frame.source != session.origin:
                 node.frame_errors["foreign_origin"] += 1
@@ -133,29 +145,31 @@ class Clients:
                     MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, raw)
                 )
             else:
-                node.publish(frame.subject, body, frame.flags, prefix=prefix)
+                node.publish(subject[len(prefix) :], body, frame.flags, prefix=prefix)
         elif kind is FrameType.SUB_ADD:
-            pattern = valid_pattern(frame.subject)
-            if pattern is None or is_reserved(pattern) or valid_pattern(prefix + pattern) is None:
-                node.frame_errors["bad_pattern"] += 1  # reserved: the node's queues, VPNs' prefixes
+            pattern = valid_pattern(frame.subject)  # with its VPN's prefix, as a subject
+            if pattern is None or not (
+                in_vpn(valid_pattern, prefix, pattern) if prefix else not is_reserved(pattern)
+            ):
+                node.frame_errors["bad_pattern"] += 1  # reserved: the node's queues, other VPNs
                 return
             if len(node.router.patterns_of(session)) >= node.config.max_patterns_per_client:
                 node.frame_errors["client_pattern_limit"] += 1
                 return
-            refused = session.permissions.why_not_subscribe(pattern) if session.permissions else ""
+            external = pattern[len(prefix) :]
+            refused = session.permissions.why_not_subscribe(external) if session.permissions else ""
             if refused:
-                return node.logins.violation(session, pattern, 0, refused)
-            internal = prefix + pattern
-            if not node.router.holds(session, internal):
+                return node.logins.violation(session, external, 0, refused)
+            if not node.router.holds(session, pattern):
                 limited = node.logins.subscription_refused(session)
                 if limited:
-                    return node.logins.violation(session, pattern, 0, limited, counted=False)
+                    return node.logins.violation(session, external, 0, limited, counted=False)
                 node.logins.subscriptions[session.vpn] += 1
-            node.subscribe(session, internal)
+            node.subscribe(session, pattern)
         elif kind is FrameType.SUB_REMOVE:
-            if node.router.holds(session, prefix + frame.subject):
+            if node.router.holds(session, frame.subject):
                 node.logins.subscriptions[session.vpn] -= 1
-            node.unsubscribe(session, prefix + frame.subject)
+            node.unsubscribe(session, frame.subject)
         elif kind is FrameType.SYNC_REQ:  # a client's ping: everything before it has been handled ...
             peers = {peer for peer, link in node.links.items() if link.conn is not None}
             if frame.flags & FLAG_PROPAGATED and peers:  # ... here and, with this flag, at every peer

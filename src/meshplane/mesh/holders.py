@@ -13,7 +13,7 @@ import msgspec
 from meshplane.core.backpressure import SubscriberQueue
 from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE, encode_event
 from meshplane.core.mesh.permissions import Permissions
-from meshplane.core.mesh.vpn import DEFAULT, outward
+from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.mesh.connection import FrameConnection
 from meshplane.streams.pubsub import PubSub
 
@@ -31,7 +31,6 @@ class MeshEvent:
     body: bytes
     flags: int = 0
     _raw: bytes | None = None
-    _outward: bytes | None = None  # the frame as its VPN's clients get it (its subject without the prefix)
 
     @property
     def raw(self) -> bytes:
@@ -40,16 +39,6 @@ class MeshEvent:
                 self.source, self.subject, self.sequence, self.timestamp_ms, self.body, self.flags
             )
         return self._raw
-
-    def outward(self, prefix: str) -> bytes:
-        """The EVENT frame for a client of the VPN whose prefix is ``prefix`` (an event belongs to one
-        VPN: made once, for all of that VPN's clients)."""
-        if self._outward is None:
-            subject = outward(prefix, self.subject)
-            self._outward = encode_event(
-                self.source, subject, self.sequence, self.timestamp_ms, self.body, self.flags
-            )
-        return self._outward
 
     @property
     def event_id(self) -> str:
@@ -92,7 +81,7 @@ class ClientSession:
     queue: SubscriberQueue[bytes]
     origin: str = ""  # the source id its EVENTs carry
     vpn: str = DEFAULT  # its Message VPN ...
-    prefix: str = ""  # ... whose prefix its subjects and patterns take inside the mesh
+    prefix: str = ""  # ... whose prefix its subjects and patterns carry (it puts it on, and takes it off)
     user: str = ""  # the VPN user it logged in as ...
     permissions: Permissions | None = None  # ... and what that user may do (None: anything)
     login_pending: bool = False  # its VPN has users and it has not logged in yet
@@ -103,7 +92,7 @@ class ClientSession:
     on_overflow: Callable[[ClientSession], None] = field(default=lambda session: None)
 
     def deliver(self, event: MeshEvent) -> None:
-        raw = event.outward(self.prefix) if self.prefix else event.raw
+        raw = event.raw  # a VPN's client takes its VPN's prefix off itself
         if not self.conn.paused and not self.queue:
             self.conn.send(raw)
             self.delivered += 1

@@ -1,6 +1,7 @@
 """Message VPNs (Solace's term; NATS's accounts): isolated subject spaces on one mesh, sans I/O.
 
-A VPN is a name. Inside a node and on every link, a subject of VPN ``A`` travels as the reserved
+A VPN is a name. Inside a node and on every link (the client's own connection included: the client
+adds and removes the prefix, its node checks it), a subject of VPN ``A`` travels as the reserved
 subject ``$vpn:A.<subject>``; the default VPN's subjects travel as they are, so a mesh that names no
 VPN sends the bytes it always sent. Isolation then follows from one matching rule
 (:class:`~meshplane.core.subjects.PatternIndex`): the leading ``$`` tokens of a subject are matched by
@@ -16,6 +17,9 @@ The prefix costs a VPN's clients one token and ``len(prefix)`` bytes of the subj
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+
+from meshplane.core.subjects import RESERVED
 
 DEFAULT = "default"
 MARK = "$vpn:"
@@ -44,6 +48,14 @@ def vpn_of(subject: str) -> str:
     if not subject.startswith(MARK):
         return DEFAULT
     return subject[len(MARK) : subject.find(".")] if "." in subject else subject[len(MARK) :]
+
+
+def in_vpn(valid: Callable[[str], object], prefix: str, subject: str) -> bool:
+    """Whether a VPN's client may send ``subject`` (or a pattern): its VPN's ``prefix``, then what a
+    client may name (no reserved first token), and ``valid`` (a subject or pattern check) of the whole."""
+    return (
+        subject.startswith(prefix) and not subject.startswith(RESERVED, len(prefix)) and bool(valid(subject))
+    )
 
 
 def outward(prefix: str, subject: str) -> str:
