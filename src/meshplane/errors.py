@@ -114,7 +114,8 @@ class TransportAuthError(TransportError, AuthError):
 
 
 class PermissionDenied(MeshplaneError):
-    """A mesh user's publish or subscription that its Message VPN's permissions refuse (the reason)."""
+    """A mesh client's publish or subscription that its Message VPN's permissions or limits refuse
+    (the message says which, in one line)."""
 
 
 class SubscriptionError(MeshplaneError):
