@@ -289,6 +289,10 @@ async def test_users_log_in_and_their_permissions_are_answered_counted_and_never
         assert vpn_a["logins_refused"] >= 3  # the client without a user reconnects: refused again
         assert sorted(vpn_a["users"]) == ["alice", "bob", "watcher"]
         assert (await status(b))["vpns"]["A"]["violations"] == {"bob": 1}
+        async with aiohttp.ClientSession() as http, http.get(f"{a.url}/metrics") as response:
+            metrics = await response.text()
+        assert 'meshplane_mesh_vpn_violations_total{user="alice",vpn="A"} 4.0' in metrics
+        assert 'meshplane_mesh_vpn_clients{vpn="A"} 1.0' in metrics
     finally:
         for client in (alice, bob, watcher):
             await client.close()

@@ -190,3 +190,34 @@ class MeshCollector(Collector):
         for name, value in status["limits"].items():
             help_text = f"Per connection: {name.replace('_', ' ')}"
             yield GaugeMetricFamily(f"{prefix}limit_{name}", help_text, value=value)
+        yield from vpn_metrics(prefix, status["vpns"])
+
+
+def vpn_metrics(prefix: str, vpns: dict[str, dict[str, Any]]) -> Any:
+    """Each Message VPN's clients and subscriptions on this node, and what it refused."""
+    clients = GaugeMetricFamily(
+        prefix + "vpn_clients", "Clients of a Message VPN on this node", labels=["vpn"]
+    )
+    subscriptions = GaugeMetricFamily(
+        prefix + "vpn_subscriptions", "Patterns a Message VPN's clients hold on this node", labels=["vpn"]
+    )
+    logins = CounterMetricFamily(prefix + "vpn_logins_refused", "Logins refused", labels=["vpn"])
+    violations = CounterMetricFamily(
+        prefix + "vpn_violations",
+        "Publishes and subscriptions a user's permissions refused",
+        labels=["vpn", "user"],
+    )
+    limits = CounterMetricFamily(
+        prefix + "vpn_limits_refused",
+        "Connections and subscriptions a VPN's limits refused",
+        labels=["vpn", "limit"],
+    )
+    for name, vpn in vpns.items():
+        clients.add_metric([name], vpn["clients"])
+        subscriptions.add_metric([name], vpn["subscriptions"])
+        logins.add_metric([name], vpn["logins_refused"])
+        for user, count in vpn["violations"].items():
+            violations.add_metric([name, user], count)
+        for limit, count in vpn["limits_refused"].items():
+            limits.add_metric([name, limit], count)
+    yield from (clients, subscriptions, logins, violations, limits)
