@@ -113,6 +113,11 @@ class TransportAuthError(TransportError, AuthError):
     """A server of the event plane (NATS) refused the credentials."""
 
 
+class PermissionDenied(MeshplaneError):
+    """A mesh client's publish or subscription that its Message VPN's permissions or limits refuse
+    (the message says which, in one line)."""
+
+
 class SubscriptionError(MeshplaneError):
     """A (non-stateless) subscription cannot be made now: nothing publishes, or discovery is unreachable."""
 

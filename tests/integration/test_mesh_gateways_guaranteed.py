@@ -6,6 +6,7 @@ order, through SIGKILLs of either gateway."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Iterator
 from functools import partial
@@ -23,7 +24,7 @@ from tests.support.mesh import Inbox, publish_all, put_queue, queue_bodies, stat
 class TwoClusters:
     """Given ``mate_dir``, B's gateway is an HA pair on that data directory: b1 and its standby b1s."""
 
-    def __init__(self, mate_dir: Path | None = None) -> None:
+    def __init__(self, mate_dir: Path | None = None, extra_args: tuple[str, ...] = ()) -> None:
         names = ("a1", "a2", "b1", "b2", *(("b1s",) if mate_dir else ()))
         ports = {name: free_port() for name in names}
         url = {name: f"tcp://127.0.0.1:{port}" for name, port in ports.items()}
@@ -33,7 +34,7 @@ class TwoClusters:
         self.nodes: dict[str, StreamsServerProcess] = {}
         for name, port in ports.items():
             args = ["--node-id", name[:2], "--cluster", name[0].upper(), "--route-port", str(port)]
-            args += ["--heartbeat-interval", "0.2", "--routes", peers[name]]
+            args += ["--heartbeat-interval", "0.2", "--routes", peers[name], *extra_args]
             if name in gateways:
                 args += ["--gateway", gateways[name]]
             if name == "b1s":
@@ -45,9 +46,9 @@ class TwoClusters:
         return self.nodes[name]
 
 
-@pytest.fixture
-def clusters() -> Iterator[TwoClusters]:
-    topo = TwoClusters()
+@contextlib.contextmanager
+def running(topo: TwoClusters) -> Iterator[TwoClusters]:
+    """Every node of ``topo`` started, and stopped by PID at the end."""
     try:
         for node in topo.nodes.values():
             node.start()
@@ -55,6 +56,12 @@ def clusters() -> Iterator[TwoClusters]:
     finally:
         for node in topo.nodes.values():
             node.cleanup()
+
+
+@pytest.fixture
+def clusters() -> Iterator[TwoClusters]:
+    with running(TwoClusters()) as topo:
+        yield topo
 
 
 async def all_up(topo: TwoClusters) -> None:

@@ -20,7 +20,8 @@ from meshplane.cli.options import subcommands
 
 ROOT = Path(__file__).parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+# A fence may name a title after its language (```toml vpns.toml).
+FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 EXAMPLE = re.compile(r"<!-- example: examples/(\S+) -->\n```python\n(.*?)```", re.DOTALL)
 SYNOPSIS = re.compile(r"\[|\]|\.\.\.|\||<|>|\bFILE\b|\bNAME\b|\bDIR\b|\bURL\b|\bPATH\b")
 

@@ -26,20 +26,22 @@ from tests.support.subjects import PATTERNS, WORDS
 def reference(pattern: str, subject: str) -> bool:
     """The obvious recursive definition (memoised, so that the test itself stays fast)."""
     pat, words = pattern.split("."), subject.split(".")
-    if words[0].startswith("$") and pat[0] in ("*", "#", ">"):
-        return False  # reserved subjects: matched by name only
+    # A subject's leading '$' tokens (reserved: $G, a VPN's prefix) are matched by name only.
+    lead = next((n for n, word in enumerate(words) if not word.startswith("$")), len(words))
 
     @cache
     def match(i: int, j: int) -> bool:
         if i == len(pat):
             return j == len(words)
         if pat[i] == "#":
-            return any(match(i + 1, k) for k in range(j, len(words) + 1))
+            return match(i + 1, j) or (
+                j >= lead and any(match(i + 1, k) for k in range(j + 1, len(words) + 1))
+            )
         if pat[i] == ">":
-            return i == len(pat) - 1 and j < len(words)
+            return i == len(pat) - 1 and lead <= j < len(words)
         if j == len(words):
             return False
-        return pat[i] in ("*", words[j]) and match(i + 1, j + 1)
+        return (pat[i] == words[j] or (pat[i] == "*" and j >= lead)) and match(i + 1, j + 1)
 
     return match(0, 0)
 
@@ -125,7 +127,12 @@ def test_wildcards_do_not_reach_reserved_subjects() -> None:
         assert not matches(pattern, "$G.orders")
     assert matches("$G.>", "$G.orders")
     assert matches("$G.#", "$G")
-    assert matches("a.>", "a.$b")  # only the first token is reserved
+    assert matches("a.>", "a.$b")  # only leading '$' tokens are reserved
+    for pattern in ("$G.>", "$G.#", "$G.*.orders", "$G.*.>"):  # a VPN's prefix after $G: by name only
+        assert not matches(pattern, "$G.$vpn:A.orders")
+    assert matches("$G.$vpn:A.>", "$G.$vpn:A.orders")
+    assert matches("$vpn:A.*", "$vpn:A.orders")
+    assert not matches("*.orders", "$vpn:A.orders")
 
 
 def test_ten_thousand_adversarial_patterns_cost_little_per_subject() -> None:

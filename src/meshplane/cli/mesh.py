@@ -11,6 +11,7 @@ from meshplane.core.backpressure import POLICIES
 from meshplane.core.mesh.router import RouterLimits
 from meshplane.mesh.config import FAULTS, MeshConfig, MeshTls, PeerLimits
 from meshplane.mesh.spool import SpoolLimits
+from meshplane.mesh.vpns import Vpns, load_vpns
 from meshplane.streams.config import StreamsConfig
 
 DEFAULT_ROUTE_PORT = 16500
@@ -128,6 +129,13 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
         help="... and require every peer's certificate signed by this CA (a route's or gateway's must "
         "name the node id or cluster it claims)",
     )
+    mesh.add_argument(
+        "--mesh-vpns",
+        type=Path,
+        metavar="TOML",
+        help="Message VPNs: a file of [vpns.NAME] sections (the same on every node); clients name "
+        "theirs, and no event, interest or queue crosses from one VPN to another",
+    )
     limits = parser.add_argument_group("mesh limits per connection (passing one closes that connection)")
     for name, (kind, help_text) in PEER_LIMIT_FLAGS.items():
         default = getattr(PeerLimits(), name)
@@ -192,6 +200,7 @@ def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
         faults=frozenset(args.mesh_fault),
         limits=PeerLimits(**{name: getattr(args, f"mesh_{name}") for name in PEER_LIMIT_FLAGS}),
         tls=_mesh_tls(args),
+        vpns=load_vpns(args.mesh_vpns) if args.mesh_vpns is not None else Vpns(),
         **policy,
     )
 

@@ -216,6 +216,25 @@ def add_client_commands(commands: Any) -> None:
         example="meshplane mesh mates --etcd http://127.0.0.1:2379 --node a",
     )
     add_mates_options(p)
+    action(
+        "hash-password",
+        "print an argon2 hash of a Message VPN user's password (read from stdin, never argv) for the "
+        "--mesh-vpns file's password_hash",
+        example="meshplane mesh hash-password < password.txt",
+    )
+
+
+def hash_password_from_stdin() -> int:
+    import getpass
+    import sys
+
+    from meshplane.mesh.vpns import hash_password
+
+    password = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+    if not password:
+        raise CliError("no password on stdin")
+    print(hash_password(password))
+    return 0
 
 
 def streams_url(text: str) -> str:
@@ -289,6 +308,8 @@ async def _run_client(args: argparse.Namespace) -> int:
 
     if args.command == "mesh" and args.action == "mates":  # etcd's, whichever mate runs (or none)
         return await run_mates(args)
+    if args.command == "mesh" and args.action == "hash-password":
+        return hash_password_from_stdin()
 
     env = context.environment()
     fallback = env.get("MESHPLANE_MESH_URL") if args.command == "mesh" else None  # up --nodes: node a

@@ -9,7 +9,9 @@ held (a ``#`` in the middle made some sets of patterns cost seconds per subject 
 
 Subjects whose first token starts with ``$`` are reserved (MQTT's rule): a wildcard in the first
 token does not match them, only a pattern that names that token does (the mesh keeps its guaranteed
-interest under ``$G``).
+interest under ``$G``). The rule holds for each of a subject's leading ``$`` tokens: in
+``$G.$vpn:A.orders`` both are matched by name only, so ``$G.>`` (a default VPN's queue on ``>``) does
+not reach a VPN's guaranteed events (:mod:`meshplane.core.mesh.vpn`).
 """
 
 from __future__ import annotations
@@ -194,9 +196,10 @@ class PatternIndex(Generic[V]):
             return set()
         candidates = self._length[len(tokens)]
         position = 0
-        if candidates and is_reserved(subject):  # by name only: no wildcard in the first position
-            candidates &= self._word[0].get(tokens[0], 0)
-            position = 1
+        # The leading reserved tokens by name only: no wildcard there (a VPN's prefix, $G's).
+        while candidates and position < len(tokens) and tokens[position].startswith(RESERVED):
+            candidates &= self._word[position].get(tokens[position], 0)
+            position += 1
         words, one, open_ = self._word, self._one, self._open
         while candidates and position < len(tokens):
             candidates &= words[position].get(tokens[position], 0) | one[position] | open_[position]

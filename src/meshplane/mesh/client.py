@@ -19,9 +19,11 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import random
 import ssl
 import time
+from collections import deque
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -36,6 +38,7 @@ from meshplane.core.mesh.frames import (
     FrameError,
     FrameType,
     Hello,
+    Login,
     batched_ack_sequences,
     decode_hello,
     encode_event,
@@ -51,8 +54,9 @@ from meshplane.core.mesh.handshake import (
     proof,
     proof_ok,
 )
+from meshplane.core.mesh.vpn import DEFAULT, bound_role, check_vpn, outward, prefix_of
 from meshplane.core.subjects import PatternIndex
-from meshplane.errors import ConfigError, TransportAuthError, TransportError
+from meshplane.errors import ConfigError, PermissionDenied, TransportAuthError, TransportError
 from meshplane.mesh.config import CLIENT_SECRET_ENV, secret_from_env
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.session import session_keys
@@ -85,8 +89,21 @@ class MeshClient:
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         name: str = "meshplane",
         tls: ssl.SSLContext | None = None,
+        vpn: str = DEFAULT,
+        user: str = "",
+        password: str | None = None,
+        on_error: Callable[[PermissionDenied], None] | None = None,
     ) -> None:
+        """``vpn``: the Message VPN to publish and subscribe in (the node must have it); ``user``: log
+        in to it as this user, with ``password`` (default: ``$MESHPLANE_MESH_PASSWORD``; never argv).
+        What the user's permissions refuse is given to ``on_error`` and raised by the next ``flush``."""
         self.url = url
+        self.vpn = check_vpn(vpn)
+        self._prefix = prefix_of(self.vpn)  # on every subject and pattern sent, off every one received
+        self.user = user
+        self._password = os.environ.get(PASSWORD_ENV, "") if password is None else password
+        self.on_error = on_error
+        self.refused: deque[PermissionDenied] = deque(maxlen=100)  # not yet raised by flush
         self.addresses = parse_node_urls(url)
         self._next_address = 0
         self.secret = secret_from_env(CLIENT_SECRET_ENV) if secret is None else secret  # never on argv
@@ -164,7 +181,7 @@ class MeshClient:
         self._origin = origin
         self._conn = conn
         for pattern in self._patterns:
-            conn.send(encode_frame(FrameType.SUB_ADD, "", pattern))
+            conn.send(encode_frame(FrameType.SUB_ADD, "", self._prefix + pattern))
         for raw in self._unconfirmed.raws(origin):
             conn.send(raw)
 
@@ -183,12 +200,16 @@ class MeshClient:
             batched_acks=True,
             origin=self._origin,
             ticket=self._ticket,
+            vpn="" if self.vpn == DEFAULT else self.vpn,
         )
         conn.send(encode_frame(FrameType.HELLO, "", payload=encode_payload(hello)))
         answer = self._refusal_or_hello(await self._handshake.get())
         if len(answer.nonce) != NONCE_BYTES:
             raise TransportError(f"the mesh node at {self.url} sent no challenge (an older protocol?)")
         self.node = answer.node
+        if (answer.vpn or DEFAULT) != self.vpn:  # a node before VPNs would put us in the default one
+            raise TransportError(f"the mesh node at {self.url} knows no Message VPN {self.vpn!r}")
+        role = bound_role("client", self.vpn)
 
         def proof_of(dialler: bool) -> bytes:
             return proof(
@@ -196,7 +217,7 @@ class MeshClient:
                 dialler=dialler,
                 dialler_nonce=nonce,
                 node_nonce=answer.nonce,
-                role="client",
+                role=role,
                 dialler_id=name,
                 node_id=answer.node,
             )
@@ -218,11 +239,22 @@ class MeshClient:
             self.secret.encode(),
             dialler_nonce=nonce,
             node_nonce=answer.nonce,
-            role="client",
+            role=role,
             dialler_id=name,
             node_id=answer.node,
         )
         conn.seal(keys, dialler=True)
+        if self.user:  # sealed: the password travels only inside the session
+            login = encode_payload(Login(self.user, self._password))
+            conn.send(encode_frame(FrameType.LOGIN, "", payload=login))
+            answer_frame = await self._handshake.get()
+            if answer_frame is None or answer_frame.type is not FrameType.LOGIN:
+                raise ConnectionError(f"the mesh node at {self.url} closed the connection at login")
+            if answer_frame.payload:
+                raise TransportAuthError(
+                    f"the mesh node at {self.url} refused user {self.user!r} in Message VPN {self.vpn!r}: "
+                    f"{answer_frame.payload.decode(errors='replace')[:200]}"
+                )
         self._ticket = auth.ticket
         return auth.origin
 
@@ -259,17 +291,20 @@ class MeshClient:
 
     def _on_frame(self, conn: FrameConnection, frame: Frame) -> None:
         if frame.type is FrameType.EVENT:
-            callbacks = self._cache.get(frame.subject)
+            subject = frame.subject
+            callbacks = self._cache.get(subject)
             if callbacks is None:
                 if len(self._cache) >= CACHED_SUBJECTS:  # a subscription to ">" sees any number
                     self._cache.clear()
-                callbacks = self._cache[frame.subject] = [
-                    self._subs[sid][1] for sid in self._trie.match(frame.subject)
+                callbacks = self._cache[subject] = [
+                    self._subs[sid][1] for sid in self._trie.match(outward(self._prefix, subject))
                 ]
             if callbacks:
                 body = frame.payload[STAMP_BYTES:]
+                if self._prefix:
+                    subject = outward(self._prefix, subject)
                 for callback in callbacks:
-                    callback(frame.subject, body)
+                    callback(subject, body)
         elif frame.type is FrameType.ACK:
             if not frame.flags & FLAG_BATCHED_ACKS:
                 again = self._unconfirmed.confirm(frame.sequence, frame.payload.decode(errors="replace"))
@@ -288,8 +323,22 @@ class MeshClient:
                     ping.set_result(None)
         elif frame.type is FrameType.HEARTBEAT:
             conn.send(encode_frame(FrameType.HEARTBEAT, ""))  # the node closes idle connections
-        elif frame.type in (FrameType.HELLO, FrameType.AUTH) and self._handshake is not None:
+        elif frame.type in (FrameType.HELLO, FrameType.AUTH, FrameType.LOGIN) and self._handshake is not None:
             self._handshake.put_nowait(frame)
+        elif frame.type is FrameType.REFUSED:
+            self._refused(frame)
+
+    def _refused(self, frame: Frame) -> None:
+        """The node refused a publish or (``sequence`` 0) a subscription of ours: a subscription is
+        dropped here too, so it is not made again on the next connection."""
+        error = PermissionDenied(frame.payload.decode(errors="replace")[:300])
+        if frame.sequence == 0:
+            for sid, (pattern, _) in list(self._subs.items()):
+                if pattern == frame.subject:
+                    self.unsubscribe(sid)
+        self.refused.append(error)
+        if self.on_error is not None:
+            self.on_error(error)
 
     def _on_close(self, conn: FrameConnection) -> None:
         if self._handshake is not None and conn is not self._conn:
@@ -347,7 +396,9 @@ class MeshClient:
             self.dropped_disconnected += 1
             return
         conn.send(
-            encode_event(self._origin, subject, next(self._sequence), time.time_ns() // 1_000_000, body)
+            encode_event(
+                self._origin, self._prefix + subject, next(self._sequence), time.time_ns() // 1_000_000, body
+            )
         )
         if conn.paused:
             await conn.drain()
@@ -369,7 +420,7 @@ class MeshClient:
         await self._unconfirmed.room()
         sequence = next(self._sequence)
         raw = encode_event(
-            self._origin, subject, sequence, time.time_ns() // 1_000_000, body, FLAG_GUARANTEED
+            self._origin, self._prefix + subject, sequence, time.time_ns() // 1_000_000, body, FLAG_GUARANTEED
         )
         answer = self._unconfirmed.add(sequence, raw, subject, self.timeout)
         conn = self._conn
@@ -394,6 +445,10 @@ class MeshClient:
                 await ping
         except TimeoutError as exc:
             raise TransportError(f"the mesh node at {self.url} did not answer within {timeout}s") from exc
+        if self.refused:  # what the node refused before it answered
+            first, more = self.refused.popleft(), len(self.refused)
+            self.refused.clear()
+            raise PermissionDenied(f"{first}" + (f" (and {more} more)" if more else ""))
 
     def subscribe(self, pattern: str, callback: Callback) -> int:
         sid = next(self._ids)
@@ -403,7 +458,7 @@ class MeshClient:
         count = self._patterns.get(pattern, 0)
         self._patterns[pattern] = count + 1
         if count == 0 and self._conn is not None:
-            self._conn.send(encode_frame(FrameType.SUB_ADD, "", pattern))
+            self._conn.send(encode_frame(FrameType.SUB_ADD, "", self._prefix + pattern))
         return sid
 
     def unsubscribe(self, sid: int) -> None:
@@ -417,10 +472,11 @@ class MeshClient:
         if count:
             self._patterns[pattern] = count
         elif self._conn is not None:
-            self._conn.send(encode_frame(FrameType.SUB_REMOVE, "", pattern))
+            self._conn.send(encode_frame(FrameType.SUB_REMOVE, "", self._prefix + pattern))
 
 
 MAX_UNCONFIRMED = 10_000  # guaranteed publishes awaiting their ACK, at most
 RESEND_UNKNOWN_SECS = 0.5  # a publish answered "unknown" goes again after this (a new connection sooner)
 CACHED_SUBJECTS = 4096  # subjects whose subscribers' callbacks are remembered
+PASSWORD_ENV = "MESHPLANE_MESH_PASSWORD"  # a VPN user's password (never on argv)
 SECRET_HINT = f"set {CLIENT_SECRET_ENV} to the nodes' secret for clients"

@@ -22,7 +22,8 @@ from meshplane.core.mesh.frames import (
     encode_frame,
     event_parts,
 )
-from meshplane.core.subjects import is_reserved, valid_pattern
+from meshplane.core.mesh.vpn import DEFAULT, in_vpn, outward, prefix_of
+from meshplane.core.subjects import RESERVED, is_reserved, valid_pattern
 from meshplane.mesh.connection import close_peer
 from meshplane.mesh.holders import ClientSession, MeshEvent
 from meshplane.mesh.links import Handshake
@@ -67,11 +68,14 @@ class Clients:
             node.config.max_message_queue_bytes,
             node.config.backpressure_policy,
         )
+        vpn = (state.hello.vpn if state.hello is not None else "") or DEFAULT
         session = ClientSession(
             client_id,
             state.conn,
             queue,
             origin=state.origin,
+            vpn=vpn,
+            prefix=prefix_of(vpn),
             batched_acks=state.hello is not None and state.hello.batched_acks,
             on_overflow=self._overflowed,
         )
@@ -79,6 +83,7 @@ class Clients:
         state.role, state.session = "client", session
         state.conn.peer = client_id
         self.sessions[client_id] = session
+        node.logins.joined(session)
 
     def _overflowed(self, session: ClientSession) -> None:
         node = self.node
@@ -91,20 +96,43 @@ class Clients:
     def on_frame(self, session: ClientSession, frame: Frame) -> None:
         node = self.node
         kind = frame.type
+        if session.login_pending:
+            return node.logins.on_frame(session, frame)
+        prefix = session.prefix
         if kind is FrameType.EVENT:
-            if not node.client_subject(frame.subject):
+            # A VPN's client puts its VPN's prefix on its subjects itself (so its frames travel on as
+            # they are); the node checks that it is its own, and that the rest is a client's subject.
+            subject = frame.subject
+            if prefix:  # in_vpn(), inline: this is every event's path
+                valid = (
+                    subject.startswith(prefix)
+                    and not subject.startswith(RESERVED, len(prefix))
+                    and node.valid_subject(subject)
+                )
+            else:
+                valid = node.client_subject(subject)
+            if not valid:
                 node.frame_errors["bad_subject"] += 1
                 if frame.flags & FLAG_GUARANTEED:
-                    self.answer(session, frame.sequence, f"subject {frame.subject[:80]!r} is not valid")
+                    self.answer(
+                        session, frame.sequence, f"subject {outward(prefix, subject)[:80]!r} is not valid"
+                    )
                 return
+            if session.permissions is not None:
+                external = subject[len(prefix) :]
+                refused = session.permissions.why_not_publish(external)
+                if refused:
+                    if frame.flags & FLAG_GUARANTEED:
+                        node.logins.violations[(session.vpn, session.user)] += 1
+                        return self.answer(session, frame.sequence, refused)
+                    return node.logins.violation(session, external, frame.sequence, refused)
+            raw = frame.raw
             timestamp, body = event_parts(frame)
             if frame.flags & FLAG_GUARANTEED and frame.source != session.origin:
                 node.frame_errors["foreign_origin"] += 1
                 return self.answer(session, frame.sequence, "not this client's origin: connect again")
             if frame.flags & FLAG_GUARANTEED:  # stamps kept as they are: a resend keeps its event id
-                event = MeshEvent(
-                    frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw
-                )
+                event = MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, raw)
                 sequence = frame.sequence
                 try:
                     node.guaranteed.publish(event, session.answer, sequence)
@@ -114,23 +142,33 @@ class Clients:
                     self.answer(session, sequence, f"not stored: {exc}")
             elif frame.source == session.origin:  # stamped as agreed: passed on as it is
                 node.route_direct(
-                    MeshEvent(
-                        frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw
-                    )
+                    MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, raw)
                 )
             else:
-                node.publish(frame.subject, body, frame.flags)
+                node.publish(subject[len(prefix) :], body, frame.flags, prefix=prefix)
         elif kind is FrameType.SUB_ADD:
-            pattern = valid_pattern(frame.subject)
-            if (
-                pattern is None
-                or is_reserved(pattern)  # the node's queues
-                or len(node.router.patterns_of(session)) >= node.config.max_patterns_per_client
+            pattern = valid_pattern(frame.subject)  # with its VPN's prefix, as a subject
+            if pattern is None or not (
+                in_vpn(valid_pattern, prefix, pattern) if prefix else not is_reserved(pattern)
             ):
-                node.frame_errors["bad_pattern" if pattern is None else "client_pattern_limit"] += 1
+                node.frame_errors["bad_pattern"] += 1  # reserved: the node's queues, other VPNs
                 return
+            if len(node.router.patterns_of(session)) >= node.config.max_patterns_per_client:
+                node.frame_errors["client_pattern_limit"] += 1
+                return
+            external = pattern[len(prefix) :]
+            refused = session.permissions.why_not_subscribe(external) if session.permissions else ""
+            if refused:
+                return node.logins.violation(session, external, 0, refused)
+            if not node.router.holds(session, pattern):
+                limited = node.logins.subscription_refused(session)
+                if limited:
+                    return node.logins.violation(session, external, 0, limited, counted=False)
+                node.logins.subscriptions[session.vpn] += 1
             node.subscribe(session, pattern)
         elif kind is FrameType.SUB_REMOVE:
+            if node.router.holds(session, frame.subject):
+                node.logins.subscriptions[session.vpn] -= 1
             node.unsubscribe(session, frame.subject)
         elif kind is FrameType.SYNC_REQ:  # a client's ping: everything before it has been handled ...
             peers = {peer for peer, link in node.links.items() if link.conn is not None}
@@ -208,5 +246,7 @@ class Clients:
         self.sessions.pop(session.client_id, None)
         self._pings_of.pop(session, None)  # its pings still waiting expire in their time
         node.counters["client_dropped_events"] += session.dropped
-        for pattern in node.router.patterns_of(session):
+        patterns = node.router.patterns_of(session)
+        node.logins.left(session, len(patterns))
+        for pattern in patterns:
             node.unsubscribe(session, pattern)

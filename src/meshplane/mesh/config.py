@@ -13,6 +13,7 @@ from meshplane.core.mesh.frames import DEFAULT_MAX_PAYLOAD, check_node_id
 from meshplane.core.mesh.router import RouterLimits
 from meshplane.errors import ConfigError
 from meshplane.mesh.spool import SpoolLimits
+from meshplane.mesh.vpns import Vpns
 
 SECRET_ENV = "MESHPLANE_MESH_SECRET"  # one secret for members and clients alike: an earlier release's
 MEMBER_SECRET_ENV = "MESHPLANE_MESH_MEMBER_SECRET"  # what nodes, gateways and HA mates prove
@@ -120,6 +121,7 @@ class MeshConfig:
     spool: SpoolLimits = field(default_factory=SpoolLimits)  # guaranteed events per destination node
     limits: PeerLimits = field(default_factory=PeerLimits)
     tls: MeshTls | None = None  # routes, gateways and clients over TLS (with its CA: mutual)
+    vpns: Vpns = field(default_factory=Vpns)  # Message VPNs (--mesh-vpns FILE); "default" always
     faults: frozenset[str] = frozenset()  # fault injection for tests: see FAULTS
 
     @property

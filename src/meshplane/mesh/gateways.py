@@ -40,7 +40,6 @@ from meshplane.core.mesh.interest import (
     encode_leaves,
 )
 from meshplane.core.mesh.interest_frames import Known, Refusal, interest_change, sync_answer, sync_reply
-from meshplane.core.subjects import is_reserved
 from meshplane.mesh.connection import close_peer
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.links import Handshake, Link, link_status, peer_address
@@ -117,16 +116,16 @@ class Gateways:
         return self.link(cluster).holder
 
     def changed(self, added: Iterable[str], removed: Iterable[str]) -> None:
-        """Patterns gained or lost by a holder here (not a gateway) or by an internal peer. Reserved
-        ones stay in the cluster; queues' cross through :meth:`queues_changed`."""
+        """Patterns gained or lost by a holder here (not a gateway) or by an internal peer. Queues'
+        (``$G.``) cross through :meth:`queues_changed`."""
         if not self.enabled:
             return
-        for pattern in added:
-            version = None if is_reserved(pattern) else self.interest.add(pattern)
+        for pattern in added:  # a VPN's ($vpn:...) cross: that VPN's interest in the other clusters
+            version = None if pattern.startswith(PREFIX) else self.interest.add(pattern)
             if version is not None:
                 self._announce(FrameType.SUB_ADD, pattern, version)
         for pattern in removed:
-            version = None if is_reserved(pattern) else self.interest.remove(pattern)
+            version = None if pattern.startswith(PREFIX) else self.interest.remove(pattern)
             if version is not None:
                 self._announce(FrameType.SUB_REMOVE, pattern, version)
 

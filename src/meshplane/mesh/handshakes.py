@@ -37,6 +37,7 @@ from meshplane.core.mesh.handshake import (
     resumed_origin,
 )
 from meshplane.core.mesh.identity import Match, match_client, match_member, member_uri
+from meshplane.core.mesh.vpn import DEFAULT, bound_role
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.links import Handshake, Link
 from meshplane.mesh.preauth import TEXT_IN_LOGS, QuietLog, Unproven, bounded
@@ -99,10 +100,14 @@ class Handshakes:
         role: Literal["route", "client", "gateway", "mate"],
         error: str = "",
         nonce: bytes = b"",
+        vpn: str = "",
     ) -> None:
-        """HELLO never carries the secret: ``nonce`` is this side's challenge."""
+        """HELLO never carries the secret: ``nonce`` is this side's challenge; ``vpn`` the one a client
+        is given (echoed, so a client of a VPN can tell a node that knows none)."""
         node = self.node
-        hello = Hello(PROTOCOL_VERSION, node.node_id, node.config.cluster, role, node.epoch, nonce, error)
+        hello = Hello(
+            PROTOCOL_VERSION, node.node_id, node.config.cluster, role, node.epoch, nonce, error, vpn=vpn
+        )
         conn.send(encode_frame(FrameType.HELLO, node.node_id, payload=encode_payload(hello)))
 
     def refuse(self, state: Handshake, reason: str, detail: str) -> None:
@@ -173,7 +178,7 @@ class Handshakes:
                 # random, so that event ids ({timestamp}-{sequence}-{origin}) stay unique in the mesh,
                 # and kept across connections by a ticket only a node can make (resends keep their ids).
                 state.origin = resumed_origin(self.node.config.secret, hello.origin, hello.ticket)
-            self.send_hello(state.conn, hello.role, nonce=state.nonce)
+            self.send_hello(state.conn, hello.role, nonce=state.nonce, vpn=hello.vpn)
 
     def _check(self, state: Handshake, hello: Hello) -> tuple[str, str] | None:
         """Why a HELLO is refused before any proof, or None."""
@@ -181,6 +186,11 @@ class Handshakes:
         if hello.role == "client":
             if state.dialed or len(node.clients.sessions) >= node.config.max_clients:
                 return "limit", f"{node.config.max_clients} clients (the limit)"
+            vpn = node.config.vpns.get(hello.vpn or DEFAULT)
+            if vpn is None:
+                return "vpn", f"no Message VPN {bounded(hello.vpn)} on this node"
+            if node.logins.connections_full(vpn):
+                return "vpn_limit", f"Message VPN {vpn.name!r}: {vpn.max_connections} clients (its limit)"
             return self._certificate(state, hello)
         if hello.role == "mate":
             if node.mirror is None:
@@ -265,7 +275,7 @@ class Handshakes:
             dialler=dialler,
             dialler_nonce=dialler_nonce,
             node_nonce=node_nonce,
-            role=hello.role,
+            role=bound_role(hello.role, hello.vpn),
             dialler_id=dialler_id,
             node_id=node_id,
         )
@@ -281,7 +291,7 @@ class Handshakes:
             self._secret(hello).encode(),
             dialler_nonce=dialler_nonce,
             node_nonce=node_nonce,
-            role=hello.role,
+            role=bound_role(hello.role, hello.vpn),
             dialler_id=dialler_id,
             node_id=node_id,
         )

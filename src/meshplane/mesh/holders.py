@@ -12,6 +12,8 @@ import msgspec
 
 from meshplane.core.backpressure import SubscriberQueue
 from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE, encode_event
+from meshplane.core.mesh.permissions import Permissions
+from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.mesh.connection import FrameConnection
 from meshplane.streams.pubsub import PubSub
 
@@ -78,6 +80,11 @@ class ClientSession:
     conn: FrameConnection
     queue: SubscriberQueue[bytes]
     origin: str = ""  # the source id its EVENTs carry
+    vpn: str = DEFAULT  # its Message VPN ...
+    prefix: str = ""  # ... whose prefix its subjects and patterns carry (it puts it on, and takes it off)
+    user: str = ""  # the VPN user it logged in as ...
+    permissions: Permissions | None = None  # ... and what that user may do (None: anything)
+    login_pending: bool = False  # its VPN has users and it has not logged in yet
     batched_acks: bool = False  # it takes one ACK for many stored events (its HELLO said so)
     stored: list[int] = field(default_factory=list)  # its events stored since its last batched ACK
     answer: Callable[[int, str], None] = field(default=lambda sequence, error: None)  # (EVENT number, error)
@@ -85,7 +92,7 @@ class ClientSession:
     on_overflow: Callable[[ClientSession], None] = field(default=lambda session: None)
 
     def deliver(self, event: MeshEvent) -> None:
-        raw = event.raw
+        raw = event.raw  # a VPN's client takes its VPN's prefix off itself
         if not self.conn.paused and not self.queue:
             self.conn.send(raw)
             self.delivered += 1

@@ -51,6 +51,7 @@ from meshplane.mesh.guaranteed import Guaranteed
 from meshplane.mesh.handshakes import Handshakes
 from meshplane.mesh.holders import Holder, MeshEvent, PubSubBridge, PubSubHolder
 from meshplane.mesh.links import Handshake, Link
+from meshplane.mesh.logins import Logins
 from meshplane.mesh.routes import Routes
 from meshplane.mesh.status import node_status
 from meshplane.streams.service import StreamsService
@@ -73,6 +74,7 @@ class MeshNode:
         self.router: Router[Holder] = Router(config.router)
         self.links: dict[str, Link] = {}
         self.clients = Clients(self)
+        self.logins = Logins(self)
         self.routes = Routes(self)
         self.dedup = DedupCache(config.dedup_per_topic, config.dedup_ttl_secs, config.dedup_topics)
         self.counters: Counter[str] = Counter()  # rare events, by name
@@ -302,14 +304,17 @@ class MeshNode:
                 link.conn.send(frame)
                 link.counters[counter] += 1
 
-    def publish(self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None) -> int:
+    def publish(
+        self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None, prefix: str = ""
+    ) -> int:
         """Route an event published on this node: to its local holders (but ``skip``, which has
-        delivered it already) and once over each link whose peer wants it. Returns the copies made."""
+        delivered it already) and once over each link whose peer wants it. Returns the copies made.
+        ``prefix``: the publisher's VPN's (:mod:`meshplane.core.mesh.vpn`)."""
         if is_reserved(subject):
             self.frame_errors["bad_subject"] += 1  # reserved subjects are the node's own
             return 0
         sequence = next(self._sequence)
-        event = MeshEvent(self.node_id, subject, sequence, time.time_ns() // 1_000_000, body, flags)
+        event = MeshEvent(self.node_id, prefix + subject, sequence, time.time_ns() // 1_000_000, body, flags)
         return self._route(event, skip)
 
     async def publish_guaranteed(

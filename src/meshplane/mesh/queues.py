@@ -1,6 +1,10 @@
 """A node's queues (seed 002's guaranteed subscriptions): checked, kept in
 ``<data dir>/mesh/queues.json`` (fsynced before they are advertised), and subscribed under ``$G.``.
 
+A queue belongs to a Message VPN (:mod:`meshplane.core.mesh.vpn`): its patterns are kept and routed
+with the VPN's prefix (``$G.$vpn:A.orders.>``), so it takes that VPN's events only, and a VPN's queue
+``orders`` is stored in the topic ``A:orders`` (the default VPN's in ``orders``, as before VPNs).
+
 Each queue stores its events in the streams topic of its name (keyed by publisher, so that one
 publisher's events keep their order) and drops a resend: one from a spool (a peer's, another
 cluster's) by the last spool offset it stored from that source (:mod:`meshplane.core.mesh.source_marks`:
@@ -22,6 +26,7 @@ import msgspec
 
 from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE
 from meshplane.core.mesh.source_marks import SourceMarks
+from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of, queue_topic, vpn_of
 from meshplane.core.streamlog import StoredEvent
 from meshplane.core.subjects import is_reserved, valid_pattern
 from meshplane.mesh.holders import MeshEvent
@@ -72,8 +77,8 @@ class RecentIds:
 class Queue:
     """A guaranteed subscription: a holder of ``$G.`` patterns in the router."""
 
-    name: str
-    patterns: list[str]
+    name: str  # its topic's: ``VPN:NAME`` beyond the default VPN
+    patterns: list[str]  # with its VPN's prefix
     recent: RecentIds = field(default_factory=RecentIds)
     marks: SourceMarks = field(default_factory=SourceMarks)
     stored: int = 0
@@ -93,12 +98,16 @@ def stored_event(
     if event.flags & FLAG_JSON_MESSAGE:
         with contextlib.suppress(msgspec.DecodeError, AttributeError, TypeError):
             data = msgspec.json.decode(event.body).get("payload")
-    metadata = {"subject": event.subject, "origin": event.source}
+    vpn = vpn_of(event.subject)
+    subject = outward(prefix_of(vpn), event.subject)  # as the VPN's clients published it
+    metadata = {"subject": subject, "origin": event.source}
+    if vpn != DEFAULT:
+        metadata["vpn"] = vpn
     if source:
         metadata["via"], metadata["via_offset"] = source, str(offset)
     return StoredEvent(
         id=event.event_id if event_id is None else event_id,
-        event_type=event.subject,
+        event_type=subject,
         data=data,
         key=event.source,
         metadata=metadata,
@@ -157,16 +166,22 @@ class Queues:
         if topic is not None:
             topic.held = paused
 
-    def create(self, name: str, patterns: list[str]) -> Queue:
-        """Make (or change the patterns of) a queue and its topic; persisted before it is advertised."""
+    def create(self, name: str, patterns: list[str], vpn: str = DEFAULT) -> Queue:
+        """Make (or change the patterns of) a queue of ``vpn`` and its topic; persisted before it is
+        advertised."""
         if self.engine is None:
             raise BadRequest("this mesh node has no streams data directory: it keeps no queues")
+        if vpn not in self.node.config.vpns:
+            raise BadRequest(f"no Message VPN {vpn[:40]!r} on this node")
+        if ":" in name and name not in self.queues:
+            raise BadRequest(f"queue {name[:80]!r}: ':' separates a queue's VPN from its name")
+        prefix, name = prefix_of(vpn), queue_topic(vpn, name)
         checked = []
         for pattern in patterns:
             valid = valid_pattern(pattern)
-            if valid is None or is_reserved(valid):
+            if valid is None or is_reserved(valid) or valid_pattern(PREFIX + prefix + valid) is None:
                 raise BadRequest(f"queue pattern {pattern!r}: not a valid pattern")
-            checked.append(valid)
+            checked.append(prefix + valid)
         if not 1 <= len(checked) <= MAX_PATTERNS_PER_QUEUE:
             raise BadRequest(f"a queue takes 1-{MAX_PATTERNS_PER_QUEUE} patterns")
         if name not in self.queues and len(self.queues) >= MAX_QUEUES:
@@ -181,15 +196,15 @@ class Queues:
             self._withdraw(old)
         return self._install(name, sorted(set(checked)), old)
 
-    def delete(self, name: str) -> bool:
+    def delete(self, name: str, vpn: str = DEFAULT) -> bool:
         """Stop the queue's interest (its topic and what it holds stay, to be read or deleted)."""
-        queue = self.queues.get(name)
+        queue = self.queues.get(queue_topic(vpn, name))
         if queue is None:
             return False
         if queue.paused:  # its topic stays, readable: a queue made again under the name starts resumed
-            self.pause(name, False)
+            self.pause(queue.name, False)
         self._save({q.name: q.patterns for q in self.queues.values() if q is not queue})
-        del self.queues[name]
+        del self.queues[queue.name]
         self._withdraw(queue)
         return True
 
@@ -284,13 +299,18 @@ class Queues:
                 log.warning("queue %s: could not checkpoint its spool offsets (%s)", queue.name, exc)
 
     def status(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": q.name,
-                "patterns": q.patterns,
-                "stored": q.stored,
-                "duplicates": q.duplicates,
-                "paused": q.paused,
-            }
-            for q in sorted(self.queues.values(), key=lambda q: q.name)
-        ]
+        return [queue_status(q) for q in sorted(self.queues.values(), key=lambda q: q.name)]
+
+
+def queue_status(queue: Queue) -> dict[str, Any]:
+    """A queue as ``GET /mesh`` shows it: ``name`` is its topic's; its patterns as its VPN's clients
+    write them."""
+    vpn = vpn_of(queue.patterns[0]) if queue.patterns else DEFAULT
+    return {
+        "name": queue.name,
+        "vpn": vpn,
+        "patterns": [outward(prefix_of(vpn), p) for p in queue.patterns],
+        "stored": queue.stored,
+        "duplicates": queue.duplicates,
+        "paused": queue.paused,
+    }

@@ -30,6 +30,8 @@ def node_status(node: MeshNode, patterns: bool, limit: int) -> dict[str, Any]:
         "clients": [
             {
                 "id": session.client_id,
+                "vpn": session.vpn,
+                "user": session.user,
                 "patterns": len(router.patterns_of(session)),
                 "delivered": session.delivered,
                 "queued": len(session.queue),
@@ -46,6 +48,7 @@ def node_status(node: MeshNode, patterns: bool, limit: int) -> dict[str, Any]:
             "duplicates_dropped": node.dedup.duplicates,
             **{k: v for k, v in node.counters.items() if k not in ("messages_routed", "messages_forwarded")},
         },
+        "vpns": node.logins.status(),
         "frame_errors": dict(node.frame_errors),
         "limits": dataclasses.asdict(node.config.limits),
         "partial_bytes": dataclasses.asdict(node.partial),

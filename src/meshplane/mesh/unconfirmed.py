@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from meshplane.core.mesh.frames import ANSWER_UNKNOWN, restamp
-from meshplane.errors import TransportError
+from meshplane.core.mesh.permissions import DENIED
+from meshplane.errors import PermissionDenied, TransportError
 
 
 @dataclass(slots=True)
@@ -79,6 +80,8 @@ class Unconfirmed:
         if entry is not None:
             if entry.answer.done():
                 pass
+            elif error.startswith(DENIED):  # the user's permissions: sending it again changes nothing
+                entry.answer.set_exception(PermissionDenied(error))
             elif error:
                 entry.answer.set_exception(
                     TransportError(f"the mesh node at {self.node_url} did not store the event: {error}")

@@ -3,7 +3,8 @@
 Byte for byte (docs/mesh.md)::
 
     0      1   type        SUB_ADD 1, SUB_REMOVE 2, EVENT 3, HEARTBEAT 4, SYNC_REQ 5, SYNC_RESP 6, HELLO 7,
-                           SPOOLED 8, ACK 9, AUTH 10, MIRROR 11, MIRROR_ACK 12 (between HA mates)
+                           SPOOLED 8, ACK 9, AUTH 10, MIRROR 11, MIRROR_ACK 12 (between HA mates),
+                           LOGIN 13, REFUSED 14 (a VPN user's login and permission violations)
     1      1   flags       bit 0 on EVENT: the body is a pub/sub message (JSON), else opaque bytes;
                            bit 1 on a client's ping: answer once every peer has handled what came before;
                            bit 2 on EVENT: guaranteed (stored before it is acknowledged)
@@ -82,6 +83,8 @@ class FrameType(enum.IntEnum):
     AUTH = 10
     MIRROR = 11  # active -> standby mate: data directory changes (sequence: the lease epoch)
     MIRROR_ACK = 12  # standby -> active: applied up to barrier ``sequence`` (subject: the mate's token)
+    LOGIN = 13  # client -> node, sealed: a VPN user's name and password; node -> client: "" or why not
+    REFUSED = 14  # node -> client: a publish (``sequence``: its number) or subscription refused, and why
 
 
 @dataclass(slots=True)
@@ -342,12 +345,20 @@ class Hello(msgspec.Struct, frozen=True):
     batched_acks: bool = False  # a client's: it takes one ACK for many stored events
     origin: str = ""  # a client's: the origin it had (to keep it, with its ticket from that AUTH)
     ticket: bytes = b""
+    vpn: str = ""  # a client's: the Message VPN it asks for; the node's answer: the one it gave ("": default)
 
 
 def restamp(raw: bytes, source: str) -> bytes:
     """A frame as it was, with another source (and its checksum made again)."""
     body = raw[:2] + source.encode().ljust(NODE_ID_BYTES, b"\x00") + raw[HEAD_BYTES - 2 : -_CRC_BYTES]
     return body + _CRC.pack(zlib.crc32(body))
+
+
+class Login(msgspec.Struct, frozen=True):
+    """LOGIN's payload from a client (MessagePack), sent only once the session is sealed."""
+
+    user: str
+    password: str
 
 
 class SyncResponse(msgspec.Struct, frozen=True):
@@ -373,3 +384,4 @@ def payload_decoder(kind: type[T], name: str) -> Callable[[bytes], T]:
 encode_payload = msgspec.msgpack.Encoder().encode
 decode_hello = payload_decoder(Hello, "HELLO")
 decode_sync = payload_decoder(SyncResponse, "SYNC_RESP")
+decode_login = payload_decoder(Login, "LOGIN")

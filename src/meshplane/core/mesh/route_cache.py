@@ -10,8 +10,8 @@ from typing import Generic, TypeVar
 from meshplane.core.subjects import (
     MAX_TOKENS,
     ONE,
+    RESERVED,
     clear_bit,
-    is_reserved,
     pattern_shape,
     subject_counts,
 )
@@ -33,7 +33,7 @@ class RouteCache(Generic[T]):
         self._free: list[int] = []
         self._word: list[dict[str, int]] = [{} for _ in range(MAX_TOKENS)]
         self._length: list[int] = [0] * (MAX_TOKENS + 1)
-        self._reserved = 0
+        self._reserved: list[int] = [0] * MAX_TOKENS  # position -> subjects with a leading '$' token there
 
     def __len__(self) -> int:
         return len(self._routes)
@@ -61,8 +61,10 @@ class RouteCache(Generic[T]):
             words = self._word[position]
             words[token] = words.get(token, 0) | bit
         self._length[len(tokens)] |= bit
-        if is_reserved(subject):
-            self._reserved |= bit
+        for position, token in enumerate(tokens):  # a subject's leading '$' tokens: by name only
+            if not token.startswith(RESERVED):
+                break
+            self._reserved[position] |= bit
 
     def _drop(self, subject: str) -> None:
         slot = self._slots.pop(subject)
@@ -72,7 +74,8 @@ class RouteCache(Generic[T]):
         for position, token in enumerate(tokens):
             clear_bit(self._word[position], token, keep)
         self._length[len(tokens)] &= keep
-        self._reserved &= keep
+        for position in range(len(tokens)):
+            self._reserved[position] &= keep
         self._free.append(slot)
 
     def invalidate(self, patterns: set[str] | list[str] | tuple[str, ...]) -> None:
@@ -96,8 +99,10 @@ class RouteCache(Generic[T]):
                     break
                 if token != ONE:
                     candidates &= self._word[position].get(token, 0)
-            if not fixed or fixed[0] == ONE:  # wildcards in the first token never reach '$' subjects
-                candidates &= ~self._reserved
+                else:  # a wildcard never reaches a subject's leading '$' tokens
+                    candidates &= ~self._reserved[position]
+            if tail and len(fixed) < MAX_TOKENS:
+                candidates &= ~self._reserved[len(fixed)]
             while candidates:
                 lowest = candidates & -candidates
                 self._drop(self._subjects[lowest.bit_length() - 1])

@@ -10,8 +10,10 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.mesh.links import LINK_COUNTERS
 from meshplane.mesh.node import MeshNode
+from meshplane.mesh.queues import queue_status
 from meshplane.streams.errors import BadRequest, Conflict, NotFound
 from meshplane.streams.http.params import ENGINE, GRANT, json_response, read_json, readable
 
@@ -47,19 +49,23 @@ async def queues_list(request: web.Request) -> web.Response:
 
 
 async def queue_put(request: web.Request) -> web.Response:
-    """Make a queue (a guaranteed subscription): ``{"patterns": ["orders.>"]}``. Its events are read
-    from the topic of the same name."""
+    """Make a queue (a guaranteed subscription): ``{"patterns": ["orders.>"], "vpn": "team-a"}`` (no
+    ``vpn``: the default VPN). Its events are read from the topic it names."""
     body = await read_json(request)
-    patterns = body.get("patterns")
+    patterns, vpn = body.get("patterns"), body.get("vpn", DEFAULT)
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
         raise BadRequest('body must be {"patterns": ["a.pattern", ...]}')
-    queue = _node(request).guaranteed.queues.create(request.match_info["name"], patterns)
-    return json_response({"name": queue.name, "patterns": queue.patterns, "topic": queue.name})
+    if not isinstance(vpn, str):
+        raise BadRequest('"vpn" must be a VPN\'s name')
+    queue = _node(request).guaranteed.queues.create(request.match_info["name"], patterns, vpn)
+    shown = queue_status(queue)
+    name = request.match_info["name"]
+    return json_response({"name": name, "vpn": vpn, "patterns": shown["patterns"], "topic": queue.name})
 
 
 async def queue_delete(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    if not _node(request).guaranteed.queues.delete(name):
+    if not _node(request).guaranteed.queues.delete(name, request.query.get("vpn", DEFAULT)):
         raise NotFound(f"queue {name!r} not found")
     return json_response({"deleted": name})
 
@@ -201,3 +207,34 @@ class MeshCollector(Collector):
         for name, value in status["limits"].items():
             help_text = f"Per connection: {name.replace('_', ' ')}"
             yield GaugeMetricFamily(f"{prefix}limit_{name}", help_text, value=value)
+        yield from vpn_metrics(prefix, status["vpns"])
+
+
+def vpn_metrics(prefix: str, vpns: dict[str, dict[str, Any]]) -> Any:
+    """Each Message VPN's clients and subscriptions on this node, and what it refused."""
+    clients = GaugeMetricFamily(
+        prefix + "vpn_clients", "Clients of a Message VPN on this node", labels=["vpn"]
+    )
+    subscriptions = GaugeMetricFamily(
+        prefix + "vpn_subscriptions", "Patterns a Message VPN's clients hold on this node", labels=["vpn"]
+    )
+    logins = CounterMetricFamily(prefix + "vpn_logins_refused", "Logins refused", labels=["vpn"])
+    violations = CounterMetricFamily(
+        prefix + "vpn_violations",
+        "Publishes and subscriptions a user's permissions refused",
+        labels=["vpn", "user"],
+    )
+    limits = CounterMetricFamily(
+        prefix + "vpn_limits_refused",
+        "Connections and subscriptions a VPN's limits refused",
+        labels=["vpn", "limit"],
+    )
+    for name, vpn in vpns.items():
+        clients.add_metric([name], vpn["clients"])
+        subscriptions.add_metric([name], vpn["subscriptions"])
+        logins.add_metric([name], vpn["logins_refused"])
+        for user, count in vpn["violations"].items():
+            violations.add_metric([name, user], count)
+        for limit, count in vpn["limits_refused"].items():
+            limits.add_metric([name, limit], count)
+    yield from (clients, subscriptions, logins, violations, limits)

@@ -1,0 +1,151 @@
+"""A node's clients by Message VPN: logging in as a VPN's users, what their permissions refuse, and
+the VPN's limits on this node (clients, subscriptions).
+
+A client of a VPN with users sends LOGIN (its user and password) as the first frame of its sealed
+session; the node takes nothing else from it before. The password is checked against the user's
+argon2 hash off the event loop, two at a time at most (each check holds ~64 MiB for ~50 ms: a flood of
+logins waits, bounded by the cap on unproven connections). A wrong user or password is answered with
+one reason for both (no user names are learnt from it) and the connection closed; a client that does
+not log in within the auth timeout is closed. Passwords are never logged or kept.
+
+A refused publish or subscription is answered with REFUSED (the subject or pattern, and why) and
+counted per VPN and user (``GET /mesh``'s ``vpns``); the connection stays up. A client past its VPN's
+``max_connections`` is refused at HELLO, a subscription past ``max_subscriptions`` with REFUSED; both
+counted in ``limits_refused``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from meshplane.core.mesh.frames import Frame, FrameType, decode_login, encode_frame
+from meshplane.core.mesh.permissions import Permissions
+from meshplane.mesh.holders import ClientSession
+from meshplane.mesh.preauth import bounded
+from meshplane.mesh.vpns import Vpn
+
+if TYPE_CHECKING:
+    from meshplane.mesh.node import MeshNode
+
+log = logging.getLogger(__name__)
+
+CHECKS_AT_ONCE = 2
+WRONG = "wrong user or password"
+
+
+class Logins:
+    def __init__(self, node: MeshNode) -> None:
+        self.node = node
+        self._checks = asyncio.Semaphore(CHECKS_AT_ONCE)
+        self.refused: Counter[str] = Counter()  # by VPN: logins refused
+        self.violations: Counter[tuple[str, str]] = Counter()  # by (VPN, user): what permissions refused
+        self._tasks: set[asyncio.Task[None]] = set()  # the checks under way
+        self.subscriptions: Counter[str] = Counter()  # by VPN: patterns its clients hold here
+        self.connections: Counter[str] = Counter()  # by VPN: its clients here
+        self.limits_refused: Counter[tuple[str, str]] = Counter()  # by (VPN, limit)
+
+    def connections_full(self, vpn: Vpn) -> bool:
+        """Whether ``vpn`` has as many clients on this node as it may (a new one is refused, counted)."""
+        limit = vpn.max_connections
+        if limit is None or self.connections[vpn.name] < limit:
+            return False
+        self.limits_refused[(vpn.name, "connections")] += 1
+        return True
+
+    def subscription_refused(self, session: ClientSession) -> str:
+        """Why ``session`` may not hold one more pattern (its VPN's limit on this node), or ""."""
+        limit = self.node.config.vpns[session.vpn].max_subscriptions
+        if limit is None or self.subscriptions[session.vpn] < limit:
+            return ""
+        self.limits_refused[(session.vpn, "subscriptions")] += 1
+        return f"Message VPN {session.vpn!r}: {limit} subscriptions on this node (its limit)"
+
+    def joined(self, session: ClientSession) -> None:
+        """A new client: counted in its VPN; if the VPN has users, it logs in first, within the auth
+        timeout."""
+        self.connections[session.vpn] += 1
+        if not self.node.config.vpns[session.vpn].users:
+            return
+        session.login_pending = True
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.node.config.limits.auth_timeout, self._deadline, session)
+
+    def left(self, session: ClientSession, patterns: int) -> None:
+        self.connections[session.vpn] -= 1
+        self.subscriptions[session.vpn] -= patterns
+
+    def _deadline(self, session: ClientSession) -> None:
+        if session.login_pending and session.conn.is_open:
+            self.refused[session.vpn] += 1
+            self.node.frame_errors["login_timeout"] += 1
+            session.conn.close()
+
+    def on_frame(self, session: ClientSession, frame: Frame) -> None:
+        """A frame from a client that has not logged in yet: LOGIN, once."""
+        if frame.type is FrameType.HEARTBEAT:
+            return
+        if frame.type is not FrameType.LOGIN or session.user:
+            self.node.frame_errors["before_login"] += 1
+            self._refuse(session, "log in first: this Message VPN has users")
+            return
+        try:
+            login = decode_login(frame.payload)
+        except ValueError:
+            self._refuse(session, "a malformed LOGIN")
+            return
+        session.user = login.user[:64] or "?"  # taken: a second LOGIN is refused, not checked again
+        task = asyncio.get_running_loop().create_task(self._check(session, login.user, login.password))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _check(self, session: ClientSession, name: str, password: str) -> None:
+        user = self.node.config.vpns[session.vpn].users.get(name)
+        async with self._checks:
+            ok = user is not None and await asyncio.to_thread(user.password_ok, password)
+        if user is None or not ok:
+            log.info("refused a login to Message VPN %s as %s: %s", session.vpn, bounded(name), WRONG)
+            self._refuse(session, WRONG)
+            return
+        session.permissions = Permissions(user.publish, user.subscribe)
+        session.login_pending = False
+        if session.conn.is_open:
+            session.conn.send(encode_frame(FrameType.LOGIN, self.node.node_id))
+
+    def _refuse(self, session: ClientSession, reason: str) -> None:
+        self.refused[session.vpn] += 1
+        if session.conn.is_open:
+            session.conn.send(encode_frame(FrameType.LOGIN, self.node.node_id, payload=reason.encode()))
+            session.conn.close()
+
+    def violation(
+        self, session: ClientSession, subject: str, sequence: int, reason: str, counted: bool = True
+    ) -> None:
+        """Refused, said to the client, counted (``counted``: as the user's violation); never applied."""
+        if counted:
+            self.violations[(session.vpn, session.user)] += 1
+        if session.conn.is_open:
+            refusal = encode_frame(FrameType.REFUSED, self.node.node_id, subject, sequence, reason.encode())
+            session.conn.send(refusal)
+
+    def status(self) -> dict[str, dict[str, object]]:
+        """Per VPN: its clients, users, refused logins and each user's violations."""
+        return {
+            name: {
+                "clients": self.connections[name],
+                "users": sorted(vpn.users),
+                "subscriptions": self.subscriptions[name],
+                "logins_refused": self.refused[name],
+                "limits": {
+                    "max_connections": vpn.max_connections,
+                    "max_subscriptions": vpn.max_subscriptions,
+                },
+                "limits_refused": {
+                    what: n for (v, what), n in sorted(self.limits_refused.items()) if v == name
+                },
+                "violations": {user: n for (v, user), n in sorted(self.violations.items()) if v == name},
+            }
+            for name, vpn in sorted(self.node.config.vpns.items())
+        }

@@ -1,0 +1,331 @@
+"""Message VPNs on real nodes (issue 58): seed 002's "if there are multiple queues in the cluster with
+the same name in the same Message VPN, all of these queues receive the messages", and nothing of one
+VPN reaches another's queues or subscribers."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from meshplane.core.mesh.frames import FrameType, encode_event, encode_frame
+from meshplane.errors import PermissionDenied, TransportAuthError, TransportError
+from meshplane.launchers import MeshCluster, StreamsServerProcess
+from meshplane.mesh.client import MeshClient
+from meshplane.mesh.vpns import hash_password
+from tests.helpers import eventually
+from tests.integration.test_mesh_gateways_guaranteed import (
+    TwoClusters,
+    all_up,
+    delivered,
+    queue_known,
+    running,
+)
+from tests.support.mesh import Inbox, interest_reached, publish_all, put_queue, queue_bodies, status
+
+
+@pytest.fixture
+def trio(tmp_path: Path) -> Iterator[MeshCluster]:
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.A]\n[vpns.B]\nmax_connections = 2\nmax_subscriptions = 3\n")
+    with MeshCluster(3, extra_args=("--mesh-vpns", str(vpns))) as cluster:
+        yield cluster.start()
+
+
+async def test_queues_of_one_name_in_one_vpn_all_receive_and_another_vpns_receive_nothing(
+    trio: MeshCluster,
+) -> None:
+    await asyncio.to_thread(trio.wait_linked)
+    for node, vpn in (("a", "A"), ("b", "A"), ("c", "B"), ("a", "B")):
+        answer = await put_queue_in(trio[node], "orders", ["orders.>"], vpn)
+        assert answer["topic"] == f"{vpn}:orders"
+    await put_queue(trio["b"], "everything", [">"])  # the default VPN's, on every subject it has
+    for node, peer, vpn in (("c", "a", "A"), ("c", "b", "A"), ("a", "c", "B"), ("c", "b", "")):
+        pattern = "$G.>" if not vpn else f"$G.$vpn:{vpn}.orders.>"
+        await interest_reached(trio[node], peer, pattern)
+    a_bodies = [b"A-%d" % i for i in range(120)]
+    b_bodies = [b"B-%d" % i for i in range(80)]
+    in_a = await MeshClient(trio["c"].route_url, vpn="A").connect()
+    in_b = await MeshClient(trio["b"].route_url, vpn="B").connect()
+    try:
+        await publish_all(in_a, "orders.eu", a_bodies)  # acknowledged: stored in every queue it reaches
+        await publish_all(in_b, "orders.eu", b_bodies)
+    finally:
+        await in_a.close()
+        await in_b.close()
+    assert await queue_bodies(trio["a"], "A:orders") == a_bodies
+    assert await queue_bodies(trio["b"], "A:orders") == a_bodies
+    assert await queue_bodies(trio["c"], "B:orders") == b_bodies
+    assert await queue_bodies(trio["a"], "B:orders") == b_bodies
+    assert await queue_bodies(trio["b"], "everything") == []
+    queues = {(q["name"], q["vpn"]): q for q in (await status(trio["a"]))["guaranteed"]["queues"]}
+    assert queues[("A:orders", "A")]["patterns"] == ["orders.>"]
+    assert queues[("A:orders", "A")]["stored"] == len(a_bodies)
+
+
+def received(inbox: Inbox, bodies: set[bytes]) -> bool:
+    return {body for _, body in inbox.events} == bodies
+
+
+async def put_queue_in(
+    node: StreamsServerProcess, name: str, patterns: list[str], vpn: str
+) -> dict[str, str]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.put(f"{node.url}/mesh/queues/{name}", json={"patterns": patterns, "vpn": vpn}) as response,
+    ):
+        assert response.status == 200, await response.text()
+        answer: dict[str, str] = await response.json()
+        return answer
+
+
+async def test_direct_events_and_interest_stay_in_their_vpn(trio: MeshCluster) -> None:
+    await asyncio.to_thread(trio.wait_linked)
+    clients = {
+        ("a", "A"): await MeshClient(trio["a"].route_url, vpn="A").connect(),
+        ("b", "B"): await MeshClient(trio["b"].route_url, vpn="B").connect(),
+        ("b", "default"): await MeshClient(trio["b"].route_url).connect(),
+        ("c", "A"): await MeshClient(trio["c"].route_url, vpn="A").connect(),
+    }
+    inboxes = {key: Inbox() for key in clients}
+    try:
+        for key, client in clients.items():
+            client.subscribe(">", inboxes[key])
+            client.subscribe("*.eu", inboxes[key])
+            await client.flush(propagated=True)
+        for (node, vpn), client in clients.items():
+            await client.publish("orders.eu", f"{vpn}@{node}".encode())
+            await client.flush()
+        # Each client gets its VPN's events, on the subjects they were published on (no prefix).
+        expected = {
+            ("a", "A"): {b"A@a", b"A@c"},
+            ("c", "A"): {b"A@a", b"A@c"},
+            ("b", "B"): {b"B@b"},
+            ("b", "default"): {b"default@b"},
+        }
+        for key, bodies in expected.items():
+            await eventually(partial(received, inboxes[key], bodies), what=f"{key}")
+        # Then nothing else comes: every node has handled what was sent before each publisher's
+        # propagated ping, and each receiver has read what its node sent before answering its own.
+        for client in clients.values():
+            await client.flush(propagated=True)
+        for client in clients.values():
+            await client.flush()
+        for key, inbox in inboxes.items():
+            assert {body for _, body in inbox.events} == expected[key], key
+            assert {subject for subject, _ in inbox.events} == {"orders.eu"}
+        # Interest travels with its prefix: b knows a's VPN A interest as such, never as its own.
+        known = (await status(trio["b"]))["patterns"]["peers"]["a"]
+        assert "$vpn:A.>" in known
+        assert ">" not in known
+    finally:
+        for client in clients.values():
+            await client.close()
+
+
+async def test_a_vpn_the_node_does_not_have_is_refused(trio: MeshCluster) -> None:
+    with pytest.raises(TransportError, match="VPN"):
+        await MeshClient(trio["a"].route_url, vpn="nope", timeout=3).connect()
+
+
+async def test_a_vpns_limits_refuse_connections_and_subscriptions_with_their_reason(
+    trio: MeshCluster,
+) -> None:
+    """VPN B: 2 clients and 3 subscriptions per node; the default VPN and other nodes are not held."""
+    node = trio["a"]
+    clients = [await MeshClient(node.route_url, vpn="B").connect() for _ in range(2)]
+    try:
+        with pytest.raises(TransportError, match=re.escape("Message VPN 'B': 2 clients (its limit)")):
+            await MeshClient(node.route_url, vpn="B", timeout=3).connect()
+        clients.append(await MeshClient(trio["b"].route_url, vpn="B").connect())  # another node's own
+        clients.append(await MeshClient(node.route_url).connect())  # the default VPN's
+        first, second = clients[0], clients[1]
+        sids = [first.subscribe(f"s{i}", Inbox()) for i in range(2)]
+        await first.flush()  # the node has them before second's (connections are not ordered together)
+        second.subscribe("s2", Inbox())
+        second.subscribe("s3", Inbox())
+        with pytest.raises(PermissionDenied, match=re.escape("3 subscriptions on this node (its limit)")):
+            await second.flush()
+        first.unsubscribe(sids[0])  # room for one again
+        await first.flush()
+        second.subscribe("s4", Inbox())
+        await second.flush()
+        vpn_b = (await status(node))["vpns"]["B"]
+        assert vpn_b["clients"] == 2
+        assert vpn_b["subscriptions"] == 3
+        assert vpn_b["limits_refused"] == {"connections": 1, "subscriptions": 1}
+        assert (await status(node))["vpns"]["default"]["clients"] == 1
+    finally:
+        for client in clients:
+            await client.close()
+
+
+@pytest.fixture
+def two_clusters(tmp_path: Path) -> Iterator[TwoClusters]:
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.A]\n[vpns.B]\n")
+    with running(TwoClusters(extra_args=("--mesh-vpns", str(vpns)))) as topo:
+        yield topo
+
+
+async def test_vpns_stay_apart_across_gateways(two_clusters: TwoClusters) -> None:
+    """Cluster A (a1 its gateway, a2) and B (b1 its gateway, b2): VPN A's queue ``orders`` on b2 and on
+    a2 both take VPN A's guaranteed events published on a1; VPN B's ``orders`` on b2 only B's; a
+    default-VPN queue and subscriber on ``>`` in cluster B nothing; A's subscriber in B its direct copies."""
+    topo = two_clusters
+    await all_up(topo)
+    for node, vpn in (("b2", "A"), ("a2", "A"), ("b2", "B")):
+        await put_queue_in(topo[node], "orders", ["orders.>"], vpn)
+    await put_queue(topo["b2"], "everything", [">"])
+    for pattern in ("$vpn:A.orders.>", "$vpn:B.orders.>"):
+        await eventually(partial(gateway_knows, topo["a1"], "B", "$G." + pattern), timeout=15, what=pattern)
+    await eventually(partial(queue_known, topo["a1"], "a2", "$vpn:A.orders.>"), timeout=15, what="a2's")
+    await eventually(partial(queue_known, topo["a2"], "a1", "$vpn:B.orders.>"), timeout=15, what="B's")
+    watchers = {vpn: await MeshClient(topo["b2"].route_url, vpn=vpn).connect() for vpn in ("A", "default")}
+    seen = {vpn: Inbox() for vpn in watchers}
+    for vpn, watcher in watchers.items():
+        watcher.subscribe(">", seen[vpn])
+        await watcher.flush(propagated=True)
+    await eventually(partial(gateway_knows, topo["a1"], "B", "$vpn:A.>"), timeout=15)
+    a_bodies = [b"A-%d" % i for i in range(60)]
+    b_bodies = [b"B-%d" % i for i in range(40)]
+    in_a = await MeshClient(topo["a1"].route_url, vpn="A").connect()
+    in_b = await MeshClient(topo["a2"].route_url, vpn="B").connect()
+    try:
+        await publish_all(in_a, "orders.eu", a_bodies)
+        await publish_all(in_b, "orders.eu", b_bodies)
+        await eventually(partial(delivered, topo["b2"], "A:orders", len(a_bodies)), timeout=20)
+        await eventually(partial(delivered, topo["b2"], "B:orders", len(b_bodies)), timeout=20)
+        assert await queue_bodies(topo["b2"], "A:orders") == a_bodies
+        assert await queue_bodies(topo["b2"], "B:orders") == b_bodies
+        assert await queue_bodies(topo["a2"], "A:orders") == a_bodies
+        await eventually(lambda: len(seen["A"].events) == len(a_bodies), what="A's direct copies at b2")
+        assert sorted(body for _, body in seen["A"].events) == sorted(a_bodies)
+        assert seen["default"].events == []
+        assert await queue_bodies(topo["b2"], "everything") == []
+    finally:
+        for client in (in_a, in_b, *watchers.values()):
+            await client.close()
+
+
+async def gateway_knows(node: StreamsServerProcess, cluster: str, pattern: str) -> bool:
+    return pattern in (await status(node))["patterns"]["gateways"].get(cluster, [])
+
+
+ALICE, BOB, WATCHER = "alice-pw-7f3a", "bob-pw-91c2", "watcher-pw-0d55"
+
+
+@pytest.fixture
+def with_users(tmp_path: Path) -> Iterator[MeshCluster]:
+    """VPN A with users: alice may publish orders.> but not orders.audit.>, nor subscribe to what
+    could reach it; bob may subscribe to orders.eu.* only; watcher anything. VPN B has no users."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(
+        f"""
+[vpns.A.users.alice]
+password_hash = "{hash_password(ALICE)}"
+publish = {{ allow = ["orders.>"], deny = ["orders.audit.>"] }}
+subscribe = {{ deny = ["orders.audit.>"] }}
+[vpns.A.users.bob]
+password_hash = "{hash_password(BOB)}"
+subscribe = {{ allow = ["orders.eu.*"] }}
+[vpns.A.users.watcher]
+password_hash = "{hash_password(WATCHER)}"
+[vpns.B]
+"""
+    )
+    with MeshCluster(2, extra_args=("--mesh-vpns", str(vpns))) as cluster:
+        yield cluster.start()
+
+
+async def test_users_log_in_and_their_permissions_are_answered_counted_and_never_applied(
+    with_users: MeshCluster,
+) -> None:
+    await asyncio.to_thread(with_users.wait_linked)
+    a, b = with_users["a"], with_users["b"]
+    for user, password in (("alice", BOB), ("nobody", ALICE)):  # one answer for both: no user names learnt
+        with pytest.raises(TransportAuthError, match="wrong user or password"):
+            await MeshClient(a.route_url, vpn="A", user=user, password=password, timeout=3).connect()
+    anonymous = await MeshClient(a.route_url, vpn="A", timeout=3).connect()  # a VPN with users: no entry
+    anonymous.subscribe(">", Inbox())
+    await eventually(lambda: not anonymous.connected, what="the client without a user closed")
+    await anonymous.close()
+
+    alice = await MeshClient(a.route_url, vpn="A", user="alice", password=ALICE).connect()
+    bob = await MeshClient(b.route_url, vpn="A", user="bob", password=BOB).connect()
+    watcher = await MeshClient(b.route_url, vpn="A", user="watcher", password=WATCHER).connect()
+    seen, bobs = Inbox(), Inbox()
+    try:
+        watcher.subscribe(">", seen)
+        await watcher.flush(propagated=True)
+        alice.subscribe("orders.>", Inbox())  # could match orders.audit.x: refused
+        with pytest.raises(
+            PermissionDenied, match=re.escape("could match subjects denied by 'orders.audit.>'")
+        ):
+            await alice.flush()
+        bob.subscribe("orders.*", bobs)  # not within orders.eu.*: refused
+        bob.subscribe("orders.eu.*", bobs)
+        with pytest.raises(PermissionDenied, match=re.escape("subscription to 'orders.*' not allowed")):
+            await bob.flush(propagated=True)
+
+        await alice.publish("orders.audit.x", b"denied")
+        await alice.publish("payments.x", b"not allowed")
+        with pytest.raises(PermissionDenied, match=re.escape("denied by 'orders.audit.>'")):
+            await alice.flush()
+        with pytest.raises(PermissionDenied, match=re.escape("publish to 'orders.audit.y' denied")):
+            await alice.publish("orders.audit.y", b"denied too", guaranteed=True)
+        await alice.publish("orders.eu.created", b"allowed")  # the connection is still up
+        await alice.flush(propagated=True)
+        await eventually(lambda: [body for _, body in seen.events] == [b"allowed"], what="allowed only")
+        await eventually(lambda: [body for _, body in bobs.events] == [b"allowed"], what="bob's")
+
+        vpn_a = (await status(a))["vpns"]["A"]
+        assert vpn_a["violations"] == {"alice": 4}  # a subscription and three publishes
+        assert vpn_a["logins_refused"] >= 3  # the client without a user reconnects: refused again
+        assert sorted(vpn_a["users"]) == ["alice", "bob", "watcher"]
+        assert (await status(b))["vpns"]["A"]["violations"] == {"bob": 1}
+        async with aiohttp.ClientSession() as http, http.get(f"{a.url}/metrics") as response:
+            metrics = await response.text()
+        assert 'meshplane_mesh_vpn_violations_total{user="alice",vpn="A"} 4.0' in metrics
+        assert 'meshplane_mesh_vpn_clients{vpn="A"} 1.0' in metrics
+    finally:
+        for client in (alice, bob, watcher):
+            await client.close()
+    for node in (a, b):  # passwords are never logged
+        log = node.log_path.read_text()
+        assert not any(secret in log for secret in (ALICE, BOB, WATCHER))
+
+
+async def test_a_client_that_names_another_vpns_subjects_is_refused(trio: MeshCluster) -> None:
+    """A VPN's client sends its subjects with its VPN's prefix: one that writes another VPN's (or a
+    reserved subject after its own, or none) is refused and counted, and nothing reaches VPN B."""
+    node = trio["a"]
+    in_b = await MeshClient(node.route_url, vpn="B").connect()
+    hostile = await MeshClient(node.route_url, vpn="A").connect()
+    seen = Inbox()
+    try:
+        in_b.subscribe(">", seen)
+        await in_b.flush()
+        before = (await status(node))["frame_errors"]
+        conn, origin = hostile._conn, hostile._origin
+        assert conn is not None
+        for subject in ("$vpn:B.orders", "$vpn:A.$G.orders", "orders", "$G.orders"):
+            conn.send(encode_event(origin, subject, 1, 0, b"forged"))
+        for pattern in ("$vpn:B.>", "$vpn:A.$G.>", ">", "$G.>"):
+            conn.send(encode_frame(FrameType.SUB_ADD, "", pattern))
+        await hostile.flush()
+        await in_b.publish("orders", b"B's own")
+        await in_b.flush()
+        await eventually(lambda: [body for _, body in seen.events] == [b"B's own"], what="B's own only")
+        errors = (await status(node))["frame_errors"]
+        assert errors.get("bad_subject", 0) - before.get("bad_subject", 0) == 4
+        assert errors.get("bad_pattern", 0) - before.get("bad_pattern", 0) == 4
+        assert hostile.connected  # refused, counted, still served
+    finally:
+        await hostile.close()
+        await in_b.close()
