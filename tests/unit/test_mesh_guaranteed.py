@@ -30,6 +30,7 @@ from meshplane.mesh.lease import LeaseLost
 from meshplane.mesh.node import MeshNode
 from meshplane.mesh.queues import Queue, RecentIds
 from meshplane.mesh.spool import SpoolLimits
+from meshplane.mesh.vpns import parse_vpns
 from meshplane.streams import durability as durability_module
 from meshplane.streams.config import StreamsConfig
 from meshplane.streams.errors import BadRequest, NotStored, OutcomeUnknown
@@ -540,6 +541,25 @@ async def test_with_fsync_interval_a_close_that_fails_after_an_fsync_does_not_st
             monkeypatch.undo()
             await node.publish_guaranteed("orders.eu", b"second")
             await eventually(lambda: len(queue_events(b, "q")) == 2, what="b stored both")
+    finally:
+        await node.close()
+        await engine.close()
+
+
+async def test_a_queue_of_another_vpn_is_paused_resumed_and_deleted_by_its_own_name(tmp_path: Path) -> None:
+    engine = StreamsService(StreamsConfig(data_dir=tmp_path / "data", fsync="always"))
+    await engine.start()
+    node = MeshNode(MeshConfig(node_id="a", vpns=parse_vpns("[vpns.A]\n")))
+    node.attach(engine)
+    await node.start()
+    try:
+        queue = node.guaranteed.queues.create("orders", ["orders.>"], vpn="A")
+        node.guaranteed.queues.pause(queue.name)
+        assert queue.paused
+        assert node.guaranteed.queues.delete("orders", vpn="A")
+        assert not queue.paused
+        assert queue.name not in node.guaranteed.queues.queues
+        assert not node.guaranteed.queues.delete("orders", vpn="A")
     finally:
         await node.close()
         await engine.close()
