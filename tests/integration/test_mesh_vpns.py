@@ -173,6 +173,7 @@ def two_clusters(tmp_path: Path) -> Iterator[TwoClusters]:
         yield topo
 
 
+@pytest.mark.timeout(150)  # its waits add up to 125 s
 async def test_vpns_stay_apart_across_gateways(two_clusters: TwoClusters) -> None:
     """Cluster A (a1 its gateway, a2) and B (b1 its gateway, b2): VPN A's queue ``orders`` on b2 and on
     a2 both take VPN A's guaranteed events published on a1; VPN B's ``orders`` on b2 only B's; a
