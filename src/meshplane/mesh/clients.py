@@ -79,6 +79,7 @@ class Clients:
         state.role, state.session = "client", session
         state.conn.peer = client_id
         self.sessions[client_id] = session
+        node.direct.client_reader(session)
 
     def _overflowed(self, session: ClientSession) -> None:
         node = self.node
@@ -118,6 +119,8 @@ class Clients:
                         frame.source, frame.subject, frame.sequence, timestamp, body, frame.flags, frame.raw
                     )
                 )
+                if not frame.flags:
+                    node.direct.sent(frame.subject)
             else:
                 node.publish(frame.subject, body, frame.flags)
         elif kind is FrameType.SUB_ADD:
