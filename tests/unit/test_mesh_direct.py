@@ -4,7 +4,9 @@ offset, runs, buffers and dedup ids, in the same order."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import socket
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
@@ -13,8 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshplane.core.mesh import direct
-from meshplane.core.mesh.frames import FrameType, encode_event, encode_frame
+from meshplane.core.mesh.frames import FrameType, SyncResponse, encode_event, encode_frame, encode_payload
 from meshplane.core.subjects import MAX_SUBJECT_BYTES
+from meshplane.mesh.client import MeshClient
+from meshplane.mesh.config import MeshConfig
+from meshplane.mesh.node import MeshNode
+from tests.helpers import eventually
+from tests.mesh_peers import answer_dial
 from tests.unit.test_mesh_frames_native import damaged
 
 MAX_PAYLOAD = 400
@@ -112,3 +119,83 @@ def test_c_and_python_route_the_same(
         ids = {key: list(entry[1].items()) for key, entry in table.items() if entry[1] is not None}
         outcomes.append((end, runs, [bytes(b) for b in buffers], ids))
     assert outcomes[0] == outcomes[1]
+
+
+# --- a node with and without its direct path: the same deliveries and counters ----------------------
+
+
+async def run_node(listener: socket.socket, direct_path: bool) -> dict[str, Any]:
+    """Node "b" dialling raw peer "a" (which wants ``direct.>``), a subscriber and a publisher on b:
+    a's events (repeated, duplicated, on subjects b wants and does not) and the publisher's, twice
+    over, so that the second time the direct path knows the routes. What came out, and the counts."""
+    port = listener.getsockname()[1]
+    node = MeshNode(MeshConfig(node_id="b", cluster="c1", routes=(f"tcp://127.0.0.1:{port}",)))
+    node.direct.enabled = direct_path
+    await node.start()
+    got: list[tuple[str, bytes]] = []
+    subscriber = publisher = None
+    peer = await asyncio.to_thread(answer_dial, listener, "a")
+    try:
+        await asyncio.to_thread(peer.read_until, FrameType.SYNC_REQ)
+        peer.send(encode_frame(FrameType.SYNC_RESP, "a", payload=encode_payload(SyncResponse(0, {}))))
+        peer.send(encode_frame(FrameType.SUB_ADD, "a", "direct.>", 1))
+        await eventually(lambda: node.links["a"].state == "up" and bool(node.router.route("direct.x").peers))
+        subscriber = await MeshClient(node.route_url).connect()
+        subscriber.subscribe("direct.*", lambda subject, body: got.append((subject, body)))
+        await subscriber.flush()
+        publisher = await MeshClient(node.route_url).connect()
+        for round_ in range(2):
+            plain = [
+                encode_event("a", subject, 2 * n + i, 1000, b"a%d" % n)
+                for n in range(100 * round_, 100 * round_ + 40)
+                for i, subject in enumerate(("direct.x", "direct.y"))
+            ]
+            peer.send(*plain, *plain[:30])  # the first 30 again: duplicates
+            peer.send(  # then what only the Python path takes: no interest here, another flag
+                *[encode_event("a", "elsewhere.z", n, 1000, b"z") for n in range(20)],
+                *[
+                    encode_event("a", "direct.x", 10_000 + 100 * round_ + n, 1000, b"a-json", 1)
+                    for n in range(20)
+                ],
+            )
+            for n in range(50):
+                await publisher.publish("direct.y" if n % 3 else "direct.x", b"p%d" % n)
+            await publisher.flush()
+            await subscriber.flush()
+        await eventually(lambda: len(got) == 2 * (80 + 20 + 50), what=f"{len(got)}")
+        forwarded = [
+            (frame.subject, frame.payload[8:])
+            for frame in [await asyncio.to_thread(peer.read_until, FrameType.EVENT) for _ in range(100)]
+        ]
+        link = node.links["a"]
+        return {  # each origin's order (how the two connections' events interleave is up to timing)
+            "got": sorted(got, key=lambda event: event[1][:1]),
+            "forwarded": forwarded,
+            "direct": node.direct.events > 0,
+            "counts": (node.routed, node.deliveries, node.forwarded, link.events_in, link.events_out),
+            "duplicates": (
+                link.counters["duplicates_in"],
+                node.dedup.duplicates,
+                link.counters["unwanted_in"],
+            ),
+        }
+    finally:
+        for client in (subscriber, publisher):
+            if client is not None:
+                await client.close()
+        peer.close()
+        await node.close()
+
+
+async def test_a_node_routes_the_same_with_and_without_its_direct_path() -> None:
+    assert direct.native_route_events is not None
+    outcomes = []
+    for direct_path in (False, True):
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            listener.settimeout(10)
+            outcomes.append(await run_node(listener, direct_path))
+    python, compiled = outcomes
+    assert not python["direct"] and compiled["direct"]  # the second run took the direct path
+    for key in ("got", "forwarded", "counts", "duplicates"):
+        assert python[key] == compiled[key], key
+    assert python["duplicates"] == (2 * 30, 2 * 30, 2 * 20)
