@@ -1,19 +1,18 @@
-"""A node's direct path: the plain events of a read (a client's, or a peer's over its link) routed in
-one C call (:mod:`meshplane.core.mesh.direct`), each copied into the write buffers of the connections
-its route names, with no Python object per event.
+"""A node's direct path: the plain events of a read (a client's, a peer's over its link, another
+cluster's over its gateway) routed in one C call (:mod:`meshplane.core.mesh.direct`), each copied into
+the write buffers of the connections its route names, with no Python object per event.
 
-It knows only routes the Python path has taken before and found plain: a client's event whose every
-local holder is a client connection and whose every peer's link is up, a peer's event whose every
-local holder is a client connection. A route is learnt when the Python path delivers such an event,
-and every learnt route is forgotten at once when interest changes anywhere, when the dedup cache
-forgets a topic, or when one of its connections stops being a plain target (a paused client, a client
-with events queued, a link down or near its buffer limit): from then on its events take the Python
-path again until it is learnt anew. Counters come out as the Python path would have kept them."""
+It knows only routes the Python path has taken before and found plain: every local holder a client
+connection (or, for a client's event, another cluster's gateway) and every peer's link up. A route is
+learnt when the Python path routes such an event, and every learnt route is forgotten at once when
+interest changes anywhere, when the dedup cache forgets a topic, or when one of its connections stops
+being a plain target (a paused client, a client with events queued, a link down or near its buffer
+limit): from then on its events take the Python path again until it is learnt anew. Counters come out
+as the Python path would have kept them (``tests/unit/test_mesh_direct.py`` compares the two)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -21,6 +20,7 @@ from meshplane.core.mesh.direct import Entry, native_route_events
 from meshplane.core.mesh.frames import NODE_ID_BYTES
 from meshplane.core.subjects import MAX_SUBJECT_BYTES
 from meshplane.mesh.connection import FrameConnection
+from meshplane.mesh.gateways import GatewayHolder
 from meshplane.mesh.holders import ClientSession
 from meshplane.mesh.links import Link
 
@@ -43,8 +43,9 @@ class _Route:
 
     subject: str
     targets: tuple[_Target, ...]
-    links: tuple[Link, ...]
+    links: tuple[Link, ...]  # peers it is forwarded to
     sessions: tuple[ClientSession, ...]
+    gateways: tuple[Link, ...] = ()  # other clusters it is delivered to (their gateway holders)
 
 
 class DirectPath:
@@ -53,6 +54,7 @@ class DirectPath:
         self.enabled = native_route_events is not None and "duplicate_events" not in node.config.faults
         self._sent: dict[bytes, Entry] = {}  # clients' events, by raw subject
         self._received: dict[bytes, Entry] = {}  # peers' events, by raw subject
+        self._foreign: dict[bytes, Entry] = {}  # other clusters' events, by raw subject
         self._targets: dict[FrameConnection, _Target] = {}
         self._links: dict[FrameConnection, Link] = {}
         self._sessions: dict[FrameConnection, ClientSession] = {}
@@ -68,23 +70,32 @@ class DirectPath:
         if not self.enabled or len(origin) > NODE_ID_BYTES or origin.endswith(b"\x00"):
             return
         raw = origin.ljust(NODE_ID_BYTES, b"\x00")
-        session.conn.direct = lambda buffer, start: self._read(session.conn, buffer, start, raw, None)
+        session.conn.direct = lambda buffer, start: self._read(
+            session.conn, buffer, start, raw, None, self._sent
+        )
 
-    def link_reader(self, link: Link, conn: FrameConnection) -> None:
-        """The events of ``link``'s connection take the direct path while it is the link's current one."""
+    def link_reader(self, link: Link, conn: FrameConnection, *, foreign: bool = False) -> None:
+        """The events of ``link``'s connection (a gateway's: ``foreign``) take the direct path while it
+        is the link's current one."""
+        table = self._foreign if foreign else self._received
         if self.enabled:
             conn.direct = lambda buffer, start: (
-                self._read(conn, buffer, start, None, link)
+                self._read(conn, buffer, start, None, link, table)
                 if link.conn is conn and link.retiring is None and link.state == "up"
                 else start
             )
 
     def _read(
-        self, conn: FrameConnection, buffer: bytes, start: int, origin: bytes | None, link: Link | None
+        self,
+        conn: FrameConnection,
+        buffer: bytes,
+        start: int,
+        origin: bytes | None,
+        link: Link | None,
+        table: dict[bytes, Entry],
     ) -> int:
         node = self.node
         assert native_route_events is not None
-        table = self._sent if link is None else self._received
         now = time.monotonic()
         if link is not None:
             node.dedup.expire(now)
@@ -106,7 +117,7 @@ class DirectPath:
                 node.dedup.per_topic,
                 runs,
             )
-            events += self._count(runs, link, now)
+            events += self._count(runs, link, now, table is self._foreign)
             runs.clear()
             self._write()
             if end == start:
@@ -132,7 +143,9 @@ class DirectPath:
             return False
         return True
 
-    def _count(self, runs: list[tuple[_Route, int, int]], link: Link | None, now: float) -> int:
+    def _count(
+        self, runs: list[tuple[_Route, int, int]], link: Link | None, now: float, foreign: bool
+    ) -> int:
         node = self.node
         total = 0
         for route, events, duplicates in runs:
@@ -142,17 +155,20 @@ class DirectPath:
                 target.frames += delivered
             for session in route.sessions:
                 session.delivered += delivered
+            for out in route.links:
+                out.events_out += delivered
+            for cluster in route.gateways:
+                cluster.events_out += delivered
             node.routed += delivered
             node.deliveries += delivered * len(route.targets)
-            if link is None:
-                for out in route.links:
-                    out.events_out += events
-                node.forwarded += events * len(route.links)
-            else:
+            node.forwarded += delivered * len(route.links)
+            if link is not None:
                 link.events_in += events
                 link.last_heard = now
                 if duplicates:
                     link.counters["duplicates_in"] += duplicates
+                if foreign and not route.targets:
+                    link.counters["unwanted_in"] += delivered
                 node.dedup.touch(route.subject, duplicates)
         return total
 
@@ -169,60 +185,70 @@ class DirectPath:
 
     def sent(self, subject: str) -> None:
         """A client's plain event on ``subject`` took the Python path: learn its route if it is plain."""
-        node = self.node
-        key = subject.encode()
-        if not self.enabled or key in self._sent or not self._room(self._sent):
-            return
-        route = node.router.route(subject)
-        links = tuple(node.links.get(peer) for peer in route.peers)
-        sessions = self._plain_holders(route.local)
-        if sessions is None or not all(link is not None and self._plain_link(link) for link in links):
-            return
-        plain = tuple(link for link in links if link is not None)
-        targets = tuple(self._target(s.conn) for s in sessions)
-        for link in plain:
-            assert link.conn is not None  # a plain link's
-            self._links[link.conn] = link
-            targets += (self._target(link.conn),)
-        self._sent[key] = (_Route(subject, targets, plain, sessions), None, tuple(t.buffer for t in targets))
+        self._learn(self._sent, subject, gateways=True, peers=True, ids=False)
 
     def received(self, subject: str) -> None:
-        """A peer's event on ``subject`` was delivered by the Python path: learn its route if it is plain."""
+        """A peer's plain event on ``subject`` was delivered by the Python path: learn its route."""
+        self._learn(self._received, subject, gateways=False, peers=False, ids=True)
+
+    def foreign(self, subject: str) -> None:
+        """Another cluster's plain event took the Python path (to this cluster only: local holders but
+        gateways, and peers): learn its route."""
+        self._learn(self._foreign, subject, gateways=False, peers=True, ids=True)
+
+    def _learn(
+        self, table: dict[bytes, Entry], subject: str, *, gateways: bool, peers: bool, ids: bool
+    ) -> None:
         node = self.node
         key = subject.encode()
-        if not self.enabled or key in self._received or not self._room(self._received):
+        if not self.enabled:
             return
-        ids = node.dedup.ids_of(subject)
-        sessions = self._plain_holders(node.router.route(subject).local)
-        if ids is None or not sessions:
+        self._fresh(table)
+        if key in table:
             return
-        targets = tuple(self._target(s.conn) for s in sessions)
-        self._received[key] = (_Route(subject, targets, (), sessions), ids, tuple(t.buffer for t in targets))
+        seen = node.dedup.ids_of(subject) if ids else None
+        route = node.router.route(subject)
+        holders = [h for h in route.local if gateways or type(h) is not GatewayHolder]
+        links = [node.links.get(peer) for peer in route.peers] if peers else []
+        if (ids and seen is None) or (not peers and not holders):
+            return
+        sessions, clusters = [], []
+        for holder in holders:
+            if type(holder) is ClientSession and self._plain_session(holder):
+                sessions.append(holder)
+            elif type(holder) is GatewayHolder and self._plain_link(holder.link):
+                clusters.append(holder.link)
+            else:
+                return
+        plain = [link for link in links if link is not None and self._plain_link(link)]
+        if len(plain) != len(links):
+            return
+        conns = [session.conn for session in sessions]
+        for session in sessions:
+            self._sessions[session.conn] = session
+        for link in (*plain, *clusters):
+            assert link.conn is not None  # a plain link's
+            self._links[link.conn] = link
+            conns.append(link.conn)
+        targets = tuple(self._target(conn) for conn in conns)
+        route_ = _Route(subject, targets, tuple(plain), tuple(sessions), tuple(clusters))
+        table[key] = (route_, seen, tuple(t.buffer for t in targets))
 
     def forget(self) -> None:
         self._sent.clear()
         self._received.clear()
+        self._foreign.clear()
         self._targets.clear()
         self._links.clear()
         self._sessions.clear()
         self._changes = self.node.router.changes
         self._forgotten = self.node.dedup.forgotten
 
-    def _room(self, table: dict[bytes, Entry]) -> bool:
-        """Routes learnt before a change are forgotten first; past the route cache's size, all are."""
+    def _fresh(self, table: dict[bytes, Entry]) -> None:
+        """Routes learnt before a change are forgotten; past the route cache's size, all are."""
         stale = self._changes != self.node.router.changes or self._forgotten != self.node.dedup.forgotten
         if stale or len(table) >= self.node.config.router.route_cache_subjects:
             self.forget()
-        return True
-
-    def _plain_holders(self, holders: frozenset[Hashable]) -> tuple[ClientSession, ...] | None:
-        sessions = []
-        for holder in holders:
-            if type(holder) is not ClientSession or not self._plain_session(holder):
-                return None
-            sessions.append(holder)
-            self._sessions[holder.conn] = holder
-        return tuple(sessions)
 
     def _target(self, conn: FrameConnection) -> _Target:
         target = self._targets.get(conn)
