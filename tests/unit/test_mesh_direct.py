@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from meshplane.core.mesh import direct
 from meshplane.core.mesh.frames import FrameType, SyncResponse, encode_event, encode_frame, encode_payload
 from meshplane.core.subjects import MAX_SUBJECT_BYTES
+from meshplane.launchers import free_port
 from meshplane.mesh.client import MeshClient
 from meshplane.mesh.config import MeshConfig
 from meshplane.mesh.node import MeshNode
@@ -200,3 +201,60 @@ async def test_a_node_routes_the_same_with_and_without_its_direct_path() -> None
     for key in ("got", "forwarded", "counts", "duplicates"):
         assert python[key] == compiled[key], key
     assert python["duplicates"] == (2 * 30, 2 * 30, 2 * 20)
+
+
+async def run_gateways(direct_path: bool) -> dict[str, Any]:
+    """Clusters A and B (a node each) joined by gateways; a publisher on a, a subscriber on a and one
+    on b. What each subscriber got, the counts, and whether each node took the direct path."""
+    ports = free_port(), free_port()
+    nodes = [
+        MeshNode(
+            MeshConfig(
+                node_id=name,
+                cluster=name.upper(),
+                route_port=ports[i],
+                gateways=((other.upper(), f"tcp://127.0.0.1:{ports[1 - i]}"),),
+            )
+        )
+        for i, (name, other) in enumerate((("a", "b"), ("b", "a")))
+    ]
+    clients: list[MeshClient] = []
+    got: dict[str, list[tuple[str, bytes]]] = {"a": [], "b": []}
+    try:
+        for node in nodes:
+            node.direct.enabled = direct_path
+            await node.start()
+        a, b = nodes
+        for node, pattern in ((a, "gw.x"), (b, "gw.*")):
+            client = await MeshClient(node.route_url).connect()
+            client.subscribe(pattern, lambda subject, body, n=node.node_id: got[n].append((subject, body)))
+            await client.flush()
+            clients.append(client)
+        await eventually(lambda: any(a.router.route("gw.y").local), what="b's interest at a")
+        publisher = await MeshClient(a.route_url).connect()
+        clients.append(publisher)
+        for round_ in range(2):
+            for n in range(60):
+                await publisher.publish("gw.y" if n % 3 else "gw.x", b"%d-%d" % (round_, n))
+            await publisher.flush()
+        await eventually(lambda: len(got["b"]) == 120 and len(got["a"]) == 40, what=f"{got}")
+        gateway_links = a.gateways.links["B"], b.gateways.links["A"]
+        return {
+            "got": got,
+            "direct": [node.direct.events > 0 for node in nodes],
+            "counts": [(node.routed, node.deliveries, node.forwarded) for node in nodes],
+            "links": [(link.events_in, link.events_out, dict(link.counters)) for link in gateway_links],
+        }
+    finally:
+        for client in clients:
+            await client.close()
+        for node in nodes:
+            await node.close()
+
+
+async def test_gateways_route_the_same_with_and_without_the_direct_path() -> None:
+    python, compiled = [await run_gateways(direct_path) for direct_path in (False, True)]
+    assert python["direct"] == [False, False]
+    assert compiled["direct"] == [True, True]
+    for key in ("got", "counts", "links"):
+        assert python[key] == compiled[key], key
