@@ -9,6 +9,7 @@ import copy
 import socket
 from collections import OrderedDict
 from collections.abc import Hashable
+from functools import partial
 from typing import Any
 
 from hypothesis import given, settings
@@ -203,6 +204,10 @@ async def test_a_node_routes_the_same_with_and_without_its_direct_path() -> None
     assert python["duplicates"] == (2 * 30, 2 * 30, 2 * 20)
 
 
+def collect(into: list[tuple[str, bytes]], subject: str, body: bytes) -> None:
+    into.append((subject, body))
+
+
 async def run_gateways(direct_path: bool) -> dict[str, Any]:
     """Clusters A and B (a node each) joined by gateways; a publisher on a, a subscriber on a and one
     on b. What each subscriber got, the counts, and whether each node took the direct path."""
@@ -227,7 +232,7 @@ async def run_gateways(direct_path: bool) -> dict[str, Any]:
         a, b = nodes
         for node, pattern in ((a, "gw.x"), (b, "gw.*")):
             client = await MeshClient(node.route_url).connect()
-            client.subscribe(pattern, lambda subject, body, n=node.node_id: got[n].append((subject, body)))
+            client.subscribe(pattern, partial(collect, got[node.node_id]))
             await client.flush()
             clients.append(client)
         await eventually(lambda: any(a.router.route("gw.y").local), what="b's interest at a")

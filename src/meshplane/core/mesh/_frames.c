@@ -51,6 +51,41 @@ static PyObject *cached_text(PyObject *cache, Last *last, const unsigned char *r
     return text;
 }
 
+/* The arguments both loops begin with: (buffer, start, max_payload, max_subject). 0, or -1 with an error. */
+typedef struct {
+    const unsigned char *data;
+    Py_ssize_t size, start, max_subject;
+    unsigned long long max_payload;
+} Input;
+
+static int read_input(PyObject *const *args, Input *in) {
+    in->data = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    in->size = PyBytes_GET_SIZE(args[0]);
+    in->start = PyLong_AsSsize_t(args[1]);
+    in->max_payload = PyLong_AsUnsignedLongLong(args[2]);
+    in->max_subject = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) return -1;
+    if (in->start < 0 || in->start > in->size) {
+        PyErr_SetString(PyExc_ValueError, "start is outside the buffer");
+        return -1;
+    }
+    return 0;
+}
+
+/* The length of the frame at ``frame`` (``available`` bytes on) when it is whole, within the limits and
+   its checksum right; else 0. */
+static Py_ssize_t sound_frame(const unsigned char *frame, Py_ssize_t available, unsigned long long max_payload,
+                              Py_ssize_t max_subject) {
+    Py_ssize_t subject_length = (Py_ssize_t)((frame[18] << 8) | frame[19]);
+    if (subject_length > max_subject || available < HEAD_BYTES + subject_length + MIDDLE_BYTES) return 0;
+    uint64_t payload_length = be32(frame + HEAD_BYTES + subject_length + 8);
+    if (payload_length > max_payload) return 0;
+    Py_ssize_t body = HEAD_BYTES + subject_length + MIDDLE_BYTES + (Py_ssize_t)payload_length;
+    if (available < body + CRC_BYTES) return 0;
+    if (crc32_z(0L, frame, (z_size_t)body) != be32(frame + body)) return 0;
+    return body + CRC_BYTES;
+}
+
 static PyObject *read_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8 || !PyBytes_Check(args[0]) || !PyTuple_Check(args[5]) || !PyDict_Check(args[6]) ||
         !PyList_Check(args[7])) {
@@ -58,31 +93,21 @@ static PyObject *read_frames(PyObject *self, PyObject *const *args, Py_ssize_t n
                         "read_frames(bytes, start, max_payload, max_subject, frame_class, tuple, dict, list)");
         return NULL;
     }
-    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-    Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
-    unsigned long long max_payload = PyLong_AsUnsignedLongLong(args[2]);
-    Py_ssize_t max_subject = PyLong_AsSsize_t(args[3]);
-    if (PyErr_Occurred()) return NULL;
-    if (start < 0 || start > size) {
-        PyErr_SetString(PyExc_ValueError, "start is outside the buffer");
-        return NULL;
-    }
+    Input in;
+    if (read_input(args, &in) < 0) return NULL;
+    Py_ssize_t start = in.start;
     PyObject *frame_class = args[4], *kinds = args[5], *cache = args[6], *out = args[7];
     Py_ssize_t kind_count = PyTuple_GET_SIZE(kinds);
     Last last_source = {NULL, 0, NULL}, last_subject = {NULL, 0, NULL};
 
-    while (size - start >= HEAD_BYTES) {
-        const unsigned char *frame = data + start;
+    while (in.size - start >= HEAD_BYTES) {
+        const unsigned char *frame = in.data + start;
         unsigned kind = frame[0];
+        Py_ssize_t whole = sound_frame(frame, in.size - start, in.max_payload, in.max_subject);
+        if (whole == 0) break;
         Py_ssize_t subject_length = (Py_ssize_t)((frame[18] << 8) | frame[19]);
-        if (subject_length > max_subject || size - start < HEAD_BYTES + subject_length + MIDDLE_BYTES) break;
         const unsigned char *middle = frame + HEAD_BYTES + subject_length;
-        uint64_t payload_length = be32(middle + 8);
-        if (payload_length > max_payload) break;
-        Py_ssize_t body = HEAD_BYTES + subject_length + MIDDLE_BYTES + (Py_ssize_t)payload_length;
-        if (size - start < body + CRC_BYTES) break;
-        if (crc32_z(0L, frame, (z_size_t)body) != be32(frame + body)) break;
+        Py_ssize_t payload_length = whole - HEAD_BYTES - subject_length - MIDDLE_BYTES - CRC_BYTES;
         if ((Py_ssize_t)kind >= kind_count || PyTuple_GET_ITEM(kinds, kind) == Py_None) break;
         if (kind == EVENT_TYPE && payload_length < STAMP_BYTES) break;
         PyObject *source = cached_text(cache, &last_source, frame + 2, SOURCE_BYTES);
@@ -101,8 +126,8 @@ static PyObject *read_frames(PyObject *self, PyObject *const *args, Py_ssize_t n
             source,
             subject,
             PyLong_FromUnsignedLongLong(be64(middle)),
-            PyBytes_FromStringAndSize((const char *)middle + MIDDLE_BYTES, (Py_ssize_t)payload_length),
-            PyBytes_FromStringAndSize((const char *)frame, body + CRC_BYTES),
+            PyBytes_FromStringAndSize((const char *)middle + MIDDLE_BYTES, payload_length),
+            PyBytes_FromStringAndSize((const char *)frame, whole),
         };
         PyObject *made = NULL;
         if (fields[1] != NULL && fields[4] != NULL && fields[5] != NULL && fields[6] != NULL)
@@ -115,7 +140,7 @@ static PyObject *read_frames(PyObject *self, PyObject *const *args, Py_ssize_t n
         int failed = PyList_Append(out, made);
         Py_DECREF(made);
         if (failed) return NULL;
-        start += body + CRC_BYTES;
+        start += whole;
     }
     return PyLong_FromSsize_t(start);
 }
@@ -185,18 +210,13 @@ static PyObject *route_events(PyObject *self, PyObject *const *args, Py_ssize_t 
                         "now, per_topic, list)");
         return NULL;
     }
-    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-    Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
-    unsigned long long max_payload = PyLong_AsUnsignedLongLong(args[2]);
-    Py_ssize_t max_subject = PyLong_AsSsize_t(args[3]);
+    Input in;
+    if (read_input(args, &in) < 0) return NULL;
+    const unsigned char *data = in.data;
+    Py_ssize_t size = in.size, start = in.start;
     Py_ssize_t limit = PyLong_AsSsize_t(args[7]);
     Py_ssize_t per_topic = PyLong_AsSsize_t(args[10]);
     if (PyErr_Occurred()) return NULL;
-    if (start < 0 || start > size) {
-        PyErr_SetString(PyExc_ValueError, "start is outside the buffer");
-        return NULL;
-    }
     const unsigned char *origin = NULL;
     if (args[4] != Py_None) {
         if (PyBytes_GET_SIZE(args[4]) != SOURCE_BYTES) {
@@ -214,16 +234,11 @@ static PyObject *route_events(PyObject *self, PyObject *const *args, Py_ssize_t 
 
     while (size - start >= HEAD_BYTES) {
         const unsigned char *frame = data + start;
+        if (frame[0] != EVENT_TYPE || frame[1] != 0) break;
+        Py_ssize_t whole = sound_frame(frame, size - start, in.max_payload, in.max_subject);
         Py_ssize_t subject_length = (Py_ssize_t)((frame[18] << 8) | frame[19]);
-        if (frame[0] != EVENT_TYPE || frame[1] != 0 || subject_length > max_subject ||
-            size - start < HEAD_BYTES + subject_length + MIDDLE_BYTES)
-            break;
+        if (whole == 0 || whole - HEAD_BYTES - subject_length - MIDDLE_BYTES - CRC_BYTES < STAMP_BYTES) break;
         const unsigned char *middle = frame + HEAD_BYTES + subject_length;
-        uint64_t payload_length = be32(middle + 8);
-        if (payload_length > max_payload || payload_length < STAMP_BYTES) break;
-        Py_ssize_t whole = HEAD_BYTES + subject_length + MIDDLE_BYTES + (Py_ssize_t)payload_length + CRC_BYTES;
-        if (size - start < whole) break;
-        if (crc32_z(0L, frame, (z_size_t)(whole - CRC_BYTES)) != be32(frame + whole - CRC_BYTES)) break;
         PyObject *source = NULL;
         if (origin != NULL) {
             if (memcmp(frame + 2, origin, SOURCE_BYTES) != 0) break;
