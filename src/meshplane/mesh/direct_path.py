@@ -60,7 +60,7 @@ class DirectPath:
         self._sessions: dict[FrameConnection, ClientSession] = {}
         self._changes = -1
         self._forgotten = -1
-        self.events = 0  # routed here, for the status and the tests
+        self.events = 0  # events it took (the tests and benchmarks read it)
 
     # --- reading: one call per read ------------------------------------------------------------------
 
@@ -188,8 +188,9 @@ class DirectPath:
         self._learn(self._sent, subject, gateways=True, peers=True, ids=False)
 
     def received(self, subject: str) -> None:
-        """A peer's plain event on ``subject`` was delivered by the Python path: learn its route."""
-        self._learn(self._received, subject, gateways=False, peers=False, ids=True)
+        """A peer's plain event on ``subject`` was delivered by the Python path (to every local holder,
+        other clusters' gateways too): learn its route."""
+        self._learn(self._received, subject, gateways=True, peers=False, ids=True)
 
     def foreign(self, subject: str) -> None:
         """Another cluster's plain event took the Python path (to this cluster only: local holders but
@@ -199,10 +200,9 @@ class DirectPath:
     def _learn(
         self, table: dict[bytes, Entry], subject: str, *, gateways: bool, peers: bool, ids: bool
     ) -> None:
-        node = self.node
-        key = subject.encode()
         if not self.enabled:
             return
+        node, key = self.node, subject.encode()
         self._fresh(table)
         if key in table:
             return
