@@ -103,23 +103,25 @@ class DirectPath:
         started = time.perf_counter()
         events = 0
         while table and self._usable():
-            end = native_route_events(
-                buffer,
-                start,
-                conn.reader.max_payload,
-                MAX_SUBJECT_BYTES,
-                origin,
-                conn.reader.text,
-                table,
-                BATCH_BYTES,
-                link.peer if link is not None else None,
-                now,
-                node.dedup.per_topic,
-                runs,
-            )
-            events += self._count(runs, link, now, table is self._foreign)
-            runs.clear()
-            self._write()
+            try:
+                end = native_route_events(
+                    buffer,
+                    start,
+                    conn.reader.max_payload,
+                    MAX_SUBJECT_BYTES,
+                    origin,
+                    conn.reader.text,
+                    table,
+                    BATCH_BYTES,
+                    link.peer if link is not None else None,
+                    now,
+                    node.dedup.per_topic,
+                    runs,
+                )
+            finally:  # what was copied before an error (memory) is counted and sent all the same
+                events += self._count(runs, link, now, table is self._foreign)
+                runs.clear()
+                self._write()
             if end == start:
                 break
             start = end
