@@ -173,7 +173,7 @@ async def run_node(listener: socket.socket, direct_path: bool) -> dict[str, Any]
         return {  # each origin's order (how the two connections' events interleave is up to timing)
             "got": sorted(got, key=lambda event: event[1][:1]),
             "forwarded": forwarded,
-            "direct": node.direct.events > 0,
+            "direct": node.status()["counters"]["direct_path_events"] > 0,
             "counts": (node.routed, node.deliveries, node.forwarded, link.events_in, link.events_out),
             "duplicates": (
                 link.counters["duplicates_in"],
