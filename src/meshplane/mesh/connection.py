@@ -107,6 +107,9 @@ class FrameConnection(asyncio.Protocol):
         self._sealer: Sealer | None = None
         self._opener: Opener | None = None
         self._on_confirmed: Callable[[FrameConnection], None] | None = None
+        # The node's direct path for what this connection reads (``direct_path``): the frames it takes
+        # from the start of a read are handled before the rest is read as frames.
+        self.direct: Callable[[bytes, int], int] | None = None
 
     # --- asyncio.Protocol ----------------------------------------------------------------------------
 
@@ -171,7 +174,9 @@ class FrameConnection(asyncio.Protocol):
 
     def _frames_received(self, data: bytes) -> None:
         now = self.last_received
-        items = self.reader.feed(data)
+        # Only with nothing waiting from before: what it takes is handled at once, in order.
+        direct = self.direct if not self._backlog and not self._held else None
+        items = self.reader.feed(data, direct)
         if not self.reader.pending:
             self.partial_since = None
         elif items or self.partial_since is None:

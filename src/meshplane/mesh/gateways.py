@@ -173,6 +173,7 @@ class Gateways:
         link.since = link.last_heard
         link.counters["connects"] += 1
         link.down.clear()
+        node.direct.link_reader(link, state.conn, foreign=True)
         for pattern in link.interest.clear():  # learnt afresh, as on an internal link ...
             if not pattern.startswith(PREFIX):  # ... but its queues stay remembered until it answers
                 node.unsubscribe(link.holder, pattern)
@@ -278,6 +279,8 @@ class Gateways:
         )
         if not node.route_foreign(event):
             link.counters["unwanted_in"] += 1
+        if not frame.flags:
+            node.direct.foreign(frame.subject)
 
     def tick(self, now: float) -> None:
         if not self.links:

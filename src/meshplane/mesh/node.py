@@ -46,6 +46,7 @@ from meshplane.mesh.config import (
     parse_route,
 )
 from meshplane.mesh.connection import FrameConnection, PartialBytes
+from meshplane.mesh.direct_path import DirectPath
 from meshplane.mesh.gateways import GatewayHolder, Gateways
 from meshplane.mesh.guaranteed import Guaranteed
 from meshplane.mesh.handshakes import Handshakes
@@ -77,6 +78,7 @@ class MeshNode:
         self.logins = Logins(self)
         self.routes = Routes(self)
         self.dedup = DedupCache(config.dedup_per_topic, config.dedup_ttl_secs, config.dedup_topics)
+        self.direct = DirectPath(self)
         self.counters: Counter[str] = Counter()  # rare events, by name
         self.routed = self.forwarded = self.deliveries = 0  # per event: plain attributes, cheaper
         self.frame_errors: Counter[str] = Counter()

@@ -60,6 +60,7 @@ class Routes:
             node.counters["peer_restarts"] += 1
         same_process = link.epoch == hello.epoch
         link.conn, link.dialed_by, link.epoch = conn, dialer, hello.epoch
+        node.direct.link_reader(link, conn)
         transport = conn.transport
         link.address = peer_address(transport)
         link.last_heard = time.monotonic()
@@ -226,6 +227,8 @@ class Routes:
         timestamp, body = event_parts(frame)
         event = MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, frame.raw)
         self.deliver_remote(link, event, now=now)
+        if not frame.flags:
+            self.node.direct.received(subject)
 
     def deliver_remote(
         self, link: Link, event: MeshEvent, *, quiet: bool = False, now: float | None = None

@@ -46,6 +46,7 @@ def node_status(node: MeshNode, patterns: bool, limit: int) -> dict[str, Any]:
             "messages_forwarded": node.forwarded,
             "fanout_avg": round(node.deliveries / routed, 3) if routed else 0.0,
             "duplicates_dropped": node.dedup.duplicates,
+            "direct_path_events": node.direct.events,  # of those routed, the ones the C direct path took
             **{k: v for k, v in node.counters.items() if k not in ("messages_routed", "messages_forwarded")},
         },
         "vpns": node.logins.status(),

@@ -51,6 +51,41 @@ static PyObject *cached_text(PyObject *cache, Last *last, const unsigned char *r
     return text;
 }
 
+/* The arguments both loops begin with: (buffer, start, max_payload, max_subject). 0, or -1 with an error. */
+typedef struct {
+    const unsigned char *data;
+    Py_ssize_t size, start, max_subject;
+    unsigned long long max_payload;
+} Input;
+
+static int read_input(PyObject *const *args, Input *in) {
+    in->data = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    in->size = PyBytes_GET_SIZE(args[0]);
+    in->start = PyLong_AsSsize_t(args[1]);
+    in->max_payload = PyLong_AsUnsignedLongLong(args[2]);
+    in->max_subject = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) return -1;
+    if (in->start < 0 || in->start > in->size) {
+        PyErr_SetString(PyExc_ValueError, "start is outside the buffer");
+        return -1;
+    }
+    return 0;
+}
+
+/* The length of the frame at ``frame`` (``available`` bytes on) when it is whole, within the limits and
+   its checksum right; else 0. */
+static Py_ssize_t sound_frame(const unsigned char *frame, Py_ssize_t available, unsigned long long max_payload,
+                              Py_ssize_t max_subject) {
+    Py_ssize_t subject_length = (Py_ssize_t)((frame[18] << 8) | frame[19]);
+    if (subject_length > max_subject || available < HEAD_BYTES + subject_length + MIDDLE_BYTES) return 0;
+    uint64_t payload_length = be32(frame + HEAD_BYTES + subject_length + 8);
+    if (payload_length > max_payload) return 0;
+    Py_ssize_t body = HEAD_BYTES + subject_length + MIDDLE_BYTES + (Py_ssize_t)payload_length;
+    if (available < body + CRC_BYTES) return 0;
+    if (crc32_z(0L, frame, (z_size_t)body) != be32(frame + body)) return 0;
+    return body + CRC_BYTES;
+}
+
 static PyObject *read_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8 || !PyBytes_Check(args[0]) || !PyTuple_Check(args[5]) || !PyDict_Check(args[6]) ||
         !PyList_Check(args[7])) {
@@ -58,31 +93,21 @@ static PyObject *read_frames(PyObject *self, PyObject *const *args, Py_ssize_t n
                         "read_frames(bytes, start, max_payload, max_subject, frame_class, tuple, dict, list)");
         return NULL;
     }
-    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-    Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
-    unsigned long long max_payload = PyLong_AsUnsignedLongLong(args[2]);
-    Py_ssize_t max_subject = PyLong_AsSsize_t(args[3]);
-    if (PyErr_Occurred()) return NULL;
-    if (start < 0 || start > size) {
-        PyErr_SetString(PyExc_ValueError, "start is outside the buffer");
-        return NULL;
-    }
+    Input in;
+    if (read_input(args, &in) < 0) return NULL;
+    Py_ssize_t start = in.start;
     PyObject *frame_class = args[4], *kinds = args[5], *cache = args[6], *out = args[7];
     Py_ssize_t kind_count = PyTuple_GET_SIZE(kinds);
     Last last_source = {NULL, 0, NULL}, last_subject = {NULL, 0, NULL};
 
-    while (size - start >= HEAD_BYTES) {
-        const unsigned char *frame = data + start;
+    while (in.size - start >= HEAD_BYTES) {
+        const unsigned char *frame = in.data + start;
         unsigned kind = frame[0];
+        Py_ssize_t whole = sound_frame(frame, in.size - start, in.max_payload, in.max_subject);
+        if (whole == 0) break;
         Py_ssize_t subject_length = (Py_ssize_t)((frame[18] << 8) | frame[19]);
-        if (subject_length > max_subject || size - start < HEAD_BYTES + subject_length + MIDDLE_BYTES) break;
         const unsigned char *middle = frame + HEAD_BYTES + subject_length;
-        uint64_t payload_length = be32(middle + 8);
-        if (payload_length > max_payload) break;
-        Py_ssize_t body = HEAD_BYTES + subject_length + MIDDLE_BYTES + (Py_ssize_t)payload_length;
-        if (size - start < body + CRC_BYTES) break;
-        if (crc32_z(0L, frame, (z_size_t)body) != be32(frame + body)) break;
+        Py_ssize_t payload_length = whole - HEAD_BYTES - subject_length - MIDDLE_BYTES - CRC_BYTES;
         if ((Py_ssize_t)kind >= kind_count || PyTuple_GET_ITEM(kinds, kind) == Py_None) break;
         if (kind == EVENT_TYPE && payload_length < STAMP_BYTES) break;
         PyObject *source = cached_text(cache, &last_source, frame + 2, SOURCE_BYTES);
@@ -101,8 +126,8 @@ static PyObject *read_frames(PyObject *self, PyObject *const *args, Py_ssize_t n
             source,
             subject,
             PyLong_FromUnsignedLongLong(be64(middle)),
-            PyBytes_FromStringAndSize((const char *)middle + MIDDLE_BYTES, (Py_ssize_t)payload_length),
-            PyBytes_FromStringAndSize((const char *)frame, body + CRC_BYTES),
+            PyBytes_FromStringAndSize((const char *)middle + MIDDLE_BYTES, payload_length),
+            PyBytes_FromStringAndSize((const char *)frame, whole),
         };
         PyObject *made = NULL;
         if (fields[1] != NULL && fields[4] != NULL && fields[5] != NULL && fields[6] != NULL)
@@ -115,9 +140,180 @@ static PyObject *read_frames(PyObject *self, PyObject *const *args, Py_ssize_t n
         int failed = PyList_Append(out, made);
         Py_DECREF(made);
         if (failed) return NULL;
-        start += body + CRC_BYTES;
+        start += whole;
     }
     return PyLong_FromSsize_t(start);
+}
+
+
+/* route_events(buffer, start, max_payload, max_subject, origin, text, table, limit, peer, now, per_topic,
+                runs) -> offset
+
+The node's direct path for a batch: plain EVENTs (flags 0) read from ``buffer[start:]`` and copied, as
+they came, to the write buffers their subject's route names, with no object per event. It takes the
+frames ``read_frames`` would take and, of those, only what the table knows, and stops (returning the
+frame's offset, for the Python path to handle as it would anyway) at the first that is anything else:
+another type or flags, a subject not in ``table``, a source that is not ``origin`` (16 raw bytes; None:
+any source the ``text`` cache knows), or before a frame that would take a write buffer past ``limit``.
+
+``table``: raw subject -> (info, ids, buffers): ``buffers`` a tuple of bytearrays each such event is
+appended to; ``ids`` None, or the topic's dedup ids (an OrderedDict of (timestamp, sequence, source,
+peer) -> when seen, the keys ``DedupCache.seen`` makes): a key already there is a duplicate (moved to
+the end, not delivered), a new one is added at ``now`` and the oldest dropped past ``per_topic``.
+``runs`` gets (info, events, duplicates) for each run of consecutive events of one entry. */
+static int flush_run(PyObject *runs, PyObject *info, Py_ssize_t events, Py_ssize_t duplicates) {
+    if (info == NULL || events == 0) return 0;
+    PyObject *run = Py_BuildValue("(Onn)", info, events, duplicates);
+    if (run == NULL) return -1;
+    int failed = PyList_Append(runs, run);
+    Py_DECREF(run);
+    return failed;
+}
+
+static PyObject *move_to_end_name, *popitem_name;  /* interned at import */
+
+/* 1: a duplicate, 0: new (remembered), -1: an error. */
+static int dedup_seen(PyObject *ids, uint64_t timestamp, uint64_t sequence, PyObject *source, PyObject *peer,
+                      PyObject *now, Py_ssize_t per_topic) {
+    PyObject *ts = PyLong_FromUnsignedLongLong(timestamp);
+    PyObject *seq = ts != NULL ? PyLong_FromUnsignedLongLong(sequence) : NULL;
+    PyObject *key = seq != NULL ? PyTuple_Pack(4, ts, seq, source != NULL ? source : Py_None, peer) : NULL;
+    Py_XDECREF(ts);
+    Py_XDECREF(seq);
+    if (key == NULL) return -1;
+    int result = PySequence_Contains(ids, key);
+    if (result == 1) {
+        PyObject *call[2] = {ids, key};
+        PyObject *moved = PyObject_VectorcallMethod(move_to_end_name, call, 2, NULL);
+        if (moved == NULL) result = -1;
+        Py_XDECREF(moved);
+    } else if (result == 0) {
+        Py_ssize_t held = PyObject_SetItem(ids, key, now) < 0 ? -1 : PyObject_Size(ids);
+        if (held < 0) {
+            result = -1;
+        } else if (held > per_topic) {
+            PyObject *call[2] = {ids, Py_False};
+            PyObject *oldest = PyObject_VectorcallMethod(popitem_name, call, 2, NULL);
+            if (oldest == NULL) result = -1;
+            Py_XDECREF(oldest);
+        }
+    }
+    Py_DECREF(key);
+    return result;
+}
+
+static PyObject *route_events(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12 || !PyBytes_Check(args[0]) || !(args[4] == Py_None || PyBytes_Check(args[4])) ||
+        !PyDict_Check(args[5]) || !PyDict_Check(args[6]) || !PyList_Check(args[11])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "route_events(bytes, start, max_payload, max_subject, origin, dict, dict, limit, peer, "
+                        "now, per_topic, list)");
+        return NULL;
+    }
+    Input in;
+    if (read_input(args, &in) < 0) return NULL;
+    const unsigned char *data = in.data;
+    Py_ssize_t size = in.size, start = in.start;
+    Py_ssize_t limit = PyLong_AsSsize_t(args[7]);
+    Py_ssize_t per_topic = PyLong_AsSsize_t(args[10]);
+    if (PyErr_Occurred()) return NULL;
+    const unsigned char *origin = NULL;
+    if (args[4] != Py_None) {
+        if (PyBytes_GET_SIZE(args[4]) != SOURCE_BYTES) {
+            PyErr_SetString(PyExc_ValueError, "origin: 16 raw bytes");
+            return NULL;
+        }
+        origin = (const unsigned char *)PyBytes_AS_STRING(args[4]);
+    }
+    PyObject *text = args[5], *table = args[6], *peer = args[8], *now = args[9], *runs = args[11];
+    Last last_source = {NULL, 0, NULL};
+    const unsigned char *last_subject = NULL;
+    Py_ssize_t last_subject_length = 0;
+    PyObject *entry = NULL, *info = NULL;  /* borrowed from the table, which the caller holds */
+    Py_ssize_t events = 0, duplicates = 0;
+
+    while (size - start >= HEAD_BYTES) {
+        const unsigned char *frame = data + start;
+        if (frame[0] != EVENT_TYPE || frame[1] != 0) break;
+        Py_ssize_t whole = sound_frame(frame, size - start, in.max_payload, in.max_subject);
+        Py_ssize_t subject_length = (Py_ssize_t)((frame[18] << 8) | frame[19]);
+        if (whole == 0 || whole - HEAD_BYTES - subject_length - MIDDLE_BYTES - CRC_BYTES < STAMP_BYTES) break;
+        const unsigned char *middle = frame + HEAD_BYTES + subject_length;
+        PyObject *source = NULL;
+        if (origin != NULL) {
+            if (memcmp(frame + 2, origin, SOURCE_BYTES) != 0) break;
+        } else {
+            source = cached_text(text, &last_source, frame + 2, SOURCE_BYTES);
+            if (source == NULL) {
+                if (PyErr_Occurred()) goto error;
+                break;
+            }
+        }
+        /* The route: the previous frame's when the subject repeats (no key made), else the table's. */
+        if (entry == NULL || subject_length != last_subject_length ||
+            memcmp(frame + HEAD_BYTES, last_subject, (size_t)subject_length) != 0) {
+            PyObject *key = PyBytes_FromStringAndSize((const char *)frame + HEAD_BYTES, subject_length);
+            if (key == NULL) goto error;
+            PyObject *found = PyDict_GetItemWithError(table, key);
+            Py_DECREF(key);
+            if (found == NULL) {
+                if (PyErr_Occurred()) goto error;
+                break;
+            }
+            if (!PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 3 || !PyTuple_Check(PyTuple_GET_ITEM(found, 2))) {
+                PyErr_SetString(PyExc_TypeError, "a route entry is (info, ids, buffers)");
+                goto error;
+            }
+            if (found != entry) {
+                if (flush_run(runs, info, events, duplicates) < 0) goto error;
+                entry = found;
+                info = PyTuple_GET_ITEM(found, 0);
+                events = duplicates = 0;
+            }
+        }
+        last_subject = frame + HEAD_BYTES;
+        last_subject_length = subject_length;
+        PyObject *buffers = PyTuple_GET_ITEM(entry, 2), *ids = PyTuple_GET_ITEM(entry, 1);
+        Py_ssize_t count = PyTuple_GET_SIZE(buffers);
+        int full = 0;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *buffer = PyTuple_GET_ITEM(buffers, i);
+            if (!PyByteArray_Check(buffer)) {
+                PyErr_SetString(PyExc_TypeError, "a route's buffers are bytearrays");
+                goto error;
+            }
+            if (PyByteArray_GET_SIZE(buffer) + whole > limit && PyByteArray_GET_SIZE(buffer) > 0) full = 1;
+        }
+        if (full) break;
+        if (ids != Py_None) {
+            int seen = dedup_seen(ids, be64(middle + MIDDLE_BYTES), be64(middle), source, peer, now, per_topic);
+            if (seen < 0) goto error;
+            if (seen) {
+                duplicates++;
+                events++;
+                start += whole;
+                continue;
+            }
+        }
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *buffer = PyTuple_GET_ITEM(buffers, i);
+            Py_ssize_t used = PyByteArray_GET_SIZE(buffer);
+            if (PyByteArray_Resize(buffer, used + whole) < 0) goto error;
+            memcpy(PyByteArray_AS_STRING(buffer) + used, frame, (size_t)whole);
+        }
+        events++;
+        start += whole;
+    }
+    if (flush_run(runs, info, events, duplicates) < 0) return NULL;
+    return PyLong_FromSsize_t(start);
+error: {
+        /* What was copied stays accounted: the caller sends it and counts the runs before raising. */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        if (flush_run(runs, info, events, duplicates) < 0) PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
+        return NULL;
+    }
 }
 
 
@@ -192,6 +388,8 @@ static PyObject *encode_frame(PyObject *self, PyObject *const *args, Py_ssize_t 
 static PyMethodDef methods[] = {
     {"encode_frame", (PyCFunction)(void (*)(void))encode_frame, METH_FASTCALL,
      "The frame frames.encode_frame (or encode_event) makes, or None where only Python says why not."},
+    {"route_events", (PyCFunction)(void (*)(void))route_events, METH_FASTCALL,
+     "Plain EVENTs copied to the write buffers of their cached routes (see the function)."},
     {"read_frames", (PyCFunction)(void (*)(void))read_frames, METH_FASTCALL,
      "Whole, sound frames from a buffer; the offset of the first that is not (see the module)."},
     {NULL, NULL, 0, NULL},
@@ -199,4 +397,9 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_frames", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__frames(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__frames(void) {
+    move_to_end_name = PyUnicode_InternFromString("move_to_end");
+    popitem_name = PyUnicode_InternFromString("popitem");
+    if (move_to_end_name == NULL || popitem_name == NULL) return NULL;
+    return PyModule_Create(&module);
+}

@@ -16,3 +16,18 @@ def read_frames(
 def encode_frame(
     kind: int, flags: int, source: str, subject: str, sequence: int, payload: bytes, timestamp: int | None, /
 ) -> bytes | None: ...
+def route_events(
+    buffer: bytes,
+    start: int,
+    max_payload: int,
+    max_subject: int,
+    origin: bytes | None,
+    text: dict[bytes, str],
+    table: dict[bytes, tuple[Any, Any, tuple[bytearray, ...]]],
+    limit: int,
+    peer: str | None,
+    now: float,
+    per_topic: int,
+    runs: list[tuple[Any, int, int]],
+    /,
+) -> int: ...

@@ -20,12 +20,12 @@ class DedupCache:
         self._recent_ids: OrderedDict[Hashable, float] | None = None
         self._purge_at = 0.0
         self.duplicates = 0
+        self.forgotten = 0  # topics dropped so far (a holder of a topic's ids must look it up again)
 
     def seen(self, topic: str, event_id: Hashable, now: float) -> bool:
         """True when ``event_id`` was already seen on ``topic`` within the TTL (a duplicate);
         otherwise remembers it and returns False."""
-        if now >= self._purge_at:
-            self._purge(now)
+        self.expire(now)
         ids = self._recent_ids
         if topic is not self._recent_topic or ids is None:
             ids = self._topics.get(topic)
@@ -33,6 +33,7 @@ class DedupCache:
                 ids = self._topics[topic] = OrderedDict()
                 while len(self._topics) > self.max_topics:
                     self._topics.popitem(last=False)
+                    self.forgotten += 1
             else:
                 self._topics.move_to_end(topic)
             self._recent_topic, self._recent_ids = topic, ids
@@ -44,6 +45,21 @@ class DedupCache:
         if len(ids) > self.per_topic:
             ids.popitem(last=False)
         return False
+
+    def expire(self, now: float) -> None:
+        """The sweep ``seen`` makes when it is due (the direct path calls it once per batch)."""
+        if now >= self._purge_at:
+            self._purge(now)
+
+    def ids_of(self, topic: str) -> OrderedDict[Hashable, float] | None:
+        """``topic``'s ids as ``seen`` keeps them (the direct path adds to them in C), or None."""
+        return self._topics.get(topic)
+
+    def touch(self, topic: str, duplicates: int) -> None:
+        """What ``seen`` does besides the ids, for a run of the topic's events checked in C."""
+        if topic in self._topics:
+            self._topics.move_to_end(topic)
+        self.duplicates += duplicates
 
     def _purge(self, now: float) -> None:
         """Forget what is older than the TTL; done every tenth of it, not on every event."""
@@ -58,6 +74,7 @@ class DedupCache:
                 del ids[oldest_id]
             if not ids:
                 del self._topics[topic]
+                self.forgotten += 1
         self._purge_at = now + self.ttl_secs / 10
 
     def __len__(self) -> int:

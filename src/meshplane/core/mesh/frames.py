@@ -250,7 +250,11 @@ class FrameReader:
         self.broken = False
         self._read_frames = _native_read
 
-    def feed(self, data: bytes) -> list[Frame | FrameError]:
+    def feed(
+        self, data: bytes, direct: Callable[[bytes, int], int] | None = None
+    ) -> list[Frame | FrameError]:
+        """``direct(buffer, start) -> offset``: takes the frames it can from the start of what is
+        whole (the node's direct path) before this reader reads the rest."""
         if self.broken:
             return []
         if self._needed:  # a large frame arriving: keep its parts, join them once (not once a part)
@@ -262,7 +266,7 @@ class FrameReader:
         buffer = self._buffer + data if self._buffer else data
         out: list[Frame | FrameError] = []
         append = out.append
-        start, size = 0, len(buffer)
+        start, size = (direct(buffer, 0) if direct is not None else 0), len(buffer)
         unpack_head, unpack_middle, unpack_crc = _HEAD.unpack_from, _MIDDLE.unpack_from, _CRC.unpack_from
         types, text, read_frames = _TYPES, self._text, self._read_frames
         while size - start >= HEAD_BYTES:  # the one hot loop of a node: kept flat on purpose
@@ -312,6 +316,11 @@ class FrameReader:
             append(Frame(frame_type, flags, source, subject, sequence, payload, raw))
         self._buffer = buffer[start:]
         return out
+
+    @property
+    def text(self) -> dict[bytes, str]:
+        """The sources and subjects decoded so far, by their raw bytes."""
+        return self._text
 
     @property
     def pending(self) -> int:

@@ -24,9 +24,11 @@ BULK = 64  # patterns changed at once beyond which the whole cache is dropped in
 class RouteCache(Generic[T]):
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
+        self.changes = 0  # routes dropped so far, by interest changes (a copy of a route is stale after one)
         self.clear()
 
     def clear(self) -> None:
+        self.changes += 1
         self._routes: dict[str, T] = {}
         self._slots: dict[str, int] = {}
         self._subjects: list[str] = []
@@ -80,6 +82,7 @@ class RouteCache(Generic[T]):
 
     def invalidate(self, patterns: set[str] | list[str] | tuple[str, ...]) -> None:
         """Drop the routes of every cached subject one of ``patterns`` matches."""
+        self.changes += 1
         if len(patterns) > BULK:
             self.clear()
             return

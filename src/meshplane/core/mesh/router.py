@@ -174,6 +174,11 @@ class Router(Generic[H]):
 
     # --- routing -------------------------------------------------------------------------------------
 
+    @property
+    def changes(self) -> int:
+        """Grows with every change of interest: a route copied before one may be stale."""
+        return self._cache.changes
+
     def route(self, subject: str) -> Route[H]:
         cached = self._cache.get(subject)
         if cached is not None:

@@ -1,0 +1,130 @@
+"""The node's direct path for a batch of frames, sans I/O: plain EVENTs (flags 0) copied as they came
+to the write buffers their subject's route names, runs counted, nothing made per event.
+
+``route_events`` here is the reference; ``_frames.c`` has the same function in C, which the node uses
+(a hypothesis test compares the two on any stream, route table and dedup state). Both stop, returning
+the frame's offset, at the first frame that is anything else: not whole, damaged or over the limits
+(``FrameReader`` says why), another type or flags, a subject not in ``table``, a source that is not
+``origin`` (16 raw bytes; None: any source ``text`` has decoded before), or one that would take a
+write buffer past ``limit``. The Python path then handles that frame as it would anyway.
+
+``table``: raw subject -> (info, ids, buffers). ``buffers``: the bytearrays each such event is appended
+to. ``ids``: None, or the topic's dedup ids (the OrderedDict ``DedupCache`` keeps, keys (timestamp,
+sequence, source, peer)): a key already there is a duplicate (moved to the end, not delivered), a new
+one is remembered at ``now`` and the oldest dropped past ``per_topic``. ``runs`` gets (info, events,
+duplicates) for each run of consecutive events of one entry.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from meshplane.core.compiled import compiled
+from meshplane.core.mesh.frames import HEAD_BYTES, STAMP_BYTES, FrameType
+
+_LENGTHS = struct.Struct(">QI")  # sequence, payload length
+_BE32 = struct.Struct(">I")
+_BE64 = struct.Struct(">Q")
+_EVENT = int(FrameType.EVENT)
+
+Entry = tuple[Any, "OrderedDict[Hashable, float] | None", tuple[bytearray, ...]]
+#: route_events(buffer, start, max_payload, max_subject, origin, text, table, limit, peer, now, per_topic,
+#: runs) -> offset
+RouteEvents = Callable[
+    [
+        bytes,
+        int,
+        int,
+        int,
+        "bytes | None",
+        dict[bytes, str],
+        dict[bytes, Entry],
+        int,
+        "str | None",
+        float,
+        int,
+        list[tuple[Any, int, int]],
+    ],
+    int,
+]
+
+
+def route_events(
+    buffer: bytes,
+    start: int,
+    max_payload: int,
+    max_subject: int,
+    origin: bytes | None,
+    text: dict[bytes, str],
+    table: dict[bytes, Entry],
+    limit: int,
+    peer: str | None,
+    now: float,
+    per_topic: int,
+    runs: list[tuple[Any, int, int]],
+) -> int:
+    """The reference (see the module)."""
+    size = len(buffer)
+    info: Any = None
+    entry: Entry | None = None
+    events = duplicates = 0
+    while size - start >= HEAD_BYTES:
+        kind, flags = buffer[start], buffer[start + 1]
+        subject_length = (buffer[start + 18] << 8) | buffer[start + 19]
+        if kind != _EVENT or flags or subject_length > max_subject:
+            break
+        middle = start + HEAD_BYTES + subject_length
+        if size < middle + _LENGTHS.size:
+            break
+        sequence, payload_length = _LENGTHS.unpack_from(buffer, middle)
+        if payload_length > max_payload or payload_length < STAMP_BYTES:
+            break
+        end = middle + _LENGTHS.size + payload_length
+        if size < end + 4 or zlib.crc32(buffer[start:end]) != _BE32.unpack_from(buffer, end)[0]:
+            break
+        raw_source = buffer[start + 2 : start + 18]
+        source = None
+        if origin is not None:
+            if raw_source != origin:
+                break
+        else:
+            source = text.get(raw_source)
+            if source is None:
+                break
+        found = table.get(buffer[start + HEAD_BYTES : middle])
+        if found is None:
+            break
+        if found is not entry:
+            if events:
+                runs.append((info, events, duplicates))
+            entry, info, events, duplicates = found, found[0], 0, 0
+        whole = end + 4 - start
+        ids, buffers = found[1], found[2]
+        if any(len(out) + whole > limit and len(out) for out in buffers):
+            break
+        frame = buffer[start : end + 4]
+        start = end + 4
+        events += 1
+        if ids is not None:
+            key = (_BE64.unpack_from(buffer, middle + _LENGTHS.size)[0], sequence, source, peer)
+            if key in ids:
+                ids.move_to_end(key)
+                duplicates += 1
+                continue
+            ids[key] = now
+            if len(ids) > per_topic:
+                ids.popitem(last=False)
+        for out in buffers:
+            out += frame
+    if events:
+        runs.append((info, events, duplicates))
+    return start
+
+
+_frames = compiled("meshplane.core.mesh._frames")
+#: The C copy when it is built, else None (the node then takes the Python path, frame by frame).
+native_route_events: RouteEvents | None = _frames.route_events if _frames is not None else None

@@ -1,0 +1,277 @@
+"""A node's direct path: the plain events of a read (a client's, a peer's over its link, another
+cluster's over its gateway) routed in one C call (:mod:`meshplane.core.mesh.direct`), each copied into
+the write buffers of the connections its route names, with no Python object per event.
+
+It knows only routes the Python path has taken before and found plain: every local holder a client
+connection (or, for a client's event, another cluster's gateway) and every peer's link up. A route is
+learnt when the Python path routes such an event, and every learnt route is forgotten at once when
+interest changes anywhere, when the dedup cache forgets a topic, or when one of its connections stops
+being a plain target (a paused client, a client with events queued, a link down or near its buffer
+limit): from then on its events take the Python path again until it is learnt anew. Counters come out
+as the Python path would have kept them (``tests/unit/test_mesh_direct.py`` compares the two)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from meshplane.core.mesh.direct import Entry, native_route_events
+from meshplane.core.mesh.frames import NODE_ID_BYTES
+from meshplane.core.subjects import MAX_SUBJECT_BYTES
+from meshplane.mesh.connection import FrameConnection
+from meshplane.mesh.gateways import GatewayHolder
+from meshplane.mesh.holders import ClientSession
+from meshplane.mesh.links import Link
+
+if TYPE_CHECKING:
+    from meshplane.mesh.node import MeshNode
+
+BATCH_BYTES = 256 * 1024  # one call adds at most this much to a connection's write buffer
+
+
+@dataclass(eq=False, slots=True)
+class _Target:
+    conn: FrameConnection
+    buffer: bytearray = field(default_factory=bytearray)
+    frames: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class _Route:
+    """What a run of one subject's events counts, where the Python path counts it per event."""
+
+    subject: str
+    targets: tuple[_Target, ...]
+    links: tuple[Link, ...]  # peers it is forwarded to
+    sessions: tuple[ClientSession, ...]
+    gateways: tuple[Link, ...] = ()  # other clusters it is delivered to (their gateway holders)
+
+
+class DirectPath:
+    def __init__(self, node: MeshNode) -> None:
+        self.node = node
+        self.enabled = native_route_events is not None and "duplicate_events" not in node.config.faults
+        self._sent: dict[bytes, Entry] = {}  # clients' events, by raw subject
+        self._received: dict[bytes, Entry] = {}  # peers' events, by raw subject
+        self._foreign: dict[bytes, Entry] = {}  # other clusters' events, by raw subject
+        self._targets: dict[FrameConnection, _Target] = {}
+        self._links: dict[FrameConnection, Link] = {}
+        self._sessions: dict[FrameConnection, ClientSession] = {}
+        self._changes = -1
+        self._forgotten = -1
+        self.events = 0  # events it took (the tests and benchmarks read it)
+
+    # --- reading: one call per read ------------------------------------------------------------------
+
+    def client_reader(self, session: ClientSession) -> None:
+        """Its plain events, stamped with its origin, take the direct path."""
+        origin = session.origin.encode()
+        if not self.enabled or len(origin) > NODE_ID_BYTES or origin.endswith(b"\x00"):
+            return
+        raw = origin.ljust(NODE_ID_BYTES, b"\x00")
+        session.conn.direct = lambda buffer, start: self._read(
+            session.conn, buffer, start, raw, None, self._sent
+        )
+
+    def link_reader(self, link: Link, conn: FrameConnection, *, foreign: bool = False) -> None:
+        """The events of ``link``'s connection (a gateway's: ``foreign``) take the direct path while it
+        is the link's current one."""
+        table = self._foreign if foreign else self._received
+        if self.enabled:
+            conn.direct = lambda buffer, start: (
+                self._read(conn, buffer, start, None, link, table)
+                if link.conn is conn and link.retiring is None and link.state == "up"
+                else start
+            )
+
+    def _read(
+        self,
+        conn: FrameConnection,
+        buffer: bytes,
+        start: int,
+        origin: bytes | None,
+        link: Link | None,
+        table: dict[bytes, Entry],
+    ) -> int:
+        node = self.node
+        assert native_route_events is not None
+        now = time.monotonic()
+        if link is not None:
+            node.dedup.expire(now)
+        runs: list[tuple[_Route, int, int]] = []
+        started = time.perf_counter()
+        events = 0
+        while table and self._usable():
+            try:
+                end = native_route_events(
+                    buffer,
+                    start,
+                    conn.reader.max_payload,
+                    MAX_SUBJECT_BYTES,
+                    origin,
+                    conn.reader.text,
+                    table,
+                    BATCH_BYTES,
+                    link.peer if link is not None else None,
+                    now,
+                    node.dedup.per_topic,
+                    runs,
+                )
+            finally:  # what was copied before an error (memory) is counted and sent all the same
+                events += self._count(runs, link, now, table is self._foreign)
+                runs.clear()
+                self._write()
+            if end == start:
+                break
+            start = end
+        if events:
+            conn.stats.frames_in += events
+            self.events += events
+            if node.on_latency is not None:
+                node.on_latency((time.perf_counter() - started) / events)
+        return start
+
+    def _usable(self) -> bool:
+        """Forget every route once one of them may be stale; True while some remain."""
+        node = self.node
+        if (
+            self._changes != node.router.changes
+            or self._forgotten != node.dedup.forgotten
+            or not all(link.conn is conn and self._plain_link(link) for conn, link in self._links.items())
+            or not all(self._plain_session(session) for session in self._sessions.values())
+        ):
+            self.forget()
+            return False
+        return True
+
+    def _count(
+        self, runs: list[tuple[_Route, int, int]], link: Link | None, now: float, foreign: bool
+    ) -> int:
+        node = self.node
+        total = 0
+        for route, events, duplicates in runs:
+            total += events
+            delivered = events - duplicates
+            for target in route.targets:
+                target.frames += delivered
+            for session in route.sessions:
+                session.delivered += delivered
+            for out in route.links:
+                out.events_out += delivered
+            for cluster in route.gateways:
+                cluster.events_out += delivered
+            node.routed += delivered
+            node.deliveries += delivered * len(route.targets)
+            node.forwarded += delivered * len(route.links)
+            if link is not None:
+                link.events_in += events
+                link.last_heard = now
+                if duplicates:
+                    link.counters["duplicates_in"] += duplicates
+                if foreign and not route.targets:
+                    link.counters["unwanted_in"] += delivered
+                node.dedup.touch(route.subject, duplicates)
+        return total
+
+    def _write(self) -> None:
+        for target in self._targets.values():
+            if target.frames:
+                data, frames = bytes(target.buffer), target.frames
+                target.buffer.clear()
+                target.frames = 0
+                target.conn.send(data)
+                target.conn.stats.frames_out += frames - 1
+
+    # --- learning and forgetting routes --------------------------------------------------------------
+
+    def sent(self, subject: str) -> None:
+        """A client's plain event on ``subject`` took the Python path: learn its route if it is plain."""
+        self._learn(self._sent, subject, gateways=True, peers=True, ids=False)
+
+    def received(self, subject: str) -> None:
+        """A peer's plain event on ``subject`` was delivered by the Python path (to every local holder,
+        other clusters' gateways too): learn its route."""
+        self._learn(self._received, subject, gateways=True, peers=False, ids=True)
+
+    def foreign(self, subject: str) -> None:
+        """Another cluster's plain event took the Python path (to this cluster only: local holders but
+        gateways, and peers): learn its route."""
+        self._learn(self._foreign, subject, gateways=False, peers=True, ids=True)
+
+    def _learn(
+        self, table: dict[bytes, Entry], subject: str, *, gateways: bool, peers: bool, ids: bool
+    ) -> None:
+        if not self.enabled:
+            return
+        node, key = self.node, subject.encode()
+        self._fresh(table)
+        if key in table:
+            return
+        seen = node.dedup.ids_of(subject) if ids else None
+        route = node.router.route(subject)
+        holders = [h for h in route.local if gateways or type(h) is not GatewayHolder]
+        links = [node.links.get(peer) for peer in route.peers] if peers else []
+        if (ids and seen is None) or (not peers and not holders):
+            return
+        sessions, clusters = [], []
+        for holder in holders:
+            if type(holder) is ClientSession and self._plain_session(holder):
+                sessions.append(holder)
+            elif type(holder) is GatewayHolder and self._plain_link(holder.link):
+                clusters.append(holder.link)
+            else:
+                return
+        plain = [link for link in links if link is not None and self._plain_link(link)]
+        if len(plain) != len(links):
+            return
+        conns = [session.conn for session in sessions]
+        for session in sessions:
+            self._sessions[session.conn] = session
+        for link in (*plain, *clusters):
+            assert link.conn is not None  # a plain link's
+            self._links[link.conn] = link
+            conns.append(link.conn)
+        targets = tuple(self._target(conn) for conn in conns)
+        route_ = _Route(subject, targets, tuple(plain), tuple(sessions), tuple(clusters))
+        table[key] = (route_, seen, tuple(t.buffer for t in targets))
+
+    def forget(self) -> None:
+        self._sent.clear()
+        self._received.clear()
+        self._foreign.clear()
+        self._targets.clear()
+        self._links.clear()
+        self._sessions.clear()
+        self._changes = self.node.router.changes
+        self._forgotten = self.node.dedup.forgotten
+
+    def _fresh(self, table: dict[bytes, Entry]) -> None:
+        """Routes learnt before a change are forgotten; past the route cache's size, all are."""
+        stale = self._changes != self.node.router.changes or self._forgotten != self.node.dedup.forgotten
+        if stale or len(table) >= self.node.config.router.route_cache_subjects:
+            self.forget()
+
+    def _target(self, conn: FrameConnection) -> _Target:
+        target = self._targets.get(conn)
+        if target is None:
+            target = self._targets[conn] = _Target(conn)
+        return target
+
+    def _plain_session(self, session: ClientSession) -> bool:
+        conn = session.conn
+        return (
+            conn.transport is not None
+            and not conn.paused
+            and not session.queue
+            and session.client_id in self.node.clients.sessions
+        )
+
+    def _plain_link(self, link: Link) -> bool:
+        conn = link.conn
+        return (
+            link.state == "up"
+            and conn is not None
+            and conn.is_open
+            and conn.buffered_bytes() + BATCH_BYTES <= self.node.config.link_buffer_bytes
+        )

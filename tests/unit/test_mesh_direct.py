@@ -1,0 +1,265 @@
+"""The node's direct path: ``route_events`` in C (``_frames.c``) against the Python reference
+(``core/mesh/direct.py``) on any stream, route table, write-buffer limit and dedup state: the same
+offset, runs, buffers and dedup ids, in the same order."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import socket
+from collections import OrderedDict
+from collections.abc import Hashable
+from functools import partial
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshplane.core.mesh import direct
+from meshplane.core.mesh.frames import FrameType, SyncResponse, encode_event, encode_frame, encode_payload
+from meshplane.core.subjects import MAX_SUBJECT_BYTES
+from meshplane.launchers import free_port
+from meshplane.mesh.client import MeshClient
+from meshplane.mesh.config import MeshConfig
+from meshplane.mesh.node import MeshNode
+from tests.helpers import eventually
+from tests.mesh_peers import answer_dial
+from tests.unit.test_mesh_frames_native import damaged
+
+MAX_PAYLOAD = 400
+SOURCES = ["a", "node-b", "n" * 16, "é"]
+SUBJECTS = ["x.y", "orders.eu", "ünï.cødé", "z" * 40]
+
+
+def test_the_extension_has_the_direct_path() -> None:
+    assert direct.native_route_events is not None, "the C extension was not built"
+
+
+PLAIN = st.builds(  # from a small pool, so that the same event comes again (a duplicate)
+    lambda source, subject, sequence, stamp, body, flags: encode_event(
+        source, subject, sequence, stamp, body, flags
+    ),
+    st.sampled_from(SOURCES[:1] * 6 + SOURCES[1:]),
+    st.sampled_from(SUBJECTS[:2] * 3 + SUBJECTS[2:]),
+    st.integers(0, 3),
+    st.sampled_from([0, 1, 1, 2**64 - 1]),
+    st.sampled_from([b"", b"body", b"x" * 60]),
+    st.sampled_from([0] * 12 + [1, 4]),
+)
+OTHER = st.builds(  # damaged or of another kind: both stop there
+    lambda kind, source, subject, how, where: damaged(
+        encode_frame(kind, source, subject, 7, b"12345678"), how, where
+    ),
+    st.sampled_from([FrameType.EVENT, FrameType.HEARTBEAT, FrameType.SUB_ADD]),
+    st.sampled_from(SOURCES),
+    st.sampled_from(SUBJECTS),
+    st.sampled_from(["none", "flip", "type", "text", "subject", "payload_length", "short_event"]),
+    st.integers(0, 1000),
+)
+FRAME = st.one_of(PLAIN, PLAIN, PLAIN, PLAIN, PLAIN, PLAIN, OTHER)
+
+
+@st.composite
+def tables(draw: st.DrawFn) -> tuple[dict[bytes, direct.Entry], list[bytearray]]:
+    buffers = [bytearray(draw(st.binary(max_size=30))) for _ in range(3)]
+    table: dict[bytes, direct.Entry] = {}
+    for subject in draw(st.lists(st.sampled_from(SUBJECTS), unique=True, min_size=3)):
+        ids: OrderedDict[Hashable, float] | None = None
+        if draw(st.booleans()):
+            ids = OrderedDict()
+            for stamp, sequence, source in draw(
+                st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(0, 3), st.sampled_from(SOURCES)))
+            ):
+                ids[(stamp, sequence, source, "p")] = 1.0
+        chosen = draw(st.lists(st.integers(0, 2), unique=True, min_size=1))
+        table[subject.encode()] = (subject, ids, tuple(buffers[i] for i in chosen))
+    return table, buffers
+
+
+@settings(max_examples=600)
+@given(
+    st.one_of(st.lists(PLAIN, min_size=1, max_size=16), st.lists(FRAME, min_size=1, max_size=16)),
+    st.one_of(st.just(0), st.integers(0, 40)),
+    tables(),
+    st.sampled_from([None, None, None, "a", "node-b"]),
+    st.sampled_from([SOURCES, SOURCES, SOURCES, SOURCES[:2], SOURCES[1:], []]),
+    st.sampled_from([60, 300, 1 << 20, 1 << 20]),
+    st.integers(1, 4),
+)
+def test_c_and_python_route_the_same(
+    frames: list[bytes],
+    cut: int,
+    table_and_buffers: tuple[dict[bytes, direct.Entry], list[bytearray]],
+    origin: str | None,
+    known: list[str],
+    limit: int,
+    per_topic: int,
+) -> None:
+    assert direct.native_route_events is not None
+    stream = b"".join(frames)
+    stream = stream[: len(stream) - cut] if cut < len(stream) else stream
+    raw_origin = origin.encode().ljust(16, b"\x00") if origin is not None else None
+    text = {source.encode().ljust(16, b"\x00"): source for source in known}
+    outcomes: list[Any] = []
+    for route in (direct.route_events, direct.native_route_events):
+        table, buffers = copy.deepcopy(table_and_buffers)
+        runs: list[tuple[Any, int, int]] = []
+        end = route(
+            stream,
+            0,
+            MAX_PAYLOAD,
+            MAX_SUBJECT_BYTES,
+            raw_origin,
+            text,
+            table,
+            limit,
+            "p",
+            2.0,
+            per_topic,
+            runs,
+        )
+        ids = {key: list(entry[1].items()) for key, entry in table.items() if entry[1] is not None}
+        outcomes.append((end, runs, [bytes(b) for b in buffers], ids))
+    assert outcomes[0] == outcomes[1]
+
+
+# --- a node with and without its direct path: the same deliveries and counters ----------------------
+
+
+async def run_node(listener: socket.socket, direct_path: bool) -> dict[str, Any]:
+    """Node "b" dialling raw peer "a" (which wants ``direct.>``), a subscriber and a publisher on b:
+    a's events (repeated, duplicated, on subjects b wants and does not) and the publisher's, twice
+    over, so that the second time the direct path knows the routes. What came out, and the counts."""
+    port = listener.getsockname()[1]
+    node = MeshNode(MeshConfig(node_id="b", cluster="c1", routes=(f"tcp://127.0.0.1:{port}",)))
+    node.direct.enabled = direct_path
+    await node.start()
+    got: list[tuple[str, bytes]] = []
+    subscriber = publisher = None
+    peer = await asyncio.to_thread(answer_dial, listener, "a")
+    try:
+        await asyncio.to_thread(peer.read_until, FrameType.SYNC_REQ)
+        peer.send(encode_frame(FrameType.SYNC_RESP, "a", payload=encode_payload(SyncResponse(0, {}))))
+        peer.send(encode_frame(FrameType.SUB_ADD, "a", "direct.>", 1))
+        await eventually(lambda: node.links["a"].state == "up" and bool(node.router.route("direct.x").peers))
+        subscriber = await MeshClient(node.route_url).connect()
+        subscriber.subscribe("direct.*", lambda subject, body: got.append((subject, body)))
+        await subscriber.flush()
+        publisher = await MeshClient(node.route_url).connect()
+        for round_ in range(2):
+            plain = [
+                encode_event("a", subject, 2 * n + i, 1000, b"a%d" % n)
+                for n in range(100 * round_, 100 * round_ + 40)
+                for i, subject in enumerate(("direct.x", "direct.y"))
+            ]
+            peer.send(*plain, *plain[:30])  # the first 30 again: duplicates
+            peer.send(  # then what only the Python path takes: no interest here, another flag
+                *[encode_event("a", "elsewhere.z", n, 1000, b"z") for n in range(20)],
+                *[
+                    encode_event("a", "direct.x", 10_000 + 100 * round_ + n, 1000, b"a-json", 1)
+                    for n in range(20)
+                ],
+            )
+            for n in range(50):
+                await publisher.publish("direct.y" if n % 3 else "direct.x", b"p%d" % n)
+            await publisher.flush()
+            await subscriber.flush()
+        await eventually(lambda: len(got) == 2 * (80 + 20 + 50), what=f"{len(got)}")
+        forwarded = [
+            (frame.subject, frame.payload[8:])
+            for frame in [await asyncio.to_thread(peer.read_until, FrameType.EVENT) for _ in range(100)]
+        ]
+        link = node.links["a"]
+        return {  # each origin's order (how the two connections' events interleave is up to timing)
+            "got": sorted(got, key=lambda event: event[1][:1]),
+            "forwarded": forwarded,
+            "direct": node.status()["counters"]["direct_path_events"] > 0,
+            "counts": (node.routed, node.deliveries, node.forwarded, link.events_in, link.events_out),
+            "duplicates": (
+                link.counters["duplicates_in"],
+                node.dedup.duplicates,
+                link.counters["unwanted_in"],
+            ),
+        }
+    finally:
+        for client in (subscriber, publisher):
+            if client is not None:
+                await client.close()
+        peer.close()
+        await node.close()
+
+
+async def test_a_node_routes_the_same_with_and_without_its_direct_path() -> None:
+    assert direct.native_route_events is not None
+    outcomes = []
+    for direct_path in (False, True):
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            listener.settimeout(10)
+            outcomes.append(await run_node(listener, direct_path))
+    python, compiled = outcomes
+    assert not python["direct"]
+    assert compiled["direct"]  # the second run took the direct path
+    for key in ("got", "forwarded", "counts", "duplicates"):
+        assert python[key] == compiled[key], key
+    assert python["duplicates"] == (2 * 30, 2 * 30, 2 * 20)
+
+
+def collect(into: list[tuple[str, bytes]], subject: str, body: bytes) -> None:
+    into.append((subject, body))
+
+
+async def run_gateways(direct_path: bool) -> dict[str, Any]:
+    """Clusters A and B (a node each) joined by gateways; a publisher on a, a subscriber on a and one
+    on b. What each subscriber got, the counts, and whether each node took the direct path."""
+    ports = free_port(), free_port()
+    nodes = [
+        MeshNode(
+            MeshConfig(
+                node_id=name,
+                cluster=name.upper(),
+                route_port=ports[i],
+                gateways=((other.upper(), f"tcp://127.0.0.1:{ports[1 - i]}"),),
+            )
+        )
+        for i, (name, other) in enumerate((("a", "b"), ("b", "a")))
+    ]
+    clients: list[MeshClient] = []
+    got: dict[str, list[tuple[str, bytes]]] = {"a": [], "b": []}
+    try:
+        for node in nodes:
+            node.direct.enabled = direct_path
+            await node.start()
+        a, b = nodes
+        for node, pattern in ((a, "gw.x"), (b, "gw.*")):
+            client = await MeshClient(node.route_url).connect()
+            client.subscribe(pattern, partial(collect, got[node.node_id]))
+            await client.flush()
+            clients.append(client)
+        await eventually(lambda: any(a.router.route("gw.y").local), what="b's interest at a")
+        publisher = await MeshClient(a.route_url).connect()
+        clients.append(publisher)
+        for round_ in range(2):
+            for n in range(60):
+                await publisher.publish("gw.y" if n % 3 else "gw.x", b"%d-%d" % (round_, n))
+            await publisher.flush()
+        await eventually(lambda: len(got["b"]) == 120 and len(got["a"]) == 40, what=f"{got}")
+        gateway_links = a.gateways.links["B"], b.gateways.links["A"]
+        return {
+            "got": got,
+            "direct": [node.direct.events > 0 for node in nodes],
+            "counts": [(node.routed, node.deliveries, node.forwarded) for node in nodes],
+            "links": [(link.events_in, link.events_out, dict(link.counters)) for link in gateway_links],
+        }
+    finally:
+        for client in clients:
+            await client.close()
+        for node in nodes:
+            await node.close()
+
+
+async def test_gateways_route_the_same_with_and_without_the_direct_path() -> None:
+    python, compiled = [await run_gateways(direct_path) for direct_path in (False, True)]
+    assert python["direct"] == [False, False]
+    assert compiled["direct"] == [True, True]
+    for key in ("got", "counts", "links"):
+        assert python[key] == compiled[key], key
