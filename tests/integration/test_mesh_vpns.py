@@ -338,3 +338,38 @@ async def test_a_client_that_names_another_vpns_subjects_is_refused(trio: MeshCl
     finally:
         await hostile.close()
         await in_b.close()
+
+
+async def test_another_vpns_subject_is_refused_even_once_its_route_is_known(trio: MeshCluster) -> None:
+    """The node's direct path routes a read's plain events in C by routes the Python path learnt: a
+    route learnt from VPN B's events must not carry the same bytes from a client of another VPN."""
+    node = trio["a"]
+    in_b = await MeshClient(node.route_url, vpn="B").connect()
+    outsiders = [
+        await MeshClient(node.route_url).connect(),
+        await MeshClient(node.route_url, vpn="A").connect(),
+    ]
+    seen = Inbox()
+    try:
+        in_b.subscribe(">", seen)
+        await in_b.flush()
+        own = [b"B's own %d" % i for i in range(50)]
+        for body in own:  # the route of $vpn:B.orders learnt, if it is ever learnt
+            await in_b.publish("orders", body)
+        await in_b.flush()
+        await eventually(lambda: len(seen.events) == len(own), what="B's own events")
+        before = (await status(node))["frame_errors"].get("bad_subject", 0)
+        for outsider in outsiders:
+            conn, origin = outsider._conn, outsider._origin
+            assert conn is not None
+            for sequence in range(1, 11):
+                conn.send(encode_event(origin, "$vpn:B.orders", sequence, 0, b"forged"))
+            await outsider.flush()
+        await in_b.publish("orders", b"last")
+        await in_b.flush()
+        await eventually(lambda: seen.events[-1][1] == b"last", what="B's last event")
+        assert [body for _, body in seen.events] == [*own, b"last"]
+        assert (await status(node))["frame_errors"].get("bad_subject", 0) - before == 20
+    finally:
+        for client in (in_b, *outsiders):
+            await client.close()
