@@ -204,3 +204,25 @@ def test_the_server_ends_with_its_driver_and_takes_its_children_and_socket_along
     wait_until(lambda: gone(pid), timeout=30, what="the child ended")
     assert child.wait(timeout=30) == -signal.SIGTERM
     assert not os.path.exists(os.path.dirname(path))
+
+
+def test_a_child_that_exits_as_its_launcher_closes_is_handled_once(tmp_path: Path) -> None:
+    """Both become readable in one select round: the exit is handled first (it answers and closes the
+    launcher's connection), then the launcher's stale readiness must find nothing to do. The server
+    died of StopIteration there, under load, taking every later Spark worker with it."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "socket"))
+    server = forkserver.ForkServer(listener)
+    ours, launcher = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    pidfd = os.pidfd_open(pid)
+    server.children[pid] = forkserver._Child(pid, pidfd, ours)
+    server.selector.register(ours, forkserver.selectors.EVENT_READ, server._launcher_readable)
+    server.selector.register(pidfd, forkserver.selectors.EVENT_READ, server._exited)
+    launcher.close()
+    server._exited(pidfd)
+    server._launcher_readable(ours)
+    assert server.children == {}
+    listener.close()

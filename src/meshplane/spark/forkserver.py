@@ -297,14 +297,18 @@ class ForkServer:
 
     def _launcher_readable(self, conn: socket.socket) -> None:
         """Its launcher closed (or wrote, which it never does): it is gone, so is the child."""
-        child = next(c for c in self.children.values() if c.conn is conn)
+        child = next((c for c in self.children.values() if c.conn is conn), None)
+        if child is None:
+            return  # the child exited earlier in the same select round, which closed this
         self.selector.unregister(conn)
         conn.close()
         child.conn = None
         _signal(child.pid, signal.SIGTERM)
 
     def _exited(self, pidfd: int) -> None:
-        child = next(c for c in self.children.values() if c.pidfd == pidfd)
+        child = next((c for c in self.children.values() if c.pidfd == pidfd), None)
+        if child is None:
+            return
         _, status = os.waitpid(child.pid, 0)
         self.selector.unregister(pidfd)
         os.close(pidfd)
