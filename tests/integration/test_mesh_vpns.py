@@ -373,3 +373,28 @@ async def test_another_vpns_subject_is_refused_even_once_its_route_is_known(trio
     finally:
         for client in (in_b, *outsiders):
             await client.close()
+
+
+async def test_clients_that_never_log_in_take_none_of_a_vpns_connections(tmp_path: Path) -> None:
+    """A VPN's max_connections is its users' clients: holders of the mesh secret who cannot log in
+    (they wait out the auth timeout, and reconnect) must not keep the VPN's users out."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(
+        f'[vpns.A]\nmax_connections = 1\n[vpns.A.users.alice]\npassword_hash = "{hash_password(ALICE)}"\n'
+    )
+    args = ("--mesh-vpns", str(vpns), "--mesh-auth-timeout", "60")
+    with MeshCluster(1, extra_args=args) as cluster:
+        node = cluster.start()["a"]
+        squatter = await MeshClient(node.route_url, vpn="A", timeout=3).connect()  # never logs in
+        try:
+            alice = await MeshClient(node.route_url, vpn="A", user="alice", password=ALICE).connect()
+            try:
+                await alice.publish("orders.eu", b"in")
+                await alice.flush()
+                assert (await status(node))["vpns"]["A"]["clients"] == 1  # alice: logged in
+                with pytest.raises(TransportError, match="1 clients"):  # the limit holds for users
+                    await MeshClient(node.route_url, vpn="A", user="alice", password=ALICE).connect()
+            finally:
+                await alice.close()
+        finally:
+            await squatter.close()

@@ -65,16 +65,18 @@ class Logins:
 
     def joined(self, session: ClientSession) -> None:
         """A new client: counted in its VPN; if the VPN has users, it logs in first, within the auth
-        timeout."""
-        self.connections[session.vpn] += 1
+        timeout, and is counted once it has (a client that cannot log in takes none of its users'
+        connections)."""
         if not self.node.config.vpns[session.vpn].users:
+            self.connections[session.vpn] += 1
             return
         session.login_pending = True
         loop = asyncio.get_running_loop()
         loop.call_later(self.node.config.limits.auth_timeout, self._deadline, session)
 
     def left(self, session: ClientSession, patterns: int) -> None:
-        self.connections[session.vpn] -= 1
+        if not session.login_pending:
+            self.connections[session.vpn] -= 1
         self.subscriptions[session.vpn] -= patterns
 
     def _deadline(self, session: ClientSession) -> None:
@@ -109,13 +111,20 @@ class Logins:
             log.info("refused a login to Message VPN %s as %s: %s", session.vpn, bounded(name), WRONG)
             self._refuse(session, WRONG)
             return
+        vpn = self.node.config.vpns[session.vpn]
+        if not session.conn.is_open:
+            return
+        if self.connections_full(vpn):  # others logged in meanwhile: counted in limits_refused
+            reason = f"Message VPN {vpn.name!r}: {vpn.max_connections} clients (its limit)"
+            return self._refuse(session, reason, counted=False)
+        self.connections[session.vpn] += 1
         session.permissions = Permissions(user.publish, user.subscribe)
         session.login_pending = False
-        if session.conn.is_open:
-            session.conn.send(encode_frame(FrameType.LOGIN, self.node.node_id))
+        session.conn.send(encode_frame(FrameType.LOGIN, self.node.node_id))
 
-    def _refuse(self, session: ClientSession, reason: str) -> None:
-        self.refused[session.vpn] += 1
+    def _refuse(self, session: ClientSession, reason: str, counted: bool = True) -> None:
+        if counted:
+            self.refused[session.vpn] += 1
         if session.conn.is_open:
             session.conn.send(encode_frame(FrameType.LOGIN, self.node.node_id, payload=reason.encode()))
             session.conn.close()
