@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from meshplane.core.mesh.frames import FrameType, encode_event, encode_frame
+from meshplane.core.mesh.frames import FrameType, Login, encode_event, encode_frame, encode_payload
 from meshplane.errors import PermissionDenied, TransportAuthError, TransportError
 from meshplane.launchers import MeshCluster, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
@@ -488,3 +488,37 @@ async def test_a_user_logs_in_while_other_clients_flood_wrong_passwords(tmp_path
             await alice.close()
         finally:
             await asyncio.gather(*guesses, return_exceptions=True)
+
+
+async def test_frames_written_with_login_in_one_read_are_refused_even_when_it_succeeds(
+    with_users: MeshCluster,
+) -> None:
+    """A client that writes LOGIN and then, without waiting for its answer, a subscription and events
+    (all in one read of the node): nothing of it is applied, the right password notwithstanding."""
+    await asyncio.to_thread(with_users.wait_linked)
+    node = with_users["a"]
+    watcher = await MeshClient(node.route_url, vpn="A", user="watcher", password=WATCHER).connect()
+    hasty = await MeshClient(node.route_url, vpn="A", timeout=3).connect()  # a VPN with users: no entry yet
+    seen = Inbox()
+    try:
+        watcher.subscribe(">", seen)
+        await watcher.flush()
+        before = (await status(node))["frame_errors"].get("before_login", 0)
+        conn, origin = hasty._conn, hasty._origin
+        assert conn is not None
+        conn.send(encode_frame(FrameType.LOGIN, "", payload=encode_payload(Login("alice", ALICE))))
+        conn.send(encode_frame(FrameType.SUB_ADD, "", "$vpn:A.>"))
+        conn.send(encode_event(origin, "$vpn:A.orders.audit.x", 1, 0, b"denied to alice"))
+        conn.send(encode_event(origin, "$vpn:A.orders.eu", 2, 0, b"before login"))
+        conn.flush()
+        await eventually(
+            lambda: not hasty.connected or hasty._conn is not conn, what="the hasty client closed"
+        )
+        await watcher.publish("orders.eu", b"after")
+        await watcher.flush()
+        await eventually(lambda: seen.events == [("orders.eu", b"after")], what="the watcher's own only")
+        assert (await status(node))["frame_errors"].get("before_login", 0) > before
+        assert (await status(node))["vpns"]["A"]["subscriptions"] == 1  # the watcher's
+    finally:
+        await hasty.close()
+        await watcher.close()
