@@ -145,6 +145,20 @@ async def test_a_vpn_the_node_does_not_have_is_refused(trio: MeshCluster) -> Non
         await MeshClient(trio["a"].route_url, vpn="nope", timeout=3).connect()
 
 
+async def test_a_stranger_learns_no_vpn_names_nor_limits(trio: MeshCluster) -> None:
+    """Without the clients' secret, naming a VPN the node has, one it has not, or one that is full gets
+    the same answer: the node's tenants and their load are told only to those who prove the secret."""
+    full = [await MeshClient(trio["a"].route_url, vpn="B").connect() for _ in range(2)]  # B's limit
+    try:
+        for vpn in ("A", "B", "nope"):
+            stranger = MeshClient(trio["a"].route_url, vpn=vpn, secret="not-the-secret", timeout=3)
+            with pytest.raises(TransportAuthError, match="wrong or missing mesh secret"):
+                await stranger.connect()
+    finally:
+        for client in full:
+            await client.close()
+
+
 async def test_a_vpns_limits_refuse_connections_and_subscriptions_with_their_reason(
     trio: MeshCluster,
 ) -> None:
