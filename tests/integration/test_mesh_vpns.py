@@ -536,3 +536,25 @@ async def test_frames_written_with_login_in_one_read_are_refused_even_when_it_su
     finally:
         await hasty.close()
         await watcher.close()
+
+
+async def test_an_unknown_user_takes_as_long_to_refuse_as_a_wrong_password(
+    with_users: MeshCluster,
+) -> None:
+    """The answer is the same for both, and so is its time: an unknown user is refused only after a
+    password check as slow as a real user's (else the node answers at once and tells which names exist)."""
+    node = with_users["a"]
+
+    async def refused_in(user: str) -> float:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TransportAuthError, match="wrong user or password"):
+            await MeshClient(node.route_url, vpn="A", user=user, password="guess", timeout=5).connect()
+        return asyncio.get_running_loop().time() - started
+
+    known, unknown = [], []
+    for _ in range(7):  # interleaved, medians: the machine's load touches both alike
+        known.append(await refused_in("alice"))
+        unknown.append(await refused_in("mallory"))
+    known.sort()
+    unknown.sort()
+    assert unknown[3] >= known[3] / 2, (known, unknown)

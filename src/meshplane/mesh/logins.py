@@ -5,8 +5,8 @@ A client of a VPN with users sends LOGIN (its user and password) as the first fr
 session; the node takes nothing else from it before. The password is checked against the user's
 argon2 hash off the event loop, two at a time at most (each check holds ~64 MiB for ~50 ms: a flood of
 logins waits, bounded by the cap on unproven connections). A wrong user or password is answered with
-one reason for both (no user names are learnt from it) and the connection closed; a client that does
-not log in within the auth timeout is closed. Passwords are never logged or kept.
+one reason for both, in the same time (no user names are learnt from it), and the connection closed;
+a client that does not log in within the auth timeout is closed. Passwords are never logged or kept.
 
 A refused publish or subscription is answered with REFUSED (the subject or pattern, and why) and
 counted per VPN and user (``GET /mesh``'s ``vpns``); the connection stays up. A client past its VPN's
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,7 @@ from meshplane.core.mesh.frames import Frame, FrameType, decode_login, encode_fr
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.mesh.holders import ClientSession
 from meshplane.mesh.preauth import bounded
-from meshplane.mesh.vpns import Vpn
+from meshplane.mesh.vpns import User, Vpn, hash_password
 
 if TYPE_CHECKING:
     from meshplane.mesh.node import MeshNode
@@ -46,6 +47,7 @@ class Logins:
         self.subscriptions: Counter[str] = Counter()  # by VPN: patterns its clients hold here
         self.connections: Counter[str] = Counter()  # by VPN: its clients here
         self.limits_refused: Counter[tuple[str, str]] = Counter()  # by (VPN, limit)
+        self._nobody: User | None = None  # checked for a user name no VPN has
 
     def connections_full(self, vpn: Vpn) -> bool:
         """Whether ``vpn`` has as many clients on this node as it may (a new one is refused, counted)."""
@@ -105,8 +107,12 @@ class Logins:
 
     async def _check(self, session: ClientSession, name: str, password: str) -> None:
         user = self.node.config.vpns[session.vpn].users.get(name)
+        if self._nobody is None:  # made once, off the loop (hashing is as slow as checking)
+            self._nobody = User("", await asyncio.to_thread(hash_password, secrets.token_hex(16)))
         async with self._checks:
-            ok = user is not None and await asyncio.to_thread(user.password_ok, password)
+            # An unknown user is checked too, against a password nobody has: refused in the same time
+            # as a wrong password, so the time of the answer tells no user names either.
+            ok = await asyncio.to_thread((user or self._nobody).password_ok, password) and user is not None
         if user is None or not ok:
             log.info("refused a login to Message VPN %s as %s: %s", session.vpn, bounded(name), WRONG)
             self._refuse(session, WRONG)
