@@ -110,6 +110,8 @@ class Logins:
         if self._nobody is None:  # made once, off the loop (hashing is as slow as checking)
             self._nobody = User("", await asyncio.to_thread(hash_password, secrets.token_hex(16)))
         async with self._checks:
+            if not session.conn.is_open:  # closed while it waited (its auth timeout): no check to spend
+                return
             # An unknown user is checked too, against a password nobody has: refused in the same time
             # as a wrong password, so the time of the answer tells no user names either.
             ok = await asyncio.to_thread((user or self._nobody).password_ok, password) and user is not None
