@@ -218,9 +218,8 @@ class Handshakes:
         vpn = node.config.vpns.get(hello.vpn or DEFAULT)
         if vpn is None:
             return "vpn", f"no Message VPN {bounded(hello.vpn)} on this node"
-        if node.logins.connections_full(vpn):
-            return "vpn_limit", f"Message VPN {vpn.name!r}: {vpn.max_connections} clients (its limit)"
-        return None
+        full = node.logins.connections_full(vpn)
+        return ("vpn_limit", full) if full else None
 
     def _self_or_impostor(self, hello: Hello) -> tuple[str, str]:
         """A route HELLO with this node's id: this very process (its epoch, and the nonce of one of its

@@ -49,13 +49,14 @@ class Logins:
         self.limits_refused: Counter[tuple[str, str]] = Counter()  # by (VPN, limit)
         self._nobody: User | None = None  # checked for a user name no VPN has
 
-    def connections_full(self, vpn: Vpn) -> bool:
-        """Whether ``vpn`` has as many clients on this node as it may (a new one is refused, counted)."""
+    def connections_full(self, vpn: Vpn) -> str:
+        """Why ``vpn`` takes no more clients on this node (its limit: the new one is refused, counted),
+        or ""."""
         limit = vpn.max_connections
         if limit is None or self.connections[vpn.name] < limit:
-            return False
+            return ""
         self.limits_refused[(vpn.name, "connections")] += 1
-        return True
+        return f"Message VPN {vpn.name!r}: {limit} clients (its limit)"
 
     def subscription_refused(self, session: ClientSession) -> str:
         """Why ``session`` may not hold one more pattern (its VPN's limit on this node), or ""."""
@@ -107,11 +108,11 @@ class Logins:
 
     async def _check(self, session: ClientSession, name: str, password: str) -> None:
         user = self.node.config.vpns[session.vpn].users.get(name)
-        if self._nobody is None:  # made once, off the loop (hashing is as slow as checking)
-            self._nobody = User("", await asyncio.to_thread(hash_password, secrets.token_hex(16)))
         async with self._checks:
             if not session.conn.is_open:  # closed while it waited (its auth timeout): no check to spend
                 return
+            if self._nobody is None:  # made once, off the loop (hashing is as slow as checking)
+                self._nobody = User("", await asyncio.to_thread(hash_password, secrets.token_hex(16)))
             # An unknown user is checked too, against a password nobody has: refused in the same time
             # as a wrong password, so the time of the answer tells no user names either.
             ok = await asyncio.to_thread((user or self._nobody).password_ok, password) and user is not None
@@ -122,9 +123,9 @@ class Logins:
         vpn = self.node.config.vpns[session.vpn]
         if not session.conn.is_open:
             return
-        if self.connections_full(vpn):  # others logged in meanwhile: counted in limits_refused
-            reason = f"Message VPN {vpn.name!r}: {vpn.max_connections} clients (its limit)"
-            return self._refuse(session, reason, counted=False)
+        full = self.connections_full(vpn)  # others logged in meanwhile: counted in limits_refused
+        if full:
+            return self._refuse(session, full, counted=False)
         self.connections[session.vpn] += 1
         session.permissions = Permissions(user.publish, user.subscribe)
         session.login_pending = False
