@@ -485,7 +485,8 @@ async def test_a_user_logs_in_while_other_clients_flood_wrong_passwords(tmp_path
     keep that VPN's users from logging in by sending wrong passwords over and over."""
     vpns = tmp_path / "vpns.toml"
     vpns.write_text(f'[vpns.A.users.alice]\npassword_hash = "{hash_password(ALICE)}"\n')
-    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns))) as cluster:
+    args = ("--mesh-vpns", str(vpns), "--mesh-auth-timeout", "1")  # a handshake takes milliseconds
+    with MeshCluster(1, extra_args=args) as cluster:
         node = cluster.start()["a"]
 
         async def guess() -> None:  # reconnects while it is closed at login, until its timeout
@@ -494,7 +495,7 @@ async def test_a_user_logs_in_while_other_clients_flood_wrong_passwords(tmp_path
                     node.route_url, vpn="A", user="alice", password="guess", timeout=20
                 ).connect()
 
-        guesses = [asyncio.create_task(guess()) for _ in range(120)]
+        guesses = [asyncio.create_task(guess()) for _ in range(250)]
         try:
             await asyncio.sleep(1)
             alice = MeshClient(node.route_url, vpn="A", user="alice", password=ALICE, timeout=10)
