@@ -475,7 +475,6 @@ async def test_the_direct_path_keeps_the_default_vpns_events_whole_in_order_and_
             await client.close()
 
 
-
 async def test_frames_written_with_login_in_one_read_are_refused_even_when_it_succeeds(
     with_users: MeshCluster,
 ) -> None:

@@ -6,7 +6,8 @@ session; the node takes nothing else from it before. The password is checked aga
 argon2 hash off the event loop, two at a time at most (each check holds ~64 MiB for ~50 ms: a flood
 of logins waits, and may keep users out past their auth timeout: docs/security.md). A wrong user or
 password is answered with one reason for both, in the same time (no user names are learnt from it),
-and the connection closed; a client that does not log in within the auth timeout is closed. Passwords are never logged or kept.
+and the connection closed; a client that does not log in within the auth timeout is closed.
+Passwords are never logged or kept.
 
 A refused publish or subscription is answered with REFUSED (the subject or pattern, and why) and
 counted per VPN and user (``GET /mesh``'s ``vpns``); the connection stays up. A client past its VPN's
