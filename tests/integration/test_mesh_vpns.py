@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from meshplane.core.mesh.frames import FrameType, encode_event, encode_frame
+from meshplane.core.mesh.frames import FrameType, Login, encode_event, encode_frame, encode_payload
 from meshplane.errors import PermissionDenied, TransportAuthError, TransportError
 from meshplane.launchers import MeshCluster, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
@@ -74,6 +74,10 @@ async def test_queues_of_one_name_in_one_vpn_all_receive_and_another_vpns_receiv
     queues = {(q["name"], q["vpn"]): q for q in (await status(trio["a"]))["guaranteed"]["queues"]}
     assert queues[("A:orders", "A")]["patterns"] == ["orders.>"]
     assert queues[("A:orders", "A")]["stored"] == len(a_bodies)
+
+
+def holds_all(inbox: Inbox, count: int) -> bool:
+    return len(inbox.events) >= count
 
 
 def received(inbox: Inbox, bodies: set[bytes]) -> bool:
@@ -139,6 +143,20 @@ async def test_direct_events_and_interest_stay_in_their_vpn(trio: MeshCluster) -
 async def test_a_vpn_the_node_does_not_have_is_refused(trio: MeshCluster) -> None:
     with pytest.raises(TransportError, match="VPN"):
         await MeshClient(trio["a"].route_url, vpn="nope", timeout=3).connect()
+
+
+async def test_a_stranger_learns_no_vpn_names_nor_limits(trio: MeshCluster) -> None:
+    """Without the clients' secret, naming a VPN the node has, one it has not, or one that is full gets
+    the same answer: the node's tenants and their load are told only to those who prove the secret."""
+    full = [await MeshClient(trio["a"].route_url, vpn="B").connect() for _ in range(2)]  # B's limit
+    try:
+        for vpn in ("A", "B", "nope"):
+            stranger = MeshClient(trio["a"].route_url, vpn=vpn, secret="not-the-secret", timeout=3)
+            with pytest.raises(TransportAuthError, match="wrong or missing mesh secret"):
+                await stranger.connect()
+    finally:
+        for client in full:
+            await client.close()
 
 
 async def test_a_vpns_limits_refuse_connections_and_subscriptions_with_their_reason(
@@ -373,3 +391,141 @@ async def test_another_vpns_subject_is_refused_even_once_its_route_is_known(trio
     finally:
         for client in (in_b, *outsiders):
             await client.close()
+
+
+async def test_clients_that_never_log_in_take_none_of_a_vpns_connections(tmp_path: Path) -> None:
+    """A VPN's max_connections is its users' clients: holders of the mesh secret who cannot log in
+    (they wait out the auth timeout, and reconnect) must not keep the VPN's users out."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(
+        f'[vpns.A]\nmax_connections = 1\n[vpns.A.users.alice]\npassword_hash = "{hash_password(ALICE)}"\n'
+    )
+    args = ("--mesh-vpns", str(vpns), "--mesh-auth-timeout", "60")
+    with MeshCluster(1, extra_args=args) as cluster:
+        node = cluster.start()["a"]
+        squatter = await MeshClient(node.route_url, vpn="A", timeout=3).connect()  # never logs in
+        try:
+            alice = await MeshClient(node.route_url, vpn="A", user="alice", password=ALICE).connect()
+            try:
+                await alice.publish("orders.eu", b"in")
+                await alice.flush()
+                assert (await status(node))["vpns"]["A"]["clients"] == 1  # alice: logged in
+                with pytest.raises(TransportError, match="1 clients"):  # the limit holds for users
+                    await MeshClient(node.route_url, vpn="A", user="alice", password=ALICE).connect()
+            finally:
+                await alice.close()
+        finally:
+            await squatter.close()
+
+
+async def test_the_direct_path_keeps_the_default_vpns_events_whole_in_order_and_apart(
+    trio: MeshCluster,
+) -> None:
+    """Once its routes are learnt, the C direct path carries the default VPN's events (a client's, and
+    a peer's over its link) exactly as the Python path would: every one, in order, counted as
+    delivered; and frames it must not take, written in the same read as routed ones (another VPN's
+    subject, a reserved one, another origin), are still refused one by one."""
+    await asyncio.to_thread(trio.wait_linked)
+    a, b = trio["a"], trio["b"]
+    publisher = await MeshClient(a.route_url).connect()
+    in_b = await MeshClient(a.route_url, vpn="B").connect()
+    here, there, b_seen = Inbox(), Inbox(), Inbox()
+    subscribers = [await MeshClient(a.route_url).connect(), await MeshClient(b.route_url).connect()]
+    try:
+        subscribers[0].subscribe("orders.*", here)
+        subscribers[1].subscribe("orders.*", there)
+        in_b.subscribe(">", b_seen)
+        for client in (*subscribers, in_b):
+            await client.flush(propagated=True)
+        await interest_reached(a, "b", "orders.*")
+        before = [(await status(node))["counters"]["direct_path_events"] for node in (a, b)]
+        errors = (await status(a))["frame_errors"].get("bad_subject", 0)
+        conn, origin = publisher._conn, publisher._origin
+        assert conn is not None
+        expected = []
+        for round_ in range(40):
+            for i in range(50):
+                subject = ("orders.eu", "orders.us")[i % 2]
+                body = b"%d-%d" % (round_, i)
+                conn.send(encode_event(origin, subject, round_ * 50 + i + 1, 0, body))
+                expected.append((subject, body))
+            # In the same write as routed events: refused by the Python path, never routed.
+            conn.send(encode_event(origin, "$vpn:B.orders.eu", 10**6 + round_, 0, b"forged"))
+            conn.send(encode_event(origin, "$G.orders.eu", 2 * 10**6 + round_, 0, b"forged"))
+            conn.send(encode_event("someone-else", "orders.eu", 3 * 10**6 + round_, 0, b"restamped"))
+            expected.append(("orders.eu", b"restamped"))
+            await publisher.flush()
+        await in_b.publish("orders.eu", b"B's own")
+        await in_b.flush(propagated=True)
+        for inbox in (here, there):
+            await eventually(partial(holds_all, inbox, len(expected)), what="all events")
+        assert here.events == expected
+        assert there.events == expected
+        await eventually(lambda: b_seen.events == [("orders.eu", b"B's own")], what="B's own")
+        after = [(await status(node))["counters"]["direct_path_events"] for node in (a, b)]
+        assert after[0] > before[0]  # the direct path took some: a client's read on a
+        assert after[1] > before[1]  # and a link's read on b
+        state = await status(a)
+        assert state["frame_errors"].get("bad_subject", 0) - errors == 80
+        delivered = sorted(c["delivered"] for c in state["clients"] if c["vpn"] == "default")
+        assert delivered == [0, len(expected)]  # the publisher, the subscriber: counted as sent
+        assert b_seen.events == [("orders.eu", b"B's own")]
+    finally:
+        for client in (publisher, in_b, *subscribers):
+            await client.close()
+
+
+async def test_frames_written_with_login_in_one_read_are_refused_even_when_it_succeeds(
+    with_users: MeshCluster,
+) -> None:
+    """A client that writes LOGIN and then, without waiting for its answer, a subscription and events
+    (all in one read of the node): nothing of it is applied, the right password notwithstanding."""
+    await asyncio.to_thread(with_users.wait_linked)
+    node = with_users["a"]
+    watcher = await MeshClient(node.route_url, vpn="A", user="watcher", password=WATCHER).connect()
+    hasty = await MeshClient(node.route_url, vpn="A", timeout=3).connect()  # a VPN with users: no entry yet
+    seen = Inbox()
+    try:
+        watcher.subscribe(">", seen)
+        await watcher.flush()
+        before = (await status(node))["frame_errors"].get("before_login", 0)
+        conn, origin = hasty._conn, hasty._origin
+        assert conn is not None
+        conn.send(encode_frame(FrameType.LOGIN, "", payload=encode_payload(Login("alice", ALICE))))
+        conn.send(encode_frame(FrameType.SUB_ADD, "", "$vpn:A.>"))
+        conn.send(encode_event(origin, "$vpn:A.orders.audit.x", 1, 0, b"denied to alice"))
+        conn.send(encode_event(origin, "$vpn:A.orders.eu", 2, 0, b"before login"))
+        conn.flush()
+        await eventually(
+            lambda: not hasty.connected or hasty._conn is not conn, what="the hasty client closed"
+        )
+        await watcher.publish("orders.eu", b"after")
+        await watcher.flush()
+        await eventually(lambda: seen.events == [("orders.eu", b"after")], what="the watcher's own only")
+        assert (await status(node))["frame_errors"].get("before_login", 0) > before
+        assert (await status(node))["vpns"]["A"]["subscriptions"] == 1  # the watcher's
+    finally:
+        await hasty.close()
+        await watcher.close()
+
+
+async def test_an_unknown_user_takes_as_long_to_refuse_as_a_wrong_password(
+    with_users: MeshCluster,
+) -> None:
+    """The answer is the same for both, and so is its time: an unknown user is refused only after a
+    password check as slow as a real user's (else the node answers at once and tells which names exist)."""
+    node = with_users["a"]
+
+    async def refused_in(user: str) -> float:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TransportAuthError, match="wrong user or password"):
+            await MeshClient(node.route_url, vpn="A", user=user, password="guess", timeout=5).connect()
+        return asyncio.get_running_loop().time() - started
+
+    known, unknown = [], []
+    for _ in range(7):  # interleaved, medians: the machine's load touches both alike
+        known.append(await refused_in("alice"))
+        unknown.append(await refused_in("mallory"))
+    known.sort()
+    unknown.sort()
+    assert unknown[3] >= known[3] / 2, (known, unknown)

@@ -186,12 +186,7 @@ class Handshakes:
         if hello.role == "client":
             if state.dialed or len(node.clients.sessions) >= node.config.max_clients:
                 return "limit", f"{node.config.max_clients} clients (the limit)"
-            vpn = node.config.vpns.get(hello.vpn or DEFAULT)
-            if vpn is None:
-                return "vpn", f"no Message VPN {bounded(hello.vpn)} on this node"
-            if node.logins.connections_full(vpn):
-                return "vpn_limit", f"Message VPN {vpn.name!r}: {vpn.max_connections} clients (its limit)"
-            return self._certificate(state, hello)
+            return self._certificate(state, hello)  # its VPN once it has proven the secret: _vpn_refused
         if hello.role == "mate":
             if node.mirror is None:
                 return "mate", "this node has no HA mate (no --mates-etcd)"
@@ -215,6 +210,16 @@ class Handshakes:
             theirs = hello.cluster[:MAX_CLUSTER_BYTES]
             return "cluster", f"cluster {theirs!r}; this node is in {node.config.cluster!r}"
         return self._certificate(state, hello)
+
+    def _vpn_refused(self, hello: Hello) -> tuple[str, str] | None:
+        """Why a client that proved the clients' secret may not join the VPN it names, or None (a
+        stranger is told neither which VPNs this node has nor which are full)."""
+        node = self.node
+        vpn = node.config.vpns.get(hello.vpn or DEFAULT)
+        if vpn is None:
+            return "vpn", f"no Message VPN {bounded(hello.vpn)} on this node"
+        full = node.logins.connections_full(vpn)
+        return ("vpn_limit", full) if full else None
 
     def _self_or_impostor(self, hello: Hello) -> tuple[str, str]:
         """A route HELLO with this node's id: this very process (its epoch, and the nonce of one of its
@@ -320,6 +325,10 @@ class Handshakes:
             taken = self._link_taken(state, hello)
             if taken is not None:
                 return self.refuse(state, *taken)
+        if hello.role == "client":
+            refused = self._vpn_refused(hello)
+            if refused is not None:
+                return self.refuse(state, *refused)
         keys = self._keys(state, hello)
         if state.dialed:
             state.conn.seal(keys, dialler=True)

@@ -3,10 +3,11 @@ the VPN's limits on this node (clients, subscriptions).
 
 A client of a VPN with users sends LOGIN (its user and password) as the first frame of its sealed
 session; the node takes nothing else from it before. The password is checked against the user's
-argon2 hash off the event loop, two at a time at most (each check holds ~64 MiB for ~50 ms: a flood of
-logins waits, bounded by the cap on unproven connections). A wrong user or password is answered with
-one reason for both (no user names are learnt from it) and the connection closed; a client that does
-not log in within the auth timeout is closed. Passwords are never logged or kept.
+argon2 hash off the event loop, two at a time at most (each check holds ~64 MiB for ~50 ms: a flood
+of logins waits, and may keep users out past their auth timeout: docs/security.md). A wrong user or
+password is answered with one reason for both, in the same time (no user names are learnt from it),
+and the connection closed; a client that does not log in within the auth timeout is closed.
+Passwords are never logged or kept.
 
 A refused publish or subscription is answered with REFUSED (the subject or pattern, and why) and
 counted per VPN and user (``GET /mesh``'s ``vpns``); the connection stays up. A client past its VPN's
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -25,7 +27,7 @@ from meshplane.core.mesh.frames import Frame, FrameType, decode_login, encode_fr
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.mesh.holders import ClientSession
 from meshplane.mesh.preauth import bounded
-from meshplane.mesh.vpns import Vpn
+from meshplane.mesh.vpns import User, Vpn, hash_password
 
 if TYPE_CHECKING:
     from meshplane.mesh.node import MeshNode
@@ -46,14 +48,16 @@ class Logins:
         self.subscriptions: Counter[str] = Counter()  # by VPN: patterns its clients hold here
         self.connections: Counter[str] = Counter()  # by VPN: its clients here
         self.limits_refused: Counter[tuple[str, str]] = Counter()  # by (VPN, limit)
+        self._nobody: User | None = None  # checked for a user name no VPN has
 
-    def connections_full(self, vpn: Vpn) -> bool:
-        """Whether ``vpn`` has as many clients on this node as it may (a new one is refused, counted)."""
+    def connections_full(self, vpn: Vpn) -> str:
+        """Why ``vpn`` takes no more clients on this node (its limit: the new one is refused, counted),
+        or ""."""
         limit = vpn.max_connections
         if limit is None or self.connections[vpn.name] < limit:
-            return False
+            return ""
         self.limits_refused[(vpn.name, "connections")] += 1
-        return True
+        return f"Message VPN {vpn.name!r}: {limit} clients (its limit)"
 
     def subscription_refused(self, session: ClientSession) -> str:
         """Why ``session`` may not hold one more pattern (its VPN's limit on this node), or ""."""
@@ -65,16 +69,18 @@ class Logins:
 
     def joined(self, session: ClientSession) -> None:
         """A new client: counted in its VPN; if the VPN has users, it logs in first, within the auth
-        timeout."""
-        self.connections[session.vpn] += 1
+        timeout, and is counted once it has (a client that cannot log in takes none of its users'
+        connections)."""
         if not self.node.config.vpns[session.vpn].users:
+            self.connections[session.vpn] += 1
             return
         session.login_pending = True
         loop = asyncio.get_running_loop()
         loop.call_later(self.node.config.limits.auth_timeout, self._deadline, session)
 
     def left(self, session: ClientSession, patterns: int) -> None:
-        self.connections[session.vpn] -= 1
+        if not session.login_pending:
+            self.connections[session.vpn] -= 1
         self.subscriptions[session.vpn] -= patterns
 
     def _deadline(self, session: ClientSession) -> None:
@@ -104,18 +110,31 @@ class Logins:
     async def _check(self, session: ClientSession, name: str, password: str) -> None:
         user = self.node.config.vpns[session.vpn].users.get(name)
         async with self._checks:
-            ok = user is not None and await asyncio.to_thread(user.password_ok, password)
+            if not session.conn.is_open:  # closed while it waited (its auth timeout): no check to spend
+                return
+            if self._nobody is None:  # made once, off the loop (hashing is as slow as checking)
+                self._nobody = User("", await asyncio.to_thread(hash_password, secrets.token_hex(16)))
+            # An unknown user is checked too, against a password nobody has: refused in the same time
+            # as a wrong password, so the time of the answer tells no user names either.
+            ok = await asyncio.to_thread((user or self._nobody).password_ok, password) and user is not None
         if user is None or not ok:
             log.info("refused a login to Message VPN %s as %s: %s", session.vpn, bounded(name), WRONG)
             self._refuse(session, WRONG)
             return
+        vpn = self.node.config.vpns[session.vpn]
+        if not session.conn.is_open:
+            return
+        full = self.connections_full(vpn)  # others logged in meanwhile: counted in limits_refused
+        if full:
+            return self._refuse(session, full, counted=False)
+        self.connections[session.vpn] += 1
         session.permissions = Permissions(user.publish, user.subscribe)
         session.login_pending = False
-        if session.conn.is_open:
-            session.conn.send(encode_frame(FrameType.LOGIN, self.node.node_id))
+        session.conn.send(encode_frame(FrameType.LOGIN, self.node.node_id))
 
-    def _refuse(self, session: ClientSession, reason: str) -> None:
-        self.refused[session.vpn] += 1
+    def _refuse(self, session: ClientSession, reason: str, counted: bool = True) -> None:
+        if counted:
+            self.refused[session.vpn] += 1
         if session.conn.is_open:
             session.conn.send(encode_frame(FrameType.LOGIN, self.node.node_id, payload=reason.encode()))
             session.conn.close()
