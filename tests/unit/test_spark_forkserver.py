@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import signal
 import socket
 import struct
@@ -219,8 +220,8 @@ def test_a_child_that_exits_as_its_launcher_closes_is_handled_once(tmp_path: Pat
         os._exit(3)
     pidfd = os.pidfd_open(pid)
     server.children[pid] = forkserver._Child(pid, pidfd, ours)
-    server.selector.register(ours, forkserver.selectors.EVENT_READ, server._launcher_readable)
-    server.selector.register(pidfd, forkserver.selectors.EVENT_READ, server._exited)
+    server.selector.register(ours, selectors.EVENT_READ, server._launcher_readable)
+    server.selector.register(pidfd, selectors.EVENT_READ, server._exited)
     launcher.close()
     server._exited(pidfd)
     server._launcher_readable(ours)
