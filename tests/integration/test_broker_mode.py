@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ from meshplane.broker import query_stats
 from meshplane.launchers import BrokerProcess, EtcdServer
 from tests.conftest import make_config, running_brokers
 from tests.helpers import eventually, read_until
+from tests.support.processes import stopped
 
 REPO = Path(__file__).resolve().parents[2]
 HA_SCOPE = Scope.endpoint("ha", "worker", "generate")
@@ -220,7 +220,7 @@ async def test_events_that_overtake_on_a_faster_broker_are_delivered_in_order(
             await pub.publish(0)
             assert (await sub.next(10)).sequence == 0
             slow.kill(signal.SIGSTOP)
-            await eventually(lambda: _stopped(slow.pid), what="the slow broker stopped")
+            await eventually(lambda: stopped(slow.pid), what="the slow broker stopped")
             for i in range(1, 50):
                 await pub.publish(i)  # queued towards the stalled broker
             await asyncio.to_thread(fast.start)
@@ -252,15 +252,6 @@ async def test_events_that_overtake_on_a_faster_broker_are_delivered_in_order(
         slow.kill(signal.SIGCONT)
         slow.cleanup()
         fast.cleanup()
-
-
-def _stopped(pid: int) -> bool:
-    """Every thread of ``pid`` is stopped: SIGSTOP takes effect a moment after kill() returns."""
-    states = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(FileNotFoundError):
-            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
-    return bool(states) and all(state in ("T", "t") for state in states)
 
 
 async def test_brokers_are_found_in_discovery_even_when_they_start_later(

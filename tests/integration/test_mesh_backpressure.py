@@ -7,24 +7,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from pathlib import Path
 
 from meshplane.launchers import MeshCluster
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
 from tests.support.mesh import Inbox, interest_reached, link, status
+from tests.support.processes import stopped
 
 BODY = 256 * 1024
 EVENTS = 400  # 100 MiB: past the 64 MiB a link may hold
-
-
-def stopped(pid: int) -> bool:
-    """Every thread of ``pid`` is stopped (SIGSTOP takes effect a moment after kill() returns)."""
-    states = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(FileNotFoundError):
-            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
-    return bool(states) and all(state in ("T", "t") for state in states)
 
 
 async def test_a_peer_that_stops_reading_costs_its_link_events_not_the_node() -> None:
