@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run shell test check lint typecheck unit bench chaos etcd fuse java java-if-possible jdk chromium redis zmq-headers compiler clean .venv-dynamo
+.PHONY: run shell test check lint typecheck unit bench chaos etcd mosquitto fuse java java-if-possible jdk chromium redis zmq-headers compiler clean .venv-dynamo
 
 # What `make run` needs (the event plane, streams, Spark, nats-server) at the exact versions of
 # constraints.txt; the tests and benchmarks add their tools. A user's `pip install meshplane[...]`
@@ -37,6 +37,13 @@ etcd:
 	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	    $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq etcd-server; \
 	  else echo "etcd is missing and apt-get is not available: install etcd 3.4+ and retry" >&2; exit 1; fi; }
+
+## mosquitto: install Debian's mosquitto broker and clients when missing (the MQTT door's tests run
+## mosquitto_pub / mosquitto_sub against mesh nodes; its benchmark runs the broker beside a node)
+mosquitto:
+	@{ command -v mosquitto_pub >/dev/null 2>&1 && { command -v mosquitto >/dev/null 2>&1 || test -x /usr/sbin/mosquitto; }; } || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto mosquitto-clients; }
 
 ## fuse: install Debian's libfuse3 when it is missing (the fault harness's power-loss filesystem runs on it)
 fuse:
@@ -79,12 +86,12 @@ typecheck: $(STAMP)
 
 ## test: ruff, mypy and the whole pytest suite (real nats-server, etcd, ZeroMQ, streams server, Spark,
 ## the dashboard in a headless chromium, and the Dynamo runtime as a peer)
-test: $(STAMP) etcd java chromium fuse .venv-dynamo lint typecheck
+test: $(STAMP) etcd mosquitto java chromium fuse .venv-dynamo lint typecheck
 	$(BIN)/pytest
 
 ## check: the quick loop: ruff, mypy and every test but the fault harness's runs and those starting
 ## a Spark JVM (markers chaos and spark_jvm)
-check: $(STAMP) etcd chromium lint typecheck
+check: $(STAMP) etcd mosquitto chromium lint typecheck
 	$(BIN)/pytest -m "not chaos and not spark_jvm"
 
 ## chaos: the fault harness's full schedule (root): every workload under each nemesis, then all mixed,
