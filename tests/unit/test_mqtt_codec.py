@@ -33,7 +33,7 @@ from meshplane.core.doors.mqtt_packets import (
 )
 from meshplane.core.doors.mqtt_topics import BadTopic, matches, to_pattern, to_subject, to_topic
 
-text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20)
+text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=20)
 packet_ids = st.integers(1, 0xFFFF)
 levels = st.sampled_from([V311, V5])
 
@@ -120,7 +120,7 @@ def _fields(packet: Packet) -> dict[str, object]:
     values = {name: getattr(packet, name) for name in getattr(packet, "__slots__", ())}
     for name, value in list(values.items()):
         if name == "properties":
-            values[name] = dict(value)  # type: ignore[call-overload]
+            values[name] = dict(value)
         if isinstance(value, Will):
             values[name] = (value.topic, value.payload, value.qos, value.retain, dict(value.properties))
     return values

@@ -49,6 +49,14 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
         help=f"where other nodes and mesh clients (MESHPLANE_NODE) connect (default {DEFAULT_ROUTE_PORT}; "
         "0: a free one). Secrets, if any: $MESHPLANE_MESH_MEMBER_SECRET and $MESHPLANE_MESH_CLIENT_SECRET",
     )
+    mesh.add_argument(
+        "--mqtt-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="open the MQTT door: MQTT 3.1.1 and 5 clients connect here (on --host; 0: a free port). "
+        "VPN users log in as USER@VPN; else the password must be $MESHPLANE_MQTT_TOKEN when it is set",
+    )
     defaults = MeshConfig(node_id="x")
     mesh.add_argument(
         "--heartbeat-interval",
@@ -187,6 +195,7 @@ def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
         host=args.host,
         route_port=args.route_port,
         routes=args.routes,
+        mqtt_port=args.mqtt_port,
         gateways=tuple(args.gateway),
         heartbeat_interval=args.heartbeat_interval,
         dead_after=args.heartbeat_interval * 3.5,

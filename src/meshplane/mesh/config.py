@@ -95,6 +95,7 @@ class MeshConfig:
     host: str = "127.0.0.1"
     route_port: int = 0  # routes and mesh clients connect here (0: a free port)
     routes: tuple[str, ...] = ()  # tcp://host:port of the other nodes
+    mqtt_port: int | None = None  # MQTT clients connect here (None: no MQTT door; 0: a free port)
     gateways: tuple[tuple[str, str], ...] = ()  # (cluster, tcp://host:port of its gateway): a gateway
     secret: str = field(default_factory=lambda: secret_from_env(MEMBER_SECRET_ENV), repr=False)  # members'
     client_secret: str | None = field(default=None, repr=False)  # None: $MESHPLANE_MESH_CLIENT_SECRET

@@ -47,6 +47,7 @@ from meshplane.mesh.config import (
 )
 from meshplane.mesh.connection import FrameConnection, PartialBytes
 from meshplane.mesh.direct_path import DirectPath
+from meshplane.mesh.doors.mqtt import MqttDoor
 from meshplane.mesh.gateways import GatewayHolder, Gateways
 from meshplane.mesh.guaranteed import Guaranteed
 from meshplane.mesh.handshakes import Handshakes
@@ -96,6 +97,7 @@ class MeshNode:
         self.guaranteed = Guaranteed(self, config.spool)
         self.handshakes = Handshakes(self)
         self.mirror: MirrorServer | None = None  # with HA mates on other machines: the standby's feed
+        self.mqtt = MqttDoor(self, config.mqtt_port) if config.mqtt_port is not None else None
         self.partial = PartialBytes(config.limits.max_partial_bytes)
         self._server_tls = config.tls.server_context() if config.tls is not None else None
         self._client_tls = config.tls.client_context() if config.tls is not None else None
@@ -127,6 +129,8 @@ class MeshNode:
             ssl_handshake_timeout=self.config.limits.auth_timeout if self._server_tls else None,
         )
         self.route_port = int(self._server.sockets[0].getsockname()[1])
+        if self.mqtt is not None:
+            await self.mqtt.start()
         self._tasks.append(asyncio.create_task(self._heartbeats()))
         for route in self.config.routes:
             self._tasks.append(asyncio.create_task(self._dial(route)))
@@ -144,6 +148,8 @@ class MeshNode:
             self._server.close()
         for conn in list(self.conns):
             conn.close()
+        if self.mqtt is not None:
+            await self.mqtt.close()
         if self._server is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 async with asyncio.timeout(2):

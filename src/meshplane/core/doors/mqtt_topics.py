@@ -79,6 +79,8 @@ def matches(pattern: str, subject: str) -> bool:
     overlapping subscriptions; the node's index does the routing)."""
     words, tokens = pattern.split("."), subject.split(".")
     for index, word in enumerate(words):
+        if word in (ONE, ANY, REST) and _reserved_here(tokens, index):
+            return False  # a wildcard never matches a leading '$' token (the mesh's rule)
         if word == ANY:
             return True
         if word == REST:
@@ -86,3 +88,7 @@ def matches(pattern: str, subject: str) -> bool:
         if index >= len(tokens) or (word != ONE and word != tokens[index]):
             return False
     return len(words) == len(tokens)
+
+
+def _reserved_here(tokens: list[str], index: int) -> bool:
+    return index < len(tokens) and all(token.startswith("$") for token in tokens[: index + 1])

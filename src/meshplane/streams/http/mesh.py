@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from meshplane.core.mesh.vpn import DEFAULT
+from meshplane.mesh.doors.mqtt_metrics import MqttCollector
 from meshplane.mesh.links import LINK_COUNTERS
 from meshplane.mesh.node import MeshNode
 from meshplane.mesh.queues import queue_status
@@ -100,6 +101,8 @@ async def node_forget(request: web.Request) -> web.Response:
 
 def register_mesh_metrics(node: MeshNode, registry: CollectorRegistry) -> None:
     registry.register(MeshCollector(node))
+    if node.mqtt is not None:
+        registry.register(MqttCollector(node.mqtt))
     latency = Histogram(
         "meshplane_mesh_routing_latency_seconds",
         "Time to route one event published on this node (local deliveries and link sends)",

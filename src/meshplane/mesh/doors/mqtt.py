@@ -1,0 +1,480 @@
+"""The MQTT door (``serve --mqtt-port``): MQTT 3.1.1 and 5 clients, unchanged, on a mesh node.
+
+Each connection (:mod:`.mqtt_connection`) is a holder of the node's interest, its topics mapped to the
+mesh's subjects (:mod:`meshplane.core.doors.mqtt_topics`), so what it publishes reaches mesh clients,
+pub/sub listeners, queues and the other nodes, and the other way round. Who it is:
+
+- the user name ``USER@VPN`` (or ``USER``: the default VPN) of a Message VPN with users logs in as
+  that user (the password checked against its argon2 hash, off the event loop, two at a time), and is
+  held to its permissions and its VPN's limits;
+- otherwise, with ``$MESHPLANE_MQTT_TOKEN`` set, the password must be that token (user name ``@VPN``
+  or anything: the VPN named after ``@``, else the default);
+- otherwise anyone may connect (as to a mesh node without secrets); a node whose mesh clients must
+  prove a secret refuses to open an MQTT door without one of these.
+
+A connection must send CONNECT within :data:`CONNECT_TIMEOUT` and then something every 1.5 keep-alive
+intervals. Before its CONNECT it counts among the node's unproven connections (in all and per address).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from meshplane.core.doors.mqtt_codec import DEFAULT_MAX_PACKET
+from meshplane.core.doors.mqtt_packets import V5, V311, Code, ConnAck, Connect, Prop
+from meshplane.core.doors.mqtt_topics import BadTopic, to_subject, to_topic
+from meshplane.core.mesh.frames import FLAG_GUARANTEED
+from meshplane.core.mesh.permissions import Permissions
+from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
+from meshplane.errors import ConfigError
+from meshplane.mesh.doors.mqtt_connection import MAX_CLIENT_ID, RECEIVE_MAXIMUM, MqttConnection
+from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX, RetainedStore
+from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession
+from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh.preauth import QuietLog, Unproven, bounded
+from meshplane.mesh.vpns import User, hash_password
+from meshplane.streams.errors import OffsetOutOfRange, StreamError
+
+if TYPE_CHECKING:
+    from meshplane.mesh.node import MeshNode
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "MESHPLANE_MQTT_TOKEN"
+CONNECT_TIMEOUT = 5.0  # seconds from accept to CONNECT
+CHECKS_AT_ONCE = 2  # argon2 checks under way at once (each ~64 MiB)
+QUEUE_READ = 256  # events read from a session's queue at a time
+
+
+class RetainHolder:
+    """The door's holder of ``$mqtt.`` subjects: retained messages published on other nodes."""
+
+    def __init__(self, door: MqttDoor) -> None:
+        self.door = door
+
+    def deliver(self, event: MeshEvent) -> None:
+        if event.source != self.door.origin and event.body:
+            self.door.retained.put(event.subject[len(RETAIN_PREFIX) :], event.body[1:], event.body[0] & 1)
+
+
+class MqttDoor:
+    def __init__(self, node: MeshNode, port: int) -> None:
+        self.node = node
+        self.config_port = port
+        self.port = 0
+        self.max_packet_size = DEFAULT_MAX_PACKET
+        self.origin = "mqtt" + os.urandom(6).hex()  # the source id of what the door publishes
+        self._sequence = itertools.count(1)
+        self.connections: dict[tuple[str, str], MqttConnection] = {}  # connected, by (VPN, client id)
+        self.unproven: Unproven[MqttConnection] = Unproven(
+            node.config.limits.max_unauthenticated, node.config.limits.max_unauthenticated_per_address
+        )
+        self.counters: Counter[str] = Counter()
+        self.quiet = QuietLog(log)
+        self.retained = RetainedStore()
+        self.retain_holder = RetainHolder(self)
+        self.sessions: Sessions | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._checks = asyncio.Semaphore(CHECKS_AT_ONCE)
+        self._nobody: User | None = None
+        self._token = os.environ.get(TOKEN_ENV, "")
+        self._server: asyncio.Server | None = None
+        self._ticker: asyncio.Task[None] | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        config = self.node.config
+        has_users = any(vpn.users for vpn in config.vpns.values())
+        if config.client_secret and not (has_users or self._token):
+            raise ConfigError(
+                f"--mqtt-port: this node's mesh clients must prove a secret; MQTT clients would prove "
+                f"nothing. Set ${TOKEN_ENV} or give the VPNs users (--mesh-vpns)"
+            )
+        guaranteed = self.node.guaranteed
+        if guaranteed.engine is not None:
+            self.sessions = Sessions(guaranteed.engine.root / "mesh", guaranteed.queues)
+        for vpn in config.vpns:
+            self.node.subscribe(self.retain_holder, RETAIN_PREFIX + prefix_of(vpn) + "#")
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: MqttConnection(self), config.host, self.config_port, reuse_address=True
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        self._ticker = asyncio.create_task(self._ticks())
+        log.info("MQTT door on %s:%d", config.host, self.port)
+
+    async def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections.values()):
+            conn.close(Code.SERVER_UNAVAILABLE, "the node is shutting down")
+        for task in list(self.tasks):
+            task.cancel()
+        if self.sessions is not None:
+            self.sessions.checkpoint()
+
+    async def _ticks(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.tick(time.monotonic())
+
+    def tick(self, now: float) -> None:
+        for conn in list(self.connections.values()):
+            if conn.keep_alive and now - conn.last_heard > 1.5 * conn.keep_alive:
+                self.count("keep_alive_timeout")
+                conn.close(Code.KEEP_ALIVE_TIMEOUT, "nothing heard for 1.5 keep-alive intervals")
+        if self.sessions is not None:
+            self.sessions.expire(self.sessions.now())
+            self.sessions.checkpoint()
+
+    def count(self, what: str) -> None:
+        self.counters[what] += 1
+
+    # --- connections -----------------------------------------------------------------------------
+
+    def admit(self, conn: MqttConnection) -> bool:
+        refused, oldest = self.unproven.admit(conn, conn.address)
+        if refused:
+            self.count(f"closed_{refused}")
+            return False
+        if oldest is not None:
+            self.count("closed_unproven_evicted")
+            oldest.close(abort=True)
+        asyncio.get_running_loop().call_later(CONNECT_TIMEOUT, self._connect_deadline, conn)
+        return True
+
+    def _connect_deadline(self, conn: MqttConnection) -> None:
+        if not conn.connected and not conn.closing:
+            self.count("connect_timeout")
+            conn.close(abort=True)
+
+    async def connect(self, conn: MqttConnection, packet: Connect) -> None:
+        """A CONNECT: who it is, its session, then CONNACK (or a refusal, and close)."""
+        try:
+            code, why = await self._admit_connect(conn, packet)
+        except Exception as exc:  # a bug must not leave the client waiting
+            log.exception("MQTT CONNECT failed")
+            code, why = Code.UNSPECIFIED, f"internal error: {exc!r}"
+        if conn.closing:
+            return
+        if code:
+            self.count("connect_refused")
+            log.info("refused an MQTT client %s: %s", bounded(packet.client_id), why)
+            props: dict[int, object] = {Prop.REASON_STRING: why[:200]} if packet.level == V5 else {}
+            conn.send(ConnAck(False, code, props))
+            conn.closing = True
+            if conn.transport is not None:
+                conn.transport.close()
+            return
+        if conn.transport is not None:
+            conn.transport.resume_reading()
+
+    async def _admit_connect(self, conn: MqttConnection, packet: Connect) -> tuple[int, str]:
+        v5 = packet.level == V5
+        client_id = packet.client_id
+        if len(client_id) > MAX_CLIENT_ID:
+            return Code.BAD_CLIENT_ID, f"a client id of more than {MAX_CLIENT_ID} characters"
+        expiry = _number(packet, Prop.SESSION_EXPIRY, 0) if v5 else (0 if packet.clean else NEVER)
+        persistent = expiry > 0
+        if not client_id:
+            if packet.level == V311 and not packet.clean:
+                return Code.BAD_CLIENT_ID, "a persistent session needs a client id"
+            client_id = conn.new_client_id()
+        will = None
+        if packet.will is not None:
+            try:
+                will_subject = to_subject(packet.will.topic)
+            except BadTopic as exc:
+                return Code.BAD_TOPIC_NAME, f"will: {exc}"
+            if packet.will.qos == 2 and v5:
+                return Code.QOS_NOT_SUPPORTED, "a will of QoS 2: this door takes QoS 0 and 1"
+            will = (will_subject, packet.will.payload, min(packet.will.qos, 1), packet.will.retain)
+        code, why = await self._authenticate(conn, packet)
+        if code:
+            return code, why
+        vpn = self.node.config.vpns[conn.vpn]
+        full = self.node.logins.connections_full(vpn)
+        if full:
+            return Code.QUOTA_EXCEEDED, full
+        if len(self.connections) + len(self.node.clients.sessions) >= self.node.config.max_clients:
+            self.count("client_limit")
+            return Code.SERVER_BUSY, f"{self.node.config.max_clients} clients on this node (its limit)"
+        if persistent and self.sessions is None:
+            return Code.IMPLEMENTATION_SPECIFIC, "this node keeps no sessions (no streams data directory)"
+        key = (conn.vpn, client_id)
+        old = self.connections.get(key)
+        if old is not None:  # MQTT's rule: the new connection takes the session over
+            self.count("session_taken_over")
+            old.close(Code.SESSION_TAKEN_OVER, "another connection with this client id")
+            self.gone(old)
+        session_present = False
+        if self.sessions is not None:
+            stored = self.sessions.get(conn.vpn, client_id)
+            if stored is not None and (packet.clean or not persistent):
+                self.sessions.drop(conn.vpn, client_id)
+                stored = None
+            if persistent:
+                if stored is None:
+                    stored = self.sessions.open(conn.vpn, client_id, expiry)
+                else:
+                    session_present = True
+                stored.expiry, stored.left_at = expiry, 0.0
+                conn.session = stored
+        conn.client_id, conn.will, conn.keep_alive = client_id, will, packet.keep_alive
+        if v5:
+            conn.receive_maximum = min(_number(packet, Prop.RECEIVE_MAXIMUM, 1000), 1000)
+            conn.max_out_packet = _number(packet, Prop.MAXIMUM_PACKET_SIZE, 0)
+        self.unproven.done(conn)
+        self.node.logins.connections[conn.vpn] += 1
+        self.connections[key] = conn
+        conn.connected = True
+        self.count("connections")
+        props: dict[int, object] = {}
+        if v5:
+            props |= {
+                Prop.MAXIMUM_QOS: 1,
+                Prop.RETAIN_AVAILABLE: 1,
+                Prop.MAXIMUM_PACKET_SIZE: self.max_packet_size,
+                Prop.RECEIVE_MAXIMUM: RECEIVE_MAXIMUM,
+                Prop.SHARED_AVAILABLE: 0,
+                Prop.SUBSCRIPTION_ID_AVAILABLE: 0,
+            }
+            if client_id != packet.client_id:
+                props[Prop.ASSIGNED_CLIENT_ID] = client_id
+        conn.send(ConnAck(session_present, Code.SUCCESS, props))
+        if conn.session is not None:
+            self._restore(conn, conn.session)
+        return 0, ""
+
+    async def _authenticate(self, conn: MqttConnection, packet: Connect) -> tuple[int, str]:
+        vpns = self.node.config.vpns
+        username = packet.username or ""
+        name, at, vpn = username.rpartition("@")
+        if not at:
+            name, vpn = username, DEFAULT
+        if vpn not in vpns:
+            return Code.BAD_USER_OR_PASSWORD, "wrong user or password"
+        conn.vpn, conn.prefix = vpn, prefix_of(vpn)
+        password = (packet.password or b"").decode("utf-8", "replace")
+        users = vpns[vpn].users
+        if users:
+            user = users.get(name)
+            async with self._checks:
+                if conn.closing:
+                    return Code.NOT_AUTHORIZED, "closed"
+                if self._nobody is None:
+                    self._nobody = User("", await asyncio.to_thread(hash_password, os.urandom(16).hex()))
+                ok = await asyncio.to_thread((user or self._nobody).password_ok, password)
+            if user is None or not ok:
+                self.node.logins.refused[vpn] += 1
+                return Code.BAD_USER_OR_PASSWORD, "wrong user or password"
+            conn.user, conn.permissions = name, Permissions(user.publish, user.subscribe)
+            return 0, ""
+        if self._token and not hmac.compare_digest(password.encode(), self._token.encode()):
+            self.node.logins.refused[vpn] += 1
+            return Code.BAD_USER_OR_PASSWORD, "wrong user or password"
+        conn.user = name
+        return 0, ""
+
+    def gone(self, conn: MqttConnection) -> None:
+        """A connection closed (or was taken over): its interest goes, its will is published unless it
+        said DISCONNECT, its session is kept (persistent) or forgotten."""
+        self.unproven.done(conn)
+        key = (conn.vpn, conn.client_id)
+        if not conn.connected:
+            return
+        conn.connected = False
+        if self.connections.get(key) is conn:
+            del self.connections[key]
+        self.node.logins.connections[conn.vpn] -= 1
+        self.node.logins.subscriptions[conn.vpn] -= len(conn.subscriptions)
+        for pattern in list(conn.patterns):
+            self.node.unsubscribe(conn, pattern)
+        if conn.pump is not None:
+            conn.pump.cancel()
+        if conn.will is not None and not conn.graceful:
+            subject, payload, qos, retain = conn.will
+            self.count("wills_published")
+            if retain:
+                self.retain(conn.prefix + subject, payload, qos)
+            if qos:
+                self.publish_guaranteed(conn.prefix + subject, payload, None, _will_answered)
+            else:
+                self.node.publish(subject, payload, prefix=conn.prefix)
+        if conn.session is not None and self.sessions is not None:
+            conn.session.left_at = self.sessions.now()
+            if conn.session.expiry == 0:
+                self.sessions.drop(conn.vpn, conn.client_id)
+            else:
+                self.sessions.dirty = True
+
+    # --- the node ----------------------------------------------------------------------------------
+
+    def subscribed(self, conn: MqttConnection, pattern: str) -> None:
+        self.node.logins.subscriptions[conn.vpn] += 1
+        self.node.subscribe(conn, pattern)
+
+    def unsubscribed(self, conn: MqttConnection, pattern: str) -> None:
+        self.node.logins.subscriptions[conn.vpn] -= 1
+        self.node.unsubscribe(conn, pattern)
+
+    def subscription_room(self, vpn: str) -> bool:
+        limit = self.node.config.vpns[vpn].max_subscriptions
+        if limit is not None and self.node.logins.subscriptions[vpn] >= limit:
+            self.node.logins.limits_refused[(vpn, "subscriptions")] += 1
+            return False
+        return True
+
+    def violation(self, conn: MqttConnection) -> None:
+        self.node.logins.violations[(conn.vpn, conn.user)] += 1
+        self.count("permission_denied")
+
+    def publish_guaranteed(
+        self, subject: str, payload: bytes, skip: MqttConnection | None, answered: Callable[[int, str], None]
+    ) -> None:
+        """A QoS 1 PUBLISH as a guaranteed event; ``answered(0, error)`` once stored (or not)."""
+        event = MeshEvent(
+            self.origin, subject, next(self._sequence), time.time_ns() // 1_000_000, payload, FLAG_GUARANTEED
+        )
+        self.node.guaranteed.publish(event, answered, skip=skip)
+
+    def retain(self, subject: str, payload: bytes, qos: int) -> None:
+        """Retained here, and on the other nodes (a direct event on ``$mqtt.<subject>``)."""
+        if not self.retained.put(subject, payload, qos):
+            self.count("retained_refused")
+        event = MeshEvent(
+            self.origin,
+            RETAIN_PREFIX + subject,
+            next(self._sequence),
+            time.time_ns() // 1_000_000,
+            bytes([qos]) + payload if payload else b"",
+        )
+        self.node.route_direct(event, skip=self.retain_holder)
+
+    # --- persistent sessions -------------------------------------------------------------------------
+
+    def sessions_dirty(self) -> None:
+        if self.sessions is not None:
+            self.sessions.dirty = True
+
+    def session_subscriptions(self, conn: MqttConnection) -> None:
+        """A persistent session's subscriptions changed: saved (fsynced) with its queue's patterns."""
+        session, sessions = conn.session, self.sessions
+        if session is None or sessions is None:
+            return
+        session.subscriptions = {f: (s.qos, s.options) for f, s in conn.subscriptions.items()}
+        patterns = [outward(conn.prefix, s.pattern) for s in conn.subscriptions.values() if s.qos]
+        sessions.subscriptions_changed(session, patterns)
+        self._start_pump(conn, session)
+
+    def _restore(self, conn: MqttConnection, session: StoredSession) -> None:
+        conn.restore(session.subscriptions)
+        session.sent = max(session.sent, session.acked)
+        self._start_pump(conn, session)
+
+    def _start_pump(self, conn: MqttConnection, session: StoredSession) -> None:
+        if conn.pump is None and any(s.qos for s in conn.subscriptions.values()):
+            conn.pump = asyncio.get_running_loop().create_task(self._pump(conn, session))
+
+    async def _pump(self, conn: MqttConnection, session: StoredSession) -> None:
+        """A persistent session's queue to its client: from the first offset not acknowledged; what
+        was sent before goes again with DUP."""
+        engine = self.node.guaranteed.engine
+        assert engine is not None
+        offset = session.acked
+        redelivery_end = session.sent
+        while conn.connected and not conn.closing:
+            topic = engine.topic_store.topics.get(session.queue)
+            if topic is None:
+                await asyncio.sleep(0.5)
+                continue
+            if not conn.has_room:
+                conn.room.clear()
+                await conn.room.wait()
+                continue
+            waiter = topic.notifiers[0].waiter()
+            try:
+                try:
+                    events = topic.read(0, offset, min(QUEUE_READ, conn.receive_maximum - len(conn.inflight)))
+                except OffsetOutOfRange:
+                    offset = topic.partitions[0].start_offset
+                    self.count("queue_offsets_skipped")
+                    continue
+                except StreamError as exc:
+                    log.warning(
+                        "MQTT session %s: its queue cannot be read (%s)", bounded(conn.client_id), exc
+                    )
+                    await asyncio.sleep(1.0)
+                    continue
+                if not events:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(1.0):
+                            await waiter.wait()
+                    continue
+            finally:
+                topic.notifiers[0].forget(waiter)
+            for event in events:
+                body = event.body
+                payload = body.data if isinstance(body.data, bytes) else msgspec.json.encode(body.data)
+                conn.send_from_queue(
+                    event.offset, to_topic(body.event_type), payload, event.offset < redelivery_end
+                )
+                offset = event.offset + 1
+            session.sent = max(session.sent, offset)
+            if not conn.queue_offsets:
+                session.acked = offset
+            self.sessions_dirty()
+
+    # --- what it looks like ------------------------------------------------------------------------
+
+    def status(self, limit: int = 1000) -> dict[str, Any]:
+        return {
+            "port": self.port,
+            "clients": [_client(c) for c in itertools.islice(self.connections.values(), limit)],
+            "sessions": len(self.sessions.by_key) if self.sessions is not None else 0,
+            "retained": len(self.retained.messages),
+            "retained_bytes": self.retained.bytes,
+            "counters": dict(self.counters),
+        }
+
+
+def _client(conn: MqttConnection) -> dict[str, Any]:
+    transport = conn.transport
+    return {
+        "client_id": conn.client_id,
+        "address": conn.address,
+        "protocol": "5" if conn.level == V5 else "3.1.1",
+        "vpn": conn.vpn,
+        "user": conn.user,
+        "persistent": conn.session is not None,
+        "subscriptions": len(conn.subscriptions),
+        "messages_in": conn.messages_in,
+        "messages_out": conn.messages_out,
+        "inflight": len(conn.inflight),
+        "waiting": len(conn.waiting),
+        "buffered_bytes": transport.get_write_buffer_size() if transport is not None else 0,
+    }
+
+
+def _will_answered(_: int, error: str) -> None:
+    if error:
+        log.warning("a QoS 1 will was not stored: %s", error)
+
+
+def _number(packet: Connect, key: int, default: int) -> int:
+    value = packet.properties.get(key, default)
+    return value if isinstance(value, int) else default

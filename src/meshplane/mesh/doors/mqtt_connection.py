@@ -1,0 +1,451 @@
+"""One MQTT client on a mesh node: an asyncio protocol around the sans-I/O reader
+(:mod:`meshplane.core.doors.mqtt_codec`), and a holder of the node's interest.
+
+What a client publishes: QoS 0 as a direct event, QoS 1 as a guaranteed event, PUBACK once it is
+stored wherever it must be (the node's answer to a guaranteed publish), PUBACKs in the order of the
+PUBLISHes. What it receives: each event at most at the QoS of the best subscription that matches it
+and of the event (guaranteed 1, direct 0). A persistent session's QoS 1 events come from its queue
+(:mod:`.mqtt_sessions`), read from the last offset the client acknowledged. Everything the client can
+make the node hold is bounded: its subscriptions, its QoS 1 publishes waiting to be stored (reading
+stops), the QoS 1 messages it has not acknowledged (the rest wait, bounded), the bytes its socket has
+not taken (past them it is cut as a slow consumer, counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from meshplane.core.doors.mqtt_codec import MqttReader
+from meshplane.core.doors.mqtt_packets import (
+    V5,
+    V311,
+    Code,
+    ConnAck,
+    Connect,
+    Disconnect,
+    MqttError,
+    Packet,
+    PingReq,
+    PingResp,
+    Prop,
+    PubAck,
+    Publish,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+    encode,
+)
+from meshplane.core.doors.mqtt_topics import BadTopic, matches, to_pattern, to_subject, to_topic
+from meshplane.core.mesh.frames import FLAG_GUARANTEED, FLAG_JSON_MESSAGE
+from meshplane.core.mesh.permissions import Permissions
+from meshplane.core.mesh.vpn import DEFAULT, outward
+from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh.preauth import bounded
+
+if TYPE_CHECKING:
+    from meshplane.mesh.doors.mqtt import MqttDoor
+    from meshplane.mesh.doors.mqtt_sessions import StoredSession
+
+log = logging.getLogger(__name__)
+
+MAX_SUBSCRIPTIONS = 1000  # filters per connection
+MAX_PERSISTENT_QOS1 = 100  # QoS 1 filters of a persistent session (its queue's patterns)
+RECEIVE_MAXIMUM = 1024  # QoS 1 PUBLISHes of a client waiting to be stored (5: announced at CONNACK)
+MAX_INFLIGHT = 1000  # QoS 1 messages sent to a client and not acknowledged (or its Receive Maximum)
+MAX_WAITING = 10_000  # QoS 1 messages waiting for room in flight ...
+MAX_WAITING_BYTES = 16 * 1024 * 1024  # ... and their bytes
+MAX_OUTBOUND_BYTES = 16 * 1024 * 1024  # unsent to the client's socket: past it, a slow consumer
+MAX_CLIENT_ID = 256
+
+
+class Subscription(msgspec.Struct, frozen=True):
+    pattern: str  # the mesh pattern, with the VPN's prefix
+    qos: int
+    options: int
+
+
+@dataclass(slots=True)
+class Pending:
+    """A QoS 1 PUBLISH of the client being stored: its answer ("" stored), None until it comes."""
+
+    packet_id: int
+    error: str | None = None
+
+
+class MqttConnection(asyncio.Protocol):
+    def __init__(self, door: MqttDoor) -> None:
+        self.door = door
+        self.reader = MqttReader(door.max_packet_size)
+        self.transport: asyncio.Transport | None = None
+        self.address = ""
+        self.level = 0
+        self.client_id = ""
+        self.vpn = DEFAULT
+        self.prefix = ""
+        self.user = ""
+        self.permissions: Permissions | None = None
+        self.connected = False  # CONNACK sent with success
+        self.closing = False
+        self.graceful = False  # a DISCONNECT came: no will
+        self.will: tuple[str, bytes, int, bool] | None = None  # (subject, payload, QoS, retain)
+        self.keep_alive = 0
+        self.last_heard = time.monotonic()
+        self.subscriptions: dict[str, Subscription] = {}  # by filter
+        self.patterns: dict[str, int] = {}  # mesh pattern -> filters mapped to it
+        self.one_qos: int | None = None  # the QoS of every subscription, when they all share one
+        self.no_local = False
+        self.session: StoredSession | None = None  # persistent
+        self.receive_maximum = MAX_INFLIGHT
+        self.max_out_packet = 0  # the client's Maximum Packet Size (5), 0: none said
+        self.publishes: deque[Pending] = deque()  # the client's QoS 1 PUBLISHes being stored, in order
+        self.next_id = 0
+        self.inflight: dict[int, int] = {}  # packet id -> queue offset (-1: a direct event)
+        self.queue_offsets: OrderedDict[int, int] = OrderedDict()  # offsets in flight -> packet id
+        self.waiting: deque[Publish] = deque()
+        self.waiting_bytes = 0
+        self.pump: asyncio.Task[None] | None = None
+        self.room = asyncio.Event()
+        self.messages_in = self.messages_out = self.dropped = 0
+        self.paused_reading = False
+
+    # --- asyncio ---------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.address = str(peer[0]) if peer else "?"
+        if not self.door.admit(self):
+            self.closing = True
+            transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.last_heard = time.monotonic()
+        try:
+            packets = self.reader.feed(data)
+        except MqttError as exc:
+            self.refuse(exc)
+            return
+        for packet in packets:
+            if self.closing:
+                return
+            try:
+                self.on_packet(packet)
+            except MqttError as exc:
+                self.refuse(exc)
+                return
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.door.gone(self)
+
+    # --- writing ---------------------------------------------------------------------------------
+
+    def send(self, packet: Packet) -> None:
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        transport.write(encode(packet, self.level or V311))
+        if transport.get_write_buffer_size() > MAX_OUTBOUND_BYTES:
+            self.door.count("slow_consumer")
+            log.warning(
+                "MQTT client %s cut: %d bytes its socket did not take (a slow consumer)",
+                bounded(self.client_id),
+                transport.get_write_buffer_size(),
+            )
+            self.close(Code.QUOTA_EXCEEDED, "a slow consumer: too many bytes not read", abort=True)
+
+    def close(self, code: int = Code.SUCCESS, why: str = "", *, abort: bool = False) -> None:
+        """Close (a 5 client told why with a DISCONNECT, unless the socket is stuck)."""
+        if self.closing or self.transport is None:
+            return
+        if self.level == V5 and self.connected and not abort:
+            props: dict[int, object] = {Prop.REASON_STRING: why[:200]} if why else {}
+            self.transport.write(encode(Disconnect(code, props), V5))
+        self.closing = True
+        if abort:
+            self.transport.abort()
+        else:
+            self.transport.close()
+
+    def refuse(self, exc: MqttError) -> None:
+        """Bytes that break the rules: counted, logged (bounded), answered where MQTT can, closed."""
+        self.door.count(exc.reason)
+        self.door.quiet.warning(
+            f"mqtt_{exc.reason}", "MQTT client %s from %s: %s", bounded(self.client_id), self.address, exc
+        )
+        if exc.in_connect and not self.connected and self.transport is not None:
+            self.level = V311  # the CONNECT could not be read: answered in 3.1.1, which 5's clients read
+            self.transport.write(encode(ConnAck(False, exc.code), V311))
+            self.closing = True
+            self.transport.close()
+            return
+        self.close(exc.code, str(exc))
+
+    def _reason(self, why: str) -> dict[int, object]:
+        return {Prop.REASON_STRING: why[:200]} if self.level == V5 and why else {}
+
+    # --- packets ---------------------------------------------------------------------------------
+
+    def on_packet(self, packet: Packet) -> None:
+        if isinstance(packet, Publish):
+            self.on_publish(packet)
+        elif isinstance(packet, PubAck):
+            self.on_puback(packet.packet_id)
+        elif isinstance(packet, Subscribe):
+            self.on_subscribe(packet)
+        elif isinstance(packet, Unsubscribe):
+            self.on_unsubscribe(packet)
+        elif isinstance(packet, PingReq):
+            self.send(PingResp())
+        elif isinstance(packet, Disconnect):
+            self.graceful = packet.code != Code.DISCONNECT_WITH_WILL
+            self.closing = True
+            if self.transport is not None:
+                self.transport.close()
+        elif isinstance(packet, Connect):
+            self.level = packet.level
+            if self.transport is not None:
+                self.transport.pause_reading()  # nothing more before the answer
+            task = asyncio.get_running_loop().create_task(self.door.connect(self, packet))
+            self.door.tasks.add(task)
+            task.add_done_callback(self.door.tasks.discard)
+
+    def on_publish(self, packet: Publish) -> None:
+        try:
+            subject = to_subject(packet.topic)
+        except BadTopic as exc:
+            self.door.count("bad_topic")
+            if packet.qos and self.level == V5:
+                self.send(PubAck(packet.packet_id, Code.BAD_TOPIC_NAME, self._reason(str(exc))))
+                return
+            raise MqttError("bad_topic", str(exc), Code.BAD_TOPIC_NAME) from None
+        if self.permissions is not None:
+            refused = self.permissions.why_not_publish(subject)
+            if refused:
+                self.door.violation(self)
+                if packet.qos:  # 3.1.1 has no refusing PUBACK: acknowledged and dropped (as mosquitto)
+                    self.send(PubAck(packet.packet_id, Code.NOT_AUTHORIZED, self._reason(refused)))
+                return
+        self.messages_in += 1
+        if packet.retain:
+            self.door.retain(self.prefix + subject, packet.payload, packet.qos)
+        skip = self if self.no_local and self._all_no_local(self.prefix + subject) else None
+        if not packet.qos:
+            self.door.node.publish(subject, packet.payload, prefix=self.prefix, skip=skip)
+            return
+        if len(self.publishes) >= RECEIVE_MAXIMUM:
+            raise MqttError(
+                "receive_maximum",
+                f"more than {RECEIVE_MAXIMUM} QoS 1 PUBLISHes unanswered",
+                Code.RECEIVE_MAXIMUM_EXCEEDED,
+            )
+        entry = Pending(packet.packet_id)
+        self.publishes.append(entry)
+        if len(self.publishes) >= RECEIVE_MAXIMUM // 2 and self.transport is not None and self.level == V311:
+            self.transport.pause_reading()  # 3.1.1 has no Receive Maximum: the socket waits
+            self.paused_reading = True
+        self.door.publish_guaranteed(
+            self.prefix + subject, packet.payload, skip, partial(self.answered, entry)
+        )
+
+    def answered(self, entry: Pending, _: int, error: str) -> None:
+        """A QoS 1 PUBLISH stored (``error`` empty) or not: PUBACKs go in order."""
+        entry.error = error
+        while self.publishes and self.publishes[0].error is not None:
+            done = self.publishes.popleft()
+            packet_id, error = done.packet_id, done.error or ""
+            if not error:
+                self.send(PubAck(packet_id))
+            elif self.level == V5 and not error.startswith("unknown"):
+                self.send(PubAck(packet_id, Code.UNSPECIFIED, self._reason(f"not stored: {error}")))
+            else:  # no PUBACK: the client sends it again when it reconnects (QoS 1: at least once)
+                self.door.count("not_stored")
+                self.close(Code.UNSPECIFIED, f"not stored: {error}")
+                return
+        if self.paused_reading and len(self.publishes) < RECEIVE_MAXIMUM // 4 and self.transport is not None:
+            self.paused_reading = False
+            self.transport.resume_reading()
+
+    def on_puback(self, packet_id: int) -> None:
+        offset = self.inflight.pop(packet_id, None)
+        if offset is None:
+            self.door.count("unknown_puback")
+            return
+        if offset >= 0:
+            self.queue_offsets.pop(offset, None)
+            self._acked_to()
+        self.room.set()
+        while self.waiting and len(self.inflight) < self.receive_maximum:
+            queued = self.waiting.popleft()
+            self.waiting_bytes -= len(queued.payload)
+            self._send_qos1(queued, -1)
+
+    def _acked_to(self) -> None:
+        session = self.session
+        if session is not None:
+            session.acked = next(iter(self.queue_offsets)) if self.queue_offsets else session.sent
+            self.door.sessions_dirty()
+
+    def on_subscribe(self, packet: Subscribe) -> None:
+        codes: list[int] = []
+        new: list[tuple[str, str]] = []
+        for topic_filter, options in packet.filters:
+            code, pattern = self._subscribe_one(topic_filter, options)
+            codes.append(code)
+            if code < 0x80 and (options >> 4) & 3 != 2:  # retain handling 2: none sent
+                new.append((topic_filter, pattern))
+        self._changed()
+        self.send(SubAck(packet.packet_id, tuple(codes)))
+        for _, pattern in new:
+            for subject, kept in self.door.retained.matching(pattern):
+                topic = to_topic(outward(self.prefix, subject))
+                self.deliver_publish(topic, kept.payload, min(kept.qos, self.qos_for(subject)), retain=True)
+
+    def _subscribe_one(self, topic_filter: str, options: int) -> tuple[int, str]:
+        v5 = self.level == V5
+        if topic_filter.startswith("$share/") and v5:
+            self.door.count("shared_subscription")
+            return Code.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, ""
+        try:
+            pattern = to_pattern(topic_filter)
+        except BadTopic as exc:
+            self.door.count("bad_filter")
+            log.info("MQTT client %s: filter refused: %s", bounded(self.client_id), exc)
+            return Code.BAD_TOPIC_FILTER, ""
+        if self.permissions is not None and self.permissions.why_not_subscribe(pattern):
+            self.door.violation(self)
+            return Code.NOT_AUTHORIZED, ""
+        qos = min(options & 3, 1)  # QoS 2 granted as 1
+        known = self.subscriptions.get(topic_filter)
+        if known is None:
+            if len(self.subscriptions) >= MAX_SUBSCRIPTIONS:
+                self.door.count("subscription_limit")
+                return Code.QUOTA_EXCEEDED, ""
+            if self.session is not None and qos and self._persistent_qos1() >= MAX_PERSISTENT_QOS1:
+                self.door.count("subscription_limit")
+                return Code.QUOTA_EXCEEDED, ""
+            if not self.door.subscription_room(self.vpn):
+                return Code.QUOTA_EXCEEDED, ""
+        internal = self.prefix + pattern
+        self.subscriptions[topic_filter] = Subscription(internal, qos, options)
+        if known is None:
+            self.patterns[internal] = self.patterns.get(internal, 0) + 1
+            if self.patterns[internal] == 1:
+                self.door.subscribed(self, internal)
+        return qos, internal
+
+    def on_unsubscribe(self, packet: Unsubscribe) -> None:
+        codes = []
+        for topic_filter in packet.filters:
+            known = self.subscriptions.pop(topic_filter, None)
+            codes.append(Code.SUCCESS if known is not None else Code.NO_SUBSCRIPTION_EXISTED)
+            if known is not None:
+                self._drop_pattern(known.pattern)
+        self._changed()
+        self.send(UnsubAck(packet.packet_id, tuple(codes) if self.level == V5 else ()))
+
+    def _drop_pattern(self, pattern: str) -> None:
+        left = self.patterns.get(pattern, 0) - 1
+        if left > 0:
+            self.patterns[pattern] = left
+        else:
+            self.patterns.pop(pattern, None)
+            self.door.unsubscribed(self, pattern)
+
+    def _persistent_qos1(self) -> int:
+        return sum(1 for s in self.subscriptions.values() if s.qos)
+
+    def _changed(self, save: bool = True) -> None:
+        qos = {s.qos for s in self.subscriptions.values()}
+        self.one_qos = qos.pop() if len(qos) == 1 else None
+        self.no_local = any(s.options & 4 for s in self.subscriptions.values())
+        if self.session is not None and save:
+            self.door.session_subscriptions(self)
+
+    def restore(self, subscriptions: dict[str, tuple[int, int]]) -> None:
+        """A persistent session's subscriptions, taken again as they were granted."""
+        for topic_filter, (qos, options) in subscriptions.items():
+            self._subscribe_one(topic_filter, options & ~3 | qos)
+        self._changed(save=False)
+
+    def _all_no_local(self, subject: str) -> bool:
+        found = [s for s in self.subscriptions.values() if matches(s.pattern, subject)]
+        return bool(found) and all(s.options & 4 for s in found)
+
+    def qos_for(self, subject: str) -> int:
+        if self.one_qos is not None:
+            return self.one_qos
+        return max((s.qos for s in self.subscriptions.values() if matches(s.pattern, subject)), default=0)
+
+    # --- deliveries ------------------------------------------------------------------------------
+
+    def deliver(self, event: MeshEvent) -> None:
+        """An event the node routes to this client's subscriptions."""
+        if self.closing or not self.connected:
+            return
+        qos = min(self.qos_for(event.subject), 1 if event.flags & FLAG_GUARANTEED else 0)
+        if qos and self.session is not None:
+            return  # its queue has it: sent from there, acknowledged there
+        body = event.body
+        if event.flags & FLAG_JSON_MESSAGE:  # a pub/sub message: its payload, as JSON
+            with contextlib.suppress(msgspec.DecodeError, AttributeError):
+                body = msgspec.json.encode(msgspec.json.decode(body).get("payload"))
+        self.deliver_publish(to_topic(outward(self.prefix, event.subject)), body, qos)
+
+    def deliver_publish(self, topic: str, payload: bytes, qos: int, *, retain: bool = False) -> None:
+        if self.max_out_packet and len(payload) + len(topic) + 16 > self.max_out_packet:
+            self.dropped += 1  # larger than the client takes (5's Maximum Packet Size): MQTT drops it
+            return
+        self.messages_out += 1
+        if not qos:
+            self.send(Publish(topic, payload, 0, retain))
+            return
+        publish = Publish(topic, payload, 1, retain)
+        if len(self.inflight) < self.receive_maximum:
+            self._send_qos1(publish, -1)
+            return
+        if len(self.waiting) >= MAX_WAITING or self.waiting_bytes + len(payload) > MAX_WAITING_BYTES:
+            self.door.count("slow_consumer")
+            self.close(Code.QUOTA_EXCEEDED, "a slow consumer: too many QoS 1 messages unacknowledged")
+            return
+        self.waiting.append(publish)
+        self.waiting_bytes += len(payload)
+
+    def _packet_id(self) -> int:
+        for _ in range(0x10000):
+            self.next_id = self.next_id % 0xFFFF + 1
+            if self.next_id not in self.inflight:
+                return self.next_id
+        raise RuntimeError("no free packet identifier")  # cannot happen: in flight is bounded below it
+
+    def _send_qos1(self, publish: Publish, offset: int, dup: bool = False) -> None:
+        packet_id = self._packet_id()
+        self.inflight[packet_id] = offset
+        if offset >= 0:
+            self.queue_offsets[offset] = packet_id
+        self.send(Publish(publish.topic, publish.payload, 1, publish.retain, dup, packet_id))
+
+    def send_from_queue(self, offset: int, topic: str, payload: bytes, dup: bool) -> None:
+        self.messages_out += 1
+        self._send_qos1(Publish(topic, payload, 1), offset, dup)
+
+    @property
+    def has_room(self) -> bool:
+        return len(self.inflight) < self.receive_maximum
+
+    def new_client_id(self) -> str:
+        return "mqtt-" + secrets.token_hex(8)

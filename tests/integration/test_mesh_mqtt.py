@@ -1,0 +1,322 @@
+"""The MQTT door (issue 59) on real nodes, with foreign clients unchanged: paho-mqtt and Debian's
+mosquitto_pub / mosquitto_sub, beside meshplane's own MeshClient."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.properties import Properties
+from paho.mqtt.packettypes import PacketTypes
+
+from meshplane.core.doors.mqtt_packets import V5, V311, Connect, Publish, Will, encode, varint
+from meshplane.launchers import MeshCluster
+from meshplane.launchers.base import free_port
+from meshplane.mesh.client import MeshClient
+from tests.helpers import eventually
+from tests.support.mesh import Inbox, interest_reached, status
+
+
+class Paho:
+    """A paho-mqtt client on its own network thread, recording what it receives."""
+
+    def __init__(
+        self, port: int, client_id: str = "", *, v5: bool = False, clean: bool = True, will: tuple[str, bytes] | None = None
+    ) -> None:
+        self.port = port
+        self.messages: list[tuple[str, bytes, int, bool, bool]] = []  # topic, payload, qos, retain, dup
+        self.lock = threading.Lock()
+        self.suback: list[object] = []
+        self.connack: list[object] = []
+        self.disconnects: list[object] = []
+        protocol = mqtt.MQTTv5 if v5 else mqtt.MQTTv311
+        kwargs = {} if v5 else {"clean_session": clean}
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id, protocol=protocol, **kwargs)
+        self.client.on_message = self._message
+        self.client.on_subscribe = lambda c, u, mid, codes, p: self.suback.append(codes)
+        self.client.on_connect = lambda c, u, f, code, p: self.connack.append((f.session_present, code))
+        self.client.on_disconnect = lambda c, u, f, code, p: self.disconnects.append(code)
+        if will is not None:
+            self.client.will_set(will[0], will[1], qos=1)
+        self.v5, self.clean = v5, clean
+
+    def _message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
+        with self.lock:
+            self.messages.append((message.topic, message.payload, message.qos, message.retain, message.dup))
+
+    def connect(self) -> Paho:
+        properties = None
+        if self.v5 and not self.clean:
+            properties = Properties(PacketTypes.CONNECT)
+            properties.SessionExpiryInterval = 3600
+        if self.v5:
+            self.client.connect("127.0.0.1", self.port, clean_start=self.clean, properties=properties)
+        else:
+            self.client.connect("127.0.0.1", self.port)
+        self.client.loop_start()
+        return self
+
+    def payloads(self) -> list[bytes]:
+        with self.lock:
+            return [m[1] for m in self.messages]
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def mqtt_ports(ids: str) -> dict[str, int]:
+    return {node: free_port() for node in ids}
+
+
+@pytest.fixture
+def trio(tmp_path: Path) -> Iterator[tuple[MeshCluster, dict[str, int]]]:
+    ports = mqtt_ports("abc")
+    node_args = {node: ("--mqtt-port", str(port)) for node, port in ports.items()}
+    with MeshCluster(3, node_args=node_args) as cluster:
+        yield cluster.start(), ports
+
+
+async def connected(client: Paho) -> Paho:
+    await asyncio.to_thread(client.connect)
+    await eventually(lambda: bool(client.connack), timeout=10, what="CONNACK")
+    return client
+
+
+async def subscribed(client: Paho, topic: str, qos: int = 0) -> None:
+    before = len(client.suback)
+    client.client.subscribe(topic, qos)
+    await eventually(lambda: len(client.suback) > before, timeout=10, what=f"SUBACK for {topic}")
+
+
+async def test_mqtt_pub_on_a_reaches_mqtt_on_b_a_mesh_client_and_back(trio: tuple[MeshCluster, dict[str, int]]) -> None:
+    cluster, ports = trio
+    await asyncio.to_thread(cluster.wait_linked)
+    sub_b = await connected(Paho(ports["b"], "sub-b", v5=True))
+    await subscribed(sub_b, "sensors/+/temp", 1)
+    everything = await connected(Paho(ports["c"], "all-c"))
+    await subscribed(everything, "sensors/#")
+    mesh = await MeshClient(cluster["c"].route_url).connect()
+    inbox = Inbox()
+    mesh.subscribe("sensors.>", inbox)
+    await mesh.flush(propagated=True)
+    await interest_reached(cluster["a"], "b", "sensors.*.temp")
+    await interest_reached(cluster["a"], "c", "sensors.#")
+    pub_a = await connected(Paho(ports["a"], "pub-a"))
+    try:
+        for i in range(20):
+            info = pub_a.client.publish("sensors/kitchen/temp", b"%d" % i, qos=1)
+            await asyncio.to_thread(info.wait_for_publish, 10)
+        pub_a.client.publish("sensors/kitchen/humidity", b"h", qos=0)
+        expected = [b"%d" % i for i in range(20)]
+        await eventually(lambda: sub_b.payloads() == expected, timeout=15, what="MQTT sub on b")
+        assert {m[2] for m in sub_b.messages} == {1}  # guaranteed events at the subscription's QoS 1
+        await eventually(lambda: len(everything.payloads()) == 21, timeout=15, what="'#' on c")
+        assert {m[2] for m in everything.messages} == {0}
+        await eventually(lambda: len(inbox.events) == 21, timeout=15, what="the MeshClient on c")
+        assert inbox.events[0] == ("sensors.kitchen.temp", b"0")
+        assert sorted(b for _, b in inbox.events) == sorted([*expected, b"h"])
+
+        await mesh.publish("sensors.garden.temp", b"from the mesh")  # and the other way round
+        await eventually(lambda: b"from the mesh" in sub_b.payloads(), timeout=10, what="mesh -> MQTT")
+        assert ("sensors/garden/temp", b"from the mesh") in [(m[0], m[1]) for m in sub_b.messages]
+        answer = await status(cluster["b"])
+        assert [c["client_id"] for c in answer["mqtt"]["clients"]] == ["sub-b"]
+    finally:
+        for client in (sub_b, everything, pub_a):
+            client.close()
+        await mesh.close()
+
+
+@pytest.mark.skipif(shutil.which("mosquitto_pub") is None, reason="make mosquitto installs Debian's clients")
+async def test_mosquitto_pub_and_sub_through_two_nodes(trio: tuple[MeshCluster, dict[str, int]]) -> None:
+    cluster, ports = trio
+    await asyncio.to_thread(cluster.wait_linked)
+    sub = subprocess.Popen(
+        ["mosquitto_sub", "-p", str(ports["b"]), "-t", "plant/+/state", "-q", "1", "-C", "3", "-v", "-i", "ms"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        await eventually(lambda: _clients(cluster, "b"), timeout=15, what="mosquitto_sub connected")
+        await interest_reached(cluster["a"], "b", "plant.*.state")
+        for i, version in enumerate(("mqttv311", "mqttv5", "mqttv311")):
+            subprocess.run(
+                ["mosquitto_pub", "-p", str(ports["a"]), "-t", f"plant/m{i}/state", "-m", f"on{i}", "-q", "1", "-V", version],
+                check=True,
+                timeout=20,
+            )
+        out, _ = await asyncio.to_thread(sub.communicate, timeout=20)
+        assert out.decode().splitlines() == ["plant/m0/state on0", "plant/m1/state on1", "plant/m2/state on2"]
+    finally:
+        sub.kill()
+
+
+async def _clients(cluster: MeshCluster, node: str) -> bool:
+    return bool((await status(cluster[node]))["mqtt"]["clients"])
+
+
+async def test_retained_messages_reach_later_subscribers_on_other_nodes(trio: tuple[MeshCluster, dict[str, int]]) -> None:
+    cluster, ports = trio
+    await asyncio.to_thread(cluster.wait_linked)
+    await interest_reached(cluster["a"], "b", "$mqtt.#")
+    pub = await connected(Paho(ports["a"], "retainer"))
+    info = pub.client.publish("config/lamp", b"blue", qos=1, retain=True)
+    await asyncio.to_thread(info.wait_for_publish, 10)
+
+    async def retained_at_b() -> bool:
+        return bool((await status(cluster["b"]))["mqtt"]["retained"] == 1)
+
+    await eventually(retained_at_b, timeout=10, what="retained at b")
+    later = await connected(Paho(ports["b"], "later"))
+    try:
+        await subscribed(later, "config/#", 1)
+        await eventually(lambda: bool(later.messages), timeout=10, what="the retained message")
+        assert later.messages[0][:4] == ("config/lamp", b"blue", 1, True)
+        pub.client.publish("config/lamp", b"", retain=True)  # an empty retained payload clears it
+        await eventually(lambda: len(later.messages) == 2, timeout=10, what="the clearing publish")
+        again = await connected(Paho(ports["a"], "again"))
+        await subscribed(again, "config/#")
+        await asyncio.sleep(0.5)  # nothing may arrive: a negative, bounded wait
+        assert again.messages == []
+        again.close()
+    finally:
+        pub.close()
+        later.close()
+
+
+async def test_a_will_is_published_when_its_client_vanishes_not_when_it_disconnects(
+    trio: tuple[MeshCluster, dict[str, int]],
+) -> None:
+    cluster, ports = trio
+    await asyncio.to_thread(cluster.wait_linked)
+    watcher = await connected(Paho(ports["b"], "watcher"))
+    await subscribed(watcher, "status/#", 1)
+    await interest_reached(cluster["a"], "b", "status.#")
+    polite = await connected(Paho(ports["a"], "polite", will=("status/polite", b"gone")))
+    polite.close()  # DISCONNECT: no will
+    raw = socket.create_connection(("127.0.0.1", ports["a"]))
+    raw.sendall(encode(Connect(V311, "rude", will=Will("status/rude", b"vanished", 1)), V311))
+    assert raw.recv(4) == b"\x20\x02\x00\x00"
+    raw.close()  # no DISCONNECT: the will goes
+    try:
+        await eventually(lambda: watcher.payloads() == [b"vanished"], timeout=10, what="the will")
+        await asyncio.sleep(0.3)
+        assert watcher.payloads() == [b"vanished"]
+    finally:
+        watcher.close()
+
+
+async def test_qos1_with_a_persistent_session_survives_a_sigkill_of_the_subscribers_node(
+    trio: tuple[MeshCluster, dict[str, int]],
+) -> None:
+    cluster, ports = trio
+    await asyncio.to_thread(cluster.wait_linked)
+    keeper = await connected(Paho(ports["b"], "keeper", clean=False))
+    await subscribed(keeper, "orders/#", 1)
+    await interest_reached(cluster["a"], "b", "$G.orders.#")  # its session's queue, known at a
+    pub = await connected(Paho(ports["a"], "orders-pub"))
+    acknowledged: list[bytes] = []
+
+    async def publish(count: int, start: int) -> None:
+        for i in range(start, start + count):
+            body = b"order-%d" % i
+            info = pub.client.publish("orders/eu", body, qos=1)
+            await asyncio.to_thread(info.wait_for_publish, 20)
+            assert info.is_published()
+            acknowledged.append(body)
+
+    try:
+        await publish(100, 0)
+        await eventually(lambda: len(set(keeper.payloads())) == 100, timeout=15, what="the first 100")
+        keeper.client.loop_stop()  # its socket is left to die with the node
+        cluster["b"].kill(signal.SIGKILL)
+        await publish(300, 100)  # acknowledged by a: spooled for b's queue
+        cluster["b"].start()
+        back = await connected(Paho(ports["b"], "keeper", clean=False))
+        assert back.connack[0][0]  # the session was there
+        await eventually(
+            lambda: set(back.payloads()) | set(keeper.payloads()) >= set(acknowledged),
+            timeout=40,
+            what="every acknowledged PUBLISH after the reconnect",
+        )
+        assert {m[2] for m in back.messages} == {1}
+        back.close()
+    finally:
+        pub.close()
+
+
+async def test_hostile_clients_are_cut_with_a_reason_and_the_node_serves_on(
+    trio: tuple[MeshCluster, dict[str, int]],
+) -> None:
+    cluster, ports = trio
+    port = ports["a"]
+
+    def closed_after(data: bytes, timeout: float = 10) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            if data:
+                sock.sendall(data)
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+            return answer
+
+    assert await asyncio.to_thread(closed_after, b"GET / HTTP/1.1\r\n\r\n") == b""  # garbage
+    assert await asyncio.to_thread(closed_after, b"\x10\xff\xff\xff\x7f") == b""  # 256 MB CONNECT
+    assert await asyncio.to_thread(closed_after, b"\x82\x05\x00\x01\x00\x01a") == b""  # no CONNECT
+    assert await asyncio.to_thread(closed_after, b"") == b""  # nothing at all: the CONNECT timeout
+    v5 = encode(Connect(V5, "bad"), V5)
+    answer = await asyncio.to_thread(closed_after, v5 + encode(Publish("a/+", b"", 0), V5))
+    assert answer.startswith(b"\x20") and b"\xe0" in answer  # CONNACK, then DISCONNECT 0x90
+    assert answer[answer.index(b"\xe0") + 2] == 0x90
+    qos2 = await asyncio.to_thread(closed_after, v5 + encode(Publish("a/b", b"", 2, packet_id=1), V5))
+    assert qos2[qos2.index(b"\xe0") + 2] == 0x9B  # QoS not supported
+
+    client = await connected(Paho(port, "fine", v5=True))
+    try:
+        await subscribed(client, "a.b/#")  # '.' cannot map
+        await subscribed(client, "ok/+", 2)  # QoS 2 granted as 1
+        assert [int(code.value) for code in client.suback[0]] == [0x8F]
+        assert [int(code.value) for code in client.suback[1]] == [1]
+        info = client.client.publish("x//y", b"", qos=1)  # an empty level
+        await asyncio.to_thread(info.wait_for_publish, 10)
+        counters = (await status(cluster["a"]))["mqtt"]["counters"]
+        assert counters["bad_length"] + counters["too_large"] >= 1
+        for reason in ("no_connect", "connect_timeout", "bad_topic", "qos2", "bad_filter"):
+            assert counters[reason] >= 1, reason
+    finally:
+        client.close()
+
+
+async def test_a_slow_consumer_is_cut_and_counted(trio: tuple[MeshCluster, dict[str, int]]) -> None:
+    cluster, ports = trio
+    port = ports["a"]
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.sendall(encode(Connect(V311, "slow"), V311))
+    assert sock.recv(4) == b"\x20\x02\x00\x00"
+    body = b"\x00\x01" + b"\x00\x04big/" [:0] + b"\x00\x03big\x00"
+    sock.sendall(b"\x82" + varint(len(body)) + body)  # SUBSCRIBE big, QoS 0; then never read again
+    await eventually(lambda: _clients(cluster, "a"), timeout=10, what="the slow client")
+    mesh = await MeshClient(cluster["a"].route_url).connect()
+    try:
+        payload = b"x" * 60_000
+
+        async def cut() -> bool:
+            for _ in range(50):
+                await mesh.publish("big", payload)
+            await mesh.flush()
+            return bool((await status(cluster["a"]))["mqtt"]["counters"].get("slow_consumer"))
+
+        await eventually(cut, timeout=60, interval=0.05, what="the slow consumer cut")
+    finally:
+        sock.close()
+        await mesh.close()
