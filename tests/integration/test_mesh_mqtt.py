@@ -289,9 +289,9 @@ async def test_hostile_clients_are_cut_with_a_reason_and_the_node_serves_on(
         info = client.client.publish("x//y", b"", qos=1)  # an empty level
         await asyncio.to_thread(info.wait_for_publish, 10)
         counters = (await status(cluster["a"]))["mqtt"]["counters"]
-        assert counters["bad_length"] + counters["too_large"] >= 1
+        assert counters.get("too_large", 0) >= 1
         for reason in ("no_connect", "connect_timeout", "bad_topic", "qos2", "bad_filter"):
-            assert counters[reason] >= 1, reason
+            assert counters.get(reason, 0) >= 1, reason
     finally:
         client.close()
 

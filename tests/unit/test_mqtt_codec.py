@@ -213,8 +213,10 @@ def test_the_first_packet_must_be_connect() -> None:
 
 def test_a_second_connect_is_a_protocol_error() -> None:
     reader = MqttReader()
+    assert [type(p) for p in reader.feed(encode(Connect(V311, "a"), V311) * 2)] == [Connect]
+    assert reader.error is not None
     with pytest.raises(MqttError) as caught:
-        reader.feed(encode(Connect(V311, "a"), V311) * 2)
+        reader.feed(b"")  # the error after the packets that came before it
     assert caught.value.reason == "second_connect"
 
 
@@ -319,3 +321,26 @@ def test_matching_follows_mqtt(words: list[str], hash_end: bool, topic_words: li
 
     subject = to_subject("/".join(topic_words))
     assert matches(pattern, subject) == mqtt_matches(filter_words, topic_words)
+
+
+def _read_pieces(data: bytes, cuts: list[int]) -> tuple[list[dict[str, object]], str | None]:
+    reader, packets = MqttReader(max_packet_size=500, max_connect_size=500), []
+    start = 0
+    try:
+        for cut in [*sorted({c % (len(data) + 1) for c in cuts}), len(data)]:
+            packets += reader.feed(data[start:cut])
+            start = cut
+        reader.feed(b"")
+    except MqttError as exc:
+        return [_fields(p) for p in packets], exc.reason
+    return [_fields(p) for p in packets], None
+
+
+@given(sessions(), st.binary(max_size=60), st.lists(st.integers(0, 3000), max_size=8))
+@settings(max_examples=500)
+def test_split_anywhere_gives_the_same_packets_and_the_same_error(
+    session: tuple[list[Packet], bytes], tail: bytes, cuts: list[int]
+) -> None:
+    """Whatever the reads' boundaries, the same packets come out, then the same error (or none)."""
+    data = session[1] + tail
+    assert _read_pieces(data, cuts) == _read_pieces(data, [])

@@ -275,9 +275,9 @@ class MqttReader:
         self.error: MqttError | None = None
 
     def feed(self, data: bytes) -> list[Packet]:
-        """The packets ``data`` completes, in order; MqttError for the first that breaks a rule (the
-        packets before it are lost with it: the connection ends). Never holds more than one packet's
-        limit plus a fixed header."""
+        """The packets ``data`` completes, in order; MqttError for the first that breaks a rule (when
+        packets came before it in the same ``data``, they are returned, :attr:`error` is set, and the
+        next call raises it). Never holds more than one packet's limit plus a fixed header."""
         if self.error is not None:
             raise self.error
         self._buffer += data
@@ -291,7 +291,9 @@ class MqttReader:
         except MqttError as exc:
             self.error = exc
             self._buffer.clear()
-            raise
+            if not packets:
+                raise
+            return packets  # the packets before it count; the error comes at the next call
 
     def _next(self) -> Packet | None:
         buffer = self._buffer

@@ -180,7 +180,9 @@ class MqttDoor:
             if conn.transport is not None:
                 conn.transport.close()
             return
-        if conn.transport is not None:
+        held, conn.held = conn.held, []
+        conn.handle(held)
+        if conn.transport is not None and not conn.closing:
             conn.transport.resume_reading()
 
     async def _admit_connect(self, conn: MqttConnection, packet: Connect) -> tuple[int, str]:

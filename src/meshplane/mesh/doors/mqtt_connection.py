@@ -118,6 +118,7 @@ class MqttConnection(asyncio.Protocol):
         self.room = asyncio.Event()
         self.messages_in = self.messages_out = self.dropped = 0
         self.paused_reading = False
+        self.held: list[Packet | MqttError] = []  # read with the CONNECT (reading waits for its answer)
 
     # --- asyncio ---------------------------------------------------------------------------------
 
@@ -134,16 +135,27 @@ class MqttConnection(asyncio.Protocol):
         if self.closing:
             return
         self.last_heard = time.monotonic()
+        items: list[Packet | MqttError]
         try:
-            packets = self.reader.feed(data)
+            items = [*self.reader.feed(data)]
         except MqttError as exc:
-            self.refuse(exc)
-            return
-        for packet in packets:
+            items = [exc]
+        else:
+            if self.reader.error is not None:  # after the packets that came before it
+                items.append(self.reader.error)
+        self.handle(items)
+
+    def handle(self, items: list[Packet | MqttError]) -> None:
+        for index, item in enumerate(items):
             if self.closing:
                 return
+            if self.level and not self.connected:  # after a CONNECT being answered: they wait for it
+                self.held = items[index:]
+                return
             try:
-                self.on_packet(packet)
+                if isinstance(item, MqttError):
+                    raise item
+                self.on_packet(item)
             except MqttError as exc:
                 self.refuse(exc)
                 return
