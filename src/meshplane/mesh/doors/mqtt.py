@@ -412,8 +412,10 @@ class MqttDoor:
             try:
                 try:
                     events = topic.read(0, offset, min(QUEUE_READ, conn.receive_maximum - len(conn.inflight)))
-                except OffsetOutOfRange:
-                    offset = topic.partitions[0].start_offset
+                except OffsetOutOfRange:  # retention took them, or a lost tail: on from what there is
+                    partition = topic.partitions[0]
+                    offset = min(max(offset, partition.start_offset), partition.next_offset)
+                    session.acked = session.sent = offset
                     self.count("queue_offsets_skipped")
                     continue
                 except StreamError as exc:

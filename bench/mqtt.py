@@ -1,0 +1,197 @@
+"""MQTT with paho-mqtt against Debian's mosquitto broker and against a meshplane node's MQTT door, in
+the same run, one server each (issue 59's benchmark).
+
+The same paho clients (a publisher and a subscriber, each its own process, 100 QoS 1 messages in flight:
+paho's fastest window here; it slows down with more)
+send ``--count`` messages of 100 B through each server; a run lasts from the publisher's first PUBLISH
+until the subscriber has them all (and, at QoS 1, the publisher has every PUBACK). Kinds:
+
+- ``qos0``: QoS 0 both ways (mosquitto: in memory; meshplane: direct events);
+- ``qos1``: QoS 1 publisher and subscriber with a clean session. mosquitto's PUBACK: the message is in
+  the broker's memory (Debian's configuration, ``persistence true``, writes its store every 30 minutes
+  and at shutdown: a crash loses everything since). meshplane's: the guaranteed event is stored
+  wherever a queue wants it, and no queue does: at once, like mosquitto's;
+- ``qos1-session``: the subscriber has a persistent session. mosquitto: queued in memory as above.
+  meshplane: the session is a queue, so each PUBACK waits until the message is written in it (fsync
+  every 10 ms, the node's default ``--fsync interval``): a SIGKILL of the node loses nothing acknowledged.
+
+Rounds interleave the two servers; the ratio is the median of per-round ratios (meshplane/mosquitto).
+
+    python bench/mqtt.py [--count N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import add_out, emit, median_ratio, rate, write_results
+from meshplane.launchers import StreamsServerProcess, free_port
+
+BODY = b"x" * 100
+WINDOW = 100
+KINDS = {"qos0": (0, True), "qos1": (1, True), "qos1-session": (1, False)}  # (QoS, clean session)
+
+
+def child(role: str, port: int, qos: int, clean: bool, count: int, tag: str) -> None:
+    """A paho client in its own process: ``sub`` says ready once subscribed, then when it has all;
+    ``pub`` publishes them all and says when every PUBACK is in."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    done = threading.Event()
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, f"bench-{role}-{tag}", clean_session=clean)
+    client.max_inflight_messages_set(WINDOW)
+    ready = threading.Event()
+    received = [0]
+
+    def on_message(c: Any, u: Any, message: Any) -> None:
+        received[0] += 1
+        if received[0] == count:
+            done.set()
+
+    client.on_message = on_message
+    client.on_subscribe = lambda *args: ready.set()
+    client.on_connect = lambda *args: (
+        ready.set() if role == "pub" else client.subscribe(f"bench/{tag}/#", qos)
+    )
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    ready.wait(30)
+    if role == "sub":
+        emit({"ready": True})
+        done.wait(600)
+        emit({"last": time.time(), "received": received[0]})
+    else:
+        acked = [0]
+        room = threading.Semaphore(WINDOW)
+
+        def on_publish(*args: Any) -> None:
+            acked[0] += 1
+            room.release()
+            if acked[0] == count:
+                done.set()
+
+        client.on_publish = on_publish
+        started = time.time()
+        for _ in range(count):
+            if qos:
+                room.acquire()
+            client.publish(f"bench/{tag}/m", BODY, qos)
+        done.wait(600)
+        emit({"started": started, "acked": acked[0], "acks_in": time.time()})
+    client.disconnect()
+    client.loop_stop()
+
+
+def spawn(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, __file__, "--child", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent,
+    )
+
+
+def line(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    assert proc.stdout is not None
+    text = proc.stdout.readline()
+    if not text:
+        raise RuntimeError("a benchmark client ended without answering")
+    answer: dict[str, Any] = json.loads(text)
+    return answer
+
+
+def one_run(port: int, kind: str, count: int, tag: str) -> float:
+    qos, clean = KINDS[kind]
+    sub = spawn("sub", str(port), str(qos), str(int(clean)), str(count), tag)
+    line(sub)
+    pub = spawn("pub", str(port), str(qos), str(int(clean)), str(count), tag)
+    published, received = line(pub), line(sub)
+    pub.wait(30)
+    sub.wait(30)
+    if received["received"] != count or (qos and published["acked"] != count):
+        raise RuntimeError(f"{kind} on port {port}: {received} {published}")
+    return rate(count, max(received["last"], published["acks_in"]) - published["started"])
+
+
+def mosquitto(directory: Path) -> tuple[subprocess.Popen[bytes], int]:
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    port = free_port()
+    conf = directory / "mosquitto.conf"
+    # Debian's /etc/mosquitto/mosquitto.conf, but its own port and folder: persistence as Debian ships it
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
+        f"persistence_location {directory}/\nmax_inflight_messages 100\nmax_queued_messages 100000\n"
+    )
+    proc = subprocess.Popen([binary, "-c", str(conf)], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, port
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kinds", default=",".join(KINDS), help="which kinds to run, comma-separated")
+    parser.add_argument("--child", nargs=6, metavar=("ROLE", "PORT", "QOS", "CLEAN", "COUNT", "TAG"))
+    add_out(parser, "mqtt")
+    args = parser.parse_args()
+    if args.child:
+        role, port, qos, clean, count, tag = args.child
+        child(role, int(port), int(qos), bool(int(clean)), int(count), tag)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        broker, broker_port = mosquitto(Path(tmp))
+        mqtt_port = free_port()
+        node = StreamsServerProcess(
+            data_dir=Path(tmp) / "node",
+            extra_args=("--node-id", "a", "--route-port", "0", "--mqtt-port", str(mqtt_port)),
+        )
+        node.start()
+        kinds = args.kinds.split(",")
+        rounds: dict[str, dict[str, list[float]]] = {k: {"meshplane": [], "mosquitto": []} for k in kinds}
+        try:
+            for round_number in range(args.rounds):
+                for kind in kinds:
+                    for side, port in (("mosquitto", broker_port), ("meshplane", mqtt_port)):
+                        tag = f"{kind}-{round_number}"
+                        events = one_run(port, kind, args.count, tag)
+                        rounds[kind][side].append(events)
+                        print(f"round {round_number} {kind:13} {side:9} {events:>10,.0f} msg/s", flush=True)
+        finally:
+            node.stop()
+            broker.terminate()
+            broker.wait(10)
+    results: dict[str, Any] = {
+        "count": args.count,
+        "body_bytes": len(BODY),
+        "python": platform.python_version(),
+        "kinds": {},
+    }
+    for kind, sides in rounds.items():
+        ratio = median_ratio(sides["meshplane"], sides["mosquitto"])
+        results["kinds"][kind] = {**sides, "ratio": ratio}
+        print(f"{kind:13} meshplane/mosquitto: {ratio}x (per-round median)")
+    write_results(args.out, results)
+
+
+if __name__ == "__main__":
+    main()
