@@ -30,7 +30,13 @@ class Paho:
     """A paho-mqtt client on its own network thread, recording what it receives."""
 
     def __init__(
-        self, port: int, client_id: str = "", *, v5: bool = False, clean: bool = True, will: tuple[str, bytes] | None = None
+        self,
+        port: int,
+        client_id: str = "",
+        *,
+        v5: bool = False,
+        clean: bool = True,
+        will: tuple[str, bytes] | None = None,
     ) -> None:
         self.port = port
         self.messages: list[tuple[str, bytes, int, bool, bool]] = []  # topic, payload, qos, retain, dup
@@ -98,7 +104,9 @@ async def subscribed(client: Paho, topic: str, qos: int = 0) -> None:
     await eventually(lambda: len(client.suback) > before, timeout=10, what=f"SUBACK for {topic}")
 
 
-async def test_mqtt_pub_on_a_reaches_mqtt_on_b_a_mesh_client_and_back(trio: tuple[MeshCluster, dict[str, int]]) -> None:
+async def test_mqtt_pub_on_a_reaches_mqtt_on_b_a_mesh_client_and_back(
+    trio: tuple[MeshCluster, dict[str, int]],
+) -> None:
     cluster, ports = trio
     await asyncio.to_thread(cluster.wait_linked)
     sub_b = await connected(Paho(ports["b"], "sub-b", v5=True))
@@ -142,7 +150,20 @@ async def test_mosquitto_pub_and_sub_through_two_nodes(trio: tuple[MeshCluster, 
     cluster, ports = trio
     await asyncio.to_thread(cluster.wait_linked)
     sub = subprocess.Popen(
-        ["mosquitto_sub", "-p", str(ports["b"]), "-t", "plant/+/state", "-q", "1", "-C", "3", "-v", "-i", "ms"],
+        [
+            "mosquitto_sub",
+            "-p",
+            str(ports["b"]),
+            "-t",
+            "plant/+/state",
+            "-q",
+            "1",
+            "-C",
+            "3",
+            "-v",
+            "-i",
+            "ms",
+        ],
         stdout=subprocess.PIPE,
     )
     try:
@@ -150,7 +171,19 @@ async def test_mosquitto_pub_and_sub_through_two_nodes(trio: tuple[MeshCluster, 
         await interest_reached(cluster["a"], "b", "plant.*.state")
         for i, version in enumerate(("mqttv311", "mqttv5", "mqttv311")):
             subprocess.run(
-                ["mosquitto_pub", "-p", str(ports["a"]), "-t", f"plant/m{i}/state", "-m", f"on{i}", "-q", "1", "-V", version],
+                [
+                    "mosquitto_pub",
+                    "-p",
+                    str(ports["a"]),
+                    "-t",
+                    f"plant/m{i}/state",
+                    "-m",
+                    f"on{i}",
+                    "-q",
+                    "1",
+                    "-V",
+                    version,
+                ],
                 check=True,
                 timeout=20,
             )
@@ -164,7 +197,9 @@ async def _clients(cluster: MeshCluster, node: str) -> bool:
     return bool((await status(cluster[node]))["mqtt"]["clients"])
 
 
-async def test_retained_messages_reach_later_subscribers_on_other_nodes(trio: tuple[MeshCluster, dict[str, int]]) -> None:
+async def test_retained_messages_reach_later_subscribers_on_other_nodes(
+    trio: tuple[MeshCluster, dict[str, int]],
+) -> None:
     cluster, ports = trio
     await asyncio.to_thread(cluster.wait_linked)
     await interest_reached(cluster["a"], "b", "$mqtt.#")
@@ -303,7 +338,7 @@ async def test_a_slow_consumer_is_cut_and_counted(trio: tuple[MeshCluster, dict[
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.sendall(encode(Connect(V311, "slow"), V311))
     assert sock.recv(4) == b"\x20\x02\x00\x00"
-    body = b"\x00\x01" + b"\x00\x04big/" [:0] + b"\x00\x03big\x00"
+    body = b"\x00\x01" + b"\x00\x04big/"[:0] + b"\x00\x03big\x00"
     sock.sendall(b"\x82" + varint(len(body)) + body)  # SUBSCRIBE big, QoS 0; then never read again
     await eventually(lambda: _clients(cluster, "a"), timeout=10, what="the slow client")
     mesh = await MeshClient(cluster["a"].route_url).connect()
@@ -320,3 +355,69 @@ async def test_a_slow_consumer_is_cut_and_counted(trio: tuple[MeshCluster, dict[
     finally:
         sock.close()
         await mesh.close()
+
+
+async def test_vpn_users_log_in_and_are_held_to_their_permissions_and_the_token_guards_the_rest(
+    tmp_path: Path,
+) -> None:
+    from meshplane.mesh.vpns import hash_password
+
+    vpns = tmp_path / "vpns.toml"
+    hashed = await asyncio.to_thread(hash_password, "s3cret")
+    vpns.write_text(
+        f'[vpns.team-a.users.alice]\npassword_hash = "{hashed}"\n'
+        'publish = { deny = ["orders.audit.>"] }\nsubscribe = { allow = ["orders.>"] }\n'
+    )
+    port = free_port()
+    args = ("--mesh-vpns", str(vpns), "--mqtt-port", str(port))
+    with MeshCluster(1, node_args={"a": args}, env={"MESHPLANE_MQTT_TOKEN": "door-token"}) as cluster:
+        cluster.start()
+
+        def connack(username: str, password: str, level: int = V311) -> bytes:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                packet = Connect(level, "who", username=username, password=password.encode())
+                sock.sendall(encode(packet, level))
+                return sock.recv(64)
+
+        assert await asyncio.to_thread(connack, "alice@team-a", "wrong") == b"\x20\x02\x00\x04"
+        assert await asyncio.to_thread(connack, "mallory@team-a", "s3cret") == b"\x20\x02\x00\x04"
+        assert await asyncio.to_thread(connack, "anyone", "not-the-token") == b"\x20\x02\x00\x04"
+        assert await asyncio.to_thread(connack, "alice@nowhere", "s3cret") == b"\x20\x02\x00\x04"
+        assert await asyncio.to_thread(connack, "alice@team-a", "s3cret") == b"\x20\x02\x00\x00"
+        assert await asyncio.to_thread(connack, "anyone", "door-token") == b"\x20\x02\x00\x00"
+
+        alice = Paho(port, "alice-sub", v5=True)
+        alice.client.username_pw_set("alice@team-a", "s3cret")
+        await connected(alice)
+        other = Paho(port, "default-sub")
+        other.client.username_pw_set("someone", "door-token")
+        await connected(other)
+        try:
+            await subscribed(alice, "orders/#", 1)  # '#' takes "orders" too, which orders.> does not allow
+            await subscribed(alice, "orders/+", 1)
+            await subscribed(alice, "payments/+")
+            assert [[int(c.value) for c in codes] for codes in alice.suback] == [[0x87], [1], [0x87]]
+            await subscribed(other, "orders/#")
+            denied = alice.client.publish("orders/audit/x", b"no", qos=1)
+            await asyncio.to_thread(denied.wait_for_publish, 10)
+            ok = alice.client.publish("orders/eu", b"team-a", qos=1)
+            await asyncio.to_thread(ok.wait_for_publish, 10)
+            other.client.publish("orders/eu", b"default", qos=0)
+            await eventually(lambda: alice.payloads() == [b"team-a"], timeout=10, what="team-a's own event")
+            await eventually(lambda: other.payloads() == [b"default"], timeout=10, what="the default VPN's")
+            await asyncio.sleep(0.3)
+            assert alice.payloads() == [b"team-a"]  # VPNs apart; the denied one never published
+            assert other.payloads() == [b"default"]
+            answer = await status(cluster["a"])
+            assert answer["vpns"]["team-a"]["violations"] == {"alice": 3}
+            assert answer["vpns"]["team-a"]["logins_refused"] >= 2
+        finally:
+            alice.close()
+            other.close()
+
+
+def test_a_door_proving_nothing_is_refused_where_mesh_clients_must_prove_a_secret(tmp_path: Path) -> None:
+    env = {"MESHPLANE_MESH_MEMBER_SECRET": "m" * 32, "MESHPLANE_MESH_CLIENT_SECRET": "c" * 32}
+    node = MeshCluster(1, node_args={"a": ("--mqtt-port", str(free_port()))}, env=env)
+    with node, pytest.raises(Exception, match="MESHPLANE_MQTT_TOKEN"):
+        node.start(timeout=20)
