@@ -62,9 +62,14 @@ def child(role: str, port: int, qos: int, clean: bool, count: int, tag: str) -> 
 
     client.on_message = on_message
     client.on_subscribe = lambda *args: ready.set()
-    client.on_connect = lambda *args: (
-        ready.set() if role == "pub" else client.subscribe(f"bench/{tag}/#", qos)
-    )
+
+    def on_connect(*args: Any) -> None:
+        if role == "pub":
+            ready.set()
+        else:
+            client.subscribe(f"bench/{tag}/#", qos)
+
+    client.on_connect = on_connect
     client.connect("127.0.0.1", port)
     client.loop_start()
     ready.wait(30)

@@ -7,18 +7,18 @@ import asyncio
 import shutil
 import signal
 import socket
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.properties import Properties
 from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
-from meshplane.core.doors.mqtt_packets import V5, V311, Connect, Publish, Will, encode, varint
+from meshplane.core.doors.mqtt_packets import V5, V311, Connect, Publish, Subscribe, Will, encode
 from meshplane.launchers import MeshCluster
 from meshplane.launchers.base import free_port
 from meshplane.mesh.client import MeshClient
@@ -41,12 +41,14 @@ class Paho:
         self.port = port
         self.messages: list[tuple[str, bytes, int, bool, bool]] = []  # topic, payload, qos, retain, dup
         self.lock = threading.Lock()
-        self.suback: list[object] = []
-        self.connack: list[object] = []
-        self.disconnects: list[object] = []
+        self.suback: list[list[Any]] = []  # each SUBACK's reason codes
+        self.connack: list[tuple[bool, Any]] = []  # (session present, reason code)
+        self.disconnects: list[Any] = []
         protocol = mqtt.MQTTv5 if v5 else mqtt.MQTTv311
-        kwargs = {} if v5 else {"clean_session": clean}
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id, protocol=protocol, **kwargs)
+        session = None if v5 else clean  # 5 says it at connect (clean_start)
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id, clean_session=session, protocol=protocol
+        )
         self.client.on_message = self._message
         self.client.on_subscribe = lambda c, u, mid, codes, p: self.suback.append(codes)
         self.client.on_connect = lambda c, u, f, code, p: self.connack.append((f.session_present, code))
@@ -57,12 +59,14 @@ class Paho:
 
     def _message(self, client: mqtt.Client, userdata: object, message: mqtt.MQTTMessage) -> None:
         with self.lock:
-            self.messages.append((message.topic, message.payload, message.qos, message.retain, message.dup))
+            self.messages.append(
+                (message.topic, bytes(message.payload), message.qos, message.retain, message.dup)
+            )
 
     def connect(self) -> Paho:
         properties = None
         if self.v5 and not self.clean:
-            properties = Properties(PacketTypes.CONNECT)
+            properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             properties.SessionExpiryInterval = 3600
         if self.v5:
             self.client.connect("127.0.0.1", self.port, clean_start=self.clean, properties=properties)
@@ -87,7 +91,7 @@ def mqtt_ports(ids: str) -> dict[str, int]:
 @pytest.fixture
 def trio(tmp_path: Path) -> Iterator[tuple[MeshCluster, dict[str, int]]]:
     ports = mqtt_ports("abc")
-    node_args = {node: ("--mqtt-port", str(port)) for node, port in ports.items()}
+    node_args: dict[str, tuple[str, ...]] = {node: ("--mqtt-port", str(port)) for node, port in ports.items()}
     with MeshCluster(3, node_args=node_args) as cluster:
         yield cluster.start(), ports
 
@@ -149,8 +153,8 @@ async def test_mqtt_pub_on_a_reaches_mqtt_on_b_a_mesh_client_and_back(
 async def test_mosquitto_pub_and_sub_through_two_nodes(trio: tuple[MeshCluster, dict[str, int]]) -> None:
     cluster, ports = trio
     await asyncio.to_thread(cluster.wait_linked)
-    sub = subprocess.Popen(
-        [
+    sub = await asyncio.create_subprocess_exec(
+        *(
             "mosquitto_sub",
             "-p",
             str(ports["b"]),
@@ -163,34 +167,24 @@ async def test_mosquitto_pub_and_sub_through_two_nodes(trio: tuple[MeshCluster, 
             "-v",
             "-i",
             "ms",
-        ],
-        stdout=subprocess.PIPE,
+        ),
+        stdout=asyncio.subprocess.PIPE,
     )
     try:
         await eventually(lambda: _clients(cluster, "b"), timeout=15, what="mosquitto_sub connected")
         await interest_reached(cluster["a"], "b", "plant.*.state")
         for i, version in enumerate(("mqttv311", "mqttv5", "mqttv311")):
-            subprocess.run(
-                [
-                    "mosquitto_pub",
-                    "-p",
-                    str(ports["a"]),
-                    "-t",
-                    f"plant/m{i}/state",
-                    "-m",
-                    f"on{i}",
-                    "-q",
-                    "1",
-                    "-V",
-                    version,
-                ],
-                check=True,
-                timeout=20,
+            pub = await asyncio.create_subprocess_exec(
+                *("mosquitto_pub", "-p", str(ports["a"]), "-t", f"plant/m{i}/state", "-m", f"on{i}"),
+                *("-q", "1", "-V", version),
             )
-        out, _ = await asyncio.to_thread(sub.communicate, timeout=20)
+            assert await asyncio.wait_for(pub.wait(), 20) == 0
+        out, _ = await asyncio.wait_for(sub.communicate(), 20)
         assert out.decode().splitlines() == ["plant/m0/state on0", "plant/m1/state on1", "plant/m2/state on2"]
     finally:
-        sub.kill()
+        if sub.returncode is None:
+            sub.kill()
+            await sub.wait()
 
 
 async def _clients(cluster: MeshCluster, node: str) -> bool:
@@ -310,7 +304,8 @@ async def test_hostile_clients_are_cut_with_a_reason_and_the_node_serves_on(
     assert await asyncio.to_thread(closed_after, b"") == b""  # nothing at all: the CONNECT timeout
     v5 = encode(Connect(V5, "bad"), V5)
     answer = await asyncio.to_thread(closed_after, v5 + encode(Publish("a/+", b"", 0), V5))
-    assert answer.startswith(b"\x20") and b"\xe0" in answer  # CONNACK, then DISCONNECT 0x90
+    assert answer.startswith(b"\x20")  # CONNACK, then DISCONNECT 0x90
+    assert b"\xe0" in answer
     assert answer[answer.index(b"\xe0") + 2] == 0x90
     qos2 = await asyncio.to_thread(closed_after, v5 + encode(Publish("a/b", b"", 2, packet_id=1), V5))
     assert qos2[qos2.index(b"\xe0") + 2] == 0x9B  # QoS not supported
@@ -338,8 +333,7 @@ async def test_a_slow_consumer_is_cut_and_counted(trio: tuple[MeshCluster, dict[
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.sendall(encode(Connect(V311, "slow"), V311))
     assert sock.recv(4) == b"\x20\x02\x00\x00"
-    body = b"\x00\x01" + b"\x00\x04big/"[:0] + b"\x00\x03big\x00"
-    sock.sendall(b"\x82" + varint(len(body)) + body)  # SUBSCRIBE big, QoS 0; then never read again
+    sock.sendall(encode(Subscribe(1, (("big", 0),)), V311))  # then never read again
     await eventually(lambda: _clients(cluster, "a"), timeout=10, what="the slow client")
     mesh = await MeshClient(cluster["a"].route_url).connect()
     try:
