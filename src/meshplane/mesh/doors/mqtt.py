@@ -19,7 +19,6 @@ intervals. Before its CONNECT it counts among the node's unproven connections (i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import itertools
 import logging
@@ -29,22 +28,19 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from meshplane.core.doors.mqtt_codec import DEFAULT_MAX_PACKET
 from meshplane.core.doors.mqtt_packets import V5, V311, Code, ConnAck, Connect, Prop
-from meshplane.core.doors.mqtt_topics import BadTopic, to_subject, to_topic
+from meshplane.core.doors.mqtt_topics import BadTopic, to_subject
 from meshplane.core.mesh.frames import FLAG_GUARANTEED
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
 from meshplane.errors import ConfigError
 from meshplane.mesh.doors.mqtt_connection import MAX_CLIENT_ID, RECEIVE_MAXIMUM, MqttConnection
 from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX, RetainedStore
-from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession
+from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.preauth import QuietLog, Unproven, bounded
 from meshplane.mesh.vpns import User, hash_password
-from meshplane.streams.errors import OffsetOutOfRange, StreamError
 
 if TYPE_CHECKING:
     from meshplane.mesh.node import MeshNode
@@ -54,7 +50,6 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "MESHPLANE_MQTT_TOKEN"
 CONNECT_TIMEOUT = 5.0  # seconds from accept to CONNECT
 CHECKS_AT_ONCE = 2  # argon2 checks under way at once (each ~64 MiB)
-QUEUE_READ = 256  # events read from a session's queue at a time
 
 
 class RetainHolder:
@@ -208,6 +203,10 @@ class MqttDoor:
         code, why = await self._authenticate(conn, packet)
         if code:
             return code, why
+        refused = conn.permissions.why_not_publish(will[0]) if will and conn.permissions else ""
+        if refused:
+            self.violation(conn)
+            return Code.NOT_AUTHORIZED, f"will: {refused}"
         vpn = self.node.config.vpns[conn.vpn]
         full = self.node.logins.connections_full(vpn)
         if full:
@@ -303,7 +302,7 @@ class MqttDoor:
         if self.connections.get(key) is conn:
             del self.connections[key]
         self.node.logins.connections[conn.vpn] -= 1
-        self.node.logins.subscriptions[conn.vpn] -= len(conn.subscriptions)
+        self.node.logins.subscriptions[conn.vpn] -= len(conn.patterns)
         for pattern in list(conn.patterns):
             self.node.unsubscribe(conn, pattern)
         if conn.pump is not None:
@@ -390,58 +389,10 @@ class MqttDoor:
 
     def _start_pump(self, conn: MqttConnection, session: StoredSession) -> None:
         if conn.pump is None and any(s.qos for s in conn.subscriptions.values()):
-            conn.pump = asyncio.get_running_loop().create_task(self._pump(conn, session))
-
-    async def _pump(self, conn: MqttConnection, session: StoredSession) -> None:
-        """A persistent session's queue to its client: from the first offset not acknowledged; what
-        was sent before goes again with DUP."""
-        engine = self.node.guaranteed.engine
-        assert engine is not None
-        offset = session.acked
-        redelivery_end = session.sent
-        while conn.connected and not conn.closing:
-            topic = engine.topic_store.topics.get(session.queue)
-            if topic is None:
-                await asyncio.sleep(0.5)
-                continue
-            if not conn.has_room:
-                conn.room.clear()
-                await conn.room.wait()
-                continue
-            waiter = topic.notifiers[0].waiter()
-            try:
-                try:
-                    events = topic.read(0, offset, min(QUEUE_READ, conn.receive_maximum - len(conn.inflight)))
-                except OffsetOutOfRange:  # retention took them, or a lost tail: on from what there is
-                    partition = topic.partitions[0]
-                    offset = min(max(offset, partition.start_offset), partition.next_offset)
-                    session.acked = session.sent = offset
-                    self.count("queue_offsets_skipped")
-                    continue
-                except StreamError as exc:
-                    log.warning(
-                        "MQTT session %s: its queue cannot be read (%s)", bounded(conn.client_id), exc
-                    )
-                    await asyncio.sleep(1.0)
-                    continue
-                if not events:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(1.0):
-                            await waiter.wait()
-                    continue
-            finally:
-                topic.notifiers[0].forget(waiter)
-            for event in events:
-                body = event.body
-                payload = body.data if isinstance(body.data, bytes) else msgspec.json.encode(body.data)
-                conn.send_from_queue(
-                    event.offset, to_topic(body.event_type), payload, event.offset < redelivery_end
-                )
-                offset = event.offset + 1
-            session.sent = max(session.sent, offset)
-            if not conn.queue_offsets:
-                session.acked = offset
-            self.sessions_dirty()
+            engine = self.node.guaranteed.engine
+            assert engine is not None  # a node without one keeps no sessions
+            task = pump_queue(engine, conn, session, self.count, self.sessions_dirty)
+            conn.pump = asyncio.get_running_loop().create_task(task)
 
     # --- what it looks like ------------------------------------------------------------------------
 

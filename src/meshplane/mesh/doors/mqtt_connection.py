@@ -47,7 +47,7 @@ from meshplane.core.doors.mqtt_packets import (
     encode,
 )
 from meshplane.core.doors.mqtt_topics import BadTopic, matches, to_pattern, to_subject, to_topic
-from meshplane.core.mesh.frames import FLAG_GUARANTEED, FLAG_JSON_MESSAGE
+from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_JSON_MESSAGE
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward
 from meshplane.mesh.holders import MeshEvent
@@ -282,7 +282,7 @@ class MqttConnection(asyncio.Protocol):
             packet_id, error = done.packet_id, done.error or ""
             if not error:
                 self.send(PubAck(packet_id))
-            elif self.level == V5 and not error.startswith("unknown"):
+            elif self.level == V5 and not error.startswith(ANSWER_UNKNOWN):
                 self.send(PubAck(packet_id, Code.UNSPECIFIED, self._reason(f"not stored: {error}")))
             else:  # no PUBACK: the client sends it again when it reconnects (QoS 1: at least once)
                 self.door.count("not_stored")

@@ -17,23 +17,31 @@ client connects with a clean session, when MQTT 5's session expiry interval pass
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from meshplane.streams.errors import StorageError
+from meshplane.core.doors.mqtt_topics import to_topic
+from meshplane.mesh.preauth import bounded
+from meshplane.streams.errors import OffsetOutOfRange, StorageError, StreamError
 from meshplane.streams.files import write_atomic
 
 if TYPE_CHECKING:
+    from meshplane.mesh.doors.mqtt_connection import MqttConnection
     from meshplane.mesh.queues import Queues
+    from meshplane.streams.service import StreamsService
 
 log = logging.getLogger(__name__)
 
 MAX_SESSIONS = 10_000  # persistent sessions per node
+QUEUE_READ = 256  # events read from a session's queue at a time
 NEVER = 0xFFFFFFFF  # MQTT 5's session expiry interval that never expires (3.1.1's sessions)
 
 
@@ -128,3 +136,57 @@ class Sessions:
     @staticmethod
     def now() -> float:
         return time.time()
+
+
+async def pump_queue(
+    engine: StreamsService,
+    conn: MqttConnection,
+    session: StoredSession,
+    count: Callable[[str], None],
+    dirty: Callable[[], None],
+) -> None:
+    """A persistent session's queue to its connected client, from the first offset not acknowledged
+    (what was sent before goes again with DUP), as many in flight as the client takes."""
+    offset = session.acked
+    redelivery_end = session.sent
+    while conn.connected and not conn.closing:
+        topic = engine.topic_store.topics.get(session.queue)
+        if topic is None:
+            await asyncio.sleep(0.5)
+            continue
+        if not conn.has_room:
+            conn.room.clear()
+            await conn.room.wait()
+            continue
+        waiter = topic.notifiers[0].waiter()
+        try:
+            try:
+                events = topic.read(0, offset, min(QUEUE_READ, conn.receive_maximum - len(conn.inflight)))
+            except OffsetOutOfRange:  # retention took them, or a lost tail: on from what there is
+                partition = topic.partitions[0]
+                offset = min(max(offset, partition.start_offset), partition.next_offset)
+                session.acked = session.sent = offset
+                count("queue_offsets_skipped")
+                continue
+            except StreamError as exc:
+                log.warning("MQTT session %s: its queue cannot be read (%s)", bounded(conn.client_id), exc)
+                await asyncio.sleep(1.0)
+                continue
+            if not events:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(1.0):
+                        await waiter.wait()
+                continue
+        finally:
+            topic.notifiers[0].forget(waiter)
+        for event in events:
+            body = event.body
+            payload = body.data if isinstance(body.data, bytes) else msgspec.json.encode(body.data)
+            conn.send_from_queue(
+                event.offset, to_topic(body.event_type), payload, event.offset < redelivery_end
+            )
+            offset = event.offset + 1
+        session.sent = max(session.sent, offset)
+        if not conn.queue_offsets:
+            session.acked = offset
+        dirty()
