@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
@@ -23,7 +24,14 @@ from meshplane.launchers import MeshCluster
 from meshplane.launchers.base import free_port
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
-from tests.support.mesh import Inbox, interest_reached, status
+from tests.integration.test_mesh_gateways_guaranteed import (
+    TwoClusters,
+    all_up,
+    delivered,
+    queue_known,
+    running,
+)
+from tests.support.mesh import Inbox, interest_reached, put_queue, queue_bodies, status
 
 
 class Paho:
@@ -143,6 +151,10 @@ async def test_mqtt_pub_on_a_reaches_mqtt_on_b_a_mesh_client_and_back(
         assert ("sensors/garden/temp", b"from the mesh") in [(m[0], m[1]) for m in sub_b.messages]
         answer = await status(cluster["b"])
         assert [c["client_id"] for c in answer["mqtt"]["clients"]] == ["sub-b"]
+        async with aiohttp.ClientSession() as http, http.get(f"{cluster['b'].url}/metrics") as response:
+            metrics = await response.text()
+        assert "meshplane_mesh_mqtt_clients 1.0" in metrics
+        assert 'meshplane_mesh_mqtt_events_total{event="connections"} 1.0' in metrics
     finally:
         for client in (sub_b, everything, pub_a):
             client.close()
@@ -415,3 +427,42 @@ def test_a_door_proving_nothing_is_refused_where_mesh_clients_must_prove_a_secre
     node = MeshCluster(1, node_args={"a": ("--mqtt-port", str(free_port()))}, env=env)
     with node, pytest.raises(Exception, match="MESHPLANE_MQTT_TOKEN"):
         node.start(timeout=20)
+
+
+async def test_an_mqtt_publisher_reaches_a_queue_a_mesh_client_and_mqtt_in_another_cluster() -> None:
+    """MQTT on a2 (cluster A): a queue on a1 stores every QoS 1 message in order; a MeshClient and an
+    MQTT subscriber on b2, behind the gateways, get them too."""
+    with running(TwoClusters(extra_args=("--mqtt-port", "0"))) as topo:
+        await all_up(topo)
+        ports = {name: (await status(topo[name]))["mqtt"]["port"] for name in ("a2", "b2")}
+        await put_queue(topo["a1"], "from-mqtt", ["fleet.>"])
+        mesh = await MeshClient(topo["b2"].route_url).connect()
+        inbox = Inbox()
+        mesh.subscribe("fleet.>", inbox)
+        await mesh.flush(propagated=True)
+        far = await connected(Paho(ports["b2"], "far"))
+        await subscribed(far, "fleet/#", 1)
+        await eventually(
+            lambda: queue_known(topo["a2"], "a1", "fleet.>"), timeout=15, what="a1's queue at a2"
+        )
+
+        async def b_interest() -> bool:
+            gateways = (await status(topo["a1"]))["patterns"]["gateways"]
+            return "fleet.#" in str(gateways) and "fleet.>" in str(gateways)
+
+        await eventually(b_interest, timeout=15, what="cluster B's interest at A's gateway")
+        pub = await connected(Paho(ports["a2"], "truck"))
+        try:
+            bodies = [b"pos-%d" % i for i in range(50)]
+            for body in bodies:
+                info = pub.client.publish("fleet/truck1/pos", body, qos=1)
+                await asyncio.to_thread(info.wait_for_publish, 20)
+            await eventually(lambda: delivered(topo["a1"], "from-mqtt", 50), timeout=20, what="a1's queue")
+            assert await queue_bodies(topo["a1"], "from-mqtt") == bodies  # once each, in order
+            await eventually(lambda: len(inbox.events) == 50, timeout=20, what="the MeshClient in cluster B")
+            assert [b for _, b in inbox.events] == bodies
+            await eventually(lambda: far.payloads() == bodies, timeout=20, what="MQTT in cluster B")
+        finally:
+            pub.close()
+            far.close()
+            await mesh.close()
