@@ -19,7 +19,17 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from meshplane.core.doors.mqtt_packets import V5, V311, Connect, Publish, Subscribe, Will, encode
+from meshplane.core.doors.mqtt_packets import (
+    V5,
+    V311,
+    Connect,
+    Disconnect,
+    PubAck,
+    Publish,
+    Subscribe,
+    Will,
+    encode,
+)
 from meshplane.launchers import MeshCluster
 from meshplane.launchers.base import free_port
 from meshplane.mesh.client import MeshClient
@@ -466,3 +476,67 @@ async def test_an_mqtt_publisher_reaches_a_queue_a_mesh_client_and_mqtt_in_anoth
             pub.close()
             far.close()
             await mesh.close()
+
+
+def read_packets(sock: socket.socket, count: int) -> list[tuple[int, int, bytes]]:
+    """``count`` packets from a server: (type, flags, body)."""
+    buffer, packets = b"", []
+    while len(packets) < count:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise AssertionError(f"closed after {len(packets)} packets")
+        buffer += chunk
+        while len(buffer) >= 2:
+            length, shift, at = 0, 0, 1
+            while buffer[at] & 0x80:
+                length |= (buffer[at] & 0x7F) << shift
+                shift, at = shift + 7, at + 1
+            length |= buffer[at] << shift
+            at += 1
+            if len(buffer) < at + length:
+                break
+            packets.append((buffer[0] >> 4, buffer[0] & 0x0F, buffer[at : at + length]))
+            buffer = buffer[at + length :]
+    return packets
+
+
+async def test_unacknowledged_qos1_messages_come_again_with_dup_to_a_returning_session(
+    trio: tuple[MeshCluster, dict[str, int]],
+) -> None:
+    _, ports = trio
+    port = ports["a"]
+
+    def session(acknowledge: bool, expected: int) -> tuple[bytes, list[tuple[int, int, bytes]]]:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(encode(Connect(V311, "dupper", clean=False), V311))
+            connack = sock.recv(4)
+            if not acknowledge and expected == 0:  # the first time: subscribe
+                sock.sendall(encode(Subscribe(1, (("dup/#", 1),)), V311))
+                assert read_packets(sock, 1)[0][0] == 9  # SUBACK
+                return connack, []
+            packets = read_packets(sock, expected)
+            if acknowledge:
+                for _, _, body in packets:
+                    sock.sendall(encode(PubAck(int.from_bytes(body[2 + body[1] : 4 + body[1]], "big")), V311))
+                sock.sendall(encode(Disconnect(), V311))
+            return connack, packets
+
+    first, _ = await asyncio.to_thread(session, False, 0)
+    assert first == b"\x20\x02\x00\x00"  # no session before
+    pub = await connected(Paho(port, "dup-pub"))
+    try:
+        for i in range(3):
+            info = pub.client.publish("dup/x", b"m%d" % i, qos=1)
+            await asyncio.to_thread(info.wait_for_publish, 10)
+        _, sent = await asyncio.to_thread(session, False, 3)  # received, never acknowledged
+        assert [(kind, flags) for kind, flags, _ in sent] == [(3, 0b0010)] * 3  # QoS 1, no DUP
+        again, resent = await asyncio.to_thread(session, True, 3)
+        assert again == b"\x20\x02\x01\x00"  # session present
+        assert [(kind, flags) for kind, flags, _ in resent] == [(3, 0b1010)] * 3  # QoS 1, DUP
+        assert [body[-2:] for _, _, body in resent] == [b"m0", b"m1", b"m2"]
+        info = pub.client.publish("dup/x", b"m3", qos=1)
+        await asyncio.to_thread(info.wait_for_publish, 10)
+        _, last = await asyncio.to_thread(session, True, 1)  # the acknowledged ones are not sent again
+        assert [(flags, body[-2:]) for _, flags, body in last] == [(0b0010, b"m3")]
+    finally:
+        pub.close()
