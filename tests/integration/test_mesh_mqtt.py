@@ -480,7 +480,7 @@ async def test_an_mqtt_publisher_reaches_a_queue_a_mesh_client_and_mqtt_in_anoth
 
 def read_packets(sock: socket.socket, count: int) -> list[tuple[int, int, bytes]]:
     """``count`` packets from a server: (type, flags, body)."""
-    buffer, packets = b"", []
+    buffer, packets = b"", list[tuple[int, int, bytes]]()
     while len(packets) < count:
         chunk = sock.recv(65536)
         if not chunk:

@@ -14,6 +14,18 @@ function details(entry) {
     .join(" · ");
 }
 
+// The MQTT door's clients (serve --mqtt-port), when the node has one.
+function mqttHtml(door) {
+  if (!door) return "";
+  const rows = door.clients
+    .map((c) => `<tr data-mqtt-client="${esc(c.client_id)}"><td>${esc(c.client_id)}</td><td>${esc(c.protocol)}</td><td>${esc(c.vpn)}${c.user ? ` · ${esc(c.user)}` : ""}</td><td class="num">${fmt(c.subscriptions)}</td><td class="num">${fmt(c.messages_in)}</td><td class="num">${fmt(c.messages_out)}</td><td class="num">${fmt(c.inflight)}</td><td>${c.persistent ? "persistent" : "clean"}</td></tr>`)
+    .join("");
+  const table = rows
+    ? `<table data-test="mqtt-clients"><tr><th>MQTT client</th><th>protocol</th><th>VPN · user</th><th class="num">subscriptions</th><th class="num">in</th><th class="num">out</th><th class="num">in flight</th><th>session</th></tr>${rows}</table>`
+    : '<p class="muted">No MQTT client connected.</p>';
+  return `<h3>MQTT door (port ${door.port})</h3>${table}<p class="muted">${fmt(door.sessions)} persistent sessions · ${fmt(door.retained)} retained</p>`;
+}
+
 export function meshHtml(m) {
   if (!m) return '<p class="muted">This server is not a mesh node (start it with --node-id).</p>';
   const up = new Set(m.links.filter((l) => l.state === "up").map((l) => l.peer));
@@ -38,7 +50,7 @@ export function meshHtml(m) {
     : "";
   const mate = m.mate ? `<p>HA mate: <span class="muted">${esc(details(m.mate))}</span></p>` : "";
   return `<p>Node <b>${esc(m.node)}</b> of cluster ${esc(m.cluster)} · ${fmt(m.counters.messages_routed)} routed, ${fmt(m.counters.messages_forwarded)} forwarded · ${m.interest.patterns_local} local patterns</p>
-    ${links}<h3>Queues</h3>${queues}<h3>Spools</h3>${spools}${gateways ? `<h3>Gateways</h3>${gateways}` : ""}${mate}`;
+    ${links}<h3>Queues</h3>${queues}<h3>Spools</h3>${spools}${gateways ? `<h3>Gateways</h3>${gateways}` : ""}${mate}${mqttHtml(m.mqtt)}`;
 }
 
 export function meshActions(section, result, headers) {
