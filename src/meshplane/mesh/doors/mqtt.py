@@ -171,9 +171,7 @@ class MqttDoor:
             log.info("refused an MQTT client %s: %s", bounded(packet.client_id), why)
             props: dict[int, object] = {Prop.REASON_STRING: why[:200]} if packet.level == V5 else {}
             conn.send(ConnAck(False, code, props))
-            conn.closing = True
-            if conn.transport is not None:
-                conn.transport.close()
+            conn.end()
             return
         held, conn.held = conn.held, []
         conn.handle(held)

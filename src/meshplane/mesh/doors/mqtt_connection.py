@@ -119,6 +119,9 @@ class MqttConnection(asyncio.Protocol):
         self.messages_in = self.messages_out = self.dropped = 0
         self.paused_reading = False
         self.held: list[Packet | MqttError] = []  # read with the CONNECT (reading waits for its answer)
+        self._out: list[bytes] = []  # packets of this round, written at its end (bounded in bytes)
+        self._out_bytes = 0
+        self._flushing = False
 
     # --- asyncio ---------------------------------------------------------------------------------
 
@@ -167,11 +170,29 @@ class MqttConnection(asyncio.Protocol):
     # --- writing ---------------------------------------------------------------------------------
 
     def send(self, packet: Packet) -> None:
-        transport = self.transport
-        if transport is None or self.closing:
+        """Queued for this event loop round's one write (a syscall per packet cost more than routing)."""
+        if self.transport is None or self.closing:
             return
-        transport.write(encode(packet, self.level or V311))
-        if transport.get_write_buffer_size() > MAX_OUTBOUND_BYTES:
+        data = encode(packet, self.level or V311)
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self.flush)
+        if self._out_bytes > MAX_OUTBOUND_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        self._flushing = False
+        transport = self.transport
+        if not self._out or transport is None or transport.is_closing():
+            self._out.clear()
+            self._out_bytes = 0
+            return
+        transport.write(b"".join(self._out))
+        self._out.clear()
+        self._out_bytes = 0
+        if transport.get_write_buffer_size() > MAX_OUTBOUND_BYTES and not self.closing:
             self.door.count("slow_consumer")
             log.warning(
                 "MQTT client %s cut: %d bytes its socket did not take (a slow consumer)",
@@ -181,12 +202,21 @@ class MqttConnection(asyncio.Protocol):
             self.close(Code.QUOTA_EXCEEDED, "a slow consumer: too many bytes not read", abort=True)
 
     def close(self, code: int = Code.SUCCESS, why: str = "", *, abort: bool = False) -> None:
-        """Close (a 5 client told why with a DISCONNECT, unless the socket is stuck)."""
+        """Close (a 5 client told why with a DISCONNECT, unless the socket is stuck); what was sent
+        before goes first."""
         if self.closing or self.transport is None:
             return
         if self.level == V5 and self.connected and not abort:
             props: dict[int, object] = {Prop.REASON_STRING: why[:200]} if why else {}
-            self.transport.write(encode(Disconnect(code, props), V5))
+            self.send(Disconnect(code, props))
+        self.end(abort=abort)
+
+    def end(self, *, abort: bool = False) -> None:
+        """Closed now, after what was queued (unless ``abort``: the socket is stuck)."""
+        if self.transport is None:
+            return
+        if not abort:
+            self.flush()
         self.closing = True
         if abort:
             self.transport.abort()
@@ -201,9 +231,8 @@ class MqttConnection(asyncio.Protocol):
         )
         if exc.in_connect and not self.connected and self.transport is not None:
             self.level = V311  # the CONNECT could not be read: answered in 3.1.1, which 5's clients read
-            self.transport.write(encode(ConnAck(False, exc.code), V311))
-            self.closing = True
-            self.transport.close()
+            self.send(ConnAck(False, exc.code))
+            self.end()
             return
         self.close(exc.code, str(exc))
 
@@ -225,9 +254,7 @@ class MqttConnection(asyncio.Protocol):
             self.send(PingResp())
         elif isinstance(packet, Disconnect):
             self.graceful = packet.code != Code.DISCONNECT_WITH_WILL
-            self.closing = True
-            if self.transport is not None:
-                self.transport.close()
+            self.end()
         elif isinstance(packet, Connect):
             self.level = packet.level
             if self.transport is not None:
