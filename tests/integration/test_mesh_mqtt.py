@@ -540,3 +540,37 @@ async def test_unacknowledged_qos1_messages_come_again_with_dup_to_a_returning_s
         assert [(flags, body[-2:]) for _, flags, body in last] == [(0b0010, b"m3")]
     finally:
         pub.close()
+
+
+async def test_with_the_nodes_tls_the_door_takes_tls_clients_with_a_certificate_only(tmp_path: Path) -> None:
+    from tests.mesh_pki import MeshCA
+
+    ca = MeshCA(tmp_path)
+    ca.issue("a", "meshplane://node/c1/a", "127.0.0.1")
+    ca.issue("sensor", "meshplane://client/sensor")
+    port = free_port()
+    tls = ("--mesh-tls-cert", str(tmp_path / "a.pem"), "--mesh-tls-key", str(tmp_path / "a.key"))
+    args = (*tls, "--mesh-tls-ca", str(tmp_path / "ca.pem"), "--mqtt-port", str(port))
+    with MeshCluster(1, node_args={"a": args}) as cluster:
+        cluster.start()
+        client = Paho(port, "tls-sensor")
+        client.client.tls_set(
+            str(tmp_path / "ca.pem"), str(tmp_path / "sensor.pem"), str(tmp_path / "sensor.key")
+        )
+        await connected(client)
+        try:
+            await subscribed(client, "t/#")
+            client.client.publish("t/x", b"over tls")
+            await eventually(lambda: client.payloads() == [b"over tls"], timeout=10, what="over TLS")
+        finally:
+            client.close()
+
+        def plain() -> bytes:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(encode(Connect(V311, "plain"), V311))
+                try:
+                    return sock.recv(64)
+                except ConnectionResetError:
+                    return b""
+
+        assert not (await asyncio.to_thread(plain)).startswith(b"\x20")  # no CONNACK in clear

@@ -103,8 +103,14 @@ class MqttDoor:
         for vpn in config.vpns:
             self.node.subscribe(self.retain_holder, RETAIN_PREFIX + prefix_of(vpn) + "#")
         loop = asyncio.get_running_loop()
+        tls = config.tls.server_context() if config.tls is not None else None  # the node's, shared
         self._server = await loop.create_server(
-            lambda: MqttConnection(self), config.host, self.config_port, reuse_address=True
+            lambda: MqttConnection(self),
+            config.host,
+            self.config_port,
+            reuse_address=True,
+            ssl=tls,
+            ssl_handshake_timeout=config.limits.auth_timeout if tls is not None else None,
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
         self._ticker = asyncio.create_task(self._ticks())
