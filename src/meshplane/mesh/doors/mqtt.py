@@ -41,6 +41,7 @@ from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, p
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.preauth import QuietLog, Unproven, bounded
 from meshplane.mesh.vpns import User, hash_password
+from meshplane.streams.errors import StreamError
 
 if TYPE_CHECKING:
     from meshplane.mesh.node import MeshNode
@@ -234,7 +235,10 @@ class MqttDoor:
                 stored = None
             if persistent:
                 if stored is None:
-                    stored = self.sessions.open(conn.vpn, client_id, expiry)
+                    try:
+                        stored = self.sessions.open(conn.vpn, client_id, expiry)
+                    except StreamError as exc:
+                        return Code.QUOTA_EXCEEDED, str(exc)
                 else:
                     session_present = True
                 stored.expiry, stored.left_at = expiry, 0.0
@@ -376,15 +380,22 @@ class MqttDoor:
         if self.sessions is not None:
             self.sessions.dirty = True
 
-    def session_subscriptions(self, conn: MqttConnection) -> None:
-        """A persistent session's subscriptions changed: saved (fsynced) with its queue's patterns."""
+    def session_subscriptions(self, conn: MqttConnection) -> str:
+        """A persistent session's subscriptions changed: saved (fsynced) with its queue's patterns;
+        why not, when they could not be (the node's queue limit, a failing disk)."""
         session, sessions = conn.session, self.sessions
         if session is None or sessions is None:
-            return
+            return ""
         session.subscriptions = {f: (s.qos, s.options) for f, s in conn.subscriptions.items()}
         patterns = [outward(conn.prefix, s.pattern) for s in conn.subscriptions.values() if s.qos]
-        sessions.subscriptions_changed(session, patterns)
+        try:
+            sessions.subscriptions_changed(session, patterns)
+        except StreamError as exc:
+            self.count("session_not_saved")
+            log.warning("MQTT session %s: subscriptions not saved (%s)", bounded(conn.client_id), exc)
+            return f"the session's subscriptions could not be saved: {exc}"
         self._start_pump(conn, session)
+        return ""
 
     def _restore(self, conn: MqttConnection, session: StoredSession) -> None:
         conn.restore(session.subscriptions)

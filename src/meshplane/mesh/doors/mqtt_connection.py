@@ -347,7 +347,10 @@ class MqttConnection(asyncio.Protocol):
             codes.append(code)
             if code < 0x80 and (options >> 4) & 3 != 2:  # retain handling 2: none sent
                 new.append((topic_filter, pattern))
-        self._changed()
+        refused = self._changed()
+        if refused:  # not kept as its session: no SUBACK, said why (the client may try again)
+            self.close(Code.QUOTA_EXCEEDED, refused)
+            return
         self.send(SubAck(packet.packet_id, tuple(codes)))
         for _, pattern in new:
             for subject, kept in self.door.retained.matching(pattern):
@@ -394,7 +397,10 @@ class MqttConnection(asyncio.Protocol):
             codes.append(Code.SUCCESS if known is not None else Code.NO_SUBSCRIPTION_EXISTED)
             if known is not None:
                 self._drop_pattern(known.pattern)
-        self._changed()
+        refused = self._changed()
+        if refused:
+            self.close(Code.UNSPECIFIED, refused)
+            return
         self.send(UnsubAck(packet.packet_id, tuple(codes) if self.level == V5 else ()))
 
     def _drop_pattern(self, pattern: str) -> None:
@@ -408,12 +414,14 @@ class MqttConnection(asyncio.Protocol):
     def _persistent_qos1(self) -> int:
         return sum(1 for s in self.subscriptions.values() if s.qos)
 
-    def _changed(self, save: bool = True) -> None:
+    def _changed(self, save: bool = True) -> str:
+        """The subscriptions changed: a persistent session saves them; why not, if they were not."""
         qos = {s.qos for s in self.subscriptions.values()}
         self.one_qos = qos.pop() if len(qos) == 1 else None
         self.no_local = any(s.options & 4 for s in self.subscriptions.values())
         if self.session is not None and save:
-            self.door.session_subscriptions(self)
+            return self.door.session_subscriptions(self)
+        return ""
 
     def restore(self, subscriptions: dict[str, tuple[int, int]]) -> None:
         """A persistent session's subscriptions, taken again as they were granted."""
