@@ -209,6 +209,10 @@ async def test_mosquitto_pub_and_sub_through_two_nodes(trio: tuple[MeshCluster, 
             await sub.wait()
 
 
+async def _retained(cluster: MeshCluster, node: str, count: int) -> bool:
+    return bool((await status(cluster[node]))["mqtt"]["retained"] == count)
+
+
 async def _clients(cluster: MeshCluster, node: str) -> bool:
     return bool((await status(cluster[node]))["mqtt"]["clients"])
 
@@ -234,7 +238,8 @@ async def test_retained_messages_reach_later_subscribers_on_other_nodes(
         assert later.messages[0][:4] == ("config/lamp", b"blue", 1, True)
         pub.client.publish("config/lamp", b"", retain=True)  # an empty retained payload clears it
         await eventually(lambda: len(later.messages) == 2, timeout=10, what="the clearing publish")
-        again = await connected(Paho(ports["a"], "again"))
+        await eventually(lambda: _retained(cluster, "b", 0), timeout=10, what="cleared at b too")
+        again = await connected(Paho(ports["b"], "again"))
         await subscribed(again, "config/#")
         await asyncio.sleep(0.5)  # nothing may arrive: a negative, bounded wait
         assert again.messages == []

@@ -60,8 +60,10 @@ class RetainHolder:
         self.door = door
 
     def deliver(self, event: MeshEvent) -> None:
-        if event.source != self.door.origin and event.body:
-            self.door.retained.put(event.subject[len(RETAIN_PREFIX) :], event.body[1:], event.body[0] & 1)
+        """One byte of QoS, then the payload; an empty body clears the topic's."""
+        if event.source != self.door.origin:
+            qos = event.body[0] & 1 if event.body else 0
+            self.door.retained.put(event.subject[len(RETAIN_PREFIX) :], event.body[1:], qos)
 
 
 class MqttDoor:
