@@ -94,6 +94,7 @@ class MeshConfig:
     cluster: str = "meshplane"
     host: str = "127.0.0.1"
     route_port: int = 0  # routes and mesh clients connect here (0: a free port)
+    nats_port: int | None = None  # NATS clients connect here (0: a free port; None: no NATS door)
     routes: tuple[str, ...] = ()  # tcp://host:port of the other nodes
     gateways: tuple[tuple[str, str], ...] = ()  # (cluster, tcp://host:port of its gateway): a gateway
     secret: str = field(default_factory=lambda: secret_from_env(MEMBER_SECRET_ENV), repr=False)  # members'

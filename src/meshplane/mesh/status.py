@@ -62,6 +62,7 @@ def node_status(node: MeshNode, patterns: bool, limit: int) -> dict[str, Any]:
             "spools": node.guaranteed.spool_status(),
         },
         "mate": node.mirror.status() if node.mirror is not None else None,
+        "nats": node.nats.status(limit) if node.nats is not None else None,
     }
     if patterns:
         answer["patterns"] = {

@@ -1,0 +1,1 @@
+"""Doors' protocol codecs, sans I/O: NATS and MQTT."""

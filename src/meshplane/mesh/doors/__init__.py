@@ -1,0 +1,1 @@
+"""Doors: foreign protocols (NATS, MQTT) on a mesh node."""
