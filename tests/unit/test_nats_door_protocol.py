@@ -44,7 +44,9 @@ maybe_subject = st.one_of(st.just(""), subjects)
 headers = st.lists(st.tuples(token, token), max_size=3).map(
     lambda pairs: b"NATS/1.0\r\n" + b"".join(f"{k}: {v}\r\n".encode() for k, v in pairs) + b"\r\n"
 )
-options: st.SearchStrategy[dict[str, object]] = st.dictionaries(token, st.one_of(st.booleans(), st.integers(), token), max_size=4)
+options: st.SearchStrategy[dict[str, object]] = st.dictionaries(
+    token, st.one_of(st.booleans(), st.integers(), token), max_size=4
+)
 
 
 @st.composite
