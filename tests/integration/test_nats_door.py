@@ -353,7 +353,7 @@ async def test_vpn_users_log_in_and_stay_in_their_vpn(vpn_mesh: NatsMesh) -> Non
 
 @pytest.mark.parametrize(("user", "password"), [("alice", "wrong"), ("nobody", "alice-pw"), ("", "")])
 async def test_wrong_credentials_are_refused(vpn_mesh: NatsMesh, user: str, password: str) -> None:
-    with pytest.raises(Exception, match="[Aa]uthorization"):
+    with pytest.raises(Exception, match=r"[Aa]uthorization"):
         await nats.connect(
             vpn_mesh.url("a"), user=user or None, password=password or None, allow_reconnect=False
         )
