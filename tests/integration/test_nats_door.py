@@ -157,6 +157,40 @@ async def test_a_publish_on_a_queue_bound_subject_is_stored_before_flush_returns
     assert await queue_bodies(mesh["c"], "nats-jobs") == bodies  # once each, in order
 
 
+async def test_a_queue_group_spread_over_three_nodes_gets_each_event_once(mesh: NatsMesh) -> None:
+    members = {node: await nats.connect(mesh.url(node)) for node in ("a", "b", "c")}
+    members["b2"] = await nats.connect(mesh.url("b"))  # two members on b
+    plain = {node: await nats.connect(mesh.url(node)) for node in ("a", "b", "c")}
+    publisher = await nats.connect(mesh.url("a"))
+    received = {name: Received() for name in members}
+    barriers = {node: Received() for node in plain}
+    try:
+        for name, nc in members.items():
+            await nc.subscribe("work.*", queue="workers", cb=received[name].cb)
+            await nc.flush()
+        for node, nc in plain.items():  # not in the group: the barrier that says a node has had them all
+            await nc.subscribe("work.end", cb=barriers[node].cb)
+            await nc.flush()
+        for node, peers in (("a", ("b", "c")), ("b", ("a", "c")), ("c", ("a", "b"))):
+            for peer in peers:
+                await interest_reached(mesh[node], peer, "$NQ.workers.work.*")
+        count = 300
+        for i in range(count):
+            await publisher.publish("work.item", b"%d" % i)
+        await publisher.publish("work.end", b"")  # after them on every link (a link keeps the order)
+        await publisher.flush()
+        await eventually(lambda: all(len(b.msgs) == 1 for b in barriers.values()), what="the barrier")
+        for nc in members.values():
+            await nc.flush()  # what each node sent its members before is in
+        items = [m for name in members for m in received[name].msgs if m.subject == "work.item"]
+        assert sorted(int(m.data) for m in items) == list(range(count))  # each event once, mesh-wide
+        assert all(received[name].msgs for name in members)  # spread over every node and member
+        assert sum(len(r.msgs) for r in received.values()) == count + 1  # work.end too, once
+    finally:
+        for nc in (*members.values(), *plain.values(), publisher):
+            await nc.close()
+
+
 # --- raw clients: the protocol's errors ----------------------------------------------------------------
 
 

@@ -3,10 +3,13 @@ it was encoded, split anywhere; arbitrary bytes only ever give NatsProtocolError
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from meshplane.core.doors.nats_groups import InvalidGroup, check_group, chosen, marker
 from meshplane.core.doors.nats_protocol import (
     CONTROL_LINE_EXCEEDED,
     PAYLOAD_VIOLATION,
@@ -220,3 +223,26 @@ def test_subscriptions_are_bounded() -> None:
         subs.add("3", "c")
     with pytest.raises(ValueError, match="taken"):
         subs.add("1", "d")
+
+
+# --- queue groups ----------------------------------------------------------------------------------------
+
+
+@given(st.sets(st.sampled_from("abcdefgh"), min_size=1), st.text(max_size=8), st.integers(0, 2**63))
+def test_every_node_with_the_same_view_chooses_the_same_one(nodes: set[str], source: str, seq: int) -> None:
+    choices = {chosen(set(nodes), source, seq) for _ in nodes}
+    assert len(choices) == 1
+    assert choices <= nodes
+
+
+def test_the_choice_spreads_events_over_the_nodes() -> None:
+    picks = Counter(chosen({"a", "b", "c"}, "a", seq) for seq in range(3000))
+    assert set(picks) == {"a", "b", "c"}
+    assert min(picks.values()) > 800
+
+
+@pytest.mark.parametrize("name", ["", "a.b", "*", ">", "x" * 65, "sp ace"])
+def test_group_names_the_mesh_cannot_carry_are_refused(name: str) -> None:
+    with pytest.raises(InvalidGroup):
+        check_group(name)
+    assert marker(check_group("workers"), "orders.*") == "$NQ.workers.orders.*"

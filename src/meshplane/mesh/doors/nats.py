@@ -33,6 +33,7 @@ from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.errors import ConfigError
 from meshplane.mesh.doors.nats_client import NatsClient
+from meshplane.mesh.doors.nats_groups import QueueGroups
 from meshplane.mesh.preauth import QuietLog, Unproven, bounded
 from meshplane.mesh.queues import PREFIX, Queue
 from meshplane.mesh.vpns import User, hash_password
@@ -68,6 +69,7 @@ class NatsDoor:
         self._ticker: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._nobody: User | None = None
+        self.groups = QueueGroups(self)
         self.users = any(vpn.users for vpn in node.config.vpns.values())
         if not self.users and not self.token and node.config.client_secret:
             raise ConfigError(
@@ -241,4 +243,5 @@ class NatsDoor:
             "auth": "users" if self.users else "token" if self.token else "none",
             "clients": [c.status() for c in itertools.islice(self.clients.values(), limit)],
             "counters": dict(self.counters),
+            "queue_groups": self.groups.status(),
         }

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
+from meshplane.core.doors.nats_groups import InvalidGroup, check_group
 from meshplane.core.doors.nats_protocol import (
     FLAG_NATS_ENVELOPE,
     OK,
@@ -44,6 +46,7 @@ from meshplane.mesh.preauth import bounded
 
 if TYPE_CHECKING:
     from meshplane.mesh.doors.nats import NatsDoor
+    from meshplane.mesh.doors.nats_groups import QueueGroup
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,9 @@ class NatsClient(asyncio.Protocol):
         self.last_read = time.monotonic()
         self.started = time.monotonic()
         self.msgs_in = self.msgs_out = self.bytes_in = self.bytes_out = 0
+        self.groups: dict[str, QueueGroup] = {}  # sid -> the queue group it is a member of
+        self.group_delivered: Counter[str] = Counter()  # sid -> events given to it (for UNSUB max)
+        self.group_max: dict[str, int] = {}  # sid -> events it still takes (after UNSUB max)
         self.backlog: list[Op] = []  # ops that came with CONNECT while its password is checked
 
     def __hash__(self) -> int:
@@ -98,6 +104,8 @@ class NatsClient(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.door.closed(self)
+        for sid in list(self.groups):
+            self._drop_sid(sid)
         patterns = self.subs.patterns()
         self.node.logins.subscriptions[self.vpn] -= len(patterns)
         for pattern in patterns:
@@ -164,7 +172,14 @@ class NatsClient(asyncio.Protocol):
         elif isinstance(op, Sub):
             self.subscribe(op)
         elif isinstance(op, Unsub):
-            self._unsubscribe(self.subs.unsub(op.sid, op.max_msgs))
+            if op.sid in self.groups and op.max_msgs:
+                self.group_max[op.sid] = op.max_msgs - self.group_delivered.get(op.sid, 0)
+                if self.group_max[op.sid] <= 0:
+                    self._drop_sid(op.sid)
+            elif op.sid in self.groups:
+                self._drop_sid(op.sid)
+            else:
+                self._unsubscribe(self.subs.unsub(op.sid, op.max_msgs))
             self.ok()
         elif isinstance(op, Ping):
             if self.pending_stores:
@@ -261,8 +276,10 @@ class NatsClient(asyncio.Protocol):
     def subscribe(self, op: Sub) -> None:
         subject = op.subject
         if op.queue:
-            self.door.counters["queue_groups_refused"] += 1
-            return self.error("Queue groups are not supported by this NATS door")
+            try:
+                check_group(op.queue)
+            except InvalidGroup as exc:
+                return self.error(f"Invalid Queue Group: {exc}")
         if subject.startswith("$JS."):
             return self.error(JETSTREAM)
         if subject.startswith(RESERVED) or valid_pattern(subject) is None or "#" in subject.split("."):
@@ -274,12 +291,18 @@ class NatsClient(asyncio.Protocol):
                 self.door.node.logins.violations[(self.vpn, self.user)] += 1
                 return self.error(f'Permissions Violation for Subscription to "{subject[:200]}"')
         pattern = self.prefix + subject
-        if op.sid in self.subs.by_sid:
-            self._unsubscribe(self.subs.remove(op.sid))
+        if op.sid in self.subs.by_sid or op.sid in self.groups:
+            self._drop_sid(op.sid)
         limit = self.node.config.vpns[self.vpn].max_subscriptions
         if limit is not None and self.node.logins.subscriptions[self.vpn] >= limit:
             self.node.logins.limits_refused[(self.vpn, "subscriptions")] += 1
             return self.error(f"Maximum Subscriptions Exceeded: Message VPN {self.vpn!r}: {limit}")
+        if len(self.subs) + len(self.groups) >= self.subs.limit:
+            self.door.counters["subscription_limit"] += 1
+            return self.error(f"Maximum Subscriptions Exceeded: {self.subs.limit} on one connection")
+        if op.queue:
+            self.groups[op.sid] = self.door.groups.join(self, op.sid, op.queue, pattern)
+            return self.ok()
         try:
             fresh = self.subs.add(op.sid, pattern, op.queue)
         except SubscriptionLimit as exc:
@@ -289,6 +312,14 @@ class NatsClient(asyncio.Protocol):
             self.node.logins.subscriptions[self.vpn] += 1
             self.node.subscribe(self, pattern)
         self.ok()
+
+    def _drop_sid(self, sid: str) -> None:
+        group = self.groups.pop(sid, None)
+        self.group_max.pop(sid, None)
+        if group is not None:
+            self.door.groups.leave(self, sid, group)
+        else:
+            self._unsubscribe(self.subs.remove(sid))
 
     def _unsubscribe(self, pattern: str | None) -> None:
         """The node's pattern this connection no longer holds (None: it still does)."""
@@ -301,16 +332,36 @@ class NatsClient(asyncio.Protocol):
     def deliver(self, event: MeshEvent) -> None:
         if self.closed:
             return
+        subs = self.subs.matching(event.subject)
+        if not subs:
+            return
+        subject, reply, payload, headers = self._outward(event)
+        for sub in subs:
+            self.msgs_out += 1
+            self.send(encode_msg(subject, sub.sid, reply, payload, headers))
+            self._expire(sub)
+
+    def deliver_member(self, sid: str, event: MeshEvent) -> None:
+        """An event its queue group chose this member (``sid``) for."""
+        if self.closed or sid not in self.groups:
+            return
+        subject, reply, payload, headers = self._outward(event)
+        self.msgs_out += 1
+        self.group_delivered[sid] += 1
+        self.send(encode_msg(subject, sid, reply, payload, headers))
+        if sid in self.group_max:
+            self.group_max[sid] -= 1
+            if self.group_max[sid] <= 0:
+                self._drop_sid(sid)
+
+    def _outward(self, event: MeshEvent) -> tuple[str, str, bytes, bytes | None]:
+        """(subject, reply, payload, headers) of an event as this client sees it."""
         reply, headers, payload = "", None, event.body
         if event.flags & FLAG_NATS_ENVELOPE:
             reply, headers, payload = unwrap(event.body)
             if headers is not None and not self.headers:
                 headers = None  # a client that cannot read headers gets the payload alone
-        subject = outward(self.prefix, event.subject)
-        for sub in self.subs.matching(event.subject):
-            self.msgs_out += 1
-            self.send(encode_msg(subject, sub.sid, reply, payload, headers))
-            self._expire(sub)
+        return outward(self.prefix, event.subject), reply, payload, headers
 
     def _expire(self, sub: Subscription) -> None:
         self._unsubscribe(self.subs.expired(sub))
@@ -335,7 +386,7 @@ class NatsClient(asyncio.Protocol):
             "name": self.name,
             "vpn": self.vpn,
             "user": self.user,
-            "subscriptions": len(self.subs),
+            "subscriptions": len(self.subs) + len(self.groups),
             "msgs_in": self.msgs_in,
             "msgs_out": self.msgs_out,
             "bytes_in": self.bytes_in,
