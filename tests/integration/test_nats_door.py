@@ -8,6 +8,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import nats
 import pytest
 from nats.aio.msg import Msg
@@ -132,6 +133,10 @@ async def test_request_reply_across_nodes_and_no_responders(mesh: NatsMesh) -> N
         with pytest.raises(NoRespondersError):  # nobody anywhere in the mesh: 503 at once
             await requester.request("svc.nobody", b"x", timeout=10)
         assert (await status(mesh["a"], patterns=False))["nats"]["counters"]["no_responders"] >= 1
+        async with aiohttp.ClientSession() as http, http.get(f"{mesh['a'].url}/metrics") as response:
+            metrics = await response.text()
+        assert 'meshplane_mesh_nats_events_total{counter="no_responders"}' in metrics
+        assert "meshplane_mesh_nats_clients 1.0" in metrics  # the requester
     finally:
         await responder.close()
         await requester.close()

@@ -27,7 +27,10 @@ import os
 import secrets
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT
@@ -234,6 +237,16 @@ class NatsDoor:
             for client in list(self.clients.values()):
                 if client.connected:
                     client.tick(now, PING_INTERVAL, MAX_PINGS_OUT)
+
+    def metrics(self, prefix: str) -> Iterator[Metric]:
+        """``/metrics``: its clients, and its counters by name."""
+        yield GaugeMetricFamily(prefix + "nats_clients", "NATS clients on this node", value=len(self.clients))
+        counters = CounterMetricFamily(
+            prefix + "nats_events", "The NATS door's counters, by name", labels=["counter"]
+        )
+        for name, count in sorted(self.counters.items()):
+            counters.add_metric([name], count)
+        yield counters
 
     # --- what it looks like --------------------------------------------------------------------------
 
