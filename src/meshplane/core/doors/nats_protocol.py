@@ -125,6 +125,9 @@ def _json(raw: bytes, what: str) -> dict[str, object]:
     return value
 
 
+_SHAPES = {b"PUB": (2, 3), b"HPUB": (3, 4), b"MSG": (3, 4), b"HMSG": (4, 5)}  # arguments each takes
+
+
 @dataclass
 class _Pending:
     """A PUB/HPUB/MSG/HMSG whose payload is still to come: ``need`` bytes and the CRLF after them."""
@@ -141,6 +144,7 @@ class NatsParser:
     max_payload: int = 1024 * 1024
     _buffer: bytearray = field(default_factory=bytearray)
     _pending: _Pending | None = None
+    _at: int = 0  # where the next operation starts in _buffer, during feed()
     _failed: NatsProtocolError | None = None
 
     @property
@@ -154,37 +158,50 @@ class NatsParser:
         if self._failed is not None:
             raise self._failed
         self._buffer += data
+        self._at = 0
         ops: list[Op] = []
         try:
             while True:
                 op = self._next()
                 if op is None:
-                    return ops
+                    break
                 ops.append(op)
         except NatsProtocolError as exc:
             self._failed = exc
             self._buffer.clear()
             raise
+        del self._buffer[: self._at]  # once per read: deleting per operation moved the rest each time
+        return ops
 
     def _next(self) -> Op | None:
-        buffer = self._buffer
+        buffer, at = self._buffer, self._at
         pending = self._pending
         if pending is not None:
-            if len(buffer) < pending.need + 2:
+            end = at + pending.need
+            if len(buffer) < end + 2:
                 return None
-            if buffer[pending.need : pending.need + 2] != CRLF:
+            if buffer[end : end + 2] != CRLF:
                 raise NatsProtocolError(UNKNOWN_OP, "a payload not followed by CRLF")
-            data = bytes(buffer[: pending.need])
-            del buffer[: pending.need + 2]
+            data = bytes(buffer[at:end])
+            self._at = end + 2
             self._pending = None
             return _message(pending, data)
-        end = buffer.find(b"\n", 0, self.max_control + 1)
+        end = buffer.find(b"\n", at, at + self.max_control + 1)
         if end < 0:
-            if len(buffer) > self.max_control:
+            if len(buffer) - at > self.max_control:
                 raise NatsProtocolError(CONTROL_LINE_EXCEEDED, f"over {self.max_control} bytes")
             return None
-        line = bytes(buffer[:end]).rstrip(b"\r")
-        del buffer[: end + 1]
+        line = bytes(buffer[at:end]).rstrip(b"\r")
+        self._at = end + 1
+        if line.startswith(b"PUB "):  # the most operations by far: their whole payload often here
+            args = line[4:].split()
+            if len(args) in (2, 3) and args[-1].isdigit() and len(args[-1]) <= 12:
+                size = int(args[-1])
+                start = end + 1
+                if size <= self.max_payload and buffer[start + size : start + size + 2] == CRLF:
+                    self._at = start + size + 2
+                    reply = _text(args[1]) if len(args) == 3 else ""
+                    return Pub(_text(args[0]), reply, bytes(buffer[start : start + size]))
         return self._control(line)
 
     def _control(self, line: bytes) -> Op | None:
@@ -209,8 +226,7 @@ class NatsParser:
             return Sub(args[0], args[1] if len(args) == 3 else "", args[-1])
         if verb == b"UNSUB" and len(args) in (1, 2):
             return Unsub(args[0], _size(args[1].encode()) if len(args) == 2 else None)
-        shapes = {b"PUB": (2, 3), b"HPUB": (3, 4), b"MSG": (3, 4), b"HMSG": (4, 5)}
-        if verb in shapes and len(args) in shapes[verb]:
+        if verb in _SHAPES and len(args) in _SHAPES[verb]:
             return self._payload(verb, args)
         if not verb and not args:
             raise NatsProtocolError(UNKNOWN_OP, "an empty line")

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from meshplane.core.subjects import PatternIndex
 
+MATCHES_CACHED = 1024
+
 
 class SubscriptionLimit(ValueError):
     """More subscriptions than one connection may hold."""
@@ -30,6 +32,7 @@ class Subscriptions:
         self.by_sid: dict[str, Subscription] = {}
         self._index: PatternIndex[str] = PatternIndex()
         self._patterns: Counter[str] = Counter()
+        self._matches: dict[str, list[Subscription]] = {}  # subject -> its subscriptions (subjects repeat)
 
     def __len__(self) -> int:
         return len(self.by_sid)
@@ -41,6 +44,7 @@ class Subscriptions:
         if len(self.by_sid) >= self.limit:
             raise SubscriptionLimit(f"{self.limit} subscriptions on one connection")
         fresh_pattern = pattern not in self._patterns
+        self._matches.clear()
         self.by_sid[sid] = Subscription(sid, pattern, queue)
         self._index.insert(pattern, sid)
         self._patterns[pattern] += 1
@@ -51,6 +55,7 @@ class Subscriptions:
         sub = self.by_sid.pop(sid, None)
         if sub is None:
             return None
+        self._matches.clear()
         self._index.remove(sub.pattern, sid)
         self._patterns[sub.pattern] -= 1
         if self._patterns[sub.pattern] == 0:
@@ -70,7 +75,11 @@ class Subscriptions:
 
     def matching(self, subject: str) -> list[Subscription]:
         """The subscriptions an event on ``subject`` goes to (each counted as delivered)."""
-        subs = [self.by_sid[sid] for sid in sorted(self._index.match(subject))]
+        subs = self._matches.get(subject)
+        if subs is None:
+            if len(self._matches) >= MATCHES_CACHED:
+                self._matches.clear()
+            subs = self._matches[subject] = [self.by_sid[sid] for sid in sorted(self._index.match(subject))]
         for sub in subs:
             sub.delivered += 1
         return subs

@@ -54,6 +54,7 @@ JETSTREAM = (
     "JetStream is not served by meshplane's NATS door: use meshplane's streams "
     "(the streams server's HTTP/WebSocket API) or its guaranteed queues"
 )
+OUT_BATCH_BYTES = 256 * 1024  # written at once past this, not at the end of the loop's turn
 MAX_PENDING_STORES = 10_000  # guaranteed publishes of one client not yet stored: reading pauses beyond
 
 
@@ -87,7 +88,9 @@ class NatsClient(asyncio.Protocol):
         self.groups: dict[str, QueueGroup] = {}  # sid -> the queue group it is a member of
         self.group_delivered: Counter[str] = Counter()  # sid -> events given to it (for UNSUB max)
         self.group_max: dict[str, int] = {}  # sid -> events it still takes (after UNSUB max)
-        self.backlog: list[Op] = []  # ops that came with CONNECT while its password is checked
+        self.backlog: list[Op] = []
+        self.out: list[bytes] = []  # to write at the end of this turn of the loop
+        self.out_bytes = 0  # ops that came with CONNECT while its password is checked
 
     def __hash__(self) -> int:
         return id(self)
@@ -130,11 +133,24 @@ class NatsClient(asyncio.Protocol):
                 self.handle(op)
 
     def send(self, data: bytes) -> None:
-        transport = self.transport
-        if transport is None or self.closed:
+        """Queued for one write per turn of the loop (a write per MSG cost a system call each)."""
+        if self.transport is None or self.closed:
             return
-        transport.write(data)
-        self.bytes_out += len(data)
+        if not self.out:
+            asyncio.get_running_loop().call_soon(self.write_out)
+        self.out.append(data)
+        self.out_bytes += len(data)
+        if self.out_bytes > OUT_BATCH_BYTES:
+            self.write_out()
+
+    def write_out(self) -> None:
+        transport, out = self.transport, self.out
+        if not out or transport is None or self.closed:
+            return
+        self.out = []
+        self.bytes_out += self.out_bytes
+        self.out_bytes = 0
+        transport.write(b"".join(out))
         if transport.get_write_buffer_size() > self.door.max_pending:
             self.door.counters["slow_consumers"] += 1
             self.fail("Slow Consumer", f"over {self.door.max_pending} bytes unread")
@@ -144,10 +160,13 @@ class NatsClient(asyncio.Protocol):
         if self.closed or self.transport is None:
             return
         self.close_reason = message
+        # What waited goes before the error, but to a slow consumer (it is what it cannot take).
+        waiting = b"" if message == "Slow Consumer" else b"".join(self.out)
+        self.out, self.out_bytes = [], 0
         self.door.quiet.warning(
             message, "closed NATS client %s (%s): %s", self.cid, self.address, bounded(detail or message)
         )
-        self.transport.write(encode_err(message))
+        self.transport.write(waiting + encode_err(message))
         self.closed = True
         self.transport.close()
 
