@@ -4,11 +4,16 @@ it was encoded, split anywhere; arbitrary bytes only ever give NatsProtocolError
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from meshplane.cli.config_file import read_config, settings_of
+from meshplane.cli.main import build_parser
+from meshplane.cli.options import subcommands
+from meshplane.cli.serve_rules import RULES
 from meshplane.core.doors.nats_groups import InvalidGroup, check_group, chosen, marker
 from meshplane.core.doors.nats_protocol import (
     CONTROL_LINE_EXCEEDED,
@@ -246,3 +251,23 @@ def test_group_names_the_mesh_cannot_carry_are_refused(name: str) -> None:
     with pytest.raises(InvalidGroup):
         check_group(name)
     assert marker(check_group("workers"), "orders.*") == "$NQ.workers.orders.*"
+
+
+# --- configuration ---------------------------------------------------------------------------------------
+
+
+def test_the_nats_section_of_a_config_file_sets_nats_port(tmp_path: Path) -> None:
+    serve = subcommands(build_parser())["serve"]
+    path = tmp_path / "serve.toml"
+    path.write_text('[mesh]\nnode_id = "a"\n[nats]\nport = 4333\n')
+    config = read_config(path, serve)
+    assert config.problems == []
+    assert config.values == {"node_id": "a", "nats_port": 4333}
+    assert settings_of(serve)[("nats", "port")].flag == "--nats-port"
+
+
+def test_nats_port_needs_a_node_id() -> None:
+    serve = subcommands(build_parser())["serve"]
+    args = serve.parse_args(["--nats-port", "4222"])
+    problems = [rule(args, lambda dest: f"--{dest.replace('_', '-')}") for rule in RULES]
+    assert any(p is not None and "--nats-port needs --node-id" in p.message for p in problems)
