@@ -398,3 +398,47 @@ async def test_wrong_credentials_are_refused(vpn_mesh: NatsMesh, user: str, pass
         )
     refused = (await status(vpn_mesh["a"], patterns=False))["nats"]["counters"]["auth_refused"]
     assert refused >= 1
+
+
+# --- across gateways -------------------------------------------------------------------------------------
+
+
+async def test_request_reply_and_events_cross_a_gateway() -> None:
+    from tests.integration.test_mesh_gateways_guaranteed import TwoClusters, all_up, running
+
+    with running(TwoClusters(extra_args=("--nats-port", "0"))) as topo:  # 0: each door on a free port
+        await all_up(topo)
+        port = {name: (await status(topo[name], patterns=False))["nats"]["port"] for name in ("a2", "b2")}
+        responder = await nats.connect(f"nats://127.0.0.1:{port['b2']}")  # cluster B, behind b1's gateway
+        requester = await nats.connect(f"nats://127.0.0.1:{port['a2']}")  # cluster A, behind a1's
+        seen = Received()
+
+        async def answer(msg: Msg) -> None:
+            await msg.respond(b"from B: " + msg.data)
+
+        try:
+            await responder.subscribe("svc.far", cb=answer)
+            await responder.subscribe("news.>", cb=seen.cb)
+            await responder.flush()
+            replies: list[bytes] = []
+
+            async def answered() -> bool:  # until B's interest has crossed to A: no responders before
+                try:
+                    replies.append((await requester.request("svc.far", b"ping", timeout=5)).data)
+                except NoRespondersError:
+                    return False
+                return True
+
+            await eventually(answered, timeout=30, interval=0.1, what="a reply across the gateways")
+            assert replies == [b"from B: ping"]
+            await requester.publish("news.today", b"crossed", headers={"K": "v"})
+            await requester.flush()
+            await eventually(lambda: len(seen.msgs) == 1, what="A's event at B's NATS subscriber")
+            assert (seen.msgs[0].subject, seen.msgs[0].data, seen.msgs[0].headers) == (
+                "news.today",
+                b"crossed",
+                {"K": "v"},
+            )
+        finally:
+            await responder.close()
+            await requester.close()
