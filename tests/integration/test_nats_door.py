@@ -42,12 +42,21 @@ class NatsMesh:
     def __getitem__(self, node: str) -> StreamsServerProcess:
         return self.cluster[node]
 
+    def __enter__(self) -> NatsMesh:
+        try:
+            self.cluster.start().wait_linked()
+        except BaseException:
+            self.cluster.cleanup()  # stopped by PID, whatever had started
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cluster.cleanup()
+
 
 @pytest.fixture(scope="module")
 def mesh() -> Iterator[NatsMesh]:
-    doors = NatsMesh(3)
-    with doors.cluster:
-        doors.cluster.start().wait_linked()
+    with NatsMesh(3) as doors:
         yield doors
 
 
@@ -346,9 +355,7 @@ def vpn_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsMesh]:
         "[vpns.B.users.bob]\n"
         f'password_hash = "{hash_password("bob-pw")}"\n'
     )
-    doors = NatsMesh(2, extra_args=("--mesh-vpns", str(vpns)))
-    with doors.cluster:
-        doors.cluster.start().wait_linked()
+    with NatsMesh(2, extra_args=("--mesh-vpns", str(vpns))) as doors:
         yield doors
 
 

@@ -73,9 +73,7 @@ def snapshots(events: list[tuple[str, bytes]]) -> list[dict[str, object]]:
 
 @pytest.fixture(scope="module")
 def mesh() -> Iterator[NatsMesh]:
-    doors = NatsMesh(3)
-    with doors.cluster:
-        doors.cluster.start().wait_linked()
+    with NatsMesh(3) as doors:
         yield doors
 
 
