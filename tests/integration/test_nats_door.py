@@ -449,3 +449,47 @@ async def test_request_reply_and_events_cross_a_gateway() -> None:
         finally:
             await responder.close()
             await requester.close()
+
+
+# --- TLS -------------------------------------------------------------------------------------------------
+
+
+async def test_the_door_speaks_the_nodes_tls_and_refuses_clients_without_a_certificate(
+    tmp_path: Path,
+) -> None:
+    import ssl
+
+    from tests.mesh_pki import MeshCA
+
+    ca = MeshCA(tmp_path)
+    ca.issue("a", "meshplane://node/c1/a", "127.0.0.1")
+    ca.issue("app", "meshplane://client/app")
+    tls_args = ("--mesh-tls-cert", str(tmp_path / "a.pem"), "--mesh-tls-key", str(tmp_path / "a.key"))
+    with NatsMesh(1, extra_args=(*tls_args, "--mesh-tls-ca", str(tmp_path / "ca.pem"))) as doors:
+        with_cert = ssl.create_default_context(cafile=tmp_path / "ca.pem")
+        with_cert.load_cert_chain(tmp_path / "app.pem", tmp_path / "app.key")
+        nc = await nats.connect(f"tls://127.0.0.1:{doors.ports['a']}", tls=with_cert)
+        got = Received()
+        try:
+            await nc.subscribe("sealed", cb=got.cb)
+            await nc.publish("sealed", b"over TLS")
+            await nc.flush()
+            await eventually(lambda: len(got.msgs) == 1, what="an event over TLS")
+            assert got.msgs[0].data == b"over TLS"
+        finally:
+            await nc.close()
+        without_cert = ssl.create_default_context(cafile=tmp_path / "ca.pem")
+        with pytest.raises(Exception):  # noqa: B017, PT011 - nats-py's error for a refused handshake varies
+            await nats.connect(
+                f"tls://127.0.0.1:{doors.ports['a']}",
+                tls=without_cert,
+                allow_reconnect=False,
+                connect_timeout=5,
+            )
+
+        async def counted() -> bool:
+            return bool(
+                (await status(doors["a"], patterns=False))["nats"]["counters"].get("tls_handshake_failed")
+            )
+
+        await eventually(counted, what="the refused handshake counted")

@@ -25,6 +25,7 @@ import itertools
 import logging
 import os
 import secrets
+import ssl
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -70,7 +71,9 @@ class NatsDoor:
         self._checks = asyncio.Semaphore(1)
         self._server: asyncio.Server | None = None
         self._ticker: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Task[None]] = set()  # password checks and TLS handshakes under way
+        # The node's TLS (--mesh-tls-*): NATS clients too, with a certificate its CA signed if it has one.
+        self.tls = node.config.tls.server_context() if node.config.tls is not None else None
         self._nobody: User | None = None
         self.groups = QueueGroups(self)
         self.users = any(vpn.users for vpn in node.config.vpns.values())
@@ -122,7 +125,7 @@ class NatsDoor:
             self.counters["unauthenticated_evicted"] += 1
             oldest.fail("Authentication Timeout", "evicted: too many unauthenticated connections")
         self.clients[client.cid] = client
-        client.hello(self.info(client))
+        client.hello(self.info(client), self.tls)
         loop = asyncio.get_running_loop()
         loop.call_later(self.node.config.limits.auth_timeout, self._deadline, client)
 
@@ -141,6 +144,8 @@ class NatsDoor:
             "client_ip": client.address,
             "auth_required": bool(self.users or self.token),
             "cluster": self.node.config.cluster,
+            "tls_required": self.tls is not None,
+            "tls_verify": self.tls is not None and self.tls.verify_mode == ssl.CERT_REQUIRED,
         }
 
     def _deadline(self, client: NatsClient) -> None:
@@ -164,8 +169,8 @@ class NatsDoor:
             if client.transport is not None:
                 client.transport.pause_reading()
             task = asyncio.get_running_loop().create_task(self._check(client, options, user, password))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
             return
         if self.token and not hmac.compare_digest(
             str(options.get("auth_token", "")).encode(), self.token.encode()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections import Counter
 from typing import TYPE_CHECKING
@@ -385,8 +386,39 @@ class NatsClient(asyncio.Protocol):
     def _expire(self, sub: Subscription) -> None:
         self._unsubscribe(self.subs.expired(sub))
 
-    def hello(self, info: dict[str, object]) -> None:
-        self.send(encode_info(info))
+    def hello(self, info: dict[str, object], tls: ssl.SSLContext | None) -> None:
+        """INFO; with ``tls``, then TLS from the client's next byte on (as nats-server: INFO in the
+        clear, then the client's handshake)."""
+        transport = self.transport
+        if transport is None:
+            return
+        transport.write(encode_info(info))
+        if tls is not None:
+            transport.pause_reading()  # its ClientHello is the TLS layer's, not the parser's
+            task = asyncio.get_running_loop().create_task(self._start_tls(transport, tls))
+            self.door.tasks.add(task)
+            task.add_done_callback(self.door.tasks.discard)
+
+    async def _start_tls(self, transport: asyncio.Transport, tls: ssl.SSLContext) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            sealed = await loop.start_tls(
+                transport,
+                self,
+                tls,
+                server_side=True,
+                ssl_handshake_timeout=self.node.config.limits.auth_timeout,
+            )
+        except (OSError, TimeoutError, ConnectionError) as exc:  # ssl.SSLError is an OSError
+            self.door.counters["tls_handshake_failed"] += 1
+            self.door.quiet.warning("tls", "NATS client %s: TLS handshake failed: %s", self.address, exc)
+            self.closed = True
+            transport.close()
+            return
+        if sealed is None or self.closed:
+            transport.close()
+            return
+        self.transport = sealed
 
     def tick(self, now: float, ping_interval: float, max_pings_out: int) -> None:
         if now - self.last_read < ping_interval:
