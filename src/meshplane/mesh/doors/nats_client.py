@@ -336,6 +336,7 @@ class NatsClient(asyncio.Protocol):
     def _drop_sid(self, sid: str) -> None:
         group = self.groups.pop(sid, None)
         self.group_max.pop(sid, None)
+        self.group_delivered.pop(sid, None)
         if group is not None:
             self.door.groups.leave(self, sid, group)
         else:
