@@ -89,9 +89,9 @@ class NatsClient(asyncio.Protocol):
         self.groups: dict[str, QueueGroup] = {}  # sid -> the queue group it is a member of
         self.group_delivered: Counter[str] = Counter()  # sid -> events given to it (for UNSUB max)
         self.group_max: dict[str, int] = {}  # sid -> events it still takes (after UNSUB max)
-        self.backlog: list[Op] = []
+        self.backlog: list[Op] = []  # ops that came with CONNECT while its password is checked
         self.out: list[bytes] = []  # to write at the end of this turn of the loop
-        self.out_bytes = 0  # ops that came with CONNECT while its password is checked
+        self.out_bytes = 0
 
     def __hash__(self) -> int:
         return id(self)
