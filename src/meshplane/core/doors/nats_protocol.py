@@ -35,17 +35,17 @@ class NatsProtocolError(MeshplaneError, ValueError):
         self.message = message
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs a setattr call per field to make
 class Connect:
     options: dict[str, object]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Info:
     options: dict[str, object]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pub:
     """PUB, or HPUB when ``headers`` is not None (its header block, ``NATS/1.0`` line and final CRLF in)."""
 
@@ -55,7 +55,7 @@ class Pub:
     headers: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Msg:
     """MSG, or HMSG when ``headers`` is not None."""
 
@@ -66,35 +66,35 @@ class Msg:
     headers: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sub:
     subject: str
     queue: str
     sid: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Unsub:
     sid: str
     max_msgs: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ping:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pong:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ok:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Err:
     message: str
 
