@@ -271,3 +271,21 @@ def test_nats_port_needs_a_node_id() -> None:
     args = serve.parse_args(["--nats-port", "4222"])
     problems = [rule(args, lambda dest: f"--{dest.replace('_', '-')}") for rule in RULES]
     assert any(p is not None and "--nats-port needs --node-id" in p.message for p in problems)
+
+
+def test_a_door_that_would_take_anyone_is_refused_where_mesh_clients_prove_a_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from meshplane.errors import ConfigError
+    from meshplane.mesh.config import MeshConfig
+    from meshplane.mesh.doors.nats import TOKEN_ENV
+    from meshplane.mesh.node import MeshNode
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    def config() -> MeshConfig:
+        return MeshConfig(node_id="a", nats_port=0, secret="members", client_secret="clients")
+
+    with pytest.raises(ConfigError, match=TOKEN_ENV):
+        MeshNode(config())
+    monkeypatch.setenv(TOKEN_ENV, "a-token")
+    assert MeshNode(config()).nats is not None
