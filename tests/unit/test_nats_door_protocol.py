@@ -282,6 +282,7 @@ def test_a_door_that_would_take_anyone_is_refused_where_mesh_clients_prove_a_sec
     from meshplane.mesh.node import MeshNode
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)
+
     def config() -> MeshConfig:
         return MeshConfig(node_id="a", nats_port=0, secret="members", client_secret="clients")
 
