@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run shell test check lint typecheck unit bench chaos etcd mosquitto fuse java java-if-possible jdk chromium redis zmq-headers compiler clean .venv-dynamo
+.PHONY: run shell test check lint typecheck unit bench chaos etcd mosquitto fuse java java-if-possible jdk chromium redis zmq-headers compiler clean .venv-dynamo .node-nats
 
 # What `make run` needs (the event plane, streams, Spark, nats-server) at the exact versions of
 # constraints.txt; the tests and benchmarks add their tools. A user's `pip install meshplane[...]`
@@ -86,12 +86,12 @@ typecheck: $(STAMP)
 
 ## test: ruff, mypy and the whole pytest suite (real nats-server, etcd, ZeroMQ, streams server, Spark,
 ## the dashboard in a headless chromium, and the Dynamo runtime as a peer)
-test: $(STAMP) etcd mosquitto java chromium fuse .venv-dynamo lint typecheck
+test: $(STAMP) etcd mosquitto java chromium fuse .venv-dynamo .node-nats lint typecheck
 	$(BIN)/pytest
 
 ## check: the quick loop: ruff, mypy and every test but the fault harness's runs and those starting
 ## a Spark JVM (markers chaos and spark_jvm)
-check: $(STAMP) etcd mosquitto chromium lint typecheck
+check: $(STAMP) etcd mosquitto chromium .node-nats lint typecheck
 	$(BIN)/pytest -m "not chaos and not spark_jvm"
 
 ## chaos: the fault harness's full schedule (root): every workload under each nemesis, then all mixed,
@@ -119,7 +119,7 @@ jdk:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openjdk-17-jdk-headless; }
 
 ## bench: every benchmark against its raw peer in the same run (writes bench/results/)
-bench: $(STAMP) redis zmq-headers jdk .venv-dynamo
+bench: $(STAMP) redis zmq-headers jdk .venv-dynamo .node-nats
 	$(BIN)/meshplane bench
 
 ## .venv-dynamo: the Dynamo runtime (ai-dynamo-runtime 1.6.1), the peer of the interop tests
@@ -131,5 +131,15 @@ bench: $(STAMP) redis zmq-headers jdk .venv-dynamo
 	.venv-dynamo/bin/python -m pip install --quiet ai-dynamo-runtime==1.6.1
 	touch $@
 
+## .node-nats: the JavaScript NATS client from npm (nats 2.29.3, run with Node 20), a peer of the NATS
+## door's tests (tests/integration/test_nats_door_js.py) and benchmark
+.node-nats: .node-nats/.installed
+.node-nats/.installed:
+	@command -v npm >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nodejs npm; }
+	npm install --silent --no-audit --no-fund --prefix .node-nats nats@2.29.3
+	touch $@
+
 clean:
-	rm -rf $(VENV) .venv-dynamo .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-dynamo .node-nats .mypy_cache .ruff_cache .pytest_cache .hypothesis

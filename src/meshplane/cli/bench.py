@@ -34,6 +34,7 @@ BENCHMARKS = {
     "security_cost": "what CURVE, TLS and HTTPS cost",
     "mesh": "the event mesh against nats-server clusters and gateways",
     "mesh_guaranteed": "guaranteed events: spooling, recovery, HA takeover",
+    "nats_door": "the NATS door against a nats-server cluster, with the same nats-py client",
     "spark_ingest": "Spark ingest from a streams server (not run by default: it takes minutes)",
 }
 DEFAULT = [name for name in BENCHMARKS if name != "spark_ingest"]

@@ -35,7 +35,12 @@ SEED_SECTIONS = {
     "bloom_filter_fpr": "distributed_state",
 }
 #: help group titles (their first words) -> section
-GROUP_SECTIONS = (("mesh limits", "mesh_limits"), ("event mesh", "mesh"), ("limits", "limits"))
+GROUP_SECTIONS = (
+    ("mesh limits", "mesh_limits"),
+    ("event mesh", "mesh"),
+    ("limits", "limits"),
+    ("nats door", "nats"),
+)
 #: settings the environment sets too (and then wins over the file)
 ENVIRONMENT = {"storage": STORAGE_ENV}
 SECRET_KEYS = ("token", "secret", "password", "mesh_secret")
@@ -76,6 +81,8 @@ def settings_of(parser: argparse.ArgumentParser) -> dict[tuple[str, str], Settin
             where = SEED_SECTIONS.get(key, section)
             if where in ("mesh", "mesh_limits") and key.startswith("mesh_"):
                 key = key.removeprefix("mesh_")
+            if where == "nats":
+                key = key.removeprefix("nats_")
             found[(where, key)] = Setting(where, key, action)
     return found
 

@@ -144,6 +144,15 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
         help="Message VPNs: a file of [vpns.NAME] sections (the same on every node); clients name "
         "theirs, and no event, interest or queue crosses from one VPN to another",
     )
+    nats = parser.add_argument_group("NATS door (NATS clients, unchanged, on this node; docs/mesh.md)")
+    nats.add_argument(
+        "--nats-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="take NATS clients here, on --host (0: a free port). Credentials: the --mesh-vpns users, "
+        "else $MESHPLANE_NATS_TOKEN if set",
+    )
     limits = parser.add_argument_group("mesh limits per connection (passing one closes that connection)")
     for name, (kind, help_text) in PEER_LIMIT_FLAGS.items():
         default = getattr(PeerLimits(), name)
@@ -194,6 +203,7 @@ def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
         cluster=args.cluster,
         host=args.host,
         route_port=args.route_port,
+        nats_port=args.nats_port,
         routes=args.routes,
         mqtt_port=args.mqtt_port,
         gateways=tuple(args.gateway),

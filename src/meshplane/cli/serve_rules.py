@@ -44,7 +44,7 @@ def _mesh_ca(args: argparse.Namespace, name: Name) -> Broken | None:
 def _mesh_needs_node(args: argparse.Namespace, name: Name) -> Broken | None:
     if args.node_id is not None:
         return None
-    for dest in ("routes", "gateway"):
+    for dest in ("routes", "gateway", "nats_port"):
         if getattr(args, dest, None):
             return Broken(
                 dest, f"{name(dest)} needs {name('node_id')}: a server joins a mesh as a named node"

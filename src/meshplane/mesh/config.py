@@ -94,6 +94,7 @@ class MeshConfig:
     cluster: str = "meshplane"
     host: str = "127.0.0.1"
     route_port: int = 0  # routes and mesh clients connect here (0: a free port)
+    nats_port: int | None = None  # NATS clients connect here (0: a free port; None: no NATS door)
     routes: tuple[str, ...] = ()  # tcp://host:port of the other nodes
     mqtt_port: int | None = None  # MQTT clients connect here (None: no MQTT door; 0: a free port)
     gateways: tuple[tuple[str, str], ...] = ()  # (cluster, tcp://host:port of its gateway): a gateway

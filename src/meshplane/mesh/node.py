@@ -48,6 +48,7 @@ from meshplane.mesh.config import (
 from meshplane.mesh.connection import FrameConnection, PartialBytes
 from meshplane.mesh.direct_path import DirectPath
 from meshplane.mesh.doors.mqtt import MqttDoor
+from meshplane.mesh.doors.nats import NatsDoor
 from meshplane.mesh.gateways import GatewayHolder, Gateways
 from meshplane.mesh.guaranteed import Guaranteed
 from meshplane.mesh.handshakes import Handshakes
@@ -101,6 +102,7 @@ class MeshNode:
         self.partial = PartialBytes(config.limits.max_partial_bytes)
         self._server_tls = config.tls.server_context() if config.tls is not None else None
         self._client_tls = config.tls.client_context() if config.tls is not None else None
+        self.nats = NatsDoor(self, config.nats_port) if config.nats_port is not None else None
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -136,6 +138,8 @@ class MeshNode:
             self._tasks.append(asyncio.create_task(self._dial(route)))
         for address in self.gateways.dials():
             self._tasks.append(asyncio.create_task(self._dial(address, "gateway")))
+        if self.nats is not None:
+            await self.nats.start()
 
     async def close(self) -> None:
         self.running = False
@@ -144,6 +148,8 @@ class MeshNode:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.nats is not None:
+            await self.nats.close()
         if self._server is not None:
             self._server.close()
         for conn in list(self.conns):

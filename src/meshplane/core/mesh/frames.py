@@ -63,6 +63,7 @@ FLAG_JSON_MESSAGE = 0x01  # on EVENT
 FLAG_PROPAGATED = 0x02  # on a client's ping (empty SYNC_REQ): answer once every peer has what came before
 FLAG_GUARANTEED = 0x04  # on EVENT
 FLAG_BATCHED_ACKS = 0x08  # on ACK to a client that asked for them (HELLO): the numbers of stored EVENTs
+FLAG_NATS_ENVELOPE = 0x40  # on EVENT: the body is a NATS door's envelope (reply subject, headers)
 # An ACK's reason starting so: the event may or may not be stored (written, then the node could not
 # make sure it is where it must be: an HA mate that lost its lease, a failed fsync). The client sends
 # it again with the same event id, which the queues drop if they have it.

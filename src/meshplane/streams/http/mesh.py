@@ -211,6 +211,8 @@ class MeshCollector(Collector):
             help_text = f"Per connection: {name.replace('_', ' ')}"
             yield GaugeMetricFamily(f"{prefix}limit_{name}", help_text, value=value)
         yield from vpn_metrics(prefix, status["vpns"])
+        if self.node.nats is not None:
+            yield from self.node.nats.metrics(prefix)
 
 
 def vpn_metrics(prefix: str, vpns: dict[str, dict[str, Any]]) -> Any:
