@@ -77,6 +77,7 @@ class Servers:
         self.disks = {host: Disk(self.root / f"{host}.backing", self.mount(host)) for host in hosts}
         self.servers = {host: make(self, host) for host in hosts}
         self.active: Fault | None = None  # the fault applied now, if any
+        self.schedule_began = 0.0  # when the traffic and the schedule began (monotonic)
 
     def mount(self, host: str) -> Path:
         return self.root / host
@@ -198,7 +199,7 @@ class Servers:
 
 
 async def run_schedule(servers: Servers, faults: list[Fault], log: list[str]) -> None:
-    began = time.monotonic()
+    began = servers.schedule_began = time.monotonic()
     for fault in faults:
         await asyncio.sleep(max(0.0, began + fault.start - time.monotonic()))
         log.append(f"{time.monotonic() - began:6.1f}s apply {fault.describe()}")
@@ -252,6 +253,7 @@ class Report:
     faults: list[Fault]
     verdicts: dict[str, Verdict]
     log: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds each part of the run took
 
     @property
     def total(self) -> Verdict:
@@ -315,8 +317,18 @@ def run(
     refuse_inert(name, kinds, workload.nemeses)
     spans = SHORT_SPANS if short else {}
     faults = plan(seed, duration, workload.targets or workload.hosts, kinds, **spans) if kinds else []
-    network = Network([*workload.hosts, "client"]).build()
     report = Report(name, kinds, seed, duration, fsync, faults, {})
+    phases, mark = report.phases, time.monotonic()
+
+    def lap(phase: str) -> float:
+        """Seconds since the last lap, recorded as ``phase``'s."""
+        nonlocal mark
+        now = time.monotonic()
+        phases[phase], mark = round(now - mark, 2), now
+        return now
+
+    network = Network([*workload.hosts, "client"]).build()
+    lap("network")
     try:
         enter(f"/run/netns/{network.ns('client')}")
         servers = Servers(
@@ -324,7 +336,13 @@ def run(
         )
         try:
             servers.start()
+            began = lap("start")
             report.verdicts = asyncio.run(workload.body(servers, faults, duration, report.log))
+            # The body: getting ready (before the schedule), the duration, then reading and checking.
+            ready = max(0.0, (servers.schedule_began or began) - began)
+            after = lap("body") - began - ready - duration
+            phases.update(ready=round(ready, 2), after=round(after, 2))
+            del phases["body"]
         except BaseException:
             print_report(report)  # the schedule as far as it went
             for host, server in servers.servers.items():  # and what each server said last
@@ -333,9 +351,12 @@ def run(
                     print(f"--- {host}:\n{log_path.read_text()[-2500:]}", file=sys.stderr)
             raise
         finally:
+            mark = time.monotonic()
             servers.stop()
+            lap("stop")
     finally:
         network.teardown()
+        lap("teardown")
     return report
 
 
@@ -346,3 +367,5 @@ def print_report(report: Report) -> None:
         print("  " + line, file=sys.stderr)
     for name, verdict in report.verdicts.items():
         print(f"  {name}: {verdict}", file=sys.stderr)
+    if report.phases:
+        print("  seconds: " + ", ".join(f"{k} {v}" for k, v in report.phases.items()), file=sys.stderr)
