@@ -189,4 +189,4 @@ async def vouched(servers: Servers) -> list[str]:
 HOSTS = ("etcd", *MATES, "b")
 # The faults fall on the mates and on etcd: etcd paused, killed or powered off, a mate cut off from
 # etcd only (a partial partition: it still reaches b and its mate), one way or both.
-WORKLOAD = Workload(HOSTS, NEMESES, server, run, targets=(*MATES, "etcd"))
+WORKLOAD = Workload(HOSTS, NEMESES, server, run, targets=(*MATES, "etcd"), waves=(("etcd",),))

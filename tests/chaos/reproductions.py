@@ -149,5 +149,7 @@ async def resend(
     return check_queues(history, held, lambda queue, publisher: True)
 
 
-MATES_RACE = Workload(mates_workload.HOSTS, (), mates_workload.server, race, targets=mates_workload.MATES)
+MATES_RACE = Workload(
+    mates_workload.HOSTS, (), mates_workload.server, race, targets=mates_workload.MATES, waves=(("etcd",),)
+)
 MESH_RESEND = Workload(NODES, (), streams_server(node_args), resend)

@@ -239,6 +239,7 @@ async def run(servers: Servers, faults: list[Fault], duration: float, log: list[
 SPARK = ("m", "w1", "w2")
 WORKERS = ("w1", "w2")
 NEMESES = ("kill", "pause", "isolate")
-WORKLOAD = Workload(("a", *SPARK), NEMESES, server, run, targets=WORKERS)
-ON_JETSTREAM = Workload((*NATS, "a", *SPARK), NEMESES, server, run, targets=WORKERS)  # NATS first
-ON_QUEUE = Workload(("a", "b", *SPARK), NEMESES, server, run, targets=WORKERS)
+# The master before the workers (they register at start), the nats-servers before server a.
+WORKLOAD = Workload(("a", *SPARK), NEMESES, server, run, targets=WORKERS, waves=(("m",),))
+ON_JETSTREAM = Workload((*NATS, "a", *SPARK), NEMESES, server, run, targets=WORKERS, waves=((*NATS, "m"),))
+ON_QUEUE = Workload(("a", "b", *SPARK), NEMESES, server, run, targets=WORKERS, waves=(("m",),))
