@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
@@ -124,7 +124,9 @@ async def prepare(servers: Servers) -> str:
     return active
 
 
-def publishers(servers: Servers, stop_at: float, history: list[Op]) -> list[Coroutine[Any, Any, None]]:
+def publishers(
+    servers: Servers, stop_at: float | Callable[[], float], history: list[Op]
+) -> list[Coroutine[Any, Any, None]]:
     """p1 through b (spooled for a's queue), p2 through node a (its client names both mates)."""
     both_mates = ",".join(servers.route_url(mate) for mate in MATES)
     return [

@@ -34,14 +34,22 @@ FOLLOWING = "following the active"
 
 
 async def race(servers: Servers, faults: list[Fault], duration: float, log: list[str]) -> dict[str, Verdict]:
+    """The scripted race, publishing throughout and for ``AFTER_RACE`` seconds after its last step
+    (the old active back as the standby, mirroring); ``duration`` is not used."""
     active = await mates_workload.prepare(servers)
     standby = next(mate for mate in mates_workload.MATES if mate != active)
     history: list[Op] = []
-    stop_at = time.monotonic() + duration
-    await asyncio.gather(
-        race_steps(servers, active, standby, log), *mates_workload.publishers(servers, stop_at, history)
-    )
+    stop_at = [float("inf")]
+
+    async def script() -> None:
+        await race_steps(servers, active, standby, log)
+        stop_at[0] = time.monotonic() + AFTER_RACE
+
+    await asyncio.gather(script(), *mates_workload.publishers(servers, lambda: stop_at[0], history))
     return await mates_workload.check_every_vouched_mate(servers, history, log)
+
+
+AFTER_RACE = 5.0
 
 
 async def race_steps(servers: Servers, active: str, standby: str, log: list[str]) -> None:
