@@ -232,7 +232,8 @@ async def run_schedule(servers: Servers, faults: list[Fault], log: list[str]) ->
         await asyncio.sleep(max(0.0, began + fault.start - time.monotonic()))
         log.append(f"{time.monotonic() - began:6.1f}s apply {fault.describe()}")
         await asyncio.to_thread(servers.apply, fault)
-        heal_at = began + fault.start + fault.length
+        # A fault applied late (the heal before it was slow: a JVM restarted) still lasts its length.
+        heal_at = max(began + fault.start, time.monotonic()) + fault.length
         proving = asyncio.ensure_future(asyncio.to_thread(prove, servers, fault, heal_at))
         await asyncio.sleep(max(0.0, heal_at - time.monotonic()))
         servers.evidence.append(await proving)
