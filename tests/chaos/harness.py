@@ -123,10 +123,10 @@ class Servers:
                 if peer != host
             ]
             command = [*self.network.exec_prefix(host), sys.executable, "-m", "tests.chaos.proxy"]
-            proxy = subprocess.Popen(
+            self.proxies[host] = subprocess.Popen(
                 [*command, str(self._control(host)), *links], stdout=subprocess.PIPE, text=True
             )
-            self.proxies[host] = proxy
+        for host, proxy in self.proxies.items():  # all starting at once, each waited for
             assert proxy.stdout is not None
             if proxy.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"the proxy on {host} did not start (exit {proxy.poll()})")
@@ -155,6 +155,7 @@ class Servers:
             done.result()
 
     def started_in_waves(self, hosts: tuple[str, ...]) -> list[tuple[str, ...]]:
+        """``hosts`` in the workload's waves, then those no wave names."""
         named = {host for wave in self.waves for host in wave}
         waves = [tuple(host for host in wave if host in hosts) for wave in self.waves]
         return [wave for wave in (*waves, tuple(host for host in hosts if host not in named)) if wave]
