@@ -42,8 +42,10 @@ async def race(servers: Servers, faults: list[Fault], duration: float, log: list
     stop_at = [float("inf")]
 
     async def script() -> None:
-        await race_steps(servers, active, standby, log)
-        stop_at[0] = time.monotonic() + AFTER_RACE
+        try:
+            await race_steps(servers, active, standby, log)
+        finally:  # the publishers stop whatever happened
+            stop_at[0] = time.monotonic() + AFTER_RACE
 
     await asyncio.gather(script(), *mates_workload.publishers(servers, lambda: stop_at[0], history))
     return await mates_workload.check_every_vouched_mate(servers, history, log)
