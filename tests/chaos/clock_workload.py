@@ -58,4 +58,6 @@ async def run(servers: Servers, faults: list[Fault], duration: float, log: list[
     return {GROUP: check_group(assigned, commits, final)}
 
 
-WORKLOAD = Workload((*NATS, *STREAMS), ("clock", "kill", "pause", "isolate"), server, run, targets=STREAMS)
+WORKLOAD = Workload(
+    (*NATS, *STREAMS), ("clock", "kill", "pause", "isolate"), server, run, targets=STREAMS, waves=(NATS,)
+)

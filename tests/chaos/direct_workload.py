@@ -39,15 +39,17 @@ async def publish_until(client: MeshClient, publisher: str, stop_at: float) -> i
 
 
 async def settled(received: dict[str, list[tuple[str, int]]], quiet: float, timeout: float) -> None:
-    """Until no subscriber has got anything for ``quiet`` seconds (or ``timeout``)."""
+    """Until no subscriber has got anything for ``quiet`` seconds (or ``timeout``): counted every
+    tenth of a second, so the wait ends ``quiet`` after the last arrival, not up to twice that."""
     deadline = time.monotonic() + timeout
-    last = -1
-    while time.monotonic() < deadline:
-        now = sum(len(events) for events in received.values())
-        if now == last:
+    last, since = -1, time.monotonic()
+    while (now := time.monotonic()) < deadline:
+        count = sum(len(events) for events in received.values())
+        if count != last:
+            last, since = count, now
+        elif now - since >= quiet:
             return
-        last = now
-        await asyncio.sleep(quiet)
+        await asyncio.sleep(0.1)
 
 
 async def counted_drops(servers: Servers) -> int:

@@ -18,13 +18,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from meshplane.launchers import StreamsServerProcess
 from tests.chaos.checker import Verdict, combined
+from tests.chaos.evidence import prove
 from tests.chaos.lossyfs import Disk
 from tests.chaos.network import Network, can_build
 from tests.chaos.schedule import Fault, plan, refuse_inert
@@ -68,15 +70,22 @@ class Servers:
         hosts: tuple[str, ...],
         make: Callable[[Servers, str], Server],
         proxied: bool = False,
+        waves: tuple[tuple[str, ...], ...] = (),
     ):
         self.network = network
         self.hosts = hosts
         self.proxied = proxied
+        self.waves = waves
+        # Threads that start servers live as long as the run: a server started with a parent-death
+        # signal gets it when the thread that started it ends (PR_SET_PDEATHSIG is per thread).
+        self.pool = ThreadPoolExecutor(max_workers=len(hosts), thread_name_prefix="boot")
         self.proxies: dict[str, subprocess.Popen[str]] = {}
         self.root = Path(tempfile.mkdtemp(prefix="meshplane-chaos-"))
         self.disks = {host: Disk(self.root / f"{host}.backing", self.mount(host)) for host in hosts}
         self.servers = {host: make(self, host) for host in hosts}
         self.active: Fault | None = None  # the fault applied now, if any
+        self.schedule_began = 0.0  # when the traffic and the schedule began (monotonic)
+        self.evidence: list[str] = []  # per fault applied: what showed it acting (empty: nothing)
 
     def mount(self, host: str) -> Path:
         return self.root / host
@@ -101,6 +110,10 @@ class Servers:
     def _control(self, host: str) -> Path:
         return self.root / f"{host}.slow"
 
+    def proxy_stats(self, host: str) -> Path:
+        """Where ``host``'s proxy counts the chunks it held back, per peer."""
+        return self.root / f"{host}.slow.delayed"
+
     def _start_proxies(self) -> None:
         for host in self.hosts:
             self._control(host).write_text("")
@@ -110,10 +123,10 @@ class Servers:
                 if peer != host
             ]
             command = [*self.network.exec_prefix(host), sys.executable, "-m", "tests.chaos.proxy"]
-            proxy = subprocess.Popen(
+            self.proxies[host] = subprocess.Popen(
                 [*command, str(self._control(host)), *links], stdout=subprocess.PIPE, text=True
             )
-            self.proxies[host] = proxy
+        for host, proxy in self.proxies.items():  # all starting at once, each waited for
             assert proxy.stdout is not None
             if proxy.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"the proxy on {host} did not start (exit {proxy.poll()})")
@@ -126,17 +139,37 @@ class Servers:
     def start(self) -> None:
         if self.proxied:
             self._start_proxies()
-        for host in self.hosts:
-            self.disks[host].mount()
-        for host in self.hosts:
-            self.servers[host].start(timeout=30)
+        self.boot(self.hosts)
+
+    def boot(self, hosts: Iterable[str]) -> None:
+        """Mount ``hosts``' disks and start their servers, each wave's at once (machines boot in
+        parallel; a wave waits for the servers the next needs at start, e.g. etcd or nats-servers)."""
+        hosts = tuple(hosts)
+        self.each(hosts, lambda host: self.disks[host].mount())
+        for wave in self.started_in_waves(hosts):
+            self.each(wave, lambda host: self.servers[host].start(timeout=30))
+
+    def each(self, hosts: Iterable[str], action: Callable[[str], object]) -> None:
+        """``action`` on every host at once (each mostly waits on a child process); the first error raised."""
+        for done in [self.pool.submit(action, host) for host in hosts]:
+            done.result()
+
+    def started_in_waves(self, hosts: tuple[str, ...]) -> list[tuple[str, ...]]:
+        """``hosts`` in the workload's waves, then those no wave names."""
+        named = {host for wave in self.waves for host in wave}
+        waves = [tuple(host for host in wave if host in hosts) for wave in self.waves]
+        return [wave for wave in (*waves, tuple(host for host in hosts if host not in named)) if wave]
 
     def stop(self) -> None:
         if self.active is not None:
             self.heal(self.active)
-        for host in self.hosts:
+
+        def down(host: str) -> None:
             self.servers[host].cleanup()
             self.disks[host].unmount()
+
+        self.each(self.hosts, down)
+        self.pool.shutdown()
         for proxy in self.proxies.values():
             proxy.kill()
             proxy.wait()
@@ -179,10 +212,7 @@ class Servers:
             case "kill":
                 self.servers[first].start(timeout=30)
             case "power" | "power-all":
-                for host in fault.hosts:
-                    self.disks[host].mount()
-                for host in fault.hosts:
-                    self.servers[host].start(timeout=30)
+                self.boot(fault.hosts)
             case "pause":
                 self.servers[first].kill(signal.SIGCONT)
             case "cut":
@@ -198,12 +228,17 @@ class Servers:
 
 
 async def run_schedule(servers: Servers, faults: list[Fault], log: list[str]) -> None:
-    began = time.monotonic()
+    began = servers.schedule_began = time.monotonic()
     for fault in faults:
         await asyncio.sleep(max(0.0, began + fault.start - time.monotonic()))
         log.append(f"{time.monotonic() - began:6.1f}s apply {fault.describe()}")
         await asyncio.to_thread(servers.apply, fault)
-        await asyncio.sleep(max(0.0, began + fault.start + fault.length - time.monotonic()))
+        # A fault applied late (the heal before it was slow: a JVM restarted) still lasts its length.
+        heal_at = max(began + fault.start, time.monotonic()) + fault.length
+        proving = asyncio.ensure_future(asyncio.to_thread(prove, servers, fault, heal_at))
+        await asyncio.sleep(max(0.0, heal_at - time.monotonic()))
+        servers.evidence.append(await proving)
+        log.append(f"{time.monotonic() - began:6.1f}s acted: {servers.evidence[-1] or 'NO EVIDENCE'}")
         await asyncio.to_thread(servers.heal, fault)
         log.append(f"{time.monotonic() - began:6.1f}s heal  {fault.kind}")
 
@@ -240,6 +275,7 @@ class Workload:
     targets: tuple[str, ...] = ()
     at_most_once: bool = False  # direct events: what a subscriber missed (gaps) is allowed
     proxied: bool = False  # servers dial each other through a proxy per link (``peer_url``): slow works
+    waves: tuple[tuple[str, ...], ...] = ()  # hosts started (all at once) before the rest, wave by wave
 
 
 @dataclass
@@ -252,17 +288,26 @@ class Report:
     faults: list[Fault]
     verdicts: dict[str, Verdict]
     log: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds each part of the run took
+    evidence: list[str] = field(default_factory=list)  # per fault: what showed it acting
+
+    @property
+    def unproven(self) -> list[str]:
+        """The planned faults that left no evidence of acting (or were never applied)."""
+        shown = [*self.evidence, *[""] * (len(self.faults) - len(self.evidence))]
+        return [fault.describe() for fault, found in zip(self.faults, shown, strict=False) if not found]
 
     @property
     def total(self) -> Verdict:
         return combined(self.verdicts.values())
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "total": asdict(self.total), "valid": self.valid}
+        return {**asdict(self), "total": asdict(self.total), "unproven": self.unproven, "valid": self.valid}
 
     @property
     def valid(self) -> bool:
-        return self.total.valid_for(at_most_once=workloads()[self.workload].at_most_once)
+        checked = self.total.valid_for(at_most_once=workloads()[self.workload].at_most_once)
+        return checked and not self.unproven
 
 
 def workloads() -> dict[str, Workload]:
@@ -315,16 +360,37 @@ def run(
     refuse_inert(name, kinds, workload.nemeses)
     spans = SHORT_SPANS if short else {}
     faults = plan(seed, duration, workload.targets or workload.hosts, kinds, **spans) if kinds else []
-    network = Network([*workload.hosts, "client"]).build()
     report = Report(name, kinds, seed, duration, fsync, faults, {})
+    phases, mark = report.phases, time.monotonic()
+
+    def lap(phase: str) -> float:
+        """Seconds since the last lap, recorded as ``phase``'s."""
+        nonlocal mark
+        now = time.monotonic()
+        phases[phase], mark = round(now - mark, 2), now
+        return now
+
+    network = Network([*workload.hosts, "client"]).build()
+    lap("network")
     try:
         enter(f"/run/netns/{network.ns('client')}")
         servers = Servers(
-            network, workload.hosts, lambda s, host: workload.server(s, host, fsync), workload.proxied
+            network,
+            workload.hosts,
+            lambda s, host: workload.server(s, host, fsync),
+            workload.proxied,
+            workload.waves,
         )
         try:
             servers.start()
+            began = lap("start")
             report.verdicts = asyncio.run(workload.body(servers, faults, duration, report.log))
+            report.evidence = servers.evidence
+            # The body: getting ready (before the schedule), the duration, then reading and checking.
+            ready = max(0.0, (servers.schedule_began or began) - began)
+            after = lap("body") - began - ready - duration
+            phases.update(ready=round(ready, 2), after=round(after, 2))
+            del phases["body"]
         except BaseException:
             print_report(report)  # the schedule as far as it went
             for host, server in servers.servers.items():  # and what each server said last
@@ -333,9 +399,12 @@ def run(
                     print(f"--- {host}:\n{log_path.read_text()[-2500:]}", file=sys.stderr)
             raise
         finally:
+            mark = time.monotonic()
             servers.stop()
+            lap("stop")
     finally:
         network.teardown()
+        lap("teardown")
     return report
 
 
@@ -346,3 +415,7 @@ def print_report(report: Report) -> None:
         print("  " + line, file=sys.stderr)
     for name, verdict in report.verdicts.items():
         print(f"  {name}: {verdict}", file=sys.stderr)
+    for fault in report.unproven:
+        print(f"  no evidence that this fault acted: {fault}", file=sys.stderr)
+    if report.phases:
+        print("  seconds: " + ", ".join(f"{k} {v}" for k, v in report.phases.items()), file=sys.stderr)

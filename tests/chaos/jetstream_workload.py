@@ -57,4 +57,5 @@ WORKLOAD = Workload(
     server,
     topic_run("s", {"num_partitions": 1}),
     targets=NATS,
+    waves=(NATS,),
 )

@@ -242,6 +242,7 @@ class Disk:
     def __init__(self, backing: Path, mountpoint: Path) -> None:
         self.backing, self.mountpoint = backing, mountpoint
         self.proc: subprocess.Popen[bytes] | None = None
+        self.cut_exit: int | None = None  # how the process ended at the last cut (-9: power lost)
         backing.mkdir(parents=True, exist_ok=True)
         mountpoint.mkdir(parents=True, exist_ok=True)
 
@@ -262,7 +263,7 @@ class Disk:
         """Power loss: what was not fsynced is gone; processes still using the mount get errors."""
         if self.proc is not None:
             self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+            self.cut_exit = self.proc.wait(10)
             self.proc = None
         subprocess.run(["umount", "-l", str(self.mountpoint)], capture_output=True, timeout=10)
 

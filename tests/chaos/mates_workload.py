@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
@@ -124,7 +124,9 @@ async def prepare(servers: Servers) -> str:
     return active
 
 
-def publishers(servers: Servers, stop_at: float, history: list[Op]) -> list[Coroutine[Any, Any, None]]:
+def publishers(
+    servers: Servers, stop_at: float | Callable[[], float], history: list[Op]
+) -> list[Coroutine[Any, Any, None]]:
     """p1 through b (spooled for a's queue), p2 through node a (its client names both mates)."""
     both_mates = ",".join(servers.route_url(mate) for mate in MATES)
     return [
@@ -189,4 +191,4 @@ async def vouched(servers: Servers) -> list[str]:
 HOSTS = ("etcd", *MATES, "b")
 # The faults fall on the mates and on etcd: etcd paused, killed or powered off, a mate cut off from
 # etcd only (a partial partition: it still reaches b and its mate), one way or both.
-WORKLOAD = Workload(HOSTS, NEMESES, server, run, targets=(*MATES, "etcd"))
+WORKLOAD = Workload(HOSTS, NEMESES, server, run, targets=(*MATES, "etcd"), waves=(("etcd",),))

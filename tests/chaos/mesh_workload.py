@@ -31,12 +31,15 @@ def parse(raw: bytes) -> tuple[str, int]:
     return str(fields["p"]), int(fields["seq"])
 
 
-async def publish_until(node_url: str, publisher: str, stop_at: float, history: list[Op]) -> None:
-    """Publish ``orders.<publisher>`` events one at a time until ``stop_at`` (monotonic)."""
+async def publish_until(
+    node_url: str, publisher: str, stop_at: float | Callable[[], float], history: list[Op]
+) -> None:
+    """Publish ``orders.<publisher>`` events one at a time until ``stop_at`` (monotonic; or what it
+    returns, for a stop known only later)."""
     client = await MeshClient(node_url, timeout=5.0).connect()
     try:
         seq = 0
-        while time.monotonic() < stop_at:
+        while time.monotonic() < (stop_at() if callable(stop_at) else stop_at):
             try:
                 await client.publish(f"orders.{publisher}", body(publisher, seq), guaranteed=True)
                 history.append(Op(publisher, seq, "ok"))

@@ -46,12 +46,20 @@ class Proxy:
     def __init__(self, control: Path) -> None:
         self.control = control
         self.slow: dict[str, Slowness] = {}
+        self.delayed: dict[str, int] = {}  # chunks held back so far, per peer: the harness's evidence
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def watch(self) -> None:
+        written = ""
         while True:
             with contextlib.suppress(OSError):
                 self.slow = parse_control(self.control.read_text())
+                counts = "".join(f"{peer} {count}\n" for peer, count in sorted(self.delayed.items()))
+                if counts != written:
+                    stats = self.control.with_name(self.control.name + ".delayed")
+                    stats.with_suffix(".tmp").write_text(counts)
+                    stats.with_suffix(".tmp").replace(stats)
+                    written = counts
             await asyncio.sleep(0.1)
 
     async def serve(self, port: int, peer: str, host: str, peer_port: int) -> asyncio.Server:
@@ -95,7 +103,10 @@ class Proxy:
             while chunk := await reader.read(CHUNK):
                 if broken:
                     raise broken[0]
-                previous = due(time.monotonic(), previous, self.slow.get(peer, (0.0, 0.0)), random.uniform)
+                slowness = self.slow.get(peer, (0.0, 0.0))
+                if slowness[0] > 0:
+                    self.delayed[peer] = self.delayed.get(peer, 0) + 1
+                previous = due(time.monotonic(), previous, slowness, random.uniform)
                 await held.put((previous, chunk))
             await held.put((previous, b""))
             await writing

@@ -34,14 +34,24 @@ FOLLOWING = "following the active"
 
 
 async def race(servers: Servers, faults: list[Fault], duration: float, log: list[str]) -> dict[str, Verdict]:
+    """The scripted race, publishing throughout and for ``AFTER_RACE`` seconds after its last step
+    (the old active back as the standby, mirroring); ``duration`` is not used."""
     active = await mates_workload.prepare(servers)
     standby = next(mate for mate in mates_workload.MATES if mate != active)
     history: list[Op] = []
-    stop_at = time.monotonic() + duration
-    await asyncio.gather(
-        race_steps(servers, active, standby, log), *mates_workload.publishers(servers, stop_at, history)
-    )
+    stop_at = [float("inf")]
+
+    async def script() -> None:
+        try:
+            await race_steps(servers, active, standby, log)
+        finally:  # the publishers stop whatever happened
+            stop_at[0] = time.monotonic() + AFTER_RACE
+
+    await asyncio.gather(script(), *mates_workload.publishers(servers, lambda: stop_at[0], history))
     return await mates_workload.check_every_vouched_mate(servers, history, log)
+
+
+AFTER_RACE = 5.0
 
 
 async def race_steps(servers: Servers, active: str, standby: str, log: list[str]) -> None:
@@ -149,5 +159,7 @@ async def resend(
     return check_queues(history, held, lambda queue, publisher: True)
 
 
-MATES_RACE = Workload(mates_workload.HOSTS, (), mates_workload.server, race, targets=mates_workload.MATES)
+MATES_RACE = Workload(
+    mates_workload.HOSTS, (), mates_workload.server, race, targets=mates_workload.MATES, waves=(("etcd",),)
+)
 MESH_RESEND = Workload(NODES, (), streams_server(node_args), resend)

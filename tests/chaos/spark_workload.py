@@ -38,6 +38,11 @@ from tests.chaos.jetstream_workload import CLIENT_PORT, NATS, NatsHost
 from tests.chaos.schedule import Fault
 
 SOURCE, COPY = "spark-in", "spark-out"
+# Source events a micro-batch: the producers append ~600 a second, so at the crash test's 300 the
+# copy fell ever further behind and caught up for minutes after the traffic (a batch takes seconds
+# on the loaded cluster, whatever its size); at 1,000 it keeps up, each fault still hitting batches
+# in flight.
+PER_BATCH = 1000
 MASTER_PORT, WORKER_PORT = 7077, 7078
 
 
@@ -186,6 +191,7 @@ def start_driver(servers: Servers, url: str) -> tuple[subprocess.Popen[bytes], P
         "SPARK_LOCAL_IP": servers.network.address("client"),
     }
     command = [sys.executable, "-m", "tests.spark_copy_driver", url, SOURCE, COPY, str(checkpoint / "cp")]
+    command.append(str(PER_BATCH))
     with open(checkpoint / "driver.log", "wb") as out:
         return subprocess.Popen(
             command, env=env, stdout=out, stderr=subprocess.STDOUT
@@ -239,6 +245,7 @@ async def run(servers: Servers, faults: list[Fault], duration: float, log: list[
 SPARK = ("m", "w1", "w2")
 WORKERS = ("w1", "w2")
 NEMESES = ("kill", "pause", "isolate")
-WORKLOAD = Workload(("a", *SPARK), NEMESES, server, run, targets=WORKERS)
-ON_JETSTREAM = Workload((*NATS, "a", *SPARK), NEMESES, server, run, targets=WORKERS)  # NATS first
-ON_QUEUE = Workload(("a", "b", *SPARK), NEMESES, server, run, targets=WORKERS)
+# The master before the workers (they register at start), the nats-servers before server a.
+WORKLOAD = Workload(("a", *SPARK), NEMESES, server, run, targets=WORKERS, waves=(("m", "a"),))
+ON_JETSTREAM = Workload((*NATS, "a", *SPARK), NEMESES, server, run, targets=WORKERS, waves=((*NATS, "m"),))
+ON_QUEUE = Workload(("a", "b", *SPARK), NEMESES, server, run, targets=WORKERS, waves=(("m", "a", "b"),))

@@ -19,6 +19,7 @@ from meshplane.broker import query_stats
 from meshplane.launchers import BrokerProcess, EtcdServer
 from tests.conftest import make_config, running_brokers
 from tests.helpers import eventually, read_until
+from tests.support.cli import run_cli
 from tests.support.processes import stopped
 
 REPO = Path(__file__).resolve().parents[2]
@@ -328,12 +329,7 @@ def test_broker_cli_serves_stats_and_stops_cleanly_on_sigterm(tmp_path: Path) ->
     assert ready["registered"].startswith("v1/event_brokers/")
     records = list((tmp_path / "kv" / "v1" / "event_brokers").iterdir())
     assert len(records) == 1
-    stats = subprocess.run(
-        [sys.executable, "-m", "meshplane.cli.main", "broker-stats", ready["stats"]],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    stats = run_cli("broker-stats", ready["stats"], timeout=30)
     assert json.loads(stats.stdout)["dropped"] == 0
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=20)

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from meshplane.cli.bench import BENCHMARKS
+from tests.support.cli import run_cli
 
-MESHPLANE = [sys.executable, "-m", "meshplane.cli.main", "bench"]
 REPO = Path(__file__).resolve().parents[2]
 
 
 def bench(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MESHPLANE, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+    return run_cli("bench", *args, timeout=120, cwd=cwd)
 
 
 def test_list_names_every_script_of_the_checkout() -> None:

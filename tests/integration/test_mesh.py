@@ -105,7 +105,8 @@ async def test_links_dialled_from_both_ends_switch_connections_without_losing_an
     """Both nodes dial each other as they start; the pair moves to one connection while events flow.
     Before the link is up events are dropped (and counted); from the first delivered on, none is."""
     with MeshCluster(2) as cluster:
-        cluster.start()
+        for node in cluster.nodes:  # one after the other: a dials b before b is up, then b dials a
+            node.start()
         a = await MeshClient(cluster["a"].route_url).connect()
         b = await MeshClient(cluster["b"].route_url).connect()
         try:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from meshplane.launchers import StreamsServerProcess
 from meshplane.streams.client import StreamsClient
+from tests.support.cli import run_cli
 
 
 def test_a_log_with_thousands_of_problems_starts_with_one_summary(tmp_path: Path) -> None:
@@ -51,10 +50,10 @@ def test_a_log_with_thousands_of_problems_starts_with_one_summary(tmp_path: Path
     assert int(found[1]) > 10  # each was a line of its own
     assert "problem(s) in 1 log(s) found at start (topic doubled/0: " in errors[0]
     assert f"`meshplane log verify --data-dir {data}` lists every one" in errors[0]
-    verify = subprocess.run(
-        [sys.executable, "-m", "meshplane.cli.main", "log", "verify", "--data-dir", str(data)],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    verify = run_cli(
+        "log",
+        "verify",
+        "--data-dir",
+        str(data),
     )
     assert verify.returncode in (0, 1)  # recovery set the damage aside; verify says what remains

@@ -11,8 +11,6 @@ import asyncio
 import os
 import select
 import socket
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any, cast
@@ -29,6 +27,7 @@ from meshplane.streams.client import StreamsClient
 from meshplane.streams.events import StreamEvent
 from meshplane.streams.http.push import RoomPusher
 from tests.helpers import eventually
+from tests.support.cli import run_cli
 
 EVENTS = 2_000
 
@@ -103,13 +102,7 @@ def test_mesh_nodes_on_uvloop_link_and_route_to_clients_on_uvloop() -> None:
 
 
 def test_an_unknown_loop_is_one_line_and_no_traceback() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "meshplane.cli.main", "ls", "--discovery", "mem"],
-        env={**os.environ, "MESHPLANE_LOOP": "trio"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_cli("ls", "--discovery", "mem", env={**os.environ, "MESHPLANE_LOOP": "trio"})
     assert done.returncode != 0
     assert done.stderr.strip() == "meshplane: error: MESHPLANE_LOOP='trio' is not one of asyncio, uvloop"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +11,19 @@ from meshplane.launchers import StreamsServerProcess
 
 MESHPLANE = [sys.executable, "-m", "meshplane.cli.main"]
 PLANE_PREFIXES = ("DYN_", "NATS_", "ETCD_", "MESHPLANE_")
+
+
+def run_cli(
+    *args: str,
+    env: dict[str, str] | None = None,
+    input: str | None = None,
+    timeout: float = 60,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``meshplane ARGS...`` to its end, its output captured as text (``env``: the whole environment)."""
+    return subprocess.run(
+        [*MESHPLANE, *args], env=env, input=input, capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
 
 
 def clean_env(prefixes: tuple[str, ...] = PLANE_PREFIXES) -> dict[str, str]:

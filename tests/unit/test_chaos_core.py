@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.chaos.checker import Op, Verdict, check_direct, check_log, check_queues, combined
+from tests.chaos.evidence import killed, paused
 from tests.chaos.groups_workload import Assigned, Commit, check_group
-from tests.chaos.harness import SHORT_SPANS, workloads
+from tests.chaos.harness import SHORT_SPANS, Report, workloads
 from tests.chaos.proxy import Proxy, due, parse_control
-from tests.chaos.schedule import EVERY, NEMESES, PAIRED, plan
+from tests.chaos.schedule import EVERY, NEMESES, PAIRED, Fault, plan
 from tests.chaos.table import BEGIN, END, markdown, replace_table
 from tests.chaos.test_chaos import SHORT_RUNS
-from tests.helpers import eventually
+from tests.helpers import eventually, wait_until
 
 HOSTS = ("a", "b", "c")
 
@@ -260,10 +265,52 @@ async def test_the_proxy_delays_each_way_and_passes_a_half_close_on(tmp_path: Pa
         assert await asyncio.wait_for(reader.read(), 5) == b"ping"
         assert time.monotonic() - started >= 0.3  # 150 ms there, 150 ms back
         writer.close()
+        # what the harness takes as evidence that the slow nemesis acted: the chunks held, per peer
+        stats = tmp_path / "slow.delayed"
+        await eventually(lambda: stats.exists() and stats.read_text() == "peer 2\n", what="the count written")
     finally:
         watching.cancel()
         listening.close()
         upstream.close()
+
+
+def test_a_fault_that_left_no_evidence_makes_the_run_invalid() -> None:
+    faults = [
+        Fault(1.0, 2.0, "kill", ("a",)),
+        Fault(4.0, 1.5, "pause", ("b",)),
+        Fault(7.0, 1.0, "cap", ("c",)),
+    ]
+    report = Report("mesh-guaranteed", ["kill", "pause", "cap"], 1, 10.0, "always", faults, {"qa": Verdict()})
+    report.evidence = ["a: pid 7 gone (SIGKILL)", ""]  # the pause showed nothing, the cap never came
+    assert report.unproven == [faults[1].describe(), faults[2].describe()]
+    assert not report.valid
+    assert report.to_json()["unproven"] == report.unproven
+    report.evidence += ["shown", "shown"]
+    report.evidence[1] = "b: pid 8 state T (stopped)"
+    assert report.unproven == []
+    assert report.valid
+
+
+def test_a_killed_or_paused_server_is_seen_so_in_the_process_table(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["sleep", "60"])
+    servers: Any = SimpleNamespace(servers={"a": SimpleNamespace(proc=proc)})
+    try:
+        assert killed(servers, "a") == ""
+        assert paused(servers, "a") == ""
+        proc.send_signal(signal.SIGSTOP)
+        wait_until(lambda: paused(servers, "a") != "", timeout=10, what="state T")
+        assert "state T" in paused(servers, "a")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert f"pid {proc.pid} gone" in killed(servers, "a")
+        proc = subprocess.Popen(["sleep", "60"])  # ended otherwise: not a kill
+        servers.servers["a"].proc = proc
+        proc.terminate()
+        proc.wait(10)
+        assert killed(servers, "a") == ""
+    finally:
+        proc.kill()
+        proc.wait(10)
 
 
 def test_every_short_run_fits_each_of_its_nemeses_whatever_the_seed() -> None:

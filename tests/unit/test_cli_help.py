@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from meshplane.cli.main import build_parser
+from tests.support.cli import run_cli
 
 
 def walk(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, argparse.Action]]:
@@ -44,9 +43,7 @@ def test_every_subcommand_is_listed_with_what_it_does() -> None:
 
 
 def test_shell_completion_completes_commands(tmp_path: Path) -> None:
-    script = subprocess.run(
-        [sys.executable, "-m", "meshplane.cli.main", "completion", "bash"], capture_output=True, text=True
-    )
+    script = run_cli("completion", "bash")
     assert script.returncode == 0
     assert "meshplane" in script.stdout
     assert "complete" in script.stdout
@@ -58,7 +55,7 @@ def test_shell_completion_completes_commands(tmp_path: Path) -> None:
         "COMP_POINT": "12",
         "_ARGCOMPLETE_STDOUT_FILENAME": str(out),
     }
-    subprocess.run([sys.executable, "-m", "meshplane.cli.main"], env=env, capture_output=True, timeout=30)
+    run_cli(env=env, timeout=30)
     assert "topic" in out.read_text().split()
 
 

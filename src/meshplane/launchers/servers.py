@@ -146,8 +146,12 @@ class MeshCluster(Cluster[StreamsServerProcess]):
         ]
 
     def start(self, timeout: float = 20.0) -> MeshCluster:
+        # Every node booting at once (their route ports are fixed up front): a 3-node cluster is up
+        # in about half the time of one node after another.
         for node in self.nodes:
-            node.start(timeout)
+            node.start(timeout, ready=False)
+        for node in self.nodes:
+            node.wait_ready(timeout)
         return self
 
     def linked(self) -> bool:

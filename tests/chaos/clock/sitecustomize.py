@@ -17,9 +17,13 @@ if _FILE:
     def _read(path: str) -> None:
         try:
             with open(path) as file:
-                _offset[0] = float(file.read().strip() or 0)
+                offset = float(file.read().strip() or 0)
         except (OSError, ValueError):
-            pass  # torn or missing: the last offset stays
+            return  # torn or missing: the last offset stays
+        if offset != _offset[0]:
+            _offset[0] = offset
+            with open(path + ".seen", "w") as seen:  # the harness's evidence that the step arrived
+                seen.write(str(offset))
 
     def _watch(path: str) -> None:
         while True:
