@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from meshplane.core.mesh.frames import FLAG_NATS_ENVELOPE
 from meshplane.errors import MeshplaneError
 
 MAX_CONTROL_LINE = 4096
