@@ -24,6 +24,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from meshplane.core.mesh.frames import Frame, FrameType, decode_login, encode_frame
+from meshplane.core.mesh.login_checks import CheckLimits, LoginChecks
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.mesh.holders import ClientSession
 from meshplane.mesh.preauth import bounded
@@ -34,15 +35,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CHECKS_AT_ONCE = 2
+CHECKS_AT_ONCE = 2  # each holds ~64 MiB: a node spends at most 128 MiB on them
 WRONG = "wrong user or password"
 
 
 class Logins:
     def __init__(self, node: MeshNode) -> None:
         self.node = node
-        self._checks = asyncio.Semaphore(CHECKS_AT_ONCE)
+        self.checks: LoginChecks[ClientSession] = LoginChecks(CheckLimits(slots=CHECKS_AT_ONCE))
+        self._logins: dict[ClientSession, tuple[str, str]] = {}  # (user, password) waiting for a check
         self.refused: Counter[str] = Counter()  # by VPN: logins refused
+        self.busy: Counter[str] = Counter()  # by VPN: logins refused unchecked (the checks' queue was full)
         self.violations: Counter[tuple[str, str]] = Counter()  # by (VPN, user): what permissions refused
         self._tasks: set[asyncio.Task[None]] = set()  # the checks under way
         self.subscriptions: Counter[str] = Counter()  # by VPN: patterns its clients hold here
@@ -79,12 +82,16 @@ class Logins:
         loop.call_later(self.node.config.limits.auth_timeout, self._deadline, session)
 
     def left(self, session: ClientSession, patterns: int) -> None:
+        if self._logins.pop(session, None) is not None:  # gone while waiting: no check to spend
+            self.checks.cancel(session)
         if not session.login_pending:
             self.connections[session.vpn] -= 1
         self.subscriptions[session.vpn] -= patterns
 
     def _deadline(self, session: ClientSession) -> None:
-        if session.login_pending and session.conn.is_open:
+        # A client whose LOGIN arrived (its user is set) waits for its check instead: the time other
+        # clients' checks take is not its own, and the checks' queue bounds that wait.
+        if session.login_pending and not session.user and session.conn.is_open:
             self.refused[session.vpn] += 1
             self.node.frame_errors["login_timeout"] += 1
             session.conn.close()
@@ -103,34 +110,48 @@ class Logins:
             self._refuse(session, "a malformed LOGIN")
             return
         session.user = login.user[:64] or "?"  # taken: a second LOGIN is refused, not checked again
-        task = asyncio.get_running_loop().create_task(self._check(session, login.user, login.password))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        busy = self.checks.offer(session, _address(session), session.user)
+        if busy:
+            self.busy[session.vpn] += 1
+            log.info("refused a login to Message VPN %s unchecked: %s", session.vpn, busy)
+            return self._refuse(session, busy)
+        self._logins[session] = (login.user, login.password)
+        self._start_checks()
 
-    async def _check(self, session: ClientSession, name: str, password: str) -> None:
-        user = self.node.config.vpns[session.vpn].users.get(name)
-        async with self._checks:
-            if not session.conn.is_open:  # closed while it waited (its auth timeout): no check to spend
-                return
-            if self._nobody is None:  # made once, off the loop (hashing is as slow as checking)
-                self._nobody = User("", await asyncio.to_thread(hash_password, secrets.token_hex(16)))
-            # An unknown user is checked too, against a password nobody has: refused in the same time
-            # as a wrong password, so the time of the answer tells no user names either.
-            ok = await asyncio.to_thread((user or self._nobody).password_ok, password) and user is not None
-        if user is None or not ok:
-            log.info("refused a login to Message VPN %s as %s: %s", session.vpn, bounded(name), WRONG)
-            self._refuse(session, WRONG)
-            return
-        vpn = self.node.config.vpns[session.vpn]
+    def _start_checks(self) -> None:
+        for session in self.checks.start():
+            task = asyncio.get_running_loop().create_task(self._check(session))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _check(self, session: ClientSession) -> None:
+        try:
+            ok, user = await self._password_ok(session, *self._logins.pop(session))
+        finally:
+            self.checks.done(session)
+            self._start_checks()
         if not session.conn.is_open:
             return
-        full = self.connections_full(vpn)  # others logged in meanwhile: counted in limits_refused
+        if user is None or not ok:
+            log.info("refused a login to Message VPN %s as %s: %s", session.vpn, bounded(session.user), WRONG)
+            return self._refuse(session, WRONG)
+        full = self.connections_full(self.node.config.vpns[session.vpn])  # others logged in meanwhile
         if full:
             return self._refuse(session, full, counted=False)
         self.connections[session.vpn] += 1
         session.permissions = Permissions(user.publish, user.subscribe)
         session.login_pending = False
         session.conn.send(encode_frame(FrameType.LOGIN, self.node.node_id))
+
+    async def _password_ok(
+        self, session: ClientSession, name: str, password: str
+    ) -> tuple[bool, User | None]:
+        user = self.node.config.vpns[session.vpn].users.get(name)
+        if self._nobody is None:  # made once, off the loop (hashing is as slow as checking)
+            self._nobody = User("", await asyncio.to_thread(hash_password, secrets.token_hex(16)))
+        # An unknown user is checked too, against a password nobody has: refused in the same time as a
+        # wrong password, so the time of the answer tells no user names either.
+        return await asyncio.to_thread((user or self._nobody).password_ok, password), user
 
     def _refuse(self, session: ClientSession, reason: str, counted: bool = True) -> None:
         if counted:
@@ -157,6 +178,7 @@ class Logins:
                 "users": sorted(vpn.users),
                 "subscriptions": self.subscriptions[name],
                 "logins_refused": self.refused[name],
+                "logins_busy": self.busy[name],
                 "limits": {
                     "max_connections": vpn.max_connections,
                     "max_subscriptions": vpn.max_subscriptions,
@@ -168,3 +190,9 @@ class Logins:
             }
             for name, vpn in sorted(self.node.config.vpns.items())
         }
+
+
+def _address(session: ClientSession) -> str:
+    transport = session.conn.transport
+    peername = transport.get_extra_info("peername") if transport is not None else None
+    return str(peername[0]) if isinstance(peername, tuple) else str(peername)
