@@ -603,5 +603,8 @@ async def test_a_user_logs_in_while_another_address_floods_wrong_passwords(
         # Checks of alice's name run one at a time: hers waits for at most the flood's one under way.
         # The factor is room for a loaded machine, not the claim (it fails at the 30 s timeout).
         assert took < max(1.0, 10 * alone), (took, alone)
-        answered = await status(node)
-        assert answered["vpns"]["A"]["logins_busy"] > 0  # the flood's surplus, refused unchecked
+        busy = (await status(node))["vpns"]["A"]["logins_busy"]
+        assert busy > 0  # the flood's surplus, refused unchecked
+        async with aiohttp.ClientSession() as http, http.get(f"{node.url}/metrics") as response:
+            metrics = await response.text()
+        assert re.search(r'meshplane_mesh_vpn_logins_busy_total\{vpn="A"\} [1-9]', metrics)

@@ -219,6 +219,11 @@ def vpn_metrics(prefix: str, vpns: dict[str, dict[str, Any]]) -> Any:
         prefix + "vpn_subscriptions", "Patterns a Message VPN's clients hold on this node", labels=["vpn"]
     )
     logins = CounterMetricFamily(prefix + "vpn_logins_refused", "Logins refused", labels=["vpn"])
+    busy = CounterMetricFamily(
+        prefix + "vpn_logins_busy",
+        "Logins refused unchecked: the password checks' queue was full",
+        labels=["vpn"],
+    )
     violations = CounterMetricFamily(
         prefix + "vpn_violations",
         "Publishes and subscriptions a user's permissions refused",
@@ -233,8 +238,9 @@ def vpn_metrics(prefix: str, vpns: dict[str, dict[str, Any]]) -> Any:
         clients.add_metric([name], vpn["clients"])
         subscriptions.add_metric([name], vpn["subscriptions"])
         logins.add_metric([name], vpn["logins_refused"])
+        busy.add_metric([name], vpn["logins_busy"])
         for user, count in vpn["violations"].items():
             violations.add_metric([name, user], count)
         for limit, count in vpn["limits_refused"].items():
             limits.add_metric([name, limit], count)
-    yield from (clients, subscriptions, logins, violations, limits)
+    yield from (clients, subscriptions, logins, busy, violations, limits)
