@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
+import signal
 import time
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -17,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from meshplane.cli.main import main
 from meshplane.core.mesh.frames import FrameType, Login, encode_event, encode_frame, encode_payload
 from meshplane.errors import PermissionDenied, TransportAuthError, TransportError
 from meshplane.launchers import MeshCluster, StreamsServerProcess
@@ -608,3 +611,93 @@ async def test_a_user_logs_in_while_another_address_floods_wrong_passwords(
         async with aiohttp.ClientSession() as http, http.get(f"{node.url}/metrics") as response:
             metrics = await response.text()
         assert re.search(r'meshplane_mesh_vpn_logins_busy_total\{vpn="A"\} [1-9]', metrics)
+
+
+async def test_a_reload_adds_and_revokes_users_and_permissions_without_dropping_other_clients(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGHUP: a new user logs in, a removed one is cut, a narrowed one keeps its connection less the
+    subscriptions it may no longer hold (each said to it); other clients stay; a file with mistakes
+    changes nothing and says each with its line."""
+    vpns = tmp_path / "vpns.toml"
+    alice_hash, bob_hash = hash_password(ALICE), hash_password(BOB)
+    vpns.write_text(
+        f'[vpns.A.users.alice]\npassword_hash = "{alice_hash}"\n'
+        f'[vpns.A.users.bob]\npassword_hash = "{bob_hash}"\n[vpns.B]\n'
+    )
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns))) as cluster:
+        node = cluster.start()["a"]
+        alice_said: list[PermissionDenied] = []
+        alice = MeshClient(node.route_url, vpn="A", user="alice", password=ALICE, on_error=alice_said.append)
+        bob = MeshClient(node.route_url, vpn="A", user="bob", password=BOB)
+        in_b = MeshClient(node.route_url, vpn="B")
+        everything, eu = Inbox(), Inbox()
+        try:
+            for client in (alice, bob, in_b):
+                await client.connect()
+            alice.subscribe("orders.>", everything)
+            alice.subscribe("orders.eu.*", eu)
+            await alice.flush()
+            before = {c["user"] or c["vpn"]: c["id"] for c in (await status(node))["clients"]}
+
+            vpns.write_text(
+                f'[vpns.A.users.alice]\npassword_hash = "{alice_hash}"\n'
+                'subscribe = { allow = ["orders.eu.*"] }\n'
+                f'[vpns.A.users.carol]\npassword_hash = "{hash_password(WATCHER)}"\n[vpns.B]\n'
+            )
+            node.kill(signal.SIGHUP)
+
+            async def reloaded(count: int = 1) -> bool:
+                return bool((await status(node))["vpns_reload"].get("reloaded", 0) >= count)
+
+            await eventually(reloaded, what="the VPN file read again")
+            await eventually(lambda: not bob.connected, what="bob, removed, cut")
+            await eventually(lambda: bool(alice_said), what="alice told of her revoked subscription")
+            assert "revoked" in str(alice_said[0])
+            assert "orders.>" in str(alice_said[0])
+            last = (await status(node))["vpns_reload"]["last"]
+            assert (last["closed"], last["revoked"]) == (1, 1)
+            after = {c["user"] or c["vpn"]: c["id"] for c in (await status(node))["clients"]}
+            assert (after["alice"], after["B"]) == (before["alice"], before["B"])  # the same connections
+            await bob.close()  # it reconnects, to be refused
+            assert (await status(node))["vpns"]["A"]["clients"] == 1
+            assert (await status(node))["vpns"]["A"]["subscriptions"] == 1
+            carol = await MeshClient(node.route_url, vpn="A", user="carol", password=WATCHER).connect()
+            await carol.publish("orders.eu.created", b"after")
+            await carol.flush(propagated=True)
+            await eventually(lambda: [body for _, body in eu.events] == [b"after"], what="still subscribed")
+            assert everything.events == []
+            await carol.close()
+            with pytest.raises(TransportAuthError, match="wrong user or password"):
+                await MeshClient(node.route_url, vpn="A", user="bob", password=BOB, timeout=3).connect()
+
+            vpns.write_text("[vpns.A]\nmax_connections = 0\n[vpns.A.users.carol]\n")  # two mistakes
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(f"{node.url}/mesh/vpns/reload") as response,
+            ):
+                assert response.status == 400
+                said = await response.text()
+            assert f"{vpns}:2:" in said
+            assert f"{vpns}:3:" in said
+            assert (await status(node))["vpns_reload"]["failed"] == 1
+            assert alice.connected
+            carol = await MeshClient(node.route_url, vpn="A", user="carol", password=WATCHER).connect()
+            await carol.close()  # the file before it still holds
+
+            code = await asyncio.to_thread(main, ["vpn", "check", str(vpns)])
+            checked = capsys.readouterr().out.splitlines()
+            assert code == 2
+            assert [line.split(": ")[0] for line in checked] == [f"{vpns}:2", f"{vpns}:3"]
+            assert await asyncio.to_thread(main, ["vpn", "show", "A", "--url", node.url, "--json"]) == 0
+            shown = json.loads(capsys.readouterr().out)
+            assert shown["users"] == ["alice", "carol"]
+            assert [c["user"] for c in shown["connected"]] == ["alice"]
+            assert "argon2" not in json.dumps(shown)
+            assert await asyncio.to_thread(main, ["vpn", "ls", "--url", node.url, "--json"]) == 0
+            listed = {vpn["vpn"]: vpn for vpn in json.loads(capsys.readouterr().out)}
+            assert sorted(listed) == ["A", "B", "default"]
+            assert listed["B"]["clients"] == 1
+        finally:
+            for client in (alice, bob, in_b):
+                await client.close()

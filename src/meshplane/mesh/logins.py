@@ -28,6 +28,7 @@ from meshplane.core.mesh.login_checks import CheckLimits, LoginChecks
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.mesh.holders import ClientSession
 from meshplane.mesh.preauth import bounded
+from meshplane.mesh.vpn_reload import VpnReloads
 from meshplane.mesh.vpns import User, Vpn, hash_password
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class Logins:
         self.connections: Counter[str] = Counter()  # by VPN: its clients here
         self.limits_refused: Counter[tuple[str, str]] = Counter()  # by (VPN, limit)
         self._nobody: User | None = None  # checked for a user name no VPN has
+        self.reloads = VpnReloads(node, node.config.vpns_file)
 
     def connections_full(self, vpn: Vpn) -> str:
         """Why ``vpn`` takes no more clients on this node (its limit: the new one is refused, counted),
@@ -132,10 +134,14 @@ class Logins:
             self._start_checks()
         if not session.conn.is_open:
             return
+        vpn = self.node.config.vpns.get(session.vpn)
+        if user is not None and (vpn is None or vpn.users.get(user.name) != user):
+            return self._refuse(session, "the Message VPN's users were reloaded meanwhile: log in again")
         if user is None or not ok:
             log.info("refused a login to Message VPN %s as %s: %s", session.vpn, bounded(session.user), WRONG)
             return self._refuse(session, WRONG)
-        full = self.connections_full(self.node.config.vpns[session.vpn])  # others logged in meanwhile
+        assert vpn is not None
+        full = self.connections_full(vpn)  # others logged in meanwhile
         if full:
             return self._refuse(session, full, counted=False)
         self.connections[session.vpn] += 1

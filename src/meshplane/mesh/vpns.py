@@ -16,10 +16,14 @@ vpn="team-a")``); a node refuses a VPN it does not have. A VPN with users admits
 it logs in as one of them (``MeshClient(..., user="alice")``, the password from
 ``$MESHPLANE_MESH_PASSWORD``), and then holds it to that user's permissions
 (:mod:`meshplane.core.mesh.permissions`). See :mod:`meshplane.core.mesh.vpn` for how VPNs are kept apart.
+
+:func:`check_vpns` finds every mistake of a file, each with its line (``meshplane vpn check``); a node
+reads its file again on SIGHUP (:mod:`meshplane.mesh.vpn_reload`).
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -80,74 +84,153 @@ class Vpns(Mapping[str, Vpn]):
         return len(self.by_name)
 
 
-def parse_vpns(text: str, where: str = "the VPN file") -> Vpns:
-    """The VPNs a TOML text declares; ConfigError naming the first mistake."""
+@dataclass(frozen=True)
+class Problem:
+    """One mistake in a VPN file: where (its line, the section) and what."""
+
+    line: int
+    where: str
+    message: str
+
+    def render(self, path: object) -> str:
+        return f"{path}:{self.line}: {self.where}: {self.message}"
+
+
+def check_vpns(text: str) -> tuple[Vpns, list[Problem]]:
+    """The VPNs a TOML text declares (those without mistakes), and every mistake, with its line."""
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{where}: not TOML: {exc}") from None
-    unknown = set(document) - {"vpns"}
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}: only [vpns.NAME] sections")
+        at = re.search(r"line (\d+)", str(exc))
+        return Vpns(), [Problem(int(at[1]) if at else 1, "syntax", f"not TOML: {exc}")]
+    problems = _Problems(key_lines(text))
+    for key in sorted(set(document) - {"vpns"}):
+        problems.add((key,), f"[{key}]", "unknown key: only [vpns.NAME] sections")
     declared = document.get("vpns", {})
     if not isinstance(declared, dict):
-        raise ConfigError(f"{where}: 'vpns' must be a table of [vpns.NAME] sections")
+        problems.add(("vpns",), "vpns", "must be a table of [vpns.NAME] sections")
+        declared = {}
     by_name = {DEFAULT: Vpn(DEFAULT)}
     for name, settings in declared.items():
-        try:
-            check_vpn(name)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: [vpns.{name}]: {exc}") from None
-        if not isinstance(settings, dict):
-            raise ConfigError(f"{where}: vpns.{name} must be a section ([vpns.{name}])")
-        unknown = set(settings) - {"users", *LIMITS}
-        if unknown:
-            keys = ", ".join(("users", *LIMITS))
-            raise ConfigError(f"{where}: [vpns.{name}]: unknown key(s) {sorted(unknown)} ({keys})")
-        users = settings.get("users", {})
-        if not isinstance(users, dict):
-            raise ConfigError(f"{where}: vpns.{name}.users must be sections ([vpns.{name}.users.NAME])")
-        for key in LIMITS:
-            value = settings.get(key)
-            if value is not None and (type(value) is not int or value < 1):
-                raise ConfigError(f"{where}: [vpns.{name}] {key}: a whole number of 1 or more")
-        by_name[name] = Vpn(
-            name,
-            {user: _user(f"{where}: [vpns.{name}.users.{user}]", user, u) for user, u in users.items()},
-            **{key: settings.get(key) for key in LIMITS},
-        )
-    return Vpns(by_name)
+        vpn = _vpn(problems, name, settings)
+        if vpn is not None:
+            by_name[name] = vpn
+    return Vpns(by_name), sorted(problems.found, key=lambda problem: problem.line)
+
+
+def parse_vpns(text: str, where: str = "the VPN file") -> Vpns:
+    """The VPNs a TOML text declares; ConfigError naming the first mistake (and how many more)."""
+    vpns, problems = check_vpns(text)
+    if problems:
+        more = f" and {len(problems) - 1} more (meshplane vpn check FILE lists them)" if problems[1:] else ""
+        raise ConfigError(problems[0].render(where) + more)
+    return vpns
 
 
 LIMITS = ("max_connections", "max_subscriptions")
 
 
-def _user(where: str, name: str, settings: Any) -> User:
+class _Problems:
+    def __init__(self, lines: dict[tuple[str, ...], int]) -> None:
+        self.lines = lines
+        self.found: list[Problem] = []
+
+    def add(self, path: tuple[str, ...], where: str, message: str) -> None:
+        line = next((self.lines[path[:n]] for n in range(len(path), 0, -1) if path[:n] in self.lines), 1)
+        self.found.append(Problem(line, where, message))
+
+
+def _vpn(problems: _Problems, name: str, settings: Any) -> Vpn | None:
+    path, where, before = ("vpns", name), f"[vpns.{name}]", len(problems.found)
+    try:
+        check_vpn(name)
+    except ValueError as exc:
+        problems.add(path, where, str(exc))
     if not isinstance(settings, dict):
-        raise ConfigError(f"{where}: must be a section")
+        problems.add(path, where, f"must be a section ([vpns.{name}])")
+        return None
+    for key in sorted(set(settings) - {"users", *LIMITS}):
+        problems.add((*path, key), where, f"unknown key {key!r} ({', '.join(('users', *LIMITS))})")
+    for key in LIMITS:
+        value = settings.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            problems.add((*path, key), where, f"{key}: a whole number of 1 or more")
+    users = settings.get("users", {})
+    if not isinstance(users, dict):
+        problems.add((*path, "users"), where, f"users must be sections ([vpns.{name}.users.NAME])")
+        users = {}
+    checked = {user: _user(problems, (*path, "users", user), user, u) for user, u in users.items()}
+    if len(problems.found) > before:
+        return None
+    limits = {key: settings.get(key) for key in LIMITS}
+    return Vpn(name, {user: u for user, u in checked.items() if u is not None}, **limits)
+
+
+def _user(problems: _Problems, path: tuple[str, ...], name: str, settings: Any) -> User | None:
+    where, before = "[" + ".".join(path) + "]", len(problems.found)
+    if not isinstance(settings, dict):
+        problems.add(path, where, "must be a section")
+        return None
     if not name or len(name) > 64 or not name.isprintable():
-        raise ConfigError(f"{where}: a user name is 1-64 printable characters")
-    unknown = set(settings) - {"password_hash", "publish", "subscribe"}
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)} (password_hash, publish, subscribe)")
+        problems.add(path, where, "a user name is 1-64 printable characters")
+    for key in sorted(set(settings) - {"password_hash", "publish", "subscribe"}):
+        problems.add((*path, key), where, f"unknown key {key!r} (password_hash, publish, subscribe)")
     password_hash = settings.get("password_hash")
     if not isinstance(password_hash, str) or not password_hash.startswith("$argon2"):
-        raise ConfigError(f"{where}: password_hash must be an argon2 hash (meshplane mesh hash-password)")
-    return User(name, password_hash, _rules(where, settings, "publish"), _rules(where, settings, "subscribe"))
+        problems.add(
+            (*path, "password_hash"),
+            where,
+            "password_hash must be an argon2 hash (meshplane mesh hash-password)",
+        )
+    publish, subscribe = (_rules(problems, path, where, settings, d) for d in ("publish", "subscribe"))
+    if len(problems.found) > before or publish is None or subscribe is None:
+        return None
+    assert isinstance(password_hash, str)
+    return User(name, password_hash, publish, subscribe)
 
 
-def _rules(where: str, settings: dict[str, Any], direction: str) -> Rules:
+def _rules(
+    problems: _Problems, path: tuple[str, ...], where: str, settings: dict[str, Any], direction: str
+) -> Rules | None:
     given = settings.get(direction, {})
+    at = (*path, direction)
     if not isinstance(given, dict) or set(given) - {"allow", "deny"}:
-        raise ConfigError(f"{where}: {direction} takes allow and deny lists of patterns")
+        problems.add(at, where, f"{direction} takes allow and deny lists of patterns")
+        return None
     lists = {key: given.get(key, []) for key in ("allow", "deny")}
     for key, patterns in lists.items():
         if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
-            raise ConfigError(f"{where}: {direction}.{key} must be a list of patterns")
+            problems.add(at, where, f"{direction}.{key} must be a list of patterns")
+            return None
     try:
         return Rules(tuple(lists["allow"]), tuple(lists["deny"]))
     except ValueError as exc:
-        raise ConfigError(f"{where}: {direction}: {exc}") from None
+        problems.add(at, where, f"{direction}: {exc}")
+        return None
+
+
+_KEY_PART = r'(?:[A-Za-z0-9_-]+|"[^"]*"|\'[^\']*\')'
+_HEADER = re.compile(rf"^\s*\[\s*({_KEY_PART}(?:\s*\.\s*{_KEY_PART})*)\s*\]")
+_KEY = re.compile(rf"^\s*({_KEY_PART}(?:\s*\.\s*{_KEY_PART})*)\s*=")
+
+
+def key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """Where each section and key is first written, by its full path (tomllib gives no lines).
+    Keys inside an inline table count at the line of the key that holds it."""
+    lines: dict[tuple[str, ...], int] = {}
+    table: tuple[str, ...] = ()
+    for number, line in enumerate(text.splitlines(), 1):
+        header = _HEADER.match(line)
+        found = header or _KEY.match(line)
+        if not found:
+            continue
+        parts = tuple(part.strip().strip("\"'") for part in re.findall(_KEY_PART, found[1]))
+        path = parts if header else table + parts
+        if header:
+            table = parts
+        for n in range(1, len(path) + 1):
+            lines.setdefault(path[:n], number)
+    return lines
 
 
 def load_vpns(path: Path) -> Vpns:

@@ -87,6 +87,15 @@ async def _pause(request: web.Request, paused: bool) -> web.Response:
     return json_response({"name": queue.name, "paused": queue.paused})
 
 
+async def vpns_reload(request: web.Request) -> web.Response:
+    """Read the node's VPN file again (as SIGHUP): 200 with what changed, or 400 with every mistake
+    (the node keeps its VPNs as they were)."""
+    outcome = _node(request).logins.reloads.reload()
+    if not outcome["ok"]:
+        raise BadRequest("the VPN file was not applied: " + "; ".join(outcome["problems"]))
+    return json_response(outcome)
+
+
 async def node_forget(request: web.Request) -> web.Response:
     """Forget a departed node: its interest, its spool (events it never confirmed) and its queues."""
     peer = request.match_info["node"]
