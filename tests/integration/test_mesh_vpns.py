@@ -701,3 +701,72 @@ async def test_a_reload_adds_and_revokes_users_and_permissions_without_dropping_
         finally:
             for client in (alice, bob, in_b):
                 await client.close()
+
+
+async def test_limits_per_user_queues_and_publish_rates_are_refused_with_their_reason(tmp_path: Path) -> None:
+    """A user's max_connections, a VPN's max_queues, max_events_per_second and max_bytes_per_second
+    on one node: what passes them is refused with the reason and counted, never applied; what is
+    within them goes on."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(
+        "[vpns.A]\nmax_events_per_second = 20\nmax_queues = 1\n"
+        f'[vpns.A.users.alice]\nmax_connections = 1\npassword_hash = "{hash_password(ALICE)}"\n'
+        f'[vpns.A.users.bob]\npassword_hash = "{hash_password(BOB)}"\n'
+        "[vpns.B]\nmax_bytes_per_second = 2000\n"
+    )
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns))) as cluster:
+        node = cluster.start()["a"]
+        told: list[PermissionDenied] = []
+        alice = MeshClient(node.route_url, vpn="A", user="alice", password=ALICE, on_error=told.append)
+        bob = MeshClient(node.route_url, vpn="A", user="bob", password=BOB)
+        in_b, b_sub = MeshClient(node.route_url, vpn="B"), MeshClient(node.route_url, vpn="B")
+        a_seen, b_seen = Inbox(), Inbox()
+        try:
+            for client in (alice, bob, in_b, b_sub):
+                await client.connect()
+            with pytest.raises(TransportAuthError, match="user 'alice': 1 clients on this node"):
+                await MeshClient(node.route_url, vpn="A", user="alice", password=ALICE, timeout=3).connect()
+            bob.subscribe("orders.>", a_seen)
+            b_sub.subscribe("orders.>", b_seen)
+            await bob.flush()
+            await b_sub.flush()
+
+            started = time.monotonic()
+            for i in range(200):
+                await alice.publish("orders.eu", b"%d" % i)
+            with pytest.raises(PermissionDenied, match="20 events a second on this node"):
+                await alice.flush()
+            answers = await asyncio.gather(  # the guaranteed ones are answered, each
+                *(alice.publish("orders.eu", b"g", guaranteed=True) for _ in range(50)),
+                return_exceptions=True,
+            )
+            assert any(re.search(r"its limit\): not published", str(answer)) for answer in answers)
+            elapsed = time.monotonic() - started
+            await bob.flush()
+            passed = len(a_seen.events)
+            assert 1 <= passed <= 20 + 20 * elapsed + 1, (passed, elapsed)
+            refused = (await status(node))["vpns"]["A"]["limits_refused"]
+            assert refused["events_per_second"] >= 200 - passed
+            assert len(told) <= 1 + elapsed + 1  # said once a second, not once an event
+            assert alice.connected  # refused, not cut
+
+            for _ in range(20):  # 500 bytes each (a little more on the wire): 4 in the burst, at most
+                await in_b.publish("orders.eu", b"x" * 500)
+            with pytest.raises(PermissionDenied, match="2000 bytes a second"):
+                await in_b.flush()
+            await b_sub.flush()
+            assert 1 <= len(b_seen.events) < 20
+            assert (await status(node))["vpns"]["B"]["limits_refused"]["bytes_per_second"] >= 1
+
+            assert (await put_queue_in(node, "first", ["orders.>"], "A"))["topic"] == "A:first"
+            async with (
+                aiohttp.ClientSession() as http,
+                http.put(f"{node.url}/mesh/queues/second", json={"patterns": ["x"], "vpn": "A"}) as response,
+            ):
+                assert response.status == 429
+                assert "1 queues on this node (its limit)" in await response.text()
+            await put_queue_in(node, "second", ["x"], "B")  # another VPN's limits are its own
+            assert (await status(node))["vpns"]["A"]["limits_refused"]["queues"] == 1
+        finally:
+            for client in (alice, bob, in_b, b_sub):
+                await client.close()

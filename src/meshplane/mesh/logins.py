@@ -20,16 +20,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
 from meshplane.core.mesh.frames import Frame, FrameType, decode_login, encode_frame
 from meshplane.core.mesh.login_checks import CheckLimits, LoginChecks
 from meshplane.core.mesh.permissions import Permissions
+from meshplane.core.mesh.rate import TokenBucket
 from meshplane.mesh.holders import ClientSession
 from meshplane.mesh.preauth import bounded
 from meshplane.mesh.vpn_reload import VpnReloads
-from meshplane.mesh.vpns import User, Vpn, hash_password
+from meshplane.mesh.vpns import LIMITS, User, Vpn, hash_password
 
 if TYPE_CHECKING:
     from meshplane.mesh.node import MeshNode
@@ -54,6 +56,50 @@ class Logins:
         self.limits_refused: Counter[tuple[str, str]] = Counter()  # by (VPN, limit)
         self._nobody: User | None = None  # checked for a user name no VPN has
         self.reloads = VpnReloads(node, node.config.vpns_file)
+        self.user_connections: Counter[tuple[str, str]] = Counter()  # by (VPN, user): its clients here
+        # by VPN with a publish limit: (events, bytes) per second on this node
+        self.rates: dict[str, tuple[TokenBucket | None, TokenBucket | None]] = {}
+        self._rate_said: dict[ClientSession, float] = {}  # when a client was last told of a rate
+        self.configured()
+
+    def configured(self) -> None:
+        """The node's VPNs are new (started, reloaded): their publish limits start afresh."""
+        self.rates = {
+            vpn.name: (
+                TokenBucket(vpn.max_events_per_second, vpn.max_events_per_second)
+                if vpn.max_events_per_second
+                else None,
+                TokenBucket(vpn.max_bytes_per_second, vpn.max_bytes_per_second)
+                if vpn.max_bytes_per_second
+                else None,
+            )
+            for vpn in self.node.config.vpns.values()
+            if vpn.max_events_per_second or vpn.max_bytes_per_second
+        }
+
+    def publish_refused(self, session: ClientSession, size: int) -> str:
+        """Why ``session``'s publish of ``size`` bytes passes its VPN's rate on this node (refused,
+        counted), or "" (it is counted against the rate)."""
+        events, volume = self.rates[session.vpn]
+        now = time.monotonic()
+        if events is not None and not events.take(1, now):
+            limit, what = "events_per_second", f"{events.rate:g} events a second"
+        elif volume is not None and not volume.take(size, now):
+            if events is not None:
+                events.tokens += 1  # not published: not counted
+            limit, what = "bytes_per_second", f"{volume.rate:g} bytes a second"
+        else:
+            return ""
+        self.limits_refused[(session.vpn, limit)] += 1
+        return f"Message VPN {session.vpn!r}: {what} on this node (its limit): not published"
+
+    def tell_rate(self, session: ClientSession, subject: str, sequence: int, reason: str) -> None:
+        """A publish past its VPN's rate, said to the client once a second at most (each is counted):
+        a client that floods is not answered with a flood."""
+        now = time.monotonic()
+        if now - self._rate_said.get(session, -1.0) >= 1.0:
+            self._rate_said[session] = now
+            self.violation(session, subject, sequence, reason, counted=False)
 
     def connections_full(self, vpn: Vpn) -> str:
         """Why ``vpn`` takes no more clients on this node (its limit: the new one is refused, counted),
@@ -86,8 +132,11 @@ class Logins:
     def left(self, session: ClientSession, patterns: int) -> None:
         if self._logins.pop(session, None) is not None:  # gone while waiting: no check to spend
             self.checks.cancel(session)
+        self._rate_said.pop(session, None)
         if not session.login_pending:
             self.connections[session.vpn] -= 1
+            if session.user:
+                self.user_connections[(session.vpn, session.user)] -= 1
         self.subscriptions[session.vpn] -= patterns
 
     def _deadline(self, session: ClientSession) -> None:
@@ -144,6 +193,12 @@ class Logins:
         full = self.connections_full(vpn)  # others logged in meanwhile
         if full:
             return self._refuse(session, full, counted=False)
+        mine = (session.vpn, user.name)
+        if user.max_connections is not None and self.user_connections[mine] >= user.max_connections:
+            self.limits_refused[(session.vpn, "user_connections")] += 1
+            why = f"user {user.name!r}: {user.max_connections} clients on this node (its limit)"
+            return self._refuse(session, why, counted=False)
+        self.user_connections[mine] += 1
         self.connections[session.vpn] += 1
         session.permissions = Permissions(user.publish, user.subscribe)
         session.login_pending = False
@@ -185,10 +240,7 @@ class Logins:
                 "subscriptions": self.subscriptions[name],
                 "logins_refused": self.refused[name],
                 "logins_busy": self.busy[name],
-                "limits": {
-                    "max_connections": vpn.max_connections,
-                    "max_subscriptions": vpn.max_subscriptions,
-                },
+                "limits": {key: getattr(vpn, key) for key in LIMITS},
                 "limits_refused": {
                     what: n for (v, what), n in sorted(self.limits_refused.items()) if v == name
                 },

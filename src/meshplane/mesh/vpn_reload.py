@@ -72,6 +72,7 @@ class VpnReloads:
         if problems:
             return {"ok": False, "problems": [problem.render(self.path) for problem in problems]}
         old, self.node.config.vpns = self.node.config.vpns, vpns
+        self.node.logins.configured()
         closed = revoked = 0
         for session in list(self.node.clients.sessions.values()):
             why = _why_closed(session, old, vpns)

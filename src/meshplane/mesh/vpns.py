@@ -4,7 +4,11 @@
 [vpns.team-a]          # a VPN; "default" always exists (and takes users too: [vpns.default.users.x])
 max_connections = 100  # its clients on one node, at most (a client past it is refused)
 max_subscriptions = 10000  # patterns its clients hold on one node, at most (each one past it refused)
+max_queues = 50        # its queues on one node, at most
+max_events_per_second = 10000  # its clients' publishes on one node: the excess refused, counted
+max_bytes_per_second = 10485760  # ... and their bytes (each a token bucket with a second's burst)
 [vpns.team-a.users.alice]
+max_connections = 5    # alice's clients on one node, at most
 password_hash = "$argon2id$v=19$..."   # meshplane mesh hash-password (the password from stdin)
 publish = { allow = ["orders.>"], deny = ["orders.audit.>"] }
 subscribe = { deny = ["orders.audit.>"] }
@@ -51,6 +55,7 @@ class User:
     password_hash: str = field(repr=False)
     publish: Rules = field(default_factory=Rules)
     subscribe: Rules = field(default_factory=Rules)
+    max_connections: int | None = None  # its clients on one node, at most
 
     def password_ok(self, password: str) -> bool:
         """Whether ``password`` is this user's (slow on purpose: run it off the event loop)."""
@@ -66,6 +71,9 @@ class Vpn:
     users: dict[str, User] = field(default_factory=dict)
     max_connections: int | None = None  # its clients on one node, at most (None: the node's limit)
     max_subscriptions: int | None = None  # patterns its clients hold on one node, at most
+    max_queues: int | None = None  # its queues on one node, at most
+    max_events_per_second: int | None = None  # its clients' publishes on one node (a burst of one second)
+    max_bytes_per_second: int | None = None  # ... and their bytes
 
 
 @dataclass(frozen=True)
@@ -127,7 +135,13 @@ def parse_vpns(text: str, where: str = "the VPN file") -> Vpns:
     return vpns
 
 
-LIMITS = ("max_connections", "max_subscriptions")
+LIMITS = (
+    "max_connections",
+    "max_subscriptions",
+    "max_queues",
+    "max_events_per_second",
+    "max_bytes_per_second",
+)
 
 
 class _Problems:
@@ -151,10 +165,7 @@ def _vpn(problems: _Problems, name: str, settings: Any) -> Vpn | None:
         return None
     for key in sorted(set(settings) - {"users", *LIMITS}):
         problems.add((*path, key), where, f"unknown key {key!r} ({', '.join(('users', *LIMITS))})")
-    for key in LIMITS:
-        value = settings.get(key)
-        if value is not None and (type(value) is not int or value < 1):
-            problems.add((*path, key), where, f"{key}: a whole number of 1 or more")
+    _limits(problems, path, where, settings, LIMITS)
     users = settings.get("users", {})
     if not isinstance(users, dict):
         problems.add((*path, "users"), where, f"users must be sections ([vpns.{name}.users.NAME])")
@@ -173,8 +184,10 @@ def _user(problems: _Problems, path: tuple[str, ...], name: str, settings: Any) 
         return None
     if not name or len(name) > 64 or not name.isprintable():
         problems.add(path, where, "a user name is 1-64 printable characters")
-    for key in sorted(set(settings) - {"password_hash", "publish", "subscribe"}):
-        problems.add((*path, key), where, f"unknown key {key!r} (password_hash, publish, subscribe)")
+    keys = ("password_hash", "publish", "subscribe", "max_connections")
+    for key in sorted(set(settings) - set(keys)):
+        problems.add((*path, key), where, f"unknown key {key!r} ({', '.join(keys)})")
+    _limits(problems, path, where, settings, ("max_connections",))
     password_hash = settings.get("password_hash")
     if not isinstance(password_hash, str) or not password_hash.startswith("$argon2"):
         problems.add(
@@ -186,7 +199,16 @@ def _user(problems: _Problems, path: tuple[str, ...], name: str, settings: Any) 
     if len(problems.found) > before or publish is None or subscribe is None:
         return None
     assert isinstance(password_hash, str)
-    return User(name, password_hash, publish, subscribe)
+    return User(name, password_hash, publish, subscribe, settings.get("max_connections"))
+
+
+def _limits(
+    problems: _Problems, path: tuple[str, ...], where: str, settings: dict[str, Any], keys: tuple[str, ...]
+) -> None:
+    for key in keys:
+        value = settings.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            problems.add((*path, key), where, f"{key}: a whole number of 1 or more")
 
 
 def _rules(
