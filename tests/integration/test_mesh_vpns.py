@@ -770,3 +770,47 @@ async def test_limits_per_user_queues_and_publish_rates_are_refused_with_their_r
         finally:
             for client in (alice, bob, in_b, b_sub):
                 await client.close()
+
+
+@pytest.mark.timeout(150)
+async def test_a_vpn_left_out_of_dmr_stays_in_its_cluster(tmp_path: Path) -> None:
+    """VPN L has ``dmr = false``: its subscriber and queue in cluster B get none of its events published
+    in cluster A (whose other node still gets them over its route), while VPN A's cross as before; the
+    gateway never advertises L's interest."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.A]\n[vpns.L]\ndmr = false\n")
+    with running(TwoClusters(extra_args=("--mesh-vpns", str(vpns)))) as topo:
+        await all_up(topo)
+        await put_queue_in(topo["b2"], "orders", ["orders.>"], "L")
+        await put_queue_in(topo["b2"], "orders", ["orders.>"], "A")
+        await eventually(partial(gateway_knows, topo["a1"], "B", "$G.$vpn:A.orders.>"), timeout=15)
+        watchers = {
+            (node, vpn): await MeshClient(topo[node].route_url, vpn=vpn).connect()
+            for node, vpn in (("b2", "A"), ("b2", "L"), ("a2", "L"))
+        }
+        seen = {key: Inbox() for key in watchers}
+        try:
+            for key, watcher in watchers.items():
+                watcher.subscribe("orders.>", seen[key])
+                await watcher.flush(propagated=True)
+            await eventually(partial(gateway_knows, topo["a1"], "B", "$vpn:A.orders.>"), timeout=15)
+            await interest_reached(topo["a1"], "a2", "$vpn:L.orders.>")
+            in_l = await MeshClient(topo["a1"].route_url, vpn="L").connect()
+            in_a = await MeshClient(topo["a1"].route_url, vpn="A").connect()
+            try:  # L's first: had they crossed, they would be at b2 before A's
+                await publish_all(in_l, "orders.eu", [b"L-%d" % i for i in range(20)])
+                await publish_all(in_a, "orders.eu", [b"A-%d" % i for i in range(20)])
+            finally:
+                await in_l.close()
+                await in_a.close()
+            await eventually(partial(delivered, topo["b2"], "A:orders", 20), timeout=20)
+            await eventually(lambda: len(seen[("b2", "A")].events) == 20, what="A's direct copies at b2")
+            await eventually(lambda: len(seen[("a2", "L")].events) == 20, what="L's in its own cluster")
+            assert seen[("b2", "L")].events == []
+            assert await queue_bodies(topo["b2"], "L:orders") == []
+            advertised = (await status(topo["a1"]))["patterns"]["gateways"]
+            assert not any("$vpn:L" in p for p in (await status(topo["b1"]))["patterns"]["gateways"]["A"])
+            assert not any("$vpn:L" in p for p in advertised.get("B", []))
+        finally:
+            for watcher in watchers.values():
+                await watcher.close()

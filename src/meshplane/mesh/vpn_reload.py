@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from meshplane.core.mesh.frames import FrameType, encode_frame
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.mesh.holders import ClientSession
-from meshplane.mesh.vpns import Vpns, check_vpns
+from meshplane.mesh.vpns import Problem, Vpns, check_vpns, key_lines
 
 if TYPE_CHECKING:
     from meshplane.mesh.node import MeshNode
@@ -69,9 +69,15 @@ class VpnReloads:
         except OSError as exc:
             return {"ok": False, "problems": [f"{self.path}: cannot read it ({exc.strerror or exc})"]}
         vpns, problems = check_vpns(text)
+        old = self.node.config.vpns
+        lines = key_lines(text)
+        for name in sorted(set(vpns) & set(old)):
+            if vpns[name].dmr != old[name].dmr:  # its interest crossed (or not) under the old one
+                line = lines.get(("vpns", name, "dmr"), lines.get(("vpns", name), 1))
+                problems.append(Problem(line, f"[vpns.{name}]", "dmr changes only when the node restarts"))
         if problems:
             return {"ok": False, "problems": [problem.render(self.path) for problem in problems]}
-        old, self.node.config.vpns = self.node.config.vpns, vpns
+        self.node.config.vpns = vpns
         self.node.logins.configured()
         closed = revoked = 0
         for session in list(self.node.clients.sessions.values()):

@@ -7,6 +7,7 @@ max_subscriptions = 10000  # patterns its clients hold on one node, at most (eac
 max_queues = 50        # its queues on one node, at most
 max_events_per_second = 10000  # its clients' publishes on one node: the excess refused, counted
 max_bytes_per_second = 10485760  # ... and their bytes (each a token bucket with a second's burst)
+dmr = true             # its events cross gateways to other clusters (false: they stay in this cluster)
 [vpns.team-a.users.alice]
 max_connections = 5    # alice's clients on one node, at most
 password_hash = "$argon2id$v=19$..."   # meshplane mesh hash-password (the password from stdin)
@@ -74,6 +75,7 @@ class Vpn:
     max_queues: int | None = None  # its queues on one node, at most
     max_events_per_second: int | None = None  # its clients' publishes on one node (a burst of one second)
     max_bytes_per_second: int | None = None  # ... and their bytes
+    dmr: bool = True  # its interest and events cross gateways to other clusters (Solace's DMR switch)
 
 
 @dataclass(frozen=True)
@@ -163,8 +165,10 @@ def _vpn(problems: _Problems, name: str, settings: Any) -> Vpn | None:
     if not isinstance(settings, dict):
         problems.add(path, where, f"must be a section ([vpns.{name}])")
         return None
-    for key in sorted(set(settings) - {"users", *LIMITS}):
-        problems.add((*path, key), where, f"unknown key {key!r} ({', '.join(('users', *LIMITS))})")
+    for key in sorted(set(settings) - {"users", "dmr", *LIMITS}):
+        problems.add((*path, key), where, f"unknown key {key!r} ({', '.join(('users', 'dmr', *LIMITS))})")
+    if not isinstance(settings.get("dmr", True), bool):
+        problems.add((*path, "dmr"), where, "dmr: true (it crosses gateways, the default) or false")
     _limits(problems, path, where, settings, LIMITS)
     users = settings.get("users", {})
     if not isinstance(users, dict):
@@ -174,7 +178,8 @@ def _vpn(problems: _Problems, name: str, settings: Any) -> Vpn | None:
     if len(problems.found) > before:
         return None
     limits = {key: settings.get(key) for key in LIMITS}
-    return Vpn(name, {user: u for user, u in checked.items() if u is not None}, **limits)
+    users_of = {user: u for user, u in checked.items() if u is not None}
+    return Vpn(name, users_of, **limits, dmr=settings.get("dmr", True))
 
 
 def _user(problems: _Problems, path: tuple[str, ...], name: str, settings: Any) -> User | None:
