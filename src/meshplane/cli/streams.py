@@ -319,9 +319,8 @@ async def _run_client(args: argparse.Namespace) -> int:
         return check_file(args.file)
 
     env = context.environment()
-    fallback = (
-        env.get("MESHPLANE_MESH_URL") if args.command in ("mesh", "vpn") else None
-    )  # up --nodes: node a
+    of_mesh = args.command in ("mesh", "vpn")
+    fallback = env.get("MESHPLANE_MESH_URL") if of_mesh else None  # up --nodes: node a
     args.url = args.url or streams_url(fallback or env.get("MESHPLANE_STREAMS_URL") or DEFAULT_URL)
     args.token = args.token or env.get(TOKEN_ENV)
     async with StreamsClient(args.url, token=args.token) as client:

@@ -164,7 +164,7 @@ class Logins:
         busy = self.checks.offer(session, _address(session), session.user)
         if busy:
             self.busy[session.vpn] += 1
-            log.info("refused a login to Message VPN %s unchecked: %s", session.vpn, busy)
+            log.debug("refused a login to Message VPN %s unchecked: %s", session.vpn, busy)  # counted
             return self._refuse(session, busy)
         self._logins[session] = (login.user, login.password)
         self._start_checks()
