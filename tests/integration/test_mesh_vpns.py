@@ -712,6 +712,7 @@ async def test_limits_per_user_queues_and_publish_rates_are_refused_with_their_r
         "[vpns.A]\nmax_events_per_second = 20\nmax_queues = 1\n"
         f'[vpns.A.users.alice]\nmax_connections = 1\npassword_hash = "{hash_password(ALICE)}"\n'
         f'[vpns.A.users.bob]\npassword_hash = "{hash_password(BOB)}"\n'
+        f'[vpns.A.users.dave]\nmax_events_per_second = 5\npassword_hash = "{hash_password(WATCHER)}"\n'
         "[vpns.B]\nmax_bytes_per_second = 2000\n"
     )
     with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns))) as cluster:
@@ -726,6 +727,15 @@ async def test_limits_per_user_queues_and_publish_rates_are_refused_with_their_r
                 await client.connect()
             with pytest.raises(TransportAuthError, match="user 'alice': 1 clients on this node"):
                 await MeshClient(node.route_url, vpn="A", user="alice", password=ALICE, timeout=3).connect()
+            dave = await MeshClient(node.route_url, vpn="A", user="dave", password=WATCHER).connect()
+            for _ in range(50):  # within A's 20, past dave's own 5
+                await dave.publish("audit.x", b"d")
+            with pytest.raises(PermissionDenied, match="user 'dave': 5 events a second on this node"):
+                await dave.flush()
+            await dave.close()
+            refused = (await status(node))["vpns"]["A"]["limits_refused"]
+            assert refused["user_events_per_second"] >= 30
+            assert "events_per_second" not in refused  # what dave's limit refused is not A's
             bob.subscribe("orders.>", a_seen)
             b_sub.subscribe("orders.>", b_seen)
             await bob.flush()

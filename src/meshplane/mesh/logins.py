@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+Buckets = tuple[TokenBucket | None, TokenBucket | None]  # (events, bytes) per second on this node
+
 CHECKS_AT_ONCE = 2  # each holds ~64 MiB: a node spends at most 128 MiB on them
 WRONG = "wrong user or password"
 
@@ -58,40 +60,46 @@ class Logins:
         self.reloads = VpnReloads(node, node.config.vpns_file)
         self.user_connections: Counter[tuple[str, str]] = Counter()  # by (VPN, user): its clients here
         # by VPN with a publish limit: (events, bytes) per second on this node
-        self.rates: dict[str, tuple[TokenBucket | None, TokenBucket | None]] = {}
+        self.rates: dict[str, Buckets] = {}
+        self.user_rates: dict[tuple[str, str], Buckets] = {}  # by (VPN, user) with a publish limit
         self._rate_said: dict[ClientSession, float] = {}  # when a client was last told of a rate
         self.configured()
 
     def configured(self) -> None:
-        """The node's VPNs are new (started, reloaded): their publish limits start afresh."""
+        """The node's VPNs are new (started, reloaded): their publish limits start afresh. A VPN is
+        in ``rates`` when it or one of its users has one (its clients' publishes are then checked)."""
+        vpns = self.node.config.vpns.values()
+        self.user_rates = {
+            (vpn.name, user.name): _buckets(user.max_events_per_second, user.max_bytes_per_second)
+            for vpn in vpns
+            for user in vpn.users.values()
+            if user.max_events_per_second or user.max_bytes_per_second
+        }
         self.rates = {
-            vpn.name: (
-                TokenBucket(vpn.max_events_per_second, vpn.max_events_per_second)
-                if vpn.max_events_per_second
-                else None,
-                TokenBucket(vpn.max_bytes_per_second, vpn.max_bytes_per_second)
-                if vpn.max_bytes_per_second
-                else None,
-            )
-            for vpn in self.node.config.vpns.values()
-            if vpn.max_events_per_second or vpn.max_bytes_per_second
+            vpn.name: _buckets(vpn.max_events_per_second, vpn.max_bytes_per_second)
+            for vpn in vpns
+            if vpn.max_events_per_second
+            or vpn.max_bytes_per_second
+            or any(v == vpn.name for v, _ in self.user_rates)
         }
 
     def publish_refused(self, session: ClientSession, size: int) -> str:
-        """Why ``session``'s publish of ``size`` bytes passes its VPN's rate on this node (refused,
-        counted), or "" (it is counted against the rate)."""
-        events, volume = self.rates[session.vpn]
+        """Why ``session``'s publish of ``size`` bytes passes its VPN's or its user's rate on this
+        node (refused, counted), or "" (it is counted against both)."""
         now = time.monotonic()
-        if events is not None and not events.take(1, now):
-            limit, what = "events_per_second", f"{events.rate:g} events a second"
-        elif volume is not None and not volume.take(size, now):
-            if events is not None:
-                events.tokens += 1  # not published: not counted
-            limit, what = "bytes_per_second", f"{volume.rate:g} bytes a second"
-        else:
+        vpn = self.rates[session.vpn]
+        whose, (limit, rate) = f"Message VPN {session.vpn!r}", _take(vpn, size, now)
+        mine = self.user_rates.get((session.vpn, session.user)) if session.user else None
+        if not limit and mine is not None:
+            whose, (limit, rate) = f"user {session.user!r}", _take(mine, size, now)
+            if limit:
+                _give_back(vpn, size)
+                limit = "user_" + limit
+        if not limit:
             return ""
         self.limits_refused[(session.vpn, limit)] += 1
-        return f"Message VPN {session.vpn!r}: {what} on this node (its limit): not published"
+        what = "events" if limit.endswith("events_per_second") else "bytes"
+        return f"{whose}: {rate:g} {what} a second on this node (its limit): not published"
 
     def tell_rate(self, session: ClientSession, subject: str, sequence: int, reason: str) -> None:
         """A publish past its VPN's rate, said to the client once a second at most (each is counted):
@@ -254,3 +262,29 @@ def _address(session: ClientSession) -> str:
     transport = session.conn.transport
     peername = transport.get_extra_info("peername") if transport is not None else None
     return str(peername[0]) if isinstance(peername, tuple) else str(peername)
+
+
+def _buckets(events: int | None, volume: int | None) -> Buckets:
+    return (TokenBucket(events, events) if events else None, TokenBucket(volume, volume) if volume else None)
+
+
+def _take(buckets: Buckets, size: int, now: float) -> tuple[str, float]:
+    """("", 0) when one event of ``size`` bytes is taken from both buckets, else (the limit it
+    passes, its rate), taking nothing."""
+    events, volume = buckets
+    if events is not None and not events.take(1, now):
+        return "events_per_second", events.rate
+    if volume is not None and not volume.take(size, now):
+        if events is not None:
+            events.tokens += 1
+        return "bytes_per_second", volume.rate
+    return "", 0.0
+
+
+def _give_back(buckets: Buckets, size: int) -> None:
+    """An event taken from ``buckets`` was not published after all: it does not count."""
+    events, volume = buckets
+    if events is not None:
+        events.tokens += 1
+    if volume is not None:
+        volume.tokens += size

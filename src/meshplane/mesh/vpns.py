@@ -10,6 +10,7 @@ max_bytes_per_second = 10485760  # ... and their bytes (each a token bucket with
 dmr = true             # its events cross gateways to other clusters (false: they stay in this cluster)
 [vpns.team-a.users.alice]
 max_connections = 5    # alice's clients on one node, at most
+max_events_per_second = 1000  # her clients' publishes on one node (and max_bytes_per_second)
 password_hash = "$argon2id$v=19$..."   # meshplane mesh hash-password (the password from stdin)
 publish = { allow = ["orders.>"], deny = ["orders.audit.>"] }
 subscribe = { deny = ["orders.audit.>"] }
@@ -57,6 +58,8 @@ class User:
     publish: Rules = field(default_factory=Rules)
     subscribe: Rules = field(default_factory=Rules)
     max_connections: int | None = None  # its clients on one node, at most
+    max_events_per_second: int | None = None  # its clients' publishes on one node
+    max_bytes_per_second: int | None = None  # ... and their bytes
 
     def password_ok(self, password: str) -> bool:
         """Whether ``password`` is this user's (slow on purpose: run it off the event loop)."""
@@ -145,6 +148,8 @@ LIMITS = (
     "max_bytes_per_second",
 )
 
+USER_LIMITS = ("max_connections", "max_events_per_second", "max_bytes_per_second")
+
 
 class _Problems:
     def __init__(self, lines: dict[tuple[str, ...], int]) -> None:
@@ -189,10 +194,10 @@ def _user(problems: _Problems, path: tuple[str, ...], name: str, settings: Any) 
         return None
     if not name or len(name) > 64 or not name.isprintable():
         problems.add(path, where, "a user name is 1-64 printable characters")
-    keys = ("password_hash", "publish", "subscribe", "max_connections")
+    keys = ("password_hash", "publish", "subscribe", *USER_LIMITS)
     for key in sorted(set(settings) - set(keys)):
         problems.add((*path, key), where, f"unknown key {key!r} ({', '.join(keys)})")
-    _limits(problems, path, where, settings, ("max_connections",))
+    _limits(problems, path, where, settings, USER_LIMITS)
     password_hash = settings.get("password_hash")
     if not isinstance(password_hash, str) or not password_hash.startswith("$argon2"):
         problems.add(
@@ -204,7 +209,7 @@ def _user(problems: _Problems, path: tuple[str, ...], name: str, settings: Any) 
     if len(problems.found) > before or publish is None or subscribe is None:
         return None
     assert isinstance(password_hash, str)
-    return User(name, password_hash, publish, subscribe, settings.get("max_connections"))
+    return User(name, password_hash, publish, subscribe, **{key: settings.get(key) for key in USER_LIMITS})
 
 
 def _limits(
