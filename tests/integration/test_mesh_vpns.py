@@ -711,7 +711,7 @@ async def test_limits_per_user_queues_and_publish_rates_are_refused_with_their_r
     vpns.write_text(
         "[vpns.A]\nmax_events_per_second = 20\nmax_queues = 1\n"
         f'[vpns.A.users.alice]\nmax_connections = 1\npassword_hash = "{hash_password(ALICE)}"\n'
-        f'[vpns.A.users.bob]\npassword_hash = "{hash_password(BOB)}"\n'
+        f'[vpns.A.users.bob]\nmax_subscriptions = 1\npassword_hash = "{hash_password(BOB)}"\n'
         f'[vpns.A.users.dave]\nmax_events_per_second = 5\npassword_hash = "{hash_password(WATCHER)}"\n'
         "[vpns.B]\nmax_bytes_per_second = 2000\n"
     )
@@ -740,6 +740,9 @@ async def test_limits_per_user_queues_and_publish_rates_are_refused_with_their_r
             b_sub.subscribe("orders.>", b_seen)
             await bob.flush()
             await b_sub.flush()
+            bob.subscribe("audit.>", Inbox())
+            with pytest.raises(PermissionDenied, match="user 'bob': 1 subscriptions on this node"):
+                await bob.flush()
 
             started = time.monotonic()
             for i in range(200):

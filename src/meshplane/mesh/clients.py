@@ -175,11 +175,11 @@ class Clients:
                 limited = node.logins.subscription_refused(session)
                 if limited:
                     return node.logins.violation(session, external, 0, limited, counted=False)
-                node.logins.subscriptions[session.vpn] += 1
+                node.logins.subscribed(session, 1)
             node.subscribe(session, pattern)
         elif kind is FrameType.SUB_REMOVE:
             if node.router.holds(session, frame.subject):
-                node.logins.subscriptions[session.vpn] -= 1
+                node.logins.subscribed(session, -1)
             node.unsubscribe(session, frame.subject)
         elif kind is FrameType.SYNC_REQ:  # a client's ping: everything before it has been handled ...
             peers = {peer for peer, link in node.links.items() if link.conn is not None}

@@ -59,6 +59,7 @@ class Logins:
         self._nobody: User | None = None  # checked for a user name no VPN has
         self.reloads = VpnReloads(node, node.config.vpns_file)
         self.user_connections: Counter[tuple[str, str]] = Counter()  # by (VPN, user): its clients here
+        self.user_subscriptions: Counter[tuple[str, str]] = Counter()  # by (VPN, user): their patterns here
         # by VPN with a publish limit: (events, bytes) per second on this node
         self.rates: dict[str, Buckets] = {}
         self.user_rates: dict[tuple[str, str], Buckets] = {}  # by (VPN, user) with a publish limit
@@ -119,12 +120,25 @@ class Logins:
         return f"Message VPN {vpn.name!r}: {limit} clients (its limit)"
 
     def subscription_refused(self, session: ClientSession) -> str:
-        """Why ``session`` may not hold one more pattern (its VPN's limit on this node), or ""."""
-        limit = self.node.config.vpns[session.vpn].max_subscriptions
-        if limit is None or self.subscriptions[session.vpn] < limit:
-            return ""
-        self.limits_refused[(session.vpn, "subscriptions")] += 1
-        return f"Message VPN {session.vpn!r}: {limit} subscriptions on this node (its limit)"
+        """Why ``session`` may not hold one more pattern (its VPN's or its user's limit on this node),
+        or ""."""
+        vpn = self.node.config.vpns[session.vpn]
+        limit = vpn.max_subscriptions
+        if limit is not None and self.subscriptions[session.vpn] >= limit:
+            self.limits_refused[(session.vpn, "subscriptions")] += 1
+            return f"Message VPN {session.vpn!r}: {limit} subscriptions on this node (its limit)"
+        user = vpn.users.get(session.user) if session.user and not session.login_pending else None
+        limit = user.max_subscriptions if user is not None else None
+        if limit is not None and self.user_subscriptions[(session.vpn, session.user)] >= limit:
+            self.limits_refused[(session.vpn, "user_subscriptions")] += 1
+            return f"user {session.user!r}: {limit} subscriptions on this node (its limit)"
+        return ""
+
+    def subscribed(self, session: ClientSession, patterns: int) -> None:
+        """``session`` holds ``patterns`` more (or, below 0, fewer) patterns than before."""
+        self.subscriptions[session.vpn] += patterns
+        if session.user and not session.login_pending:
+            self.user_subscriptions[(session.vpn, session.user)] += patterns
 
     def joined(self, session: ClientSession) -> None:
         """A new client: counted in its VPN; if the VPN has users, it logs in first, within the auth
@@ -145,7 +159,7 @@ class Logins:
             self.connections[session.vpn] -= 1
             if session.user:
                 self.user_connections[(session.vpn, session.user)] -= 1
-        self.subscriptions[session.vpn] -= patterns
+        self.subscribed(session, -patterns)
 
     def _deadline(self, session: ClientSession) -> None:
         # A client whose LOGIN arrived (its user is set) waits for its check instead: the time other

@@ -101,7 +101,7 @@ class VpnReloads:
             external = pattern[len(session.prefix) :]
             refused = permissions.why_not_subscribe(external)
             if refused:
-                node.logins.subscriptions[session.vpn] -= 1
+                node.logins.subscribed(session, -1)
                 node.unsubscribe(session, pattern)
                 _tell(node, session, external, f"revoked: {refused}")
                 revoked += 1

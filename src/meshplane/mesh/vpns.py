@@ -58,6 +58,7 @@ class User:
     publish: Rules = field(default_factory=Rules)
     subscribe: Rules = field(default_factory=Rules)
     max_connections: int | None = None  # its clients on one node, at most
+    max_subscriptions: int | None = None  # patterns its clients hold on one node, at most
     max_events_per_second: int | None = None  # its clients' publishes on one node
     max_bytes_per_second: int | None = None  # ... and their bytes
 
@@ -148,7 +149,7 @@ LIMITS = (
     "max_bytes_per_second",
 )
 
-USER_LIMITS = ("max_connections", "max_events_per_second", "max_bytes_per_second")
+USER_LIMITS = ("max_connections", "max_subscriptions", "max_events_per_second", "max_bytes_per_second")
 
 
 class _Problems:
