@@ -1,18 +1,21 @@
 """A node's clients by Message VPN: logging in as a VPN's users, what their permissions refuse, and
-the VPN's limits on this node (clients, subscriptions).
+the VPN's and its users' limits on this node.
 
 A client of a VPN with users sends LOGIN (its user and password) as the first frame of its sealed
 session; the node takes nothing else from it before. The password is checked against the user's
-argon2 hash off the event loop, two at a time at most (each check holds ~64 MiB for ~50 ms: a flood
-of logins waits, and may keep users out past their auth timeout: docs/security.md). A wrong user or
-password is answered with one reason for both, in the same time (no user names are learnt from it),
-and the connection closed; a client that does not log in within the auth timeout is closed.
-Passwords are never logged or kept.
+argon2 hash off the event loop, two at a time at most (each check holds ~64 MiB for ~50 ms), the
+waiting ones shared fairly by source address and user name (:mod:`meshplane.core.mesh.login_checks`:
+a flood of wrong passwords from one address cannot keep another address's users waiting behind it; a
+LOGIN past its address's or the node's queue is refused at once, said and counted as ``logins_busy``).
+A wrong user or password is answered with one reason for both, in the same time (no user names are
+learnt from it), and the connection closed. A client that has not sent LOGIN within the auth timeout
+is closed; one that has waits for its check (the queue bounds how long), so others' checks do not
+count against its deadline. Passwords are never logged or kept beyond their check.
 
 A refused publish or subscription is answered with REFUSED (the subject or pattern, and why) and
-counted per VPN and user (``GET /mesh``'s ``vpns``); the connection stays up. A client past its VPN's
-``max_connections`` is refused at HELLO, a subscription past ``max_subscriptions`` with REFUSED; both
-counted in ``limits_refused``.
+counted per VPN and user (``GET /mesh``'s ``vpns``); the connection stays up. Limits (a VPN's
+``max_connections``, ``max_subscriptions``, publish rates; a user's likewise) refuse what passes them
+with the reason, counted in ``limits_refused``; a publish past a rate is told at most once a second.
 """
 
 from __future__ import annotations
