@@ -13,14 +13,12 @@ default. ``python bench/mesh_vpns.py`` writes bench/results/mesh_vpns.json.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness import add_out, write_results
+from harness import add_out, machine, write_results
 from mesh import _read, _spawn, children_cpu_seconds, cpu_seconds
 
 
@@ -69,11 +67,7 @@ def main() -> None:
 
     rows = {"default": ["mesh"], "one_vpn": ["mesh@A"], "two_vpns": ["mesh@A", "mesh@B"]}
     results: dict[str, Any] = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "events": args.events,
         "payload_bytes": 100,
     }
