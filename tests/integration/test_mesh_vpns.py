@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from meshplane import EventPlane, PlaneConfig, Scope
 from meshplane.cli.main import main
 from meshplane.core.mesh.frames import FrameType, Login, encode_event, encode_frame, encode_payload
 from meshplane.errors import PermissionDenied, TransportAuthError, TransportError
@@ -827,3 +828,38 @@ async def test_a_vpn_left_out_of_dmr_stays_in_its_cluster(tmp_path: Path) -> Non
         finally:
             for watcher in watchers.values():
                 await watcher.close()
+
+
+async def test_an_event_plane_publishes_and_subscribes_in_its_vpn_as_its_user(
+    with_users: MeshCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``MESHPLANE_VPN`` and ``MESHPLANE_MESH_USER`` (in the environment or a context): an event plane
+    on the mesh transport logs in as that user, in that VPN; another VPN's subscriber sees nothing."""
+    monkeypatch.setenv("MESHPLANE_MESH_PASSWORD", WATCHER)
+    node = with_users["a"]
+    environment = {
+        "DYN_EVENT_PLANE": "mesh",
+        "MESHPLANE_NODE": node.route_url,
+        "MESHPLANE_VPN": "A",
+        "MESHPLANE_MESH_USER": "watcher",
+        "DYN_DISCOVERY_BACKEND": "file",
+        "DYN_FILE_KV": str(tmp_path / "kv"),
+    }
+    config = PlaneConfig.from_env(environ=environment)
+    assert (config.mesh_vpn, config.mesh_user) == ("A", "watcher")
+    scope = Scope.endpoint("vpn-e2e", "worker", "generate")
+    outsider, seen = await MeshClient(node.route_url, vpn="B").connect(), Inbox()
+    outsider.subscribe(">", seen)
+    await outsider.flush()
+    async with EventPlane(config) as plane:
+        subscriber = await plane.subscriber(scope, "kv-events")
+        publisher = await plane.publisher(scope, "kv-events")
+        for i in range(10):
+            await publisher.publish({"i": i})
+        events = [await subscriber.next(timeout=10) for _ in range(10)]
+        assert [e.decode() for e in events] == [{"i": i} for i in range(10)]
+        clients = (await status(node))["clients"]
+        assert {(c["vpn"], c["user"]) for c in clients} >= {("A", "watcher")}
+    await outsider.flush()
+    await outsider.close()
+    assert seen.events == []
