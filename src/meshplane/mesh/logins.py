@@ -50,7 +50,9 @@ WRONG = "wrong user or password"
 class Logins:
     def __init__(self, node: MeshNode) -> None:
         self.node = node
-        self.checks: LoginChecks[ClientSession] = LoginChecks(CheckLimits(slots=CHECKS_AT_ONCE))
+        # the LOGINs (by session) and other doors' checks (by a token of their own) waiting or running
+        self.checks: LoginChecks[object] = LoginChecks(CheckLimits(slots=CHECKS_AT_ONCE))
+        self._doors: dict[object, tuple[str, str, str, asyncio.Future[User | None]]] = {}
         self._logins: dict[ClientSession, tuple[str, str]] = {}  # (user, password) waiting for a check
         self.refused: Counter[str] = Counter()  # by VPN: logins refused
         self.busy: Counter[str] = Counter()  # by VPN: logins refused unchecked (the checks' queue was full)
@@ -194,15 +196,52 @@ class Logins:
         self._logins[session] = (login.user, login.password)
         self._start_checks()
 
+    async def authenticate(self, vpn: str, name: str, password: str, address: str) -> tuple[User | None, str]:
+        """For another door to a VPN (a NATS or MQTT listener): check ``name``'s password in the same
+        fair, bounded queue as the mesh's LOGINs (so it shares their memory bound and cannot starve
+        them, nor be starved). (the user, "") or (None, why: a wrong user or password, or the queue
+        full); refusals counted in the VPN's ``logins_refused``. Limits on connections are the
+        caller's (:meth:`connections_full`)."""
+        token = object()
+        busy = self.checks.offer(token, address, name[:64] or "?")
+        if busy:
+            self.busy[vpn] += 1
+            self.refused[vpn] += 1
+            return None, busy
+        answer: asyncio.Future[User | None] = asyncio.get_running_loop().create_future()
+        self._doors[token] = (vpn, name, password, answer)
+        try:
+            self._start_checks()
+            user = await answer
+        finally:
+            if self._doors.pop(token, None) is not None:  # the caller gave up while it waited
+                self.checks.cancel(token)
+                self._start_checks()
+        if user is None:
+            self.refused[vpn] += 1
+            return None, WRONG
+        return user, ""
+
     def _start_checks(self) -> None:
-        for session in self.checks.start():
-            task = asyncio.get_running_loop().create_task(self._check(session))
+        for who in self.checks.start():
+            check = self._check(who) if isinstance(who, ClientSession) else self._door_check(who)
+            task = asyncio.get_running_loop().create_task(check)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    async def _door_check(self, token: object) -> None:
+        vpn, name, password, answer = self._doors.pop(token)
+        try:
+            ok, user = await self._password_ok(vpn, name, password)
+        finally:
+            self.checks.done(token)
+            self._start_checks()
+        if not answer.done():
+            answer.set_result(user if ok else None)
+
     async def _check(self, session: ClientSession) -> None:
         try:
-            ok, user = await self._password_ok(session, *self._logins.pop(session))
+            ok, user = await self._password_ok(session.vpn, *self._logins.pop(session))
         finally:
             self.checks.done(session)
             self._start_checks()
@@ -229,10 +268,9 @@ class Logins:
         session.login_pending = False
         session.conn.send(encode_frame(FrameType.LOGIN, self.node.node_id))
 
-    async def _password_ok(
-        self, session: ClientSession, name: str, password: str
-    ) -> tuple[bool, User | None]:
-        user = self.node.config.vpns[session.vpn].users.get(name)
+    async def _password_ok(self, vpn_name: str, name: str, password: str) -> tuple[bool, User | None]:
+        vpn = self.node.config.vpns.get(vpn_name)  # None: reloaded away while the check waited
+        user = vpn.users.get(name) if vpn is not None else None
         if self._nobody is None:  # made once, off the loop (hashing is as slow as checking)
             self._nobody = User("", await asyncio.to_thread(hash_password, secrets.token_hex(16)))
         # An unknown user is checked too, against a password nobody has: refused in the same time as a
