@@ -26,6 +26,14 @@ def write_results(path: Path, results: dict[str, Any]) -> None:
     path.write_text(json.dumps(results, indent=2) + "\n")
 
 
+def machine() -> dict[str, Any]:
+    """What a result was measured on."""
+    import os
+    import platform
+
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+
+
 def emit(message: dict[str, Any]) -> None:
     """A child process's answer to its parent: one JSON line on stdout."""
     print(json.dumps(message), flush=True)

@@ -97,12 +97,12 @@ async def subscriber(kind: str, url: str, events: int, latency: bool, connection
             done.set()
 
     closers: list[Any] = []
-    if kind == "mesh":
+    if kind.startswith("mesh"):  # mesh@VPN: the clients of a Message VPN (bench/mesh_vpns.py)
         from meshplane.mesh.client import MeshClient
 
         tls = mesh_tls()
         for _ in range(connections):
-            client = await MeshClient(url, tls=tls).connect()
+            client = await MeshClient(url, tls=tls, vpn=vpn_of_kind(kind)).connect()
             client.subscribe(SUBJECT, lambda subject, body: on_data(body))
             await client.flush()
             closers.append(client.close)
@@ -131,11 +131,15 @@ async def subscriber(kind: str, url: str, events: int, latency: bool, connection
         await close()
 
 
+def vpn_of_kind(kind: str) -> str:
+    return kind.partition("@")[2] or "default"
+
+
 async def publisher(kind: str, url: str, events: int, interval: float, marker: str) -> None:
-    if kind == "mesh":
+    if kind.startswith("mesh"):
         from meshplane.mesh.client import MeshClient
 
-        client = await MeshClient(url, tls=mesh_tls()).connect()
+        client = await MeshClient(url, tls=mesh_tls(), vpn=vpn_of_kind(kind)).connect()
 
         async def send(data: bytes) -> None:
             await client.publish(SUBJECT, data)

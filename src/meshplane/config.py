@@ -37,6 +37,8 @@ class PlaneConfig:
     nats_server: str = "nats://127.0.0.1:4222"
     mesh_node: str = "tcp://127.0.0.1:16500"  # MESHPLANE_NODE: the mesh node a "mesh" plane talks to
     mesh_guaranteed: bool = False  # MESHPLANE_GUARANTEED: a "mesh" publish returns once stored
+    mesh_vpn: str = "default"  # MESHPLANE_VPN: the Message VPN a "mesh" plane publishes and subscribes in
+    mesh_user: str = ""  # MESHPLANE_MESH_USER: log in to it as this user ($MESHPLANE_MESH_PASSWORD)
     discovery_backend: DiscoveryName = "file"
     file_kv: Path = field(default_factory=lambda: default_state_dir() / "kv")
     file_kv_ttl: float = 10.0  # a file record untouched for this long is expired
@@ -165,6 +167,8 @@ class PlaneConfig:
         take("NATS_SERVER", "nats_server")
         take("MESHPLANE_NODE", "mesh_node")
         take("MESHPLANE_GUARANTEED", "mesh_guaranteed", _parse_bool)
+        take("MESHPLANE_VPN", "mesh_vpn")
+        take("MESHPLANE_MESH_USER", "mesh_user")
         take("ETCD_ENDPOINTS", "etcd_endpoints", _split_endpoints)
         if "ETCD_ENDPOINTS" in env and "DYN_DISCOVERY_BACKEND" not in env:
             values["discovery_backend"] = "etcd"

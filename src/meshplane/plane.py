@@ -139,6 +139,8 @@ class EventPlane:
                     timeout=self.config.connect_timeout,
                     max_payload=self.config.max_message_bytes + 1024,
                     tls=self.config.mesh_tls(),
+                    vpn=self.config.mesh_vpn,
+                    user=self.config.mesh_user,
                 ).connect()
             return self._mesh
 

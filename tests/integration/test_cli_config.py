@@ -192,3 +192,15 @@ def test_every_toml_snippet_of_the_docs_passes_config_check_and_starts_serve(tmp
         with StreamsServerProcess(extra_args=("--config", str(config), "--route-port", "0")) as server:
             server.start(timeout=60)
             assert server.announced["url"].startswith("http")
+
+
+def test_config_check_names_every_mistake_of_the_vpn_file_it_names_with_its_line(tmp_path: Path) -> None:
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text('[vpns.A]\nmax_queues = 0\n[vpns.A.users.u]\npassword_hash = "plain"\n')
+    config = tmp_path / "serve.toml"
+    config.write_text(f'[mesh]\nnode_id = "a"\nvpns = "{vpns}"\n')
+    checked = _meshplane("config", "check", str(config), env=plane_env(tmp_path))
+    assert checked.returncode == 2
+    lines = checked.stdout.splitlines()
+    assert lines[0].startswith(f"{vpns}:2: [vpns.A]: max_queues"), lines
+    assert lines[1].startswith(f"{vpns}:4: [vpns.A.users.u]: password_hash must be an argon2 hash"), lines

@@ -5,14 +5,22 @@ VPN reaches another's queues or subscribers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import re
+import signal
+import time
 from collections.abc import Iterator
+from contextvars import ContextVar
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
+from meshplane import EventPlane, PlaneConfig, Scope
+from meshplane.cli.main import main
 from meshplane.core.mesh.frames import FrameType, Login, encode_event, encode_frame, encode_payload
 from meshplane.errors import PermissionDenied, TransportAuthError, TransportError
 from meshplane.launchers import MeshCluster, StreamsServerProcess
@@ -529,3 +537,329 @@ async def test_an_unknown_user_takes_as_long_to_refuse_as_a_wrong_password(
     known.sort()
     unknown.sort()
     assert unknown[3] >= known[3] / 2, (known, unknown)
+
+
+SOURCE: ContextVar[str] = ContextVar("SOURCE", default="")
+
+
+def connect_from_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections made in a context that sets ``SOURCE`` leave from that loopback address (Linux
+    routes all of 127/8 to lo), so one test can play clients at two addresses."""
+    loop = asyncio.get_running_loop()
+    create_connection = loop.create_connection
+
+    def from_source(*args: Any, **kwargs: Any) -> Any:
+        if SOURCE.get():
+            kwargs["local_addr"] = (SOURCE.get(), 0)
+        return create_connection(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "create_connection", from_source)
+
+
+async def test_a_user_logs_in_while_another_address_floods_wrong_passwords(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Holders of the clients' secret at one address who know a user's name but not the password, and
+    reconnect with wrong ones over and over, must not keep that user out at another address: its LOGIN
+    is checked after at most one of theirs, not behind all of them (nor closed at its auth timeout
+    while it waits), and the flood's surplus is refused unchecked and counted."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(f'[vpns.A.users.alice]\npassword_hash = "{hash_password(ALICE)}"\n')
+    args = ("--mesh-vpns", str(vpns), "--mesh-auth-timeout", "1")  # a handshake takes milliseconds
+    connect_from_sources(monkeypatch)
+    with MeshCluster(1, extra_args=args) as cluster:
+        node = cluster.start()["a"]
+
+        async def alice_logs_in() -> float:
+            started = time.monotonic()
+            await (await MeshClient(node.route_url, vpn="A", user="alice", password=ALICE).connect()).close()
+            return time.monotonic() - started
+
+        alone = min([await alice_logs_in() for _ in range(3)])  # a handshake and one argon2 check
+        stop = asyncio.Event()
+
+        async def guess() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(TransportError):
+                    await MeshClient(
+                        node.route_url, vpn="A", user="alice", password="guess", timeout=2
+                    ).connect()
+                await asyncio.sleep(0.01)
+
+        source = SOURCE.set("127.0.0.2")
+        guesses = [asyncio.create_task(guess()) for _ in range(250)]
+        SOURCE.reset(source)
+        try:
+
+            async def flooded() -> bool:
+                return bool((await status(node))["vpns"]["A"]["logins_refused"] >= 250)
+
+            await eventually(flooded, timeout=60, what="the flood's logins refused")
+            alice = MeshClient(node.route_url, vpn="A", user="alice", password=ALICE, timeout=30)
+            with contextlib.suppress(TransportError):  # its time says how it went, and the assertion
+                started = time.monotonic()
+                await alice.connect()
+                await alice.close()
+            took = time.monotonic() - started
+        finally:
+            stop.set()
+            await asyncio.gather(*guesses, return_exceptions=True)
+        # Checks of alice's name run one at a time: hers waits for at most the flood's one under way.
+        # The factor is room for a loaded machine, not the claim (it fails at the 30 s timeout).
+        assert took < max(1.0, 10 * alone), (took, alone)
+        busy = (await status(node))["vpns"]["A"]["logins_busy"]
+        assert busy > 0  # the flood's surplus, refused unchecked
+        async with aiohttp.ClientSession() as http, http.get(f"{node.url}/metrics") as response:
+            metrics = await response.text()
+        assert re.search(r'meshplane_mesh_vpn_logins_busy_total\{vpn="A"\} [1-9]', metrics)
+
+
+async def test_a_reload_adds_and_revokes_users_and_permissions_without_dropping_other_clients(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGHUP: a new user logs in, a removed one is cut, a narrowed one keeps its connection less the
+    subscriptions it may no longer hold (each said to it); other clients stay; a file with mistakes
+    changes nothing and says each with its line."""
+    vpns = tmp_path / "vpns.toml"
+    alice_hash, bob_hash = hash_password(ALICE), hash_password(BOB)
+    vpns.write_text(
+        f'[vpns.A.users.alice]\npassword_hash = "{alice_hash}"\n'
+        f'[vpns.A.users.bob]\npassword_hash = "{bob_hash}"\n[vpns.B]\n'
+    )
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns))) as cluster:
+        node = cluster.start()["a"]
+        alice_said: list[PermissionDenied] = []
+        alice = MeshClient(node.route_url, vpn="A", user="alice", password=ALICE, on_error=alice_said.append)
+        bob = MeshClient(node.route_url, vpn="A", user="bob", password=BOB)
+        in_b = MeshClient(node.route_url, vpn="B")
+        everything, eu = Inbox(), Inbox()
+        try:
+            for client in (alice, bob, in_b):
+                await client.connect()
+            alice.subscribe("orders.>", everything)
+            alice.subscribe("orders.eu.*", eu)
+            await alice.flush()
+            before = {c["user"] or c["vpn"]: c["id"] for c in (await status(node))["clients"]}
+
+            vpns.write_text(
+                f'[vpns.A.users.alice]\npassword_hash = "{alice_hash}"\n'
+                'subscribe = { allow = ["orders.eu.*"] }\n'
+                f'[vpns.A.users.carol]\npassword_hash = "{hash_password(WATCHER)}"\n[vpns.B]\n'
+            )
+            node.kill(signal.SIGHUP)
+
+            async def reloaded(count: int = 1) -> bool:
+                return bool((await status(node))["vpns_reload"].get("reloaded", 0) >= count)
+
+            await eventually(reloaded, what="the VPN file read again")
+            await eventually(lambda: not bob.connected, what="bob, removed, cut")
+            await eventually(lambda: bool(alice_said), what="alice told of her revoked subscription")
+            assert "revoked" in str(alice_said[0])
+            assert "orders.>" in str(alice_said[0])
+            last = (await status(node))["vpns_reload"]["last"]
+            assert (last["closed"], last["revoked"]) == (1, 1)
+            after = {c["user"] or c["vpn"]: c["id"] for c in (await status(node))["clients"]}
+            assert (after["alice"], after["B"]) == (before["alice"], before["B"])  # the same connections
+            await bob.close()  # it reconnects, to be refused
+            assert (await status(node))["vpns"]["A"]["clients"] == 1
+            assert (await status(node))["vpns"]["A"]["subscriptions"] == 1
+            carol = await MeshClient(node.route_url, vpn="A", user="carol", password=WATCHER).connect()
+            await carol.publish("orders.eu.created", b"after")
+            await carol.flush(propagated=True)
+            await eventually(lambda: [body for _, body in eu.events] == [b"after"], what="still subscribed")
+            assert everything.events == []
+            await carol.close()
+            with pytest.raises(TransportAuthError, match="wrong user or password"):
+                await MeshClient(node.route_url, vpn="A", user="bob", password=BOB, timeout=3).connect()
+
+            vpns.write_text("[vpns.A]\nmax_connections = 0\n[vpns.A.users.carol]\n")  # two mistakes
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(f"{node.url}/mesh/vpns/reload") as response,
+            ):
+                assert response.status == 400
+                said = await response.text()
+            assert f"{vpns}:2:" in said
+            assert f"{vpns}:3:" in said
+            assert (await status(node))["vpns_reload"]["failed"] == 1
+            assert alice.connected
+            carol = await MeshClient(node.route_url, vpn="A", user="carol", password=WATCHER).connect()
+            await carol.close()  # the file before it still holds
+
+            code = await asyncio.to_thread(main, ["vpn", "check", str(vpns)])
+            checked = capsys.readouterr().out.splitlines()
+            assert code == 2
+            assert [line.split(": ")[0] for line in checked] == [f"{vpns}:2", f"{vpns}:3"]
+            assert await asyncio.to_thread(main, ["vpn", "show", "A", "--url", node.url, "--json"]) == 0
+            shown = json.loads(capsys.readouterr().out)
+            assert shown["users"] == ["alice", "carol"]
+            assert [c["user"] for c in shown["connected"]] == ["alice"]
+            assert "argon2" not in json.dumps(shown)
+            assert await asyncio.to_thread(main, ["vpn", "ls", "--url", node.url, "--json"]) == 0
+            listed = {vpn["vpn"]: vpn for vpn in json.loads(capsys.readouterr().out)}
+            assert sorted(listed) == ["A", "B", "default"]
+            assert listed["B"]["clients"] == 1
+        finally:
+            for client in (alice, bob, in_b):
+                await client.close()
+
+
+async def test_limits_per_user_queues_and_publish_rates_are_refused_with_their_reason(tmp_path: Path) -> None:
+    """A user's max_connections, a VPN's max_queues, max_events_per_second and max_bytes_per_second
+    on one node: what passes them is refused with the reason and counted, never applied; what is
+    within them goes on."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(
+        "[vpns.A]\nmax_events_per_second = 20\nmax_queues = 1\n"
+        f'[vpns.A.users.alice]\nmax_connections = 1\npassword_hash = "{hash_password(ALICE)}"\n'
+        f'[vpns.A.users.bob]\nmax_subscriptions = 1\npassword_hash = "{hash_password(BOB)}"\n'
+        f'[vpns.A.users.dave]\nmax_events_per_second = 5\npassword_hash = "{hash_password(WATCHER)}"\n'
+        "[vpns.B]\nmax_bytes_per_second = 2000\n"
+    )
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns))) as cluster:
+        node = cluster.start()["a"]
+        told: list[PermissionDenied] = []
+        alice = MeshClient(node.route_url, vpn="A", user="alice", password=ALICE, on_error=told.append)
+        bob = MeshClient(node.route_url, vpn="A", user="bob", password=BOB)
+        in_b, b_sub = MeshClient(node.route_url, vpn="B"), MeshClient(node.route_url, vpn="B")
+        a_seen, b_seen = Inbox(), Inbox()
+        try:
+            for client in (alice, bob, in_b, b_sub):
+                await client.connect()
+            with pytest.raises(TransportAuthError, match="user 'alice': 1 clients on this node"):
+                await MeshClient(node.route_url, vpn="A", user="alice", password=ALICE, timeout=3).connect()
+            dave = await MeshClient(node.route_url, vpn="A", user="dave", password=WATCHER).connect()
+            for _ in range(50):  # within A's 20, past dave's own 5
+                await dave.publish("audit.x", b"d")
+            with pytest.raises(PermissionDenied, match="user 'dave': 5 events a second on this node"):
+                await dave.flush()
+            await dave.close()
+            refused = (await status(node))["vpns"]["A"]["limits_refused"]
+            assert refused["user_events_per_second"] >= 30
+            assert "events_per_second" not in refused  # what dave's limit refused is not A's
+            bob.subscribe("orders.>", a_seen)
+            b_sub.subscribe("orders.>", b_seen)
+            await bob.flush()
+            await b_sub.flush()
+            bob.subscribe("audit.>", Inbox())
+            with pytest.raises(PermissionDenied, match="user 'bob': 1 subscriptions on this node"):
+                await bob.flush()
+
+            started = time.monotonic()
+            for i in range(200):
+                await alice.publish("orders.eu", b"%d" % i)
+            with pytest.raises(PermissionDenied, match="20 events a second on this node"):
+                await alice.flush()
+            answers = await asyncio.gather(  # the guaranteed ones are answered, each
+                *(alice.publish("orders.eu", b"g", guaranteed=True) for _ in range(50)),
+                return_exceptions=True,
+            )
+            assert any(re.search(r"its limit\): not published", str(answer)) for answer in answers)
+            elapsed = time.monotonic() - started
+            await bob.flush()
+            passed = len(a_seen.events)
+            assert 1 <= passed <= 20 + 20 * elapsed + 1, (passed, elapsed)
+            refused = (await status(node))["vpns"]["A"]["limits_refused"]
+            assert refused["events_per_second"] >= 200 - passed
+            assert len(told) <= 1 + elapsed + 1  # said once a second, not once an event
+            assert alice.connected  # refused, not cut
+
+            for _ in range(20):  # 500 bytes each (a little more on the wire): 4 in the burst, at most
+                await in_b.publish("orders.eu", b"x" * 500)
+            with pytest.raises(PermissionDenied, match="2000 bytes a second"):
+                await in_b.flush()
+            await b_sub.flush()
+            assert 1 <= len(b_seen.events) < 20
+            assert (await status(node))["vpns"]["B"]["limits_refused"]["bytes_per_second"] >= 1
+
+            assert (await put_queue_in(node, "first", ["orders.>"], "A"))["topic"] == "A:first"
+            async with (
+                aiohttp.ClientSession() as http,
+                http.put(f"{node.url}/mesh/queues/second", json={"patterns": ["x"], "vpn": "A"}) as response,
+            ):
+                assert response.status == 429
+                assert "1 queues on this node (its limit)" in await response.text()
+            await put_queue_in(node, "second", ["x"], "B")  # another VPN's limits are its own
+            assert (await status(node))["vpns"]["A"]["limits_refused"]["queues"] == 1
+        finally:
+            for client in (alice, bob, in_b, b_sub):
+                await client.close()
+
+
+@pytest.mark.timeout(150)
+async def test_a_vpn_left_out_of_dmr_stays_in_its_cluster(tmp_path: Path) -> None:
+    """VPN L has ``dmr = false``: its subscriber and queue in cluster B get none of its events published
+    in cluster A (whose other node still gets them over its route), while VPN A's cross as before; the
+    gateway never advertises L's interest."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.A]\n[vpns.L]\ndmr = false\n")
+    with running(TwoClusters(extra_args=("--mesh-vpns", str(vpns)))) as topo:
+        await all_up(topo)
+        await put_queue_in(topo["b2"], "orders", ["orders.>"], "L")
+        await put_queue_in(topo["b2"], "orders", ["orders.>"], "A")
+        await eventually(partial(gateway_knows, topo["a1"], "B", "$G.$vpn:A.orders.>"), timeout=15)
+        watchers = {
+            (node, vpn): await MeshClient(topo[node].route_url, vpn=vpn).connect()
+            for node, vpn in (("b2", "A"), ("b2", "L"), ("a2", "L"))
+        }
+        seen = {key: Inbox() for key in watchers}
+        try:
+            for key, watcher in watchers.items():
+                watcher.subscribe("orders.>", seen[key])
+                await watcher.flush(propagated=True)
+            await eventually(partial(gateway_knows, topo["a1"], "B", "$vpn:A.orders.>"), timeout=15)
+            await interest_reached(topo["a1"], "a2", "$vpn:L.orders.>")
+            in_l = await MeshClient(topo["a1"].route_url, vpn="L").connect()
+            in_a = await MeshClient(topo["a1"].route_url, vpn="A").connect()
+            try:  # L's first: had they crossed, they would be at b2 before A's
+                await publish_all(in_l, "orders.eu", [b"L-%d" % i for i in range(20)])
+                await publish_all(in_a, "orders.eu", [b"A-%d" % i for i in range(20)])
+            finally:
+                await in_l.close()
+                await in_a.close()
+            await eventually(partial(delivered, topo["b2"], "A:orders", 20), timeout=20)
+            await eventually(lambda: len(seen[("b2", "A")].events) == 20, what="A's direct copies at b2")
+            await eventually(lambda: len(seen[("a2", "L")].events) == 20, what="L's in its own cluster")
+            assert seen[("b2", "L")].events == []
+            assert await queue_bodies(topo["b2"], "L:orders") == []
+            advertised = (await status(topo["a1"]))["patterns"]["gateways"]
+            assert not any("$vpn:L" in p for p in (await status(topo["b1"]))["patterns"]["gateways"]["A"])
+            assert not any("$vpn:L" in p for p in advertised.get("B", []))
+        finally:
+            for watcher in watchers.values():
+                await watcher.close()
+
+
+async def test_an_event_plane_publishes_and_subscribes_in_its_vpn_as_its_user(
+    with_users: MeshCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``MESHPLANE_VPN`` and ``MESHPLANE_MESH_USER`` (in the environment or a context): an event plane
+    on the mesh transport logs in as that user, in that VPN; another VPN's subscriber sees nothing."""
+    monkeypatch.setenv("MESHPLANE_MESH_PASSWORD", WATCHER)
+    node = with_users["a"]
+    environment = {
+        "DYN_EVENT_PLANE": "mesh",
+        "MESHPLANE_NODE": node.route_url,
+        "MESHPLANE_VPN": "A",
+        "MESHPLANE_MESH_USER": "watcher",
+        "DYN_DISCOVERY_BACKEND": "file",
+        "DYN_FILE_KV": str(tmp_path / "kv"),
+    }
+    config = PlaneConfig.from_env(environ=environment)
+    assert (config.mesh_vpn, config.mesh_user) == ("A", "watcher")
+    scope = Scope.endpoint("vpn-e2e", "worker", "generate")
+    outsider, seen = await MeshClient(node.route_url, vpn="B").connect(), Inbox()
+    outsider.subscribe(">", seen)
+    await outsider.flush()
+    async with EventPlane(config) as plane:
+        subscriber = await plane.subscriber(scope, "kv-events")
+        publisher = await plane.publisher(scope, "kv-events")
+        for i in range(10):
+            await publisher.publish({"i": i})
+        events = [await subscriber.next(timeout=10) for _ in range(10)]
+        assert [e.decode() for e in events] == [{"i": i} for i in range(10)]
+        clients = (await status(node))["clients"]
+        assert {(c["vpn"], c["user"]) for c in clients} >= {("A", "watcher")}
+    await outsider.flush()
+    await outsider.close()
+    assert seen.events == []

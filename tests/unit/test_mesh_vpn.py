@@ -14,7 +14,7 @@ from meshplane.core.mesh.router import Router
 from meshplane.core.mesh.vpn import DEFAULT, bound_role, check_vpn, outward, prefix_of, queue_topic, vpn_of
 from meshplane.errors import ConfigError
 from meshplane.mesh.queues import PREFIX
-from meshplane.mesh.vpns import hash_password, parse_vpns
+from meshplane.mesh.vpns import check_vpns, hash_password, parse_vpns
 from tests.support.subjects import PATTERNS
 from tests.unit.test_subjects import reference
 
@@ -77,10 +77,12 @@ def test_events_reach_exactly_the_holders_peers_and_queues_of_their_vpn(
 
 
 def test_the_vpn_file_says_each_mistake() -> None:
-    vpns = parse_vpns('[vpns.A.users.alice]\npassword_hash = "$argon2id$x"\npublish = { deny = ["a.>"] }\n')
+    vpns = parse_vpns(
+        '[vpns.A.users.alice]\npassword_hash = "$argon2id$h4sh"\npublish = { deny = ["a.>"] }\n'
+    )
     assert sorted(vpns) == ["A", DEFAULT]
     assert vpns["A"].users["alice"].publish.deny == ("a.>",)
-    assert "x" not in repr(vpns["A"].users["alice"])  # the hash is not shown
+    assert "h4sh" not in repr(vpns["A"].users["alice"])  # the hash is not shown
     for text, message in (
         ("[vpns.-a]", "VPN name"),
         ("[other]", "unknown key"),
@@ -108,3 +110,31 @@ def test_the_vpn_file_of_the_docs_is_one() -> None:
     vpns = parse_vpns(snippet)
     assert vpns["team-a"].users["alice"].subscribe.deny == ("orders.audit.>",)
     assert vpns["team-a"].max_connections == 100
+
+
+def test_every_mistake_of_a_vpn_file_is_named_with_its_line() -> None:
+    text = (
+        "[vpns.A]\n"  # 1
+        "max_connections = 0\n"  # 2
+        "[vpns.A.users.alice]\n"  # 3
+        'password_hash = "plain"\n'  # 4
+        'subscribe = { allow = ["a..b"] }\n'  # 5
+        "[vpns.-b]\n"  # 6
+        "[vpns.C]\n"  # 7
+        "colour = 1\n"  # 8
+        "[vpns.D]\n"  # 9
+    )
+    vpns, problems = check_vpns(text)
+    assert [(p.line, p.where) for p in problems] == [
+        (2, "[vpns.A]"),
+        (4, "[vpns.A.users.alice]"),
+        (5, "[vpns.A.users.alice]"),
+        (6, "[vpns.-b]"),
+        (8, "[vpns.C]"),
+    ]
+    assert "a..b" in problems[2].message
+    assert "colour" in problems[4].message
+    assert sorted(vpns) == ["D", DEFAULT]  # the VPNs without mistakes
+    with pytest.raises(ConfigError, match=r"^f.toml:2: \[vpns.A\]: max_connections.* and 4 more"):
+        parse_vpns(text, "f.toml")
+    assert check_vpns("[vpns.A]\nx = 1 2\n")[1][0].line == 2  # TOML's own errors keep their line

@@ -335,6 +335,7 @@ def load_for_serve(serve: argparse.ArgumentParser, path: Path) -> ConfigFile:
 
 def run_config(args: argparse.Namespace, serve: argparse.ArgumentParser) -> int:
     from meshplane.cli.errors import EXIT_BAD_INPUT
+    from meshplane.cli.vpn import check_file
 
     if args.action == "check":
         checked = read_config(args.file, serve)
@@ -342,6 +343,9 @@ def run_config(args: argparse.Namespace, serve: argparse.ArgumentParser) -> int:
             checked.problems += broken_in_file(serve, checked)
         for problem in checked.problems:
             print(problem.render(args.file))
+        vpns = checked.values.get("mesh_vpns")  # the VPN file it names: every mistake there too
+        if vpns is not None and check_file(Path(vpns)):
+            return EXIT_BAD_INPUT
         if checked.problems:
             return EXIT_BAD_INPUT
         print(f"{args.file}: {len(checked.values)} setting(s), no problems")

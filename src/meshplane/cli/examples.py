@@ -36,6 +36,12 @@ EXAMPLES = {
         "meshplane mesh status --url http://127.0.0.1:15501",
         "meshplane mesh queue-add orders 'orders.>' --url http://127.0.0.1:15502",
     ],
+    "vpn": [
+        "meshplane vpn check vpns.toml",
+        "meshplane vpn ls --url http://127.0.0.1:15501",
+        "meshplane vpn show team-a --url http://127.0.0.1:15501",
+        "meshplane vpn reload --url http://127.0.0.1:15501",
+    ],
     "log": [
         "meshplane log verify --data-dir .meshplane/streams",
         "meshplane log dump .meshplane/streams/topics/t/0",

@@ -467,6 +467,7 @@ def _run(args: argparse.Namespace) -> int:
         "topic": run_client,
         "group": run_client,
         "mesh": run_client,
+        "vpn": run_client,
     }[args.command]
     return runloop.run(runner(args))
 

@@ -142,7 +142,8 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="TOML",
         help="Message VPNs: a file of [vpns.NAME] sections (the same on every node); clients name "
-        "theirs, and no event, interest or queue crosses from one VPN to another",
+        "theirs, and no event, interest or queue crosses from one VPN to another; read again on SIGHUP "
+        "(`meshplane vpn check FILE` first)",
     )
     nats = parser.add_argument_group("NATS door (NATS clients, unchanged, on this node; docs/mesh.md)")
     nats.add_argument(
@@ -220,6 +221,7 @@ def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
         limits=PeerLimits(**{name: getattr(args, f"mesh_{name}") for name in PEER_LIMIT_FLAGS}),
         tls=_mesh_tls(args),
         vpns=load_vpns(args.mesh_vpns) if args.mesh_vpns is not None else Vpns(),
+        vpns_file=args.mesh_vpns,
         **policy,
     )
 

@@ -343,6 +343,8 @@ async def _serve_locked(
 
     engine = streams_engine(args, mesh_config)
     mesh = MeshNode(mesh_config) if mesh_config is not None else None
+    if mesh is not None and mesh_config is not None and mesh_config.vpns_file is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, mesh.logins.reloads.reload)
     published: list[asyncio.Task[None]] = []
     if lease is not None and mesh is not None:
         from meshplane.mesh.mates import MirrorServer

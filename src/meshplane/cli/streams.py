@@ -190,6 +190,9 @@ def add_client_commands(commands: Any) -> None:
     p = action("stats", "a group's members, generation, assignment and lag")
     p.add_argument("group", help="group name")
 
+    from meshplane.cli.vpn import add_vpn_actions
+
+    add_vpn_actions(client_parser("vpn", "a mesh node's Message VPNs: list, show, check a file, reload"))
     action = client_parser("mesh", "the event mesh: a node's links, interest and counters")
     action("status", "the node at --url: its links (state, interest, events, drops), interest and counters")
     action("queues", "the node's queues (guaranteed subscriptions) and its spools")
@@ -310,14 +313,23 @@ async def _run_client(args: argparse.Namespace) -> int:
         return await run_mates(args)
     if args.command == "mesh" and args.action == "hash-password":
         return hash_password_from_stdin()
+    if args.command == "vpn" and args.action == "check":
+        from meshplane.cli.vpn import check_file
+
+        return check_file(args.file)
 
     env = context.environment()
-    fallback = env.get("MESHPLANE_MESH_URL") if args.command == "mesh" else None  # up --nodes: node a
+    of_mesh = args.command in ("mesh", "vpn")
+    fallback = env.get("MESHPLANE_MESH_URL") if of_mesh else None  # up --nodes: node a
     args.url = args.url or streams_url(fallback or env.get("MESHPLANE_STREAMS_URL") or DEFAULT_URL)
     args.token = args.token or env.get(TOKEN_ENV)
     async with StreamsClient(args.url, token=args.token) as client:
         command, action = args.command, args.action
-        if command == "mesh":
+        if command == "vpn":
+            from meshplane.cli.vpn import run_vpn
+
+            _print(await run_vpn(args, client.request), args=args)
+        elif command == "mesh":
             if action == "queue-add":
                 path = f"/mesh/queues/{urllib.parse.quote(args.name, safe='')}"
                 _print(await client.request("PUT", path, {"patterns": args.patterns}))

@@ -84,7 +84,7 @@ class Clients:
         state.conn.peer = client_id
         self.sessions[client_id] = session
         node.logins.joined(session)
-        if not session.prefix and not session.login_pending:
+        if not session.prefix and not session.login_pending and session.vpn not in node.logins.rates:
             # A VPN's client's subjects, a user's permissions, are checked per event: the Python path.
             node.direct.client_reader(session)
 
@@ -130,6 +130,12 @@ class Clients:
                         return self.answer(session, frame.sequence, refused)
                     return node.logins.violation(session, external, frame.sequence, refused)
             raw = frame.raw
+            if session.vpn in node.logins.rates:
+                limited = node.logins.publish_refused(session, len(raw))
+                if limited:
+                    if frame.flags & FLAG_GUARANTEED:
+                        return self.answer(session, frame.sequence, limited)
+                    return node.logins.tell_rate(session, subject[len(prefix) :], frame.sequence, limited)
             timestamp, body = event_parts(frame)
             if frame.flags & FLAG_GUARANTEED and frame.source != session.origin:
                 node.frame_errors["foreign_origin"] += 1
@@ -169,11 +175,11 @@ class Clients:
                 limited = node.logins.subscription_refused(session)
                 if limited:
                     return node.logins.violation(session, external, 0, limited, counted=False)
-                node.logins.subscriptions[session.vpn] += 1
+                node.logins.subscribed(session, 1)
             node.subscribe(session, pattern)
         elif kind is FrameType.SUB_REMOVE:
             if node.router.holds(session, frame.subject):
-                node.logins.subscriptions[session.vpn] -= 1
+                node.logins.subscribed(session, -1)
             node.unsubscribe(session, frame.subject)
         elif kind is FrameType.SYNC_REQ:  # a client's ping: everything before it has been handled ...
             peers = {peer for peer, link in node.links.items() if link.conn is not None}

@@ -124,6 +124,7 @@ class MeshConfig:
     limits: PeerLimits = field(default_factory=PeerLimits)
     tls: MeshTls | None = None  # routes, gateways and clients over TLS (with its CA: mutual)
     vpns: Vpns = field(default_factory=Vpns)  # Message VPNs (--mesh-vpns FILE); "default" always
+    vpns_file: Path | None = None  # ... read again on SIGHUP (mesh/vpn_reload.py)
     faults: frozenset[str] = frozenset()  # fault injection for tests: see FAULTS
 
     @property

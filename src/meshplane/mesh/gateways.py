@@ -10,6 +10,9 @@
   own cluster for another cluster leaves through the holder: one copy per external link.
 - An event that came over an external link goes to this cluster only (local holders and internal
   peers with interest), never out on another external link.
+- A Message VPN with ``dmr = false`` stays in its cluster (Solace's per-VPN DMR switch): none of its
+  interest is advertised to other clusters nor taken from them, and its events and guaranteed events
+  arriving from one are dropped and counted (``outside_dmr``); routes inside the cluster carry it.
 - Queues' interest (``$G.``) crosses too, aggregated from every node's queues as the gateway knows
   them (kept on disk, so it does not flap when an internal link restarts); guaranteed events then
   cross as SPOOLED frames from a spool per other cluster (:mod:`.guaranteed`).
@@ -40,6 +43,7 @@ from meshplane.core.mesh.interest import (
     encode_leaves,
 )
 from meshplane.core.mesh.interest_frames import Known, Refusal, interest_change, sync_answer, sync_reply
+from meshplane.core.mesh.vpn import vpn_of
 from meshplane.mesh.connection import close_peer
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.links import Handshake, Link, link_status, peer_address
@@ -121,6 +125,8 @@ class Gateways:
         if not self.enabled:
             return
         for pattern in added:  # a VPN's ($vpn:...) cross: that VPN's interest in the other clusters
+            if not self.crosses(pattern):
+                continue
             version = None if pattern.startswith(PREFIX) else self.interest.add(pattern)
             if version is not None:
                 self._announce(FrameType.SUB_ADD, pattern, version)
@@ -135,6 +141,8 @@ class Gateways:
         if not self.enabled:
             return
         for pattern in added:
+            if not self.crosses(pattern):
+                continue
             version = self.interest.add(PREFIX + pattern)
             if version is not None:
                 self._announce(FrameType.SUB_ADD, PREFIX + pattern, version)
@@ -142,6 +150,11 @@ class Gateways:
             version = self.interest.remove(PREFIX + pattern)
             if version is not None:
                 self._announce(FrameType.SUB_REMOVE, PREFIX + pattern, version)
+
+    def crosses(self, subject: str) -> bool:
+        """Whether a subject or pattern (without ``$G.``) belongs to a VPN that crosses gateways."""
+        vpn = self.node.config.vpns.get(vpn_of(subject))
+        return vpn is None or vpn.dmr
 
     def _announce(self, kind: FrameType, pattern: str, version: int) -> None:
         frame = encode_frame(kind, self.node.node_id, pattern, version)
@@ -239,6 +252,8 @@ class Gateways:
         queues' through :class:`Guaranteed` (remembered on disk). ``afresh``: the link's first answer,
         which holds the cluster's whole interest."""
         node, holder = self.node, link.holder
+        gained = [p for p in gained if self.crosses(p.removeprefix(PREFIX))]
+        lost = [p for p in lost if self.crosses(p.removeprefix(PREFIX))]
         for pattern in gained:
             if not pattern.startswith(PREFIX):
                 node.subscribe(holder, pattern)
@@ -246,7 +261,9 @@ class Gateways:
             if not pattern.startswith(PREFIX):
                 node.unsubscribe(holder, pattern)
         if afresh:
-            node.guaranteed.link_up(link, link.interest.versions)
+            node.guaranteed.link_up(
+                link, [p for p in link.interest.versions if self.crosses(p.removeprefix(PREFIX))]
+            )
         else:
             node.guaranteed.cluster_learnt(link.peer, gained, lost)
 
@@ -266,6 +283,9 @@ class Gateways:
         link.events_in += 1
         if not node.valid_subject(frame.subject):
             link.counters["bad_frames"] += 1
+            return
+        if not self.crosses(frame.subject):
+            link.counters["outside_dmr"] += 1
             return
         timestamp, body = event_parts(frame)
         # Node ids are unique within a cluster only: the cluster is part of the id here.

@@ -290,6 +290,10 @@ class Guaranteed:
             self._submit(Work(None, [], [], done, offset))
             return
         timestamp, body = event_parts(inner)
+        if link.external and not self.node.gateways.crosses(inner.subject):  # its VPN stays in its cluster
+            self.counters["spooled_outside_dmr"] += 1
+            self._submit(Work(None, [], [], done, offset))
+            return
         if link.external:
             event = MeshEvent(inner.source, inner.subject, inner.sequence, timestamp, body, inner.flags)
             self._from_cluster(link, event, done, offset)

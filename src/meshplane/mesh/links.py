@@ -27,6 +27,7 @@ LINK_COUNTERS = (
     "sub_add_in",
     "sub_remove_in",
     "bad_frames",
+    "outside_dmr",  # a VPN's events that do not cross gateways, arrived from another cluster: dropped
 )
 
 

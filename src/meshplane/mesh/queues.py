@@ -30,7 +30,14 @@ from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of, queue_topic, vp
 from meshplane.core.streamlog import StoredEvent
 from meshplane.core.subjects import is_reserved, valid_pattern
 from meshplane.mesh.holders import MeshEvent
-from meshplane.streams.errors import BadRequest, CorruptRecords, NotFound, StorageError, StreamError
+from meshplane.streams.errors import (
+    BadRequest,
+    CorruptRecords,
+    LimitReached,
+    NotFound,
+    StorageError,
+    StreamError,
+)
 from meshplane.streams.files import write_atomic
 
 if TYPE_CHECKING:
@@ -186,6 +193,10 @@ class Queues:
             raise BadRequest(f"a queue takes 1-{MAX_PATTERNS_PER_QUEUE} patterns")
         if name not in self.queues and len(self.queues) >= MAX_QUEUES:
             raise BadRequest(f"{MAX_QUEUES} queues (the limit)")
+        limit = self.node.config.vpns[vpn].max_queues
+        if name not in self.queues and limit is not None and self._count(vpn) >= limit:
+            self.node.logins.limits_refused[(vpn, "queues")] += 1
+            raise LimitReached(f"Message VPN {vpn!r}: {limit} queues on this node (its limit)")
         if name not in self.engine.topics:  # new, or deleted under the queue: held if it is paused
             old_queue = self.queues.get(name)
             self.engine.topic_store.create(name, 1).held = old_queue is not None and old_queue.paused
@@ -195,6 +206,9 @@ class Queues:
         if old is not None:
             self._withdraw(old)
         return self._install(name, sorted(set(checked)), old)
+
+    def _count(self, vpn: str) -> int:
+        return sum(1 for queue in self.queues.values() if vpn_of(queue.patterns[0]) == vpn)
 
     def delete(self, name: str, vpn: str = DEFAULT) -> bool:
         """Stop the queue's interest (its topic and what it holds stay, to be read or deleted)."""

@@ -50,6 +50,7 @@ def node_status(node: MeshNode, patterns: bool, limit: int) -> dict[str, Any]:
             **{k: v for k, v in node.counters.items() if k not in ("messages_routed", "messages_forwarded")},
         },
         "vpns": node.logins.status(),
+        "vpns_reload": node.logins.reloads.status(),
         "frame_errors": dict(node.frame_errors),
         "limits": dataclasses.asdict(node.config.limits),
         "partial_bytes": dataclasses.asdict(node.partial),

@@ -4,7 +4,13 @@
 [vpns.team-a]          # a VPN; "default" always exists (and takes users too: [vpns.default.users.x])
 max_connections = 100  # its clients on one node, at most (a client past it is refused)
 max_subscriptions = 10000  # patterns its clients hold on one node, at most (each one past it refused)
+max_queues = 50        # its queues on one node, at most
+max_events_per_second = 10000  # its clients' publishes on one node: the excess refused, counted
+max_bytes_per_second = 10485760  # ... and their bytes (each a token bucket with a second's burst)
+dmr = true             # its events cross gateways to other clusters (false: they stay in this cluster)
 [vpns.team-a.users.alice]
+max_connections = 5    # alice's clients on one node, at most
+max_events_per_second = 1000  # her clients' publishes on one node (and max_bytes_per_second)
 password_hash = "$argon2id$v=19$..."   # meshplane mesh hash-password (the password from stdin)
 publish = { allow = ["orders.>"], deny = ["orders.audit.>"] }
 subscribe = { deny = ["orders.audit.>"] }
@@ -16,10 +22,14 @@ vpn="team-a")``); a node refuses a VPN it does not have. A VPN with users admits
 it logs in as one of them (``MeshClient(..., user="alice")``, the password from
 ``$MESHPLANE_MESH_PASSWORD``), and then holds it to that user's permissions
 (:mod:`meshplane.core.mesh.permissions`). See :mod:`meshplane.core.mesh.vpn` for how VPNs are kept apart.
+
+:func:`check_vpns` finds every mistake of a file, each with its line (``meshplane vpn check``); a node
+reads its file again on SIGHUP (:mod:`meshplane.mesh.vpn_reload`).
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -47,6 +57,10 @@ class User:
     password_hash: str = field(repr=False)
     publish: Rules = field(default_factory=Rules)
     subscribe: Rules = field(default_factory=Rules)
+    max_connections: int | None = None  # its clients on one node, at most
+    max_subscriptions: int | None = None  # patterns its clients hold on one node, at most
+    max_events_per_second: int | None = None  # its clients' publishes on one node
+    max_bytes_per_second: int | None = None  # ... and their bytes
 
     def password_ok(self, password: str) -> bool:
         """Whether ``password`` is this user's (slow on purpose: run it off the event loop)."""
@@ -62,6 +76,10 @@ class Vpn:
     users: dict[str, User] = field(default_factory=dict)
     max_connections: int | None = None  # its clients on one node, at most (None: the node's limit)
     max_subscriptions: int | None = None  # patterns its clients hold on one node, at most
+    max_queues: int | None = None  # its queues on one node, at most
+    max_events_per_second: int | None = None  # its clients' publishes on one node (a burst of one second)
+    max_bytes_per_second: int | None = None  # ... and their bytes
+    dmr: bool = True  # its interest and events cross gateways to other clusters (Solace's DMR switch)
 
 
 @dataclass(frozen=True)
@@ -80,74 +98,172 @@ class Vpns(Mapping[str, Vpn]):
         return len(self.by_name)
 
 
-def parse_vpns(text: str, where: str = "the VPN file") -> Vpns:
-    """The VPNs a TOML text declares; ConfigError naming the first mistake."""
+@dataclass(frozen=True)
+class Problem:
+    """One mistake in a VPN file: where (its line, the section) and what."""
+
+    line: int
+    where: str
+    message: str
+
+    def render(self, path: object) -> str:
+        return f"{path}:{self.line}: {self.where}: {self.message}"
+
+
+def check_vpns(text: str) -> tuple[Vpns, list[Problem]]:
+    """The VPNs a TOML text declares (those without mistakes), and every mistake, with its line."""
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{where}: not TOML: {exc}") from None
-    unknown = set(document) - {"vpns"}
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}: only [vpns.NAME] sections")
+        at = re.search(r"line (\d+)", str(exc))
+        return Vpns(), [Problem(int(at[1]) if at else 1, "syntax", f"not TOML: {exc}")]
+    problems = _Problems(key_lines(text))
+    for key in sorted(set(document) - {"vpns"}):
+        problems.add((key,), f"[{key}]", "unknown key: only [vpns.NAME] sections")
     declared = document.get("vpns", {})
     if not isinstance(declared, dict):
-        raise ConfigError(f"{where}: 'vpns' must be a table of [vpns.NAME] sections")
+        problems.add(("vpns",), "vpns", "must be a table of [vpns.NAME] sections")
+        declared = {}
     by_name = {DEFAULT: Vpn(DEFAULT)}
     for name, settings in declared.items():
-        try:
-            check_vpn(name)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: [vpns.{name}]: {exc}") from None
-        if not isinstance(settings, dict):
-            raise ConfigError(f"{where}: vpns.{name} must be a section ([vpns.{name}])")
-        unknown = set(settings) - {"users", *LIMITS}
-        if unknown:
-            keys = ", ".join(("users", *LIMITS))
-            raise ConfigError(f"{where}: [vpns.{name}]: unknown key(s) {sorted(unknown)} ({keys})")
-        users = settings.get("users", {})
-        if not isinstance(users, dict):
-            raise ConfigError(f"{where}: vpns.{name}.users must be sections ([vpns.{name}.users.NAME])")
-        for key in LIMITS:
-            value = settings.get(key)
-            if value is not None and (type(value) is not int or value < 1):
-                raise ConfigError(f"{where}: [vpns.{name}] {key}: a whole number of 1 or more")
-        by_name[name] = Vpn(
-            name,
-            {user: _user(f"{where}: [vpns.{name}.users.{user}]", user, u) for user, u in users.items()},
-            **{key: settings.get(key) for key in LIMITS},
-        )
-    return Vpns(by_name)
+        vpn = _vpn(problems, name, settings)
+        if vpn is not None:
+            by_name[name] = vpn
+    return Vpns(by_name), sorted(problems.found, key=lambda problem: problem.line)
 
 
-LIMITS = ("max_connections", "max_subscriptions")
+def parse_vpns(text: str, where: str = "the VPN file") -> Vpns:
+    """The VPNs a TOML text declares; ConfigError naming the first mistake (and how many more)."""
+    vpns, problems = check_vpns(text)
+    if problems:
+        more = f" and {len(problems) - 1} more (meshplane vpn check FILE lists them)" if problems[1:] else ""
+        raise ConfigError(problems[0].render(where) + more)
+    return vpns
 
 
-def _user(where: str, name: str, settings: Any) -> User:
+LIMITS = (
+    "max_connections",
+    "max_subscriptions",
+    "max_queues",
+    "max_events_per_second",
+    "max_bytes_per_second",
+)
+
+USER_LIMITS = ("max_connections", "max_subscriptions", "max_events_per_second", "max_bytes_per_second")
+
+
+class _Problems:
+    def __init__(self, lines: dict[tuple[str, ...], int]) -> None:
+        self.lines = lines
+        self.found: list[Problem] = []
+
+    def add(self, path: tuple[str, ...], where: str, message: str) -> None:
+        line = next((self.lines[path[:n]] for n in range(len(path), 0, -1) if path[:n] in self.lines), 1)
+        self.found.append(Problem(line, where, message))
+
+
+def _vpn(problems: _Problems, name: str, settings: Any) -> Vpn | None:
+    path, where, before = ("vpns", name), f"[vpns.{name}]", len(problems.found)
+    try:
+        check_vpn(name)
+    except ValueError as exc:
+        problems.add(path, where, str(exc))
     if not isinstance(settings, dict):
-        raise ConfigError(f"{where}: must be a section")
+        problems.add(path, where, f"must be a section ([vpns.{name}])")
+        return None
+    for key in sorted(set(settings) - {"users", "dmr", *LIMITS}):
+        problems.add((*path, key), where, f"unknown key {key!r} ({', '.join(('users', 'dmr', *LIMITS))})")
+    if not isinstance(settings.get("dmr", True), bool):
+        problems.add((*path, "dmr"), where, "dmr: true (it crosses gateways, the default) or false")
+    _limits(problems, path, where, settings, LIMITS)
+    users = settings.get("users", {})
+    if not isinstance(users, dict):
+        problems.add((*path, "users"), where, f"users must be sections ([vpns.{name}.users.NAME])")
+        users = {}
+    checked = {user: _user(problems, (*path, "users", user), user, u) for user, u in users.items()}
+    if len(problems.found) > before:
+        return None
+    limits = {key: settings.get(key) for key in LIMITS}
+    users_of = {user: u for user, u in checked.items() if u is not None}
+    return Vpn(name, users_of, **limits, dmr=settings.get("dmr", True))
+
+
+def _user(problems: _Problems, path: tuple[str, ...], name: str, settings: Any) -> User | None:
+    where, before = "[" + ".".join(path) + "]", len(problems.found)
+    if not isinstance(settings, dict):
+        problems.add(path, where, "must be a section")
+        return None
     if not name or len(name) > 64 or not name.isprintable():
-        raise ConfigError(f"{where}: a user name is 1-64 printable characters")
-    unknown = set(settings) - {"password_hash", "publish", "subscribe"}
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)} (password_hash, publish, subscribe)")
+        problems.add(path, where, "a user name is 1-64 printable characters")
+    keys = ("password_hash", "publish", "subscribe", *USER_LIMITS)
+    for key in sorted(set(settings) - set(keys)):
+        problems.add((*path, key), where, f"unknown key {key!r} ({', '.join(keys)})")
+    _limits(problems, path, where, settings, USER_LIMITS)
     password_hash = settings.get("password_hash")
     if not isinstance(password_hash, str) or not password_hash.startswith("$argon2"):
-        raise ConfigError(f"{where}: password_hash must be an argon2 hash (meshplane mesh hash-password)")
-    return User(name, password_hash, _rules(where, settings, "publish"), _rules(where, settings, "subscribe"))
+        problems.add(
+            (*path, "password_hash"),
+            where,
+            "password_hash must be an argon2 hash (meshplane mesh hash-password)",
+        )
+    publish, subscribe = (_rules(problems, path, where, settings, d) for d in ("publish", "subscribe"))
+    if len(problems.found) > before or publish is None or subscribe is None:
+        return None
+    assert isinstance(password_hash, str)
+    return User(name, password_hash, publish, subscribe, **{key: settings.get(key) for key in USER_LIMITS})
 
 
-def _rules(where: str, settings: dict[str, Any], direction: str) -> Rules:
+def _limits(
+    problems: _Problems, path: tuple[str, ...], where: str, settings: dict[str, Any], keys: tuple[str, ...]
+) -> None:
+    for key in keys:
+        value = settings.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            problems.add((*path, key), where, f"{key}: a whole number of 1 or more")
+
+
+def _rules(
+    problems: _Problems, path: tuple[str, ...], where: str, settings: dict[str, Any], direction: str
+) -> Rules | None:
     given = settings.get(direction, {})
+    at = (*path, direction)
     if not isinstance(given, dict) or set(given) - {"allow", "deny"}:
-        raise ConfigError(f"{where}: {direction} takes allow and deny lists of patterns")
+        problems.add(at, where, f"{direction} takes allow and deny lists of patterns")
+        return None
     lists = {key: given.get(key, []) for key in ("allow", "deny")}
     for key, patterns in lists.items():
         if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
-            raise ConfigError(f"{where}: {direction}.{key} must be a list of patterns")
+            problems.add(at, where, f"{direction}.{key} must be a list of patterns")
+            return None
     try:
         return Rules(tuple(lists["allow"]), tuple(lists["deny"]))
     except ValueError as exc:
-        raise ConfigError(f"{where}: {direction}: {exc}") from None
+        problems.add(at, where, f"{direction}: {exc}")
+        return None
+
+
+_KEY_PART = r'(?:[A-Za-z0-9_-]+|"[^"]*"|\'[^\']*\')'
+_HEADER = re.compile(rf"^\s*\[\s*({_KEY_PART}(?:\s*\.\s*{_KEY_PART})*)\s*\]")
+_KEY = re.compile(rf"^\s*({_KEY_PART}(?:\s*\.\s*{_KEY_PART})*)\s*=")
+
+
+def key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """Where each section and key is first written, by its full path (tomllib gives no lines).
+    Keys inside an inline table count at the line of the key that holds it."""
+    lines: dict[tuple[str, ...], int] = {}
+    table: tuple[str, ...] = ()
+    for number, line in enumerate(text.splitlines(), 1):
+        header = _HEADER.match(line)
+        found = header or _KEY.match(line)
+        if not found:
+            continue
+        parts = tuple(part.strip().strip("\"'") for part in re.findall(_KEY_PART, found[1]))
+        path = parts if header else table + parts
+        if header:
+            table = parts
+        for n in range(1, len(path) + 1):
+            lines.setdefault(path[:n], number)
+    return lines
 
 
 def load_vpns(path: Path) -> Vpns:

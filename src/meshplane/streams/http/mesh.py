@@ -88,6 +88,15 @@ async def _pause(request: web.Request, paused: bool) -> web.Response:
     return json_response({"name": queue.name, "paused": queue.paused})
 
 
+async def vpns_reload(request: web.Request) -> web.Response:
+    """Read the node's VPN file again (as SIGHUP): 200 with what changed, or 400 with every mistake
+    (the node keeps its VPNs as they were)."""
+    outcome = _node(request).logins.reloads.reload()
+    if not outcome["ok"]:
+        raise BadRequest("the VPN file was not applied: " + "; ".join(outcome["problems"]))
+    return json_response(outcome)
+
+
 async def node_forget(request: web.Request) -> web.Response:
     """Forget a departed node: its interest, its spool (events it never confirmed) and its queues."""
     peer = request.match_info["node"]
@@ -224,6 +233,11 @@ def vpn_metrics(prefix: str, vpns: dict[str, dict[str, Any]]) -> Any:
         prefix + "vpn_subscriptions", "Patterns a Message VPN's clients hold on this node", labels=["vpn"]
     )
     logins = CounterMetricFamily(prefix + "vpn_logins_refused", "Logins refused", labels=["vpn"])
+    busy = CounterMetricFamily(
+        prefix + "vpn_logins_busy",
+        "Logins refused unchecked: the password checks' queue was full",
+        labels=["vpn"],
+    )
     violations = CounterMetricFamily(
         prefix + "vpn_violations",
         "Publishes and subscriptions a user's permissions refused",
@@ -238,8 +252,9 @@ def vpn_metrics(prefix: str, vpns: dict[str, dict[str, Any]]) -> Any:
         clients.add_metric([name], vpn["clients"])
         subscriptions.add_metric([name], vpn["subscriptions"])
         logins.add_metric([name], vpn["logins_refused"])
+        busy.add_metric([name], vpn["logins_busy"])
         for user, count in vpn["violations"].items():
             violations.add_metric([name, user], count)
         for limit, count in vpn["limits_refused"].items():
             limits.add_metric([name, limit], count)
-    yield from (clients, subscriptions, logins, violations, limits)
+    yield from (clients, subscriptions, logins, busy, violations, limits)

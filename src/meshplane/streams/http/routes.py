@@ -22,6 +22,7 @@ from meshplane.streams.http.mesh import (
     queue_put,
     queue_resume,
     queues_list,
+    vpns_reload,
 )
 from meshplane.streams.http.params import Handler, json_response
 from meshplane.version import __version__
@@ -111,6 +112,13 @@ def route_table(api: Api) -> list[Route]:
             "mesh",
         ),
         Route("POST", "/mesh/queues/{name}/resume", queue_resume, "Resume a paused queue", "mesh"),
+        Route(
+            "POST",
+            "/mesh/vpns/reload",
+            vpns_reload,
+            "Read the Message VPN file again: users, permissions and limits, without a restart",
+            "mesh",
+        ),
         Route(
             "DELETE",
             "/mesh/nodes/{node}",
