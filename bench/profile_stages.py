@@ -3,8 +3,9 @@ stacks from ``bench/mesh.py --profile DIR``, each sample put in the first stage 
 
     python bench/profile_stages.py DIR/mesh-*.txt --us-per-event 2.6
 
-Samples waiting in epoll, or of a thread waiting for work, are left out (the node was idle); with ``--us-per-event`` (the servers' CPU
-per event the same run printed, for both nodes together) the shares become microseconds per event.
+Samples waiting in epoll, or of a thread waiting for work, are left out (the node was idle); with
+``--us-per-event`` (the servers' CPU per event the same run printed, for both nodes together) the
+shares become microseconds per event.
 """
 
 from __future__ import annotations
