@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshplane.core.mesh._frames import DedupIds
-from meshplane.core.mesh.dedup import DEFAULT_IDS, DedupCache, EventId, PyIds
+from meshplane.core.mesh.dedup import DEFAULT_IDS, MAX_PER_TOPIC, DedupCache, EventId, PyIds
+from meshplane.errors import ConfigError
 
 KEYS = st.tuples(
     st.sampled_from([0, 1, 2, 2**64 - 1]),
@@ -99,7 +100,10 @@ def test_an_id_out_of_range_is_refused(key: EventId) -> None:
 
 def test_a_bound_past_the_limit_is_refused() -> None:
     with pytest.raises(ValueError, match="at most"):
-        DedupIds(1 << 30)
+        DedupIds(MAX_PER_TOPIC + 1)
+    with pytest.raises(ConfigError, match="at most"):
+        DedupCache(per_topic=MAX_PER_TOPIC + 1)
+    assert DedupIds(MAX_PER_TOPIC).bound == MAX_PER_TOPIC
 
 
 CACHE_OPS = st.lists(

@@ -16,8 +16,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 from meshplane.core.compiled import compiled
+from meshplane.errors import ConfigError
 
 EventId = tuple[int, int, str | None, str | None]  # timestamp, sequence, source, peer
+MAX_PER_TOPIC = 1 << 28  # what the C ids' 32-bit indexes allow
 
 
 class Ids(Protocol):
@@ -76,6 +78,8 @@ class DedupCache:
         topics: int = 10_000,
         ids: Callable[[int], Ids] = DEFAULT_IDS,
     ) -> None:
+        if per_topic > MAX_PER_TOPIC:
+            raise ConfigError(f"dedup ids per topic: at most {MAX_PER_TOPIC}, got {per_topic}")
         self.per_topic = per_topic
         self.ttl_secs = ttl_secs
         self.max_topics = topics
