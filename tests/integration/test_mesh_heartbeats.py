@@ -1,6 +1,6 @@
-"""A node's heartbeats to its clients go out a burst at a time, spread over the interval: a thousand
-clients' heartbeats (and their answers) at once held every event behind them for milliseconds, the 1%
-tail of bench/mesh_scale.py's probe."""
+"""A node's heartbeats to its clients go out a burst at a time, spread over the interval: thousands of
+clients' heartbeats (and their answers) at once held every event behind them for a tenth of a second
+or more."""
 
 from __future__ import annotations
 
