@@ -22,6 +22,7 @@ setup(
         Extension(
             "meshplane.core.mesh._frames",
             ["src/meshplane/core/mesh/_frames.c"],
+            depends=["src/meshplane/core/mesh/dedup_ids.h", "src/meshplane/core/bigendian.h"],
             libraries=["z"],
             optional=True,
         ),

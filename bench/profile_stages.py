@@ -3,8 +3,9 @@ stacks from ``bench/mesh.py --profile DIR``, each sample put in the first stage 
 
     python bench/profile_stages.py DIR/mesh-*.txt --us-per-event 2.6
 
-Samples waiting in epoll are left out (the node was idle); with ``--us-per-event`` (the servers' CPU
-per event the same run printed, for both nodes together) the shares become microseconds per event.
+Samples waiting in epoll, or of a thread waiting for work, are left out (the node was idle); with
+``--us-per-event`` (the servers' CPU per event the same run printed, for both nodes together) the
+shares become microseconds per event.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ STAGES = (
     ("event loop, timers, heartbeats, other", ("",)),
 )
 IDLE = ("epoll_wait", "select_epoll_poll", "EpollSelector.select")
+# a thread waiting for work (a thread pool's queue: the password checker, file writes); its leaf is
+# often an unnamed libc address, so the frames just above it are looked at
+WAITING = ("PyThread_acquire_lock_timed", "pthread_cond_wait", "pthread_cond_timedwait")
 
 
 def function(frame: str) -> str:
@@ -52,7 +56,9 @@ def stages(paths: list[Path]) -> tuple[Counter[str], int]:
         for line in path.read_text().splitlines():
             stack, _, number = line.rpartition(" ")
             names = [function(frame) for frame in stack.split(";")]
-            if any(idle in names[-1] for idle in IDLE):
+            if any(idle in names[-1] for idle in IDLE) or any(
+                wait in name for wait in WAITING for name in names[-3:]
+            ):
                 continue
             for stage, markers in STAGES:
                 if any(marker in name for marker in markers for name in names):

@@ -292,13 +292,13 @@ def test_bloom_filters_have_no_false_negatives(tokens: list[str], tail: bool, da
 
 def test_dedup_drops_a_repeat_within_the_ttl_and_stays_bounded() -> None:
     cache = DedupCache(per_topic=3, ttl_secs=10, topics=2)
-    assert not cache.seen("t", "1-1-a", 0.0)
-    assert cache.seen("t", "1-1-a", 5.0)
-    assert not cache.seen("t", "1-1-a", 11.5)  # expired: a new event for all we know
+    assert not cache.seen("t", (1, 1, "a", "p"), 0.0)
+    assert cache.seen("t", (1, 1, "a", "p"), 5.0)
+    assert not cache.seen("t", (1, 1, "a", "p"), 11.5)  # expired: a new event for all we know
     for i in range(10):
-        cache.seen("t", f"id{i}", 20.0)
+        cache.seen("t", (i, 0, "a", "p"), 20.0)
     for topic in ("u", "v", "w"):
-        cache.seen(topic, "x", 20.0)
+        cache.seen(topic, (0, 0, "x", "p"), 20.0)
     assert len(cache) <= 3 * 2
     assert cache.duplicates == 1
 

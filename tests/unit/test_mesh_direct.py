@@ -5,10 +5,8 @@ offset, runs, buffers and dedup ids, in the same order."""
 from __future__ import annotations
 
 import asyncio
-import copy
 import socket
-from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -16,6 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshplane.core.mesh import direct
+from meshplane.core.mesh._frames import DedupIds
+from meshplane.core.mesh.dedup import EventId, Ids, PyIds
 from meshplane.core.mesh.frames import FrameType, SyncResponse, encode_event, encode_frame, encode_payload
 from meshplane.core.subjects import MAX_SUBJECT_BYTES
 from meshplane.launchers import free_port
@@ -59,21 +59,39 @@ OTHER = st.builds(  # damaged or of another kind: both stop there
 FRAME = st.one_of(PLAIN, PLAIN, PLAIN, PLAIN, PLAIN, PLAIN, OTHER)
 
 
+Table = Callable[[Callable[[int], Ids]], tuple[dict[bytes, direct.Entry], list[bytearray]]]
+
+
 @st.composite
-def tables(draw: st.DrawFn) -> tuple[dict[bytes, direct.Entry], list[bytearray]]:
-    buffers = [bytearray(draw(st.binary(max_size=30))) for _ in range(3)]
-    table: dict[bytes, direct.Entry] = {}
+def tables(draw: st.DrawFn) -> Table:
+    """A table maker: the same routes, buffers and dedup ids, each time with ids of the kind asked."""
+    buffers = [draw(st.binary(max_size=30)) for _ in range(3)]
+    routes: list[tuple[str, list[EventId] | None, int, list[int]]] = []
     for subject in draw(st.lists(st.sampled_from(SUBJECTS), unique=True, min_size=3)):
-        ids: OrderedDict[Hashable, float] | None = None
+        keys: list[EventId] | None = None
         if draw(st.booleans()):
-            ids = OrderedDict()
-            for stamp, sequence, source in draw(
-                st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(0, 3), st.sampled_from(SOURCES)))
-            ):
-                ids[(stamp, sequence, source, "p")] = 1.0
+            keys = [
+                (stamp, sequence, source, "p")
+                for stamp, sequence, source in draw(
+                    st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(0, 3), st.sampled_from(SOURCES)))
+                )
+            ]
         chosen = draw(st.lists(st.integers(0, 2), unique=True, min_size=1))
-        table[subject.encode()] = (subject, ids, tuple(buffers[i] for i in chosen))
-    return table, buffers
+        routes.append((subject, keys, draw(st.integers(1, 4)), chosen))
+
+    def make(kind: Callable[[int], Ids]) -> tuple[dict[bytes, direct.Entry], list[bytearray]]:
+        made = [bytearray(b) for b in buffers]
+        table: dict[bytes, direct.Entry] = {}
+        for subject, keys, bound, chosen in routes:
+            ids = None
+            if keys is not None:
+                ids = kind(bound)
+                for key in keys:
+                    ids.seen(key, 1.0)
+            table[subject.encode()] = (subject, ids, tuple(made[i] for i in chosen))
+        return table, made
+
+    return make
 
 
 @settings(max_examples=600)
@@ -84,16 +102,14 @@ def tables(draw: st.DrawFn) -> tuple[dict[bytes, direct.Entry], list[bytearray]]
     st.sampled_from([None, None, None, "a", "node-b"]),
     st.sampled_from([SOURCES, SOURCES, SOURCES, SOURCES[:2], SOURCES[1:], []]),
     st.sampled_from([60, 300, 1 << 20, 1 << 20]),
-    st.integers(1, 4),
 )
 def test_c_and_python_route_the_same(
     frames: list[bytes],
     cut: int,
-    table_and_buffers: tuple[dict[bytes, direct.Entry], list[bytearray]],
+    make_table: Table,
     origin: str | None,
     known: list[str],
     limit: int,
-    per_topic: int,
 ) -> None:
     assert direct.native_route_events is not None
     stream = b"".join(frames)
@@ -101,8 +117,8 @@ def test_c_and_python_route_the_same(
     raw_origin = origin.encode().ljust(16, b"\x00") if origin is not None else None
     text = {source.encode().ljust(16, b"\x00"): source for source in known}
     outcomes: list[Any] = []
-    for route in (direct.route_events, direct.native_route_events):
-        table, buffers = copy.deepcopy(table_and_buffers)
+    for route, kind in ((direct.route_events, PyIds), (direct.native_route_events, DedupIds)):
+        table, buffers = make_table(kind)
         runs: list[tuple[Any, int, int]] = []
         end = route(
             stream,
@@ -115,10 +131,9 @@ def test_c_and_python_route_the_same(
             limit,
             "p",
             2.0,
-            per_topic,
             runs,
         )
-        ids = {key: list(entry[1].items()) for key, entry in table.items() if entry[1] is not None}
+        ids = {key: entry[1].items() for key, entry in table.items() if entry[1] is not None}
         outcomes.append((end, runs, [bytes(b) for b in buffers], ids))
     assert outcomes[0] == outcomes[1]
 

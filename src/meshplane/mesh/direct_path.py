@@ -115,7 +115,6 @@ class DirectPath:
                     BATCH_BYTES,
                     link.peer if link is not None else None,
                     now,
-                    node.dedup.per_topic,
                     runs,
                 )
             finally:  # what was copied before an error (memory) is counted and sent all the same

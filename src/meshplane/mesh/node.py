@@ -424,8 +424,7 @@ class MeshNode:
             link.conn.send(heartbeat)
             if link.sync_sent is not None and now - link.sync_sent > self.config.dead_after:
                 self.routes.request_sync(link)  # the answer went missing
-        for session in self.clients.sessions.values():
-            session.conn.send(heartbeat)
+        self.clients.heartbeat(heartbeat, self.config.heartbeat_interval)
         limits = self.config.limits
         for conn in list(self.conns):
             conn.check_deadlines(now, limits.frame_timeout, limits.idle_timeout)

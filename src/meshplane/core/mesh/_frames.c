@@ -16,6 +16,7 @@ this loop, so both accept and refuse the same bytes. */
 #include <zlib.h>
 
 #include "../bigendian.h"
+#include "dedup_ids.h"
 
 #define HEAD_BYTES 20   /* type, flags, source (16), subject length (2) */
 #define SOURCE_BYTES 16
@@ -146,8 +147,7 @@ static PyObject *read_frames(PyObject *self, PyObject *const *args, Py_ssize_t n
 }
 
 
-/* route_events(buffer, start, max_payload, max_subject, origin, text, table, limit, peer, now, per_topic,
-                runs) -> offset
+/* route_events(buffer, start, max_payload, max_subject, origin, text, table, limit, peer, now, runs) -> offset
 
 The node's direct path for a batch: plain EVENTs (flags 0) read from ``buffer[start:]`` and copied, as
 they came, to the write buffers their subject's route names, with no object per event. It takes the
@@ -157,9 +157,9 @@ another type or flags, a subject not in ``table``, a source that is not ``origin
 any source the ``text`` cache knows), or before a frame that would take a write buffer past ``limit``.
 
 ``table``: raw subject -> (info, ids, buffers): ``buffers`` a tuple of bytearrays each such event is
-appended to; ``ids`` None, or the topic's dedup ids (an OrderedDict of (timestamp, sequence, source,
-peer) -> when seen, the keys ``DedupCache.seen`` makes): a key already there is a duplicate (moved to
-the end, not delivered), a new one is added at ``now`` and the oldest dropped past ``per_topic``.
+appended to; ``ids`` None, or the topic's dedup ids (a ``DedupIds`` of (timestamp, sequence, source,
+peer), the ids ``DedupCache.seen`` keeps): an id already there is a duplicate (made the newest, not
+delivered), a new one is added at ``now`` and the oldest dropped past the ids' bound.
 ``runs`` gets (info, events, duplicates) for each run of consecutive events of one entry. */
 static int flush_run(PyObject *runs, PyObject *info, Py_ssize_t events, Py_ssize_t duplicates) {
     if (info == NULL || events == 0) return 0;
@@ -170,44 +170,12 @@ static int flush_run(PyObject *runs, PyObject *info, Py_ssize_t events, Py_ssize
     return failed;
 }
 
-static PyObject *move_to_end_name, *popitem_name;  /* interned at import */
-
-/* 1: a duplicate, 0: new (remembered), -1: an error. */
-static int dedup_seen(PyObject *ids, uint64_t timestamp, uint64_t sequence, PyObject *source, PyObject *peer,
-                      PyObject *now, Py_ssize_t per_topic) {
-    PyObject *ts = PyLong_FromUnsignedLongLong(timestamp);
-    PyObject *seq = ts != NULL ? PyLong_FromUnsignedLongLong(sequence) : NULL;
-    PyObject *key = seq != NULL ? PyTuple_Pack(4, ts, seq, source != NULL ? source : Py_None, peer) : NULL;
-    Py_XDECREF(ts);
-    Py_XDECREF(seq);
-    if (key == NULL) return -1;
-    int result = PySequence_Contains(ids, key);
-    if (result == 1) {
-        PyObject *call[2] = {ids, key};
-        PyObject *moved = PyObject_VectorcallMethod(move_to_end_name, call, 2, NULL);
-        if (moved == NULL) result = -1;
-        Py_XDECREF(moved);
-    } else if (result == 0) {
-        Py_ssize_t held = PyObject_SetItem(ids, key, now) < 0 ? -1 : PyObject_Size(ids);
-        if (held < 0) {
-            result = -1;
-        } else if (held > per_topic) {
-            PyObject *call[2] = {ids, Py_False};
-            PyObject *oldest = PyObject_VectorcallMethod(popitem_name, call, 2, NULL);
-            if (oldest == NULL) result = -1;
-            Py_XDECREF(oldest);
-        }
-    }
-    Py_DECREF(key);
-    return result;
-}
-
 static PyObject *route_events(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 12 || !PyBytes_Check(args[0]) || !(args[4] == Py_None || PyBytes_Check(args[4])) ||
-        !PyDict_Check(args[5]) || !PyDict_Check(args[6]) || !PyList_Check(args[11])) {
+    if (nargs != 11 || !PyBytes_Check(args[0]) || !(args[4] == Py_None || PyBytes_Check(args[4])) ||
+        !PyDict_Check(args[5]) || !PyDict_Check(args[6]) || !text_or_none(args[8]) || !PyList_Check(args[10])) {
         PyErr_SetString(PyExc_TypeError,
-                        "route_events(bytes, start, max_payload, max_subject, origin, dict, dict, limit, peer, "
-                        "now, per_topic, list)");
+                        "route_events(bytes, start, max_payload, max_subject, origin, dict, dict, limit, peer: str, "
+                        "now, list)");
         return NULL;
     }
     Input in;
@@ -215,7 +183,7 @@ static PyObject *route_events(PyObject *self, PyObject *const *args, Py_ssize_t 
     const unsigned char *data = in.data;
     Py_ssize_t size = in.size, start = in.start;
     Py_ssize_t limit = PyLong_AsSsize_t(args[7]);
-    Py_ssize_t per_topic = PyLong_AsSsize_t(args[10]);
+    double now = PyFloat_AsDouble(args[9]);
     if (PyErr_Occurred()) return NULL;
     const unsigned char *origin = NULL;
     if (args[4] != Py_None) {
@@ -225,7 +193,7 @@ static PyObject *route_events(PyObject *self, PyObject *const *args, Py_ssize_t 
         }
         origin = (const unsigned char *)PyBytes_AS_STRING(args[4]);
     }
-    PyObject *text = args[5], *table = args[6], *peer = args[8], *now = args[9], *runs = args[11];
+    PyObject *text = args[5], *table = args[6], *peer = args[8], *runs = args[10];
     Last last_source = {NULL, 0, NULL};
     const unsigned char *last_subject = NULL;
     Py_ssize_t last_subject_length = 0;
@@ -286,7 +254,12 @@ static PyObject *route_events(PyObject *self, PyObject *const *args, Py_ssize_t 
         }
         if (full) break;
         if (ids != Py_None) {
-            int seen = dedup_seen(ids, be64(middle + MIDDLE_BYTES), be64(middle), source, peer, now, per_topic);
+            if (Py_TYPE(ids) != &DedupIdsType) {
+                PyErr_SetString(PyExc_TypeError, "a route's dedup ids are a DedupIds");
+                goto error;
+            }
+            int seen = ids_seen((DedupIds *)ids, be64(middle + MIDDLE_BYTES), be64(middle),
+                                source != NULL ? source : Py_None, peer, now);
             if (seen < 0) goto error;
             if (seen) {
                 duplicates++;
@@ -398,8 +371,14 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_frames", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__frames(void) {
-    move_to_end_name = PyUnicode_InternFromString("move_to_end");
-    popitem_name = PyUnicode_InternFromString("popitem");
-    if (move_to_end_name == NULL || popitem_name == NULL) return NULL;
-    return PyModule_Create(&module);
+    if (PyType_Ready(&DedupIdsType) < 0) return NULL;
+    PyObject *made = PyModule_Create(&module);
+    if (made == NULL) return NULL;
+    Py_INCREF(&DedupIdsType);
+    if (PyModule_AddObject(made, "DedupIds", (PyObject *)&DedupIdsType) < 0) {
+        Py_DECREF(&DedupIdsType);
+        Py_DECREF(made);
+        return NULL;
+    }
+    return made;
 }

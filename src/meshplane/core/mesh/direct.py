@@ -9,21 +9,21 @@ the frame's offset, at the first frame that is anything else: not whole, damaged
 write buffer past ``limit``. The Python path then handles that frame as it would anyway.
 
 ``table``: raw subject -> (info, ids, buffers). ``buffers``: the bytearrays each such event is appended
-to. ``ids``: None, or the topic's dedup ids (the OrderedDict ``DedupCache`` keeps, keys (timestamp,
-sequence, source, peer)): a key already there is a duplicate (moved to the end, not delivered), a new
-one is remembered at ``now`` and the oldest dropped past ``per_topic``. ``runs`` gets (info, events,
-duplicates) for each run of consecutive events of one entry.
+to. ``ids``: None, or the topic's dedup ids as ``DedupCache`` keeps them (ids (timestamp, sequence,
+source, peer); the C function takes only the C ``DedupIds``): an id already there is a duplicate (made
+the newest, not delivered), a new one is remembered at ``now``, the oldest dropped past the ids' bound.
+``runs`` gets (info, events, duplicates) for each run of consecutive events of one entry.
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any
 
 from meshplane.core.compiled import compiled
+from meshplane.core.mesh.dedup import Ids
 from meshplane.core.mesh.frames import HEAD_BYTES, STAMP_BYTES, FrameType
 
 _LENGTHS = struct.Struct(">QI")  # sequence, payload length
@@ -31,9 +31,8 @@ _BE32 = struct.Struct(">I")
 _BE64 = struct.Struct(">Q")
 _EVENT = int(FrameType.EVENT)
 
-Entry = tuple[Any, "OrderedDict[Hashable, float] | None", tuple[bytearray, ...]]
-#: route_events(buffer, start, max_payload, max_subject, origin, text, table, limit, peer, now, per_topic,
-#: runs) -> offset
+Entry = tuple[Any, Ids | None, tuple[bytearray, ...]]
+#: route_events(buffer, start, max_payload, max_subject, origin, text, table, limit, peer, now, runs)
 RouteEvents = Callable[
     [
         bytes,
@@ -46,7 +45,6 @@ RouteEvents = Callable[
         int,
         "str | None",
         float,
-        int,
         list[tuple[Any, int, int]],
     ],
     int,
@@ -64,7 +62,6 @@ def route_events(
     limit: int,
     peer: str | None,
     now: float,
-    per_topic: int,
     runs: list[tuple[Any, int, int]],
 ) -> int:
     """The reference (see the module)."""
@@ -109,15 +106,11 @@ def route_events(
         frame = buffer[start : end + 4]
         start = end + 4
         events += 1
-        if ids is not None:
-            key = (_BE64.unpack_from(buffer, middle + _LENGTHS.size)[0], sequence, source, peer)
-            if key in ids:
-                ids.move_to_end(key)
-                duplicates += 1
-                continue
-            ids[key] = now
-            if len(ids) > per_topic:
-                ids.popitem(last=False)
+        if ids is not None and ids.seen(
+            (_BE64.unpack_from(buffer, middle + _LENGTHS.size)[0], sequence, source, peer), now
+        ):
+            duplicates += 1
+            continue
         for out in buffers:
             out += frame
     if events:
