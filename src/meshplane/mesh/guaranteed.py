@@ -47,7 +47,14 @@ from meshplane.mesh.commit_batch import Answer, Work, store_batch
 from meshplane.mesh.holders import Holder, MeshEvent
 from meshplane.mesh.peer_queues import KnownQueues
 from meshplane.mesh.queues import PREFIX, Queue, Queues
-from meshplane.mesh.spool import Spool, SpoolLimits, new_spool_offset, spool_directory, spool_peer
+from meshplane.mesh.spool import (
+    Spool,
+    SpoolLimits,
+    new_spool_offset,
+    spool_directory,
+    spool_peer,
+    spool_table,
+)
 from meshplane.streams.errors import CorruptRecords, NotStored, OutcomeUnknown, StorageError
 from meshplane.streams.files import changed
 
@@ -161,9 +168,7 @@ class Guaranteed:
         if self.peers is not None and (peer in self.peers.by_key or spool is not None):
             forgotten = self.peers.forget(peer)
         self._failed = {link for link in self._failed if link.external or link.peer != peer}
-        self._confirmers = {
-            link: c for link, c in self._confirmers.items() if link.external or link.peer != peer
-        }
+        self._confirmers = {k: c for k, c in self._confirmers.items() if k.external or k.peer != peer}
         self._spools_of.clear()
         return {"spooled_events_dropped": dropped, "queues_forgotten": forgotten}
 
@@ -171,17 +176,7 @@ class Guaranteed:
 
     def spool_status(self, spools: dict[str, Spool] | None = None) -> list[dict[str, Any]]:
         """Each peer's spool (or, given ``cluster_spools``, each other cluster's)."""
-        return [
-            {
-                "peer": s.peer,
-                "pending": s.pending,
-                "bytes": s.log.size_bytes,
-                "acked": s.acked,
-                "sent": s.sent,
-                "refused": s.refused,
-            }
-            for s in sorted((self.spools if spools is None else spools).values(), key=lambda s: s.peer)
-        ]
+        return spool_table((self.spools if spools is None else spools).values())
 
     # --- publishing: on the node the publisher is on --------------------------------------------------
 

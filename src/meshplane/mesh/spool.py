@@ -22,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from meshplane.core.streamlog import Record
 from meshplane.streams.errors import StorageError
@@ -162,3 +164,18 @@ def spool_peer(directory: Path) -> str | None:
         return bytes.fromhex(directory.name).decode()
     except (ValueError, UnicodeDecodeError):
         return None
+
+
+def spool_table(spools: Iterable[Spool]) -> list[dict[str, Any]]:
+    """Each spool's counters, by peer (``GET /mesh``)."""
+    return [
+        {
+            "peer": s.peer,
+            "pending": s.pending,
+            "bytes": s.log.size_bytes,
+            "acked": s.acked,
+            "sent": s.sent,
+            "refused": s.refused,
+        }
+        for s in sorted(spools, key=lambda s: s.peer)
+    ]
