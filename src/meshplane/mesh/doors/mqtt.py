@@ -39,8 +39,8 @@ from meshplane.mesh.doors.mqtt_connection import MAX_CLIENT_ID, RECEIVE_MAXIMUM,
 from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX, RetainedStore
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
 from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh.logins import WRONG
 from meshplane.mesh.preauth import QuietLog, Unproven, bounded
-from meshplane.mesh.vpns import User, hash_password
 from meshplane.streams.errors import StreamError
 
 if TYPE_CHECKING:
@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 
 TOKEN_ENV = "MESHPLANE_MQTT_TOKEN"
 CONNECT_TIMEOUT = 5.0  # seconds from accept to CONNECT
-CHECKS_AT_ONCE = 2  # argon2 checks under way at once (each ~64 MiB)
 
 
 class RetainHolder:
@@ -84,8 +83,6 @@ class MqttDoor:
         self.retain_holder = RetainHolder(self)
         self.sessions: Sessions | None = None
         self.tasks: set[asyncio.Task[None]] = set()
-        self._checks = asyncio.Semaphore(CHECKS_AT_ONCE)
-        self._nobody: User | None = None
         self._token = os.environ.get(TOKEN_ENV, "")
         self._server: asyncio.Server | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -282,17 +279,12 @@ class MqttDoor:
         conn.vpn, conn.prefix = vpn, prefix_of(vpn)
         password = (packet.password or b"").decode("utf-8", "replace")
         users = vpns[vpn].users
-        if users:
-            user = users.get(name)
-            async with self._checks:
-                if conn.closing:
-                    return Code.NOT_AUTHORIZED, "closed"
-                if self._nobody is None:
-                    self._nobody = User("", await asyncio.to_thread(hash_password, os.urandom(16).hex()))
-                ok = await asyncio.to_thread((user or self._nobody).password_ok, password)
-            if user is None or not ok:
-                self.node.logins.refused[vpn] += 1
-                return Code.BAD_USER_OR_PASSWORD, "wrong user or password"
+        if users:  # in the node's fair, bounded queue of password checks, with the mesh's LOGINs
+            user, why = await self.node.logins.authenticate(vpn, name, password, conn.address)
+            if conn.closing:
+                return Code.NOT_AUTHORIZED, "closed"
+            if user is None:
+                return (Code.BAD_USER_OR_PASSWORD if why == WRONG else Code.SERVER_BUSY), why
             conn.user, conn.permissions = name, Permissions(user.publish, user.subscribe)
             return 0, ""
         if self._token and not hmac.compare_digest(password.encode(), self._token.encode()):

@@ -24,7 +24,6 @@ import hmac
 import itertools
 import logging
 import os
-import secrets
 import ssl
 import time
 from collections import Counter
@@ -40,7 +39,6 @@ from meshplane.mesh.doors.nats_client import NatsClient
 from meshplane.mesh.doors.nats_groups import QueueGroups
 from meshplane.mesh.preauth import QuietLog, Unproven, bounded
 from meshplane.mesh.queues import PREFIX, Queue
-from meshplane.mesh.vpns import User, hash_password
 from meshplane.version import __version__
 
 if TYPE_CHECKING:
@@ -52,6 +50,7 @@ TOKEN_ENV = "MESHPLANE_NATS_TOKEN"
 PING_INTERVAL = 120.0  # nats-server's ping_interval
 MAX_PINGS_OUT = 2
 WRONG = "Authorization Violation"
+NOBODY = "\x00"  # no user has this name (VPN files refuse control characters)
 
 
 class NatsDoor:
@@ -68,13 +67,11 @@ class NatsDoor:
         )
         self.max_pending = limits.max_pending_bytes
         self._ids = itertools.count(1)
-        self._checks = asyncio.Semaphore(1)
         self._server: asyncio.Server | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.tasks: set[asyncio.Task[None]] = set()  # password checks and TLS handshakes under way
         # The node's TLS (--mesh-tls-*): NATS clients too, with a certificate its CA signed if it has one.
         self.tls = node.config.tls.server_context() if node.config.tls is not None else None
-        self._nobody: User | None = None
         self.groups = QueueGroups(self)
         self.users = any(vpn.users for vpn in node.config.vpns.values())
         if not self.users and not self.token and node.config.client_secret:
@@ -183,32 +180,27 @@ class NatsDoor:
         client.fail("Unknown Protocol Operation", "a protocol version this door does not speak")
         return True
 
-    def _user(self, name: str) -> tuple[str, User | None]:
+    def _user(self, name: str) -> tuple[str, str]:
+        """The VPN and user a CONNECT's ``user`` names; an unknown one is (the default VPN, a name no
+        user has), checked all the same (so the answer's time tells nothing) and refused."""
         vpn_name, sep, user_name = name.partition("/")
         if sep:
             vpn = self.node.config.vpns.get(vpn_name)
-            return vpn_name, vpn.users.get(user_name) if vpn is not None else None
-        found = [(vpn.name, vpn.users[name]) for vpn in self.node.config.vpns.values() if name in vpn.users]
-        return found[0] if len(found) == 1 else (DEFAULT, None)
+            return (vpn_name, user_name) if vpn is not None and user_name in vpn.users else (DEFAULT, NOBODY)
+        found = [vpn.name for vpn in self.node.config.vpns.values() if name in vpn.users]
+        return (found[0], name) if len(found) == 1 else (DEFAULT, NOBODY)
 
     async def _check(self, client: NatsClient, options: dict[str, object], name: str, password: str) -> None:
-        vpn, user = self._user(name)
-        async with self._checks:
-            if client.closed:
-                return
-            if self._nobody is None:  # made once, off the loop (hashing is as slow as checking)
-                self._nobody = User("", await asyncio.to_thread(hash_password, secrets.token_hex(16)))
-            # An unknown user is checked too, against a password nobody has: the answer's time tells
-            # no user names.
-            ok = await asyncio.to_thread((user or self._nobody).password_ok, password) and user is not None
+        # In the node's fair, bounded queue of password checks, with the mesh clients' LOGINs.
+        vpn, user_name = self._user(name)
+        user, why = await self.node.logins.authenticate(vpn, user_name, password, client.address)
         client.checking = False
         if client.closed:
             return
-        if user is None or not ok:
+        if user is None:
             self.counters["auth_refused"] += 1
-            self.node.logins.refused[vpn] += 1
-            log.info("refused a NATS login as %s: wrong user or password", bounded(name))
-            return client.fail(WRONG, "a wrong user or password")
+            log.info("refused a NATS login as %s: %s", bounded(name), why)
+            return client.fail(WRONG, why)
         if client.transport is not None:
             client.transport.resume_reading()
         self._admit(client, options, vpn, user.name, Permissions(user.publish, user.subscribe))
