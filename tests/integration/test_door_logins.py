@@ -12,6 +12,7 @@ from pathlib import Path
 
 import nats
 import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
 
 from meshplane.launchers import MeshCluster
 from meshplane.launchers.base import free_port
@@ -39,7 +40,7 @@ async def _guess(port: int, stop: asyncio.Event) -> None:
 
 def _mqtt_login(port: int) -> float:
     """Seconds for alice's MQTT CONNECT to be accepted (from 127.0.0.1)."""
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="alice", protocol=mqtt.MQTTv311)
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="alice", protocol=mqtt.MQTTv311)
     client.username_pw_set("alice@A", ALICE)
     started = time.monotonic()
     client.connect("127.0.0.1", port, keepalive=60)
