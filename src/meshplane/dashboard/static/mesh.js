@@ -26,6 +26,18 @@ function mqttHtml(door) {
   return `<h3>MQTT door (port ${door.port})</h3>${table}<p class="muted">${fmt(door.sessions)} persistent sessions · ${fmt(door.retained)} retained</p>`;
 }
 
+// The NATS door's clients (serve --nats-port), when the node has one.
+function natsHtml(door) {
+  if (!door) return "";
+  const rows = door.clients
+    .map((c) => `<tr data-nats-client="${esc(c.cid)}"><td>${esc(c.cid)}${c.name ? ` · ${esc(c.name)}` : ""}</td><td>${esc(c.address)}</td><td>${esc(c.vpn)}${c.user ? ` · ${esc(c.user)}` : ""}</td><td class="num">${fmt(c.subscriptions)}</td><td class="num">${fmt(c.msgs_in)}</td><td class="num">${fmt(c.msgs_out)}</td><td class="num">${fmt(c.pending_bytes)}</td></tr>`)
+    .join("");
+  const table = rows
+    ? `<table data-test="nats-clients"><tr><th>NATS client</th><th>address</th><th>VPN · user</th><th class="num">subscriptions</th><th class="num">in</th><th class="num">out</th><th class="num">pending bytes</th></tr>${rows}</table>`
+    : '<p class="muted">No NATS client connected.</p>';
+  return `<h3>NATS door (port ${door.port}, auth ${esc(door.auth)})</h3>${table}`;
+}
+
 export function meshHtml(m) {
   if (!m) return '<p class="muted">This server is not a mesh node (start it with --node-id).</p>';
   const up = new Set(m.links.filter((l) => l.state === "up").map((l) => l.peer));
@@ -50,7 +62,7 @@ export function meshHtml(m) {
     : "";
   const mate = m.mate ? `<p>HA mate: <span class="muted">${esc(details(m.mate))}</span></p>` : "";
   return `<p>Node <b>${esc(m.node)}</b> of cluster ${esc(m.cluster)} · ${fmt(m.counters.messages_routed)} routed, ${fmt(m.counters.messages_forwarded)} forwarded · ${m.interest.patterns_local} local patterns</p>
-    ${links}<h3>Queues</h3>${queues}<h3>Spools</h3>${spools}${gateways ? `<h3>Gateways</h3>${gateways}` : ""}${mate}${mqttHtml(m.mqtt)}`;
+    ${links}<h3>Queues</h3>${queues}<h3>Spools</h3>${spools}${gateways ? `<h3>Gateways</h3>${gateways}` : ""}${mate}${natsHtml(m.nats)}${mqttHtml(m.mqtt)}`;
 }
 
 export function meshActions(section, result, headers) {

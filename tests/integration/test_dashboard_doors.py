@@ -1,6 +1,8 @@
-"""The dashboard's mesh section lists the MQTT door's clients (issue 59), in a real chromium."""
+"""The dashboard's mesh section lists the doors' clients, MQTT's and NATS's (issue 59), in a real chromium."""
 
 from __future__ import annotations
+
+import socket
 
 import paho.mqtt.client as mqtt
 import requests
@@ -28,3 +30,20 @@ def test_the_event_plane_page_lists_the_mqtt_doors_clients(page: Page) -> None:
         finally:
             client.disconnect()
             client.loop_stop()
+
+
+def test_the_event_plane_page_lists_the_nats_doors_clients(page: Page) -> None:
+    with MeshCluster(1, cluster="dash", node_args={"a": ("--nats-port", "0")}) as mesh:
+        mesh.start()
+        port = requests.get(mesh["a"].url + "/mesh", timeout=5).json()["nats"]["port"]
+        # A NATS client by hand (the browser's sync API owns this thread): CONNECT, SUB, PING -> PONG.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as nc:
+            nc.makefile("rb").readline()  # INFO
+            nc.sendall(b'CONNECT {"name":"billing-7","verbose":false}\r\nSUB invoices.> 1\r\nPING\r\n')
+            assert nc.makefile("rb").readline() == b"PONG\r\n"
+            page.goto(mesh["a"].url + "/ui/plane")
+            page.wait_for_selector("#mesh tr[data-nats-client]", timeout=WAIT_MS)
+            row = page.inner_text("#mesh tr[data-nats-client]")
+            assert "billing-7" in row
+            assert "127.0.0.1" in row
+            page.goto("about:blank")  # leave before the node stops
