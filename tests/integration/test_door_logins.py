@@ -1,12 +1,13 @@
-"""The doors' logins share the node's fair queue of password checks with the mesh's LOGINs (issue 58's
-flood fix): a flood of wrong passwords through the NATS door from one address does not keep a user
-out at another, through either door."""
+"""The doors' logins and the node's Message VPNs: checks in the node's fair queue with the mesh's LOGINs
+(a flood of wrong passwords through the NATS door from one address does not keep a user out at another,
+through either door), and a reload cuts the doors' clients it no longer admits."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -92,3 +93,55 @@ async def test_a_flood_through_the_nats_door_keeps_no_user_out_of_either_door(tm
         assert through_nats < max(1.0, 10 * alone), (through_nats, alone)
         assert through_mqtt < max(1.0, 10 * alone), (through_mqtt, alone)
         assert (await status(node))["vpns"]["A"]["logins_busy"] > 0  # the flood's surplus, unchecked
+
+
+async def test_a_reload_cuts_the_door_clients_it_no_longer_admits_and_keeps_the_others(
+    tmp_path: Path,
+) -> None:
+    """SIGHUP with bob removed and carol's permissions changed: bob's NATS and MQTT clients are cut,
+    told why, and so is carol's (the doors do not narrow subscriptions); alice's stay connected."""
+    vpns = tmp_path / "vpns.toml"
+    users = {name: hash_password(f"{name}-pw") for name in ("alice", "bob", "carol")}
+
+    def write(names: tuple[str, ...], carol_publish: str) -> None:
+        text = ""
+        for name in names:
+            text += f'[vpns.A.users.{name}]\npassword_hash = "{users[name]}"\n'
+            if name == "carol":
+                text += f'publish = {{ allow = ["{carol_publish}"] }}\n'
+        vpns.write_text(text)
+
+    write(("alice", "bob", "carol"), ">")
+    args = ("--mesh-vpns", str(vpns), "--nats-port", "0", "--mqtt-port", "0")
+    with MeshCluster(1, extra_args=args) as cluster:
+        node = cluster.start()["a"]
+        doors = await status(node)
+        nats_url = f"nats://127.0.0.1:{doors['nats']['port']}"
+        clients = {
+            name: await nats.connect(nats_url, user=f"A/{name}", password=f"{name}-pw", allow_reconnect=False)
+            for name in ("alice", "bob", "carol")
+        }
+        mqtt_bob = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bob-device", protocol=mqtt.MQTTv5)
+        mqtt_bob.username_pw_set("bob@A", "bob-pw")
+        reasons: list[str] = []
+        mqtt_bob.on_disconnect = lambda c, u, flags, code, props: reasons.append(str(code))
+        mqtt_bob.connect("127.0.0.1", doors["mqtt"]["port"])
+        mqtt_bob.loop_start()
+        try:
+            await eventually(mqtt_bob.is_connected, what="bob's MQTT client connected")
+            write(("alice", "carol"), "orders.>")
+            node.kill(signal.SIGHUP)
+            await eventually(lambda: clients["bob"].is_closed, what="bob's NATS client cut")
+            await eventually(lambda: clients["carol"].is_closed, what="carol's NATS client cut")
+            await eventually(lambda: bool(reasons), what="bob's MQTT client cut")
+            assert reasons == ["Not authorized"]
+            assert clients["alice"].is_connected
+            await clients["alice"].flush()  # still served
+            last = (await status(node))["vpns_reload"]["last"]
+            assert last["closed"] == 3
+            carol = await nats.connect(nats_url, user="A/carol", password="carol-pw", allow_reconnect=False)
+            await carol.close()  # connects again, under the new permissions
+        finally:
+            mqtt_bob.loop_stop()
+            for nc in clients.values():
+                await nc.close()

@@ -9,7 +9,9 @@ login, publish and subscription, and to the clients connected now where they nar
   as a user who is gone or whose password hash changed, is told why (REFUSED) and closed (it may not
   prove who it is again: its reconnection logs in afresh);
 - a logged-in user whose permissions changed keeps its connection under the new ones; each pattern it
-  holds that they refuse is removed and said to it (REFUSED, "revoked: ...");
+  holds that they refuse is removed and said to it (REFUSED, "revoked: ..."); the NATS and MQTT doors'
+  clients are cut for the same reasons, and a user of theirs whose permissions changed is cut too (it
+  connects again under the new ones);
 - everyone else keeps its connection and subscriptions untouched. Limits apply from then on: clients
   and subscriptions beyond a lowered limit stay, and newcomers are refused until they are below it.
 
@@ -88,6 +90,9 @@ class VpnReloads:
                 closed += 1
             elif session.user and not session.login_pending:
                 revoked += self._narrow(session, old, vpns)
+        for door in (self.node.nats, self.node.mqtt):  # their clients are cut where they would narrow
+            if door is not None:
+                closed += door.reloaded(lambda vpn, user: _why_cut_from_door(vpn, user, old, vpns))
         return {"ok": True, "vpns": sorted(vpns), "closed": closed, "revoked": revoked}
 
     def _narrow(self, session: ClientSession, old: Vpns, new: Vpns) -> int:
@@ -110,22 +115,36 @@ class VpnReloads:
 
 def _why_closed(session: ClientSession, old: Vpns, new: Vpns) -> str:
     """Why ``session`` may not stay under the ``new`` VPNs, or ""."""
-    vpn = new.get(session.vpn)
-    if vpn is None:
-        return f"Message VPN {session.vpn!r} was removed"
-    if session.login_pending:  # it has not logged in: its LOGIN is checked against the new users
+    if session.vpn in new and session.login_pending:  # its LOGIN is checked against the new users
         return ""
+    return _why_not_as(session.vpn, session.user, old, new)
+
+
+def _why_not_as(vpn_name: str, user_name: str, old: Vpns, new: Vpns) -> str:
+    """Why a client of ``vpn_name`` logged in as ``user_name`` ("": as none) may not stay, or ""."""
+    vpn = new.get(vpn_name)
+    if vpn is None:
+        return f"Message VPN {vpn_name!r} was removed"
     if not vpn.users:
-        return "" if not session.user else f"Message VPN {session.vpn!r} has no users any more: connect again"
-    if not session.user:
-        return f"Message VPN {session.vpn!r} has users now: log in"
-    user = vpn.users.get(session.user)
+        return "" if not user_name else f"Message VPN {vpn_name!r} has no users any more: connect again"
+    if not user_name:
+        return f"Message VPN {vpn_name!r} has users now: log in"
+    user = vpn.users.get(user_name)
     if user is None:
-        return f"user {session.user!r} was removed"
-    before = old[session.vpn].users.get(session.user) if session.vpn in old else None
+        return f"user {user_name!r} was removed"
+    before = old[vpn_name].users.get(user_name) if vpn_name in old else None
     if before is None or user.password_hash != before.password_hash:
-        return f"user {session.user!r}'s password changed: log in again"
+        return f"user {user_name!r}'s password changed: log in again"
     return ""
+
+
+def _why_cut_from_door(vpn_name: str, user_name: str, old: Vpns, new: Vpns) -> str:
+    """A NATS or MQTT client's (``user_name`` "": it proved no VPN user): as a mesh client's, and the
+    doors do not narrow subscriptions, so a user whose permissions changed connects again under them."""
+    why = _why_not_as(vpn_name, user_name, old, new)
+    if why or not user_name or new[vpn_name].users[user_name] == old[vpn_name].users[user_name]:
+        return why
+    return f"user {user_name!r}'s permissions changed: connect again"
 
 
 def _tell(node: MeshNode, session: ClientSession, subject: str, reason: str) -> None:

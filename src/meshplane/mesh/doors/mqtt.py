@@ -268,6 +268,16 @@ class MqttDoor:
             self._restore(conn, conn.session)
         return 0, ""
 
+    def reloaded(self, why_cut: Callable[[str, str], str]) -> int:
+        """The node's VPNs were read again: the clients they no longer admit are cut, told why."""
+        cut = 0
+        for conn in list(self.connections.values()):
+            reason = why_cut(conn.vpn, conn.user if conn.permissions is not None else "")
+            if reason:
+                conn.close(Code.NOT_AUTHORIZED, reason)
+                cut += 1
+        return cut
+
     async def _authenticate(self, conn: MqttConnection, packet: Connect) -> tuple[int, str]:
         vpns = self.node.config.vpns
         username = packet.username or ""

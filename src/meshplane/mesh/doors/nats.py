@@ -27,7 +27,7 @@ import os
 import ssl
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -154,6 +154,17 @@ class NatsDoor:
         self.unproven.done(client)
         if self.clients.pop(client.cid, None) is not None and client.connected:
             self.node.logins.connections[client.vpn] -= 1
+
+    def reloaded(self, why_cut: Callable[[str, str], str]) -> int:
+        """The node's VPNs were read again: the clients they no longer admit are cut, told why."""
+        self.users = any(vpn.users for vpn in self.node.config.vpns.values())
+        cut = 0
+        for client in [c for c in self.clients.values() if c.connected]:
+            reason = why_cut(client.vpn, client.user if client.permissions else "")
+            if reason:
+                client.fail(WRONG, reason)
+                cut += 1
+        return cut
 
     # --- CONNECT -------------------------------------------------------------------------------------
 
