@@ -67,6 +67,8 @@ MAX_WAITING = 10_000  # QoS 1 messages waiting for room in flight ...
 MAX_WAITING_BYTES = 16 * 1024 * 1024  # ... and their bytes
 MAX_OUTBOUND_BYTES = 16 * 1024 * 1024  # unsent to the client's socket: past it, a slow consumer
 MAX_CLIENT_ID = 256
+MAX_RETAINED_DUE = MAX_SUBSCRIPTIONS  # filters whose retained messages are still to be sent
+RETAINED_SLICE = 256  # retained messages looked at per turn of the loop
 
 
 class Subscription(msgspec.Struct, frozen=True):
@@ -115,6 +117,8 @@ class MqttConnection(asyncio.Protocol):
         self.waiting: deque[Publish] = deque()
         self.waiting_bytes = 0
         self.pump: asyncio.Task[None] | None = None
+        self.retained_due: deque[str] = deque()  # patterns of new subscriptions, for retained messages
+        self.retained_task: asyncio.Task[None] | None = None
         self.room = asyncio.Event()
         self.messages_in = self.messages_out = self.dropped = 0
         self.paused_reading = False
@@ -352,10 +356,31 @@ class MqttConnection(asyncio.Protocol):
             self.close(Code.QUOTA_EXCEEDED, refused)
             return
         self.send(SubAck(packet.packet_id, tuple(codes)))
-        for _, pattern in new:
-            for subject, kept in self.door.retained.matching(pattern):
-                topic = to_topic(outward(self.prefix, subject))
-                self.deliver_publish(topic, kept.payload, min(kept.qos, self.qos_for(subject)), retain=True)
+        self.retained_due.extend(dict.fromkeys(pattern for _, pattern in new))
+        if len(self.retained_due) > MAX_RETAINED_DUE:
+            self.door.count("slow_consumer")
+            self.close(Code.QUOTA_EXCEEDED, "a slow consumer: too many filters' retained messages to send")
+        elif self.retained_due and self.retained_task is None:
+            self.retained_task = asyncio.get_running_loop().create_task(self._send_retained())
+
+    async def _send_retained(self) -> None:
+        """The retained messages of new subscriptions, a slice per turn of the loop: one SUBSCRIBE of
+        1,000 filters over 10,000 retained topics held the node's loop for a minute."""
+        try:
+            while self.retained_due and not self.closing:
+                pattern = self.retained_due.popleft()
+                kept = list(self.door.retained.messages.items())
+                for start in range(0, len(kept), RETAINED_SLICE):
+                    for subject, message in kept[start : start + RETAINED_SLICE]:
+                        if matches(pattern, subject):
+                            qos = min(message.qos, self.qos_for(subject))
+                            topic = to_topic(outward(self.prefix, subject))
+                            self.deliver_publish(topic, message.payload, qos, retain=True)
+                    await asyncio.sleep(0)
+                    if self.closing:
+                        return
+        finally:
+            self.retained_task = None
 
     def _subscribe_one(self, topic_filter: str, options: int) -> tuple[int, str]:
         v5 = self.level == V5
