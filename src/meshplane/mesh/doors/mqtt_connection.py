@@ -47,7 +47,8 @@ from meshplane.core.doors.mqtt_packets import (
     encode,
 )
 from meshplane.core.doors.mqtt_topics import BadTopic, matches, to_pattern, to_subject, to_topic
-from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_JSON_MESSAGE
+from meshplane.core.doors.nats_protocol import unwrap
+from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward
 from meshplane.mesh.holders import MeshEvent
@@ -473,7 +474,9 @@ class MqttConnection(asyncio.Protocol):
         if qos and self.session is not None:
             return  # its queue has it: sent from there, acknowledged there
         body = event.body
-        if event.flags & FLAG_JSON_MESSAGE:  # a pub/sub message: its payload, as JSON
+        if event.flags & FLAG_NATS_ENVELOPE:  # a NATS request or HPUB: MQTT has room for the payload only
+            body = unwrap(body)[2]
+        elif event.flags & FLAG_JSON_MESSAGE:  # a pub/sub message: its payload, as JSON
             with contextlib.suppress(msgspec.DecodeError, AttributeError):
                 body = msgspec.json.encode(msgspec.json.decode(body).get("payload"))
         self.deliver_publish(to_topic(outward(self.prefix, event.subject)), body, qos)
