@@ -6,6 +6,7 @@ import asyncio
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -127,3 +128,27 @@ async def test_an_mqtt_subscriber_gets_a_nats_requests_payload_not_the_door_enve
     finally:
         paho.loop_stop()
         paho.disconnect()
+
+
+async def test_queue_group_members_count_among_their_vpns_subscriptions(tmp_path: Path) -> None:
+    """A VPN's ``max_subscriptions`` bounds what its clients make every node hold: a NATS client got
+    past it with queue-group subscriptions (each a holder, a pattern and a ``$NQ`` interest on the
+    mesh), without limit but the connection's 10,000."""
+    from meshplane.mesh.vpns import hash_password
+
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(
+        f'[vpns.B]\nmax_subscriptions = 3\n[vpns.B.users.bob]\npassword_hash = "{hash_password("pw")}"\n'
+    )
+    port = free_port()
+    with MeshCluster(
+        1, extra_args=("--mesh-vpns", str(vpns)), node_args={"a": ("--nats-port", str(port))}
+    ) as cluster:
+        cluster.start()
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        assert sock.recv(4096).startswith(b"INFO ")
+        subs = b"".join(f"SUB q.{i} workers {i}\r\n".encode() for i in range(10))
+        sock.sendall(b'CONNECT {"user":"bob","pass":"pw"}\r\n' + subs + b"PING\r\n")
+        answer = await asyncio.to_thread(read_until, sock, b"PONG\r\n", 30)
+        sock.close()
+        assert answer.count(b"Maximum Subscriptions Exceeded") == 7, answer
