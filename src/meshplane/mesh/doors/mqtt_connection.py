@@ -366,7 +366,7 @@ class MqttConnection(asyncio.Protocol):
 
     async def _send_retained(self) -> None:
         """The retained messages of new subscriptions, a slice per turn of the loop: one SUBSCRIBE of
-        1,000 filters over 10,000 retained topics held the node's loop for a minute."""
+        1,000 filters over 10,000 retained topics held the node's loop for tens of seconds."""
         try:
             while self.retained_due and not self.closing:
                 pattern = self.retained_due.popleft()
