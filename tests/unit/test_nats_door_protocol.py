@@ -190,6 +190,14 @@ def test_a_body_that_is_no_envelope_is_all_payload(body: bytes) -> None:
     assert (reply, block, payload) == ("", None, body) or body.startswith(b"NATS\x01")
 
 
+@given(st.text(max_size=40).filter(lambda r: any(c.isspace() or not c.isprintable() for c in r)))
+@example("x 5\r\nhi\r\nMSG forged 1 4")
+def test_an_envelope_whose_reply_is_no_subject_is_all_payload(reply: str) -> None:
+    """Anyone on the mesh can set the envelope flag: a reply that would break a MSG line is refused."""
+    body = wrap(reply, None, b"p")
+    assert unwrap(body) == ("", None, body)
+
+
 def test_status_headers_are_a_header_block() -> None:
     parser = NatsParser()
     block = status_headers(503)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from meshplane.core.subjects import InvalidSubject, validate
 from meshplane.errors import MeshplaneError
 
 MAX_CONTROL_LINE = 4096
@@ -332,7 +333,9 @@ def unwrap(body: bytes) -> tuple[str, bytes | None, bytes]:
         return "", None, body
     try:
         reply = body[begin : begin + reply_size].decode()
-    except UnicodeDecodeError:
+        if reply:  # anyone on the mesh can set the flag: a reply with a space or CR LF forged MSGs
+            validate(reply, wildcards=False)
+    except (UnicodeDecodeError, InvalidSubject):
         return "", None, body
     headers = body[begin + reply_size : begin + reply_size + header_size]
     return reply, headers or None, body[begin + reply_size + header_size :]

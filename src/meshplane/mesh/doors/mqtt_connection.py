@@ -47,7 +47,8 @@ from meshplane.core.doors.mqtt_packets import (
     encode,
 )
 from meshplane.core.doors.mqtt_topics import BadTopic, matches, to_pattern, to_subject, to_topic
-from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_JSON_MESSAGE
+from meshplane.core.doors.nats_protocol import unwrap
+from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward
 from meshplane.mesh.holders import MeshEvent
@@ -67,6 +68,8 @@ MAX_WAITING = 10_000  # QoS 1 messages waiting for room in flight ...
 MAX_WAITING_BYTES = 16 * 1024 * 1024  # ... and their bytes
 MAX_OUTBOUND_BYTES = 16 * 1024 * 1024  # unsent to the client's socket: past it, a slow consumer
 MAX_CLIENT_ID = 256
+MAX_RETAINED_DUE = MAX_SUBSCRIPTIONS  # filters whose retained messages are still to be sent
+RETAINED_SLICE = 256  # retained messages looked at per turn of the loop
 
 
 class Subscription(msgspec.Struct, frozen=True):
@@ -115,6 +118,8 @@ class MqttConnection(asyncio.Protocol):
         self.waiting: deque[Publish] = deque()
         self.waiting_bytes = 0
         self.pump: asyncio.Task[None] | None = None
+        self.retained_due: deque[str] = deque()  # patterns of new subscriptions, for retained messages
+        self.retained_task: asyncio.Task[None] | None = None
         self.room = asyncio.Event()
         self.messages_in = self.messages_out = self.dropped = 0
         self.paused_reading = False
@@ -352,10 +357,31 @@ class MqttConnection(asyncio.Protocol):
             self.close(Code.QUOTA_EXCEEDED, refused)
             return
         self.send(SubAck(packet.packet_id, tuple(codes)))
-        for _, pattern in new:
-            for subject, kept in self.door.retained.matching(pattern):
-                topic = to_topic(outward(self.prefix, subject))
-                self.deliver_publish(topic, kept.payload, min(kept.qos, self.qos_for(subject)), retain=True)
+        self.retained_due.extend(dict.fromkeys(pattern for _, pattern in new))
+        if len(self.retained_due) > MAX_RETAINED_DUE:
+            self.door.count("slow_consumer")
+            self.close(Code.QUOTA_EXCEEDED, "a slow consumer: too many filters' retained messages to send")
+        elif self.retained_due and self.retained_task is None:
+            self.retained_task = asyncio.get_running_loop().create_task(self._send_retained())
+
+    async def _send_retained(self) -> None:
+        """The retained messages of new subscriptions, a slice per turn of the loop: one SUBSCRIBE of
+        1,000 filters over 10,000 retained topics held the node's loop for tens of seconds."""
+        try:
+            while self.retained_due and not self.closing:
+                pattern = self.retained_due.popleft()
+                kept = list(self.door.retained.messages.items())
+                for start in range(0, len(kept), RETAINED_SLICE):
+                    for subject, message in kept[start : start + RETAINED_SLICE]:
+                        if matches(pattern, subject):
+                            qos = min(message.qos, self.qos_for(subject))
+                            topic = to_topic(outward(self.prefix, subject))
+                            self.deliver_publish(topic, message.payload, qos, retain=True)
+                    await asyncio.sleep(0)
+                    if self.closing:
+                        return
+        finally:
+            self.retained_task = None
 
     def _subscribe_one(self, topic_filter: str, options: int) -> tuple[int, str]:
         v5 = self.level == V5
@@ -448,7 +474,9 @@ class MqttConnection(asyncio.Protocol):
         if qos and self.session is not None:
             return  # its queue has it: sent from there, acknowledged there
         body = event.body
-        if event.flags & FLAG_JSON_MESSAGE:  # a pub/sub message: its payload, as JSON
+        if event.flags & FLAG_NATS_ENVELOPE:  # a NATS request or HPUB: MQTT has room for the payload only
+            body = unwrap(body)[2]
+        elif event.flags & FLAG_JSON_MESSAGE:  # a pub/sub message: its payload, as JSON
             with contextlib.suppress(msgspec.DecodeError, AttributeError):
                 body = msgspec.json.encode(msgspec.json.decode(body).get("payload"))
         self.deliver_publish(to_topic(outward(self.prefix, event.subject)), body, qos)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplane.core.doors.mqtt_topics import matches
-
 MAX_RETAINED = 10_000  # topics with a retained message, per node
 MAX_RETAINED_BYTES = 64 * 1024 * 1024
 RETAIN_PREFIX = "$mqtt."  # the subject a retained message travels on to the other nodes
@@ -46,7 +44,3 @@ class RetainedStore:
         self.messages[subject] = Retained(payload, qos)
         self.bytes += size
         return True
-
-    def matching(self, pattern: str) -> list[tuple[str, Retained]]:
-        """The retained messages a new subscription to ``pattern`` (internal) gets."""
-        return [(subject, kept) for subject, kept in self.messages.items() if matches(pattern, subject)]

@@ -320,7 +320,8 @@ class NatsClient(asyncio.Protocol):
         if len(self.subs) + len(self.groups) >= self.subs.limit:
             self.door.counters["subscription_limit"] += 1
             return self.error(f"Maximum Subscriptions Exceeded: {self.subs.limit} on one connection")
-        if op.queue:
+        if op.queue:  # counted as the VPN's subscription too: a group is a holder and an interest
+            self.node.logins.subscriptions[self.vpn] += 1
             self.groups[op.sid] = self.door.groups.join(self, op.sid, op.queue, pattern)
             return self.ok()
         try:
@@ -338,6 +339,7 @@ class NatsClient(asyncio.Protocol):
         self.group_max.pop(sid, None)
         self.group_delivered.pop(sid, None)
         if group is not None:
+            self.node.logins.subscriptions[self.vpn] -= 1
             self.door.groups.leave(self, sid, group)
         else:
             self._unsubscribe(self.subs.remove(sid))
