@@ -146,7 +146,8 @@ class NatsDoor:
         }
 
     def _deadline(self, client: NatsClient) -> None:
-        if not client.connected and not client.closed:
+        # A CONNECT whose password waits in the node's queue of checks is answered by it (bounded).
+        if not client.connected and not client.checking and not client.closed:
             self.counters["auth_timeouts"] += 1
             client.fail("Authentication Timeout")
 
