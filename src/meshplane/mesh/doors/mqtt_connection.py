@@ -51,6 +51,7 @@ from meshplane.core.doors.nats_protocol import unwrap
 from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward
+from meshplane.mesh.doors.mqtt_retained import RetainedSender
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.preauth import bounded
 
@@ -68,8 +69,6 @@ MAX_WAITING = 10_000  # QoS 1 messages waiting for room in flight ...
 MAX_WAITING_BYTES = 16 * 1024 * 1024  # ... and their bytes
 MAX_OUTBOUND_BYTES = 16 * 1024 * 1024  # unsent to the client's socket: past it, a slow consumer
 MAX_CLIENT_ID = 256
-MAX_RETAINED_DUE = MAX_SUBSCRIPTIONS  # filters whose retained messages are still to be sent
-RETAINED_SLICE = 256  # retained messages looked at per turn of the loop
 
 
 class Subscription(msgspec.Struct, frozen=True):
@@ -118,8 +117,7 @@ class MqttConnection(asyncio.Protocol):
         self.waiting: deque[Publish] = deque()
         self.waiting_bytes = 0
         self.pump: asyncio.Task[None] | None = None
-        self.retained_due: deque[str] = deque()  # patterns of new subscriptions, for retained messages
-        self.retained_task: asyncio.Task[None] | None = None
+        self.retained_sender = RetainedSender(self, MAX_SUBSCRIPTIONS)
         self.room = asyncio.Event()
         self.messages_in = self.messages_out = self.dropped = 0
         self.paused_reading = False
@@ -199,11 +197,8 @@ class MqttConnection(asyncio.Protocol):
         self._out_bytes = 0
         if transport.get_write_buffer_size() > MAX_OUTBOUND_BYTES and not self.closing:
             self.door.count("slow_consumer")
-            log.warning(
-                "MQTT client %s cut: %d bytes its socket did not take (a slow consumer)",
-                bounded(self.client_id),
-                transport.get_write_buffer_size(),
-            )
+            unread = transport.get_write_buffer_size()
+            log.warning("MQTT client %s cut: %d bytes left unread", bounded(self.client_id), unread)
             self.close(Code.QUOTA_EXCEEDED, "a slow consumer: too many bytes not read", abort=True)
 
     def close(self, code: int = Code.SUCCESS, why: str = "", *, abort: bool = False) -> None:
@@ -357,31 +352,9 @@ class MqttConnection(asyncio.Protocol):
             self.close(Code.QUOTA_EXCEEDED, refused)
             return
         self.send(SubAck(packet.packet_id, tuple(codes)))
-        self.retained_due.extend(dict.fromkeys(pattern for _, pattern in new))
-        if len(self.retained_due) > MAX_RETAINED_DUE:
+        if not self.retained_sender.add(pattern for _, pattern in new):
             self.door.count("slow_consumer")
             self.close(Code.QUOTA_EXCEEDED, "a slow consumer: too many filters' retained messages to send")
-        elif self.retained_due and self.retained_task is None:
-            self.retained_task = asyncio.get_running_loop().create_task(self._send_retained())
-
-    async def _send_retained(self) -> None:
-        """The retained messages of new subscriptions, a slice per turn of the loop: one SUBSCRIBE of
-        1,000 filters over 10,000 retained topics held the node's loop for tens of seconds."""
-        try:
-            while self.retained_due and not self.closing:
-                pattern = self.retained_due.popleft()
-                kept = list(self.door.retained.messages.items())
-                for start in range(0, len(kept), RETAINED_SLICE):
-                    for subject, message in kept[start : start + RETAINED_SLICE]:
-                        if matches(pattern, subject):
-                            qos = min(message.qos, self.qos_for(subject))
-                            topic = to_topic(outward(self.prefix, subject))
-                            self.deliver_publish(topic, message.payload, qos, retain=True)
-                    await asyncio.sleep(0)
-                    if self.closing:
-                        return
-        finally:
-            self.retained_task = None
 
     def _subscribe_one(self, topic_filter: str, options: int) -> tuple[int, str]:
         v5 = self.level == V5

@@ -10,11 +10,22 @@ counted; an empty retained payload deletes the topic's message, as MQTT says.
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from meshplane.core.doors.mqtt_topics import matches, to_topic
+from meshplane.core.mesh.vpn import outward
+
+if TYPE_CHECKING:
+    from meshplane.mesh.doors.mqtt_connection import MqttConnection
 
 MAX_RETAINED = 10_000  # topics with a retained message, per node
 MAX_RETAINED_BYTES = 64 * 1024 * 1024
 RETAIN_PREFIX = "$mqtt."  # the subject a retained message travels on to the other nodes
+RETAINED_SLICE = 256  # retained messages looked at per turn of the loop
 
 
 @dataclass(slots=True)
@@ -44,3 +55,41 @@ class RetainedStore:
         self.messages[subject] = Retained(payload, qos)
         self.bytes += size
         return True
+
+
+class RetainedSender:
+    """The retained messages a connection's new subscriptions get, a slice per turn of the loop: one
+    SUBSCRIBE of 1,000 filters over 10,000 retained topics held the node's loop for tens of seconds."""
+
+    def __init__(self, conn: MqttConnection, limit: int) -> None:
+        self.conn = conn
+        self.limit = limit  # filters whose retained messages are still to be sent, at most
+        self.due: deque[str] = deque()  # patterns of new subscriptions
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, patterns: Iterable[str]) -> bool:
+        """Send the retained messages of ``patterns`` (each once); False: too many are due."""
+        self.due.extend(dict.fromkeys(patterns))
+        if len(self.due) > self.limit:
+            return False
+        if self.due and self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._send())
+        return True
+
+    async def _send(self) -> None:
+        conn = self.conn
+        try:
+            while self.due and not conn.closing:
+                pattern = self.due.popleft()
+                kept = list(conn.door.retained.messages.items())
+                for start in range(0, len(kept), RETAINED_SLICE):
+                    for subject, message in kept[start : start + RETAINED_SLICE]:
+                        if matches(pattern, subject):
+                            qos = min(message.qos, conn.qos_for(subject))
+                            topic = to_topic(outward(conn.prefix, subject))
+                            conn.deliver_publish(topic, message.payload, qos, retain=True)
+                    await asyncio.sleep(0)
+                    if conn.closing:
+                        return
+        finally:
+            self.task = None
