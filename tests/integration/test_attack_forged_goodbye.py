@@ -49,4 +49,10 @@ async def test_a_third_partys_goodbye_does_not_silence_a_live_publisher(plane_co
         except TimeoutError:
             pass
         left = [n for n in sub.recent_notices if isinstance(n, PublisherLeft)]
-        assert got == [1, 2, 3, 4, 5], (got, left, sub.stats)
+        assert got == [1, 2, 3, 4, 5], (got, left, sub.stats, list(sub.recent_notices))
+        # The goodbye has been read: the victim's connection must still be there for what it sends now
+        # (dropping it on a goodbye silenced the victim from then on).
+        for i in range(5, 10):
+            await victim.publish(f"after-{i}")
+        for sequence in range(6, 11):
+            assert (await sub.next(timeout=5)).sequence == sequence, sub.stats

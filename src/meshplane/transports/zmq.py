@@ -354,10 +354,10 @@ class ZmqSubscriberTransport(SubscriberTransport):
             self._leaving[publisher_id] = (endpoint, timer)
 
     def publisher_left(self, publisher_id: int) -> None:
+        # Only once its record went: a goodbye proves nothing (anyone on the topic can send one with its
+        # id, and dropping its connection then silenced a live publisher); the record's removal does.
         if publisher_id in self._leaving:
             self._leave(publisher_id)
-        else:  # its goodbye came before its record went
-            self._drop(self._endpoints.pop(publisher_id, None))
 
     def _leave(self, publisher_id: int) -> None:
         endpoint, timer = self._leaving.pop(publisher_id, (None, None))
