@@ -26,5 +26,12 @@ setup(
             libraries=["z"],
             optional=True,
         ),
+        Extension(
+            "meshplane.core.doors._nats",
+            ["src/meshplane/core/doors/_nats.c"],
+            depends=["src/meshplane/core/bigendian.h"],
+            libraries=["z"],
+            optional=True,
+        ),
     ]
 )

@@ -12,10 +12,12 @@ as the Python path would have kept them (``tests/unit/test_mesh_direct.py`` comp
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from meshplane.core.doors.nats_protocol import MAX_CONTROL_LINE, native_route_pubs
 from meshplane.core.mesh.direct import Entry, native_route_events
 from meshplane.core.mesh.frames import NODE_ID_BYTES
 from meshplane.core.subjects import MAX_SUBJECT_BYTES
@@ -55,6 +57,9 @@ class DirectPath:
         self._sent: dict[bytes, Entry] = {}  # clients' events, by raw subject
         self._received: dict[bytes, Entry] = {}  # peers' events, by raw subject
         self._foreign: dict[bytes, Entry] = {}  # other clusters' events, by raw subject
+        # NATS clients' PUBs, by VPN prefix, then raw subject: (route, mesh subject, buffers)
+        self._doors: dict[str, dict[bytes, tuple[_Route, bytes, tuple[bytearray, ...]]]] = {}
+        self._source = node.node_id.encode()[:NODE_ID_BYTES].ljust(NODE_ID_BYTES, b"\x00")
         self._targets: dict[FrameConnection, _Target] = {}
         self._links: dict[FrameConnection, Link] = {}
         self._sessions: dict[FrameConnection, ClientSession] = {}
@@ -130,6 +135,52 @@ class DirectPath:
             if node.on_latency is not None:
                 node.on_latency((time.perf_counter() - started) / events)
         return start
+
+    def door_read(self, prefix: str, buffer: bytearray, start: int, max_payload: int) -> tuple[int, int]:
+        """A NATS client's plain PUBs at ``buffer[start:]`` on subjects learnt for its VPN (``prefix``),
+        routed in C as the node's own events: (where it stopped, events taken)."""
+        table = self._doors.get(prefix)
+        if not table or native_route_pubs is None:
+            return start, 0
+        node = self.node
+        now = time.monotonic()
+        sequence = next(node._sequence)  # the node's numbers: its events' ids on the mesh
+        events = 0
+        try:
+            while self._usable() and self._doors.get(prefix) is table:
+                runs: list[tuple[_Route, int, int]] = []
+                timestamp = time.time_ns() // 1_000_000
+                try:
+                    end = native_route_pubs(
+                        buffer, start, max_payload, MAX_CONTROL_LINE, table, self._source,
+                        sequence + events, timestamp, BATCH_BYTES, runs,
+                    )  # fmt: skip
+                finally:
+                    events += self._count(runs, None, now, False)
+                    self._write()
+                if end == start:
+                    break
+                start = end
+        finally:
+            node._sequence = itertools.count(sequence + events)
+        self.events += events
+        return start, events
+
+    def door_sent(self, prefix: str, subject: str) -> None:
+        """A NATS client's plain PUB on ``subject`` (of the VPN with ``prefix``) took the Python path:
+        learn its route (its event is the node's own, as a client's is its client's)."""
+        if not self.enabled or native_route_pubs is None:
+            return
+        known = self._doors.get(prefix)
+        if known is not None and subject.encode() in known and self._changes == self.node.router.changes:
+            return
+        learnt: dict[bytes, Entry] = {}
+        self._learn(learnt, prefix + subject, gateways=True, peers=True, ids=False)  # forgets stale ones
+        table = self._doors.setdefault(prefix, {})
+        if len(table) >= self.node.config.router.route_cache_subjects:
+            table.clear()
+        for route_, _, buffers in learnt.values():
+            table[subject.encode()] = (route_, (prefix + subject).encode(), buffers)
 
     def _usable(self) -> bool:
         """Forget every route once one of them may be stale; True while some remain."""
@@ -239,6 +290,7 @@ class DirectPath:
         self._sent.clear()
         self._received.clear()
         self._foreign.clear()
+        self._doors.clear()
         self._targets.clear()
         self._links.clear()
         self._sessions.clear()

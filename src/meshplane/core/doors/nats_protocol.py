@@ -14,10 +14,21 @@ lost (the parser refuses to go on), as nats-server closes the connection.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from meshplane.core.compiled import compiled
 from meshplane.core.subjects import InvalidSubject, validate
 from meshplane.errors import MeshplaneError
+
+_native = compiled("meshplane.core.doors._nats")
+#: parse_pubs(buffer, start, max_payload, max_control, out) -> offset (``_nats.c``; None where not built)
+native_parse_pubs: Callable[[bytes | bytearray, int, int, int, list[Any]], int] | None = (
+    None if _native is None else _native.parse_pubs
+)
+#: route_pubs(buffer, start, max_payload, max_control, table, source, sequence, timestamp, limit, runs)
+native_route_pubs: Callable[..., int] | None = None if _native is None else _native.route_pubs
 
 MAX_CONTROL_LINE = 4096
 CRLF = b"\r\n"
@@ -156,23 +167,36 @@ class NatsParser:
     def feed(self, data: bytes) -> list[Op]:
         """The operations ``data`` completes, in order. Raises NatsProtocolError at the first broken
         one (those before it are lost with the stream: the connection is closed)."""
+        ops: list[Op] = []
+        self.read(data, ops.append)
+        return ops
+
+    def read(
+        self, data: bytes, handle: Callable[[Op], None], fast: Callable[[bytearray, int], int] | None = None
+    ) -> None:
+        """Each operation ``data`` completes to ``handle`` as soon as it is read; raises NatsProtocolError
+        at the first broken one.
+
+        ``fast(buffer, offset)``, where given, takes what it can of the buffer before each operation
+        (the node's direct path: plain PUBs routed in C) and returns where it stopped; the rest is
+        parsed here, so the operations keep their order whichever path takes them."""
         if self._failed is not None:
             raise self._failed
         self._buffer += data
         self._at = 0
-        ops: list[Op] = []
         try:
             while True:
+                if fast is not None and self._pending is None:
+                    self._at = fast(self._buffer, self._at)
                 op = self._next()
                 if op is None:
                     break
-                ops.append(op)
+                handle(op)
         except NatsProtocolError as exc:
             self._failed = exc
             self._buffer.clear()
             raise
         del self._buffer[: self._at]  # once per read: deleting per operation moved the rest each time
-        return ops
 
     def _next(self) -> Op | None:
         buffer, at = self._buffer, self._at

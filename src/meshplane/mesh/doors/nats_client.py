@@ -121,17 +121,26 @@ class NatsClient(asyncio.Protocol):
         self.pings_out = 0
         self.bytes_in += len(data)
         try:
-            ops = self.parser.feed(data)
+            self.parser.read(data, self._operation, self._direct if self.node.direct.enabled else None)
         except NatsProtocolError as exc:
             self.door.counters[f"protocol_{exc.message.lower().replace(' ', '_')}"] += 1
             return self.fail(exc.message, str(exc))
-        for op in ops:
-            if self.closed:
-                return
-            if self.checking:
-                self.backlog.append(op)  # bounded: what one read holds (the transport is paused)
-            else:
-                self.handle(op)
+
+    def _operation(self, op: Op) -> None:
+        if self.closed:
+            return
+        if self.checking:
+            self.backlog.append(op)  # bounded: what one read holds (the transport is paused)
+        else:
+            self.handle(op)
+
+    def _direct(self, buffer: bytearray, start: int) -> int:
+        """The node's direct path takes its plain PUBs on subjects it has learnt (see ``publish``)."""
+        if not self.connected or self.checking or self.closed or self.verbose or self.permissions is not None:
+            return start
+        end, events = self.node.direct.door_read(self.prefix, buffer, start, self.parser.max_payload)
+        self.msgs_in += events
+        return end
 
     def send(self, data: bytes) -> None:
         """Queued for one write per turn of the loop (a write per MSG cost a system call each)."""
@@ -265,6 +274,8 @@ class NatsClient(asyncio.Protocol):
             task.add_done_callback(self._stored)
             return
         copies = self.node.publish(subject, body, flags, skip=skip, prefix=self.prefix)
+        if not enveloped and self.permissions is None:  # a route the direct path may take next time
+            self.node.direct.door_sent(self.prefix, subject)
         if copies == 0 and op.reply and self.no_responders:
             self.door.counters["no_responders"] += 1
             self.reply_status(op.reply, 503)
