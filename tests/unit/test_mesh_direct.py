@@ -1,6 +1,6 @@
 """The node's direct path: ``route_events`` in C (``_frames.c``) against the Python reference
 (``core/mesh/direct.py``) on any stream, route table, write-buffer limit and dedup state: the same
-offset, runs, buffers and dedup ids, in the same order."""
+offset, runs, buffers (a frame as it came, or a NATS client's MSG) and dedup ids, in the same order."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ Table = Callable[[Callable[[int], Ids]], tuple[dict[bytes, direct.Entry], list[b
 def tables(draw: st.DrawFn) -> Table:
     """A table maker: the same routes, buffers and dedup ids, each time with ids of the kind asked."""
     buffers = [draw(st.binary(max_size=30)) for _ in range(3)]
-    routes: list[tuple[str, list[EventId] | None, int, list[int]]] = []
+    routes: list[tuple[str, list[EventId] | None, int, list[tuple[int, bool]]]] = []
     for subject in draw(st.lists(st.sampled_from(SUBJECTS), unique=True, min_size=3)):
         keys: list[EventId] | None = None
         if draw(st.booleans()):
@@ -77,7 +77,8 @@ def tables(draw: st.DrawFn) -> Table:
                 )
             ]
         chosen = draw(st.lists(st.integers(0, 2), unique=True, min_size=1))
-        routes.append((subject, keys, draw(st.integers(1, 4)), chosen))
+        messages = draw(st.lists(st.booleans(), min_size=len(chosen), max_size=len(chosen)))
+        routes.append((subject, keys, draw(st.integers(1, 4)), list(zip(chosen, messages, strict=True))))
 
     def make(kind: Callable[[int], Ids]) -> tuple[dict[bytes, direct.Entry], list[bytearray]]:
         made = [bytearray(b) for b in buffers]
@@ -88,7 +89,10 @@ def tables(draw: st.DrawFn) -> Table:
                 ids = kind(bound)
                 for key in keys:
                     ids.seen(key, 1.0)
-            table[subject.encode()] = (subject, ids, tuple(made[i] for i in chosen))
+            targets: tuple[direct.Target, ...] = tuple(  # a NATS client's MSGs, or the frames
+                (made[i], f"MSG {subject} {i} ".encode()) if message else made[i] for i, message in chosen
+            )
+            table[subject.encode()] = (subject, ids, targets)
         return table, made
 
     return make

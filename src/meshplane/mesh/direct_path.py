@@ -18,10 +18,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from meshplane.core.doors.nats_protocol import MAX_CONTROL_LINE, native_route_pubs
-from meshplane.core.mesh.direct import Entry, native_route_events
+from meshplane.core.doors.nats_subs import Subscription
+from meshplane.core.mesh.direct import Entry, Target, native_route_events
 from meshplane.core.mesh.frames import NODE_ID_BYTES
+from meshplane.core.mesh.vpn import outward
 from meshplane.core.subjects import MAX_SUBJECT_BYTES
 from meshplane.mesh.connection import FrameConnection
+from meshplane.mesh.doors.nats_client import NatsClient
 from meshplane.mesh.gateways import GatewayHolder
 from meshplane.mesh.holders import ClientSession
 from meshplane.mesh.links import Link
@@ -34,7 +37,7 @@ BATCH_BYTES = 256 * 1024  # one call adds at most this much to a connection's wr
 
 @dataclass(eq=False, slots=True)
 class _Target:
-    conn: FrameConnection
+    conn: FrameConnection | NatsClient
     buffer: bytearray = field(default_factory=bytearray)
     frames: int = 0
 
@@ -48,6 +51,7 @@ class _Route:
     links: tuple[Link, ...]  # peers it is forwarded to
     sessions: tuple[ClientSession, ...]
     gateways: tuple[Link, ...] = ()  # other clusters it is delivered to (their gateway holders)
+    nats: tuple[Subscription, ...] = ()  # NATS clients' subscriptions it goes to as MSGs
 
 
 class DirectPath:
@@ -58,11 +62,12 @@ class DirectPath:
         self._received: dict[bytes, Entry] = {}  # peers' events, by raw subject
         self._foreign: dict[bytes, Entry] = {}  # other clusters' events, by raw subject
         # NATS clients' PUBs, by VPN prefix, then raw subject: (route, mesh subject, buffers)
-        self._doors: dict[str, dict[bytes, tuple[_Route, bytes, tuple[bytearray, ...]]]] = {}
+        self._doors: dict[str, dict[bytes, tuple[_Route, bytes, tuple[Target, ...]]]] = {}
         self._source = node.node_id.encode()[:NODE_ID_BYTES].ljust(NODE_ID_BYTES, b"\x00")
-        self._targets: dict[FrameConnection, _Target] = {}
+        self._targets: dict[FrameConnection | NatsClient, _Target] = {}
         self._links: dict[FrameConnection, Link] = {}
         self._sessions: dict[FrameConnection, ClientSession] = {}
+        self._nats: set[NatsClient] = set()
         self._changes = -1
         self._forgotten = -1
         self.events = 0  # events it took (the tests and benchmarks read it)
@@ -175,7 +180,8 @@ class DirectPath:
         if known is not None and subject.encode() in known and self._changes == self.node.router.changes:
             return
         learnt: dict[bytes, Entry] = {}
-        self._learn(learnt, prefix + subject, gateways=True, peers=True, ids=False)  # forgets stale ones
+        # Not to its NATS clients: the publisher may be one that asked not to get its own (no_echo).
+        self._learn(learnt, prefix + subject, gateways=True, peers=True, ids=False, nats=False)
         table = self._doors.setdefault(prefix, {})
         if len(table) >= self.node.config.router.route_cache_subjects:
             table.clear()
@@ -190,6 +196,7 @@ class DirectPath:
             or self._forgotten != node.dedup.forgotten
             or not all(link.conn is conn and self._plain_link(link) for conn, link in self._links.items())
             or not all(self._plain_session(session) for session in self._sessions.values())
+            or not all(self._plain_nats(client) for client in self._nats)
         ):
             self.forget()
             return False
@@ -211,6 +218,8 @@ class DirectPath:
                 out.events_out += delivered
             for cluster in route.gateways:
                 cluster.events_out += delivered
+            for sub in route.nats:
+                sub.delivered += delivered
             node.routed += delivered
             node.deliveries += delivered * len(route.targets)
             node.forwarded += delivered * len(route.links)
@@ -230,8 +239,12 @@ class DirectPath:
                 data, frames = bytes(target.buffer), target.frames
                 target.buffer.clear()
                 target.frames = 0
-                target.conn.send(data)
-                target.conn.stats.frames_out += frames - 1
+                conn = target.conn
+                conn.send(data)
+                if isinstance(conn, NatsClient):
+                    conn.msgs_out += frames
+                else:
+                    conn.stats.frames_out += frames - 1
 
     # --- learning and forgetting routes --------------------------------------------------------------
 
@@ -250,7 +263,14 @@ class DirectPath:
         self._learn(self._foreign, subject, gateways=False, peers=True, ids=True)
 
     def _learn(
-        self, table: dict[bytes, Entry], subject: str, *, gateways: bool, peers: bool, ids: bool
+        self,
+        table: dict[bytes, Entry],
+        subject: str,
+        *,
+        gateways: bool,
+        peers: bool,
+        ids: bool,
+        nats: bool = True,
     ) -> None:
         if not self.enabled:
             return
@@ -264,12 +284,23 @@ class DirectPath:
         links = [node.links.get(peer) for peer in route.peers] if peers else []
         if (ids and seen is None) or (not peers and not holders):
             return
-        sessions, clusters = [], []
+        sessions, clusters, clients, messages = [], [], [], []
         for holder in holders:
             if type(holder) is ClientSession and self._plain_session(holder):
                 sessions.append(holder)
             elif type(holder) is GatewayHolder and self._plain_link(holder.link):
                 clusters.append(holder.link)
+            elif type(holder) is NatsClient and nats and self._plain_nats(holder):
+                subs = holder.subs.matches(subject)
+                if len(subs) != 1 or subs[0].max_msgs is not None:  # one MSG each, none to count down
+                    return
+                clients.append(holder)
+                messages.append(
+                    (
+                        subs[0],
+                        b"MSG %s %s " % (outward(holder.prefix, subject).encode(), subs[0].sid.encode()),
+                    )
+                )
             else:
                 return
         plain = [link for link in links if link is not None and self._plain_link(link)]
@@ -283,8 +314,15 @@ class DirectPath:
             self._links[link.conn] = link
             conns.append(link.conn)
         targets = tuple(self._target(conn) for conn in conns)
-        route_ = _Route(subject, targets, tuple(plain), tuple(sessions), tuple(clusters))
-        table[key] = (route_, seen, tuple(t.buffer for t in targets))
+        msg_targets = tuple(self._target(client) for client in clients)
+        self._nats.update(clients)
+        counted = tuple(sub for sub, _ in messages)
+        route_ = _Route(
+            subject, targets + msg_targets, tuple(plain), tuple(sessions), tuple(clusters), counted
+        )
+        buffers: tuple[Target, ...] = tuple(t.buffer for t in targets)
+        buffers += tuple((t.buffer, line) for t, (_, line) in zip(msg_targets, messages, strict=True))
+        table[key] = (route_, seen, buffers)
 
     def forget(self) -> None:
         self._sent.clear()
@@ -294,6 +332,7 @@ class DirectPath:
         self._targets.clear()
         self._links.clear()
         self._sessions.clear()
+        self._nats.clear()
         self._changes = self.node.router.changes
         self._forgotten = self.node.dedup.forgotten
 
@@ -303,7 +342,7 @@ class DirectPath:
         if stale or len(table) >= self.node.config.router.route_cache_subjects:
             self.forget()
 
-    def _target(self, conn: FrameConnection) -> _Target:
+    def _target(self, conn: FrameConnection | NatsClient) -> _Target:
         target = self._targets.get(conn)
         if target is None:
             target = self._targets[conn] = _Target(conn)
@@ -317,6 +356,9 @@ class DirectPath:
             and not session.queue
             and session.client_id in self.node.clients.sessions
         )
+
+    def _plain_nats(self, client: NatsClient) -> bool:
+        return client.connected and not client.closed and not client.checking and client.transport is not None
 
     def _plain_link(self, link: Link) -> bool:
         conn = link.conn

@@ -75,13 +75,18 @@ class Subscriptions:
 
     def matching(self, subject: str) -> list[Subscription]:
         """The subscriptions an event on ``subject`` goes to (each counted as delivered)."""
+        subs = self.matches(subject)
+        for sub in subs:
+            sub.delivered += 1
+        return subs
+
+    def matches(self, subject: str) -> list[Subscription]:
+        """The subscriptions an event on ``subject`` would go to (none counted)."""
         subs = self._matches.get(subject)
         if subs is None:
             if len(self._matches) >= MATCHES_CACHED:
                 self._matches.clear()
             subs = self._matches[subject] = [self.by_sid[sid] for sid in sorted(self._index.match(subject))]
-        for sub in subs:
-            sub.delivered += 1
         return subs
 
     def expired(self, sub: Subscription) -> str | None:

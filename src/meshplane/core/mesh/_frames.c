@@ -157,7 +157,8 @@ another type or flags, a subject not in ``table``, a source that is not ``origin
 any source the ``text`` cache knows), or before a frame that would take a write buffer past ``limit``.
 
 ``table``: raw subject -> (info, ids, buffers): ``buffers`` a tuple of bytearrays each such event is
-appended to; ``ids`` None, or the topic's dedup ids (a ``DedupIds`` of (timestamp, sequence, source,
+appended to, or of (bytearray, b"MSG subject sid ") for a NATS client, which gets the event's body as
+a MSG (``MSG subject sid size CR LF body CR LF``); ``ids`` None, or the topic's dedup ids (a ``DedupIds`` of (timestamp, sequence, source,
 peer), the ids ``DedupCache.seen`` keeps): an id already there is a duplicate (made the newest, not
 delivered), a new one is added at ``now`` and the oldest dropped past the ids' bound.
 ``runs`` gets (info, events, duplicates) for each run of consecutive events of one entry. */
@@ -168,6 +169,24 @@ static int flush_run(PyObject *runs, PyObject *info, Py_ssize_t events, Py_ssize
     int failed = PyList_Append(runs, run);
     Py_DECREF(run);
     return failed;
+}
+
+/* A route's target: a bytearray (the frame as it came), or (bytearray, prefix: bytes) (a NATS client's MSG,
+   ``prefix`` its ``MSG subject sid `` part). */
+static int target_of(PyObject *item, PyObject **buffer, PyObject **prefix) {
+    if (PyByteArray_Check(item)) {
+        *buffer = item;
+        *prefix = NULL;
+        return 0;
+    }
+    if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && PyByteArray_Check(PyTuple_GET_ITEM(item, 0)) &&
+        PyBytes_Check(PyTuple_GET_ITEM(item, 1))) {
+        *buffer = PyTuple_GET_ITEM(item, 0);
+        *prefix = PyTuple_GET_ITEM(item, 1);
+        return 0;
+    }
+    PyErr_SetString(PyExc_TypeError, "a route's buffers are bytearrays or (bytearray, MSG prefix)");
+    return -1;
 }
 
 static PyObject *route_events(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -244,13 +263,16 @@ static PyObject *route_events(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyObject *buffers = PyTuple_GET_ITEM(entry, 2), *ids = PyTuple_GET_ITEM(entry, 1);
         Py_ssize_t count = PyTuple_GET_SIZE(buffers);
         int full = 0;
+        /* A NATS client's (bytearray, "MSG subject sid ") takes the event as a MSG: its body and its size. */
+        const unsigned char *body = middle + MIDDLE_BYTES + STAMP_BYTES;
+        Py_ssize_t body_size = whole - HEAD_BYTES - subject_length - MIDDLE_BYTES - STAMP_BYTES - CRC_BYTES;
+        char digits[24];
+        int digits_size = snprintf(digits, sizeof digits, "%zd\r\n", body_size);
         for (Py_ssize_t i = 0; i < count; i++) {
-            PyObject *buffer = PyTuple_GET_ITEM(buffers, i);
-            if (!PyByteArray_Check(buffer)) {
-                PyErr_SetString(PyExc_TypeError, "a route's buffers are bytearrays");
-                goto error;
-            }
-            if (PyByteArray_GET_SIZE(buffer) + whole > limit && PyByteArray_GET_SIZE(buffer) > 0) full = 1;
+            PyObject *buffer, *prefix;
+            if (target_of(PyTuple_GET_ITEM(buffers, i), &buffer, &prefix) < 0) goto error;
+            Py_ssize_t adds = prefix == NULL ? whole : PyBytes_GET_SIZE(prefix) + digits_size + body_size + 2;
+            if (PyByteArray_GET_SIZE(buffer) + adds > limit && PyByteArray_GET_SIZE(buffer) > 0) full = 1;
         }
         if (full) break;
         if (ids != Py_None) {
@@ -269,10 +291,21 @@ static PyObject *route_events(PyObject *self, PyObject *const *args, Py_ssize_t 
             }
         }
         for (Py_ssize_t i = 0; i < count; i++) {
-            PyObject *buffer = PyTuple_GET_ITEM(buffers, i);
+            PyObject *buffer, *prefix;
+            target_of(PyTuple_GET_ITEM(buffers, i), &buffer, &prefix);  /* checked above */
             Py_ssize_t used = PyByteArray_GET_SIZE(buffer);
-            if (PyByteArray_Resize(buffer, used + whole) < 0) goto error;
-            memcpy(PyByteArray_AS_STRING(buffer) + used, frame, (size_t)whole);
+            if (prefix == NULL) {
+                if (PyByteArray_Resize(buffer, used + whole) < 0) goto error;
+                memcpy(PyByteArray_AS_STRING(buffer) + used, frame, (size_t)whole);
+                continue;
+            }
+            Py_ssize_t prefix_size = PyBytes_GET_SIZE(prefix);
+            if (PyByteArray_Resize(buffer, used + prefix_size + digits_size + body_size + 2) < 0) goto error;
+            char *p = PyByteArray_AS_STRING(buffer) + used;
+            memcpy(p, PyBytes_AS_STRING(prefix), (size_t)prefix_size);
+            memcpy(p + prefix_size, digits, (size_t)digits_size);
+            memcpy(p + prefix_size + digits_size, body, (size_t)body_size);
+            memcpy(p + prefix_size + digits_size + body_size, "\r\n", 2);
         }
         events++;
         start += whole;

@@ -9,7 +9,9 @@ the frame's offset, at the first frame that is anything else: not whole, damaged
 write buffer past ``limit``. The Python path then handles that frame as it would anyway.
 
 ``table``: raw subject -> (info, ids, buffers). ``buffers``: the bytearrays each such event is appended
-to. ``ids``: None, or the topic's dedup ids as ``DedupCache`` keeps them (ids (timestamp, sequence,
+to, or (bytearray, ``b"MSG subject sid "``) for a NATS client, which gets the event's body as a MSG
+(``MSG subject sid size CR LF body CR LF``).
+``ids``: None, or the topic's dedup ids as ``DedupCache`` keeps them (ids (timestamp, sequence,
 source, peer); the C function takes only the C ``DedupIds``): an id already there is a duplicate (made
 the newest, not delivered), a new one is remembered at ``now``, the oldest dropped past the ids' bound.
 ``runs`` gets (info, events, duplicates) for each run of consecutive events of one entry.
@@ -31,7 +33,8 @@ _BE32 = struct.Struct(">I")
 _BE64 = struct.Struct(">Q")
 _EVENT = int(FrameType.EVENT)
 
-Entry = tuple[Any, Ids | None, tuple[bytearray, ...]]
+Target = bytearray | tuple[bytearray, bytes]  # a frame's buffer, or a NATS client's and its MSG prefix
+Entry = tuple[Any, Ids | None, tuple[Target, ...]]
 #: route_events(buffer, start, max_payload, max_subject, origin, text, table, limit, peer, now, runs)
 RouteEvents = Callable[
     [
@@ -101,7 +104,14 @@ def route_events(
             entry, info, events, duplicates = found, found[0], 0, 0
         whole = end + 4 - start
         ids, buffers = found[1], found[2]
-        if any(len(out) + whole > limit and len(out) for out in buffers):
+        body = buffer[middle + _LENGTHS.size + STAMP_BYTES : end]
+        msg_tail = b"%d\r\n" % len(body) + body + b"\r\n"
+        if any(
+            len(out) and len(out) + whole > limit
+            if isinstance(out, bytearray)
+            else len(out[0]) and len(out[0]) + len(out[1]) + len(msg_tail) > limit
+            for out in buffers
+        ):
             break
         frame = buffer[start : end + 4]
         start = end + 4
@@ -112,7 +122,10 @@ def route_events(
             duplicates += 1
             continue
         for out in buffers:
-            out += frame
+            if isinstance(out, bytearray):
+                out += frame
+            else:
+                out[0].extend(out[1] + msg_tail)
     if events:
         runs.append((info, events, duplicates))
     return start

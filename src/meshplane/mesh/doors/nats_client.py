@@ -199,8 +199,10 @@ class NatsClient(asyncio.Protocol):
         if isinstance(op, Pub):
             self.publish(op)
         elif isinstance(op, Sub):
+            self.node.direct.forget()  # its routes name sids (a new one may not change the node's interest)
             self.subscribe(op)
         elif isinstance(op, Unsub):
+            self.node.direct.forget()
             if op.sid in self.groups and op.max_msgs:
                 self.group_max[op.sid] = op.max_msgs - self.group_delivered.get(op.sid, 0)
                 if self.group_max[op.sid] <= 0:
