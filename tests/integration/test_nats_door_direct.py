@@ -1,0 +1,160 @@
+"""The NATS door on the node's direct path (``_nats.c`` route_pubs on the publisher's node, MSG lines
+rendered by ``route_events`` on the subscriber's): what it takes comes out as the Python path's would,
+and a route it learnt is forgotten when a client's subscriptions change (a new sid on a subject the
+node already wants, an ``UNSUB max``), so no event goes to a sid that is gone or misses a new one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import nats
+import pytest
+
+from meshplane.core.doors.nats_protocol import Msg, NatsParser, Op, Pong
+from tests.helpers import eventually
+from tests.integration.test_nats_door import NatsMesh, Received
+from tests.support.mesh import interest_reached
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Iterator[NatsMesh]:
+    with NatsMesh(2) as doors:
+        yield doors
+
+
+def counters(mesh: NatsMesh, node: str) -> dict[str, Any]:
+    with urllib.request.urlopen(mesh[node].url + "/mesh", timeout=10) as answer:
+        status: dict[str, Any] = json.load(answer)
+    return status["counters"]
+
+
+async def direct_events(mesh: NatsMesh, node: str) -> int:
+    found: int = (await asyncio.to_thread(counters, mesh, node))["direct_path_events"]
+    return found
+
+
+async def test_events_through_the_direct_path_arrive_whole_and_in_order(mesh: NatsMesh) -> None:
+    pub, sub = await nats.connect(mesh.url("a")), await nats.connect(mesh.url("b"))
+    got = Received()
+    try:
+        await sub.subscribe("direct.order", cb=got.cb)
+        await sub.flush()
+        await interest_reached(mesh["a"], "b", "direct.order")
+        before = {node: await direct_events(mesh, node) for node in "ab"}
+        payloads = [bytes([i % 256]) * (i % 300) + b"\r\nMSG x 1 2\r\n" for i in range(3000)]
+        for payload in payloads:
+            await pub.publish("direct.order", payload)
+        await pub.flush()
+        await eventually(lambda: len(got.msgs) >= len(payloads), timeout=30, what="every event at b")
+        assert [m.data for m in got.msgs] == payloads
+        assert {m.subject for m in got.msgs} == {"direct.order"}
+        for node in "ab":  # both nodes took most of them in C
+            assert await direct_events(mesh, node) - before[node] > len(payloads) // 2, node
+    finally:
+        await pub.close()
+        await sub.close()
+
+
+async def test_a_new_sid_on_a_subject_already_routed_gets_the_events(mesh: NatsMesh) -> None:
+    pub, sub = await nats.connect(mesh.url("a")), await nats.connect(mesh.url("b"))
+    first, second = Received(), Received()
+    try:
+        await sub.subscribe("direct.sids", cb=first.cb)
+        await sub.flush()
+        await interest_reached(mesh["a"], "b", "direct.sids")
+        for _ in range(200):  # the route is learnt on both nodes
+            await pub.publish("direct.sids", b"before")
+        await pub.flush()
+        await eventually(lambda: len(first.msgs) >= 200, what="the first sid's events")
+        await sub.subscribe("direct.sids", cb=second.cb)  # the node's interest does not change
+        await sub.flush()
+        for _ in range(200):
+            await pub.publish("direct.sids", b"after")
+        await pub.flush()
+        await eventually(lambda: len(second.msgs) >= 200, what="the second sid's events")
+        assert len(first.msgs) == 400
+        assert {m.data for m in second.msgs} == {b"after"}
+    finally:
+        await pub.close()
+        await sub.close()
+
+
+class RawClient:
+    """A NATS connection read with the codec itself (nats-py drops MSGs past an UNSUB max on its own)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.parser = NatsParser()
+        self.ops: list[Op] = []
+
+    @classmethod
+    async def connect(cls, port: int) -> RawClient:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        client = cls(reader, writer)
+        await client.until(lambda: bool(client.ops))  # INFO
+        return client
+
+    async def until(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not condition():
+                self.ops += self.parser.feed(await self.reader.read(65536))
+
+    async def ping(self, data: bytes = b"") -> None:
+        """``data``, then a PING; returns once its PONG came (and every MSG written before it)."""
+        pongs = sum(isinstance(op, Pong) for op in self.ops)
+        self.writer.write(data + b"PING\r\n")
+        await self.until(lambda: sum(isinstance(op, Pong) for op in self.ops) > pongs)
+
+    def msgs(self) -> list[Msg]:
+        return [op for op in self.ops if isinstance(op, Msg)]
+
+
+async def test_unsub_max_after_the_route_is_learnt_stops_at_max(mesh: NatsMesh) -> None:
+    pub, stays = await nats.connect(mesh.url("a")), await nats.connect(mesh.url("b"))
+    raw = await RawClient.connect(mesh.ports["b"])
+    witness = Received()
+    try:
+        await raw.ping(b"CONNECT {}\r\nSUB direct.max 1\r\n")
+        await stays.subscribe("direct.max", cb=witness.cb)  # another client's, which stays
+        await stays.flush()
+        await interest_reached(mesh["a"], "b", "direct.max")
+        for _ in range(100):
+            await pub.publish("direct.max", b"x")
+        await pub.flush()
+        await raw.until(lambda: len(raw.msgs()) >= 100)
+        await raw.ping(b"UNSUB 1 130\r\n")  # 30 more
+        for _ in range(300):
+            await pub.publish("direct.max", b"y")
+        await pub.flush()
+        await eventually(lambda: len(witness.msgs) >= 400, what="every event at the client that stays")
+        await raw.ping()
+        assert len(raw.msgs()) == 130
+    finally:
+        await pub.close()
+        await stays.close()
+        raw.writer.close()
+
+
+async def test_a_client_without_echo_never_gets_its_own_events(mesh: NatsMesh) -> None:
+    quiet = await nats.connect(mesh.url("a"), no_echo=True)
+    other = await nats.connect(mesh.url("b"))
+    own, elsewhere = Received(), Received()
+    try:
+        await quiet.subscribe("direct.echo", cb=own.cb)
+        await other.subscribe("direct.echo", cb=elsewhere.cb)
+        await quiet.flush()
+        await other.flush()
+        await interest_reached(mesh["a"], "b", "direct.echo")
+        for _ in range(500):
+            await quiet.publish("direct.echo", b"mine")
+        await quiet.flush()
+        await eventually(lambda: len(elsewhere.msgs) >= 500, what="the events at b")
+        await quiet.flush()
+        assert own.msgs == []
+    finally:
+        await quiet.close()
+        await other.close()
