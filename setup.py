@@ -22,14 +22,18 @@ setup(
         Extension(
             "meshplane.core.mesh._frames",
             ["src/meshplane/core/mesh/_frames.c"],
-            depends=["src/meshplane/core/mesh/dedup_ids.h", "src/meshplane/core/bigendian.h"],
+            depends=[
+                "src/meshplane/core/mesh/dedup_ids.h",
+                "src/meshplane/core/mesh/frame_layout.h",
+                "src/meshplane/core/bigendian.h",
+            ],
             libraries=["z"],
             optional=True,
         ),
         Extension(
             "meshplane.core.doors._nats",
             ["src/meshplane/core/doors/_nats.c"],
-            depends=["src/meshplane/core/bigendian.h"],
+            depends=["src/meshplane/core/bigendian.h", "src/meshplane/core/mesh/frame_layout.h"],
             libraries=["z"],
             optional=True,
         ),

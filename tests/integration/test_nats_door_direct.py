@@ -28,8 +28,8 @@ def mesh() -> Iterator[NatsMesh]:
 
 def counters(mesh: NatsMesh, node: str) -> dict[str, Any]:
     with urllib.request.urlopen(mesh[node].url + "/mesh", timeout=10) as answer:
-        status: dict[str, Any] = json.load(answer)
-    return status["counters"]
+        found: dict[str, Any] = json.load(answer)["counters"]
+    return found
 
 
 async def direct_events(mesh: NatsMesh, node: str) -> int:

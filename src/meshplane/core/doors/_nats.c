@@ -28,13 +28,7 @@ route_pubs(buffer, start, max_payload, max_control, table, source, sequence, tim
 #include <zlib.h>
 
 #include "../bigendian.h"
-
-#define HEAD_BYTES 20 /* the mesh frame's: type, flags, source (16), subject length (2) */
-#define SOURCE_BYTES 16
-#define MIDDLE_BYTES 12 /* sequence (8), payload length (4) */
-#define CRC_BYTES 4
-#define STAMP_BYTES 8
-#define EVENT_TYPE 3
+#include "../mesh/frame_layout.h"
 #define MAX_ARGS 4
 #define HEADER_LINE "NATS/1.0"
 #define MIN_HEADERS 12 /* HEADER_LINE and two CR LF */
@@ -173,15 +167,6 @@ error:
     return NULL;
 }
 
-static int flush_run(PyObject *runs, PyObject *info, Py_ssize_t events) {
-    if (info == NULL || events == 0) return 0;
-    PyObject *run = Py_BuildValue("(Onn)", info, events, (Py_ssize_t)0);
-    if (run == NULL) return -1;
-    int failed = PyList_Append(runs, run);
-    Py_DECREF(run);
-    return failed;
-}
-
 static PyObject *route_pubs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 10 || !PyDict_Check(args[4]) || !PyBytes_Check(args[5]) ||
         PyBytes_GET_SIZE(args[5]) != SOURCE_BYTES || !PyList_Check(args[9])) {
@@ -221,7 +206,7 @@ static PyObject *route_pubs(PyObject *self, PyObject *const *args, Py_ssize_t na
                 goto error;
             }
             if (found != entry) {
-                if (flush_run(runs, info, events) < 0) goto error;
+                if (flush_run(runs, info, events, 0) < 0) goto error;
                 entry = found;
                 info = PyTuple_GET_ITEM(found, 0);
                 events = 0;
@@ -271,14 +256,14 @@ static PyObject *route_pubs(PyObject *self, PyObject *const *args, Py_ssize_t na
         start += whole;
     }
     PyBuffer_Release(&in.view);
-    if (flush_run(runs, info, events) < 0) return NULL;
+    if (flush_run(runs, info, events, 0) < 0) return NULL;
     return PyLong_FromSsize_t(start);
 error: {
         /* What was copied stays accounted: the caller sends it and counts the runs before raising. */
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback);
         PyBuffer_Release(&in.view);
-        if (flush_run(runs, info, events) < 0) PyErr_Clear();
+        if (flush_run(runs, info, events, 0) < 0) PyErr_Clear();
         PyErr_Restore(type, value, traceback);
         return NULL;
     }

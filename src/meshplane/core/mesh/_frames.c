@@ -17,13 +17,7 @@ this loop, so both accept and refuse the same bytes. */
 
 #include "../bigendian.h"
 #include "dedup_ids.h"
-
-#define HEAD_BYTES 20   /* type, flags, source (16), subject length (2) */
-#define SOURCE_BYTES 16
-#define MIDDLE_BYTES 12 /* sequence (8), payload length (4) */
-#define CRC_BYTES 4
-#define STAMP_BYTES 8   /* an EVENT's payload starts with its timestamp */
-#define EVENT_TYPE 3
+#include "frame_layout.h"
 
 
 
@@ -158,18 +152,10 @@ any source the ``text`` cache knows), or before a frame that would take a write 
 
 ``table``: raw subject -> (info, ids, buffers): ``buffers`` a tuple of bytearrays each such event is
 appended to, or of (bytearray, b"MSG subject sid ") for a NATS client, which gets the event's body as
-a MSG (``MSG subject sid size CR LF body CR LF``); ``ids`` None, or the topic's dedup ids (a ``DedupIds`` of (timestamp, sequence, source,
-peer), the ids ``DedupCache.seen`` keeps): an id already there is a duplicate (made the newest, not
+a MSG (``MSG subject sid size CR LF body CR LF``); ``ids`` None, or the topic's dedup ids (a
+``DedupIds`` of (timestamp, sequence, source, peer), the ids ``DedupCache.seen`` keeps): an id already there is a duplicate (made the newest, not
 delivered), a new one is added at ``now`` and the oldest dropped past the ids' bound.
 ``runs`` gets (info, events, duplicates) for each run of consecutive events of one entry. */
-static int flush_run(PyObject *runs, PyObject *info, Py_ssize_t events, Py_ssize_t duplicates) {
-    if (info == NULL || events == 0) return 0;
-    PyObject *run = Py_BuildValue("(Onn)", info, events, duplicates);
-    if (run == NULL) return -1;
-    int failed = PyList_Append(runs, run);
-    Py_DECREF(run);
-    return failed;
-}
 
 /* A route's target: a bytearray (the frame as it came), or (bytearray, prefix: bytes) (a NATS client's MSG,
    ``prefix`` its ``MSG subject sid `` part). */
