@@ -23,7 +23,7 @@ def route_events(
     max_subject: int,
     origin: bytes | None,
     text: dict[bytes, str],
-    table: dict[bytes, tuple[Any, Any, tuple[bytearray, ...]]],
+    table: dict[bytes, tuple[Any, Any, tuple[bytearray | tuple[bytearray, bytes], ...]]],
     limit: int,
     peer: str | None,
     now: float,
