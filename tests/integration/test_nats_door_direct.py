@@ -14,7 +14,7 @@ from typing import Any
 import nats
 import pytest
 
-from meshplane.core.doors.nats_protocol import Msg, NatsParser, Op, Pong
+from meshplane.core.doors.nats_protocol import Err, Msg, NatsParser, Op, Pong
 from tests.helpers import eventually
 from tests.integration.test_nats_door import NatsMesh, Received
 from tests.support.mesh import interest_reached
@@ -158,3 +158,22 @@ async def test_a_client_without_echo_never_gets_its_own_events(mesh: NatsMesh) -
     finally:
         await quiet.close()
         await other.close()
+
+
+async def test_publishes_before_a_broken_operation_in_the_same_read_are_delivered(mesh: NatsMesh) -> None:
+    sub = await nats.connect(mesh.url("b"))
+    raw = await RawClient.connect(mesh.ports["a"])
+    got = Received()
+    try:
+        await sub.subscribe("direct.broken", cb=got.cb)
+        await sub.flush()
+        await interest_reached(mesh["a"], "b", "direct.broken")
+        await raw.ping(b"CONNECT {}\r\nPUB direct.broken 5\r\nfirst\r\n")  # the route is learnt
+        raw.writer.write(b"PUB direct.broken 6\r\nsecond\r\nPUB direct.broken 2\r\nbroken\r\n")
+        await raw.until(lambda: any(isinstance(op, Err) for op in raw.ops))
+        await eventually(lambda: len(got.msgs) >= 2, what="both events before the broken one")
+        assert [m.data for m in got.msgs] == [b"first", b"second"]
+        assert next(op for op in raw.ops if isinstance(op, Err)).message == "Unknown Protocol Operation"
+    finally:
+        await sub.close()
+        raw.writer.close()
