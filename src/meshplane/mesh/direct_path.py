@@ -1,9 +1,12 @@
 """A node's direct path: the plain events of a read (a client's, a peer's over its link, another
 cluster's over its gateway) routed in one C call (:mod:`meshplane.core.mesh.direct`), each copied into
-the write buffers of the connections its route names, with no Python object per event.
+the write buffers of the connections its route names, with no Python object per event; a NATS
+client's plain PUBs too (``core/doors/_nats.c``: made into the node's EVENT frames on the way).
 
 It knows only routes the Python path has taken before and found plain: every local holder a client
-connection (or, for a client's event, another cluster's gateway) and every peer's link up. A route is
+connection, a NATS client with one subscription on the subject and no UNSUB max (its copy written as
+a MSG line; any SUB or UNSUB forgets every route) or, for a client's event, another cluster's gateway,
+and every peer's link up. A route is
 learnt when the Python path routes such an event, and every learnt route is forgotten at once when
 interest changes anywhere, when the dedup cache forgets a topic, or when one of its connections stops
 being a plain target (a paused client, a client with events queued, a link down or near its buffer
