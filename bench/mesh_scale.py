@@ -12,8 +12,21 @@ each in its own process, driven by the same client process (meshplane's mesh cli
 - routing with those subscriptions present: publish-to-receive time of events on a subject one more
   subscriber holds, paced, on both servers (p50 / p99).
 
-Memory is read once it has stopped moving (two reads 0.3 s apart within 1%). Queues and interest
-convergence under churn are not measured here.
+- RSS per guaranteed queue (``--queues``, fresh servers): a mesh queue (``PUT /mesh/queues/qN``,
+  pattern ``queue.N.>``: a durable subscription stored in a one-partition streams topic on disk)
+  against a JetStream stream on nats-server (file storage, subject ``queue.N.>``, no consumer: the
+  stored, subject-filtered log a publisher is acknowledged by; a queue's readers are consumer groups
+  made when they read, as a stream's consumers are);
+- interest convergence (``--churn``, fresh two-node clusters): ``--churn`` subscriptions across
+  ``--churn-clients`` connections on one node, all replaced by as many new ones (unsubscribe one,
+  subscribe another, in turn); the time from the first change until a probe published on the other
+  node every 5 ms on the last new subject arrives (each link carries interest in order: every change
+  before it has arrived), and until the other node no longer forwards the old subjects (a probe on
+  the last old subject stops arriving). For the mesh the other node's interest table is also read
+  (``GET /mesh``: the peer's pattern count equal to what the first node holds).
+
+Memory is read once it has stopped moving (two reads 0.3 s apart within 1%). Timing figures on a
+shared, loaded machine say what one run saw: compare the two servers within a run, not across runs.
 """
 
 from __future__ import annotations
@@ -21,9 +34,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
+import json
 import os
 import platform
+import sys
 import time
+import urllib.request
 from typing import Any
 
 from harness import add_out, write_results
@@ -87,7 +104,11 @@ class Side:
 
 async def measure(side: Side, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     before = await settled_rss(pid)
-    idle = [await side.connect() for _ in range(args.clients)]
+    idle = []
+    for n in range(args.clients):
+        idle.append(await side.connect())
+        if n % 500 == 0:  # this process's own collector scanning 10,000 clients stalled it for 1 s
+            gc.freeze()
     for client in idle:
         await side.flush(client)
     with_idle = await settled_rss(pid)
@@ -137,6 +158,118 @@ async def measure(side: Side, pid: int, args: argparse.Namespace) -> dict[str, A
     }
 
 
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def mesh_queues(http_url: str, pid: int, count: int) -> dict[str, Any]:
+    """``count`` queues made over the node's HTTP API, one after another."""
+
+    def put(n: int) -> None:
+        body = json.dumps({"patterns": [f"queue.{n}.>"]}).encode()
+        request = urllib.request.Request(f"{http_url}/mesh/queues/q{n}", body, method="PUT")
+        urllib.request.urlopen(request, timeout=60).read()
+
+    return await queues_measured(pid, count, lambda n: asyncio.to_thread(put, n))
+
+
+async def nats_queues(url: str, pid: int, count: int) -> dict[str, Any]:
+    """``count`` JetStream streams, file storage, one subject filter each."""
+    import nats
+    from nats.js.api import StorageType, StreamConfig
+
+    client = await nats.connect(url, allow_reconnect=False)
+    js = client.jetstream(timeout=60)
+
+    async def add(n: int) -> None:
+        await js.add_stream(StreamConfig(name=f"q{n}", subjects=[f"queue.{n}.>"], storage=StorageType.FILE))
+
+    try:
+        return await queues_measured(pid, count, add)
+    finally:
+        await client.close()
+
+
+async def queues_measured(pid: int, count: int, make: Any) -> dict[str, Any]:
+    before, fds_before = await settled_rss(pid), fds(pid)
+    started = time.perf_counter()
+    for n in range(count):
+        await make(n)
+    seconds = time.perf_counter() - started
+    after = await settled_rss(pid)
+    return {
+        "rss_kb": {"before": before, "queues": after},
+        "bytes_per_queue": round((after - before) * 1024 / count),
+        "fds_per_queue": round((fds(pid) - fds_before) / count, 2),
+        "seconds_to_make": round(seconds, 1),
+    }
+
+
+async def churn(side: Side, holder_url: str, prober_url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Interest convergence, measured by probes published on the other server (module docstring)."""
+    each = args.churn // args.churn_clients
+    connect = Side(side.kind, holder_url).connect
+    holders = [await connect() for _ in range(args.churn_clients)]
+    last = f"{args.churn_clients - 1}.{each - 1}"
+    old_last, new_last = f"churn.old.{last}", f"churn.new.{last}"
+    heard: dict[str, float] = {}
+
+    def on_event(subject: str, body: bytes) -> None:
+        heard.setdefault(subject, time.perf_counter())
+
+    subs: list[list[Any]] = [[] for _ in holders]
+    for c, client in enumerate(holders):
+        for i in range(each):
+            subs[c].append(await subscription(side, client, f"churn.old.{c}.{i}", on_event))
+        await side.flush(client)
+    prober = await Side(side.kind, prober_url).connect()
+    initial = await probe_until(side, prober, old_last, heard)
+    started = time.perf_counter()
+    for c, client in enumerate(holders):
+        for i in range(each):
+            await unsubscription(side, client, subs[c][i])
+            await subscription(side, client, f"churn.new.{c}.{i}", on_event)
+    sent = time.perf_counter() - started
+    await probe_until(side, prober, new_last, heard)
+    for client in (*holders, prober):
+        await client.close()
+    return {
+        "initial_probe_s": round(initial, 2),
+        "changes_sent_s": round(sent, 2),
+        "converged_s": round(heard[new_last] - started, 2),
+    }
+
+
+async def subscription(side: Side, client: Any, subject: str, callback: Any) -> Any:
+    if side.kind == "mesh":
+        return client.subscribe(subject, callback)
+
+    async def on_message(msg: Any) -> None:
+        callback(msg.subject, msg.data)
+
+    return await client.subscribe(subject, cb=on_message)
+
+
+async def unsubscription(side: Side, client: Any, sub: Any) -> None:
+    if side.kind == "mesh":
+        client.unsubscribe(sub)
+    else:
+        await sub.unsubscribe()
+
+
+async def probe_until(
+    side: Side, prober: Any, subject: str, heard: dict[str, float], timeout: float = 300
+) -> float:
+    started = time.perf_counter()
+    while subject not in heard:
+        if time.perf_counter() - started > timeout:
+            raise RuntimeError(f"no probe on {subject} arrived within {timeout}s")
+        await side.publish(prober, subject, b"probe")
+        await side.flush(prober)
+        await asyncio.sleep(0.005)
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -145,23 +278,43 @@ def main() -> None:
     parser.add_argument("--subscriptions", type=int, default=100_000, help="subscriptions in all")
     parser.add_argument("--sub-clients", type=int, default=100, help="connections holding them")
     parser.add_argument("--probes", type=int, default=300, help="events timed through the loaded server")
+    parser.add_argument(
+        "--queues", type=int, default=1000, help="guaranteed queues (the node's limit: 1,000)"
+    )
+    parser.add_argument("--churn", type=int, default=100_000, help="subscriptions replaced")
+    parser.add_argument("--churn-clients", type=int, default=100, help="connections holding them")
+    parser.add_argument(
+        "--parts", default="memory,queues,churn", help="which of memory,queues,churn to run (comma-separated)"
+    )
     add_out(parser, "mesh_scale")
     args = parser.parse_args()
-
-    from meshplane.launchers import NatsServer, StreamsServerProcess, free_port
-
-    node = StreamsServerProcess(extra_args=("--node-id", "s", "--route-port", str(free_port())))
-    server = NatsServer()
+    parts = set(args.parts.split(","))
     results: dict[str, Any] = {
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
+            "load_average": os.getloadavg(),
         },
-        "clients": args.clients,
-        "subscriptions": args.subscriptions,
-        "sub_clients": args.sub_clients,
+        "command": "python bench/mesh_scale.py " + " ".join(sys.argv[1:]),
     }
+    if "memory" in parts:
+        results.update(clients=args.clients, subscriptions=args.subscriptions, sub_clients=args.sub_clients)
+        results.update(memory_run(args))
+    if "queues" in parts:
+        results["queues"] = queues_run(args)
+    if "churn" in parts:
+        results["churn"] = churn_run(args)
+    write_results(args.out, results)
+    print(f"written to {args.out}")
+
+
+def memory_run(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplane.launchers import NatsServer, StreamsServerProcess, free_port
+
+    node = StreamsServerProcess(extra_args=("--node-id", "s", "--route-port", str(free_port())))
+    server = NatsServer()
+    results: dict[str, Any] = {}
     try:
         node.start()
         server.start()
@@ -183,8 +336,62 @@ def main() -> None:
         "probe_p50": round(mesh["probe_us"]["p50"] / nats["probe_us"]["p50"], 2),
     }
     print(f"meshplane/nats-server: {results['ratios']}")
-    write_results(args.out, results)
-    print(f"written to {args.out}")
+    return results
+
+
+def queues_run(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplane.launchers import NatsServer, StreamsServerProcess, free_port
+
+    node = StreamsServerProcess(extra_args=("--node-id", "s", "--route-port", str(free_port())))
+    server = NatsServer(jetstream=True)
+    results: dict[str, Any] = {"count": args.queues}
+    try:
+        node.start()
+        server.start()
+        results["mesh"] = asyncio.run(mesh_queues(node.url, node.pid, args.queues))
+        results["nats"] = asyncio.run(nats_queues(server.url, server.pid, args.queues))
+    finally:
+        node.cleanup()
+        server.cleanup()
+    results["ratio"] = round(results["mesh"]["bytes_per_queue"] / results["nats"]["bytes_per_queue"], 2)
+    for kind in ("mesh", "nats"):
+        r = results[kind]
+        print(
+            f"{kind:5} per queue {r['bytes_per_queue']:>7,} B  {r['fds_per_queue']} fds  "
+            f"made in {r['seconds_to_make']} s"
+        )
+    print(f"meshplane/nats-server per queue: {results['ratio']}")
+    return results
+
+
+def churn_run(args: argparse.Namespace) -> dict[str, Any]:
+    from meshplane.launchers import MeshCluster, NatsServer, free_port
+
+    mesh = MeshCluster(2, heartbeat_interval=1.0)
+    ports = [free_port(), free_port()]
+    servers = [
+        NatsServer(cluster=("scale", port, tuple(p for p in ports if p != port)), name=f"n{i}")
+        for i, port in enumerate(ports)
+    ]
+    results: dict[str, Any] = {"subscriptions": args.churn, "clients": args.churn_clients}
+    try:
+        mesh.start()
+        for server in servers:
+            server.start()
+        urls = {"mesh": [node.route_url for node in mesh.nodes], "nats": [s.url for s in servers]}
+        for kind in ("mesh", "nats"):
+            results[kind] = r = asyncio.run(churn(Side(kind, urls[kind][0]), *urls[kind], args))
+            print(
+                f"{kind:5} churn of {args.churn:,}: sent in {r['changes_sent_s']} s, "
+                f"converged {r['converged_s']} s"
+            )
+    finally:
+        mesh.cleanup()
+        for server in servers:
+            server.cleanup()
+    results["ratio"] = round(results["mesh"]["converged_s"] / results["nats"]["converged_s"], 2)
+    print(f"meshplane/nats-server convergence: {results['ratio']}")
+    return results
 
 
 if __name__ == "__main__":
