@@ -81,7 +81,7 @@ class Side:
             return await MeshClient(self.url).connect()
         import nats
 
-        return await nats.connect(self.url, allow_reconnect=False)
+        return await nats.connect(self.url, allow_reconnect=False, connect_timeout=10)  # as MeshClient
 
     async def subscribe(self, client: Any, pattern: str, callback: Any = None) -> None:
         if self.kind == "mesh":
