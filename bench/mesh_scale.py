@@ -380,7 +380,8 @@ def churn_run(args: argparse.Namespace) -> dict[str, Any]:
             server.start()
         urls = {"mesh": [node.route_url for node in mesh.nodes], "nats": [s.url for s in servers]}
         for kind in ("mesh", "nats"):
-            results[kind] = r = asyncio.run(churn(Side(kind, urls[kind][0]), *urls[kind], args))
+            holder, prober = urls[kind]
+            results[kind] = r = asyncio.run(churn(Side(kind, holder), holder, prober, args))
             print(
                 f"{kind:5} churn of {args.churn:,}: sent in {r['changes_sent_s']} s, "
                 f"converged {r['converged_s']} s"
