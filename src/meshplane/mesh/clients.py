@@ -177,7 +177,7 @@ class Clients:
             ):
                 node.frame_errors["bad_pattern"] += 1  # reserved: the node's queues, other VPNs
                 return
-            if len(node.router.patterns_of(session)) >= node.config.max_patterns_per_client:
+            if node.router.count_of(session) >= node.config.max_patterns_per_client:
                 node.frame_errors["client_pattern_limit"] += 1
                 return
             external = pattern[len(prefix) :]
