@@ -51,8 +51,8 @@ async def test_client_heartbeats_go_a_burst_at_a_time_and_reach_every_client() -
 
 
 async def test_an_idle_client_hears_a_heartbeat_a_quarter_of_the_idle_timeout_apart() -> None:
-    """Idle clients cost what nats-server's do (a PING every 2 minutes), not a sealed frame each way
-    every heartbeat interval: 10,000 idle clients at 1 s kept both processes so busy that newcomers'
+    """Idle clients cost about what nats-server's do (a PING every 2 minutes), not a sealed frame each
+    way every heartbeat interval: 10,000 idle clients at 1 s kept both processes so busy that newcomers'
     handshakes passed the 2 s auth timeout (issue 60). Often enough that none idles out."""
     config = MeshConfig(node_id="h", route_port=free_port(), heartbeat_interval=1000)  # ticked by hand
     node = MeshNode(config)
