@@ -4,26 +4,25 @@ each in its own process, driven by the same client process (meshplane's mesh cli
 
     python bench/mesh_scale.py                                    # results to bench/results/mesh_scale.json
     python bench/mesh_scale.py --clients 10000 --subscriptions 1000000 --sub-clients 1000   # issue 60's scale
+    python bench/mesh_scale.py --parts queues,churn                # one part or more
 
 - RSS per idle client connection: the server's resident memory (``/proc/PID/status``) with
   ``--clients`` connections open and nothing else, less what it held before, per connection;
-- RSS per subscription: ``--subscriptions`` patterns across ``--sub-clients`` connections, half
-  literal (``scale.C.I``), half wildcard (``scale.C.I.*``), per subscription;
+- RSS per subscription, on a fresh server of each kind (what closed clients freed would be taken
+  again): ``--subscriptions`` patterns across ``--sub-clients`` connections, half literal
+  (``scale.C.I``), half wildcard (``scale.C.I.*``), per subscription;
 - routing with those subscriptions present: publish-to-receive time of events on a subject one more
-  subscriber holds, paced, on both servers (p50 / p99).
-
+  subscriber holds, paced, on both servers (p50 / p99);
 - RSS per guaranteed queue (``--queues``, fresh servers): a mesh queue (``PUT /mesh/queues/qN``,
   pattern ``queue.N.>``: a durable subscription stored in a one-partition streams topic on disk)
   against a JetStream stream on nats-server (file storage, subject ``queue.N.>``, no consumer: the
   stored, subject-filtered log a publisher is acknowledged by; a queue's readers are consumer groups
   made when they read, as a stream's consumers are);
-- interest convergence (``--churn``, fresh two-node clusters): ``--churn`` subscriptions across
-  ``--churn-clients`` connections on one node, all replaced by as many new ones (unsubscribe one,
-  subscribe another, in turn); the time from the first change until a probe published on the other
-  node every 5 ms on the last new subject arrives (each link carries interest in order: every change
-  before it has arrived), and until the other node no longer forwards the old subjects (a probe on
-  the last old subject stops arriving). For the mesh the other node's interest table is also read
-  (``GET /mesh``: the peer's pattern count equal to what the first node holds).
+- interest convergence (``--churn``, fresh two-server clusters): ``--churn`` subscriptions across
+  ``--churn-clients`` connections on one server, all replaced by as many new ones (unsubscribe one,
+  subscribe another, in turn); the time until a probe published on the other server every 5 ms on
+  the last new subject arrives (each link carries interest in order: every change before it has
+  arrived), from the first change and after the last was sent (the servers' own lag).
 
 Memory is read once it has stopped moving (two reads 0.3 s apart within 1%). Timing figures on a
 shared, loaded machine say what one run saw: compare the two servers within a run, not across runs.
