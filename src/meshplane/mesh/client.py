@@ -54,6 +54,7 @@ from meshplane.core.mesh.handshake import (
     proof,
     proof_ok,
 )
+from meshplane.core.mesh.login_checks import RETRY_LATER
 from meshplane.core.mesh.vpn import DEFAULT, bound_role, check_vpn, outward, prefix_of
 from meshplane.core.subjects import PatternIndex
 from meshplane.errors import ConfigError, PermissionDenied, TransportAuthError, TransportError
@@ -65,6 +66,11 @@ from meshplane.mesh.unconfirmed import Unconfirmed
 log = logging.getLogger(__name__)
 
 Callback = Callable[[str, bytes], None]
+
+
+class LoginBusy(TransportAuthError):
+    """The node refused the LOGIN unchecked, its bounded queue of password checks full: the client
+    tries again, with backoff, until its timeout (a fleet connecting at once all gets in)."""
 
 
 def parse_node_url(url: str) -> tuple[str, int]:
@@ -140,6 +146,11 @@ class MeshClient:
                 return self
             except ssl.SSLCertVerificationError as exc:  # the node runs: retrying changes nothing
                 raise TransportError(await self._why_not_verified(exc)) from None
+            except LoginBusy:  # a burst of logins past the node's queue of checks: each retries
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(1.0, delay * 2)
             except (OSError, TimeoutError) as exc:
                 if time.monotonic() + delay > deadline:
                     raise TransportError(
@@ -251,7 +262,9 @@ class MeshClient:
             if answer_frame is None or answer_frame.type is not FrameType.LOGIN:
                 raise ConnectionError(f"the mesh node at {self.url} closed the connection at login")
             if answer_frame.payload:
-                raise TransportAuthError(
+                raise (
+                    LoginBusy if answer_frame.payload.endswith(RETRY_LATER.encode()) else TransportAuthError
+                )(
                     f"the mesh node at {self.url} refused user {self.user!r} in Message VPN {self.vpn!r}: "
                     f"{answer_frame.payload.decode(errors='replace')[:200]}"
                 )

@@ -424,7 +424,7 @@ class MeshNode:
             link.conn.send(heartbeat)
             if link.sync_sent is not None and now - link.sync_sent > self.config.dead_after:
                 self.routes.request_sync(link)  # the answer went missing
-        self.clients.heartbeat(heartbeat, self.config.heartbeat_interval)
+        self.clients.heartbeat(heartbeat, now)
         limits = self.config.limits
         for conn in list(self.conns):
             conn.check_deadlines(now, limits.frame_timeout, limits.idle_timeout)

@@ -32,7 +32,7 @@ def node_status(node: MeshNode, patterns: bool, limit: int) -> dict[str, Any]:
                 "id": session.client_id,
                 "vpn": session.vpn,
                 "user": session.user,
-                "patterns": len(router.patterns_of(session)),
+                "patterns": router.count_of(session),
                 "delivered": session.delivered,
                 "queued": len(session.queue),
                 "buffered_bytes": session.conn.buffered_bytes(),

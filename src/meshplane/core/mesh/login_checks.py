@@ -28,8 +28,9 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-QUEUE_FULL = "the node is busy checking logins: try again later"
-ADDRESS_BUSY = "too many logins from your address are waiting to be checked: try again later"
+RETRY_LATER = "try again later"  # ends a refusal the client retries (with backoff, within its timeout)
+QUEUE_FULL = f"the node is busy checking logins: {RETRY_LATER}"
+ADDRESS_BUSY = f"too many logins from your address are waiting to be checked: {RETRY_LATER}"
 
 
 @dataclass(frozen=True)

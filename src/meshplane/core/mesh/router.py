@@ -106,6 +106,10 @@ class Router(Generic[H]):
     def patterns_of(self, holder: H) -> set[str]:
         return set(self._held.get(holder, ()))
 
+    def count_of(self, holder: H) -> int:
+        """How many patterns ``holder`` holds, without a copy of them (checked at each SUB_ADD)."""
+        return len(self._held.get(holder, ()))
+
     @property
     def local_subscriptions(self) -> int:
         return sum(len(p) for p in self._held.values())
