@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Mapping
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -51,7 +52,7 @@ def vpn_file(sharing: dict[str, tuple[list[tuple[str, tuple[str, ...]]], list[tu
     return "\n".join(lines) + "\n"
 
 
-def inline(table: dict[str, object]) -> str:
+def inline(table: Mapping[str, object]) -> str:
     return "{ " + ", ".join(f"{key} = {json.dumps(value)}" for key, value in table.items()) + " }"
 
 
@@ -93,14 +94,14 @@ def test_an_event_reaches_an_importer_iff_exported_and_imported_under_its_prefix
         for number, wanted in interest.subscribed(holder, vpn, prefix_of(vpn) + pattern):
             router.subscribe((holder, vpn, number), wanted)
     for vpn, subject in published:
-        got = set()
-        for holder in router.route(prefix_of(vpn) + subject).local:
-            if isinstance(holder, tuple):  # an import holder: renamed into its importer's space
-                target, importer, number = holder
+        got: set[tuple[object, str]] = set()
+        for reached in router.route(prefix_of(vpn) + subject).local:
+            if isinstance(reached, tuple):  # an import holder: renamed into its importer's space
+                target, importer, number = reached
                 got.add((target, interest.imports[importer][number].renamed(subject)))
             else:
-                got.add((holder, subject))
-        expected = set()
+                got.add((reached, subject))
+        expected: set[tuple[object, str]] = set()
         for holder, (vpn_of_holder, pattern) in enumerate(subscriptions):
             if vpn_of_holder == vpn and reference(pattern, subject):
                 expected.add((holder, subject))
