@@ -13,7 +13,10 @@ from functools import partial
 from pathlib import Path
 
 import aiohttp
+import nats
 import pytest
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
 
 from meshplane.cli.main import main
 from meshplane.errors import PermissionDenied
@@ -257,3 +260,55 @@ def test_vpn_check_names_every_sharing_mistake_with_its_line(
         int(line.split(":")[1]) for line in capsys.readouterr().out.splitlines() if line.startswith(str(path))
     ]
     assert lines == [6, 7, 8, 9, 11, 11, 13]  # 11: it meets both imports under "a"
+
+
+async def test_a_request_to_an_imported_service_is_answered_across_a_route(tmp_path: Path) -> None:
+    """B imports A's service ``svc.>`` under ``math``: a NATS request of B's on ``math.svc.add`` (node
+    b) reaches A's responder on ``svc.add`` (node a), whose reply comes back to B's requester; a
+    request on a subject A does not export as a service has no responders; B's own subscriber to the
+    import's subjects sees no request (it went to A only)."""
+    users = "".join(
+        f'[vpns.{vpn}.users.{user}]\npassword_hash = "{hash_password(CAROL)}"\n'
+        for vpn, user in (("A", "resp"), ("B", "req"))
+    )
+    path = vpn_file(
+        tmp_path,
+        '[vpns.A]\nexports = [{ service = "svc.>" }, { events = "news.>" }]\n'
+        '[vpns.B]\nimports = [{ vpn = "A", service = "svc.>", prefix = "math" }]\n' + users,
+    )
+    with MeshCluster(2, extra_args=("--mesh-vpns", str(path), "--nats-port", "0")) as cluster:
+        cluster.start()
+        await asyncio.to_thread(cluster.wait_linked)
+        urls = {name: f"nats://127.0.0.1:{(await status(cluster[name]))['nats']['port']}" for name in "ab"}
+        responder = await nats.connect(urls["a"], user="A/resp", password=CAROL, allow_reconnect=False)
+        requester = await nats.connect(urls["b"], user="B/req", password=CAROL, allow_reconnect=False)
+        try:
+            seen: list[str] = []
+
+            async def add(msg: Msg) -> None:
+                seen.append(msg.subject)
+                await msg.respond(str(sum(int(n) for n in msg.data.split())).encode())
+
+            await responder.subscribe("svc.add", cb=add)
+            await responder.flush()
+            b_side = await requester.subscribe("math.svc.>")
+
+            async def answered() -> bool:
+                try:
+                    reply = await requester.request("math.svc.add", b"2 3", timeout=2)
+                except (NoRespondersError, nats.errors.TimeoutError):
+                    return False
+                assert reply.data == b"5"
+                return True
+
+            await eventually(answered, timeout=30, what="the imported service's answer")
+            assert set(seen) == {"svc.add"}  # in A's space, as A names it
+            with pytest.raises(NoRespondersError):
+                await requester.request("math.other", b"", timeout=5)
+            with pytest.raises(nats.errors.TimeoutError):
+                await b_side.next_msg(timeout=0.5)
+            imports = (await status(cluster["b"]))["imports"]
+            assert imports["replies"] >= 1
+        finally:
+            await requester.close()
+            await responder.close()

@@ -71,43 +71,47 @@ def _line(lines: dict[str, list[int]], key: str, number: int) -> int | None:
     return lines[key][number] if number < len(lines.get(key, ())) else None
 
 
-def _events(entry: dict[str, Any]) -> str | None:
-    events = entry.get("events")
-    if not isinstance(events, str) or valid_pattern(events) is None or is_reserved(events):
-        return None
-    return events
+def _space(entry: dict[str, Any]) -> tuple[str, bool] | str:
+    """(the pattern, whether a service) of an entry with one of ``events`` and ``service``."""
+    kinds = [key for key in ("events", "service") if key in entry]
+    if len(kinds) != 1:
+        return 'one of events = "PATTERN" (events) or service = "PATTERN" (requests and their replies)'
+    pattern = entry[kinds[0]]
+    if not isinstance(pattern, str) or valid_pattern(pattern) is None or is_reserved(pattern):
+        return f'{kinds[0]} must be a pattern of subjects (not a reserved $ one): {kinds[0]} = "orders.>"'
+    return pattern, kinds[0] == "service"
 
 
 def _export(entry: dict[str, Any]) -> Export | str:
-    unknown = sorted(set(entry) - {"events", "to"})
+    unknown = sorted(set(entry) - {"events", "service", "to"})
     if unknown:
-        return f"unknown key {unknown[0]!r} (an export takes events and to)"
-    events = _events(entry)
-    if events is None:
-        return 'events must be a pattern of subjects (not a reserved $ one): events = "orders.>"'
+        return f"unknown key {unknown[0]!r} (an export takes events or service, and to)"
+    space = _space(entry)
+    if isinstance(space, str):
+        return space
     to = entry.get("to", [])
     if not isinstance(to, list) or not all(isinstance(name, str) for name in to):
         return "to must be a list of VPN names"
-    return Export(events, tuple(to))
+    return Export(space[0], tuple(to), space[1])
 
 
 def _import(entry: dict[str, Any]) -> Import | str:
-    unknown = sorted(set(entry) - {"vpn", "events", "prefix"})
+    unknown = sorted(set(entry) - {"vpn", "events", "service", "prefix"})
     if unknown:
-        return f"unknown key {unknown[0]!r} (an import takes vpn, events and prefix)"
+        return f"unknown key {unknown[0]!r} (an import takes vpn, events or service, and prefix)"
     vpn = entry.get("vpn")
     if not isinstance(vpn, str) or not vpn:
         return "vpn must name the exporting VPN"
-    events = _events(entry)
-    if events is None:
-        return 'events must be a pattern of subjects (not a reserved $ one): events = "orders.>"'
+    space = _space(entry)
+    if isinstance(space, str):
+        return space
     prefix = entry.get("prefix", "")
     if not isinstance(prefix, str) or (
         prefix
         and (valid_pattern(prefix) is None or is_reserved(prefix) or set(prefix.split(".")) & {"*", "#", ">"})
     ):
         return f"prefix {str(prefix)[:40]!r} must be a subject without wildcards (or left out)"
-    return Import(vpn, events, prefix)
+    return Import(vpn, space[0], prefix, space[1])
 
 
 def check_sharing(
@@ -122,11 +126,11 @@ def check_sharing(
                 if vpn not in sharing:
                     report.add(("vpns", name), at, f"to names VPN {vpn!r}, which is not declared", line)
             for _, an_import in imports:
-                if intersects(export.events, an_import.local):
+                if intersects(export.subjects, an_import.local):
                     report.add(
                         ("vpns", name),
                         at,
-                        f"exports {export.events!r}, which meets {an_import.local!r} imported from "
+                        f"exports {export.subjects!r}, which meets {an_import.local!r} imported from "
                         f"{an_import.vpn!r}: imports are not passed on (no chains or cycles of VPNs); "
                         f"import from {an_import.vpn!r} itself",
                         line,
@@ -139,12 +143,13 @@ def check_sharing(
                 report.add(
                     ("vpns", name), at, f"imports from VPN {an_import.vpn!r}, which is not declared", line
                 )
-            elif not exported(tuple(e for _, e in sharing[an_import.vpn][0]), name, an_import.events):
+            elif not exported(tuple(e for _, e in sharing[an_import.vpn][0]), name, an_import):
+                kind = "service" if an_import.service else "events"
                 report.add(
                     ("vpns", name),
                     at,
-                    f"{an_import.vpn!r} exports no space covering {an_import.events!r} to {name!r} "
-                    f"(add exports = [{{ events = ... }}] to [vpns.{an_import.vpn}])",
+                    f"{an_import.vpn!r} exports no {kind} covering {an_import.subjects!r} to {name!r} "
+                    f"(add exports = [{{ {kind} = ... }}] to [vpns.{an_import.vpn}])",
                     line,
                 )
             for other_number, other in imports[:index]:

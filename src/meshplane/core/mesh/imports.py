@@ -60,25 +60,29 @@ def intersect(a: str, b: str) -> str | None:
 
 @dataclass(frozen=True)
 class Export:
-    """A space of a VPN's subjects other VPNs may import (``to``: only these; empty: any)."""
+    """A space of a VPN's subjects other VPNs may import (``to``: only these; empty: any): its events,
+    or, with ``service``, requests to its responders (whose replies go back to the requester)."""
 
-    events: str
+    subjects: str
     to: tuple[str, ...] = ()
+    service: bool = False
 
 
 @dataclass(frozen=True)
 class Import:
-    """``events`` of VPN ``vpn`` (a space it exports), seen in the importing VPN under ``prefix``
-    (a subject, or "" for none): A's ``orders.eu`` is the importer's ``<prefix>.orders.eu``."""
+    """``subjects`` of VPN ``vpn`` (a space it exports), seen in the importing VPN under ``prefix``
+    (a subject, or "" for none): A's ``orders.eu`` is the importer's ``<prefix>.orders.eu``. Events
+    come from there; with ``service``, the importer's requests go there."""
 
     vpn: str
-    events: str
+    subjects: str
     prefix: str = ""
+    service: bool = False
 
     @property
     def local(self) -> str:
         """The import's space as the importer's clients name it."""
-        return f"{self.prefix}.{self.events}" if self.prefix else self.events
+        return f"{self.prefix}.{self.subjects}" if self.prefix else self.subjects
 
     def wanted(self, pattern: str) -> str | None:
         """The exporter's pattern (a client's, without VPN prefix) a subscription to ``pattern`` in
@@ -95,10 +99,22 @@ class Import:
         """An exporter's subject (a client's) as the importer's clients see it."""
         return f"{self.prefix}.{subject}" if self.prefix else subject
 
+    def request_to(self, subject: str) -> str | None:
+        """The exporter's subject a request on the importer's ``subject`` goes to (None: not this
+        service's)."""
+        if not self.service or not covers(self.local, subject):
+            return None
+        return subject[len(self.prefix) + 1 :] if self.prefix else subject
 
-def exported(exports: tuple[Export, ...], importer: str, events: str) -> bool:
-    """Whether some export of a VPN covers ``events`` (a pattern) for VPN ``importer``."""
-    return any(covers(e.events, events) and (not e.to or importer in e.to) for e in exports)
+
+def exported(exports: tuple[Export, ...], importer: str, an_import: Import) -> bool:
+    """Whether some export of a VPN (of the import's kind) covers ``an_import`` for VPN ``importer``."""
+    return any(
+        e.service == an_import.service
+        and covers(e.subjects, an_import.subjects)
+        and (not e.to or importer in e.to)
+        for e in exports
+    )
 
 
 @dataclass
@@ -123,6 +139,8 @@ class ImportInterest:
         external = pattern[len(prefix) :]
         needs = []
         for number, an_import in enumerate(imports):
+            if an_import.service:  # requests go there at publishing; nothing is drawn from there
+                continue
             wanted = an_import.wanted(external)
             if wanted is not None:
                 needs.append((number, prefix_of(an_import.vpn) + wanted))
