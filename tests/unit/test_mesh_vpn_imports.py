@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshplane.core.mesh.imports import ImportInterest, intersect
+from meshplane.core.mesh.imports import Import, ImportInterest, intersect
+from meshplane.core.mesh.replies import Replies
 from meshplane.core.mesh.router import Router
 from meshplane.core.mesh.vpn import DEFAULT, prefix_of
 from meshplane.mesh.vpns import check_vpns
@@ -140,3 +141,59 @@ def test_the_file_check_refuses_exactly_imports_not_exported_and_overlapping(
         expected += sum(intersect(a, b) is not None for n, a in enumerate(locals_) for b in locals_[:n])
         expected += sum(intersect(events, local) is not None for events, _ in exports for local in locals_)
     assert len(problems) == expected, [p.message for p in problems]
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("open"), st.integers(0, 5)),
+            st.tuples(st.just("close"), st.integers(0, 40)),
+            st.tuples(st.just("wait"), st.integers(0, 30)),
+        ),
+        max_size=60,
+    )
+)
+def test_a_reply_token_answers_once_within_its_time_and_the_table_stays_bounded(
+    steps: list[tuple[str, int]],
+) -> None:
+    """Against a model: each token opened answers its first close before its deadline, never again;
+    the table never holds more than its capacity (the oldest dropped)."""
+    replies = Replies(ttl=20.0, capacity=4)
+    now = 0.0
+    model: dict[str, tuple[str, float]] = {}  # token -> (reply, deadline), in order opened
+    tokens: list[str] = []
+    for step, value in steps:
+        if step == "open":
+            token = replies.open("B", f"_INBOX.{value}", now)
+            assert token not in model
+            assert "." not in token
+            model = {t: d for t, d in model.items() if d[1] > now}
+            while len(model) >= 4:
+                del model[next(iter(model))]
+            model[token] = (f"_INBOX.{value}", now + 20.0)
+            tokens.append(token)
+        elif step == "close" and tokens:
+            token = tokens[value % len(tokens)]
+            expected = model.pop(token, None)
+            found = replies.close(token, now)
+            assert found == (("B", expected[0]) if expected and expected[1] > now else None)
+        else:
+            now += value
+        assert len(replies) <= 4
+
+
+def test_a_service_import_sends_requests_under_its_prefix_only() -> None:
+    service = Import("A", "svc.>", "math", service=True)
+    assert service.request_to("math.svc.add") == "svc.add"
+    assert service.request_to("math.other") is None
+    assert service.request_to("svc.add") is None
+    assert Import("A", "svc.add", service=True).request_to("svc.add") == "svc.add"
+    assert Import("A", "svc.>", "math").request_to("math.svc.add") is None  # events do not take requests
+    _, problems = check_vpns(
+        '[vpns.A]\nexports = [{ events = "svc.>" }]\n'
+        '[vpns.B]\nimports = [{ vpn = "A", service = "svc.>" }, { vpn = "A", events = "x", service = "y" }]\n'
+    )
+    assert [(p.line, p.message.split(" (")[0]) for p in problems] == [
+        (4, 'one of events = "PATTERN"'),
+        (4, "'A' exports no service covering 'svc.>' to 'B'"),
+    ]
