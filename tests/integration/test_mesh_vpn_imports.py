@@ -7,7 +7,9 @@ into A, anything into C), and the importing user's permissions still apply."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import subprocess
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -25,6 +27,7 @@ from meshplane.mesh.client import MeshClient
 from meshplane.mesh.vpns import hash_password
 from tests.helpers import eventually
 from tests.integration.test_mesh_gateways_guaranteed import TwoClusters, all_up, running
+from tests.support.cli import MESHPLANE, plane_env
 from tests.support.mesh import Inbox, status
 
 CAROL = "carol-pw-3e8a"
@@ -312,3 +315,52 @@ async def test_a_request_to_an_imported_service_is_answered_across_a_route(tmp_p
         finally:
             await requester.close()
             await responder.close()
+
+
+async def test_client_commands_take_vpn_and_the_vpn_is_kept(tmp_path: Path) -> None:
+    """``meshplane sub/pub --transport mesh --mesh-node URL --vpn A``: the CLI's event reaches the CLI's
+    subscriber in A, and a subscriber in B (which imports nothing) gets none of it."""
+    path = vpn_file(tmp_path, "[vpns.A]\n[vpns.B]\n")
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(path))) as cluster:
+        node = cluster.start()["a"]
+        env = plane_env(tmp_path, "nats")  # the flags must win over the environment's transport
+        mesh = ["--transport", "mesh", "--mesh-node", node.route_url, "--vpn", "A"]
+        sub = await asyncio.to_thread(
+            partial(
+                subprocess.Popen,
+                [*MESHPLANE, "sub", "ns/comp/ep", "kv", "--json", "--count", "1", "--timeout", "60", *mesh],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        )
+        in_b = await MeshClient(node.route_url, vpn="B").connect()
+        seen = Inbox()
+        in_b.subscribe(">", seen)
+        await in_b.flush()
+        try:
+
+            async def subscribed() -> bool:
+                return any(p.startswith("$vpn:A.") for p in (await status(node))["patterns"]["local"])
+
+            await eventually(subscribed, timeout=30, what="the CLI's subscription in VPN A")
+            pub = await asyncio.to_thread(
+                subprocess.run,
+                [*MESHPLANE, "pub", "ns/comp/ep", "kv", '{"n": 1}', "--json", *mesh],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=env,
+            )
+            assert pub.returncode == 0, pub.stderr
+            out, err = await asyncio.to_thread(sub.communicate, timeout=60)
+            assert sub.returncode == 0, err
+            assert [json.loads(line)["payload"] for line in out.splitlines()] == [{"n": 1}]
+            await in_b.flush()
+            assert seen.events == []
+        finally:
+            if sub.poll() is None:
+                sub.kill()
+                sub.communicate()
+            await in_b.close()
