@@ -265,56 +265,75 @@ def test_vpn_check_names_every_sharing_mistake_with_its_line(
     assert lines == [6, 7, 8, 9, 11, 11, 13]  # 11: it meets both imports under "a"
 
 
+def service_file(tmp_path: Path) -> Path:
+    users = "".join(
+        f'[vpns.{vpn}.users.{user}]\npassword_hash = "{hash_password(CAROL)}"\n'
+        for vpn, user in (("A", "resp"), ("B", "req"))
+    )
+    return vpn_file(
+        tmp_path,
+        '[vpns.A]\nexports = [{ service = "svc.>" }, { events = "news.>" }]\n'
+        '[vpns.B]\nimports = [{ vpn = "A", service = "svc.>", prefix = "math" }]\n' + users,
+    )
+
+
 async def test_a_request_to_an_imported_service_is_answered_across_a_route(tmp_path: Path) -> None:
     """B imports A's service ``svc.>`` under ``math``: a NATS request of B's on ``math.svc.add`` (node
     b) reaches A's responder on ``svc.add`` (node a), whose reply comes back to B's requester; a
     request on a subject A does not export as a service has no responders; B's own subscriber to the
     import's subjects sees no request (it went to A only)."""
-    users = "".join(
-        f'[vpns.{vpn}.users.{user}]\npassword_hash = "{hash_password(CAROL)}"\n'
-        for vpn, user in (("A", "resp"), ("B", "req"))
-    )
-    path = vpn_file(
-        tmp_path,
-        '[vpns.A]\nexports = [{ service = "svc.>" }, { events = "news.>" }]\n'
-        '[vpns.B]\nimports = [{ vpn = "A", service = "svc.>", prefix = "math" }]\n' + users,
-    )
-    with MeshCluster(2, extra_args=("--mesh-vpns", str(path), "--nats-port", "0")) as cluster:
+    extra_args = ("--mesh-vpns", str(service_file(tmp_path)), "--nats-port", "0")
+    with MeshCluster(2, extra_args=extra_args) as cluster:
         cluster.start()
         await asyncio.to_thread(cluster.wait_linked)
-        urls = {name: f"nats://127.0.0.1:{(await status(cluster[name]))['nats']['port']}" for name in "ab"}
-        responder = await nats.connect(urls["a"], user="A/resp", password=CAROL, allow_reconnect=False)
-        requester = await nats.connect(urls["b"], user="B/req", password=CAROL, allow_reconnect=False)
-        try:
-            seen: list[str] = []
+        await request_and_answer(cluster["a"], cluster["b"])
 
-            async def add(msg: Msg) -> None:
-                seen.append(msg.subject)
-                await msg.respond(str(sum(int(n) for n in msg.data.split())).encode())
 
-            await responder.subscribe("svc.add", cb=add)
-            await responder.flush()
-            b_side = await requester.subscribe("math.svc.>")
+@pytest.mark.timeout(150)
+async def test_a_request_to_an_imported_service_is_answered_across_a_gateway(tmp_path: Path) -> None:
+    extra_args = ("--mesh-vpns", str(service_file(tmp_path)), "--nats-port", "0")
+    with running(TwoClusters(extra_args=extra_args)) as topo:
+        await all_up(topo)
+        await request_and_answer(topo["a2"], topo["b2"])
 
-            async def answered() -> bool:
-                try:
-                    reply = await requester.request("math.svc.add", b"2 3", timeout=2)
-                except (NoRespondersError, nats.errors.TimeoutError):
-                    return False
-                assert reply.data == b"5"
-                return True
 
-            await eventually(answered, timeout=30, what="the imported service's answer")
-            assert set(seen) == {"svc.add"}  # in A's space, as A names it
-            with pytest.raises(NoRespondersError):
-                await requester.request("math.other", b"", timeout=5)
-            with pytest.raises(nats.errors.TimeoutError):
-                await b_side.next_msg(timeout=0.5)
-            imports = (await status(cluster["b"]))["imports"]
-            assert imports["replies"] >= 1
-        finally:
-            await requester.close()
-            await responder.close()
+async def request_and_answer(responding: StreamsServerProcess, requesting: StreamsServerProcess) -> None:
+    urls = [f"nats://127.0.0.1:{(await status(node))['nats']['port']}" for node in (responding, requesting)]
+    responder = await nats.connect(
+        urls[0], user="A/resp", password=CAROL, allow_reconnect=False, connect_timeout=30
+    )
+    requester = await nats.connect(
+        urls[1], user="B/req", password=CAROL, allow_reconnect=False, connect_timeout=30
+    )
+    try:
+        seen: list[str] = []
+
+        async def add(msg: Msg) -> None:
+            seen.append(msg.subject)
+            await msg.respond(str(sum(int(n) for n in msg.data.split())).encode())
+
+        await responder.subscribe("svc.add", cb=add)
+        await responder.flush()
+        b_side = await requester.subscribe("math.svc.>")
+
+        async def answered() -> bool:
+            try:
+                reply = await requester.request("math.svc.add", b"2 3", timeout=2)
+            except (NoRespondersError, nats.errors.TimeoutError):
+                return False
+            assert reply.data == b"5"
+            return True
+
+        await eventually(answered, timeout=60, what="the imported service's answer")
+        assert set(seen) == {"svc.add"}  # in A's space, as A names it
+        with pytest.raises(NoRespondersError):
+            await requester.request("math.other", b"", timeout=5)
+        with pytest.raises(nats.errors.TimeoutError):
+            await b_side.next_msg(timeout=0.5)
+        assert (await status(requesting))["imports"]["replies"] >= 1
+    finally:
+        await requester.close()
+        await responder.close()
 
 
 async def test_client_commands_take_vpn_and_the_vpn_is_kept(tmp_path: Path) -> None:
