@@ -53,7 +53,8 @@ class ReplyHolder:
         found = self.imports.replies.close(event.subject.rsplit(".", 1)[-1], time.monotonic())
         if found is not None:
             vpn, reply = found
-            self.imports.node.publish(reply, event.body, event.flags, prefix=prefix_of(vpn))
+            flags = event.flags & FLAG_NATS_ENVELOPE  # a direct event in the requester's VPN, headers kept
+            self.imports.node.publish(reply, event.body, flags, prefix=prefix_of(vpn))
 
 
 class Imports:

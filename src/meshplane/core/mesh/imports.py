@@ -165,7 +165,3 @@ class ImportInterest:
                 del self._counts[key]
                 gone.append((number, wanted))
         return gone
-
-    def held(self) -> list[tuple[object, str, int, str]]:
-        """Every (holder, VPN, import, exporter pattern) wanted now."""
-        return list(self._counts)
