@@ -1,13 +1,15 @@
 """Message VPN isolation as a property (issue 58): hypothesis draws subscribers and publishers (each a
 node of two clusters joined by gateways, a VPN, a user and its permissions, patterns with wildcards)
 and every delivery is checked against a reference model: nothing reaches another VPN or a user whose
-permissions deny it, and everything allowed arrives.
+permissions deny it, but what that VPN exports and the receiver's imports (``SHARED``, renamed under
+the import's prefix), and everything allowed arrives.
 
 Completeness needs to know when everything has arrived: each client also subscribes to ``zz.>``
-(last, so its other patterns are known wherever ``zz.>`` is), publishers first send ``zz.warm`` until
-every subscriber of their VPN has one (their interest has reached the publisher's node), then their
-events, then ``zz.end``: events of one publisher reach one subscriber in order (one path of ordered
-links), so once a subscriber has every ``zz.end`` of its VPN it has everything it will get."""
+(last, so its other patterns are known wherever ``zz.>`` is; an importer its imported markers too),
+publishers first send ``zz.warm`` until every subscriber of their VPN (or importing from it) has one
+(their interest has reached the publisher's node), then their events, then ``zz.end``: events of one
+publisher reach one subscriber in order (one path of ordered links), so once a subscriber has every
+``zz.end`` it can get it has everything it will get."""
 
 from __future__ import annotations
 
@@ -45,6 +47,20 @@ USERS: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
     },
 }
 PASSWORD = "p-9d2e41"  # the test's own, for every user
+# (exporter, importer) -> the importer's imports from it, (events, prefix); the markers (zz.>) too.
+SHARED = {
+    ("X", "Y"): (("pay.>", "x"), ("zz.>", "x")),
+    ("Y", "default"): (("orders.>", ""), ("zz.>", "y")),
+}
+SHARING = """
+[vpns.X]
+exports = [{ events = "pay.>", to = ["Y"] }, { events = "zz.>" }]
+[vpns.Y]
+exports = [{ events = "orders.>" }, { events = "zz.>" }]
+imports = [{ vpn = "X", events = "pay.>", prefix = "x" }, { vpn = "X", events = "zz.>", prefix = "x" }]
+[vpns.default]
+imports = [{ vpn = "Y", events = "orders.>" }, { vpn = "Y", events = "zz.>", prefix = "y" }]
+"""
 
 
 def subjects_of(pattern: str) -> set[str]:
@@ -62,7 +78,7 @@ def may(user: str, direction: str, pattern: str) -> bool:
 @pytest.fixture(scope="module")
 def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoClusters]:
     vpns = tmp_path_factory.mktemp("vpns") / "vpns.toml"
-    lines = ["[vpns.Y]"]
+    lines = [SHARING]
     for user, rules in USERS.items():
         lines += [f"[vpns.X.users.{user}]", f'password_hash = "{hash_password(PASSWORD)}"']
         for direction, (allow, deny) in rules.items():
@@ -137,6 +153,9 @@ async def run_example(
             for pattern in patterns:
                 client.subscribe(pattern, inbox)
             client.subscribe("zz.>", inbox)
+            for (_, importer), shared in SHARED.items():
+                if importer == party.vpn:
+                    client.subscribe(renamed(shared[-1], "zz.>"), inbox)  # its imported markers
             refused = {str(e).split("'")[1] for e in await refusals(client)}
             assert refused == {p for p in patterns if not may(party.user, "subscribe", p)}, (party, patterns)
         senders = [await connect(clusters, party) for party, _ in publishers]
@@ -150,23 +169,43 @@ async def run_example(
             assert refused == {s for s in subjects if not may(party.user, "publish", s)}, (party, subjects)
             await until_everyone_has(sender, f"end-{number}", inboxes, subscribers, party.vpn, "zz.end")
         for inbox, (party, patterns) in zip(inboxes, subscribers, strict=True):
-            got = {body for subject, body in inbox.events if not subject.startswith("zz.")}
+            got = {body for _, body in inbox.events if not body.startswith((b"warm-", b"end-"))}
             allowed = {p for p in patterns if may(party.user, "subscribe", p)}
             expected = {
                 f"{number}:{subject}".encode()
                 for number, (sender, subjects) in enumerate(publishers)
-                if sender.vpn == party.vpn
                 for subject in subjects
-                if may(sender.user, "publish", subject) and any(reference(p, subject) for p in allowed)
+                if may(sender.user, "publish", subject)
+                and any(
+                    reference(p, seen) for p in allowed for seen in seen_as(sender.vpn, party.vpn, subject)
+                )
             }
             assert got == expected, (party, patterns, publishers)
             markers = {
-                int(body.split(b"-")[1]) for subject, body in inbox.events if subject.startswith("zz.")
+                int(body.split(b"-")[1]) for _, body in inbox.events if body.startswith((b"warm-", b"end-"))
             }
-            assert all(publishers[number][0].vpn == party.vpn for number in markers)
+            assert all(reaches(publishers[number][0].vpn, party.vpn) for number in markers)
     finally:
         for client in clients:
             await client.close()
+
+
+def renamed(shared: tuple[str, str], subject: str) -> str:
+    return f"{shared[1]}.{subject}" if shared[1] else subject
+
+
+def seen_as(sender: str, receiver: str, subject: str) -> set[str]:
+    """The subjects an event of VPN ``sender`` on ``subject`` has in VPN ``receiver`` (none: it does
+    not reach it): its own in its own VPN, renamed by each import that takes it."""
+    seen = {subject} if sender == receiver else set()
+    return seen | {
+        renamed(s, subject) for s in SHARED.get((sender, receiver), ()) if reference(s[0], subject)
+    }
+
+
+def reaches(sender: str, receiver: str) -> bool:
+    """Whether anything of VPN ``sender`` reaches VPN ``receiver`` (its markers do)."""
+    return sender == receiver or (sender, receiver) in SHARED
 
 
 async def refusals(client: MeshClient) -> list[PermissionDenied]:
@@ -187,7 +226,9 @@ async def until_everyone_has(
     subject: str,
 ) -> None:
     """``sender`` publishes ``marker`` on ``subject`` until every subscriber of ``vpn`` has it."""
-    waiting = [inbox for inbox, (party, _) in zip(inboxes, subscribers, strict=True) if party.vpn == vpn]
+    waiting = [
+        inbox for inbox, (party, _) in zip(inboxes, subscribers, strict=True) if reaches(vpn, party.vpn)
+    ]
     deadline = time.monotonic() + 30
     while not all(any(body == marker.encode() for _, body in inbox.events) for inbox in waiting):
         assert time.monotonic() < deadline, f"{marker} did not reach every subscriber of {vpn}"

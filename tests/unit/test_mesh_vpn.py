@@ -110,6 +110,7 @@ def test_the_vpn_file_of_the_docs_is_one() -> None:
     vpns = parse_vpns(snippet)
     assert vpns["team-a"].users["alice"].subscribe.deny == ("orders.audit.>",)
     assert vpns["team-a"].max_connections == 100
+    assert [i.local for i in vpns["team-b"].imports] == ["a.orders.eu.>", "a.prices.>"]
 
 
 def test_every_mistake_of_a_vpn_file_is_named_with_its_line() -> None:

@@ -20,8 +20,25 @@ def add_plane_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("event plane (each defaults to its environment variable)")
     g.add_argument(
         "--transport",
-        choices=["nats", "zmq"],
-        help="transport: nats (NATS core) or zmq (ZeroMQ direct). Env DYN_EVENT_PLANE, default nats",
+        choices=["nats", "zmq", "mesh"],
+        help="transport: nats (NATS core), zmq (ZeroMQ direct) or mesh (a mesh node). Env DYN_EVENT_PLANE, "
+        "default nats",
+    )
+    g.add_argument(
+        "--mesh-node",
+        metavar="URL",
+        help="with mesh: the node, e.g. tcp://127.0.0.1:16500. Env MESHPLANE_NODE",
+    )
+    g.add_argument(
+        "--vpn",
+        metavar="NAME",
+        help="with mesh: the Message VPN to publish and subscribe in. Env MESHPLANE_VPN",
+    )
+    g.add_argument(
+        "--mesh-user",
+        metavar="NAME",
+        help="with mesh: log in to the VPN as this user (the password from $MESHPLANE_MESH_PASSWORD, "
+        "never argv). Env MESHPLANE_MESH_USER",
     )
     g.add_argument(
         "--nats-server", metavar="URL", help="NATS server URL, e.g. nats://127.0.0.1:4222. Env NATS_SERVER"
@@ -76,6 +93,9 @@ def config_from_args(args: argparse.Namespace) -> PlaneConfig:
     return PlaneConfig.from_env(
         event_plane=args.transport,
         nats_server=args.nats_server,
+        mesh_node=args.mesh_node,
+        mesh_vpn=args.vpn,
+        mesh_user=args.mesh_user,
         discovery_backend=args.discovery,
         file_kv=args.file_kv,
         etcd_endpoints=tuple(e.strip() for e in args.etcd_endpoints.split(","))

@@ -53,6 +53,7 @@ from meshplane.mesh.gateways import GatewayHolder, Gateways
 from meshplane.mesh.guaranteed import Guaranteed
 from meshplane.mesh.handshakes import Handshakes
 from meshplane.mesh.holders import Holder, MeshEvent, PubSubBridge, PubSubHolder
+from meshplane.mesh.imports import Imports
 from meshplane.mesh.links import Handshake, Link
 from meshplane.mesh.logins import Logins
 from meshplane.mesh.routes import Routes
@@ -77,6 +78,7 @@ class MeshNode:
         self.router: Router[Holder] = Router(config.router)
         self.links: dict[str, Link] = {}
         self.clients = Clients(self)
+        self.imports = Imports(self)
         self.logins = Logins(self)
         self.routes = Routes(self)
         self.dedup = DedupCache(config.dedup_per_topic, config.dedup_ttl_secs, config.dedup_topics)
@@ -103,6 +105,7 @@ class MeshNode:
         self._server_tls = config.tls.server_context() if config.tls is not None else None
         self._client_tls = config.tls.client_context() if config.tls is not None else None
         self.nats = NatsDoor(self, config.nats_port) if config.nats_port is not None else None
+        self.imports.configure(config.vpns)
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -299,6 +302,8 @@ class MeshNode:
             self._announce(FrameType.SUB_ADD, pattern, version)
         if fresh and not isinstance(holder, GatewayHolder):  # what this cluster wants, for gateways
             self.gateways.changed({pattern}, ())
+            if self.imports.active:
+                self.imports.subscribed(holder, pattern)
 
     def unsubscribe(self, holder: Holder, pattern: str) -> None:
         held = self.router.holds(holder, pattern)
@@ -307,6 +312,8 @@ class MeshNode:
             self._announce(FrameType.SUB_REMOVE, pattern, version)
         if held and not isinstance(holder, GatewayHolder):
             self.gateways.changed((), {pattern})
+            if self.imports.active:
+                self.imports.unsubscribed(holder, pattern)
 
     def _announce(self, kind: FrameType, pattern: str, version: int) -> None:
         if kind is FrameType.SUB_ADD and "drop_sub_add" in self.config.faults:

@@ -65,6 +65,7 @@ def node_status(node: MeshNode, patterns: bool, limit: int) -> dict[str, Any]:
         "mate": node.mirror.status() if node.mirror is not None else None,
         "mqtt": node.mqtt.status(limit) if node.mqtt is not None else None,
         "nats": node.nats.status(limit) if node.nats is not None else None,
+        "imports": node.imports.status(),
     }
     if patterns:
         answer["patterns"] = {

@@ -81,6 +81,7 @@ class VpnReloads:
             return {"ok": False, "problems": [problem.render(self.path) for problem in problems]}
         self.node.config.vpns = vpns
         self.node.logins.configured()
+        self.node.imports.configure(vpns)
         closed = revoked = 0
         for session in list(self.node.clients.sessions.values()):
             why = _why_closed(session, old, vpns)

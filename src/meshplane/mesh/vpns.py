@@ -8,6 +8,7 @@ max_queues = 50        # its queues on one node, at most
 max_events_per_second = 10000  # its clients' publishes on one node: the excess refused, counted
 max_bytes_per_second = 10485760  # ... and their bytes (each a token bucket with a second's burst)
 dmr = true             # its events cross gateways to other clusters (false: they stay in this cluster)
+exports = [{ events = "orders.>", to = ["team-b"] }]  # what other VPNs may import (to: only these)
 [vpns.team-a.users.alice]
 max_connections = 5    # alice's clients on one node, at most
 max_events_per_second = 1000  # her clients' publishes on one node (and max_bytes_per_second)
@@ -15,6 +16,7 @@ password_hash = "$argon2id$v=19$..."   # meshplane mesh hash-password (the passw
 publish = { allow = ["orders.>"], deny = ["orders.audit.>"] }
 subscribe = { deny = ["orders.audit.>"] }
 [vpns.team-b]
+imports = [{ vpn = "team-a", events = "orders.>", prefix = "a" }]  # if team-a exports them (vpn_sharing.py)
 ```
 
 Every node of a mesh is given the same file. A client names its VPN in its HELLO (``MeshClient(...,
@@ -39,9 +41,11 @@ from typing import Any
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
+from meshplane.core.mesh.imports import Export, Import
 from meshplane.core.mesh.permissions import Rules
 from meshplane.core.mesh.vpn import DEFAULT, check_vpn
 from meshplane.errors import ConfigError
+from meshplane.mesh.vpn_sharing import SHARING, Numbered, check_sharing, element_lines, parse_sharing
 
 _hasher = PasswordHasher()
 
@@ -80,6 +84,8 @@ class Vpn:
     max_events_per_second: int | None = None  # its clients' publishes on one node (a burst of one second)
     max_bytes_per_second: int | None = None  # ... and their bytes
     dmr: bool = True  # its interest and events cross gateways to other clusters (Solace's DMR switch)
+    exports: tuple[Export, ...] = ()  # spaces of its subjects other VPNs may import
+    imports: tuple[Import, ...] = ()  # spaces of other VPNs' subjects its clients see (vpn_sharing.py)
 
 
 @dataclass(frozen=True)
@@ -117,7 +123,8 @@ def check_vpns(text: str) -> tuple[Vpns, list[Problem]]:
     except tomllib.TOMLDecodeError as exc:
         at = re.search(r"line (\d+)", str(exc))
         return Vpns(), [Problem(int(at[1]) if at else 1, "syntax", f"not TOML: {exc}")]
-    problems = _Problems(key_lines(text))
+    lines = key_lines(text)
+    problems = _Problems(lines)
     for key in sorted(set(document) - {"vpns"}):
         problems.add((key,), f"[{key}]", "unknown key: only [vpns.NAME] sections")
     declared = document.get("vpns", {})
@@ -125,10 +132,21 @@ def check_vpns(text: str) -> tuple[Vpns, list[Problem]]:
         problems.add(("vpns",), "vpns", "must be a table of [vpns.NAME] sections")
         declared = {}
     by_name = {DEFAULT: Vpn(DEFAULT)}
+    sharing: dict[str, Numbered] = {DEFAULT: ((), ())}
+    shared_lines: dict[str, dict[str, list[int]]] = {DEFAULT: {}}
     for name, settings in declared.items():
-        vpn = _vpn(problems, name, settings)
+        shared_lines[name] = {
+            key: element_lines(text, lines[("vpns", name, key)], len(settings[key]))
+            for key in SHARING
+            if isinstance(settings, dict)
+            and isinstance(settings.get(key), list)
+            and ("vpns", name, key) in lines
+        }
+        sharing[name] = ((), ())
+        vpn = _vpn(problems, name, settings, shared_lines[name], sharing)
         if vpn is not None:
             by_name[name] = vpn
+    check_sharing(problems, sharing, shared_lines)
     return Vpns(by_name), sorted(problems.found, key=lambda problem: problem.line)
 
 
@@ -157,12 +175,19 @@ class _Problems:
         self.lines = lines
         self.found: list[Problem] = []
 
-    def add(self, path: tuple[str, ...], where: str, message: str) -> None:
-        line = next((self.lines[path[:n]] for n in range(len(path), 0, -1) if path[:n] in self.lines), 1)
+    def add(self, path: tuple[str, ...], where: str, message: str, line: int | None = None) -> None:
+        if line is None:
+            line = next((self.lines[path[:n]] for n in range(len(path), 0, -1) if path[:n] in self.lines), 1)
         self.found.append(Problem(line, where, message))
 
 
-def _vpn(problems: _Problems, name: str, settings: Any) -> Vpn | None:
+def _vpn(
+    problems: _Problems,
+    name: str,
+    settings: Any,
+    lines: dict[str, list[int]],
+    sharing: dict[str, Numbered],
+) -> Vpn | None:
     path, where, before = ("vpns", name), f"[vpns.{name}]", len(problems.found)
     try:
         check_vpn(name)
@@ -171,8 +196,9 @@ def _vpn(problems: _Problems, name: str, settings: Any) -> Vpn | None:
     if not isinstance(settings, dict):
         problems.add(path, where, f"must be a section ([vpns.{name}])")
         return None
-    for key in sorted(set(settings) - {"users", "dmr", *LIMITS}):
-        problems.add((*path, key), where, f"unknown key {key!r} ({', '.join(('users', 'dmr', *LIMITS))})")
+    keys = ("users", "dmr", *SHARING, *LIMITS)
+    for key in sorted(set(settings) - set(keys)):
+        problems.add((*path, key), where, f"unknown key {key!r} ({', '.join(keys)})")
     if not isinstance(settings.get("dmr", True), bool):
         problems.add((*path, "dmr"), where, "dmr: true (it crosses gateways, the default) or false")
     _limits(problems, path, where, settings, LIMITS)
@@ -181,11 +207,14 @@ def _vpn(problems: _Problems, name: str, settings: Any) -> Vpn | None:
         problems.add((*path, "users"), where, f"users must be sections ([vpns.{name}.users.NAME])")
         users = {}
     checked = {user: _user(problems, (*path, "users", user), user, u) for user, u in users.items()}
+    sharing[name] = parse_sharing(problems, path, where, settings, lines)
     if len(problems.found) > before:
         return None
     limits = {key: settings.get(key) for key in LIMITS}
     users_of = {user: u for user, u in checked.items() if u is not None}
-    return Vpn(name, users_of, **limits, dmr=settings.get("dmr", True))
+    exports = tuple(export for _, export in sharing[name][0])
+    imports = tuple(an_import for _, an_import in sharing[name][1])
+    return Vpn(name, users_of, **limits, dmr=settings.get("dmr", True), exports=exports, imports=imports)
 
 
 def _user(problems: _Problems, path: tuple[str, ...], name: str, settings: Any) -> User | None:

@@ -110,6 +110,10 @@ class Router(Generic[H]):
         """How many patterns ``holder`` holds, without a copy of them (checked at each SUB_ADD)."""
         return len(self._held.get(holder, ()))
 
+    def holdings(self) -> list[tuple[H, str]]:
+        """Every (holder, pattern) held here."""
+        return [(holder, pattern) for holder, held in self._held.items() for pattern in held]
+
     @property
     def local_subscriptions(self) -> int:
         return sum(len(p) for p in self._held.values())

@@ -262,6 +262,13 @@ class NatsClient(asyncio.Protocol):
             if refused:
                 self.door.node.logins.violations[(self.vpn, self.user)] += 1
                 return self.error(f'Permissions Violation for Publish to "{subject[:200]}"')
+        if self.node.imports.services:  # a request to a service its VPN imports goes to the exporter
+            copies = self.node.imports.request(self.vpn, subject, op.reply, op.headers, op.payload)
+            if copies is not None:
+                if copies == 0 and op.reply and self.no_responders:
+                    self.door.counters["no_responders"] += 1
+                    self.reply_status(op.reply, 503)
+                return self.ok()
         enveloped = bool(op.reply) or op.headers is not None
         body = wrap(op.reply, op.headers, op.payload) if enveloped else op.payload
         flags = FLAG_NATS_ENVELOPE if enveloped else 0

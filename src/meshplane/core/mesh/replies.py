@@ -1,0 +1,59 @@
+"""Replies to requests that crossed a service import (NATS's response mapping), sans I/O.
+
+A request from VPN B to a service A exports carries, in A's space, a reply subject the importing node
+made up (``_R_.<the node's space>.<token>``, nothing of B's); the first reply on it goes back to B's
+own reply subject, and the token is forgotten (one reply per request, as nats-server's default
+``singleton`` response). Tokens are random, so an A client that did not see the request cannot
+answer it; they are kept at most ``ttl`` seconds and at most ``capacity`` at once (the oldest go
+first, counted): a requester that never hears back costs the node a bounded table, not a leak.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+TOKEN_BYTES = 9  # 72 random bits: 12 characters of URL-safe base64, a valid subject token
+
+
+@dataclass
+class Replies:
+    """Open requests by token: (the importing VPN, its requester's reply subject, when it expires)."""
+
+    ttl: float = 60.0
+    capacity: int = 10_000
+    counters: Counter[str] = field(default_factory=Counter)
+    _open: OrderedDict[str, tuple[str, str, float]] = field(default_factory=OrderedDict)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def open(self, vpn: str, reply: str, now: float) -> str:
+        """A token for a request whose reply goes to ``reply`` in ``vpn``."""
+        self.expire(now)
+        while len(self._open) >= self.capacity:
+            self._open.popitem(last=False)
+            self.counters["reply_tokens_dropped_full"] += 1
+        token = secrets.token_urlsafe(TOKEN_BYTES)  # no '.': one token of a subject
+        self._open[token] = (vpn, reply, now + self.ttl)
+        return token
+
+    def close(self, token: str, now: float) -> tuple[str, str] | None:
+        """Where the reply on ``token`` goes (once); None for a token unknown, answered or expired."""
+        self.expire(now)
+        found = self._open.pop(token, None)
+        if found is None:
+            self.counters["replies_unknown"] += 1
+            return None
+        self.counters["replies"] += 1
+        return found[0], found[1]
+
+    def expire(self, now: float) -> None:
+        """Forget requests past their time (they were opened in order, so the oldest come first)."""
+        while self._open:
+            token, (_, _, deadline) = next(iter(self._open.items()))
+            if deadline > now:
+                return
+            del self._open[token]
+            self.counters["reply_tokens_expired"] += 1
