@@ -6,17 +6,21 @@ import asyncio
 import socket
 import threading
 import time
+from pathlib import Path
 
 from meshplane.core.doors.mqtt_packets import V311, Connect, Publish, Subscribe, encode
 from meshplane.launchers import MeshCluster
 from meshplane.launchers.base import free_port
+from tests.helpers import eventually
+from tests.support.mesh import status
+from tests.support.mqtt import Paho, connected, subscribed
 
 CONNACK_OK = b"\x20\x02\x00\x00"
 
 
-def _connect(port: int, client_id: str) -> socket.socket:
+def _connect(port: int, client_id: str, username: str | None = None) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    sock.sendall(encode(Connect(V311, client_id), V311))
+    sock.sendall(encode(Connect(V311, client_id, username=username), V311))
     assert sock.recv(4) == CONNACK_OK
     return sock
 
@@ -67,3 +71,51 @@ async def test_one_subscribe_matching_every_retained_message_many_times_does_not
             reader.join(timeout=30)
             for sock in (filler, probe, attacker):
                 sock.close()
+
+
+async def test_one_vpn_filling_the_retained_pool_refuses_no_other_vpns_retained_messages(
+    tmp_path: Path,
+) -> None:
+    """A client of team-a sent 10,000 retained PUBLISHes: the node's pool (10,000 topics) was full and
+    every other tenant's retained PUBLISH was refused until a restart. Each VPN now has its share (a
+    third here: default, team-a, team-b), and no retained message crosses from one VPN to another."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.team-a]\n[vpns.team-b]\n")
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mesh-vpns", str(vpns), "--mqtt-port", str(port))}) as cluster:
+        cluster.start()
+        filler = await asyncio.to_thread(_connect, port, "filler", "x@team-a")
+        retained = b"".join(encode(Publish(f"r/{i}", b"x", 0, True), V311) for i in range(10_001))
+        await asyncio.to_thread(filler.sendall, retained)
+        answer: dict[str, object] = {}
+
+        async def refused() -> bool:
+            answer.update((await status(cluster["a"]))["mqtt"])
+            return bool(answer["counters"].get("retained_refused"))  # type: ignore[attr-defined]
+
+        await eventually(
+            refused, timeout=30, interval=0.2, what="team-a's retained PUBLISHes refused past its share"
+        )
+        other = Paho(port, "b-pub")
+        other.client.username_pw_set("y@team-b")
+        await connected(other)
+        reader = Paho(port, "b-sub")
+        reader.client.username_pw_set("z@team-b")
+        snoop = Paho(port, "a-sub")
+        snoop.client.username_pw_set("w@team-a")
+        try:
+            info = other.client.publish("r/1", b"team-b's", qos=1, retain=True)
+            await asyncio.to_thread(info.wait_for_publish, 10)
+            await subscribed(await connected(reader), "r/1", 1)
+            await eventually(lambda: reader.payloads() == [b"team-b's"], timeout=10, what="team-b's retained")
+            await subscribed(await connected(snoop), "r/1", 1)
+            await eventually(lambda: snoop.payloads() == [b"x"], timeout=10, what="team-a's own")
+            answer = (await status(cluster["a"]))["mqtt"]
+            assert answer["retained_refused"] == {"team-a": 10_001 - 10_000 // 3}
+            assert answer["retained"] == 10_000 // 3 + 1
+            assert reader.payloads() == [b"team-b's"]
+            assert snoop.payloads() == [b"x"]
+        finally:
+            for client in (other, reader, snoop):
+                client.close()
+            filler.close()
