@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from meshplane.core.doors.mqtt_packets import V311, Connect, Publish, Subscribe, encode
+from meshplane.core.doors.mqtt_packets import V311, Connect, Disconnect, Publish, Subscribe, encode
 from meshplane.launchers import MeshCluster
 from meshplane.launchers.base import free_port
 from tests.helpers import eventually
@@ -18,9 +18,9 @@ from tests.support.mqtt import Paho, connected, subscribed
 CONNACK_OK = b"\x20\x02\x00\x00"
 
 
-def _connect(port: int, client_id: str, username: str | None = None) -> socket.socket:
+def _connect(port: int, client_id: str, username: str | None = None, clean: bool = True) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    sock.sendall(encode(Connect(V311, client_id, username=username), V311))
+    sock.sendall(encode(Connect(V311, client_id, clean, username=username), V311))
     assert sock.recv(4) == CONNACK_OK
     return sock
 
@@ -119,3 +119,55 @@ async def test_one_vpn_filling_the_retained_pool_refuses_no_other_vpns_retained_
             for client in (other, reader, snoop):
                 client.close()
             filler.close()
+
+
+def _persistent_qos1(port: int, client_id: str, username: str) -> socket.socket | None:
+    """A 3.1.1 client with a persistent session and a QoS 1 filter (a queue), connected; None: it got
+    no SUBACK (the door closed it)."""
+    sock = _connect(port, client_id, username, clean=False)
+    sock.sendall(encode(Subscribe(1, ((f"t/{client_id}", 1),)), V311))
+    answer = sock.recv(5)
+    if not answer:
+        sock.close()
+        return None
+    assert answer == b"\x90\x03\x00\x01\x01"
+    return sock
+
+
+async def test_persistent_sessions_take_their_vpns_share_of_queues_and_expire(tmp_path: Path) -> None:
+    """Anonymous 3.1.1 clients with client ids of their own took every one of the node's 1,000 queues
+    with persistent sessions, for good (they never expired, and survived restarts): other VPNs' and
+    mesh clients' queues were refused. Each VPN now has its share of the sessions' queues (half the
+    node's, a third each here), and 3.1.1 sessions expire (``--mqtt-session-expiry``)."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.team-a]\n[vpns.team-b]\n")
+    port = free_port()
+    args = ("--mesh-vpns", str(vpns), "--mqtt-port", str(port), "--mqtt-session-expiry", "3")
+    with MeshCluster(1, node_args={"a": args}) as cluster:
+        cluster.start()
+        share = 500 // 3
+        clients: list[socket.socket | None] = []
+        try:
+            for i in range(share):  # connected: their sessions do not expire meanwhile
+                clients.append(await asyncio.to_thread(_persistent_qos1, port, f"a{i}", "x@team-a"))
+                assert clients[-1] is not None, i
+            assert await asyncio.to_thread(_persistent_qos1, port, "one-too-many", "x@team-a") is None
+            clients.append(await asyncio.to_thread(_persistent_qos1, port, "b0", "y@team-b"))
+            assert clients[-1] is not None  # team-b's share is whole
+            answer = (await status(cluster["a"]))["mqtt"]
+            assert answer["sessions"] == share + 2  # the refused one's session is kept, without a queue
+        finally:
+            for sock in clients:
+                if sock is not None:
+                    sock.sendall(encode(Disconnect(), V311))
+                    sock.close()
+
+        async def expired() -> bool:
+            answer.update((await status(cluster["a"]))["mqtt"])
+            return answer["sessions"] == 0
+
+        await eventually(expired, timeout=30, interval=0.5, what="the sessions expired")
+        assert answer["counters"]["sessions_expired"] == share + 2
+        again = await asyncio.to_thread(_persistent_qos1, port, "a-again", "x@team-a")  # their queues went
+        assert again is not None
+        again.close()

@@ -56,4 +56,4 @@ def test_the_counts_and_bytes_always_add_up(puts: list[tuple[str, int, bytes]]) 
             assert count <= 20 // 3
             assert size <= 600 // 3
     assert sum(store.usage(v)[0] for v in ("default", "team-a", "team-b")) == store.count
-    assert sum(store.usage(v)[1] for v in ("default", "team-a", "team-b")) == store.bytes
+    assert sum(store.usage(v)[1] for v in ("default", "team-a", "team-b")) == store.total_bytes

@@ -23,6 +23,7 @@ import hmac
 import itertools
 import logging
 import os
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -99,7 +100,13 @@ class MqttDoor:
             )
         guaranteed = self.node.guaranteed
         if guaranteed.engine is not None:
-            self.sessions = Sessions(guaranteed.engine.root / "mesh", guaranteed.queues)
+            vpns = config.vpns
+            self.sessions = Sessions(
+                guaranteed.engine.root / "mesh",
+                guaranteed.queues,
+                lambda: len(vpns),
+                config.mqtt_session_expiry,
+            )
         for vpn in config.vpns:
             self.node.subscribe(self.retain_holder, RETAIN_PREFIX + prefix_of(vpn) + "#")
         loop = asyncio.get_running_loop()
@@ -126,7 +133,7 @@ class MqttDoor:
         for task in list(self.tasks):
             task.cancel()
         if self.sessions is not None:
-            self.sessions.checkpoint()
+            await self.sessions.close()
 
     async def _ticks(self) -> None:
         while True:
@@ -139,7 +146,7 @@ class MqttDoor:
                 self.count("keep_alive_timeout")
                 conn.close(Code.KEEP_ALIVE_TIMEOUT, "nothing heard for 1.5 keep-alive intervals")
         if self.sessions is not None:
-            self.sessions.expire(self.sessions.now())
+            self.counters["sessions_expired"] += self.sessions.expire(self.sessions.now())
             self.sessions.checkpoint()
 
     def count(self, what: str) -> None:
@@ -180,22 +187,21 @@ class MqttDoor:
             conn.send(ConnAck(False, code, props))
             conn.end()
             return
-        held, conn.held = conn.held, []
-        conn.handle(held)
-        if conn.transport is not None and not conn.closing:
-            conn.transport.resume_reading()
+        conn.release_held()
 
     async def _admit_connect(self, conn: MqttConnection, packet: Connect) -> tuple[int, str]:
         v5 = packet.level == V5
         client_id = packet.client_id
         if len(client_id) > MAX_CLIENT_ID:
             return Code.BAD_CLIENT_ID, f"a client id of more than {MAX_CLIENT_ID} characters"
-        expiry = _number(packet, Prop.SESSION_EXPIRY, 0) if v5 else (0 if packet.clean else NEVER)
+        cap = self.node.config.mqtt_session_expiry
+        asked = _number(packet, Prop.SESSION_EXPIRY, 0) if v5 else (0 if packet.clean else NEVER)
+        expiry = min(asked, cap)  # 3.1.1's sessions expire too, as mosquitto's persistent_client_expiration
         persistent = expiry > 0
         if not client_id:
             if packet.level == V311 and not packet.clean:
                 return Code.BAD_CLIENT_ID, "a persistent session needs a client id"
-            client_id = conn.new_client_id()
+            client_id = "mqtt-" + secrets.token_hex(8)
         will = None
         if packet.will is not None:
             try:
@@ -236,8 +242,10 @@ class MqttDoor:
             if persistent:
                 if stored is None:
                     try:
-                        stored = self.sessions.open(conn.vpn, client_id, expiry)
+                        user = conn.user if conn.permissions is not None else ""
+                        stored = self.sessions.open(conn.vpn, client_id, expiry, user)
                     except StreamError as exc:
+                        self.count("session_refused")
                         return Code.QUOTA_EXCEEDED, str(exc)
                 else:
                     session_present = True
@@ -264,6 +272,8 @@ class MqttDoor:
             }
             if client_id != packet.client_id:
                 props[Prop.ASSIGNED_CLIENT_ID] = client_id
+            if expiry != asked:
+                props[Prop.SESSION_EXPIRY] = expiry  # the node's cap
         conn.send(ConnAck(session_present, Code.SUCCESS, props))
         if conn.session is not None:
             self._restore(conn, conn.session)
@@ -334,7 +344,7 @@ class MqttDoor:
             if conn.session.expiry == 0:
                 self.sessions.drop(conn.vpn, conn.client_id)
             else:
-                self.sessions.dirty = True
+                self.sessions.changed(conn.session)
 
     # --- the node ----------------------------------------------------------------------------------
 
@@ -346,10 +356,20 @@ class MqttDoor:
         self.node.logins.subscriptions[conn.vpn] -= 1
         self.node.unsubscribe(conn, pattern)
 
-    def subscription_room(self, vpn: str) -> bool:
+    def subscription_room(self, conn: MqttConnection, topic_filter: str) -> bool:
+        """Whether ``conn`` may take one more filter: its VPN's limit, its session's bytes."""
+        vpn = conn.vpn
         limit = self.node.config.vpns[vpn].max_subscriptions
         if limit is not None and self.node.logins.subscriptions[vpn] >= limit:
             self.node.logins.limits_refused[(vpn, "subscriptions")] += 1
+            return False
+        sessions = self.sessions
+        if (
+            conn.session is not None
+            and sessions is not None
+            and not sessions.room(conn.session, topic_filter)
+        ):
+            self.count("session_bytes_limit")
             return False
         return True
 
@@ -391,20 +411,21 @@ class MqttDoor:
 
     # --- persistent sessions -------------------------------------------------------------------------
 
-    def sessions_dirty(self) -> None:
+    def sessions_dirty(self, session: StoredSession) -> None:
         if self.sessions is not None:
-            self.sessions.dirty = True
+            self.sessions.changed(session)
 
     def session_subscriptions(self, conn: MqttConnection) -> str:
-        """A persistent session's subscriptions changed: saved (fsynced) with its queue's patterns;
-        why not, when they could not be (the node's queue limit, a failing disk)."""
+        """A persistent session's subscriptions changed: its queue's patterns follow, and they are
+        being saved (``conn.saving``, fsynced in a worker thread); why not, when they could not be
+        (the node's or its VPN's share of queues)."""
         session, sessions = conn.session, self.sessions
         if session is None or sessions is None:
             return ""
         session.subscriptions = {f: (s.qos, s.options) for f, s in conn.subscriptions.items()}
         patterns = [outward(conn.prefix, s.pattern) for s in conn.subscriptions.values() if s.qos]
         try:
-            sessions.subscriptions_changed(session, patterns)
+            conn.saving = sessions.subscriptions_changed(session, patterns)
         except StreamError as exc:
             self.count("session_not_saved")
             log.warning("MQTT session %s: subscriptions not saved (%s)", bounded(conn.client_id), exc)
@@ -413,7 +434,9 @@ class MqttDoor:
         return ""
 
     def _restore(self, conn: MqttConnection, session: StoredSession) -> None:
+        conn.session = None  # what it was granted comes back as it was: no bound is applied again
         conn.restore(session.subscriptions)
+        conn.session = session
         session.sent = max(session.sent, session.acked)
         self._start_pump(conn, session)
 
@@ -421,7 +444,8 @@ class MqttDoor:
         if conn.pump is None and any(s.qos for s in conn.subscriptions.values()):
             engine = self.node.guaranteed.engine
             assert engine is not None  # a node without one keeps no sessions
-            task = pump_queue(engine, conn, session, self.count, self.sessions_dirty)
+            assert self.sessions is not None
+            task = pump_queue(engine, conn, session, self.count, self.sessions)
             conn.pump = asyncio.get_running_loop().create_task(task)
 
     # --- what it looks like ------------------------------------------------------------------------
@@ -431,9 +455,10 @@ class MqttDoor:
             "port": self.port,
             "clients": [_client(c) for c in itertools.islice(self.connections.values(), limit)],
             "sessions": len(self.sessions.by_key) if self.sessions is not None else 0,
+            "sessions_bytes": self.sessions.bytes if self.sessions is not None else 0,
             "retained": self.retained.count,
             "retained_refused": dict(self.retained.refused),
-            "retained_bytes": self.retained.bytes,
+            "retained_bytes": self.retained.total_bytes,
             "counters": dict(self.counters),
         }
 

@@ -56,7 +56,7 @@ class RetainedStore:
         return sum(len(messages) for messages in self.by_vpn.values())
 
     @property
-    def bytes(self) -> int:
+    def total_bytes(self) -> int:
         return self.bytes_of.total()
 
     def usage(self, vpn: str) -> tuple[int, int]:
