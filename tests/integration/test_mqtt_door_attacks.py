@@ -164,7 +164,7 @@ async def test_persistent_sessions_take_their_vpns_share_of_queues_and_expire(tm
 
         async def expired() -> bool:
             answer.update((await status(cluster["a"]))["mqtt"])
-            return answer["sessions"] == 0
+            return bool(answer["sessions"] == 0)
 
         await eventually(expired, timeout=30, interval=0.5, what="the sessions expired")
         assert answer["counters"]["sessions_expired"] == share + 2
