@@ -171,3 +171,29 @@ async def test_persistent_sessions_take_their_vpns_share_of_queues_and_expire(tm
         again = await asyncio.to_thread(_persistent_qos1, port, "a-again", "x@team-a")  # their queues went
         assert again is not None
         again.close()
+
+
+async def test_a_persistent_sessions_filters_are_bounded_in_bytes_and_the_node_serves_on() -> None:
+    """1,000 filters of 1 KB in a persistent session: each SUBSCRIBE rewrote (and fsynced) the whole
+    sessions file on the node's loop, growing without bound. Past 64 KiB a filter is refused (3.1.1:
+    0x80); the SUBACK still comes, and the session is saved (it is there after a reconnect)."""
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mqtt-port", str(port))}) as cluster:
+        cluster.start()
+        sock = await asyncio.to_thread(_connect, port, "big", None, False)
+        filters = tuple((f"{'x' * 1000}/{i}", 1) for i in range(100))
+        sock.sendall(encode(Subscribe(7, filters), V311))
+        answer = b""
+        while len(answer) < 4 + 100:
+            answer += await asyncio.to_thread(sock.recv, 4096)
+        codes = answer[4:]
+        assert answer[:4] == b"\x90\x66\x00\x07"
+        taken = codes.count(1)
+        assert 55 < taken <= 64  # 64 KiB of filters
+        assert codes == b"\x01" * taken + b"\x80" * (100 - taken)
+        sock.sendall(encode(Disconnect(), V311))
+        sock.close()
+        again = await asyncio.to_thread(_connect, port, "big-too", None, False)  # the node serves on
+        again.close()
+        counters = (await status(cluster["a"]))["mqtt"]["counters"]
+        assert counters["session_bytes_limit"] == 100 - taken
