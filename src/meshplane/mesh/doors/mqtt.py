@@ -437,11 +437,13 @@ class MqttDoor:
         session, sessions = conn.session, self.sessions
         if session is None or sessions is None:
             return ""
+        before = session.subscriptions
         session.subscriptions = {f: (s.qos, s.options) for f, s in conn.subscriptions.items()}
         patterns = [outward(conn.prefix, s.pattern) for s in conn.subscriptions.values() if s.qos]
         try:
             conn.saving = sessions.subscriptions_changed(session, patterns)
         except StreamError as exc:
+            session.subscriptions = before  # as granted before: a QoS 1 filter without a queue gets nothing
             self.count("session_not_saved")
             log.warning("MQTT session %s: subscriptions not saved (%s)", bounded(conn.client_id), exc)
             return f"the session's subscriptions could not be saved: {exc}"
