@@ -38,7 +38,7 @@ import msgspec
 from meshplane.core.doors.mqtt_packets import Code
 from meshplane.core.doors.mqtt_topics import to_topic
 from meshplane.mesh.doors.mqtt_resends import Stored
-from meshplane.mesh.preauth import bounded
+from meshplane.mesh.preauth import QuietLog, bounded
 from meshplane.mesh.queues import MAX_QUEUES
 from meshplane.streams import files
 from meshplane.streams.errors import LimitReached, OffsetOutOfRange, StorageError, StreamError
@@ -100,20 +100,19 @@ class Sessions:
         self.path = root / "mqtt-sessions.json"
         self.queues = queues
         self.vpns = vpns  # how many VPNs share the bounds
-        self.expiry_cap = expiry_cap
         self.by_key: dict[tuple[str, str], StoredSession] = {}
         self.encoded: dict[tuple[str, str], bytes] = {}  # each session as saved
         self.bytes = 0  # of ``encoded``
         self.pending: dict[tuple[str, str], int] = {}  # filters' bytes taken since the last encoding
         self.queued: set[tuple[str, str]] = set()  # sessions with a queue
         self.dirty: set[tuple[str, str]] = set()  # to encode again before the next write
-        self.expired = 0
         self.resends = Stored()  # their PUBLISHes stored lately, by packet id: a resend is not stored twice
         self._wanted = False  # a write (not awaited) is due
         self._failed = False  # the last write failed
         self._synced = False  # ... fsynced
         self._waiters: list[asyncio.Future[None]] = []
         self._writer: asyncio.Task[None] | None = None
+        self.quiet = QuietLog(log)
         try:
             saved = msgspec.json.decode(self.path.read_bytes(), type=list[StoredSession])
         except FileNotFoundError:
@@ -215,7 +214,6 @@ class Sessions:
         gone = [key for key, s in self.by_key.items() if s.left_at and now - s.left_at >= s.expiry]
         for vpn, client_id in gone:
             self.drop(vpn, client_id)
-        self.expired += len(gone)
         return len(gone)
 
     def changed(self, session: StoredSession) -> None:
@@ -259,7 +257,7 @@ class Sessions:
                     await asyncio.to_thread(_write_parts, self.path, parts, synced)
                 except OSError as exc:
                     error: StorageError | None = StorageError(f"saving the MQTT sessions: {exc}")
-                    log.warning("%s", error)
+                    self.quiet.warning("write", "%s", error)  # again each second while it fails
                 else:
                     error = None
                     files.replaced(self.path, synced)
@@ -297,13 +295,12 @@ def after_saved(conn: MqttConnection, then: Callable[[], None]) -> None:
 
     def saved(_: asyncio.Future[None]) -> None:
         conn.saving = None
+        error = saving.exception()
         if conn.closing:
             return
-        if saving.exception() is not None:
+        if error is not None:
             conn.door.count("session_not_saved")
-            conn.close(
-                Code.UNSPECIFIED, f"the session's subscriptions could not be saved: {saving.exception()}"
-            )
+            conn.close(Code.UNSPECIFIED, f"the session's subscriptions could not be saved: {error}")
             return
         then()
         conn.release_held()
