@@ -8,7 +8,16 @@ import threading
 import time
 from pathlib import Path
 
-from meshplane.core.doors.mqtt_packets import V311, Connect, Disconnect, Publish, Subscribe, encode
+from meshplane.core.doors.mqtt_packets import (
+    V311,
+    Connect,
+    Disconnect,
+    PingReq,
+    Publish,
+    Subscribe,
+    Unsubscribe,
+    encode,
+)
 from meshplane.launchers import MeshCluster
 from meshplane.launchers.base import free_port
 from tests.helpers import eventually
@@ -227,3 +236,25 @@ async def test_a_qos1_publish_sent_again_with_dup_after_a_reconnect_is_stored_on
             assert counters["resent_not_stored_again"] == 1
         finally:
             sub.close()
+
+
+async def test_what_follows_a_persistent_sessions_subscribe_waits_for_its_save_in_order() -> None:
+    """The SUBACK waits for the sessions file (written in a worker thread): packets sent behind the
+    SUBSCRIBE in the same write are answered after it, in order, and the socket is read again."""
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mqtt-port", str(port))}) as cluster:
+        cluster.start()
+        sock = await asyncio.to_thread(_connect, port, "pipelined", None, False)
+        try:
+            burst = encode(Subscribe(1, (("p/1", 1),)), V311) + encode(PingReq(), V311)
+            burst += encode(Unsubscribe(2, ("p/1",)), V311) + encode(PingReq(), V311)
+            await asyncio.to_thread(sock.sendall, burst)
+            expected = b"\x90\x03\x00\x01\x01" + b"\xd0\x00" + b"\xb0\x02\x00\x02" + b"\xd0\x00"
+            answer = b""
+            while len(answer) < len(expected):
+                answer += await asyncio.to_thread(sock.recv, 4096)
+            assert answer == expected
+            await asyncio.to_thread(sock.sendall, encode(PingReq(), V311))  # read again
+            assert await asyncio.to_thread(sock.recv, 2) == b"\xd0\x00"
+        finally:
+            sock.close()
