@@ -34,7 +34,7 @@ from meshplane.core.doors.mqtt_packets import V5, V311, Code, ConnAck, Connect, 
 from meshplane.core.doors.mqtt_topics import BadTopic, to_subject
 from meshplane.core.mesh.frames import FLAG_GUARANTEED
 from meshplane.core.mesh.permissions import Permissions
-from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of, vpn_of
+from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
 from meshplane.errors import ConfigError
 from meshplane.mesh.doors.mqtt_connection import MAX_CLIENT_ID, RECEIVE_MAXIMUM, MqttConnection
 from meshplane.mesh.doors.mqtt_resends import Pending
@@ -391,16 +391,6 @@ class MqttDoor:
         """Retained here, and on the other nodes (a direct event on ``$mqtt.<subject>``)."""
         if not self.retained.put(subject, payload, qos):
             self.count("retained_refused")
-            vpn = vpn_of(subject)
-            self.quiet.warning(
-                f"retained_{vpn}",
-                "MQTT: a retained message of VPN %r not kept: its share of the node's retained messages "
-                "(%d of %d, %d of %d bytes) is full",
-                vpn,
-                *self.retained.usage(vpn),
-                self.retained.max_count // len(self.node.config.vpns),
-                self.retained.max_bytes // len(self.node.config.vpns),
-            )
         event = MeshEvent(
             self.origin,
             RETAIN_PREFIX + subject,

@@ -12,6 +12,7 @@ message, as MQTT says.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -19,9 +20,12 @@ from typing import TYPE_CHECKING
 
 from meshplane.core.doors.mqtt_topics import matches, to_topic
 from meshplane.core.mesh.vpn import outward, vpn_of
+from meshplane.mesh.preauth import QuietLog
 
 if TYPE_CHECKING:
     from meshplane.mesh.doors.mqtt_connection import MqttConnection
+
+log = logging.getLogger(__name__)
 
 MAX_RETAINED = 10_000  # topics with a retained message, per node
 MAX_RETAINED_BYTES = 64 * 1024 * 1024
@@ -50,6 +54,7 @@ class RetainedStore:
         self.by_vpn: dict[str, dict[str, Retained]] = {}  # VPN -> internal subject (prefixed) -> message
         self.bytes_of: Counter[str] = Counter()  # VPN -> bytes held (payloads and subjects)
         self.refused: Counter[str] = Counter()  # VPN -> retained PUBLISHes refused past its share
+        self.quiet = QuietLog(log)
 
     @property
     def count(self) -> int:
@@ -77,6 +82,16 @@ class RetainedStore:
         )
         if payload and full:
             self.refused[vpn] += 1
+            self.quiet.warning(
+                f"retained_{vpn}",
+                "MQTT: a retained message of VPN %r not kept: its share of the node's retained messages "
+                "(%d of %d, %d of %d bytes) is full",
+                vpn,
+                len(messages),
+                self.max_count // shares,
+                self.bytes_of[vpn],
+                self.max_bytes // shares,
+            )
         elif payload:
             messages[subject] = Retained(payload, qos)
             self.bytes_of[vpn] += size
