@@ -504,3 +504,19 @@ async def test_with_the_nodes_tls_the_door_takes_tls_clients_with_a_certificate_
                     return b""
 
         assert not (await asyncio.to_thread(plain)).startswith(b"\x20")  # no CONNACK in clear
+
+
+async def test_an_mqtt5_session_expiry_past_the_nodes_cap_is_capped_and_the_connack_says_so() -> None:
+    port = free_port()
+    args = ("--mqtt-port", str(port), "--mqtt-session-expiry", "60")
+    with MeshCluster(1, node_args={"a": args}) as cluster:
+        cluster.start()
+        sock = await asyncio.to_thread(socket.create_connection, ("127.0.0.1", port), 30)
+        try:
+            connect = Connect(V5, "capped", False, properties={0x11: 3600})  # Session Expiry Interval
+            await asyncio.to_thread(sock.sendall, encode(connect, V5))
+            connack = await asyncio.to_thread(sock.recv, 4096)
+            assert connack[:4] == b"\x20" + bytes([connack[1]]) + b"\x00\x00"  # no session before, success
+            assert b"\x11\x00\x00\x00\x3c" in connack  # the Session Expiry Interval granted: 60 s
+        finally:
+            sock.close()

@@ -6,18 +6,31 @@ import asyncio
 import socket
 import threading
 import time
+from pathlib import Path
 
-from meshplane.core.doors.mqtt_packets import V311, Connect, Publish, Subscribe, encode
+from meshplane.core.doors.mqtt_packets import (
+    V311,
+    Connect,
+    Disconnect,
+    PingReq,
+    Publish,
+    Subscribe,
+    Unsubscribe,
+    encode,
+)
 from meshplane.launchers import MeshCluster
 from meshplane.launchers.base import free_port
+from tests.helpers import eventually
+from tests.support.mesh import status
+from tests.support.mqtt import Paho, connected, subscribed
 
 CONNACK_OK = b"\x20\x02\x00\x00"
 
 
-def _connect(port: int, client_id: str) -> socket.socket:
+def _connect(port: int, client_id: str, username: str | None = None, clean: bool = True) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    sock.sendall(encode(Connect(V311, client_id), V311))
-    assert sock.recv(4) == CONNACK_OK
+    sock.sendall(encode(Connect(V311, client_id, clean, username=username), V311))
+    assert sock.recv(4) in (CONNACK_OK, b"\x20\x02\x01\x00")  # (a session present)
     return sock
 
 
@@ -67,3 +80,181 @@ async def test_one_subscribe_matching_every_retained_message_many_times_does_not
             reader.join(timeout=30)
             for sock in (filler, probe, attacker):
                 sock.close()
+
+
+async def test_one_vpn_filling_the_retained_pool_refuses_no_other_vpns_retained_messages(
+    tmp_path: Path,
+) -> None:
+    """A client of team-a sent 10,000 retained PUBLISHes: the node's pool (10,000 topics) was full and
+    every other tenant's retained PUBLISH was refused until a restart. Each VPN now has its share (a
+    third here: default, team-a, team-b), and no retained message crosses from one VPN to another."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.team-a]\n[vpns.team-b]\n")
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mesh-vpns", str(vpns), "--mqtt-port", str(port))}) as cluster:
+        cluster.start()
+        filler = await asyncio.to_thread(_connect, port, "filler", "x@team-a")
+        retained = b"".join(encode(Publish(f"r/{i}", b"x", 0, True), V311) for i in range(10_001))
+        await asyncio.to_thread(filler.sendall, retained)
+        answer: dict[str, object] = {}
+
+        async def refused() -> bool:
+            answer.update((await status(cluster["a"]))["mqtt"])
+            return bool(answer["counters"].get("retained_refused"))  # type: ignore[attr-defined]
+
+        await eventually(
+            refused, timeout=30, interval=0.2, what="team-a's retained PUBLISHes refused past its share"
+        )
+        other = Paho(port, "b-pub")
+        other.client.username_pw_set("y@team-b")
+        await connected(other)
+        reader = Paho(port, "b-sub")
+        reader.client.username_pw_set("z@team-b")
+        snoop = Paho(port, "a-sub")
+        snoop.client.username_pw_set("w@team-a")
+        try:
+            info = other.client.publish("r/1", b"team-b's", qos=1, retain=True)
+            await asyncio.to_thread(info.wait_for_publish, 10)
+            await subscribed(await connected(reader), "r/1", 1)
+            await eventually(lambda: reader.payloads() == [b"team-b's"], timeout=10, what="team-b's retained")
+            await subscribed(await connected(snoop), "r/1", 1)
+            await eventually(lambda: snoop.payloads() == [b"x"], timeout=10, what="team-a's own")
+            answer = (await status(cluster["a"]))["mqtt"]
+            assert answer["retained_refused"] == {"team-a": 10_001 - 10_000 // 3}
+            assert answer["retained"] == 10_000 // 3 + 1
+            assert reader.payloads() == [b"team-b's"]
+            assert snoop.payloads() == [b"x"]
+        finally:
+            for client in (other, reader, snoop):
+                client.close()
+            filler.close()
+
+
+def _persistent_qos1(port: int, client_id: str, username: str) -> socket.socket | None:
+    """A 3.1.1 client with a persistent session and a QoS 1 filter (a queue), connected; None: it got
+    no SUBACK (the door closed it)."""
+    sock = _connect(port, client_id, username, clean=False)
+    sock.sendall(encode(Subscribe(1, ((f"t/{client_id}", 1),)), V311))
+    answer = sock.recv(5)
+    if not answer:
+        sock.close()
+        return None
+    assert answer == b"\x90\x03\x00\x01\x01"
+    return sock
+
+
+async def test_persistent_sessions_take_their_vpns_share_of_queues_and_expire(tmp_path: Path) -> None:
+    """Anonymous 3.1.1 clients with client ids of their own took every one of the node's 1,000 queues
+    with persistent sessions, for good (they never expired, and survived restarts): other VPNs' and
+    mesh clients' queues were refused. Each VPN now has its share of the sessions' queues (half the
+    node's, a third each here), and 3.1.1 sessions expire (``--mqtt-session-expiry``)."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.team-a]\n[vpns.team-b]\n")
+    port = free_port()
+    args = ("--mesh-vpns", str(vpns), "--mqtt-port", str(port), "--mqtt-session-expiry", "3")
+    with MeshCluster(1, node_args={"a": args}) as cluster:
+        cluster.start()
+        share = 500 // 3
+        clients: list[socket.socket | None] = []
+        try:
+            for i in range(share):  # connected: their sessions do not expire meanwhile
+                clients.append(await asyncio.to_thread(_persistent_qos1, port, f"a{i}", "x@team-a"))
+                assert clients[-1] is not None, i
+            assert await asyncio.to_thread(_persistent_qos1, port, "one-too-many", "x@team-a") is None
+            clients.append(await asyncio.to_thread(_persistent_qos1, port, "b0", "y@team-b"))
+            assert clients[-1] is not None  # team-b's share is whole
+            answer = (await status(cluster["a"]))["mqtt"]
+            assert answer["sessions"] == share + 2  # the refused one's session is kept, without a queue
+        finally:
+            for sock in clients:
+                if sock is not None:
+                    sock.sendall(encode(Disconnect(), V311))
+                    sock.close()
+
+        async def expired() -> bool:
+            answer.update((await status(cluster["a"]))["mqtt"])
+            return bool(answer["sessions"] == 0)
+
+        await eventually(expired, timeout=30, interval=0.5, what="the sessions expired")
+        assert answer["counters"]["sessions_expired"] == share + 2
+        again = await asyncio.to_thread(_persistent_qos1, port, "a-again", "x@team-a")  # their queues went
+        assert again is not None
+        again.close()
+
+
+async def test_a_persistent_sessions_filters_are_bounded_in_bytes_and_the_node_serves_on() -> None:
+    """1,000 filters of 1 KB in a persistent session: each SUBSCRIBE rewrote (and fsynced) the whole
+    sessions file on the node's loop, growing without bound. Past 64 KiB a filter is refused (3.1.1:
+    0x80); the SUBACK still comes, and the session is saved (it is there after a reconnect)."""
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mqtt-port", str(port))}) as cluster:
+        cluster.start()
+        sock = await asyncio.to_thread(_connect, port, "big", None, False)
+        filters = tuple((f"{'x' * 1000}/{i}", 1) for i in range(100))
+        sock.sendall(encode(Subscribe(7, filters), V311))
+        answer = b""
+        while len(answer) < 4 + 100:
+            answer += await asyncio.to_thread(sock.recv, 4096)
+        codes = answer[4:]
+        assert answer[:4] == b"\x90\x66\x00\x07"
+        taken = codes.count(1)
+        assert 55 < taken <= 64  # 64 KiB of filters
+        assert codes == b"\x01" * taken + b"\x80" * (100 - taken)
+        sock.sendall(encode(Disconnect(), V311))
+        sock.close()
+        again = await asyncio.to_thread(_connect, port, "big-too", None, False)  # the node serves on
+        again.close()
+        counters = (await status(cluster["a"]))["mqtt"]["counters"]
+        assert counters["session_bytes_limit"] == 100 - taken
+
+
+def _publish_qos1(sock: socket.socket, packet_id: int, payload: bytes, dup: bool = False) -> None:
+    sock.sendall(encode(Publish("q/x", payload, 1, False, dup, packet_id), V311))
+    assert sock.recv(4) == bytes([0x40, 2, 0, packet_id])  # its PUBACK
+
+
+async def test_a_qos1_publish_sent_again_with_dup_after_a_reconnect_is_stored_once() -> None:
+    """A client whose connection dropped before a PUBACK reached it sends the PUBLISH again, with DUP
+    and the same packet id, to its persistent session: it was stored (and delivered) twice."""
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mqtt-port", str(port))}) as cluster:
+        cluster.start()
+        sub = await connected(Paho(port, "sub"))
+        await subscribed(sub, "q/#", 1)
+        try:
+            pub = await asyncio.to_thread(_connect, port, "pub", None, False)
+            await asyncio.to_thread(_publish_qos1, pub, 5, b"one")
+            pub.close()  # the PUBACK "lost": the client sends it again
+            pub = await asyncio.to_thread(_connect, port, "pub", None, False)
+            await asyncio.to_thread(_publish_qos1, pub, 5, b"one", True)
+            await asyncio.to_thread(_publish_qos1, pub, 5, b"three", True)  # same id, another message
+            await asyncio.to_thread(_publish_qos1, pub, 6, b"two")
+            pub.close()
+            await eventually(lambda: b"two" in sub.payloads(), timeout=10, what="the last message")
+            assert sub.payloads() == [b"one", b"three", b"two"]
+            counters = (await status(cluster["a"]))["mqtt"]["counters"]
+            assert counters["resent_not_stored_again"] == 1
+        finally:
+            sub.close()
+
+
+async def test_what_follows_a_persistent_sessions_subscribe_waits_for_its_save_in_order() -> None:
+    """The SUBACK waits for the sessions file (written in a worker thread): packets sent behind the
+    SUBSCRIBE in the same write are answered after it, in order, and the socket is read again."""
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mqtt-port", str(port))}) as cluster:
+        cluster.start()
+        sock = await asyncio.to_thread(_connect, port, "pipelined", None, False)
+        try:
+            burst = encode(Subscribe(1, (("p/1", 1),)), V311) + encode(PingReq(), V311)
+            burst += encode(Unsubscribe(2, ("p/1",)), V311) + encode(PingReq(), V311)
+            await asyncio.to_thread(sock.sendall, burst)
+            expected = b"\x90\x03\x00\x01\x01" + b"\xd0\x00" + b"\xb0\x02\x00\x02" + b"\xd0\x00"
+            answer = b""
+            while len(answer) < len(expected):
+                answer += await asyncio.to_thread(sock.recv, 4096)
+            assert answer == expected
+            await asyncio.to_thread(sock.sendall, encode(PingReq(), V311))  # read again
+            assert await asyncio.to_thread(sock.recv, 2) == b"\xd0\x00"
+        finally:
+            sock.close()

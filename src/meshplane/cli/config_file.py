@@ -40,6 +40,7 @@ GROUP_SECTIONS = (
     ("event mesh", "mesh"),
     ("limits", "limits"),
     ("nats door", "nats"),
+    ("mqtt door", "mqtt"),
 )
 #: settings the environment sets too (and then wins over the file)
 ENVIRONMENT = {"storage": STORAGE_ENV}
@@ -81,8 +82,8 @@ def settings_of(parser: argparse.ArgumentParser) -> dict[tuple[str, str], Settin
             where = SEED_SECTIONS.get(key, section)
             if where in ("mesh", "mesh_limits") and key.startswith("mesh_"):
                 key = key.removeprefix("mesh_")
-            if where == "nats":
-                key = key.removeprefix("nats_")
+            if where in ("nats", "mqtt"):
+                key = key.removeprefix(f"{where}_")
             found[(where, key)] = Setting(where, key, action)
     return found
 

@@ -154,6 +154,16 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
         help="take NATS clients here, on --host (0: a free port). Credentials: the --mesh-vpns users, "
         "else $MESHPLANE_NATS_TOKEN if set",
     )
+    mqtt = parser.add_argument_group("MQTT door (MQTT clients, unchanged, on this node; docs/mesh.md)")
+    mqtt.add_argument(
+        "--mqtt-session-expiry",
+        type=int,
+        default=MeshConfig.mqtt_session_expiry,
+        metavar="S",
+        help="seconds a persistent MQTT session (its subscriptions, its queue) outlives its client: 3.1.1's "
+        "sessions, and the most an MQTT 5 client's Session Expiry Interval gets (0: no persistent sessions; "
+        "as mosquitto's persistent_client_expiration)",
+    )
     limits = parser.add_argument_group("mesh limits per connection (passing one closes that connection)")
     for name, (kind, help_text) in PEER_LIMIT_FLAGS.items():
         default = getattr(PeerLimits(), name)
@@ -207,6 +217,7 @@ def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
         nats_port=args.nats_port,
         routes=args.routes,
         mqtt_port=args.mqtt_port,
+        mqtt_session_expiry=args.mqtt_session_expiry,
         gateways=tuple(args.gateway),
         heartbeat_interval=args.heartbeat_interval,
         dead_after=args.heartbeat_interval * 3.5,

@@ -97,6 +97,7 @@ class MeshConfig:
     nats_port: int | None = None  # NATS clients connect here (0: a free port; None: no NATS door)
     routes: tuple[str, ...] = ()  # tcp://host:port of the other nodes
     mqtt_port: int | None = None  # MQTT clients connect here (None: no MQTT door; 0: a free port)
+    mqtt_session_expiry: int = 7 * 24 * 3600  # seconds a persistent MQTT session outlives its client
     gateways: tuple[tuple[str, str], ...] = ()  # (cluster, tcp://host:port of its gateway): a gateway
     secret: str = field(default_factory=lambda: secret_from_env(MEMBER_SECRET_ENV), repr=False)  # members'
     client_secret: str | None = field(default=None, repr=False)  # None: $MESHPLANE_MESH_CLIENT_SECRET
@@ -151,6 +152,8 @@ class MeshConfig:
             raise ConfigError(
                 f"backpressure policy {self.backpressure_policy!r}: one of {', '.join(POLICIES)}"
             )
+        if self.mqtt_session_expiry < 0:
+            raise ConfigError(f"MQTT session expiry {self.mqtt_session_expiry}: seconds, 0 or more")
         unknown = set(self.faults) - set(FAULTS)
         if unknown:
             raise ConfigError(f"unknown mesh faults {sorted(unknown)}: {', '.join(FAULTS)}")

@@ -40,6 +40,10 @@ def changed(path: Path, cut: int | None = None, synced: bool = False) -> None:
 def fsync_dir(directory: Path) -> None:
     """Make a create, rename or unlink in ``directory`` survive a machine crash."""
     changed(directory)
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -47,11 +51,13 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
+def write_atomic(path: Path, data: bytes, *, sync: bool = True, notify: bool = True) -> None:
     """Replace ``path`` with ``data`` whole or not at all: a temporary file, renamed over it.
 
     With ``sync`` the data and the rename are fsynced (a machine crash keeps one version or the
-    other); a failure at any step leaves the old file as it was and no temporary behind.
+    other); a failure at any step leaves the old file as it was and no temporary behind. Without
+    ``notify`` (a write in a worker thread: the watchers are the event loop's) the caller calls
+    :func:`replaced` once back on the loop.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -70,9 +76,19 @@ def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    changed(path, cut=0, synced=sync)  # new from its first byte (the inode number may be reused)
-    if sync:
-        fsync_dir(path.parent)
+    try:
+        if sync:
+            _fsync_dir(path.parent)
+    finally:
+        if notify:
+            replaced(path, sync)
+
+
+def replaced(path: Path, synced: bool) -> None:
+    """Tell the watchers ``path`` was replaced whole (by :func:`write_atomic`)."""
+    changed(path, cut=0, synced=synced)  # new from its first byte (the inode number may be reused)
+    if synced:
+        changed(path.parent)
 
 
 def default_file_budget() -> int:

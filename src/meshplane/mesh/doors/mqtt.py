@@ -23,6 +23,7 @@ import hmac
 import itertools
 import logging
 import os
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
 from meshplane.errors import ConfigError
 from meshplane.mesh.doors.mqtt_connection import MAX_CLIENT_ID, RECEIVE_MAXIMUM, MqttConnection
+from meshplane.mesh.doors.mqtt_resends import Pending
 from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX, RetainedStore
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
 from meshplane.mesh.holders import MeshEvent
@@ -79,7 +81,7 @@ class MqttDoor:
         )
         self.counters: Counter[str] = Counter()
         self.quiet = QuietLog(log)
-        self.retained = RetainedStore()
+        self.retained = RetainedStore(vpns=lambda: len(node.config.vpns))
         self.retain_holder = RetainHolder(self)
         self.sessions: Sessions | None = None
         self.tasks: set[asyncio.Task[None]] = set()
@@ -99,7 +101,13 @@ class MqttDoor:
             )
         guaranteed = self.node.guaranteed
         if guaranteed.engine is not None:
-            self.sessions = Sessions(guaranteed.engine.root / "mesh", guaranteed.queues)
+            vpns = config.vpns
+            self.sessions = Sessions(
+                guaranteed.engine.root / "mesh",
+                guaranteed.queues,
+                lambda: len(vpns),
+                config.mqtt_session_expiry,
+            )
         for vpn in config.vpns:
             self.node.subscribe(self.retain_holder, RETAIN_PREFIX + prefix_of(vpn) + "#")
         loop = asyncio.get_running_loop()
@@ -126,7 +134,7 @@ class MqttDoor:
         for task in list(self.tasks):
             task.cancel()
         if self.sessions is not None:
-            self.sessions.checkpoint()
+            await self.sessions.close()
 
     async def _ticks(self) -> None:
         while True:
@@ -139,7 +147,7 @@ class MqttDoor:
                 self.count("keep_alive_timeout")
                 conn.close(Code.KEEP_ALIVE_TIMEOUT, "nothing heard for 1.5 keep-alive intervals")
         if self.sessions is not None:
-            self.sessions.expire(self.sessions.now())
+            self.counters["sessions_expired"] += self.sessions.expire(self.sessions.now())
             self.sessions.checkpoint()
 
     def count(self, what: str) -> None:
@@ -180,22 +188,21 @@ class MqttDoor:
             conn.send(ConnAck(False, code, props))
             conn.end()
             return
-        held, conn.held = conn.held, []
-        conn.handle(held)
-        if conn.transport is not None and not conn.closing:
-            conn.transport.resume_reading()
+        conn.release_held()
 
     async def _admit_connect(self, conn: MqttConnection, packet: Connect) -> tuple[int, str]:
         v5 = packet.level == V5
         client_id = packet.client_id
         if len(client_id) > MAX_CLIENT_ID:
             return Code.BAD_CLIENT_ID, f"a client id of more than {MAX_CLIENT_ID} characters"
-        expiry = _number(packet, Prop.SESSION_EXPIRY, 0) if v5 else (0 if packet.clean else NEVER)
+        cap = self.node.config.mqtt_session_expiry
+        asked = _number(packet, Prop.SESSION_EXPIRY, 0) if v5 else (0 if packet.clean else NEVER)
+        expiry = min(asked, cap)  # 3.1.1's sessions expire too, as mosquitto's persistent_client_expiration
         persistent = expiry > 0
         if not client_id:
             if packet.level == V311 and not packet.clean:
                 return Code.BAD_CLIENT_ID, "a persistent session needs a client id"
-            client_id = conn.new_client_id()
+            client_id = "mqtt-" + secrets.token_hex(8)
         will = None
         if packet.will is not None:
             try:
@@ -236,8 +243,10 @@ class MqttDoor:
             if persistent:
                 if stored is None:
                     try:
-                        stored = self.sessions.open(conn.vpn, client_id, expiry)
+                        user = conn.user if conn.permissions is not None else ""
+                        stored = self.sessions.open(conn.vpn, client_id, expiry, user)
                     except StreamError as exc:
+                        self.count("session_refused")
                         return Code.QUOTA_EXCEEDED, str(exc)
                 else:
                     session_present = True
@@ -264,6 +273,8 @@ class MqttDoor:
             }
             if client_id != packet.client_id:
                 props[Prop.ASSIGNED_CLIENT_ID] = client_id
+            if expiry != asked:
+                props[Prop.SESSION_EXPIRY] = expiry  # the node's cap
         conn.send(ConnAck(session_present, Code.SUCCESS, props))
         if conn.session is not None:
             self._restore(conn, conn.session)
@@ -334,7 +345,7 @@ class MqttDoor:
             if conn.session.expiry == 0:
                 self.sessions.drop(conn.vpn, conn.client_id)
             else:
-                self.sessions.dirty = True
+                self.sessions.changed(conn.session)
 
     # --- the node ----------------------------------------------------------------------------------
 
@@ -346,10 +357,20 @@ class MqttDoor:
         self.node.logins.subscriptions[conn.vpn] -= 1
         self.node.unsubscribe(conn, pattern)
 
-    def subscription_room(self, vpn: str) -> bool:
+    def subscription_room(self, conn: MqttConnection, topic_filter: str) -> bool:
+        """Whether ``conn`` may take one more filter: its VPN's limit, its session's bytes."""
+        vpn = conn.vpn
         limit = self.node.config.vpns[vpn].max_subscriptions
         if limit is not None and self.node.logins.subscriptions[vpn] >= limit:
             self.node.logins.limits_refused[(vpn, "subscriptions")] += 1
+            return False
+        sessions = self.sessions
+        if (
+            conn.session is not None
+            and sessions is not None
+            and not sessions.room(conn.session, topic_filter)
+        ):
+            self.count("session_bytes_limit")
             return False
         return True
 
@@ -381,21 +402,38 @@ class MqttDoor:
 
     # --- persistent sessions -------------------------------------------------------------------------
 
-    def sessions_dirty(self) -> None:
+    def resent(self, conn: MqttConnection, entry: Pending) -> bool:
+        """A persistent session's QoS 1 PUBLISH, sent again (DUP), that was stored before: counted."""
+        sessions, session = self.sessions, conn.session
+        if sessions is None or session is None:
+            return False
+        if not sessions.resends.stored(session.key, entry.packet_id, entry.digest):
+            return False
+        self.count("resent_not_stored_again")
+        return True
+
+    def stored(self, conn: MqttConnection, entry: Pending) -> None:
+        if self.sessions is not None and conn.session is not None:
+            self.sessions.resends.remember(conn.session.key, entry.packet_id, entry.digest)
+
+    def sessions_dirty(self, session: StoredSession) -> None:
         if self.sessions is not None:
-            self.sessions.dirty = True
+            self.sessions.changed(session)
 
     def session_subscriptions(self, conn: MqttConnection) -> str:
-        """A persistent session's subscriptions changed: saved (fsynced) with its queue's patterns;
-        why not, when they could not be (the node's queue limit, a failing disk)."""
+        """A persistent session's subscriptions changed: its queue's patterns follow, and they are
+        being saved (``conn.saving``, fsynced in a worker thread); why not, when they could not be
+        (the node's or its VPN's share of queues)."""
         session, sessions = conn.session, self.sessions
         if session is None or sessions is None:
             return ""
+        before = session.subscriptions
         session.subscriptions = {f: (s.qos, s.options) for f, s in conn.subscriptions.items()}
         patterns = [outward(conn.prefix, s.pattern) for s in conn.subscriptions.values() if s.qos]
         try:
-            sessions.subscriptions_changed(session, patterns)
+            conn.saving = sessions.subscriptions_changed(session, patterns)
         except StreamError as exc:
+            session.subscriptions = before  # as granted before: a QoS 1 filter without a queue gets nothing
             self.count("session_not_saved")
             log.warning("MQTT session %s: subscriptions not saved (%s)", bounded(conn.client_id), exc)
             return f"the session's subscriptions could not be saved: {exc}"
@@ -403,7 +441,9 @@ class MqttDoor:
         return ""
 
     def _restore(self, conn: MqttConnection, session: StoredSession) -> None:
+        conn.session = None  # what it was granted comes back as it was: no bound is applied again
         conn.restore(session.subscriptions)
+        conn.session = session
         session.sent = max(session.sent, session.acked)
         self._start_pump(conn, session)
 
@@ -411,7 +451,8 @@ class MqttDoor:
         if conn.pump is None and any(s.qos for s in conn.subscriptions.values()):
             engine = self.node.guaranteed.engine
             assert engine is not None  # a node without one keeps no sessions
-            task = pump_queue(engine, conn, session, self.count, self.sessions_dirty)
+            assert self.sessions is not None
+            task = pump_queue(engine, conn, session, self.count, self.sessions)
             conn.pump = asyncio.get_running_loop().create_task(task)
 
     # --- what it looks like ------------------------------------------------------------------------
@@ -421,8 +462,10 @@ class MqttDoor:
             "port": self.port,
             "clients": [_client(c) for c in itertools.islice(self.connections.values(), limit)],
             "sessions": len(self.sessions.by_key) if self.sessions is not None else 0,
-            "retained": len(self.retained.messages),
-            "retained_bytes": self.retained.bytes,
+            "sessions_bytes": self.sessions.bytes if self.sessions is not None else 0,
+            "retained": self.retained.count,
+            "retained_refused": dict(self.retained.refused),
+            "retained_bytes": self.retained.total_bytes,
             "counters": dict(self.counters),
         }
 

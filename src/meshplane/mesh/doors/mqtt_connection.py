@@ -16,10 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -51,7 +49,9 @@ from meshplane.core.doors.nats_protocol import unwrap
 from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward
+from meshplane.mesh.doors.mqtt_resends import Pending, digest
 from meshplane.mesh.doors.mqtt_retained import RetainedSender
+from meshplane.mesh.doors.mqtt_sessions import Subscription, after_saved
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.preauth import bounded
 
@@ -69,20 +69,6 @@ MAX_WAITING = 10_000  # QoS 1 messages waiting for room in flight ...
 MAX_WAITING_BYTES = 16 * 1024 * 1024  # ... and their bytes
 MAX_OUTBOUND_BYTES = 16 * 1024 * 1024  # unsent to the client's socket: past it, a slow consumer
 MAX_CLIENT_ID = 256
-
-
-class Subscription(msgspec.Struct, frozen=True):
-    pattern: str  # the mesh pattern, with the VPN's prefix
-    qos: int
-    options: int
-
-
-@dataclass(slots=True)
-class Pending:
-    """A QoS 1 PUBLISH of the client being stored: its answer ("" stored), None until it comes."""
-
-    packet_id: int
-    error: str | None = None
 
 
 class MqttConnection(asyncio.Protocol):
@@ -117,6 +103,7 @@ class MqttConnection(asyncio.Protocol):
         self.waiting: deque[Publish] = deque()
         self.waiting_bytes = 0
         self.pump: asyncio.Task[None] | None = None
+        self.saving: asyncio.Future[None] | None = None  # the session's subscriptions being saved
         self.retained_sender = RetainedSender(self, MAX_SUBSCRIPTIONS)
         self.room = asyncio.Event()
         self.messages_in = self.messages_out = self.dropped = 0
@@ -155,8 +142,8 @@ class MqttConnection(asyncio.Protocol):
         for index, item in enumerate(items):
             if self.closing:
                 return
-            if self.level and not self.connected:  # after a CONNECT being answered: they wait for it
-                self.held = items[index:]
+            if self.saving or (self.level and not self.connected):  # they wait for its answer
+                self.held.extend(items[index:])
                 return
             try:
                 if isinstance(item, MqttError):
@@ -165,6 +152,13 @@ class MqttConnection(asyncio.Protocol):
             except MqttError as exc:
                 self.refuse(exc)
                 return
+
+    def release_held(self) -> None:
+        """What was read while an answer was awaited (a CONNECT's, a session's save), handled now."""
+        held, self.held = self.held, []
+        self.handle(held)
+        if self.transport is not None and not (self.closing or self.paused_reading or self.saving):
+            self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -292,11 +286,14 @@ class MqttConnection(asyncio.Protocol):
                 f"more than {RECEIVE_MAXIMUM} QoS 1 PUBLISHes unanswered",
                 Code.RECEIVE_MAXIMUM_EXCEEDED,
             )
-        entry = Pending(packet.packet_id)
+        entry = Pending(packet.packet_id, digest(packet.topic, packet.payload) if self.session else b"")
         self.publishes.append(entry)
         if len(self.publishes) >= RECEIVE_MAXIMUM // 2 and self.transport is not None and self.level == V311:
             self.transport.pause_reading()  # 3.1.1 has no Receive Maximum: the socket waits
             self.paused_reading = True
+        if packet.dup and self.door.resent(self, entry):  # stored before its client reconnected
+            self.answered(entry, 0, "")
+            return
         self.door.publish_guaranteed(
             self.prefix + subject, packet.payload, skip, partial(self.answered, entry)
         )
@@ -304,6 +301,8 @@ class MqttConnection(asyncio.Protocol):
     def answered(self, entry: Pending, _: int, error: str) -> None:
         """A QoS 1 PUBLISH stored (``error`` empty) or not: PUBACKs go in order."""
         entry.error = error
+        if not error and entry.digest:
+            self.door.stored(self, entry)
         while self.publishes and self.publishes[0].error is not None:
             done = self.publishes.popleft()
             packet_id, error = done.packet_id, done.error or ""
@@ -317,7 +316,8 @@ class MqttConnection(asyncio.Protocol):
                 return
         if self.paused_reading and len(self.publishes) < RECEIVE_MAXIMUM // 4 and self.transport is not None:
             self.paused_reading = False
-            self.transport.resume_reading()
+            if self.saving is None:
+                self.transport.resume_reading()
 
     def on_puback(self, packet_id: int) -> None:
         offset = self.inflight.pop(packet_id, None)
@@ -337,7 +337,7 @@ class MqttConnection(asyncio.Protocol):
         session = self.session
         if session is not None:
             session.acked = next(iter(self.queue_offsets)) if self.queue_offsets else session.sent
-            self.door.sessions_dirty()
+            self.door.sessions_dirty(session)
 
     def on_subscribe(self, packet: Subscribe) -> None:
         codes: list[int] = []
@@ -351,7 +351,10 @@ class MqttConnection(asyncio.Protocol):
         if refused:  # not kept as its session: no SUBACK, said why (the client may try again)
             self.close(Code.QUOTA_EXCEEDED, refused)
             return
-        self.send(SubAck(packet.packet_id, tuple(codes)))
+        after_saved(self, partial(self._subacked, packet.packet_id, tuple(codes), new))
+
+    def _subacked(self, packet_id: int, codes: tuple[int, ...], new: list[tuple[str, str]]) -> None:
+        self.send(SubAck(packet_id, codes))
         if not self.retained_sender.add(pattern for _, pattern in new):
             self.door.count("slow_consumer")
             self.close(Code.QUOTA_EXCEEDED, "a slow consumer: too many filters' retained messages to send")
@@ -376,10 +379,14 @@ class MqttConnection(asyncio.Protocol):
             if len(self.subscriptions) >= MAX_SUBSCRIPTIONS:
                 self.door.count("subscription_limit")
                 return Code.QUOTA_EXCEEDED, ""
-            if self.session is not None and qos and self._persistent_qos1() >= MAX_PERSISTENT_QOS1:
+            if (
+                self.session is not None
+                and qos
+                and sum(s.qos for s in self.subscriptions.values()) >= MAX_PERSISTENT_QOS1
+            ):
                 self.door.count("subscription_limit")
                 return Code.QUOTA_EXCEEDED, ""
-            if not self.door.subscription_room(self.vpn):
+            if not self.door.subscription_room(self, topic_filter):
                 return Code.QUOTA_EXCEEDED, ""
         internal = self.prefix + pattern
         self.subscriptions[topic_filter] = Subscription(internal, qos, options)
@@ -400,7 +407,8 @@ class MqttConnection(asyncio.Protocol):
         if refused:
             self.close(Code.UNSPECIFIED, refused)
             return
-        self.send(UnsubAck(packet.packet_id, tuple(codes) if self.level == V5 else ()))
+        answer = UnsubAck(packet.packet_id, tuple(codes) if self.level == V5 else ())
+        after_saved(self, partial(self.send, answer))
 
     def _drop_pattern(self, pattern: str) -> None:
         left = self.patterns.get(pattern, 0) - 1
@@ -409,9 +417,6 @@ class MqttConnection(asyncio.Protocol):
         else:
             self.patterns.pop(pattern, None)
             self.door.unsubscribed(self, pattern)
-
-    def _persistent_qos1(self) -> int:
-        return sum(1 for s in self.subscriptions.values() if s.qos)
 
     def _changed(self, save: bool = True) -> str:
         """The subscriptions changed: a persistent session saves them; why not, if they were not."""
@@ -490,10 +495,3 @@ class MqttConnection(asyncio.Protocol):
     def send_from_queue(self, offset: int, topic: str, payload: bytes, dup: bool) -> None:
         self.messages_out += 1
         self._send_qos1(Publish(topic, payload, 1), offset, dup)
-
-    @property
-    def has_room(self) -> bool:
-        return len(self.inflight) < self.receive_maximum
-
-    def new_client_id(self) -> str:
-        return "mqtt-" + secrets.token_hex(8)

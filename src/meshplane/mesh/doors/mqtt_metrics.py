@@ -21,9 +21,15 @@ class MqttCollector(Collector):
         yield GaugeMetricFamily(PREFIX + "clients", "MQTT clients connected", value=len(door.connections))
         sessions = len(door.sessions.by_key) if door.sessions is not None else 0
         yield GaugeMetricFamily(PREFIX + "sessions", "Persistent MQTT sessions kept", value=sessions)
-        yield GaugeMetricFamily(
-            PREFIX + "retained", "Retained MQTT messages", value=len(door.retained.messages)
+        yield GaugeMetricFamily(PREFIX + "retained", "Retained MQTT messages", value=door.retained.count)
+        refused = CounterMetricFamily(
+            PREFIX + "retained_refused",
+            "Retained PUBLISHes not kept: their VPN's share of the node's retained messages was full",
+            labels=["vpn"],
         )
+        for vpn, value in sorted(door.retained.refused.items()):
+            refused.add_metric([vpn], value)
+        yield refused
         connections = door.connections.values()
         yield CounterMetricFamily(
             PREFIX + "messages_in",

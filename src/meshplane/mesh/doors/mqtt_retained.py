@@ -4,23 +4,28 @@ Each node with an MQTT door keeps its own copy. A retained PUBLISH is stored on 
 the others as a direct event on ``$mqtt.<subject>`` (reserved: no client of the mesh sees it), which
 every door subscribes to, so an MQTT client subscribing on any node gets it. The copy is in memory and
 reaches the nodes that are up: a node started (or restarted) later knows only what was retained after.
-Bounded (:data:`MAX_RETAINED`, :data:`MAX_RETAINED_BYTES`): a new topic past them is not retained,
-counted; an empty retained payload deletes the topic's message, as MQTT says.
+Bounded (:data:`MAX_RETAINED`, :data:`MAX_RETAINED_BYTES`), each VPN to its share of them: a new topic
+past its VPN's share is not retained, counted per VPN; an empty retained payload deletes the topic's
+message, as MQTT says.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from collections.abc import Iterable
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from meshplane.core.doors.mqtt_topics import matches, to_topic
-from meshplane.core.mesh.vpn import outward
+from meshplane.core.mesh.vpn import outward, vpn_of
+from meshplane.mesh.preauth import QuietLog
 
 if TYPE_CHECKING:
     from meshplane.mesh.doors.mqtt_connection import MqttConnection
+
+log = logging.getLogger(__name__)
 
 MAX_RETAINED = 10_000  # topics with a retained message, per node
 MAX_RETAINED_BYTES = 64 * 1024 * 1024
@@ -35,26 +40,68 @@ class Retained:
 
 
 class RetainedStore:
-    def __init__(self, max_count: int = MAX_RETAINED, max_bytes: int = MAX_RETAINED_BYTES) -> None:
-        self.max_count, self.max_bytes = max_count, max_bytes
-        self.messages: dict[str, Retained] = {}  # by internal subject (with its VPN's prefix)
-        self.bytes = 0
-        self.refused = 0
+    """The node's retained messages, each VPN's in its own share of the pool: the node's bounds divided
+    by its VPNs (``vpns()``: their number, read at each PUBLISH, so a reload changes the shares), so a
+    tenant filling its share refuses no other tenant's retained PUBLISH."""
+
+    def __init__(
+        self,
+        max_count: int = MAX_RETAINED,
+        max_bytes: int = MAX_RETAINED_BYTES,
+        vpns: Callable[[], int] = lambda: 1,
+    ) -> None:
+        self.max_count, self.max_bytes, self.vpns = max_count, max_bytes, vpns
+        self.by_vpn: dict[str, dict[str, Retained]] = {}  # VPN -> internal subject (prefixed) -> message
+        self.bytes_of: Counter[str] = Counter()  # VPN -> bytes held (payloads and subjects)
+        self.refused: Counter[str] = Counter()  # VPN -> retained PUBLISHes refused past its share
+        self.quiet = QuietLog(log)
+
+    @property
+    def count(self) -> int:
+        return sum(len(messages) for messages in self.by_vpn.values())
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes_of.total()
+
+    def usage(self, vpn: str) -> tuple[int, int]:
+        """A VPN's retained messages and their bytes."""
+        return len(self.by_vpn.get(vpn, ())), self.bytes_of[vpn]
 
     def put(self, subject: str, payload: bytes, qos: int) -> bool:
-        """Retain (or, with an empty payload, forget) ``subject``'s message; False when past the bounds."""
-        old = self.messages.pop(subject, None)
+        """Retain (or, with an empty payload, forget) ``subject``'s message; False past its VPN's share."""
+        vpn = vpn_of(subject)
+        messages = self.by_vpn.setdefault(vpn, {})
+        old = messages.pop(subject, None)
         if old is not None:
-            self.bytes -= len(old.payload) + len(subject)
-        if not payload:
-            return True
+            self.bytes_of[vpn] -= len(old.payload) + len(subject)
         size = len(payload) + len(subject)
-        if len(self.messages) >= self.max_count or self.bytes + size > self.max_bytes:
-            self.refused += 1
-            return False
-        self.messages[subject] = Retained(payload, qos)
-        self.bytes += size
-        return True
+        shares = max(self.vpns(), 1)
+        full = (
+            len(messages) >= self.max_count // shares or self.bytes_of[vpn] + size > self.max_bytes // shares
+        )
+        if payload and full:
+            self.refused[vpn] += 1
+            self.quiet.warning(
+                f"retained_{vpn}",
+                "MQTT: a retained message of VPN %r not kept: its share of the node's retained messages "
+                "(%d of %d, %d of %d bytes) is full",
+                vpn,
+                len(messages),
+                self.max_count // shares,
+                self.bytes_of[vpn],
+                self.max_bytes // shares,
+            )
+        elif payload:
+            messages[subject] = Retained(payload, qos)
+            self.bytes_of[vpn] += size
+        if not messages:
+            del self.by_vpn[vpn]
+        return not (payload and full)
+
+    def candidates(self, pattern: str) -> list[tuple[str, Retained]]:
+        """The retained messages ``pattern`` (internal, with its VPN's prefix) may match: its VPN's only."""
+        return list(self.by_vpn.get(vpn_of(pattern), {}).items())
 
 
 class RetainedSender:
@@ -81,7 +128,7 @@ class RetainedSender:
         try:
             while self.due and not conn.closing:
                 pattern = self.due.popleft()
-                kept = list(conn.door.retained.messages.items())
+                kept = conn.door.retained.candidates(pattern)
                 for start in range(0, len(kept), RETAINED_SLICE):
                     for subject, message in kept[start : start + RETAINED_SLICE]:
                         if matches(pattern, subject):
