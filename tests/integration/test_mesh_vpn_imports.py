@@ -341,6 +341,7 @@ async def request_and_answer(responding: StreamsServerProcess, requesting: Strea
         await responder.close()
 
 
+@pytest.mark.timeout(170)  # its waits add up to 150 s
 async def test_client_commands_take_vpn_and_the_vpn_is_kept(tmp_path: Path) -> None:
     """``meshplane sub/pub --transport mesh --mesh-node URL --vpn A``: the CLI's event reaches the CLI's
     subscriber in A, and a subscriber in B (which imports nothing) gets none of it."""
