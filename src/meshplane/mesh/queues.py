@@ -45,6 +45,7 @@ from meshplane.streams.files import write_atomic
 if TYPE_CHECKING:
     from meshplane.mesh.node import MeshNode
     from meshplane.streams.service import StreamsService
+    from meshplane.streams.topics import Topic
 
 log = logging.getLogger(__name__)
 
@@ -302,6 +303,22 @@ class Queues:
                     recalled[event_id] = None
             queue.recent.remember(mine, "", mine.values())
             queue.recent.remember(recalled, RECALLED)
+            offset = events[-1].offset + 1
+        for index, other in enumerate(topic.partitions[1:], 1):  # a topic made before its queue
+            self._recall_ids(queue, topic, index, max(other.start_offset, other.next_offset - RECENT_IDS))
+
+    def _recall_ids(self, queue: Queue, topic: Topic, index: int, offset: int) -> None:
+        """The ids a partition holds from ``offset`` on."""
+        while offset < topic.partitions[index].next_offset:
+            try:
+                events = topic.read(index, offset, 1000, counted=False)
+            except (CorruptRecords, StreamError) as exc:
+                log.warning("queue %s: could not read back its recent ids (%s)", queue.name, exc)
+                return
+            if not events:
+                return
+            new = dict.fromkeys(event.body.id for event in events)
+            queue.recent.remember([i for i in new if i not in queue.recent.ids], RECALLED)
             offset = events[-1].offset + 1
 
     def _marks_path(self, name: str) -> Path:
