@@ -13,6 +13,7 @@ import pytest
 
 from meshplane.core.mesh.frames import FLAG_GUARANTEED
 from meshplane.core.mesh.source_marks import SourceMarks
+from meshplane.core.streamlog import StoredEvent
 from meshplane.mesh import queues as queues_module
 from meshplane.mesh.commit_batch import store_batch
 from meshplane.mesh.config import MeshConfig
@@ -87,3 +88,19 @@ def test_the_checkpoint_says_where_the_oldest_remembered_id_of_this_nodes_publis
     assert again.local_from == 11
     assert again.load(b'{"next_offset": 5, "sources": {}}', 71) == 5  # a checkpoint from before
     assert again.local_from is None
+
+
+async def test_a_queue_on_a_topic_made_before_it_with_more_partitions_recalls_each_partitions_ids(
+    tmp_path: Path,
+) -> None:
+    async with node_a(tmp_path) as node:
+        engine = node.guaranteed.engine
+        assert engine is not None
+        engine.topic_store.create("q", 2)
+        event = StoredEvent(id="1000-7-client-origin-01", event_type="orders.eu", data="x")
+        engine.append_topic("q", [event], partition=1)
+        node.guaranteed.queues.create("q", ["orders.>"])
+        await node.guaranteed.publish_async(
+            MeshEvent("client-origin-01", "orders.eu", 7, 1000, b"again", FLAG_GUARANTEED)
+        )
+        assert node.guaranteed.counters["duplicates_dropped"] == 1
