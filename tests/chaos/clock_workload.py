@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 from meshplane.launchers import StreamsServerProcess
 from meshplane.streams.client import StreamsClient
@@ -22,20 +21,17 @@ from tests.chaos.jetstream_workload import CLIENT_PORT, NATS, NatsHost
 from tests.chaos.schedule import Fault
 
 STREAMS = ("s1", "s2")
-CLOCK_DIR = Path(__file__).parent / "clock"
 
 
 def server(servers: Servers, host: str, fsync: str) -> Server:
     if host in NATS:
         return NatsHost(servers, host, fsync == "always")
     storage = ",".join(f"nats://{servers.network.address(n)}:{CLIENT_PORT}" for n in NATS)
-    clock = servers.clock_file(host)
-    clock.write_text("0")
     return StreamsServerProcess(
         port=HTTP_PORT,
         data_dir=servers.mount(host) / "data",
         extra_args=("--host", servers.network.address(host), "--storage", storage, "--replicas", "3"),
-        env={"PYTHONPATH": str(CLOCK_DIR), "MESHPLANE_CHAOS_CLOCK": str(clock)},
+        env=servers.clock_env(host),
         launcher=servers.network.exec_prefix(host),
     )
 

@@ -37,6 +37,7 @@ PROXY_PORT = 7100  # + the peer's index: where a host's proxy to that peer liste
 SLOW = (200, 200)  # the slow nemesis: milliseconds of delay, and of jitter on top, each way
 SHORT_SPANS = {"gap": (0.5, 1.5), "length": (1.0, 3.0)}  # --short: seconds between faults, of each fault
 CLOCK_STEP = 15.0  # the clock nemesis: seconds a host's wall clock steps ahead (and back at heal)
+CLOCK_DIR = Path(__file__).parent / "clock"  # its sitecustomize steps a server's clock as the file says
 
 
 def enter(ns_path: str) -> None:
@@ -106,6 +107,11 @@ class Servers:
     def clock_file(self, host: str) -> Path:
         """Seconds the host's wall clock is off (the clock nemesis; read by servers that watch it)."""
         return self.root / f"{host}.clock"
+
+    def clock_env(self, host: str) -> dict[str, str]:
+        """The environment of a (Python) server that watches its host's clock file, now 0."""
+        self.clock_file(host).write_text("0")
+        return {"PYTHONPATH": str(CLOCK_DIR), "MESHPLANE_CHAOS_CLOCK": str(self.clock_file(host))}
 
     def _control(self, host: str) -> Path:
         return self.root / f"{host}.slow"
@@ -199,6 +205,7 @@ class Servers:
             case "slow":
                 self._slow(fault.hosts, True)
             case "clock":
+                Path(f"{self.clock_file(first)}.seen").unlink(missing_ok=True)  # no stale evidence
                 self.clock_file(first).write_text(str(CLOCK_STEP))
         self.active = fault
 
@@ -276,6 +283,7 @@ class Workload:
     at_most_once: bool = False  # direct events: what a subscriber missed (gaps) is allowed
     proxied: bool = False  # servers dial each other through a proxy per link (``peer_url``): slow works
     waves: tuple[tuple[str, ...], ...] = ()  # hosts started (all at once) before the rest, wave by wave
+    clocked: tuple[str, ...] = ()  # where the clock nemesis falls (servers watching the clock file)
 
 
 @dataclass
@@ -359,7 +367,8 @@ def run(
     kinds = list(workload.nemeses) if nemeses is None else nemeses
     refuse_inert(name, kinds, workload.nemeses)
     spans = SHORT_SPANS if short else {}
-    faults = plan(seed, duration, workload.targets or workload.hosts, kinds, **spans) if kinds else []
+    hosts = workload.targets or workload.hosts
+    faults = plan(seed, duration, hosts, kinds, **spans, clocked=workload.clocked) if kinds else []
     report = Report(name, kinds, seed, duration, fsync, faults, {})
     phases, mark = report.phases, time.monotonic()
 

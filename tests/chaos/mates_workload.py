@@ -3,9 +3,9 @@ host with its own data directory, mirroring the active to the standby, the lease
 of its own; node b routed to both mates. Publisher p1 publishes through b (spooled for a's queue),
 p2 through node a (its client names both mates). Queues on a and on b take ``orders.>``. Faults hit
 the mates: paused (the lease runs out, the standby serves; the old active resumes and steps down),
-killed, powered off, isolated, capped, and the mirror link between them cut (the active drops its
-standby from etcd's ``current`` before it acknowledges alone). At the end each queue is read whole
-from whichever mate is active."""
+killed, powered off, isolated, capped, their wall clocks stepped, and the mirror link between them
+cut (the active drops its standby from etcd's ``current`` before it acknowledges alone). At the end
+each queue is read whole from whichever mate is active."""
 
 from __future__ import annotations
 
@@ -82,6 +82,7 @@ def server(servers: Servers, host: str, fsync: str) -> Server:
         port=HTTP_PORT,
         data_dir=servers.mount(host) / "data",
         extra_args=(*common, "--node-id", "a", "--routes", servers.route_url("b"), "--mates-etcd", etcd),
+        env=servers.clock_env(host),  # the clock nemesis steps a mate's wall clock
         launcher=servers.network.exec_prefix(host),
     )
 
@@ -190,5 +191,8 @@ async def vouched(servers: Servers) -> list[str]:
 
 HOSTS = ("etcd", *MATES, "b")
 # The faults fall on the mates and on etcd: etcd paused, killed or powered off, a mate cut off from
-# etcd only (a partial partition: it still reaches b and its mate), one way or both.
-WORKLOAD = Workload(HOSTS, NEMESES, server, run, targets=(*MATES, "etcd"), waves=(("etcd",),))
+# etcd only (a partial partition: it still reaches b and its mate), one way or both; a mate's wall
+# clock stepped (etcd's is Go's, out of the clock file's reach).
+WORKLOAD = Workload(
+    HOSTS, (*NEMESES, "clock"), server, run, targets=(*MATES, "etcd"), waves=(("etcd",),), clocked=MATES
+)

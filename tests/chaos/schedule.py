@@ -16,7 +16,7 @@ from dataclasses import dataclass
 # SIGCONT at heal). Two hosts: cut (both ways), one-way (the first's packets to the second dropped),
 # slow (latency and jitter both ways, from the harness's proxy on the link: workloads whose servers
 # dial each other through it). Every host: power-all. clock (a host's wall clock steps ahead, and back
-# at heal) only for workloads whose servers watch the harness's clock file.
+# at heal) only for workloads whose servers watch the harness's clock file, on those servers' hosts.
 SINGLE = ("isolate", "cap", "kill", "power", "pause", "clock")
 PAIRED = ("cut", "one-way", "slow")
 EVERY = ("power-all",)  # every host at once: a coordinated power failure
@@ -55,7 +55,9 @@ def plan(
     *,
     gap: tuple[float, float] = (1.0, 3.0),
     length: tuple[float, float] = (2.0, 6.0),
+    clocked: Sequence[str] = (),
 ) -> list[Fault]:
+    """``clocked``: the hosts the clock nemesis falls on (default: any of ``hosts``)."""
     unknown = sorted(set(kinds) - set(KNOWN))
     if unknown or not kinds:
         known = ", ".join(KNOWN)
@@ -73,6 +75,7 @@ def plan(
         span = rng.uniform(*length)
         if now + span > duration:
             return faults
-        chosen = tuple(hosts) if kind in EVERY else tuple(rng.sample(list(hosts), 2 if kind in PAIRED else 1))
+        pool = list(clocked) if kind == "clock" and clocked else list(hosts)
+        chosen = tuple(hosts) if kind in EVERY else tuple(rng.sample(pool, 2 if kind in PAIRED else 1))
         faults.append(Fault(round(now, 3), round(span, 3), kind, chosen))
         now += span + rng.uniform(*gap)

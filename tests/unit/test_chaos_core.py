@@ -321,3 +321,18 @@ def test_every_short_run_fits_each_of_its_nemeses_whatever_the_seed() -> None:
         kinds = len(workloads()[name].nemeses)
         worst = longest_gap + kinds * longest_fault + (kinds - 1) * longest_gap
         assert worst <= duration, f"{name}: {kinds} nemeses may need {worst} s, the run has {duration} s"
+
+
+def test_the_clock_nemesis_falls_only_where_a_server_watches_the_clock_file() -> None:
+    """Issue 53: mesh-mates takes the clock nemesis on its mates (Python, watching the clock file),
+    never on etcd (Go: the file cannot reach it, and the fault would leave no evidence)."""
+    mates = workloads()["mesh-mates"]
+    assert "clock" in mates.nemeses
+    assert mates.clocked == ("a1", "a2")
+    faults = [
+        f
+        for seed in range(20)
+        for f in plan(seed, 120, mates.targets, ["clock", "kill"], clocked=mates.clocked)
+    ]
+    assert {f.hosts for f in faults if f.kind == "clock"} == {("a1",), ("a2",)}
+    assert ("etcd",) in {f.hosts for f in faults if f.kind == "kill"}

@@ -125,7 +125,7 @@ def _store_in(
     try:
         if queue.name not in engine.topics:  # deleted under the queue: made again, held if paused
             engine.topic_store.create(queue.name, 1).held = queue.paused
-        _, more = engine.append_topic(queue.name, events)
+        places, more = engine.append_topic(queue.name, events)
     except StreamError as exc:
         failed.update((work, str(exc)) for work in fresh.values())
         return
@@ -136,6 +136,7 @@ def _store_in(
         ways.setdefault(work.way, []).append(event_id)
         if work.way:
             marks.stored(work.way, work.ticket, now_ms)
+    at = {event_id: offset for event_id, (_, offset) in zip(fresh, places, strict=True)}
     for way, event_ids in ways.items():
-        queue.recent.remember(event_ids, way)
+        queue.recent.remember(event_ids, way, [at[event_id] for event_id in event_ids] if not way else ())
     queue.stored += len(fresh)

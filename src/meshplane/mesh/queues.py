@@ -9,7 +9,9 @@ Each queue stores its events in the streams topic of its name (keyed by publishe
 publisher's events keep their order) and drops a resend: one from a spool (a peer's, another
 cluster's) by the last spool offset it stored from that source (:mod:`meshplane.core.mesh.source_marks`:
 checkpointed beside the topic, and rebuilt from the events after the checkpoint, which carry their
-source and offset), any other by the ids it stored last (read back from the topic on start).
+source and offset), any other by the ids it stored last: the last of each way in, read back from the
+topic on start (those of the node's own publishers from where the checkpoint says their oldest is, so
+a client's retry is known however many events other sources sent in between).
 """
 
 from __future__ import annotations
@@ -64,12 +66,19 @@ class RecentIds:
     def __init__(self) -> None:
         self.ids: set[str] = set()
         self._order: dict[str, deque[str]] = {}  # by way
+        self._local_at: deque[int] = deque()  # the topic offsets of way ``""``'s ids, in their order
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def remember(self, event_ids: Collection[str], way: str = "") -> None:
-        """``event_ids``: new ids, each once (the caller asked ``ids``), that came in ``way``."""
+    @property
+    def local_from(self) -> int | None:
+        """Where the topic holds the oldest id remembered of this node's publishers (None: none)."""
+        return self._local_at[0] if self._local_at else None
+
+    def remember(self, event_ids: Collection[str], way: str = "", offsets: Collection[int] = ()) -> None:
+        """``event_ids``: new ids, each once (the caller asked ``ids``), that came in ``way``;
+        ``offsets``: where the topic holds them (kept for way ``""``)."""
         ids = self.ids
         order = self._order.get(way)
         if order is None:
@@ -78,6 +87,10 @@ class RecentIds:
         order.extend(event_ids)
         for _ in range(len(order) - RECENT_IDS):
             ids.discard(order.popleft())
+        if not way:
+            self._local_at.extend(offsets)
+            for _ in range(len(self._local_at) - len(order)):
+                self._local_at.popleft()
 
 
 @dataclass(eq=False)
@@ -246,68 +259,86 @@ class Queues:
         return queue
 
     def _recall(self, queue: Queue) -> None:
-        """The ids of the events the queue's topic holds last: what a resend may repeat."""
+        """What a resend may repeat, from the queue's topic: the ids of its last events (of this node's
+        publishers, the last RECENT_IDS of theirs, from where the checkpoint says the oldest is) and
+        the last offset stored from each spool (the checkpoint, then the events stored after it; all
+        of them without one: the first start with marks, or a checkpoint newer than the topic)."""
         assert self.engine is not None
         topic = self.engine.topic_store.topics.get(queue.name)
         if topic is None:
             self.engine.topic_store.create(queue.name, 1)
             return
-        for index, partition in enumerate(topic.partitions):
-            offset = max(partition.start_offset, partition.next_offset - RECENT_IDS)
-            while offset < partition.next_offset:
-                try:
-                    events = topic.read(index, offset, 1000)
-                except (CorruptRecords, StreamError) as exc:
-                    log.warning("queue %s: could not read back its recent ids (%s)", queue.name, exc)
-                    break
-                if not events:
-                    break
-                new = dict.fromkeys(event.body.id for event in events)
-                queue.recent.remember([i for i in new if i not in queue.recent.ids], RECALLED)
-                offset = events[-1].offset + 1
-        self._recall_marks(queue, topic)
-
-    def _marks_path(self, name: str) -> Path:
-        return self._root / "queue-marks" / f"{name.encode().hex()}.json"
-
-    def _recall_marks(self, queue: Queue, topic: Topic) -> None:
-        """The last offset stored from each spool: the checkpoint, then the events stored after it
-        (all of them without one: the first start with marks, or a checkpoint newer than the topic)."""
         partition = topic.partitions[0]
         start: int | None = None
         with contextlib.suppress(OSError):
             start = queue.marks.load(self._marks_path(queue.name).read_bytes(), partition.next_offset)
-        offset = max(partition.start_offset, start or 0)
         if start is None:
             queue.marks = SourceMarks()
+        marks_from = max(partition.start_offset, start or 0)
+        local = queue.marks.local_from
+        local_from = marks_from if local is None else max(partition.start_offset, min(local, marks_from))
+        window = max(partition.start_offset, partition.next_offset - RECENT_IDS)  # every way's
+        offset = min(marks_from, local_from, window)
         while offset < partition.next_offset:
             try:
                 events = topic.read(0, offset, 1000, counted=False)
             except (CorruptRecords, StreamError) as exc:
-                log.warning("queue %s: could not read back its spool offsets (%s)", queue.name, exc)
+                log.warning("queue %s: could not read back what it stored last (%s)", queue.name, exc)
                 break
             if not events:
                 break
+            mine: dict[str, int] = {}  # this node's publishers': id, its offset
+            recalled: dict[str, None] = {}
             for event in events:
                 metadata = event.body.metadata or {}
-                via = metadata.get("via")
-                if via:
+                via, event_id = metadata.get("via"), event.body.id
+                if via and event.offset >= marks_from:
                     with contextlib.suppress(ValueError):
                         queue.marks.stored(via, int(metadata.get("via_offset", "")), event.timestamp_ms)
+                if event_id in queue.recent.ids or event_id in mine or event_id in recalled:
+                    continue
+                if not via and event.offset >= local_from:
+                    mine[event_id] = event.offset
+                elif event.offset >= window:
+                    recalled[event_id] = None
+            queue.recent.remember(mine, "", mine.values())
+            queue.recent.remember(recalled, RECALLED)
+            offset = events[-1].offset + 1
+        for index, other in enumerate(topic.partitions[1:], 1):  # a topic made before its queue
+            self._recall_ids(queue, topic, index, max(other.start_offset, other.next_offset - RECENT_IDS))
+
+    def _recall_ids(self, queue: Queue, topic: Topic, index: int, offset: int) -> None:
+        """The ids a partition holds from ``offset`` on."""
+        while offset < topic.partitions[index].next_offset:
+            try:
+                events = topic.read(index, offset, 1000, counted=False)
+            except (CorruptRecords, StreamError) as exc:
+                log.warning("queue %s: could not read back its recent ids (%s)", queue.name, exc)
+                return
+            if not events:
+                return
+            new = dict.fromkeys(event.body.id for event in events)
+            queue.recent.remember([i for i in new if i not in queue.recent.ids], RECALLED)
             offset = events[-1].offset + 1
 
+    def _marks_path(self, name: str) -> Path:
+        return self._root / "queue-marks" / f"{name.encode().hex()}.json"
+
     def save_marks(self) -> None:
-        """Checkpoint each queue's spool offsets that changed (not synced: one lost or newer than the
-        topic after a power loss is rebuilt from the topic)."""
+        """Checkpoint each queue's spool offsets and where its publishers' oldest remembered id is,
+        when either changed (not synced: one lost or newer than the topic after a power loss is
+        rebuilt from the topic)."""
         assert self.engine is not None
         for queue in self.queues.values():
             topic = self.engine.topic_store.topics.get(queue.name)
-            if not queue.marks.changed or topic is None:
+            local_from = queue.recent.local_from
+            if topic is None or not (queue.marks.changed or local_from != queue.marks.local_from):
                 continue
             path = self._marks_path(queue.name)
             try:
                 path.parent.mkdir(exist_ok=True)
-                write_atomic(path, queue.marks.encode(topic.partitions[0].next_offset), sync=False)
+                saved = queue.marks.encode(topic.partitions[0].next_offset, local_from)
+                write_atomic(path, saved, sync=False)
                 queue.marks.changed = False
             except OSError as exc:
                 log.warning("queue %s: could not checkpoint its spool offsets (%s)", queue.name, exc)

@@ -11,6 +11,10 @@ peer used.
 
 Bounded by the number of sources: beyond ``max_sources`` the one that stored least recently is
 forgotten (a peer gone for good). Time is passed in.
+
+The checkpoint also says where the queue's topic holds the oldest id it remembers of the events
+published on its node (``local_from``): those have no offsets of their own (a client's retry is
+known by its id), and a restart reads their ids back from there.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class _Saved(msgspec.Struct, frozen=True):
 
     next_offset: int
     sources: dict[str, tuple[int, int]]  # source: (last offset stored, when, in ms)
+    local_from: int | None = None  # the topic offset of the oldest id of this node's events remembered
 
 
 class SourceMarks:
@@ -32,6 +37,7 @@ class SourceMarks:
         self.max_sources = max_sources
         self._marks: dict[str, tuple[int, int]] = {}  # in order of their last store, oldest first
         self.changed = False
+        self.local_from: int | None = None  # as checkpointed (see the module's docstring)
 
     def __len__(self) -> int:
         return len(self._marks)
@@ -54,9 +60,10 @@ class SourceMarks:
         while len(self._marks) > self.max_sources:
             del self._marks[next(iter(self._marks))]
 
-    def encode(self, next_offset: int) -> bytes:
+    def encode(self, next_offset: int, local_from: int | None = None) -> bytes:
         """The marks as a checkpoint valid for the topic up to ``next_offset``."""
-        return msgspec.json.encode(_Saved(next_offset, self._marks))
+        self.local_from = local_from
+        return msgspec.json.encode(_Saved(next_offset, self._marks, local_from))
 
     def load(self, raw: bytes, next_offset: int) -> int | None:
         """Take a checkpoint; the topic offset to replay from, or None if it does not fit a topic that
@@ -69,4 +76,5 @@ class SourceMarks:
             return None
         newest = sorted(saved.sources.items(), key=lambda item: item[1][1])[-self.max_sources :]
         self._marks = dict(newest)
+        self.local_from = saved.local_from
         return saved.next_offset
