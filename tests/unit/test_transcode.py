@@ -82,21 +82,16 @@ def msgpack_of(draw: st.DrawFn, value: object) -> bytes:
         else:
             headers = [(0xC4, ">B"), (0xC5, ">H"), (0xC6, ">I")]
         return _uint(len(raw), headers, draw) + raw
-    items = value.items() if isinstance(value, dict) else value  # type: ignore[attr-defined]
-    small, wide = (
+    assert isinstance(value, dict | list)
+    small, widths = (
         (0x80, [(0xDE, ">H"), (0xDF, ">I")])
         if isinstance(value, dict)
         else (0x90, [(0xDC, ">H"), (0xDD, ">I")])
     )
-    head = (
-        bytes([small | len(value)])
-        if len(value) < 16 and draw(st.booleans())
-        else _uint(len(value), wide, draw)
-    )  # type: ignore[arg-type]
-    parts = [head]
-    for item in items:
-        for part in item if isinstance(value, dict) else (item,):
-            parts.append(draw(msgpack_of(part)))
+    count = len(value)
+    head = bytes([small | count]) if count < 16 and draw(st.booleans()) else _uint(count, widths, draw)
+    items = [part for pair in value.items() for part in pair] if isinstance(value, dict) else value
+    parts = [head, *(draw(msgpack_of(item)) for item in items)]
     return b"".join(parts)
 
 
