@@ -8,14 +8,16 @@ import math
 import struct
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshplane.core.streamlog import StoredEvent, encode_event, encode_record
-from meshplane.spark.columnar import scan_to_arrow
+from meshplane.spark.bytescan import CRC_TABLE
+from meshplane.spark.columnar import scan, scan_to_arrow
 from meshplane.spark.decode import ARROW_SCHEMA, arrow_schema, decode_columns, to_arrow
-from meshplane.spark.transcode import DEPTH, float_texts
+from meshplane.spark.transcode import DEPTH, NO_FLOATS, float_texts
 
 texts = st.text(max_size=40)  # any code point: escapes, 2-4 byte UTF-8, U+2028
 scalars = st.one_of(
@@ -24,6 +26,7 @@ scalars = st.one_of(
     st.integers(-(2**63), 2**64 - 1),  # past 2**53, both ends of msgpack's range
     st.floats(allow_nan=True, allow_infinity=True),
     st.floats(width=32),
+    st.builds(lambda m, k: m / 10**k, st.integers(-(10**16), 10**16), st.integers(0, 20)),  # 12.5, 0.1
     texts,
     st.binary(max_size=40),
 )
@@ -163,9 +166,18 @@ def test_a_value_longer_as_json_than_the_whole_fetch_is_scanned_with_more_room()
     assert fast.equals(general)
 
 
+def test_floats_with_short_digits_are_written_in_one_pass() -> None:
+    values = [12.5, -0.1, 0.0, -0.0, 1e-4, 999999999999999.9, 0.30000000000000004, 1e15, 3.14159]
+    data = records([stored(msgspec.msgpack.encode(values))])
+    fast, general = both(data, 1)
+    assert fast is not None
+    assert fast.equals(general)
+    buf = np.frombuffer(data, np.uint8)
+    floats = scan(buf, 0, 1, CRC_TABLE, 2 * len(buf) + 4096, *NO_FLOATS)[-1]
+    assert floats.tolist() == [0.30000000000000004, 1e15]  # left to msgspec: 17 digits, an exponent
+
+
 def test_float_texts_are_msgspecs() -> None:
     values = [0.1, 1e16, 1e-5, -0.0, math.inf, math.nan, 5e-324, 123456789.125]
-    import numpy as np
-
     text, bounds = float_texts(np.array(values))
     assert [bytes(text[a:b]) for a, b in bounds] == [msgspec.json.encode(v) for v in values]

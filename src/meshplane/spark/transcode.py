@@ -3,9 +3,11 @@ what ``msgspec.msgpack.decode`` makes of it: the ``value`` of an event whose dat
 list or a number (what a Python service posting dicts, as JSON or msgpack, stores).
 
 Maps with text keys, arrays, text (escaped as msgspec escapes it), binary (base64, as msgspec writes
-bytes), nil, booleans and integers are written as they are met. Floats are written from texts made by
-msgspec itself (shortest round-trip digits, its exponent style, NaN and infinities as null): a chunk
-with floats is scanned twice, first collecting them, then writing each one's text in turn. Anything
+bytes), nil, booleans and integers are written as they are met, and so are floats whose shortest
+digits are plain decimals and certain (12.5, 0.1, 1234.56: what services send). Other floats are
+written from texts made by msgspec itself (its shortest round-trip digits and exponent style, NaN and
+infinities as null): a chunk with such floats is scanned twice, first collecting them, then writing
+each one's text in turn. Anything
 msgspec would decode otherwise or refuse (extension types, keys that are not text, a key twice in one
 map, bad UTF-8, nesting deeper than :data:`DEPTH`) is left to the general decoder.
 """
@@ -40,6 +42,7 @@ def _escapes() -> npt.NDArray[np.uint8]:
 ESCAPES = _escapes()
 HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
 BASE64 = np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", np.uint8)
+POWERS = np.array([10.0**k for k in range(18)])  # exact: 10**k < 2**53 * 2**k
 _ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 NO_FLOATS = np.zeros(0, np.uint8), np.zeros((0, 2), np.int64)
 
@@ -110,6 +113,49 @@ def _integer(magnitude, negative, out, at):  # type: ignore[no-untyped-def]
         out[at + k] = 48 + np.uint8(magnitude % np.uint64(10))
         magnitude //= np.uint64(10)
     return at + digits
+
+
+@numba.njit(inline="always")
+def _plain_float(x, out, at):  # type: ignore[no-untyped-def]
+    """``x`` as msgspec writes it, where that is plain decimals (1e-4 <= |x| < 1e15, or zero) and the
+    shortest digits are certain: the end, or -1 (then msgspec writes it).
+
+    m / 10**k is IEEE's nearest double to the decimal m * 10**-k (both exact, the division rounded
+    correctly), as a parser's: it reads back as ``x``. The least k with such an m gives the fewest digits
+    (below 1e15 a double's spacing is under 1: no shorter integer part reads back as ``x``); an m that
+    is not the only one at its k is left to msgspec, which takes the nearest.
+    """
+    negative = x < 0 or (x == 0 and np.signbit(x))
+    magnitude = abs(x)
+    if magnitude != 0 and not 1e-4 <= magnitude < 1e15:
+        return -1
+    for k in range(18):
+        scale = POWERS[k]
+        scaled = magnitude * scale
+        if scaled >= 9007199254740992.0:  # 2**53: integers stop being exact
+            return -1
+        m = np.floor(scaled + 0.5)
+        if m / scale == magnitude:
+            if (m - 1) / scale == magnitude or (m + 1) / scale == magnitude:
+                return -1
+            if negative:
+                out[at] = 45
+                at += 1
+            whole = np.uint64(m)
+            at = _integer(whole // np.uint64(POWERS[k]), False, out, at)
+            out[at] = 46
+            at += 1
+            if k == 0:
+                out[at] = 48
+                return at + 1
+            fraction = whole % np.uint64(POWERS[k])
+            for d in range(k - 1, -1, -1):
+                out[at + d] = 48 + np.uint8(fraction % np.uint64(10))
+                fraction //= np.uint64(10)
+            return at + k
+        if (m - 1) / scale == magnitude or (m + 1) / scale == magnitude:
+            return -1
+    return -1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -222,13 +268,15 @@ def transcode(buf, pos, stop, out, state, float_text, float_bounds, floats, stac
             size = 4 if b == 0xCA else 8
             if pos + 1 + size > stop:
                 return COMPLEX_VALUE
-            if float_bounds.shape[0] == 0:
-                bits = np.empty(1, np.uint64)
-                bits[0] = _be(buf, pos + 1, size)
-                if size == 4:
-                    floats[state[2]] = bits.view(np.float32)[0]  # little-endian: the low half
-                else:
-                    floats[state[2]] = bits.view(np.float64)[0]
+            bits = np.empty(1, np.uint64)
+            bits[0] = _be(buf, pos + 1, size)
+            # A float32 is the low half (little-endian); msgspec reads it as the double it is.
+            x = np.float64(bits.view(np.float32)[0]) if size == 4 else bits.view(np.float64)[0]
+            written = _plain_float(x, out, at)
+            if written >= 0:
+                at = written
+            elif float_bounds.shape[0] == 0:
+                floats[state[2]] = x
                 state[2] += 1
             else:
                 k = state[1]
