@@ -22,6 +22,12 @@ rounds (``available_now_vs_parquet``); the batch read above is the method's othe
 pair and the batch pair run again on a topic of 200,000 events (``--small-events``, the size issue 37
 compared at), where a query's fixed start-up cost weighs more (``available_now_vs_parquet_small``,
 ``arrow_vs_parquet_small``).
+
+Events are published in two styles, 1 M each, and read in the same rounds: a 96-byte JSON object's text
+(``ingest``) and the same object posted as an object (``ingest-json``: what a Python service posting
+dicts stores, a msgpack map), which read back as the same ``value`` bytes (checked). The ratios
+``text_*`` and ``json_objects_*`` put them side by side. ``--core`` runs only those reads and their
+Parquet ceilings (write it elsewhere than the full run's file with ``--out``).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ complex_events = st.builds(  # JSON data is the scan's too: tests/unit/test_tran
     metadata=st.dictionaries(st.text(max_size=5), st.text(max_size=5), min_size=1, max_size=3),
 )
 
+
 def records(events: list[StoredEvent], first: int) -> bytes:
     return b"".join(
         encode_record(first + i, 1_700_000_000_000 + i, encode_event(e)) for i, e in enumerate(events)

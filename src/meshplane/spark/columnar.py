@@ -206,7 +206,7 @@ def scan_to_arrow(
             buf, first, end, CRC_TABLE, room, float_text, float_bounds
         )
         if status == OUT_FULL:
-            room = 6 * len(buf) + 4096
+            room = max(2 * room, 6 * len(buf) + 4096)
         elif status == FLOATS:
             float_text, float_bounds = float_texts(floats)
         else:
