@@ -68,9 +68,6 @@ JVM_NO_WORK_SOURCE = "meshplane.bench.NoWorkSource"
 TRANSPORTS = ("unix_socket", "tcp")
 
 
-STYLES = ("text", "json")
-
-
 def event_data(i: int, style: str) -> Any:
     """What a service posts: a 96-byte JSON object, as its text (``text``) or as the object (``json``: a
     Python service posting dicts; stored as a msgpack map). Both read back as the same ``value`` bytes."""
