@@ -22,6 +22,12 @@ rounds (``available_now_vs_parquet``); the batch read above is the method's othe
 pair and the batch pair run again on a topic of 200,000 events (``--small-events``, the size issue 37
 compared at), where a query's fixed start-up cost weighs more (``available_now_vs_parquet_small``,
 ``arrow_vs_parquet_small``).
+
+Events are published in two styles, 1 M each, and read in the same rounds: a 96-byte JSON object's text
+(``ingest``) and the same object posted as an object (``ingest-json``: what a Python service posting
+dicts stores, a msgpack map), which read back as the same ``value`` bytes (checked). The ratios
+``text_*`` and ``json_objects_*`` put them side by side. ``--core`` runs only those reads and their
+Parquet ceilings (write it elsewhere than the full run's file with ``--out``).
 """
 
 from __future__ import annotations
@@ -50,14 +56,32 @@ from meshplane.spark.pipeline import spark_session
 from meshplane.streams.client import StreamsClient
 
 PARTITIONS = 4
+CORE_RUNS = (
+    "parquet",
+    "meshplane_arrow",
+    "meshplane_json",
+    "stream_parquet",
+    "stream_meshplane_arrow",
+    "stream_meshplane_json",
+)
 JVM_NO_WORK_SOURCE = "meshplane.bench.NoWorkSource"
 TRANSPORTS = ("unix_socket", "tcp")
 
 
-async def publish(url: str, topic: str, events: int) -> None:
+def event_data(i: int, style: str) -> Any:
+    """What a service posts: a 96-byte JSON object, as its text (``text``) or as the object (``json``: a
+    Python service posting dicts; stored as a msgpack map). Both read back as the same ``value`` bytes."""
+    data = {"user": f"u{i % 1000:03}", "action": "page_view", "page": "/products/4567", "ms": 12.5}
+    data |= {"items": [1, 2, 3], "ok": True}
+    return data if style == "json" else json.dumps(data, separators=(",", ":"))
+
+
+async def publish(url: str, topic: str, events: int, style: str = "text") -> None:
     async with StreamsClient(url, timeout=300) as client:
         await client.create_topic(topic, PARTITIONS)
-        batch = [{"event_type": "bench", "key": f"k{i % 100}", "data": "x" * 100} for i in range(1000)]
+        batch = [
+            {"event_type": "bench", "key": f"k{i % 100}", "data": event_data(i, style)} for i in range(1000)
+        ]
         for _ in range(events // 1000):
             await client.publish_batch(topic, batch)
 
@@ -131,10 +155,12 @@ def timed_rounds(runs: dict[str, Any], repeats: int) -> dict[str, list[float]]:
 
 
 def measure(
-    spark: Any, url: str, parquet: str, sizes: dict[str, int], repeats: int, tuples: bool
+    spark: Any, url: str, parquet: str, sizes: dict[str, int], repeats: int, tuples: bool, core: bool
 ) -> dict[str, Any]:
     """Rates and ratios of one session: each topic (``sizes``: events by topic) is written to Parquet,
-    then the reads take turns, round after round."""
+    then the reads take turns, round after round. ``ingest-json`` holds the rows of ``ingest`` posted
+    as JSON objects: the same values, so Parquet's reads of ``ingest`` are its ceiling too. ``core``:
+    only the text and JSON-object reads and their Parquet ceilings."""
 
     def source(arrow: bool, local_reads: bool = True, topic: str = "ingest") -> Any:
         return (
@@ -149,6 +175,9 @@ def measure(
     for topic, count in sizes.items():
         source(True, topic=topic).write.parquet(f"{parquet}-{topic}")
         assert spark.read.parquet(f"{parquet}-{topic}").count() == count
+    same = ["partition", "offset", "value"]  # both styles read back as the same values
+    text, objects = (spark.read.parquet(f"{parquet}-{t}").select(same) for t in ("ingest", "ingest-json"))
+    assert text.exceptAll(objects).count() == 0
     events = sizes["ingest"]
     checkpoints = tempfile.mkdtemp(prefix="meshplane-bench-checkpoints-")
 
@@ -170,45 +199,49 @@ def measure(
         stream = spark.readStream.format("meshplane").option("url", url).option("subscribe", topic)
         return stream.option("startingOffsets", "earliest").load()
 
-    rounds = timed_rounds(
-        {
-            "stream_parquet": lambda: available_now(stream_parquet("ingest")),
-            "stream_meshplane_arrow": lambda: available_now(stream_meshplane("ingest")),
-            "stream_parquet_small": lambda: available_now(stream_parquet("ingest-small")),
-            "stream_meshplane_arrow_small": lambda: available_now(stream_meshplane("ingest-small")),
-            "parquet": lambda: (
-                spark.read.parquet(f"{parquet}-ingest").write.format("noop").mode("overwrite").save()
-            ),
-            "meshplane_arrow": lambda: source(True).write.format("noop").mode("overwrite").save(),
-            "parquet_small": lambda: (
-                spark.read.parquet(f"{parquet}-ingest-small").write.format("noop").mode("overwrite").save()
-            ),
-            "meshplane_arrow_small": lambda: (
-                source(True, topic="ingest-small").write.format("noop").mode("overwrite").save()
-            ),
-            "meshplane_arrow_over_http": lambda: (
-                source(True, local_reads=False).write.format("noop").mode("overwrite").save()
-            ),
-            "python_source_doing_nothing": lambda: (
-                spark.read.format("prebuilt")
-                .option("events", events)
-                .load()
-                .write.format("noop")
-                .mode("overwrite")
-                .save()
-            ),
-            "jvm_source_doing_nothing": lambda: (
-                spark.read.format(JVM_NO_WORK_SOURCE)
-                .option("events", events)
-                .load()
-                .write.format("noop")
-                .mode("overwrite")
-                .save()
-            ),
-        },
-        repeats,
-    )
-    if tuples:
+    runs = {
+        "stream_parquet": lambda: available_now(stream_parquet("ingest")),
+        "stream_meshplane_arrow": lambda: available_now(stream_meshplane("ingest")),
+        "stream_meshplane_json": lambda: available_now(stream_meshplane("ingest-json")),
+        "stream_parquet_small": lambda: available_now(stream_parquet("ingest-small")),
+        "stream_meshplane_arrow_small": lambda: available_now(stream_meshplane("ingest-small")),
+        "parquet": lambda: (
+            spark.read.parquet(f"{parquet}-ingest").write.format("noop").mode("overwrite").save()
+        ),
+        "meshplane_arrow": lambda: source(True).write.format("noop").mode("overwrite").save(),
+        "meshplane_json": lambda: (
+            source(True, topic="ingest-json").write.format("noop").mode("overwrite").save()
+        ),
+        "parquet_small": lambda: (
+            spark.read.parquet(f"{parquet}-ingest-small").write.format("noop").mode("overwrite").save()
+        ),
+        "meshplane_arrow_small": lambda: (
+            source(True, topic="ingest-small").write.format("noop").mode("overwrite").save()
+        ),
+        "meshplane_arrow_over_http": lambda: (
+            source(True, local_reads=False).write.format("noop").mode("overwrite").save()
+        ),
+        "python_source_doing_nothing": lambda: (
+            spark.read.format("prebuilt")
+            .option("events", events)
+            .load()
+            .write.format("noop")
+            .mode("overwrite")
+            .save()
+        ),
+        "jvm_source_doing_nothing": lambda: (
+            spark.read.format(JVM_NO_WORK_SOURCE)
+            .option("events", events)
+            .load()
+            .write.format("noop")
+            .mode("overwrite")
+            .save()
+        ),
+    }
+    if core:
+        runs = {k: v for k, v in runs.items() if k in CORE_RUNS}
+    rounds = timed_rounds(runs, repeats)
+    if tuples and not core:
         rounds.update(
             timed_rounds(
                 {"meshplane_tuples": lambda: source(False).write.format("noop").mode("overwrite").save()},
@@ -219,6 +252,8 @@ def measure(
         k: round(sizes["ingest-small" if k.endswith("_small") else "ingest"] / statistics.median(v))
         for k, v in rounds.items()
     }
+    if core:
+        return {"rows_per_s": rates, "ratios": json_ratios(rounds)}
 
     def per_round(read: str, ceiling: str = "parquet") -> list[float]:
         return [p / m for p, m in zip(rounds[ceiling], rounds[read], strict=True)]
@@ -241,6 +276,7 @@ def measure(
             rates["meshplane_arrow"] / rates["python_source_doing_nothing"], 2
         ),
     }
+    ratios |= json_ratios(rounds)
     if tuples:
         ratios["arrow_vs_tuples"] = round(rates["meshplane_arrow"] / rates["meshplane_tuples"], 2)
     return {
@@ -250,13 +286,29 @@ def measure(
     }
 
 
-def measure_in_this_process(url: str, transport: str, sizes: dict[str, int], repeats: int) -> dict[str, Any]:
+def json_ratios(rounds: dict[str, list[float]]) -> dict[str, float]:
+    """The publishing styles side by side: each read's median of its rounds' ratios to Parquet."""
+
+    def ratio(read: str, ceiling: str) -> float:
+        return round(statistics.median(p / m for p, m in zip(rounds[ceiling], rounds[read], strict=True)), 2)
+
+    return {
+        "text_batch_vs_parquet": ratio("meshplane_arrow", "parquet"),
+        "json_objects_batch_vs_parquet": ratio("meshplane_json", "parquet"),
+        "text_available_now_vs_parquet": ratio("stream_meshplane_arrow", "stream_parquet"),
+        "json_objects_available_now_vs_parquet": ratio("stream_meshplane_json", "stream_parquet"),
+    }
+
+
+def measure_in_this_process(
+    url: str, transport: str, sizes: dict[str, int], repeats: int, core: bool
+) -> dict[str, Any]:
     unix = transport == "unix_socket"
     spark = spark_session("meshplane-bench", python_over_unix_socket=unix)
     spark.dataSource.register(PrebuiltSource)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            return measure(spark, url, str(Path(tmp) / "parquet"), sizes, repeats, tuples=unix)
+            return measure(spark, url, str(Path(tmp) / "parquet"), sizes, repeats, unix, core)
     finally:
         spark.stop()
 
@@ -268,13 +320,20 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--small-events", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--core",
+        action="store_true",
+        help="only the text and JSON-object reads (batch and AvailableNow) against Parquet",
+    )
     add_out(parser, "spark_ingest")
     parser.add_argument("--url", help=argparse.SUPPRESS)  # set for the child measuring one transport
     parser.add_argument("--transport", choices=TRANSPORTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.transport:
-        sizes = {"ingest": args.events, "ingest-small": args.small_events}
-        result = measure_in_this_process(args.url, args.transport, sizes, args.repeats)
+        sizes = {"ingest": args.events, "ingest-json": args.events}
+        if not args.core:
+            sizes["ingest-small"] = args.small_events
+        result = measure_in_this_process(args.url, args.transport, sizes, args.repeats, args.core)
         args.out.write_text(json.dumps(result))
         return
     results: dict[str, Any] = {
@@ -283,21 +342,28 @@ def main() -> None:
         "small_events": args.small_events,
         "partitions": PARTITIONS,
         "master": "local[2]",
+        "publishing_styles": {
+            "text": "a 96-byte JSON object's text",
+            "json": "the same object (a msgpack map)",
+        },
+        "core_only": args.core,
     }
     steps = Steps(1 + len(TRANSPORTS))
     with StreamsServerProcess() as server, tempfile.TemporaryDirectory() as tmp:
         classes = compile_jvm_source(Path(tmp) / "classes")
         server.start()
         asyncio.run(publish(server.url, "ingest", args.events))
-        asyncio.run(publish(server.url, "ingest-small", args.small_events))
-        steps.step(f"{args.events:,} and {args.small_events:,} events published")
+        asyncio.run(publish(server.url, "ingest-json", args.events, "json"))
+        if not args.core:
+            asyncio.run(publish(server.url, "ingest-small", args.small_events))
+        steps.step(f"{args.events:,} events in each publishing style (and {args.small_events:,}) published")
         # Spark's Python workers over Unix sockets (spark_session()'s setting), then over Spark's
         # default, loopback TCP: each in a fresh process, so neither starts with the other's warm JVM.
         for transport in TRANSPORTS:
             out = Path(tmp) / f"{transport}.json"
             child = [sys.executable, __file__, "--url", server.url, "--transport", transport]
             child += ["--out", str(out), "--events", str(args.events), "--repeats", str(args.repeats)]
-            child += ["--small-events", str(args.small_events)]
+            child += ["--small-events", str(args.small_events), *(["--core"] if args.core else [])]
             submit = f"--driver-class-path {classes} pyspark-shell"  # read when PySpark starts the JVM
             subprocess.run(child, check=True, env={**os.environ, "PYSPARK_SUBMIT_ARGS": submit})
             results[f"python_workers_over_{transport}"] = json.loads(out.read_text())

@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
@@ -118,6 +119,37 @@ def test_batch_read_between_offsets(spark: SparkSession, server: StreamsServerPr
         spark.read.format("meshplane").option("url", server.url).option("topic", "backfill").option(
             "endingOffsets", past_the_end
         ).load().collect()
+
+
+def test_events_posted_as_json_objects_read_back_as_the_json_of_their_data(
+    spark: SparkSession, server: StreamsServerProcess
+) -> None:
+    """What a Python service posting dicts stores (msgpack maps, lists, numbers) reads, through the
+    compiled scan, as the same bytes as the general decoder (tuples) gives: the JSON of the data."""
+    datas: list[Any] = [
+        {"user": "u1", "ms": 12.5, "items": [1, 2.25, None], "ok": True, "big": 2**60, "é": "\u2028\n"},
+        [{"nested": {"deep": [0.1, -0.0, 1e300]}}],
+        -7,
+        3.5,
+        "plain text",
+        None,
+    ]
+
+    async def post() -> None:
+        async with StreamsClient(server.url) as client:
+            await client.create_topic("objects", 1)
+            await client.publish_batch("objects", [{"event_type": "t", "data": d} for d in datas])
+
+    run(post())
+    values = {}
+    for arrow in ("true", "false"):  # the compiled scan, the general decoder's tuples
+        frame = spark.read.format("meshplane").option("url", server.url).option("topic", "objects")
+        rows = frame.option("arrow", arrow).load().collect()
+        values[arrow] = [r["value"] for r in sorted(rows, key=lambda r: r["offset"])]
+    expected = [
+        None if d is None else (d.encode() if isinstance(d, str) else msgspec.json.encode(d)) for d in datas
+    ]
+    assert values["true"] == values["false"] == expected
 
 
 def test_retention_gap_fails_or_is_skipped(
