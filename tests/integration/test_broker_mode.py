@@ -19,7 +19,7 @@ from meshplane.broker import query_stats
 from meshplane.launchers import BrokerProcess, EtcdServer
 from tests.conftest import make_config, running_brokers
 from tests.helpers import eventually, read_until
-from tests.support.cli import run_cli
+from tests.support.cli import MESHPLANE, run_cli
 from tests.support.processes import stopped
 
 REPO = Path(__file__).resolve().parents[2]
@@ -318,16 +318,7 @@ async def test_an_unreachable_broker_is_reported_not_a_hang(
 def test_broker_cli_serves_stats_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     env = {**os.environ, "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(tmp_path / "kv")}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "meshplane.cli.main",
-            "broker",
-            "--xsub",
-            "tcp://127.0.0.1:0",
-            "--xpub",
-            "tcp://127.0.0.1:0",
-        ],
+        [*MESHPLANE, "broker", "--xsub", "tcp://127.0.0.1:0", "--xpub", "tcp://127.0.0.1:0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
