@@ -161,8 +161,10 @@ async def test_retained_messages_reach_later_subscribers_on_other_nodes(
         await eventually(lambda: _retained(cluster, "b", 0), timeout=10, what="cleared at b too")
         again = await connected(Paho(ports["b"], "again"))
         await subscribed(again, "config/#")
-        await asyncio.sleep(0.5)  # nothing may arrive: a negative, bounded wait
-        assert again.messages == []
+        # Retained messages go out as the SUBSCRIBE is answered: before anything published after it.
+        pub.client.publish("config/marker", b"after", qos=1)
+        await eventually(lambda: bool(again.messages), timeout=10, what="the marker")
+        assert [m[:2] for m in again.messages] == [("config/marker", b"after")]
         again.close()
     finally:
         pub.close()
