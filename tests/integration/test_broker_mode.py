@@ -36,7 +36,7 @@ def broker_url(brokers: list[BrokerProcess]) -> str:
     return f"xsub={';'.join(b.xsub for b in brokers)} , xpub={';'.join(b.xpub for b in brokers)}"
 
 
-@pytest.mark.timeout(480)  # its waits: four lines of the workers, five conditions
+@pytest.mark.timeout(560)  # its waits: four lines of the workers, five conditions, the marker
 @pytest.mark.parametrize("kill_one", [False, True], ids=["both-brokers-up", "one-broker-killed-midway"])
 async def test_2000_publishers_through_two_brokers_arrive_exactly_once(
     two_brokers: list[BrokerProcess], tmp_path: Path, kill_one: bool
