@@ -9,13 +9,12 @@ import os
 import pytest
 
 from meshplane.launchers import StreamsServerProcess
-from meshplane.launchers.base import ServerError, free_port
+from meshplane.launchers.base import ServerError
 
 
 def test_a_node_with_only_the_clients_secret_refuses_to_start() -> None:
-    port = free_port()
     guarded = StreamsServerProcess(
-        extra_args=("--node-id", "a", "--cluster", "c1", "--route-port", str(port)),
+        extra_args=("--node-id", "a", "--cluster", "c1", "--route-port", "0"),
         env={  # only the clients' secret: no members' one, nor the old single secret
             **{k: v for k, v in os.environ.items() if not k.startswith("MESHPLANE_MESH_")},
             "MESHPLANE_MESH_CLIENT_SECRET": "clients-only-secret-123456",

@@ -16,7 +16,6 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from meshplane.launchers import MeshCluster
-from meshplane.launchers.base import free_port
 from meshplane.mesh.vpns import hash_password
 from tests.helpers import eventually
 from tests.support.mesh import status
@@ -60,10 +59,10 @@ def _mqtt_login(port: int) -> float:
 async def test_a_flood_through_the_nats_door_keeps_no_user_out_of_either_door(tmp_path: Path) -> None:
     vpns = tmp_path / "vpns.toml"
     vpns.write_text(f'[vpns.A.users.alice]\npassword_hash = "{hash_password(ALICE)}"\n')
-    nats_port, mqtt_port = free_port(), free_port()
-    args = ("--mesh-vpns", str(vpns), "--nats-port", str(nats_port), "--mqtt-port", str(mqtt_port))
+    args = ("--mesh-vpns", str(vpns), "--nats-port", "0", "--mqtt-port", "0")
     with MeshCluster(1, extra_args=args) as cluster:
         node = cluster.start()["a"]
+        nats_port, mqtt_port = node.door_port("nats"), node.door_port("mqtt")
 
         async def nats_login() -> float:
             started = time.monotonic()

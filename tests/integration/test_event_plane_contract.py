@@ -193,14 +193,21 @@ async def test_closing_a_subscriber_ends_iteration(plane_config: PlaneConfig, sc
 
     async with EventPlane(plane_config) as plane:
         sub = await plane.subscriber(scope, "end")
+        pub = await plane.publisher(scope, "end")
+        await ready(pub)
+        got: list[str] = []
 
-        async def consume() -> int:
-            return len([e async for e in sub])
+        async def consume() -> None:
+            async for envelope in sub:
+                got.append(envelope.decode())
 
         task = asyncio.create_task(consume())
-        await asyncio.sleep(0.05)
+        await pub.publish("first")
+        # Once it is seen, the loop waits for the next event (its only suspension): close ends that wait.
+        await eventually(lambda: got == ["first"], what="the first event iterated")
         await sub.close()
-        assert await asyncio.wait_for(task, 5) == 0
+        await asyncio.wait_for(task, 5)
+        assert got == ["first"]
 
 
 async def test_a_publisher_can_wait_for_its_subscribers(plane_config: PlaneConfig, scope: Scope) -> None:

@@ -381,14 +381,21 @@ async def test_a_callback_may_unsubscribe_itself(live_config: PlaneConfig, scope
             await plane.unsubscribe_event(event_id)
 
         event_id = await plane.subscribe_event(scope, "self", once, stateless=True)
+        # The barrier: a second subscription gets the same events and a marker sent after them all.
+        witness = Recorder()
+        await plane.subscribe_event(scope, "self", witness, stateless=True)
         pub = await plane.publisher(scope, "self")
         if live_config.event_plane == "zmq":
-            await pub.wait_for_subscribers(1, timeout=10)
+            await pub.wait_for_subscribers(2, timeout=10)
         for i in range(5):
             await pub.publish(i)
-        await eventually(lambda: len(calls) == 1)
-        await asyncio.sleep(PERIOD)  # give a wrongly delivered second call its chance
-        assert len(calls) == 1
+        await eventually(lambda: len(calls) >= 1, what="the first call")
+        await pub.publish("marker")
+        await eventually(
+            lambda: [e.decode() for e in witness.of(EventEnvelope)] == [0, 1, 2, 3, 4, "marker"],
+            what="the marker after every event, at the witness",
+        )
+        assert [e.decode() for e in calls] == [0]
 
 
 async def test_stateful_subscription_fails_fast_and_stateless_waits(

@@ -50,8 +50,10 @@ class TwoClusters:
 def running(topo: TwoClusters) -> Iterator[TwoClusters]:
     """Every node of ``topo`` started, and stopped by PID at the end."""
     try:
+        for node in topo.nodes.values():  # booting side by side, as MeshCluster's nodes do
+            node.start(ready=False)
         for node in topo.nodes.values():
-            node.start()
+            node.wait_ready()
         yield topo
     finally:
         for node in topo.nodes.values():

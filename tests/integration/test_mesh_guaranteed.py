@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from meshplane.launchers import MeshCluster, ServerError, StreamsServerProcess, 
 from meshplane.mesh.client import MeshClient
 from meshplane.streams.client import StreamsClient
 from tests.helpers import eventually
+from tests.support.cli import run_cli
 from tests.support.mesh import Inbox, interest_reached, link, publish_all, put_queue, queue_bodies, status
 
 
@@ -282,20 +282,9 @@ async def test_guaranteed_without_a_mesh_node_is_a_400() -> None:
 
 async def test_queues_from_the_command_line(pair: MeshCluster) -> None:
     async def cli(*argv: str) -> dict[str, Any]:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "meshplane.cli.main",
-            "mesh",
-            *argv,
-            "--url",
-            pair["b"].url,
-            "--json",
-            stdout=asyncio.subprocess.PIPE,
-        )
-        out, _ = await process.communicate()
-        assert process.returncode == 0, out
-        answer: dict[str, Any] = json.loads(out)
+        result = await asyncio.to_thread(run_cli, "mesh", *argv, "--url", pair["b"].url, "--json")
+        assert result.returncode == 0, result.stdout + result.stderr
+        answer: dict[str, Any] = json.loads(result.stdout)
         return answer
 
     assert (await cli("queue-add", "cli-queue", "g7.>", "g8.*"))["patterns"] == ["g7.>", "g8.*"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-from meshplane.launchers import free_port
 from meshplane.mesh.client import MeshClient
 from meshplane.mesh.clients import HEARTBEAT_BURST
 from meshplane.mesh.config import MeshConfig, PeerLimits
@@ -20,7 +19,7 @@ CLIENTS = 2 * HEARTBEAT_BURST + 2  # three bursts
 async def test_client_heartbeats_go_a_burst_at_a_time_and_reach_every_client() -> None:
     # Ticked by hand; client heartbeats half a second apart.
     limits = PeerLimits(idle_timeout=2.0)
-    node = MeshNode(MeshConfig(node_id="h", route_port=free_port(), heartbeat_interval=1000, limits=limits))
+    node = MeshNode(MeshConfig(node_id="h", route_port=0, heartbeat_interval=1000, limits=limits))
     await node.start()
     clients: list[MeshClient] = []
     try:
@@ -54,7 +53,7 @@ async def test_an_idle_client_hears_a_heartbeat_a_quarter_of_the_idle_timeout_ap
     """Idle clients cost about what nats-server's do (a PING every 2 minutes), not a sealed frame each
     way every heartbeat interval: 10,000 idle clients at 1 s kept both processes so busy that newcomers'
     handshakes passed the 2 s auth timeout (issue 60). Often enough that none idles out."""
-    config = MeshConfig(node_id="h", route_port=free_port(), heartbeat_interval=1000)  # ticked by hand
+    config = MeshConfig(node_id="h", route_port=0, heartbeat_interval=1000)  # ticked by hand
     node = MeshNode(config)
     await node.start()
     client = await MeshClient(node.route_url).connect()

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from meshplane.launchers import StreamsServerProcess, free_port
 from meshplane.launchers.etcd import EtcdServer
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
+from tests.support.cli import run_cli
 from tests.support.mesh import interest_reached, put_queue, queue_bodies, status
 
 LEASE_TTL = 3.0  # seconds: meshplane.mesh.lease's default
@@ -209,25 +209,9 @@ async def test_a_mate_connection_is_refused_by_a_node_without_mates(tmp_path: Pa
 
 async def mates_cli(etcd: EtcdServer, cluster: str, *argv: str) -> tuple[int, str]:
     """``meshplane mesh mates ...`` for node a: its exit code and what it printed (stdout, stderr)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "meshplane.cli.main",
-        "mesh",
-        "mates",
-        *argv,
-        "--etcd",
-        etcd.endpoint,
-        "--cluster",
-        cluster,
-        "--node",
-        "a",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await process.communicate()
-    assert process.returncode is not None
-    return process.returncode, out.decode()
+    args = ("mesh", "mates", *argv, "--etcd", etcd.endpoint, "--cluster", cluster, "--node", "a")
+    result = await asyncio.to_thread(run_cli, *args)
+    return result.returncode, result.stdout + result.stderr
 
 
 @pytest.mark.timeout(240)

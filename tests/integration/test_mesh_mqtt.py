@@ -25,7 +25,6 @@ from meshplane.core.doors.mqtt_packets import (
     encode,
 )
 from meshplane.launchers import MeshCluster
-from meshplane.launchers.base import free_port
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
 from tests.integration.test_mesh_gateways_guaranteed import (
@@ -39,16 +38,12 @@ from tests.support.mesh import Inbox, interest_reached, put_queue, queue_bodies,
 from tests.support.mqtt import Paho, connected, subscribed
 
 
-def mqtt_ports(ids: str) -> dict[str, int]:
-    return {node: free_port() for node in ids}
-
-
 @pytest.fixture
 def trio(tmp_path: Path) -> Iterator[tuple[MeshCluster, dict[str, int]]]:
-    ports = mqtt_ports("abc")
-    node_args: dict[str, tuple[str, ...]] = {node: ("--mqtt-port", str(port)) for node, port in ports.items()}
+    node_args: dict[str, tuple[str, ...]] = {node: ("--mqtt-port", "0") for node in "abc"}
     with MeshCluster(3, node_args=node_args) as cluster:
-        yield cluster.start(), ports
+        cluster.start()
+        yield cluster, {node: cluster[node].door_port("mqtt") for node in "abc"}
 
 
 async def test_mqtt_pub_on_a_reaches_mqtt_on_b_a_mesh_client_and_back(
@@ -166,8 +161,10 @@ async def test_retained_messages_reach_later_subscribers_on_other_nodes(
         await eventually(lambda: _retained(cluster, "b", 0), timeout=10, what="cleared at b too")
         again = await connected(Paho(ports["b"], "again"))
         await subscribed(again, "config/#")
-        await asyncio.sleep(0.5)  # nothing may arrive: a negative, bounded wait
-        assert again.messages == []
+        # Retained messages go out as the SUBSCRIBE is answered: before anything published after it.
+        pub.client.publish("config/marker", b"after", qos=1)
+        await eventually(lambda: bool(again.messages), timeout=10, what="the marker")
+        assert [m[:2] for m in again.messages] == [("config/marker", b"after")]
         again.close()
     finally:
         pub.close()
@@ -314,10 +311,9 @@ async def test_vpn_users_log_in_and_are_held_to_their_permissions_and_the_token_
         f'[vpns.team-a.users.alice]\npassword_hash = "{hashed}"\n'
         'publish = { deny = ["orders.audit.>"] }\nsubscribe = { allow = ["orders.>"] }\n'
     )
-    port = free_port()
-    args = ("--mesh-vpns", str(vpns), "--mqtt-port", str(port))
+    args = ("--mesh-vpns", str(vpns), "--mqtt-port", "0")
     with MeshCluster(1, node_args={"a": args}, env={"MESHPLANE_MQTT_TOKEN": "door-token"}) as cluster:
-        cluster.start()
+        port = cluster.start()["a"].door_port("mqtt")
 
         def connack(username: str, password: str, level: int = V311) -> bytes:
             with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
@@ -364,7 +360,7 @@ async def test_vpn_users_log_in_and_are_held_to_their_permissions_and_the_token_
 
 def test_a_door_proving_nothing_is_refused_where_mesh_clients_must_prove_a_secret(tmp_path: Path) -> None:
     env = {"MESHPLANE_MESH_MEMBER_SECRET": "m" * 32, "MESHPLANE_MESH_CLIENT_SECRET": "c" * 32}
-    node = MeshCluster(1, node_args={"a": ("--mqtt-port", str(free_port()))}, env=env)
+    node = MeshCluster(1, node_args={"a": ("--mqtt-port", "0")}, env=env)
     with node, pytest.raises(Exception, match="MESHPLANE_MQTT_TOKEN"):
         node.start(timeout=20)
 
@@ -478,11 +474,10 @@ async def test_with_the_nodes_tls_the_door_takes_tls_clients_with_a_certificate_
     ca = MeshCA(tmp_path)
     ca.issue("a", "meshplane://node/c1/a", "127.0.0.1")
     ca.issue("sensor", "meshplane://client/sensor")
-    port = free_port()
     tls = ("--mesh-tls-cert", str(tmp_path / "a.pem"), "--mesh-tls-key", str(tmp_path / "a.key"))
-    args = (*tls, "--mesh-tls-ca", str(tmp_path / "ca.pem"), "--mqtt-port", str(port))
+    args = (*tls, "--mesh-tls-ca", str(tmp_path / "ca.pem"), "--mqtt-port", "0")
     with MeshCluster(1, node_args={"a": args}) as cluster:
-        cluster.start()
+        port = cluster.start()["a"].door_port("mqtt")
         client = Paho(port, "tls-sensor")
         client.client.tls_set(
             str(tmp_path / "ca.pem"), str(tmp_path / "sensor.pem"), str(tmp_path / "sensor.key")

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import ssl
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from meshplane.mesh.client import MeshClient
 from meshplane.mesh.config import SECRET_ENV
 from tests.helpers import eventually
 from tests.mesh_peers import RawPeer
+from tests.support.cli import run_cli
 from tests.support.mesh import Inbox, interest_reached, link, publish_all, put_queue, queue_bodies, status
 
 SECRET = "the-mesh-secret-nobody-else-knows"
@@ -377,20 +377,9 @@ async def test_a_departed_node_is_forgotten_and_queue_changes_cost_their_size() 
         client = await MeshClient(node.route_url).connect()
         with pytest.raises(TransportError, match="full"):
             await client.publish("any.thing", b"6", guaranteed=True)
-        forget = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "meshplane.cli.main",
-            "mesh",
-            "forget",
-            "ghost",
-            "--url",
-            node.url,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        out, _ = await forget.communicate()
-        assert forget.returncode == 0, out
-        assert json.loads(out)["spooled_events_dropped"] == 5
+        forget = await asyncio.to_thread(run_cli, "mesh", "forget", "ghost", "--url", node.url)
+        assert forget.returncode == 0, forget.stdout + forget.stderr
+        assert json.loads(forget.stdout)["spooled_events_dropped"] == 5
         await client.publish("any.thing", b"7", guaranteed=True)  # ... until it is forgotten
         mesh = await status(node)
         assert mesh["guaranteed"]["spools"] == []

@@ -17,7 +17,6 @@ from nats.errors import NoRespondersError
 
 from meshplane.core.doors.nats_protocol import NatsParser, Op
 from meshplane.launchers import MeshCluster, StreamsServerProcess
-from meshplane.launchers.base import free_port
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
 from tests.support.mesh import Inbox, interest_reached, put_queue, queue_bodies, status
@@ -29,16 +28,13 @@ class NatsMesh:
     def __init__(
         self, count: int, extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None
     ) -> None:
-        self.ports = {chr(ord("a") + i): free_port() for i in range(count)}
-        self.cluster = MeshCluster(
-            count,
-            extra_args=extra_args,
-            node_args={node: ("--nats-port", str(port)) for node, port in self.ports.items()},
-            env=env,
-        )
+        self.cluster = MeshCluster(count, extra_args=(*extra_args, "--nats-port", "0"), env=env)
+
+    def port(self, node: str) -> int:
+        return self.cluster[node].door_port("nats")
 
     def url(self, node: str) -> str:
-        return f"nats://127.0.0.1:{self.ports[node]}"
+        return f"nats://127.0.0.1:{self.port(node)}"
 
     def __getitem__(self, node: str) -> StreamsServerProcess:
         return self.cluster[node]
@@ -318,7 +314,7 @@ async def test_a_client_that_never_connects_is_closed_at_the_auth_timeout(mesh: 
 
 
 async def test_a_slow_consumer_is_cut_with_the_reason(mesh: NatsMesh) -> None:
-    sock = socket.create_connection(("127.0.0.1", mesh.ports["b"]))
+    sock = socket.create_connection(("127.0.0.1", mesh.port("b")))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.sendall(b"CONNECT {}\r\nSUB flood 1\r\nPING\r\n")
     publisher = await nats.connect(mesh.url("b"))
@@ -467,7 +463,7 @@ async def test_the_door_speaks_the_nodes_tls_and_refuses_clients_without_a_certi
     with NatsMesh(1, extra_args=(*tls_args, "--mesh-tls-ca", str(tmp_path / "ca.pem"))) as doors:
         with_cert = ssl.create_default_context(cafile=tmp_path / "ca.pem")
         with_cert.load_cert_chain(tmp_path / "app.pem", tmp_path / "app.key")
-        nc = await nats.connect(f"tls://127.0.0.1:{doors.ports['a']}", tls=with_cert)
+        nc = await nats.connect(f"tls://127.0.0.1:{doors.port('a')}", tls=with_cert)
         got = Received()
         try:
             await nc.subscribe("sealed", cb=got.cb)
@@ -478,7 +474,7 @@ async def test_the_door_speaks_the_nodes_tls_and_refuses_clients_without_a_certi
         finally:
             await nc.close()
         without_cert = ssl.create_default_context(cafile=tmp_path / "ca.pem")
-        assert await refused(f"tls://127.0.0.1:{doors.ports['a']}", without_cert)
+        assert await refused(f"tls://127.0.0.1:{doors.port('a')}", without_cert)
 
         async def counted() -> bool:
             return bool(

@@ -15,7 +15,6 @@ from paho.mqtt.enums import CallbackAPIVersion
 from meshplane.core.doors.nats_protocol import wrap
 from meshplane.core.mesh.frames import FLAG_NATS_ENVELOPE, encode_event
 from meshplane.launchers import MeshCluster
-from meshplane.launchers.base import free_port
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
 
@@ -24,9 +23,15 @@ class Node:
     """One node with a NATS door and an MQTT door."""
 
     def __init__(self) -> None:
-        self.nats_port, self.mqtt_port = free_port(), free_port()
-        args = ("--nats-port", str(self.nats_port), "--mqtt-port", str(self.mqtt_port))
-        self.cluster = MeshCluster(1, node_args={"a": args})
+        self.cluster = MeshCluster(1, node_args={"a": ("--nats-port", "0", "--mqtt-port", "0")})
+
+    @property
+    def nats_port(self) -> int:
+        return self.cluster["a"].door_port("nats")
+
+    @property
+    def mqtt_port(self) -> int:
+        return self.cluster["a"].door_port("mqtt")
 
     @property
     def route_url(self) -> str:
@@ -140,11 +145,10 @@ async def test_queue_group_members_count_among_their_vpns_subscriptions(tmp_path
     vpns.write_text(
         f'[vpns.B]\nmax_subscriptions = 3\n[vpns.B.users.bob]\npassword_hash = "{hash_password("pw")}"\n'
     )
-    port = free_port()
     with MeshCluster(
-        1, extra_args=("--mesh-vpns", str(vpns)), node_args={"a": ("--nats-port", str(port))}
+        1, extra_args=("--mesh-vpns", str(vpns)), node_args={"a": ("--nats-port", "0")}
     ) as cluster:
-        cluster.start()
+        port = cluster.start()["a"].door_port("nats")
         sock = socket.create_connection(("127.0.0.1", port), timeout=10)
         assert sock.recv(4096).startswith(b"INFO ")
         subs = b"".join(f"SUB q.{i} workers {i}\r\n".encode() for i in range(10))

@@ -23,6 +23,7 @@ from meshplane.spark import forkserver
 from meshplane.streams.client import StreamsClient
 from tests.helpers import read_until, wait_until
 from tests.spark_support import collect_available_now, publish, reader, run
+from tests.support.cli import MESHPLANE, clean_env, run_cli
 
 pytestmark = pytest.mark.spark_jvm  # every test here runs Spark (a session, a driver or `up`)
 
@@ -334,13 +335,8 @@ def test_corrupt_records_fail_the_query_or_are_skipped(spark: SparkSession, tmp_
 
 @pytest.mark.timeout(330)  # the demo's own 300 s bound first
 def test_pipeline_demo_prints_its_progress_and_result_not_sparks_noise(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHPLANE_")}
-    result = subprocess.run(
-        [sys.executable, "-m", "meshplane.cli.main", "pipeline", "demo", "--state-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
+    result = run_cli(
+        "pipeline", "demo", "--state-dir", str(tmp_path), env=clean_env(("MESHPLANE_",)), timeout=300
     )
     assert result.returncode == 0, result.stderr
     assert "pipeline: demo-events -> windows of 10 seconds" in result.stdout
@@ -362,7 +358,7 @@ spark.stop()
 @pytest.mark.timeout(330)  # a Spark session started (on a loaded machine, minutes)
 def test_a_session_stops_without_a_traceback_from_its_idle_python_workers() -> None:
     # PySpark's own daemon printed a BrokenPipeError traceback at about every other such stop
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHPLANE_")}
+    env = clean_env(("MESHPLANE_",))
     result = subprocess.run(
         [sys.executable, "-c", STOP_AFTER_PYTHON_WORK], capture_output=True, text=True, timeout=300, env=env
     )
@@ -372,10 +368,10 @@ def test_a_session_stops_without_a_traceback_from_its_idle_python_workers() -> N
 
 @pytest.mark.timeout(600)  # Spark starts twice (on a loaded machine, minutes each): its waits, 580 s
 def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "MESHPLANE_"))}
+    env = clean_env(("DYN_", "NATS_", "MESHPLANE_"))
     up = subprocess.Popen(
         [
-            *(sys.executable, "-m", "meshplane.cli.main", "up", "--state-dir", str(tmp_path)),
+            *(*MESHPLANE, "up", "--state-dir", str(tmp_path)),
             *("--nats-port", "0", "--streams-port", "0", "--interval", "1", "--duration", "480"),
             *("--context", "none"),
         ],
@@ -390,12 +386,8 @@ def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> Non
         lines.extend(read_until(up.stdout, pattern, timeout, f"up printing {pattern!r}"))
 
     def status() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "meshplane.cli.main", "status", "--json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**env, "MESHPLANE_STATE_DIR": str(tmp_path), "MESHPLANE_CONTEXT": "none"},
+        return run_cli(
+            "status", "--json", env={**env, "MESHPLANE_STATE_DIR": str(tmp_path), "MESHPLANE_CONTEXT": "none"}
         )
 
     try:
@@ -442,9 +434,9 @@ def test_kill_9_of_up_leaves_no_pipeline_process_and_a_held_checkpoint_is_named(
     """Issue 53, item 4: `up` SIGKILLed once its pipeline's JVM runs: nothing of the pipeline stays
     (the guard's parent-death signal takes its process group, JVM included). A pipeline still holding
     the checkpoint when `up` starts is named in one line, and no second one is started."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "MESHPLANE_"))}
+    env = clean_env(("DYN_", "NATS_", "MESHPLANE_"))
     argv = [
-        *(sys.executable, "-m", "meshplane.cli.main", "up", "--state-dir", str(tmp_path)),
+        *(*MESHPLANE, "up", "--state-dir", str(tmp_path)),
         *("--nats-port", "0", "--streams-port", "0", "--duration", "300", "--context", "none"),
     ]
     up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

@@ -29,6 +29,8 @@ from tests.spark_support import run, stored_values
 ROWS, PER_BATCH = 24_000, 8_000  # 3 batches; each task writes ~4,000 rows in 1,000-row chunks
 SPARK_CLASS = Path(pyspark.__file__).with_name("bin") / "spark-class"
 
+pytestmark = pytest.mark.spark_jvm  # a standalone master, two workers and a driver: four JVMs
+
 
 def _spark_process(log: Path, *args: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1")

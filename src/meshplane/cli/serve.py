@@ -367,6 +367,11 @@ async def _serve_locked(
                 "cluster": mesh.config.cluster,
                 "route_url": mesh.route_url,
             }
+            # The ports the doors got (given 0: any free one), as route_url has the route port's.
+            if mesh.mqtt is not None:
+                announced["mesh"]["mqtt_port"] = mesh.mqtt.port
+            if mesh.nats is not None:
+                announced["mesh"]["nats_port"] = mesh.nats.port
         print(json.dumps(announced), flush=True)
         settle_heap()
         if lease is not None and mesh is not None:

@@ -24,9 +24,21 @@ class ServerError(MeshplaneError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port for a server that must be given its address before it starts (peers started at the
+    same time dial it). Left in TIME_WAIT by a connection to it, so for about a minute the kernel
+    gives it to no ``bind(0)`` and no outgoing connection, while a listener with SO_REUSEADDR (ours,
+    nats-server's, etcd's, libzmq's) binds it: a bare bind-and-close let another process take the
+    port before the server bound it (EADDRINUSE in CI). A server whose address nobody needs in
+    advance binds port 0 and reports the port it got instead."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, 0))
+        listener.listen(1)
+        port = int(listener.getsockname()[1])
+        with socket.create_connection((host, port), timeout=5):
+            accepted, _ = listener.accept()
+            accepted.close()  # the side that closes first holds TIME_WAIT: ours, on the port itself
+        return port
 
 
 def find_binary(name: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -106,7 +107,27 @@ class StreamsServerProcess(ServerProcess):
         self.announced = self._ready_line(self.proc, timeout, "streams server")
         self.url = self.announced["url"]
         self.port = int(self.url.rsplit(":", 1)[1])
+        self._extra_args = self._pinned(self._extra_args)
         return self
+
+    def _pinned(self, args: tuple[str, ...]) -> tuple[str, ...]:
+        """``args`` with each port given as 0 replaced by the one the server got: a restart takes
+        the same addresses, as peers and clients know them."""
+        mesh = self.announced.get("mesh", {})
+        got = {
+            "--route-port": int(mesh["route_url"].rsplit(":", 1)[1]) if mesh else None,
+            "--mqtt-port": mesh.get("mqtt_port"),
+            "--nats-port": mesh.get("nats_port"),
+        }
+        pinned = list(args)
+        for i, (flag, value) in enumerate(itertools.pairwise(args)):
+            if value == "0" and got.get(flag) is not None:
+                pinned[i + 1] = str(got[flag])
+        return tuple(pinned)
+
+    def door_port(self, door: str) -> int:
+        """The port of the node's ``mqtt`` or ``nats`` door, as its ready line said."""
+        return int(self.announced["mesh"][f"{door}_port"])
 
     @property
     def route_url(self) -> str:
