@@ -502,10 +502,9 @@ async def test_with_the_nodes_tls_the_door_takes_tls_clients_with_a_certificate_
 
 
 async def test_an_mqtt5_session_expiry_past_the_nodes_cap_is_capped_and_the_connack_says_so() -> None:
-    port = free_port()
-    args = ("--mqtt-port", str(port), "--mqtt-session-expiry", "60")
+    args = ("--mqtt-port", "0", "--mqtt-session-expiry", "60")
     with MeshCluster(1, node_args={"a": args}) as cluster:
-        cluster.start()
+        port = cluster.start()["a"].door_port("mqtt")
         sock = await asyncio.to_thread(socket.create_connection, ("127.0.0.1", port), 30)
         try:
             connect = Connect(V5, "capped", False, properties={0x11: 3600})  # Session Expiry Interval

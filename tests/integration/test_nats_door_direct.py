@@ -115,7 +115,7 @@ class RawClient:
 
 async def test_unsub_max_after_the_route_is_learnt_stops_at_max(mesh: NatsMesh) -> None:
     pub, stays = await nats.connect(mesh.url("a")), await nats.connect(mesh.url("b"))
-    raw = await RawClient.connect(mesh.ports["b"])
+    raw = await RawClient.connect(mesh.port("b"))
     witness = Received()
     try:
         await raw.ping(b"CONNECT {}\r\nSUB direct.max 1\r\n")
@@ -162,7 +162,7 @@ async def test_a_client_without_echo_never_gets_its_own_events(mesh: NatsMesh) -
 
 async def test_publishes_before_a_broken_operation_in_the_same_read_are_delivered(mesh: NatsMesh) -> None:
     sub = await nats.connect(mesh.url("b"))
-    raw = await RawClient.connect(mesh.ports["a"])
+    raw = await RawClient.connect(mesh.port("a"))
     got = Received()
     try:
         await sub.subscribe("direct.broken", cb=got.cb)
