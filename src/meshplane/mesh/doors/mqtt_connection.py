@@ -273,6 +273,12 @@ class MqttConnection(asyncio.Protocol):
                 if packet.qos:  # 3.1.1 has no refusing PUBACK: acknowledged and dropped (as mosquitto)
                     self.send(PubAck(packet.packet_id, Code.NOT_AUTHORIZED, self._reason(refused)))
                 return
+        logins = self.door.node.logins
+        if self.vpn in logins.rates and (limited := logins.publish_refused(self, len(packet.payload))):
+            self.door.count("rate_refused")  # not published, retained or stored
+            if packet.qos:  # 3.1.1: acknowledged and dropped, as for permissions
+                self.send(PubAck(packet.packet_id, Code.QUOTA_EXCEEDED, self._reason(limited)))
+            return
         self.messages_in += 1
         if packet.retain:
             self.door.retain(self.prefix + subject, packet.payload, packet.qos)

@@ -1,0 +1,85 @@
+"""A VPN's and a user's publish rates hold for the NATS and MQTT doors' clients as for mesh clients: what passes
+them is not published (counted in ``limits_refused``), on the Python path and on the direct path alike
+(a learnt route must not carry a limited client's publishes past the check)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import nats
+
+from meshplane.launchers import MeshCluster
+from meshplane.launchers.base import free_port
+from meshplane.mesh.client import MeshClient
+from meshplane.mesh.vpns import hash_password
+from tests.helpers import eventually
+from tests.support.mesh import Inbox, status
+from tests.support.mqtt import Paho, connected
+
+DAVE, BOB = "dave-pw-4c1e", "bob-pw-e8a0"
+
+
+async def test_a_users_publish_rate_holds_for_its_nats_clients(tmp_path: Path) -> None:
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(
+        f'[vpns.A.users.dave]\nmax_events_per_second = 5\npassword_hash = "{hash_password(DAVE)}"\n'
+        f'[vpns.A.users.bob]\npassword_hash = "{hash_password(BOB)}"\n'
+    )
+    port = free_port()
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns), "--nats-port", str(port))) as cluster:
+        node = cluster.start()["a"]
+        seen = Inbox()
+        bob = await MeshClient(node.route_url, vpn="A", user="bob", password=BOB).connect()
+        nc = await nats.connect(f"nats://127.0.0.1:{port}", user="A/dave", password=DAVE, connect_timeout=30)
+        try:
+            bob.subscribe("rates.x", seen)
+            await bob.flush()
+            started = time.monotonic()
+            for i in range(500):  # plain PUBs: after the first, a learnt route's
+                await nc.publish("rates.x", b"%d" % i)
+            await nc.flush()
+            elapsed = time.monotonic() - started
+            refused = (await status(node))["vpns"]["A"]["limits_refused"]
+            await eventually(
+                lambda: len(seen.events) >= 5, timeout=30, what="dave's first events within his rate"
+            )
+            allowed = 5 + 5 * (elapsed + 1)  # a second's burst, the rate since, a second's slack
+            assert len(seen.events) <= allowed, f"{len(seen.events)} of dave's events past his 5 a second"
+            assert refused.get("user_events_per_second", 0) >= 500 - allowed
+            assert nc.is_connected  # the client stays
+        finally:
+            await nc.close()
+            await bob.close()
+
+
+async def test_a_vpns_publish_rate_holds_for_its_mqtt_clients(tmp_path: Path) -> None:
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.B]\nmax_events_per_second = 5\n")
+    port = free_port()
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns), "--mqtt-port", str(port))) as cluster:
+        node = cluster.start()["a"]
+        seen = Inbox()
+        watcher = await MeshClient(node.route_url, vpn="B").connect()
+        publisher = Paho(port, "flood", v5=True)
+        publisher.client.username_pw_set("x@B")
+        try:
+            watcher.subscribe("rates.x", seen)
+            await watcher.flush()
+            await connected(publisher)
+            started = time.monotonic()
+            for i in range(300):
+                publisher.client.publish("rates/x", b"%d" % i, qos=0)
+            last = publisher.client.publish("rates/x", b"last", qos=1)
+            await asyncio.to_thread(last.wait_for_publish, 30)  # answered: the QoS 0 ones were read
+            elapsed = time.monotonic() - started
+            await eventually(lambda: len(seen.events) >= 5, timeout=30, what="the events within B's rate")
+            allowed = 5 + 5 * (elapsed + 1)
+            assert len(seen.events) <= allowed, f"{len(seen.events)} of B's events past its 5 a second"
+            refused = (await status(node))["vpns"]["B"]["limits_refused"]
+            assert refused.get("events_per_second", 0) >= 301 - allowed
+            assert publisher.client.is_connected()
+        finally:
+            publisher.close()
+            await watcher.close()
