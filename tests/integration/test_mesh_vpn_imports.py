@@ -388,3 +388,48 @@ async def test_client_commands_take_vpn_and_the_vpn_is_kept(tmp_path: Path) -> N
                 sub.kill()
                 sub.communicate()
             await in_b.close()
+
+
+async def test_one_importers_flood_of_requests_loses_no_other_importers_reply(tmp_path: Path) -> None:
+    """B and C import A's service: C's request waits for its answer while B sends 10,001 requests
+    nobody answers (the node's table of reply tokens holds 10,000). B's own oldest tokens go; C's
+    answer still comes back."""
+    users = "".join(
+        f'[vpns.{vpn}.users.{user}]\npassword_hash = "{hash_password(CAROL)}"\n'
+        for vpn, user in (("A", "resp"), ("B", "req"), ("C", "req"))
+    )
+    path = vpn_file(
+        tmp_path,
+        '[vpns.A]\nexports = [{ service = "svc.>" }]\n'
+        '[vpns.B]\nimports = [{ vpn = "A", service = "svc.>" }]\n'
+        '[vpns.C]\nimports = [{ vpn = "A", service = "svc.>" }]\n' + users,
+    )
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(path), "--nats-port", "0")) as cluster:
+        node = cluster.start()["a"]
+        url = f"nats://127.0.0.1:{(await status(node))['nats']['port']}"
+        clients = [
+            await nats.connect(url, user=f"{vpn}/{user}", password=CAROL, connect_timeout=30)
+            for vpn, user in (("A", "resp"), ("B", "req"), ("C", "req"))
+        ]
+        responder, flooder, waiter = clients
+        try:
+            requests = await responder.subscribe("svc.>")
+            await responder.flush()
+            inbox = await waiter.subscribe("_INBOX.c")
+            await waiter.publish("svc.slow", b"c's", reply="_INBOX.c")
+            await waiter.flush()
+            held = await requests.next_msg(timeout=30)
+            assert held.data == b"c's"
+            for i in range(10_001):
+                await flooder.publish("svc.flood", b"%d" % i, reply="_INBOX.b")
+            await flooder.flush()
+
+            async def flood_taken() -> bool:
+                return int((await status(node))["imports"].get("reply_tokens_dropped_full", 0)) >= 1
+
+            await eventually(flood_taken, timeout=60, interval=0.2, what="the table of reply tokens full")
+            await held.respond(b"answer")
+            assert (await inbox.next_msg(timeout=30)).data == b"answer"
+        finally:
+            for client in clients:
+                await client.close()
