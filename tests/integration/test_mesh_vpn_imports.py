@@ -433,3 +433,42 @@ async def test_one_importers_flood_of_requests_loses_no_other_importers_reply(tm
         finally:
             for client in clients:
                 await client.close()
+
+
+async def test_a_service_import_added_by_a_reload_takes_a_subject_the_direct_path_learnt(
+    tmp_path: Path,
+) -> None:
+    """The default VPN already imports one of A's services; a reload adds a second, on a subject its
+    NATS client had been publishing on (a route its node's direct path had learnt, into its own
+    space): its PUBs go to A's responders from then on."""
+    text = '[vpns.A]\nexports = [{ service = "svc.>" }, { service = "tools.>" }]\n[vpns.default]\n'
+    path = vpn_file(tmp_path, text + 'imports = [{ vpn = "A", service = "svc.>" }]\n')
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(path), "--nats-port", "0")) as cluster:
+        node = cluster.start()["a"]
+        url = f"nats://127.0.0.1:{(await status(node))['nats']['port']}"
+        responder = await MeshClient(node.route_url, vpn="A").connect()
+        requester = await nats.connect(url, connect_timeout=30)
+        tools = Inbox()
+        try:
+            responder.subscribe("tools.x", tools)
+            await responder.flush()
+            for _ in range(100):  # its own space: nobody there; a route the direct path learns
+                await requester.publish("tools.x", b"before")
+            await requester.flush()
+            assert tools.events == []
+            path.write_text(
+                text + 'imports = [{ vpn = "A", service = "svc.>" }, { vpn = "A", service = "tools.>" }]\n'
+            )
+            await reload(node)
+
+            async def arrived() -> bool:
+                await requester.publish("tools.x", b"after")
+                await requester.flush()
+                await responder.flush()
+                return bool(tools.events)
+
+            await eventually(arrived, timeout=30, what="its PUB on the newly imported service at A")
+            assert tools.events[0] == ("tools.x", b"after")
+        finally:
+            await requester.close()
+            await responder.close()
