@@ -1,6 +1,6 @@
-"""A VPN's and a user's publish rates hold for the NATS and MQTT doors' clients as for mesh clients: what passes
-them is not published (counted in ``limits_refused``), on the Python path and on the direct path alike
-(a learnt route must not carry a limited client's publishes past the check)."""
+"""A VPN's and a user's publish rates hold for the NATS and MQTT doors' clients as for mesh clients:
+what passes them is not published (counted in ``limits_refused``), on the Python path and on the direct
+path alike (a learnt route must not carry a limited client's publishes past the check)."""
 
 from __future__ import annotations
 
