@@ -83,3 +83,32 @@ async def test_a_vpns_publish_rate_holds_for_its_mqtt_clients(tmp_path: Path) ->
         finally:
             publisher.close()
             await watcher.close()
+
+
+async def test_a_rate_on_the_default_vpn_holds_for_its_nats_clients_direct_path(tmp_path: Path) -> None:
+    """Anonymous NATS clients (the default VPN, no permissions) take the direct path: a rate there
+    keeps their PUBs on the Python path, where it is checked."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.default]\nmax_events_per_second = 5\n")
+    port = free_port()
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns), "--nats-port", str(port))) as cluster:
+        node = cluster.start()["a"]
+        seen = Inbox()
+        watcher = await MeshClient(node.route_url).connect()
+        nc = await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=30)
+        try:
+            watcher.subscribe("rates.x", seen)
+            await watcher.flush()
+            started = time.monotonic()
+            for i in range(500):
+                await nc.publish("rates.x", b"%d" % i)
+            await nc.flush()
+            elapsed = time.monotonic() - started
+            await eventually(lambda: len(seen.events) >= 5, timeout=30, what="the events within its rate")
+            allowed = 5 + 5 * (elapsed + 1)
+            assert len(seen.events) <= allowed, f"{len(seen.events)} events past the default VPN's 5 a second"
+            refused = (await status(node))["vpns"]["default"]["limits_refused"]
+            assert refused.get("events_per_second", 0) >= 500 - allowed
+        finally:
+            await nc.close()
+            await watcher.close()
