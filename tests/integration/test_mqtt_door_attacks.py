@@ -8,6 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from meshplane.core.doors.mqtt_packets import (
     V311,
     Connect,
@@ -234,6 +236,36 @@ async def test_a_qos1_publish_sent_again_with_dup_after_a_reconnect_is_stored_on
             assert sub.payloads() == [b"one", b"three", b"two"]
             counters = (await status(cluster["a"]))["mqtt"]["counters"]
             assert counters["resent_not_stored_again"] == 1
+        finally:
+            sub.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a DUP resend of a new PUBLISH that reuses an acknowledged packet id with the same payload is "
+    "wire-identical to a resend of the acknowledged one: the dedup acknowledges it and stores nothing",
+)
+async def test_a_new_qos1_publish_reusing_an_acknowledged_id_and_payload_is_stored_when_resent() -> None:
+    """A client with one PUBLISH in flight at a time (packet id 1 each time, as small device clients do)
+    sends "on" twice, each acknowledged, then a third "on" (a new event) that its connection loses;
+    it sends that one again with DUP after reconnecting to its session. Its PUBACK says stored: the
+    event must be there, the third."""
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mqtt-port", str(port))}) as cluster:
+        cluster.start()
+        sub = await connected(Paho(port, "sub"))
+        await subscribed(sub, "q/#", 1)
+        try:
+            pub = await asyncio.to_thread(_connect, port, "dev", None, False)
+            await asyncio.to_thread(_publish_qos1, pub, 1, b"on")
+            await asyncio.to_thread(_publish_qos1, pub, 1, b"on")
+            pub.close()  # the third "on" was written into this connection and lost with it
+            pub = await asyncio.to_thread(_connect, port, "dev", None, False)
+            await asyncio.to_thread(_publish_qos1, pub, 1, b"on", True)  # acknowledged: stored
+            await asyncio.to_thread(_publish_qos1, pub, 2, b"off")
+            pub.close()
+            await eventually(lambda: b"off" in sub.payloads(), timeout=10, what="the last message")
+            assert sub.payloads() == [b"on", b"on", b"on", b"off"]
         finally:
             sub.close()
 
