@@ -28,7 +28,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Protocol
 
 from meshplane.core.mesh.frames import Frame, FrameType, decode_login, encode_frame
-from meshplane.core.mesh.login_checks import CheckLimits, LoginChecks
+from meshplane.core.mesh.login_checks import WRONG, CheckLimits, LoginChecks
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.rate import TokenBucket
 from meshplane.mesh.holders import ClientSession
@@ -54,7 +54,6 @@ class Publisher(Protocol):
 Buckets = tuple[TokenBucket | None, TokenBucket | None]  # (events, bytes) per second on this node
 
 CHECKS_AT_ONCE = 2  # each holds ~64 MiB: a node spends at most 128 MiB on them
-WRONG = "wrong user or password"
 
 
 class Logins:
