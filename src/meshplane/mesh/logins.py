@@ -51,6 +51,7 @@ class Publisher(Protocol):
     @property
     def user(self) -> str: ...
 
+
 Buckets = tuple[TokenBucket | None, TokenBucket | None]  # (events, bytes) per second on this node
 
 CHECKS_AT_ONCE = 2  # each holds ~64 MiB: a node spends at most 128 MiB on them
