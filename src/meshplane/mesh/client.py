@@ -380,15 +380,20 @@ class MeshClient:
 
     async def _reconnect_loop(self) -> None:
         delay = 0.05
+        refusals = 0  # one per address at least: an HA mate whose users file lags may refuse alone
         while not self._closing and self._conn is None:
             try:
                 await self._connect_once(self.timeout)
                 log.info("reconnected to the mesh node at %s", self.url)
                 return
             except WrongCredentials as exc:
-                self._refused_login = exc
-                log.error("stopped reconnecting to the mesh node at %s: %s", self.url, exc)
-                return
+                refusals += 1
+                if refusals >= len(self.addresses):
+                    self._refused_login = exc
+                    log.error("stopped reconnecting to the mesh node at %s: %s", self.url, exc)
+                    return
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(2.0, delay * 2)
             except (OSError, TimeoutError, TransportError):
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(2.0, delay * 2)
