@@ -5,6 +5,7 @@ path alike (a learnt route must not carry a limited client's publishes past the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from meshplane.launchers.base import free_port
 from meshplane.mesh.client import MeshClient
 from meshplane.mesh.vpns import hash_password
 from tests.helpers import eventually
-from tests.support.mesh import Inbox, status
+from tests.support.mesh import Inbox, put_queue, queue_bodies, status
 from tests.support.mqtt import Paho, connected
 
 DAVE, BOB = "dave-pw-4c1e", "bob-pw-e8a0"
@@ -112,3 +113,28 @@ async def test_a_rate_on_the_default_vpn_holds_for_its_nats_clients_direct_path(
         finally:
             await nc.close()
             await watcher.close()
+
+
+async def test_a_guaranteed_nats_publish_past_a_rate_is_said_not_stored(tmp_path: Path) -> None:
+    """A PUB on a queue's subject is guaranteed: flush() says it is stored. One past the VPN's rate is
+    not, and the client is told (-ERR 'not stored: ...'), never left to believe it was."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.default]\nmax_events_per_second = 5\n")
+    port = free_port()
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns), "--nats-port", str(port))) as cluster:
+        node = cluster.start()["a"]
+        await put_queue(node, "rated", ["rated.>"])
+        nc = await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=30, allow_reconnect=False)
+        try:
+            for i in range(50):
+                await nc.publish("rated.x", b"%d" % i)
+            with contextlib.suppress(nats.errors.Error):
+                await nc.flush()
+            kept = await queue_bodies(node, "rated")
+            assert len(kept) < 50
+            await eventually(
+                lambda: nc.last_error is not None, timeout=30, what="the client told of what was not stored"
+            )
+            assert "not stored" in str(nc.last_error)  # nats-py closes on it: it knows
+        finally:
+            await nc.close()

@@ -264,11 +264,20 @@ class NatsClient(asyncio.Protocol):
             if refused:
                 self.door.node.logins.violations[(self.vpn, self.user)] += 1
                 return self.error(f'Permissions Violation for Publish to "{subject[:200]}"')
-        if self.vpn in self.node.logins.rates and self.node.logins.publish_refused(self, len(op.payload)):
+        limited = (
+            self.node.logins.publish_refused(self, len(op.payload))
+            if self.vpn in self.node.logins.rates
+            else ""
+        )
+        if limited:
             # Dropped and counted (limits_refused), as nats-server drops what it cannot route: a -ERR
-            # closes nats-py's connection, so only a verbose client (which waits for +OK) is told.
+            # closes nats-py's connection, so only a verbose client (waiting for +OK) is told, and one
+            # whose PUB was guaranteed (its flush() must not say stored), as for any not stored.
             self.door.counters["rate_refused"] += 1
-            return self.error("Rate Limit Exceeded: not published") if self.verbose else None
+            if self.door.queue_bound(self.prefix + subject):
+                self.door.counters["guaranteed_not_stored"] += 1
+                return self.error(f"not stored: {limited[:200]}")
+            return self.error(f"Rate Limit Exceeded: {limited[:200]}") if self.verbose else None
         if self.node.imports.services:  # a request to a service its VPN imports goes to the exporter
             copies = self.node.imports.request(self.vpn, subject, op.reply, op.headers, op.payload)
             if copies is not None:
