@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from pathlib import Path
 
 import nats
 
+from meshplane.core.doors.mqtt_packets import V311, Connect, Publish, encode
 from meshplane.launchers import MeshCluster
 from meshplane.launchers.base import free_port
 from meshplane.mesh.client import MeshClient
@@ -138,3 +140,51 @@ async def test_a_guaranteed_nats_publish_past_a_rate_is_said_not_stored(tmp_path
             assert "not stored" in str(nc.last_error)  # nats-py closes on it: it knows
         finally:
             await nc.close()
+
+
+def _qos1_acked(port: int, count: int) -> list[int]:
+    """A 3.1.1 client of VPN B sends ``count`` QoS 1 PUBLISHes at once: the packet ids acknowledged
+    before the door answers them all or closes the connection."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    try:
+        sock.sendall(encode(Connect(V311, "burst", True, username="x@B"), V311))
+        assert sock.recv(4) == b"\x20\x02\x00\x00"
+        sock.sendall(
+            b"".join(
+                encode(Publish("rates/q", b"%d" % i, 1, False, False, i), V311) for i in range(1, count + 1)
+            )
+        )
+        data = b""
+        while len(data) < 4 * count:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        return [
+            int.from_bytes(data[i + 2 : i + 4], "big") for i in range(0, len(data) - 3, 4) if data[i] == 0x40
+        ]
+    finally:
+        sock.close()
+
+
+async def test_a_qos1_publish_past_a_rate_is_never_acknowledged_and_dropped_on_mqtt_311(
+    tmp_path: Path,
+) -> None:
+    """MQTT 3.1.1 has no refusing PUBACK: a QoS 1 PUBLISH past the VPN's rate must not be acknowledged
+    (its client sends it again after reconnecting), or an acknowledged event is lost."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.B]\nmax_events_per_second = 5\n")
+    port = free_port()
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns), "--mqtt-port", str(port))) as cluster:
+        node = cluster.start()["a"]
+        seen = Inbox()
+        watcher = await MeshClient(node.route_url, vpn="B").connect()
+        try:
+            watcher.subscribe("rates.q", seen)
+            await watcher.flush()
+            acked = await asyncio.to_thread(_qos1_acked, port, 30)
+            assert acked, "none of them acknowledged"
+            await eventually(lambda: len(seen.events) >= len(acked), timeout=30, what="the acknowledged ones")
+            assert {int(body) for _, body in seen.events} >= set(acked)
+        finally:
+            await watcher.close()
