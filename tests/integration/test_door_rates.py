@@ -10,9 +10,11 @@ import socket
 import time
 from pathlib import Path
 
+import aiohttp
 import nats
 
 from meshplane.core.doors.mqtt_packets import V311, Connect, Publish, encode
+from meshplane.errors import PermissionDenied
 from meshplane.launchers import MeshCluster
 from meshplane.launchers.base import free_port
 from meshplane.mesh.client import MeshClient
@@ -187,4 +189,46 @@ async def test_a_qos1_publish_past_a_rate_is_never_acknowledged_and_dropped_on_m
             await eventually(lambda: len(seen.events) >= len(acked), timeout=30, what="the acknowledged ones")
             assert {int(body) for _, body in seen.events} >= set(acked)
         finally:
+            await watcher.close()
+
+
+async def test_a_rate_a_reload_gives_the_default_vpn_holds_for_clients_already_on_the_direct_path(
+    tmp_path: Path,
+) -> None:
+    """A mesh client of the default VPN reads its events on the C direct path while the VPN has no
+    rate; a reload that gives it one holds for that client from then on."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.default]\n")
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns))) as cluster:
+        node = cluster.start()["a"]
+        seen = Inbox()
+        watcher = await MeshClient(node.route_url).connect()
+        publisher = await MeshClient(node.route_url).connect()
+        try:
+            watcher.subscribe("rates.r", seen)
+            await watcher.flush()
+            for i in range(200):  # the first read learns the route, the next take the direct path
+                await publisher.publish("rates.r", b"before-%d" % i)
+                if i % 50 == 0:
+                    await publisher.flush()
+            await publisher.flush()
+            await eventually(lambda: len(seen.events) == 200, timeout=30, what="the events before")
+            assert (await status(node))["counters"]["direct_path_events"] > 0
+            vpns.write_text("[vpns.default]\nmax_events_per_second = 5\n")
+            async with aiohttp.ClientSession() as http, http.post(f"{node.url}/mesh/vpns/reload") as answer:
+                assert answer.status == 200, await answer.text()
+            seen.events.clear()
+            started = time.monotonic()
+            for i in range(500):
+                await publisher.publish("rates.r", b"after-%d" % i)
+            with contextlib.suppress(PermissionDenied):
+                await publisher.flush()
+            elapsed = time.monotonic() - started
+            await watcher.flush()
+            allowed = 5 + 5 * (elapsed + 1)
+            assert len(seen.events) <= allowed, (
+                f"{len(seen.events)} events past the default VPN's new 5 a second"
+            )
+        finally:
+            await publisher.close()
             await watcher.close()
