@@ -26,14 +26,22 @@ from tests.support.mqtt import Paho, connected
 DAVE, BOB = "dave-pw-4c1e", "bob-pw-e8a0"
 
 
-async def test_a_users_publish_rate_holds_for_its_nats_clients(tmp_path: Path) -> None:
-    vpns = tmp_path / "vpns.toml"
-    vpns.write_text(
-        f'[vpns.A.users.dave]\nmax_events_per_second = 5\npassword_hash = "{hash_password(DAVE)}"\n'
-        f'[vpns.A.users.bob]\npassword_hash = "{hash_password(BOB)}"\n'
-    )
+def _node(tmp_path: Path, vpns: str, door: str) -> tuple[MeshCluster, int]:
+    """One node with ``vpns`` as its VPN file and a door (``--nats-port``, ``--mqtt-port``) on a free port."""
+    path = tmp_path / "vpns.toml"
+    path.write_text(vpns)
     port = free_port()
-    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns), "--nats-port", str(port))) as cluster:
+    return MeshCluster(1, extra_args=("--mesh-vpns", str(path), door, str(port))), port
+
+
+async def test_a_users_publish_rate_holds_for_its_nats_clients(tmp_path: Path) -> None:
+    made, port = _node(
+        tmp_path,
+        f'[vpns.A.users.dave]\nmax_events_per_second = 5\npassword_hash = "{hash_password(DAVE)}"\n'
+        f'[vpns.A.users.bob]\npassword_hash = "{hash_password(BOB)}"\n',
+        "--nats-port",
+    )
+    with made as cluster:
         node = cluster.start()["a"]
         seen = Inbox()
         bob = await MeshClient(node.route_url, vpn="A", user="bob", password=BOB).connect()
@@ -60,10 +68,8 @@ async def test_a_users_publish_rate_holds_for_its_nats_clients(tmp_path: Path) -
 
 
 async def test_a_vpns_publish_rate_holds_for_its_mqtt_clients(tmp_path: Path) -> None:
-    vpns = tmp_path / "vpns.toml"
-    vpns.write_text("[vpns.B]\nmax_events_per_second = 5\n")
-    port = free_port()
-    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns), "--mqtt-port", str(port))) as cluster:
+    made, port = _node(tmp_path, "[vpns.B]\nmax_events_per_second = 5\n", "--mqtt-port")
+    with made as cluster:
         node = cluster.start()["a"]
         seen = Inbox()
         watcher = await MeshClient(node.route_url, vpn="B").connect()
@@ -93,10 +99,8 @@ async def test_a_vpns_publish_rate_holds_for_its_mqtt_clients(tmp_path: Path) ->
 async def test_a_rate_on_the_default_vpn_holds_for_its_nats_clients_direct_path(tmp_path: Path) -> None:
     """Anonymous NATS clients (the default VPN, no permissions) take the direct path: a rate there
     keeps their PUBs on the Python path, where it is checked."""
-    vpns = tmp_path / "vpns.toml"
-    vpns.write_text("[vpns.default]\nmax_events_per_second = 5\n")
-    port = free_port()
-    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns), "--nats-port", str(port))) as cluster:
+    made, port = _node(tmp_path, "[vpns.default]\nmax_events_per_second = 5\n", "--nats-port")
+    with made as cluster:
         node = cluster.start()["a"]
         seen = Inbox()
         watcher = await MeshClient(node.route_url).connect()
@@ -122,10 +126,8 @@ async def test_a_rate_on_the_default_vpn_holds_for_its_nats_clients_direct_path(
 async def test_a_guaranteed_nats_publish_past_a_rate_is_said_not_stored(tmp_path: Path) -> None:
     """A PUB on a queue's subject is guaranteed: flush() says it is stored. One past the VPN's rate is
     not, and the client is told (-ERR 'not stored: ...'), never left to believe it was."""
-    vpns = tmp_path / "vpns.toml"
-    vpns.write_text("[vpns.default]\nmax_events_per_second = 5\n")
-    port = free_port()
-    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns), "--nats-port", str(port))) as cluster:
+    made, port = _node(tmp_path, "[vpns.default]\nmax_events_per_second = 5\n", "--nats-port")
+    with made as cluster:
         node = cluster.start()["a"]
         await put_queue(node, "rated", ["rated.>"])
         nc = await nats.connect(f"nats://127.0.0.1:{port}", connect_timeout=30, allow_reconnect=False)
@@ -174,10 +176,8 @@ async def test_a_qos1_publish_past_a_rate_is_never_acknowledged_and_dropped_on_m
 ) -> None:
     """MQTT 3.1.1 has no refusing PUBACK: a QoS 1 PUBLISH past the VPN's rate must not be acknowledged
     (its client sends it again after reconnecting), or an acknowledged event is lost."""
-    vpns = tmp_path / "vpns.toml"
-    vpns.write_text("[vpns.B]\nmax_events_per_second = 5\n")
-    port = free_port()
-    with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns), "--mqtt-port", str(port))) as cluster:
+    made, port = _node(tmp_path, "[vpns.B]\nmax_events_per_second = 5\n", "--mqtt-port")
+    with made as cluster:
         node = cluster.start()["a"]
         seen = Inbox()
         watcher = await MeshClient(node.route_url, vpn="B").connect()
