@@ -389,3 +389,87 @@ async def test_client_commands_take_vpn_and_the_vpn_is_kept(tmp_path: Path) -> N
                 sub.kill()
                 sub.communicate()
             await in_b.close()
+
+
+async def test_one_importers_flood_of_requests_loses_no_other_importers_reply(tmp_path: Path) -> None:
+    """B and C import A's service: C's request waits for its answer while B sends 10,001 requests
+    nobody answers (the node's table of reply tokens holds 10,000). B's own oldest tokens go; C's
+    answer still comes back."""
+    users = "".join(
+        f'[vpns.{vpn}.users.{user}]\npassword_hash = "{hash_password(CAROL)}"\n'
+        for vpn, user in (("A", "resp"), ("B", "req"), ("C", "req"))
+    )
+    path = vpn_file(
+        tmp_path,
+        '[vpns.A]\nexports = [{ service = "svc.>" }]\n'
+        '[vpns.B]\nimports = [{ vpn = "A", service = "svc.>" }]\n'
+        '[vpns.C]\nimports = [{ vpn = "A", service = "svc.>" }]\n' + users,
+    )
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(path), "--nats-port", "0")) as cluster:
+        node = cluster.start()["a"]
+        url = f"nats://127.0.0.1:{(await status(node))['nats']['port']}"
+        clients = [
+            await nats.connect(url, user=f"{vpn}/{user}", password=CAROL, connect_timeout=30)
+            for vpn, user in (("A", "resp"), ("B", "req"), ("C", "req"))
+        ]
+        responder, flooder, waiter = clients
+        try:
+            requests = await responder.subscribe("svc.>")
+            await responder.flush()
+            inbox = await waiter.subscribe("_INBOX.c")
+            await waiter.publish("svc.slow", b"c's", reply="_INBOX.c")
+            await waiter.flush()
+            held = await requests.next_msg(timeout=30)
+            assert held.data == b"c's"
+            for i in range(10_001):
+                await flooder.publish("svc.flood", b"%d" % i, reply="_INBOX.b")
+            await flooder.flush()
+
+            async def flood_taken() -> bool:
+                return int((await status(node))["imports"].get("reply_tokens_dropped_full", 0)) >= 1
+
+            await eventually(flood_taken, timeout=60, interval=0.2, what="the table of reply tokens full")
+            await held.respond(b"answer")
+            assert (await inbox.next_msg(timeout=30)).data == b"answer"
+        finally:
+            for client in clients:
+                await client.close()
+
+
+async def test_a_service_import_added_by_a_reload_takes_a_subject_the_direct_path_learnt(
+    tmp_path: Path,
+) -> None:
+    """The default VPN already imports one of A's services; a reload adds a second, on a subject its
+    NATS client had been publishing on (a route its node's direct path had learnt, into its own
+    space): its PUBs go to A's responders from then on."""
+    text = '[vpns.A]\nexports = [{ service = "svc.>" }, { service = "tools.>" }]\n[vpns.default]\n'
+    path = vpn_file(tmp_path, text + 'imports = [{ vpn = "A", service = "svc.>" }]\n')
+    with MeshCluster(1, extra_args=("--mesh-vpns", str(path), "--nats-port", "0")) as cluster:
+        node = cluster.start()["a"]
+        url = f"nats://127.0.0.1:{(await status(node))['nats']['port']}"
+        responder = await MeshClient(node.route_url, vpn="A").connect()
+        requester = await nats.connect(url, connect_timeout=30)
+        tools = Inbox()
+        try:
+            responder.subscribe("tools.x", tools)
+            await responder.flush()
+            for _ in range(100):  # its own space: nobody there; a route the direct path learns
+                await requester.publish("tools.x", b"before")
+            await requester.flush()
+            assert tools.events == []
+            path.write_text(
+                text + 'imports = [{ vpn = "A", service = "svc.>" }, { vpn = "A", service = "tools.>" }]\n'
+            )
+            await reload(node)
+
+            async def arrived() -> bool:
+                await requester.publish("tools.x", b"after")
+                await requester.flush()
+                await responder.flush()
+                return bool(tools.events)
+
+            await eventually(arrived, timeout=30, what="its PUB on the newly imported service at A")
+            assert tools.events[0] == ("tools.x", b"after")
+        finally:
+            await requester.close()
+            await responder.close()

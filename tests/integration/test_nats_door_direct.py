@@ -15,9 +15,10 @@ import nats
 import pytest
 
 from meshplane.core.doors.nats_protocol import Err, Msg, NatsParser, Op, Pong
+from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
 from tests.integration.test_nats_door import NatsMesh, Received
-from tests.support.mesh import interest_reached
+from tests.support.mesh import Inbox, interest_reached, put_queue, queue_bodies, status
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +178,48 @@ async def test_publishes_before_a_broken_operation_in_the_same_read_are_delivere
     finally:
         await sub.close()
         raw.writer.close()
+
+
+async def _stored(mesh: NatsMesh, node: str) -> int:
+    return int((await status(mesh[node], patterns=False))["nats"]["counters"].get("guaranteed_stored", 0))
+
+
+@pytest.mark.parametrize("where", ["a", "b"])
+async def test_a_subject_bound_to_a_queue_after_its_route_was_learnt_is_stored_before_flush(
+    mesh: NatsMesh, where: str
+) -> None:
+    """A PUB on a subject bound to a queue (here or on a peer) after the direct path learnt its route
+    is a guaranteed event from then on: stored before flush() returns, never a plain direct event."""
+    subject, queue = f"late-{where}.x", f"late-{where}"
+    watcher = await MeshClient(mesh["b"].route_url).connect()
+    seen = Inbox()
+    watcher.subscribe(subject, seen)
+    await watcher.flush()
+    await interest_reached(mesh["a"], "b", subject)
+    publisher = await nats.connect(mesh.url("a"))
+    try:
+        before = await direct_events(mesh, "a")
+        for i in range(200):
+            await publisher.publish(subject, b"plain-%d" % i)
+        await publisher.flush()
+        await eventually(lambda: len(seen.events) == 200, timeout=30, what="the plain events")
+        assert await direct_events(mesh, "a") > before  # the route was learnt
+
+        await put_queue(mesh[where], queue, [subject])
+        if where == "b":
+            await interest_reached(mesh["a"], "b", "$G." + subject)
+        stored = await _stored(mesh, "a")
+        bodies = [b"kept-%d" % i for i in range(50)]
+        for body in bodies:
+            await publisher.publish(subject, body)
+        await publisher.flush()  # its PONG waits until every one of them is stored
+        assert await _stored(mesh, "a") - stored == len(bodies)
+
+        async def kept() -> bool:
+            return len(await queue_bodies(mesh[where], queue)) >= len(bodies)
+
+        await eventually(kept, timeout=30, what="the queue holds them all")
+        assert await queue_bodies(mesh[where], queue) == bodies
+    finally:
+        await publisher.close()
+        await watcher.close()

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from meshplane.core.mesh.login_checks import ADDRESS_BUSY
+from meshplane.core.mesh.login_checks import ADDRESS_BUSY, WRONG
 from meshplane.mesh.config import MeshConfig
-from meshplane.mesh.logins import WRONG
 from meshplane.mesh.node import MeshNode
 from meshplane.mesh.vpns import hash_password, parse_vpns
 

@@ -197,3 +197,15 @@ def test_a_service_import_sends_requests_under_its_prefix_only() -> None:
         (4, 'one of events = "PATTERN"'),
         (4, "'A' exports no service covering 'svc.>' to 'B'"),
     ]
+
+
+def test_one_vpns_flood_of_requests_drops_its_own_reply_tokens_not_anothers() -> None:
+    """C's request waits for its answer while B floods the table: B's oldest go, C's answers."""
+    replies = Replies(ttl=60.0, capacity=4)
+    waiting = replies.open("C", "_INBOX.c", 0.0)
+    flood = [replies.open("B", f"_INBOX.b{i}", 1.0) for i in range(10)]
+    assert len(replies) == 4
+    assert replies.close(waiting, 2.0) == ("C", "_INBOX.c")
+    assert replies.close(flood[-1], 2.0) == ("B", "_INBOX.b9")
+    assert replies.close(flood[0], 2.0) is None
+    assert replies.counters["reply_tokens_dropped_full"] == 7

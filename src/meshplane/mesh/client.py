@@ -54,7 +54,7 @@ from meshplane.core.mesh.handshake import (
     proof,
     proof_ok,
 )
-from meshplane.core.mesh.login_checks import RETRY_LATER
+from meshplane.core.mesh.login_checks import RETRY_LATER, WRONG
 from meshplane.core.mesh.vpn import DEFAULT, bound_role, check_vpn, outward, prefix_of
 from meshplane.core.subjects import PatternIndex
 from meshplane.errors import ConfigError, PermissionDenied, TransportAuthError, TransportError
@@ -71,6 +71,11 @@ Callback = Callable[[str, bytes], None]
 class LoginBusy(TransportAuthError):
     """The node refused the LOGIN unchecked, its bounded queue of password checks full: the client
     tries again, with backoff, until its timeout (a fleet connecting at once all gets in)."""
+
+
+class WrongCredentials(TransportAuthError):
+    """The node checked the LOGIN and refused its user or password: reconnecting stops (each try
+    would cost the node a password check, for the same answer)."""
 
 
 def parse_node_url(url: str) -> tuple[str, int]:
@@ -134,6 +139,7 @@ class MeshClient:
         self._reconnect: asyncio.Task[None] | None = None
         self._ticket = b""  # the node's, to keep ``_origin`` on the next connection
         self._unconfirmed = Unconfirmed(MAX_UNCONFIRMED, self.url)
+        self._refused_login: TransportAuthError | None = None  # why it stopped reconnecting
 
     # --- connection ----------------------------------------------------------------------------------
 
@@ -262,8 +268,13 @@ class MeshClient:
             if answer_frame is None or answer_frame.type is not FrameType.LOGIN:
                 raise ConnectionError(f"the mesh node at {self.url} closed the connection at login")
             if answer_frame.payload:
+                reason = answer_frame.payload
                 raise (
-                    LoginBusy if answer_frame.payload.endswith(RETRY_LATER.encode()) else TransportAuthError
+                    LoginBusy
+                    if reason.endswith(RETRY_LATER.encode())
+                    else WrongCredentials
+                    if reason == WRONG.encode()
+                    else TransportAuthError
                 )(
                     f"the mesh node at {self.url} refused user {self.user!r} in Message VPN {self.vpn!r}: "
                     f"{answer_frame.payload.decode(errors='replace')[:200]}"
@@ -369,11 +380,20 @@ class MeshClient:
 
     async def _reconnect_loop(self) -> None:
         delay = 0.05
+        refusals = 0  # one per address at least: an HA mate whose users file lags may refuse alone
         while not self._closing and self._conn is None:
             try:
                 await self._connect_once(self.timeout)
                 log.info("reconnected to the mesh node at %s", self.url)
                 return
+            except WrongCredentials as exc:
+                refusals += 1
+                if refusals >= len(self.addresses):
+                    self._refused_login = exc
+                    log.error("stopped reconnecting to the mesh node at %s: %s", self.url, exc)
+                    return
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(2.0, delay * 2)
             except (OSError, TimeoutError, TransportError):
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(2.0, delay * 2)
@@ -448,7 +468,7 @@ class MeshClient:
         node linked to it has too (a subscription made before is then known cluster-wide)."""
         conn = self._conn
         if conn is None:
-            raise TransportError(f"not connected to the mesh node at {self.url}")
+            raise self._refused_login or TransportError(f"not connected to the mesh node at {self.url}")
         ping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pings.append(ping)
         conn.send(encode_frame(FrameType.SYNC_REQ, "", flags=FLAG_PROPAGATED if propagated else 0))

@@ -83,8 +83,11 @@ class DirectPath:
         if not self.enabled or len(origin) > NODE_ID_BYTES or origin.endswith(b"\x00"):
             return
         raw = origin.ljust(NODE_ID_BYTES, b"\x00")
-        session.conn.direct = lambda buffer, start: self._read(
-            session.conn, buffer, start, raw, None, self._sent
+        rates = self.node.logins  # a reload may give its VPN a rate: checked per event, in Python
+        session.conn.direct = lambda buffer, start: (
+            self._read(session.conn, buffer, start, raw, None, self._sent)
+            if session.vpn not in rates.rates
+            else start
         )
 
     def link_reader(self, link: Link, conn: FrameConnection, *, foreign: bool = False) -> None:

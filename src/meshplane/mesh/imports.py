@@ -81,6 +81,8 @@ class Imports:
         imports = {name: vpn.imports for name, vpn in vpns.items() if vpn.imports}
         if imports == self.interest.imports:
             return
+        # The direct path skips the check for services: a route it learnt may be a new service's.
+        self.node.direct.forget()
         self._configure_services(imports)
         for holder, patterns in list(self._of.items()):
             for pattern in list(patterns):

@@ -25,10 +25,10 @@ import logging
 import secrets
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from meshplane.core.mesh.frames import Frame, FrameType, decode_login, encode_frame
-from meshplane.core.mesh.login_checks import CheckLimits, LoginChecks
+from meshplane.core.mesh.login_checks import WRONG, CheckLimits, LoginChecks
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.rate import TokenBucket
 from meshplane.mesh.holders import ClientSession
@@ -41,10 +41,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
+class Publisher(Protocol):
+    """Whose publishes a VPN's rates count: a mesh client, a door's client."""
+
+    @property
+    def vpn(self) -> str: ...
+
+    @property
+    def user(self) -> str: ...
+
+
 Buckets = tuple[TokenBucket | None, TokenBucket | None]  # (events, bytes) per second on this node
 
 CHECKS_AT_ONCE = 2  # each holds ~64 MiB: a node spends at most 128 MiB on them
-WRONG = "wrong user or password"
 
 
 class Logins:
@@ -89,9 +99,9 @@ class Logins:
             or any(v == vpn.name for v, _ in self.user_rates)
         }
 
-    def publish_refused(self, session: ClientSession, size: int) -> str:
-        """Why ``session``'s publish of ``size`` bytes passes its VPN's or its user's rate on this
-        node (refused, counted), or "" (it is counted against both)."""
+    def publish_refused(self, session: Publisher, size: int) -> str:
+        """Why ``session``'s (a mesh client's, a door's client's) publish of ``size`` bytes passes its
+        VPN's or its user's rate on this node (refused, counted), or "" (it is counted against both)."""
         now = time.monotonic()
         vpn = self.rates[session.vpn]
         whose, (limit, rate) = f"Message VPN {session.vpn!r}", _take(vpn, size, now)

@@ -28,6 +28,7 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
+WRONG = "wrong user or password"  # a refusal the client does not retry: the same answer would come
 RETRY_LATER = "try again later"  # ends a refusal the client retries (with backoff, within its timeout)
 QUEUE_FULL = f"the node is busy checking logins: {RETRY_LATER}"
 ADDRESS_BUSY = f"too many logins from your address are waiting to be checked: {RETRY_LATER}"

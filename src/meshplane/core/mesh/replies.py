@@ -4,8 +4,9 @@ A request from VPN B to a service A exports carries, in A's space, a reply subje
 made up (``_R_.<the node's space>.<token>``, nothing of B's); the first reply on it goes back to B's
 own reply subject, and the token is forgotten (one reply per request, as nats-server's default
 ``singleton`` response). Tokens are random, so an A client that did not see the request cannot
-answer it; they are kept at most ``ttl`` seconds and at most ``capacity`` at once (the oldest go
-first, counted): a requester that never hears back costs the node a bounded table, not a leak.
+answer it; they are kept at most ``ttl`` seconds and at most ``capacity`` at once (past it, the oldest
+of the importing VPN holding the most go, counted): a requester that never hears back costs the node a
+bounded table, not a leak, and one VPN's flood of requests drops its own tokens, not another's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Replies:
     capacity: int = 10_000
     counters: Counter[str] = field(default_factory=Counter)
     _open: OrderedDict[str, tuple[str, str, float]] = field(default_factory=OrderedDict)
+    _of: dict[str, dict[str, None]] = field(default_factory=dict)  # by VPN: its tokens, in order opened
 
     def __len__(self) -> int:
         return len(self._open)
@@ -33,16 +35,27 @@ class Replies:
         """A token for a request whose reply goes to ``reply`` in ``vpn``."""
         self.expire(now)
         while len(self._open) >= self.capacity:
-            self._open.popitem(last=False)
+            most = max(self._of.values(), key=len)
+            self._forget(next(iter(most)))
             self.counters["reply_tokens_dropped_full"] += 1
         token = secrets.token_urlsafe(TOKEN_BYTES)  # no '.': one token of a subject
         self._open[token] = (vpn, reply, now + self.ttl)
+        self._of.setdefault(vpn, {})[token] = None
         return token
+
+    def _forget(self, token: str) -> tuple[str, str, float] | None:
+        found = self._open.pop(token, None)
+        if found is not None:
+            mine = self._of[found[0]]
+            del mine[token]
+            if not mine:
+                del self._of[found[0]]
+        return found
 
     def close(self, token: str, now: float) -> tuple[str, str] | None:
         """Where the reply on ``token`` goes (once); None for a token unknown, answered or expired."""
         self.expire(now)
-        found = self._open.pop(token, None)
+        found = self._forget(token)
         if found is None:
             self.counters["replies_unknown"] += 1
             return None
@@ -55,5 +68,5 @@ class Replies:
             token, (_, _, deadline) = next(iter(self._open.items()))
             if deadline > now:
                 return
-            del self._open[token]
+            self._forget(token)
             self.counters["reply_tokens_expired"] += 1

@@ -33,6 +33,7 @@ from meshplane.core.doors.mqtt_codec import DEFAULT_MAX_PACKET
 from meshplane.core.doors.mqtt_packets import V5, V311, Code, ConnAck, Connect, Prop
 from meshplane.core.doors.mqtt_topics import BadTopic, to_subject
 from meshplane.core.mesh.frames import FLAG_GUARANTEED
+from meshplane.core.mesh.login_checks import WRONG
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
 from meshplane.errors import ConfigError
@@ -41,7 +42,6 @@ from meshplane.mesh.doors.mqtt_resends import Pending
 from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX, RetainedStore
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
 from meshplane.mesh.holders import MeshEvent
-from meshplane.mesh.logins import WRONG
 from meshplane.mesh.preauth import QuietLog, Unproven, bounded
 from meshplane.streams.errors import StreamError
 

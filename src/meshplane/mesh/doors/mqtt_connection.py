@@ -266,13 +266,19 @@ class MqttConnection(asyncio.Protocol):
                 self.send(PubAck(packet.packet_id, Code.BAD_TOPIC_NAME, self._reason(str(exc))))
                 return
             raise MqttError("bad_topic", str(exc), Code.BAD_TOPIC_NAME) from None
-        if self.permissions is not None:
-            refused = self.permissions.why_not_publish(subject)
-            if refused:
-                self.door.violation(self)
-                if packet.qos:  # 3.1.1 has no refusing PUBACK: acknowledged and dropped (as mosquitto)
-                    self.send(PubAck(packet.packet_id, Code.NOT_AUTHORIZED, self._reason(refused)))
-                return
+        refused = self.permissions.why_not_publish(subject) if self.permissions is not None else ""
+        if refused:
+            self.door.violation(self)
+            if packet.qos:  # 3.1.1 has no refusing PUBACK: acknowledged and dropped (as mosquitto)
+                self.send(PubAck(packet.packet_id, Code.NOT_AUTHORIZED, self._reason(refused)))
+            return
+        logins = self.door.node.logins
+        if self.vpn in logins.rates and (limited := logins.publish_refused(self, len(packet.payload))):
+            self.door.count("rate_refused")  # not published, retained or stored; a QoS 1 one answered
+            if packet.qos:  # in turn (3.1.1, which cannot refuse, closed unanswered: it comes again)
+                self.publishes.append(entry := Pending(packet.packet_id))
+                self.answered(entry, 0, limited)
+            return
         self.messages_in += 1
         if packet.retain:
             self.door.retain(self.prefix + subject, packet.payload, packet.qos)

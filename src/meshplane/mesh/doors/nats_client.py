@@ -138,6 +138,8 @@ class NatsClient(asyncio.Protocol):
         """The node's direct path takes its plain PUBs on subjects it has learnt (see ``publish``)."""
         if not self.connected or self.checking or self.closed or self.verbose or self.permissions is not None:
             return start
+        if self.vpn in self.node.logins.rates:  # its VPN's or user's rate is checked per PUB: Python's
+            return start
         end, events = self.node.direct.door_read(self.prefix, buffer, start, self.parser.max_payload)
         self.msgs_in += events
         return end
@@ -262,6 +264,20 @@ class NatsClient(asyncio.Protocol):
             if refused:
                 self.door.node.logins.violations[(self.vpn, self.user)] += 1
                 return self.error(f'Permissions Violation for Publish to "{subject[:200]}"')
+        limited = (
+            self.node.logins.publish_refused(self, len(op.payload))
+            if self.vpn in self.node.logins.rates
+            else ""
+        )
+        if limited:
+            # Dropped and counted (limits_refused), as nats-server drops what it cannot route: a -ERR
+            # closes nats-py's connection, so only a verbose client (waiting for +OK) is told, and one
+            # whose PUB was guaranteed (its flush() must not say stored), as for any not stored.
+            self.door.counters["rate_refused"] += 1
+            if self.door.queue_bound(self.prefix + subject):
+                self.door.counters["guaranteed_not_stored"] += 1
+                return self.error(f"not stored: {limited[:200]}")
+            return self.error(f"Rate Limit Exceeded: {limited[:200]}") if self.verbose else None
         if self.node.imports.services:  # a request to a service its VPN imports goes to the exporter
             copies = self.node.imports.request(self.vpn, subject, op.reply, op.headers, op.payload)
             if copies is not None:
@@ -283,7 +299,8 @@ class NatsClient(asyncio.Protocol):
             task.add_done_callback(self._stored)
             return
         copies = self.node.publish(subject, body, flags, skip=skip, prefix=self.prefix)
-        if not enveloped and self.permissions is None:  # a route the direct path may take next time
+        if not enveloped and self.permissions is None and self.vpn not in self.node.logins.rates:
+            # a route the direct path may take next time
             self.node.direct.door_sent(self.prefix, subject)
         if copies == 0 and op.reply and self.no_responders:
             self.door.counters["no_responders"] += 1
