@@ -1,5 +1,4 @@
-"""The MQTT door's persistent sessions: bounded, their file written off the event loop and crash-safe, their
-resent PUBLISHes remembered."""
+"""The MQTT door's persistent sessions file: bounded, written off the event loop, crash-safe."""
 
 from __future__ import annotations
 
@@ -11,11 +10,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from meshplane.mesh.doors import mqtt_sessions
-from meshplane.mesh.doors.mqtt_resends import Stored, digest
 from meshplane.mesh.doors.mqtt_sessions import (
     MAX_SESSION_BYTES,
     MAX_SESSION_QUEUES,
@@ -176,17 +172,3 @@ async def test_sessions_read_back_expire_as_if_their_client_left_at_the_restart(
     assert {s.expiry for s in store.by_key.values()} == {100}
     assert store.expire(store.now() + 101) == 2
     await store.close()
-
-
-@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 20), st.binary(max_size=2)), max_size=200))
-def test_the_publishes_remembered_stay_bounded_and_exact(steps: list[tuple[int, int, bytes]]) -> None:
-    stored = Stored(per_session=4, total=10)
-    for session, packet_id, payload in steps:
-        key = ("default", str(session))
-        stored.remember(key, packet_id, digest("t", payload))
-        assert stored.stored(key, packet_id, digest("t", payload))  # the last one is always kept
-        assert not stored.stored(key, packet_id, digest("u", payload))
-        assert all(len(ids) <= 4 for ids in stored.by_session.values())
-        assert stored.count == sum(len(ids) for ids in stored.by_session.values()) <= 10
-    stored.forget(("default", "0"))
-    assert stored.count == sum(len(ids) for ids in stored.by_session.values())

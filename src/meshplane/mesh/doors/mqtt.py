@@ -38,7 +38,6 @@ from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
 from meshplane.errors import ConfigError
 from meshplane.mesh.doors.mqtt_connection import MAX_CLIENT_ID, RECEIVE_MAXIMUM, MqttConnection
-from meshplane.mesh.doors.mqtt_resends import Pending
 from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX, RetainedStore
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
 from meshplane.mesh.holders import MeshEvent
@@ -401,20 +400,6 @@ class MqttDoor:
         self.node.route_direct(event, skip=self.retain_holder)
 
     # --- persistent sessions -------------------------------------------------------------------------
-
-    def resent(self, conn: MqttConnection, entry: Pending) -> bool:
-        """A persistent session's QoS 1 PUBLISH, sent again (DUP), that was stored before: counted."""
-        sessions, session = self.sessions, conn.session
-        if sessions is None or session is None:
-            return False
-        if not sessions.resends.stored(session.key, entry.packet_id, entry.digest):
-            return False
-        self.count("resent_not_stored_again")
-        return True
-
-    def stored(self, conn: MqttConnection, entry: Pending) -> None:
-        if self.sessions is not None and conn.session is not None:
-            self.sessions.resends.remember(conn.session.key, entry.packet_id, entry.digest)
 
     def sessions_dirty(self, session: StoredSession) -> None:
         if self.sessions is not None:

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -49,7 +50,6 @@ from meshplane.core.doors.nats_protocol import unwrap
 from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward
-from meshplane.mesh.doors.mqtt_resends import Pending, digest
 from meshplane.mesh.doors.mqtt_retained import RetainedSender
 from meshplane.mesh.doors.mqtt_sessions import Subscription, after_saved
 from meshplane.mesh.holders import MeshEvent
@@ -69,6 +69,14 @@ MAX_WAITING = 10_000  # QoS 1 messages waiting for room in flight ...
 MAX_WAITING_BYTES = 16 * 1024 * 1024  # ... and their bytes
 MAX_OUTBOUND_BYTES = 16 * 1024 * 1024  # unsent to the client's socket: past it, a slow consumer
 MAX_CLIENT_ID = 256
+
+
+@dataclass(slots=True)
+class Pending:
+    """A QoS 1 PUBLISH of the client being stored: its answer ("" stored), None until it comes."""
+
+    packet_id: int
+    error: str | None = None
 
 
 class MqttConnection(asyncio.Protocol):
@@ -292,14 +300,11 @@ class MqttConnection(asyncio.Protocol):
                 f"more than {RECEIVE_MAXIMUM} QoS 1 PUBLISHes unanswered",
                 Code.RECEIVE_MAXIMUM_EXCEEDED,
             )
-        entry = Pending(packet.packet_id, digest(packet.topic, packet.payload) if self.session else b"")
+        entry = Pending(packet.packet_id)
         self.publishes.append(entry)
         if len(self.publishes) >= RECEIVE_MAXIMUM // 2 and self.transport is not None and self.level == V311:
             self.transport.pause_reading()  # 3.1.1 has no Receive Maximum: the socket waits
             self.paused_reading = True
-        if packet.dup and self.door.resent(self, entry):  # stored before its client reconnected
-            self.answered(entry, 0, "")
-            return
         self.door.publish_guaranteed(
             self.prefix + subject, packet.payload, skip, partial(self.answered, entry)
         )
@@ -307,8 +312,6 @@ class MqttConnection(asyncio.Protocol):
     def answered(self, entry: Pending, _: int, error: str) -> None:
         """A QoS 1 PUBLISH stored (``error`` empty) or not: PUBACKs go in order."""
         entry.error = error
-        if not error and entry.digest:
-            self.door.stored(self, entry)
         while self.publishes and self.publishes[0].error is not None:
             done = self.publishes.popleft()
             packet_id, error = done.packet_id, done.error or ""

@@ -37,7 +37,6 @@ import msgspec
 
 from meshplane.core.doors.mqtt_packets import Code
 from meshplane.core.doors.mqtt_topics import to_topic
-from meshplane.mesh.doors.mqtt_resends import Stored
 from meshplane.mesh.preauth import QuietLog, bounded
 from meshplane.mesh.queues import MAX_QUEUES
 from meshplane.streams import files
@@ -106,7 +105,7 @@ class Sessions:
         self.pending: dict[tuple[str, str], int] = {}  # filters' bytes taken since the last encoding
         self.queued: set[tuple[str, str]] = set()  # sessions with a queue
         self.dirty: set[tuple[str, str]] = set()  # to encode again before the next write
-        self.resends = Stored()  # their PUBLISHes stored lately, by packet id: a resend is not stored twice
+        self.expired = 0
         self._wanted = False  # a write (not awaited) is due
         self._failed = False  # the last write failed
         self._synced = False  # ... fsynced
@@ -185,7 +184,6 @@ class Sessions:
         self.pending.pop(session.key, None)
         self.queued.discard(session.key)
         self.dirty.discard(session.key)
-        self.resends.forget(session.key)
         self.queues.delete(session.queue, vpn)
         self.save()
 
