@@ -113,6 +113,16 @@ class TransportAuthError(TransportError, AuthError):
     """A server of the event plane (NATS) refused the credentials."""
 
 
+class LoginBusy(TransportAuthError):
+    """The node refused the LOGIN unchecked, its bounded queue of password checks full: the client
+    tries again, with backoff, until its timeout (a fleet connecting at once all gets in)."""
+
+
+class WrongCredentials(TransportAuthError):
+    """The node checked the LOGIN and refused its user or password: reconnecting stops (each try
+    would cost the node a password check, for the same answer)."""
+
+
 class PermissionDenied(MeshplaneError):
     """A mesh client's publish or subscription that its Message VPN's permissions or limits refuse
     (the message says which, in one line)."""

@@ -25,7 +25,6 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 from meshplane.core.mesh.frames import (
     DEFAULT_MAX_PAYLOAD,
@@ -57,8 +56,14 @@ from meshplane.core.mesh.handshake import (
 from meshplane.core.mesh.login_checks import RETRY_LATER, WRONG
 from meshplane.core.mesh.vpn import DEFAULT, bound_role, check_vpn, outward, prefix_of
 from meshplane.core.subjects import PatternIndex
-from meshplane.errors import ConfigError, PermissionDenied, TransportAuthError, TransportError
-from meshplane.mesh.config import CLIENT_SECRET_ENV, secret_from_env
+from meshplane.errors import (
+    LoginBusy,
+    PermissionDenied,
+    TransportAuthError,
+    TransportError,
+    WrongCredentials,
+)
+from meshplane.mesh.config import CLIENT_SECRET_ENV, parse_node_urls, secret_from_env
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.session import session_keys
 from meshplane.mesh.unconfirmed import Unconfirmed
@@ -66,28 +71,6 @@ from meshplane.mesh.unconfirmed import Unconfirmed
 log = logging.getLogger(__name__)
 
 Callback = Callable[[str, bytes], None]
-
-
-class LoginBusy(TransportAuthError):
-    """The node refused the LOGIN unchecked, its bounded queue of password checks full: the client
-    tries again, with backoff, until its timeout (a fleet connecting at once all gets in)."""
-
-
-class WrongCredentials(TransportAuthError):
-    """The node checked the LOGIN and refused its user or password: reconnecting stops (each try
-    would cost the node a password check, for the same answer)."""
-
-
-def parse_node_url(url: str) -> tuple[str, int]:
-    parts = urlsplit(url.strip())
-    if parts.scheme != "tcp" or not parts.hostname or parts.port is None:
-        raise ConfigError(f"mesh node {url!r}: expected tcp://HOST:PORT (MESHPLANE_NODE)")
-    return parts.hostname, parts.port
-
-
-def parse_node_urls(text: str) -> list[tuple[str, int]]:
-    """``tcp://HOST:PORT[,tcp://HOST:PORT...]``: a node, or the mates of an HA pair (tried in turn)."""
-    return [parse_node_url(url) for url in text.split(",") if url.strip()] or [parse_node_url(text)]
 
 
 class MeshClient:

@@ -164,3 +164,15 @@ class MeshConfig:
                 parse_route(address)
             if cluster == self.cluster:
                 raise ConfigError(f"--gateway {cluster}=...: a gateway links to other clusters, not its own")
+
+
+def parse_node_url(url: str) -> tuple[str, int]:
+    parts = urlsplit(url.strip())
+    if parts.scheme != "tcp" or not parts.hostname or parts.port is None:
+        raise ConfigError(f"mesh node {url!r}: expected tcp://HOST:PORT (MESHPLANE_NODE)")
+    return parts.hostname, parts.port
+
+
+def parse_node_urls(text: str) -> list[tuple[str, int]]:
+    """``tcp://HOST:PORT[,tcp://HOST:PORT...]``: a node, or the mates of an HA pair (tried in turn)."""
+    return [parse_node_url(url) for url in text.split(",") if url.strip()] or [parse_node_url(text)]

@@ -45,11 +45,12 @@ from meshplane.core.doors.mqtt_packets import (
     Unsubscribe,
     encode,
 )
-from meshplane.core.doors.mqtt_topics import BadTopic, matches, to_pattern, to_subject, to_topic
+from meshplane.core.doors.mqtt_topics import BadTopic, matches, to_subject, to_topic
 from meshplane.core.doors.nats_protocol import unwrap
 from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward
+from meshplane.mesh.doors.mqtt_filters import MAX_SUBSCRIPTIONS, take_filter
 from meshplane.mesh.doors.mqtt_retained import RetainedSender
 from meshplane.mesh.doors.mqtt_sessions import Subscription, after_saved
 from meshplane.mesh.holders import MeshEvent
@@ -61,8 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_SUBSCRIPTIONS = 1000  # filters per connection
-MAX_PERSISTENT_QOS1 = 100  # QoS 1 filters of a persistent session (its queue's patterns)
 RECEIVE_MAXIMUM = 1024  # QoS 1 PUBLISHes of a client waiting to be stored (5: announced at CONNACK)
 MAX_INFLIGHT = 1000  # QoS 1 messages sent to a client and not acknowledged (or its Receive Maximum)
 MAX_WAITING = 10_000  # QoS 1 messages waiting for room in flight ...
@@ -352,7 +351,7 @@ class MqttConnection(asyncio.Protocol):
         codes: list[int] = []
         new: list[tuple[str, str]] = []
         for topic_filter, options in packet.filters:
-            code, pattern = self._subscribe_one(topic_filter, options)
+            code, pattern = take_filter(self, topic_filter, options)
             codes.append(code)
             if code < 0x80 and (options >> 4) & 3 != 2:  # retain handling 2: none sent
                 new.append((topic_filter, pattern))
@@ -367,43 +366,6 @@ class MqttConnection(asyncio.Protocol):
         if not self.retained_sender.add(pattern for _, pattern in new):
             self.door.count("slow_consumer")
             self.close(Code.QUOTA_EXCEEDED, "a slow consumer: too many filters' retained messages to send")
-
-    def _subscribe_one(self, topic_filter: str, options: int) -> tuple[int, str]:
-        v5 = self.level == V5
-        if topic_filter.startswith("$share/") and v5:
-            self.door.count("shared_subscription")
-            return Code.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, ""
-        try:
-            pattern = to_pattern(topic_filter)
-        except BadTopic as exc:
-            self.door.count("bad_filter")
-            log.info("MQTT client %s: filter refused: %s", bounded(self.client_id), exc)
-            return Code.BAD_TOPIC_FILTER, ""
-        if self.permissions is not None and self.permissions.why_not_subscribe(pattern):
-            self.door.violation(self)
-            return Code.NOT_AUTHORIZED, ""
-        qos = min(options & 3, 1)  # QoS 2 granted as 1
-        known = self.subscriptions.get(topic_filter)
-        if known is None:
-            if len(self.subscriptions) >= MAX_SUBSCRIPTIONS:
-                self.door.count("subscription_limit")
-                return Code.QUOTA_EXCEEDED, ""
-            if (
-                self.session is not None
-                and qos
-                and sum(s.qos for s in self.subscriptions.values()) >= MAX_PERSISTENT_QOS1
-            ):
-                self.door.count("subscription_limit")
-                return Code.QUOTA_EXCEEDED, ""
-            if not self.door.subscription_room(self, topic_filter):
-                return Code.QUOTA_EXCEEDED, ""
-        internal = self.prefix + pattern
-        self.subscriptions[topic_filter] = Subscription(internal, qos, options)
-        if known is None:
-            self.patterns[internal] = self.patterns.get(internal, 0) + 1
-            if self.patterns[internal] == 1:
-                self.door.subscribed(self, internal)
-        return qos, internal
 
     def on_unsubscribe(self, packet: Unsubscribe) -> None:
         codes = []
@@ -439,7 +401,7 @@ class MqttConnection(asyncio.Protocol):
     def restore(self, subscriptions: dict[str, tuple[int, int]]) -> None:
         """A persistent session's subscriptions, taken again as they were granted."""
         for topic_filter, (qos, options) in subscriptions.items():
-            self._subscribe_one(topic_filter, options & ~3 | qos)
+            take_filter(self, topic_filter, options & ~3 | qos)
         self._changed(save=False)
 
     def _all_no_local(self, subject: str) -> bool:

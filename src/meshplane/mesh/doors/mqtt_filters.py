@@ -1,0 +1,60 @@
+"""One filter a client of the MQTT door subscribes to: mapped to a mesh pattern, checked against its
+permissions and bounds (per connection, per persistent session, the node's), and taken."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from meshplane.core.doors.mqtt_packets import V5, Code
+from meshplane.core.doors.mqtt_topics import BadTopic, to_pattern
+from meshplane.mesh.doors.mqtt_sessions import Subscription
+from meshplane.mesh.preauth import bounded
+
+if TYPE_CHECKING:
+    from meshplane.mesh.doors.mqtt_connection import MqttConnection
+
+log = logging.getLogger(__name__)
+
+MAX_SUBSCRIPTIONS = 1000  # filters per connection
+MAX_PERSISTENT_QOS1 = 100  # QoS 1 filters of a persistent session (its queue's patterns)
+
+
+def take_filter(conn: MqttConnection, topic_filter: str, options: int) -> tuple[int, str]:
+    """One filter of a SUBSCRIBE (or of a session restored): its code (the QoS granted, or why not)
+    and its mesh pattern; the connection's interest follows."""
+    v5 = conn.level == V5
+    if topic_filter.startswith("$share/") and v5:
+        conn.door.count("shared_subscription")
+        return Code.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, ""
+    try:
+        pattern = to_pattern(topic_filter)
+    except BadTopic as exc:
+        conn.door.count("bad_filter")
+        log.info("MQTT client %s: filter refused: %s", bounded(conn.client_id), exc)
+        return Code.BAD_TOPIC_FILTER, ""
+    if conn.permissions is not None and conn.permissions.why_not_subscribe(pattern):
+        conn.door.violation(conn)
+        return Code.NOT_AUTHORIZED, ""
+    qos = min(options & 3, 1)  # QoS 2 granted as 1
+    known = conn.subscriptions.get(topic_filter)
+    if known is None:
+        if len(conn.subscriptions) >= MAX_SUBSCRIPTIONS:
+            conn.door.count("subscription_limit")
+            return Code.QUOTA_EXCEEDED, ""
+        if (
+            conn.session is not None
+            and qos
+            and sum(s.qos for s in conn.subscriptions.values()) >= MAX_PERSISTENT_QOS1
+        ):
+            conn.door.count("subscription_limit")
+            return Code.QUOTA_EXCEEDED, ""
+        if not conn.door.subscription_room(conn, topic_filter):
+            return Code.QUOTA_EXCEEDED, ""
+    internal = conn.prefix + pattern
+    conn.subscriptions[topic_filter] = Subscription(internal, qos, options)
+    if known is None:
+        conn.patterns[internal] = conn.patterns.get(internal, 0) + 1
+        if conn.patterns[internal] == 1:
+            conn.door.subscribed(conn, internal)
+    return qos, internal
