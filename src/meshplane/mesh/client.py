@@ -31,30 +31,15 @@ from meshplane.core.mesh.frames import (
     FLAG_BATCHED_ACKS,
     FLAG_GUARANTEED,
     FLAG_PROPAGATED,
-    PROTOCOL_VERSION,
     STAMP_BYTES,
     Frame,
     FrameError,
     FrameType,
-    Hello,
-    Login,
     batched_ack_sequences,
-    decode_hello,
     encode_event,
     encode_frame,
-    encode_payload,
 )
-from meshplane.core.mesh.handshake import (
-    NONCE_BYTES,
-    Auth,
-    decode_auth,
-    encode_auth,
-    new_nonce,
-    proof,
-    proof_ok,
-)
-from meshplane.core.mesh.login_checks import RETRY_LATER, WRONG
-from meshplane.core.mesh.vpn import DEFAULT, bound_role, check_vpn, outward, prefix_of
+from meshplane.core.mesh.vpn import DEFAULT, check_vpn, outward, prefix_of
 from meshplane.core.subjects import PatternIndex
 from meshplane.errors import (
     LoginBusy,
@@ -63,9 +48,9 @@ from meshplane.errors import (
     TransportError,
     WrongCredentials,
 )
+from meshplane.mesh.client_handshake import greet
 from meshplane.mesh.config import CLIENT_SECRET_ENV, parse_node_urls, secret_from_env
 from meshplane.mesh.connection import FrameConnection
-from meshplane.mesh.session import session_keys
 from meshplane.mesh.unconfirmed import Unconfirmed
 
 log = logging.getLogger(__name__)
@@ -87,10 +72,13 @@ class MeshClient:
         user: str = "",
         password: str | None = None,
         on_error: Callable[[PermissionDenied], None] | None = None,
+        keepalive: float = 30.0,
     ) -> None:
         """``vpn``: the Message VPN to publish and subscribe in (the node must have it); ``user``: log
         in to it as this user, with ``password`` (default: ``$MESHPLANE_MESH_PASSWORD``; never argv).
-        What the user's permissions refuse is given to ``on_error`` and raised by the next ``flush``."""
+        What the user's permissions refuse is given to ``on_error`` and raised by the next ``flush``.
+        A node silent for ``keepalive`` seconds is asked to answer; silent twice as long, it is taken
+        for lost (a frozen process or a partition keeps TCP open) and the client reconnects."""
         self.url = url
         self.vpn = check_vpn(vpn)
         self._prefix = prefix_of(self.vpn)  # on every subject and pattern sent, off every one received
@@ -123,6 +111,8 @@ class MeshClient:
         self._ticket = b""  # the node's, to keep ``_origin`` on the next connection
         self._unconfirmed = Unconfirmed(MAX_UNCONFIRMED, self.url)
         self._refused_login: TransportAuthError | None = None  # why it stopped reconnecting
+        self.keepalive = keepalive
+        self._watch: asyncio.Task[None] | None = None
 
     # --- connection ----------------------------------------------------------------------------------
 
@@ -132,6 +122,8 @@ class MeshClient:
         while True:
             try:
                 await self._connect_once(max(0.1, deadline - time.monotonic()))
+                if self._watch is None:
+                    self._watch = asyncio.get_running_loop().create_task(self._watch_node())
                 return self
             except ssl.SSLCertVerificationError as exc:  # the node runs: retrying changes nothing
                 raise TransportError(await self._why_not_verified(exc)) from None
@@ -186,101 +178,21 @@ class MeshClient:
             conn.send(raw)
 
     async def _handshake_with(self, conn: FrameConnection) -> str:
-        """HELLO, the node's challenge, both proofs (:mod:`meshplane.core.mesh.handshake`): the origin
-        the node gave this connection."""
         assert self._handshake is not None
-        name, nonce = self.name.encode("ascii", "ignore")[:16].decode(), new_nonce()
-        hello = Hello(
-            PROTOCOL_VERSION,
-            name,
-            "",
-            "client",
-            0,
-            nonce,
-            batched_acks=True,
+        session = await greet(
+            conn,
+            self._handshake,
+            url=self.url,
+            name=self.name,
+            secret=self.secret,
+            vpn=self.vpn,
             origin=self._origin,
             ticket=self._ticket,
-            vpn="" if self.vpn == DEFAULT else self.vpn,
+            user=self.user,
+            password=self._password,
         )
-        conn.send(encode_frame(FrameType.HELLO, "", payload=encode_payload(hello)))
-        answer = self._refusal_or_hello(await self._handshake.get())
-        if len(answer.nonce) != NONCE_BYTES:
-            raise TransportError(f"the mesh node at {self.url} sent no challenge (an older protocol?)")
-        self.node = answer.node
-        if (answer.vpn or DEFAULT) != self.vpn:  # a node before VPNs would put us in the default one
-            raise TransportError(f"the mesh node at {self.url} knows no Message VPN {self.vpn!r}")
-        role = bound_role("client", self.vpn)
-
-        def proof_of(dialler: bool) -> bytes:
-            return proof(
-                self.secret,
-                dialler=dialler,
-                dialler_nonce=nonce,
-                node_nonce=answer.nonce,
-                role=role,
-                dialler_id=name,
-                node_id=answer.node,
-            )
-
-        conn.send(encode_frame(FrameType.AUTH, "", payload=encode_auth(Auth(proof_of(True)))))
-        frame = await self._handshake.get()
-        if frame is None or frame.type is not FrameType.AUTH:
-            self._refusal_or_hello(frame)
-            raise TransportError(f"the mesh node at {self.url} answered out of turn")
-        try:
-            auth = decode_auth(frame.payload)
-        except ValueError as exc:
-            raise TransportError(f"mesh node {self.url}: {exc}") from None
-        if not proof_ok(proof_of(False), auth.proof):
-            raise TransportAuthError(
-                f"the mesh node at {self.url} could not prove it holds the mesh secret ({SECRET_HINT})"
-            )
-        keys = session_keys(
-            self.secret.encode(),
-            dialler_nonce=nonce,
-            node_nonce=answer.nonce,
-            role=role,
-            dialler_id=name,
-            node_id=answer.node,
-        )
-        conn.seal(keys, dialler=True)
-        if self.user:  # sealed: the password travels only inside the session
-            login = encode_payload(Login(self.user, self._password))
-            conn.send(encode_frame(FrameType.LOGIN, "", payload=login))
-            answer_frame = await self._handshake.get()
-            if answer_frame is None or answer_frame.type is not FrameType.LOGIN:
-                raise ConnectionError(f"the mesh node at {self.url} closed the connection at login")
-            if answer_frame.payload:
-                reason = answer_frame.payload
-                raise (
-                    LoginBusy
-                    if reason.endswith(RETRY_LATER.encode())
-                    else WrongCredentials
-                    if reason == WRONG.encode()
-                    else TransportAuthError
-                )(
-                    f"the mesh node at {self.url} refused user {self.user!r} in Message VPN {self.vpn!r}: "
-                    f"{answer_frame.payload.decode(errors='replace')[:200]}"
-                )
-        self._ticket = auth.ticket
-        return auth.origin
-
-    def _refusal_or_hello(self, frame: Frame | None) -> Hello:
-        if frame is None:
-            raise ConnectionError(f"the mesh node at {self.url} closed the connection during the handshake")
-        if frame.type is not FrameType.HELLO:
-            raise TransportError(f"the mesh node at {self.url} answered out of turn")
-        try:
-            answer = decode_hello(frame.payload)
-        except ValueError as exc:
-            raise TransportError(f"mesh node {self.url}: {exc}") from None
-        if answer.error:
-            if "secret" in answer.error:
-                raise TransportAuthError(
-                    f"the mesh node at {self.url} refused us: {answer.error} ({SECRET_HINT})"
-                )
-            raise TransportError(f"the mesh node at {self.url} refused us: {answer.error}")
-        return answer
+        self.node, self._ticket = session.node, session.ticket
+        return session.origin
 
     def _protocol(self) -> FrameConnection:
         return FrameConnection(
@@ -381,16 +293,33 @@ class MeshClient:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(2.0, delay * 2)
 
+    async def _watch_node(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self.keepalive / 2)
+            conn = self._conn
+            silent = time.monotonic() - conn.last_received if conn is not None else 0.0
+            if conn is None or silent <= self.keepalive:
+                continue
+            if silent > 2 * self.keepalive:
+                log.warning("the mesh node at %s has been silent for %.1fs; reconnecting", self.url, silent)
+                conn.limit("silent")
+            else:  # answered like a flush's (in order); an answer nobody waits for is dropped
+                probe: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                probe.add_done_callback(lambda done: done.exception())
+                self._pings.append(probe)
+                conn.send(encode_frame(FrameType.SYNC_REQ, ""))
+
     @property
     def connected(self) -> bool:
         return self._conn is not None and self._conn.is_open
 
     async def close(self) -> None:
         self._closing = True
-        if self._reconnect is not None:
-            self._reconnect.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reconnect
+        for task in (self._reconnect, self._watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
@@ -495,4 +424,3 @@ MAX_UNCONFIRMED = 10_000  # guaranteed publishes awaiting their ACK, at most
 RESEND_UNKNOWN_SECS = 0.5  # a publish answered "unknown" goes again after this (a new connection sooner)
 CACHED_SUBJECTS = 4096  # subjects whose subscribers' callbacks are remembered
 PASSWORD_ENV = "MESHPLANE_MESH_PASSWORD"  # a VPN user's password (never on argv)
-SECRET_HINT = f"set {CLIENT_SECRET_ENV} to the nodes' secret for clients"
