@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Protocol
 
 from meshplane.core.mesh.frames import Frame, FrameType, decode_login, encode_frame
 from meshplane.core.mesh.login_checks import WRONG, CheckLimits, LoginChecks
-from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.rate import TokenBucket
 from meshplane.mesh.holders import ClientSession
 from meshplane.mesh.preauth import bounded
@@ -274,7 +273,7 @@ class Logins:
             return self._refuse(session, why, counted=False)
         self.user_connections[mine] += 1
         self.connections[session.vpn] += 1
-        session.permissions = Permissions(user.publish, user.subscribe)
+        session.permissions = user.permissions()
         session.login_pending = False
         session.conn.send(encode_frame(FrameType.LOGIN, self.node.node_id))
 

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshplane.core.mesh.frames import FrameType, encode_frame
-from meshplane.core.mesh.permissions import Permissions
 from meshplane.mesh.holders import ClientSession
 from meshplane.mesh.vpns import Problem, Vpns, check_vpns, key_lines
 
@@ -101,7 +100,7 @@ class VpnReloads:
         if session.vpn in old and user == old[session.vpn].users.get(session.user):
             return 0
         node = self.node
-        session.permissions = permissions = Permissions(user.publish, user.subscribe)
+        session.permissions = permissions = user.permissions()
         revoked = 0
         for pattern in list(node.router.patterns_of(session)):
             external = pattern[len(session.prefix) :]

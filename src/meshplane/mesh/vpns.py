@@ -42,7 +42,8 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
 from meshplane.core.mesh.imports import Export, Import
-from meshplane.core.mesh.permissions import Rules
+from meshplane.core.mesh.permissions import Permissions, Rules
+from meshplane.core.mesh.queue_permissions import ACTIONS, NameRules, QueueRules
 from meshplane.core.mesh.vpn import DEFAULT, check_vpn
 from meshplane.errors import ConfigError
 from meshplane.mesh.vpn_sharing import SHARING, Numbered, check_sharing, element_lines, parse_sharing
@@ -61,10 +62,15 @@ class User:
     password_hash: str = field(repr=False)
     publish: Rules = field(default_factory=Rules)
     subscribe: Rules = field(default_factory=Rules)
+    queues: QueueRules = field(default_factory=QueueRules)  # which queues it may create, bind, read
     max_connections: int | None = None  # its clients on one node, at most
     max_subscriptions: int | None = None  # patterns its clients hold on one node, at most
     max_events_per_second: int | None = None  # its clients' publishes on one node
     max_bytes_per_second: int | None = None  # ... and their bytes
+
+    def permissions(self) -> Permissions:
+        """What a client logged in as this user is held to (its own, for its remembered decisions)."""
+        return Permissions(self.publish, self.subscribe, self.queues)
 
     def password_ok(self, password: str) -> bool:
         """Whether ``password`` is this user's (slow on purpose: run it off the event loop)."""
@@ -224,7 +230,7 @@ def _user(problems: _Problems, path: tuple[str, ...], name: str, settings: Any) 
         return None
     if not name or len(name) > 64 or not name.isprintable():
         problems.add(path, where, "a user name is 1-64 printable characters")
-    keys = ("password_hash", "publish", "subscribe", *USER_LIMITS)
+    keys = ("password_hash", "publish", "subscribe", "queues", *USER_LIMITS)
     for key in sorted(set(settings) - set(keys)):
         problems.add((*path, key), where, f"unknown key {key!r} ({', '.join(keys)})")
     _limits(problems, path, where, settings, USER_LIMITS)
@@ -236,10 +242,12 @@ def _user(problems: _Problems, path: tuple[str, ...], name: str, settings: Any) 
             "password_hash must be an argon2 hash (meshplane mesh hash-password)",
         )
     publish, subscribe = (_rules(problems, path, where, settings, d) for d in ("publish", "subscribe"))
-    if len(problems.found) > before or publish is None or subscribe is None:
+    queues = _queue_rules(problems, path, where, settings)
+    if len(problems.found) > before or publish is None or subscribe is None or queues is None:
         return None
     assert isinstance(password_hash, str)
-    return User(name, password_hash, publish, subscribe, **{key: settings.get(key) for key in USER_LIMITS})
+    limits = {key: settings.get(key) for key in USER_LIMITS}
+    return User(name, password_hash, publish, subscribe, queues, **limits)
 
 
 def _limits(
@@ -252,8 +260,14 @@ def _limits(
 
 
 def _rules(
-    problems: _Problems, path: tuple[str, ...], where: str, settings: dict[str, Any], direction: str
-) -> Rules | None:
+    problems: _Problems,
+    path: tuple[str, ...],
+    where: str,
+    settings: dict[str, Any],
+    direction: str,
+    kind: type[Rules] | type[NameRules] = Rules,
+) -> Any:
+    """``settings[direction]``'s allow and deny lists as ``kind`` (None: a mistake, said)."""
     given = settings.get(direction, {})
     at = (*path, direction)
     if not isinstance(given, dict) or set(given) - {"allow", "deny"}:
@@ -265,10 +279,25 @@ def _rules(
             problems.add(at, where, f"{direction}.{key} must be a list of patterns")
             return None
     try:
-        return Rules(tuple(lists["allow"]), tuple(lists["deny"]))
+        return kind(tuple(lists["allow"]), tuple(lists["deny"]))
     except ValueError as exc:
         problems.add(at, where, f"{direction}: {exc}")
         return None
+
+
+def _queue_rules(
+    problems: _Problems, path: tuple[str, ...], where: str, settings: dict[str, Any]
+) -> QueueRules | None:
+    """``queues = { create = {allow, deny}, bind = ..., read = ... }``: patterns of queue names."""
+    given = settings.get("queues", {})
+    at = (*path, "queues")
+    if not isinstance(given, dict) or set(given) - set(ACTIONS):
+        problems.add(at, where, "queues takes create, bind and read, each with allow and deny lists")
+        return None
+    rules = {action: _rules(problems, at, where, given, action, NameRules) for action in given}
+    if any(rule is None for rule in rules.values()):
+        return None
+    return QueueRules(**rules)
 
 
 _KEY_PART = r'(?:[A-Za-z0-9_-]+|"[^"]*"|\'[^\']*\')'
