@@ -18,7 +18,8 @@ NAMES = st.text("ab-*", max_size=8)
 
 
 def reference(pattern: str, name: str) -> bool:
-    return re.fullmatch(".*".join(re.escape(part) for part in pattern.split("*")), name, re.DOTALL) is not None
+    expression = ".*".join(re.escape(part) for part in pattern.split("*"))
+    return re.fullmatch(expression, name, re.DOTALL) is not None
 
 
 @given(NAMES, NAMES.map(lambda n: n.replace("*", "")))
