@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meshplane.core.mesh.frames import Frame, FrameType, decode_spooled
+from meshplane.core.mesh.spool_shares import SpoolShares
+from meshplane.core.mesh.vpn import DEFAULT, vpn_of
 from meshplane.core.streamlog import Record
 from meshplane.streams.errors import StorageError
 from meshplane.streams.files import FilePool, write_atomic
@@ -78,6 +81,27 @@ class Spool:
                 log.error("spool for %s: cannot fsync what it holds (%s)", peer, exc)
         self.refused = 0  # publishes refused because this spool was full
         self._saved = self.acked
+        self.shares = SpoolShares(self.acked)  # each VPN's bytes here (its max_spool_bytes)
+        self._count_shares()
+
+    def _count_shares(self) -> None:
+        """What the spool holds unconfirmed, by VPN (read once at start: bounded by the spool's limits)."""
+        offset = self.acked
+        while offset < self.log.next_offset:
+            try:
+                records = self.log.read(offset, 1024, READ_BYTES)
+            except (OSError, StorageError, ValueError) as exc:  # sent (or not) as ever, uncounted
+                log.warning("spool for %s: cannot count its VPNs' bytes (%s)", self.peer, exc)
+                return
+            if not records:
+                return
+            for record in records:
+                try:
+                    subject = decode_spooled(Frame(FrameType.SPOOLED, 0, "", "", 0, record.payload)).subject
+                except ValueError:
+                    subject = ""
+                self.shares.added(record.offset, vpn_of(subject) if subject else DEFAULT, len(record.payload))
+            offset = records[-1].offset + 1
 
     def _read_acked(self) -> int:
         """The confirmed offset saved last (if a power loss lost it, what is kept is sent again and
@@ -108,10 +132,15 @@ class Spool:
             f"{self.limits.max_bytes} bytes): the node has been unreachable too long"
         )
 
-    def append(self, frames: list[bytes]) -> int:
-        """Store EVENT frames; the offset of the first. Raises StorageError (nothing stored) on a
-        failed write."""
-        return self.log.append(frames, time.time_ns() // 1_000_000)
+    def append(self, frames: list[bytes], vpns: list[str] | None = None) -> int:
+        """Store EVENT frames (each of its VPN in ``vpns``); the offset of the first. Raises
+        StorageError (nothing stored) on a failed write."""
+        first = self.log.append(frames, time.time_ns() // 1_000_000)
+        for offset, (frame, vpn) in enumerate(
+            zip(frames, vpns or [DEFAULT] * len(frames), strict=True), first
+        ):
+            self.shares.added(offset, vpn, len(frame))
+        return first
 
     def to_send(self) -> list[Record]:
         """The next stored events not sent yet, within the window of unconfirmed ones."""
@@ -126,6 +155,7 @@ class Spool:
             return False
         self.acked = offset + 1
         self.sent = max(self.sent, self.acked)
+        self.shares.confirmed(self.acked)
         return True
 
     def rewind(self) -> None:

@@ -1,5 +1,5 @@
-"""Message VPNs on ``/metrics`` beyond their clients and refusals: what crossed each import, read from
-the node at scrape time (``meshplane_mesh_vpn_import_*``)."""
+"""Message VPNs on ``/metrics`` beyond their clients and refusals: their bytes in the spools, and what
+crossed each import, read from the node at scrape time (``meshplane_mesh_vpn_*``)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,14 @@ class VpnCollector(Collector):
         self.node = node
 
     def collect(self) -> Iterator[Metric]:
+        spooled = GaugeMetricFamily(
+            PREFIX + "spool_bytes",
+            "Bytes of a Message VPN's guaranteed events this node's spools hold for other nodes, unconfirmed",
+            labels=["vpn"],
+        )
+        for vpn in sorted(self.node.config.vpns):
+            spooled.add_metric([vpn], self.node.guaranteed.spooled_bytes(vpn))
+        yield spooled
         imports = self.node.imports
         crossed = {
             "events": "Events of another VPN delivered through an import (one per subscriber here)",

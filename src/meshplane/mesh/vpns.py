@@ -5,6 +5,7 @@
 max_connections = 100  # its clients on one node, at most (a client past it is refused)
 max_subscriptions = 10000  # patterns its clients hold on one node, at most (each one past it refused)
 max_queues = 50        # its queues on one node, at most
+max_spool_bytes = 104857600  # its guaranteed events in one node's spools for other nodes, unconfirmed
 max_events_per_second = 10000  # its clients' publishes on one node: the excess refused, counted
 max_bytes_per_second = 10485760  # ... and their bytes (each a token bucket with a second's burst)
 dmr = true             # its events cross gateways to other clusters (false: they stay in this cluster)
@@ -87,6 +88,7 @@ class Vpn:
     max_connections: int | None = None  # its clients on one node, at most (None: the node's limit)
     max_subscriptions: int | None = None  # patterns its clients hold on one node, at most
     max_queues: int | None = None  # its queues on one node, at most
+    max_spool_bytes: int | None = None  # its guaranteed events in one node's spools, unconfirmed, at most
     max_events_per_second: int | None = None  # its clients' publishes on one node (a burst of one second)
     max_bytes_per_second: int | None = None  # ... and their bytes
     dmr: bool = True  # its interest and events cross gateways to other clusters (Solace's DMR switch)
@@ -169,6 +171,7 @@ LIMITS = (
     "max_connections",
     "max_subscriptions",
     "max_queues",
+    "max_spool_bytes",
     "max_events_per_second",
     "max_bytes_per_second",
 )
