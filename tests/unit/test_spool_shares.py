@@ -16,7 +16,11 @@ from meshplane.streams.files import FilePool
 
 STEPS = st.lists(
     st.one_of(
-        st.tuples(st.just("add"), st.sampled_from(["default", "A", "B"]), st.integers(0, 5000)),
+        st.tuples(
+            st.just("add"),
+            st.lists(st.sampled_from(["default", "A", "B"]), min_size=1, max_size=6),
+            st.integers(0, 5000),
+        ),
         st.tuples(st.just("confirm"), st.integers(0, 3), st.just(0)),
     ),
     max_size=200,
@@ -31,10 +35,11 @@ def test_each_vpns_bytes_are_those_of_its_events_not_confirmed(
     events: list[tuple[str, int]] = []  # at offsets start, start + 1, ...
     acked = start
     for kind, what, size in steps:
-        if kind == "add":
-            assert isinstance(what, str)
-            shares.added(start + len(events), what, size)
-            events.append((what, size))
+        if kind == "add":  # a batch: its events of ``what`` VPNs, of sizes from ``size`` on
+            assert isinstance(what, list)
+            sizes = [size + n for n in range(len(what))]
+            shares.added(start + len(events), what, sizes)
+            events.extend(zip(what, sizes, strict=True))
         else:
             assert isinstance(what, int)
             acked = min(acked + what, start + len(events))  # confirmations move on, within what was sent
@@ -47,8 +52,8 @@ def test_each_vpns_bytes_are_those_of_its_events_not_confirmed(
 
 def test_a_long_run_of_one_vpn_is_released_as_it_is_confirmed() -> None:
     shares = SpoolShares()
-    for offset in range(RUN_EVENTS * 2 + 10):
-        shares.added(offset, "A", 10)
+    shares.added(0, ["A"] * 10, [10] * 10)
+    shares.added(10, ["A"] * RUN_EVENTS * 2, [10] * RUN_EVENTS * 2)  # runs of RUN_EVENTS at most
     shares.confirmed(RUN_EVENTS + 5)
     assert shares.bytes["A"] == (RUN_EVENTS + 5) * 10
     shares.confirmed(RUN_EVENTS * 2 + 10)

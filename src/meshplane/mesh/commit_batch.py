@@ -66,6 +66,7 @@ def store_batch(
     by_spool: dict[Spool, list[bytes]] = {}
     vpns_of: dict[Spool, list[str]] = {}
     vpn_room: dict[str, int | None] = {}  # bytes each VPN may still spool, counted down
+    vpn_by_subject: dict[str, str] = {}  # subjects repeat
     works_of: dict[Spool, list[Work]] = {}
     by_queue: dict[Queue, list[Work]] = {}
     room: dict[Spool, list[int]] = {}  # [events, bytes] each spool may still take
@@ -85,7 +86,9 @@ def store_batch(
             if full is not None:
                 failed[work] = str(full.refuse())
                 continue
-            vpn = vpn_of(event.subject)
+            vpn = vpn_by_subject.get(event.subject) or vpn_by_subject.setdefault(
+                event.subject, vpn_of(event.subject)
+            )
             mine = (
                 vpn_room.get(vpn)
                 if vpn in vpn_room or shares is None

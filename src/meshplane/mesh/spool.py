@@ -31,7 +31,7 @@ from meshplane.core.mesh.frames import Frame, FrameType, decode_spooled
 from meshplane.core.mesh.spool_shares import SpoolShares
 from meshplane.core.mesh.vpn import DEFAULT, vpn_of
 from meshplane.core.streamlog import Record
-from meshplane.streams.errors import StorageError
+from meshplane.streams.errors import CorruptRecords, StorageError
 from meshplane.streams.files import FilePool, write_atomic
 from meshplane.streams.log import PartitionLog
 from meshplane.streams.segments import segment_name
@@ -90,17 +90,14 @@ class Spool:
         while offset < self.log.next_offset:
             try:
                 records = self.log.read(offset, 1024, READ_BYTES)
-            except (OSError, StorageError, ValueError) as exc:  # sent (or not) as ever, uncounted
+            except (OSError, StorageError, CorruptRecords) as exc:  # sent (or not) as ever, uncounted
                 log.warning("spool for %s: cannot count its VPNs' bytes (%s)", self.peer, exc)
                 return
             if not records:
                 return
-            for record in records:
-                try:
-                    subject = decode_spooled(Frame(FrameType.SPOOLED, 0, "", "", 0, record.payload)).subject
-                except ValueError:
-                    subject = ""
-                self.shares.added(record.offset, vpn_of(subject) if subject else DEFAULT, len(record.payload))
+            self.shares.added(
+                records[0].offset, [_vpn_of(r.payload) for r in records], [len(r.payload) for r in records]
+            )
             offset = records[-1].offset + 1
 
     def _read_acked(self) -> int:
@@ -136,10 +133,7 @@ class Spool:
         """Store EVENT frames (each of its VPN in ``vpns``); the offset of the first. Raises
         StorageError (nothing stored) on a failed write."""
         first = self.log.append(frames, time.time_ns() // 1_000_000)
-        for offset, (frame, vpn) in enumerate(
-            zip(frames, vpns or [DEFAULT] * len(frames), strict=True), first
-        ):
-            self.shares.added(offset, vpn, len(frame))
+        self.shares.added(first, vpns or [DEFAULT] * len(frames), [len(frame) for frame in frames])
         return first
 
     def to_send(self) -> list[Record]:
@@ -177,6 +171,14 @@ class Spool:
         with contextlib.suppress(OSError, StorageError):
             self.save()
         self.log.close()
+
+
+def _vpn_of(raw: bytes) -> str:
+    """The VPN of a stored EVENT frame (a damaged one counts as the default VPN's)."""
+    try:
+        return vpn_of(decode_spooled(Frame(FrameType.SPOOLED, 0, "", "", 0, raw)).subject)
+    except ValueError:
+        return DEFAULT
 
 
 def new_spool_offset() -> int:

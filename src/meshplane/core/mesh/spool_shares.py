@@ -32,16 +32,33 @@ class SpoolShares:
     bytes: Counter[str] = field(default_factory=Counter)  # by VPN: its events' bytes not confirmed
     _runs: deque[_Run] = field(default_factory=deque)
 
-    def added(self, offset: int, vpn: str, size: int) -> None:
-        """The event at ``offset`` (the one after the last added) is ``vpn``'s, ``size`` bytes."""
-        last = self._runs[-1] if self._runs else None
-        if last is not None and last.vpn == vpn and len(last.sizes) < RUN_EVENTS:
-            assert offset == last.first + len(last.sizes), "events are added at consecutive offsets"
-        else:
-            last = _Run(vpn, offset, array("I"))
-            self._runs.append(last)
-        last.sizes.append(size)
-        self.bytes[vpn] += size
+    def added(self, first: int, vpns: list[str], sizes: list[int]) -> None:
+        """Events at offsets ``first``, ``first + 1``, ... (after the last added) are of ``vpns``, of
+        ``sizes`` bytes. A batch is mostly one VPN's: a run is taken whole, not event by event."""
+        at, end = 0, len(vpns)
+        if end and vpns.count(vpns[0]) == end and self._runs and self._runs[-1].vpn == vpns[0]:
+            tail = self._runs[-1]  # the usual batch: one VPN's, after one of its own (counted in C)
+            if len(tail.sizes) + end <= RUN_EVENTS:
+                assert first == tail.first + len(tail.sizes), "events are added at consecutive offsets"
+                tail.sizes.extend(sizes)
+                self.bytes[tail.vpn] += sum(sizes)
+                return
+        while at < end:
+            vpn = vpns[at]
+            upto = at + 1
+            while upto < end and vpns[upto] == vpn:
+                upto += 1
+            last = self._runs[-1] if self._runs else None
+            if last is not None and last.vpn == vpn and len(last.sizes) < RUN_EVENTS:
+                assert first + at == last.first + len(last.sizes), "events are added at consecutive offsets"
+            else:
+                last = _Run(vpn, first + at, array("I"))
+                self._runs.append(last)
+            upto = min(upto, at + RUN_EVENTS - len(last.sizes))
+            taken = sizes[at:upto]
+            last.sizes.extend(taken)
+            self.bytes[vpn] += sum(taken)
+            at = upto
 
     def confirmed(self, acked: int) -> None:
         """Everything below ``acked`` is confirmed (or gone): its bytes are released."""
