@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshplane.core.mesh.identity import certificate_names
 from meshplane.core.mesh.permissions import Permissions, Rules
 from meshplane.core.mesh.queue_permissions import NameRules, QueueRules, check_name_pattern, name_matches
 from meshplane.mesh.vpns import check_vpns, hash_password, parse_vpns
@@ -106,3 +107,49 @@ def test_every_mistake_of_queue_permissions_is_named_with_its_line() -> None:
     assert "create, bind and read" in problems[0].message
     assert "'a.b' is not a queue name pattern" in problems[1].message
     assert "bind.allow must be a list" in problems[2].message
+
+
+def test_a_certificates_names_are_its_common_name_and_each_alternative_name() -> None:
+    peercert = {
+        "subject": ((("organizationName", "acme"),), (("commonName", "alice"),)),
+        "subjectAltName": (
+            ("DNS", "alice.example"),
+            ("URI", "meshplane://client/alice"),
+            ("email", "alice@example.com"),
+            ("IP Address", "10.0.0.1"),
+            ("DirName", "ignored"),
+        ),
+    }
+    assert certificate_names(peercert) == {
+        "CN=alice",
+        "DNS=alice.example",
+        "URI=meshplane://client/alice",
+        "email=alice@example.com",
+        "IP=10.0.0.1",
+    }
+    assert certificate_names({}) == set()  # an unverified peer's (getpeercert() of no certificate)
+
+
+def test_a_user_may_log_in_by_certificate_only_and_each_certificate_is_one_users() -> None:
+    hashed = hash_password("pw")
+    vpns = parse_vpns('[vpns.A.users.a]\ncertificate = "CN=alice"\n')
+    alice = vpns["A"].users["a"]
+    assert vpns["A"].by_certificate({"CN=alice", "DNS=x"}) is alice
+    assert vpns["A"].by_certificate({"CN=Alice"}) is None  # byte for byte
+    assert not alice.password_ok("")  # no password logs in as a certificate's user
+    text = (
+        '[vpns.A.users.a]\ncertificate = "CN=alice"\n'  # 1-2
+        f'[vpns.A.users.b]\ncertificate = "CN=alice"\npassword_hash = "{hashed}"\n'  # 3-5
+        '[vpns.A.users.c]\ncertificate = "O=acme"\n'  # 6-7
+        "[vpns.A.users.d]\n"  # 8: neither a password nor a certificate
+    )
+    _, problems = check_vpns(text)
+    assert [(p.line, p.where) for p in problems] == [
+        (4, "[vpns.A.users.b]"),
+        (7, "[vpns.A.users.c]"),
+        (8, "[vpns.A.users.d]"),
+    ]
+    assert "is user 'a''s already" in problems[0].message
+    assert "CN=..., DNS=..., email=..., URI=..., IP=..." in problems[1].message
+    assert check_vpns('[vpns.A.users.e]\ncertificate = "CN"\n')[1][0].line == 2  # names nothing
+    assert "or the user logs in by its certificate only" in problems[2].message

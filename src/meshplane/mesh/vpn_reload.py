@@ -135,6 +135,8 @@ def _why_not_as(vpn_name: str, user_name: str, old: Vpns, new: Vpns) -> str:
     before = old[vpn_name].users.get(user_name) if vpn_name in old else None
     if before is None or user.password_hash != before.password_hash:
         return f"user {user_name!r}'s password changed: log in again"
+    if user.certificate != before.certificate:
+        return f"user {user_name!r}'s certificate changed: log in again"
     return ""
 
 

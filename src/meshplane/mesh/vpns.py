@@ -14,6 +14,7 @@ exports = [{ events = "orders.>", to = ["team-b"] }]  # what other VPNs may impo
 max_connections = 5    # alice's clients on one node, at most
 max_events_per_second = 1000  # her clients' publishes on one node (and max_bytes_per_second)
 password_hash = "$argon2id$v=19$..."   # meshplane mesh hash-password (the password from stdin)
+certificate = "CN=alice"  # ... or (and) a client certificate naming it (CN=, DNS=, email=, URI=, IP=)
 publish = { allow = ["orders.>"], deny = ["orders.audit.>"] }
 subscribe = { deny = ["orders.audit.>"] }
 [vpns.team-b]
@@ -42,6 +43,7 @@ from typing import Any
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
+from meshplane.core.mesh.identity import CERTIFICATE_NAME_FORMS
 from meshplane.core.mesh.imports import Export, Import
 from meshplane.core.mesh.permissions import Permissions, Rules
 from meshplane.core.mesh.queue_permissions import ACTIONS, NameRules, QueueRules
@@ -60,10 +62,11 @@ def hash_password(password: str) -> str:
 @dataclass(frozen=True)
 class User:
     name: str
-    password_hash: str = field(repr=False)
+    password_hash: str = field(repr=False)  # "": it logs in by its certificate only
     publish: Rules = field(default_factory=Rules)
     subscribe: Rules = field(default_factory=Rules)
     queues: QueueRules = field(default_factory=QueueRules)  # which queues it may create, bind, read
+    certificate: str = ""  # a client certificate's name that logs in as it: "CN=...", "DNS=...", ...
     max_connections: int | None = None  # its clients on one node, at most
     max_subscriptions: int | None = None  # patterns its clients hold on one node, at most
     max_events_per_second: int | None = None  # its clients' publishes on one node
@@ -75,6 +78,8 @@ class User:
 
     def password_ok(self, password: str) -> bool:
         """Whether ``password`` is this user's (slow on purpose: run it off the event loop)."""
+        if not self.password_hash:
+            return False
         try:
             return _hasher.verify(self.password_hash, password)
         except (VerifyMismatchError, VerificationError, InvalidHashError):
@@ -94,6 +99,10 @@ class Vpn:
     dmr: bool = True  # its interest and events cross gateways to other clusters (Solace's DMR switch)
     exports: tuple[Export, ...] = ()  # spaces of its subjects other VPNs may import
     imports: tuple[Import, ...] = ()  # spaces of other VPNs' subjects its clients see (vpn_sharing.py)
+
+    def by_certificate(self, names: set[str]) -> User | None:
+        """The user a client certificate with ``names`` logs in as (certificates are unique in a VPN)."""
+        return next((u for u in self.users.values() if u.certificate and u.certificate in names), None)
 
 
 @dataclass(frozen=True)
@@ -216,6 +225,13 @@ def _vpn(
         problems.add((*path, "users"), where, f"users must be sections ([vpns.{name}.users.NAME])")
         users = {}
     checked = {user: _user(problems, (*path, "users", user), user, u) for user, u in users.items()}
+    holders: dict[str, str] = {}
+    for user, u in checked.items():
+        if u is not None and u.certificate:
+            if u.certificate in holders:
+                message = f"certificate {u.certificate!r} is user {holders[u.certificate]!r}'s already"
+                problems.add((*path, "users", user, "certificate"), f"[vpns.{name}.users.{user}]", message)
+            holders.setdefault(u.certificate, user)
     sharing[name] = parse_sharing(problems, path, where, settings, lines)
     if len(problems.found) > before:
         return None
@@ -233,16 +249,24 @@ def _user(problems: _Problems, path: tuple[str, ...], name: str, settings: Any) 
         return None
     if not name or len(name) > 64 or not name.isprintable():
         problems.add(path, where, "a user name is 1-64 printable characters")
-    keys = ("password_hash", "publish", "subscribe", "queues", *USER_LIMITS)
+    keys = ("password_hash", "certificate", "publish", "subscribe", "queues", *USER_LIMITS)
     for key in sorted(set(settings) - set(keys)):
         problems.add((*path, key), where, f"unknown key {key!r} ({', '.join(keys)})")
     _limits(problems, path, where, settings, USER_LIMITS)
-    password_hash = settings.get("password_hash")
-    if not isinstance(password_hash, str) or not password_hash.startswith("$argon2"):
+    certificate = settings.get("certificate", "")
+    form, _, named = certificate.partition("=") if isinstance(certificate, str) else ("", "", "")
+    if certificate and (form not in CERTIFICATE_NAME_FORMS or not named):
+        forms = ", ".join(f"{form}=..." for form in CERTIFICATE_NAME_FORMS)
+        problems.add((*path, "certificate"), where, f"certificate names a client certificate's name: {forms}")
+    password_hash = settings.get("password_hash", "" if certificate else None)
+    if not isinstance(password_hash, str) or not (
+        password_hash.startswith("$argon2") or (certificate and not password_hash)
+    ):
         problems.add(
             (*path, "password_hash"),
             where,
-            "password_hash must be an argon2 hash (meshplane mesh hash-password)",
+            "password_hash must be an argon2 hash (meshplane mesh hash-password)"
+            + ("" if certificate else ", or the user logs in by its certificate only"),
         )
     publish, subscribe = (_rules(problems, path, where, settings, d) for d in ("publish", "subscribe"))
     queues = _queue_rules(problems, path, where, settings)
@@ -250,7 +274,8 @@ def _user(problems: _Problems, path: tuple[str, ...], name: str, settings: Any) 
         return None
     assert isinstance(password_hash, str)
     limits = {key: settings.get(key) for key in USER_LIMITS}
-    return User(name, password_hash, publish, subscribe, queues, **limits)
+    assert isinstance(certificate, str)
+    return User(name, password_hash, publish, subscribe, queues, certificate, **limits)
 
 
 def _limits(
