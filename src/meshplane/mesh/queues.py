@@ -58,7 +58,7 @@ MAX_QUEUES = 1000
 MAX_PATTERNS_PER_QUEUE = 100
 
 
-class Holder(Protocol):
+class QueueUser(Protocol):
     """Who asks for a queue: a client logged in as a VPN's user (``permissions`` None: as none)."""
 
     @property
@@ -201,7 +201,9 @@ class Queues:
         if topic is not None:
             topic.held = paused
 
-    def create(self, name: str, patterns: list[str], vpn: str = DEFAULT, who: Holder | None = None) -> Queue:
+    def create(
+        self, name: str, patterns: list[str], vpn: str = DEFAULT, who: QueueUser | None = None
+    ) -> Queue:
         """Make (or change the patterns of) a queue of ``vpn`` and its topic; persisted before it is
         advertised. ``who``: the VPN user asking, held to its queue permissions (Forbidden, counted as
         its violation: create for a new queue, bind for its patterns)."""
@@ -238,7 +240,7 @@ class Queues:
             self._withdraw(old)
         return self._install(name, sorted(set(checked)), old)
 
-    def allowed(self, who: Holder, action: str, name: str, patterns: tuple[str, ...] = ()) -> None:
+    def allowed(self, who: QueueUser, action: str, name: str, patterns: tuple[str, ...] = ()) -> None:
         """Forbidden (counted as ``who``'s violation) unless its permissions allow ``action`` on its
         VPN's queue ``name`` (create binds too: its ``patterns``, as its VPN's clients write them)."""
         permissions = who.permissions

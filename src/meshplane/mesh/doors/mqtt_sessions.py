@@ -45,7 +45,7 @@ from meshplane.streams.errors import LimitReached, OffsetOutOfRange, StorageErro
 
 if TYPE_CHECKING:
     from meshplane.mesh.doors.mqtt_connection import MqttConnection
-    from meshplane.mesh.queues import Holder, Queues
+    from meshplane.mesh.queues import Queues, QueueUser
     from meshplane.streams.service import StreamsService
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class Sessions:
         self.save()
 
     def subscriptions_changed(
-        self, session: StoredSession, patterns: list[str], who: Holder | None = None
+        self, session: StoredSession, patterns: list[str], who: QueueUser | None = None
     ) -> asyncio.Future[None]:
         """The queue follows the QoS 1 subscriptions' ``patterns`` (mesh patterns, without the VPN's
         prefix), made or dropped (LimitReached past the VPN's share of session queues, Forbidden past
