@@ -152,4 +152,4 @@ def test_a_user_may_log_in_by_certificate_only_and_each_certificate_is_one_users
     assert "is user 'a''s already" in problems[0].message
     assert "CN=..., DNS=..., email=..., URI=..., IP=..." in problems[1].message
     assert check_vpns('[vpns.A.users.e]\ncertificate = "CN"\n')[1][0].line == 2  # names nothing
-    assert "or the user logs in by its certificate only" in problems[2].message
+    assert "unless the user logs in by its certificate" in problems[2].message

@@ -15,6 +15,7 @@ max_connections = 5    # alice's clients on one node, at most
 max_events_per_second = 1000  # her clients' publishes on one node (and max_bytes_per_second)
 password_hash = "$argon2id$v=19$..."   # meshplane mesh hash-password (the password from stdin)
 certificate = "CN=alice"  # ... or (and) a client certificate naming it (CN=, DNS=, email=, URI=, IP=)
+queues = { create = { allow = ["orders-*"] }, read = { deny = ["*-audit"] } }  # and bind: queue names
 publish = { allow = ["orders.>"], deny = ["orders.audit.>"] }
 subscribe = { deny = ["orders.audit.>"] }
 [vpns.team-b]
@@ -266,7 +267,9 @@ def _user(problems: _Problems, path: tuple[str, ...], name: str, settings: Any) 
             (*path, "password_hash"),
             where,
             "password_hash must be an argon2 hash (meshplane mesh hash-password)"
-            + ("" if certificate else ", or the user logs in by its certificate only"),
+            + (
+                "" if certificate else ', unless the user logs in by its certificate (certificate = "CN=...")'
+            ),
         )
     publish, subscribe = (_rules(problems, path, where, settings, d) for d in ("publish", "subscribe"))
     queues = _queue_rules(problems, path, where, settings)
