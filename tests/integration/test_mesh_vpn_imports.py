@@ -123,6 +123,18 @@ def assert_only_what_is_shared(inboxes: dict[str, Inbox]) -> None:
 async def test_an_importer_gets_exactly_what_is_exported_and_imported_on_one_node(pair: MeshCluster) -> None:
     await asyncio.to_thread(pair.wait_linked)
     assert_only_what_is_shared(await exchange(pair["a"].route_url, pair["a"].route_url))
+    # What crossed each import is counted by VPN, in GET /mesh and /metrics.
+    rows = {(r["vpn"], r["from"], r["space"]): r for r in (await status(pair["a"]))["imports"]["by_import"]}
+    assert rows[("B", "A", "a.orders.eu.>")]["events"] == 2  # orders.eu.new and .secret, to one subscriber
+    assert rows[("B", "A", "pay.public.>")]["events"] >= 3  # pay.public.x, the end and the warm-ups
+    assert rows[("B", "A", "a.orders.eu.>")]["kind"] == "events"
+    metrics = await scrape(pair["a"])
+    assert 'meshplane_mesh_vpn_import_events_total{from_vpn="A",space="a.orders.eu.>",vpn="B"} 2.0' in metrics
+
+
+async def scrape(node: StreamsServerProcess) -> str:
+    async with aiohttp.ClientSession() as http, http.get(f"{node.url}/metrics") as response:
+        return await response.text()
 
 
 async def test_an_importer_gets_exactly_what_is_exported_and_imported_across_a_route(
@@ -333,9 +345,21 @@ async def request_and_answer(responding: StreamsServerProcess, requesting: Strea
         assert set(seen) == {"svc.add"}  # in A's space, as A names it
         with pytest.raises(NoRespondersError):
             await requester.request("math.other", b"", timeout=5)
+        before = (await status(requesting))["imports"]["by_import"][0]["no_responders"]  # warming up
+        with pytest.raises(NoRespondersError):  # the import's, but nobody in A answers svc.nobody
+            await requester.request("math.svc.nobody", b"", timeout=5)
         with pytest.raises(nats.errors.TimeoutError):
             await b_side.next_msg(timeout=0.5)
-        assert (await status(requesting))["imports"]["replies"] >= 1
+        imports = (await status(requesting))["imports"]
+        assert imports["replies"] >= 1
+        (row,) = imports["by_import"]
+        assert (row["vpn"], row["from"], row["space"], row["kind"]) == ("B", "A", "math.svc.>", "service")
+        assert row["requests"] >= 1
+        assert row["no_responders"] == before + 1  # math.other is no import's: not counted
+        metrics = await scrape(requesting)
+        labels = '{from_vpn="A",space="math.svc.>",vpn="B"}'
+        assert f"meshplane_mesh_vpn_import_no_responders_total{labels} {float(before + 1)}" in metrics
+        assert f"meshplane_mesh_vpn_import_requests_total{labels} {float(row['requests'])}" in metrics
     finally:
         await requester.close()
         await responder.close()

@@ -31,7 +31,7 @@ class Queues:
     def __init__(self) -> None:
         self.made: dict[str, list[str]] = {}
 
-    def create(self, name: str, patterns: list[str], vpn: str) -> None:
+    def create(self, name: str, patterns: list[str], vpn: str, who: object = None) -> None:
         self.made[name] = patterns
 
     def delete(self, name: str, vpn: str) -> bool:

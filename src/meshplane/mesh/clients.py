@@ -97,7 +97,12 @@ class Clients:
         state.conn.peer = client_id
         self.sessions[client_id] = session
         node.logins.joined(session)
-        if not session.prefix and not session.login_pending and session.vpn not in node.logins.rates:
+        if (
+            not session.prefix
+            and not session.login_pending
+            and not session.user  # one logged in by its certificate has permissions: checked per event
+            and session.vpn not in node.logins.rates
+        ):
             # A VPN's client's subjects, a user's permissions, are checked per event: the Python path.
             node.direct.client_reader(session)
 

@@ -11,8 +11,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from meshplane.core.mesh.vpn import vpn_of
 from meshplane.core.streamlog import StoredEvent
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.queues import Queue, stored_event
@@ -27,6 +28,16 @@ if TYPE_CHECKING:
 
 # done(ticket, error): error "" once stored (and synced as the policy says), else why not
 Answer = Callable[[int, str], None]
+
+
+class VpnSpoolBytes(Protocol):
+    """Each Message VPN's room in the node's spools (its ``max_spool_bytes``)."""
+
+    def room(self, vpn: str) -> int | None:
+        """Bytes ``vpn``'s events may still take in the spools (None: no limit)."""
+
+    def refuse(self, vpn: str) -> str:
+        """An event of ``vpn`` that does not fit: counted, and why."""
 
 
 @dataclass(eq=False, slots=True)
@@ -44,14 +55,18 @@ class Work:
 
 
 def store_batch(
-    engine: StreamsService, batch: list[Work], counters: Counter[str]
+    engine: StreamsService, batch: list[Work], counters: Counter[str], shares: VpnSpoolBytes | None = None
 ) -> tuple[dict[Work, str], set[Syncable], list[Spool]]:
     """Append a batch to spools and queues, one write per spool and per queue: the works that
     failed (and why), what must be synced before the others are acknowledged, and the spools that
     took events. A failed write fails the works it held; what they wrote elsewhere is dropped by id
-    if they are sent again."""
+    if they are sent again. An event published here past its VPN's room in the spools is refused
+    (one that came from a spool is a peer's to hold: it is spooled on, counted)."""
     failed: dict[Work, str] = {}
     by_spool: dict[Spool, list[bytes]] = {}
+    vpns_of: dict[Spool, list[str]] = {}
+    vpn_room: dict[str, int | None] = {}  # bytes each VPN may still spool, counted down
+    vpn_by_subject: dict[str, str] = {}  # subjects repeat
     works_of: dict[Spool, list[Work]] = {}
     by_queue: dict[Queue, list[Work]] = {}
     room: dict[Spool, list[int]] = {}  # [events, bytes] each spool may still take
@@ -71,11 +86,27 @@ def store_batch(
             if full is not None:
                 failed[work] = str(full.refuse())
                 continue
+            vpn = vpn_by_subject.get(event.subject) or vpn_by_subject.setdefault(
+                event.subject, vpn_of(event.subject)
+            )
+            mine = (
+                vpn_room.get(vpn)
+                if vpn in vpn_room or shares is None
+                else vpn_room.setdefault(vpn, shares.room(vpn))
+            )
+            if mine is not None:
+                assert shares is not None
+                taken = size * len(work.spools)
+                if taken > mine and not work.way:
+                    failed[work] = shares.refuse(vpn)
+                    continue
+                vpn_room[vpn] = mine - taken
             for spool in work.spools:
                 left = room[spool]
                 left[0] -= 1
                 left[1] -= size
                 by_spool.setdefault(spool, []).append(raw)
+                vpns_of.setdefault(spool, []).append(vpn)
                 works_of.setdefault(spool, []).append(work)
         for queue in work.queues:
             by_queue.setdefault(queue, []).append(work)
@@ -83,7 +114,7 @@ def store_batch(
     appended: list[Spool] = []
     for spool, raws in by_spool.items():
         try:
-            spool.append(raws)
+            spool.append(raws, vpns_of[spool])
             synced.add(spool.log)
             appended.append(spool)
         except StorageError as exc:

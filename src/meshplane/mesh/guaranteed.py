@@ -178,6 +178,27 @@ class Guaranteed:
         """Each peer's spool (or, given ``cluster_spools``, each other cluster's)."""
         return spool_table((self.spools if spools is None else spools).values())
 
+    # --- each VPN's share of the spools ------------------------------------------------------------------
+
+    def spooled_bytes(self, vpn: str) -> int:
+        """The bytes of ``vpn``'s guaranteed events this node's spools hold unconfirmed."""
+        return sum(
+            s.shares.bytes[vpn] for spools in (self.spools, self.cluster_spools) for s in spools.values()
+        )
+
+    def room(self, vpn: str) -> int | None:
+        found = self.node.config.vpns.get(vpn)
+        limit = found.max_spool_bytes if found is not None else None
+        return None if limit is None else limit - self.spooled_bytes(vpn)
+
+    def refuse(self, vpn: str) -> str:
+        self.node.logins.limits_refused[(vpn, "spool_bytes")] += 1
+        limit = self.node.config.vpns[vpn].max_spool_bytes
+        return (
+            f"Message VPN {vpn!r}: its guaranteed events hold {self.spooled_bytes(vpn)} bytes in this "
+            f"node's spools for other nodes (its limit {limit}): not stored"
+        )
+
     # --- publishing: on the node the publisher is on --------------------------------------------------
 
     def publish(self, event: MeshEvent, done: Answer, ticket: int = 0, skip: Holder | None = None) -> None:
@@ -455,7 +476,7 @@ class Guaranteed:
             failures = self._failures
             batch = [w for w in batch if w.link is None or failures[w.link] == w.failures]
             try:
-                failed, synced, appended = store_batch(self.engine, batch, self.counters)
+                failed, synced, appended = store_batch(self.engine, batch, self.counters, self)
             except Exception as exc:  # a bug must not stop every later guaranteed publish
                 log.exception("storing guaranteed events failed")
                 failed, synced, appended = {work: f"internal error: {exc!r}" for work in batch}, set(), []

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from meshplane.core.doors.nats_protocol import wrap
 from meshplane.core.mesh.frames import FLAG_NATS_ENVELOPE
@@ -33,11 +34,12 @@ class ImportHolder:
     exporter_prefix: str
     importer_prefix: str
     an_import: Import
-    delivered: int = 0
+    counted: Counter[tuple[str, Import, str]]  # the node's, by (importing VPN, import, what)
+    key: tuple[str, Import, str]  # (its importing VPN, its import, "events")
 
     def deliver(self, event: MeshEvent) -> None:
         subject = self.importer_prefix + self.an_import.renamed(outward(self.exporter_prefix, event.subject))
-        self.delivered += 1
+        self.counted[self.key] += 1
         self.target.deliver(
             MeshEvent(event.source, subject, event.sequence, event.timestamp_ms, event.body, event.flags)
         )
@@ -70,6 +72,9 @@ class Imports:
         self.space = "_R_." + secrets.token_hex(4)  # this node's reply subjects in exporters' spaces
         self._reply_holder = ReplyHolder(self)
         self._services: dict[str, tuple[Import, ...]] = {}  # by importing VPN
+        # What crossed each import, by (importing VPN, import, what): "events" delivered here,
+        # "requests" sent to the exporter's service, "no_responders" (requests nobody there could take)
+        self.crossed: Counter[tuple[str, Import, str]] = Counter()
 
     @property
     def active(self) -> bool:
@@ -120,7 +125,9 @@ class Imports:
             enveloped = bool(mapped) or headers is not None
             body = wrap(mapped, headers, payload) if enveloped else payload
             flags = FLAG_NATS_ENVELOPE if enveloped else 0
-            return self.node.publish(target, body, flags, prefix=prefix_of(an_import.vpn))
+            copies = self.node.publish(target, body, flags, prefix=prefix_of(an_import.vpn))
+            self.crossed[(vpn, an_import, "requests" if copies else "no_responders")] += 1
+            return copies
         return None
 
     def subscribed(self, holder: Holder, pattern: str) -> None:
@@ -153,14 +160,34 @@ class Imports:
         found = self._holders.get(key)
         if found is None:
             an_import = self.interest.imports[vpn][number]
-            found = ImportHolder(holder, prefix_of(an_import.vpn), prefix_of(vpn), an_import)
+            exporter, counted = prefix_of(an_import.vpn), (vpn, an_import, "events")
+            found = ImportHolder(holder, exporter, prefix_of(vpn), an_import, self.crossed, counted)
             self._holders[key] = found
         return found
 
-    def status(self) -> dict[str, int]:
+    def status(self) -> dict[str, Any]:
         return {
             "holders": len(self._holders),
-            "delivered": sum(holder.delivered for holder in self._holders.values()),
+            "delivered": sum(n for (_, _, what), n in self.crossed.items() if what == "events"),
             "requests_open": len(self.replies),
             **self.replies.counters,
+            "by_import": self.by_import(),
         }
+
+    def by_import(self) -> list[dict[str, Any]]:
+        """What crossed each import the node has (or had: a reload keeps the counts), by importing VPN."""
+        rows: dict[tuple[str, Import], dict[str, Any]] = {}
+        configured = [(vpn, i) for vpn, its in self.interest.imports.items() for i in its]
+        for vpn, an_import in [*configured, *((vpn, i) for vpn, i, _ in self.crossed)]:
+            rows.setdefault((vpn, an_import), import_row(vpn, an_import))
+        for (vpn, an_import, what), count in self.crossed.items():
+            rows[(vpn, an_import)][what] = count
+        return [rows[key] for key in sorted(rows, key=lambda k: (k[0], k[1].vpn, k[1].local))]
+
+
+def import_row(vpn: str, an_import: Import) -> dict[str, Any]:
+    """An import as ``GET /mesh`` shows it: the importing VPN, the exporter, the space as the importer's
+    clients name it, and what crossed it."""
+    kind = "service" if an_import.service else "events"
+    shown = {"vpn": vpn, "from": an_import.vpn, "space": an_import.local, "kind": kind}
+    return shown | {"events": 0, "requests": 0, "no_responders": 0}

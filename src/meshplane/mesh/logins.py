@@ -23,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import ssl
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, Protocol
 
 from meshplane.core.mesh.frames import Frame, FrameType, decode_login, encode_frame
+from meshplane.core.mesh.identity import certificate_names
 from meshplane.core.mesh.login_checks import WRONG, CheckLimits, LoginChecks
-from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.rate import TokenBucket
 from meshplane.mesh.holders import ClientSession
 from meshplane.mesh.preauth import bounded
@@ -159,12 +160,33 @@ class Logins:
         """A new client: counted in its VPN; if the VPN has users, it logs in first, within the auth
         timeout, and is counted once it has (a client that cannot log in takes none of its users'
         connections)."""
-        if not self.node.config.vpns[session.vpn].users:
+        vpn = self.node.config.vpns[session.vpn]
+        if not vpn.users:
             self.connections[session.vpn] += 1
             return
         session.login_pending = True
+        user = vpn.by_certificate(self._certificate_names(session))
+        if user is not None:  # its verified client certificate names one of the VPN's users
+            session.user = user.name
+            self._admit(session, vpn, user, answer=False)
+            return
         loop = asyncio.get_running_loop()
         loop.call_later(self.node.config.limits.auth_timeout, self._deadline, session)
+
+    def _certificate_names(self, session: ClientSession) -> set[str]:
+        """The names of the client's certificate, if the node verified it (``--mesh-tls-ca``)."""
+        tls = self.node.config.tls
+        transport = session.conn.transport
+        if tls is None or tls.ca is None or transport is None:
+            return set()
+        ssl_object = transport.get_extra_info("ssl_object")
+        return certificate_names(ssl_object.getpeercert() if isinstance(ssl_object, ssl.SSLObject) else None)
+
+    def _login_first(self, session: ClientSession) -> str:
+        vpn = self.node.config.vpns.get(session.vpn)
+        if vpn is not None and any(user.certificate for user in vpn.users.values()):
+            return "log in first: this Message VPN has users, and the client's certificate names none of them"
+        return "log in first: this Message VPN has users"
 
     def left(self, session: ClientSession, patterns: int) -> None:
         if self._logins.pop(session, None) is not None:  # gone while waiting: no check to spend
@@ -180,9 +202,8 @@ class Logins:
         # A client whose LOGIN arrived (its user is set) waits for its check instead: the time other
         # clients' checks take is not its own, and the checks' queue bounds that wait.
         if session.login_pending and not session.user and session.conn.is_open:
-            self.refused[session.vpn] += 1
             self.node.frame_errors["login_timeout"] += 1
-            session.conn.close()
+            self._refuse(session, self._login_first(session))
 
     def on_frame(self, session: ClientSession, frame: Frame) -> None:
         """A frame from a client that has not logged in yet: LOGIN, once."""
@@ -190,7 +211,7 @@ class Logins:
             return
         if frame.type is not FrameType.LOGIN or session.user:
             self.node.frame_errors["before_login"] += 1
-            self._refuse(session, "log in first: this Message VPN has users")
+            self._refuse(session, self._login_first(session))
             return
         try:
             login = decode_login(frame.payload)
@@ -264,34 +285,46 @@ class Logins:
             log.info("refused a login to Message VPN %s as %s: %s", session.vpn, bounded(session.user), WRONG)
             return self._refuse(session, WRONG)
         assert vpn is not None
+        self._admit(session, vpn, user)
+
+    def _admit(self, session: ClientSession, vpn: Vpn, user: User, answer: bool = True) -> None:
+        """``session`` proved it is ``user``: logged in, within the VPN's and the user's limits."""
         full = self.connections_full(vpn)  # others logged in meanwhile
         if full:
-            return self._refuse(session, full, counted=False)
+            return self._refuse(session, full, counted=False, said=not answer)
         mine = (session.vpn, user.name)
         if user.max_connections is not None and self.user_connections[mine] >= user.max_connections:
             self.limits_refused[(session.vpn, "user_connections")] += 1
             why = f"user {user.name!r}: {user.max_connections} clients on this node (its limit)"
-            return self._refuse(session, why, counted=False)
+            return self._refuse(session, why, counted=False, said=not answer)
         self.user_connections[mine] += 1
         self.connections[session.vpn] += 1
-        session.permissions = Permissions(user.publish, user.subscribe)
+        session.permissions = user.permissions()
         session.login_pending = False
-        session.conn.send(encode_frame(FrameType.LOGIN, self.node.node_id))
+        if answer:
+            session.conn.send(encode_frame(FrameType.LOGIN, self.node.node_id))
 
     async def _password_ok(self, vpn_name: str, name: str, password: str) -> tuple[bool, User | None]:
         vpn = self.node.config.vpns.get(vpn_name)  # None: reloaded away while the check waited
         user = vpn.users.get(name) if vpn is not None else None
         if self._nobody is None:  # made once, off the loop (hashing is as slow as checking)
             self._nobody = User("", await asyncio.to_thread(hash_password, secrets.token_hex(16)))
-        # An unknown user is checked too, against a password nobody has: refused in the same time as a
-        # wrong password, so the time of the answer tells no user names either.
-        return await asyncio.to_thread((user or self._nobody).password_ok, password), user
+        # An unknown user (or one that logs in by certificate only) is checked too, against a password
+        # nobody has: refused in the same time as a wrong password, so the time tells no user names.
+        checked = user if user is not None and user.password_hash else self._nobody
+        return await asyncio.to_thread(checked.password_ok, password) and checked is user, user
 
-    def _refuse(self, session: ClientSession, reason: str, counted: bool = True) -> None:
+    def _refuse(
+        self, session: ClientSession, reason: str, counted: bool = True, said: bool | None = None
+    ) -> None:
+        """Refused, closed. ``said``: told with REFUSED too, as a client that sent no LOGIN awaits no
+        answer to one (None: when the client has sent none)."""
         if counted:
             self.refused[session.vpn] += 1
         if session.conn.is_open:
             session.conn.send(encode_frame(FrameType.LOGIN, self.node.node_id, payload=reason.encode()))
+            if not session.user if said is None else said:
+                session.conn.send(encode_frame(FrameType.REFUSED, self.node.node_id, "", 0, reason.encode()))
             session.conn.close()
 
     def violation(
@@ -311,6 +344,7 @@ class Logins:
                 "clients": self.connections[name],
                 "users": sorted(vpn.users),
                 "subscriptions": self.subscriptions[name],
+                "spool_bytes": self.node.guaranteed.spooled_bytes(name),
                 "logins_refused": self.refused[name],
                 "logins_busy": self.busy[name],
                 "limits": {key: getattr(vpn, key) for key in LIMITS},

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -35,6 +35,7 @@ from meshplane.mesh.holders import MeshEvent
 from meshplane.streams.errors import (
     BadRequest,
     CorruptRecords,
+    Forbidden,
     LimitReached,
     NotFound,
     StorageError,
@@ -43,6 +44,7 @@ from meshplane.streams.errors import (
 from meshplane.streams.files import write_atomic
 
 if TYPE_CHECKING:
+    from meshplane.core.mesh.permissions import Permissions
     from meshplane.mesh.node import MeshNode
     from meshplane.streams.service import StreamsService
     from meshplane.streams.topics import Topic
@@ -54,6 +56,19 @@ RECENT_IDS = 50_000  # event ids a queue remembers per way in (more than a spool
 RECALLED = "\x00recalled"  # the way of the ids read back on start (no node id holds a NUL)
 MAX_QUEUES = 1000
 MAX_PATTERNS_PER_QUEUE = 100
+
+
+class QueueUser(Protocol):
+    """Who asks for a queue: a client logged in as a VPN's user (``permissions`` None: as none)."""
+
+    @property
+    def vpn(self) -> str: ...
+
+    @property
+    def user(self) -> str: ...
+
+    @property
+    def permissions(self) -> Permissions | None: ...
 
 
 class RecentIds:
@@ -186,16 +201,19 @@ class Queues:
         if topic is not None:
             topic.held = paused
 
-    def create(self, name: str, patterns: list[str], vpn: str = DEFAULT) -> Queue:
+    def create(
+        self, name: str, patterns: list[str], vpn: str = DEFAULT, who: QueueUser | None = None
+    ) -> Queue:
         """Make (or change the patterns of) a queue of ``vpn`` and its topic; persisted before it is
-        advertised."""
+        advertised. ``who``: the VPN user asking, held to its queue permissions (Forbidden, counted as
+        its violation: create for a new queue, bind for its patterns)."""
         if self.engine is None:
             raise BadRequest("this mesh node has no streams data directory: it keeps no queues")
         if vpn not in self.node.config.vpns:
             raise BadRequest(f"no Message VPN {vpn[:40]!r} on this node")
         if ":" in name and name not in self.queues:
             raise BadRequest(f"queue {name[:80]!r}: ':' separates a queue's VPN from its name")
-        prefix, name = prefix_of(vpn), queue_topic(vpn, name)
+        prefix, queue_name, name = prefix_of(vpn), name, queue_topic(vpn, name)
         checked = []
         for pattern in patterns:
             valid = valid_pattern(pattern)
@@ -204,6 +222,8 @@ class Queues:
             checked.append(prefix + valid)
         if not 1 <= len(checked) <= MAX_PATTERNS_PER_QUEUE:
             raise BadRequest(f"a queue takes 1-{MAX_PATTERNS_PER_QUEUE} patterns")
+        if who is not None:
+            self.allowed(who, "create" if name not in self.queues else "bind", queue_name, tuple(patterns))
         if name not in self.queues and len(self.queues) >= MAX_QUEUES:
             raise BadRequest(f"{MAX_QUEUES} queues (the limit)")
         limit = self.node.config.vpns[vpn].max_queues
@@ -219,6 +239,18 @@ class Queues:
         if old is not None:
             self._withdraw(old)
         return self._install(name, sorted(set(checked)), old)
+
+    def allowed(self, who: QueueUser, action: str, name: str, patterns: tuple[str, ...] = ()) -> None:
+        """Forbidden (counted as ``who``'s violation) unless its permissions allow ``action`` on its
+        VPN's queue ``name`` (create binds too: its ``patterns``, as its VPN's clients write them)."""
+        permissions = who.permissions
+        if permissions is None:  # no user: a VPN without users, or an administrator's call
+            return
+        actions = ("create", "bind") if action == "create" else (action,)
+        refused = next(filter(None, (permissions.why_not_queue(a, name, patterns) for a in actions)), "")
+        if refused:
+            self.node.logins.violations[(who.vpn, who.user)] += 1
+            raise Forbidden(refused)
 
     def _count(self, vpn: str) -> int:
         return sum(1 for queue in self.queues.values() if vpn_of(queue.patterns[0]) == vpn)

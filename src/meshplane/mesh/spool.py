@@ -27,8 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meshplane.core.mesh.frames import Frame, FrameType, decode_spooled
+from meshplane.core.mesh.spool_shares import SpoolShares
+from meshplane.core.mesh.vpn import DEFAULT, vpn_of
 from meshplane.core.streamlog import Record
-from meshplane.streams.errors import StorageError
+from meshplane.streams.errors import CorruptRecords, StorageError
 from meshplane.streams.files import FilePool, write_atomic
 from meshplane.streams.log import PartitionLog
 from meshplane.streams.segments import segment_name
@@ -78,6 +81,24 @@ class Spool:
                 log.error("spool for %s: cannot fsync what it holds (%s)", peer, exc)
         self.refused = 0  # publishes refused because this spool was full
         self._saved = self.acked
+        self.shares = SpoolShares(self.acked)  # each VPN's bytes here (its max_spool_bytes)
+        self._count_shares()
+
+    def _count_shares(self) -> None:
+        """What the spool holds unconfirmed, by VPN (read once at start: bounded by the spool's limits)."""
+        offset = self.acked
+        while offset < self.log.next_offset:
+            try:
+                records = self.log.read(offset, 1024, READ_BYTES)
+            except (OSError, StorageError, CorruptRecords) as exc:  # sent (or not) as ever, uncounted
+                log.warning("spool for %s: cannot count its VPNs' bytes (%s)", self.peer, exc)
+                return
+            if not records:
+                return
+            self.shares.added(
+                records[0].offset, [_vpn_of(r.payload) for r in records], [len(r.payload) for r in records]
+            )
+            offset = records[-1].offset + 1
 
     def _read_acked(self) -> int:
         """The confirmed offset saved last (if a power loss lost it, what is kept is sent again and
@@ -108,10 +129,12 @@ class Spool:
             f"{self.limits.max_bytes} bytes): the node has been unreachable too long"
         )
 
-    def append(self, frames: list[bytes]) -> int:
-        """Store EVENT frames; the offset of the first. Raises StorageError (nothing stored) on a
-        failed write."""
-        return self.log.append(frames, time.time_ns() // 1_000_000)
+    def append(self, frames: list[bytes], vpns: list[str] | None = None) -> int:
+        """Store EVENT frames (each of its VPN in ``vpns``); the offset of the first. Raises
+        StorageError (nothing stored) on a failed write."""
+        first = self.log.append(frames, time.time_ns() // 1_000_000)
+        self.shares.added(first, vpns or [DEFAULT] * len(frames), [len(frame) for frame in frames])
+        return first
 
     def to_send(self) -> list[Record]:
         """The next stored events not sent yet, within the window of unconfirmed ones."""
@@ -126,6 +149,7 @@ class Spool:
             return False
         self.acked = offset + 1
         self.sent = max(self.sent, self.acked)
+        self.shares.confirmed(self.acked)
         return True
 
     def rewind(self) -> None:
@@ -147,6 +171,14 @@ class Spool:
         with contextlib.suppress(OSError, StorageError):
             self.save()
         self.log.close()
+
+
+def _vpn_of(raw: bytes) -> str:
+    """The VPN of a stored EVENT frame (a damaged one counts as the default VPN's)."""
+    try:
+        return vpn_of(decode_spooled(Frame(FrameType.SPOOLED, 0, "", "", 0, raw)).subject)
+    except ValueError:
+        return DEFAULT
 
 
 def new_spool_offset() -> int:

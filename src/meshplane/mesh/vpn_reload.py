@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshplane.core.mesh.frames import FrameType, encode_frame
-from meshplane.core.mesh.permissions import Permissions
 from meshplane.mesh.holders import ClientSession
 from meshplane.mesh.vpns import Problem, Vpns, check_vpns, key_lines
 
@@ -101,7 +100,7 @@ class VpnReloads:
         if session.vpn in old and user == old[session.vpn].users.get(session.user):
             return 0
         node = self.node
-        session.permissions = permissions = Permissions(user.publish, user.subscribe)
+        session.permissions = permissions = user.permissions()
         revoked = 0
         for pattern in list(node.router.patterns_of(session)):
             external = pattern[len(session.prefix) :]
@@ -136,6 +135,8 @@ def _why_not_as(vpn_name: str, user_name: str, old: Vpns, new: Vpns) -> str:
     before = old[vpn_name].users.get(user_name) if vpn_name in old else None
     if before is None or user.password_hash != before.password_hash:
         return f"user {user_name!r}'s password changed: log in again"
+    if user.certificate != before.certificate:
+        return f"user {user_name!r}'s certificate changed: log in again"
     return ""
 
 

@@ -5,6 +5,7 @@
 max_connections = 100  # its clients on one node, at most (a client past it is refused)
 max_subscriptions = 10000  # patterns its clients hold on one node, at most (each one past it refused)
 max_queues = 50        # its queues on one node, at most
+max_spool_bytes = 104857600  # its guaranteed events in one node's spools for other nodes, unconfirmed
 max_events_per_second = 10000  # its clients' publishes on one node: the excess refused, counted
 max_bytes_per_second = 10485760  # ... and their bytes (each a token bucket with a second's burst)
 dmr = true             # its events cross gateways to other clusters (false: they stay in this cluster)
@@ -13,6 +14,8 @@ exports = [{ events = "orders.>", to = ["team-b"] }]  # what other VPNs may impo
 max_connections = 5    # alice's clients on one node, at most
 max_events_per_second = 1000  # her clients' publishes on one node (and max_bytes_per_second)
 password_hash = "$argon2id$v=19$..."   # meshplane mesh hash-password (the password from stdin)
+certificate = "CN=alice"  # ... or (and) a client certificate naming it (CN=, DNS=, email=, URI=, IP=)
+queues = { create = { allow = ["orders-*"] }, read = { deny = ["*-audit"] } }  # and bind: queue names
 publish = { allow = ["orders.>"], deny = ["orders.audit.>"] }
 subscribe = { deny = ["orders.audit.>"] }
 [vpns.team-b]
@@ -41,8 +44,10 @@ from typing import Any
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
+from meshplane.core.mesh.identity import CERTIFICATE_NAME_FORMS
 from meshplane.core.mesh.imports import Export, Import
-from meshplane.core.mesh.permissions import Rules
+from meshplane.core.mesh.permissions import Permissions, Rules
+from meshplane.core.mesh.queue_permissions import ACTIONS, NameRules, QueueRules
 from meshplane.core.mesh.vpn import DEFAULT, check_vpn
 from meshplane.errors import ConfigError
 from meshplane.mesh.vpn_sharing import SHARING, Numbered, check_sharing, element_lines, parse_sharing
@@ -58,16 +63,24 @@ def hash_password(password: str) -> str:
 @dataclass(frozen=True)
 class User:
     name: str
-    password_hash: str = field(repr=False)
+    password_hash: str = field(repr=False)  # "": it logs in by its certificate only
     publish: Rules = field(default_factory=Rules)
     subscribe: Rules = field(default_factory=Rules)
+    queues: QueueRules = field(default_factory=QueueRules)  # which queues it may create, bind, read
+    certificate: str = ""  # a client certificate's name that logs in as it: "CN=...", "DNS=...", ...
     max_connections: int | None = None  # its clients on one node, at most
     max_subscriptions: int | None = None  # patterns its clients hold on one node, at most
     max_events_per_second: int | None = None  # its clients' publishes on one node
     max_bytes_per_second: int | None = None  # ... and their bytes
 
+    def permissions(self) -> Permissions:
+        """What a client logged in as this user is held to (its own, for its remembered decisions)."""
+        return Permissions(self.publish, self.subscribe, self.queues)
+
     def password_ok(self, password: str) -> bool:
         """Whether ``password`` is this user's (slow on purpose: run it off the event loop)."""
+        if not self.password_hash:
+            return False
         try:
             return _hasher.verify(self.password_hash, password)
         except (VerifyMismatchError, VerificationError, InvalidHashError):
@@ -81,11 +94,16 @@ class Vpn:
     max_connections: int | None = None  # its clients on one node, at most (None: the node's limit)
     max_subscriptions: int | None = None  # patterns its clients hold on one node, at most
     max_queues: int | None = None  # its queues on one node, at most
+    max_spool_bytes: int | None = None  # its guaranteed events in one node's spools, unconfirmed, at most
     max_events_per_second: int | None = None  # its clients' publishes on one node (a burst of one second)
     max_bytes_per_second: int | None = None  # ... and their bytes
     dmr: bool = True  # its interest and events cross gateways to other clusters (Solace's DMR switch)
     exports: tuple[Export, ...] = ()  # spaces of its subjects other VPNs may import
     imports: tuple[Import, ...] = ()  # spaces of other VPNs' subjects its clients see (vpn_sharing.py)
+
+    def by_certificate(self, names: set[str]) -> User | None:
+        """The user a client certificate with ``names`` logs in as (certificates are unique in a VPN)."""
+        return next((u for u in self.users.values() if u.certificate and u.certificate in names), None)
 
 
 @dataclass(frozen=True)
@@ -163,6 +181,7 @@ LIMITS = (
     "max_connections",
     "max_subscriptions",
     "max_queues",
+    "max_spool_bytes",
     "max_events_per_second",
     "max_bytes_per_second",
 )
@@ -207,6 +226,13 @@ def _vpn(
         problems.add((*path, "users"), where, f"users must be sections ([vpns.{name}.users.NAME])")
         users = {}
     checked = {user: _user(problems, (*path, "users", user), user, u) for user, u in users.items()}
+    holders: dict[str, str] = {}
+    for user, u in checked.items():
+        if u is not None and u.certificate:
+            if u.certificate in holders:
+                message = f"certificate {u.certificate!r} is user {holders[u.certificate]!r}'s already"
+                problems.add((*path, "users", user, "certificate"), f"[vpns.{name}.users.{user}]", message)
+            holders.setdefault(u.certificate, user)
     sharing[name] = parse_sharing(problems, path, where, settings, lines)
     if len(problems.found) > before:
         return None
@@ -224,22 +250,35 @@ def _user(problems: _Problems, path: tuple[str, ...], name: str, settings: Any) 
         return None
     if not name or len(name) > 64 or not name.isprintable():
         problems.add(path, where, "a user name is 1-64 printable characters")
-    keys = ("password_hash", "publish", "subscribe", *USER_LIMITS)
+    keys = ("password_hash", "certificate", "publish", "subscribe", "queues", *USER_LIMITS)
     for key in sorted(set(settings) - set(keys)):
         problems.add((*path, key), where, f"unknown key {key!r} ({', '.join(keys)})")
     _limits(problems, path, where, settings, USER_LIMITS)
-    password_hash = settings.get("password_hash")
-    if not isinstance(password_hash, str) or not password_hash.startswith("$argon2"):
+    certificate = settings.get("certificate", "")
+    form, _, named = certificate.partition("=") if isinstance(certificate, str) else ("", "", "")
+    if certificate and (form not in CERTIFICATE_NAME_FORMS or not named):
+        forms = ", ".join(f"{form}=..." for form in CERTIFICATE_NAME_FORMS)
+        problems.add((*path, "certificate"), where, f"certificate names a client certificate's name: {forms}")
+    password_hash = settings.get("password_hash", "" if certificate else None)
+    if not isinstance(password_hash, str) or not (
+        password_hash.startswith("$argon2") or (certificate and not password_hash)
+    ):
         problems.add(
             (*path, "password_hash"),
             where,
-            "password_hash must be an argon2 hash (meshplane mesh hash-password)",
+            "password_hash must be an argon2 hash (meshplane mesh hash-password)"
+            + (
+                "" if certificate else ', unless the user logs in by its certificate (certificate = "CN=...")'
+            ),
         )
     publish, subscribe = (_rules(problems, path, where, settings, d) for d in ("publish", "subscribe"))
-    if len(problems.found) > before or publish is None or subscribe is None:
+    queues = _queue_rules(problems, path, where, settings)
+    if len(problems.found) > before or publish is None or subscribe is None or queues is None:
         return None
     assert isinstance(password_hash, str)
-    return User(name, password_hash, publish, subscribe, **{key: settings.get(key) for key in USER_LIMITS})
+    limits = {key: settings.get(key) for key in USER_LIMITS}
+    assert isinstance(certificate, str)
+    return User(name, password_hash, publish, subscribe, queues, certificate, **limits)
 
 
 def _limits(
@@ -252,8 +291,14 @@ def _limits(
 
 
 def _rules(
-    problems: _Problems, path: tuple[str, ...], where: str, settings: dict[str, Any], direction: str
-) -> Rules | None:
+    problems: _Problems,
+    path: tuple[str, ...],
+    where: str,
+    settings: dict[str, Any],
+    direction: str,
+    kind: type[Rules] | type[NameRules] = Rules,
+) -> Any:
+    """``settings[direction]``'s allow and deny lists as ``kind`` (None: a mistake, said)."""
     given = settings.get(direction, {})
     at = (*path, direction)
     if not isinstance(given, dict) or set(given) - {"allow", "deny"}:
@@ -265,10 +310,25 @@ def _rules(
             problems.add(at, where, f"{direction}.{key} must be a list of patterns")
             return None
     try:
-        return Rules(tuple(lists["allow"]), tuple(lists["deny"]))
+        return kind(tuple(lists["allow"]), tuple(lists["deny"]))
     except ValueError as exc:
         problems.add(at, where, f"{direction}: {exc}")
         return None
+
+
+def _queue_rules(
+    problems: _Problems, path: tuple[str, ...], where: str, settings: dict[str, Any]
+) -> QueueRules | None:
+    """``queues = { create = {allow, deny}, bind = ..., read = ... }``: patterns of queue names."""
+    given = settings.get("queues", {})
+    at = (*path, "queues")
+    if not isinstance(given, dict) or set(given) - set(ACTIONS):
+        problems.add(at, where, "queues takes create, bind and read, each with allow and deny lists")
+        return None
+    rules = {action: _rules(problems, at, where, given, action, NameRules) for action in given}
+    if any(rule is None for rule in rules.values()):
+        return None
+    return QueueRules(**rules)
 
 
 _KEY_PART = r'(?:[A-Za-z0-9_-]+|"[^"]*"|\'[^\']*\')'

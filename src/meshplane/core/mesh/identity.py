@@ -91,3 +91,24 @@ def match_client(peercert: Mapping[str, Any] | None) -> Match:
     if any(uri.startswith((CLIENT_PREFIX, MEMBER_PREFIX)) for uri in found):
         return Match.EXACT
     return Match.MISMATCH
+
+
+# A certificate's names as a Message VPN user's ``certificate`` writes one, by kind (ssl's SAN kinds).
+NAME_KINDS = {"DNS": "DNS", "email": "email", "URI": "URI", "IP Address": "IP"}
+CERTIFICATE_NAME_FORMS = ("CN", *NAME_KINDS.values())
+
+
+def certificate_names(peercert: Mapping[str, Any] | None) -> set[str]:
+    """The names a verified certificate gives its holder: ``CN=<its subject's common name>`` and each
+    subject alternative name as ``DNS=``, ``email=``, ``URI=`` or ``IP=`` (compared byte for byte, as
+    a VPN user's ``certificate`` names one, nats-server's ``verify_and_map``)."""
+    if not peercert:
+        return set()
+    names = {
+        f"{NAME_KINDS[kind]}={value}"
+        for kind, value in peercert.get("subjectAltName", ())
+        if kind in NAME_KINDS
+    }
+    for rdn in peercert.get("subject", ()):
+        names.update(f"CN={value}" for key, value in rdn if key == "commonName")
+    return names

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from meshplane.core.mesh.queue_permissions import ACTIONS, QueueRules
 from meshplane.core.subjects import ANY, MAX_TOKENS, ONE, REST, pattern_shape, valid_pattern
 
 
@@ -78,10 +79,11 @@ DECISIONS = 4096  # subjects whose publish decision is remembered, per user
 
 @dataclass
 class Permissions:
-    """What one user may publish and subscribe to."""
+    """What one user may publish and subscribe to, and do with queues."""
 
     publish: Rules = field(default_factory=Rules)
     subscribe: Rules = field(default_factory=Rules)
+    queues: QueueRules = field(default_factory=QueueRules)
     _decided: dict[str, str] = field(default_factory=dict, repr=False)
 
     def why_not_publish(self, subject: str) -> str:
@@ -109,4 +111,18 @@ class Permissions:
             return f"{DENIED}subscription to {pattern[:80]!r} could match subjects denied by {denied!r}"
         if rules.allow and not any(covers(p, pattern) for p in rules.allow):
             return f"{DENIED}subscription to {pattern[:80]!r} not allowed"
+        return ""
+
+    def why_not_queue(self, action: str, name: str, patterns: tuple[str, ...] = ()) -> str:
+        """ "" when ``action`` (create, bind, read) on the queue ``name`` (its name in its VPN) is
+        allowed, else the reason (one line). Binding ``patterns`` needs each to be one the user may
+        subscribe to as well: a queue would otherwise keep for it what its subscriptions may not get."""
+        assert action in ACTIONS
+        reason = self.queues.why_not(action, name)
+        if reason:
+            return DENIED + reason
+        for pattern in patterns if action == "bind" else ():
+            refused = self.why_not_subscribe(pattern)
+            if refused:
+                return f"{DENIED}bind queue {name[:80]!r}: {refused[len(DENIED) :]}"
         return ""

@@ -34,7 +34,6 @@ from meshplane.core.doors.mqtt_packets import V5, V311, Code, ConnAck, Connect, 
 from meshplane.core.doors.mqtt_topics import BadTopic, to_subject
 from meshplane.core.mesh.frames import FLAG_GUARANTEED
 from meshplane.core.mesh.login_checks import WRONG
-from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
 from meshplane.errors import ConfigError
 from meshplane.mesh.doors.mqtt_connection import MAX_CLIENT_ID, RECEIVE_MAXIMUM, MqttConnection
@@ -306,7 +305,7 @@ class MqttDoor:
                 return Code.NOT_AUTHORIZED, "closed"
             if user is None:
                 return (Code.BAD_USER_OR_PASSWORD if why == WRONG else Code.SERVER_BUSY), why
-            conn.user, conn.permissions = name, Permissions(user.publish, user.subscribe)
+            conn.user, conn.permissions = name, user.permissions()
             return 0, ""
         if self._token and not hmac.compare_digest(password.encode(), self._token.encode()):
             self.node.logins.refused[vpn] += 1
@@ -416,7 +415,7 @@ class MqttDoor:
         session.subscriptions = {f: (s.qos, s.options) for f, s in conn.subscriptions.items()}
         patterns = [outward(conn.prefix, s.pattern) for s in conn.subscriptions.values() if s.qos]
         try:
-            conn.saving = sessions.subscriptions_changed(session, patterns)
+            conn.saving = sessions.subscriptions_changed(session, patterns, conn)
         except StreamError as exc:
             session.subscriptions = before  # as granted before: a QoS 1 filter without a queue gets nothing
             self.count("session_not_saved")
@@ -427,7 +426,15 @@ class MqttDoor:
 
     def _restore(self, conn: MqttConnection, session: StoredSession) -> None:
         conn.session = None  # what it was granted comes back as it was: no bound is applied again
-        conn.restore(session.subscriptions)
+        subscriptions = session.subscriptions
+        refused = conn.permissions.why_not_queue("read", session.queue) if conn.permissions else ""
+        if refused and any(qos for qos, _ in subscriptions.values()):
+            # Its user may not read the session's queue (any more): what waits there stays there,
+            # and its QoS 1 filters come back at QoS 0.
+            self.violation(conn)
+            log.info("MQTT client %s: %s: its subscriptions at QoS 0", bounded(conn.client_id), refused)
+            subscriptions = {f: (0, options) for f, (_, options) in subscriptions.items()}
+        conn.restore(subscriptions)
         conn.session = session
         session.sent = max(session.sent, session.acked)
         self._start_pump(conn, session)

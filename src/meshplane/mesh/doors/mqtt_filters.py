@@ -37,6 +37,16 @@ def take_filter(conn: MqttConnection, topic_filter: str, options: int) -> tuple[
         conn.door.violation(conn)
         return Code.NOT_AUTHORIZED, ""
     qos = min(options & 3, 1)  # QoS 2 granted as 1
+    if qos and conn.session is not None and conn.permissions is not None:
+        # Its session's queue keeps it (made by it, bound to it, read by it): the user's queue
+        # permissions decide, as for any queue.
+        queued = conn.door.sessions is not None and conn.session.key in conn.door.sessions.queued
+        for action in ("bind", "read") if queued else ("create", "bind", "read"):
+            refused = conn.permissions.why_not_queue(action, conn.session.queue, (pattern,))
+            if refused:
+                conn.door.violation(conn)
+                log.info("MQTT client %s: %s", bounded(conn.client_id), refused)
+                return Code.NOT_AUTHORIZED, ""
     known = conn.subscriptions.get(topic_filter)
     if known is None:
         if len(conn.subscriptions) >= MAX_SUBSCRIPTIONS:

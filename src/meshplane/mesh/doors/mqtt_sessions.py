@@ -37,6 +37,7 @@ import msgspec
 
 from meshplane.core.doors.mqtt_packets import Code
 from meshplane.core.doors.mqtt_topics import to_topic
+from meshplane.core.mesh.vpn import queue_topic
 from meshplane.mesh.preauth import QuietLog, bounded
 from meshplane.mesh.queues import MAX_QUEUES
 from meshplane.streams import files
@@ -44,7 +45,7 @@ from meshplane.streams.errors import LimitReached, OffsetOutOfRange, StorageErro
 
 if TYPE_CHECKING:
     from meshplane.mesh.doors.mqtt_connection import MqttConnection
-    from meshplane.mesh.queues import Queues
+    from meshplane.mesh.queues import Queues, QueueUser
     from meshplane.streams.service import StreamsService
 
 log = logging.getLogger(__name__)
@@ -187,10 +188,12 @@ class Sessions:
         self.queues.delete(session.queue, vpn)
         self.save()
 
-    def subscriptions_changed(self, session: StoredSession, patterns: list[str]) -> asyncio.Future[None]:
+    def subscriptions_changed(
+        self, session: StoredSession, patterns: list[str], who: QueueUser | None = None
+    ) -> asyncio.Future[None]:
         """The queue follows the QoS 1 subscriptions' ``patterns`` (mesh patterns, without the VPN's
-        prefix), made or dropped (LimitReached past the VPN's share of session queues); done once the
-        subscriptions are saved and fsynced."""
+        prefix), made or dropped (LimitReached past the VPN's share of session queues, Forbidden past
+        ``who``'s queue permissions); done once the subscriptions are saved and fsynced."""
         if patterns:
             if session.key not in self.queued:
                 share = MAX_SESSION_QUEUES // max(self.vpns(), 1)
@@ -199,7 +202,7 @@ class Sessions:
                         f"Message VPN {session.vpn!r}: {share} persistent MQTT sessions with QoS 1 "
                         f"subscriptions (a queue each) on this node (its share)"
                     )
-            self.queues.create(session.queue, sorted(set(patterns)), session.vpn)
+            self.queues.create(session.queue, sorted(set(patterns)), session.vpn, who)
             self.queued.add(session.key)
         else:
             self.queues.delete(session.queue, session.vpn)
@@ -322,7 +325,7 @@ async def pump_queue(
     offset = session.acked
     redelivery_end = session.sent
     while conn.connected and not conn.closing:
-        topic = engine.topic_store.topics.get(session.queue)
+        topic = engine.topic_store.topics.get(queue_topic(session.vpn, session.queue))
         if topic is None:
             await asyncio.sleep(0.5)
             continue

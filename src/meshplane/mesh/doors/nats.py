@@ -215,7 +215,7 @@ class NatsDoor:
             return client.fail(WRONG, why)
         if client.transport is not None:
             client.transport.resume_reading()
-        self._admit(client, options, vpn, user.name, Permissions(user.publish, user.subscribe))
+        self._admit(client, options, vpn, user.name, user.permissions())
 
     def _admit(
         self, client: NatsClient, options: dict[str, object], vpn: str, user: str, perms: Permissions | None

@@ -15,6 +15,7 @@ from meshplane.mesh.doors.mqtt_metrics import MqttCollector
 from meshplane.mesh.links import LINK_COUNTERS
 from meshplane.mesh.node import MeshNode
 from meshplane.mesh.queues import queue_status
+from meshplane.mesh.vpn_metrics import VpnCollector
 from meshplane.streams.errors import BadRequest, Conflict, NotFound
 from meshplane.streams.http.params import ENGINE, GRANT, json_response, read_json, readable
 
@@ -110,6 +111,7 @@ async def node_forget(request: web.Request) -> web.Response:
 
 def register_mesh_metrics(node: MeshNode, registry: CollectorRegistry) -> None:
     registry.register(MeshCollector(node))
+    registry.register(VpnCollector(node))
     if node.mqtt is not None:
         registry.register(MqttCollector(node.mqtt))
     latency = Histogram(

@@ -1,0 +1,97 @@
+"""Client certificates mapped to Message VPN users (issue 58) on a real node with mutual TLS: a client
+whose verified certificate names a user of its VPN (``certificate = "CN=alice"``, or a SAN:
+``DNS=...``, ``URI=...``) is logged in as that user without a password, and held to its permissions;
+one whose certificate names nobody is refused with the reason, counted; a password still logs in
+whoever has one. Real certificates from a CA made in the test."""
+
+from __future__ import annotations
+
+import re
+import ssl
+from pathlib import Path
+
+import pytest
+
+from meshplane.errors import PermissionDenied
+from meshplane.launchers import MeshCluster
+from meshplane.mesh.client import MeshClient
+from meshplane.mesh.vpns import hash_password
+from tests.helpers import eventually
+from tests.mesh_pki import MeshCA
+from tests.support.mesh import Inbox, status
+
+CAROL = "carol-pw-41b7"
+
+
+def client_context(pki: Path, name: str) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.load_cert_chain(pki / f"{name}.pem", pki / f"{name}.key")
+    context.load_verify_locations(pki / "ca.pem")
+    return context
+
+
+async def test_a_client_certificate_logs_in_as_the_user_it_names_and_one_naming_nobody_is_refused(
+    tmp_path: Path,
+) -> None:
+    ca = MeshCA(tmp_path)
+    ca.issue("a", "meshplane://node/c1/a", "a", "127.0.0.1")
+    ca.issue("alice", "meshplane://client/alice", common_name="alice")
+    ca.issue("dave", "meshplane://client/d", "dave.clients.example", common_name="someone")
+    ca.issue("mallory", "meshplane://client/mallory", common_name="mallory")
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(
+        '[vpns.A.users.alice]\ncertificate = "CN=alice"\npublish = { deny = ["secret.>"] }\n'
+        '[vpns.A.users.dave]\ncertificate = "DNS=dave.clients.example"\n'
+        f'[vpns.A.users.carol]\npassword_hash = "{hash_password(CAROL)}"\n'
+    )
+    tls = (
+        *("--mesh-tls-cert", str(tmp_path / "a.pem"), "--mesh-tls-key", str(tmp_path / "a.key")),
+        *("--mesh-tls-ca", str(tmp_path / "ca.pem")),
+    )
+    with MeshCluster(1, node_args={"a": (*tls, "--mesh-vpns", str(vpns))}) as cluster:
+        node = cluster.start()["a"]
+        alice = await MeshClient(node.route_url, vpn="A", tls=client_context(tmp_path, "alice")).connect()
+        dave = await MeshClient(node.route_url, vpn="A", tls=client_context(tmp_path, "dave")).connect()
+        told: list[PermissionDenied] = []
+        mallory = MeshClient(
+            node.route_url, vpn="A", tls=client_context(tmp_path, "mallory"), on_error=told.append
+        )
+        carol = MeshClient(
+            node.route_url, vpn="A", user="carol", password=CAROL, tls=client_context(tmp_path, "mallory")
+        )
+        seen = Inbox()
+        try:
+            dave.subscribe(">", seen)
+            await dave.flush(propagated=True)
+            await alice.publish("secret.x", b"denied")  # alice's permissions: she is alice
+            with pytest.raises(
+                PermissionDenied, match=re.escape("publish to 'secret.x' denied by 'secret.>'")
+            ):
+                await alice.flush()
+            await alice.publish("orders.x", b"allowed")
+            await alice.flush(propagated=True)
+            await eventually(lambda: [body for _, body in seen.events] == [b"allowed"], what="alice's event")
+
+            await mallory.connect()  # the handshake passes; the node refuses it without a user
+            await eventually(lambda: bool(told), timeout=10, what="mallory told why")
+            assert "the client's certificate names none of them" in str(told[0])
+            await eventually(lambda: not mallory.connected, timeout=10, what="mallory closed")
+            await mallory.close()  # it would try again and again, refused each time
+            await carol.connect()  # a password logs in whoever has one, whatever its certificate
+            await carol.flush()
+
+            async def logged_in() -> list[str]:
+                return sorted(c["user"] for c in (await status(node))["clients"] if c.get("vpn") == "A")
+
+            async def only_users() -> bool:
+                return await logged_in() == ["alice", "carol", "dave"]
+
+            await eventually(only_users, timeout=10, what="alice, carol and dave in")
+            answer = await status(node)
+            assert answer["vpns"]["A"]["clients"] == 3
+            assert answer["vpns"]["A"]["violations"] == {"alice": 1}
+            assert answer["vpns"]["A"]["logins_refused"] >= 1
+        finally:
+            for client in (alice, dave, mallory, carol):
+                await client.close()

@@ -1,0 +1,88 @@
+"""A Message VPN's ``max_spool_bytes`` on real nodes (issue 58): while the node holding its queue is
+down, a VPN's guaranteed events past its share of the publisher's node's spools are refused to the
+publisher with the reason (never acknowledged, so never lost), counted and shown by VPN; another VPN
+keeps publishing; once the spool drains, the VPN publishes again, and everything acknowledged arrived."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from meshplane.errors import TransportError
+from meshplane.launchers import MeshCluster
+from meshplane.mesh.client import MeshClient
+from tests.helpers import eventually
+from tests.integration.test_mesh_guaranteed import link_state
+from tests.integration.test_mesh_vpns import put_queue_in
+from tests.support.mesh import interest_reached, queue_bodies, status
+
+LIMIT = 30_000
+BODY = 1000
+
+
+@pytest.mark.timeout(120)
+async def test_a_vpns_spool_bytes_past_its_limit_are_refused_and_nothing_acknowledged_is_lost(
+    tmp_path: Path,
+) -> None:
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(f"[vpns.A]\nmax_spool_bytes = {LIMIT}\n[vpns.B]\n")
+    with MeshCluster(2, extra_args=("--mesh-vpns", str(vpns))) as cluster:
+        cluster.start()
+        a, b = cluster["a"], cluster["b"]
+        await asyncio.to_thread(cluster.wait_linked)
+        for vpn in ("A", "B"):
+            await put_queue_in(b, "orders", ["orders.>"], vpn)
+            await interest_reached(a, "b", f"$G.$vpn:{vpn}.orders.>")
+        b.kill(signal.SIGKILL)
+        await eventually(lambda: link_state(a, "b", "down"), timeout=15, what="a sees b down")
+
+        in_a = await MeshClient(a.route_url, vpn="A").connect()
+        in_b = await MeshClient(a.route_url, vpn="B").connect()
+        try:
+            accepted: list[bytes] = []
+            refused = ""
+            for i in range(LIMIT // BODY + 5):
+                body = b"%04d" % i + b"x" * (BODY - 4)
+                try:
+                    await in_a.publish("orders.eu", body, guaranteed=True)
+                except TransportError as exc:
+                    refused = str(exc)
+                    break
+                accepted.append(body)
+            assert "Message VPN 'A': its guaranteed events hold" in refused
+            assert f"(its limit {LIMIT}): not stored" in refused
+            assert LIMIT // (BODY + 200) <= len(accepted) <= LIMIT // BODY
+            for _ in range(50):  # B's share is its own: nothing of it refused
+                await in_b.publish("orders.eu", b"b" * BODY, guaranteed=True)
+
+            shown = (await status(a))["vpns"]
+            assert len(accepted) * BODY <= shown["A"]["spool_bytes"] <= LIMIT
+            assert shown["A"]["limits_refused"] == {"spool_bytes": 1}
+            assert shown["A"]["limits"]["max_spool_bytes"] == LIMIT
+            assert shown["B"]["spool_bytes"] >= 50 * BODY
+            async with aiohttp.ClientSession() as http, http.get(f"{a.url}/metrics") as response:
+                metrics = await response.text()
+            assert f'meshplane_mesh_vpn_spool_bytes{{vpn="A"}} {float(shown["A"]["spool_bytes"])}' in metrics
+            assert 'meshplane_mesh_vpn_limits_refused_total{limit="spool_bytes",vpn="A"} 1.0' in metrics
+
+            b.start()  # the spool drains: A's share is free again
+            await asyncio.to_thread(cluster.wait_linked)
+
+            async def drained() -> bool:
+                return int((await status(a))["vpns"]["A"]["spool_bytes"]) == 0
+
+            await eventually(drained, timeout=30, what="A's spooled events confirmed by b")
+            await in_a.publish("orders.eu", b"after", guaranteed=True)
+
+            async def arrived() -> bool:
+                return len(await queue_bodies(b, "A:orders")) >= len(accepted) + 1
+
+            await eventually(arrived, timeout=30, what="every acknowledged event of A in its queue")
+            assert await queue_bodies(b, "A:orders") == [*accepted, b"after"]  # none lost, none twice
+        finally:
+            await in_a.close()
+            await in_b.close()
