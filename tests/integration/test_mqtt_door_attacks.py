@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -269,3 +270,110 @@ async def test_what_follows_a_persistent_sessions_subscribe_waits_for_its_save_i
             assert await asyncio.to_thread(sock.recv, 2) == b"\xd0\x00"
         finally:
             sock.close()
+
+
+def _login(
+    port: int, client_id: str, username: str, password: bytes, clean: bool
+) -> tuple[socket.socket, bytes]:
+    """A 3.1.1 CONNECT as ``username``: the socket and its CONNACK."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(encode(Connect(V311, client_id, clean, username=username, password=password), V311))
+    return sock, sock.recv(4)
+
+
+async def test_another_users_persistent_session_is_neither_resumed_nor_ended_nor_taken_over(
+    tmp_path: Path,
+) -> None:
+    """mallory and alice are users of team-a; alice alone may subscribe to orders. mallory connected
+    with alice's client id (not a secret: it is in logs and topics) and a persistent session: the door
+    resumed alice's session for him, its subscriptions and the QoS 1 orders stored for alice, which
+    mallory's own permissions refuse; with a clean session it ended alice's session, her stored
+    messages with it; and it cut alice's live connection. A session is its user's: another user's
+    CONNECT with its client id is refused (not authorized), and alice's session is whole."""
+    from meshplane.mesh.vpns import hash_password
+
+    hashed = await asyncio.to_thread(hash_password, "pw")
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(
+        f'[vpns.team-a.users.alice]\npassword_hash = "{hashed}"\nsubscribe = {{ allow = ["orders.>"] }}\n'
+        f'[vpns.team-a.users.mallory]\npassword_hash = "{hashed}"\nsubscribe = {{ allow = ["public.>"] }}\n'
+    )
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mesh-vpns", str(vpns), "--mqtt-port", str(port))}) as cluster:
+        cluster.start()
+        alice, answer = await asyncio.to_thread(_login, port, "alice-phone", "alice@team-a", b"pw", False)
+        assert answer == CONNACK_OK
+        alice.sendall(encode(Subscribe(1, (("orders/+", 1),)), V311))
+        assert await asyncio.to_thread(alice.recv, 5) == b"\x90\x03\x00\x01\x01"
+        for clean in (False, True):  # while alice is connected: no takeover
+            mallory, answer = await asyncio.to_thread(
+                _login, port, "alice-phone", "mallory@team-a", b"pw", clean
+            )
+            mallory.close()
+            assert answer == b"\x20\x02\x00\x05", clean  # not authorized
+        alice.sendall(encode(PingReq(), V311))
+        assert await asyncio.to_thread(alice.recv, 2) == b"\xd0\x00"  # still connected
+        alice.sendall(encode(Disconnect(), V311))
+        alice.close()
+        publisher, answer = await asyncio.to_thread(_login, port, "pub", "alice@team-a", b"pw", True)
+        await asyncio.to_thread(
+            publisher.sendall, encode(Publish("orders/eu", b"secret", 1, False, False, 1), V311)
+        )
+        assert await asyncio.to_thread(publisher.recv, 4) == bytes([0x40, 2, 0, 1])
+        publisher.close()
+        for clean in (False, True):  # while alice is away: her session is not his
+            mallory, answer = await asyncio.to_thread(
+                _login, port, "alice-phone", "mallory@team-a", b"pw", clean
+            )
+            try:
+                assert answer == b"\x20\x02\x00\x05", clean
+                mallory.settimeout(1.0)
+                with contextlib.suppress(TimeoutError, OSError):
+                    assert b"secret" not in mallory.recv(4096)
+            finally:
+                mallory.close()
+        alice, answer = await asyncio.to_thread(_login, port, "alice-phone", "alice@team-a", b"pw", False)
+        try:
+            assert answer == b"\x20\x02\x01\x00"  # her session, present
+            seen = b""
+            while b"secret" not in seen:
+                chunk = await asyncio.to_thread(alice.recv, 4096)
+                assert chunk, "alice's connection closed before her stored message came"
+                seen += chunk
+        finally:
+            alice.close()
+        counters = (await status(cluster["a"]))["mqtt"]["counters"]
+        assert counters["session_of_another_user"] == 4
+
+
+async def test_a_persistent_session_of_a_vpn_gets_its_qos1_messages_connected_and_after_coming_back(
+    tmp_path: Path,
+) -> None:
+    """A persistent session's QoS 1 messages are stored in its queue and sent from there; in a VPN other
+    than the default its queue's topic is ``VPN:name``, and the door read ``name``: the messages were
+    acknowledged to their publisher, stored, and never sent, connected or not."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.team-a]\n")
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mesh-vpns", str(vpns), "--mqtt-port", str(port))}) as cluster:
+        cluster.start()
+        sub = Paho(port, "sub", clean=False)
+        sub.client.username_pw_set("x@team-a")
+        await subscribed(await connected(sub), "q/+", 1)
+        pub = await asyncio.to_thread(_connect, port, "pub", "x@team-a")
+        try:
+            pub.sendall(encode(Publish("q/1", b"while connected", 1, False, False, 1), V311))
+            assert await asyncio.to_thread(pub.recv, 4) == bytes([0x40, 2, 0, 1])
+            await eventually(lambda: sub.payloads() == [b"while connected"], timeout=10, what="connected")
+            sub.close()
+            pub.sendall(encode(Publish("q/2", b"while away", 1, False, False, 2), V311))
+            assert await asyncio.to_thread(pub.recv, 4) == bytes([0x40, 2, 0, 2])
+        finally:
+            pub.close()
+        back = Paho(port, "sub", clean=False)
+        back.client.username_pw_set("x@team-a")
+        await connected(back)
+        try:
+            await eventually(lambda: b"while away" in back.payloads(), timeout=10, what="after coming back")
+        finally:
+            back.close()

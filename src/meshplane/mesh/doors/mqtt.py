@@ -229,21 +229,26 @@ class MqttDoor:
             return Code.IMPLEMENTATION_SPECIFIC, "this node keeps no sessions (no streams data directory)"
         key = (conn.vpn, client_id)
         old = self.connections.get(key)
+        stored = self.sessions.get(conn.vpn, client_id) if self.sessions is not None else None
+        owner = _owner(conn)
+        if (old is not None and _owner(old) != owner) or (stored is not None and stored.user != owner):
+            # A client id proves nothing: another user's session is neither resumed, ended nor cut.
+            self.count("session_of_another_user")
+            self.violation(conn)
+            return Code.NOT_AUTHORIZED, f"client id {client_id[:64]!r} is another user's session"
         if old is not None:  # MQTT's rule: the new connection takes the session over
             self.count("session_taken_over")
             old.close(Code.SESSION_TAKEN_OVER, "another connection with this client id")
             self.gone(old)
         session_present = False
         if self.sessions is not None:
-            stored = self.sessions.get(conn.vpn, client_id)
             if stored is not None and (packet.clean or not persistent):
                 self.sessions.drop(conn.vpn, client_id)
                 stored = None
             if persistent:
                 if stored is None:
                     try:
-                        user = conn.user if conn.permissions is not None else ""
-                        stored = self.sessions.open(conn.vpn, client_id, expiry, user)
+                        stored = self.sessions.open(conn.vpn, client_id, expiry, owner)
                     except StreamError as exc:
                         self.count("session_refused")
                         return Code.QUOTA_EXCEEDED, str(exc)
@@ -283,7 +288,7 @@ class MqttDoor:
         """The node's VPNs were read again: the clients they no longer admit are cut, told why."""
         cut = 0
         for conn in list(self.connections.values()):
-            reason = why_cut(conn.vpn, conn.user if conn.permissions is not None else "")
+            reason = why_cut(conn.vpn, _owner(conn))
             if reason:
                 conn.close(Code.NOT_AUTHORIZED, reason)
                 cut += 1
@@ -453,6 +458,11 @@ class MqttDoor:
             "retained_bytes": self.retained.total_bytes,
             "counters": dict(self.counters),
         }
+
+
+def _owner(conn: MqttConnection) -> str:
+    """The VPN user ``conn`` proved it is ("": none, a token's or an anonymous client)."""
+    return conn.user if conn.permissions is not None else ""
 
 
 def _client(conn: MqttConnection) -> dict[str, Any]:

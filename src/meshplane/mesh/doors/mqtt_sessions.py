@@ -37,6 +37,7 @@ import msgspec
 
 from meshplane.core.doors.mqtt_packets import Code
 from meshplane.core.doors.mqtt_topics import to_topic
+from meshplane.core.mesh.vpn import queue_topic
 from meshplane.mesh.preauth import QuietLog, bounded
 from meshplane.mesh.queues import MAX_QUEUES
 from meshplane.streams import files
@@ -322,7 +323,7 @@ async def pump_queue(
     offset = session.acked
     redelivery_end = session.sent
     while conn.connected and not conn.closing:
-        topic = engine.topic_store.topics.get(session.queue)
+        topic = engine.topic_store.topics.get(queue_topic(session.vpn, session.queue))  # VPN:name
         if topic is None:
             await asyncio.sleep(0.5)
             continue
