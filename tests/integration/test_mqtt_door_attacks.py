@@ -377,3 +377,61 @@ async def test_a_persistent_session_of_a_vpn_gets_its_qos1_messages_connected_an
             await eventually(lambda: b"while away" in back.payloads(), timeout=10, what="after coming back")
         finally:
             back.close()
+
+
+async def test_a_session_queue_sends_nothing_its_user_may_no_longer_subscribe_to(tmp_path: Path) -> None:
+    """alice's persistent session held orders/+ at QoS 1 (its queue stores orders.*); a reload took
+    orders from her subscribe permissions while she was away. Her session's filter is refused when she
+    comes back, but the queue still stored the orders published meanwhile, and the door sent them all
+    to her from there: what she may not subscribe to reached her."""
+    import signal
+
+    from meshplane.mesh.vpns import hash_password
+
+    hashed = await asyncio.to_thread(hash_password, "pw")
+    vpns = tmp_path / "vpns.toml"
+    users = f'[vpns.team-a.users.alice]\npassword_hash = "{hashed}"\nsubscribe = {{ allow = ["{{}}"] }}\n'
+    users += f'[vpns.team-a.users.bob]\npassword_hash = "{hashed}"\n'
+    vpns.write_text(users.replace("{}", "orders.>"))
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mesh-vpns", str(vpns), "--mqtt-port", str(port))}) as cluster:
+        node = cluster.start()["a"]
+        alice, answer = await asyncio.to_thread(_login, port, "alice-phone", "alice@team-a", b"pw", False)
+        assert answer == CONNACK_OK
+        alice.sendall(encode(Subscribe(1, (("orders/+", 1), ("public/+", 1))), V311))
+        assert await asyncio.to_thread(alice.recv, 6) == b"\x90\x04\x00\x01\x01\x80"
+        alice.sendall(encode(Disconnect(), V311))
+        alice.close()
+        vpns.write_text(users.replace("{}", "public.>"))
+        node.kill(signal.SIGHUP)
+
+        async def reloaded() -> bool:
+            return bool((await status(node))["vpns_reload"].get("reloaded", 0) >= 1)
+
+        await eventually(reloaded, what="the VPN file read again")
+        bob, answer = await asyncio.to_thread(_login, port, "bob", "bob@team-a", b"pw", True)
+        try:
+            for number, (topic, payload) in enumerate(
+                (("orders/eu", b"not for alice now"), ("public/x", b"hers")), 1
+            ):
+                bob.sendall(encode(Publish(topic, payload, 1, False, False, number), V311))
+                assert await asyncio.to_thread(bob.recv, 4) == bytes([0x40, 2, 0, number])
+        finally:
+            bob.close()
+        alice, answer = await asyncio.to_thread(_login, port, "alice-phone", "alice@team-a", b"pw", False)
+        try:
+            assert answer == b"\x20\x02\x01\x00"
+            alice.sendall(encode(Subscribe(2, (("public/+", 1),)), V311))  # allowed now
+            seen = b""
+            while b"\x90\x03\x00\x02\x01" not in seen:
+                chunk = await asyncio.to_thread(alice.recv, 4096)
+                assert chunk, "alice's connection closed"
+                seen += chunk
+            alice.sendall(encode(Publish("public/x", b"after", 1, False, False, 9), V311))
+            while b"after" not in seen:  # her own, after what the queue held before it
+                chunk = await asyncio.to_thread(alice.recv, 4096)
+                assert chunk, "alice's connection closed"
+                seen += chunk
+            assert b"not for alice now" not in seen
+        finally:
+            alice.close()

@@ -354,11 +354,14 @@ async def pump_queue(
             topic.notifiers[0].forget(waiter)
         for event in events:
             body = event.body
+            offset = event.offset + 1
+            if conn.permissions is not None and conn.permissions.why_not_subscribe(body.event_type):
+                count("queue_events_not_permitted")  # stored under permissions a reload narrowed since
+                continue
             payload = body.data if isinstance(body.data, bytes) else msgspec.json.encode(body.data)
             conn.send_from_queue(
                 event.offset, to_topic(body.event_type), payload, event.offset < redelivery_end
             )
-            offset = event.offset + 1
         session.sent = max(session.sent, offset)
         if not conn.queue_offsets:
             session.acked = offset
