@@ -39,7 +39,9 @@ class ImportHolder:
         subject = self.importer_prefix + self.an_import.renamed(outward(self.exporter_prefix, event.subject))
         self.delivered += 1
         self.target.deliver(
-            MeshEvent(event.source, subject, event.sequence, event.timestamp_ms, event.body, event.flags)
+            MeshEvent(
+                event.source, subject, event.sequence, event.timestamp_ms, event.body, event.flags, imported=True
+            )
         )
 
 

@@ -420,8 +420,8 @@ class MqttConnection(asyncio.Protocol):
         if self.closing or not self.connected:
             return
         qos = min(self.qos_for(event.subject), 1 if event.flags & FLAG_GUARANTEED else 0)
-        if qos and self.session is not None:
-            return  # its queue has it: sent from there, acknowledged there
+        if qos and self.session is not None and not event.imported:
+            return  # its queue has it: sent from there, acknowledged there (queues take no imports)
         body = event.body
         if event.flags & FLAG_NATS_ENVELOPE:  # a NATS request or HPUB: MQTT has room for the payload only
             body = unwrap(body)[2]
