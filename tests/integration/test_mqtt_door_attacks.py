@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import threading
 import time
@@ -384,8 +385,6 @@ async def test_a_session_queue_sends_nothing_its_user_may_no_longer_subscribe_to
     orders from her subscribe permissions while she was away. Her session's filter is refused when she
     comes back, but the queue still stored the orders published meanwhile, and the door sent them all
     to her from there: what she may not subscribe to reached her."""
-    import signal
-
     from meshplane.mesh.vpns import hash_password
 
     hashed = await asyncio.to_thread(hash_password, "pw")
@@ -435,3 +434,46 @@ async def test_a_session_queue_sends_nothing_its_user_may_no_longer_subscribe_to
             assert b"not for alice now" not in seen
         finally:
             alice.close()
+
+
+async def test_a_sessions_subscribe_rewrites_no_queues_file_and_its_queue_comes_back_after_a_sigkill() -> (
+    None
+):
+    """Each SUBSCRIBE and UNSUBSCRIBE of a persistent session's QoS 1 filter changed its queue's
+    patterns, and the node rewrote and fsynced its whole queues file (every queue's patterns: with 200
+    sessions of 100 filters, 11 MB) on its event loop, about 120 ms each, for any client to repeat. A
+    session's queue is saved with the session now (its subscriptions, in the sessions file written off
+    the loop): the queues file is not touched, and after a SIGKILL the queue is back, storing what is
+    published before its client returns."""
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mqtt-port", str(port))}) as cluster:
+        node = cluster.start()["a"]
+        queues = node.data_dir / "mesh" / "queues.json"
+        sock = await asyncio.to_thread(_connect, port, "keeper", None, False)
+        sock.sendall(encode(Subscribe(1, (("k/1", 1),)), V311))
+        assert await asyncio.to_thread(sock.recv, 5) == b"\x90\x03\x00\x01\x01"
+        before = queues.stat().st_ino if queues.exists() else None
+        for number in range(2, 6):  # another QoS 1 filter and back: the queue's patterns change
+            sock.sendall(encode(Subscribe(number, (("k/2", 1),)), V311))
+            assert await asyncio.to_thread(sock.recv, 5) == bytes([0x90, 3, 0, number, 1])
+            sock.sendall(encode(Unsubscribe(number, ("k/2",)), V311))
+            assert await asyncio.to_thread(sock.recv, 4) == bytes([0xB0, 2, 0, number])
+        assert (queues.stat().st_ino if queues.exists() else None) == before
+        sock.close()
+        node.kill(signal.SIGKILL)
+        node.start()
+        pub = await asyncio.to_thread(_connect, port, "pub")
+        try:
+            pub.sendall(encode(Publish("k/1", b"while away", 1, False, False, 1), V311))
+            assert await asyncio.to_thread(pub.recv, 4) == bytes([0x40, 2, 0, 1])
+        finally:
+            pub.close()
+        back = await asyncio.to_thread(_connect, port, "keeper", None, False)
+        try:
+            seen = b""
+            while b"while away" not in seen:
+                chunk = await asyncio.to_thread(back.recv, 4096)
+                assert chunk, "closed before the message stored while it was away"
+                seen += chunk
+        finally:
+            back.close()

@@ -40,7 +40,13 @@ class ImportHolder:
         self.delivered += 1
         self.target.deliver(
             MeshEvent(
-                event.source, subject, event.sequence, event.timestamp_ms, event.body, event.flags, imported=True
+                event.source,
+                subject,
+                event.sequence,
+                event.timestamp_ms,
+                event.body,
+                event.flags,
+                imported=True,
             )
         )
 
