@@ -477,3 +477,51 @@ async def test_a_sessions_subscribe_rewrites_no_queues_file_and_its_queue_comes_
                 seen += chunk
         finally:
             back.close()
+
+
+async def test_a_retained_publish_or_a_vpn_filter_of_the_longest_topic_breaks_no_link(tmp_path: Path) -> None:
+    """A retained PUBLISH travels to the other nodes on ``$mqtt.<subject>`` (in a VPN, with its prefix
+    too), and a VPN's filter is announced with its prefix: a topic of 1,020 bytes (valid: at most
+    1,024) made a subject or pattern past the 1,024 bytes a peer's frame reader takes, which broke the
+    node's links, for every tenant. Such a topic or filter is refused at the door."""
+    from tests.support.mesh import status
+
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.team-a]\n")
+    args = ("--mesh-vpns", str(vpns), "--mqtt-port", "0")
+    with MeshCluster(2, extra_args=args) as cluster:
+        cluster.start()
+        await asyncio.to_thread(cluster.wait_linked)
+        ports = {name: cluster[name].door_port("mqtt") for name in "ab"}
+        far = Paho(ports["b"], "far")
+        far.client.username_pw_set("x@team-a")
+        await subscribed(await connected(far), "t/after")
+        near = await asyncio.to_thread(_connect, ports["a"], "near", "y@team-a")
+        try:
+
+            async def reaches_b() -> bool:
+                near.sendall(encode(Publish("t/after", b"warm", 0), V311))
+                await asyncio.sleep(0.2)
+                return b"warm" in far.payloads()
+
+            await eventually(reaches_b, timeout=30, what="team-a's interest at a")
+            before = {link["peer"]: link["connected_secs"] for link in (await status(cluster["a"]))["links"]}
+            long = ("x" * 99 + "/") * 10 + "x" * 18  # 1,028 bytes with "$mqtt." and "$vpn:team-a."
+            near.sendall(encode(Subscribe(1, ((long + "/#", 0),)), V311))
+            assert await asyncio.to_thread(near.recv, 5) == b"\x90\x03\x00\x01\x80"  # refused
+            near.sendall(encode(Publish(long, b"retained", 0, True), V311))
+            near.settimeout(5)
+            with contextlib.suppress(TimeoutError):
+                assert near.recv(64) == b""  # 3.1.1: a bad topic closes the connection
+            near.close()
+            near = await asyncio.to_thread(_connect, ports["a"], "near", "y@team-a")
+            near.sendall(encode(Publish("t/after", b"after", 0), V311))
+            await eventually(lambda: b"after" in far.payloads(), timeout=30, what="the event after")
+            links = (await status(cluster["a"]))["links"]
+            assert all(
+                link["state"] == "up" and link["connected_secs"] >= before[link["peer"]] for link in links
+            )
+            assert not (await status(cluster["b"]))["frame_errors"]
+        finally:
+            near.close()
+            far.close()

@@ -15,7 +15,7 @@ from meshplane.core.mesh.frames import FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.imports import Import, ImportInterest
 from meshplane.core.mesh.replies import Replies
 from meshplane.core.mesh.vpn import outward, prefix_of, vpn_of
-from meshplane.core.subjects import is_reserved
+from meshplane.core.subjects import fits, is_reserved
 from meshplane.mesh.gateways import GatewayHolder
 from meshplane.mesh.holders import Holder, MeshEvent
 
@@ -34,9 +34,13 @@ class ImportHolder:
     importer_prefix: str
     an_import: Import
     delivered: int = 0
+    too_long: int = 0  # renamed past what a frame takes: not delivered
 
     def deliver(self, event: MeshEvent) -> None:
         subject = self.importer_prefix + self.an_import.renamed(outward(self.exporter_prefix, event.subject))
+        if not fits(subject):  # longer than a frame takes: it would break its subscriber's connection
+            self.too_long += 1
+            return
         self.delivered += 1
         self.target.deliver(
             MeshEvent(
@@ -124,6 +128,8 @@ class Imports:
             target = an_import.request_to(subject)
             if target is None:
                 continue
+            if not fits(prefix_of(an_import.vpn) + target):  # no responder there has such a subject
+                return 0
             mapped = f"{self.space}.{self.replies.open(vpn, reply, time.monotonic())}" if reply else ""
             enveloped = bool(mapped) or headers is not None
             body = wrap(mapped, headers, payload) if enveloped else payload
@@ -169,6 +175,7 @@ class Imports:
         return {
             "holders": len(self._holders),
             "delivered": sum(holder.delivered for holder in self._holders.values()),
+            "too_long": sum(holder.too_long for holder in self._holders.values()),
             "requests_open": len(self.replies),
             **self.replies.counters,
         }

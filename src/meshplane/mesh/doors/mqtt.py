@@ -38,6 +38,7 @@ from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
 from meshplane.errors import ConfigError
 from meshplane.mesh.doors.mqtt_connection import MAX_CLIENT_ID, RECEIVE_MAXIMUM, MqttConnection
+from meshplane.mesh.doors.mqtt_filters import check_fits
 from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX, RetainedStore
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
 from meshplane.mesh.holders import MeshEvent
@@ -214,6 +215,11 @@ class MqttDoor:
         code, why = await self._authenticate(conn, packet)
         if code:
             return code, why
+        try:
+            if will:
+                check_fits(conn.prefix, will[0])  # the VPN's prefix is known now
+        except BadTopic as exc:
+            return Code.BAD_TOPIC_NAME, f"will: {exc}"
         refused = conn.permissions.why_not_publish(will[0]) if will and conn.permissions else ""
         if refused:
             self.violation(conn)
