@@ -161,8 +161,9 @@ async def test_queue_group_members_count_among_their_vpns_subscriptions(tmp_path
 async def test_a_vpn_clients_longest_subject_breaks_no_link(tmp_path: Path) -> None:
     """A client's subject may be 1,024 bytes; in a VPN the mesh carries it with the VPN's prefix
     (``$vpn:B.``), and a peer's frame reader refuses a subject past 1,024 bytes as a broken stream:
-    one PUB (or SUB) of a tenant's NATS client broke the node's link, for every tenant. Such a subject
-    is refused at the door (pedantic: -ERR), and the link stays up."""
+    one PUB (or SUB) of a tenant's NATS client broke the node's link, for every tenant (a reply subject
+    is published in the VPN too, by its responder or an imported service's). Such a subject is refused
+    at the door (pedantic: -ERR), and the link stays up."""
     from meshplane.mesh.vpns import hash_password
     from tests.support.mesh import status
 
@@ -194,10 +195,11 @@ async def test_a_vpn_clients_longest_subject_breaks_no_link(tmp_path: Path) -> N
             before = {link["peer"]: link["connected_secs"] for link in (await status(cluster["a"]))["links"]}
             long = ("x" * 99 + ".") * 10 + "x" * 18  # 1,018 bytes: with ".y" and the prefix, 1,027
             publisher.sendall(
-                f"SUB {long}.> 2\r\nPUB {long}.y 1\r\nx\r\nPUB after 1\r\nz\r\nPING\r\n".encode()
+                f"SUB {long}.> 2\r\nPUB {long}.y 1\r\nx\r\nPUB svc {long}.y 1\r\nx\r\n"  # its reply too
+                "PUB after 1\r\nz\r\nPING\r\n".encode()
             )
             answer = await asyncio.to_thread(read_until, publisher, b"PONG\r\n", 30)
-            assert answer.count(b"-ERR 'Invalid") == 2, answer
+            assert answer.count(b"-ERR 'Invalid") == 3, answer
             assert b"MSG after" in await asyncio.to_thread(read_until, subscriber, b"MSG after", 30)
             links = (await status(cluster["a"]))["links"]
             assert all(

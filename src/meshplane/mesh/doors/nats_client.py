@@ -258,7 +258,11 @@ class NatsClient(asyncio.Protocol):
         ):
             self.door.counters["bad_subjects"] += 1
             return self.error("Invalid Publish Subject") if self.pedantic else None
-        if op.reply and (op.reply.startswith(RESERVED) or not self.node.client_subject(op.reply)):
+        if op.reply and (
+            op.reply.startswith(RESERVED)
+            or not self.node.client_subject(op.reply)
+            or not fits(self.prefix + op.reply)
+        ):  # the reply is published in its VPN: a service's through an import too
             self.door.counters["bad_subjects"] += 1
             return self.error("Invalid Publish Subject") if self.pedantic else None
         if op.headers is not None and not self.headers:
