@@ -273,6 +273,15 @@ async def test_what_follows_a_persistent_sessions_subscribe_waits_for_its_save_i
             sock.close()
 
 
+async def _received(sock: socket.socket, marker: bytes, seen: bytes = b"") -> bytes:
+    """What ``sock`` reads until ``marker`` is in it (closed before: a failure)."""
+    while marker not in seen:
+        chunk = await asyncio.to_thread(sock.recv, 4096)
+        assert chunk, f"closed before {marker!r} came"
+        seen += chunk
+    return seen
+
+
 def _login(
     port: int, client_id: str, username: str, password: bytes, clean: bool
 ) -> tuple[socket.socket, bytes]:
@@ -336,11 +345,7 @@ async def test_another_users_persistent_session_is_neither_resumed_nor_ended_nor
         alice, answer = await asyncio.to_thread(_login, port, "alice-phone", "alice@team-a", b"pw", False)
         try:
             assert answer == b"\x20\x02\x01\x00"  # her session, present
-            seen = b""
-            while b"secret" not in seen:
-                chunk = await asyncio.to_thread(alice.recv, 4096)
-                assert chunk, "alice's connection closed before her stored message came"
-                seen += chunk
+            await _received(alice, b"secret")
         finally:
             alice.close()
         counters = (await status(cluster["a"]))["mqtt"]["counters"]
@@ -421,16 +426,9 @@ async def test_a_session_queue_sends_nothing_its_user_may_no_longer_subscribe_to
         try:
             assert answer == b"\x20\x02\x01\x00"
             alice.sendall(encode(Subscribe(2, (("public/+", 1),)), V311))  # allowed now
-            seen = b""
-            while b"\x90\x03\x00\x02\x01" not in seen:
-                chunk = await asyncio.to_thread(alice.recv, 4096)
-                assert chunk, "alice's connection closed"
-                seen += chunk
+            seen = await _received(alice, b"\x90\x03\x00\x02\x01")
             alice.sendall(encode(Publish("public/x", b"after", 1, False, False, 9), V311))
-            while b"after" not in seen:  # her own, after what the queue held before it
-                chunk = await asyncio.to_thread(alice.recv, 4096)
-                assert chunk, "alice's connection closed"
-                seen += chunk
+            seen = await _received(alice, b"after", seen)  # her own, after what the queue held before it
             assert b"not for alice now" not in seen
         finally:
             alice.close()
@@ -470,11 +468,7 @@ async def test_a_sessions_subscribe_rewrites_no_queues_file_and_its_queue_comes_
             pub.close()
         back = await asyncio.to_thread(_connect, port, "keeper", None, False)
         try:
-            seen = b""
-            while b"while away" not in seen:
-                chunk = await asyncio.to_thread(back.recv, 4096)
-                assert chunk, "closed before the message stored while it was away"
-                seen += chunk
+            await _received(back, b"while away")
         finally:
             back.close()
 
