@@ -497,3 +497,46 @@ async def test_a_service_import_added_by_a_reload_takes_a_subject_the_direct_pat
         finally:
             await requester.close()
             await responder.close()
+
+
+async def test_an_mqtt_persistent_session_of_the_importer_gets_imported_qos1_events(tmp_path: Path) -> None:
+    """B imports A's ``orders.>`` under ``a``; B's MQTT clients subscribe to ``a/orders/+`` at QoS 1.
+    A QoS 1 message of A's reached B's clean-session client, but not the connected client with a
+    persistent session: the door sends a session's QoS 1 messages from its queue only, and queues take
+    no imports, so it was dropped (its publisher's PUBACK said stored). It is sent directly, as any
+    QoS 1 message to a client without a session."""
+    from meshplane.launchers.base import free_port
+    from tests.support.mqtt import Paho, connected, subscribed
+
+    vpns = vpn_file(
+        tmp_path,
+        '[vpns.A]\nexports = [{ events = "orders.>" }]\n'
+        '[vpns.B]\nimports = [{ vpn = "A", events = "orders.>", prefix = "a" }]\n',
+    )
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mesh-vpns", str(vpns), "--mqtt-port", str(port))}) as cluster:
+        cluster.start()
+        clients = []
+        try:
+            for client_id, clean in (("persistent", False), ("clean", True)):
+                client = Paho(port, client_id, clean=clean)
+                client.client.username_pw_set("x@B")
+                clients.append(client)
+                await subscribed(await connected(client), "a/orders/+", 1)
+            publisher = Paho(port, "publisher")
+            publisher.client.username_pw_set("y@A")
+            clients.append(await connected(publisher))
+            sent = publisher.client.publish("orders/eu", b"from A", qos=1)
+            await asyncio.to_thread(sent.wait_for_publish, 10)
+            for client in clients[:2]:
+                await eventually(
+                    lambda client=client: (
+                        [(m[0], m[1], m[2]) for m in client.messages]  # type: ignore[misc]
+                        == [("a/orders/eu", b"from A", 1)]
+                    ),
+                    timeout=10,
+                    what=f"A's event at {client.client._client_id!r}",
+                )
+        finally:
+            for client in clients:
+                client.close()

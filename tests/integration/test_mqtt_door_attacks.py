@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import socket
 import threading
 import time
@@ -269,3 +271,251 @@ async def test_what_follows_a_persistent_sessions_subscribe_waits_for_its_save_i
             assert await asyncio.to_thread(sock.recv, 2) == b"\xd0\x00"
         finally:
             sock.close()
+
+
+async def _received(sock: socket.socket, marker: bytes, seen: bytes = b"") -> bytes:
+    """What ``sock`` reads until ``marker`` is in it (closed before: a failure)."""
+    while marker not in seen:
+        chunk = await asyncio.to_thread(sock.recv, 4096)
+        assert chunk, f"closed before {marker!r} came"
+        seen += chunk
+    return seen
+
+
+def _login(
+    port: int, client_id: str, username: str, password: bytes, clean: bool
+) -> tuple[socket.socket, bytes]:
+    """A 3.1.1 CONNECT as ``username``: the socket and its CONNACK."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(encode(Connect(V311, client_id, clean, username=username, password=password), V311))
+    return sock, sock.recv(4)
+
+
+async def test_another_users_persistent_session_is_neither_resumed_nor_ended_nor_taken_over(
+    tmp_path: Path,
+) -> None:
+    """mallory and alice are users of team-a; alice alone may subscribe to orders. mallory connected
+    with alice's client id (not a secret: it is in logs and topics) and a persistent session: the door
+    resumed alice's session for him, its subscriptions and the QoS 1 orders stored for alice, which
+    mallory's own permissions refuse; with a clean session it ended alice's session, her stored
+    messages with it; and it cut alice's live connection. A session is its user's: another user's
+    CONNECT with its client id is refused (not authorized), and alice's session is whole."""
+    from meshplane.mesh.vpns import hash_password
+
+    hashed = await asyncio.to_thread(hash_password, "pw")
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(
+        f'[vpns.team-a.users.alice]\npassword_hash = "{hashed}"\nsubscribe = {{ allow = ["orders.>"] }}\n'
+        f'[vpns.team-a.users.mallory]\npassword_hash = "{hashed}"\nsubscribe = {{ allow = ["public.>"] }}\n'
+    )
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mesh-vpns", str(vpns), "--mqtt-port", str(port))}) as cluster:
+        cluster.start()
+        alice, answer = await asyncio.to_thread(_login, port, "alice-phone", "alice@team-a", b"pw", False)
+        assert answer == CONNACK_OK
+        alice.sendall(encode(Subscribe(1, (("orders/+", 1),)), V311))
+        assert await asyncio.to_thread(alice.recv, 5) == b"\x90\x03\x00\x01\x01"
+        for clean in (False, True):  # while alice is connected: no takeover
+            mallory, answer = await asyncio.to_thread(
+                _login, port, "alice-phone", "mallory@team-a", b"pw", clean
+            )
+            mallory.close()
+            assert answer == b"\x20\x02\x00\x05", clean  # not authorized
+        alice.sendall(encode(PingReq(), V311))
+        assert await asyncio.to_thread(alice.recv, 2) == b"\xd0\x00"  # still connected
+        alice.sendall(encode(Disconnect(), V311))
+        alice.close()
+        publisher, answer = await asyncio.to_thread(_login, port, "pub", "alice@team-a", b"pw", True)
+        await asyncio.to_thread(
+            publisher.sendall, encode(Publish("orders/eu", b"secret", 1, False, False, 1), V311)
+        )
+        assert await asyncio.to_thread(publisher.recv, 4) == bytes([0x40, 2, 0, 1])
+        publisher.close()
+        for clean in (False, True):  # while alice is away: her session is not his
+            mallory, answer = await asyncio.to_thread(
+                _login, port, "alice-phone", "mallory@team-a", b"pw", clean
+            )
+            try:
+                assert answer == b"\x20\x02\x00\x05", clean
+                mallory.settimeout(1.0)
+                with contextlib.suppress(TimeoutError, OSError):
+                    assert b"secret" not in mallory.recv(4096)
+            finally:
+                mallory.close()
+        alice, answer = await asyncio.to_thread(_login, port, "alice-phone", "alice@team-a", b"pw", False)
+        try:
+            assert answer == b"\x20\x02\x01\x00"  # her session, present
+            await _received(alice, b"secret")
+        finally:
+            alice.close()
+        counters = (await status(cluster["a"]))["mqtt"]["counters"]
+        assert counters["session_of_another_user"] == 4
+
+
+async def test_a_persistent_session_of_a_vpn_gets_its_qos1_messages_connected_and_after_coming_back(
+    tmp_path: Path,
+) -> None:
+    """A persistent session's QoS 1 messages are stored in its queue and sent from there; in a VPN other
+    than the default its queue's topic is ``VPN:name``, and the door read ``name``: the messages were
+    acknowledged to their publisher, stored, and never sent, connected or not."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.team-a]\n")
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mesh-vpns", str(vpns), "--mqtt-port", str(port))}) as cluster:
+        cluster.start()
+        sub = Paho(port, "sub", clean=False)
+        sub.client.username_pw_set("x@team-a")
+        await subscribed(await connected(sub), "q/+", 1)
+        pub = await asyncio.to_thread(_connect, port, "pub", "x@team-a")
+        try:
+            pub.sendall(encode(Publish("q/1", b"while connected", 1, False, False, 1), V311))
+            assert await asyncio.to_thread(pub.recv, 4) == bytes([0x40, 2, 0, 1])
+            await eventually(lambda: sub.payloads() == [b"while connected"], timeout=10, what="connected")
+            sub.close()
+            pub.sendall(encode(Publish("q/2", b"while away", 1, False, False, 2), V311))
+            assert await asyncio.to_thread(pub.recv, 4) == bytes([0x40, 2, 0, 2])
+        finally:
+            pub.close()
+        back = Paho(port, "sub", clean=False)
+        back.client.username_pw_set("x@team-a")
+        await connected(back)
+        try:
+            await eventually(lambda: b"while away" in back.payloads(), timeout=10, what="after coming back")
+        finally:
+            back.close()
+
+
+async def test_a_session_queue_sends_nothing_its_user_may_no_longer_subscribe_to(tmp_path: Path) -> None:
+    """alice's persistent session held orders/+ at QoS 1 (its queue stores orders.*); a reload took
+    orders from her subscribe permissions while she was away. Her session's filter is refused when she
+    comes back, but the queue still stored the orders published meanwhile, and the door sent them all
+    to her from there: what she may not subscribe to reached her."""
+    from meshplane.mesh.vpns import hash_password
+
+    hashed = await asyncio.to_thread(hash_password, "pw")
+    vpns = tmp_path / "vpns.toml"
+    users = f'[vpns.team-a.users.alice]\npassword_hash = "{hashed}"\nsubscribe = {{ allow = ["{{}}"] }}\n'
+    users += f'[vpns.team-a.users.bob]\npassword_hash = "{hashed}"\n'
+    vpns.write_text(users.replace("{}", "orders.>"))
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mesh-vpns", str(vpns), "--mqtt-port", str(port))}) as cluster:
+        node = cluster.start()["a"]
+        alice, answer = await asyncio.to_thread(_login, port, "alice-phone", "alice@team-a", b"pw", False)
+        assert answer == CONNACK_OK
+        alice.sendall(encode(Subscribe(1, (("orders/+", 1), ("public/+", 1))), V311))
+        assert await asyncio.to_thread(alice.recv, 6) == b"\x90\x04\x00\x01\x01\x80"
+        alice.sendall(encode(Disconnect(), V311))
+        alice.close()
+        vpns.write_text(users.replace("{}", "public.>"))
+        node.kill(signal.SIGHUP)
+
+        async def reloaded() -> bool:
+            return bool((await status(node))["vpns_reload"].get("reloaded", 0) >= 1)
+
+        await eventually(reloaded, what="the VPN file read again")
+        bob, answer = await asyncio.to_thread(_login, port, "bob", "bob@team-a", b"pw", True)
+        try:
+            for number, (topic, payload) in enumerate(
+                (("orders/eu", b"not for alice now"), ("public/x", b"hers")), 1
+            ):
+                bob.sendall(encode(Publish(topic, payload, 1, False, False, number), V311))
+                assert await asyncio.to_thread(bob.recv, 4) == bytes([0x40, 2, 0, number])
+        finally:
+            bob.close()
+        alice, answer = await asyncio.to_thread(_login, port, "alice-phone", "alice@team-a", b"pw", False)
+        try:
+            assert answer == b"\x20\x02\x01\x00"
+            alice.sendall(encode(Subscribe(2, (("public/+", 1),)), V311))  # allowed now
+            seen = await _received(alice, b"\x90\x03\x00\x02\x01")
+            alice.sendall(encode(Publish("public/x", b"after", 1, False, False, 9), V311))
+            seen = await _received(alice, b"after", seen)  # her own, after what the queue held before it
+            assert b"not for alice now" not in seen
+        finally:
+            alice.close()
+
+
+async def test_a_sessions_subscribe_rewrites_no_queues_file_and_its_queue_comes_back_after_a_sigkill() -> (
+    None
+):
+    """Each SUBSCRIBE and UNSUBSCRIBE of a persistent session's QoS 1 filter changed its queue's
+    patterns, and the node rewrote and fsynced its whole queues file (every queue's patterns: with 200
+    sessions of 100 filters, 11 MB) on its event loop, about 120 ms each, for any client to repeat. A
+    session's queue is saved with the session now (its subscriptions, in the sessions file written off
+    the loop): the queues file is not touched, and after a SIGKILL the queue is back, storing what is
+    published before its client returns."""
+    port = free_port()
+    with MeshCluster(1, node_args={"a": ("--mqtt-port", str(port))}) as cluster:
+        node = cluster.start()["a"]
+        queues = node.data_dir / "mesh" / "queues.json"
+        sock = await asyncio.to_thread(_connect, port, "keeper", None, False)
+        sock.sendall(encode(Subscribe(1, (("k/1", 1),)), V311))
+        assert await asyncio.to_thread(sock.recv, 5) == b"\x90\x03\x00\x01\x01"
+        before = queues.stat().st_ino if queues.exists() else None
+        for number in range(2, 6):  # another QoS 1 filter and back: the queue's patterns change
+            sock.sendall(encode(Subscribe(number, (("k/2", 1),)), V311))
+            assert await asyncio.to_thread(sock.recv, 5) == bytes([0x90, 3, 0, number, 1])
+            sock.sendall(encode(Unsubscribe(number, ("k/2",)), V311))
+            assert await asyncio.to_thread(sock.recv, 4) == bytes([0xB0, 2, 0, number])
+        assert (queues.stat().st_ino if queues.exists() else None) == before
+        sock.close()
+        node.kill(signal.SIGKILL)
+        node.start()
+        pub = await asyncio.to_thread(_connect, port, "pub")
+        try:
+            pub.sendall(encode(Publish("k/1", b"while away", 1, False, False, 1), V311))
+            assert await asyncio.to_thread(pub.recv, 4) == bytes([0x40, 2, 0, 1])
+        finally:
+            pub.close()
+        back = await asyncio.to_thread(_connect, port, "keeper", None, False)
+        try:
+            await _received(back, b"while away")
+        finally:
+            back.close()
+
+
+async def test_a_retained_publish_or_a_vpn_filter_of_the_longest_topic_breaks_no_link(tmp_path: Path) -> None:
+    """A retained PUBLISH travels to the other nodes on ``$mqtt.<subject>`` (in a VPN, with its prefix
+    too), and a VPN's filter is announced with its prefix: a topic of 1,020 bytes (valid: at most
+    1,024) made a subject or pattern past the 1,024 bytes a peer's frame reader takes, which broke the
+    node's links, for every tenant. Such a topic or filter is refused at the door."""
+    from tests.support.mesh import status
+
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.team-a]\n")
+    args = ("--mesh-vpns", str(vpns), "--mqtt-port", "0")
+    with MeshCluster(2, extra_args=args) as cluster:
+        cluster.start()
+        await asyncio.to_thread(cluster.wait_linked)
+        ports = {name: cluster[name].door_port("mqtt") for name in "ab"}
+        far = Paho(ports["b"], "far")
+        far.client.username_pw_set("x@team-a")
+        await subscribed(await connected(far), "t/after")
+        near = await asyncio.to_thread(_connect, ports["a"], "near", "y@team-a")
+        try:
+
+            async def reaches_b() -> bool:
+                near.sendall(encode(Publish("t/after", b"warm", 0), V311))
+                await asyncio.sleep(0.2)
+                return b"warm" in far.payloads()
+
+            await eventually(reaches_b, timeout=30, what="team-a's interest at a")
+            before = {link["peer"]: link["connected_secs"] for link in (await status(cluster["a"]))["links"]}
+            long = ("x" * 99 + "/") * 10 + "x" * 18  # 1,028 bytes with "$mqtt." and "$vpn:team-a."
+            near.sendall(encode(Subscribe(1, ((long + "/#", 0),)), V311))
+            assert await asyncio.to_thread(near.recv, 5) == b"\x90\x03\x00\x01\x80"  # refused
+            near.sendall(encode(Publish(long, b"retained", 0, True), V311))
+            near.settimeout(5)
+            with contextlib.suppress(TimeoutError):
+                assert near.recv(64) == b""  # 3.1.1: a bad topic closes the connection
+            near.close()
+            near = await asyncio.to_thread(_connect, ports["a"], "near", "y@team-a")
+            near.sendall(encode(Publish("t/after", b"after", 0), V311))
+            await eventually(lambda: b"after" in far.payloads(), timeout=30, what="the event after")
+            links = (await status(cluster["a"]))["links"]
+            assert all(
+                link["state"] == "up" and link["connected_secs"] >= before[link["peer"]] for link in links
+            )
+            assert not (await status(cluster["b"]))["frame_errors"]
+        finally:
+            near.close()
+            far.close()

@@ -156,3 +156,56 @@ async def test_queue_group_members_count_among_their_vpns_subscriptions(tmp_path
         answer = await asyncio.to_thread(read_until, sock, b"PONG\r\n", 30)
         sock.close()
         assert answer.count(b"Maximum Subscriptions Exceeded") == 7, answer
+
+
+async def test_a_vpn_clients_longest_subject_breaks_no_link(tmp_path: Path) -> None:
+    """A client's subject may be 1,024 bytes; in a VPN the mesh carries it with the VPN's prefix
+    (``$vpn:B.``), and a peer's frame reader refuses a subject past 1,024 bytes as a broken stream:
+    one PUB (or SUB) of a tenant's NATS client broke the node's link, for every tenant (a reply subject
+    is published in the VPN too, by its responder or an imported service's). Such a subject is refused
+    at the door (pedantic: -ERR), and the link stays up."""
+    from meshplane.mesh.vpns import hash_password
+    from tests.support.mesh import status
+
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(f'[vpns.B.users.bob]\npassword_hash = "{hash_password("pw")}"\n')
+    args = ("--mesh-vpns", str(vpns), "--nats-port", "0")
+    with MeshCluster(2, extra_args=args) as cluster:
+        cluster.start()
+        await asyncio.to_thread(cluster.wait_linked)
+        ports = {name: cluster[name].door_port("nats") for name in "ab"}
+
+        def login(port: int, *lines: bytes) -> socket.socket:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            assert sock.recv(4096).startswith(b"INFO ")
+            sock.sendall(b'CONNECT {"user":"bob","pass":"pw","pedantic":true}\r\n' + b"".join(lines))
+            sock.sendall(b"PING\r\n")
+            assert b"PONG\r\n" in read_until(sock, b"PONG\r\n", 30)
+            return sock
+
+        subscriber = await asyncio.to_thread(login, ports["b"], b"SUB > 1\r\n")
+        publisher = await asyncio.to_thread(login, ports["a"])
+        try:
+
+            async def reaches_b() -> bool:
+                publisher.sendall(b"PUB warm 1\r\nw\r\n")
+                return b"MSG warm" in await asyncio.to_thread(read_until, subscriber, b"MSG warm", 0.5)
+
+            await eventually(reaches_b, timeout=30, what="B's interest at a")
+            before = {link["peer"]: link["connected_secs"] for link in (await status(cluster["a"]))["links"]}
+            long = ("x" * 99 + ".") * 10 + "x" * 18  # 1,018 bytes: with ".y" and the prefix, 1,027
+            publisher.sendall(
+                f"SUB {long}.> 2\r\nPUB {long}.y 1\r\nx\r\nPUB svc {long}.y 1\r\nx\r\n"  # its reply too
+                "PUB after 1\r\nz\r\nPING\r\n".encode()
+            )
+            answer = await asyncio.to_thread(read_until, publisher, b"PONG\r\n", 30)
+            assert answer.count(b"-ERR 'Invalid") == 3, answer
+            assert b"MSG after" in await asyncio.to_thread(read_until, subscriber, b"MSG after", 30)
+            links = (await status(cluster["a"]))["links"]
+            assert all(
+                link["state"] == "up" and link["connected_secs"] >= before[link["peer"]] for link in links
+            )
+            assert not (await status(cluster["b"]))["frame_errors"]
+        finally:
+            subscriber.close()
+            publisher.close()

@@ -14,7 +14,7 @@ from typing import Any
 import nats
 import pytest
 
-from meshplane.core.doors.nats_protocol import Err, Msg, NatsParser, Op, Pong
+from meshplane.core.doors.nats_protocol import Err, Msg, NatsParser, Op, Pong, unwrap
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
 from tests.integration.test_nats_door import NatsMesh, Received
@@ -223,3 +223,34 @@ async def test_a_subject_bound_to_a_queue_after_its_route_was_learnt_is_stored_b
     finally:
         await publisher.close()
         await watcher.close()
+
+
+async def test_plain_pubs_in_c_and_requests_in_python_keep_their_publishers_order(mesh: NatsMesh) -> None:
+    """One publisher's PUBs on one subject, every third with a reply subject (an envelope: the Python
+    path) and the rest plain (the C path once learnt), arrive in the order they were published, on its
+    node (a mesh client) and across the route (a NATS client)."""
+    pub, far = await nats.connect(mesh.url("a")), await nats.connect(mesh.url("b"))
+    near, inbox = MeshClient(mesh["a"].route_url), Inbox()
+    got = Received()
+    try:
+        await near.connect()
+        near.subscribe("mixed.order", inbox)
+        await near.flush(propagated=True)
+        await far.subscribe("mixed.order", cb=got.cb)
+        await far.flush()
+        await interest_reached(mesh["a"], "b", "mixed.order")
+        before = await direct_events(mesh, "a")
+        payloads = [str(i).encode() for i in range(3000)]
+        for i, payload in enumerate(payloads):
+            await pub.publish("mixed.order", payload, reply="mixed.reply" if i % 3 == 0 else "")
+        await pub.flush()
+        await eventually(lambda: len(got.msgs) >= len(payloads), timeout=30, what="every event at b")
+        await eventually(lambda: len(inbox.events) >= len(payloads), timeout=30, what="every event at a")
+        assert [m.data for m in got.msgs] == payloads
+        assert [m.reply for m in got.msgs[:3]] == ["mixed.reply", "", ""]
+        assert [unwrap(body)[2] for _, body in inbox.events] == payloads
+        assert await direct_events(mesh, "a") - before > len(payloads) // 3  # C took plain ones
+    finally:
+        await near.close()
+        for client in (pub, far):
+            await client.close()

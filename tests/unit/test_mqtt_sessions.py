@@ -30,9 +30,14 @@ class Queues:
 
     def __init__(self) -> None:
         self.made: dict[str, list[str]] = {}
+        self.saved: set[str] = set()  # made with saved=True (in the node's queues file)
 
-    def create(self, name: str, patterns: list[str], vpn: str, who: object = None) -> None:
+    def create(
+        self, name: str, patterns: list[str], vpn: str, who: object = None, *, saved: bool = True
+    ) -> None:
         self.made[name] = patterns
+        if saved:
+            self.saved.add(name)
 
     def delete(self, name: str, vpn: str) -> bool:
         return self.made.pop(name, None) is not None
@@ -172,3 +177,21 @@ async def test_sessions_read_back_expire_as_if_their_client_left_at_the_restart(
     assert {s.expiry for s in store.by_key.values()} == {100}
     assert store.expire(store.now() + 101) == 2
     await store.close()
+
+
+async def test_a_sessions_queue_is_kept_with_it_and_made_again_from_its_file(tmp_path: Path) -> None:
+    """A session's queue is left out of the node's queues file (rewritten whole, on the loop, at each
+    change): the sessions read back on start make their queues again, from their QoS 1 filters."""
+    queues = Queues()
+    store = sessions(tmp_path, queues=queues)
+    session = store.open("default", "c1", 100)
+    session.subscriptions = {"a/+": (1, 0), "b/#": (0, 0)}
+    await store.subscriptions_changed(session, ["a.*"])
+    store.open("default", "c2", 100)  # no QoS 1 filter: no queue
+    await store.close()
+    assert queues.made == {session.queue: ["a.*"]}
+    assert not queues.saved
+    again = Queues()
+    sessions(tmp_path, queues=again)
+    assert again.made == {session.queue: ["a.*"]}
+    assert not again.saved

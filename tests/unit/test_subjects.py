@@ -191,3 +191,16 @@ def test_subject_check_answers_as_validate_and_stays_bounded() -> None:
         assert len(check._known) <= 3
     assert valid_pattern("a.*.>") == "a.*.>"
     assert valid_pattern("a.>.b") is None
+
+
+def test_what_fits_is_what_a_peer_takes_with_the_prefix_in() -> None:
+    """A client's subject is valid without the prefix the mesh puts in front of it; with it, it must
+    still be a subject a peer's reader and interest take (1,024 bytes, 32 tokens)."""
+    from meshplane.core.subjects import MAX_SUBJECT_BYTES, MAX_TOKENS, fits
+
+    longest = "x" * (MAX_SUBJECT_BYTES - 7)
+    assert fits("$vpn:B." + longest)
+    assert not fits("$vpn:B.x" + longest)
+    assert fits(".".join(["t"] * MAX_TOKENS))
+    assert not fits("$vpn:B." + ".".join(["t"] * MAX_TOKENS))
+    assert not fits("é" * (MAX_SUBJECT_BYTES // 2 + 1))  # bytes, not characters

@@ -61,6 +61,15 @@ def validate(subject: object, *, wildcards: bool) -> str:
     return subject
 
 
+def fits(subject: str) -> bool:
+    """Whether a subject or pattern as the mesh carries it (a VPN's prefix, ``$mqtt.``, ``$NQ.G.`` in
+    front) is within MAX_SUBJECT_BYTES and MAX_TOKENS: a client's subject is checked without what goes
+    in front, and peers take no more (a frame's subject past the bytes breaks the link it is on)."""
+    return (
+        subject.count(".") < MAX_TOKENS and len(subject.encode("utf-8", "surrogatepass")) <= MAX_SUBJECT_BYTES
+    )
+
+
 def valid_pattern(text: str) -> str | None:
     """``text`` when it is a valid pattern, else None (for input that is counted, not raised)."""
     try:

@@ -31,6 +31,7 @@ class MeshEvent:
     body: bytes
     flags: int = 0
     _raw: bytes | None = None
+    imported: bool = False  # renamed from an exporter's VPN: no queue of the importer stored it
 
     @property
     def raw(self) -> bytes:

@@ -16,7 +16,7 @@ from meshplane.core.mesh.frames import FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.imports import Import, ImportInterest
 from meshplane.core.mesh.replies import Replies
 from meshplane.core.mesh.vpn import outward, prefix_of, vpn_of
-from meshplane.core.subjects import is_reserved
+from meshplane.core.subjects import fits, is_reserved
 from meshplane.mesh.gateways import GatewayHolder
 from meshplane.mesh.holders import Holder, MeshEvent
 
@@ -36,12 +36,24 @@ class ImportHolder:
     an_import: Import
     counted: Counter[tuple[str, Import, str]]  # the node's, by (importing VPN, import, what)
     key: tuple[str, Import, str]  # (its importing VPN, its import, "events")
+    too_long: int = 0  # renamed past what a frame takes: not delivered
 
     def deliver(self, event: MeshEvent) -> None:
         subject = self.importer_prefix + self.an_import.renamed(outward(self.exporter_prefix, event.subject))
+        if not fits(subject):  # longer than a frame takes: it would break its subscriber's connection
+            self.too_long += 1
+            return
         self.counted[self.key] += 1
         self.target.deliver(
-            MeshEvent(event.source, subject, event.sequence, event.timestamp_ms, event.body, event.flags)
+            MeshEvent(
+                event.source,
+                subject,
+                event.sequence,
+                event.timestamp_ms,
+                event.body,
+                event.flags,
+                imported=True,
+            )
         )
 
 
@@ -121,6 +133,8 @@ class Imports:
             target = an_import.request_to(subject)
             if target is None:
                 continue
+            if not fits(prefix_of(an_import.vpn) + target):  # no responder there has such a subject
+                return 0
             mapped = f"{self.space}.{self.replies.open(vpn, reply, time.monotonic())}" if reply else ""
             enveloped = bool(mapped) or headers is not None
             body = wrap(mapped, headers, payload) if enveloped else payload
@@ -169,6 +183,7 @@ class Imports:
         return {
             "holders": len(self._holders),
             "delivered": sum(n for (_, _, what), n in self.crossed.items() if what == "events"),
+            "too_long": sum(holder.too_long for holder in self._holders.values()),
             "requests_open": len(self.replies),
             **self.replies.counters,
             "by_import": self.by_import(),

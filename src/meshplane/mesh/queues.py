@@ -12,6 +12,10 @@ checkpointed beside the topic, and rebuilt from the events after the checkpoint,
 source and offset), any other by the ids it stored last: the last of each way in, read back from the
 topic on start (those of the node's own publishers from where the checkpoint says their oldest is, so
 a client's retry is known however many events other sources sent in between).
+
+A queue made with ``saved=False`` (an MQTT persistent session's) is kept by its owner instead, which
+makes it again on start: it is left out of ``queues.json``, whose every rewrite (fsynced, on the event
+loop) a client changing its subscriptions could otherwise repeat at will.
 """
 
 from __future__ import annotations
@@ -157,6 +161,7 @@ class Queues:
         self.engine: StreamsService | None = None
         self._root = Path()
         self.queues: dict[str, Queue] = {}
+        self.unsaved: set[str] = set()  # queues their owner keeps (not in queues.json)
 
     def open(self, engine: StreamsService, root: Path) -> None:
         """Load the queues and subscribe them (so they are advertised from the first link on)."""
@@ -202,11 +207,18 @@ class Queues:
             topic.held = paused
 
     def create(
-        self, name: str, patterns: list[str], vpn: str = DEFAULT, who: QueueUser | None = None
+        self,
+        name: str,
+        patterns: list[str],
+        vpn: str = DEFAULT,
+        who: QueueUser | None = None,
+        *,
+        saved: bool = True,
     ) -> Queue:
         """Make (or change the patterns of) a queue of ``vpn`` and its topic; persisted before it is
-        advertised. ``who``: the VPN user asking, held to its queue permissions (Forbidden, counted as
-        its violation: create for a new queue, bind for its patterns)."""
+        advertised (but with ``saved=False``: its owner keeps it, see the module). ``who``: the VPN
+        user asking, held to its queue permissions (Forbidden, counted as its violation: create for a
+        new queue, bind for its patterns)."""
         if self.engine is None:
             raise BadRequest("this mesh node has no streams data directory: it keeps no queues")
         if vpn not in self.node.config.vpns:
@@ -233,8 +245,14 @@ class Queues:
         if name not in self.engine.topics:  # new, or deleted under the queue: held if it is paused
             old_queue = self.queues.get(name)
             self.engine.topic_store.create(name, 1).held = old_queue is not None and old_queue.paused
-        saved = {q.name: q.patterns for q in self.queues.values()} | {name: sorted(set(checked))}
-        self._save(saved)
+        if saved:
+            self._save(self._kept(name) | {name: sorted(set(checked))})
+        elif name in self.queues and name not in self.unsaved:  # saved before: taken out of the file
+            self._save(self._kept(name))
+        if saved:
+            self.unsaved.discard(name)
+        else:
+            self.unsaved.add(name)
         old = self.queues.pop(name, None)
         if old is not None:
             self._withdraw(old)
@@ -262,7 +280,10 @@ class Queues:
             return False
         if queue.paused:  # its topic stays, readable: a queue made again under the name starts resumed
             self.pause(queue.name, False)
-        self._save({q.name: q.patterns for q in self.queues.values() if q is not queue})
+        if queue.name in self.unsaved:
+            self.unsaved.discard(queue.name)
+        else:
+            self._save(self._kept(queue.name))
         del self.queues[queue.name]
         self._withdraw(queue)
         return True
@@ -271,6 +292,12 @@ class Queues:
         for pattern in queue.patterns:
             self.node.unsubscribe(queue, PREFIX + pattern)
         self.node.gateways.queues_changed((), queue.patterns)
+
+    def _kept(self, but: str) -> dict[str, list[str]]:
+        """The patterns of the queues ``queues.json`` holds, but ``but``'s."""
+        return {
+            q.name: q.patterns for q in self.queues.values() if q.name != but and q.name not in self.unsaved
+        }
 
     def _save(self, queues: dict[str, list[str]]) -> None:
         try:

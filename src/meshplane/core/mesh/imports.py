@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from meshplane.core.mesh.permissions import covers
 from meshplane.core.mesh.vpn import prefix_of
-from meshplane.core.subjects import ONE, REST, pattern_shape
+from meshplane.core.subjects import ONE, REST, fits, pattern_shape
 
 
 def intersect(a: str, b: str) -> str | None:
@@ -142,7 +142,7 @@ class ImportInterest:
             if an_import.service:  # requests go there at publishing; nothing is drawn from there
                 continue
             wanted = an_import.wanted(external)
-            if wanted is not None:
+            if wanted is not None and fits(prefix_of(an_import.vpn) + wanted):  # (else no subject is)
                 needs.append((number, prefix_of(an_import.vpn) + wanted))
         if not needs:
             return []

@@ -37,6 +37,7 @@ from meshplane.core.mesh.login_checks import WRONG
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
 from meshplane.errors import ConfigError
 from meshplane.mesh.doors.mqtt_connection import MAX_CLIENT_ID, RECEIVE_MAXIMUM, MqttConnection
+from meshplane.mesh.doors.mqtt_filters import check_fits
 from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX, RetainedStore
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
 from meshplane.mesh.holders import MeshEvent
@@ -213,6 +214,11 @@ class MqttDoor:
         code, why = await self._authenticate(conn, packet)
         if code:
             return code, why
+        try:
+            if will:
+                check_fits(conn.prefix, will[0])  # the VPN's prefix is known now
+        except BadTopic as exc:
+            return Code.BAD_TOPIC_NAME, f"will: {exc}"
         refused = conn.permissions.why_not_publish(will[0]) if will and conn.permissions else ""
         if refused:
             self.violation(conn)
@@ -228,21 +234,26 @@ class MqttDoor:
             return Code.IMPLEMENTATION_SPECIFIC, "this node keeps no sessions (no streams data directory)"
         key = (conn.vpn, client_id)
         old = self.connections.get(key)
+        stored = self.sessions.get(conn.vpn, client_id) if self.sessions is not None else None
+        owner = _owner(conn)
+        if (old is not None and _owner(old) != owner) or (stored is not None and stored.user != owner):
+            # A client id proves nothing: another user's session is neither resumed, ended nor cut.
+            self.count("session_of_another_user")
+            self.violation(conn)
+            return Code.NOT_AUTHORIZED, f"client id {client_id[:64]!r} is another user's session"
         if old is not None:  # MQTT's rule: the new connection takes the session over
             self.count("session_taken_over")
             old.close(Code.SESSION_TAKEN_OVER, "another connection with this client id")
             self.gone(old)
         session_present = False
         if self.sessions is not None:
-            stored = self.sessions.get(conn.vpn, client_id)
             if stored is not None and (packet.clean or not persistent):
                 self.sessions.drop(conn.vpn, client_id)
                 stored = None
             if persistent:
                 if stored is None:
                     try:
-                        user = conn.user if conn.permissions is not None else ""
-                        stored = self.sessions.open(conn.vpn, client_id, expiry, user)
+                        stored = self.sessions.open(conn.vpn, client_id, expiry, owner)
                     except StreamError as exc:
                         self.count("session_refused")
                         return Code.QUOTA_EXCEEDED, str(exc)
@@ -282,7 +293,7 @@ class MqttDoor:
         """The node's VPNs were read again: the clients they no longer admit are cut, told why."""
         cut = 0
         for conn in list(self.connections.values()):
-            reason = why_cut(conn.vpn, conn.user if conn.permissions is not None else "")
+            reason = why_cut(conn.vpn, _owner(conn))
             if reason:
                 conn.close(Code.NOT_AUTHORIZED, reason)
                 cut += 1
@@ -460,6 +471,11 @@ class MqttDoor:
             "retained_bytes": self.retained.total_bytes,
             "counters": dict(self.counters),
         }
+
+
+def _owner(conn: MqttConnection) -> str:
+    """The VPN user ``conn`` proved it is ("": none, a token's or an anonymous client)."""
+    return conn.user if conn.permissions is not None else ""
 
 
 def _client(conn: MqttConnection) -> dict[str, Any]:

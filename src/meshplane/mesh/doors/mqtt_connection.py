@@ -50,7 +50,7 @@ from meshplane.core.doors.nats_protocol import unwrap
 from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward
-from meshplane.mesh.doors.mqtt_filters import MAX_SUBSCRIPTIONS, take_filter
+from meshplane.mesh.doors.mqtt_filters import MAX_SUBSCRIPTIONS, check_fits, take_filter
 from meshplane.mesh.doors.mqtt_retained import RetainedSender
 from meshplane.mesh.doors.mqtt_sessions import Subscription, after_saved
 from meshplane.mesh.holders import MeshEvent
@@ -266,7 +266,7 @@ class MqttConnection(asyncio.Protocol):
 
     def on_publish(self, packet: Publish) -> None:
         try:
-            subject = to_subject(packet.topic)
+            subject = check_fits(self.prefix, to_subject(packet.topic))
         except BadTopic as exc:
             self.door.count("bad_topic")
             if packet.qos and self.level == V5:
@@ -420,8 +420,8 @@ class MqttConnection(asyncio.Protocol):
         if self.closing or not self.connected:
             return
         qos = min(self.qos_for(event.subject), 1 if event.flags & FLAG_GUARANTEED else 0)
-        if qos and self.session is not None:
-            return  # its queue has it: sent from there, acknowledged there
+        if qos and self.session is not None and not event.imported:
+            return  # its queue has it: sent from there, acknowledged there (queues take no imports)
         body = event.body
         if event.flags & FLAG_NATS_ENVELOPE:  # a NATS request or HPUB: MQTT has room for the payload only
             body = unwrap(body)[2]

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from meshplane.core.doors.mqtt_packets import V5, Code
 from meshplane.core.doors.mqtt_topics import BadTopic, to_pattern
+from meshplane.core.subjects import MAX_SUBJECT_BYTES, fits
+from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX
 from meshplane.mesh.doors.mqtt_sessions import Subscription
 from meshplane.mesh.preauth import bounded
 
@@ -20,6 +22,18 @@ MAX_SUBSCRIPTIONS = 1000  # filters per connection
 MAX_PERSISTENT_QOS1 = 100  # QoS 1 filters of a persistent session (its queue's patterns)
 
 
+def check_fits(prefix: str, subject: str) -> str:
+    """``subject`` (or a pattern) of a VPN with ``prefix``; BadTopic if the mesh cannot carry it: in
+    front of it go the prefix and, for a retained message, ``$mqtt.``, and a frame's subject past
+    MAX_SUBJECT_BYTES breaks the link it is sent on."""
+    if not fits(RETAIN_PREFIX + prefix + subject):
+        raise BadTopic(
+            f"{len(subject.encode())} bytes: with what the mesh puts in front in this VPN, past "
+            f"{MAX_SUBJECT_BYTES}"
+        )
+    return subject
+
+
 def take_filter(conn: MqttConnection, topic_filter: str, options: int) -> tuple[int, str]:
     """One filter of a SUBSCRIBE (or of a session restored): its code (the QoS granted, or why not)
     and its mesh pattern; the connection's interest follows."""
@@ -28,7 +42,7 @@ def take_filter(conn: MqttConnection, topic_filter: str, options: int) -> tuple[
         conn.door.count("shared_subscription")
         return Code.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, ""
     try:
-        pattern = to_pattern(topic_filter)
+        pattern = check_fits(conn.prefix, to_pattern(topic_filter))
     except BadTopic as exc:
         conn.door.count("bad_filter")
         log.info("MQTT client %s: filter refused: %s", bounded(conn.client_id), exc)

@@ -8,7 +8,8 @@ and is delivered after it reconnects. The session keeps the queue's offsets: ``a
 below was acknowledged by the client with PUBACK) and ``sent`` (below it, an event was sent before:
 sent again with DUP). Both are checkpointed every tick (not fsynced) and when the client leaves; after
 a crash the client gets again, with DUP, what it acknowledged since the last checkpoint (QoS 1 is at
-least once). Subscriptions are saved and fsynced before the SUBACK.
+least once). Subscriptions are saved and fsynced before the SUBACK; the queue is made again from them
+when the node starts (``saved=False``: not in the node's queues file, rewritten on the loop).
 
 Kept in ``<data dir>/mesh/mqtt-sessions.json``, written whole (a temporary file, fsynced, renamed) in a
 worker thread, never on the event loop; each session is encoded when it changes, so a SUBSCRIBE costs
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from meshplane.core.doors.mqtt_packets import Code
-from meshplane.core.doors.mqtt_topics import to_topic
+from meshplane.core.doors.mqtt_topics import BadTopic, to_pattern, to_topic
 from meshplane.core.mesh.vpn import queue_topic
 from meshplane.mesh.preauth import QuietLog, bounded
 from meshplane.mesh.queues import MAX_QUEUES
@@ -124,6 +125,16 @@ class Sessions:
             session.expiry = min(session.expiry, expiry_cap)
             session.left_at = session.left_at or now  # no client is connected after a restart
             self._add(session)
+            if session.key in self.queued:
+                self._queue_again(session)
+
+    def _queue_again(self, session: StoredSession) -> None:
+        """Its queue as its QoS 1 filters make it: kept here, not in the queues file (see ``queues``)."""
+        patterns = sorted({to_pattern(f) for f, (qos, _) in session.subscriptions.items() if qos})
+        try:
+            self.queues.create(session.queue, patterns, session.vpn, saved=False)
+        except (StreamError, BadTopic) as exc:  # its VPN was removed, say: it gets nothing stored
+            log.warning("MQTT session %s: its queue is not made again (%s)", bounded(session.client_id), exc)
 
     def _add(self, session: StoredSession) -> None:
         self.by_key[session.key] = session
@@ -202,7 +213,7 @@ class Sessions:
                         f"Message VPN {session.vpn!r}: {share} persistent MQTT sessions with QoS 1 "
                         f"subscriptions (a queue each) on this node (its share)"
                     )
-            self.queues.create(session.queue, sorted(set(patterns)), session.vpn, who)
+            self.queues.create(session.queue, sorted(set(patterns)), session.vpn, who, saved=False)
             self.queued.add(session.key)
         else:
             self.queues.delete(session.queue, session.vpn)
@@ -325,7 +336,7 @@ async def pump_queue(
     offset = session.acked
     redelivery_end = session.sent
     while conn.connected and not conn.closing:
-        topic = engine.topic_store.topics.get(queue_topic(session.vpn, session.queue))
+        topic = engine.topic_store.topics.get(queue_topic(session.vpn, session.queue))  # VPN:name
         if topic is None:
             await asyncio.sleep(0.5)
             continue
@@ -356,11 +367,14 @@ async def pump_queue(
             topic.notifiers[0].forget(waiter)
         for event in events:
             body = event.body
+            offset = event.offset + 1
+            if conn.permissions is not None and conn.permissions.why_not_subscribe(body.event_type):
+                count("queue_events_not_permitted")  # stored under permissions a reload narrowed since
+                continue
             payload = body.data if isinstance(body.data, bytes) else msgspec.json.encode(body.data)
             conn.send_from_queue(
                 event.offset, to_topic(body.event_type), payload, event.offset < redelivery_end
             )
-            offset = event.offset + 1
         session.sent = max(session.sent, offset)
         if not conn.queue_offsets:
             session.acked = offset

@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from meshplane.core.doors.nats_groups import InvalidGroup, check_group
+from meshplane.core.doors.nats_groups import InvalidGroup, check_group, marker
 from meshplane.core.doors.nats_protocol import (
     OK,
     PING,
@@ -41,7 +41,7 @@ from meshplane.core.doors.nats_subs import Subscription, SubscriptionLimit, Subs
 from meshplane.core.mesh.frames import FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
-from meshplane.core.subjects import RESERVED, valid_pattern
+from meshplane.core.subjects import RESERVED, fits, valid_pattern
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.preauth import bounded
 
@@ -251,10 +251,18 @@ class NatsClient(asyncio.Protocol):
         if subject.startswith("$JS."):
             self.door.counters["jetstream_refused"] += 1
             return self.error(JETSTREAM)
-        if subject.startswith(RESERVED) or not self.node.client_subject(subject):
+        if (
+            subject.startswith(RESERVED)
+            or not self.node.client_subject(subject)
+            or not fits(self.prefix + subject)
+        ):
             self.door.counters["bad_subjects"] += 1
             return self.error("Invalid Publish Subject") if self.pedantic else None
-        if op.reply and (op.reply.startswith(RESERVED) or not self.node.client_subject(op.reply)):
+        if op.reply and (
+            op.reply.startswith(RESERVED)
+            or not self.node.client_subject(op.reply)
+            or not fits(self.prefix + op.reply)
+        ):  # the reply is published in its VPN: a service's through an import too
             self.door.counters["bad_subjects"] += 1
             return self.error("Invalid Publish Subject") if self.pedantic else None
         if op.headers is not None and not self.headers:
@@ -348,6 +356,9 @@ class NatsClient(asyncio.Protocol):
                 self.door.node.logins.violations[(self.vpn, self.user)] += 1
                 return self.error(f'Permissions Violation for Subscription to "{subject[:200]}"')
         pattern = self.prefix + subject
+        if not fits(marker(op.queue, pattern) if op.queue else pattern):  # with what the mesh adds
+            self.door.counters["bad_subjects"] += 1
+            return self.error("Invalid Subject")
         if op.sid in self.subs.by_sid or op.sid in self.groups:
             self._drop_sid(op.sid)
         limit = self.node.config.vpns[self.vpn].max_subscriptions
