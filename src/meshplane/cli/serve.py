@@ -9,6 +9,7 @@ import os
 import signal
 import ssl
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -192,6 +193,13 @@ def streams_engine(args: argparse.Namespace, mesh_config: MeshConfig | None) -> 
     )
 
 
+def server_vpns(path: Path | None) -> Collection[str]:
+    """The Message VPNs of a --mesh-vpns file (only ``default`` without one)."""
+    from meshplane.mesh.vpns import Vpns, load_vpns
+
+    return load_vpns(path) if path is not None else Vpns()
+
+
 def streams_config_from_args(args: argparse.Namespace) -> StreamsConfig:
     return StreamsConfig(
         data_dir=args.data_dir,
@@ -228,12 +236,14 @@ async def run_serve(args: argparse.Namespace) -> int:
     from meshplane.cli.mesh import mesh_config_from_args
     from meshplane.streams.http.app import server_tls
 
-    tokens = Tokens.load(args.token_file, os.environ.get(TOKEN_ENV))
     try:  # settings that go together are checked before: serve_rules.py
         tls = server_tls(args.tls_cert, args.tls_key) if args.tls_cert else None
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load the TLS certificate or key: {exc}") from None
     mesh_config = mesh_config_from_args(args)
+    # A token's VPN is one of the --mesh-vpns file's (the streams side's too, with or without a mesh).
+    vpns = mesh_config.vpns if mesh_config is not None else server_vpns(args.mesh_vpns)
+    tokens = Tokens.load(args.token_file, os.environ.get(TOKEN_ENV), vpns)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
