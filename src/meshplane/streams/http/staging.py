@@ -41,9 +41,7 @@ def _reported(raw: Any) -> list[Reported]:
 async def commit(request: web.Request) -> web.Response:
     name, body = request.match_info["topic"], await read_json(request)
     reported = _reported(body.get("stages"))
-    appended, count = await engine_of(request).commit_staged(
-        name, get_str(body, "idempotency_key"), reported
-    )
+    appended, count = await engine_of(request).commit_staged(name, get_str(body, "idempotency_key"), reported)
     return json_response({"topic": name, "committed": appended, "count": count})
 
 

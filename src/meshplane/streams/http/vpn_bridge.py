@@ -14,7 +14,7 @@ import msgspec
 
 from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE
 from meshplane.core.mesh.vpn import outward, prefix_of
-from meshplane.mesh.holders import MeshEvent, PubSubBridge, PubSubHolder, as_pubsub_message
+from meshplane.mesh.holders import MeshEvent, PubSubHolder, as_pubsub_message
 from meshplane.mesh.node import MeshNode
 from meshplane.streams.service import StreamsService
 
@@ -35,17 +35,26 @@ class VpnPubSubHolder(PubSubHolder):
 
 
 @dataclass(eq=False)
-class VpnPubSubBridge(PubSubBridge):
-    prefix: str = ""
+class VpnPubSubBridge:
+    """As the default VPN's :class:`~meshplane.mesh.holders.PubSubBridge`, under the VPN's prefix."""
+
+    node: MeshNode
+    holder: VpnPubSubHolder
+    prefix: str
+    guaranteed = True
 
     def interest(self, pattern: str, added: bool) -> None:
-        super().interest(self.prefix + pattern, added)
+        if added:
+            self.node.subscribe(self.holder, self.prefix + pattern)
+        else:
+            self.node.unsubscribe(self.holder, self.prefix + pattern)
 
     def published(self, topic: str, frame: bytes) -> None:
-        super().published(self.prefix + topic, frame)
+        self.node.publish(topic, frame, FLAG_JSON_MESSAGE, skip=self.holder, prefix=self.prefix)
 
     async def published_guaranteed(self, topic: str, frame: bytes) -> None:
-        await super().published_guaranteed(self.prefix + topic, frame)
+        flags = FLAG_JSON_MESSAGE
+        await self.node.publish_guaranteed(self.prefix + topic, frame, flags, skip=self.holder)
 
 
 def attach_vpn(mesh: MeshNode, engine: StreamsService, vpn: str) -> None:
