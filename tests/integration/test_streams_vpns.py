@@ -195,12 +195,15 @@ async def test_groups_lag_and_metrics_are_per_vpn(
     status, text = await _get(server, "/metrics", A_READ)
     assert status == 200
     assert 'meshplane_group_lag{group="workers",partition="0",vpn="team-a"} 1.0' in text
-    assert 'vpn="team-b"' not in text and 'vpn="default"' not in text
+    assert 'vpn="team-b"' not in text
+    assert 'vpn="default"' not in text
     status, text = await _get(server, "/metrics", B)
     assert 'meshplane_group_lag{group="workers",partition="0",vpn="team-b"} 2.0' in text
     assert 'vpn="team-a"' not in text
     _, text = await _get(server, "/metrics", OPERATOR)  # the operator's scrape: every VPN, labelled
-    assert 'vpn="team-a"' in text and 'vpn="team-b"' in text and 'vpn="default"' in text
+    assert 'vpn="team-a"' in text
+    assert 'vpn="team-b"' in text
+    assert 'vpn="default"' in text
 
 
 async def test_an_operator_picks_a_vpn_and_a_tenant_cannot(
@@ -208,7 +211,8 @@ async def test_an_operator_picks_a_vpn_and_a_tenant_cannot(
 ) -> None:
     await clients["a"].create_topic("picked", 1)
     status, listed = await _get(server, "/topics", OPERATOR, vpn="team-a")
-    assert status == 200 and "picked" in json.dumps(listed)
+    assert status == 200
+    assert "picked" in json.dumps(listed)
     status, listed = await _get(server, "/topics", B, vpn="team-a")
     assert status == 403, listed
     status, listed = await _get(server, "/topics", A_READ, vpn="default")
@@ -272,7 +276,7 @@ async def test_a_vpns_pubsub_crosses_the_mesh_in_its_vpn_only(node: StreamsServe
                 await clients["team-b"].publish("orders.mesh", b'{"id": "from-b-client"}')
                 await clients["team-a"].flush(propagated=True)
                 await clients["team-b"].flush(propagated=True)
-                heard = []
+                heard: list[dict[str, Any]] = []
                 while len(heard) < 2:
                     heard.append(json.loads((await b_listener.receive(timeout=10)).data))
         for client in clients.values():
