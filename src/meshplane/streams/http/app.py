@@ -223,6 +223,8 @@ async def serve(
     VPN a token names gets its own streams service (:mod:`meshplane.streams.vpn_engines`)."""
     engines = VpnEngines(engine, tokens.vpns() if tokens is not None else ())
     for each in engines.values():
+        # An HA mate's copy of a VPN's writes (under the data directory) before each acknowledgement.
+        each.durability.replicate = engine.durability.replicate
         await each.start()
     if mesh is not None:
         mesh.attach(engine)
