@@ -1,5 +1,5 @@
 """What Message VPNs cost the streams side (issue 58): one server, 100-byte events appended over HTTP
-in batches of 1000 (fsync every 10 ms), in interleaved rounds on the same server:
+in batches of 1000 (fsync every 10 ms), in interleaved rounds (each side first in turn):
 
 - a token of the default VPN, on a server that names no VPN (today's deployments);
 - a token of the default VPN, on a server whose tokens name two more VPNs;
@@ -42,7 +42,9 @@ async def append_rate(url: str, token: str, topic: str, events: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--events", type=int, default=50_000, help="events per round and side")
     parser.add_argument("--rounds", type=int, default=5)
     add_out(parser, "streams_vpns")
@@ -65,8 +67,10 @@ def main() -> None:
                 "default VPN beside two": (named.url, DEFAULT_TOKEN),
                 "named VPN": (named.url, A_TOKEN),
             }
-            for _ in range(args.rounds):
-                for side, (url, token) in runs.items():
+            order = list(runs)
+            for round_ in range(args.rounds):
+                for side in order[round_ % 3 :] + order[: round_ % 3]:  # each side first in turn
+                    url, token = runs[side]
                     sides[side].append(asyncio.run(append_rate(url, token, "bench", args.events)))
     medians = {side: statistics.median(rates) for side, rates in sides.items()}
     results: dict[str, Any] = {
