@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from harness import add_out, machine, write_results
-
 from meshplane.launchers import StreamsServerProcess
 from meshplane.streams.client import StreamsClient
 
