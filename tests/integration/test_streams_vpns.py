@@ -195,6 +195,7 @@ async def test_groups_lag_and_metrics_are_per_vpn(
     status, text = await _get(server, "/metrics", A_READ)
     assert status == 200
     assert 'meshplane_group_lag{group="workers",partition="0",vpn="team-a"} 1.0' in text
+    assert "# TYPE meshplane_group_lag gauge" in text  # still an exposition Prometheus reads
     assert 'vpn="team-b"' not in text
     assert 'vpn="default"' not in text
     status, text = await _get(server, "/metrics", B)
