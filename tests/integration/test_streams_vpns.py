@@ -323,3 +323,13 @@ def test_serve_refuses_a_token_of_an_unknown_vpn(tmp_path: Path) -> None:
     (tmp_path / "tokens.toml").write_text(TOKENS.replace('vpn = "team-b"', 'vpn = "team-c"'))
     with StreamsServerProcess(extra_args=args) as proc, pytest.raises(Exception, match="team-c"):
         proc.start(timeout=20)
+
+
+def test_jetstream_storage_refuses_a_named_vpns_token_rather_than_share_its_streams(tmp_path: Path) -> None:
+    # Every server on JetStream shares one set of streams and buckets: a VPN's objects would be everyone's.
+    args = (*_files(tmp_path), "--storage", "nats://127.0.0.1:1")
+    with (
+        StreamsServerProcess(extra_args=args) as proc,
+        pytest.raises(Exception, match="JetStream storage serves"),
+    ):
+        proc.start(timeout=20)
