@@ -95,7 +95,8 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="require tokens: one a line, each with its scopes (read, write, admin, optionally :PREFIX; "
-        f"none: admin). ${TOKEN_ENV} adds one admin token. Neither: no auth",
+        "none: admin) and optionally vpn:NAME, a VPN of --mesh-vpns (a FILE.toml: [tokens.NAME] sections "
+        f"of token, vpn, scopes). ${TOKEN_ENV} adds one admin token. Neither: no auth",
     )
     parser.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate")
     parser.add_argument("--tls-key", type=Path, metavar="PEM", help="... and this private key")
