@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import nats
 import pytest
 
 from meshplane.cli.main import main
 from meshplane.errors import NotFound
-from meshplane.launchers import StreamsServerProcess
+from meshplane.launchers import NatsServer, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
 from meshplane.streams.client import StreamsClient
+from meshplane.streams.jetstream import naming
 from tests.helpers import eventually
 from tests.support.mesh import Inbox
 
@@ -47,10 +49,31 @@ def _files(root: Path) -> tuple[str, ...]:
     return ("--mesh-vpns", str(root / "vpns.toml"), "--token-file", str(root / "tokens.toml"))
 
 
+@pytest.fixture(scope="module", params=["local", "jetstream"])
+def nats_url(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """Every isolation test runs on both storage backends: the local log, and JetStream."""
+    if request.param == "local":
+        yield None
+        return
+    with NatsServer(jetstream=True) as server:
+        yield server.start().url
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamsServerProcess]:
-    with StreamsServerProcess(extra_args=_files(tmp_path_factory.mktemp("vpns"))) as proc:
+def server(tmp_path_factory: pytest.TempPathFactory, nats_url: str | None) -> Iterator[StreamsServerProcess]:
+    storage = ("--storage", nats_url) if nats_url else ()
+    with StreamsServerProcess(extra_args=(*_files(tmp_path_factory.mktemp("vpns")), *storage)) as proc:
         yield proc.start()
+        proc.stop()
+        assert "Traceback" not in proc.log_path.read_text()
+
+
+async def _jetstream_streams(url: str) -> set[str]:
+    nc = await nats.connect(url)
+    try:
+        return {info.config.name for info in await nc.jetstream().streams_info() if info.config.name}
+    finally:
+        await nc.close()
 
 
 @pytest.fixture
@@ -78,7 +101,7 @@ async def _get(
 
 
 async def test_one_topic_name_in_two_vpns_is_two_topics_with_two_logs(
-    server: StreamsServerProcess, clients: dict[str, StreamsClient]
+    server: StreamsServerProcess, clients: dict[str, StreamsClient], nats_url: str | None
 ) -> None:
     a, b = clients["a"], clients["b"]
     await a.create_topic("orders", 2)
@@ -91,6 +114,14 @@ async def test_one_topic_name_in_two_vpns_is_two_topics_with_two_logs(
     assert [e["data"] for e in in_b["events"]] == ["b0"]
     assert len((await a.topic_stats("orders"))["partitions"]) == 2
     assert len((await b.topic_stats("orders"))["partitions"]) == 1
+    if nats_url is not None:  # on JetStream: streams of their own
+        streams = await _jetstream_streams(nats_url)
+        names_a, names_b = naming.Naming("team-a"), naming.Naming("team-b")
+        assert {names_a.partition_stream("orders", 0), names_a.partition_stream("orders", 1)} <= streams
+        assert names_b.partition_stream("orders", 0) in streams
+        assert names_b.partition_stream("orders", 1) not in streams
+        assert naming.partition_stream("orders", 0) not in streams  # the default VPN has no such topic
+        return
     root = server.data_dir
     assert (root / "vpns" / "team-a" / "topics" / "orders").is_dir()
     assert (root / "vpns" / "team-b" / "topics" / "orders").is_dir()
@@ -224,6 +255,7 @@ async def test_an_operator_picks_a_vpn_and_a_tenant_cannot(
     assert (await _get(server, "/ui/api/vpns", OPERATOR))[1]["vpns"] == ["default", "team-a", "team-b"]
     assert (await _get(server, "/ui/api/vpns", A_READ))[1] == {"vpn": "team-a", "vpns": ["team-a"]}
     _, state = await _get(server, "/ui/api/snapshot", A_READ)
+    assert "topics" in state, state
     assert "picked" in [t["name"] for t in state["topics"]]
     _, state = await _get(server, "/ui/api/snapshot", B)
     assert "picked" not in [t["name"] for t in state["topics"]]
@@ -232,12 +264,15 @@ async def test_an_operator_picks_a_vpn_and_a_tenant_cannot(
 
 
 async def test_the_default_vpn_keeps_its_layout_and_urls(
-    server: StreamsServerProcess, clients: dict[str, StreamsClient]
+    server: StreamsServerProcess, clients: dict[str, StreamsClient], nats_url: str | None
 ) -> None:
     op = clients["op"]
     await op.create_topic("legacy", 1)
     await op.publish_batch("legacy", [{"event_type": "e", "data": "old"}], partition=0)
-    assert (server.data_dir / "topics" / "legacy").is_dir()
+    if nats_url is None:
+        assert (server.data_dir / "topics" / "legacy").is_dir()
+    else:
+        assert naming.partition_stream("legacy", 0) in await _jetstream_streams(nats_url)
     assert "legacy" not in await clients["a"].topics()
     assert [e["data"] for e in (await op.consume_partition("legacy", 0, 0, 10))["events"]] == ["old"]
 
@@ -322,14 +357,4 @@ def test_serve_refuses_a_token_of_an_unknown_vpn(tmp_path: Path) -> None:
     args = _files(tmp_path)
     (tmp_path / "tokens.toml").write_text(TOKENS.replace('vpn = "team-b"', 'vpn = "team-c"'))
     with StreamsServerProcess(extra_args=args) as proc, pytest.raises(Exception, match="team-c"):
-        proc.start(timeout=20)
-
-
-def test_jetstream_storage_refuses_a_named_vpns_token_rather_than_share_its_streams(tmp_path: Path) -> None:
-    # Every server on JetStream shares one set of streams and buckets: a VPN's objects would be everyone's.
-    args = (*_files(tmp_path), "--storage", "nats://127.0.0.1:1")
-    with (
-        StreamsServerProcess(extra_args=args) as proc,
-        pytest.raises(Exception, match="JetStream storage serves"),
-    ):
         proc.start(timeout=20)

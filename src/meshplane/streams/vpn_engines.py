@@ -7,8 +7,10 @@ reaches the service of its token's VPN. The default VPN's service keeps the data
 always was (``data_dir``); VPN ``A``'s is ``data_dir/vpns/A`` (:func:`vpn_data_dir`), so a server that
 names no VPN keeps its layout, its URLs and its data.
 
-Only VPNs some token names get a service (no one else could reach one). On the JetStream backend every
-server would share one set of streams and buckets, so a VPN beyond the default is refused there.
+Only VPNs some token names get a service (no one else could reach one). On the JetStream backend a
+VPN's topics, rooms and groups are streams, buckets and subjects of its own
+(:class:`meshplane.streams.jetstream.naming.Naming`); its local files (staged writes, idempotency) are
+under its directory as above.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from meshplane.core.mesh.vpn import DEFAULT, check_vpn
-from meshplane.errors import ConfigError
+from meshplane.streams.config import StreamsConfig
 from meshplane.streams.files import default_file_budget
 from meshplane.streams.service import StreamsService
 
@@ -30,16 +32,29 @@ def vpn_data_dir(data_dir: Path, vpn: str) -> Path:
     return data_dir if vpn == DEFAULT else data_dir / VPNS_DIR / check_vpn(vpn)
 
 
+def _service_for(default: StreamsService, vpn: str, config: StreamsConfig) -> StreamsService:
+    """A VPN's service on the default VPN's storage: its own logs, or its own JetStream names."""
+    if default.local_files:
+        return StreamsService(config)
+    from meshplane.streams.jetstream.service import JetStreamStreamsService
+
+    assert isinstance(default, JetStreamStreamsService)
+    store = default.store
+    return JetStreamStreamsService(
+        config,
+        store.servers,
+        replicas=store.replicas,
+        start_timeout=store.start_timeout,
+        progress=store.progress,
+        vpn=vpn,
+    )
+
+
 class VpnEngines(Mapping[str, StreamsService]):
     """The streams service of each VPN, by name; ``default`` is always among them."""
 
     def __init__(self, default: StreamsService, vpns: Collection[str] = ()) -> None:
         others = sorted(set(vpns) - {DEFAULT})
-        if others and not default.local_files:
-            raise ConfigError(
-                f"tokens of the Message VPN(s) {', '.join(others)}: the streams side keeps VPNs apart "
-                "with local storage only (--storage local); JetStream storage serves the default VPN"
-            )
         self._by_name: dict[str, StreamsService] = {DEFAULT: default}
         config = default.config
         # The descriptor budget is the process's: shared by the VPNs' logs, not given to each.
@@ -48,7 +63,7 @@ class VpnEngines(Mapping[str, StreamsService]):
             default.files.capacity = min(default.files.capacity, share)
         for vpn in others:
             made = replace(config, data_dir=vpn_data_dir(Path(config.data_dir), vpn), max_open_files=share)
-            self._by_name[vpn] = StreamsService(made)
+            self._by_name[vpn] = _service_for(default, vpn, made)
 
     def __getitem__(self, vpn: str) -> StreamsService:
         return self._by_name[vpn]
