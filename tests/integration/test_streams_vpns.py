@@ -208,6 +208,24 @@ async def test_room_websocket_subscribers_hear_their_vpns_events_only(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def test_pubsub_listeners_hear_their_vpns_messages_only(
+    server: StreamsServerProcess, clients: dict[str, StreamsClient]
+) -> None:
+    # On JetStream, servers share pub/sub through NATS: each VPN on subjects of its own.
+    async with aiohttp.ClientSession() as http:
+        url = server.url.replace("http", "ws", 1) + "/pubsub/ws?topics=alerts.*"
+        async with http.ws_connect(url, params={"access_token": B}) as b_listener:
+            assert json.loads((await b_listener.receive(timeout=10)).data)["type"] == "connected"
+            assert await clients["a"].pubsub_publish("alerts.fire", {"from": "a"}) == 0
+            await clients["b"].pubsub_publish("alerts.fire", {"from": "b"})
+            first = json.loads((await b_listener.receive(timeout=10)).data)
+            assert (first["topic"], first["payload"]) == ("alerts.fire", {"from": "b"})
+            await clients["a"].pubsub_publish("alerts.fire", {"from": "a"})
+            await clients["b"].pubsub_publish("alerts.fire", {"from": "b-2"})
+            second = json.loads((await b_listener.receive(timeout=10)).data)
+            assert second["payload"] == {"from": "b-2"}
+
+
 async def test_groups_lag_and_metrics_are_per_vpn(
     server: StreamsServerProcess, clients: dict[str, StreamsClient]
 ) -> None:
