@@ -53,8 +53,7 @@ class VpnPubSubBridge:
         self.node.publish(topic, frame, FLAG_JSON_MESSAGE, skip=self.holder, prefix=self.prefix)
 
     async def published_guaranteed(self, topic: str, frame: bytes) -> None:
-        flags = FLAG_JSON_MESSAGE
-        await self.node.publish_guaranteed(self.prefix + topic, frame, flags, skip=self.holder)
+        await self.node.publish_guaranteed(self.prefix + topic, frame, FLAG_JSON_MESSAGE, skip=self.holder)
 
 
 def attach_vpn(mesh: MeshNode, engine: StreamsService, vpn: str) -> None:

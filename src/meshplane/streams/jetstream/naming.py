@@ -15,17 +15,11 @@ from typing import Any
 from meshplane.core.mesh.vpn import DEFAULT, check_vpn
 from meshplane.core.streamlog import RetentionPolicy
 
+# The default VPN's buckets; its streams are MESHPLANE_T_... (topics' partitions) and MESHPLANE_R_...
+# (rooms), its subjects meshplane.streams.t|n|r|rf|ps... (Naming: every VPN's).
 TOPICS_BUCKET = "MESHPLANE_TOPICS"
 GROUPS_BUCKET = "MESHPLANE_GROUPS"
 ROOMS_BUCKET = "MESHPLANE_ROOMS"
-STREAM_PREFIX = "MESHPLANE_T_"
-SUBJECT_PREFIX = "meshplane.streams.t"
-NOTICE_PREFIX = "meshplane.streams.n"
-NOTICES = NOTICE_PREFIX + ".>"
-ROOM_STREAM_PREFIX = "MESHPLANE_R_"
-ROOM_SUBJECT_PREFIX = "meshplane.streams.r"
-ROOM_FEED_PREFIX = "meshplane.streams.rf"
-ROOM_FEED = ROOM_FEED_PREFIX + ".>"
 TIMESTAMP_HEADER = "Meshplane-Ts"
 MAX_STREAM_NAME = 255
 
@@ -42,8 +36,8 @@ def unescape(token: str) -> str:
 
 @dataclass(frozen=True)
 class Naming:
-    """The JetStream names of one Message VPN's streams. The default VPN's are the constants above, as
-    they always were; VPN ``A``'s carry it: streams ``MESHPLANE_VA=T_...`` (``=`` never occurs in a VPN
+    """The JetStream names of one Message VPN's streams. The default VPN's are those above, as they
+    always were; VPN ``A``'s carry it: streams ``MESHPLANE_VA=T_...`` (``=`` never occurs in a VPN
     name, so it ends the VPN's), buckets ``MESHPLANE_TOPICS_VA``, subjects ``meshplane.streams.v.A.t...``
     (a VPN name is one subject token). No two VPNs' names, subjects or subject filters overlap."""
 
