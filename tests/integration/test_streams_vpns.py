@@ -269,6 +269,12 @@ async def test_an_operator_picks_a_vpn_and_a_tenant_cannot(
     assert status == 403, listed
     status, _ = await _get(server, "/topics", OPERATOR, vpn="team-z")
     assert status == 404
+    async with StreamsClient(server.url, token=OPERATOR, vpn="team-a", channel=True) as operator:
+        assert "picked" in await operator.topics()
+        await operator.command("stream.create", {"room": "made-by-the-operator"})  # on the command WebSocket
+        assert (await operator.topic_stats("picked"))["topic"] == "picked"
+    assert "made-by-the-operator" in await clients["a"].rooms()
+    assert "made-by-the-operator" not in await clients["op"].rooms()
     # The dashboard's VPN picker: its choices, and each VPN's page state.
     assert (await _get(server, "/ui/api/vpns", OPERATOR))[1]["vpns"] == ["default", "team-a", "team-b"]
     assert (await _get(server, "/ui/api/vpns", A_READ))[1] == {"vpn": "team-a", "vpns": ["team-a"]}
