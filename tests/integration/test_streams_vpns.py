@@ -19,6 +19,7 @@ from meshplane.errors import NotFound
 from meshplane.launchers import NatsServer, StreamsServerProcess
 from meshplane.mesh.client import MeshClient
 from meshplane.streams.client import StreamsClient
+from meshplane.streams.errors import StreamError
 from meshplane.streams.jetstream import naming
 from tests.helpers import eventually
 from tests.support.mesh import Inbox
@@ -224,6 +225,24 @@ async def test_pubsub_listeners_hear_their_vpns_messages_only(
             await clients["b"].pubsub_publish("alerts.fire", {"from": "b-2"})
             second = json.loads((await b_listener.receive(timeout=10)).data)
             assert second["payload"] == {"from": "b-2"}
+
+
+async def test_a_staged_write_commits_into_its_vpns_topic_only(
+    server: StreamsServerProcess, clients: dict[str, StreamsClient]
+) -> None:
+    a, b = clients["a"], clients["b"]
+    for client in (a, b):
+        await client.create_topic("sink", 1)
+    stage = {"stage": "task-0", "seq": 0, "events": [{"event_type": "e", "data": "staged-a", "partition": 0}]}
+    await a.request("POST", "/topics/sink/staged", stage)
+    reported = {"idempotency_key": "commit-1", "stages": [{"stage": "task-0", "chunks": 1, "events": 1}]}
+    # team-b cannot commit (or abort) team-a's stage: there it is unknown.
+    with pytest.raises(StreamError):
+        await b.request("POST", "/topics/sink/staged/commit", reported)
+    await b.request("POST", "/topics/sink/staged/abort", {"stages": ["task-0"]})
+    assert (await a.request("POST", "/topics/sink/staged/commit", reported))["count"] == 1
+    assert [e["data"] for e in (await a.consume_partition("sink", 0, 0, 10))["events"]] == ["staged-a"]
+    assert (await b.consume_partition("sink", 0, 0, 10))["events"] == []
 
 
 async def test_groups_lag_and_metrics_are_per_vpn(
