@@ -594,3 +594,50 @@ def test_the_mesh_view_draws_every_node_of_both_clusters_from_a_node_that_is_no_
     finally:
         for node in nodes.values():
             node.cleanup()
+
+
+# --- Message VPNs: the VPN picker (issue 58) --------------------------------------------------------
+
+VPN_A_TOKEN = "dashboard-team-a-token-1"
+
+
+@pytest.fixture(scope="module")
+def with_vpns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("vpns")
+    (root / "vpns.toml").write_text("[vpns.team-a]\n")
+    (root / "tokens").write_text(f"{TOKEN} admin\n{VPN_A_TOKEN} vpn:team-a read\n")
+    args = ("--mesh-vpns", str(root / "vpns.toml"), "--token-file", str(root / "tokens"))
+    with StreamsServerProcess(extra_args=args) as proc:
+        base = proc.start().url
+        post(base, "/topics/default-only", {"num_partitions": 1}, token=TOKEN)
+        headers = {"Authorization": f"Bearer {TOKEN}", "X-Meshplane-Vpn": "team-a"}
+        requests.post(f"{base}/topics/team-a-only", json={"num_partitions": 1}, headers=headers, timeout=5)
+        yield base
+
+
+def _sign_in(browser: Browser, url: str, token: str) -> Page:
+    page = browser.new_context().new_page()
+    page.goto(url + "/ui/topics")
+    page.wait_for_selector("#login[open]", timeout=WAIT_MS)
+    page.fill("#token", token)
+    page.click("#login button[type=submit]")
+    page.wait_for_selector("#status.live", timeout=WAIT_MS)
+    return page
+
+
+def test_the_vpn_picker_shows_each_vpns_topics_and_a_tenant_only_its_own(
+    with_vpns: str, browser: Browser
+) -> None:
+    page = _sign_in(browser, with_vpns, TOKEN)
+    page.wait_for_selector("tr[data-topic=default-only]", timeout=WAIT_MS)
+    assert page.is_visible("#vpn")
+    assert page.eval_on_selector_all("#vpn option", "os => os.map(o => o.value)") == ["default", "team-a"]
+    page.select_option("#vpn", "team-a")
+    page.wait_for_selector("tr[data-topic=team-a-only]", timeout=WAIT_MS)
+    assert page.query_selector("tr[data-topic=default-only]") is None
+    page.context.close()
+    tenant = _sign_in(browser, with_vpns, VPN_A_TOKEN)
+    tenant.wait_for_selector("tr[data-topic=team-a-only]", timeout=WAIT_MS)
+    assert not tenant.is_visible("#vpn")  # one VPN: nothing to pick
+    assert tenant.query_selector("tr[data-topic=default-only]") is None
+    tenant.context.close()

@@ -67,3 +67,46 @@ def test_a_partition_view_moves_forward_only() -> None:
     assert view.next_offset == 5
     view.saw(StreamBounds(3, 8, 6, 600))
     assert (view.start_offset, view.next_offset, view.size_bytes) == (2, 8, 600)
+
+
+vpns = st.one_of(st.just("default"), st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}", fullmatch=True))
+
+
+def _matches(pattern: str, subject: str) -> bool:
+    """NATS matching of a pattern ending in ``>`` (the only kind the servers subscribe with)."""
+    return subject.startswith(pattern.removesuffix(">")) and len(subject) > len(pattern) - 1
+
+
+@given(vpns, vpns, names, names, st.integers(0, 99))
+def test_two_vpns_names_and_subjects_never_meet(one: str, other: str, a: str, b: str, partition: int) -> None:
+    x, y = naming.Naming(one), naming.Naming(other)
+    same = (one, a) == (other, b)
+    assert (x.partition_stream(a, partition) == y.partition_stream(b, partition)) == same
+    assert (x.room_stream(a) == y.room_stream(b)) == same
+    assert (x.partition_subject(a, partition) == y.partition_subject(b, partition)) == same
+    assert (x.topics_bucket == y.topics_bucket) == (one == other)
+    # Each server subscribes to its VPN's notices, room feed and pub/sub: never another VPN's.
+    assert _matches(x.notices, y.notice_subject(b, partition)) == (one == other)
+    assert _matches(x.room_feed, y.room_feed_subject(b)) == (one == other)
+    assert y.pubsub_prefix.startswith(x.pubsub_prefix) == (one == other)
+    assert x.parse_notice(y.notice_subject(b, partition)) == ((b, partition) if one == other else None)
+    assert x.parse_room_feed(y.room_feed_subject(b)) == (b if one == other else None)
+    # A room stream's subject never lies under another VPN's topic or room subjects.
+    assert not y.room_subject(b).startswith(x.subject_prefix + ".")
+
+
+def test_the_default_vpns_names_are_those_it_always_had() -> None:
+    default = naming.DEFAULT_NAMING
+    assert default.partition_stream("orders", 1) == "MESHPLANE_T_orders_1"
+    assert default.partition_subject("orders", 1) == "meshplane.streams.t.orders.1"
+    assert default.room_stream("chat") == "MESHPLANE_R_chat"
+    assert (default.topics_bucket, default.groups_bucket, default.rooms_bucket) == (
+        "MESHPLANE_TOPICS",
+        "MESHPLANE_GROUPS",
+        "MESHPLANE_ROOMS",
+    )
+    assert (default.notices, default.room_feed, default.pubsub_prefix) == (
+        "meshplane.streams.n.>",
+        "meshplane.streams.rf.>",
+        "meshplane.streams.ps.",
+    )

@@ -336,7 +336,7 @@ def load_for_serve(serve: argparse.ArgumentParser, path: Path) -> ConfigFile:
 
 def run_config(args: argparse.Namespace, serve: argparse.ArgumentParser) -> int:
     from meshplane.cli.errors import EXIT_BAD_INPUT
-    from meshplane.cli.vpn import check_file
+    from meshplane.cli.vpn import check_file, check_token_file
 
     if args.action == "check":
         checked = read_config(args.file, serve)
@@ -346,6 +346,9 @@ def run_config(args: argparse.Namespace, serve: argparse.ArgumentParser) -> int:
             print(problem.render(args.file))
         vpns = checked.values.get("mesh_vpns")  # the VPN file it names: every mistake there too
         if vpns is not None and check_file(Path(vpns)):
+            return EXIT_BAD_INPUT
+        tokens = checked.values.get("token_file")  # and the token file's, each token's VPN among them
+        if tokens is not None and check_token_file(Path(tokens), Path(vpns) if vpns is not None else None):
             return EXIT_BAD_INPUT
         if checked.problems:
             return EXIT_BAD_INPUT

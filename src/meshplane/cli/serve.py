@@ -9,6 +9,7 @@ import os
 import signal
 import ssl
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +95,8 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="require tokens: one a line, each with its scopes (read, write, admin, optionally :PREFIX; "
-        f"none: admin). ${TOKEN_ENV} adds one admin token. Neither: no auth",
+        "none: admin) and optionally vpn:NAME, a VPN of --mesh-vpns (a FILE.toml: [tokens.NAME] sections "
+        f"of token, vpn, scopes). ${TOKEN_ENV} adds one admin token. Neither: no auth",
     )
     parser.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate")
     parser.add_argument("--tls-key", type=Path, metavar="PEM", help="... and this private key")
@@ -192,6 +194,13 @@ def streams_engine(args: argparse.Namespace, mesh_config: MeshConfig | None) -> 
     )
 
 
+def server_vpns(path: Path | None) -> Collection[str]:
+    """The Message VPNs of a --mesh-vpns file (only ``default`` without one)."""
+    from meshplane.mesh.vpns import Vpns, load_vpns
+
+    return load_vpns(path) if path is not None else Vpns()
+
+
 def streams_config_from_args(args: argparse.Namespace) -> StreamsConfig:
     return StreamsConfig(
         data_dir=args.data_dir,
@@ -228,12 +237,14 @@ async def run_serve(args: argparse.Namespace) -> int:
     from meshplane.cli.mesh import mesh_config_from_args
     from meshplane.streams.http.app import server_tls
 
-    tokens = Tokens.load(args.token_file, os.environ.get(TOKEN_ENV))
     try:  # settings that go together are checked before: serve_rules.py
         tls = server_tls(args.tls_cert, args.tls_key) if args.tls_cert else None
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load the TLS certificate or key: {exc}") from None
     mesh_config = mesh_config_from_args(args)
+    # A token's VPN is one of the --mesh-vpns file's (the streams side's too, with or without a mesh).
+    vpns = mesh_config.vpns if mesh_config is not None else server_vpns(args.mesh_vpns)
+    tokens = Tokens.load(args.token_file, os.environ.get(TOKEN_ENV), vpns)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -47,6 +47,24 @@ def check_file(path: Path) -> int:
     return 0
 
 
+def check_token_file(path: Path, vpns_file: Path | None) -> int:
+    """Print every mistake of a streams token file (lines, or TOML for ``*.toml``), a token naming a VPN
+    that ``vpns_file`` does not declare among them; the exit status. Tokens are never printed."""
+    from meshplane.mesh.vpns import Vpns, check_vpns
+    from meshplane.streams.token_file import check_tokens
+
+    try:
+        text = path.read_text()
+        vpns = check_vpns(vpns_file.read_text())[0] if vpns_file is not None else Vpns()
+    except OSError as exc:
+        print(f"{exc.filename}: cannot read it ({exc.strerror or exc})")
+        return EXIT_BAD_INPUT
+    _, problems = check_tokens(text, toml=path.suffix == ".toml", vpns=vpns)
+    for problem in problems:
+        print(problem.render(path))
+    return EXIT_BAD_INPUT if problems else 0
+
+
 async def run_vpn(args: argparse.Namespace, request: Callable[..., Any]) -> Any:
     """The answer to print for ``args.action`` (``request``: the streams client's)."""
     if args.action == "reload":

@@ -10,12 +10,14 @@ from typing import Any
 
 from aiohttp import web
 
+from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.dashboard.live import Dashboard, Tail
 from meshplane.streams.access import Grant
 from meshplane.streams.errors import BadRequest, Forbidden
-from meshplane.streams.http.params import GRANT, json_response, query_int
+from meshplane.streams.http.params import GRANT, json_response, query_int, vpn_of
 
-DASHBOARD: web.AppKey[Dashboard] = web.AppKey("dashboard", Dashboard)
+DASHBOARD: web.AppKey[Dashboard] = web.AppKey("dashboard", Dashboard)  # the default VPN's
+DASHBOARDS = web.AppKey("dashboards", dict[str, Dashboard])  # each Message VPN's
 HEARTBEAT_SECS = 15.0
 WRITE_TIMEOUT_SECS = 30.0
 MAX_BROWSE = 500
@@ -52,7 +54,17 @@ ASSETS = _assets()
 
 
 def _dashboard(request: web.Request) -> Dashboard:
-    return request.app[DASHBOARD]
+    """The dashboard of the request's VPN (the picker's choice, for an operator)."""
+    return request.app[DASHBOARDS][vpn_of(request)]
+
+
+async def vpns(request: web.Request) -> web.Response:
+    """The VPN picker's choices: every VPN for an operator (or without tokens), else the token's own."""
+    grant = _grant(request)
+    own = DEFAULT if grant is None else grant.vpn
+    every = grant is None or grant.operator
+    dashboards: dict[str, Dashboard] = request.app[DASHBOARDS]
+    return json_response({"vpn": vpn_of(request), "vpns": sorted(dashboards) if every else [own]})
 
 
 def _grant(request: web.Request) -> Grant | None:

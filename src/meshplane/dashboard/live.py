@@ -303,8 +303,7 @@ class Dashboard:
         }
 
     def _group(self, name: str, now: float) -> dict[str, Any]:
-        stats = self.engine.group_store.stats(name)
-        group = self.engine.groups[name]
+        group = self.engine.groups[name]  # the service's view (on JetStream too: not the local store's)
         topic = self.engine.topics.get(group.topic)
         owners = {p: member for member, parts in group.assignment.items() for p in parts}
         partitions = []
@@ -328,10 +327,10 @@ class Dashboard:
         return {
             "group": name,
             "topic": group.topic,
-            "state": stats["state"],
-            "generation": stats["generation"],
-            "strategy": stats["strategy"],
-            "members": [{"id": m, "partitions": group.assignment.get(m, [])} for m in stats["members"]],
+            "state": group.state,
+            "generation": group.generation,
+            "strategy": group.strategy,
+            "members": [{"id": m, "partitions": group.assignment.get(m, [])} for m in sorted(group.members)],
             "partitions": partitions,
             "lag": sum(p["lag"] or 0 for p in partitions),
             "lag_ms": max(ages, default=0),

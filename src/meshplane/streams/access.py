@@ -6,7 +6,9 @@ A token file has one token a line, then its scopes (none: ``admin``, everything)
     # token                           scopes
     4f0c...e1                         admin
     9a77...02                         write:orders. read:orders.
-    c3d1...5b                         read
+    c3d1...5b                         vpn:team-a read
+
+(``vpn:NAME``: the token's Message VPN, else ``default``; a TOML form too: :mod:`.token_file`.)
 
 ``read`` covers reading, subscribing, consumer-group membership and commits; ``write`` adds
 publishing (and rooms made by a publish); ``admin`` adds creating and deleting topics, rooms and
@@ -18,11 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.errors import ConfigError
 
 Level = Literal["read", "write", "admin"]
@@ -47,9 +50,16 @@ class Grant:
 
     scopes: tuple[Scope, ...]
     holder: str = ""  # a fingerprint of the token (never the token): whose a reader view is
+    vpn: str = DEFAULT  # the Message VPN whose rooms, topics and groups it names (and only those)
 
     def allows(self, level: Level, names: Iterable[str | None] = (None,)) -> bool:
         return all(any(s.allows(level, name) for s in self.scopes) for name in names)
+
+    @property
+    def operator(self) -> bool:
+        """The server's operator: an admin over every name of the default VPN, who may also work in
+        any other VPN (the ``X-Meshplane-Vpn`` header, the dashboard's VPN picker)."""
+        return self.vpn == DEFAULT and any(s.level == "admin" and s.prefix == "" for s in self.scopes)
 
 
 ADMIN = Grant((Scope("admin"),))
@@ -77,34 +87,36 @@ class Tokens:
 
     @classmethod
     def parse(cls, text: str) -> Tokens:
-        grants: dict[str, Grant] = {}
-        for number, line in enumerate(text.splitlines(), 1):
-            words = line.split("#", 1)[0].split()
-            if not words:
-                continue
-            token, scopes = words[0], words[1:]
-            if len(token) < 16:
-                raise ConfigError(f"token file line {number}: a token must have at least 16 characters")
-            grants[token] = Grant(
-                tuple(parse_scope(s) for s in scopes) if scopes else ADMIN.scopes, holder(token)
-            )
-        return cls(grants)
+        """The tokens of a token file's lines (:mod:`.token_file`)."""
+        from meshplane.streams.token_file import parse_tokens
+
+        return cls(parse_tokens(text, toml=False, vpns=None, where="token file"))
 
     @classmethod
-    def load(cls, token_file: Path | None, env_token: str | None) -> Tokens | None:
-        """Tokens from ``token_file`` and/or one admin token from the environment; None: no auth."""
+    def load(
+        cls, token_file: Path | None, env_token: str | None, vpns: Collection[str] | None = None
+    ) -> Tokens | None:
+        """Tokens from ``token_file`` (lines, or TOML if its name ends in ``.toml``) and/or one admin
+        token of the default VPN from the environment; None: no auth. ``vpns``: the server's VPNs (a
+        token naming another is refused, with its line)."""
+        from meshplane.streams.token_file import parse_tokens
+
         grants: dict[str, Grant] = {}
         if token_file is not None:
             try:
-                grants.update(cls.parse(token_file.read_text())._as_dict())
+                text = token_file.read_text()
             except OSError as exc:
                 raise ConfigError(f"cannot read the token file {token_file}: {exc.strerror}") from None
+            grants.update(
+                parse_tokens(text, toml=token_file.suffix == ".toml", vpns=vpns, where=str(token_file))
+            )
         if env_token:
             grants[env_token] = Grant(ADMIN.scopes, holder(env_token))
         return cls(grants) if grants else None
 
-    def _as_dict(self) -> dict[str, Grant]:
-        return {token.decode(): grant for token, grant in self._grants}
+    def vpns(self) -> set[str]:
+        """The Message VPNs the tokens belong to."""
+        return {grant.vpn for _, grant in self._grants}
 
     def grant_for(self, presented: str) -> Grant | None:
         found: Grant | None = None

@@ -52,12 +52,14 @@ class StreamsClient:
         timeout: float = 30.0,
         channel: bool = False,
         tls: ssl.SSLContext | None = None,
+        vpn: str | None = None,
     ) -> None:
         """``url``: a server, or several serving the same streams (``meshplane serve --storage nats://``),
         comma-separated or a list: when the current one cannot be reached, the next is tried. None:
         the server the CLI uses (``$MESHPLANE_STREAMS_URL``, the selected context's, or port 15500 on
         loopback), with its token unless ``token`` is given; a URL given here never gets the context's
-        token. ``tls``: how to check an https server (default: the system's CAs, or $SSL_CERT_FILE)."""
+        token. ``tls``: how to check an https server (default: the system's CAs, or $SSL_CERT_FILE).
+        ``vpn``: the Message VPN an operator's token works in (a VPN's own token needs none)."""
         if url is None:
             from meshplane.context import streams_endpoint
 
@@ -69,6 +71,8 @@ class StreamsClient:
             raise StreamError("StreamsClient needs a server URL")
         self._current = 0
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if vpn is not None:
+            headers["X-Meshplane-Vpn"] = vpn
         self._session = aiohttp.ClientSession(
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=timeout),

@@ -5,6 +5,7 @@ import { groupActions, retentionActions, roomRetention, topicActions, topicCreat
 import { meshActions, meshHtml, meshViewHtml } from "/ui/static/mesh.js";
 
 const TOKEN_KEY = "meshplane.token";
+const VPN_KEY = "meshplane.vpn"; // the VPN picker's choice (the server refuses it to a tenant's token)
 const SPAN = 300; // points kept per series: the last five minutes at one a second
 const MAX_TAIL_ROWS = 500;
 
@@ -42,8 +43,34 @@ const enc = encodeURIComponent;
 
 function headers() {
   const token = sessionStorage.getItem(TOKEN_KEY);
-  return token ? { Authorization: `Bearer ${token}` } : {};
+  const vpn = sessionStorage.getItem(VPN_KEY);
+  return { ...(token ? { Authorization: `Bearer ${token}` } : {}), ...(vpn ? { "X-Meshplane-Vpn": vpn } : {}) };
 }
+
+// The VPN picker: shown when the token may see more than one Message VPN (the operator's); every
+// page, action and live stream then works in the VPN picked.
+async function vpnPicker() {
+  const picker = document.getElementById("vpn");
+  let answer;
+  try {
+    answer = await api("/ui/api/vpns");
+  } catch (error) {
+    sessionStorage.removeItem(VPN_KEY);
+    picker.hidden = true;
+    return;
+  }
+  picker.innerHTML = answer.vpns.map((name) => `<option value="${esc(name)}">VPN ${esc(name)}</option>`).join("");
+  picker.value = answer.vpn;
+  picker.hidden = answer.vpns.length < 2;
+}
+document.getElementById("vpn").addEventListener("change", (event) => {
+  sessionStorage.setItem(VPN_KEY, event.target.value);
+  state = null;
+  series.clear();
+  if (stream) stream.abort();
+  stream = null;
+  route();
+});
 
 class Unauthorized extends Error {}
 
@@ -195,10 +222,13 @@ document.getElementById("login-form").addEventListener("submit", async (event) =
   document.getElementById("token").value = "";
   dialog.close();
   document.getElementById("logout").hidden = false;
+  sessionStorage.removeItem(VPN_KEY);
+  vpnPicker();
   route();
 });
 document.getElementById("logout").addEventListener("click", () => {
   sessionStorage.removeItem(TOKEN_KEY);
+  sessionStorage.removeItem(VPN_KEY);
   if (stream) stream.abort();
   showLogin();
 });
@@ -486,4 +516,5 @@ document.addEventListener("click", (event) => {
   route();
 });
 window.addEventListener("popstate", route);
+vpnPicker();
 route();

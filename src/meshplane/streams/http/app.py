@@ -16,13 +16,15 @@ import nats.errors
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 
-from meshplane.dashboard.http import DASHBOARD
+from meshplane.core.mesh.vpn import DEFAULT
+from meshplane.dashboard.http import DASHBOARD, DASHBOARDS
 from meshplane.dashboard.live import Dashboard
 from meshplane.discovery.base import Discovery
 from meshplane.mesh.node import MeshNode
 from meshplane.streams.access import Grant, Tokens
 from meshplane.streams.errors import (
     Forbidden,
+    NotFound,
     PayloadTooLarge,
     StorageError,
     StreamError,
@@ -31,9 +33,21 @@ from meshplane.streams.http import origin
 from meshplane.streams.http.api import Api
 from meshplane.streams.http.mesh import MESH, register_mesh_metrics
 from meshplane.streams.http.metrics import REGISTRY, EngineCollector
-from meshplane.streams.http.params import ENGINE, GRANT, Handler, error_response, json_response
+from meshplane.streams.http.params import (
+    ENGINE,
+    ENGINES,
+    GRANT,
+    VPN,
+    VPN_HEADER,
+    Handler,
+    error_response,
+    json_response,
+    vpn_of,
+)
 from meshplane.streams.http.routes import route_table
+from meshplane.streams.http.vpn_bridge import attach_vpn
 from meshplane.streams.service import StreamsService
+from meshplane.streams.vpn_engines import VpnEngines
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +62,16 @@ def create_app(
     mesh: MeshNode | None = None,
     discovery: Discovery | None = None,
     loopback_only: bool = False,
+    engines: VpnEngines | None = None,
 ) -> web.Application:
     """``loopback_only``: the server listens on loopback, so it answers only requests addressed to a
-    loopback name (:mod:`.origin`)."""
+    loopback name (:mod:`.origin`). ``engines``: the streams service of each Message VPN its tokens
+    name (``engine`` is the default VPN's); a request reaches only its token's VPN's."""
+    engines = engines if engines is not None else VpnEngines(engine)
     limit = max_request_bytes or max(engine.config.max_payload_bytes * 2, 1 << 20)
-    api = Api(engine)
-    routes = route_table(api)
+    apis = {vpn: Api(each) for vpn, each in engines.items()}
+    tables = {vpn: route_table(api) for vpn, api in apis.items()}
+    routes = tables[DEFAULT]
     by_key = {(r.method, r.path): r for r in routes}
 
     @web.middleware
@@ -67,10 +85,17 @@ def create_app(
             grant = _grant(request, tokens, query=route.browser)
             if grant is None:
                 return web.Response(status=401, headers={"WWW-Authenticate": "Bearer"})
+            if route.tag == "mesh" and grant.vpn != DEFAULT:
+                # The node's queues and links are the default VPN's operators' (the mesh keeps VPNs).
+                return error_response(Forbidden(f"a token of the VPN {grant.vpn} may not manage the mesh"))
             names = [request.match_info[k] for k in ("room", "topic", "group") if k in request.match_info]
             if route.access is not None and not grant.allows(route.access, names or [None]):
                 return error_response(Forbidden(f"this token may not {route.access} {', '.join(names)}"))
             request[GRANT] = grant
+        chosen = _vpn(request, engines)
+        if isinstance(chosen, StreamError):
+            return error_response(chosen)
+        request[VPN] = chosen
         try:
             return await handler(request)
         except StreamError as exc:
@@ -92,30 +117,68 @@ def create_app(
 
     app = web.Application(middlewares=[errors_and_auth], client_max_size=limit)
     app[ENGINE] = engine
+    app[ENGINES] = engines
     registry = CollectorRegistry()
-    registry.register(EngineCollector(engine, api.readers.readers))
+    labelled = len(engines) > 1  # a server that names no VPN keeps its metrics' names and labels
+    for vpn, api in apis.items():
+        registry.register(EngineCollector(api.engine, api.readers.readers, vpn=vpn if labelled else None))
     fsync_hist = Histogram(
         "meshplane_fsync_seconds",
         "fsync latency (group commit)",
         registry=registry,
         buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
     )
-    dashboard = app[DASHBOARD] = Dashboard(
-        engine, mesh=mesh, discovery=discovery, readers=api.readers.readers
-    )
+    dashboards = {
+        vpn: Dashboard(
+            api.engine,
+            mesh=mesh if vpn == DEFAULT else None,
+            discovery=discovery if vpn == DEFAULT else None,
+            readers=api.readers.readers,
+        )
+        for vpn, api in apis.items()
+    }
+    dashboard = app[DASHBOARD] = dashboards[DEFAULT]
+    app[DASHBOARDS] = dashboards
 
     def on_fsync(seconds: float) -> None:
         fsync_hist.observe(seconds)
         dashboard.observe_fsync(seconds)
 
-    engine.durability.on_fsync = on_fsync
+    for each in engines.values():
+        each.durability.on_fsync = on_fsync
     app[REGISTRY] = registry
     if mesh is not None:
         app[MESH] = mesh
         register_mesh_metrics(mesh, registry)
-    for route in routes:
-        app.router.add_route(route.method, route.path, route.handler)
+    for n, route in enumerate(routes):
+        handler = route.handler
+        if len(tables) > 1:
+            handler = _by_vpn({vpn: table[n].handler for vpn, table in tables.items()})
+        app.router.add_route(route.method, route.path, handler)
     return app
+
+
+def _vpn(request: web.Request, engines: VpnEngines) -> str | StreamError:
+    """The VPN the request works in: its token's, or the one an operator names in the header."""
+    grant: Grant | None = request.get(GRANT)
+    own = DEFAULT if grant is None else grant.vpn
+    asked = request.headers.get(VPN_HEADER, own)
+    if asked == own:
+        return own
+    if grant is not None and not grant.operator:
+        return Forbidden(f"a token of the VPN {own} works in its VPN only, not in {asked[:40]!r}")
+    if asked not in engines:
+        return NotFound(f"no Message VPN {asked[:40]!r} on this server's streams side")
+    return asked
+
+
+def _by_vpn(handlers: dict[str, Handler]) -> Handler:
+    """A route's handler that answers with the request's VPN's service (and no other's)."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await handlers[vpn_of(request)](request)
+
+    return handle
 
 
 def server_tls(cert: Path, key: Path) -> ssl.SSLContext:
@@ -156,15 +219,28 @@ async def serve(
     discovery: Discovery | None = None,
 ) -> None:
     """Run until ``stop`` is set (or forever); as a node of the event mesh when ``mesh`` is given.
-    The dashboard's event plane page lists the publishers in ``discovery``, when given."""
-    await engine.start()
+    The dashboard's event plane page lists the publishers in ``discovery``, when given. Each Message
+    VPN a token names gets its own streams service (:mod:`meshplane.streams.vpn_engines`)."""
+    engines = VpnEngines(engine, tokens.vpns() if tokens is not None else ())
+    for each in engines.values():
+        # An HA mate's copy of a VPN's writes (under the data directory) before each acknowledgement.
+        each.durability.replicate = engine.durability.replicate
+        await each.start()
     if mesh is not None:
         mesh.attach(engine)
+        for vpn, each in engines.others().items():
+            attach_vpn(mesh, each, vpn)
         await mesh.start()
     app = create_app(
-        engine, tokens=tokens, mesh=mesh, discovery=discovery, loopback_only=origin.is_loopback_name(host)
+        engine,
+        tokens=tokens,
+        mesh=mesh,
+        discovery=discovery,
+        loopback_only=origin.is_loopback_name(host),
+        engines=engines,
     )
-    app[DASHBOARD].start()
+    for dashboard in app[DASHBOARDS].values():
+        dashboard.start()
     runner = web.AppRunner(
         app,
         access_log=None,
@@ -182,8 +258,10 @@ async def serve(
             on_ready(bound)
         await (stop or asyncio.Event()).wait()
     finally:
-        await app[DASHBOARD].close()
+        for dashboard in app[DASHBOARDS].values():
+            await dashboard.close()
         if mesh is not None:
             await mesh.close()
         await runner.cleanup()
-        await engine.close()
+        for each in engines.values():
+            await each.close()

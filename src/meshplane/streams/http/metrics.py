@@ -10,7 +10,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from meshplane.streams.http.params import readable
+from meshplane.core.mesh.vpn import DEFAULT
+from meshplane.streams.access import Grant
+from meshplane.streams.http.params import GRANT, readable
 from meshplane.streams.readers import Readers, reader_lag
 from meshplane.streams.service import StreamsService
 
@@ -18,12 +20,21 @@ from meshplane.streams.service import StreamsService
 
 REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
 _NAMED = re.compile(rb'(?:topic|room|group|queue)="((?:[^"\\]|\\.)*)"')
+_VPN = re.compile(rb'[{,]vpn="((?:[^"\\]|\\.)*)"')
 
 
 def readable_metrics(request: web.Request, exposition: bytes) -> bytes:
-    """The exposition without the samples of names the request's token may not read."""
+    """The exposition without the samples of names the request's token may not read, nor of VPNs
+    other than its own (its operator's sees every VPN's)."""
+    grant: Grant | None = request.get(GRANT)
+    every_vpn = grant is None or grant.operator
+    own = DEFAULT if grant is None else grant.vpn
     kept = []
     for line in exposition.split(b"\n"):
+        if not every_vpn and not line.startswith(b"#"):
+            vpn = _VPN.search(line)
+            if (vpn[1].decode(errors="replace") if vpn else DEFAULT) != own:
+                continue  # another VPN's sample (or, for a named VPN's token, the server's own)
         names = [match.decode(errors="replace") for match in _NAMED.findall(line)]
         if not names or len(readable(request, names)) == len(names):
             kept.append(line)
@@ -33,11 +44,20 @@ def readable_metrics(request: web.Request, exposition: bytes) -> bytes:
 class EngineCollector(Collector):
     """Reads the engine's counters at scrape time."""
 
-    def __init__(self, engine: StreamsService, readers: Readers | None = None) -> None:
+    def __init__(
+        self, engine: StreamsService, readers: Readers | None = None, *, vpn: str | None = None
+    ) -> None:
         self.engine = engine
         self.readers = readers if readers is not None else Readers()
+        self.vpn = vpn  # the Message VPN every sample is labelled with (None: no label, one VPN)
 
     def collect(self) -> Any:
+        for family in self._families():
+            if self.vpn is not None:
+                family.samples = [s._replace(labels={**s.labels, "vpn": self.vpn}) for s in family.samples]
+            yield family
+
+    def _families(self) -> Any:
         e = self.engine
         for name, help_text in (
             ("events_published", "Events appended (rooms and topics)"),

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
+from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.core.metadata import MetadataError, internal_entries, reserved_key
 from meshplane.core.streamlog import StoredEvent
 from meshplane.streams.access import Grant
@@ -26,12 +27,29 @@ from meshplane.streams.service import StreamsService
 _json = msgspec.json.Encoder()
 
 
-ENGINE: web.AppKey[StreamsService] = web.AppKey("engine", StreamsService)
+ENGINE: web.AppKey[StreamsService] = web.AppKey("engine", StreamsService)  # the default VPN's
+ENGINES: web.AppKey[Mapping[str, StreamsService]] = web.AppKey("engines")  # each VPN's, by name
 GRANT = "meshplane.grant"  # the request's grant, when the server requires tokens
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_CONSUME_LIMIT = 1000
 INT64_MAX = 2**63 - 1
 _json_decoder = msgspec.json.Decoder()
+
+
+VPN = "meshplane.vpn"  # the Message VPN a request works in (set by the app's middleware)
+VPN_HEADER = "X-Meshplane-Vpn"  # an operator's choice of VPN (a token of another VPN: refused)
+
+
+def vpn_of(request: web.Request) -> str:
+    """The Message VPN a request works in: its token's (the default VPN without tokens), or the one
+    an operator named in ``X-Meshplane-Vpn``."""
+    vpn: str = request.get(VPN, DEFAULT)
+    return vpn
+
+
+def engine_of(request: web.Request) -> StreamsService:
+    """The streams service of the request's VPN: the only one a request ever reaches."""
+    return request.app[ENGINES][vpn_of(request)]
 
 
 def readable(request: web.Request, names: Iterable[str]) -> list[str]:

@@ -158,6 +158,13 @@ def route_table(api: Api) -> list[Route]:
         ),
         Route(
             "GET",
+            "/ui/api/vpns",
+            dashboard.vpns,
+            "The Message VPNs the VPN picker offers this token (an operator's: every one)",
+            "dashboard",
+        ),
+        Route(
+            "GET",
             "/ui/api/browse",
             dashboard.browse,
             "Events for the message browser: ?target=, ?from_offset= or ?timestamp_ms=, ?limit=",

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from meshplane.core.staging import Reported
 from meshplane.streams.errors import BadRequest
-from meshplane.streams.http.params import ENGINE, get_int, get_str, json_response, read_json, topic_event
+from meshplane.streams.http.params import engine_of, get_int, get_str, json_response, read_json, topic_event
 from meshplane.streams.staging import check_stage_id
 
 
@@ -23,7 +23,7 @@ async def stage(request: web.Request) -> web.Response:
     if not isinstance(items, list) or not items or not all(isinstance(e, dict) for e in items):
         raise BadRequest("events must be a non-empty list of objects")
     events = [(get_int(e, "partition", None, minimum=0), topic_event(e)) for e in items]
-    stored = request.app[ENGINE].stage(name, stage_id, seq, events)
+    stored = engine_of(request).stage(name, stage_id, seq, events)
     return json_response({"topic": name, "stage": stage_id, "seq": seq, "repeated": not stored})
 
 
@@ -41,9 +41,7 @@ def _reported(raw: Any) -> list[Reported]:
 async def commit(request: web.Request) -> web.Response:
     name, body = request.match_info["topic"], await read_json(request)
     reported = _reported(body.get("stages"))
-    appended, count = await request.app[ENGINE].commit_staged(
-        name, get_str(body, "idempotency_key"), reported
-    )
+    appended, count = await engine_of(request).commit_staged(name, get_str(body, "idempotency_key"), reported)
     return json_response({"topic": name, "committed": appended, "count": count})
 
 
@@ -52,5 +50,5 @@ async def abort(request: web.Request) -> web.Response:
     stages = body.get("stages")
     if not isinstance(stages, list):
         raise BadRequest("stages must be a list of stage ids")
-    dropped = request.app[ENGINE].abort_staged(name, [check_stage_id(s) for s in stages])
+    dropped = engine_of(request).abort_staged(name, [check_stage_id(s) for s in stages])
     return json_response({"topic": name, "dropped": dropped})

@@ -30,8 +30,9 @@ class ClusterPubSub:
 
     guaranteed = False
 
-    def __init__(self, nc: Client, pubsub: PubSub) -> None:
+    def __init__(self, nc: Client, pubsub: PubSub, prefix: str = PREFIX) -> None:
         self.nc = nc
+        self.prefix = prefix  # its VPN's (jetstream/naming.py): servers share each VPN's messages only
         self.pubsub = pubsub
         self.origin = uuid.uuid4().hex
         self.dropped = 0
@@ -39,7 +40,7 @@ class ClusterPubSub:
         self._sender: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self.nc.subscribe(PREFIX + ">", cb=self._on_message)
+        await self.nc.subscribe(self.prefix + ">", cb=self._on_message)
         self._sender = asyncio.create_task(self._send())
         self.pubsub.mesh = self
 
@@ -68,7 +69,7 @@ class ClusterPubSub:
         while True:
             topic, frame = await self._outgoing.get()
             try:
-                await self.nc.publish(PREFIX + topic, frame, headers=headers)
+                await self.nc.publish(self.prefix + topic, frame, headers=headers)
             except Exception as exc:  # the connection is reconnecting or closed: pub/sub is best effort
                 self.dropped += 1
                 self.pubsub.dropped += 1
@@ -77,4 +78,4 @@ class ClusterPubSub:
     async def _on_message(self, msg: Msg) -> None:
         if (msg.headers or {}).get(ORIGIN_HEADER) == self.origin:
             return
-        self.pubsub.deliver(msg.subject[len(PREFIX) :], msg.data)
+        self.pubsub.deliver(msg.subject[len(self.prefix) :], msg.data)

@@ -110,7 +110,7 @@ class SharedRooms:
 
     async def on_event(self, msg: Msg) -> None:
         """An event a room's stream stored (republished by JetStream, from whichever server)."""
-        name = naming.parse_room_feed(msg.subject)
+        name = self.store.naming.parse_room_feed(msg.subject)
         room = self._shared(name) if name is not None else None
         headers = msg.headers or {}
         sequence = headers.get("Nats-Sequence")
@@ -129,7 +129,7 @@ class SharedRooms:
             room.catching_up = asyncio.get_running_loop().create_task(self._catch_up(room))
 
     async def _catch_up(self, room: SharedRoom) -> None:
-        stream = naming.room_stream(room.name)
+        stream = self.store.naming.room_stream(room.name)
         try:
             room.bounds = await self.store.stream_bounds(stream)
             room.stored_end = max(room.stored_end, room.bounds.next_offset)
@@ -172,7 +172,7 @@ class SharedRooms:
             if room is None:
                 return None
         with contextlib.suppress(Unavailable, nats.js.errors.NotFoundError):
-            room.bounds = await self.store.stream_bounds(naming.room_stream(room.name))
+            room.bounds = await self.store.stream_bounds(self.store.naming.room_stream(room.name))
             end = room.bounds.next_offset
             if end > room.next_offset:
                 room.stored_end = max(room.stored_end, end)
@@ -185,7 +185,7 @@ class SharedRooms:
         for room in list(self.rooms.values()):
             if isinstance(room, SharedRoom) and room.catching_up is None:
                 with contextlib.suppress(Unavailable, nats.js.errors.NotFoundError):
-                    room.bounds = await self.store.stream_bounds(naming.room_stream(room.name))
+                    room.bounds = await self.store.stream_bounds(self.store.naming.room_stream(room.name))
                     if room.bounds.next_offset > room.next_offset:
                         room.stored_end = room.bounds.next_offset
                         self.catch_up(room)
@@ -205,7 +205,7 @@ class SharedRooms:
     async def create(
         self, name: str, max_events: int, retention_secs: float | None, exist_ok: bool
     ) -> tuple[Room, bool]:
-        if len(naming.room_stream(name)) > naming.MAX_STREAM_NAME:
+        if len(self.store.naming.room_stream(name)) > naming.MAX_STREAM_NAME:
             raise BadRequest(f"room name {name!r} is too long for a JetStream stream name")
         settings = RoomSettings(max_events, retention_secs, now_ms() / 1000, uuid.uuid4().hex)
         # The stream first: a room whose settings are seen has its stream.
@@ -234,7 +234,7 @@ class SharedRooms:
         if existed:
             with contextlib.suppress(nats.js.errors.KeyNotFoundError):
                 await self.store.rooms_kv.delete(key)
-            await self.store.delete_stream(naming.room_stream(name))
+            await self.store.delete_stream(self.store.naming.room_stream(name))
         known = self._shared(name)  # a view of a room the bucket no longer lists goes too
         if known is not None:
             self._forget(known)
@@ -244,7 +244,7 @@ class SharedRooms:
         """Acknowledged once the room's stream stored it (on a quorum of its replicas); the event as
         this server's view holds it, once the view has reached it."""
         timestamp = now_ms()
-        offsets, _ = await self.store.publish(naming.room_subject(room.name), [payload], timestamp)
+        offsets, _ = await self.store.publish(self.store.naming.room_subject(room.name), [payload], timestamp)
         offset = offsets[0]
         room.published += 1
         room.stored_end = max(room.stored_end, offset + 1)

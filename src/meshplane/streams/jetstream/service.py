@@ -24,6 +24,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 
 from meshplane.core.groups import GroupCoordinator, GroupError
+from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.core.streamlog import RetentionPolicy, StoredEvent, encode_record
 from meshplane.streams.config import StreamsConfig, check_name, now_ms
 from meshplane.streams.errors import BadRequest, Conflict, NotFound, OffsetOutOfRange
@@ -52,12 +53,17 @@ class JetStreamStreamsService(StreamsService):
         replicas: int = 1,
         start_timeout: float = 60.0,
         progress: Callable[[str], None] | None = None,
+        vpn: str = DEFAULT,
     ) -> None:
         super().__init__(config)
         if replicas not in (1, 3, 5):
             raise BadRequest(f"replicas must be 1, 3 or 5 (a Raft group of that many), not {replicas}")
         self.store = JetStreamStore(
-            servers, replicas=replicas, start_timeout=start_timeout, progress=progress or log.warning
+            servers,
+            replicas=replicas,
+            start_timeout=start_timeout,
+            progress=progress or log.warning,
+            names=naming.Naming(vpn),
         )
         self.local_files = False
         self.shared_topics: dict[str, JetStreamTopic] = {}
@@ -75,7 +81,7 @@ class JetStreamStreamsService(StreamsService):
         self.shared_groups = SharedGroups(self.store.groups_kv, self.counters)
         await self.store.follow_rooms(self.shared_rooms.on_event)
         assert self.store.nc is not None
-        self.cluster_pubsub = ClusterPubSub(self.store.nc, self.pubsub)
+        self.cluster_pubsub = ClusterPubSub(self.store.nc, self.pubsub, self.store.naming.pubsub_prefix)
         await self.cluster_pubsub.start()
         buckets = (
             (self.store.topics_kv, self._saw_topic),
@@ -133,7 +139,7 @@ class JetStreamStreamsService(StreamsService):
                 partition.saw(await self.store.bounds(topic.name, p))
 
     async def _on_notice(self, msg: Msg) -> None:
-        place = naming.parse_notice(msg.subject)
+        place = self.store.naming.parse_notice(msg.subject)
         seq = msg.data
         if place is None or not seq.isdigit() or len(seq) > 20:  # a JetStream sequence is a uint64
             return
@@ -240,7 +246,7 @@ class JetStreamStreamsService(StreamsService):
         segment_bytes: int | None = None,
     ) -> JetStreamTopic:
         check_name("topic", name)
-        if len(naming.partition_stream(name, 10_000)) > naming.MAX_STREAM_NAME:
+        if len(self.store.naming.partition_stream(name, 10_000)) > naming.MAX_STREAM_NAME:
             raise BadRequest(f"topic name {name!r} is too long for a JetStream stream name")
         partitions = check_new_topic(self.config, self.shared_topics, num_partitions)
         if replication_factor not in (1, self.store.replicas):

@@ -96,7 +96,9 @@ class JetStreamStore:
         timeout: float = 5.0,
         start_timeout: float = 60.0,
         progress: Callable[[str], None] = log.warning,
+        names: naming.Naming = naming.DEFAULT_NAMING,
     ) -> None:
+        self.naming = names  # the names of its VPN's streams, buckets and subjects
         self.servers = servers
         self.replicas = replicas
         self.timeout = timeout
@@ -165,15 +167,15 @@ class JetStreamStore:
             self.js = self.nc.jetstream(timeout=self.timeout)
             self._reply_prefix = self.nc.new_inbox()
             await self.nc.subscribe(self._reply_prefix + ".*", cb=self._on_reply)
-            await self.nc.subscribe(naming.NOTICES, cb=on_notice)
-        self.topics_kv = await self._bucket(naming.TOPICS_BUCKET)
-        self.groups_kv = await self._bucket(naming.GROUPS_BUCKET)
-        self.rooms_kv = await self._bucket(naming.ROOMS_BUCKET)
+            await self.nc.subscribe(self.naming.notices, cb=on_notice)
+        self.topics_kv = await self._bucket(self.naming.topics_bucket)
+        self.groups_kv = await self._bucket(self.naming.groups_bucket)
+        self.rooms_kv = await self._bucket(self.naming.rooms_bucket)
 
     async def follow_rooms(self, on_event: Callable[[Msg], Awaitable[None]]) -> None:
         """Every room's events as its stream stores them (republished whole), for the rooms' views."""
         assert self.nc is not None
-        await self.nc.subscribe(naming.ROOM_FEED, cb=on_event)
+        await self.nc.subscribe(self.naming.room_feed, cb=on_event)
 
     async def _bucket(self, name: str) -> KeyValue:
         try:
@@ -191,8 +193,8 @@ class JetStreamStore:
         self, topic: str, partition: int, limits: dict[str, Any], duplicate_window: float
     ) -> StreamBounds:
         return await self._ensure_stream(
-            naming.partition_stream(topic, partition),
-            naming.partition_subject(topic, partition),
+            self.naming.partition_stream(topic, partition),
+            self.naming.partition_subject(topic, partition),
             None,
             duplicate_window=duplicate_window,
             **limits,
@@ -201,11 +203,11 @@ class JetStreamStore:
     async def ensure_room(self, room: str, max_events: int, retention_secs: float | None) -> StreamBounds:
         """A room's stream: it keeps what the room keeps, and republishes each event whole so that
         every server's view of the room follows it."""
-        subject = naming.room_subject(room)
+        subject = self.naming.room_subject(room)
         return await self._ensure_stream(
-            naming.room_stream(room),
+            self.naming.room_stream(room),
             subject,
-            api.RePublish(src=subject, dest=naming.room_feed_subject(room)),
+            api.RePublish(src=subject, dest=self.naming.room_feed_subject(room)),
             max_msgs=max_events,
             max_age=retention_secs or 0.0,
         )
@@ -232,14 +234,14 @@ class JetStreamStore:
         return _bounds(info.state)
 
     async def delete_partition(self, topic: str, partition: int) -> None:
-        await self.delete_stream(naming.partition_stream(topic, partition))
+        await self.delete_stream(self.naming.partition_stream(topic, partition))
 
     async def delete_stream(self, name: str) -> None:
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await self.js.delete_stream(name)
 
     async def bounds(self, topic: str, partition: int) -> StreamBounds:
-        return await self.stream_bounds(naming.partition_stream(topic, partition))
+        return await self.stream_bounds(self.naming.partition_stream(topic, partition))
 
     async def stream_bounds(self, stream: str) -> StreamBounds:
         try:
@@ -255,12 +257,14 @@ class JetStreamStore:
         many were duplicates (same message id within the window: the first one's offset). Then every
         server hears of the new end in one small notice (its waiting readers wake); a notice lost with
         a server that died is made up for by each server's periodic look at the stream."""
-        appended = await self.publish(naming.partition_subject(topic, partition), payloads, timestamp_ms, ids)
+        appended = await self.publish(
+            self.naming.partition_subject(topic, partition), payloads, timestamp_ms, ids
+        )
         assert self.nc is not None
         with contextlib.suppress(nats.errors.Error):
             if appended[0]:
                 notice = b"%d" % (max(appended[0]) + 1)
-                await self.nc.publish(naming.notice_subject(topic, partition), notice)
+                await self.nc.publish(self.naming.notice_subject(topic, partition), notice)
         return appended
 
     async def publish(
@@ -349,7 +353,7 @@ class JetStreamStore:
         """Up to ``limit`` records from ``from_offset`` in one batched direct get (any replica
         answers; no consumer is created)."""
         return await self.read_stream(
-            naming.partition_stream(topic, partition), from_offset, limit, max_bytes
+            self.naming.partition_stream(topic, partition), from_offset, limit, max_bytes
         )
 
     async def read_stream(self, stream: str, from_offset: int, limit: int, max_bytes: int) -> list[Record]:
@@ -391,7 +395,7 @@ class JetStreamStore:
         when = datetime.fromtimestamp(timestamp_ms / 1000, UTC).isoformat().replace("+00:00", "Z")
         try:
             msg = await self.nc.request(  # type: ignore[union-attr]
-                f"$JS.API.DIRECT.GET.{naming.partition_stream(topic, partition)}",
+                f"$JS.API.DIRECT.GET.{self.naming.partition_stream(topic, partition)}",
                 json.dumps({"start_time": when}).encode(),
                 timeout=self.timeout,
             )
