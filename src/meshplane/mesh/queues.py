@@ -1,5 +1,6 @@
 """A node's queues (seed 002's guaranteed subscriptions): checked, kept in
-``<data dir>/mesh/queues.json`` (fsynced before they are advertised), and subscribed under ``$G.``.
+``<data dir>/mesh/queues.log`` (:mod:`.queue_journal`: appended and fsynced before they are
+advertised), and subscribed under ``$G.``; at most ``MeshConfig.max_queues`` of them per node.
 
 A queue belongs to a Message VPN (:mod:`meshplane.core.mesh.vpn`): its patterns are kept and routed
 with the VPN's prefix (``$G.$vpn:A.orders.>``), so it takes that VPN's events only, and a VPN's queue
@@ -32,6 +33,7 @@ from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of, queue_topic, vp
 from meshplane.core.streamlog import StoredEvent
 from meshplane.core.subjects import is_reserved, valid_pattern
 from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh.queue_journal import QueueJournal
 from meshplane.streams.errors import (
     BadRequest,
     CorruptRecords,
@@ -52,7 +54,6 @@ log = logging.getLogger(__name__)
 PREFIX = "$G."  # a queue's pattern travels as this + the pattern; guaranteed events are routed so too
 RECENT_IDS = 50_000  # event ids a queue remembers per way in (more than a spool's resends reach back)
 RECALLED = "\x00recalled"  # the way of the ids read back on start (no node id holds a NUL)
-MAX_QUEUES = 1000
 MAX_PATTERNS_PER_QUEUE = 100
 
 
@@ -142,16 +143,16 @@ class Queues:
         self.engine: StreamsService | None = None
         self._root = Path()
         self.queues: dict[str, Queue] = {}
+        self._journal: QueueJournal | None = None
 
     def open(self, engine: StreamsService, root: Path) -> None:
         """Load the queues and subscribe them (so they are advertised from the first link on)."""
         self.engine, self._root = engine, root
+        self._journal = QueueJournal(root)
         try:
-            saved = msgspec.json.decode((root / "queues.json").read_bytes(), type=dict[str, list[str]])
-        except FileNotFoundError:
-            saved = {}
-        except (OSError, msgspec.DecodeError) as exc:
-            raise StorageError(f"{root / 'queues.json'}: unreadable ({exc})") from exc
+            saved = self._journal.load()
+        except OSError as exc:
+            raise StorageError(f"{root}: the queues are unreadable ({exc})") from exc
         for name, patterns in saved.items():
             self._install(name, patterns)
         try:
@@ -204,8 +205,8 @@ class Queues:
             checked.append(prefix + valid)
         if not 1 <= len(checked) <= MAX_PATTERNS_PER_QUEUE:
             raise BadRequest(f"a queue takes 1-{MAX_PATTERNS_PER_QUEUE} patterns")
-        if name not in self.queues and len(self.queues) >= MAX_QUEUES:
-            raise BadRequest(f"{MAX_QUEUES} queues (the limit)")
+        if name not in self.queues and len(self.queues) >= self.limit:
+            raise LimitReached(f"{self.limit} queues on this node (its limit: --mesh-max-queues)")
         limit = self.node.config.vpns[vpn].max_queues
         if name not in self.queues and limit is not None and self._count(vpn) >= limit:
             self.node.logins.limits_refused[(vpn, "queues")] += 1
@@ -213,12 +214,16 @@ class Queues:
         if name not in self.engine.topics:  # new, or deleted under the queue: held if it is paused
             old_queue = self.queues.get(name)
             self.engine.topic_store.create(name, 1).held = old_queue is not None and old_queue.paused
-        saved = {q.name: q.patterns for q in self.queues.values()} | {name: sorted(set(checked))}
-        self._save(saved)
+        self._save(name, sorted(set(checked)))
         old = self.queues.pop(name, None)
         if old is not None:
             self._withdraw(old)
         return self._install(name, sorted(set(checked)), old)
+
+    @property
+    def limit(self) -> int:
+        """The most queues this node keeps."""
+        return self.node.config.max_queues
 
     def _count(self, vpn: str) -> int:
         return sum(1 for queue in self.queues.values() if vpn_of(queue.patterns[0]) == vpn)
@@ -230,7 +235,7 @@ class Queues:
             return False
         if queue.paused:  # its topic stays, readable: a queue made again under the name starts resumed
             self.pause(queue.name, False)
-        self._save({q.name: q.patterns for q in self.queues.values() if q is not queue})
+        self._save(queue.name, [])
         del self.queues[queue.name]
         self._withdraw(queue)
         return True
@@ -240,9 +245,16 @@ class Queues:
             self.node.unsubscribe(queue, PREFIX + pattern)
         self.node.gateways.queues_changed((), queue.patterns)
 
-    def _save(self, queues: dict[str, list[str]]) -> None:
+    def _save(self, name: str, patterns: list[str]) -> None:
+        """Record a queue's patterns (none: deleted) before they apply."""
+        assert self._journal is not None
+
+        def after() -> dict[str, list[str]]:  # every queue once it applies (asked for to compact)
+            state = {q.name: q.patterns for q in self.queues.values() if q.name != name}
+            return state | {name: patterns} if patterns else state
+
         try:
-            write_atomic(self._root / "queues.json", msgspec.json.encode(queues))
+            self._journal.put(name, patterns, after, len(self.queues))
         except OSError as exc:
             raise StorageError(f"saving the queues: {exc}") from exc
 
