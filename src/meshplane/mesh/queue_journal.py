@@ -91,6 +91,7 @@ class QueueJournal:
         if self._rewrite or self._lines > COMPACT_AFTER + 2 * count:
             self.compact(after())
             return
+        created = self._fd is None and not self.path.exists()
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         line = _encode(Entry(name, patterns)) + b"\n"
@@ -100,6 +101,8 @@ class QueueJournal:
             while view:
                 view = view[os.write(self._fd, view) :]
             os.fsync(self._fd)
+            if created:  # the file's name too must survive a power loss
+                fsync_dir(self.path.parent)
         except OSError:
             self._cut(size)
             raise

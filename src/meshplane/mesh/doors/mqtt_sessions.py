@@ -49,9 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_SESSIONS = 10_000  # persistent sessions per node (each VPN its share)
-MAX_SESSION_QUEUES = (
-    500  # sessions with a queue per node (each VPN its share; the node's --mesh-max-queues caps all)
-)
+MAX_SESSION_QUEUES = 500  # sessions with a queue per node (each VPN its share; --mesh-max-queues: all)
 MAX_SESSIONS_PER_USER = 100  # persistent sessions of one VPN user
 MAX_SESSION_BYTES = 64 * 1024  # one session, as saved (its filters, mostly)
 MAX_SESSIONS_BYTES = 32 * 1024 * 1024  # the sessions file
