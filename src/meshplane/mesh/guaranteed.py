@@ -141,6 +141,7 @@ class Guaranteed:
         for known in (self.peers, self.clusters):
             if known is not None:
                 known.close()
+        self.queues.close()
 
     def tick(self) -> None:
         for spool in (*self.spools.values(), *self.cluster_spools.values()):

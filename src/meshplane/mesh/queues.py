@@ -148,6 +148,7 @@ class Queues:
     def open(self, engine: StreamsService, root: Path) -> None:
         """Load the queues and subscribe them (so they are advertised from the first link on)."""
         self.engine, self._root = engine, root
+        self.close()
         self._journal = QueueJournal(root)
         try:
             saved = self._journal.load()
@@ -219,6 +220,10 @@ class Queues:
         if old is not None:
             self._withdraw(old)
         return self._install(name, sorted(set(checked)), old)
+
+    def close(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
 
     @property
     def limit(self) -> int:
