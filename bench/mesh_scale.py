@@ -285,7 +285,10 @@ def main() -> None:
     parser.add_argument("--sub-clients", type=int, default=100, help="connections holding them")
     parser.add_argument("--probes", type=int, default=300, help="events timed through the loaded server")
     parser.add_argument(
-        "--queues", type=int, default=1000, help="guaranteed queues (the node's limit: 1,000)"
+        "--queues",
+        type=int,
+        default=1000,
+        help="guaranteed queues (the node's bound: --mesh-max-queues, 10,000)",
     )
     parser.add_argument("--churn", type=int, default=100_000, help="subscriptions replaced")
     parser.add_argument("--churn-clients", type=int, default=100, help="connections holding them")

@@ -20,6 +20,7 @@ from meshplane.core.mesh.frames import (
     batched_ack_sequences,
     encode_event,
 )
+from meshplane.errors import ConfigError
 from meshplane.mesh import guaranteed as guaranteed_module
 from meshplane.mesh import queues as queues_module
 from meshplane.mesh.client import MeshClient
@@ -28,12 +29,13 @@ from meshplane.mesh.config import MeshConfig
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.lease import LeaseLost
 from meshplane.mesh.node import MeshNode
+from meshplane.mesh.queue_journal import QueueJournal
 from meshplane.mesh.queues import Queue, RecentIds
 from meshplane.mesh.spool import SpoolLimits
 from meshplane.mesh.vpns import parse_vpns
 from meshplane.streams import durability as durability_module
 from meshplane.streams.config import StreamsConfig
-from meshplane.streams.errors import BadRequest, NotStored, OutcomeUnknown
+from meshplane.streams.errors import BadRequest, LimitReached, NotStored, OutcomeUnknown, StorageError
 from meshplane.streams.service import StreamsService
 from tests.faults import FaultInjector
 from tests.helpers import eventually
@@ -76,11 +78,53 @@ async def test_queues_are_checked_and_persisted(node: MeshNode, tmp_path: Path) 
         with pytest.raises(BadRequest):
             node.guaranteed.queues.create("q", patterns)
     node.guaranteed.queues.create("q", ["b.*", "a.>", "a.>"])
-    saved = (tmp_path / "data" / "mesh" / "queues.json").read_text()
-    assert saved == '{"q":["a.>","b.*"]}'
+    journal = tmp_path / "data" / "mesh" / "queues.log"
+    assert journal.read_text() == '{"name":"q","patterns":["a.>","b.*"]}\n'
     assert node.guaranteed.queues.delete("q")
     assert not node.guaranteed.queues.delete("q")
-    assert (tmp_path / "data" / "mesh" / "queues.json").read_text() == "{}"
+    assert journal.read_text().splitlines()[1:] == ['{"name":"q"}']
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO], ids=errno.errorcode.get)
+@pytest.mark.parametrize("fail_at", [1, 2, 3])  # the journal's open, its write, its fsync
+async def test_a_queue_whose_record_failed_is_not_made_and_the_next_one_is(
+    node: MeshNode, tmp_path: Path, error: int, fail_at: int
+) -> None:
+    queues = node.guaranteed.queues
+    queues.create("kept", ["a.>"])
+    queues._journal.close()  # type: ignore[union-attr]  # reopened: the open is the first operation
+    mesh_dir = tmp_path / "data" / "mesh"
+    injector = FaultInjector(mesh_dir, fail_at=fail_at, error=error)
+    with injector.installed(), pytest.raises(StorageError):
+        queues.create("lost", ["b.>"])
+    assert injector.failed is not None
+    assert injector.failed[1].endswith("queues.log")
+    assert "lost" not in queues.queues
+    assert not node.router.route("$G.b.x").local  # never advertised
+    queues.create("after", ["c.>"])
+    assert QueueJournal(mesh_dir).load() == {"kept": ["a.>"], "after": ["c.>"]}
+
+
+def test_a_node_keeps_at_most_its_max_queues() -> None:
+    with pytest.raises(ConfigError):
+        MeshConfig(node_id="a", max_queues=-1)
+
+
+async def test_the_queue_limit_is_the_node_s_setting(tmp_path: Path) -> None:
+    engine = StreamsService(StreamsConfig(data_dir=tmp_path / "data"))
+    await engine.start()
+    mesh = MeshNode(MeshConfig(node_id="a", max_queues=3))
+    mesh.attach(engine)
+    await mesh.start()
+    try:
+        for i in range(3):
+            mesh.guaranteed.queues.create(f"q{i}", [f"q{i}.>"])
+        with pytest.raises(LimitReached, match="3 queues on this node"):
+            mesh.guaranteed.queues.create("q3", ["q3.>"])
+        mesh.guaranteed.queues.create("q0", ["other.>"])  # a change of one it has: allowed
+    finally:
+        await mesh.close()
+        await engine.close()
 
 
 async def test_what_waits_for_a_commit_is_bounded(node: MeshNode, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -81,6 +81,14 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
         help="the filters' false-positive rate at capacity",
     )
     mesh.add_argument(
+        "--mesh-max-queues",
+        type=int,
+        default=defaults.max_queues,
+        metavar="N",
+        help=f"guaranteed queues this node keeps, at most (default {defaults.max_queues:,}; "
+        "each is an open file; a VPN's max_queues caps its own)",
+    )
+    mesh.add_argument(
         "--message-batch-size",
         type=int,
         default=defaults.message_batch_size,
@@ -224,6 +232,7 @@ def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
         router=RouterLimits(
             bloom_filter_capacity=args.bloom_filter_capacity, bloom_filter_fpr=args.bloom_filter_fpr
         ),
+        max_queues=args.mesh_max_queues,
         message_batch_size=args.message_batch_size,
         message_batch_timeout_ms=args.message_batch_timeout_ms,
         max_message_queue_size=args.max_message_queue_size or MeshConfig.max_message_queue_size,

@@ -47,7 +47,8 @@ def validate(subject: object, *, wildcards: bool) -> str:
     size = len(subject.encode("utf-8", "surrogatepass"))
     if size > MAX_SUBJECT_BYTES:
         raise InvalidSubject(f"{what} of {size} bytes is longer than {MAX_SUBJECT_BYTES}")
-    if not subject.isprintable() or any(c.isspace() for c in subject):
+    # Every Unicode space but ' ' is unprintable: the two checks cover all whitespace.
+    if not subject.isprintable() or " " in subject:
         raise InvalidSubject(f"{what} {subject[:80]!r} holds a space or a control character")
     tokens = subject.split(".")
     if len(tokens) > MAX_TOKENS:

@@ -107,6 +107,7 @@ class MeshConfig:
     reconnect_max: float = 2.0
     handshake_timeout: float = 5.0
     router: RouterLimits = field(default_factory=RouterLimits)
+    max_queues: int = 10_000  # guaranteed queues this node keeps (each an open file)
     message_batch_size: int = 256  # frames per write on a link
     message_batch_timeout_ms: float = 0.0  # 0: write once the loop has nothing else to do
     # Per mesh client. The bytes (each frame charged its Python overhead too) bind first at defaults,
@@ -144,6 +145,8 @@ class MeshConfig:
                 f"${CLIENT_SECRET_ENV} is set but the members' secret is not: nodes, gateways and HA "
                 f"mates would prove nothing and anyone could link as one; set ${MEMBER_SECRET_ENV} too"
             )
+        if self.max_queues < 0:
+            raise ConfigError(f"max_queues must be >= 0, not {self.max_queues}")
         try:
             check_node_id(self.node_id)
         except ValueError as exc:

@@ -141,6 +141,7 @@ class Guaranteed:
         for known in (self.peers, self.clusters):
             if known is not None:
                 known.close()
+        self.queues.close()
 
     def tick(self) -> None:
         for spool in (*self.spools.values(), *self.cluster_spools.values()):
@@ -390,8 +391,7 @@ class Guaranteed:
 
     def learnt(self, peer: str, gained: Iterable[str], lost: Iterable[str]) -> None:
         """Interest a peer gained or lost: its queues' patterns are remembered apart."""
-        if self.peers is not None:
-            self.peers.learnt(peer, _queue_patterns(gained), _queue_patterns(lost))
+        _learn(self.peers, peer, gained, lost)
 
     def link_up(self, link: Link, interest: Iterable[str]) -> None:
         """The peer's (or other cluster's) interest is learnt afresh (``interest``): its queues are
@@ -403,8 +403,7 @@ class Guaranteed:
 
     def cluster_learnt(self, cluster: str, gained: Iterable[str], lost: Iterable[str]) -> None:
         """Interest another cluster announced over its external link (a gateway)."""
-        if self.clusters is not None:
-            self.clusters.learnt(cluster, _queue_patterns(gained), _queue_patterns(lost))
+        _learn(self.clusters, cluster, gained, lost)
 
     def _peer_queues_changed(self, peer: str, added: set[str], removed: set[str]) -> None:
         """What this cluster's queues want, as other clusters are told: each node's queues', once."""
@@ -513,6 +512,13 @@ class Guaranteed:
         if self.engine is not None:
             on_disk = self.engine.durability.when_synced(*(spool.log for spool, _ in ends))
             on_disk.add_done_callback(partial(self._durable, ends))
+
+
+def _learn(known: KnownQueues | None, key: str, gained: Iterable[str], lost: Iterable[str]) -> None:
+    """Queues' interest gained or lost, if any: most interest is no queue's (nothing to copy then)."""
+    gained, lost = _queue_patterns(gained), _queue_patterns(lost)
+    if known is not None and (gained or lost):
+        known.learnt(key, gained, lost)
 
 
 def _queue_patterns(interest: Iterable[str]) -> set[str]:

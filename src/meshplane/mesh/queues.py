@@ -1,5 +1,6 @@
 """A node's queues (seed 002's guaranteed subscriptions): checked, kept in
-``<data dir>/mesh/queues.json`` (fsynced before they are advertised), and subscribed under ``$G.``.
+``<data dir>/mesh/queues.log`` (:mod:`.queue_journal`: appended and fsynced before they are
+advertised), and subscribed under ``$G.``; at most ``MeshConfig.max_queues`` of them per node.
 
 A queue belongs to a Message VPN (:mod:`meshplane.core.mesh.vpn`): its patterns are kept and routed
 with the VPN's prefix (``$G.$vpn:A.orders.>``), so it takes that VPN's events only, and a VPN's queue
@@ -14,8 +15,8 @@ topic on start (those of the node's own publishers from where the checkpoint say
 a client's retry is known however many events other sources sent in between).
 
 A queue made with ``saved=False`` (an MQTT persistent session's) is kept by its owner instead, which
-makes it again on start: it is left out of ``queues.json``, whose every rewrite (fsynced, on the event
-loop) a client changing its subscriptions could otherwise repeat at will.
+makes it again on start: it is left out of ``queues.log``, whose fsynced appends (on the event loop)
+a client changing its subscriptions could otherwise repeat at will.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of, queue_topic, vp
 from meshplane.core.streamlog import StoredEvent
 from meshplane.core.subjects import is_reserved, valid_pattern
 from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh.queue_journal import QueueJournal
 from meshplane.streams.errors import (
     BadRequest,
     CorruptRecords,
@@ -58,7 +60,6 @@ log = logging.getLogger(__name__)
 PREFIX = "$G."  # a queue's pattern travels as this + the pattern; guaranteed events are routed so too
 RECENT_IDS = 50_000  # event ids a queue remembers per way in (more than a spool's resends reach back)
 RECALLED = "\x00recalled"  # the way of the ids read back on start (no node id holds a NUL)
-MAX_QUEUES = 1000
 MAX_PATTERNS_PER_QUEUE = 100
 
 
@@ -161,17 +162,18 @@ class Queues:
         self.engine: StreamsService | None = None
         self._root = Path()
         self.queues: dict[str, Queue] = {}
-        self.unsaved: set[str] = set()  # queues their owner keeps (not in queues.json)
+        self.unsaved: set[str] = set()  # queues their owner keeps (not in queues.log)
+        self._journal: QueueJournal | None = None
 
     def open(self, engine: StreamsService, root: Path) -> None:
         """Load the queues and subscribe them (so they are advertised from the first link on)."""
         self.engine, self._root = engine, root
+        self.close()
+        self._journal = QueueJournal(root)
         try:
-            saved = msgspec.json.decode((root / "queues.json").read_bytes(), type=dict[str, list[str]])
-        except FileNotFoundError:
-            saved = {}
-        except (OSError, msgspec.DecodeError) as exc:
-            raise StorageError(f"{root / 'queues.json'}: unreadable ({exc})") from exc
+            saved = self._journal.load()
+        except OSError as exc:
+            raise StorageError(f"{root}: the queues are unreadable ({exc})") from exc
         for name, patterns in saved.items():
             self._install(name, patterns)
         try:
@@ -236,8 +238,8 @@ class Queues:
             raise BadRequest(f"a queue takes 1-{MAX_PATTERNS_PER_QUEUE} patterns")
         if who is not None:
             self.allowed(who, "create" if name not in self.queues else "bind", queue_name, tuple(patterns))
-        if name not in self.queues and len(self.queues) >= MAX_QUEUES:
-            raise BadRequest(f"{MAX_QUEUES} queues (the limit)")
+        if name not in self.queues and len(self.queues) >= self.limit:
+            raise LimitReached(f"{self.limit} queues on this node (its limit: --mesh-max-queues)")
         limit = self.node.config.vpns[vpn].max_queues
         if name not in self.queues and limit is not None and self._count(vpn) >= limit:
             self.node.logins.limits_refused[(vpn, "queues")] += 1
@@ -246,12 +248,11 @@ class Queues:
             old_queue = self.queues.get(name)
             self.engine.topic_store.create(name, 1).held = old_queue is not None and old_queue.paused
         if saved:
-            self._save(self._kept(name) | {name: sorted(set(checked))})
-        elif name in self.queues and name not in self.unsaved:  # saved before: taken out of the file
-            self._save(self._kept(name))
-        if saved:
+            self._save(name, sorted(set(checked)))
             self.unsaved.discard(name)
         else:
+            if name in self.queues and name not in self.unsaved:  # saved before: taken out of the log
+                self._save(name, [])
             self.unsaved.add(name)
         old = self.queues.pop(name, None)
         if old is not None:
@@ -270,6 +271,15 @@ class Queues:
             self.node.logins.violations[(who.vpn, who.user)] += 1
             raise Forbidden(refused)
 
+    def close(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+
+    @property
+    def limit(self) -> int:
+        """The most queues this node keeps."""
+        return self.node.config.max_queues
+
     def _count(self, vpn: str) -> int:
         return sum(1 for queue in self.queues.values() if vpn_of(queue.patterns[0]) == vpn)
 
@@ -283,7 +293,7 @@ class Queues:
         if queue.name in self.unsaved:
             self.unsaved.discard(queue.name)
         else:
-            self._save(self._kept(queue.name))
+            self._save(queue.name, [])
         del self.queues[queue.name]
         self._withdraw(queue)
         return True
@@ -293,15 +303,20 @@ class Queues:
             self.node.unsubscribe(queue, PREFIX + pattern)
         self.node.gateways.queues_changed((), queue.patterns)
 
-    def _kept(self, but: str) -> dict[str, list[str]]:
-        """The patterns of the queues ``queues.json`` holds, but ``but``'s."""
-        return {
-            q.name: q.patterns for q in self.queues.values() if q.name != but and q.name not in self.unsaved
-        }
+    def _save(self, name: str, patterns: list[str]) -> None:
+        """Record a queue's patterns (none: deleted) before they apply."""
+        assert self._journal is not None
 
-    def _save(self, queues: dict[str, list[str]]) -> None:
+        def after() -> dict[str, list[str]]:  # every queue once it applies (asked for to compact)
+            state = {
+                q.name: q.patterns
+                for q in self.queues.values()
+                if q.name != name and q.name not in self.unsaved
+            }
+            return state | {name: patterns} if patterns else state
+
         try:
-            write_atomic(self._root / "queues.json", msgspec.json.encode(queues))
+            self._journal.put(name, patterns, after, len(self.queues))
         except OSError as exc:
             raise StorageError(f"saving the queues: {exc}") from exc
 

@@ -8,11 +8,13 @@ one probe per token, and a pattern that matches a subject is always found (no fa
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from meshplane.core.subjects import WILDCARDS
+
+_MASK = (1 << 64) - 1
 
 
 def pattern_key(pattern: str) -> str:
@@ -39,20 +41,21 @@ class BloomShape:
         if self.capacity < 1 or not 0 < self.fpr < 1:
             raise ValueError("bloom_filter_capacity must be >= 1 and bloom_filter_fpr in (0, 1)")
 
-    @property
+    @cached_property
     def bits(self) -> int:
         return max(8, math.ceil(-self.capacity * math.log(self.fpr) / math.log(2) ** 2))
 
-    @property
+    @cached_property
     def hashes(self) -> int:
         return max(1, round(self.bits / self.capacity * math.log(2)))
 
     def positions(self, key: str) -> tuple[int, ...]:
-        digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
-        h1 = int.from_bytes(digest[:8], "little")
-        h2 = int.from_bytes(digest[8:], "little") | 1
+        # Python's str hash: keyed per process (a peer cannot choose keys that collide here), cached
+        # in the str, and far cheaper than a digest; the filter never leaves the process.
+        h1 = hash(key) & _MASK
+        h2 = hash("\x00" + key) | 1
         bits = self.bits
-        return tuple((h1 + i * h2) % bits for i in range(self.hashes))
+        return tuple([(h1 + i * h2) % bits for i in range(self.hashes)])
 
 
 class BloomFilter:

@@ -4,7 +4,8 @@
   :class:`~meshplane.core.subjects.PatternIndex`; the holders are whatever the adapter delivers to
   (a client connection, the pub/sub service).
 - Remote interest: per peer, a Bloom filter (the fast "no") in front of one exact index of every
-  peer's patterns. A filter's false positive costs a match, counted per peer; never a send.
+  peer's patterns (:mod:`.remote_index`: literals in a dict, wildcards in a ``PatternIndex``). A
+  filter's false positive costs a match, counted per peer; never a send.
 - Routes are cached per subject (as nats-server's sublist caches matches); a change of interest drops
   only the cached routes of the subjects its pattern matches (:mod:`.route_cache`), so a steady
   publisher pays one dict lookup per event whatever others subscribe meanwhile.
@@ -20,8 +21,9 @@ from typing import Generic, TypeVar
 from meshplane.core.mesh.bloom import BloomFilter, BloomShape, pattern_key, subject_keys
 from meshplane.core.mesh.frames import SyncResponse
 from meshplane.core.mesh.interest import OwnInterest, PeerInterest
+from meshplane.core.mesh.remote_index import RemoteIndex, is_literal
 from meshplane.core.mesh.route_cache import RouteCache
-from meshplane.core.subjects import WILDCARDS, PatternIndex
+from meshplane.core.subjects import PatternIndex
 
 H = TypeVar("H", bound=Hashable)
 
@@ -47,10 +49,6 @@ class RouterLimits:
     tombstones_per_peer: int = 100_000
 
 
-def is_literal(pattern: str) -> bool:
-    return not any(token in WILDCARDS for token in pattern.split("."))
-
-
 @dataclass
 class Router(Generic[H]):
     limits: RouterLimits = field(default_factory=RouterLimits)
@@ -62,7 +60,7 @@ class Router(Generic[H]):
         self._wildcard: PatternIndex[H] = PatternIndex()
         self._held: dict[H, set[str]] = {}
         self.peers: dict[str, _Peer] = {}
-        self._remote: PatternIndex[str] = PatternIndex()
+        self._remote = RemoteIndex()
         self._cache: RouteCache[Route[H]] = RouteCache(self.limits.route_cache_subjects)
         self.bloom_false_positives: Counter[str] = Counter()
 

@@ -40,7 +40,6 @@ from meshplane.core.doors.mqtt_packets import Code
 from meshplane.core.doors.mqtt_topics import BadTopic, to_pattern, to_topic
 from meshplane.core.mesh.vpn import queue_topic
 from meshplane.mesh.preauth import QuietLog, bounded
-from meshplane.mesh.queues import MAX_QUEUES
 from meshplane.streams import files
 from meshplane.streams.errors import LimitReached, OffsetOutOfRange, StorageError, StreamError
 
@@ -52,7 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_SESSIONS = 10_000  # persistent sessions per node (each VPN its share)
-MAX_SESSION_QUEUES = MAX_QUEUES // 2  # sessions with a queue per node (each VPN its share)
+MAX_SESSION_QUEUES = 500  # sessions with a queue per node (each VPN its share; --mesh-max-queues: all)
 MAX_SESSIONS_PER_USER = 100  # persistent sessions of one VPN user
 MAX_SESSION_BYTES = 64 * 1024  # one session, as saved (its filters, mostly)
 MAX_SESSIONS_BYTES = 32 * 1024 * 1024  # the sessions file
