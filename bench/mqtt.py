@@ -16,6 +16,9 @@ until the subscriber has them all (and, at QoS 1, the publisher has every PUBACK
   every 10 ms, the node's default ``--fsync interval``): a SIGKILL of the node loses nothing acknowledged.
 
 Rounds interleave the two servers; the ratio is the median of per-round ratios (meshplane/mosquitto).
+Each run also reads the server process's CPU time (``/proc``): the paho clients are the bottleneck and
+share the machine's cores with the server, so a server's CPU per message is what it takes from them,
+and a steadier figure than the rates on a shared machine.
 
     python bench/mqtt.py [--count N] [--rounds R]
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import socket
@@ -130,6 +134,12 @@ def one_run(port: int, kind: str, count: int, tag: str) -> float:
     return rate(count, max(received["last"], published["acks_in"]) - published["started"])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def mosquitto(directory: Path) -> tuple[subprocess.Popen[bytes], int]:
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     port = free_port()
@@ -173,14 +183,24 @@ def main() -> None:
         node.start()
         kinds = args.kinds.split(",")
         rounds: dict[str, dict[str, list[float]]] = {k: {"meshplane": [], "mosquitto": []} for k in kinds}
+        cpu: dict[str, dict[str, list[float]]] = {k: {"meshplane": [], "mosquitto": []} for k in kinds}
+        assert node.proc is not None
+        pids = {"mosquitto": broker.pid, "meshplane": node.proc.pid}
         try:
             for round_number in range(args.rounds):
                 for kind in kinds:
                     for side, port in (("mosquitto", broker_port), ("meshplane", mqtt_port)):
                         tag = f"{kind}-{round_number}"
+                        before = cpu_seconds(pids[side])
                         events = one_run(port, kind, args.count, tag)
+                        micros = round((cpu_seconds(pids[side]) - before) / args.count * 1e6, 1)
                         rounds[kind][side].append(events)
-                        print(f"round {round_number} {kind:13} {side:9} {events:>10,.0f} msg/s", flush=True)
+                        cpu[kind][side].append(micros)
+                        print(
+                            f"round {round_number} {kind:13} {side:9} {events:>10,.0f} msg/s "
+                            f"{micros:6.1f} us CPU/msg",
+                            flush=True,
+                        )
         finally:
             node.stop()
             broker.terminate()
@@ -193,8 +213,12 @@ def main() -> None:
     }
     for kind, sides in rounds.items():
         ratio = median_ratio(sides["meshplane"], sides["mosquitto"])
-        results["kinds"][kind] = {**sides, "ratio": ratio}
-        print(f"{kind:13} meshplane/mosquitto: {ratio}x (per-round median)")
+        cpu_us = {side: sorted(values)[len(values) // 2] for side, values in cpu[kind].items()}
+        results["kinds"][kind] = {**sides, "ratio": ratio, "server_cpu_us_per_msg_median": cpu_us}
+        print(
+            f"{kind:13} meshplane/mosquitto: {ratio}x (per-round median); server CPU per message "
+            f"(median): meshplane {cpu_us['meshplane']} us, mosquitto {cpu_us['mosquitto']} us"
+        )
     write_results(args.out, results)
 
 

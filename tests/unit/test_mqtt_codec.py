@@ -29,6 +29,7 @@ from meshplane.core.doors.mqtt_packets import (
     Unsubscribe,
     Will,
     encode,
+    encode_puback,
     varint,
 )
 from meshplane.core.doors.mqtt_topics import BadTopic, matches, to_pattern, to_subject, to_topic
@@ -175,6 +176,14 @@ def test_server_packets_encode(level: int, packet: ConnAck) -> None:
     assert data[0] == 0x20
     if level == V311:
         assert data[3] in (0, 4)
+
+
+@given(levels, packet_ids)
+def test_the_fast_puback_is_the_general_one(level: int, packet_id: int) -> None:
+    assert encode_puback(packet_id) == encode(PubAck(packet_id), level)
+    reader = MqttReader()
+    (_, ack) = reader.feed(encode(Connect(level, "c"), level) + encode_puback(packet_id))
+    assert ack == PubAck(packet_id)
 
 
 def test_varint_bounds() -> None:

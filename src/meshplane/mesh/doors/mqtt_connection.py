@@ -44,8 +44,10 @@ from meshplane.core.doors.mqtt_packets import (
     UnsubAck,
     Unsubscribe,
     encode,
+    encode_puback,
+    encode_publish,
 )
-from meshplane.core.doors.mqtt_topics import BadTopic, matches, to_subject, to_topic
+from meshplane.core.doors.mqtt_topics import BadTopic, matches, to_topic
 from meshplane.core.doors.nats_protocol import unwrap
 from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.permissions import Permissions
@@ -175,9 +177,12 @@ class MqttConnection(asyncio.Protocol):
 
     def send(self, packet: Packet) -> None:
         """Queued for this event loop round's one write (a syscall per packet cost more than routing)."""
+        self.write(encode(packet, self.level or V311))
+
+    def write(self, data: bytes) -> None:
+        """A packet's bytes, queued as :meth:`send` does."""
         if self.transport is None or self.closing:
             return
-        data = encode(packet, self.level or V311)
         self._out.append(data)
         self._out_bytes += len(data)
         if not self._flushing:
@@ -266,7 +271,7 @@ class MqttConnection(asyncio.Protocol):
 
     def on_publish(self, packet: Publish) -> None:
         try:
-            subject = to_subject(packet.topic)
+            subject = self.door.subject_of(packet.topic)
         except BadTopic as exc:
             self.door.count("bad_topic")
             if packet.qos and self.level == V5:
@@ -315,7 +320,7 @@ class MqttConnection(asyncio.Protocol):
             done = self.publishes.popleft()
             packet_id, error = done.packet_id, done.error or ""
             if not error:
-                self.send(PubAck(packet_id))
+                self.write(encode_puback(packet_id))
             elif self.level == V5 and not error.startswith(ANSWER_UNKNOWN):
                 self.send(PubAck(packet_id, Code.UNSPECIFIED, self._reason(f"not stored: {error}")))
             else:  # no PUBACK: the client sends it again when it reconnects (QoS 1: at least once)
@@ -339,7 +344,7 @@ class MqttConnection(asyncio.Protocol):
         while self.waiting and len(self.inflight) < self.receive_maximum:
             queued = self.waiting.popleft()
             self.waiting_bytes -= len(queued.payload)
-            self._send_qos1(queued, -1)
+            self._send_qos1(queued.topic, queued.payload, queued.retain, -1)
 
     def _acked_to(self) -> None:
         session = self.session
@@ -436,17 +441,16 @@ class MqttConnection(asyncio.Protocol):
             return
         self.messages_out += 1
         if not qos:
-            self.send(Publish(topic, payload, 0, retain))
+            self.write(encode_publish(topic, payload, 0, retain, False, 0, self.level))
             return
-        publish = Publish(topic, payload, 1, retain)
         if len(self.inflight) < self.receive_maximum:
-            self._send_qos1(publish, -1)
+            self._send_qos1(topic, payload, retain, -1)
             return
         if len(self.waiting) >= MAX_WAITING or self.waiting_bytes + len(payload) > MAX_WAITING_BYTES:
             self.door.count("slow_consumer")
             self.close(Code.QUOTA_EXCEEDED, "a slow consumer: too many QoS 1 messages unacknowledged")
             return
-        self.waiting.append(publish)
+        self.waiting.append(Publish(topic, payload, 1, retain))
         self.waiting_bytes += len(payload)
 
     def _packet_id(self) -> int:
@@ -456,13 +460,13 @@ class MqttConnection(asyncio.Protocol):
                 return self.next_id
         raise RuntimeError("no free packet identifier")  # cannot happen: in flight is bounded below it
 
-    def _send_qos1(self, publish: Publish, offset: int, dup: bool = False) -> None:
+    def _send_qos1(self, topic: str, payload: bytes, retain: bool, offset: int, dup: bool = False) -> None:
         packet_id = self._packet_id()
         self.inflight[packet_id] = offset
         if offset >= 0:
             self.queue_offsets[offset] = packet_id
-        self.send(Publish(publish.topic, publish.payload, 1, publish.retain, dup, packet_id))
+        self.write(encode_publish(topic, payload, 1, retain, dup, packet_id, self.level))
 
     def send_from_queue(self, offset: int, topic: str, payload: bytes, dup: bool) -> None:
         self.messages_out += 1
-        self._send_qos1(Publish(topic, payload, 1), offset, dup)
+        self._send_qos1(topic, payload, False, offset, dup)
