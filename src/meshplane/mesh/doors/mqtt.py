@@ -32,14 +32,17 @@ from typing import TYPE_CHECKING, Any
 from meshplane.core.doors.mqtt_codec import DEFAULT_MAX_PACKET
 from meshplane.core.doors.mqtt_packets import V5, V311, Code, ConnAck, Connect, Prop
 from meshplane.core.doors.mqtt_topics import BadTopic, to_subject
+from meshplane.core.doors.nats_groups import MQTT_MARK
 from meshplane.core.mesh.frames import FLAG_GUARANTEED
 from meshplane.core.mesh.login_checks import WRONG
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
 from meshplane.errors import ConfigError
 from meshplane.mesh.doors.mqtt_connection import MAX_CLIENT_ID, RECEIVE_MAXIMUM, MqttConnection
-from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX, RetainedStore
+from meshplane.mesh.doors.mqtt_filters import leave_shared
+from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX, RetainedStore, RetainHolder
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
+from meshplane.mesh.doors.nats_groups import QueueGroups
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.preauth import QuietLog, Unproven, bounded
 from meshplane.streams.errors import StreamError
@@ -52,19 +55,6 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "MESHPLANE_MQTT_TOKEN"
 CONNECT_TIMEOUT = 5.0  # seconds from accept to CONNECT
 CACHED_TOPICS = 4096  # topics whose subjects are kept at hand
-
-
-class RetainHolder:
-    """The door's holder of ``$mqtt.`` subjects: retained messages published on other nodes."""
-
-    def __init__(self, door: MqttDoor) -> None:
-        self.door = door
-
-    def deliver(self, event: MeshEvent) -> None:
-        """One byte of QoS, then the payload; an empty body clears the topic's."""
-        if event.source != self.door.origin:
-            qos = event.body[0] & 1 if event.body else 0
-            self.door.retained.put(event.subject[len(RETAIN_PREFIX) :], event.body[1:], qos)
 
 
 class MqttDoor:
@@ -83,6 +73,7 @@ class MqttDoor:
         self.quiet = QuietLog(log)
         self.retained = RetainedStore(vpns=lambda: len(node.config.vpns))
         self.retain_holder = RetainHolder(self)
+        self.groups = QueueGroups(node, self.counters, MQTT_MARK)  # shared subscriptions' groups
         self.sessions: Sessions | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self._token = os.environ.get(TOKEN_ENV, "")
@@ -280,7 +271,7 @@ class MqttDoor:
                 Prop.RETAIN_AVAILABLE: 1,
                 Prop.MAXIMUM_PACKET_SIZE: self.max_packet_size,
                 Prop.RECEIVE_MAXIMUM: RECEIVE_MAXIMUM,
-                Prop.SHARED_AVAILABLE: 0,
+                Prop.SHARED_AVAILABLE: 1,
                 Prop.SUBSCRIPTION_ID_AVAILABLE: 0,
             }
             if client_id != packet.client_id:
@@ -341,6 +332,8 @@ class MqttDoor:
         self.node.logins.subscriptions[conn.vpn] -= len(conn.patterns)
         for pattern in list(conn.patterns):
             self.node.unsubscribe(conn, pattern)
+        for topic_filter in list(conn.shared):
+            leave_shared(conn, topic_filter)
         if conn.pump is not None:
             conn.pump.cancel()
         if conn.will is not None and not conn.graceful:
@@ -461,6 +454,7 @@ class MqttDoor:
             "clients": [_client(c) for c in itertools.islice(self.connections.values(), limit)],
             "sessions": len(self.sessions.by_key) if self.sessions is not None else 0,
             "sessions_bytes": self.sessions.bytes if self.sessions is not None else 0,
+            "shared_subscriptions": self.groups.status(),
             "retained": self.retained.count,
             "retained_refused": dict(self.retained.refused),
             "retained_bytes": self.retained.total_bytes,

@@ -52,7 +52,7 @@ from meshplane.core.doors.nats_protocol import unwrap
 from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward
-from meshplane.mesh.doors.mqtt_filters import MAX_SUBSCRIPTIONS, take_filter
+from meshplane.mesh.doors.mqtt_filters import MAX_SUBSCRIPTIONS, leave_shared, take_filter
 from meshplane.mesh.doors.mqtt_retained import RetainedSender
 from meshplane.mesh.doors.mqtt_sessions import Subscription, after_saved
 from meshplane.mesh.holders import MeshEvent
@@ -61,6 +61,7 @@ from meshplane.mesh.preauth import bounded
 if TYPE_CHECKING:
     from meshplane.mesh.doors.mqtt import MqttDoor
     from meshplane.mesh.doors.mqtt_sessions import StoredSession
+    from meshplane.mesh.doors.nats_groups import QueueGroup
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class MqttConnection(asyncio.Protocol):
         self.last_heard = time.monotonic()
         self.subscriptions: dict[str, Subscription] = {}  # by filter
         self.patterns: dict[str, int] = {}  # mesh pattern -> filters mapped to it
+        self.shared: dict[str, tuple[QueueGroup, int]] = {}  # $share filter -> (its group, QoS)
         self.one_qos: int | None = None  # the QoS of every subscription, when they all share one
         self.no_local = False
         self.session: StoredSession | None = None  # persistent
@@ -358,7 +360,7 @@ class MqttConnection(asyncio.Protocol):
         for topic_filter, options in packet.filters:
             code, pattern = take_filter(self, topic_filter, options)
             codes.append(code)
-            if code < 0x80 and (options >> 4) & 3 != 2:  # retain handling 2: none sent
+            if code < 0x80 and pattern and (options >> 4) & 3 != 2:  # retain handling 2: none sent
                 new.append((topic_filter, pattern))
         refused = self._changed()
         if refused:  # not kept as its session: no SUBACK, said why (the client may try again)
@@ -375,6 +377,9 @@ class MqttConnection(asyncio.Protocol):
     def on_unsubscribe(self, packet: Unsubscribe) -> None:
         codes = []
         for topic_filter in packet.filters:
+            if leave_shared(self, topic_filter):
+                codes.append(Code.SUCCESS)
+                continue
             known = self.subscriptions.pop(topic_filter, None)
             codes.append(Code.SUCCESS if known is not None else Code.NO_SUBSCRIPTION_EXISTED)
             if known is not None:
@@ -427,13 +432,16 @@ class MqttConnection(asyncio.Protocol):
         qos = min(self.qos_for(event.subject), 1 if event.flags & FLAG_GUARANTEED else 0)
         if qos and self.session is not None:
             return  # its queue has it: sent from there, acknowledged there
-        body = event.body
-        if event.flags & FLAG_NATS_ENVELOPE:  # a NATS request or HPUB: MQTT has room for the payload only
-            body = unwrap(body)[2]
-        elif event.flags & FLAG_JSON_MESSAGE:  # a pub/sub message: its payload, as JSON
-            with contextlib.suppress(msgspec.DecodeError, AttributeError):
-                body = msgspec.json.encode(msgspec.json.decode(body).get("payload"))
-        self.deliver_publish(to_topic(outward(self.prefix, event.subject)), body, qos)
+        self.deliver_publish(to_topic(outward(self.prefix, event.subject)), _body(event), qos)
+
+    def deliver_member(self, key: str, event: MeshEvent) -> None:
+        """An event the group of its shared filter ``key`` chose this client for (QoS 1 held in
+        flight by this connection, not by a session's queue)."""
+        known = self.shared.get(key)
+        if known is None or self.closing or not self.connected:
+            return
+        qos = min(known[1], 1 if event.flags & FLAG_GUARANTEED else 0)
+        self.deliver_publish(to_topic(outward(self.prefix, event.subject)), _body(event), qos)
 
     def deliver_publish(self, topic: str, payload: bytes, qos: int, *, retain: bool = False) -> None:
         if self.max_out_packet and len(payload) + len(topic) + 16 > self.max_out_packet:
@@ -470,3 +478,13 @@ class MqttConnection(asyncio.Protocol):
     def send_from_queue(self, offset: int, topic: str, payload: bytes, dup: bool) -> None:
         self.messages_out += 1
         self._send_qos1(topic, payload, False, offset, dup)
+
+
+def _body(event: MeshEvent) -> bytes:
+    """What an MQTT client gets of an event: the payload."""
+    if event.flags & FLAG_NATS_ENVELOPE:  # a NATS request or HPUB: MQTT has room for the payload only
+        return unwrap(event.body)[2]
+    if event.flags & FLAG_JSON_MESSAGE:  # a pub/sub message: its payload, as JSON
+        with contextlib.suppress(msgspec.DecodeError, AttributeError):
+            return msgspec.json.encode(msgspec.json.decode(event.body).get("payload"))
+    return event.body

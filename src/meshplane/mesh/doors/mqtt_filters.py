@@ -1,13 +1,15 @@
 """One filter a client of the MQTT door subscribes to: mapped to a mesh pattern, checked against its
-permissions and bounds (per connection, per persistent session, the node's), and taken."""
+permissions and bounds (per connection, per persistent session, the node's), and taken. A shared
+subscription (``$share/G/filter``) joins the door's queue group ``G`` on the filter's pattern: one
+member of the group, on whatever node, gets each message (:mod:`.nats_groups`, as NATS queue groups)."""
 
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
 
-from meshplane.core.doors.mqtt_packets import V5, Code
-from meshplane.core.doors.mqtt_topics import BadTopic, to_pattern
+from meshplane.core.doors.mqtt_packets import V5, Code, MqttError
+from meshplane.core.doors.mqtt_topics import BadTopic, shared, to_pattern
 from meshplane.mesh.doors.mqtt_sessions import Subscription
 from meshplane.mesh.preauth import bounded
 
@@ -23,12 +25,9 @@ MAX_PERSISTENT_QOS1 = 100  # QoS 1 filters of a persistent session (its queue's 
 def take_filter(conn: MqttConnection, topic_filter: str, options: int) -> tuple[int, str]:
     """One filter of a SUBSCRIBE (or of a session restored): its code (the QoS granted, or why not)
     and its mesh pattern; the connection's interest follows."""
-    v5 = conn.level == V5
-    if topic_filter.startswith("$share/") and v5:
-        conn.door.count("shared_subscription")
-        return Code.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED, ""
     try:
-        pattern = to_pattern(topic_filter)
+        share = shared(topic_filter)
+        pattern = to_pattern(topic_filter if share is None else share[1])
     except BadTopic as exc:
         conn.door.count("bad_filter")
         log.info("MQTT client %s: filter refused: %s", bounded(conn.client_id), exc)
@@ -37,9 +36,11 @@ def take_filter(conn: MqttConnection, topic_filter: str, options: int) -> tuple[
         conn.door.violation(conn)
         return Code.NOT_AUTHORIZED, ""
     qos = min(options & 3, 1)  # QoS 2 granted as 1
+    if share is not None:
+        return _take_shared(conn, topic_filter, share[0], pattern, options), ""
     known = conn.subscriptions.get(topic_filter)
     if known is None:
-        if len(conn.subscriptions) >= MAX_SUBSCRIPTIONS:
+        if len(conn.subscriptions) + len(conn.shared) >= MAX_SUBSCRIPTIONS:
             conn.door.count("subscription_limit")
             return Code.QUOTA_EXCEEDED, ""
         if (
@@ -58,3 +59,31 @@ def take_filter(conn: MqttConnection, topic_filter: str, options: int) -> tuple[
         if conn.patterns[internal] == 1:
             conn.door.subscribed(conn, internal)
     return qos, internal
+
+
+def _take_shared(conn: MqttConnection, topic_filter: str, group: str, pattern: str, options: int) -> int:
+    if options & 4 and conn.level == V5:  # MQTT 5 section 3.8.3.1
+        raise MqttError("protocol_error", "No Local on a shared subscription", Code.PROTOCOL_ERROR)
+    qos = min(options & 3, 1)
+    known = conn.shared.get(topic_filter)
+    if known is not None:
+        conn.shared[topic_filter] = (known[0], qos)
+        return qos
+    if len(conn.subscriptions) + len(conn.shared) >= MAX_SUBSCRIPTIONS:
+        conn.door.count("subscription_limit")
+        return Code.QUOTA_EXCEEDED
+    if not conn.door.subscription_room(conn, topic_filter):
+        return Code.QUOTA_EXCEEDED
+    conn.door.node.logins.subscriptions[conn.vpn] += 1
+    conn.shared[topic_filter] = (conn.door.groups.join(conn, topic_filter, group, conn.prefix + pattern), qos)
+    return qos
+
+
+def leave_shared(conn: MqttConnection, topic_filter: str) -> bool:
+    """``conn`` leaves the group of its shared filter; whether it had one."""
+    known = conn.shared.pop(topic_filter, None)
+    if known is None:
+        return False
+    conn.door.node.logins.subscriptions[conn.vpn] -= 1
+    conn.door.groups.leave(conn, topic_filter, known[0])
+    return True

@@ -23,7 +23,9 @@ from meshplane.core.mesh.vpn import outward, vpn_of
 from meshplane.mesh.preauth import QuietLog
 
 if TYPE_CHECKING:
+    from meshplane.mesh.doors.mqtt import MqttDoor
     from meshplane.mesh.doors.mqtt_connection import MqttConnection
+    from meshplane.mesh.holders import MeshEvent
 
 log = logging.getLogger(__name__)
 
@@ -140,3 +142,16 @@ class RetainedSender:
                         return
         finally:
             self.task = None
+
+
+class RetainHolder:
+    """The door's holder of ``$mqtt.`` subjects: retained messages published on other nodes."""
+
+    def __init__(self, door: MqttDoor) -> None:
+        self.door = door
+
+    def deliver(self, event: MeshEvent) -> None:
+        """One byte of QoS, then the payload; an empty body clears the topic's."""
+        if event.source != self.door.origin:
+            qos = event.body[0] & 1 if event.body else 0
+            self.door.retained.put(event.subject[len(RETAIN_PREFIX) :], event.body[1:], qos)
