@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from meshplane.core.doors.mqtt_packets import V5, V311, Connect, Subscribe, encode
 from meshplane.launchers import MeshCluster
 from tests.helpers import eventually
+from tests.integration import test_mesh_mqtt
 from tests.integration.test_mesh_mqtt import read_packets
 from tests.support.mesh import interest_reached, status
 from tests.support.mqtt import Paho, connected, subscribed
@@ -21,12 +20,7 @@ from tests.support.mqtt import Paho, connected, subscribed
 MARKER = "$MQ.workers.jobs.*"  # what a node with members of ``workers`` on ``jobs/+`` announces
 
 
-@pytest.fixture
-def trio(tmp_path: Path) -> Iterator[tuple[MeshCluster, dict[str, int]]]:
-    node_args: dict[str, tuple[str, ...]] = {node: ("--mqtt-port", "0") for node in "abc"}
-    with MeshCluster(3, node_args=node_args) as cluster:
-        cluster.start()
-        yield cluster, {node: cluster[node].door_port("mqtt") for node in "abc"}
+trio = test_mesh_mqtt.trio  # the fixture: three nodes with MQTT doors
 
 
 async def test_a_shared_subscription_over_three_nodes_gets_each_message_once(

@@ -39,7 +39,7 @@ from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
 from meshplane.errors import ConfigError
 from meshplane.mesh.doors.mqtt_connection import MAX_CLIENT_ID, RECEIVE_MAXIMUM, MqttConnection
-from meshplane.mesh.doors.mqtt_filters import leave_shared
+from meshplane.mesh.doors.mqtt_filters import leave_shared, restore
 from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX, RetainedStore, RetainHolder
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
 from meshplane.mesh.doors.nats_groups import QueueGroups
@@ -384,12 +384,16 @@ class MqttDoor:
         self.count("permission_denied")
 
     def publish_guaranteed(
-        self, subject: str, payload: bytes, skip: MqttConnection | None, answered: Callable[[int, str], None]
+        self,
+        subject: str,
+        payload: bytes,
+        skip: MqttConnection | None,
+        answered: Callable[[int, str], None],
+        flags: int = 0,
     ) -> None:
         """A QoS 1 PUBLISH as a guaranteed event; ``answered(0, error)`` once stored (or not)."""
-        event = MeshEvent(
-            self.origin, subject, next(self._sequence), time.time_ns() // 1_000_000, payload, FLAG_GUARANTEED
-        )
+        now = time.time_ns() // 1_000_000
+        event = MeshEvent(self.origin, subject, next(self._sequence), now, payload, FLAG_GUARANTEED | flags)
         self.node.guaranteed.publish(event, answered, skip=skip)
 
     def retain(self, subject: str, payload: bytes, qos: int) -> None:
@@ -433,7 +437,7 @@ class MqttDoor:
 
     def _restore(self, conn: MqttConnection, session: StoredSession) -> None:
         conn.session = None  # what it was granted comes back as it was: no bound is applied again
-        conn.restore(session.subscriptions)
+        restore(conn, session.subscriptions)
         conn.session = session
         session.sent = max(session.sent, session.acked)
         self._start_pump(conn, session)

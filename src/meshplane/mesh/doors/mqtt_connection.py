@@ -14,7 +14,6 @@ not taken (past them it is cut as a slow consumer, counted).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
@@ -22,10 +21,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from meshplane.core.doors.mqtt_codec import MqttReader
+from meshplane.core.doors.mqtt_expiry import expiry_headers, payload_of, seconds_left
 from meshplane.core.doors.mqtt_packets import (
+    NO_PROPERTIES,
     V5,
     V311,
     Code,
@@ -37,6 +36,7 @@ from meshplane.core.doors.mqtt_packets import (
     PingReq,
     PingResp,
     Prop,
+    Properties,
     PubAck,
     Publish,
     SubAck,
@@ -47,12 +47,20 @@ from meshplane.core.doors.mqtt_packets import (
     encode_puback,
     encode_publish,
 )
-from meshplane.core.doors.mqtt_topics import BadTopic, matches, to_topic
-from meshplane.core.doors.nats_protocol import unwrap
-from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
+from meshplane.core.doors.mqtt_topics import BadTopic, to_topic
+from meshplane.core.doors.nats_protocol import wrap
+from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward
-from meshplane.mesh.doors.mqtt_filters import MAX_SUBSCRIPTIONS, leave_shared, take_filter
+from meshplane.mesh.doors.mqtt_filters import (
+    MAX_SUBSCRIPTIONS,
+    all_no_local,
+    changed,
+    drop_pattern,
+    leave_shared,
+    qos_for,
+    take_filter,
+)
 from meshplane.mesh.doors.mqtt_retained import RetainedSender
 from meshplane.mesh.doors.mqtt_sessions import Subscription, after_saved
 from meshplane.mesh.holders import MeshEvent
@@ -294,11 +302,16 @@ class MqttConnection(asyncio.Protocol):
                 self.answered(entry, 0, limited)
             return
         self.messages_in += 1
+        payload, flags = packet.payload, 0
+        expiry = packet.properties.get(Prop.MESSAGE_EXPIRY) if self.level == V5 else None
+        if isinstance(expiry, int):  # travels as its deadline (meshplane.core.doors.mqtt_expiry)
+            deadline = time.time_ns() // 1_000_000 + expiry * 1000
+            payload, flags = wrap("", expiry_headers(deadline), payload), FLAG_NATS_ENVELOPE
         if packet.retain:
             self.door.retain(self.prefix + subject, packet.payload, packet.qos)
-        skip = self if self.no_local and self._all_no_local(self.prefix + subject) else None
+        skip = self if self.no_local and all_no_local(self, self.prefix + subject) else None
         if not packet.qos:
-            self.door.node.publish(subject, packet.payload, prefix=self.prefix, skip=skip)
+            self.door.node.publish(subject, payload, flags, prefix=self.prefix, skip=skip)
             return
         if len(self.publishes) >= RECEIVE_MAXIMUM:
             raise MqttError(
@@ -311,9 +324,8 @@ class MqttConnection(asyncio.Protocol):
         if len(self.publishes) >= RECEIVE_MAXIMUM // 2 and self.transport is not None and self.level == V311:
             self.transport.pause_reading()  # 3.1.1 has no Receive Maximum: the socket waits
             self.paused_reading = True
-        self.door.publish_guaranteed(
-            self.prefix + subject, packet.payload, skip, partial(self.answered, entry)
-        )
+        answered = partial(self.answered, entry)
+        self.door.publish_guaranteed(self.prefix + subject, payload, skip, answered, flags)
 
     def answered(self, entry: Pending, _: int, error: str) -> None:
         """A QoS 1 PUBLISH stored (``error`` empty) or not: PUBACKs go in order."""
@@ -346,7 +358,7 @@ class MqttConnection(asyncio.Protocol):
         while self.waiting and len(self.inflight) < self.receive_maximum:
             queued = self.waiting.popleft()
             self.waiting_bytes -= len(queued.payload)
-            self._send_qos1(queued.topic, queued.payload, queued.retain, -1)
+            self._send_qos1(queued.topic, queued.payload, queued.retain, -1, properties=queued.properties)
 
     def _acked_to(self) -> None:
         session = self.session
@@ -362,7 +374,7 @@ class MqttConnection(asyncio.Protocol):
             codes.append(code)
             if code < 0x80 and pattern and (options >> 4) & 3 != 2:  # retain handling 2: none sent
                 new.append((topic_filter, pattern))
-        refused = self._changed()
+        refused = changed(self)
         if refused:  # not kept as its session: no SUBACK, said why (the client may try again)
             self.close(Code.QUOTA_EXCEEDED, refused)
             return
@@ -383,45 +395,13 @@ class MqttConnection(asyncio.Protocol):
             known = self.subscriptions.pop(topic_filter, None)
             codes.append(Code.SUCCESS if known is not None else Code.NO_SUBSCRIPTION_EXISTED)
             if known is not None:
-                self._drop_pattern(known.pattern)
-        refused = self._changed()
+                drop_pattern(self, known.pattern)
+        refused = changed(self)
         if refused:
             self.close(Code.UNSPECIFIED, refused)
             return
         answer = UnsubAck(packet.packet_id, tuple(codes) if self.level == V5 else ())
         after_saved(self, partial(self.send, answer))
-
-    def _drop_pattern(self, pattern: str) -> None:
-        left = self.patterns.get(pattern, 0) - 1
-        if left > 0:
-            self.patterns[pattern] = left
-        else:
-            self.patterns.pop(pattern, None)
-            self.door.unsubscribed(self, pattern)
-
-    def _changed(self, save: bool = True) -> str:
-        """The subscriptions changed: a persistent session saves them; why not, if they were not."""
-        qos = {s.qos for s in self.subscriptions.values()}
-        self.one_qos = qos.pop() if len(qos) == 1 else None
-        self.no_local = any(s.options & 4 for s in self.subscriptions.values())
-        if self.session is not None and save:
-            return self.door.session_subscriptions(self)
-        return ""
-
-    def restore(self, subscriptions: dict[str, tuple[int, int]]) -> None:
-        """A persistent session's subscriptions, taken again as they were granted."""
-        for topic_filter, (qos, options) in subscriptions.items():
-            take_filter(self, topic_filter, options & ~3 | qos)
-        self._changed(save=False)
-
-    def _all_no_local(self, subject: str) -> bool:
-        found = [s for s in self.subscriptions.values() if matches(s.pattern, subject)]
-        return bool(found) and all(s.options & 4 for s in found)
-
-    def qos_for(self, subject: str) -> int:
-        if self.one_qos is not None:
-            return self.one_qos
-        return max((s.qos for s in self.subscriptions.values() if matches(s.pattern, subject)), default=0)
 
     # --- deliveries ------------------------------------------------------------------------------
 
@@ -429,36 +409,57 @@ class MqttConnection(asyncio.Protocol):
         """An event the node routes to this client's subscriptions."""
         if self.closing or not self.connected:
             return
-        qos = min(self.qos_for(event.subject), 1 if event.flags & FLAG_GUARANTEED else 0)
+        qos = min(qos_for(self, event.subject), 1 if event.flags & FLAG_GUARANTEED else 0)
         if qos and self.session is not None:
             return  # its queue has it: sent from there, acknowledged there
-        self.deliver_publish(to_topic(outward(self.prefix, event.subject)), _body(event), qos)
+        self._deliver_event(event, qos)
 
     def deliver_member(self, key: str, event: MeshEvent) -> None:
-        """An event the group of its shared filter ``key`` chose this client for (QoS 1 held in
-        flight by this connection, not by a session's queue)."""
-        known = self.shared.get(key)
-        if known is None or self.closing or not self.connected:
-            return
-        qos = min(known[1], 1 if event.flags & FLAG_GUARANTEED else 0)
-        self.deliver_publish(to_topic(outward(self.prefix, event.subject)), _body(event), qos)
+        """An event the group of its shared filter ``key`` chose this client for (held in flight here)."""
+        if key in self.shared and not self.closing and self.connected:
+            self._deliver_event(event, min(self.shared[key][1], 1 if event.flags & FLAG_GUARANTEED else 0))
 
-    def deliver_publish(self, topic: str, payload: bytes, qos: int, *, retain: bool = False) -> None:
+    def _deliver_event(self, event: MeshEvent, qos: int) -> None:
+        payload, deadline = payload_of(event.body, event.flags)
+        properties = self._expiry(deadline)
+        if properties is not None:
+            topic = to_topic(outward(self.prefix, event.subject))
+            self.deliver_publish(topic, payload, qos, properties=properties)
+
+    def _expiry(self, deadline: int | None) -> Properties | None:
+        """The seconds a message has left (MQTT 5 3.3.2.3.3); None: expired (dropped, counted)."""
+        if deadline is None:
+            return NO_PROPERTIES
+        left = seconds_left(deadline, time.time_ns() // 1_000_000)
+        if left <= 0:
+            self.door.count("expired")
+            return None
+        return {Prop.MESSAGE_EXPIRY: left} if self.level == V5 else NO_PROPERTIES
+
+    def deliver_publish(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        *,
+        retain: bool = False,
+        properties: Properties = NO_PROPERTIES,
+    ) -> None:
         if self.max_out_packet and len(payload) + len(topic) + 16 > self.max_out_packet:
             self.dropped += 1  # larger than the client takes (5's Maximum Packet Size): MQTT drops it
             return
         self.messages_out += 1
         if not qos:
-            self.write(encode_publish(topic, payload, 0, retain, False, 0, self.level))
+            self.write(self._encoded(topic, payload, 0, retain, False, 0, properties))
             return
         if len(self.inflight) < self.receive_maximum:
-            self._send_qos1(topic, payload, retain, -1)
+            self._send_qos1(topic, payload, retain, -1, properties=properties)
             return
         if len(self.waiting) >= MAX_WAITING or self.waiting_bytes + len(payload) > MAX_WAITING_BYTES:
             self.door.count("slow_consumer")
             self.close(Code.QUOTA_EXCEEDED, "a slow consumer: too many QoS 1 messages unacknowledged")
             return
-        self.waiting.append(Publish(topic, payload, 1, retain))
+        self.waiting.append(Publish(topic, payload, 1, retain, properties=properties))
         self.waiting_bytes += len(payload)
 
     def _packet_id(self) -> int:
@@ -468,23 +469,32 @@ class MqttConnection(asyncio.Protocol):
                 return self.next_id
         raise RuntimeError("no free packet identifier")  # cannot happen: in flight is bounded below it
 
-    def _send_qos1(self, topic: str, payload: bytes, retain: bool, offset: int, dup: bool = False) -> None:
+    def _send_qos1(
+        self,
+        topic: str,
+        payload: bytes,
+        retain: bool,
+        offset: int,
+        dup: bool = False,
+        properties: Properties = NO_PROPERTIES,
+    ) -> None:
         packet_id = self._packet_id()
         self.inflight[packet_id] = offset
         if offset >= 0:
             self.queue_offsets[offset] = packet_id
-        self.write(encode_publish(topic, payload, 1, retain, dup, packet_id, self.level))
+        self.write(self._encoded(topic, payload, 1, retain, dup, packet_id, properties))
 
-    def send_from_queue(self, offset: int, topic: str, payload: bytes, dup: bool) -> None:
-        self.messages_out += 1
-        self._send_qos1(topic, payload, False, offset, dup)
+    def _encoded(
+        self, topic: str, data: bytes, qos: int, retain: bool, dup: bool, ident: int, props: Properties
+    ) -> bytes:
+        if props:  # else made without a packet object
+            return encode(Publish(topic, data, qos, retain, dup, ident, props), self.level)
+        return encode_publish(topic, data, qos, retain, dup, ident, self.level)
 
-
-def _body(event: MeshEvent) -> bytes:
-    """What an MQTT client gets of an event: the payload."""
-    if event.flags & FLAG_NATS_ENVELOPE:  # a NATS request or HPUB: MQTT has room for the payload only
-        return unwrap(event.body)[2]
-    if event.flags & FLAG_JSON_MESSAGE:  # a pub/sub message: its payload, as JSON
-        with contextlib.suppress(msgspec.DecodeError, AttributeError):
-            return msgspec.json.encode(msgspec.json.decode(event.body).get("payload"))
-    return event.body
+    def send_from_queue(self, offset: int, topic: str, data: bytes, dup: bool) -> None:
+        """A persistent session's message from its queue (one expired is passed: not in flight)."""
+        payload, deadline = payload_of(data, 0)
+        properties = self._expiry(deadline)
+        if properties is not None:
+            self.messages_out += 1
+            self._send_qos1(topic, payload, False, offset, dup, properties)

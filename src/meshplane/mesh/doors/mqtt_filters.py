@@ -9,7 +9,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from meshplane.core.doors.mqtt_packets import V5, Code, MqttError
-from meshplane.core.doors.mqtt_topics import BadTopic, shared, to_pattern
+from meshplane.core.doors.mqtt_topics import BadTopic, matches, shared, to_pattern
 from meshplane.mesh.doors.mqtt_sessions import Subscription
 from meshplane.mesh.preauth import bounded
 
@@ -87,3 +87,43 @@ def leave_shared(conn: MqttConnection, topic_filter: str) -> bool:
     conn.door.node.logins.subscriptions[conn.vpn] -= 1
     conn.door.groups.leave(conn, topic_filter, known[0])
     return True
+
+
+def drop_pattern(conn: MqttConnection, pattern: str) -> None:
+    """One filter mapped to ``pattern`` went; the interest goes with the last."""
+    left = conn.patterns.get(pattern, 0) - 1
+    if left > 0:
+        conn.patterns[pattern] = left
+    else:
+        conn.patterns.pop(pattern, None)
+        conn.door.unsubscribed(conn, pattern)
+
+
+def changed(conn: MqttConnection, save: bool = True) -> str:
+    """The subscriptions changed: a persistent session saves them; why not, if they were not."""
+    qos = {s.qos for s in conn.subscriptions.values()}
+    conn.one_qos = qos.pop() if len(qos) == 1 else None
+    conn.no_local = any(s.options & 4 for s in conn.subscriptions.values())
+    if conn.session is not None and save:
+        return conn.door.session_subscriptions(conn)
+    return ""
+
+
+def restore(conn: MqttConnection, subscriptions: dict[str, tuple[int, int]]) -> None:
+    """A persistent session's subscriptions, taken again as they were granted."""
+    for topic_filter, (qos, options) in subscriptions.items():
+        take_filter(conn, topic_filter, options & ~3 | qos)
+    changed(conn, save=False)
+
+
+def all_no_local(conn: MqttConnection, subject: str) -> bool:
+    """Whether every filter of ``conn`` matching ``subject`` asked for No Local."""
+    found = [s for s in conn.subscriptions.values() if matches(s.pattern, subject)]
+    return bool(found) and all(s.options & 4 for s in found)
+
+
+def qos_for(conn: MqttConnection, subject: str) -> int:
+    """The best QoS of ``conn``'s filters matching ``subject``."""
+    if conn.one_qos is not None:
+        return conn.one_qos
+    return max((s.qos for s in conn.subscriptions.values() if matches(s.pattern, subject)), default=0)

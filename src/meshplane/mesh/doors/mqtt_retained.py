@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from meshplane.core.doors.mqtt_topics import matches, to_topic
 from meshplane.core.mesh.vpn import outward, vpn_of
+from meshplane.mesh.doors.mqtt_filters import qos_for
 from meshplane.mesh.preauth import QuietLog
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ class RetainedSender:
                 for start in range(0, len(kept), RETAINED_SLICE):
                     for subject, message in kept[start : start + RETAINED_SLICE]:
                         if matches(pattern, subject):
-                            qos = min(message.qos, conn.qos_for(subject))
+                            qos = min(message.qos, qos_for(conn, subject))
                             topic = to_topic(outward(conn.prefix, subject))
                             conn.deliver_publish(topic, message.payload, qos, retain=True)
                     await asyncio.sleep(0)
