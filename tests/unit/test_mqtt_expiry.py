@@ -9,19 +9,22 @@ from hypothesis import strategies as st
 
 from meshplane.core.doors.mqtt_expiry import deadline_of, expiry_headers, payload_of, seconds_left
 from meshplane.core.doors.nats_protocol import wrap
-from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE
+from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 
 deadlines = st.integers(0, 2**62)
 
 
 @given(deadlines, st.binary(max_size=100))
 def test_a_deadline_travels_with_its_payload(deadline: int, payload: bytes) -> None:
-    assert payload_of(wrap("", expiry_headers(deadline), payload), 0) == (payload, deadline)
+    body = wrap("", expiry_headers(deadline), payload)
+    assert payload_of(body, FLAG_NATS_ENVELOPE) == (payload, deadline)
+    assert payload_of(body, 0, queued=True) == (payload, deadline)  # a queue keeps no flags
+    assert payload_of(body, 0) == (body, None)  # without the flag, an MQTT payload as it came
 
 
 @given(st.binary(max_size=200))
 def test_any_body_gives_a_payload_and_no_deadline_it_does_not_carry(body: bytes) -> None:
-    payload, deadline = payload_of(body, 0)
+    payload, deadline = payload_of(body, 0, queued=True)
     assert isinstance(payload, bytes)
     assert deadline is None or deadline >= 0
     if deadline is None and not body.startswith(b"NATS\x01"):

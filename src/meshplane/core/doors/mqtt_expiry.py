@@ -14,7 +14,7 @@ import contextlib
 import msgspec
 
 from meshplane.core.doors.nats_protocol import HEADER_LINE, unwrap
-from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE
+from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 
 EXPIRES = b"Mqtt-Expires"
 
@@ -41,13 +41,15 @@ def seconds_left(deadline_ms: int, now_ms: int) -> int:
     return -((now_ms - deadline_ms) // 1000) if now_ms < deadline_ms else 0
 
 
-def payload_of(body: bytes, flags: int) -> tuple[bytes, int | None]:
+def payload_of(body: bytes, flags: int, queued: bool = False) -> tuple[bytes, int | None]:
     """What an MQTT client gets of an event's body, and the deadline it carries: a NATS request's or
-    HPUB's payload (MQTT has room for the payload only; the envelope is recognised by its magic, as a
-    queue keeps no flags), a pub/sub message's payload as JSON, else the body."""
+    HPUB's payload (MQTT has room for the payload only), a pub/sub message's payload as JSON, else the
+    body. A queue keeps no flags: what it held (``queued``) is an envelope if it starts like one."""
     if flags & FLAG_JSON_MESSAGE:
         with contextlib.suppress(msgspec.DecodeError, AttributeError):
             return msgspec.json.encode(msgspec.json.decode(body).get("payload")), None
+        return body, None
+    if not (queued or flags & FLAG_NATS_ENVELOPE):
         return body, None
     _, headers, payload = unwrap(body)
     return payload, deadline_of(headers)

@@ -493,7 +493,7 @@ class MqttConnection(asyncio.Protocol):
 
     def send_from_queue(self, offset: int, topic: str, data: bytes, dup: bool) -> None:
         """A persistent session's message from its queue (one expired is passed: not in flight)."""
-        payload, deadline = payload_of(data, 0)
+        payload, deadline = payload_of(data, 0, queued=True)
         properties = self._expiry(deadline)
         if properties is not None:
             self.messages_out += 1
