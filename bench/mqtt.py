@@ -20,7 +20,11 @@ Each run also reads the server process's CPU time (``/proc``): the paho clients 
 share the machine's cores with the server, so a server's CPU per message is what it takes from them,
 and a steadier figure than the rates on a shared machine.
 
-    python bench/mqtt.py [--count N] [--rounds R]
+With ``--base-src DIR`` (another checkout's ``src``, e.g. ``git archive main src | tar -x -C /tmp/main``,
+its compiled extensions copied in), a third side, ``base``, is a node running that code: an A/B of the
+door's own changes in the same run, with the same clients.
+
+    python bench/mqtt.py [--count N] [--rounds R] [--kinds qos1] [--base-src DIR]
 """
 
 from __future__ import annotations
@@ -166,6 +170,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kinds", default=",".join(KINDS), help="which kinds to run, comma-separated")
+    parser.add_argument("--base-src", help="a third side: a node running the code of this src folder")
     parser.add_argument("--child", nargs=6, metavar=("ROLE", "PORT", "QOS", "CLEAN", "COUNT", "TAG"))
     add_out(parser, "mqtt")
     args = parser.parse_args()
@@ -181,15 +186,27 @@ def main() -> None:
             extra_args=("--node-id", "a", "--route-port", "0", "--mqtt-port", str(mqtt_port)),
         )
         node.start()
-        kinds = args.kinds.split(",")
-        rounds: dict[str, dict[str, list[float]]] = {k: {"meshplane": [], "mosquitto": []} for k in kinds}
-        cpu: dict[str, dict[str, list[float]]] = {k: {"meshplane": [], "mosquitto": []} for k in kinds}
         assert node.proc is not None
-        pids = {"mosquitto": broker.pid, "meshplane": node.proc.pid}
+        servers = {"mosquitto": (broker_port, broker.pid), "meshplane": (mqtt_port, node.proc.pid)}
+        base = None
+        if args.base_src:
+            base_port = free_port()
+            base = StreamsServerProcess(
+                data_dir=Path(tmp) / "base",
+                extra_args=("--node-id", "a", "--route-port", "0", "--mqtt-port", str(base_port)),
+                env={"PYTHONPATH": str(Path(args.base_src).resolve())},
+            )
+            base.start()
+            assert base.proc is not None
+            servers["base"] = (base_port, base.proc.pid)
+        kinds = args.kinds.split(",")
+        rounds: dict[str, dict[str, list[float]]] = {k: {side: [] for side in servers} for k in kinds}
+        cpu: dict[str, dict[str, list[float]]] = {k: {side: [] for side in servers} for k in kinds}
+        pids = {side: pid for side, (_, pid) in servers.items()}
         try:
             for round_number in range(args.rounds):
                 for kind in kinds:
-                    for side, port in (("mosquitto", broker_port), ("meshplane", mqtt_port)):
+                    for side, (port, _) in servers.items():
                         tag = f"{kind}-{round_number}"
                         before = cpu_seconds(pids[side])
                         events = one_run(port, kind, args.count, tag)
@@ -203,6 +220,8 @@ def main() -> None:
                         )
         finally:
             node.stop()
+            if base is not None:
+                base.stop()
             broker.terminate()
             broker.wait(10)
     results: dict[str, Any] = {
@@ -215,6 +234,9 @@ def main() -> None:
         ratio = median_ratio(sides["meshplane"], sides["mosquitto"])
         cpu_us = {side: sorted(values)[len(values) // 2] for side, values in cpu[kind].items()}
         results["kinds"][kind] = {**sides, "ratio": ratio, "server_cpu_us_per_msg_median": cpu_us}
+        if "base" in sides:
+            results["kinds"][kind]["ratio_to_base"] = median_ratio(sides["meshplane"], sides["base"])
+            print(f"{kind:13} meshplane/base: {results['kinds'][kind]['ratio_to_base']}x (per-round median)")
         print(
             f"{kind:13} meshplane/mosquitto: {ratio}x (per-round median); server CPU per message "
             f"(median): meshplane {cpu_us['meshplane']} us, mosquitto {cpu_us['mosquitto']} us"

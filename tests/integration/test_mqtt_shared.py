@@ -99,3 +99,31 @@ async def test_bad_shared_filters_get_suback_0x8f_and_the_client_serves_on(
     assert kind == 9  # SUBACK
     codes = list(body[3:] if level == V5 else body[2:])  # after the packet id (and 5's properties)
     assert codes == [0x8F if level == V5 else 0x80] * len(BAD_SHARES) + [1]
+
+
+async def test_a_shared_subscription_gets_no_retained_messages_and_no_local_is_refused(
+    trio: tuple[MeshCluster, dict[str, int]],
+) -> None:
+    _, ports = trio
+    pub = await connected(Paho(ports["a"], "retainer"))
+    member = await connected(Paho(ports["a"], "member", v5=True))
+    try:
+        info = pub.client.publish("jobs/config", b"retained", qos=1, retain=True)
+        await asyncio.to_thread(info.wait_for_publish, 10)
+        await subscribed(member, "$share/r/jobs/+", 1)
+        marker = pub.client.publish("jobs/marker", b"after", qos=1)  # retained ones would come first
+        await asyncio.to_thread(marker.wait_for_publish, 10)
+        await eventually(lambda: bool(member.messages), timeout=10, what="the marker")
+        assert member.payloads() == [b"after"]  # MQTT 5 section 4.8.2: no retained messages
+    finally:
+        pub.close()
+        member.close()
+
+    def no_local() -> list[tuple[int, int, bytes]]:
+        with socket.create_connection(("127.0.0.1", ports["a"]), timeout=10) as sock:
+            sock.sendall(encode(Connect(V5, "no-local"), V5))
+            sock.sendall(encode(Subscribe(3, (("$share/g/jobs/+", 1 | 4),)), V5))
+            return read_packets(sock, 2)
+
+    (_, _, _), (kind, _, body) = await asyncio.to_thread(no_local)
+    assert (kind, body[0]) == (14, 0x82)  # DISCONNECT, protocol error (MQTT 5 section 3.8.3.1)
