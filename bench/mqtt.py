@@ -16,14 +16,22 @@ until the subscriber has them all (and, at QoS 1, the publisher has every PUBACK
   every 10 ms, the node's default ``--fsync interval``): a SIGKILL of the node loses nothing acknowledged.
 
 Rounds interleave the two servers; the ratio is the median of per-round ratios (meshplane/mosquitto).
+Each run also reads the server process's CPU time (``/proc``): the paho clients are the bottleneck and
+share the machine's cores with the server, so a server's CPU per message is what it takes from them,
+and a steadier figure than the rates on a shared machine.
 
-    python bench/mqtt.py [--count N] [--rounds R]
+With ``--base-src DIR`` (another checkout's ``src``, e.g. ``git archive main src | tar -x -C /tmp/main``,
+its compiled extensions copied in), a third side, ``base``, is a node running that code: an A/B of the
+door's own changes in the same run, with the same clients.
+
+    python bench/mqtt.py [--count N] [--rounds R] [--kinds qos1] [--base-src DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import socket
@@ -130,6 +138,12 @@ def one_run(port: int, kind: str, count: int, tag: str) -> float:
     return rate(count, max(received["last"], published["acks_in"]) - published["started"])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def mosquitto(directory: Path) -> tuple[subprocess.Popen[bytes], int]:
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     port = free_port()
@@ -156,6 +170,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kinds", default=",".join(KINDS), help="which kinds to run, comma-separated")
+    parser.add_argument("--base-src", help="a third side: a node running the code of this src folder")
     parser.add_argument("--child", nargs=6, metavar=("ROLE", "PORT", "QOS", "CLEAN", "COUNT", "TAG"))
     add_out(parser, "mqtt")
     args = parser.parse_args()
@@ -171,18 +186,42 @@ def main() -> None:
             extra_args=("--node-id", "a", "--route-port", "0", "--mqtt-port", str(mqtt_port)),
         )
         node.start()
+        assert node.proc is not None
+        servers = {"mosquitto": (broker_port, broker.pid), "meshplane": (mqtt_port, node.proc.pid)}
+        base = None
+        if args.base_src:
+            base_port = free_port()
+            base = StreamsServerProcess(
+                data_dir=Path(tmp) / "base",
+                extra_args=("--node-id", "a", "--route-port", "0", "--mqtt-port", str(base_port)),
+                env={"PYTHONPATH": str(Path(args.base_src).resolve())},
+            )
+            base.start()
+            assert base.proc is not None
+            servers["base"] = (base_port, base.proc.pid)
         kinds = args.kinds.split(",")
-        rounds: dict[str, dict[str, list[float]]] = {k: {"meshplane": [], "mosquitto": []} for k in kinds}
+        rounds: dict[str, dict[str, list[float]]] = {k: {side: [] for side in servers} for k in kinds}
+        cpu: dict[str, dict[str, list[float]]] = {k: {side: [] for side in servers} for k in kinds}
+        pids = {side: pid for side, (_, pid) in servers.items()}
         try:
             for round_number in range(args.rounds):
                 for kind in kinds:
-                    for side, port in (("mosquitto", broker_port), ("meshplane", mqtt_port)):
+                    for side, (port, _) in servers.items():
                         tag = f"{kind}-{round_number}"
+                        before = cpu_seconds(pids[side])
                         events = one_run(port, kind, args.count, tag)
+                        micros = round((cpu_seconds(pids[side]) - before) / args.count * 1e6, 1)
                         rounds[kind][side].append(events)
-                        print(f"round {round_number} {kind:13} {side:9} {events:>10,.0f} msg/s", flush=True)
+                        cpu[kind][side].append(micros)
+                        print(
+                            f"round {round_number} {kind:13} {side:9} {events:>10,.0f} msg/s "
+                            f"{micros:6.1f} us CPU/msg",
+                            flush=True,
+                        )
         finally:
             node.stop()
+            if base is not None:
+                base.stop()
             broker.terminate()
             broker.wait(10)
     results: dict[str, Any] = {
@@ -193,8 +232,15 @@ def main() -> None:
     }
     for kind, sides in rounds.items():
         ratio = median_ratio(sides["meshplane"], sides["mosquitto"])
-        results["kinds"][kind] = {**sides, "ratio": ratio}
-        print(f"{kind:13} meshplane/mosquitto: {ratio}x (per-round median)")
+        cpu_us = {side: sorted(values)[len(values) // 2] for side, values in cpu[kind].items()}
+        results["kinds"][kind] = {**sides, "ratio": ratio, "server_cpu_us_per_msg_median": cpu_us}
+        if "base" in sides:
+            results["kinds"][kind]["ratio_to_base"] = median_ratio(sides["meshplane"], sides["base"])
+            print(f"{kind:13} meshplane/base: {results['kinds'][kind]['ratio_to_base']}x (per-round median)")
+        print(
+            f"{kind:13} meshplane/mosquitto: {ratio}x (per-round median); server CPU per message "
+            f"(median): meshplane {cpu_us['meshplane']} us, mosquitto {cpu_us['mosquitto']} us"
+        )
     write_results(args.out, results)
 
 

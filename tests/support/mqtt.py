@@ -28,6 +28,7 @@ class Paho:
     ) -> None:
         self.port = port
         self.messages: list[tuple[str, bytes, int, bool, bool]] = []  # topic, payload, qos, retain, dup
+        self.expiry: list[int | None] = []  # each message's Message Expiry Interval (5)
         self.lock = threading.Lock()
         self.suback: list[list[Any]] = []  # each SUBACK's reason codes
         self.connack: list[tuple[bool, Any]] = []  # (session present, reason code)
@@ -50,6 +51,7 @@ class Paho:
             self.messages.append(
                 (message.topic, bytes(message.payload), message.qos, message.retain, message.dup)
             )
+            self.expiry.append(getattr(message.properties, "MessageExpiryInterval", None))
 
     def connect(self) -> Paho:
         properties = None

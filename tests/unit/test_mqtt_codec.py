@@ -29,9 +29,10 @@ from meshplane.core.doors.mqtt_packets import (
     Unsubscribe,
     Will,
     encode,
+    encode_puback,
     varint,
 )
-from meshplane.core.doors.mqtt_topics import BadTopic, matches, to_pattern, to_subject, to_topic
+from meshplane.core.doors.mqtt_topics import BadTopic, matches, shared, to_pattern, to_subject, to_topic
 
 text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=20)
 packet_ids = st.integers(1, 0xFFFF)
@@ -177,6 +178,14 @@ def test_server_packets_encode(level: int, packet: ConnAck) -> None:
         assert data[3] in (0, 4)
 
 
+@given(levels, packet_ids)
+def test_the_fast_puback_is_the_general_one(level: int, packet_id: int) -> None:
+    assert encode_puback(packet_id) == encode(PubAck(packet_id), level)
+    reader = MqttReader()
+    (_, ack) = reader.feed(encode(Connect(level, "c"), level) + encode_puback(packet_id))
+    assert ack == PubAck(packet_id)
+
+
 def test_varint_bounds() -> None:
     assert varint(0) == b"\x00"
     assert varint(127) == b"\x7f"
@@ -292,6 +301,33 @@ def test_filters_that_cannot_map_are_refused(topic_filter: str) -> None:
 
 
 level_words = st.text("abcxyz09-_", min_size=1, max_size=4)
+
+
+@given(level_words, st.lists(level_words | st.sampled_from(["+", "#"]), min_size=1, max_size=4))
+def test_a_shared_filter_splits_into_its_group_and_filter(group: str, words: list[str]) -> None:
+    topic_filter = "/".join(words)
+    assert shared(f"$share/{group}/{topic_filter}") == (group, topic_filter)
+    assert shared(topic_filter) is None
+
+
+@given(st.text(max_size=30))
+def test_any_shared_filter_splits_or_is_refused_as_a_bad_topic(rest: str) -> None:
+    try:
+        found = shared("$share/" + rest)
+    except BadTopic:
+        return
+    assert found is not None
+    group, topic_filter = found
+    assert group
+    assert topic_filter
+    assert not set(group) & set("/+#")
+    assert f"{group}/{topic_filter}" == rest
+
+
+@pytest.mark.parametrize("bad", ["", "/a", "g", "g/", "g+/a", "g#/a", "é/a", "a.b/c"])
+def test_bad_share_names_are_refused(bad: str) -> None:
+    with pytest.raises(BadTopic):
+        shared("$share/" + bad)
 
 
 @given(st.lists(level_words, min_size=1, max_size=6))

@@ -215,6 +215,8 @@ def decode(kind: PacketType, flags: int, body: bytes, level: int) -> Packet:
         properties = _properties(cursor, level)
         return Publish(topic, cursor.rest(), qos, retain, dup, packet_id, properties)
     if kind is PacketType.PUBACK:
+        if len(body) == 2 and body != b"\0\0":  # the usual one, read without a cursor
+            return PubAck(int.from_bytes(body, "big"))
         packet_id = cursor.two()
         code, properties = int(Code.SUCCESS), NO_PROPERTIES
         if level == V5 and cursor.left:
@@ -258,6 +260,9 @@ def decode(kind: PacketType, flags: int, body: bytes, level: int) -> Packet:
     if cursor.left:
         raise malformed(f"bytes after {kind.name}'s fields")
     return packet
+
+
+_TYPES = (None, *(PacketType(n) for n in range(1, 16)))  # by number: an enum's call is slow
 
 
 class MqttReader:
@@ -323,7 +328,7 @@ class MqttReader:
                 f"a packet of {at + length} bytes: this door takes {limit} at most",
                 Code.PACKET_TOO_LARGE,
             )
-        if kind_number == 0 or (kind := PacketType(kind_number)) not in FROM_CLIENT:
+        if kind_number == 0 or (kind := _TYPES[kind_number]) not in FROM_CLIENT:
             name = PacketType(kind_number).name if kind_number else "type 0"
             detail = {
                 "PUBREC": "QoS 2 is not supported (at most QoS 1)",

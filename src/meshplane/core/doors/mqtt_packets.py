@@ -316,6 +316,23 @@ def _packet(kind: PacketType, flags: int, body: bytes) -> bytes:
     return bytes([kind << 4 | flags]) + varint(len(body)) + body
 
 
+def encode_publish(
+    topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int, level: int
+) -> bytes:
+    """A PUBLISH without properties: what a broker sends most, made without a packet object."""
+    head = bytes([PacketType.PUBLISH << 4 | dup << 3 | qos << 1 | retain])
+    name = topic.encode()
+    size = 2 + len(name) + (2 if qos else 0) + (level == V5) + len(payload)
+    ident = packet_id.to_bytes(2, "big") if qos else b""
+    props = b"\x00" if level == V5 else b""
+    return b"".join((head, varint(size), len(name).to_bytes(2, "big"), name, ident, props, payload))
+
+
+def encode_puback(packet_id: int) -> bytes:
+    """A successful PUBACK (the same bytes in 3.1.1 and 5: 5 leaves out a success code)."""
+    return b"\x40\x02" + packet_id.to_bytes(2, "big")
+
+
 def encode(packet: Packet, level: int) -> bytes:
     """``packet``'s bytes for a connection of protocol ``level``."""
     v5 = level == V5
@@ -324,6 +341,10 @@ def encode(packet: Packet, level: int) -> bytes:
         return encode_properties(properties) if v5 else b""
 
     if isinstance(packet, Publish):
+        if not packet.properties:
+            return encode_publish(
+                packet.topic, packet.payload, packet.qos, packet.retain, packet.dup, packet.packet_id, level
+            )
         flags = packet.dup << 3 | packet.qos << 1 | packet.retain
         body = utf8(packet.topic) + (struct.pack("!H", packet.packet_id) if packet.qos else b"")
         return _packet(PacketType.PUBLISH, flags, body + props(packet.properties) + packet.payload)

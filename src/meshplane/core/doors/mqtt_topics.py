@@ -8,11 +8,17 @@ own subjects), a level that is a mesh wildcard (``*``, ``>``), a wildcard inside
 and anything the mesh's subject rules refuse (spaces, control characters, more than 32 levels or
 1024 bytes). A mesh subject's tokens become levels as they are: one holding ``/`` reaches MQTT
 subscribers as more levels than it had.
+
+A shared subscription's filter, ``$share/{ShareName}/{filter}`` (MQTT 5 section 4.8.2; mosquitto
+takes it from 3.1.1 clients too), is split by :func:`shared` into its group and its filter.
 """
 
 from __future__ import annotations
 
+from meshplane.core.doors.nats_groups import InvalidGroup, check_group
 from meshplane.core.subjects import ANY, ONE, REST, InvalidSubject, validate
+
+SHARE = "$share/"
 
 
 class BadTopic(ValueError):
@@ -33,6 +39,23 @@ def _levels(text: str, what: str) -> list[str]:
         if level in (ONE, REST):
             raise BadTopic(f"{what} {text[:80]!r}: the level {level!r} is a mesh wildcard")
     return levels
+
+
+def shared(topic_filter: str) -> tuple[str, str] | None:
+    """``(group, filter)`` of a shared subscription's filter, None for any other filter; BadTopic when
+    it breaks MQTT's rules (a share name empty or holding ``/``, ``+``, ``#``; no filter after it) or
+    names a group the mesh cannot carry in one token."""
+    if not topic_filter.startswith(SHARE):
+        return None
+    group, slash, rest = topic_filter[len(SHARE) :].partition("/")
+    if not slash or not rest:
+        raise BadTopic(f"shared filter {topic_filter[:80]!r}: '$share/' takes a share name, '/', a filter")
+    if not group or "+" in group or "#" in group:
+        raise BadTopic(f"shared filter {topic_filter[:80]!r}: a share name is not empty, without '+' or '#'")
+    try:
+        return check_group(group), rest
+    except InvalidGroup as exc:
+        raise BadTopic(str(exc)) from None
 
 
 def to_subject(topic: str) -> str:

@@ -1,5 +1,5 @@
-"""NATS queue groups across a mesh, sans I/O: one member of a group gets each event, whatever node
-each member is on (as nats-server across a cluster).
+"""NATS queue groups (and MQTT shared subscriptions) across a mesh, sans I/O: one member of a group
+gets each event, whatever node each member is on (as nats-server across a cluster).
 
 A node whose NATS clients hold members of group ``G`` on pattern ``P`` holds ``P`` (so that events on
 it come to the node, as for any subscriber) and announces ``$NQ.G.P`` (:func:`marker`) through the
@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Collection
 
 MARK = "$NQ"
+MQTT_MARK = "$MQ"
 MAX_GROUP = 64
 _GROUP = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_GROUP}}}")
 
@@ -34,9 +35,10 @@ def check_group(name: str) -> str:
     return name
 
 
-def marker(group: str, pattern: str) -> str:
-    """The reserved pattern that tells the mesh a node has members of ``group`` on ``pattern``."""
-    return f"{MARK}.{group}.{pattern}"
+def marker(group: str, pattern: str, mark: str = MARK) -> str:
+    """The reserved pattern that tells the mesh a node has members of ``group`` on ``pattern`` (``mark``:
+    the door's namespace of groups, ``$NQ`` NATS queue groups, ``$MQ`` MQTT shared subscriptions)."""
+    return f"{mark}.{group}.{pattern}"
 
 
 def chosen(nodes: Collection[str], source: str, sequence: int) -> str:

@@ -32,14 +32,16 @@ from typing import TYPE_CHECKING, Any
 from meshplane.core.doors.mqtt_codec import DEFAULT_MAX_PACKET
 from meshplane.core.doors.mqtt_packets import V5, V311, Code, ConnAck, Connect, Prop
 from meshplane.core.doors.mqtt_topics import BadTopic, to_subject
+from meshplane.core.doors.nats_groups import MQTT_MARK
 from meshplane.core.mesh.frames import FLAG_GUARANTEED
 from meshplane.core.mesh.login_checks import WRONG
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
 from meshplane.errors import ConfigError
 from meshplane.mesh.doors.mqtt_connection import MAX_CLIENT_ID, RECEIVE_MAXIMUM, MqttConnection
-from meshplane.mesh.doors.mqtt_filters import check_fits
-from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX, RetainedStore
+from meshplane.mesh.doors.mqtt_filters import check_fits, leave_shared, restore
+from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX, RetainedStore, RetainHolder
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
+from meshplane.mesh.doors.nats_groups import QueueGroups
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.preauth import QuietLog, Unproven, bounded
 from meshplane.streams.errors import StreamError
@@ -51,19 +53,7 @@ log = logging.getLogger(__name__)
 
 TOKEN_ENV = "MESHPLANE_MQTT_TOKEN"
 CONNECT_TIMEOUT = 5.0  # seconds from accept to CONNECT
-
-
-class RetainHolder:
-    """The door's holder of ``$mqtt.`` subjects: retained messages published on other nodes."""
-
-    def __init__(self, door: MqttDoor) -> None:
-        self.door = door
-
-    def deliver(self, event: MeshEvent) -> None:
-        """One byte of QoS, then the payload; an empty body clears the topic's."""
-        if event.source != self.door.origin:
-            qos = event.body[0] & 1 if event.body else 0
-            self.door.retained.put(event.subject[len(RETAIN_PREFIX) :], event.body[1:], qos)
+CACHED_TOPICS = 4096  # topics whose subjects are kept at hand
 
 
 class MqttDoor:
@@ -82,9 +72,11 @@ class MqttDoor:
         self.quiet = QuietLog(log)
         self.retained = RetainedStore(vpns=lambda: len(node.config.vpns))
         self.retain_holder = RetainHolder(self)
+        self.groups = QueueGroups(node, self.counters, MQTT_MARK)  # shared subscriptions' groups
         self.sessions: Sessions | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self._token = os.environ.get(TOKEN_ENV, "")
+        self._subjects: dict[str, str] = {}  # topic -> subject, bounded by CACHED_TOPICS
         self._server: asyncio.Server | None = None
         self._ticker: asyncio.Task[None] | None = None
 
@@ -148,6 +140,17 @@ class MqttDoor:
         if self.sessions is not None:
             self.counters["sessions_expired"] += self.sessions.expire(self.sessions.now())
             self.sessions.checkpoint()
+
+    def subject_of(self, topic: str) -> str:
+        """A PUBLISH's topic as a subject (BadTopic if it has none), remembered: clients publish to
+        few topics, and mapping one was a tenth of a QoS 1 PUBLISH's cost."""
+        subject = self._subjects.get(topic)
+        if subject is None:
+            subject = to_subject(topic)
+            if len(self._subjects) >= CACHED_TOPICS:
+                self._subjects.clear()
+            self._subjects[topic] = subject
+        return subject
 
     def count(self, what: str) -> None:
         self.counters[what] += 1
@@ -277,7 +280,7 @@ class MqttDoor:
                 Prop.RETAIN_AVAILABLE: 1,
                 Prop.MAXIMUM_PACKET_SIZE: self.max_packet_size,
                 Prop.RECEIVE_MAXIMUM: RECEIVE_MAXIMUM,
-                Prop.SHARED_AVAILABLE: 0,
+                Prop.SHARED_AVAILABLE: 1,
                 Prop.SUBSCRIPTION_ID_AVAILABLE: 0,
             }
             if client_id != packet.client_id:
@@ -338,6 +341,8 @@ class MqttDoor:
         self.node.logins.subscriptions[conn.vpn] -= len(conn.patterns)
         for pattern in list(conn.patterns):
             self.node.unsubscribe(conn, pattern)
+        for topic_filter in list(conn.shared):
+            leave_shared(conn, topic_filter)
         if conn.pump is not None:
             conn.pump.cancel()
         if conn.will is not None and not conn.graceful:
@@ -388,12 +393,16 @@ class MqttDoor:
         self.count("permission_denied")
 
     def publish_guaranteed(
-        self, subject: str, payload: bytes, skip: MqttConnection | None, answered: Callable[[int, str], None]
+        self,
+        subject: str,
+        payload: bytes,
+        skip: MqttConnection | None,
+        answered: Callable[[int, str], None],
+        flags: int = 0,
     ) -> None:
         """A QoS 1 PUBLISH as a guaranteed event; ``answered(0, error)`` once stored (or not)."""
-        event = MeshEvent(
-            self.origin, subject, next(self._sequence), time.time_ns() // 1_000_000, payload, FLAG_GUARANTEED
-        )
+        now = time.time_ns() // 1_000_000
+        event = MeshEvent(self.origin, subject, next(self._sequence), now, payload, FLAG_GUARANTEED | flags)
         self.node.guaranteed.publish(event, answered, skip=skip)
 
     def retain(self, subject: str, payload: bytes, qos: int) -> None:
@@ -445,7 +454,7 @@ class MqttDoor:
             self.violation(conn)
             log.info("MQTT client %s: %s: its subscriptions at QoS 0", bounded(conn.client_id), refused)
             subscriptions = {f: (0, options) for f, (_, options) in subscriptions.items()}
-        conn.restore(subscriptions)
+        restore(conn, subscriptions)
         conn.session = session
         session.sent = max(session.sent, session.acked)
         self._start_pump(conn, session)
@@ -466,6 +475,7 @@ class MqttDoor:
             "clients": [_client(c) for c in itertools.islice(self.connections.values(), limit)],
             "sessions": len(self.sessions.by_key) if self.sessions is not None else 0,
             "sessions_bytes": self.sessions.bytes if self.sessions is not None else 0,
+            "shared_subscriptions": self.groups.status(),
             "retained": self.retained.count,
             "retained_refused": dict(self.retained.refused),
             "retained_bytes": self.retained.total_bytes,

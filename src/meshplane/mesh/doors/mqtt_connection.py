@@ -14,7 +14,6 @@ not taken (past them it is cut as a slow consumer, counted).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
@@ -22,10 +21,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from meshplane.core.doors.mqtt_codec import MqttReader
+from meshplane.core.doors.mqtt_expiry import expiry_headers, payload_of, seconds_left
 from meshplane.core.doors.mqtt_packets import (
+    NO_PROPERTIES,
     V5,
     V311,
     Code,
@@ -37,6 +36,7 @@ from meshplane.core.doors.mqtt_packets import (
     PingReq,
     PingResp,
     Prop,
+    Properties,
     PubAck,
     Publish,
     SubAck,
@@ -44,13 +44,24 @@ from meshplane.core.doors.mqtt_packets import (
     UnsubAck,
     Unsubscribe,
     encode,
+    encode_puback,
+    encode_publish,
 )
-from meshplane.core.doors.mqtt_topics import BadTopic, matches, to_subject, to_topic
-from meshplane.core.doors.nats_protocol import unwrap
-from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
+from meshplane.core.doors.mqtt_topics import BadTopic, to_topic
+from meshplane.core.doors.nats_protocol import wrap
+from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward
-from meshplane.mesh.doors.mqtt_filters import MAX_SUBSCRIPTIONS, check_fits, take_filter
+from meshplane.mesh.doors.mqtt_filters import (
+    MAX_SUBSCRIPTIONS,
+    all_no_local,
+    changed,
+    check_fits,
+    drop_pattern,
+    leave_shared,
+    qos_for,
+    take_filter,
+)
 from meshplane.mesh.doors.mqtt_retained import RetainedSender
 from meshplane.mesh.doors.mqtt_sessions import Subscription, after_saved
 from meshplane.mesh.holders import MeshEvent
@@ -59,6 +70,7 @@ from meshplane.mesh.preauth import bounded
 if TYPE_CHECKING:
     from meshplane.mesh.doors.mqtt import MqttDoor
     from meshplane.mesh.doors.mqtt_sessions import StoredSession
+    from meshplane.mesh.doors.nats_groups import QueueGroup
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +110,7 @@ class MqttConnection(asyncio.Protocol):
         self.last_heard = time.monotonic()
         self.subscriptions: dict[str, Subscription] = {}  # by filter
         self.patterns: dict[str, int] = {}  # mesh pattern -> filters mapped to it
+        self.shared: dict[str, tuple[QueueGroup, int]] = {}  # $share filter -> (its group, QoS)
         self.one_qos: int | None = None  # the QoS of every subscription, when they all share one
         self.no_local = False
         self.session: StoredSession | None = None  # persistent
@@ -175,9 +188,12 @@ class MqttConnection(asyncio.Protocol):
 
     def send(self, packet: Packet) -> None:
         """Queued for this event loop round's one write (a syscall per packet cost more than routing)."""
+        self.write(encode(packet, self.level or V311))
+
+    def write(self, data: bytes) -> None:
+        """A packet's bytes, queued as :meth:`send` does."""
         if self.transport is None or self.closing:
             return
-        data = encode(packet, self.level or V311)
         self._out.append(data)
         self._out_bytes += len(data)
         if not self._flushing:
@@ -266,7 +282,7 @@ class MqttConnection(asyncio.Protocol):
 
     def on_publish(self, packet: Publish) -> None:
         try:
-            subject = check_fits(self.prefix, to_subject(packet.topic))
+            subject = check_fits(self.prefix, self.door.subject_of(packet.topic))
         except BadTopic as exc:
             self.door.count("bad_topic")
             if packet.qos and self.level == V5:
@@ -287,11 +303,16 @@ class MqttConnection(asyncio.Protocol):
                 self.answered(entry, 0, limited)
             return
         self.messages_in += 1
+        payload, flags = packet.payload, 0
+        expiry = packet.properties.get(Prop.MESSAGE_EXPIRY) if self.level == V5 else None
+        if isinstance(expiry, int):  # travels as its deadline (meshplane.core.doors.mqtt_expiry)
+            deadline = time.time_ns() // 1_000_000 + expiry * 1000
+            payload, flags = wrap("", expiry_headers(deadline), payload), FLAG_NATS_ENVELOPE
         if packet.retain:
             self.door.retain(self.prefix + subject, packet.payload, packet.qos)
-        skip = self if self.no_local and self._all_no_local(self.prefix + subject) else None
+        skip = self if self.no_local and all_no_local(self, self.prefix + subject) else None
         if not packet.qos:
-            self.door.node.publish(subject, packet.payload, prefix=self.prefix, skip=skip)
+            self.door.node.publish(subject, payload, flags, prefix=self.prefix, skip=skip)
             return
         if len(self.publishes) >= RECEIVE_MAXIMUM:
             raise MqttError(
@@ -304,9 +325,8 @@ class MqttConnection(asyncio.Protocol):
         if len(self.publishes) >= RECEIVE_MAXIMUM // 2 and self.transport is not None and self.level == V311:
             self.transport.pause_reading()  # 3.1.1 has no Receive Maximum: the socket waits
             self.paused_reading = True
-        self.door.publish_guaranteed(
-            self.prefix + subject, packet.payload, skip, partial(self.answered, entry)
-        )
+        answered = partial(self.answered, entry)
+        self.door.publish_guaranteed(self.prefix + subject, payload, skip, answered, flags)
 
     def answered(self, entry: Pending, _: int, error: str) -> None:
         """A QoS 1 PUBLISH stored (``error`` empty) or not: PUBACKs go in order."""
@@ -315,7 +335,7 @@ class MqttConnection(asyncio.Protocol):
             done = self.publishes.popleft()
             packet_id, error = done.packet_id, done.error or ""
             if not error:
-                self.send(PubAck(packet_id))
+                self.write(encode_puback(packet_id))
             elif self.level == V5 and not error.startswith(ANSWER_UNKNOWN):
                 self.send(PubAck(packet_id, Code.UNSPECIFIED, self._reason(f"not stored: {error}")))
             else:  # no PUBACK: the client sends it again when it reconnects (QoS 1: at least once)
@@ -339,7 +359,7 @@ class MqttConnection(asyncio.Protocol):
         while self.waiting and len(self.inflight) < self.receive_maximum:
             queued = self.waiting.popleft()
             self.waiting_bytes -= len(queued.payload)
-            self._send_qos1(queued, -1)
+            self._send_qos1(queued.topic, queued.payload, queued.retain, -1, properties=queued.properties)
 
     def _acked_to(self) -> None:
         session = self.session
@@ -353,9 +373,9 @@ class MqttConnection(asyncio.Protocol):
         for topic_filter, options in packet.filters:
             code, pattern = take_filter(self, topic_filter, options)
             codes.append(code)
-            if code < 0x80 and (options >> 4) & 3 != 2:  # retain handling 2: none sent
+            if code < 0x80 and pattern and (options >> 4) & 3 != 2:  # retain handling 2: none sent
                 new.append((topic_filter, pattern))
-        refused = self._changed()
+        refused = changed(self)
         if refused:  # not kept as its session: no SUBACK, said why (the client may try again)
             self.close(Code.QUOTA_EXCEEDED, refused)
             return
@@ -370,48 +390,19 @@ class MqttConnection(asyncio.Protocol):
     def on_unsubscribe(self, packet: Unsubscribe) -> None:
         codes = []
         for topic_filter in packet.filters:
+            if leave_shared(self, topic_filter):
+                codes.append(Code.SUCCESS)
+                continue
             known = self.subscriptions.pop(topic_filter, None)
             codes.append(Code.SUCCESS if known is not None else Code.NO_SUBSCRIPTION_EXISTED)
             if known is not None:
-                self._drop_pattern(known.pattern)
-        refused = self._changed()
+                drop_pattern(self, known.pattern)
+        refused = changed(self)
         if refused:
             self.close(Code.UNSPECIFIED, refused)
             return
         answer = UnsubAck(packet.packet_id, tuple(codes) if self.level == V5 else ())
         after_saved(self, partial(self.send, answer))
-
-    def _drop_pattern(self, pattern: str) -> None:
-        left = self.patterns.get(pattern, 0) - 1
-        if left > 0:
-            self.patterns[pattern] = left
-        else:
-            self.patterns.pop(pattern, None)
-            self.door.unsubscribed(self, pattern)
-
-    def _changed(self, save: bool = True) -> str:
-        """The subscriptions changed: a persistent session saves them; why not, if they were not."""
-        qos = {s.qos for s in self.subscriptions.values()}
-        self.one_qos = qos.pop() if len(qos) == 1 else None
-        self.no_local = any(s.options & 4 for s in self.subscriptions.values())
-        if self.session is not None and save:
-            return self.door.session_subscriptions(self)
-        return ""
-
-    def restore(self, subscriptions: dict[str, tuple[int, int]]) -> None:
-        """A persistent session's subscriptions, taken again as they were granted."""
-        for topic_filter, (qos, options) in subscriptions.items():
-            take_filter(self, topic_filter, options & ~3 | qos)
-        self._changed(save=False)
-
-    def _all_no_local(self, subject: str) -> bool:
-        found = [s for s in self.subscriptions.values() if matches(s.pattern, subject)]
-        return bool(found) and all(s.options & 4 for s in found)
-
-    def qos_for(self, subject: str) -> int:
-        if self.one_qos is not None:
-            return self.one_qos
-        return max((s.qos for s in self.subscriptions.values() if matches(s.pattern, subject)), default=0)
 
     # --- deliveries ------------------------------------------------------------------------------
 
@@ -419,34 +410,57 @@ class MqttConnection(asyncio.Protocol):
         """An event the node routes to this client's subscriptions."""
         if self.closing or not self.connected:
             return
-        qos = min(self.qos_for(event.subject), 1 if event.flags & FLAG_GUARANTEED else 0)
+        qos = min(qos_for(self, event.subject), 1 if event.flags & FLAG_GUARANTEED else 0)
         if qos and self.session is not None and not event.imported:
             return  # its queue has it: sent from there, acknowledged there (queues take no imports)
-        body = event.body
-        if event.flags & FLAG_NATS_ENVELOPE:  # a NATS request or HPUB: MQTT has room for the payload only
-            body = unwrap(body)[2]
-        elif event.flags & FLAG_JSON_MESSAGE:  # a pub/sub message: its payload, as JSON
-            with contextlib.suppress(msgspec.DecodeError, AttributeError):
-                body = msgspec.json.encode(msgspec.json.decode(body).get("payload"))
-        self.deliver_publish(to_topic(outward(self.prefix, event.subject)), body, qos)
+        self._deliver_event(event, qos)
 
-    def deliver_publish(self, topic: str, payload: bytes, qos: int, *, retain: bool = False) -> None:
+    def deliver_member(self, key: str, event: MeshEvent) -> None:
+        """An event the group of its shared filter ``key`` chose this client for (held in flight here)."""
+        if key in self.shared and not self.closing and self.connected:
+            self._deliver_event(event, min(self.shared[key][1], 1 if event.flags & FLAG_GUARANTEED else 0))
+
+    def _deliver_event(self, event: MeshEvent, qos: int) -> None:
+        payload, deadline = payload_of(event.body, event.flags)
+        properties = self._expiry(deadline)
+        if properties is not None:
+            topic = to_topic(outward(self.prefix, event.subject))
+            self.deliver_publish(topic, payload, qos, properties=properties)
+
+    def _expiry(self, deadline: int | None) -> Properties | None:
+        """The seconds a message has left (MQTT 5 3.3.2.3.3); None: expired (dropped, counted)."""
+        if deadline is None:
+            return NO_PROPERTIES
+        left = seconds_left(deadline, time.time_ns() // 1_000_000)
+        if left <= 0:
+            self.door.count("expired")
+            return None
+        return {Prop.MESSAGE_EXPIRY: left} if self.level == V5 else NO_PROPERTIES
+
+    def deliver_publish(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        *,
+        retain: bool = False,
+        properties: Properties = NO_PROPERTIES,
+    ) -> None:
         if self.max_out_packet and len(payload) + len(topic) + 16 > self.max_out_packet:
             self.dropped += 1  # larger than the client takes (5's Maximum Packet Size): MQTT drops it
             return
         self.messages_out += 1
         if not qos:
-            self.send(Publish(topic, payload, 0, retain))
+            self.write(self._encoded(topic, payload, 0, retain, False, 0, properties))
             return
-        publish = Publish(topic, payload, 1, retain)
         if len(self.inflight) < self.receive_maximum:
-            self._send_qos1(publish, -1)
+            self._send_qos1(topic, payload, retain, -1, properties=properties)
             return
         if len(self.waiting) >= MAX_WAITING or self.waiting_bytes + len(payload) > MAX_WAITING_BYTES:
             self.door.count("slow_consumer")
             self.close(Code.QUOTA_EXCEEDED, "a slow consumer: too many QoS 1 messages unacknowledged")
             return
-        self.waiting.append(publish)
+        self.waiting.append(Publish(topic, payload, 1, retain, properties=properties))
         self.waiting_bytes += len(payload)
 
     def _packet_id(self) -> int:
@@ -456,13 +470,32 @@ class MqttConnection(asyncio.Protocol):
                 return self.next_id
         raise RuntimeError("no free packet identifier")  # cannot happen: in flight is bounded below it
 
-    def _send_qos1(self, publish: Publish, offset: int, dup: bool = False) -> None:
+    def _send_qos1(
+        self,
+        topic: str,
+        payload: bytes,
+        retain: bool,
+        offset: int,
+        dup: bool = False,
+        properties: Properties = NO_PROPERTIES,
+    ) -> None:
         packet_id = self._packet_id()
         self.inflight[packet_id] = offset
         if offset >= 0:
             self.queue_offsets[offset] = packet_id
-        self.send(Publish(publish.topic, publish.payload, 1, publish.retain, dup, packet_id))
+        self.write(self._encoded(topic, payload, 1, retain, dup, packet_id, properties))
 
-    def send_from_queue(self, offset: int, topic: str, payload: bytes, dup: bool) -> None:
-        self.messages_out += 1
-        self._send_qos1(Publish(topic, payload, 1), offset, dup)
+    def _encoded(
+        self, topic: str, data: bytes, qos: int, retain: bool, dup: bool, ident: int, props: Properties
+    ) -> bytes:
+        if props:  # else made without a packet object
+            return encode(Publish(topic, data, qos, retain, dup, ident, props), self.level)
+        return encode_publish(topic, data, qos, retain, dup, ident, self.level)
+
+    def send_from_queue(self, offset: int, topic: str, data: bytes, dup: bool) -> None:
+        """A persistent session's message from its queue (one expired is passed: not in flight)."""
+        payload, deadline = payload_of(data, 0, queued=True)
+        properties = self._expiry(deadline)
+        if properties is not None:
+            self.messages_out += 1
+            self._send_qos1(topic, payload, False, offset, dup, properties)

@@ -20,10 +20,13 @@ from typing import TYPE_CHECKING
 
 from meshplane.core.doors.mqtt_topics import matches, to_topic
 from meshplane.core.mesh.vpn import outward, vpn_of
+from meshplane.mesh.doors.mqtt_filters import qos_for
 from meshplane.mesh.preauth import QuietLog
 
 if TYPE_CHECKING:
+    from meshplane.mesh.doors.mqtt import MqttDoor
     from meshplane.mesh.doors.mqtt_connection import MqttConnection
+    from meshplane.mesh.holders import MeshEvent
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +135,7 @@ class RetainedSender:
                 for start in range(0, len(kept), RETAINED_SLICE):
                     for subject, message in kept[start : start + RETAINED_SLICE]:
                         if matches(pattern, subject):
-                            qos = min(message.qos, conn.qos_for(subject))
+                            qos = min(message.qos, qos_for(conn, subject))
                             topic = to_topic(outward(conn.prefix, subject))
                             conn.deliver_publish(topic, message.payload, qos, retain=True)
                     await asyncio.sleep(0)
@@ -140,3 +143,16 @@ class RetainedSender:
                         return
         finally:
             self.task = None
+
+
+class RetainHolder:
+    """The door's holder of ``$mqtt.`` subjects: retained messages published on other nodes."""
+
+    def __init__(self, door: MqttDoor) -> None:
+        self.door = door
+
+    def deliver(self, event: MeshEvent) -> None:
+        """One byte of QoS, then the payload; an empty body clears the topic's."""
+        if event.source != self.door.origin:
+            qos = event.body[0] & 1 if event.body else 0
+            self.door.retained.put(event.subject[len(RETAIN_PREFIX) :], event.body[1:], qos)

@@ -72,7 +72,7 @@ class NatsDoor:
         self.tasks: set[asyncio.Task[None]] = set()  # password checks and TLS handshakes under way
         # The node's TLS (--mesh-tls-*): NATS clients too, with a certificate its CA signed if it has one.
         self.tls = node.config.tls.server_context() if node.config.tls is not None else None
-        self.groups = QueueGroups(self)
+        self.groups = QueueGroups(node, self.counters)
         self.users = any(vpn.users for vpn in node.config.vpns.values())
         if not self.users and not self.token and node.config.client_secret:
             raise ConfigError(

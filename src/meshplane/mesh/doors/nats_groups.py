@@ -1,33 +1,42 @@
-"""NATS queue groups on a node (the design: :mod:`meshplane.core.doors.nats_groups`): one holder per
-(group, pattern), whatever number of this node's NATS clients are members of it."""
+"""Queue groups on a node (the design: :mod:`meshplane.core.doors.nats_groups`): one holder per
+(group, pattern), whatever number of this node's clients are members of it. The NATS door's queue
+groups and the MQTT door's shared subscriptions (``$share/G/filter``) are each a :class:`QueueGroups`,
+under their own marker, so that a node never hands one event to a member of each."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from meshplane.core.doors.nats_groups import chosen, marker
+from meshplane.core.doors.nats_groups import MARK, chosen, marker
 from meshplane.mesh.holders import MeshEvent
 
 if TYPE_CHECKING:
-    from meshplane.mesh.doors.nats import NatsDoor
-    from meshplane.mesh.doors.nats_client import NatsClient
+    from meshplane.mesh.node import MeshNode
+
+
+class Member(Protocol):
+    def deliver_member(self, key: str, event: MeshEvent) -> None:
+        """An event its group chose this member (its subscription ``key``) for."""
 
 
 @dataclass(eq=False)
 class QueueGroup:
-    door: NatsDoor
+    node: MeshNode
+    counters: Counter[str]
     group: str
     pattern: str
-    members: list[tuple[NatsClient, str]] = field(default_factory=list)  # (client, sid)
+    mark: str = MARK
+    members: list[tuple[Member, str]] = field(default_factory=list)  # (client, its subscription's key)
     turn: int = 0
 
     @property
     def marker(self) -> str:
-        return marker(self.group, self.pattern)
+        return marker(self.group, self.pattern, self.mark)
 
     def deliver(self, event: MeshEvent) -> None:
-        node = self.door.node
+        node = self.node
         mark = self.marker
         nodes = {node.node_id}
         for peer, state in node.router.peers.items():
@@ -35,37 +44,39 @@ class QueueGroup:
             if link is not None and link.state == "up" and mark in state.interest.versions:
                 nodes.add(peer)
         if chosen(nodes, event.source, event.sequence) != node.node_id or not self.members:
-            self.door.counters["queue_group_elsewhere"] += 1
+            self.counters["queue_group_elsewhere"] += 1
             return
-        client, sid = self.members[self.turn % len(self.members)]
+        client, key = self.members[self.turn % len(self.members)]
         self.turn += 1
-        self.door.counters["queue_group_delivered"] += 1
-        client.deliver_member(sid, event)
+        self.counters["queue_group_delivered"] += 1
+        client.deliver_member(key, event)
 
 
 class QueueGroups:
-    """The node's queue groups of NATS clients, by (group, pattern)."""
+    """A door's queue groups on this node, by (group, pattern)."""
 
-    def __init__(self, door: NatsDoor) -> None:
-        self.door = door
+    def __init__(self, node: MeshNode, counters: Counter[str], mark: str = MARK) -> None:
+        self.node = node
+        self.counters = counters
+        self.mark = mark
         self.groups: dict[tuple[str, str], QueueGroup] = {}
 
-    def join(self, client: NatsClient, sid: str, group: str, pattern: str) -> QueueGroup:
-        key = (group, pattern)
-        holder = self.groups.get(key)
+    def join(self, client: Member, key: str, group: str, pattern: str) -> QueueGroup:
+        holder = self.groups.get((group, pattern))
         if holder is None:
-            holder = self.groups[key] = QueueGroup(self.door, group, pattern)
-            self.door.node.subscribe(holder, pattern)
-            self.door.node.subscribe(holder, holder.marker)
-        holder.members.append((client, sid))
+            holder = QueueGroup(self.node, self.counters, group, pattern, self.mark)
+            self.groups[(group, pattern)] = holder
+            self.node.subscribe(holder, pattern)
+            self.node.subscribe(holder, holder.marker)
+        holder.members.append((client, key))
         return holder
 
-    def leave(self, client: NatsClient, sid: str, holder: QueueGroup) -> None:
-        holder.members = [(c, s) for c, s in holder.members if not (c is client and s == sid)]
+    def leave(self, client: Member, key: str, holder: QueueGroup) -> None:
+        holder.members = [(c, k) for c, k in holder.members if not (c is client and k == key)]
         if not holder.members and self.groups.get((holder.group, holder.pattern)) is holder:
             del self.groups[(holder.group, holder.pattern)]
-            self.door.node.unsubscribe(holder, holder.marker)
-            self.door.node.unsubscribe(holder, holder.pattern)
+            self.node.unsubscribe(holder, holder.marker)
+            self.node.unsubscribe(holder, holder.pattern)
 
     def status(self) -> list[dict[str, object]]:
         return [
