@@ -366,6 +366,49 @@ def test_a_session_stops_without_a_traceback_from_its_idle_python_workers() -> N
     assert "Traceback" not in result.stderr, result.stderr
 
 
+REGISTER_ON_A_PLAIN_SESSION = """
+import json, os, sys
+from pyspark.sql import SparkSession
+from meshplane.spark import register
+
+def workers_over_unix_sockets(spark):
+    # PySpark's daemon learns the transport from this variable, set by the JVM's worker factory
+    probe = lambda _: [os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED")]
+    return spark.sparkContext.parallelize([0], 1).mapPartitions(probe).collect() == ["True"]
+
+found = {}
+for name, chosen in (("plain", None), ("chose_false", "false")):
+    builder = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+    if chosen is not None:
+        builder = builder.config("spark.python.unix.domain.socket.enabled", chosen)
+    spark = builder.getOrCreate()
+    register(spark)
+    rows = spark.read.format("meshplane").option("url", sys.argv[1]).option("subscribe", "uds").load()
+    found[name] = {"unix": workers_over_unix_sockets(spark), "rows": rows.count()}
+    spark.stop()
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.timeout(330)  # a Spark session started twice (on a loaded machine, minutes)
+def test_register_makes_python_workers_use_unix_sockets_unless_the_session_chose(
+    server: StreamsServerProcess,
+) -> None:
+    run(publish(server.url, "uds", 0, 30, partitions=2))
+    env = clean_env(("MESHPLANE_",)) | {"SPARK_LOCAL_IP": "127.0.0.1"}
+    result = subprocess.run(
+        [sys.executable, "-c", REGISTER_ON_A_PLAIN_SESSION, server.url],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    # a session built without the setting gets it from register(); one that chose keeps its choice
+    assert found == {"plain": {"unix": True, "rows": 30}, "chose_false": {"unix": False, "rows": 30}}
+
+
 @pytest.mark.timeout(600)  # Spark starts twice (on a loaded machine, minutes each): its waits, 580 s
 def test_up_runs_the_pipeline_and_its_windows_arrive_live(tmp_path: Path) -> None:
     env = clean_env(("DYN_", "NATS_", "MESHPLANE_"))
