@@ -65,11 +65,11 @@ def decode_event(payload: bytes | memoryview) -> StoredEvent:
         event = EVENT_DECODER.decode(payload)
     except UnicodeDecodeError as exc:  # msgspec lets a string that is not UTF-8 through as this
         raise msgspec.DecodeError(f"a string that is not UTF-8: {exc}") from None
-    check_key(event.key)
+    _check_key(event.key)
     return event
 
 
-def check_key(key: object) -> None:
+def _check_key(key: object) -> None:
     """Raises msgspec.ValidationError unless ``key`` is what a stored event's key may be."""
     if key is not None and type(key) is not str and type(key) is not bytes:
         raise msgspec.ValidationError(f"an event key must be text or bytes, not {type(key).__name__}")
