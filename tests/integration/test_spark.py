@@ -358,12 +358,71 @@ spark.stop()
 @pytest.mark.timeout(330)  # a Spark session started (on a loaded machine, minutes)
 def test_a_session_stops_without_a_traceback_from_its_idle_python_workers() -> None:
     # PySpark's own daemon printed a BrokenPipeError traceback at about every other such stop
-    env = clean_env(("MESHPLANE_",))
+    result = run_python(STOP_AFTER_PYTHON_WORK)
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def run_python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``script`` in a fresh Python (its own Spark session), which must succeed."""
+    env = clean_env(("MESHPLANE_",)) | {"SPARK_LOCAL_IP": "127.0.0.1"}
     result = subprocess.run(
-        [sys.executable, "-c", STOP_AFTER_PYTHON_WORK], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300, env=env
     )
     assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+FROZEN_BEFORE_THE_FORK = """
+from meshplane.spark.pipeline import spark_session
+spark = spark_session("frozen")
+frozen = lambda _: [__import__("gc").get_freeze_count()]
+print(min(spark.sparkContext.parallelize(range(2), 2).mapPartitions(frozen).collect()))
+spark.stop()
+"""
+
+
+@pytest.mark.timeout(330)  # a Spark session started (on a loaded machine, minutes)
+def test_python_workers_inherit_the_daemons_objects_frozen_out_of_their_collections() -> None:
+    # PySpark's daemon collects after every task of a reused worker: frozen, what a worker inherits
+    # (PySpark's imports, ~30,000 objects) is not walked each time. No meshplane read ran here, so no
+    # scan froze anything of its own.
+    result = run_python(FROZEN_BEFORE_THE_FORK)
+    assert int(result.stdout.strip().splitlines()[-1]) > 10_000
+
+
+REGISTER_ON_A_PLAIN_SESSION = """
+import json, os, sys
+from pyspark.sql import SparkSession
+from meshplane.spark import register
+
+def workers_over_unix_sockets(spark):
+    # PySpark's daemon learns the transport from this variable, set by the JVM's worker factory
+    probe = lambda _: [os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED")]
+    return spark.sparkContext.parallelize([0], 1).mapPartitions(probe).collect() == ["True"]
+
+found = {}
+for name, chosen in (("plain", None), ("chose_false", "false")):
+    builder = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+    if chosen is not None:
+        builder = builder.config("spark.python.unix.domain.socket.enabled", chosen)
+    spark = builder.getOrCreate()
+    register(spark)
+    rows = spark.read.format("meshplane").option("url", sys.argv[1]).option("subscribe", "uds").load()
+    found[name] = {"unix": workers_over_unix_sockets(spark), "rows": rows.count()}
+    spark.stop()
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.timeout(330)  # a Spark session started twice (on a loaded machine, minutes)
+def test_register_makes_python_workers_use_unix_sockets_unless_the_session_chose(
+    server: StreamsServerProcess,
+) -> None:
+    run(publish(server.url, "uds", 0, 30, partitions=2))
+    result = run_python(REGISTER_ON_A_PLAIN_SESSION, server.url)
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    # a session built without the setting gets it from register(); one that chose keeps its choice
+    assert found == {"plain": {"unix": True, "rows": 30}, "chose_false": {"unix": False, "rows": 30}}
 
 
 @pytest.mark.timeout(600)  # Spark starts twice (on a loaded machine, minutes each): its waits, 580 s

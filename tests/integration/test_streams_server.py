@@ -329,6 +329,36 @@ async def test_keyed_events_land_where_synap_puts_them(client: StreamsClient) ->
     assert any(e["key"] == "alice" and e["data"] == {"c": "alice"} and e["partition_id"] == p for e in events)
 
 
+async def test_any_bytes_are_a_key_stored_exactly_and_shown_as_key_base64_beside_a_null_key(
+    client: StreamsClient, http: aiohttp.ClientSession
+) -> None:
+    await client.create_topic("bytekeys", 3)
+    keys = [b"\xff\x00\xfe", b"\x80", "caf\u00e9".encode(), b""]
+    for key in keys:  # the client sends bytes as key_base64; routed by crc32 of the bytes, as Kafka's
+        partition, _ = await client.publish_to_topic("bytekeys", "e", key.hex(), key=key)
+        assert partition == zlib.crc32(key) % 3
+    shown = {}
+    for p in range(3):
+        for e in (await client.consume_partition("bytekeys", p, 0, 100))["events"]:
+            shown[e["data"]] = e
+    # Text keys are Synap's `key`; other bytes are `key_base64` beside a null `key`: a client that
+    # knows only `key` sees an event without a key, never a wrong one.
+    assert [(shown[d]["key"], shown[d].get("key_base64")) for d in ("ff00fe", "80", "636166c3a9", "")] == [
+        (None, "/wD+"),
+        (None, "gA=="),
+        ("caf\u00e9", None),
+        ("", None),
+    ]
+    for body, message in (
+        ({"key": "a", "key_base64": "YQ=="}, "key and key_base64 both given"),
+        ({"key_base64": "not base64!"}, "key_base64 is not base64"),
+        ({"key": 5}, "key must be a string"),
+    ):
+        async with http.post("/topics/bytekeys/publish", json={"event_type": "e", "data": 1, **body}) as r:
+            assert r.status == 400
+            assert message in (await r.json())["error"]
+
+
 async def test_batch_publish_and_partition_consume(client: StreamsClient) -> None:
     await client.create_topic("batched", 2)
     places = await client.publish_batch(

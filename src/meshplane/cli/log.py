@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from meshplane.core.keys import key_to_json
 from meshplane.core.streamlog import audit_segment, decode_event, scan_records
 from meshplane.errors import ConfigError
 
@@ -153,7 +154,7 @@ def dump(path: Path, from_offset: int, count: int | None, *, payload: bool) -> i
                 }
                 try:
                     event = decode_event(record.payload)
-                    line.update(id=event.id, event_type=event.event_type, key=event.key)
+                    line.update(id=event.id, event_type=event.event_type, **key_to_json(event.key))
                     if payload:
                         line["data"] = event.data if not isinstance(event.data, bytes) else event.data.hex()
                 except msgspec.DecodeError:

@@ -33,12 +33,13 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 
 class StoredEvent(msgspec.Struct, array_like=True, omit_defaults=True):
-    """What one record holds. ``data`` is any JSON-compatible value or bytes."""
+    """What one record holds. ``data`` is any JSON-compatible value or bytes; ``key`` is text, or bytes
+    when it is not UTF-8 (Kafka's keys are any bytes: msgpack keeps the two apart, str and bin)."""
 
     id: str
     event_type: str
     data: Any = None
-    key: str | None = None
+    key: Any = None  # str | bytes | None: msgspec's unions hold one of str and bytes, so checked on decode
     metadata: dict[str, str] | None = None
 
 
@@ -61,9 +62,17 @@ def encode_event(event: StoredEvent) -> bytes:
 def decode_event(payload: bytes | memoryview) -> StoredEvent:
     """Raises msgspec.DecodeError (or ValidationError) on anything but a stored event."""
     try:
-        return EVENT_DECODER.decode(payload)
+        event = EVENT_DECODER.decode(payload)
     except UnicodeDecodeError as exc:  # msgspec lets a string that is not UTF-8 through as this
         raise msgspec.DecodeError(f"a string that is not UTF-8: {exc}") from None
+    _check_key(event.key)
+    return event
+
+
+def _check_key(key: object) -> None:
+    """Raises msgspec.ValidationError unless ``key`` is what a stored event's key may be."""
+    if key is not None and type(key) is not str and type(key) is not bytes:
+        raise msgspec.ValidationError(f"an event key must be text or bytes, not {type(key).__name__}")
 
 
 _native = compiled("meshplane.core._records")  # chosen once: it makes and reads the bytes this module does

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from meshplane.core.brokers import BROKERS_BUCKET, parse_broker_record
+from meshplane.core.keys import key_to_json
 from meshplane.core.names import EVENT_CHANNELS_BUCKET
 from meshplane.dashboard.meshview import read_mesh_view
 from meshplane.dashboard.model import Trends, first_at_or_after, readable, scope_tree
@@ -481,7 +482,7 @@ def _shown(event: StreamEvent) -> dict[str, Any]:
         "timestamp_ms": event.timestamp_ms,
         "id": body.id,
         "event_type": body.event_type,
-        "key": body.key,
+        **key_to_json(body.key),
         "size": event.size,
         "metadata": body.metadata or {},
         "payload": readable(body.data),

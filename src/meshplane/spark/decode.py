@@ -101,7 +101,7 @@ def _value(data: Any, metadata: dict[str, str] | None) -> bytes | None:
 class Columns:
     """Decoded records of one fetch, column by column."""
 
-    keys: list[str | None]
+    keys: list[str | bytes | None]  # bytes: a key that is not UTF-8
     values: list[bytes | None]
     offsets: list[int]
     stamps_us: list[int]
@@ -175,7 +175,7 @@ _KEY, _TYPE, _ID = operator.attrgetter("key"), operator.attrgetter("event_type")
 def to_arrow(cols: Columns, topic: str, partition: int, schema: pa.Schema = ARROW_SCHEMA) -> pa.RecordBatch:
     n = len(cols.offsets)
     columns = {
-        "key": pa.array(cols.keys, pa.string()).cast(schema.field("key").type),
+        "key": _key_column(cols.keys, schema.field("key").type),
         "value": pa.array(cols.values, pa.binary()),
         "topic": pa.array([topic] * n, pa.string()),
         "partition": pa.array([partition] * n, pa.int32()),
@@ -192,13 +192,36 @@ def to_arrow(cols: Columns, topic: str, partition: int, schema: pa.Schema = ARRO
     return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
 
 
+_TEXT_KEYS: set[type] = {str, type(None)}
+_ANY_KEYS: set[type] = {str, bytes, type(None)}
+
+
+def _key_column(keys: list[str | bytes | None], kind: pa.DataType) -> pa.Array:
+    """Keys are text, or bytes where they are not UTF-8 (core.keys): binary as Kafka's column; in a
+    string column (``columns=legacy``) such bytes read with U+FFFD, as header keys do."""
+    kinds = set(map(type, keys))
+    if kinds <= _TEXT_KEYS:
+        return pa.array(keys, pa.string()).cast(kind)
+    if not kinds <= _ANY_KEYS:  # not written by a meshplane server
+        raise RuntimeError(
+            f"an event key is {sorted(k.__name__ for k in kinds - _ANY_KEYS)}, not text or bytes"
+        )
+    return pa.array([_key(k, kind == pa.binary()) for k in keys], kind)
+
+
+def _key(key: str | bytes | None, binary: bool) -> str | bytes | None:
+    if binary:
+        return key.encode() if type(key) is str else key
+    return key.decode(errors="replace") if type(key) is bytes else key
+
+
 def to_tuples(cols: Columns, topic: str, partition: int, schema: pa.Schema) -> Iterator[tuple[Any, ...]]:
     binary_key = schema.field("key").type == pa.binary()
     for key, value, offset, stamp, event_type, event_id, meta in zip(
         cols.keys, cols.values, cols.offsets, cols.stamps_us, cols.types, cols.ids, cols.metadata, strict=True
     ):
         row = {
-            "key": key.encode() if binary_key and key is not None else key,
+            "key": _key(key, binary_key),
             "value": value,
             "topic": topic,
             "partition": partition,

@@ -28,6 +28,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, StringType, StructType
 
+from meshplane.core.keys import stored_key
 from meshplane.errors import Conflict, MeshplaneError, NotFound
 from meshplane.spark.headers import HEADERS_KEY, to_metadata
 from meshplane.spark.http import SyncStreamsClient
@@ -76,15 +77,6 @@ def check_sink_schema(schema: StructType, options: Options) -> None:
         )
 
 
-def _text(value: Any, what: str) -> str:
-    if isinstance(value, bytearray | bytes):
-        try:
-            return bytes(value).decode()
-        except UnicodeDecodeError:
-            raise SparkOptionError(f"{what} is not UTF-8 text: {bytes(value)[:40]!r}") from None
-    return str(value)
-
-
 def row_to_event(row: Any, options: Options) -> tuple[str, int | None, dict[str, Any]]:
     """(topic, partition or None, event) for one row."""
     fields = row.asDict(recursive=True)
@@ -108,8 +100,15 @@ def row_to_event(row: Any, options: Options) -> tuple[str, int | None, dict[str,
     event["data"] = data
     if whole is not None:
         event["headers"] = json.loads(whole)
-    if fields.get("key") is not None:
-        event["key"] = _text(fields["key"], "the key")
+    key = fields.get("key")
+    if isinstance(key, bytearray | bytes):  # any bytes, as Kafka's: stored exactly (core.keys)
+        key = stored_key(bytes(key))
+        if isinstance(key, bytes):
+            event["key_base64"] = base64.b64encode(key).decode()
+        else:
+            event["key"] = key
+    elif key is not None:
+        event["key"] = str(key)
     if metadata:
         event["metadata"] = metadata
     topic = options.topics[0] if options.topics else fields.get("topic")

@@ -12,6 +12,7 @@ WebSocket (``/api/v1/ws``) instead of an HTTP request each: the same answers, a 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import ssl
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
@@ -286,11 +287,14 @@ class StreamsClient:
         event_type: str,
         data: Any,
         *,
-        key: str | None = None,
+        key: str | bytes | None = None,
         partition: int | None = None,
         metadata: dict[str, str] | None = None,
     ) -> tuple[int, int]:
         body: dict[str, Any] = {"event_type": event_type, "data": data}
+        if isinstance(key, bytes):  # any bytes, as Kafka's keys
+            body["key_base64"] = base64.b64encode(key).decode()
+            key = None
         for name, value in (("key", key), ("partition", partition), ("metadata", metadata)):
             if value is not None:
                 body[name] = value

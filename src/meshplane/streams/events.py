@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from meshplane.core import streamlog
+from meshplane.core.keys import key_to_json
 from meshplane.core.streamlog import StoredEvent, decode_event, encode_event
 from meshplane.streams.errors import BadRequest, PayloadTooLarge
 
@@ -54,7 +55,7 @@ class StreamEvent:
             "offset": self.offset,
             "topic": topic,
             "event_type": self.body.event_type,
-            "key": self.body.key,
+            **key_to_json(self.body.key),
             "data": self.body.data,
             "timestamp": self.timestamp_ms // 1000,
             "timestamp_ms": self.timestamp_ms,

@@ -78,7 +78,7 @@ class TopicBase(Generic[P]):
         self.published.append(0)
         self.consumed.append(0)
 
-    def choose_partition(self, key: str | None, partition: int | None) -> int:
+    def choose_partition(self, key: str | bytes | None, partition: int | None) -> int:
         count = len(self.partitions)
         if partition is not None:
             if not 0 <= partition < count:

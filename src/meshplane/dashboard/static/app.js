@@ -372,7 +372,7 @@ function payload(p) {
 }
 
 function eventRow(e, fresh) {
-  return `<tr class="${fresh ? "row-new" : ""}" data-offset="${e.offset}"><td class="num">${e.offset}</td><td>${time(e.timestamp_ms)}</td><td>${esc(e.event_type)}</td><td>${esc(e.key ?? "")}</td><td>${payload(e.payload)}</td></tr>`;
+  return `<tr class="${fresh ? "row-new" : ""}" data-offset="${e.offset}"><td class="num">${e.offset}</td><td>${time(e.timestamp_ms)}</td><td>${esc(e.event_type)}</td><td>${esc(e.key ?? (e.key_base64 ? `base64:${e.key_base64}` : ""))}</td><td>${payload(e.payload)}</td></tr>`;
 }
 
 function browsePage() {

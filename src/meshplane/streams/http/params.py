@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from meshplane.core.keys import key_from_json
 from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.core.metadata import MetadataError, internal_entries, reserved_key
 from meshplane.core.streamlog import StoredEvent
@@ -210,7 +211,8 @@ def retention_secs_of(body: dict[str, Any]) -> float | None:
 def topic_event(item: dict[str, Any]) -> StoredEvent:
     if "data" not in item:
         raise BadRequest("missing field 'data'")
-    key = item.get("key")
-    if key is not None and not isinstance(key, str):
-        raise BadRequest(f"key must be a string, not {key!r}")
+    try:
+        key = key_from_json(item)
+    except MetadataError as exc:
+        raise BadRequest(str(exc)) from None
     return StoredEvent(new_event_id(), event_type_of(item), item["data"], key, get_metadata(item))

@@ -313,6 +313,7 @@ def route_table(api: Api) -> list[Route]:
             {
                 "event_type": "string",
                 "key": "string",
+                "key_base64": "string",
                 "data": "any",
                 "metadata": "object",
                 "partition": "integer",
