@@ -158,6 +158,7 @@ async def test_queue_group_members_count_among_their_vpns_subscriptions(tmp_path
         assert answer.count(b"Maximum Subscriptions Exceeded") == 7, answer
 
 
+@pytest.mark.timeout(180)  # its waits add up to 150.5 s
 async def test_a_vpn_clients_longest_subject_breaks_no_link(tmp_path: Path) -> None:
     """A client's subject may be 1,024 bytes; in a VPN the mesh carries it with the VPN's prefix
     (``$vpn:B.``), and a peer's frame reader refuses a subject past 1,024 bytes as a broken stream:

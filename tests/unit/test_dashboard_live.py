@@ -9,8 +9,8 @@ import pytest
 from meshplane.core.streamlog import StoredEvent
 from meshplane.dashboard.http import WRITE_TIMEOUT_SECS
 from meshplane.dashboard.live import MAX_VIEWERS, Dashboard, Tail
-from meshplane.streams.access import Grant, Scope
 from meshplane.streams.errors import LimitReached, http_status
+from meshplane.streams.grants import Grant, Scope
 from meshplane.streams.service import StreamsConfig, StreamsService
 
 

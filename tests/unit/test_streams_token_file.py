@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from meshplane.errors import ConfigError
-from meshplane.streams.access import Scope, Tokens
+from meshplane.streams.access import Tokens
+from meshplane.streams.grants import Scope
 from meshplane.streams.token_file import check_tokens
 from meshplane.streams.vpn_engines import vpn_data_dir
 

@@ -48,7 +48,8 @@ from meshplane.errors import ConfigError
 from meshplane.launchers import JetStreamCluster, NatsServer
 from meshplane.plane import EventPlane
 from meshplane.publisher import EventPublisher
-from meshplane.streams.access import ADMIN, Tokens
+from meshplane.streams.access import Tokens
+from meshplane.streams.grants import ADMIN
 from meshplane.streams.lock import DataDirLock
 from meshplane.streams.service import StreamsConfig, StreamsService
 from meshplane.subscriber import EventSubscriber

@@ -12,8 +12,8 @@ from aiohttp import web
 
 from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.dashboard.live import Dashboard, Tail
-from meshplane.streams.access import Grant
 from meshplane.streams.errors import BadRequest, Forbidden
+from meshplane.streams.grants import Grant
 from meshplane.streams.http.params import GRANT, json_response, query_int, vpn_of
 
 DASHBOARD: web.AppKey[Dashboard] = web.AppKey("dashboard", Dashboard)  # the default VPN's

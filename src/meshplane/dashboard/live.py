@@ -30,9 +30,9 @@ from meshplane.discovery.base import Discovery
 from meshplane.discovery.channels import parse_channel
 from meshplane.errors import MeshplaneError
 from meshplane.mesh.node import MeshNode
-from meshplane.streams.access import Grant
 from meshplane.streams.errors import LimitReached, NotFound, StreamError
 from meshplane.streams.events import StreamEvent
+from meshplane.streams.grants import Grant
 from meshplane.streams.readers import Readers, ReaderView, reader_lag
 from meshplane.streams.service import StreamsService
 

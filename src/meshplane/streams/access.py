@@ -18,63 +18,13 @@ environment, never from the command line (where ``ps`` shows them).
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from collections.abc import Collection
 from pathlib import Path
-from typing import Literal
 
-from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.errors import ConfigError
-
-Level = Literal["read", "write", "admin"]
-RANK: dict[str, int] = {"read": 0, "write": 1, "admin": 2}
-
-
-@dataclass(frozen=True, slots=True)
-class Scope:
-    level: Level
-    prefix: str = ""
-
-    def allows(self, level: Level, name: str | None) -> bool:
-        if RANK[self.level] < RANK[level]:
-            return False
-        # Unnamed operations (listings, metrics) need a scope over every name, except to read.
-        return self.prefix == "" or level == "read" if name is None else name.startswith(self.prefix)
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """What one presented token may do."""
-
-    scopes: tuple[Scope, ...]
-    holder: str = ""  # a fingerprint of the token (never the token): whose a reader view is
-    vpn: str = DEFAULT  # the Message VPN whose rooms, topics and groups it names (and only those)
-
-    def allows(self, level: Level, names: Iterable[str | None] = (None,)) -> bool:
-        return all(any(s.allows(level, name) for s in self.scopes) for name in names)
-
-    @property
-    def operator(self) -> bool:
-        """The server's operator: an admin over every name of the default VPN, who may also work in
-        any other VPN (the ``X-Meshplane-Vpn`` header, the dashboard's VPN picker)."""
-        return self.vpn == DEFAULT and any(s.level == "admin" and s.prefix == "" for s in self.scopes)
-
-
-ADMIN = Grant((Scope("admin"),))
-
-
-def holder(token: str) -> str:
-    """A short fingerprint of a token, to tell its holders apart in listings without showing it."""
-    return "t" + hashlib.sha256(token.encode()).hexdigest()[:10]
-
-
-def parse_scope(text: str) -> Scope:
-    level, _, prefix = text.partition(":")
-    if level not in RANK:
-        raise ConfigError(f"unknown scope {text!r}: read, write or admin, optionally :PREFIX")
-    return Scope(level, prefix)  # type: ignore[arg-type]
+from meshplane.streams.grants import ADMIN, Grant, holder
+from meshplane.streams.token_file import parse_tokens
 
 
 class Tokens:
@@ -88,8 +38,6 @@ class Tokens:
     @classmethod
     def parse(cls, text: str) -> Tokens:
         """The tokens of a token file's lines (:mod:`.token_file`)."""
-        from meshplane.streams.token_file import parse_tokens
-
         return cls(parse_tokens(text, toml=False, vpns=None, where="token file"))
 
     @classmethod
@@ -99,8 +47,6 @@ class Tokens:
         """Tokens from ``token_file`` (lines, or TOML if its name ends in ``.toml``) and/or one admin
         token of the default VPN from the environment; None: no auth. ``vpns``: the server's VPNs (a
         token naming another is refused, with its line)."""
-        from meshplane.streams.token_file import parse_tokens
-
         grants: dict[str, Grant] = {}
         if token_file is not None:
             try:

@@ -28,7 +28,7 @@ from typing import Any
 
 from meshplane.core.mesh.vpn import DEFAULT, check_vpn
 from meshplane.errors import ConfigError
-from meshplane.streams.access import ADMIN, Grant, holder, parse_scope
+from meshplane.streams.grants import ADMIN, Grant, holder, parse_scope
 
 MIN_TOKEN = 16
 _VPN_WORD = "vpn:"

@@ -19,6 +19,7 @@ from meshplane.core.doors.nats_groups import InvalidGroup, check_group
 from meshplane.core.subjects import ANY, ONE, REST, InvalidSubject, validate
 
 SHARE = "$share/"
+RETAIN_PREFIX = "$mqtt."  # the subject a retained message travels on to the other nodes
 
 
 class BadTopic(ValueError):

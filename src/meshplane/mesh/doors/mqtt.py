@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshplane.core.doors.mqtt_codec import DEFAULT_MAX_PACKET
 from meshplane.core.doors.mqtt_packets import V5, V311, Code, ConnAck, Connect, Prop
-from meshplane.core.doors.mqtt_topics import BadTopic, to_subject
+from meshplane.core.doors.mqtt_topics import RETAIN_PREFIX, BadTopic, to_subject
 from meshplane.core.doors.nats_groups import MQTT_MARK
 from meshplane.core.mesh.frames import FLAG_GUARANTEED
 from meshplane.core.mesh.login_checks import WRONG
@@ -39,7 +39,7 @@ from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
 from meshplane.errors import ConfigError
 from meshplane.mesh.doors.mqtt_connection import MAX_CLIENT_ID, RECEIVE_MAXIMUM, MqttConnection
 from meshplane.mesh.doors.mqtt_filters import check_fits, leave_shared, restore
-from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX, RetainedStore, RetainHolder
+from meshplane.mesh.doors.mqtt_retained import RetainedStore, RetainHolder
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
 from meshplane.mesh.doors.nats_groups import QueueGroups
 from meshplane.mesh.holders import MeshEvent

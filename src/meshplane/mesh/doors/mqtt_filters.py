@@ -9,10 +9,9 @@ import logging
 from typing import TYPE_CHECKING
 
 from meshplane.core.doors.mqtt_packets import V5, Code, MqttError
-from meshplane.core.doors.mqtt_topics import BadTopic, matches, shared, to_pattern
+from meshplane.core.doors.mqtt_topics import RETAIN_PREFIX, BadTopic, matches, shared, to_pattern
 from meshplane.core.doors.nats_groups import MQTT_MARK, marker
 from meshplane.core.subjects import MAX_SUBJECT_BYTES, fits
-from meshplane.mesh.doors.mqtt_retained import RETAIN_PREFIX
 from meshplane.mesh.doors.mqtt_sessions import Subscription
 from meshplane.mesh.preauth import bounded
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from meshplane.core.doors.mqtt_topics import matches, to_topic
+from meshplane.core.doors.mqtt_topics import RETAIN_PREFIX, matches, to_topic
 from meshplane.core.mesh.vpn import outward, vpn_of
 from meshplane.mesh.doors.mqtt_filters import qos_for
 from meshplane.mesh.preauth import QuietLog
@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 
 MAX_RETAINED = 10_000  # topics with a retained message, per node
 MAX_RETAINED_BYTES = 64 * 1024 * 1024
-RETAIN_PREFIX = "$mqtt."  # the subject a retained message travels on to the other nodes
 RETAINED_SLICE = 256  # retained messages looked at per turn of the loop
 
 

@@ -21,7 +21,7 @@ from meshplane.dashboard.http import DASHBOARD, DASHBOARDS
 from meshplane.dashboard.live import Dashboard
 from meshplane.discovery.base import Discovery
 from meshplane.mesh.node import MeshNode
-from meshplane.streams.access import Grant, Tokens
+from meshplane.streams.access import Tokens
 from meshplane.streams.errors import (
     Forbidden,
     NotFound,
@@ -29,6 +29,7 @@ from meshplane.streams.errors import (
     StorageError,
     StreamError,
 )
+from meshplane.streams.grants import Grant
 from meshplane.streams.http import origin
 from meshplane.streams.http.api import Api
 from meshplane.streams.http.mesh import MESH, register_mesh_metrics

@@ -6,13 +6,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from meshplane.streams.access import Grant, Level
 from meshplane.streams.errors import (
     BadRequest,
     Forbidden,
     NotFound,
     StreamError,
 )
+from meshplane.streams.grants import Grant, Level
 from meshplane.streams.http.params import (
     MAX_CONSUME_LIMIT,
     error_body,

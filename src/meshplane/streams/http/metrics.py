@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from meshplane.core.mesh.vpn import DEFAULT
-from meshplane.streams.access import Grant
+from meshplane.streams.grants import Grant
 from meshplane.streams.http.params import GRANT, readable
 from meshplane.streams.readers import Readers, reader_lag
 from meshplane.streams.service import StreamsService

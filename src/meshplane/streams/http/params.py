@@ -14,7 +14,6 @@ from meshplane.core.keys import key_from_json
 from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.core.metadata import MetadataError, internal_entries, reserved_key
 from meshplane.core.streamlog import StoredEvent
-from meshplane.streams.access import Grant
 from meshplane.streams.config import new_event_id
 from meshplane.streams.errors import (
     BadRequest,
@@ -23,6 +22,7 @@ from meshplane.streams.errors import (
     StreamError,
     http_status,
 )
+from meshplane.streams.grants import Grant
 from meshplane.streams.service import StreamsService
 
 _json = msgspec.json.Encoder()

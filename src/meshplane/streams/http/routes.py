@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from meshplane.dashboard import http as dashboard
-from meshplane.streams.access import Level
+from meshplane.streams.grants import Level
 from meshplane.streams.http import staging
 from meshplane.streams.http.api import Api
 from meshplane.streams.http.mesh import (
