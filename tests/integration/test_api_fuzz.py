@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, settings
 
 from meshplane.launchers import StreamsServerProcess
 from meshplane.streams.http.api import Api
-from meshplane.streams.http.routes import openapi_document, route_table
+from meshplane.streams.http.openapi import openapi_document
+from meshplane.streams.http.routes import route_table
 from meshplane.streams.service import StreamsConfig, StreamsService
 
 # The description is static (one route table), so it is built here rather than fetched.

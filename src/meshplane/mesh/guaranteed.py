@@ -45,7 +45,7 @@ from meshplane.core.mesh.frames import (
 )
 from meshplane.mesh.commit_batch import Answer, Work, store_batch
 from meshplane.mesh.holders import Holder, MeshEvent
-from meshplane.mesh.peer_queues import KnownQueues
+from meshplane.mesh.peer_queues import KnownQueues, learn_queues, queue_patterns
 from meshplane.mesh.queues import PREFIX, Queue, Queues
 from meshplane.mesh.spool import (
     Spool,
@@ -55,6 +55,7 @@ from meshplane.mesh.spool import (
     spool_peer,
     spool_table,
 )
+from meshplane.mesh.vpn_spool_room import VpnSpoolRoom
 from meshplane.streams.errors import CorruptRecords, NotStored, OutcomeUnknown, StorageError
 from meshplane.streams.files import changed
 
@@ -81,6 +82,7 @@ class Guaranteed:
         self.engine: StreamsService | None = None
         self.spools: dict[str, Spool] = {}  # by peer
         self.cluster_spools: dict[str, Spool] = {}  # a gateway's, by other cluster
+        self.vpn_room = VpnSpoolRoom(node, (self.spools, self.cluster_spools))
         self.queues = Queues(node)
         self.counters: Counter[str] = Counter()
         self._root = Path()
@@ -178,27 +180,6 @@ class Guaranteed:
     def spool_status(self, spools: dict[str, Spool] | None = None) -> list[dict[str, Any]]:
         """Each peer's spool (or, given ``cluster_spools``, each other cluster's)."""
         return spool_table((self.spools if spools is None else spools).values())
-
-    # --- each VPN's share of the spools ------------------------------------------------------------------
-
-    def spooled_bytes(self, vpn: str) -> int:
-        """The bytes of ``vpn``'s guaranteed events this node's spools hold unconfirmed."""
-        return sum(
-            s.shares.bytes[vpn] for spools in (self.spools, self.cluster_spools) for s in spools.values()
-        )
-
-    def room(self, vpn: str) -> int | None:
-        found = self.node.config.vpns.get(vpn)
-        limit = found.max_spool_bytes if found is not None else None
-        return None if limit is None else limit - self.spooled_bytes(vpn)
-
-    def refuse(self, vpn: str) -> str:
-        self.node.logins.limits_refused[(vpn, "spool_bytes")] += 1
-        limit = self.node.config.vpns[vpn].max_spool_bytes
-        return (
-            f"Message VPN {vpn!r}: its guaranteed events hold {self.spooled_bytes(vpn)} bytes in this "
-            f"node's spools for other nodes (its limit {limit}): not stored"
-        )
 
     # --- publishing: on the node the publisher is on --------------------------------------------------
 
@@ -391,19 +372,19 @@ class Guaranteed:
 
     def learnt(self, peer: str, gained: Iterable[str], lost: Iterable[str]) -> None:
         """Interest a peer gained or lost: its queues' patterns are remembered apart."""
-        _learn(self.peers, peer, gained, lost)
+        learn_queues(self.peers, peer, gained, lost)
 
     def link_up(self, link: Link, interest: Iterable[str]) -> None:
         """The peer's (or other cluster's) interest is learnt afresh (``interest``): its queues are
         exactly those now."""
         known = self.clusters if link.external else self.peers
         if known is not None:
-            known.replace(link.peer, _queue_patterns(interest))
+            known.replace(link.peer, queue_patterns(interest))
         self.pump(link)
 
     def cluster_learnt(self, cluster: str, gained: Iterable[str], lost: Iterable[str]) -> None:
         """Interest another cluster announced over its external link (a gateway)."""
-        _learn(self.clusters, cluster, gained, lost)
+        learn_queues(self.clusters, cluster, gained, lost)
 
     def _peer_queues_changed(self, peer: str, added: set[str], removed: set[str]) -> None:
         """What this cluster's queues want, as other clusters are told: each node's queues', once."""
@@ -475,7 +456,7 @@ class Guaranteed:
             failures = self._failures
             batch = [w for w in batch if w.link is None or failures[w.link] == w.failures]
             try:
-                failed, synced, appended = store_batch(self.engine, batch, self.counters, self)
+                failed, synced, appended = store_batch(self.engine, batch, self.counters, self.vpn_room)
             except Exception as exc:  # a bug must not stop every later guaranteed publish
                 log.exception("storing guaranteed events failed")
                 failed, synced, appended = {work: f"internal error: {exc!r}" for work in batch}, set(), []
@@ -512,15 +493,3 @@ class Guaranteed:
         if self.engine is not None:
             on_disk = self.engine.durability.when_synced(*(spool.log for spool, _ in ends))
             on_disk.add_done_callback(partial(self._durable, ends))
-
-
-def _learn(known: KnownQueues | None, key: str, gained: Iterable[str], lost: Iterable[str]) -> None:
-    """Queues' interest gained or lost, if any: most interest is no queue's (nothing to copy then)."""
-    gained, lost = _queue_patterns(gained), _queue_patterns(lost)
-    if known is not None and (gained or lost):
-        known.learnt(key, gained, lost)
-
-
-def _queue_patterns(interest: Iterable[str]) -> set[str]:
-    """The queues' patterns among announced interest, without their prefix."""
-    return {p[len(PREFIX) :] for p in interest if p.startswith(PREFIX)}

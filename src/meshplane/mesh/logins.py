@@ -344,7 +344,7 @@ class Logins:
                 "clients": self.connections[name],
                 "users": sorted(vpn.users),
                 "subscriptions": self.subscriptions[name],
-                "spool_bytes": self.node.guaranteed.spooled_bytes(name),
+                "spool_bytes": self.node.guaranteed.vpn_room.spooled_bytes(name),
                 "logins_refused": self.refused[name],
                 "logins_busy": self.busy[name],
                 "limits": {key: getattr(vpn, key) for key in LIMITS},

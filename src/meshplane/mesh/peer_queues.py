@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 
 from meshplane.core.subjects import PatternIndex, valid_pattern
+from meshplane.mesh.queues import PREFIX
 from meshplane.streams.files import changed, write_atomic
 
 log = logging.getLogger(__name__)
@@ -180,3 +181,15 @@ class KnownQueues:
 
     def close(self) -> None:
         self._log.close()
+
+
+def learn_queues(known: KnownQueues | None, key: str, gained: Iterable[str], lost: Iterable[str]) -> None:
+    """Queues' interest gained or lost, if any: most interest is no queue's (nothing to copy then)."""
+    gained, lost = queue_patterns(gained), queue_patterns(lost)
+    if known is not None and (gained or lost):
+        known.learnt(key, gained, lost)
+
+
+def queue_patterns(interest: Iterable[str]) -> set[str]:
+    """The queues' patterns among announced interest, without their prefix."""
+    return {p[len(PREFIX) :] for p in interest if p.startswith(PREFIX)}

@@ -25,7 +25,7 @@ class VpnCollector(Collector):
             labels=["vpn"],
         )
         for vpn in sorted(self.node.config.vpns):
-            spooled.add_metric([vpn], self.node.guaranteed.spooled_bytes(vpn))
+            spooled.add_metric([vpn], self.node.guaranteed.vpn_room.spooled_bytes(vpn))
         yield spooled
         imports = self.node.imports
         crossed = {

@@ -37,7 +37,15 @@ from meshplane.core.mesh.frames import FLAG_GUARANTEED
 from meshplane.core.mesh.login_checks import WRONG
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of
 from meshplane.errors import ConfigError
-from meshplane.mesh.doors.mqtt_connection import MAX_CLIENT_ID, RECEIVE_MAXIMUM, MqttConnection
+from meshplane.mesh.doors.mqtt_connect import (
+    MAX_CLIENT_ID,
+    WillRefused,
+    connack_properties,
+    number,
+    owner,
+    will_of,
+)
+from meshplane.mesh.doors.mqtt_connection import MqttConnection
 from meshplane.mesh.doors.mqtt_filters import check_fits, leave_shared, restore
 from meshplane.mesh.doors.mqtt_retained import RetainedStore, RetainHolder
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
@@ -198,22 +206,17 @@ class MqttDoor:
         if len(client_id) > MAX_CLIENT_ID:
             return Code.BAD_CLIENT_ID, f"a client id of more than {MAX_CLIENT_ID} characters"
         cap = self.node.config.mqtt_session_expiry
-        asked = _number(packet, Prop.SESSION_EXPIRY, 0) if v5 else (0 if packet.clean else NEVER)
+        asked = number(packet, Prop.SESSION_EXPIRY, 0) if v5 else (0 if packet.clean else NEVER)
         expiry = min(asked, cap)  # 3.1.1's sessions expire too, as mosquitto's persistent_client_expiration
         persistent = expiry > 0
         if not client_id:
             if packet.level == V311 and not packet.clean:
                 return Code.BAD_CLIENT_ID, "a persistent session needs a client id"
             client_id = "mqtt-" + secrets.token_hex(8)
-        will = None
-        if packet.will is not None:
-            try:
-                will_subject = to_subject(packet.will.topic)
-            except BadTopic as exc:
-                return Code.BAD_TOPIC_NAME, f"will: {exc}"
-            if packet.will.qos == 2 and v5:
-                return Code.QOS_NOT_SUPPORTED, "a will of QoS 2: this door takes QoS 0 and 1"
-            will = (will_subject, packet.will.payload, min(packet.will.qos, 1), packet.will.retain)
+        try:
+            will = will_of(packet)
+        except WillRefused as exc:
+            return exc.code, str(exc)
         code, why = await self._authenticate(conn, packet)
         if code:
             return code, why
@@ -238,8 +241,8 @@ class MqttDoor:
         key = (conn.vpn, client_id)
         old = self.connections.get(key)
         stored = self.sessions.get(conn.vpn, client_id) if self.sessions is not None else None
-        owner = _owner(conn)
-        if (old is not None and _owner(old) != owner) or (stored is not None and stored.user != owner):
+        user = owner(conn)
+        if (old is not None and owner(old) != user) or (stored is not None and stored.user != user):
             # A client id proves nothing: another user's session is neither resumed, ended nor cut.
             self.count("session_of_another_user")
             self.violation(conn)
@@ -256,7 +259,7 @@ class MqttDoor:
             if persistent:
                 if stored is None:
                     try:
-                        stored = self.sessions.open(conn.vpn, client_id, expiry, owner)
+                        stored = self.sessions.open(conn.vpn, client_id, expiry, user)
                     except StreamError as exc:
                         self.count("session_refused")
                         return Code.QUOTA_EXCEEDED, str(exc)
@@ -266,27 +269,14 @@ class MqttDoor:
                 conn.session = stored
         conn.client_id, conn.will, conn.keep_alive = client_id, will, packet.keep_alive
         if v5:
-            conn.receive_maximum = min(_number(packet, Prop.RECEIVE_MAXIMUM, 1000), 1000)
-            conn.max_out_packet = _number(packet, Prop.MAXIMUM_PACKET_SIZE, 0)
+            conn.receive_maximum = min(number(packet, Prop.RECEIVE_MAXIMUM, 1000), 1000)
+            conn.max_out_packet = number(packet, Prop.MAXIMUM_PACKET_SIZE, 0)
         self.unproven.done(conn)
         self.node.logins.connections[conn.vpn] += 1
         self.connections[key] = conn
         conn.connected = True
         self.count("connections")
-        props: dict[int, object] = {}
-        if v5:
-            props |= {
-                Prop.MAXIMUM_QOS: 1,
-                Prop.RETAIN_AVAILABLE: 1,
-                Prop.MAXIMUM_PACKET_SIZE: self.max_packet_size,
-                Prop.RECEIVE_MAXIMUM: RECEIVE_MAXIMUM,
-                Prop.SHARED_AVAILABLE: 1,
-                Prop.SUBSCRIPTION_ID_AVAILABLE: 0,
-            }
-            if client_id != packet.client_id:
-                props[Prop.ASSIGNED_CLIENT_ID] = client_id
-            if expiry != asked:
-                props[Prop.SESSION_EXPIRY] = expiry  # the node's cap
+        props = connack_properties(packet, client_id, expiry, asked, self.max_packet_size)
         conn.send(ConnAck(session_present, Code.SUCCESS, props))
         if conn.session is not None:
             self._restore(conn, conn.session)
@@ -296,7 +286,7 @@ class MqttDoor:
         """The node's VPNs were read again: the clients they no longer admit are cut, told why."""
         cut = 0
         for conn in list(self.connections.values()):
-            reason = why_cut(conn.vpn, _owner(conn))
+            reason = why_cut(conn.vpn, owner(conn))
             if reason:
                 conn.close(Code.NOT_AUTHORIZED, reason)
                 cut += 1
@@ -483,11 +473,6 @@ class MqttDoor:
         }
 
 
-def _owner(conn: MqttConnection) -> str:
-    """The VPN user ``conn`` proved it is ("": none, a token's or an anonymous client)."""
-    return conn.user if conn.permissions is not None else ""
-
-
 def _client(conn: MqttConnection) -> dict[str, Any]:
     transport = conn.transport
     return {
@@ -509,8 +494,3 @@ def _client(conn: MqttConnection) -> dict[str, Any]:
 def _will_answered(_: int, error: str) -> None:
     if error:
         log.warning("a QoS 1 will was not stored: %s", error)
-
-
-def _number(packet: Connect, key: int, default: int) -> int:
-    value = packet.properties.get(key, default)
-    return value if isinstance(value, int) else default

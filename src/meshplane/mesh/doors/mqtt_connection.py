@@ -79,7 +79,6 @@ MAX_INFLIGHT = 1000  # QoS 1 messages sent to a client and not acknowledged (or 
 MAX_WAITING = 10_000  # QoS 1 messages waiting for room in flight ...
 MAX_WAITING_BYTES = 16 * 1024 * 1024  # ... and their bytes
 MAX_OUTBOUND_BYTES = 16 * 1024 * 1024  # unsent to the client's socket: past it, a slow consumer
-MAX_CLIENT_ID = 256
 
 
 @dataclass(slots=True)
