@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplane.errors import PermissionDenied
+from meshplane.errors import PermissionDenied, TransportAuthError
 from meshplane.launchers import MeshCluster
 from meshplane.mesh.client import MeshClient
 from meshplane.mesh.vpns import hash_password
@@ -77,7 +77,11 @@ async def test_a_client_certificate_logs_in_as_the_user_it_names_and_one_naming_
             await eventually(lambda: bool(told), timeout=10, what="mallory told why")
             assert "the client's certificate names none of them" in str(told[0])
             await eventually(lambda: not mallory.connected, timeout=10, what="mallory closed")
-            await mallory.close()  # it would try again and again, refused each time
+            # Dialling again would be refused again at once: it stops, and the application is told.
+            with pytest.raises(TransportAuthError, match="names none of them"):
+                await mallory.flush()
+            assert not mallory.connected
+            await mallory.close()
             await carol.connect()  # a password logs in whoever has one, whatever its certificate
             await carol.flush()
 

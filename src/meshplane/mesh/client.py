@@ -111,6 +111,8 @@ class MeshClient:
         self._ticket = b""  # the node's, to keep ``_origin`` on the next connection
         self._unconfirmed = Unconfirmed(MAX_UNCONFIRMED, self.url)
         self._refused_login: TransportAuthError | None = None  # why it stopped reconnecting
+        self._session_refused: TransportAuthError | None = None  # why the node is closing this session
+        self._sessions_refused = 0  # in a row: each address refused a session without a login
         self.keepalive = keepalive
         self._watch: asyncio.Task[None] | None = None
 
@@ -244,6 +246,9 @@ class MeshClient:
             conn.send(encode_frame(FrameType.HEARTBEAT, ""))  # the node closes idle connections
         elif frame.type in (FrameType.HELLO, FrameType.AUTH, FrameType.LOGIN) and self._handshake is not None:
             self._handshake.put_nowait(frame)
+        elif frame.type is FrameType.LOGIN and frame.payload:  # a session the VPN takes only logged in
+            reason = frame.payload.decode(errors="replace")[:200]
+            self._session_refused = TransportAuthError(f"the mesh node at {self.url} refused us: {reason}")
         elif frame.type is FrameType.REFUSED:
             self._refused(frame)
 
@@ -269,7 +274,13 @@ class MeshClient:
             if not ping.done():
                 ping.set_exception(TransportError(f"lost the mesh node at {self.url}"))
         self._pings.clear()
-        if not self._closing:
+        refused, self._session_refused = self._session_refused, None
+        self._sessions_refused = self._sessions_refused + 1 if refused is not None else 0
+        if refused is not None and self._sessions_refused >= len(self.addresses):
+            # Dialling again would be refused again, at once and for ever: the application is told.
+            self._refused_login = refused
+            log.error("stopped reconnecting to the mesh node at %s: %s", self.url, refused)
+        elif not self._closing:
             log.warning("lost the mesh node at %s; reconnecting", self.url)
             self._reconnect = asyncio.get_running_loop().create_task(self._reconnect_loop())
 
