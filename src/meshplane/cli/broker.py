@@ -81,6 +81,11 @@ async def run_broker(args: argparse.Namespace) -> int:
     if config.zmq_curve_cert is not None:  # MESHPLANE_ZMQ_CURVE_CERT and _ALLOWED, as for clients
         curve = Curve.load(config.zmq_curve_cert, config.zmq_curve_allowed)
     broker = Broker(args.xsub, args.xpub, args.stats, args.hwm, args.drop_after, args.relay, curve)
+    # Before the ready line: a stop as soon as it is out still unregisters, never kills us with the record
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     address = broker.start()
     discovery = None
     broker_id = new_instance_id()
@@ -108,10 +113,6 @@ async def run_broker(args: argparse.Namespace) -> int:
             flush=True,
         )
         settle_heap()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
         if discovery is not None:
