@@ -81,7 +81,8 @@ async def run_broker(args: argparse.Namespace) -> int:
     if config.zmq_curve_cert is not None:  # MESHPLANE_ZMQ_CURVE_CERT and _ALLOWED, as for clients
         curve = Curve.load(config.zmq_curve_cert, config.zmq_curve_allowed)
     broker = Broker(args.xsub, args.xpub, args.stats, args.hwm, args.drop_after, args.relay, curve)
-    # Before the ready line: a stop as soon as it is out still unregisters, never kills us with the record
+    # Before the ready line: a SIGTERM right after it stops us cleanly (unregistered), where the
+    # default action would kill us and leave our record in discovery until its lease ran out
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
