@@ -284,6 +284,8 @@ async def test_brokers_are_found_in_discovery_even_when_they_start_later(
             await pub.publish("via every broker")
             assert (await sub.next(10)).decode() == "via every broker"
             late.stop()  # SIGTERM: the broker unregisters
+            assert late.proc is not None
+            assert late.proc.returncode == 0  # stopped by its handler: no record left to a lease's end
             await eventually(
                 lambda: set(known.brokers) == before, timeout=15, what="broker gone from discovery"
             )
@@ -335,6 +337,23 @@ def test_broker_cli_serves_stats_and_stops_cleanly_on_sigterm(tmp_path: Path) ->
     assert proc.returncode == 0
     assert "broker stopped" in err
     assert list((tmp_path / "kv" / "v1" / "event_brokers").iterdir()) == []  # unregistered on the way out
+
+
+def test_a_broker_stopped_as_soon_as_it_is_ready_still_unregisters(tmp_path: Path) -> None:
+    """SIGTERM right after the ready line: it stops as cleanly as later, its record gone. (Its handler
+    came after the ready line: such a stop killed it and left the record to its lease's end.)"""
+    env = {**os.environ, "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(tmp_path / "kv")}
+    for _ in range(3):
+        broker = BrokerProcess(extra_args=(), env=env)
+        try:
+            broker.start()
+            broker.stop()  # SIGTERM, then SIGKILL after 5 s
+            assert broker.proc is not None
+            assert broker.proc.returncode == 0, broker.log_path.read_text()
+            assert "broker stopped" in broker.log_path.read_text()
+            assert list((tmp_path / "kv" / "v1" / "event_brokers").iterdir()) == []
+        finally:
+            broker.cleanup()
 
 
 async def test_a_named_publisher_keeps_its_brokers_across_restarts(

@@ -157,7 +157,7 @@ def test_directories_name_any_node_id() -> None:
 
 @pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO], ids=errno.errorcode.get)
 def test_each_failed_file_operation_loses_nothing_stored_and_leaves_no_trace(
-    tmp_path: Path, error: int
+    shm_path: Path, error: int
 ) -> None:
     def workload(spool: Spool, stored: list[bytes]) -> int:
         failures = 0
@@ -174,12 +174,12 @@ def test_each_failed_file_operation_loses_nothing_stored_and_leaves_no_trace(
                 spool.save()  # a failure here is logged: confirmed offsets only resend
         return failures
 
-    with FaultInjector(tmp_path / "dry").installed() as counter:
-        workload(open_spool(tmp_path / "dry"), [])
+    with FaultInjector(shm_path / "dry").installed() as counter:
+        workload(open_spool(shm_path / "dry"), [])
     total = counter.count
     assert total > 40
     for fail_at in range(1, total + 1):
-        directory = tmp_path / f"{error}-{fail_at}"
+        directory = shm_path / f"{error}-{fail_at}"
         stored: list[bytes] = []
         injector = FaultInjector(directory, fail_at, error)
         with injector.installed():

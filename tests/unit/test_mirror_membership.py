@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -211,7 +211,12 @@ def test_todays_ordering_acknowledges_what_a_named_standby_lacks() -> None:
         run_state_machine_as_test(
             TodaysMachine,
             settings=settings(
-                max_examples=2000, stateful_step_count=40, deadline=None, report_multiple_bugs=False
+                max_examples=2000,
+                stateful_step_count=40,
+                deadline=None,
+                report_multiple_bugs=False,
+                # finding the race is the point: shrinking it to the shortest run took 15 s more
+                phases=(Phase.explicit, Phase.reuse, Phase.generate),
             ),
         )
 

@@ -170,15 +170,15 @@ async def staging_workload(engine: StreamsService, acked: dict[str, list[int]]) 
 
 @pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO], ids=errno.errorcode.get)
 async def test_a_failed_write_stages_nothing_and_a_crash_never_commits_short_or_twice(
-    tmp_path: Path, error: int
+    shm_path: Path, error: int
 ) -> None:
-    with FaultInjector(tmp_path / "dry").installed() as counter:
-        engine = await started(tmp_path / "dry")
+    with FaultInjector(shm_path / "dry").installed() as counter:
+        engine = await started(shm_path / "dry")
         await staging_workload(engine, {})
         crash(engine)
     assert counter.count > 30
     for fail_at in range(1, counter.count + 1):
-        directory = tmp_path / f"{error}-{fail_at}"
+        directory = shm_path / f"{error}-{fail_at}"
         acked: dict[str, list[int]] = {}
         with FaultInjector(directory, fail_at, error).installed():
             try:

@@ -54,12 +54,12 @@ def count_operations(tmp_path: Path) -> int:
 
 @pytest.mark.parametrize("error", ERRORS, ids=errno.errorcode.get)
 def test_a_failed_append_leaves_no_trace_and_a_crash_loses_nothing_acknowledged(
-    tmp_path: Path, error: int
+    shm_path: Path, error: int
 ) -> None:
-    total = count_operations(tmp_path)
+    total = count_operations(shm_path)
     assert total > 60  # the workload does open, write, fsync, rename and truncate: each gets its turn
     for fail_at in range(1, total + 1):
-        directory = tmp_path / f"{error}-{fail_at}"
+        directory = shm_path / f"{error}-{fail_at}"
         acked: dict[int, bytes] = {}
         seen: dict[int, bytes] = {}
         injector = FaultInjector(directory, fail_at, error)
@@ -221,9 +221,9 @@ async def run_engine_faults(tmp_path: Path, error: int) -> None:
 
 @pytest.mark.parametrize("error", ERRORS, ids=errno.errorcode.get)
 async def test_engine_operations_fail_in_turn_and_nothing_acknowledged_is_lost(
-    tmp_path: Path, error: int
+    shm_path: Path, error: int
 ) -> None:
-    await run_engine_faults(tmp_path, error)
+    await run_engine_faults(shm_path, error)
 
 
 async def test_the_docs_cite_the_operations_failed_in_turn(tmp_path: Path) -> None:

@@ -81,6 +81,12 @@ async def run_broker(args: argparse.Namespace) -> int:
     if config.zmq_curve_cert is not None:  # MESHPLANE_ZMQ_CURVE_CERT and _ALLOWED, as for clients
         curve = Curve.load(config.zmq_curve_cert, config.zmq_curve_allowed)
     broker = Broker(args.xsub, args.xpub, args.stats, args.hwm, args.drop_after, args.relay, curve)
+    # Before the ready line: a SIGTERM right after it stops us cleanly (unregistered), where the
+    # default action would kill us and leave our record in discovery until its lease ran out
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     address = broker.start()
     discovery = None
     broker_id = new_instance_id()
@@ -108,10 +114,6 @@ async def run_broker(args: argparse.Namespace) -> int:
             flush=True,
         )
         settle_heap()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
         if discovery is not None:
