@@ -225,7 +225,7 @@ class Queues:
             raise BadRequest("this mesh node has no streams data directory: it keeps no queues")
         if vpn not in self.node.config.vpns:
             raise BadRequest(f"no Message VPN {vpn[:40]!r} on this node")
-        if ":" in name and name not in self.queues:
+        if ":" in name and (vpn != DEFAULT or name not in self.queues):  # (a default VPN's old name)
             raise BadRequest(f"queue {name[:80]!r}: ':' separates a queue's VPN from its name")
         prefix, queue_name, name = prefix_of(vpn), name, queue_topic(vpn, name)
         checked = []

@@ -32,7 +32,7 @@ from meshplane.streams.errors import (
 from meshplane.streams.grants import Grant
 from meshplane.streams.http import origin
 from meshplane.streams.http.api import Api
-from meshplane.streams.http.mesh import MESH, register_mesh_metrics
+from meshplane.streams.http.mesh import MESH, named_as_vpn, queue_reader, register_mesh_metrics
 from meshplane.streams.http.metrics import REGISTRY, EngineCollector
 from meshplane.streams.http.params import (
     ENGINE,
@@ -51,6 +51,9 @@ from meshplane.streams.service import StreamsService
 from meshplane.streams.vpn_engines import VpnEngines
 
 log = logging.getLogger(__name__)
+
+QUEUES = "/mesh/queues"  # the mesh routes a VPN's token may use, on its VPN's queues
+_NAMED = ("room", "topic", "group", "name")  # the path's names a token's prefixes apply to
 
 # --- the application -------------------------------------------------------------------------------
 
@@ -86,10 +89,10 @@ def create_app(
             grant = _grant(request, tokens, query=route.browser)
             if grant is None:
                 return web.Response(status=401, headers={"WWW-Authenticate": "Bearer"})
-            if route.tag == "mesh" and grant.vpn != DEFAULT:
-                # The node's queues and links are the default VPN's operators' (the mesh keeps VPNs).
+            if route.tag == "mesh" and grant.vpn != DEFAULT and not route.path.startswith(QUEUES):
+                # The node's links and VPNs are the default VPN's operators' (a VPN's own queues are its).
                 return error_response(Forbidden(f"a token of the VPN {grant.vpn} may not manage the mesh"))
-            names = [request.match_info[k] for k in ("room", "topic", "group") if k in request.match_info]
+            names = [request.match_info[k] for k in _NAMED if k in request.match_info]
             if route.access is not None and not grant.allows(route.access, names or [None]):
                 return error_response(Forbidden(f"this token may not {route.access} {', '.join(names)}"))
             request[GRANT] = grant
@@ -97,8 +100,12 @@ def create_app(
         if isinstance(chosen, StreamError):
             return error_response(chosen)
         request[VPN] = chosen
+        queue = queue_reader(request) if route is not None and route.access == "read" else None
+        if queue is not None:
+            request[VPN] = DEFAULT  # the VPN's queue's topic is in the default VPN's service
         try:
-            return await handler(request)
+            response = await handler(request)
+            return response if queue is None else named_as_vpn(response, *queue)
         except StreamError as exc:
             return error_response(exc)
         except web.HTTPRequestEntityTooLarge as exc:

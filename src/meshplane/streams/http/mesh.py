@@ -5,20 +5,31 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from meshplane.core.mesh.vpn import DEFAULT
+from meshplane.core.mesh.vpn import DEFAULT, queue_topic
 from meshplane.mesh.doors.mqtt_metrics import MqttCollector
 from meshplane.mesh.links import LINK_COUNTERS
 from meshplane.mesh.node import MeshNode
 from meshplane.mesh.queues import queue_status
 from meshplane.mesh.vpn_metrics import VpnCollector
-from meshplane.streams.errors import BadRequest, Conflict, NotFound
-from meshplane.streams.http.params import ENGINE, GRANT, json_response, read_json, readable
+from meshplane.streams.errors import BadRequest, Conflict, Forbidden, NotFound
+from meshplane.streams.grants import Grant
+from meshplane.streams.http.params import (
+    ENGINE,
+    ENGINES,
+    GRANT,
+    json_response,
+    read_json,
+    readable,
+    vpn_of,
+)
 
+_json = msgspec.json.Encoder()
 MESH: web.AppKey[MeshNode] = web.AppKey("mesh", MeshNode)
 
 
@@ -31,7 +42,9 @@ def _node(request: web.Request) -> MeshNode:
 
 async def mesh_status(request: web.Request) -> web.Response:
     status = _node(request).status(patterns=request.query.get("patterns") in ("1", "true"))
-    if request.get(GRANT) is not None:  # a token sees the subjects and queues of its prefixes only
+    if vpn_of(request) != DEFAULT:  # a VPN's request sees its VPN's queues only, named as it names them
+        status["guaranteed"]["queues"] = _vpn_queues(request, status["guaranteed"]["queues"])
+    elif request.get(GRANT) is not None:  # a token sees the subjects and queues of its prefixes only
         status["guaranteed"]["queues"] = _readable_queues(request, status["guaranteed"]["queues"])
         for where, patterns in status.get("patterns", {}).items():
             if isinstance(patterns, list):
@@ -46,28 +59,59 @@ def _readable_queues(request: web.Request, queues: list[dict[str, Any]]) -> list
     return [queue for queue in queues if queue["name"] in names]
 
 
+def _vpn_queues(request: web.Request, queues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The queues of the request's VPN beyond the default, named as its clients name them."""
+    vpn = vpn_of(request)
+    cut = len(queue_topic(vpn, ""))
+    mine = [{**queue, "name": queue["name"][cut:]} for queue in queues if queue["vpn"] == vpn]
+    return _readable_queues(request, mine)
+
+
 async def queues_list(request: web.Request) -> web.Response:
-    return json_response({"queues": _readable_queues(request, _node(request).guaranteed.queues.status())})
+    """The node's queues: every VPN's for the default VPN's requests (each named by its topic,
+    ``A:orders``), only its own for a request of VPN ``A`` (named ``orders``)."""
+    queues = _node(request).guaranteed.queues.status()
+    if vpn_of(request) != DEFAULT:
+        return json_response({"queues": _vpn_queues(request, queues)})
+    return json_response({"queues": _readable_queues(request, queues)})
+
+
+def _queue_vpn(request: web.Request, asked: object) -> str:
+    """The VPN whose queue a request manages: its own, unless the default VPN's operator (or a
+    server without tokens) names another in the body's or query's ``vpn``."""
+    own = vpn_of(request)
+    if asked is None or asked == own:
+        return own
+    if not isinstance(asked, str):
+        raise BadRequest('"vpn" must be a VPN\'s name')
+    grant: Grant | None = request.get(GRANT)
+    if own != DEFAULT or (grant is not None and not grant.operator):
+        raise Forbidden(f"this token manages the queues of the VPN {own} only, not of {asked[:40]!r}")
+    return asked
 
 
 async def queue_put(request: web.Request) -> web.Response:
-    """Make a queue (a guaranteed subscription): ``{"patterns": ["orders.>"], "vpn": "team-a"}`` (no
-    ``vpn``: the default VPN). Its events are read from the topic it names."""
+    """Make a queue (a guaranteed subscription): ``{"patterns": ["orders.>"]}``, in the request's VPN
+    (the default VPN's operator may name another: ``"vpn": "team-a"``). Its events are read from the
+    topic it names (``topic``: as the request's VPN names it)."""
     body = await read_json(request)
-    patterns, vpn = body.get("patterns"), body.get("vpn", DEFAULT)
+    patterns, vpn = body.get("patterns"), _queue_vpn(request, body.get("vpn"))
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
         raise BadRequest('body must be {"patterns": ["a.pattern", ...]}')
-    if not isinstance(vpn, str):
-        raise BadRequest('"vpn" must be a VPN\'s name')
-    queue = _node(request).guaranteed.queues.create(request.match_info["name"], patterns, vpn)
-    shown = queue_status(queue)
     name = request.match_info["name"]
-    return json_response({"name": name, "vpn": vpn, "patterns": shown["patterns"], "topic": queue.name})
+    own = vpn_of(request)
+    if own != DEFAULT and name in request.app[ENGINES][own].topics:
+        raise Conflict(f"the VPN {own} has a topic {name!r} of its own: a queue needs another name")
+    queue = _node(request).guaranteed.queues.create(name, patterns, vpn)
+    topic = name if own != DEFAULT else queue.name
+    return json_response(
+        {"name": name, "vpn": vpn, "patterns": queue_status(queue)["patterns"], "topic": topic}
+    )
 
 
 async def queue_delete(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    if not _node(request).guaranteed.queues.delete(name, request.query.get("vpn", DEFAULT)):
+    if not _node(request).guaranteed.queues.delete(name, _queue_vpn(request, request.query.get("vpn"))):
         raise NotFound(f"queue {name!r} not found")
     return json_response({"deleted": name})
 
@@ -82,11 +126,35 @@ async def queue_resume(request: web.Request) -> web.Response:
 
 
 async def _pause(request: web.Request, paused: bool) -> web.Response:
-    queue = _node(request).guaranteed.queues.pause(request.match_info["name"], paused)
+    name = request.match_info["name"]  # the default VPN's: the topic's name (``A:orders`` for A's)
+    queue = _node(request).guaranteed.queues.pause(queue_topic(vpn_of(request), name), paused)
     replicate = request.app[ENGINE].durability.replicate
     if replicate is not None:  # an HA mate's standby has it before the answer: a takeover keeps it
         await replicate()
-    return json_response({"name": queue.name, "paused": queue.paused})
+    return json_response({"name": name, "paused": queue.paused})
+
+
+def queue_reader(request: web.Request) -> tuple[str, str] | None:
+    """Point a read of VPN ``A``'s topic ``orders`` at its queue's topic (the default VPN's service
+    keeps it as ``A:orders``), unless ``A`` has a topic of that name: (``A:orders``, ``orders``) when
+    it did."""
+    vpn, name = vpn_of(request), request.match_info.get("topic")
+    node = request.app.get(MESH)
+    if vpn == DEFAULT or name is None or node is None or name in request.app[ENGINES][vpn].topics:
+        return None
+    stored = queue_topic(vpn, name)
+    if stored not in request.app[ENGINE].topics:
+        return None
+    request.match_info["topic"] = stored
+    return stored, name
+
+
+def named_as_vpn(response: web.StreamResponse, stored: str, name: str) -> web.StreamResponse:
+    """A read of a VPN's queue answered with the topic named as the VPN names it (``orders``)."""
+    if isinstance(response, web.Response) and isinstance(response.body, bytes):
+        key = b'"topic":'
+        response.body = response.body.replace(key + _json.encode(stored), key + _json.encode(name))
+    return response
 
 
 async def vpns_reload(request: web.Request) -> web.Response:

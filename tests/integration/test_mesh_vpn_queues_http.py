@@ -1,0 +1,178 @@
+"""A Message VPN's mesh queues over HTTP (issue 58): a VPN's token makes, lists, pauses, deletes and
+reads its VPN's queues under the names its clients use (``orders``, not ``A:orders``), and never
+another VPN's (404); its scopes apply to the queues' names; the default VPN's operator works in any
+VPN with ``X-Meshplane-Vpn`` and sees every queue as before."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from meshplane.launchers import StreamsServerProcess
+from meshplane.mesh.client import MeshClient
+from tests.support.mesh import queue_bodies
+
+A = "team-a-admin-token-0001"
+A_READ = "team-a-reader-token-002"
+A_ORDERS = "team-a-orders-token-003"
+B = "team-b-admin-token-0004"
+OPERATOR = "default-operator-token-5"
+TOKENS = f"""
+[tokens.a]
+token = "{A}"
+vpn = "A"
+[tokens.a-reader]
+token = "{A_READ}"
+vpn = "A"
+scopes = ["read"]
+[tokens.a-orders]
+token = "{A_ORDERS}"
+vpn = "A"
+scopes = ["admin:orders"]
+[tokens.b]
+token = "{B}"
+vpn = "B"
+[tokens.operator]
+token = "{OPERATOR}"
+"""
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamsServerProcess]:
+    root: Path = tmp_path_factory.mktemp("vpn-queues")
+    (root / "vpns.toml").write_text("[vpns.A]\n[vpns.B]\n")
+    (root / "tokens.toml").write_text(TOKENS)
+    files = ("--mesh-vpns", str(root / "vpns.toml"), "--token-file", str(root / "tokens.toml"))
+    with StreamsServerProcess(extra_args=("--node-id", "a", *files)) as proc:
+        yield proc.start()
+        proc.stop()
+        assert "Traceback" not in proc.log_path.read_text()
+
+
+async def _call(
+    node: StreamsServerProcess,
+    method: str,
+    path: str,
+    token: str,
+    body: dict[str, Any] | None = None,
+    vpn: str | None = None,
+) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {token}", **({"X-Meshplane-Vpn": vpn} if vpn else {})}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(method, node.url + path, json=body, headers=headers) as answer,
+    ):
+        return answer.status, await answer.json()
+
+
+async def _names(node: StreamsServerProcess, token: str, vpn: str | None = None) -> list[str]:
+    status, body = await _call(node, "GET", "/mesh/queues", token, vpn=vpn)
+    assert status == 200, body
+    return [queue["name"] for queue in body["queues"]]
+
+
+async def _put(node: StreamsServerProcess, name: str, token: str, **body: Any) -> tuple[int, Any]:
+    return await _call(node, "PUT", f"/mesh/queues/{name}", token, {"patterns": ["orders.>"], **body})
+
+
+async def _read(node: StreamsServerProcess, name: str, token: str) -> list[bytes]:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
+        return await queue_bodies(node, name, http)
+
+
+async def test_a_vpns_token_makes_lists_and_reads_its_queue_by_its_own_name(
+    node: StreamsServerProcess,
+) -> None:
+    status, made = await _put(node, "orders", A)
+    assert status == 200, made
+    assert (made["name"], made["vpn"], made["topic"]) == ("orders", "A", "orders")
+    assert (await _put(node, "orders", B))[0] == 200  # B's queue of the same name: another queue
+    assert await _names(node, A) == ["orders"]
+    assert await _names(node, A_READ) == ["orders"]
+
+    in_a = await MeshClient(node.route_url, vpn="A").connect()
+    in_b = await MeshClient(node.route_url, vpn="B").connect()
+    try:
+        sent = [b"a%d" % i for i in range(20)]
+        for body in sent:
+            await in_a.publish("orders.eu", body, guaranteed=True)  # returns once stored
+        await in_b.publish("orders.eu", b"b-secret", guaranteed=True)
+    finally:
+        await in_a.close()
+        await in_b.close()
+    assert await _read(node, "orders", A) == sent
+    assert await _read(node, "orders", A_READ) == sent
+    assert await _read(node, "orders", B) == [b"b-secret"]
+    status, page = await _call(node, "POST", "/topics/orders/partitions/0/consume", A, {"limit": 1})
+    assert status == 200, page
+    assert page["topic"] == page["events"][0]["topic"] == "orders"  # named as A names it
+    status, stats = await _call(node, "GET", "/topics/orders/stats", A)
+    assert status == 200, stats
+    assert stats["topic"] == "orders"  # as A names it
+    assert sum(p["message_count"] for p in stats["partitions"]) == len(sent)
+
+
+async def test_a_vpns_token_cannot_see_delete_pause_or_read_anothers_queue(
+    node: StreamsServerProcess,
+) -> None:
+    assert (await _put(node, "b-only", B))[0] == 200
+    assert "b-only" not in await _names(node, A)
+    for method, path in (
+        ("DELETE", "/mesh/queues/b-only"),
+        ("POST", "/mesh/queues/b-only/pause"),
+        ("POST", "/mesh/queues/b-only/resume"),
+        ("POST", "/mesh/queues/B:b-only/pause"),
+        ("GET", "/topics/b-only/stats"),
+        ("GET", "/topics/B:b-only/stats"),
+    ):
+        status, body = await _call(node, method, path, A, {})
+        assert status == 404, (method, path, body)
+    status, body = await _call(node, "POST", "/topics/b-only/partitions/0/consume", A, {"from_offset": 0})
+    assert status == 404, body
+    status, body = await _put(node, "b-only", A, vpn="B")  # naming B's VPN: refused
+    assert status == 403, body
+    status, body = await _call(node, "DELETE", "/mesh/queues/b-only?vpn=B", A)
+    assert status == 403, body
+    status, body = await _put(node, "B:b-only", A)  # ':' is a VPN's separator, never in a VPN's names
+    assert status == 400, body
+    assert "b-only" in await _names(node, B)  # B's queue is as it was
+    status, body = await _call(node, "GET", "/mesh", A)
+    assert status == 200, body
+    assert {q["vpn"] for q in body["guaranteed"]["queues"]} <= {"A"}
+    assert "b-only" not in [q["name"] for q in body["guaranteed"]["queues"]]
+
+
+async def test_a_vpns_scopes_apply_to_its_queue_names(node: StreamsServerProcess) -> None:
+    status, body = await _put(node, "reads", A_READ)  # read scope: reads, makes nothing
+    assert status == 403, body
+    status, body = await _put(node, "payments", A_ORDERS)  # admin over orders* only
+    assert status == 403, body
+    status, made = await _put(node, "orders-eu", A_ORDERS)
+    assert status == 200, made
+    status, paused = await _call(node, "POST", "/mesh/queues/orders-eu/pause", A_ORDERS)
+    assert (status, paused) == (200, {"name": "orders-eu", "paused": True})
+    status, body = await _call(node, "DELETE", "/mesh/queues/orders-eu", A_READ)
+    assert status == 403, body
+    status, body = await _call(node, "DELETE", "/mesh/queues/orders-eu", A_ORDERS)
+    assert (status, body) == (200, {"deleted": "orders-eu"})
+    status, body = await _call(node, "DELETE", "/mesh/queues/orders-eu", A_ORDERS)
+    assert status == 404, body
+    status, body = await _call(node, "POST", "/mesh/vpns/reload", A)  # the node's VPNs: the operator's
+    assert status == 403, body
+
+
+async def test_the_operator_sees_every_queue_and_works_in_any_vpn(node: StreamsServerProcess) -> None:
+    status, made = await _put(node, "ops", OPERATOR, vpn="A")  # as before VPN tokens: the body's VPN
+    assert (status, made["topic"]) == (200, "A:ops")
+    status, made = await _call(node, "PUT", "/mesh/queues/ops2", OPERATOR, {"patterns": ["x.>"]}, vpn="A")
+    assert (status, made["topic"]) == (200, "ops2")  # in A, with the header: named as A names it
+    assert {"ops", "ops2"} <= set(await _names(node, A))
+    assert {"A:ops", "A:ops2"} <= set(await _names(node, OPERATOR))
+    assert "ops" in await _names(node, OPERATOR, vpn="A")
+    status, body = await _call(node, "DELETE", "/mesh/queues/ops2", OPERATOR, vpn="A")
+    assert status == 200, body
+    assert "ops2" not in await _names(node, A)
