@@ -161,6 +161,10 @@ async def test_a_vpns_scopes_apply_to_its_queue_names(node: StreamsServerProcess
     assert (status, body) == (200, {"deleted": "orders-eu"})
     status, body = await _call(node, "DELETE", "/mesh/queues/orders-eu", A_ORDERS)
     assert status == 404, body
+    status, body = await _call(node, "POST", "/topics/ledger", A, {"num_partitions": 1})
+    assert status == 201, body
+    status, body = await _put(node, "ledger", A)  # A's topic of that name: not a queue's too
+    assert status == 409, body
     status, body = await _call(node, "POST", "/mesh/vpns/reload", A)  # the node's VPNs: the operator's
     assert status == 403, body
 
