@@ -44,7 +44,7 @@ async def mesh_status(request: web.Request) -> web.Response:
     status = _node(request).status(patterns=request.query.get("patterns") in ("1", "true"))
     if vpn_of(request) != DEFAULT:  # a VPN's request sees its VPN's queues only, named as it names them
         status["guaranteed"]["queues"] = _vpn_queues(request, status["guaranteed"]["queues"])
-    elif request.get(GRANT) is not None:  # a token sees the subjects and queues of its prefixes only
+    if request.get(GRANT) is not None:  # a token sees the subjects and queues of its prefixes only
         status["guaranteed"]["queues"] = _readable_queues(request, status["guaranteed"]["queues"])
         for where, patterns in status.get("patterns", {}).items():
             if isinstance(patterns, list):
@@ -63,8 +63,7 @@ def _vpn_queues(request: web.Request, queues: list[dict[str, Any]]) -> list[dict
     """The queues of the request's VPN beyond the default, named as its clients name them."""
     vpn = vpn_of(request)
     cut = len(queue_topic(vpn, ""))
-    mine = [{**queue, "name": queue["name"][cut:]} for queue in queues if queue["vpn"] == vpn]
-    return _readable_queues(request, mine)
+    return [{**queue, "name": queue["name"][cut:]} for queue in queues if queue["vpn"] == vpn]
 
 
 async def queues_list(request: web.Request) -> web.Response:
@@ -72,7 +71,7 @@ async def queues_list(request: web.Request) -> web.Response:
     ``A:orders``), only its own for a request of VPN ``A`` (named ``orders``)."""
     queues = _node(request).guaranteed.queues.status()
     if vpn_of(request) != DEFAULT:
-        return json_response({"queues": _vpn_queues(request, queues)})
+        queues = _vpn_queues(request, queues)
     return json_response({"queues": _readable_queues(request, queues)})
 
 
