@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -136,3 +137,50 @@ async def test_packets_split_across_websocket_messages_and_batched_in_one(
             assert closed.data == 1003
     counters = (await status(cluster["a"]))["mqtt"]["counters"]
     assert counters.get("ws_text_frame") == 1
+
+
+async def test_a_silent_handshake_and_an_oversized_message_are_cut_and_counted(
+    node: tuple[MeshCluster, int, int],
+) -> None:
+    cluster, _, ws_port = node
+    reader, writer = await asyncio.open_connection("127.0.0.1", ws_port)
+    writer.write(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+    assert await asyncio.wait_for(reader.read(), 30) == b""  # cut at the CONNECT deadline
+    writer.close()
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(f"http://127.0.0.1:{ws_port}/", protocols=("mqtt",)) as ws:
+            await ws.send_bytes(encode(Connect(V311, "big"), V311))
+            assert (await ws.receive(timeout=10)).type is aiohttp.WSMsgType.BINARY  # CONNACK
+            await ws.send_bytes(b"\x30" + b"x" * (1024 * 1024 + 8))  # past the door's max packet
+            closed = await ws.receive(timeout=10)
+            assert closed.type is aiohttp.WSMsgType.CLOSE
+            assert closed.data == 1009
+    counters = (await status(cluster["a"]))["mqtt"]["counters"]
+    assert counters.get("ws_handshake_timeout") == 1
+    assert counters.get("ws_message_too_big") == 1
+
+
+async def test_websocket_only_door_with_the_nodes_tls_takes_wss(tmp_path: Path) -> None:
+    from tests.mesh_pki import MeshCA
+
+    ca = MeshCA(tmp_path)
+    ca.issue("a", "meshplane://node/c1/a", "127.0.0.1")
+    tls = ("--mesh-tls-cert", str(tmp_path / "a.pem"), "--mesh-tls-key", str(tmp_path / "a.key"))
+    with MeshCluster(1, node_args={"a": (*tls, "--mqtt-ws-port", "0")}) as cluster:
+        cluster.start()
+        assert "mqtt_port" not in cluster["a"].announced["mesh"]  # no TCP door asked for
+        client = Paho(cluster["a"].door_port("mqtt_ws"), "wss", v5=True, websocket=True)
+        client.client.tls_set(str(tmp_path / "ca.pem"))
+        await connected(client)
+        try:
+            await subscribed(client, "t/#", 1)
+            info = client.client.publish("t/x", b"over wss", qos=1)
+            await asyncio.to_thread(info.wait_for_publish, 10)
+            await eventually(lambda: client.payloads() == [b"over wss"], timeout=10, what="over wss")
+        finally:
+            client.close()
+        async with aiohttp.ClientSession() as http:  # no plain WebSocket beside it
+            with pytest.raises(aiohttp.ClientError):
+                await http.ws_connect(
+                    f"http://127.0.0.1:{cluster['a'].door_port('mqtt_ws')}/", protocols=("mqtt",)
+                )

@@ -16,7 +16,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import WSMsgType, hdrs, web
+from aiohttp import WebSocketError, WSCloseCode, WSMsgType, hdrs, web
 from aiohttp.web_protocol import RequestHandler
 
 from meshplane.mesh.doors.mqtt_connection import MqttConnection
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SUBPROTOCOL = "mqtt"
+CLOSE_TIMEOUT = 10.0  # seconds for what was written and the close frame to leave
 HEADER_BYTES = 5  # a packet's fixed header beside its remaining length (the door's max packet size)
 
 
@@ -66,6 +67,14 @@ class WsTransport(asyncio.Transport):
             self.abort()
         finally:
             self._sender = None
+
+    async def drained(self) -> None:
+        """What was written sent, else cut after ``CLOSE_TIMEOUT`` (a peer not reading holds nothing
+        for ever): the handler's return ends the connection."""
+        if self._sender is not None:
+            _, stuck = await asyncio.wait([self._sender], timeout=CLOSE_TIMEOUT)
+            if stuck:
+                self.abort()
 
     def close(self) -> None:
         """Closed after what was written (a close frame follows it)."""
@@ -158,6 +167,7 @@ class MqttWebSocket:
         ws = web.WebSocketResponse(
             protocols=(SUBPROTOCOL,),
             max_msg_size=self.door.max_packet_size + HEADER_BYTES,
+            timeout=CLOSE_TIMEOUT,
             compress=False,  # nothing for MQTT to gain, and no inflating of what a client sends
         )
         if not ws.can_prepare(request).ok:
@@ -173,6 +183,7 @@ class MqttWebSocket:
         finally:
             conn.connection_lost(None)
             transport.close()
+            await transport.drained()
         return ws
 
     async def _read(self, ws: web.WebSocketResponse, transport: WsTransport, conn: MqttConnection) -> None:
@@ -186,6 +197,7 @@ class MqttWebSocket:
                 await ws.close(code=1003, message=b"MQTT over WebSocket takes binary messages only")
                 return
             else:
-                if message.type is WSMsgType.ERROR and ws.close_code == 1009:
+                error = message.data if message.type is WSMsgType.ERROR else None
+                if isinstance(error, WebSocketError) and error.code == WSCloseCode.MESSAGE_TOO_BIG:
                     self.door.count("ws_message_too_big")
                 return
