@@ -147,14 +147,14 @@ async def test_a_silent_handshake_and_an_oversized_message_are_cut_and_counted(
     writer.write(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n")  # and never the rest
     assert await asyncio.wait_for(reader.read(), 30) == b""  # cut at the CONNECT deadline
     writer.close()
-    async with aiohttp.ClientSession() as http:
-        async with http.ws_connect(f"http://127.0.0.1:{ws_port}/", protocols=("mqtt",)) as ws:
-            await ws.send_bytes(encode(Connect(V311, "big"), V311))
-            assert (await ws.receive(timeout=10)).type is aiohttp.WSMsgType.BINARY  # CONNACK
-            await ws.send_bytes(b"\x30" + b"x" * (1024 * 1024 + 8))  # past the door's max packet
-            closed = await ws.receive(timeout=10)
-            assert closed.type is aiohttp.WSMsgType.CLOSE
-            assert closed.data == 1009
+    url = f"http://127.0.0.1:{ws_port}/"
+    async with aiohttp.ClientSession() as http, http.ws_connect(url, protocols=("mqtt",)) as ws:
+        await ws.send_bytes(encode(Connect(V311, "big"), V311))
+        assert (await ws.receive(timeout=10)).type is aiohttp.WSMsgType.BINARY  # CONNACK
+        await ws.send_bytes(b"\x30" + b"x" * (1024 * 1024 + 8))  # past the door's max packet
+        closed = await ws.receive(timeout=10)
+        assert closed.type is aiohttp.WSMsgType.CLOSE
+        assert closed.data == 1009
     counters = (await status(cluster["a"]))["mqtt"]["counters"]
     assert counters.get("ws_handshake_timeout") == 1
     assert counters.get("ws_message_too_big") == 1

@@ -69,7 +69,7 @@ class MqttDoor:
     def __init__(self, node: MeshNode, port: int | None, ws_port: int | None = None) -> None:
         self.node = node
         self.config_port = port  # None: WebSocket only
-        self.ws = MqttWebSocket(self, ws_port) if ws_port is not None else None
+        self.ws = MqttWebSocket(self, ws_port, CONNECT_TIMEOUT) if ws_port is not None else None
         self.port = 0
         self.max_packet_size = DEFAULT_MAX_PACKET
         self.origin = "mqtt" + os.urandom(6).hex()  # the source id of what the door publishes
@@ -406,13 +406,8 @@ class MqttDoor:
         """Retained here, and on the other nodes (a direct event on ``$mqtt.<subject>``)."""
         if not self.retained.put(subject, payload, qos):
             self.count("retained_refused")
-        event = MeshEvent(
-            self.origin,
-            RETAIN_PREFIX + subject,
-            next(self._sequence),
-            time.time_ns() // 1_000_000,
-            bytes([qos]) + payload if payload else b"",
-        )
+        now, body = time.time_ns() // 1_000_000, bytes([qos]) + payload if payload else b""
+        event = MeshEvent(self.origin, RETAIN_PREFIX + subject, next(self._sequence), now, body)
         self.node.route_direct(event, skip=self.retain_holder)
 
     # --- persistent sessions -------------------------------------------------------------------------

@@ -113,9 +113,10 @@ class WsTransport(asyncio.Transport):
 class MqttWebSocket:
     """The door's WebSocket listener: a handshake within the CONNECT deadline, then an MQTT connection."""
 
-    def __init__(self, door: MqttDoor, port: int) -> None:
+    def __init__(self, door: MqttDoor, port: int, deadline: float) -> None:
         self.door = door
         self.config_port = port
+        self.deadline = deadline  # seconds from accept to the upgrade (the door's CONNECT deadline)
         self.port = 0
         self.handshaking: set[RequestHandler] = set()  # accepted, not yet upgraded (bounded)
         self._web = web.Server(self._handle, access_log=None)
@@ -140,13 +141,14 @@ class MqttWebSocket:
         await self._web.shutdown(1.0)
 
     def _accepted(self) -> RequestHandler:
-        from meshplane.mesh.doors.mqtt import CONNECT_TIMEOUT
-
         handler = self._web()
-        # Handshakes count as unproven connections do: too many at once, the newest is cut at once.
-        full = len(self.handshaking) >= self.door.node.config.limits.max_unauthenticated
+        # Handshakes are bounded as unproven connections are: past the bound, the newest is cut at once.
+        limit = self.door.node.config.limits.max_unauthenticated
+        if len(self.handshaking) >= limit:
+            self.handshaking = {h for h in self.handshaking if h.transport is not None}  # gone already
+        full = len(self.handshaking) >= limit
         self.handshaking.add(handler)
-        asyncio.get_running_loop().call_later(0 if full else CONNECT_TIMEOUT, self._deadline, handler)
+        asyncio.get_running_loop().call_later(0 if full else self.deadline, self._deadline, handler)
         return handler
 
     def _deadline(self, handler: RequestHandler) -> None:
