@@ -1,4 +1,5 @@
-"""The MQTT door (``serve --mqtt-port``): MQTT 3.1.1 and 5 clients, unchanged, on a mesh node.
+"""The MQTT door (``serve --mqtt-port``, over WebSocket ``--mqtt-ws-port``: :mod:`.mqtt_ws`): MQTT 3.1.1
+and 5 clients, unchanged, on a mesh node.
 
 Each connection (:mod:`.mqtt_connection`) is a holder of the node's interest, its topics mapped to the
 mesh's subjects (:mod:`meshplane.core.doors.mqtt_topics`), so what it publishes reaches mesh clients,
@@ -49,7 +50,7 @@ from meshplane.mesh.doors.mqtt_connection import MqttConnection
 from meshplane.mesh.doors.mqtt_filters import check_fits, leave_shared, restore
 from meshplane.mesh.doors.mqtt_retained import RetainedStore, RetainHolder
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
-from meshplane.mesh.doors.mqtt_ws import MqttWebSocket
+from meshplane.mesh.doors.mqtt_ws import MqttWebSocket, listen
 from meshplane.mesh.doors.nats_groups import QueueGroups
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.preauth import QuietLog, Unproven, bounded
@@ -111,17 +112,9 @@ class MqttDoor:
             )
         for vpn in config.vpns:
             self.node.subscribe(self.retain_holder, RETAIN_PREFIX + prefix_of(vpn) + "#")
-        loop = asyncio.get_running_loop()
         tls = config.tls.server_context() if config.tls is not None else None  # the node's, shared
         if self.config_port is not None:
-            self._server = await loop.create_server(
-                lambda: MqttConnection(self),
-                config.host,
-                self.config_port,
-                reuse_address=True,
-                ssl=tls,
-                ssl_handshake_timeout=config.limits.auth_timeout if tls is not None else None,
-            )
+            self._server = await listen(lambda: MqttConnection(self), config, self.config_port, tls)
             self.port = int(self._server.sockets[0].getsockname()[1])
             log.info("MQTT door on %s:%d", config.host, self.port)
         if self.ws is not None:
@@ -406,8 +399,13 @@ class MqttDoor:
         """Retained here, and on the other nodes (a direct event on ``$mqtt.<subject>``)."""
         if not self.retained.put(subject, payload, qos):
             self.count("retained_refused")
-        now, body = time.time_ns() // 1_000_000, bytes([qos]) + payload if payload else b""
-        event = MeshEvent(self.origin, RETAIN_PREFIX + subject, next(self._sequence), now, body)
+        event = MeshEvent(
+            self.origin,
+            RETAIN_PREFIX + subject,
+            next(self._sequence),
+            time.time_ns() // 1_000_000,
+            bytes([qos]) + payload if payload else b"",
+        )
         self.node.route_direct(event, skip=self.retain_holder)
 
     # --- persistent sessions -------------------------------------------------------------------------

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, hdrs, web
@@ -22,6 +24,7 @@ from aiohttp.web_protocol import RequestHandler
 from meshplane.mesh.doors.mqtt_connection import MqttConnection
 
 if TYPE_CHECKING:
+    from meshplane.mesh.config import MeshConfig
     from meshplane.mesh.doors.mqtt import MqttDoor
 
 log = logging.getLogger(__name__)
@@ -29,6 +32,20 @@ log = logging.getLogger(__name__)
 SUBPROTOCOL = "mqtt"
 CLOSE_TIMEOUT = 10.0  # seconds for what was written and the close frame to leave
 HEADER_BYTES = 5  # a packet's fixed header beside its remaining length (the door's max packet size)
+
+
+async def listen(
+    factory: Callable[[], asyncio.BaseProtocol], config: MeshConfig, port: int, tls: ssl.SSLContext | None
+) -> asyncio.Server:
+    """A door's listener on the node's host, with its TLS (the handshake within the auth timeout)."""
+    return await asyncio.get_running_loop().create_server(
+        factory,
+        config.host,
+        port,
+        reuse_address=True,
+        ssl=tls,
+        ssl_handshake_timeout=config.limits.auth_timeout if tls is not None else None,
+    )
 
 
 class WsTransport(asyncio.Transport):
@@ -122,18 +139,10 @@ class MqttWebSocket:
         self._web = web.Server(self._handle, access_log=None)
         self._server: asyncio.Server | None = None
 
-    async def start(self, tls: Any) -> None:
-        config = self.door.node.config
-        self._server = await asyncio.get_running_loop().create_server(
-            self._accepted,
-            config.host,
-            self.config_port,
-            reuse_address=True,
-            ssl=tls,
-            ssl_handshake_timeout=config.limits.auth_timeout if tls is not None else None,
-        )
+    async def start(self, tls: ssl.SSLContext | None) -> None:
+        self._server = await listen(self._accepted, self.door.node.config, self.config_port, tls)
         self.port = int(self._server.sockets[0].getsockname()[1])
-        log.info("MQTT over WebSocket on %s:%d", config.host, self.port)
+        log.info("MQTT over WebSocket on %s:%d", self.door.node.config.host, self.port)
 
     async def close(self) -> None:
         if self._server is not None:
