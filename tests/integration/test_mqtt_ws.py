@@ -184,3 +184,22 @@ async def test_websocket_only_door_with_the_nodes_tls_takes_wss(tmp_path: Path) 
                 await http.ws_connect(
                     f"http://127.0.0.1:{cluster['a'].door_port('mqtt_ws')}/", protocols=("mqtt",)
                 )
+
+
+async def test_refused_connects_leave_nothing_behind(node: tuple[MeshCluster, int, int]) -> None:
+    """A refused CONNECT (read with reading paused for its answer) ends its connection: more of them than
+    the unproven connections one address may hold, then a good one is still taken."""
+    cluster, _, ws_port = node
+    url = f"http://127.0.0.1:{ws_port}/"
+    refused = encode(Connect(V311, "", clean=False), V311)  # 3.1.1: no client id needs a clean session
+    async with aiohttp.ClientSession() as http:
+        for i in range(40):  # --mesh-max-unauthenticated-per-address: 32
+            async with http.ws_connect(url, protocols=("mqtt",)) as ws:
+                await ws.send_bytes(refused)
+                first = await ws.receive(timeout=10)
+                assert first.type is aiohttp.WSMsgType.BINARY, (i, first)
+                assert _packets(first.data) == [(2, b"\x00\x02")]
+                assert (await ws.receive(timeout=15)).type is aiohttp.WSMsgType.CLOSE
+        async with http.ws_connect(url, protocols=("mqtt",)) as ws:
+            await ws.send_bytes(encode(Connect(V311, "fine"), V311))
+            assert _packets((await ws.receive(timeout=10)).data) == [(2, b"\x00\x00")]

@@ -98,11 +98,13 @@ class WsTransport(asyncio.Transport):
         if self._closing:
             return
         self._closing = True
+        self.readable.set()  # the reading loop, paused or not, sees its connection closing
         if self._sender is None:
             self._sender = asyncio.get_running_loop().create_task(self._send())
 
     def abort(self) -> None:
         self._closing = True
+        self.readable.set()
         self._out.clear()
         self._out_bytes = 0
         if self.tcp is not None:
