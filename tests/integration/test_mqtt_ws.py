@@ -203,3 +203,4 @@ async def test_refused_connects_leave_nothing_behind(node: tuple[MeshCluster, in
         async with http.ws_connect(url, protocols=("mqtt",)) as ws:
             await ws.send_bytes(encode(Connect(V311, "fine"), V311))
             assert _packets((await ws.receive(timeout=10)).data) == [(2, b"\x00\x00")]
+    assert (await status(cluster["a"]))["mqtt"]["counters"].get("connect_refused") == 40
