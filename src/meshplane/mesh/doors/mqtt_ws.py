@@ -5,7 +5,7 @@ message's bytes go to an :class:`~.mqtt_connection.MqttConnection` through :clas
 rules, limits, counters, VPNs and permissions apply unchanged. MQTT packets may span messages and a message
 may hold several (the reader is a stream reader). The handshake must offer the subprotocol ``mqtt`` (else
 400, counted ``ws_no_subprotocol``) and come within the CONNECT deadline; a text message closes the
-connection (1003, counted ``ws_text_frame``); a message larger than a packet may be is refused by aiohttp
+connection (1003, counted ``ws_text_frame``); a message larger than the door's largest packet is refused by aiohttp
 (1009, counted ``ws_message_too_big``).
 """
 
