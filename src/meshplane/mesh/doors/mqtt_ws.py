@@ -3,10 +3,10 @@
 A WebSocket (aiohttp's server) is only another byte stream under the TCP door's connection: each binary
 message's bytes go to an :class:`~.mqtt_connection.MqttConnection` through :class:`WsTransport`, so its
 rules, limits, counters, VPNs and permissions apply unchanged. MQTT packets may span messages and a message
-may hold several (the reader is a stream reader). The handshake must offer the subprotocol ``mqtt`` (else
-400, counted ``ws_no_subprotocol``) and come within the CONNECT deadline; a text message closes the
-connection (1003, counted ``ws_text_frame``); a message larger than the door's largest packet is refused by aiohttp
-(1009, counted ``ws_message_too_big``).
+may hold several (the reader is a stream reader). The handshake must offer the subprotocol ``mqtt``
+(else 400, counted ``ws_no_subprotocol``) and come within the CONNECT deadline; a text message closes
+the connection (1003, counted ``ws_text_frame``); a message larger than the door's largest packet is
+refused by aiohttp (1009, counted ``ws_message_too_big``).
 """
 
 from __future__ import annotations
