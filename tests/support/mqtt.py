@@ -25,6 +25,7 @@ class Paho:
         v5: bool = False,
         clean: bool = True,
         will: tuple[str, bytes] | None = None,
+        websocket: bool = False,
     ) -> None:
         self.port = port
         self.messages: list[tuple[str, bytes, int, bool, bool]] = []  # topic, payload, qos, retain, dup
@@ -36,7 +37,11 @@ class Paho:
         protocol = mqtt.MQTTv5 if v5 else mqtt.MQTTv311
         session = None if v5 else clean  # 5 says it at connect (clean_start)
         self.client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id, clean_session=session, protocol=protocol
+            CallbackAPIVersion.VERSION2,
+            client_id,
+            clean_session=session,
+            protocol=protocol,
+            transport="websockets" if websocket else "tcp",  # paho's default path: /mqtt
         )
         self.client.on_message = self._message
         self.client.on_subscribe = lambda c, u, mid, codes, p: self.suback.append(codes)

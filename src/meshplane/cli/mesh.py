@@ -164,6 +164,14 @@ def add_mesh_options(parser: argparse.ArgumentParser) -> None:
     )
     mqtt = parser.add_argument_group("MQTT door (MQTT clients, unchanged, on this node; docs/mesh.md)")
     mqtt.add_argument(
+        "--mqtt-ws-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="take MQTT over WebSocket here too (on --host; 0: a free port; wss with the node's TLS): the "
+        'subprotocol "mqtt", binary messages, any path; the same clients, rules and limits as --mqtt-port',
+    )
+    mqtt.add_argument(
         "--mqtt-session-expiry",
         type=int,
         default=MeshConfig.mqtt_session_expiry,
@@ -225,6 +233,7 @@ def mesh_config_from_args(args: argparse.Namespace) -> MeshConfig | None:
         nats_port=args.nats_port,
         routes=args.routes,
         mqtt_port=args.mqtt_port,
+        mqtt_ws_port=args.mqtt_ws_port,
         mqtt_session_expiry=args.mqtt_session_expiry,
         gateways=tuple(args.gateway),
         heartbeat_interval=args.heartbeat_interval,

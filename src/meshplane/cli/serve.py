@@ -379,8 +379,10 @@ async def _serve_locked(
                 "route_url": mesh.route_url,
             }
             # The ports the doors got (given 0: any free one), as route_url has the route port's.
-            if mesh.mqtt is not None:
+            if mesh.mqtt is not None and mesh.mqtt.config_port is not None:
                 announced["mesh"]["mqtt_port"] = mesh.mqtt.port
+            if mesh.mqtt is not None and mesh.mqtt.ws is not None:
+                announced["mesh"]["mqtt_ws_port"] = mesh.mqtt.ws.port
             if mesh.nats is not None:
                 announced["mesh"]["nats_port"] = mesh.nats.port
         print(json.dumps(announced), flush=True)

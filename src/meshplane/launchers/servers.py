@@ -117,6 +117,7 @@ class StreamsServerProcess(ServerProcess):
         got = {
             "--route-port": int(mesh["route_url"].rsplit(":", 1)[1]) if mesh else None,
             "--mqtt-port": mesh.get("mqtt_port"),
+            "--mqtt-ws-port": mesh.get("mqtt_ws_port"),
             "--nats-port": mesh.get("nats_port"),
         }
         pinned = list(args)
@@ -126,7 +127,7 @@ class StreamsServerProcess(ServerProcess):
         return tuple(pinned)
 
     def door_port(self, door: str) -> int:
-        """The port of the node's ``mqtt`` or ``nats`` door, as its ready line said."""
+        """The port of the node's ``mqtt``, ``mqtt_ws`` or ``nats`` door, as its ready line said."""
         return int(self.announced["mesh"][f"{door}_port"])
 
     @property

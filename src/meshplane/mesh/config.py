@@ -97,6 +97,7 @@ class MeshConfig:
     nats_port: int | None = None  # NATS clients connect here (0: a free port; None: no NATS door)
     routes: tuple[str, ...] = ()  # tcp://host:port of the other nodes
     mqtt_port: int | None = None  # MQTT clients connect here (None: no MQTT door; 0: a free port)
+    mqtt_ws_port: int | None = None  # MQTT over WebSocket (None: none; 0: a free port)
     mqtt_session_expiry: int = 7 * 24 * 3600  # seconds a persistent MQTT session outlives its client
     gateways: tuple[tuple[str, str], ...] = ()  # (cluster, tcp://host:port of its gateway): a gateway
     secret: str = field(default_factory=lambda: secret_from_env(MEMBER_SECRET_ENV), repr=False)  # members'

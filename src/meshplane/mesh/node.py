@@ -100,7 +100,11 @@ class MeshNode:
         self.guaranteed = Guaranteed(self, config.spool)
         self.handshakes = Handshakes(self)
         self.mirror: MirrorServer | None = None  # with HA mates on other machines: the standby's feed
-        self.mqtt = MqttDoor(self, config.mqtt_port) if config.mqtt_port is not None else None
+        self.mqtt = (
+            MqttDoor(self, config.mqtt_port, config.mqtt_ws_port)
+            if config.mqtt_port is not None or config.mqtt_ws_port is not None
+            else None
+        )
         self.partial = PartialBytes(config.limits.max_partial_bytes)
         self._server_tls = config.tls.server_context() if config.tls is not None else None
         self._client_tls = config.tls.client_context() if config.tls is not None else None

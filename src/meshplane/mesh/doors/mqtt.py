@@ -1,4 +1,5 @@
-"""The MQTT door (``serve --mqtt-port``): MQTT 3.1.1 and 5 clients, unchanged, on a mesh node.
+"""The MQTT door (``serve --mqtt-port``, over WebSocket ``--mqtt-ws-port``: :mod:`.mqtt_ws`): MQTT 3.1.1
+and 5 clients, unchanged, on a mesh node.
 
 Each connection (:mod:`.mqtt_connection`) is a holder of the node's interest, its topics mapped to the
 mesh's subjects (:mod:`meshplane.core.doors.mqtt_topics`), so what it publishes reaches mesh clients,
@@ -49,6 +50,7 @@ from meshplane.mesh.doors.mqtt_connection import MqttConnection
 from meshplane.mesh.doors.mqtt_filters import check_fits, leave_shared, restore
 from meshplane.mesh.doors.mqtt_retained import RetainedStore, RetainHolder
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
+from meshplane.mesh.doors.mqtt_ws import MqttWebSocket, listen
 from meshplane.mesh.doors.nats_groups import QueueGroups
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.preauth import QuietLog, Unproven, bounded
@@ -65,9 +67,10 @@ CACHED_TOPICS = 4096  # topics whose subjects are kept at hand
 
 
 class MqttDoor:
-    def __init__(self, node: MeshNode, port: int) -> None:
+    def __init__(self, node: MeshNode, port: int | None, ws_port: int | None = None) -> None:
         self.node = node
-        self.config_port = port
+        self.config_port = port  # None: WebSocket only
+        self.ws = MqttWebSocket(self, ws_port, CONNECT_TIMEOUT) if ws_port is not None else None
         self.port = 0
         self.max_packet_size = DEFAULT_MAX_PACKET
         self.origin = "mqtt" + os.urandom(6).hex()  # the source id of what the door publishes
@@ -109,19 +112,14 @@ class MqttDoor:
             )
         for vpn in config.vpns:
             self.node.subscribe(self.retain_holder, RETAIN_PREFIX + prefix_of(vpn) + "#")
-        loop = asyncio.get_running_loop()
         tls = config.tls.server_context() if config.tls is not None else None  # the node's, shared
-        self._server = await loop.create_server(
-            lambda: MqttConnection(self),
-            config.host,
-            self.config_port,
-            reuse_address=True,
-            ssl=tls,
-            ssl_handshake_timeout=config.limits.auth_timeout if tls is not None else None,
-        )
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        if self.config_port is not None:
+            self._server = await listen(lambda: MqttConnection(self), config, self.config_port, tls)
+            self.port = int(self._server.sockets[0].getsockname()[1])
+            log.info("MQTT door on %s:%d", config.host, self.port)
+        if self.ws is not None:
+            await self.ws.start(tls)
         self._ticker = asyncio.create_task(self._ticks())
-        log.info("MQTT door on %s:%d", config.host, self.port)
 
     async def close(self) -> None:
         if self._ticker is not None:
@@ -130,6 +128,8 @@ class MqttDoor:
             self._server.close()
         for conn in list(self.connections.values()):
             conn.close(Code.SERVER_UNAVAILABLE, "the node is shutting down")
+        if self.ws is not None:
+            await self.ws.close()
         for task in list(self.tasks):
             task.cancel()
         if self.sessions is not None:
@@ -462,6 +462,7 @@ class MqttDoor:
     def status(self, limit: int = 1000) -> dict[str, Any]:
         return {
             "port": self.port,
+            "ws_port": self.ws.port if self.ws is not None else None,
             "clients": [_client(c) for c in itertools.islice(self.connections.values(), limit)],
             "sessions": len(self.sessions.by_key) if self.sessions is not None else 0,
             "sessions_bytes": self.sessions.bytes if self.sessions is not None else 0,
