@@ -376,6 +376,23 @@ async def test_a_vpns_pubsub_crosses_the_mesh_in_its_vpn_only(node: StreamsServe
             await each.close()
 
 
+async def test_a_vpns_token_sees_no_other_vpns_mesh_state(node: StreamsServerProcess) -> None:
+    """``GET /mesh`` lists every VPN's clients, users, queues and patterns: the node's, as the
+    ``/mesh/...`` routes are; a VPN's token gets a 403 there, the default VPN's still its view."""
+    client = await MeshClient(node.route_url, vpn="team-b").connect()
+    try:
+        client.subscribe("team-b-secret.>", Inbox())
+        await client.flush(propagated=True)
+        status, answer = await _get(node, "/mesh?patterns=1", A_READ)
+        assert status == 403, answer
+        assert "team-b-secret" not in json.dumps(answer)
+        status, answer = await _get(node, "/mesh?patterns=1", OPERATOR)
+        assert status == 200
+        assert "team-b-secret" in json.dumps(answer)
+    finally:
+        await client.close()
+
+
 # --- configuration ---------------------------------------------------------------------------------
 
 
