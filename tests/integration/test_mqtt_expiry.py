@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import nats
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -66,3 +67,25 @@ async def test_an_expired_message_waiting_in_a_session_is_dropped_and_the_rest_c
     finally:
         for client in (live, pub):
             client.close()
+
+
+async def test_a_nats_clients_far_deadline_header_is_capped_and_breaks_no_delivery() -> None:
+    """``Mqtt-Expires`` is an ordinary header to a NATS client: one of 19 digits must not make a
+    Message Expiry Interval that does not fit MQTT's four bytes (it failed the delivery, and the
+    MQTT subscriber got nothing of it); the interval is capped at the largest there is."""
+    with MeshCluster(1, extra_args=("--nats-port", "0", "--mqtt-port", "0")) as cluster:
+        cluster.start()
+        doors = await status(cluster["a"])
+        sub = await connected(Paho(doors["mqtt"]["port"], "far-sub", v5=True))
+        nc = await nats.connect(f"nats://127.0.0.1:{doors['nats']['port']}")
+        try:
+            await subscribed(sub, "alerts/#", 0)
+            await nc.publish("alerts.far", b"far", headers={"Mqtt-Expires": "9" * 19})
+            await nc.publish("alerts.plain", b"plain")
+            await nc.flush()
+            await eventually(lambda: len(sub.payloads()) == 2, timeout=15, what="both messages")
+            assert sub.payloads() == [b"far", b"plain"]
+            assert sub.expiry == [0xFFFFFFFF, None]
+        finally:
+            sub.close()
+            await nc.close()
