@@ -99,3 +99,42 @@ async def test_a_client_certificate_logs_in_as_the_user_it_names_and_one_naming_
         finally:
             for client in (alice, dave, mallory, carol):
                 await client.close()
+
+
+async def test_a_certificate_naming_two_users_logs_in_as_neither(tmp_path: Path) -> None:
+    """A certificate whose CN names one user and whose SAN names another proves neither: the node
+    must not pick one by the file's order of users (``alice`` first: a certificate made for dave,
+    whose CN happened to be ``alice``, became alice). It is refused with the reason; a password
+    still logs in."""
+    ca = MeshCA(tmp_path)
+    ca.issue("a", "meshplane://node/c1/a", "a", "127.0.0.1")
+    ca.issue("both", "meshplane://client/both", "dave.clients.example", common_name="alice")
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(
+        '[vpns.A.users.alice]\ncertificate = "CN=alice"\n'
+        '[vpns.A.users.dave]\ncertificate = "DNS=dave.clients.example"\n'
+        f'[vpns.A.users.carol]\npassword_hash = "{hash_password(CAROL)}"\n'
+    )
+    tls = (
+        *("--mesh-tls-cert", str(tmp_path / "a.pem"), "--mesh-tls-key", str(tmp_path / "a.key")),
+        *("--mesh-tls-ca", str(tmp_path / "ca.pem")),
+    )
+    with MeshCluster(1, node_args={"a": (*tls, "--mesh-vpns", str(vpns))}) as cluster:
+        node = cluster.start()["a"]
+        told: list[PermissionDenied] = []
+        both = MeshClient(node.route_url, vpn="A", tls=client_context(tmp_path, "both"), on_error=told.append)
+        carol = MeshClient(
+            node.route_url, vpn="A", user="carol", password=CAROL, tls=client_context(tmp_path, "both")
+        )
+        try:
+            await both.connect()
+            await eventually(lambda: bool(told), timeout=10, what="told why")
+            assert "names more than one of them: alice, dave" in str(told[0])
+            await eventually(lambda: not both.connected, timeout=10, what="closed")
+            await carol.connect()
+            await carol.flush()
+            users = [c["user"] for c in (await status(node))["clients"] if c.get("vpn") == "A"]
+            assert users == ["carol"]
+        finally:
+            await both.close()
+            await carol.close()
