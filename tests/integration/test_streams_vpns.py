@@ -28,6 +28,7 @@ A = "team-a-admin-token-0001"
 A_READ = "team-a-reader-token-002"
 B = "team-b-admin-token-0003"
 OPERATOR = "default-operator-token-4"
+WRITER = "default-writer-token-005"  # the default VPN's, not its operator
 TOKENS = f"""
 [tokens.a]
 token = "{A}"
@@ -41,6 +42,9 @@ token = "{B}"
 vpn = "team-b"
 [tokens.operator]
 token = "{OPERATOR}"
+[tokens.writer]
+token = "{WRITER}"
+scopes = ["write"]
 """
 
 
@@ -391,6 +395,29 @@ async def test_a_vpns_token_sees_no_other_vpns_mesh_state(node: StreamsServerPro
         assert "team-b-secret" in json.dumps(answer)
     finally:
         await client.close()
+
+
+async def test_a_default_vpn_token_reaches_no_vpn_through_its_internal_subjects(
+    node: StreamsServerProcess,
+) -> None:
+    """Inside the mesh VPN team-b's subjects are ``$vpn:team-b.<subject>``: the default VPN's pub/sub
+    (a token that is not the operator's) must neither publish there nor listen there."""
+    base = node.url.replace("http", "ws", 1) + "/pubsub/ws"
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:  # it heard team-b's messages
+            await http.ws_connect(base + "?topics=$vpn:team-b.orders.*", params={"access_token": WRITER})
+        assert refused.value.status == 400
+        async with (
+            StreamsClient(node.url, token=WRITER) as writer,
+            StreamsClient(node.url, token=B) as b,
+            http.ws_connect(base + "?topics=orders.*", params={"access_token": B}) as listener,
+        ):
+            assert json.loads((await listener.receive(timeout=10)).data)["type"] == "connected"
+            with pytest.raises(StreamError, match="reserved"):
+                await writer.pubsub_publish("$vpn:team-b.orders.forged", {"id": "forged"})
+            await b.pubsub_publish("orders.own", {"id": "own"})  # after it: what the listener hears first
+            heard = json.loads((await listener.receive(timeout=10)).data)
+            assert (heard["topic"], heard["payload"]) == ("orders.own", {"id": "own"})
 
 
 # --- configuration ---------------------------------------------------------------------------------
