@@ -138,3 +138,44 @@ async def test_a_certificate_naming_two_users_logs_in_as_neither(tmp_path: Path)
         finally:
             await both.close()
             await carol.close()
+
+
+async def test_a_certificate_client_refused_by_a_limit_reconnects_once_there_is_room(tmp_path: Path) -> None:
+    """A limit is not a wrong login: a certificate's client refused because its user's connections
+    are full (its own earlier session, still counted) must keep dialling, with backoff, and get in
+    once there is room. It stopped for ever, as if its certificate named nobody."""
+    ca = MeshCA(tmp_path)
+    ca.issue("a", "meshplane://node/c1/a", "a", "127.0.0.1")
+    ca.issue("alice", "meshplane://client/alice", common_name="alice")
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text('[vpns.A.users.alice]\ncertificate = "CN=alice"\nmax_connections = 1\n')
+    tls = (
+        *("--mesh-tls-cert", str(tmp_path / "a.pem"), "--mesh-tls-key", str(tmp_path / "a.key")),
+        *("--mesh-tls-ca", str(tmp_path / "ca.pem")),
+    )
+    with MeshCluster(1, node_args={"a": (*tls, "--mesh-vpns", str(vpns))}) as cluster:
+        node = cluster.start()["a"]
+        first = await MeshClient(node.route_url, vpn="A", tls=client_context(tmp_path, "alice")).connect()
+        told: list[PermissionDenied] = []
+        second = MeshClient(
+            node.route_url, vpn="A", tls=client_context(tmp_path, "alice"), on_error=told.append
+        )
+        try:
+            await second.connect()
+            await eventually(lambda: not second.connected, timeout=10, what="the second refused")
+
+            async def refused() -> bool:
+                return (await status(node))["vpns"]["A"]["limits_refused"].get("user_connections", 0) >= 1
+
+            await eventually(refused, timeout=10, what="the limit's refusal counted")
+            await first.close()
+            await eventually(lambda: second.connected, timeout=20, what="the second in, once there is room")
+            assert "1 clients on this node (its limit)" in str(told[0])  # it was told why, meanwhile
+
+            async def alice_in() -> bool:
+                return [c["user"] for c in (await status(node))["clients"]] == ["alice"]
+
+            await eventually(alice_in, timeout=10, what="alice logged in")
+        finally:
+            await first.close()
+            await second.close()
