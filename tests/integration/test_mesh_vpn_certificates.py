@@ -165,7 +165,7 @@ async def test_a_certificate_client_refused_by_a_limit_reconnects_once_there_is_
             await eventually(lambda: not second.connected, timeout=10, what="the second refused")
 
             async def refused() -> bool:
-                return (await status(node))["vpns"]["A"]["limits_refused"].get("user_connections", 0) >= 1
+                return bool((await status(node))["vpns"]["A"]["limits_refused"].get("user_connections", 0))
 
             await eventually(refused, timeout=10, what="the limit's refusal counted")
             await first.close()
