@@ -420,6 +420,23 @@ async def test_a_default_vpn_token_reaches_no_vpn_through_its_internal_subjects(
             assert (heard["topic"], heard["payload"]) == ("orders.own", {"id": "own"})
 
 
+async def test_a_default_vpn_queue_name_cannot_name_a_vpns_queue(node: StreamsServerProcess) -> None:
+    """team-a's queue ``orders`` is stored as ``team-a:orders``; a default-VPN PUT of that name took
+    it over: its patterns became the default VPN's, and team-a's queue filled with their events."""
+    headers = {"Authorization": f"Bearer {OPERATOR}"}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        url = node.url + "/mesh/queues/"
+        async with http.put(url + "orders", json={"patterns": ["orders.>"], "vpn": "team-a"}) as made:
+            assert made.status == 200, await made.text()
+        async with http.put(url + "team-a:orders", json={"patterns": ["default.>"]}) as taken:
+            assert taken.status == 400, await taken.text()
+        async with http.get(url.rstrip("/")) as listed:
+            queues = (await listed.json())["queues"]
+    assert [(q["name"], q["vpn"], q["patterns"]) for q in queues] == [
+        ("team-a:orders", "team-a", ["orders.>"])
+    ]
+
+
 # --- configuration ---------------------------------------------------------------------------------
 
 

@@ -225,7 +225,12 @@ class Queues:
             raise BadRequest("this mesh node has no streams data directory: it keeps no queues")
         if vpn not in self.node.config.vpns:
             raise BadRequest(f"no Message VPN {vpn[:40]!r} on this node")
-        if ":" in name and name not in self.queues:
+        known = self.queues.get(name)
+        if ":" in name and (
+            known is None or vpn != DEFAULT or vpn_of("".join(known.patterns[:1])) != DEFAULT
+        ):
+            # Only an older default-VPN queue keeps such a name: a VPN's is stored as "VPN:name", and
+            # would be taken over, its events the default VPN's from then on.
             raise BadRequest(f"queue {name[:80]!r}: ':' separates a queue's VPN from its name")
         prefix, queue_name, name = prefix_of(vpn), name, queue_topic(vpn, name)
         checked = []
