@@ -11,6 +11,7 @@ import nats
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from meshplane.core.doors.nats_protocol import wrap
 from meshplane.launchers import MeshCluster
 from tests.helpers import eventually
 from tests.integration import test_mesh_mqtt
@@ -89,3 +90,25 @@ async def test_a_nats_clients_far_deadline_header_is_capped_and_breaks_no_delive
         finally:
             sub.close()
             await nc.close()
+
+
+async def test_a_payload_that_starts_like_an_envelope_reaches_a_session_as_it_was_sent() -> None:
+    """A persistent session's QoS 1 messages come from its queue, which keeps no flags: a payload
+    that began with the NATS door's envelope bytes was taken apart there (the subscriber got its
+    tail, and the publisher could set its expiry), where a live subscriber got it whole."""
+    with MeshCluster(1, extra_args=("--mqtt-port", "0")) as cluster:
+        cluster.start()
+        port = (await status(cluster["a"]))["mqtt"]["port"]
+        keeper = await connected(Paho(port, "env-keeper", v5=True, clean=False))
+        pub = await connected(Paho(port, "env-pub", v5=True))
+        body = wrap("", b"NATS/1.0\r\nMqtt-Expires: 1\r\n\r\n", b"tail")  # expired long ago
+        try:
+            await subscribed(keeper, "blobs/#", 1)
+            for each in (body, b"after"):
+                info = pub.client.publish("blobs/x", each, qos=1)
+                await asyncio.to_thread(info.wait_for_publish, 10)
+            await eventually(lambda: b"after" in keeper.payloads(), timeout=15, what="the session's messages")
+            assert keeper.payloads() == [body, b"after"]
+        finally:
+            keeper.close()
+            pub.close()

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE
+from meshplane.core.doors.nats_protocol import NOT_WRAPPED, looks_wrapped
+from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.source_marks import SourceMarks
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of, queue_topic, vpn_of
 from meshplane.core.streamlog import StoredEvent
@@ -145,6 +146,8 @@ def stored_event(
         metadata["vpn"] = vpn
     if source:
         metadata["via"], metadata["via_offset"] = source, str(offset)
+    if not event.flags & (FLAG_NATS_ENVELOPE | FLAG_JSON_MESSAGE) and looks_wrapped(event.body):
+        metadata[NOT_WRAPPED] = "1"
     return StoredEvent(
         id=event.event_id if event_id is None else event_id,
         event_type=subject,
