@@ -310,6 +310,19 @@ async def test_an_operator_picks_a_vpn_and_a_tenant_cannot(
     assert "picked" in [t["name"] for t in state["topics"]]
 
 
+async def test_an_unauthenticated_request_learns_no_vpn_names_from_the_header(
+    server: StreamsServerProcess,
+) -> None:
+    """The public routes take no token: a VPN header there was honoured for a VPN that exists (200)
+    and answered 404 for one that does not, so anyone could list the VPNs by guessing."""
+    async with aiohttp.ClientSession() as http:
+        answers = {}
+        for vpn in ("team-a", "team-z"):
+            async with http.get(server.url + "/health", headers={"X-Meshplane-Vpn": vpn}) as answer:
+                answers[vpn] = answer.status
+    assert answers == {"team-a": 403, "team-z": 403}
+
+
 async def test_the_default_vpn_keeps_its_layout_and_urls(
     server: StreamsServerProcess, clients: dict[str, StreamsClient], nats_url: str | None
 ) -> None:
