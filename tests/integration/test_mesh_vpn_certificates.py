@@ -21,6 +21,10 @@ from tests.mesh_pki import MeshCA
 from tests.support.mesh import Inbox, status
 
 CAROL = "carol-pw-41b7"
+DAVE_CAROL = (  # users of VPN A: dave by a SAN of his certificate, carol by password
+    '[vpns.A.users.dave]\ncertificate = "DNS=dave.clients.example"\n'
+    f'[vpns.A.users.carol]\npassword_hash = "{hash_password(CAROL)}"\n'
+)
 
 
 def client_context(pki: Path, name: str) -> ssl.SSLContext:
@@ -31,25 +35,26 @@ def client_context(pki: Path, name: str) -> ssl.SSLContext:
     return context
 
 
-async def test_a_client_certificate_logs_in_as_the_user_it_names_and_one_naming_nobody_is_refused(
-    tmp_path: Path,
-) -> None:
-    ca = MeshCA(tmp_path)
+def node_args(tmp_path: Path, ca: MeshCA, vpns: str) -> dict[str, tuple[str, ...]]:
+    """Node a's arguments: its certificate from ``ca``, mutual TLS, and the VPN file ``vpns``."""
     ca.issue("a", "meshplane://node/c1/a", "a", "127.0.0.1")
-    ca.issue("alice", "meshplane://client/alice", common_name="alice")
-    ca.issue("dave", "meshplane://client/d", "dave.clients.example", common_name="someone")
-    ca.issue("mallory", "meshplane://client/mallory", common_name="mallory")
-    vpns = tmp_path / "vpns.toml"
-    vpns.write_text(
-        '[vpns.A.users.alice]\ncertificate = "CN=alice"\npublish = { deny = ["secret.>"] }\n'
-        '[vpns.A.users.dave]\ncertificate = "DNS=dave.clients.example"\n'
-        f'[vpns.A.users.carol]\npassword_hash = "{hash_password(CAROL)}"\n'
-    )
+    (tmp_path / "vpns.toml").write_text(vpns)
     tls = (
         *("--mesh-tls-cert", str(tmp_path / "a.pem"), "--mesh-tls-key", str(tmp_path / "a.key")),
         *("--mesh-tls-ca", str(tmp_path / "ca.pem")),
     )
-    with MeshCluster(1, node_args={"a": (*tls, "--mesh-vpns", str(vpns))}) as cluster:
+    return {"a": (*tls, "--mesh-vpns", str(tmp_path / "vpns.toml"))}
+
+
+async def test_a_client_certificate_logs_in_as_the_user_it_names_and_one_naming_nobody_is_refused(
+    tmp_path: Path,
+) -> None:
+    ca = MeshCA(tmp_path)
+    ca.issue("alice", "meshplane://client/alice", common_name="alice")
+    ca.issue("dave", "meshplane://client/d", "dave.clients.example", common_name="someone")
+    ca.issue("mallory", "meshplane://client/mallory", common_name="mallory")
+    vpns = '[vpns.A.users.alice]\ncertificate = "CN=alice"\npublish = { deny = ["secret.>"] }\n' + DAVE_CAROL
+    with MeshCluster(1, node_args=node_args(tmp_path, ca, vpns)) as cluster:
         node = cluster.start()["a"]
         alice = await MeshClient(node.route_url, vpn="A", tls=client_context(tmp_path, "alice")).connect()
         dave = await MeshClient(node.route_url, vpn="A", tls=client_context(tmp_path, "dave")).connect()
@@ -107,19 +112,9 @@ async def test_a_certificate_naming_two_users_logs_in_as_neither(tmp_path: Path)
     whose CN happened to be ``alice``, became alice). It is refused with the reason; a password
     still logs in."""
     ca = MeshCA(tmp_path)
-    ca.issue("a", "meshplane://node/c1/a", "a", "127.0.0.1")
     ca.issue("both", "meshplane://client/both", "dave.clients.example", common_name="alice")
-    vpns = tmp_path / "vpns.toml"
-    vpns.write_text(
-        '[vpns.A.users.alice]\ncertificate = "CN=alice"\n'
-        '[vpns.A.users.dave]\ncertificate = "DNS=dave.clients.example"\n'
-        f'[vpns.A.users.carol]\npassword_hash = "{hash_password(CAROL)}"\n'
-    )
-    tls = (
-        *("--mesh-tls-cert", str(tmp_path / "a.pem"), "--mesh-tls-key", str(tmp_path / "a.key")),
-        *("--mesh-tls-ca", str(tmp_path / "ca.pem")),
-    )
-    with MeshCluster(1, node_args={"a": (*tls, "--mesh-vpns", str(vpns))}) as cluster:
+    vpns = '[vpns.A.users.alice]\ncertificate = "CN=alice"\n' + DAVE_CAROL
+    with MeshCluster(1, node_args=node_args(tmp_path, ca, vpns)) as cluster:
         node = cluster.start()["a"]
         told: list[PermissionDenied] = []
         both = MeshClient(node.route_url, vpn="A", tls=client_context(tmp_path, "both"), on_error=told.append)
@@ -145,15 +140,9 @@ async def test_a_certificate_client_refused_by_a_limit_reconnects_once_there_is_
     are full (its own earlier session, still counted) must keep dialling, with backoff, and get in
     once there is room. It stopped for ever, as if its certificate named nobody."""
     ca = MeshCA(tmp_path)
-    ca.issue("a", "meshplane://node/c1/a", "a", "127.0.0.1")
     ca.issue("alice", "meshplane://client/alice", common_name="alice")
-    vpns = tmp_path / "vpns.toml"
-    vpns.write_text('[vpns.A.users.alice]\ncertificate = "CN=alice"\nmax_connections = 1\n')
-    tls = (
-        *("--mesh-tls-cert", str(tmp_path / "a.pem"), "--mesh-tls-key", str(tmp_path / "a.key")),
-        *("--mesh-tls-ca", str(tmp_path / "ca.pem")),
-    )
-    with MeshCluster(1, node_args={"a": (*tls, "--mesh-vpns", str(vpns))}) as cluster:
+    vpns = '[vpns.A.users.alice]\ncertificate = "CN=alice"\nmax_connections = 1\n'
+    with MeshCluster(1, node_args=node_args(tmp_path, ca, vpns)) as cluster:
         node = cluster.start()["a"]
         first = await MeshClient(node.route_url, vpn="A", tls=client_context(tmp_path, "alice")).connect()
         told: list[PermissionDenied] = []
