@@ -21,6 +21,10 @@ from tests.mesh_pki import MeshCA
 from tests.support.mesh import Inbox, status
 
 CAROL = "carol-pw-41b7"
+DAVE_CAROL = (  # users of VPN A: dave by a SAN of his certificate, carol by password
+    '[vpns.A.users.dave]\ncertificate = "DNS=dave.clients.example"\n'
+    f'[vpns.A.users.carol]\npassword_hash = "{hash_password(CAROL)}"\n'
+)
 
 
 def client_context(pki: Path, name: str) -> ssl.SSLContext:
@@ -31,25 +35,26 @@ def client_context(pki: Path, name: str) -> ssl.SSLContext:
     return context
 
 
-async def test_a_client_certificate_logs_in_as_the_user_it_names_and_one_naming_nobody_is_refused(
-    tmp_path: Path,
-) -> None:
-    ca = MeshCA(tmp_path)
+def node_args(tmp_path: Path, ca: MeshCA, vpns: str) -> dict[str, tuple[str, ...]]:
+    """Node a's arguments: its certificate from ``ca``, mutual TLS, and the VPN file ``vpns``."""
     ca.issue("a", "meshplane://node/c1/a", "a", "127.0.0.1")
-    ca.issue("alice", "meshplane://client/alice", common_name="alice")
-    ca.issue("dave", "meshplane://client/d", "dave.clients.example", common_name="someone")
-    ca.issue("mallory", "meshplane://client/mallory", common_name="mallory")
-    vpns = tmp_path / "vpns.toml"
-    vpns.write_text(
-        '[vpns.A.users.alice]\ncertificate = "CN=alice"\npublish = { deny = ["secret.>"] }\n'
-        '[vpns.A.users.dave]\ncertificate = "DNS=dave.clients.example"\n'
-        f'[vpns.A.users.carol]\npassword_hash = "{hash_password(CAROL)}"\n'
-    )
+    (tmp_path / "vpns.toml").write_text(vpns)
     tls = (
         *("--mesh-tls-cert", str(tmp_path / "a.pem"), "--mesh-tls-key", str(tmp_path / "a.key")),
         *("--mesh-tls-ca", str(tmp_path / "ca.pem")),
     )
-    with MeshCluster(1, node_args={"a": (*tls, "--mesh-vpns", str(vpns))}) as cluster:
+    return {"a": (*tls, "--mesh-vpns", str(tmp_path / "vpns.toml"))}
+
+
+async def test_a_client_certificate_logs_in_as_the_user_it_names_and_one_naming_nobody_is_refused(
+    tmp_path: Path,
+) -> None:
+    ca = MeshCA(tmp_path)
+    ca.issue("alice", "meshplane://client/alice", common_name="alice")
+    ca.issue("dave", "meshplane://client/d", "dave.clients.example", common_name="someone")
+    ca.issue("mallory", "meshplane://client/mallory", common_name="mallory")
+    vpns = '[vpns.A.users.alice]\ncertificate = "CN=alice"\npublish = { deny = ["secret.>"] }\n' + DAVE_CAROL
+    with MeshCluster(1, node_args=node_args(tmp_path, ca, vpns)) as cluster:
         node = cluster.start()["a"]
         alice = await MeshClient(node.route_url, vpn="A", tls=client_context(tmp_path, "alice")).connect()
         dave = await MeshClient(node.route_url, vpn="A", tls=client_context(tmp_path, "dave")).connect()
@@ -99,3 +104,67 @@ async def test_a_client_certificate_logs_in_as_the_user_it_names_and_one_naming_
         finally:
             for client in (alice, dave, mallory, carol):
                 await client.close()
+
+
+async def test_a_certificate_naming_two_users_logs_in_as_neither(tmp_path: Path) -> None:
+    """A certificate whose CN names one user and whose SAN names another proves neither: the node
+    must not pick one by the file's order of users (``alice`` first: a certificate made for dave,
+    whose CN happened to be ``alice``, became alice). It is refused with the reason; a password
+    still logs in."""
+    ca = MeshCA(tmp_path)
+    ca.issue("both", "meshplane://client/both", "dave.clients.example", common_name="alice")
+    vpns = '[vpns.A.users.alice]\ncertificate = "CN=alice"\n' + DAVE_CAROL
+    with MeshCluster(1, node_args=node_args(tmp_path, ca, vpns)) as cluster:
+        node = cluster.start()["a"]
+        told: list[PermissionDenied] = []
+        both = MeshClient(node.route_url, vpn="A", tls=client_context(tmp_path, "both"), on_error=told.append)
+        carol = MeshClient(
+            node.route_url, vpn="A", user="carol", password=CAROL, tls=client_context(tmp_path, "both")
+        )
+        try:
+            await both.connect()
+            await eventually(lambda: bool(told), timeout=10, what="told why")
+            assert "names more than one of them: alice, dave" in str(told[0])
+            await eventually(lambda: not both.connected, timeout=10, what="closed")
+            await carol.connect()
+            await carol.flush()
+            users = [c["user"] for c in (await status(node))["clients"] if c.get("vpn") == "A"]
+            assert users == ["carol"]
+        finally:
+            await both.close()
+            await carol.close()
+
+
+async def test_a_certificate_client_refused_by_a_limit_reconnects_once_there_is_room(tmp_path: Path) -> None:
+    """A limit is not a wrong login: a certificate's client refused because its user's connections
+    are full (its own earlier session, still counted) must keep dialling, with backoff, and get in
+    once there is room. It stopped for ever, as if its certificate named nobody."""
+    ca = MeshCA(tmp_path)
+    ca.issue("alice", "meshplane://client/alice", common_name="alice")
+    vpns = '[vpns.A.users.alice]\ncertificate = "CN=alice"\nmax_connections = 1\n'
+    with MeshCluster(1, node_args=node_args(tmp_path, ca, vpns)) as cluster:
+        node = cluster.start()["a"]
+        first = await MeshClient(node.route_url, vpn="A", tls=client_context(tmp_path, "alice")).connect()
+        told: list[PermissionDenied] = []
+        second = MeshClient(
+            node.route_url, vpn="A", tls=client_context(tmp_path, "alice"), on_error=told.append
+        )
+        try:
+            await second.connect()
+            await eventually(lambda: not second.connected, timeout=10, what="the second refused")
+
+            async def refused() -> bool:
+                return bool((await status(node))["vpns"]["A"]["limits_refused"].get("user_connections", 0))
+
+            await eventually(refused, timeout=10, what="the limit's refusal counted")
+            await first.close()
+            await eventually(lambda: second.connected, timeout=20, what="the second in, once there is room")
+            assert "1 clients on this node (its limit)" in str(told[0])  # it was told why, meanwhile
+
+            async def alice_in() -> bool:
+                return [c["user"] for c in (await status(node))["clients"]] == ["alice"]
+
+            await eventually(alice_in, timeout=10, what="alice logged in")
+        finally:
+            await first.close()
+            await second.close()

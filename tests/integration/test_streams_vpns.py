@@ -28,6 +28,7 @@ A = "team-a-admin-token-0001"
 A_READ = "team-a-reader-token-002"
 B = "team-b-admin-token-0003"
 OPERATOR = "default-operator-token-4"
+WRITER = "default-writer-token-005"  # the default VPN's, not its operator
 TOKENS = f"""
 [tokens.a]
 token = "{A}"
@@ -41,6 +42,9 @@ token = "{B}"
 vpn = "team-b"
 [tokens.operator]
 token = "{OPERATOR}"
+[tokens.writer]
+token = "{WRITER}"
+scopes = ["write"]
 """
 
 
@@ -306,6 +310,19 @@ async def test_an_operator_picks_a_vpn_and_a_tenant_cannot(
     assert "picked" in [t["name"] for t in state["topics"]]
 
 
+async def test_an_unauthenticated_request_learns_no_vpn_names_from_the_header(
+    server: StreamsServerProcess,
+) -> None:
+    """The public routes take no token: a VPN header there was honoured for a VPN that exists (200)
+    and answered 404 for one that does not, so anyone could list the VPNs by guessing."""
+    async with aiohttp.ClientSession() as http:
+        answers = {}
+        for vpn in ("team-a", "team-z"):
+            async with http.get(server.url + "/health", headers={"X-Meshplane-Vpn": vpn}) as answer:
+                answers[vpn] = answer.status
+    assert answers == {"team-a": 403, "team-z": 403}
+
+
 async def test_the_default_vpn_keeps_its_layout_and_urls(
     server: StreamsServerProcess, clients: dict[str, StreamsClient], nats_url: str | None
 ) -> None:
@@ -374,6 +391,63 @@ async def test_a_vpns_pubsub_crosses_the_mesh_in_its_vpn_only(node: StreamsServe
             await client.close()
         for each in streams.values():
             await each.close()
+
+
+async def test_a_vpns_token_sees_no_other_vpns_mesh_state(node: StreamsServerProcess) -> None:
+    """``GET /mesh`` lists every VPN's clients, users, queues and patterns: the node's, as the
+    ``/mesh/...`` routes are; a VPN's token gets a 403 there, the default VPN's still its view."""
+    client = await MeshClient(node.route_url, vpn="team-b").connect()
+    try:
+        client.subscribe("team-b-secret.>", Inbox())
+        await client.flush(propagated=True)
+        status, answer = await _get(node, "/mesh?patterns=1", A_READ)
+        assert status == 403, answer
+        assert "team-b-secret" not in json.dumps(answer)
+        status, answer = await _get(node, "/mesh?patterns=1", OPERATOR)
+        assert status == 200
+        assert "team-b-secret" in json.dumps(answer)
+    finally:
+        await client.close()
+
+
+async def test_a_default_vpn_token_reaches_no_vpn_through_its_internal_subjects(
+    node: StreamsServerProcess,
+) -> None:
+    """Inside the mesh VPN team-b's subjects are ``$vpn:team-b.<subject>``: the default VPN's pub/sub
+    (a token that is not the operator's) must neither publish there nor listen there."""
+    base = node.url.replace("http", "ws", 1) + "/pubsub/ws"
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:  # it heard team-b's messages
+            await http.ws_connect(base + "?topics=$vpn:team-b.orders.*", params={"access_token": WRITER})
+        assert refused.value.status == 400
+        async with (
+            StreamsClient(node.url, token=WRITER) as writer,
+            StreamsClient(node.url, token=B) as b,
+            http.ws_connect(base + "?topics=orders.*", params={"access_token": B}) as listener,
+        ):
+            assert json.loads((await listener.receive(timeout=10)).data)["type"] == "connected"
+            with pytest.raises(StreamError, match="reserved"):
+                await writer.pubsub_publish("$vpn:team-b.orders.forged", {"id": "forged"})
+            await b.pubsub_publish("orders.own", {"id": "own"})  # after it: what the listener hears first
+            heard = json.loads((await listener.receive(timeout=10)).data)
+            assert (heard["topic"], heard["payload"]) == ("orders.own", {"id": "own"})
+
+
+async def test_a_default_vpn_queue_name_cannot_name_a_vpns_queue(node: StreamsServerProcess) -> None:
+    """team-a's queue ``orders`` is stored as ``team-a:orders``; a default-VPN PUT of that name took
+    it over: its patterns became the default VPN's, and team-a's queue filled with their events."""
+    headers = {"Authorization": f"Bearer {OPERATOR}"}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        url = node.url + "/mesh/queues/"
+        async with http.put(url + "orders", json={"patterns": ["orders.>"], "vpn": "team-a"}) as made:
+            assert made.status == 200, await made.text()
+        async with http.put(url + "team-a:orders", json={"patterns": ["default.>"]}) as taken:
+            assert taken.status == 400, await taken.text()
+        async with http.get(url.rstrip("/")) as listed:
+            queues = (await listed.json())["queues"]
+    assert [(q["name"], q["vpn"], q["patterns"]) for q in queues] == [
+        ("team-a:orders", "team-a", ["orders.>"])
+    ]
 
 
 # --- configuration ---------------------------------------------------------------------------------

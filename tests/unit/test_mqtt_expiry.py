@@ -7,7 +7,13 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshplane.core.doors.mqtt_expiry import deadline_of, expiry_headers, payload_of, seconds_left
+from meshplane.core.doors.mqtt_expiry import (
+    MAX_INTERVAL,
+    deadline_of,
+    expiry_headers,
+    payload_of,
+    seconds_left,
+)
 from meshplane.core.doors.nats_protocol import wrap
 from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 
@@ -43,6 +49,8 @@ def test_seconds_left_round_up_and_reach_zero_at_the_deadline(deadline: int, now
     left = seconds_left(deadline, now)
     if now >= deadline:
         assert left == 0
+    elif left == MAX_INTERVAL:  # the largest interval MQTT's four bytes hold
+        assert deadline - now > (MAX_INTERVAL - 1) * 1000
     else:
         assert left >= 1
         assert (left - 1) * 1000 < deadline - now <= left * 1000

@@ -39,6 +39,7 @@ from meshplane.core.mesh.frames import (
     encode_event,
     encode_frame,
 )
+from meshplane.core.mesh.login_checks import LOGIN_FIRST
 from meshplane.core.mesh.vpn import DEFAULT, check_vpn, outward, prefix_of
 from meshplane.core.subjects import PatternIndex
 from meshplane.errors import (
@@ -248,7 +249,11 @@ class MeshClient:
             self._handshake.put_nowait(frame)
         elif frame.type is FrameType.LOGIN and frame.payload:  # a session the VPN takes only logged in
             reason = frame.payload.decode(errors="replace")[:200]
-            self._session_refused = TransportAuthError(f"the mesh node at {self.url} refused us: {reason}")
+            error = TransportAuthError(f"the mesh node at {self.url} refused us: {reason}")
+            if reason.startswith(LOGIN_FIRST):  # else a limit: dialled again, as room may come
+                self._session_refused = error
+            else:
+                log.warning("%s", error)
         elif frame.type is FrameType.REFUSED:
             self._refused(frame)
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from meshplane.core.mesh.frames import Frame, FrameType, decode_login, encode_frame
 from meshplane.core.mesh.identity import certificate_names
-from meshplane.core.mesh.login_checks import WRONG, CheckLimits, LoginChecks
+from meshplane.core.mesh.login_checks import LOGIN_FIRST, WRONG, CheckLimits, LoginChecks
 from meshplane.core.mesh.rate import TokenBucket
 from meshplane.mesh.holders import ClientSession
 from meshplane.mesh.preauth import bounded
@@ -165,10 +165,10 @@ class Logins:
             self.connections[session.vpn] += 1
             return
         session.login_pending = True
-        user = vpn.by_certificate(self._certificate_names(session))
-        if user is not None:  # its verified client certificate names one of the VPN's users
-            session.user = user.name
-            self._admit(session, vpn, user, answer=False)
+        users = vpn.by_certificate(self._certificate_names(session))
+        if len(users) == 1:  # its verified client certificate names one of the VPN's users
+            session.user = users[0].name
+            self._admit(session, vpn, users[0], answer=False)
             return
         loop = asyncio.get_running_loop()
         loop.call_later(self.node.config.limits.auth_timeout, self._deadline, session)
@@ -184,9 +184,12 @@ class Logins:
 
     def _login_first(self, session: ClientSession) -> str:
         vpn = self.node.config.vpns.get(session.vpn)
-        if vpn is not None and any(user.certificate for user in vpn.users.values()):
-            return "log in first: this Message VPN has users, and the client's certificate names none of them"
-        return "log in first: this Message VPN has users"
+        if vpn is None or not any(user.certificate for user in vpn.users.values()):
+            return f"{LOGIN_FIRST}: this Message VPN has users"
+        # A certificate naming two users proves neither: which one is not the file's order to say.
+        named = sorted(user.name for user in vpn.by_certificate(self._certificate_names(session)))
+        whom = f"more than one of them: {', '.join(named)}" if named else "none of them"
+        return f"{LOGIN_FIRST}: this Message VPN has users, and the client's certificate names {whom}"
 
     def left(self, session: ClientSession, patterns: int) -> None:
         if self._logins.pop(session, None) is not None:  # gone while waiting: no check to spend

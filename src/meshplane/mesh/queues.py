@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE
+from meshplane.core.doors.nats_protocol import NOT_WRAPPED, looks_wrapped
+from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.source_marks import SourceMarks
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of, queue_topic, vpn_of
 from meshplane.core.streamlog import StoredEvent
@@ -145,6 +146,8 @@ def stored_event(
         metadata["vpn"] = vpn
     if source:
         metadata["via"], metadata["via_offset"] = source, str(offset)
+    if not event.flags & (FLAG_NATS_ENVELOPE | FLAG_JSON_MESSAGE) and looks_wrapped(event.body):
+        metadata[NOT_WRAPPED] = "1"
     return StoredEvent(
         id=event.event_id if event_id is None else event_id,
         event_type=subject,
@@ -225,7 +228,12 @@ class Queues:
             raise BadRequest("this mesh node has no streams data directory: it keeps no queues")
         if vpn not in self.node.config.vpns:
             raise BadRequest(f"no Message VPN {vpn[:40]!r} on this node")
-        if ":" in name and (vpn != DEFAULT or name not in self.queues):  # (a default VPN's old name)
+        known = self.queues.get(name)
+        if ":" in name and (
+            known is None or vpn != DEFAULT or vpn_of("".join(known.patterns[:1])) != DEFAULT
+        ):
+            # Only an older default-VPN queue keeps such a name: a VPN's is stored as "VPN:name", and
+            # would be taken over, its events the default VPN's from then on.
             raise BadRequest(f"queue {name[:80]!r}: ':' separates a queue's VPN from its name")
         prefix, queue_name, name = prefix_of(vpn), name, queue_topic(vpn, name)
         checked = []

@@ -101,9 +101,10 @@ class Vpn:
     exports: tuple[Export, ...] = ()  # spaces of its subjects other VPNs may import
     imports: tuple[Import, ...] = ()  # spaces of other VPNs' subjects its clients see (vpn_sharing.py)
 
-    def by_certificate(self, names: set[str]) -> User | None:
-        """The user a client certificate with ``names`` logs in as (certificates are unique in a VPN)."""
-        return next((u for u in self.users.values() if u.certificate and u.certificate in names), None)
+    def by_certificate(self, names: set[str]) -> list[User]:
+        """The users a client certificate with ``names`` names (each user's certificate name is its
+        own, but one certificate may hold several names): it logs in as the one, if one."""
+        return [u for u in self.users.values() if u.certificate and u.certificate in names]
 
 
 @dataclass(frozen=True)

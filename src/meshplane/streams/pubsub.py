@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import msgspec
 
 from meshplane.core.backpressure import BackpressurePolicy, SubscriberQueue
-from meshplane.core.subjects import InvalidSubject, PatternIndex, validate
+from meshplane.core.subjects import RESERVED, InvalidSubject, PatternIndex, validate
 from meshplane.streams.errors import BadRequest, LimitReached
 
 _json = msgspec.json.Encoder()
@@ -53,9 +53,17 @@ class MeshHook(Protocol):
     def published(self, topic: str, frame: bytes) -> None: ...
 
 
+def _unreserved(name: str) -> str:
+    """``name`` unless its first token is the mesh's (``$vpn:team-b.``: another VPN's subjects, ``$G.``:
+    queues' interest), which are matched by name: a pattern there heard that VPN's messages."""
+    if name.startswith(RESERVED):
+        raise BadRequest(f"{name[:80]!r}: a first token starting with {RESERVED!r} is reserved to the mesh")
+    return name
+
+
 def check_subject(subject: object) -> str:
     try:
-        return validate(subject, wildcards=False)
+        return _unreserved(validate(subject, wildcards=False))
     except InvalidSubject as exc:
         raise BadRequest(str(exc)) from None
 
@@ -64,7 +72,7 @@ def check_patterns(patterns: list[str], limit: int) -> list[str]:
     if len(patterns) > limit:
         raise BadRequest(f"{len(patterns)} patterns; at most {limit} per subscriber")
     try:
-        return [validate(p, wildcards=True) for p in patterns]
+        return [_unreserved(validate(p, wildcards=True)) for p in patterns]
     except InvalidSubject as exc:
         raise BadRequest(str(exc)) from None
 

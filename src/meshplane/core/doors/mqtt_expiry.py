@@ -17,6 +17,7 @@ from meshplane.core.doors.nats_protocol import HEADER_LINE, unwrap
 from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 
 EXPIRES = b"Mqtt-Expires"
+MAX_INTERVAL = 0xFFFFFFFF  # the property is a Four Byte Integer
 
 
 def expiry_headers(deadline_ms: int) -> bytes:
@@ -37,8 +38,9 @@ def deadline_of(headers: bytes | None) -> int | None:
 
 
 def seconds_left(deadline_ms: int, now_ms: int) -> int:
-    """Whole seconds a message has left, rounded up; 0 or less: it has expired."""
-    return -((now_ms - deadline_ms) // 1000) if now_ms < deadline_ms else 0
+    """Whole seconds a message has left, rounded up, at most :data:`MAX_INTERVAL` (a NATS client
+    writes any deadline it likes); 0: it has expired."""
+    return min(-((now_ms - deadline_ms) // 1000), MAX_INTERVAL) if now_ms < deadline_ms else 0
 
 
 def payload_of(body: bytes, flags: int, queued: bool = False) -> tuple[bytes, int | None]:

@@ -345,6 +345,16 @@ def wrap(reply: str, headers: bytes | None, payload: bytes) -> bytes:
     return _ENVELOPE_MAGIC + head + encoded + (headers or b"") + payload
 
 
+# The metadata a queue stores a body with that starts like an envelope but is none: a queue keeps no
+# flags, and its reader (an MQTT session) took it apart (its tail, and an expiry its publisher wrote).
+NOT_WRAPPED = "not_wrapped"
+
+
+def looks_wrapped(body: bytes) -> bool:
+    """Whether ``body`` starts as an envelope does (where no flag says whether it is one)."""
+    return body.startswith(_ENVELOPE_MAGIC)
+
+
 def unwrap(body: bytes) -> tuple[str, bytes | None, bytes]:
     """(reply, headers or None, payload) of an envelope; a body that is not one is all payload."""
     start = len(_ENVELOPE_MAGIC)

@@ -29,6 +29,9 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 WRONG = "wrong user or password"  # a refusal the client does not retry: the same answer would come
+# Begins a refusal of a session that sent no LOGIN (its certificate names no user): the client stops
+# dialling. Any other (a limit: its user's or VPN's clients) it retries, as the room may come.
+LOGIN_FIRST = "log in first"
 RETRY_LATER = "try again later"  # ends a refusal the client retries (with backoff, within its timeout)
 QUEUE_FULL = f"the node is busy checking logins: {RETRY_LATER}"
 ADDRESS_BUSY = f"too many logins from your address are waiting to be checked: {RETRY_LATER}"

@@ -491,9 +491,9 @@ class MqttConnection(asyncio.Protocol):
             return encode(Publish(topic, data, qos, retain, dup, ident, props), self.level)
         return encode_publish(topic, data, qos, retain, dup, ident, self.level)
 
-    def send_from_queue(self, offset: int, topic: str, data: bytes, dup: bool) -> None:
-        """A persistent session's message from its queue (one expired is passed: not in flight)."""
-        payload, deadline = payload_of(data, 0, queued=True)
+    def send_from_queue(self, offset: int, topic: str, data: bytes, dup: bool, wrapped: bool = True) -> None:
+        """A persistent session's message from its queue (``wrapped``: maybe an envelope)."""
+        payload, deadline = payload_of(data, 0, queued=wrapped)
         properties = self._expiry(deadline)
         if properties is not None:
             self.messages_out += 1

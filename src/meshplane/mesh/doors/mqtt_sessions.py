@@ -38,6 +38,7 @@ import msgspec
 
 from meshplane.core.doors.mqtt_packets import Code
 from meshplane.core.doors.mqtt_topics import BadTopic, to_pattern, to_topic
+from meshplane.core.doors.nats_protocol import NOT_WRAPPED
 from meshplane.core.mesh.vpn import queue_topic
 from meshplane.mesh.preauth import QuietLog, bounded
 from meshplane.streams import files
@@ -372,7 +373,11 @@ async def pump_queue(
                 continue
             payload = body.data if isinstance(body.data, bytes) else msgspec.json.encode(body.data)
             conn.send_from_queue(
-                event.offset, to_topic(body.event_type), payload, event.offset < redelivery_end
+                event.offset,
+                to_topic(body.event_type),
+                payload,
+                event.offset < redelivery_end,
+                wrapped=NOT_WRAPPED not in (body.metadata or {}),
             )
         session.sent = max(session.sent, offset)
         if not conn.queue_offsets:

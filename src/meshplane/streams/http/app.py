@@ -173,7 +173,9 @@ def _vpn(request: web.Request, engines: VpnEngines) -> str | StreamError:
     asked = request.headers.get(VPN_HEADER, own)
     if asked == own:
         return own
-    if grant is not None and not grant.operator:
+    if grant is None:  # a public route's: answering by the VPN would tell which VPNs exist
+        return Forbidden(f"only the operator's token picks a Message VPN ({VPN_HEADER})")
+    if not grant.operator:
         return Forbidden(f"a token of the VPN {own} works in its VPN only, not in {asked[:40]!r}")
     if asked not in engines:
         return NotFound(f"no Message VPN {asked[:40]!r} on this server's streams side")

@@ -87,7 +87,8 @@ def route_table(api: Api) -> list[Route]:
             public=True,
         ),
         Route("GET", "/metrics", api.metrics, "Prometheus metrics", "meta"),
-        Route("GET", "/mesh", mesh_status, "This mesh node: its links, interest and counters", "meta"),
+        # The node's, with every VPN's clients, users, queues and patterns: "mesh", refused to a VPN's token.
+        Route("GET", "/mesh", mesh_status, "This mesh node: its links, interest and counters", "mesh"),
         Route(
             "GET", "/mesh/queues", queues_list, "This mesh node's queues (guaranteed subscriptions)", "mesh"
         ),
