@@ -415,10 +415,10 @@ async def test_client_commands_take_vpn_and_the_vpn_is_kept(tmp_path: Path) -> N
             await in_b.close()
 
 
-async def test_one_importers_flood_of_requests_loses_no_other_importers_reply(tmp_path: Path) -> None:
-    """B and C import A's service: C's request waits for its answer while B sends 10,001 requests
-    nobody answers (the node's table of reply tokens holds 10,000). B's own oldest tokens go; C's
-    answer still comes back."""
+async def test_one_clients_flood_of_requests_loses_no_other_clients_reply(tmp_path: Path) -> None:
+    """B and C import A's service: a client of C and another client of B wait for their answers while
+    one client of B sends 10,001 requests nobody answers (one connection holds 1,000 reply tokens, the
+    node 10,000). Only the flooder's own oldest tokens go; both answers still come back."""
     users = "".join(
         f'[vpns.{vpn}.users.{user}]\npassword_hash = "{hash_password(CAROL)}"\n'
         for vpn, user in (("A", "resp"), ("B", "req"), ("C", "req"))
@@ -434,27 +434,32 @@ async def test_one_importers_flood_of_requests_loses_no_other_importers_reply(tm
         url = f"nats://127.0.0.1:{(await status(node))['nats']['port']}"
         clients = [
             await nats.connect(url, user=f"{vpn}/{user}", password=CAROL, connect_timeout=30)
-            for vpn, user in (("A", "resp"), ("B", "req"), ("C", "req"))
+            for vpn, user in (("A", "resp"), ("B", "req"), ("B", "req"), ("C", "req"))
         ]
-        responder, flooder, waiter = clients
+        responder, flooder, *waiters = clients
         try:
             requests = await responder.subscribe("svc.>")
             await responder.flush()
-            inbox = await waiter.subscribe("_INBOX.c")
-            await waiter.publish("svc.slow", b"c's", reply="_INBOX.c")
-            await waiter.flush()
-            held = await requests.next_msg(timeout=30)
-            assert held.data == b"c's"
+            held, inboxes = [], []
+            for n, waiter in enumerate(waiters):
+                inboxes.append(await waiter.subscribe(f"_INBOX.w{n}"))
+                await waiter.publish("svc.slow", b"%d" % n, reply=f"_INBOX.w{n}")
+                await waiter.flush()
+                held.append(await requests.next_msg(timeout=30))
+            assert [m.data for m in held] == [b"0", b"1"]
             for i in range(10_001):
                 await flooder.publish("svc.flood", b"%d" % i, reply="_INBOX.b")
             await flooder.flush()
 
-            async def flood_taken() -> bool:
-                return int((await status(node))["imports"].get("reply_tokens_dropped_full", 0)) >= 1
+            async def flood_dropped() -> bool:
+                imports = (await status(node))["imports"]
+                return int(imports.get("reply_tokens_dropped_requester", 0)) >= 9_001
 
-            await eventually(flood_taken, timeout=60, interval=0.2, what="the table of reply tokens full")
-            await held.respond(b"answer")
-            assert (await inbox.next_msg(timeout=30)).data == b"answer"
+            await eventually(flood_dropped, timeout=60, interval=0.2, what="the flooder's own tokens dropped")
+            assert int((await status(node))["imports"].get("reply_tokens_dropped_full", 0)) == 0
+            for n, (message, inbox) in enumerate(zip(held, inboxes, strict=True)):
+                await message.respond(b"answer %d" % n)
+                assert (await inbox.next_msg(timeout=30)).data == b"answer %d" % n
         finally:
             for client in clients:
                 await client.close()

@@ -209,3 +209,17 @@ def test_one_vpns_flood_of_requests_drops_its_own_reply_tokens_not_anothers() ->
     assert replies.close(flood[-1], 2.0) == ("B", "_INBOX.b9")
     assert replies.close(flood[0], 2.0) is None
     assert replies.counters["reply_tokens_dropped_full"] == 7
+
+
+def test_one_clients_flood_of_requests_drops_its_own_reply_tokens_not_its_neighbours() -> None:
+    """Two clients of B: the flooder's oldest tokens go, the other's request is still answered."""
+    replies = Replies(ttl=60.0, capacity=100, per_requester=3)
+    waiting = replies.open("B", "_INBOX.quiet", 0.0, "quiet")
+    flood = [replies.open("B", f"_INBOX.f{i}", 1.0, "flooder") for i in range(50)]
+    assert len(replies) == 4
+    assert replies.close(waiting, 2.0) == ("B", "_INBOX.quiet")
+    assert [replies.close(token, 2.0) for token in flood[-4:]] == [None] + [
+        ("B", f"_INBOX.f{i}") for i in (47, 48, 49)
+    ]
+    assert replies.counters["reply_tokens_dropped_requester"] == 47
+    assert replies.counters["reply_tokens_dropped_full"] == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import Counter
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -125,17 +126,17 @@ class Imports:
         return bool(self._services)
 
     def request(
-        self, vpn: str, subject: str, reply: str, headers: bytes | None, payload: bytes
+        self, vpn: str, subject: str, reply: str, headers: bytes | None, payload: bytes, requester: Hashable
     ) -> int | None:
-        """A request of a client of ``vpn`` on ``subject``: sent into the exporter's space if it is an
-        imported service's (the copies made), else None. Its reply comes back on ``reply``."""
+        """A request of ``requester``, a client of ``vpn``, on ``subject``: sent into the exporter's space
+        if it is an imported service's (the copies made), else None. Its reply comes back on ``reply``."""
         for an_import in self._services.get(vpn, ()):
             target = an_import.request_to(subject)
             if target is None:
                 continue
             if not fits(prefix_of(an_import.vpn) + target):  # no responder there has such a subject
                 return 0
-            mapped = f"{self.space}.{self.replies.open(vpn, reply, time.monotonic())}" if reply else ""
+            mapped = f"{self.space}.{self.replies.open(vpn, reply, time.monotonic(), requester)}" if reply else ""
             enveloped = bool(mapped) or headers is not None
             body = wrap(mapped, headers, payload) if enveloped else payload
             flags = FLAG_NATS_ENVELOPE if enveloped else 0

@@ -46,7 +46,10 @@ class VpnCollector(Collector):
             "Replies to requests through service imports, by outcome (replies: sent back to the requester)",
             labels=["outcome"],
         )
-        for outcome in ("replies", "replies_unknown", "reply_tokens_expired", "reply_tokens_dropped_full"):
+        for outcome in (
+            "replies", "replies_unknown", "reply_tokens_expired", "reply_tokens_dropped_full",
+            "reply_tokens_dropped_requester",
+        ):  # fmt: skip
             replies.add_metric([outcome], imports.replies.counters[outcome])
         yield replies
         yield GaugeMetricFamily(
