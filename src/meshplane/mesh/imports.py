@@ -136,7 +136,8 @@ class Imports:
                 continue
             if not fits(prefix_of(an_import.vpn) + target):  # no responder there has such a subject
                 return 0
-            mapped = f"{self.space}.{self.replies.open(vpn, reply, time.monotonic(), requester)}" if reply else ""
+            token = self.replies.open(vpn, reply, time.monotonic(), requester) if reply else ""
+            mapped = f"{self.space}.{token}" if reply else ""
             enveloped = bool(mapped) or headers is not None
             body = wrap(mapped, headers, payload) if enveloped else payload
             flags = FLAG_NATS_ENVELOPE if enveloped else 0

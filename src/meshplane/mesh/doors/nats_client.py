@@ -287,9 +287,7 @@ class NatsClient(asyncio.Protocol):
                 return self.error(f"not stored: {limited[:200]}")
             return self.error(f"Rate Limit Exceeded: {limited[:200]}") if self.verbose else None
         if self.node.imports.services:  # a request to a service its VPN imports goes to the exporter
-            copies = self.node.imports.request(
-                self.vpn, subject, op.reply, op.headers, op.payload, self
-            )
+            copies = self.node.imports.request(self.vpn, subject, op.reply, op.headers, op.payload, self)
             if copies is not None:
                 if copies == 0 and op.reply and self.no_responders:
                     self.door.counters["no_responders"] += 1
