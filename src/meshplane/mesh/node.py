@@ -377,7 +377,10 @@ class MeshNode:
         copies = 0
         for holder in route.local:
             if holder is not skip and not (foreign and isinstance(holder, GatewayHolder)):
-                holder.deliver(event)
+                try:
+                    holder.deliver(event)
+                except Exception as exc:  # one subscriber's failure is its own, not the publisher's
+                    self.delivery_failed(holder, exc)
                 copies += 1
         for peer in route.peers:
             if peer not in exclude:
@@ -387,6 +390,10 @@ class MeshNode:
         if sampled:
             self.on_latency(time.perf_counter() - started)
         return copies
+
+    def delivery_failed(self, holder: Holder, exc: Exception) -> None:
+        self.counters["delivery_failures"] += 1
+        log.error("delivering to %r failed, event dropped for it: %r", holder, exc)
 
     def route_foreign(self, event: MeshEvent, exclude: Collection[str] = ()) -> bool:
         """An event from another cluster: to this cluster only (local holders but gateways, and

@@ -249,4 +249,7 @@ class Routes:
         node.routed += 1
         node.deliveries += len(holders)
         for holder in holders:
-            holder.deliver(event)
+            try:
+                holder.deliver(event)
+            except Exception as exc:  # one subscriber's failure is its own, not the link's
+                node.delivery_failed(holder, exc)
