@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from meshplane.core.doors.mqtt_codec import MqttReader
+from meshplane.core.doors.mqtt_codec import Item, MqttReader
 from meshplane.core.doors.mqtt_expiry import expiry_headers, payload_of, seconds_left
 from meshplane.core.doors.mqtt_packets import (
     NO_PROPERTIES,
@@ -45,7 +45,7 @@ from meshplane.core.doors.mqtt_packets import (
     Unsubscribe,
     encode,
     encode_puback,
-    encode_publish,
+    publish_bytes,
 )
 from meshplane.core.doors.mqtt_topics import BadTopic, to_topic
 from meshplane.core.doors.nats_protocol import wrap
@@ -127,7 +127,7 @@ class MqttConnection(asyncio.Protocol):
         self.room = asyncio.Event()
         self.messages_in = self.messages_out = self.dropped = 0
         self.paused_reading = False
-        self.held: list[Packet | MqttError] = []  # read with the CONNECT (reading waits for its answer)
+        self.held: list[Item | MqttError] = []  # read with the CONNECT (reading waits for its answer)
         self._out: list[bytes] = []  # packets of this round, written at its end (bounded in bytes)
         self._out_bytes = 0
         self._flushing = False
@@ -147,9 +147,9 @@ class MqttConnection(asyncio.Protocol):
         if self.closing:
             return
         self.last_heard = time.monotonic()
-        items: list[Packet | MqttError]
+        items: list[Item | MqttError]
         try:
-            items = [*self.reader.feed(data)]
+            items = [*self.reader.feed_fast(data)]
         except MqttError as exc:
             items = [exc]
         else:
@@ -157,7 +157,7 @@ class MqttConnection(asyncio.Protocol):
                 items.append(self.reader.error)
         self.handle(items)
 
-    def handle(self, items: list[Packet | MqttError]) -> None:
+    def handle(self, items: list[Item | MqttError]) -> None:
         for index, item in enumerate(items):
             if self.closing:
                 return
@@ -165,9 +165,14 @@ class MqttConnection(asyncio.Protocol):
                 self.held.extend(items[index:])
                 return
             try:
-                if isinstance(item, MqttError):
+                if isinstance(item, tuple):  # a plain PUBLISH read in C (MqttReader.feed_fast)
+                    self.on_publish(*item)
+                elif isinstance(item, int):  # a PUBACK, likewise
+                    self.on_puback(item)
+                elif isinstance(item, MqttError):
                     raise item
-                self.on_packet(item)
+                else:
+                    self.on_packet(item)
             except MqttError as exc:
                 self.refuse(exc)
                 return
@@ -259,7 +264,8 @@ class MqttConnection(asyncio.Protocol):
 
     def on_packet(self, packet: Packet) -> None:
         if isinstance(packet, Publish):
-            self.on_publish(packet)
+            p = packet
+            self.on_publish(p.topic, p.payload, p.qos, p.retain, p.dup, p.packet_id, p.properties)
         elif isinstance(packet, PubAck):
             self.on_puback(packet.packet_id)
         elif isinstance(packet, Subscribe):
@@ -279,39 +285,49 @@ class MqttConnection(asyncio.Protocol):
             self.door.tasks.add(task)
             task.add_done_callback(self.door.tasks.discard)
 
-    def on_publish(self, packet: Publish) -> None:
+    def on_publish(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        dup: bool,
+        packet_id: int,
+        properties: Properties = NO_PROPERTIES,
+    ) -> None:
+        """A client's PUBLISH, as its fields (read in C or in Python); ``dup`` changes nothing."""
         try:
-            subject = check_fits(self.prefix, self.door.subject_of(packet.topic))
+            subject = check_fits(self.prefix, self.door.subject_of(topic))
         except BadTopic as exc:
             self.door.count("bad_topic")
-            if packet.qos and self.level == V5:
-                self.send(PubAck(packet.packet_id, Code.BAD_TOPIC_NAME, self._reason(str(exc))))
+            if qos and self.level == V5:
+                self.send(PubAck(packet_id, Code.BAD_TOPIC_NAME, self._reason(str(exc))))
                 return
             raise MqttError("bad_topic", str(exc), Code.BAD_TOPIC_NAME) from None
         refused = self.permissions.why_not_publish(subject) if self.permissions is not None else ""
         if refused:
             self.door.violation(self)
-            if packet.qos:  # 3.1.1 has no refusing PUBACK: acknowledged and dropped (as mosquitto)
-                self.send(PubAck(packet.packet_id, Code.NOT_AUTHORIZED, self._reason(refused)))
+            if qos:  # 3.1.1 has no refusing PUBACK: acknowledged and dropped (as mosquitto)
+                self.send(PubAck(packet_id, Code.NOT_AUTHORIZED, self._reason(refused)))
             return
         logins = self.door.node.logins
-        if self.vpn in logins.rates and (limited := logins.publish_refused(self, len(packet.payload))):
+        if self.vpn in logins.rates and (limited := logins.publish_refused(self, len(payload))):
             self.door.count("rate_refused")  # not published, retained or stored; a QoS 1 one answered
-            if packet.qos:  # in turn (3.1.1, which cannot refuse, closed unanswered: it comes again)
-                self.publishes.append(entry := Pending(packet.packet_id))
+            if qos:  # in turn (3.1.1, which cannot refuse, closed unanswered: it comes again)
+                self.publishes.append(entry := Pending(packet_id))
                 self.answered(entry, 0, limited)
             return
         self.messages_in += 1
-        payload, flags = packet.payload, 0
-        expiry = packet.properties.get(Prop.MESSAGE_EXPIRY) if self.level == V5 else None
+        data, flags = payload, 0
+        expiry = properties.get(Prop.MESSAGE_EXPIRY) if self.level == V5 else None
         if isinstance(expiry, int):  # travels as its deadline (meshplane.core.doors.mqtt_expiry)
             deadline = time.time_ns() // 1_000_000 + expiry * 1000
-            payload, flags = wrap("", expiry_headers(deadline), payload), FLAG_NATS_ENVELOPE
-        if packet.retain:
-            self.door.retain(self.prefix + subject, packet.payload, packet.qos)
+            data, flags = wrap("", expiry_headers(deadline), payload), FLAG_NATS_ENVELOPE
+        if retain:
+            self.door.retain(self.prefix + subject, payload, qos)
         skip = self if self.no_local and all_no_local(self, self.prefix + subject) else None
-        if not packet.qos:
-            self.door.node.publish(subject, payload, flags, prefix=self.prefix, skip=skip)
+        if not qos:
+            self.door.node.publish(subject, data, flags, prefix=self.prefix, skip=skip)
             return
         if len(self.publishes) >= RECEIVE_MAXIMUM:
             raise MqttError(
@@ -319,13 +335,13 @@ class MqttConnection(asyncio.Protocol):
                 f"more than {RECEIVE_MAXIMUM} QoS 1 PUBLISHes unanswered",
                 Code.RECEIVE_MAXIMUM_EXCEEDED,
             )
-        entry = Pending(packet.packet_id)
+        entry = Pending(packet_id)
         self.publishes.append(entry)
         if len(self.publishes) >= RECEIVE_MAXIMUM // 2 and self.transport is not None and self.level == V311:
             self.transport.pause_reading()  # 3.1.1 has no Receive Maximum: the socket waits
             self.paused_reading = True
         answered = partial(self.answered, entry)
-        self.door.publish_guaranteed(self.prefix + subject, payload, skip, answered, flags)
+        self.door.publish_guaranteed(self.prefix + subject, data, skip, answered, flags)
 
     def answered(self, entry: Pending, _: int, error: str) -> None:
         """A QoS 1 PUBLISH stored (``error`` empty) or not: PUBACKs go in order."""
@@ -489,7 +505,7 @@ class MqttConnection(asyncio.Protocol):
     ) -> bytes:
         if props:  # else made without a packet object
             return encode(Publish(topic, data, qos, retain, dup, ident, props), self.level)
-        return encode_publish(topic, data, qos, retain, dup, ident, self.level)
+        return publish_bytes(topic, data, qos, retain, dup, ident, self.level)
 
     def send_from_queue(self, offset: int, topic: str, data: bytes, dup: bool, wrapped: bool = True) -> None:
         """A persistent session's message from its queue (``wrapped``: maybe an envelope)."""
