@@ -37,5 +37,6 @@ setup(
             libraries=["z"],
             optional=True,
         ),
+        Extension("meshplane.core.doors._mqtt", ["src/meshplane/core/doors/_mqtt.c"], optional=True),
     ]
 )

@@ -13,7 +13,11 @@ until the subscriber has them all (and, at QoS 1, the publisher has every PUBACK
   wherever a queue wants it, and no queue does: at once, like mosquitto's;
 - ``qos1-session``: the subscriber has a persistent session. mosquitto: queued in memory as above.
   meshplane: the session is a queue, so each PUBACK waits until the message is written in it (fsync
-  every 10 ms, the node's default ``--fsync interval``): a SIGKILL of the node loses nothing acknowledged.
+  every 10 ms, the node's default ``--fsync interval``): a SIGKILL of the node loses nothing acknowledged;
+- ``qos1-ws``: ``qos1`` with both paho clients over WebSocket (``transport="websockets"``, the node's
+  ``--mqtt-ws-port``). Debian's mosquitto (2.0.11) is built without websockets (its ``protocol
+  websockets`` listener fails to start), so the other side is not mosquitto but paho over TCP to the same
+  node: the ratio is what the WebSocket costs, ws/tcp.
 
 Rounds interleave the two servers; the ratio is the median of per-round ratios (meshplane/mosquitto).
 Each run also reads the server process's CPU time (``/proc``): the paho clients are the bottleneck and
@@ -24,7 +28,7 @@ With ``--base-src DIR`` (another checkout's ``src``, e.g. ``git archive main src
 its compiled extensions copied in), a third side, ``base``, is a node running that code: an A/B of the
 door's own changes in the same run, with the same clients.
 
-    python bench/mqtt.py [--count N] [--rounds R] [--kinds qos1] [--base-src DIR]
+    python bench/mqtt.py [--count N] [--rounds R] [--kinds qos1,qos1-ws] [--base-src DIR]
 """
 
 from __future__ import annotations
@@ -48,17 +52,24 @@ from meshplane.launchers import StreamsServerProcess, free_port
 
 BODY = b"x" * 100
 WINDOW = 100
-KINDS = {"qos0": (0, True), "qos1": (1, True), "qos1-session": (1, False)}  # (QoS, clean session)
+# (QoS, clean session)
+KINDS = {"qos0": (0, True), "qos1": (1, True), "qos1-session": (1, False), "qos1-ws": (1, True)}
+WS_KINDS = {"qos1-ws"}  # meshplane over WebSocket against meshplane over TCP
 
 
-def child(role: str, port: int, qos: int, clean: bool, count: int, tag: str) -> None:
+def child(role: str, port: int, qos: int, clean: bool, count: int, tag: str, transport: str) -> None:
     """A paho client in its own process: ``sub`` says ready once subscribed, then when it has all;
     ``pub`` publishes them all and says when every PUBACK is in."""
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
     done = threading.Event()
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, f"bench-{role}-{tag}", clean_session=clean)
+    client = mqtt.Client(
+        CallbackAPIVersion.VERSION2,
+        f"bench-{role}-{tag}",
+        clean_session=clean,
+        transport="websockets" if transport == "websockets" else "tcp",
+    )  # over websockets: paho's default path, /mqtt
     client.max_inflight_messages_set(WINDOW)
     ready = threading.Event()
     received = [0]
@@ -125,11 +136,11 @@ def line(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return answer
 
 
-def one_run(port: int, kind: str, count: int, tag: str) -> float:
+def one_run(port: int, kind: str, count: int, tag: str, transport: str = "tcp") -> float:
     qos, clean = KINDS[kind]
-    sub = spawn("sub", str(port), str(qos), str(int(clean)), str(count), tag)
+    sub = spawn("sub", str(port), str(qos), str(int(clean)), str(count), tag, transport)
     line(sub)
-    pub = spawn("pub", str(port), str(qos), str(int(clean)), str(count), tag)
+    pub = spawn("pub", str(port), str(qos), str(int(clean)), str(count), tag, transport)
     published, received = line(pub), line(sub)
     pub.wait(30)
     sub.wait(30)
@@ -171,23 +182,32 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kinds", default=",".join(KINDS), help="which kinds to run, comma-separated")
     parser.add_argument("--base-src", help="a third side: a node running the code of this src folder")
-    parser.add_argument("--child", nargs=6, metavar=("ROLE", "PORT", "QOS", "CLEAN", "COUNT", "TAG"))
+    parser.add_argument(
+        "--child", nargs=7, metavar=("ROLE", "PORT", "QOS", "CLEAN", "COUNT", "TAG", "TRANSPORT")
+    )
     add_out(parser, "mqtt")
     args = parser.parse_args()
     if args.child:
-        role, port, qos, clean, count, tag = args.child
-        child(role, int(port), int(qos), bool(int(clean)), int(count), tag)
+        role, port, qos, clean, count, tag, transport = args.child
+        child(role, int(port), int(qos), bool(int(clean)), int(count), tag, transport)
         return
     with tempfile.TemporaryDirectory() as tmp:
         broker, broker_port = mosquitto(Path(tmp))
         mqtt_port = free_port()
         node = StreamsServerProcess(
             data_dir=Path(tmp) / "node",
-            extra_args=("--node-id", "a", "--route-port", "0", "--mqtt-port", str(mqtt_port)),
+            extra_args=(
+                *("--node-id", "a", "--route-port", "0", "--mqtt-port", str(mqtt_port)),
+                *("--mqtt-ws-port", "0"),
+            ),
         )
         node.start()
         assert node.proc is not None
         servers = {"mosquitto": (broker_port, broker.pid), "meshplane": (mqtt_port, node.proc.pid)}
+        over_ws = {  # the WebSocket kinds' sides: (port, pid, transport)
+            "meshplane": (node.door_port("mqtt_ws"), node.proc.pid, "websockets"),
+            "meshplane-tcp": (mqtt_port, node.proc.pid, "tcp"),
+        }
         base = None
         if args.base_src:
             base_port = free_port()
@@ -200,21 +220,22 @@ def main() -> None:
             assert base.proc is not None
             servers["base"] = (base_port, base.proc.pid)
         kinds = args.kinds.split(",")
-        rounds: dict[str, dict[str, list[float]]] = {k: {side: [] for side in servers} for k in kinds}
-        cpu: dict[str, dict[str, list[float]]] = {k: {side: [] for side in servers} for k in kinds}
-        pids = {side: pid for side, (_, pid) in servers.items()}
+        over_tcp = {side: (port, pid, "tcp") for side, (port, pid) in servers.items()}
+        sides = {kind: over_ws if kind in WS_KINDS else over_tcp for kind in kinds}
+        rounds: dict[str, dict[str, list[float]]] = {k: {side: [] for side in sides[k]} for k in kinds}
+        cpu: dict[str, dict[str, list[float]]] = {k: {side: [] for side in sides[k]} for k in kinds}
         try:
             for round_number in range(args.rounds):
                 for kind in kinds:
-                    for side, (port, _) in servers.items():
+                    for side, (port, pid, transport) in sides[kind].items():
                         tag = f"{kind}-{round_number}"
-                        before = cpu_seconds(pids[side])
-                        events = one_run(port, kind, args.count, tag)
-                        micros = round((cpu_seconds(pids[side]) - before) / args.count * 1e6, 1)
+                        before = cpu_seconds(pid)
+                        events = one_run(port, kind, args.count, tag, transport)
+                        micros = round((cpu_seconds(pid) - before) / args.count * 1e6, 1)
                         rounds[kind][side].append(events)
                         cpu[kind][side].append(micros)
                         print(
-                            f"round {round_number} {kind:13} {side:9} {events:>10,.0f} msg/s "
+                            f"round {round_number} {kind:13} {side:13} {events:>10,.0f} msg/s "
                             f"{micros:6.1f} us CPU/msg",
                             flush=True,
                         )
@@ -230,16 +251,17 @@ def main() -> None:
         "python": platform.python_version(),
         "kinds": {},
     }
-    for kind, sides in rounds.items():
-        ratio = median_ratio(sides["meshplane"], sides["mosquitto"])
+    for kind, measured in rounds.items():
+        other = "meshplane-tcp" if kind in WS_KINDS else "mosquitto"
+        ratio = median_ratio(measured["meshplane"], measured[other])
         cpu_us = {side: sorted(values)[len(values) // 2] for side, values in cpu[kind].items()}
-        results["kinds"][kind] = {**sides, "ratio": ratio, "server_cpu_us_per_msg_median": cpu_us}
-        if "base" in sides:
-            results["kinds"][kind]["ratio_to_base"] = median_ratio(sides["meshplane"], sides["base"])
+        results["kinds"][kind] = {**measured, "ratio": ratio, "server_cpu_us_per_msg_median": cpu_us}
+        if "base" in measured:
+            results["kinds"][kind]["ratio_to_base"] = median_ratio(measured["meshplane"], measured["base"])
             print(f"{kind:13} meshplane/base: {results['kinds'][kind]['ratio_to_base']}x (per-round median)")
         print(
-            f"{kind:13} meshplane/mosquitto: {ratio}x (per-round median); server CPU per message "
-            f"(median): meshplane {cpu_us['meshplane']} us, mosquitto {cpu_us['mosquitto']} us"
+            f"{kind:13} meshplane/{other}: {ratio}x (per-round median); server CPU per message "
+            f"(median): meshplane {cpu_us['meshplane']} us, {other} {cpu_us[other]} us"
         )
     write_results(args.out, results)
 

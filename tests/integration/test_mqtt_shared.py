@@ -4,6 +4,7 @@ real nodes: one member of a group, on whatever node, gets each message."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections import Counter
 
@@ -99,6 +100,35 @@ async def test_bad_shared_filters_get_suback_0x8f_and_the_client_serves_on(
     assert kind == 9  # SUBACK
     codes = list(body[3:] if level == V5 else body[2:])  # after the packet id (and 5's properties)
     assert codes == [0x8F if level == V5 else 0x80] * len(BAD_SHARES) + [1]
+
+
+async def test_a_share_whose_marker_the_mesh_cannot_carry_is_refused(
+    trio: tuple[MeshCluster, dict[str, int]],
+) -> None:
+    """The group's marker (``$MQ.GROUP.`` before the pattern) must fit a frame's subject: a filter the
+    mesh carries plain (``$mqtt.`` before it: 6 bytes, one level) is refused shared when the marker
+    passes 1024 bytes or 32 levels, granted when it just fits; nothing is announced for a refused one."""
+    cluster, ports = trio
+    long_level = "x" * (1024 - len("$mqtt."))  # plain: exactly at the limit with $mqtt. in front
+    many_levels = "/".join(["l"] * 31)  # plain: 32 levels with $mqtt.; shared: 33 with $MQ.gg.
+    filters = (
+        (long_level, 1),
+        (many_levels, 1),
+        (f"$share/g/{long_level}", 1),  # $MQ.g. is 6 bytes: fits
+        (f"$share/gg/{long_level}", 1),  # 7: one byte past
+        (f"$share/gg/{many_levels}", 1),
+        ("$share/ok/jobs/#", 1),
+    )
+
+    with socket.create_connection(("127.0.0.1", ports["a"]), timeout=10) as sock:
+        sock.sendall(encode(Connect(V311, "long-share"), V311))
+        sock.sendall(encode(Subscribe(7, filters), V311))
+        (_, _, _), (kind, _, body) = await asyncio.to_thread(read_packets, sock, 2)
+        assert kind == 9  # SUBACK
+        assert list(body[2:]) == [1, 1, 1, 0x80, 0x80, 1]
+        groups = json.dumps((await status(cluster["a"]))["mqtt"]["shared_subscriptions"])
+        assert '"ok"' in groups
+        assert '"gg"' not in groups
 
 
 async def test_a_shared_subscription_gets_no_retained_messages_and_no_local_is_refused(

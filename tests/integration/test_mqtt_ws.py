@@ -205,3 +205,37 @@ async def test_refused_connects_leave_nothing_behind(node: tuple[MeshCluster, in
             await ws.send_bytes(encode(Connect(V311, "fine"), V311))
             assert _packets((await ws.receive(timeout=10)).data) == [(2, b"\x00\x00")]
     assert (await status(cluster["a"]))["mqtt"]["counters"].get("connect_refused") == 34
+
+
+async def test_handshakes_from_one_address_are_capped_before_the_upgrade() -> None:
+    """Connections from one address that never finish their handshake hold at most its share of the
+    unproven slots: past it a newcomer is cut at once (counted), the ones before it are still waiting
+    for their deadline, and once they are gone a client from that address is taken again."""
+    args = ("--mqtt-ws-port", "0", "--mesh-max-unauthenticated-per-address", "4")
+    with MeshCluster(1, node_args={"a": args}) as cluster:
+        cluster.start()
+        ws_port = cluster["a"].door_port("mqtt_ws")
+        held = [await asyncio.open_connection("127.0.0.1", ws_port) for _ in range(4)]
+        for _, writer in held:
+            writer.write(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+        reader, writer = await asyncio.open_connection("127.0.0.1", ws_port)
+        assert await asyncio.wait_for(reader.read(), 30) == b""  # the fifth: cut
+        writer.close()
+        assert not any(r.at_eof() for r, _ in held)  # ... before the first four's deadline
+        counters = (await status(cluster["a"]))["mqtt"]["counters"]
+        assert counters.get("ws_closed_address_limit") == 1
+        for _, writer in held:
+            writer.close()
+        await eventually(lambda: _answered(ws_port), timeout=10, what="a handshake from it answered")
+        client = await connected(Paho(ws_port, "after", websocket=True))
+        client.close()
+
+
+async def _answered(port: int) -> bool:
+    """Whether a whole request (no subprotocol offered) gets its answer, not a cut."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n\r\n")
+        return (await asyncio.wait_for(reader.read(12), 10)).startswith(b"HTTP/1.1 400")
+    finally:
+        writer.close()

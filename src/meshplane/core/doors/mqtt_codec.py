@@ -13,8 +13,11 @@ body never buffered; a remaining length of more than four bytes is malformed. Ev
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from types import MappingProxyType
+from typing import Any, TypeAlias
 
+from meshplane.core.compiled import compiled
 from meshplane.core.doors.mqtt_packets import (
     NO_PROPERTIES,
     PROPERTY_TYPES,
@@ -35,6 +38,16 @@ from meshplane.core.doors.mqtt_packets import (
     Unsubscribe,
     Will,
 )
+
+_native = compiled("meshplane.core.doors._mqtt")
+#: read_run(buffer, level, max_packet, out) -> offset (``_mqtt.c``; None where not built)
+native_read_run: Callable[[bytearray, int, int, list[Any]], int] | None = (
+    None if _native is None else _native.read_run
+)
+#: A plain PUBLISH read by the C path: (topic, payload, qos, retain, dup, packet_id)
+PublishFields: TypeAlias = tuple[str, bytes, int, bool, bool, int]
+#: What :meth:`MqttReader.feed_fast` returns: packets, plain PUBLISHes' fields, PUBACKs' identifiers
+Item: TypeAlias = Packet | PublishFields | int
 
 DEFAULT_MAX_PACKET = 1024 * 1024
 DEFAULT_MAX_CONNECT = 64 * 1024  # what a connection not yet authenticated may make a node buffer
@@ -299,6 +312,27 @@ class MqttReader:
             if not packets:
                 raise
             return packets  # the packets before it count; the error comes at the next call
+
+    def feed_fast(self, data: bytes) -> list[Item]:
+        """:meth:`feed`, but a connected client's plain PUBLISHes come as their fields and its PUBACKs
+        as their identifiers, read in C (``_mqtt.c``) where it is built: no object per packet. The
+        packets C does not take are read by :meth:`feed` from where it stopped: the same packets and
+        the same errors as :meth:`feed` alone."""
+        if native_read_run is None or not self.level or self.error is not None:
+            return [*self.feed(data)]
+        buffer = self._buffer
+        buffer += data
+        items: list[Item] = []
+        used = native_read_run(buffer, self.level, self.max_packet_size, items)
+        del buffer[:used]
+        if buffer:
+            try:
+                items += self.feed(b"")
+            except MqttError:
+                if not items:
+                    raise
+                # feed kept it as self.error: it comes at the next call, after these packets
+        return items
 
     def _next(self) -> Packet | None:
         buffer = self._buffer

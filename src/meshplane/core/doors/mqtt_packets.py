@@ -8,12 +8,13 @@ mapping from the property's identifier to its value (user properties: a tuple of
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from types import MappingProxyType
 from typing import Any
 
+from meshplane.core.compiled import compiled
 from meshplane.errors import WireError
 
 V311 = 4  # the protocol levels a CONNECT names
@@ -326,6 +327,13 @@ def encode_publish(
     ident = packet_id.to_bytes(2, "big") if qos else b""
     props = b"\x00" if level == V5 else b""
     return b"".join((head, varint(size), len(name).to_bytes(2, "big"), name, ident, props, payload))
+
+
+_native = compiled("meshplane.core.doors._mqtt")
+#: :func:`encode_publish`, made in C where it is built (``_mqtt.c``: the same bytes, in one allocation)
+publish_bytes: Callable[[str, bytes, int, bool, bool, int, int], bytes] = (
+    encode_publish if _native is None else _native.encode_publish
+)
 
 
 def encode_puback(packet_id: int) -> bytes:

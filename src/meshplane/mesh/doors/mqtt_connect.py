@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from meshplane.core.doors.mqtt_packets import V5, Code, Connect, Prop
 from meshplane.core.doors.mqtt_topics import BadTopic, to_subject
-from meshplane.mesh.doors.mqtt_connection import RECEIVE_MAXIMUM
+from meshplane.mesh.doors.mqtt_publish import RECEIVE_MAXIMUM
 
 if TYPE_CHECKING:
     from meshplane.mesh.doors.mqtt_connection import MqttConnection

@@ -17,12 +17,11 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from meshplane.core.doors.mqtt_codec import MqttReader
-from meshplane.core.doors.mqtt_expiry import expiry_headers, payload_of, seconds_left
+from meshplane.core.doors.mqtt_codec import Item, MqttReader
+from meshplane.core.doors.mqtt_expiry import payload_of, seconds_left
 from meshplane.core.doors.mqtt_packets import (
     NO_PROPERTIES,
     V5,
@@ -44,24 +43,21 @@ from meshplane.core.doors.mqtt_packets import (
     UnsubAck,
     Unsubscribe,
     encode,
-    encode_puback,
-    encode_publish,
+    publish_bytes,
 )
-from meshplane.core.doors.mqtt_topics import BadTopic, to_topic
-from meshplane.core.doors.nats_protocol import wrap
-from meshplane.core.mesh.frames import ANSWER_UNKNOWN, FLAG_GUARANTEED, FLAG_NATS_ENVELOPE
+from meshplane.core.doors.mqtt_topics import to_topic
+from meshplane.core.mesh.frames import FLAG_GUARANTEED
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT, outward
 from meshplane.mesh.doors.mqtt_filters import (
     MAX_SUBSCRIPTIONS,
-    all_no_local,
     changed,
-    check_fits,
     drop_pattern,
     leave_shared,
     qos_for,
     take_filter,
 )
+from meshplane.mesh.doors.mqtt_publish import Pending, on_publish
 from meshplane.mesh.doors.mqtt_retained import RetainedSender
 from meshplane.mesh.doors.mqtt_sessions import Subscription, after_saved
 from meshplane.mesh.holders import MeshEvent
@@ -74,19 +70,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RECEIVE_MAXIMUM = 1024  # QoS 1 PUBLISHes of a client waiting to be stored (5: announced at CONNACK)
 MAX_INFLIGHT = 1000  # QoS 1 messages sent to a client and not acknowledged (or its Receive Maximum)
 MAX_WAITING = 10_000  # QoS 1 messages waiting for room in flight ...
 MAX_WAITING_BYTES = 16 * 1024 * 1024  # ... and their bytes
 MAX_OUTBOUND_BYTES = 16 * 1024 * 1024  # unsent to the client's socket: past it, a slow consumer
-
-
-@dataclass(slots=True)
-class Pending:
-    """A QoS 1 PUBLISH of the client being stored: its answer ("" stored), None until it comes."""
-
-    packet_id: int
-    error: str | None = None
 
 
 class MqttConnection(asyncio.Protocol):
@@ -127,7 +114,7 @@ class MqttConnection(asyncio.Protocol):
         self.room = asyncio.Event()
         self.messages_in = self.messages_out = self.dropped = 0
         self.paused_reading = False
-        self.held: list[Packet | MqttError] = []  # read with the CONNECT (reading waits for its answer)
+        self.held: list[Item | MqttError] = []  # read with the CONNECT (reading waits for its answer)
         self._out: list[bytes] = []  # packets of this round, written at its end (bounded in bytes)
         self._out_bytes = 0
         self._flushing = False
@@ -147,9 +134,9 @@ class MqttConnection(asyncio.Protocol):
         if self.closing:
             return
         self.last_heard = time.monotonic()
-        items: list[Packet | MqttError]
+        items: list[Item | MqttError]
         try:
-            items = [*self.reader.feed(data)]
+            items = [*self.reader.feed_fast(data)]
         except MqttError as exc:
             items = [exc]
         else:
@@ -157,7 +144,7 @@ class MqttConnection(asyncio.Protocol):
                 items.append(self.reader.error)
         self.handle(items)
 
-    def handle(self, items: list[Packet | MqttError]) -> None:
+    def handle(self, items: list[Item | MqttError]) -> None:
         for index, item in enumerate(items):
             if self.closing:
                 return
@@ -165,9 +152,14 @@ class MqttConnection(asyncio.Protocol):
                 self.held.extend(items[index:])
                 return
             try:
-                if isinstance(item, MqttError):
+                if isinstance(item, tuple):  # a plain PUBLISH read in C (MqttReader.feed_fast)
+                    on_publish(self, *item)
+                elif isinstance(item, int):  # a PUBACK, likewise
+                    self.on_puback(item)
+                elif isinstance(item, MqttError):
                     raise item
-                self.on_packet(item)
+                else:
+                    self.on_packet(item)
             except MqttError as exc:
                 self.refuse(exc)
                 return
@@ -252,14 +244,16 @@ class MqttConnection(asyncio.Protocol):
             return
         self.close(exc.code, str(exc))
 
-    def _reason(self, why: str) -> dict[int, object]:
+    def reason(self, why: str) -> dict[int, object]:
+        """``why`` as a Reason String property (MQTT 5 only)."""
         return {Prop.REASON_STRING: why[:200]} if self.level == V5 and why else {}
 
     # --- packets ---------------------------------------------------------------------------------
 
     def on_packet(self, packet: Packet) -> None:
         if isinstance(packet, Publish):
-            self.on_publish(packet)
+            p = packet
+            on_publish(self, p.topic, p.payload, p.qos, p.retain, p.dup, p.packet_id, p.properties)
         elif isinstance(packet, PubAck):
             self.on_puback(packet.packet_id)
         elif isinstance(packet, Subscribe):
@@ -278,73 +272,6 @@ class MqttConnection(asyncio.Protocol):
             task = asyncio.get_running_loop().create_task(self.door.connect(self, packet))
             self.door.tasks.add(task)
             task.add_done_callback(self.door.tasks.discard)
-
-    def on_publish(self, packet: Publish) -> None:
-        try:
-            subject = check_fits(self.prefix, self.door.subject_of(packet.topic))
-        except BadTopic as exc:
-            self.door.count("bad_topic")
-            if packet.qos and self.level == V5:
-                self.send(PubAck(packet.packet_id, Code.BAD_TOPIC_NAME, self._reason(str(exc))))
-                return
-            raise MqttError("bad_topic", str(exc), Code.BAD_TOPIC_NAME) from None
-        refused = self.permissions.why_not_publish(subject) if self.permissions is not None else ""
-        if refused:
-            self.door.violation(self)
-            if packet.qos:  # 3.1.1 has no refusing PUBACK: acknowledged and dropped (as mosquitto)
-                self.send(PubAck(packet.packet_id, Code.NOT_AUTHORIZED, self._reason(refused)))
-            return
-        logins = self.door.node.logins
-        if self.vpn in logins.rates and (limited := logins.publish_refused(self, len(packet.payload))):
-            self.door.count("rate_refused")  # not published, retained or stored; a QoS 1 one answered
-            if packet.qos:  # in turn (3.1.1, which cannot refuse, closed unanswered: it comes again)
-                self.publishes.append(entry := Pending(packet.packet_id))
-                self.answered(entry, 0, limited)
-            return
-        self.messages_in += 1
-        payload, flags = packet.payload, 0
-        expiry = packet.properties.get(Prop.MESSAGE_EXPIRY) if self.level == V5 else None
-        if isinstance(expiry, int):  # travels as its deadline (meshplane.core.doors.mqtt_expiry)
-            deadline = time.time_ns() // 1_000_000 + expiry * 1000
-            payload, flags = wrap("", expiry_headers(deadline), payload), FLAG_NATS_ENVELOPE
-        if packet.retain:
-            self.door.retain(self.prefix + subject, packet.payload, packet.qos)
-        skip = self if self.no_local and all_no_local(self, self.prefix + subject) else None
-        if not packet.qos:
-            self.door.node.publish(subject, payload, flags, prefix=self.prefix, skip=skip)
-            return
-        if len(self.publishes) >= RECEIVE_MAXIMUM:
-            raise MqttError(
-                "receive_maximum",
-                f"more than {RECEIVE_MAXIMUM} QoS 1 PUBLISHes unanswered",
-                Code.RECEIVE_MAXIMUM_EXCEEDED,
-            )
-        entry = Pending(packet.packet_id)
-        self.publishes.append(entry)
-        if len(self.publishes) >= RECEIVE_MAXIMUM // 2 and self.transport is not None and self.level == V311:
-            self.transport.pause_reading()  # 3.1.1 has no Receive Maximum: the socket waits
-            self.paused_reading = True
-        answered = partial(self.answered, entry)
-        self.door.publish_guaranteed(self.prefix + subject, payload, skip, answered, flags)
-
-    def answered(self, entry: Pending, _: int, error: str) -> None:
-        """A QoS 1 PUBLISH stored (``error`` empty) or not: PUBACKs go in order."""
-        entry.error = error
-        while self.publishes and self.publishes[0].error is not None:
-            done = self.publishes.popleft()
-            packet_id, error = done.packet_id, done.error or ""
-            if not error:
-                self.write(encode_puback(packet_id))
-            elif self.level == V5 and not error.startswith(ANSWER_UNKNOWN):
-                self.send(PubAck(packet_id, Code.UNSPECIFIED, self._reason(f"not stored: {error}")))
-            else:  # no PUBACK: the client sends it again when it reconnects (QoS 1: at least once)
-                self.door.count("not_stored")
-                self.close(Code.UNSPECIFIED, f"not stored: {error}")
-                return
-        if self.paused_reading and len(self.publishes) < RECEIVE_MAXIMUM // 4 and self.transport is not None:
-            self.paused_reading = False
-            if self.saving is None:
-                self.transport.resume_reading()
 
     def on_puback(self, packet_id: int) -> None:
         offset = self.inflight.pop(packet_id, None)
@@ -489,7 +416,7 @@ class MqttConnection(asyncio.Protocol):
     ) -> bytes:
         if props:  # else made without a packet object
             return encode(Publish(topic, data, qos, retain, dup, ident, props), self.level)
-        return encode_publish(topic, data, qos, retain, dup, ident, self.level)
+        return publish_bytes(topic, data, qos, retain, dup, ident, self.level)
 
     def send_from_queue(self, offset: int, topic: str, data: bytes, dup: bool, wrapped: bool = True) -> None:
         """A persistent session's message from its queue (``wrapped``: maybe an envelope)."""

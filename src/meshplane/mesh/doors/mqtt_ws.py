@@ -22,6 +22,7 @@ from aiohttp import WebSocketError, WSCloseCode, WSMsgType, hdrs, web
 from aiohttp.web_protocol import RequestHandler
 
 from meshplane.mesh.doors.mqtt_connection import MqttConnection
+from meshplane.mesh.preauth import Unproven
 
 if TYPE_CHECKING:
     from meshplane.mesh.config import MeshConfig
@@ -129,6 +130,25 @@ class WsTransport(asyncio.Transport):
         return self.tcp.get_extra_info(name, default) if self.tcp is not None else default
 
 
+class Handshake(RequestHandler):
+    """aiohttp's handler of one connection, admitted by its peer's address as soon as it is connected,
+    before a byte of its request is read."""
+
+    def __init__(self, listener: MqttWebSocket) -> None:
+        # access_log None: no access log (aiohttp takes it, though typed as a Logger)
+        super().__init__(listener.web, loop=asyncio.get_running_loop(), access_log=None)  # type: ignore[arg-type]
+        self.listener = listener
+        self.upgraded = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.listener.admit(self, transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.listener.handshaking.done(self)
+        super().connection_lost(exc)
+
+
 class MqttWebSocket:
     """The door's WebSocket listener: a handshake within the CONNECT deadline, then an MQTT connection."""
 
@@ -137,8 +157,13 @@ class MqttWebSocket:
         self.config_port = port
         self.deadline = deadline  # seconds from accept to the upgrade (the door's CONNECT deadline)
         self.port = 0
-        self.handshaking: set[RequestHandler] = set()  # accepted, not yet upgraded (bounded)
-        self._web = web.Server(self._handle, access_log=None)
+        limits = door.node.config.limits
+        # Accepted, not yet upgraded: bounded in all (the oldest cut to make room) and per address (a
+        # newcomer past its address's bound cut at once), as the node's unproven connections are.
+        self.handshaking: Unproven[Handshake] = Unproven(
+            limits.max_unauthenticated, limits.max_unauthenticated_per_address
+        )
+        self.web = web.Server(self._handle, access_log=None)
         self._server: asyncio.Server | None = None
 
     async def start(self, tls: ssl.SSLContext | None) -> None:
@@ -149,25 +174,28 @@ class MqttWebSocket:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        await self._web.shutdown(1.0)
+        await self.web.shutdown(1.0)
 
     def _accepted(self) -> RequestHandler:
-        handler = self._web()
-        # Handshakes are bounded as unproven connections are: past the bound, the newest is cut at once.
-        limit = self.door.node.config.limits.max_unauthenticated
-        if len(self.handshaking) >= limit:
-            self.handshaking = {h for h in self.handshaking if h.transport is not None}  # gone already
-        full = len(self.handshaking) >= limit
-        self.handshaking.add(handler)
-        asyncio.get_running_loop().call_later(0 if full else self.deadline, self._deadline, handler)
-        return handler
+        return Handshake(self)
 
-    def _deadline(self, handler: RequestHandler) -> None:
-        if handler in self.handshaking:
-            self.handshaking.discard(handler)
-            if handler.transport is not None and not handler.transport.is_closing():
-                self.door.count("ws_handshake_timeout")
-                handler.transport.abort()
+    def admit(self, handler: Handshake, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        peer = transport.get_extra_info("peername")
+        refused, oldest = self.handshaking.admit(handler, str(peer[0]) if peer else "?")
+        if refused:
+            self.door.count(f"ws_closed_{refused}")
+            transport.abort()
+            return
+        if oldest is not None and oldest.transport is not None:
+            self.door.count("ws_closed_unproven_evicted")
+            oldest.transport.abort()
+        asyncio.get_running_loop().call_later(self.deadline, self._deadline, handler)
+
+    def _deadline(self, handler: Handshake) -> None:
+        if not handler.upgraded and handler.transport is not None and not handler.transport.is_closing():
+            self.door.count("ws_handshake_timeout")
+            handler.transport.abort()
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         offered = {
@@ -187,7 +215,10 @@ class MqttWebSocket:
             self.door.count("ws_not_websocket")
             return web.Response(status=400, text="MQTT over WebSocket: a WebSocket upgrade expected\n")
         await ws.prepare(request)
-        self.handshaking.discard(request.protocol)
+        handshake = request.protocol
+        if isinstance(handshake, Handshake):
+            handshake.upgraded = True
+            self.handshaking.done(handshake)
         transport = WsTransport(ws, request.transport)
         conn = MqttConnection(self.door)
         conn.connection_made(transport)
