@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshplane.core.doors.mqtt_codec import DEFAULT_MAX_PACKET
 from meshplane.core.doors.mqtt_packets import V5, V311, Code, ConnAck, Connect, Prop
+from meshplane.core.doors.mqtt_retained import Record, encode_body
 from meshplane.core.doors.mqtt_topics import RETAIN_PREFIX, BadTopic, to_subject
 from meshplane.core.doors.nats_groups import MQTT_MARK
 from meshplane.core.mesh.frames import FLAG_GUARANTEED
@@ -49,10 +50,12 @@ from meshplane.mesh.doors.mqtt_connect import (
 from meshplane.mesh.doors.mqtt_connection import MqttConnection
 from meshplane.mesh.doors.mqtt_filters import check_fits, leave_shared, restore
 from meshplane.mesh.doors.mqtt_retained import RetainedStore, RetainHolder
+from meshplane.mesh.doors.mqtt_retained_catchup import send_catch_up
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
 from meshplane.mesh.doors.mqtt_ws import MqttWebSocket, listen
 from meshplane.mesh.doors.nats_groups import QueueGroups
 from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh.links import Link
 from meshplane.mesh.preauth import QuietLog, Unproven, bounded
 from meshplane.streams.errors import StreamError
 
@@ -81,7 +84,7 @@ class MqttDoor:
         )
         self.counters: Counter[str] = Counter()
         self.quiet = QuietLog(log)
-        self.retained = RetainedStore(vpns=lambda: len(node.config.vpns))
+        self.retained = RetainedStore(vpns=lambda: len(node.config.vpns), origin=node.node_id)
         self.retain_holder = RetainHolder(self)
         self.groups = QueueGroups(node, self.counters, MQTT_MARK)  # shared subscriptions' groups
         self.sessions: Sessions | None = None
@@ -103,6 +106,8 @@ class MqttDoor:
             )
         guaranteed = self.node.guaranteed
         if guaranteed.engine is not None:
+            engine = guaranteed.engine
+            self.retained.open(engine.root / "mesh", engine.durability.policy)  # before any link is up
             vpns = config.vpns
             self.sessions = Sessions(
                 guaranteed.engine.root / "mesh",
@@ -134,6 +139,7 @@ class MqttDoor:
             task.cancel()
         if self.sessions is not None:
             await self.sessions.close()
+        self.retained.close()
 
     async def _ticks(self) -> None:
         while True:
@@ -145,6 +151,7 @@ class MqttDoor:
             if conn.keep_alive and now - conn.last_heard > 1.5 * conn.keep_alive:
                 self.count("keep_alive_timeout")
                 conn.close(Code.KEEP_ALIVE_TIMEOUT, "nothing heard for 1.5 keep-alive intervals")
+        self.retained.tick()
         if self.sessions is not None:
             self.counters["sessions_expired"] += self.sessions.expire(self.sessions.now())
             self.sessions.checkpoint()
@@ -395,18 +402,33 @@ class MqttDoor:
         event = MeshEvent(self.origin, subject, next(self._sequence), now, payload, FLAG_GUARANTEED | flags)
         self.node.guaranteed.publish(event, answered, skip=skip)
 
-    def retain(self, subject: str, payload: bytes, qos: int) -> None:
-        """Retained here, and on the other nodes (a direct event on ``$mqtt.<subject>``)."""
-        if not self.retained.put(subject, payload, qos):
+    def retain(self, subject: str, payload: bytes, qos: int) -> str:
+        """Retained here (on disk first, with a data directory), and on the other nodes (a direct event
+        on ``$mqtt.<subject>``). Returns why it was not stored (the journal's write failed: a QoS 1
+        PUBLISH is then not acknowledged), or "" (kept, or refused past its VPN's share, counted)."""
+        try:
+            record = self.retained.put(subject, payload, qos)
+        except OSError as exc:
+            self.count("retained_unsaved")
+            self.quiet.warning("retained_unsaved", "MQTT: a retained message not written to disk: %s", exc)
+            return f"the retained message could not be stored ({exc.strerror or exc})"
+        if record is None:
             self.count("retained_refused")
-        event = MeshEvent(
-            self.origin,
-            RETAIN_PREFIX + subject,
-            next(self._sequence),
-            time.time_ns() // 1_000_000,
-            bytes([qos]) + payload if payload else b"",
-        )
-        self.node.route_direct(event, skip=self.retain_holder)
+        else:
+            self.node.route_direct(self.retained_event(record), skip=self.retain_holder)
+        return ""
+
+    def retained_event(self, record: Record) -> MeshEvent:
+        """A record as the ``$mqtt.`` event that carries it to the other nodes."""
+        subject = RETAIN_PREFIX + record.subject
+        return MeshEvent(self.origin, subject, next(self._sequence), record.at, encode_body(record))
+
+    def link_up(self, link: Link) -> None:
+        """A link (route or gateway) carries events now: the peer gets the retained messages held here."""
+        if self.retained.table.entries:
+            task = asyncio.get_running_loop().create_task(send_catch_up(self, link))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
 
     # --- persistent sessions -------------------------------------------------------------------------
 

@@ -307,8 +307,11 @@ class MqttConnection(asyncio.Protocol):
         if isinstance(expiry, int):  # travels as its deadline (meshplane.core.doors.mqtt_expiry)
             deadline = time.time_ns() // 1_000_000 + expiry * 1000
             payload, flags = wrap("", expiry_headers(deadline), payload), FLAG_NATS_ENVELOPE
-        if packet.retain:
-            self.door.retain(self.prefix + subject, packet.payload, packet.qos)
+        unstored = packet.retain and self.door.retain(self.prefix + subject, packet.payload, packet.qos)
+        if unstored and packet.qos:  # not acknowledged, so not published either: the client sends it again
+            self.publishes.append(entry := Pending(packet.packet_id))
+            self.answered(entry, 0, unstored)
+            return
         skip = self if self.no_local and all_no_local(self, self.prefix + subject) else None
         if not packet.qos:
             self.door.node.publish(subject, payload, flags, prefix=self.prefix, skip=skip)

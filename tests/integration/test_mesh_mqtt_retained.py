@@ -1,0 +1,106 @@
+"""MQTT retained messages as an MQTT user expects them (issue 59), on real nodes with paho-mqtt: on
+disk (back after a SIGKILL of their node), and the same on every node (a node started later learns
+them; a clear made while a node was away wins there too)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from meshplane.launchers import MeshCluster
+from tests.helpers import eventually
+from tests.support.mesh import interest_reached, status
+from tests.support.mqtt import Paho, connected, subscribed
+
+
+@pytest.fixture
+def trio() -> Iterator[MeshCluster]:
+    node_args: dict[str, tuple[str, ...]] = {node: ("--mqtt-port", "0") for node in "abc"}
+    with MeshCluster(3, node_args=node_args) as cluster:
+        cluster.start()
+        yield cluster
+
+
+async def _retained(cluster: MeshCluster, node: str) -> int:
+    return int((await status(cluster[node]))["mqtt"]["retained"])
+
+
+async def _publish_retained(port: int, messages: dict[str, bytes]) -> None:
+    """Each message retained at QoS 1, acknowledged (PUBACK) before the next."""
+    pub = await connected(Paho(port, "retainer"))
+    try:
+        for topic, payload in messages.items():
+            info = pub.client.publish(topic, payload, qos=1, retain=True)
+            await asyncio.to_thread(info.wait_for_publish, 20)
+            assert info.is_published()
+    finally:
+        pub.close()
+
+
+async def _retained_seen(port: int, client_id: str, expected: int) -> dict[str, bytes]:
+    """What a new subscription to everything gets, once ``expected`` retained messages came."""
+    sub = await connected(Paho(port, client_id))
+    try:
+        await subscribed(sub, "#", 1)
+        await eventually(lambda: len(sub.messages) >= expected, timeout=20, what="the retained messages")
+        await asyncio.sleep(0.3)  # nothing more than expected (a stale copy would come with them)
+        assert all(message[3] for message in sub.messages)  # each with the retain flag
+        return {message[0]: message[1] for message in sub.messages}
+    finally:
+        sub.close()
+
+
+async def test_acknowledged_retained_messages_survive_a_sigkill_of_their_node() -> None:
+    with MeshCluster(1, node_args={"a": ("--mqtt-port", "0")}) as cluster:
+        cluster.start()
+        port = cluster["a"].door_port("mqtt")
+        messages = {f"config/lamp{i}": b"colour-%d" % i for i in range(30)}
+        await _publish_retained(port, messages)
+        await _publish_retained(port, {"config/lamp3": b"", "config/lamp4": b"changed"})
+        del messages["config/lamp3"]
+        messages["config/lamp4"] = b"changed"
+        cluster["a"].kill(signal.SIGKILL)
+        cluster["a"].start()
+        assert await _retained(cluster, "a") == 29
+        port = cluster["a"].door_port("mqtt")
+        assert await _retained_seen(port, "after-kill", 29) == messages
+
+
+async def test_a_node_started_after_a_retained_publish_gives_it_to_a_new_subscriber(
+    trio: MeshCluster,
+) -> None:
+    cluster = trio
+    await asyncio.to_thread(cluster.wait_linked)
+    cluster["c"].kill(signal.SIGKILL)
+    await _publish_retained(cluster["a"].door_port("mqtt"), {"config/fan": b"on", "config/door": b"shut"})
+    cluster["c"].start()
+    await interest_reached(cluster["a"], "c", "$mqtt.#")
+
+    async def learnt() -> bool:
+        return await _retained(cluster, "c") == 2
+
+    await eventually(learnt, timeout=15, what="c to learn the retained messages")
+    got = await _retained_seen(cluster["c"].door_port("mqtt"), "late", 2)
+    assert got == {"config/fan": b"on", "config/door": b"shut"}
+
+
+async def test_a_clear_on_one_node_wins_everywhere_even_on_a_node_that_was_away(trio: MeshCluster) -> None:
+    cluster = trio
+    await asyncio.to_thread(cluster.wait_linked)
+    await interest_reached(cluster["a"], "c", "$mqtt.#")
+    await _publish_retained(cluster["a"].door_port("mqtt"), {"config/fan": b"on", "config/door": b"shut"})
+
+    async def everywhere(count: int) -> bool:
+        return all([await _retained(cluster, node) == count for node in "abc"])
+
+    await eventually(lambda: everywhere(2), timeout=15, what="both retained on every node")
+    cluster["c"].kill(signal.SIGKILL)  # c keeps both on its disk
+    await _publish_retained(cluster["b"].door_port("mqtt"), {"config/fan": b""})  # cleared while c is away
+    cluster["c"].start()
+    await interest_reached(cluster["b"], "c", "$mqtt.#")
+    await eventually(lambda: everywhere(1), timeout=15, what="the clear on every node, c too")
+    got = await _retained_seen(cluster["c"].door_port("mqtt"), "after-clear", 1)
+    assert got == {"config/door": b"shut"}
