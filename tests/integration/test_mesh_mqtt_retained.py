@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 from collections.abc import Iterator
 
 import pytest
 
+from meshplane.core.doors.mqtt_packets import V5, Connect, Publish, encode
 from meshplane.launchers import MeshCluster
 from tests.helpers import eventually
+from tests.integration.test_mesh_mqtt import read_packets
 from tests.support.mesh import interest_reached, status
 from tests.support.mqtt import Paho, connected, subscribed
 
@@ -104,3 +107,34 @@ async def test_a_clear_on_one_node_wins_everywhere_even_on_a_node_that_was_away(
     await eventually(lambda: everywhere(1), timeout=15, what="the clear on every node, c too")
     got = await _retained_seen(cluster["c"].door_port("mqtt"), "after-clear", 1)
     assert got == {"config/door": b"shut"}
+
+
+async def test_a_retained_publish_whose_journal_write_fails_is_not_acknowledged_its_retry_kept() -> (
+    None
+):
+    """The journal's writes fail with ENOSPC (the file is /dev/full): the QoS 1 PUBLISH gets a
+    refusing PUBACK (MQTT 5), nothing is lost that was acknowledged; the client's retry is written
+    (the journal rewritten whole, as after any failed append) and survives a SIGKILL."""
+    with MeshCluster(1, node_args={"a": ("--mqtt-port", "0")}) as cluster:
+        cluster.start()
+        node = cluster["a"]
+        (node.data_dir / "mesh" / "mqtt-retained.log").symlink_to("/dev/full")
+        port = node.door_port("mqtt")
+
+        def publish_twice() -> list[tuple[int, int, bytes]]:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(encode(Connect(V5, "full-disk"), V5))
+                assert read_packets(sock, 1)[0][0] == 2  # CONNACK
+                acks = []
+                for packet_id in (1, 2):
+                    sock.sendall(encode(Publish("config/fan", b"on", 1, True, packet_id=packet_id), V5))
+                    acks += read_packets(sock, 1)
+                return acks
+
+        first, second = await asyncio.to_thread(publish_twice)
+        assert first[0] == second[0] == 4  # PUBACKs
+        assert first[2][2] >= 0x80  # refused: not on disk
+        assert len(second[2]) == 2 or second[2][2] == 0  # success
+        node.kill(signal.SIGKILL)
+        node.start()
+        assert await _retained_seen(node.door_port("mqtt"), "after-full", 1) == {"config/fan": b"on"}
