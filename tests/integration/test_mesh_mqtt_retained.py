@@ -7,15 +7,19 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from meshplane.core.doors.mqtt_packets import V5, Connect, Publish, encode
+from meshplane.core.doors.mqtt_retained import MAX_RETAINED, Record, encode_body
+from meshplane.core.mesh.frames import FrameType, encode_event
 from meshplane.launchers import MeshCluster
 from tests.helpers import eventually
 from tests.integration.test_mesh_gateways_guaranteed import TwoClusters, all_up, running
 from tests.integration.test_mesh_mqtt import read_packets
+from tests.mesh_peers import RawPeer
 from tests.support.mesh import interest_reached, status
 from tests.support.mqtt import Paho, connected, subscribed
 
@@ -110,9 +114,7 @@ async def test_a_clear_on_one_node_wins_everywhere_even_on_a_node_that_was_away(
     assert got == {"config/door": b"shut"}
 
 
-async def test_a_retained_publish_whose_journal_write_fails_is_not_acknowledged_its_retry_kept() -> (
-    None
-):
+async def test_a_retained_publish_whose_journal_write_fails_is_not_acknowledged_its_retry_kept() -> None:
     """The journal's writes fail with ENOSPC (the file is /dev/full): the QoS 1 PUBLISH gets a
     refusing PUBACK (MQTT 5), nothing is lost that was acknowledged; the client's retry is written
     (the journal rewritten whole, as after any failed append) and survives a SIGKILL."""
@@ -159,3 +161,50 @@ async def test_a_cluster_whose_gateway_was_away_learns_the_other_clusters_retain
         await eventually(learnt, timeout=20, what="b2 to learn the retained message")
         port = (await status(topo["b2"]))["mqtt"]["port"]
         assert await _retained_seen(port, "far", 1) == {"fleet/truck1": b"parked"}
+
+
+async def test_a_lying_peer_cannot_make_a_node_hold_more_retained_messages_than_its_bounds() -> None:
+    """A member that floods ``$mqtt.`` with records past the node's 10,000 topics, stamps one a day
+    ahead (it would win forever) and sends a body that is no record: the node keeps its bounds,
+    refuses the rest and counts each."""
+    with MeshCluster(1, node_args={"a": ("--mqtt-port", "0")}) as cluster:
+        cluster.start()
+        node = cluster["a"]
+        peer = await asyncio.to_thread(RawPeer(node.route_url, "liar").authenticate)
+        try:
+            await asyncio.to_thread(peer.read_until, FrameType.SYNC_REQ)
+            now = int(time.time() * 1000)
+            flood = [
+                encode_event(
+                    "liar", f"$mqtt.flood.{i}", i + 1, now, encode_body(Record("", b"x", 1, now, "b"))
+                )
+                for i in range(MAX_RETAINED + 100)
+            ]
+            ahead = Record("", b"forever", 1, now + 24 * 3600 * 1000, "b")
+            flood.append(encode_event("liar", "$mqtt.config.fan", len(flood) + 1, now, encode_body(ahead)))
+            flood.append(encode_event("liar", "$mqtt.config.door", len(flood) + 1, now, b"\xc1 no record"))
+            for start in range(0, len(flood), 1000):
+                peer.send(b"".join(flood[start : start + 1000]))
+
+            async def counted() -> bool:
+                mqtt = (await status(node))["mqtt"]
+                return bool(
+                    mqtt["counters"].get("retained_bad") == 1 and mqtt["retained_learnt"].get("invalid")
+                )
+
+            await eventually(counted, timeout=30, what="every record looked at")
+            mqtt = (await status(node))["mqtt"]
+            assert mqtt["retained"] == MAX_RETAINED
+            assert mqtt["retained_learnt"] == {"kept": MAX_RETAINED, "full": 100, "invalid": 1}
+            # Its own clients are served on: a topic it holds takes their newer message (a new one
+            # would be refused, counted: the VPN's share is full, whoever filled it).
+            await _publish_retained(mqtt["port"], {"flood/5": b"mine"})
+            sub = await connected(Paho(mqtt["port"], "own"))
+            try:
+                await subscribed(sub, "flood/5", 1)
+                await eventually(lambda: bool(sub.messages), timeout=10, what="the retained message")
+                assert sub.messages[0][:2] == ("flood/5", b"mine")
+            finally:
+                sub.close()
+        finally:
+            peer.close()

@@ -492,6 +492,7 @@ class MqttDoor:
             "retained": self.retained.count,
             "retained_refused": dict(self.retained.refused),
             "retained_bytes": self.retained.total_bytes,
+            "retained_learnt": dict(self.retained.learnt),
             "counters": dict(self.counters),
         }
 
