@@ -136,9 +136,6 @@ class RetainedTable:
         last = self.by_vpn.get(vpn_of(subject), {}).get(subject)
         return now_ms if last is None else max(now_ms, last.at + 1)
 
-    def get(self, subject: str) -> Record | None:
-        return self.by_vpn.get(vpn_of(subject), {}).get(subject)
-
     def offer(self, record: Record, now_ms: int, shares: int = 1) -> Outcome:
         """Keep ``record`` if it wins over the topic's and fits its VPN's share."""
         outcome = self.check(record, now_ms, shares)

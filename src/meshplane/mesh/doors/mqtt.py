@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 from meshplane.core.doors.mqtt_codec import DEFAULT_MAX_PACKET
 from meshplane.core.doors.mqtt_packets import V5, V311, Code, ConnAck, Connect, Prop
-from meshplane.core.doors.mqtt_retained import Record, encode_body
 from meshplane.core.doors.mqtt_topics import RETAIN_PREFIX, BadTopic, to_subject
 from meshplane.core.doors.nats_groups import MQTT_MARK
 from meshplane.core.mesh.frames import FLAG_GUARANTEED
@@ -50,7 +49,6 @@ from meshplane.mesh.doors.mqtt_connect import (
 from meshplane.mesh.doors.mqtt_connection import MqttConnection
 from meshplane.mesh.doors.mqtt_filters import check_fits, leave_shared, restore
 from meshplane.mesh.doors.mqtt_retained import RetainedStore, RetainHolder
-from meshplane.mesh.doors.mqtt_retained_catchup import send_catch_up
 from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, pump_queue
 from meshplane.mesh.doors.mqtt_ws import MqttWebSocket, listen
 from meshplane.mesh.doors.nats_groups import QueueGroups
@@ -403,32 +401,12 @@ class MqttDoor:
         self.node.guaranteed.publish(event, answered, skip=skip)
 
     def retain(self, subject: str, payload: bytes, qos: int) -> str:
-        """Retained here (on disk first, with a data directory), and on the other nodes (a direct event
-        on ``$mqtt.<subject>``). Returns why it was not stored (the journal's write failed: a QoS 1
-        PUBLISH is then not acknowledged), or "" (kept, or refused past its VPN's share, counted)."""
-        try:
-            record = self.retained.put(subject, payload, qos)
-        except OSError as exc:
-            self.count("retained_unsaved")
-            self.quiet.warning("retained_unsaved", "MQTT: a retained message not written to disk: %s", exc)
-            return f"the retained message could not be stored ({exc.strerror or exc})"
-        if record is None:
-            self.count("retained_refused")
-        else:
-            self.node.route_direct(self.retained_event(record), skip=self.retain_holder)
-        return ""
-
-    def retained_event(self, record: Record) -> MeshEvent:
-        """A record as the ``$mqtt.`` event that carries it to the other nodes."""
-        subject = RETAIN_PREFIX + record.subject
-        return MeshEvent(self.origin, subject, next(self._sequence), record.at, encode_body(record))
+        """See :meth:`RetainHolder.retain`."""
+        return self.retain_holder.retain(subject, payload, qos)
 
     def link_up(self, link: Link) -> None:
         """A link (route or gateway) carries events now: the peer gets the retained messages held here."""
-        if self.retained.table.entries:
-            task = asyncio.get_running_loop().create_task(send_catch_up(self, link))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+        self.retain_holder.catch_up(link)
 
     # --- persistent sessions -------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ them: a new topic past its VPN's share is not retained, counted per VPN.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import Counter, deque
@@ -28,17 +29,20 @@ from meshplane.core.doors.mqtt_retained import (
     Record,
     RetainedTable,
     decode_body,
+    encode_body,
 )
 from meshplane.core.doors.mqtt_topics import RETAIN_PREFIX, matches, to_topic
 from meshplane.core.mesh.vpn import outward, vpn_of
 from meshplane.mesh.doors.mqtt_filters import qos_for
+from meshplane.mesh.doors.mqtt_retained_catchup import send_catch_up
 from meshplane.mesh.doors.mqtt_retained_journal import RetainedJournal
+from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh.links import Link
 from meshplane.mesh.preauth import QuietLog
 
 if TYPE_CHECKING:
     from meshplane.mesh.doors.mqtt import MqttDoor
     from meshplane.mesh.doors.mqtt_connection import MqttConnection
-    from meshplane.mesh.holders import MeshEvent
 
 log = logging.getLogger(__name__)
 
@@ -205,10 +209,11 @@ class RetainedSender:
 class RetainHolder:
     """The door's holder of ``$mqtt.`` subjects: retained messages published on other nodes, or sent
     by a peer whose link came up. Each is checked as any peer's record (a bad body, a stamp far ahead
-    or past the VPN's share: not kept, counted by outcome)."""
+    or past the VPN's share: not kept, counted by outcome). It sends this node's records too."""
 
     def __init__(self, door: MqttDoor) -> None:
         self.door = door
+        self.sequence = itertools.count(1)  # of the door's ``$mqtt.`` events (dedup is per subject)
 
     def deliver(self, event: MeshEvent) -> None:
         if event.source != self.door.origin:
@@ -217,3 +222,32 @@ class RetainHolder:
                 self.door.count("retained_bad")
             else:
                 self.door.retained.learn(record)
+
+    def retain(self, subject: str, payload: bytes, qos: int) -> str:
+        """Retained here (on disk first, with a data directory), and on the other nodes (a direct event
+        on ``$mqtt.<subject>``). Returns why it was not stored (the journal's write failed: a QoS 1
+        PUBLISH is then not acknowledged), or "" (kept, or refused past its VPN's share, counted)."""
+        door = self.door
+        try:
+            record = door.retained.put(subject, payload, qos)
+        except OSError as exc:
+            door.count("retained_unsaved")
+            door.quiet.warning("retained_unsaved", "MQTT: a retained message not written to disk: %s", exc)
+            return f"the retained message could not be stored ({exc.strerror or exc})"
+        if record is None:
+            door.count("retained_refused")
+        else:
+            door.node.route_direct(self.event(record), skip=self)
+        return ""
+
+    def event(self, record: Record) -> MeshEvent:
+        """A record as the ``$mqtt.`` event that carries it to the other nodes."""
+        subject = RETAIN_PREFIX + record.subject
+        return MeshEvent(self.door.origin, subject, next(self.sequence), record.at, encode_body(record))
+
+    def catch_up(self, link: Link) -> None:
+        """What this node holds, to a peer whose link just came up."""
+        if self.door.retained.table.entries:
+            task = asyncio.get_running_loop().create_task(send_catch_up(self, link))
+            self.door.tasks.add(task)
+            task.add_done_callback(self.door.tasks.discard)

@@ -16,24 +16,25 @@ from meshplane.core.doors.mqtt_topics import RETAIN_PREFIX
 from meshplane.mesh.links import Link
 
 if TYPE_CHECKING:
-    from meshplane.mesh.doors.mqtt import MqttDoor
+    from meshplane.mesh.doors.mqtt_retained import RetainHolder
 
 SLICE = 256  # records per turn of the loop
 DRAIN_POLL = 0.01  # seconds between looks at a full link buffer
 
 
-async def send_catch_up(door: MqttDoor, link: Link) -> None:
+async def send_catch_up(holder: RetainHolder, link: Link) -> None:
+    door = holder.door
     node, conn = door.node, link.conn
     records = list(door.retained.table.records())  # what changes meanwhile travels live anyway
-    holder = getattr(link, "holder", None)  # a gateway link's: the other cluster's interest
+    gateway = getattr(link, "holder", None)  # a gateway link's: the other cluster's interest
     sent = 0
     for start in range(0, len(records), SLICE):
         for record in records[start : start + SLICE]:
             if link.conn is not conn or link.state != "up" or conn is None:
                 return
             route = node.router.route(RETAIN_PREFIX + record.subject)
-            if holder in route.local if link.external else link.peer in route.peers:
-                conn.send(door.retained_event(record).raw)
+            if gateway in route.local if link.external else link.peer in route.peers:
+                conn.send(holder.event(record).raw)
                 sent += 1
         while conn is not None and conn.buffered_bytes() > node.config.link_buffer_bytes // 2:
             if link.conn is not conn:
