@@ -89,3 +89,10 @@ def test_a_torn_last_line_is_dropped_and_the_next_put_not_glued_to_it(tmp_path: 
     store.put("t.c", b"after", 1)
     store.close()
     assert _held(_open(tmp_path, clock, "always")) == {"t.a": b"kept", "t.c": b"after"}
+
+
+def test_a_clock_set_back_since_they_were_written_loses_no_retained_message(tmp_path: Path) -> None:
+    store = _open(tmp_path, itertools.count(10_000_000), "always")
+    store.put("t.a", b"kept", 1)
+    store.close()
+    assert _held(_open(tmp_path, itertools.count(1_000_000), "always")) == {"t.a": b"kept"}  # 9,000 s back

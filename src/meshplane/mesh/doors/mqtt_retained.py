@@ -76,10 +76,14 @@ class RetainedStore:
     def open(self, root: Path, policy: str) -> None:
         """Keep the records in ``root`` (the node's ``<data dir>/mesh``), loading what is there."""
         journal = RetainedJournal(root, policy)
-        shares, now = max(self.vpns(), 1), self.clock()
-        for record in journal.load():
+        records = journal.load()
+        # Its own records are trusted as far as the clock goes: one set back since they were written
+        # must not make them "ahead" of it, and invalid.
+        now = max([self.clock(), *(record.at for record in records)])
+        shares = max(self.vpns(), 1)
+        for record in records:
             self.table.offer(record, now, shares)
-        self.table.expire(now)
+        self.table.expire(self.clock())
         self.journal = journal
         if journal.file.torn:
             journal.compact(self.table.records())
