@@ -208,3 +208,25 @@ async def test_a_lying_peer_cannot_make_a_node_hold_more_retained_messages_than_
                 sub.close()
         finally:
             peer.close()
+
+
+async def test_a_node_back_from_a_sigkill_learns_all_of_a_full_store_it_missed() -> None:
+    """10,000 retained messages (the node's bound) published while b was down: b learns every one,
+    though the catch-up outlasts the pair's first connection (both dial; the pair keeps one)."""
+    with MeshCluster(2, node_args={node: ("--mqtt-port", "0") for node in "ab"}) as cluster:
+        cluster.start()
+        await asyncio.to_thread(cluster.wait_linked)
+        cluster["b"].kill(signal.SIGKILL)
+        pub = await connected(Paho(cluster["a"].door_port("mqtt"), "fleet"))
+        try:
+            for i in range(MAX_RETAINED):
+                pub.client.publish(f"fleet/truck{i}", b"parked %d" % i, qos=0, retain=True)
+
+            async def held(node: str) -> bool:
+                return await _retained(cluster, node) == MAX_RETAINED
+
+            await eventually(lambda: held("a"), timeout=30, what="a to hold them all")
+        finally:
+            pub.close()
+        cluster["b"].start()
+        await eventually(lambda: held("b"), timeout=30, what="b to learn them all")

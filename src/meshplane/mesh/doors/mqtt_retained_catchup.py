@@ -20,25 +20,31 @@ if TYPE_CHECKING:
 
 SLICE = 256  # records per turn of the loop
 DRAIN_POLL = 0.01  # seconds between looks at a full link buffer
+DRAIN_POLLS = 3000  # looks (30 s) before a catch-up to a peer that reads nothing is given up
 
 
 async def send_catch_up(holder: RetainHolder, link: Link) -> None:
-    door = holder.door
-    node, conn = door.node, link.conn
-    records = list(door.retained.table.records())  # what changes meanwhile travels live anyway
+    """Stops when the link goes down (coming up again starts another); a connection swapped under an
+    up link (the pair keeping the other of two) carries the rest."""
+    node = holder.door.node
+    records = list(holder.door.retained.table.records())  # what changes meanwhile travels live anyway
     gateway = getattr(link, "holder", None)  # a gateway link's: the other cluster's interest
     sent = 0
     for start in range(0, len(records), SLICE):
+        for _ in range(DRAIN_POLLS):
+            conn = link.conn
+            if conn is None or conn.buffered_bytes() <= node.config.link_buffer_bytes // 2:
+                break
+            await asyncio.sleep(DRAIN_POLL)
+        else:  # the peer reads nothing: what it missed comes with its link's next coming up
+            holder.door.counters["retained_catch_up_stalled"] += 1
+            return
+        if link.state != "up" or conn is None:
+            return
         for record in records[start : start + SLICE]:
-            if link.conn is not conn or link.state != "up" or conn is None:
-                return
             route = node.router.route(RETAIN_PREFIX + record.subject)
             if gateway in route.local if link.external else link.peer in route.peers:
                 conn.send(holder.event(record).raw)
                 sent += 1
-        while conn is not None and conn.buffered_bytes() > node.config.link_buffer_bytes // 2:
-            if link.conn is not conn:
-                return
-            await asyncio.sleep(DRAIN_POLL)
         await asyncio.sleep(0)
-    door.counters["retained_catch_up_sent"] += sent
+    holder.door.counters["retained_catch_up_sent"] += sent
