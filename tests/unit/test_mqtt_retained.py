@@ -13,7 +13,7 @@ A, B = prefix_of("team-a"), prefix_of("team-b")
 
 def test_one_vpn_filling_its_share_leaves_another_vpns_share_whole() -> None:
     store = RetainedStore(max_count=100, max_bytes=10_000, vpns=lambda: 2)
-    filled = sum(store.put(f"{A}r.{i}", b"x", 0) for i in range(1000))
+    filled = sum(store.put(f"{A}r.{i}", b"x", 0) is not None for i in range(1000))
     assert filled == 50  # half the pool: two VPNs
     assert store.refused == {"team-a": 950}
     assert all(store.put(f"{B}r.{i}", b"y", 1) for i in range(50))  # team-b's share is untouched
@@ -34,7 +34,7 @@ def test_a_vpns_share_is_bounded_in_bytes_too() -> None:
 
 def test_a_default_vpn_alone_has_the_whole_pool() -> None:
     store = RetainedStore(max_count=10, max_bytes=10_000, vpns=lambda: 1)
-    assert sum(store.put(f"r.{i}", b"x", 0) for i in range(20)) == 10
+    assert sum(store.put(f"r.{i}", b"x", 0) is not None for i in range(20)) == 10
 
 
 def test_matching_never_crosses_vpns() -> None:

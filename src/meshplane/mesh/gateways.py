@@ -264,6 +264,8 @@ class Gateways:
             node.guaranteed.link_up(
                 link, [p for p in link.interest.versions if self.crosses(p.removeprefix(PREFIX))]
             )
+            if node.mqtt is not None:
+                node.mqtt.link_up(link)
         else:
             node.guaranteed.cluster_learnt(link.peer, gained, lost)
 

@@ -198,6 +198,8 @@ class Routes:
                 link.down.clear()
                 log.info("link to %s carries events", link.peer)
                 node.guaranteed.link_up(link, node.router.peers[link.peer].interest.versions)
+                if node.mqtt is not None:
+                    node.mqtt.link_up(link)
         else:
             self._count_bad(link, "unexpected_hello")
 

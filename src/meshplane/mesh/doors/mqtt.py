@@ -53,6 +53,7 @@ from meshplane.mesh.doors.mqtt_sessions import NEVER, Sessions, StoredSession, p
 from meshplane.mesh.doors.mqtt_ws import MqttWebSocket, listen
 from meshplane.mesh.doors.nats_groups import QueueGroups
 from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh.links import Link
 from meshplane.mesh.preauth import QuietLog, Unproven, bounded
 from meshplane.streams.errors import StreamError
 
@@ -81,7 +82,7 @@ class MqttDoor:
         )
         self.counters: Counter[str] = Counter()
         self.quiet = QuietLog(log)
-        self.retained = RetainedStore(vpns=lambda: len(node.config.vpns))
+        self.retained = RetainedStore(vpns=lambda: len(node.config.vpns), origin=node.node_id)
         self.retain_holder = RetainHolder(self)
         self.groups = QueueGroups(node, self.counters, MQTT_MARK)  # shared subscriptions' groups
         self.sessions: Sessions | None = None
@@ -103,6 +104,8 @@ class MqttDoor:
             )
         guaranteed = self.node.guaranteed
         if guaranteed.engine is not None:
+            engine = guaranteed.engine
+            self.retained.open(engine.root / "mesh", engine.durability.policy)  # before any link is up
             vpns = config.vpns
             self.sessions = Sessions(
                 guaranteed.engine.root / "mesh",
@@ -134,6 +137,7 @@ class MqttDoor:
             task.cancel()
         if self.sessions is not None:
             await self.sessions.close()
+        self.retained.close()
 
     async def _ticks(self) -> None:
         while True:
@@ -145,6 +149,7 @@ class MqttDoor:
             if conn.keep_alive and now - conn.last_heard > 1.5 * conn.keep_alive:
                 self.count("keep_alive_timeout")
                 conn.close(Code.KEEP_ALIVE_TIMEOUT, "nothing heard for 1.5 keep-alive intervals")
+        self.retained.tick()
         if self.sessions is not None:
             self.counters["sessions_expired"] += self.sessions.expire(self.sessions.now())
             self.sessions.checkpoint()
@@ -395,18 +400,13 @@ class MqttDoor:
         event = MeshEvent(self.origin, subject, next(self._sequence), now, payload, FLAG_GUARANTEED | flags)
         self.node.guaranteed.publish(event, answered, skip=skip)
 
-    def retain(self, subject: str, payload: bytes, qos: int) -> None:
-        """Retained here, and on the other nodes (a direct event on ``$mqtt.<subject>``)."""
-        if not self.retained.put(subject, payload, qos):
-            self.count("retained_refused")
-        event = MeshEvent(
-            self.origin,
-            RETAIN_PREFIX + subject,
-            next(self._sequence),
-            time.time_ns() // 1_000_000,
-            bytes([qos]) + payload if payload else b"",
-        )
-        self.node.route_direct(event, skip=self.retain_holder)
+    def retain(self, subject: str, payload: bytes, qos: int) -> str:
+        """See :meth:`RetainHolder.retain`."""
+        return self.retain_holder.retain(subject, payload, qos)
+
+    def link_up(self, link: Link) -> None:
+        """A link (route or gateway) carries events now: the peer gets the retained messages held here."""
+        self.retain_holder.catch_up(link)
 
     # --- persistent sessions -------------------------------------------------------------------------
 
@@ -470,6 +470,7 @@ class MqttDoor:
             "retained": self.retained.count,
             "retained_refused": dict(self.retained.refused),
             "retained_bytes": self.retained.total_bytes,
+            "retained_learnt": dict(self.retained.learnt),
             "counters": dict(self.counters),
         }
 

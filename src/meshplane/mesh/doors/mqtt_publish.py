@@ -79,8 +79,11 @@ def on_publish(
     if isinstance(expiry, int):  # travels as its deadline (meshplane.core.doors.mqtt_expiry)
         deadline = time.time_ns() // 1_000_000 + expiry * 1000
         data, flags = wrap("", expiry_headers(deadline), payload), FLAG_NATS_ENVELOPE
-    if retain:
-        conn.door.retain(conn.prefix + subject, payload, qos)
+    unstored = retain and conn.door.retain(conn.prefix + subject, payload, qos)
+    if unstored and qos:  # not acknowledged, so not published either: the client sends it again
+        conn.publishes.append(entry := Pending(packet_id))
+        answered(conn, entry, 0, unstored)
+        return
     skip = conn if conn.no_local and all_no_local(conn, conn.prefix + subject) else None
     if not qos:
         conn.door.node.publish(subject, data, flags, prefix=conn.prefix, skip=skip)
