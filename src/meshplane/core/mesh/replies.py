@@ -17,6 +17,7 @@ import secrets
 from collections import Counter, OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 TOKEN_BYTES = 9  # 72 random bits: 12 characters of URL-safe base64, a valid subject token
 
@@ -57,11 +58,8 @@ class Replies:
     def _forget(self, token: str) -> tuple[str, str, float, Hashable] | None:
         found = self._open.pop(token, None)
         if found is not None:
-            for table, key in ((self._of, found[0]), (self._by, found[3])):
-                mine = table[key]
-                del mine[token]
-                if not mine:
-                    del table[key]
+            _drop(self._of, found[0], token)
+            _drop(self._by, found[3], token)
         return found
 
     def close(self, token: str, now: float) -> tuple[str, str] | None:
@@ -82,3 +80,10 @@ class Replies:
                 return
             self._forget(token)
             self.counters["reply_tokens_expired"] += 1
+
+
+def _drop(table: dict[Any, dict[str, None]], key: Hashable, token: str) -> None:
+    mine = table[key]
+    del mine[token]
+    if not mine:
+        del table[key]
