@@ -39,6 +39,7 @@ from meshplane.streams.http.params import (
 )
 from meshplane.streams.http.push import RoomPusher, drain_incoming, frames_of, ws_event
 from meshplane.streams.http.readers import ReaderApi
+from meshplane.streams.http.vpn_queues import queue_topics
 from meshplane.streams.readers import Readers
 from meshplane.streams.rooms import Room
 from meshplane.streams.service import StreamsService
@@ -292,7 +293,7 @@ class Api:
     # topics
 
     async def topic_list(self, request: web.Request) -> web.Response:
-        topics = readable(request, sorted(self.engine.topics))
+        topics = readable(request, sorted({*self.engine.topics, *queue_topics(request)}))
         return json_response({"topics": topics, "count": len(topics)})
 
     async def topic_create(self, request: web.Request) -> web.Response:

@@ -32,7 +32,7 @@ from meshplane.streams.errors import (
 from meshplane.streams.grants import Grant
 from meshplane.streams.http import origin
 from meshplane.streams.http.api import Api
-from meshplane.streams.http.mesh import MESH, named_as_vpn, queue_reader, register_mesh_metrics
+from meshplane.streams.http.mesh import MESH, register_mesh_metrics
 from meshplane.streams.http.metrics import REGISTRY, EngineCollector
 from meshplane.streams.http.params import (
     ENGINE,
@@ -47,6 +47,7 @@ from meshplane.streams.http.params import (
 )
 from meshplane.streams.http.routes import route_table
 from meshplane.streams.http.vpn_bridge import attach_vpn
+from meshplane.streams.http.vpn_queues import renamed, to_vpn_queue
 from meshplane.streams.service import StreamsService
 from meshplane.streams.vpn_engines import VpnEngines
 
@@ -100,12 +101,12 @@ def create_app(
         if isinstance(chosen, StreamError):
             return error_response(chosen)
         request[VPN] = chosen
-        queue = queue_reader(request) if route is not None and route.access == "read" else None
-        if queue is not None:
-            request[VPN] = DEFAULT  # the VPN's queue's topic is in the default VPN's service
         try:
+            renames = await to_vpn_queue(request, route.path, route.access) if route is not None else []
+            if renames:
+                request[VPN] = DEFAULT  # the VPN's queue's topic and groups are in the default VPN's service
             response = await handler(request)
-            return response if queue is None else named_as_vpn(response, *queue)
+            return renamed(response, renames) if renames else response
         except StreamError as exc:
             return error_response(exc)
         except web.HTTPRequestEntityTooLarge as exc:
