@@ -68,6 +68,7 @@ class Api:
                 "problems": e.storage_problems(),
                 "fsync_errors": e.durability.fsync_errors,
                 "limits": {name: {"used": used, "limit": most} for name, (used, most) in e.limits().items()},
+                "limits_refused": dict(self.commands.refused),
             }
         )
 
@@ -200,7 +201,9 @@ class Api:
         room = await self.engine.room_or_create(name)
         start = room.resolve(from_offset)
         if len(room.pushers) >= self.engine.config.max_subscribers_per_room:
-            raise LimitReached(f"room {name!r} has {len(room.pushers)} live subscribers (the limit)")
+            raise LimitReached(
+                f"room {name!r} has {len(room.pushers)} live subscribers (the limit)", "room_pushers"
+            )
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )

@@ -21,6 +21,7 @@ from meshplane.dashboard.http import DASHBOARD, DASHBOARDS
 from meshplane.dashboard.live import Dashboard
 from meshplane.discovery.base import Discovery
 from meshplane.mesh.node import MeshNode
+from meshplane.mesh.vpns import Vpns, streams_limits
 from meshplane.streams.access import Tokens
 from meshplane.streams.errors import (
     Forbidden,
@@ -108,6 +109,7 @@ def create_app(
             response = await handler(request)
             return renamed(response, renames) if renames else response
         except StreamError as exc:
+            apis[vpn_of(request)].commands.note(exc)
             return error_response(exc)
         except web.HTTPRequestEntityTooLarge as exc:
             return error_response(PayloadTooLarge(f"request body too large: {exc.text}"))
@@ -130,7 +132,10 @@ def create_app(
     registry = CollectorRegistry()
     labelled = len(engines) > 1  # a server that names no VPN keeps its metrics' names and labels
     for vpn, api in apis.items():
-        registry.register(EngineCollector(api.engine, api.readers.readers, vpn=vpn if labelled else None))
+        refused = api.commands.refused
+        registry.register(
+            EngineCollector(api.engine, api.readers.readers, vpn=vpn if labelled else None, refused=refused)
+        )
     fsync_hist = Histogram(
         "meshplane_fsync_seconds",
         "fsync latency (group commit)",
@@ -228,16 +233,20 @@ async def serve(
     stop: asyncio.Event | None = None,
     mesh: MeshNode | None = None,
     discovery: Discovery | None = None,
+    vpns: Vpns | None = None,
 ) -> None:
     """Run until ``stop`` is set (or forever); as a node of the event mesh when ``mesh`` is given.
     The dashboard's event plane page lists the publishers in ``discovery``, when given. Each Message
-    VPN a token names gets its own streams service (:mod:`meshplane.streams.vpn_engines`)."""
-    engines = VpnEngines(engine, tokens.vpns() if tokens is not None else ())
+    VPN a token names gets its own streams service (:mod:`meshplane.streams.vpn_engines`), held to
+    the limits its section of ``vpns`` (the VPN file) sets, and to those of each reload of it."""
+    limits = streams_limits(vpns) if vpns is not None else None
+    engines = VpnEngines(engine, tokens.vpns() if tokens is not None else (), limits)
     for each in engines.values():
         # An HA mate's copy of a VPN's writes (under the data directory) before each acknowledgement.
         each.durability.replicate = engine.durability.replicate
         await each.start()
     if mesh is not None:
+        mesh.logins.reloads.applied.append(lambda new: engines.limit(streams_limits(new)))
         mesh.attach(engine)
         for vpn, each in engines.others().items():
             attach_vpn(mesh, each, vpn)
