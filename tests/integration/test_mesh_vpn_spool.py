@@ -6,15 +6,18 @@ keeps publishing; once the spool drains, the VPN publishes again, and everything
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from pathlib import Path
 
 import aiohttp
+import nats
 import pytest
 
 from meshplane.errors import TransportError
 from meshplane.launchers import MeshCluster
 from meshplane.mesh.client import MeshClient
+from meshplane.mesh.vpns import hash_password
 from tests.helpers import eventually
 from tests.integration.test_mesh_guaranteed import link_state
 from tests.integration.test_mesh_vpns import put_queue_in
@@ -22,6 +25,8 @@ from tests.support.mesh import interest_reached, queue_bodies, status
 
 LIMIT = 30_000
 BODY = 1000
+ALICE = "alice-spool-password"
+BOB = "bob-spool-password"
 
 
 @pytest.mark.timeout(120)
@@ -86,3 +91,105 @@ async def test_a_vpns_spool_bytes_past_its_limit_are_refused_and_nothing_acknowl
         finally:
             await in_a.close()
             await in_b.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_users_spool_bytes_past_its_limit_are_refused_and_other_users_keep_publishing(
+    tmp_path: Path,
+) -> None:
+    """A user's ``max_spool_bytes``: counted at publish time on the node its client is connected to."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(
+        f'[vpns.A.users.alice]\npassword_hash = "{hash_password(ALICE)}"\nmax_spool_bytes = {LIMIT}\n'
+        f'[vpns.A.users.bob]\npassword_hash = "{hash_password(BOB)}"\n'
+    )
+    with MeshCluster(2, extra_args=("--mesh-vpns", str(vpns))) as cluster:
+        cluster.start()
+        a, b = cluster["a"], cluster["b"]
+        await asyncio.to_thread(cluster.wait_linked)
+        await put_queue_in(b, "orders", ["orders.>"], "A")
+        await interest_reached(a, "b", "$G.$vpn:A.orders.>")
+        b.kill(signal.SIGKILL)
+        await eventually(lambda: link_state(a, "b", "down"), timeout=15, what="a sees b down")
+
+        alice = await MeshClient(a.route_url, vpn="A", user="alice", password=ALICE).connect()
+        bob = await MeshClient(a.route_url, vpn="A", user="bob", password=BOB).connect()
+        try:
+            accepted: list[bytes] = []
+            refused = ""
+            for i in range(LIMIT // BODY + 5):
+                body = b"%04d" % i + b"x" * (BODY - 4)
+                try:
+                    await alice.publish("orders.eu", body, guaranteed=True)
+                except TransportError as exc:
+                    refused = str(exc)
+                    break
+                accepted.append(body)
+            assert "user 'alice' of Message VPN 'A': its guaranteed events hold" in refused, refused
+            assert f"(its limit {LIMIT}): not stored" in refused
+            assert LIMIT // (BODY + 200) <= len(accepted) <= LIMIT // BODY
+            bobs = [b"b%04d" % i + b"y" * BODY for i in range(50)]
+            for body in bobs:  # the VPN has no limit: bob's events are not alice's
+                await bob.publish("orders.eu", body, guaranteed=True)
+            shown = (await status(a))["vpns"]["A"]
+            assert shown["limits_refused"] == {"user_spool_bytes": 1}
+            assert shown["spool_bytes"] >= len(accepted) * BODY + 50 * BODY  # the VPN's: both users'
+            assert len(accepted) * BODY <= shown["users_spool_bytes"]["alice"] <= LIMIT
+            assert shown["users_spool_bytes"]["bob"] >= 50 * BODY
+
+            b.start()  # the spool drains: alice's share is free again
+            await asyncio.to_thread(cluster.wait_linked)
+
+            async def drained() -> bool:
+                return int((await status(a))["vpns"]["A"]["spool_bytes"]) == 0
+
+            await eventually(drained, timeout=30, what="A's spooled events confirmed by b")
+            await alice.publish("orders.eu", b"after", guaranteed=True)
+
+            async def arrived() -> bool:
+                return len(await queue_bodies(b, "A:orders")) >= len(accepted) + len(bobs) + 1
+
+            await eventually(arrived, timeout=30, what="every acknowledged event of A in its queue")
+            stored = await queue_bodies(b, "A:orders")
+            assert sorted(stored) == sorted([*accepted, *bobs, b"after"])  # none lost, none twice
+        finally:
+            await alice.close()
+            await bob.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_users_spool_bytes_hold_for_its_nats_clients(tmp_path: Path) -> None:
+    """The NATS door's clients are held to their user's ``max_spool_bytes`` as mesh clients: a PUB
+    on a queue's subject past it is not stored, and the client is told (-ERR 'not stored: ...')."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text(
+        f'[vpns.A.users.alice]\npassword_hash = "{hash_password(ALICE)}"\nmax_spool_bytes = {LIMIT}\n'
+    )
+    with MeshCluster(2, extra_args=("--mesh-vpns", str(vpns), "--nats-port", "0")) as cluster:
+        cluster.start()
+        a, b = cluster["a"], cluster["b"]
+        await asyncio.to_thread(cluster.wait_linked)
+        await put_queue_in(b, "orders", ["orders.>"], "A")
+        await interest_reached(a, "b", "$G.$vpn:A.orders.>")
+        b.kill(signal.SIGKILL)
+        await eventually(lambda: link_state(a, "b", "down"), timeout=15, what="a sees b down")
+        url = f"nats://127.0.0.1:{a.door_port('nats')}"
+        nc = await nats.connect(
+            url, user="A/alice", password=ALICE, connect_timeout=30, allow_reconnect=False
+        )
+        try:
+            for i in range(2 * LIMIT // BODY):
+                await nc.publish("orders.eu", b"%04d" % i + b"x" * (BODY - 4))
+            with contextlib.suppress(nats.errors.Error):
+                await nc.flush()
+
+            async def refused() -> bool:
+                shown = (await status(a))["vpns"]["A"]
+                return bool(shown["limits_refused"].get("user_spool_bytes"))
+
+            await eventually(refused, timeout=30, what="alice's publishes past her spool bytes refused")
+            assert (await status(a))["vpns"]["A"]["spool_bytes"] <= LIMIT
+            await eventually(lambda: nc.last_error is not None, timeout=30, what="alice told")
+            assert "not stored" in str(nc.last_error)
+        finally:
+            await nc.close()

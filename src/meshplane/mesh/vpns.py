@@ -14,6 +14,7 @@ exports = [{ events = "orders.>", to = ["team-b"] }]  # what other VPNs may impo
 [vpns.team-a.users.alice]
 max_connections = 5    # alice's clients on one node, at most
 max_events_per_second = 1000  # her clients' publishes on one node (and max_bytes_per_second)
+max_spool_bytes = 10485760  # her guaranteed events published on one node, in its spools for others
 password_hash = "$argon2id$v=19$..."   # meshplane mesh hash-password (the password from stdin)
 certificate = "CN=alice"  # ... or (and) a client certificate naming it (CN=, DNS=, email=, URI=, IP=)
 queues = { create = { allow = ["orders-*"] }, read = { deny = ["*-audit"] } }  # and bind: queue names
@@ -73,6 +74,7 @@ class User:
     max_subscriptions: int | None = None  # patterns its clients hold on one node, at most
     max_events_per_second: int | None = None  # its clients' publishes on one node
     max_bytes_per_second: int | None = None  # ... and their bytes
+    max_spool_bytes: int | None = None  # its guaranteed events published on one node, in its spools
 
     def permissions(self) -> Permissions:
         """What a client logged in as this user is held to (its own, for its remembered decisions)."""
@@ -204,7 +206,13 @@ LIMITS = (
 
 STREAMS_LIMITS = ("max_topics", "max_partitions", "max_rooms", "max_groups")
 
-USER_LIMITS = ("max_connections", "max_subscriptions", "max_events_per_second", "max_bytes_per_second")
+USER_LIMITS = (
+    "max_connections",
+    "max_subscriptions",
+    "max_events_per_second",
+    "max_bytes_per_second",
+    "max_spool_bytes",
+)
 
 
 class _Problems:

@@ -325,7 +325,7 @@ class MqttConnection(asyncio.Protocol):
             self.transport.pause_reading()  # 3.1.1 has no Receive Maximum: the socket waits
             self.paused_reading = True
         answered = partial(self.answered, entry)
-        self.door.publish_guaranteed(self.prefix + subject, payload, skip, answered, flags)
+        self.door.publish_guaranteed(self.prefix + subject, payload, skip, answered, flags, self.user)
 
     def answered(self, entry: Pending, _: int, error: str) -> None:
         """A QoS 1 PUBLISH stored (``error`` empty) or not: PUBACKs go in order."""
