@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -29,38 +30,74 @@ ALICE = "alice-spool-password"
 BOB = "bob-spool-password"
 
 
-@pytest.mark.timeout(120)
-async def test_a_vpns_spool_bytes_past_its_limit_are_refused_and_nothing_acknowledged_is_lost(
-    tmp_path: Path,
-) -> None:
-    vpns = tmp_path / "vpns.toml"
-    vpns.write_text(f"[vpns.A]\nmax_spool_bytes = {LIMIT}\n[vpns.B]\n")
-    with MeshCluster(2, extra_args=("--mesh-vpns", str(vpns))) as cluster:
+@contextlib.asynccontextmanager
+async def _queue_node_down(
+    tmp_path: Path, vpns_file: str, vpns: tuple[str, ...] = ("A",), *more: str
+) -> AsyncIterator[MeshCluster]:
+    """Nodes a and b, each VPN's queue ``orders`` on b, then b killed: a spools what the queues want."""
+    path = tmp_path / "vpns.toml"
+    path.write_text(vpns_file)
+    with MeshCluster(2, extra_args=("--mesh-vpns", str(path), *more)) as cluster:
         cluster.start()
         a, b = cluster["a"], cluster["b"]
         await asyncio.to_thread(cluster.wait_linked)
-        for vpn in ("A", "B"):
+        for vpn in vpns:
             await put_queue_in(b, "orders", ["orders.>"], vpn)
             await interest_reached(a, "b", f"$G.$vpn:{vpn}.orders.>")
         b.kill(signal.SIGKILL)
         await eventually(lambda: link_state(a, "b", "down"), timeout=15, what="a sees b down")
+        yield cluster
 
+
+async def _publish_until_refused(client: MeshClient) -> tuple[list[bytes], str]:
+    """Guaranteed events of BODY bytes until one is refused: those acknowledged, and why."""
+    accepted: list[bytes] = []
+    refused = ""
+    for i in range(LIMIT // BODY + 5):
+        body = b"%04d" % i + b"x" * (BODY - 4)
+        try:
+            await client.publish("orders.eu", body, guaranteed=True)
+        except TransportError as exc:
+            refused = str(exc)
+            break
+        accepted.append(body)
+    assert f"(its limit {LIMIT}): not stored" in refused, f"{len(accepted)} events and none refused"
+    assert LIMIT // (BODY + 200) <= len(accepted) <= LIMIT // BODY
+    return accepted, refused
+
+
+async def _drained_then_stored(cluster: MeshCluster, client: MeshClient, acknowledged: list[bytes]) -> None:
+    """b back: a's spool drains, ``client`` publishes again, and b's queue holds every acknowledged
+    event of A once (``acknowledged`` and the one after)."""
+    a, b = cluster["a"], cluster["b"]
+    b.start()
+    await asyncio.to_thread(cluster.wait_linked)
+
+    async def drained() -> bool:
+        return int((await status(a))["vpns"]["A"]["spool_bytes"]) == 0
+
+    await eventually(drained, timeout=30, what="A's spooled events confirmed by b")
+    await client.publish("orders.eu", b"after", guaranteed=True)
+
+    async def arrived() -> bool:
+        return len(await queue_bodies(b, "A:orders")) >= len(acknowledged) + 1
+
+    await eventually(arrived, timeout=30, what="every acknowledged event of A in its queue")
+    assert await queue_bodies(b, "A:orders") == [*acknowledged, b"after"]  # none lost, none twice, in order
+
+
+@pytest.mark.timeout(120)
+async def test_a_vpns_spool_bytes_past_its_limit_are_refused_and_nothing_acknowledged_is_lost(
+    tmp_path: Path,
+) -> None:
+    vpns = f"[vpns.A]\nmax_spool_bytes = {LIMIT}\n[vpns.B]\n"
+    async with _queue_node_down(tmp_path, vpns, ("A", "B")) as cluster:
+        a = cluster["a"]
         in_a = await MeshClient(a.route_url, vpn="A").connect()
         in_b = await MeshClient(a.route_url, vpn="B").connect()
         try:
-            accepted: list[bytes] = []
-            refused = ""
-            for i in range(LIMIT // BODY + 5):
-                body = b"%04d" % i + b"x" * (BODY - 4)
-                try:
-                    await in_a.publish("orders.eu", body, guaranteed=True)
-                except TransportError as exc:
-                    refused = str(exc)
-                    break
-                accepted.append(body)
+            accepted, refused = await _publish_until_refused(in_a)
             assert "Message VPN 'A': its guaranteed events hold" in refused
-            assert f"(its limit {LIMIT}): not stored" in refused
-            assert LIMIT // (BODY + 200) <= len(accepted) <= LIMIT // BODY
             for _ in range(50):  # B's share is its own: nothing of it refused
                 await in_b.publish("orders.eu", b"b" * BODY, guaranteed=True)
 
@@ -73,24 +110,16 @@ async def test_a_vpns_spool_bytes_past_its_limit_are_refused_and_nothing_acknowl
                 metrics = await response.text()
             assert f'meshplane_mesh_vpn_spool_bytes{{vpn="A"}} {float(shown["A"]["spool_bytes"])}' in metrics
             assert 'meshplane_mesh_vpn_limits_refused_total{limit="spool_bytes",vpn="A"} 1.0' in metrics
-
-            b.start()  # the spool drains: A's share is free again
-            await asyncio.to_thread(cluster.wait_linked)
-
-            async def drained() -> bool:
-                return int((await status(a))["vpns"]["A"]["spool_bytes"]) == 0
-
-            await eventually(drained, timeout=30, what="A's spooled events confirmed by b")
-            await in_a.publish("orders.eu", b"after", guaranteed=True)
-
-            async def arrived() -> bool:
-                return len(await queue_bodies(b, "A:orders")) >= len(accepted) + 1
-
-            await eventually(arrived, timeout=30, what="every acknowledged event of A in its queue")
-            assert await queue_bodies(b, "A:orders") == [*accepted, b"after"]  # none lost, none twice
+            await _drained_then_stored(cluster, in_a, accepted)  # A's share is free again
         finally:
             await in_a.close()
             await in_b.close()
+
+
+USERS = (
+    f'[vpns.A.users.alice]\npassword_hash = "{hash_password(ALICE)}"\nmax_spool_bytes = {LIMIT}\n'
+    f'[vpns.A.users.bob]\npassword_hash = "{hash_password(BOB)}"\n'
+)
 
 
 @pytest.mark.timeout(120)
@@ -98,36 +127,13 @@ async def test_a_users_spool_bytes_past_its_limit_are_refused_and_other_users_ke
     tmp_path: Path,
 ) -> None:
     """A user's ``max_spool_bytes``: counted at publish time on the node its client is connected to."""
-    vpns = tmp_path / "vpns.toml"
-    vpns.write_text(
-        f'[vpns.A.users.alice]\npassword_hash = "{hash_password(ALICE)}"\nmax_spool_bytes = {LIMIT}\n'
-        f'[vpns.A.users.bob]\npassword_hash = "{hash_password(BOB)}"\n'
-    )
-    with MeshCluster(2, extra_args=("--mesh-vpns", str(vpns))) as cluster:
-        cluster.start()
-        a, b = cluster["a"], cluster["b"]
-        await asyncio.to_thread(cluster.wait_linked)
-        await put_queue_in(b, "orders", ["orders.>"], "A")
-        await interest_reached(a, "b", "$G.$vpn:A.orders.>")
-        b.kill(signal.SIGKILL)
-        await eventually(lambda: link_state(a, "b", "down"), timeout=15, what="a sees b down")
-
+    async with _queue_node_down(tmp_path, USERS) as cluster:
+        a = cluster["a"]
         alice = await MeshClient(a.route_url, vpn="A", user="alice", password=ALICE).connect()
         bob = await MeshClient(a.route_url, vpn="A", user="bob", password=BOB).connect()
         try:
-            accepted: list[bytes] = []
-            refused = ""
-            for i in range(LIMIT // BODY + 5):
-                body = b"%04d" % i + b"x" * (BODY - 4)
-                try:
-                    await alice.publish("orders.eu", body, guaranteed=True)
-                except TransportError as exc:
-                    refused = str(exc)
-                    break
-                accepted.append(body)
+            accepted, refused = await _publish_until_refused(alice)
             assert "user 'alice' of Message VPN 'A': its guaranteed events hold" in refused, refused
-            assert f"(its limit {LIMIT}): not stored" in refused
-            assert LIMIT // (BODY + 200) <= len(accepted) <= LIMIT // BODY
             bobs = [b"b%04d" % i + b"y" * BODY for i in range(50)]
             for body in bobs:  # the VPN has no limit: bob's events are not alice's
                 await bob.publish("orders.eu", body, guaranteed=True)
@@ -136,22 +142,7 @@ async def test_a_users_spool_bytes_past_its_limit_are_refused_and_other_users_ke
             assert shown["spool_bytes"] >= len(accepted) * BODY + 50 * BODY  # the VPN's: both users'
             assert len(accepted) * BODY <= shown["users_spool_bytes"]["alice"] <= LIMIT
             assert shown["users_spool_bytes"]["bob"] >= 50 * BODY
-
-            b.start()  # the spool drains: alice's share is free again
-            await asyncio.to_thread(cluster.wait_linked)
-
-            async def drained() -> bool:
-                return int((await status(a))["vpns"]["A"]["spool_bytes"]) == 0
-
-            await eventually(drained, timeout=30, what="A's spooled events confirmed by b")
-            await alice.publish("orders.eu", b"after", guaranteed=True)
-
-            async def arrived() -> bool:
-                return len(await queue_bodies(b, "A:orders")) >= len(accepted) + len(bobs) + 1
-
-            await eventually(arrived, timeout=30, what="every acknowledged event of A in its queue")
-            stored = await queue_bodies(b, "A:orders")
-            assert sorted(stored) == sorted([*accepted, *bobs, b"after"])  # none lost, none twice
+            await _drained_then_stored(cluster, alice, [*accepted, *bobs])  # alice's share is free again
         finally:
             await alice.close()
             await bob.close()
@@ -161,18 +152,8 @@ async def test_a_users_spool_bytes_past_its_limit_are_refused_and_other_users_ke
 async def test_a_users_spool_bytes_hold_for_its_nats_clients(tmp_path: Path) -> None:
     """The NATS door's clients are held to their user's ``max_spool_bytes`` as mesh clients: a PUB
     on a queue's subject past it is not stored, and the client is told (-ERR 'not stored: ...')."""
-    vpns = tmp_path / "vpns.toml"
-    vpns.write_text(
-        f'[vpns.A.users.alice]\npassword_hash = "{hash_password(ALICE)}"\nmax_spool_bytes = {LIMIT}\n'
-    )
-    with MeshCluster(2, extra_args=("--mesh-vpns", str(vpns), "--nats-port", "0")) as cluster:
-        cluster.start()
-        a, b = cluster["a"], cluster["b"]
-        await asyncio.to_thread(cluster.wait_linked)
-        await put_queue_in(b, "orders", ["orders.>"], "A")
-        await interest_reached(a, "b", "$G.$vpn:A.orders.>")
-        b.kill(signal.SIGKILL)
-        await eventually(lambda: link_state(a, "b", "down"), timeout=15, what="a sees b down")
+    async with _queue_node_down(tmp_path, USERS, ("A",), "--nats-port", "0") as cluster:
+        a = cluster["a"]
         url = f"nats://127.0.0.1:{a.door_port('nats')}"
         nc = await nats.connect(
             url, user="A/alice", password=ALICE, connect_timeout=30, allow_reconnect=False
@@ -188,7 +169,7 @@ async def test_a_users_spool_bytes_hold_for_its_nats_clients(tmp_path: Path) -> 
                 return bool(shown["limits_refused"].get("user_spool_bytes"))
 
             await eventually(refused, timeout=30, what="alice's publishes past her spool bytes refused")
-            assert (await status(a))["vpns"]["A"]["spool_bytes"] <= LIMIT
+            assert (await status(a))["vpns"]["A"]["users_spool_bytes"]["alice"] <= LIMIT
             await eventually(lambda: nc.last_error is not None, timeout=30, what="alice told")
             assert "not stored" in str(nc.last_error)
         finally:
