@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import aiohttp
 import nats
 import pytest
 
+from meshplane.core.doors.mqtt_packets import V311, Connect, Publish, encode
 from meshplane.errors import TransportError
 from meshplane.launchers import MeshCluster
 from meshplane.mesh.client import MeshClient
@@ -174,3 +176,37 @@ async def test_a_users_spool_bytes_hold_for_its_nats_clients(tmp_path: Path) -> 
             assert "not stored" in str(nc.last_error)
         finally:
             await nc.close()
+
+
+def _mqtt_publish_until_closed(port: int, count: int) -> None:
+    """A 3.1.1 client logged in as alice sends ``count`` QoS 1 PUBLISHes of BODY bytes, then reads
+    until the door closes it (a QoS 1 PUBLISH it cannot store: 3.1.1 has no refusing PUBACK)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    try:
+        sock.sendall(
+            encode(Connect(V311, "alice-mqtt", True, username="alice@A", password=ALICE.encode()), V311)
+        )
+        assert sock.recv(4) == b"\x20\x02\x00\x00"
+        for i in range(1, count + 1):
+            sock.sendall(encode(Publish("orders/eu", b"x" * BODY, 1, False, False, i), V311))
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass  # closed under a send: what the door does past the limit
+    finally:
+        sock.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_users_spool_bytes_hold_for_its_mqtt_clients(tmp_path: Path) -> None:
+    """The MQTT door's QoS 1 PUBLISHes are held to their user's ``max_spool_bytes`` too."""
+    async with _queue_node_down(tmp_path, USERS, ("A",), "--mqtt-port", "0") as cluster:
+        a = cluster["a"]
+        await asyncio.to_thread(_mqtt_publish_until_closed, a.door_port("mqtt"), 2 * LIMIT // BODY)
+
+        async def refused() -> bool:
+            shown = (await status(a))["vpns"]["A"]
+            return bool(shown["limits_refused"].get("user_spool_bytes"))
+
+        await eventually(refused, timeout=30, what="alice's QoS 1 publishes past her spool bytes refused")
+        assert 0 < (await status(a))["vpns"]["A"]["users_spool_bytes"]["alice"] <= LIMIT
