@@ -41,6 +41,7 @@ VARIABLES = (
     "MESHPLANE_GUARANTEED",
     "MESHPLANE_STREAMS_URL",
     "MESHPLANE_STREAMS_TOKEN",
+    "MESHPLANE_STREAMS_VPN",  # the Message VPN an operator's streams commands and Spark queries work in
     "MESHPLANE_MESH_URL",  # a mesh node's HTTP API, for `meshplane mesh ...`
     "MESHPLANE_STATE_DIR",  # a `meshplane up`'s folder, for `meshplane status`
 )

@@ -178,3 +178,90 @@ async def test_the_operator_sees_every_queue_and_works_in_any_vpn(node: StreamsS
     status, body = await _call(node, "DELETE", "/mesh/queues/ops2", OPERATOR, vpn="A")
     assert status == 200, body
     assert "ops2" not in await _names(node, A)
+
+
+async def _publish(node: StreamsServerProcess, vpn: str, subject: str, bodies: list[bytes]) -> None:
+    client = await MeshClient(node.route_url, vpn=vpn).connect()
+    try:
+        for body in bodies:
+            await client.publish(subject, body, guaranteed=True)  # returns once stored
+    finally:
+        await client.close()
+
+
+async def test_a_vpns_token_runs_a_consumer_group_on_its_queue_by_its_own_name(
+    node: StreamsServerProcess,
+) -> None:
+    assert (await _call(node, "PUT", "/mesh/queues/jobs", A, {"patterns": ["jobs.>"]}))[0] == 200
+    await _publish(node, "A", "jobs.x", [b"j%d" % i for i in range(5)])
+    status, made = await _call(node, "POST", "/consumer-groups/workers", A, {"topic": "jobs"})
+    assert status == 201, made
+    assert (made["group_id"], made["topic"], made["partition_count"]) == ("workers", "jobs", 1)
+    status, joined = await _call(node, "POST", "/consumer-groups/workers/join", A, {})
+    assert status == 200, joined
+    assert (joined["group_id"], joined["partitions"]) == ("workers", [0])
+    member, generation = joined["member_id"], joined["generation"]
+    status, page = await _call(node, "POST", "/topics/jobs/partitions/0/consume", A, {"from_offset": 0})
+    assert status == 200, page
+    assert len(page["events"]) == 5, page
+    commit = {"partition_id": 0, "offset": 3, "member_id": member, "generation": generation}
+    status, body = await _call(node, "POST", "/consumer-groups/workers/offsets/commit", A, commit)
+    assert status == 200, body
+    status, offset = await _call(node, "GET", "/consumer-groups/workers/offsets/0", A)
+    assert (status, offset["offset"]) == (200, 3), offset
+    status, stats = await _call(node, "GET", "/consumer-groups/workers/stats", A)
+    assert status == 200, stats
+    assert (stats["group_id"], stats["topic"], stats["lag"]) == ("workers", "jobs", {"0": 2})
+    status, groups = await _call(node, "GET", "/consumer-groups", A)
+    assert status == 200, groups
+    assert "workers" in groups["groups"], groups
+    status, groups = await _call(node, "GET", "/consumer-groups", OPERATOR)
+    assert "A:workers" in groups["groups"], groups  # the default VPN's stored name, as the topic's
+
+    # Another VPN's token: A's queue and its group are unknown to it.
+    status, groups = await _call(node, "GET", "/consumer-groups", B)
+    assert "workers" not in groups["groups"], groups
+    for method, path in (
+        ("POST", "/consumer-groups/workers/join"),
+        ("GET", "/consumer-groups/workers/stats"),
+        ("GET", "/consumer-groups/workers/offsets/0"),
+        ("DELETE", "/consumer-groups/workers"),
+        ("GET", "/consumer-groups/A:workers/stats"),
+    ):
+        status, body = await _call(node, method, path, B, {})
+        assert status == 404, (method, path, body)
+    status, body = await _call(node, "POST", "/consumer-groups/workers", B, {"topic": "jobs"})
+    assert status == 404, body
+    status, body = await _call(node, "POST", "/consumer-groups/w2", B, {"topic": "A:jobs"})
+    assert status in (400, 404), body
+
+    # A group of A's own topic may not take the queue group's name, nor the queue group an own group's.
+    assert (await _call(node, "POST", "/topics/own", A, {"num_partitions": 1}))[0] == 201
+    status, body = await _call(node, "POST", "/consumer-groups/workers", A, {"topic": "own"})
+    assert status == 409, body
+    assert (await _call(node, "POST", "/consumer-groups/mine", A, {"topic": "own"}))[0] == 201
+    status, body = await _call(node, "POST", "/consumer-groups/mine", A, {"topic": "jobs"})
+    assert status == 409, body
+    status, body = await _call(node, "DELETE", "/consumer-groups/workers", A)
+    assert (status, body) == (200, {"success": True, "group_id": "workers"})
+    assert "A:workers" not in (await _call(node, "GET", "/consumer-groups", OPERATOR))[1]["groups"]
+
+
+async def test_a_vpns_topic_list_shows_its_queues_by_their_names_and_no_other_vpns(
+    node: StreamsServerProcess,
+) -> None:
+    assert (await _call(node, "PUT", "/mesh/queues/listed-a", A, {"patterns": ["la.>"]}))[0] == 200
+    assert (await _call(node, "PUT", "/mesh/queues/listed-b", B, {"patterns": ["lb.>"]}))[0] == 200
+    status, listed = await _call(node, "GET", "/topics", A)
+    assert status == 200, listed
+    assert "listed-a" in listed["topics"], listed
+    assert listed["count"] == len(listed["topics"])
+    assert not any(name.startswith("listed-b") or ":" in name for name in listed["topics"]), listed
+    status, listed = await _call(node, "GET", "/topics", B)
+    assert "listed-b" in listed["topics"], listed
+    assert "listed-a" not in listed["topics"], listed
+    status, listed = await _call(node, "GET", "/topics", A_ORDERS)  # its scopes apply: orders* only
+    assert status == 200, listed
+    assert "listed-a" not in listed["topics"], listed
+    status, listed = await _call(node, "GET", "/topics", OPERATOR)
+    assert {"A:listed-a", "B:listed-b"} <= set(listed["topics"]), listed

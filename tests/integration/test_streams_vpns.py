@@ -22,6 +22,7 @@ from meshplane.streams.client import StreamsClient
 from meshplane.streams.errors import StreamError
 from meshplane.streams.jetstream import naming
 from tests.helpers import eventually
+from tests.support.cli import run_cli, streams_env
 from tests.support.mesh import Inbox
 
 A = "team-a-admin-token-0001"
@@ -475,3 +476,25 @@ def test_serve_refuses_a_token_of_an_unknown_vpn(tmp_path: Path) -> None:
     (tmp_path / "tokens.toml").write_text(TOKENS.replace('vpn = "team-b"', 'vpn = "team-c"'))
     with StreamsServerProcess(extra_args=args) as proc, pytest.raises(Exception, match="team-c"):
         proc.start(timeout=20)
+
+
+def test_the_streams_commands_work_in_the_vpn_the_operator_names(server: StreamsServerProcess) -> None:
+    """``--vpn`` (or ``$MESHPLANE_STREAMS_VPN``, a context's too) sends ``X-Meshplane-Vpn``: the
+    operator's commands act in that VPN; another VPN's token naming it is refused."""
+    operator = {**streams_env(server), "MESHPLANE_STREAMS_TOKEN": OPERATOR, "XDG_CONFIG_HOME": "/nonexistent"}
+
+    def listed(env: dict[str, str], *more: str) -> list[str]:
+        result = run_cli("topic", "list", "--json", *more, env=env)
+        assert result.returncode == 0, result.stderr
+        topics: list[str] = json.loads(result.stdout)
+        return topics
+
+    made = run_cli("topic", "create", "cli-in-a", "--partitions", "1", "--vpn", "team-a", env=operator)
+    assert made.returncode == 0, made.stderr
+    assert "cli-in-a" in listed(operator, "--vpn", "team-a")
+    assert "cli-in-a" not in listed(operator)  # the default VPN's topics: not team-a's
+    assert "cli-in-a" in listed({**operator, "MESHPLANE_STREAMS_VPN": "team-a"})
+    as_b = {**operator, "MESHPLANE_STREAMS_TOKEN": B}
+    refused = run_cli("topic", "list", "--vpn", "team-a", env=as_b)
+    assert refused.returncode != 0
+    assert "works in its VPN only" in refused.stderr, refused.stderr

@@ -87,6 +87,8 @@ def test_the_vpn_file_says_each_mistake() -> None:
         ("[vpns.-a]", "VPN name"),
         ("[other]", "unknown key"),
         ("[vpns.A]\nlimit = 3", "unknown key"),
+        ("[vpns.A]\nmax_topics = 0", "max_topics: a whole number"),
+        ('[vpns.A]\nmax_groups = "10"', "max_groups: a whole number"),
         ('[vpns.A.users.u]\npassword_hash = "plain"', "argon2 hash"),
         ('[vpns.A.users.u]\npassword_hash = "$argon2id$x"\nsubscribe = { allow = ["a..b"] }', "not a valid"),
         ('[vpns.A.users.u]\npassword_hash = "$argon2id$x"\npublish = { only = [] }', "allow and deny"),
@@ -110,6 +112,8 @@ def test_the_vpn_file_of_the_docs_is_one() -> None:
     vpns = parse_vpns(snippet)
     assert vpns["team-a"].users["alice"].subscribe.deny == ("orders.audit.>",)
     assert vpns["team-a"].max_connections == 100
+    assert vpns["team-a"].streams_limits() == {"max_topics": 1000}
+    assert vpns["team-b"].streams_limits() == {}
     assert [i.local for i in vpns["team-b"].imports] == ["a.orders.eu.>", "a.prices.>"]
 
 

@@ -9,7 +9,6 @@ import os
 import signal
 import ssl
 import sys
-from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +23,7 @@ from meshplane.streams.service import StreamsConfig, StreamsService
 if TYPE_CHECKING:
     from meshplane.mesh.config import MeshConfig
     from meshplane.mesh.lease import MateLease
+    from meshplane.mesh.vpns import Vpns
 
 STORAGE_ENV = "MESHPLANE_STREAMS_STORAGE"
 
@@ -156,6 +156,7 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         ("--max-topics", int, "topics"),
         ("--max-partitions", int, "partitions of all topics together"),
         ("--max-rooms", int, "rooms"),
+        ("--max-groups", int, "consumer groups"),
         ("--room-memory-bytes", int, "memory for all rooms' histories together"),
         ("--max-open-files", int, "segment files open at once (default: half of RLIMIT_NOFILE)"),
         ("--idempotency-ttl-secs", float, "how long an idempotent publish is remembered"),
@@ -194,7 +195,7 @@ def streams_engine(args: argparse.Namespace, mesh_config: MeshConfig | None) -> 
     )
 
 
-def server_vpns(path: Path | None) -> Collection[str]:
+def server_vpns(path: Path | None) -> Vpns:
     """The Message VPNs of a --mesh-vpns file (only ``default`` without one)."""
     from meshplane.mesh.vpns import Vpns, load_vpns
 
@@ -220,6 +221,7 @@ _CONFIG_FIELDS = {  # serve's flag -> StreamsConfig field
     "--max-topics": "max_topics",
     "--max-partitions": "max_partitions",
     "--max-rooms": "max_rooms",
+    "--max-groups": "max_groups",
     "--room-memory-bytes": "room_memory_bytes",
     "--max-open-files": "max_open_files",
     "--idempotency-ttl-secs": "idempotency_ttl_secs",
@@ -410,6 +412,7 @@ async def _serve_locked(
             stop=stop,
             mesh=mesh,
             discovery=discovery,
+            vpns=mesh_config.vpns if mesh_config is not None else server_vpns(args.mesh_vpns),
         )
     finally:
         if mesh is not None and mesh.mirror is not None:

@@ -21,6 +21,7 @@ from meshplane.streams.errors import UNAUTHORIZED, StreamError, Unauthorized
 
 DEFAULT_URL = "http://127.0.0.1:15500"
 TOKEN_ENV = "MESHPLANE_STREAMS_TOKEN"
+VPN_ENV = "MESHPLANE_STREAMS_VPN"
 
 
 def add_client_commands(commands: Any) -> None:
@@ -32,6 +33,12 @@ def add_client_commands(commands: Any) -> None:
         help=f"server URL (default: $MESHPLANE_STREAMS_URL, the selected context's, or {DEFAULT_URL})",
     )
     add_token_option(common, TOKEN_ENV, "the server's bearer token")
+    common.add_argument(
+        "--vpn",
+        metavar="NAME",
+        help="the Message VPN to work in, for the server's operator (sent as X-Meshplane-Vpn; a VPN's own "
+        f"token needs none). Default: ${VPN_ENV} or the selected context's",
+    )
     common.add_argument(
         "--json", action="store_true", help="JSON even at a terminal (tables and indentation are for people)"
     )
@@ -323,7 +330,7 @@ async def _run_client(args: argparse.Namespace) -> int:
     fallback = env.get("MESHPLANE_MESH_URL") if of_mesh else None  # up --nodes: node a
     args.url = args.url or streams_url(fallback or env.get("MESHPLANE_STREAMS_URL") or DEFAULT_URL)
     args.token = args.token or env.get(TOKEN_ENV)
-    async with StreamsClient(args.url, token=args.token) as client:
+    async with StreamsClient(args.url, token=args.token, vpn=args.vpn or env.get(VPN_ENV) or None) as client:
         command, action = args.command, args.action
         if command == "vpn":
             from meshplane.cli.vpn import run_vpn

@@ -156,7 +156,7 @@ class Dashboard:
 
     def join(self, grant: Grant | None, tail: Tail | None = None) -> Viewer:
         if len(self.viewers) >= MAX_VIEWERS:
-            raise LimitReached(f"{MAX_VIEWERS} dashboard pages are open (the limit)")
+            raise LimitReached(f"{MAX_VIEWERS} dashboard pages are open (the limit)", "dashboard_pages")
         viewer = Viewer(grant, tail)
         self.viewers.add(viewer)
         self._refresh_plane()

@@ -162,7 +162,7 @@ class Clients:
                 event = MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, raw)
                 sequence = frame.sequence
                 try:
-                    node.guaranteed.publish(event, session.answer, sequence)
+                    node.guaranteed.publish(event, session.answer, sequence, user=session.user)
                 except Exception as exc:  # a failed store is an answer, never a dropped connection
                     node.counters["guaranteed_errors"] += 1
                     log.exception("a guaranteed publish on %r failed", frame.subject[:80])

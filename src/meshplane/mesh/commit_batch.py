@@ -26,6 +26,12 @@ if TYPE_CHECKING:
     from meshplane.streams.service import StreamsService
 
 
+def share_key(vpn: str, user: str) -> str:
+    """What a spool counts a user's events under (its VPN's bytes are the sum of its keys': a NUL is
+    in no VPN's or user's name)."""
+    return f"{vpn}\0{user}"
+
+
 # done(ticket, error): error "" once stored (and synced as the policy says), else why not
 Answer = Callable[[int, str], None]
 
@@ -38,6 +44,12 @@ class VpnSpoolBytes(Protocol):
 
     def refuse(self, vpn: str) -> str:
         """An event of ``vpn`` that does not fit: counted, and why."""
+
+    def user_room(self, vpn: str, user: str) -> int | None:
+        """Bytes the events ``user`` of ``vpn`` published on this node may still take (None: no limit)."""
+
+    def refuse_user(self, vpn: str, user: str) -> str:
+        """An event of ``user`` that does not fit: counted, and why."""
 
 
 @dataclass(eq=False, slots=True)
@@ -52,6 +64,7 @@ class Work:
     way: str = ""  # how it came: "" published here, a peer's id (its spool), "@" + another cluster
     link: Link | None = None  # a spool's: the link it came over ...
     failures: int = 0  # ... and how many stores from that link had failed when it came
+    user: str = ""  # published here by a client logged in as this user of its VPN
 
 
 def store_batch(
@@ -61,7 +74,8 @@ def store_batch(
     failed (and why), what must be synced before the others are acknowledged, and the spools that
     took events. A failed write fails the works it held; what they wrote elsewhere is dropped by id
     if they are sent again. An event published here past its VPN's room in the spools is refused
-    (one that came from a spool is a peer's to hold: it is spooled on, counted)."""
+    (one that came from a spool is a peer's to hold: it is spooled on, counted), and one published
+    past its user's room (each user's bytes are counted under ``VPN\0USER``: :func:`share_key`)."""
     failed: dict[Work, str] = {}
     by_spool: dict[Spool, list[bytes]] = {}
     vpns_of: dict[Spool, list[str]] = {}
@@ -101,12 +115,26 @@ def store_batch(
                     failed[work] = shares.refuse(vpn)
                     continue
                 vpn_room[vpn] = mine - taken
+            key = vpn
+            if work.user and shares is not None:
+                key = share_key(vpn, work.user)
+                if key not in vpn_room:
+                    vpn_room[key] = shares.user_room(vpn, work.user)
+                own = vpn_room[key]
+                if own is not None:
+                    taken = size * len(work.spools)
+                    if taken > own:
+                        failed[work] = shares.refuse_user(vpn, work.user)
+                        if mine is not None:
+                            vpn_room[vpn] = mine  # not taken from the VPN's either
+                        continue
+                    vpn_room[key] = own - taken
             for spool in work.spools:
                 left = room[spool]
                 left[0] -= 1
                 left[1] -= size
                 by_spool.setdefault(spool, []).append(raw)
-                vpns_of.setdefault(spool, []).append(vpn)
+                vpns_of.setdefault(spool, []).append(key)
                 works_of.setdefault(spool, []).append(work)
         for queue in work.queues:
             by_queue.setdefault(queue, []).append(work)

@@ -183,7 +183,9 @@ class Guaranteed:
 
     # --- publishing: on the node the publisher is on --------------------------------------------------
 
-    def publish(self, event: MeshEvent, done: Answer, ticket: int = 0, skip: Holder | None = None) -> None:
+    def publish(
+        self, event: MeshEvent, done: Answer, ticket: int = 0, skip: Holder | None = None, user: str = ""
+    ) -> None:
         """Route ``event`` (its flags say guaranteed) and call ``done(ticket, error)`` once it is stored
         everywhere it must be: the spool of each node whose queues want it, of each other cluster whose
         queues want it (a gateway), and this node's queues."""
@@ -205,7 +207,7 @@ class Guaranteed:
             self._spools_of[subject] = (peers, clusters, spools)
         # The spooled copy serves the direct subscribers of the peers it goes to.
         self.node.route_direct(event, peers, skip)
-        self._submit(Work(event, spools, self._queues(event), done, ticket))
+        self._submit(Work(event, spools, self._queues(event), done, ticket, user=user))
 
     def _queues(self, event: MeshEvent) -> list[Queue]:
         route = self.node.router.route(PREFIX + event.subject)
@@ -222,7 +224,7 @@ class Guaranteed:
         does not cross too: the spooled one serves that cluster's direct subscribers)."""
         return self.clusters is not None and cluster in self.clusters.match(subject)
 
-    async def publish_async(self, event: MeshEvent, skip: Holder | None = None) -> None:
+    async def publish_async(self, event: MeshEvent, skip: Holder | None = None, user: str = "") -> None:
         """:meth:`publish`, awaited: raises NotStored when it was not stored, OutcomeUnknown when it
         may or may not be."""
         answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -231,7 +233,7 @@ class Guaranteed:
             if not answer.done():
                 answer.set_result(error)
 
-        self.publish(event, done, skip=skip)
+        self.publish(event, done, skip=skip, user=user)
         error = await answer
         if error.startswith(ANSWER_UNKNOWN):
             raise OutcomeUnknown(error)

@@ -348,6 +348,9 @@ class Logins:
                 "users": sorted(vpn.users),
                 "subscriptions": self.subscriptions[name],
                 "spool_bytes": self.node.guaranteed.vpn_room.spooled_bytes(name),
+                "users_spool_bytes": {
+                    u: self.node.guaranteed.vpn_room.user_bytes(name, u) for u in sorted(vpn.users)
+                },
                 "logins_refused": self.refused[name],
                 "logins_busy": self.busy[name],
                 "limits": {key: getattr(vpn, key) for key in LIMITS},

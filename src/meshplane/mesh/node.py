@@ -343,15 +343,16 @@ class MeshNode:
         return self._route(event, skip)
 
     async def publish_guaranteed(
-        self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None
+        self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None, user: str = ""
     ) -> None:
         """Publish a guaranteed event from this node: returns once it is stored wherever it must be
-        (raises :class:`~meshplane.streams.errors.NotStored` when it was not)."""
+        (raises :class:`~meshplane.streams.errors.NotStored` when it was not); ``user``: its publisher
+        logged in as this user of its VPN (held to the user's ``max_spool_bytes``)."""
         sequence = next(self._sequence)
         event = MeshEvent(
             self.node_id, subject, sequence, time.time_ns() // 1_000_000, body, flags | FLAG_GUARANTEED
         )
-        await self.guaranteed.publish_async(event, skip)
+        await self.guaranteed.publish_async(event, skip, user)
 
     def route_direct(
         self, event: MeshEvent, exclude: Collection[str] = (), skip: Holder | None = None

@@ -247,11 +247,11 @@ class Queues:
         if who is not None:
             self.allowed(who, "create" if name not in self.queues else "bind", queue_name, tuple(patterns))
         if name not in self.queues and len(self.queues) >= self.limit:
-            raise LimitReached(f"{self.limit} queues on this node (its limit: --mesh-max-queues)")
+            raise LimitReached(f"{self.limit} queues on this node (its limit: --mesh-max-queues)", "queues")
         limit = self.node.config.vpns[vpn].max_queues
         if name not in self.queues and limit is not None and self._count(vpn) >= limit:
             self.node.logins.limits_refused[(vpn, "queues")] += 1
-            raise LimitReached(f"Message VPN {vpn!r}: {limit} queues on this node (its limit)")
+            raise LimitReached(f"Message VPN {vpn!r}: {limit} queues on this node (its limit)", "queues")
         if name not in self.engine.topics:  # new, or deleted under the queue: held if it is paused
             old_queue = self.queues.get(name)
             self.engine.topic_store.create(name, 1).held = old_queue is not None and old_queue.paused

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ class VpnReloads:
         self.path = path
         self.counts: Counter[str] = Counter()  # "reloaded", "failed"
         self.last: dict[str, Any] = {}
+        self.applied: list[Callable[[Vpns], None]] = []  # told of each reload's VPNs (the streams limits)
 
     def status(self) -> dict[str, Any]:
         return {"file": str(self.path) if self.path else None, **self.counts, "last": self.last}
@@ -81,6 +83,8 @@ class VpnReloads:
         self.node.config.vpns = vpns
         self.node.logins.configured()
         self.node.imports.configure(vpns)
+        for apply in self.applied:
+            apply(vpns)
         closed = revoked = 0
         for session in list(self.node.clients.sessions.values()):
             why = _why_closed(session, old, vpns)

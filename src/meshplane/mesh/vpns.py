@@ -9,10 +9,12 @@ max_spool_bytes = 104857600  # its guaranteed events in one node's spools for ot
 max_events_per_second = 10000  # its clients' publishes on one node: the excess refused, counted
 max_bytes_per_second = 10485760  # ... and their bytes (each a token bucket with a second's burst)
 dmr = true             # its events cross gateways to other clusters (false: they stay in this cluster)
+max_topics = 100       # its streams topics (and max_partitions, max_rooms, max_groups): serve's flags' own
 exports = [{ events = "orders.>", to = ["team-b"] }]  # what other VPNs may import (to: only these)
 [vpns.team-a.users.alice]
 max_connections = 5    # alice's clients on one node, at most
 max_events_per_second = 1000  # her clients' publishes on one node (and max_bytes_per_second)
+max_spool_bytes = 10485760  # her guaranteed events published on one node, in its spools for others
 password_hash = "$argon2id$v=19$..."   # meshplane mesh hash-password (the password from stdin)
 certificate = "CN=alice"  # ... or (and) a client certificate naming it (CN=, DNS=, email=, URI=, IP=)
 queues = { create = { allow = ["orders-*"] }, read = { deny = ["*-audit"] } }  # and bind: queue names
@@ -72,6 +74,7 @@ class User:
     max_subscriptions: int | None = None  # patterns its clients hold on one node, at most
     max_events_per_second: int | None = None  # its clients' publishes on one node
     max_bytes_per_second: int | None = None  # ... and their bytes
+    max_spool_bytes: int | None = None  # its guaranteed events published on one node, in its spools
 
     def permissions(self) -> Permissions:
         """What a client logged in as this user is held to (its own, for its remembered decisions)."""
@@ -97,6 +100,11 @@ class Vpn:
     max_spool_bytes: int | None = None  # its guaranteed events in one node's spools, unconfirmed, at most
     max_events_per_second: int | None = None  # its clients' publishes on one node (a burst of one second)
     max_bytes_per_second: int | None = None  # ... and their bytes
+    # Its streams service's counts on this server (None: serve's --max-topics ... as each VPN's own).
+    max_topics: int | None = None
+    max_partitions: int | None = None
+    max_rooms: int | None = None
+    max_groups: int | None = None
     dmr: bool = True  # its interest and events cross gateways to other clusters (Solace's DMR switch)
     exports: tuple[Export, ...] = ()  # spaces of its subjects other VPNs may import
     imports: tuple[Import, ...] = ()  # spaces of other VPNs' subjects its clients see (vpn_sharing.py)
@@ -105,6 +113,10 @@ class Vpn:
         """The users a client certificate with ``names`` names (each user's certificate name is its
         own, but one certificate may hold several names): it logs in as the one, if one."""
         return [u for u in self.users.values() if u.certificate and u.certificate in names]
+
+    def streams_limits(self) -> dict[str, int]:
+        """The streams service's limits it sets (a ``StreamsConfig`` field each)."""
+        return {key: value for key in STREAMS_LIMITS if (value := getattr(self, key)) is not None}
 
 
 @dataclass(frozen=True)
@@ -169,6 +181,11 @@ def check_vpns(text: str) -> tuple[Vpns, list[Problem]]:
     return Vpns(by_name), sorted(problems.found, key=lambda problem: problem.line)
 
 
+def streams_limits(vpns: Mapping[str, Vpn]) -> dict[str, dict[str, int]]:
+    """The streams limits each VPN sets (``VpnEngines.limit``'s argument)."""
+    return {name: vpn.streams_limits() for name, vpn in vpns.items()}
+
+
 def parse_vpns(text: str, where: str = "the VPN file") -> Vpns:
     """The VPNs a TOML text declares; ConfigError naming the first mistake (and how many more)."""
     vpns, problems = check_vpns(text)
@@ -187,7 +204,15 @@ LIMITS = (
     "max_bytes_per_second",
 )
 
-USER_LIMITS = ("max_connections", "max_subscriptions", "max_events_per_second", "max_bytes_per_second")
+STREAMS_LIMITS = ("max_topics", "max_partitions", "max_rooms", "max_groups")
+
+USER_LIMITS = (
+    "max_connections",
+    "max_subscriptions",
+    "max_events_per_second",
+    "max_bytes_per_second",
+    "max_spool_bytes",
+)
 
 
 class _Problems:
@@ -216,12 +241,12 @@ def _vpn(
     if not isinstance(settings, dict):
         problems.add(path, where, f"must be a section ([vpns.{name}])")
         return None
-    keys = ("users", "dmr", *SHARING, *LIMITS)
+    keys = ("users", "dmr", *SHARING, *LIMITS, *STREAMS_LIMITS)
     for key in sorted(set(settings) - set(keys)):
         problems.add((*path, key), where, f"unknown key {key!r} ({', '.join(keys)})")
     if not isinstance(settings.get("dmr", True), bool):
         problems.add((*path, "dmr"), where, "dmr: true (it crosses gateways, the default) or false")
-    _limits(problems, path, where, settings, LIMITS)
+    _limits(problems, path, where, settings, (*LIMITS, *STREAMS_LIMITS))
     users = settings.get("users", {})
     if not isinstance(users, dict):
         problems.add((*path, "users"), where, f"users must be sections ([vpns.{name}.users.NAME])")
@@ -237,7 +262,7 @@ def _vpn(
     sharing[name] = parse_sharing(problems, path, where, settings, lines)
     if len(problems.found) > before:
         return None
-    limits = {key: settings.get(key) for key in LIMITS}
+    limits = {key: settings.get(key) for key in (*LIMITS, *STREAMS_LIMITS)}
     users_of = {user: u for user, u in checked.items() if u is not None}
     exports = tuple(export for _, export in sharing[name][0])
     imports = tuple(an_import for _, an_import in sharing[name][1])

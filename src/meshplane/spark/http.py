@@ -52,6 +52,7 @@ class SyncStreamsClient:
         timeout: float = 60.0,
         local_reads: bool = False,
         retry_timeout: float = 0.0,
+        vpn: str | None = None,
     ) -> None:
         self.urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
         for each in self.urls or [url]:
@@ -59,6 +60,8 @@ class SyncStreamsClient:
             if parsed.scheme not in ("http", "https") or not parsed.hostname:
                 raise StreamError(f"url must look like http://host:port, not {each!r}")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if vpn:  # an operator's requests in another Message VPN
+            self._headers["X-Meshplane-Vpn"] = vpn
         self._timeout = timeout
         self._retry_timeout = retry_timeout
         self._conn: http.client.HTTPConnection | None = None

@@ -37,6 +37,8 @@ SOURCE_OPTIONS = {
     "url": "the streams server, http(s)://host:port, or several serving the same streams, "
     "comma-separated (default $MESHPLANE_STREAMS_URL, the context's, or " + DEFAULT_URL + ")",
     "token": "a bearer token (default $MESHPLANE_STREAMS_TOKEN)",
+    "vpn": "the Message VPN to work in, for the server's operator token (sent as X-Meshplane-Vpn; default "
+    "$MESHPLANE_STREAMS_VPN or the context's; a VPN's own token needs none)",
     "topic": "topic names, comma-separated (alias of subscribe)",
     "topics": "topic names, comma-separated (alias of subscribe)",
     "subscribe": "topic names, comma-separated",
@@ -72,6 +74,7 @@ SOURCE_OPTIONS = {
 SINK_OPTIONS = {
     "url": SOURCE_OPTIONS["url"],
     "token": SOURCE_OPTIONS["token"],
+    "vpn": SOURCE_OPTIONS["vpn"],
     "topic": "the topic to publish to (wins over a topic column, as in Kafka)",
     "eventType": "event_type of published events without an event_type column (default spark)",
     "valueFormat": "strict | json: values that are not binary or string are refused, or sent as JSON",
@@ -179,8 +182,8 @@ class _Reader:
         return int(match.group(1)) * _UNIT_SECONDS[(match.group(2) or "").lower()]
 
 
-def _server(read: _Reader) -> tuple[str, str | None]:
-    """(url, token): the options', else the environment's or the selected context's."""
+def _server(read: _Reader) -> tuple[str, str | None, str | None]:
+    """(url, token, VPN): the options', else the environment's or the selected context's."""
     env = context.environment()
     url = read.text("url") or env.get("MESHPLANE_STREAMS_URL") or DEFAULT_URL
     for each in url.split(","):  # several servers of the same streams: any of them
@@ -191,7 +194,8 @@ def _server(read: _Reader) -> tuple[str, str | None]:
             parsed.port  # noqa: B018 - raises on a bad port
         except ValueError:
             raise SparkOptionError(f"option url has a bad port: {each!r}") from None
-    return url, read.text("token") or env.get("MESHPLANE_STREAMS_TOKEN")
+    vpn = read.text("vpn") or env.get("MESHPLANE_STREAMS_VPN") or None
+    return url, read.text("token") or env.get("MESHPLANE_STREAMS_TOKEN"), vpn
 
 
 def _topic_list(text: str | None) -> tuple[str, ...]:
@@ -284,6 +288,7 @@ class Options:
 
     url: str = DEFAULT_URL
     token: str | None = None
+    vpn: str | None = None  # an operator's choice of Message VPN (X-Meshplane-Vpn)
     topics: tuple[str, ...] = ()
     topic_pattern: str | None = None
     assign: dict[str, tuple[int, ...]] | None = None
@@ -320,7 +325,7 @@ class Options:
     def for_source(cls, options: Mapping[str, Any]) -> Options:
         ignored = _check_names(options, SOURCE_OPTIONS, "source")
         read = _Reader(options)
-        url, token = _server(read)
+        url, token, vpn = _server(read)
         topics = _topic_list(read.text("subscribe", "topics", "topic"))
         pattern = read.text("subscribePattern")
         assign = _assignment(read.text("assign"))
@@ -351,6 +356,7 @@ class Options:
         return cls(
             url=url,
             token=token,
+            vpn=vpn,
             topics=topics or tuple(assign or ()),
             topic_pattern=pattern,
             assign=assign,
@@ -417,12 +423,13 @@ class Options:
     def for_sink(cls, options: Mapping[str, Any]) -> Options:
         ignored = _check_names(options, SINK_OPTIONS, "sink")
         read = _Reader(options)
-        url, token = _server(read)
+        url, token, vpn = _server(read)
         value_format = _choice(read, "valueFormat", ("strict", "json"))
         topic = read.text("topic")
         return cls(
             url=url,
             token=token,
+            vpn=vpn,
             topics=(topic.strip(),) if topic and topic.strip() else (),
             event_type=read.text("eventType") or "spark",
             value_format=value_format,

@@ -65,6 +65,7 @@ def open_client(options: Options) -> SyncStreamsClient:
         timeout=options.request_timeout,
         local_reads=options.local_reads,
         retry_timeout=options.retry_timeout,
+        vpn=options.vpn,
     )
 
 
@@ -292,7 +293,7 @@ def note_progress(
 ) -> bool:
     """Record ``done`` as reader ``name``'s position on each topic. Best effort: a failure is logged,
     never raised (False)."""
-    progress = client or SyncStreamsClient(options.url, options.token, timeout=5.0)
+    progress = client or SyncStreamsClient(options.url, options.token, timeout=5.0, vpn=options.vpn)
     try:
         for topic, parts in done.items():
             path = f"/topics/{urllib.parse.quote(topic, safe='')}/readers/{urllib.parse.quote(name, safe='')}"
@@ -334,7 +335,7 @@ class MeshplaneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._target: off.TopicOffsets | None = None
         self._last_batch_at = -math.inf  # the first batch comes at once, as Kafka's does
         # Progress notes wait for no retry: a query never slows down for its lag view.
-        self._progress = SyncStreamsClient(options.url, options.token, timeout=5.0)
+        self._progress = SyncStreamsClient(options.url, options.token, timeout=5.0, vpn=options.vpn)
         self._progress_paused_until = 0.0
         self._noted: off.TopicOffsets | None = None
         self._noted_at = 0.0

@@ -58,6 +58,7 @@ class StreamsConfig:
     room_memory_bytes: int = 512 * 1024 * 1024  # all rooms' histories together
     max_topics: int = 10_000
     max_partitions: int = 100_000  # all topics' partitions together
+    max_groups: int = 10_000  # consumer groups
     max_open_files: int | None = None  # segment files open at once (None: half of RLIMIT_NOFILE)
     idempotency_keys: int = 100_000  # idempotent publishes remembered ...
     idempotency_bytes: int = 64 * 1024 * 1024  # ... in at most this much memory ...

@@ -26,7 +26,16 @@ class RequestTimeout(StreamError):
 
 
 class LimitReached(StreamError):
+    """A bound refused the request (429); ``limit`` names which, as its refusals are counted by."""
+
     kind = "LimitReached"
+
+    def __init__(self, message: str, limit: str = "other") -> None:
+        super().__init__(message)
+        self.limit = limit
+
+    def details(self) -> dict[str, Any]:
+        return {"limit": self.limit}
 
 
 class PayloadTooLarge(StreamError, errors.PayloadTooLarge):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ import msgspec
 
 from meshplane.core.groups import STRATEGIES, GroupCoordinator, GroupError, Strategy
 from meshplane.streams.config import check_name
-from meshplane.streams.errors import BadRequest, Conflict, NotFound, storage_error
+from meshplane.streams.errors import BadRequest, Conflict, LimitReached, NotFound, storage_error
 from meshplane.streams.events import Notifier
 from meshplane.streams.files import RecordFile, changed, write_atomic
 
@@ -245,6 +245,12 @@ def describe_group(group: GroupCoordinator, now: float) -> dict[str, Any]:
         "committed": {str(p): o for p, o in group.committed.items()},
         "last_rebalance_secs": None if last is None else round(now - last, 3),
     }
+
+
+def check_new_group(groups: Collection[str], group_id: str, most: int) -> None:
+    """Room for a new group within ``most`` (a name that exists is the store's Conflict)."""
+    if group_id not in groups and len(groups) >= most:
+        raise LimitReached(f"consumer group limit reached ({most} groups)", "groups")
 
 
 def group_partitions(topic: str, topic_partitions: int | None, asked: int | None) -> int:

@@ -130,7 +130,10 @@ class PubSub:
         check_patterns(patterns, self.limits.patterns_per_subscriber)
         _, held = self.registered.pop(subscriber, (now, set()))
         if not held and len(self.registered) >= self.limits.registered_subscribers:
-            raise LimitReached(f"{self.limits.registered_subscribers} registered subscribers (the limit)")
+            raise LimitReached(
+                f"{self.limits.registered_subscribers} registered subscribers (the limit)",
+                "pubsub_registrations",
+            )
         if len(held | set(patterns)) > self.limits.patterns_per_subscriber:
             self.registered[subscriber] = (now, held)
             raise BadRequest(f"at most {self.limits.patterns_per_subscriber} patterns per subscriber")
@@ -168,7 +171,9 @@ class PubSub:
         if listener_id in self.listeners:
             raise BadRequest(f"listener {listener_id!r} is already connected")
         if len(self.listeners) >= self.limits.listeners:
-            raise LimitReached(f"{self.limits.listeners} live pub/sub listeners (the limit)")
+            raise LimitReached(
+                f"{self.limits.listeners} live pub/sub listeners (the limit)", "pubsub_listeners"
+            )
         listener = PubSubListener(listener_id, patterns, self.limits)
         self.listeners[listener_id] = listener
         for pattern in set(patterns):

@@ -86,7 +86,7 @@ class Room:
     def touch_subscriber(self, subscriber_id: str, limit: int) -> None:
         """A subscriber id seen now; a new one past ``limit`` is refused."""
         if subscriber_id not in self.subscribers and len(self.subscribers) >= limit:
-            raise LimitReached(f"room {self.name!r} has {limit} subscribers (the limit)")
+            raise LimitReached(f"room {self.name!r} has {limit} subscribers (the limit)", "room_subscribers")
         self.subscribers[subscriber_id] = time.time()
 
     @property

@@ -32,7 +32,7 @@ from meshplane.streams.durability import Durability, Syncable
 from meshplane.streams.errors import BadRequest, Conflict, LimitReached, NotFound, storage_error
 from meshplane.streams.events import StreamEvent, encode_checked
 from meshplane.streams.files import FilePool, write_atomic
-from meshplane.streams.groups import GroupStore, group_partitions
+from meshplane.streams.groups import GroupStore, check_new_group, group_partitions
 from meshplane.streams.idempotency import IdempotencyTable, routed
 from meshplane.streams.limit_calls import LimitCalls
 from meshplane.streams.pubsub import PubSub, PubSubLimits
@@ -134,6 +134,7 @@ class StreamsService(StagedWrites, LimitCalls):
             "topics": (len(self.topics), c.max_topics),
             "partitions": (self.topic_store.partition_count, c.max_partitions),
             "rooms": (len(self.rooms), c.max_rooms),
+            "groups": (len(self.groups), c.max_groups),
             "room_memory_bytes": (sum(r.ring_bytes for r in self.rooms.values()), c.room_memory_bytes),
             "open_files": (len(self.files), self.files.capacity),
             "idempotency_keys": (len(self.idempotency.entries), c.idempotency_keys),
@@ -214,7 +215,7 @@ class StreamsService(StagedWrites, LimitCalls):
                 return self.rooms[name], False
             raise Conflict(f"room {name!r} already exists")
         if len(self.rooms) >= self.config.max_rooms:
-            raise LimitReached(f"room limit reached ({self.config.max_rooms} rooms)")
+            raise LimitReached(f"room limit reached ({self.config.max_rooms} rooms)", "rooms")
         return await self._make_room(name, *room_settings(self.config, max_events, retention_secs), exist_ok)
 
     async def _make_room(
@@ -428,6 +429,7 @@ class StreamsService(StagedWrites, LimitCalls):
         strategy: str = "round_robin",
         session_timeout: float | None = None,
     ) -> GroupCoordinator:
+        check_new_group(self.groups, group_id, self.config.max_groups)
         found = self.topics.get(topic)
         partitions = group_partitions(topic, len(found.partitions) if found else None, partition_count)
         timeout = session_timeout or self.config.default_session_timeout

@@ -152,7 +152,7 @@ def _decided(decide: Callable[[], T]) -> T:
         return decide()
     except StageError as exc:
         if exc.kind == "limit":
-            raise LimitReached(str(exc)) from None
+            raise LimitReached(str(exc), "staging") from None
         if exc.kind == "missing":
             raise Conflict(str(exc)) from None
         raise BadRequest(str(exc)) from None

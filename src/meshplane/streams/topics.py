@@ -379,7 +379,8 @@ def check_partition_budget(config: StreamsConfig, topics: Mapping[str, TopicBase
     total = sum(len(t.partitions) for t in topics.values())
     if total + adding > config.max_partitions:
         raise LimitReached(
-            f"partition limit reached: {total} of {config.max_partitions} in use, {adding} asked"
+            f"partition limit reached: {total} of {config.max_partitions} in use, {adding} asked",
+            "partitions",
         )
 
 
@@ -388,7 +389,7 @@ def check_new_topic(
 ) -> int:
     """A new topic's partition count (the default when none is asked), within every limit."""
     if len(topics) >= config.max_topics:
-        raise LimitReached(f"topic limit reached ({config.max_topics} topics)")
+        raise LimitReached(f"topic limit reached ({config.max_topics} topics)", "topics")
     partitions = config.default_partitions if num_partitions is None else num_partitions
     if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 10_000:
         raise BadRequest(f"num_partitions must be an integer in 1..10000, not {partitions!r}")

@@ -7,6 +7,10 @@ reaches the service of its token's VPN. The default VPN's service keeps the data
 always was (``data_dir``); VPN ``A``'s is ``data_dir/vpns/A`` (:func:`vpn_data_dir`), so a server that
 names no VPN keeps its layout, its URLs and its data.
 
+Each VPN's service counts its own topics, partitions, rooms and groups against its own limits: serve's
+flags (``--max-topics`` ...), or what the VPN's section of the VPN file sets (``max_topics = 100``,
+:func:`VpnEngines.limit`, again at each reload of the file).
+
 Only VPNs some token names get a service (no one else could reach one). On the JetStream backend a
 VPN's topics, rooms and groups are streams, buckets and subjects of its own
 (:class:`meshplane.streams.jetstream.naming.Naming`); its local files (staged writes, idempotency) are
@@ -25,6 +29,7 @@ from meshplane.streams.files import default_file_budget
 from meshplane.streams.service import StreamsService
 
 VPNS_DIR = "vpns"
+_COUNTS = ("max_topics", "max_partitions", "max_rooms", "max_groups")  # a VPN's to set, or serve's
 
 
 def vpn_data_dir(data_dir: Path, vpn: str) -> Path:
@@ -53,10 +58,16 @@ def _service_for(default: StreamsService, vpn: str, config: StreamsConfig) -> St
 class VpnEngines(Mapping[str, StreamsService]):
     """The streams service of each VPN, by name; ``default`` is always among them."""
 
-    def __init__(self, default: StreamsService, vpns: Collection[str] = ()) -> None:
+    def __init__(
+        self,
+        default: StreamsService,
+        vpns: Collection[str] = (),
+        limits: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> None:
         others = sorted(set(vpns) - {DEFAULT})
         self._by_name: dict[str, StreamsService] = {DEFAULT: default}
         config = default.config
+        self._flags = {key: getattr(config, key) for key in _COUNTS}  # serve's, before any VPN's own
         # The descriptor budget is the process's: shared by the VPNs' logs, not given to each.
         share = max(16, (config.max_open_files or default_file_budget()) // (len(others) + 1))
         if others:
@@ -64,6 +75,16 @@ class VpnEngines(Mapping[str, StreamsService]):
         for vpn in others:
             made = replace(config, data_dir=vpn_data_dir(Path(config.data_dir), vpn), max_open_files=share)
             self._by_name[vpn] = _service_for(default, vpn, made)
+        self.limit(limits or {})
+
+    def limit(self, limits: Mapping[str, Mapping[str, int]]) -> None:
+        """Each VPN's limits (``max_topics`` ...: a count limit of ``StreamsConfig``) as the VPN file
+        sets them; a VPN or limit it leaves out gets serve's flag's. A lowered limit refuses what
+        comes next, and drops nothing."""
+        for vpn, engine in self._by_name.items():
+            own = limits.get(vpn, {})
+            for key, flag in self._flags.items():
+                setattr(engine.config, key, own.get(key, flag))
 
     def __getitem__(self, vpn: str) -> StreamsService:
         return self._by_name[vpn]

@@ -1,4 +1,5 @@
-"""How many bytes of a spool each Message VPN's guaranteed events hold, sans I/O.
+"""How many bytes of a spool each Message VPN's guaranteed events hold, sans I/O (by key: a VPN's
+name, or ``VPN\0USER`` for what a user published on this node, :mod:`meshplane.mesh.vpn_spool_room`).
 
 A spool (one destination node's or cluster's) is one log of every VPN's events; a VPN's
 ``max_spool_bytes`` bounds its share of what a node's spools hold unconfirmed, so one VPN whose

@@ -346,7 +346,7 @@ class MqttDoor:
             if retain:
                 self.retain(conn.prefix + subject, payload, qos)
             if qos:
-                self.publish_guaranteed(conn.prefix + subject, payload, None, _will_answered)
+                self.publish_guaranteed(conn.prefix + subject, payload, None, _will_answered, user=conn.user)
             else:
                 self.node.publish(subject, payload, prefix=conn.prefix)
         if conn.session is not None and self.sessions is not None:
@@ -394,11 +394,13 @@ class MqttDoor:
         skip: MqttConnection | None,
         answered: Callable[[int, str], None],
         flags: int = 0,
+        user: str = "",
     ) -> None:
-        """A QoS 1 PUBLISH as a guaranteed event; ``answered(0, error)`` once stored (or not)."""
+        """A QoS 1 PUBLISH as a guaranteed event; ``answered(0, error)`` once stored (or not); ``user``:
+        its client's (held to the user's ``max_spool_bytes``)."""
         now = time.time_ns() // 1_000_000
         event = MeshEvent(self.origin, subject, next(self._sequence), now, payload, FLAG_GUARANTEED | flags)
-        self.node.guaranteed.publish(event, answered, skip=skip)
+        self.node.guaranteed.publish(event, answered, skip=skip, user=user)
 
     def retain(self, subject: str, payload: bytes, qos: int) -> str:
         """See :meth:`RetainHolder.retain`."""

@@ -99,7 +99,8 @@ def on_publish(
     if len(conn.publishes) >= RECEIVE_MAXIMUM // 2 and conn.transport is not None and conn.level == V311:
         conn.transport.pause_reading()  # 3.1.1 has no Receive Maximum: the socket waits
         conn.paused_reading = True
-    conn.door.publish_guaranteed(conn.prefix + subject, data, skip, partial(answered, conn, entry), flags)
+    answer = partial(answered, conn, entry)
+    conn.door.publish_guaranteed(conn.prefix + subject, data, skip, answer, flags, conn.user)
 
 
 def answered(conn: MqttConnection, entry: Pending, _: int, error: str) -> None:

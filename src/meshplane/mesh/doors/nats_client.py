@@ -302,7 +302,7 @@ class NatsClient(asyncio.Protocol):
             if self.pending_stores >= MAX_PENDING_STORES and self.transport is not None:
                 self.transport.pause_reading()
             task = asyncio.get_running_loop().create_task(
-                self.node.publish_guaranteed(self.prefix + subject, body, flags, skip=skip)
+                self.node.publish_guaranteed(self.prefix + subject, body, flags, skip=skip, user=self.user)
             )
             task.add_done_callback(self._stored)
             return

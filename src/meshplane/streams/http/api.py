@@ -39,6 +39,7 @@ from meshplane.streams.http.params import (
 )
 from meshplane.streams.http.push import RoomPusher, drain_incoming, frames_of, ws_event
 from meshplane.streams.http.readers import ReaderApi
+from meshplane.streams.http.vpn_queues import queue_topics
 from meshplane.streams.readers import Readers
 from meshplane.streams.rooms import Room
 from meshplane.streams.service import StreamsService
@@ -67,6 +68,7 @@ class Api:
                 "problems": e.storage_problems(),
                 "fsync_errors": e.durability.fsync_errors,
                 "limits": {name: {"used": used, "limit": most} for name, (used, most) in e.limits().items()},
+                "limits_refused": dict(self.commands.refused),
             }
         )
 
@@ -199,7 +201,9 @@ class Api:
         room = await self.engine.room_or_create(name)
         start = room.resolve(from_offset)
         if len(room.pushers) >= self.engine.config.max_subscribers_per_room:
-            raise LimitReached(f"room {name!r} has {len(room.pushers)} live subscribers (the limit)")
+            raise LimitReached(
+                f"room {name!r} has {len(room.pushers)} live subscribers (the limit)", "room_pushers"
+            )
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
@@ -292,7 +296,7 @@ class Api:
     # topics
 
     async def topic_list(self, request: web.Request) -> web.Response:
-        topics = readable(request, sorted(self.engine.topics))
+        topics = readable(request, sorted({*self.engine.topics, *queue_topics(request)}))
         return json_response({"topics": topics, "count": len(topics)})
 
     async def topic_create(self, request: web.Request) -> web.Response:

@@ -21,6 +21,7 @@ from meshplane.dashboard.http import DASHBOARD, DASHBOARDS
 from meshplane.dashboard.live import Dashboard
 from meshplane.discovery.base import Discovery
 from meshplane.mesh.node import MeshNode
+from meshplane.mesh.vpns import Vpns, streams_limits
 from meshplane.streams.access import Tokens
 from meshplane.streams.errors import (
     Forbidden,
@@ -32,7 +33,7 @@ from meshplane.streams.errors import (
 from meshplane.streams.grants import Grant
 from meshplane.streams.http import origin
 from meshplane.streams.http.api import Api
-from meshplane.streams.http.mesh import MESH, named_as_vpn, queue_reader, register_mesh_metrics
+from meshplane.streams.http.mesh import MESH, register_mesh_metrics
 from meshplane.streams.http.metrics import REGISTRY, EngineCollector
 from meshplane.streams.http.params import (
     ENGINE,
@@ -47,6 +48,7 @@ from meshplane.streams.http.params import (
 )
 from meshplane.streams.http.routes import route_table
 from meshplane.streams.http.vpn_bridge import attach_vpn
+from meshplane.streams.http.vpn_queues import renamed, to_vpn_queue
 from meshplane.streams.service import StreamsService
 from meshplane.streams.vpn_engines import VpnEngines
 
@@ -100,13 +102,14 @@ def create_app(
         if isinstance(chosen, StreamError):
             return error_response(chosen)
         request[VPN] = chosen
-        queue = queue_reader(request) if route is not None and route.access == "read" else None
-        if queue is not None:
-            request[VPN] = DEFAULT  # the VPN's queue's topic is in the default VPN's service
         try:
+            renames = await to_vpn_queue(request, route.path, route.access) if route is not None else []
+            if renames:
+                request[VPN] = DEFAULT  # the VPN's queue's topic and groups are in the default VPN's service
             response = await handler(request)
-            return response if queue is None else named_as_vpn(response, *queue)
+            return renamed(response, renames) if renames else response
         except StreamError as exc:
+            apis[vpn_of(request)].commands.note(exc)
             return error_response(exc)
         except web.HTTPRequestEntityTooLarge as exc:
             return error_response(PayloadTooLarge(f"request body too large: {exc.text}"))
@@ -129,7 +132,10 @@ def create_app(
     registry = CollectorRegistry()
     labelled = len(engines) > 1  # a server that names no VPN keeps its metrics' names and labels
     for vpn, api in apis.items():
-        registry.register(EngineCollector(api.engine, api.readers.readers, vpn=vpn if labelled else None))
+        refused = api.commands.refused
+        registry.register(
+            EngineCollector(api.engine, api.readers.readers, vpn=vpn if labelled else None, refused=refused)
+        )
     fsync_hist = Histogram(
         "meshplane_fsync_seconds",
         "fsync latency (group commit)",
@@ -227,16 +233,20 @@ async def serve(
     stop: asyncio.Event | None = None,
     mesh: MeshNode | None = None,
     discovery: Discovery | None = None,
+    vpns: Vpns | None = None,
 ) -> None:
     """Run until ``stop`` is set (or forever); as a node of the event mesh when ``mesh`` is given.
     The dashboard's event plane page lists the publishers in ``discovery``, when given. Each Message
-    VPN a token names gets its own streams service (:mod:`meshplane.streams.vpn_engines`)."""
-    engines = VpnEngines(engine, tokens.vpns() if tokens is not None else ())
+    VPN a token names gets its own streams service (:mod:`meshplane.streams.vpn_engines`), held to
+    the limits its section of ``vpns`` (the VPN file) sets, and to those of each reload of it."""
+    limits = streams_limits(vpns) if vpns is not None else None
+    engines = VpnEngines(engine, tokens.vpns() if tokens is not None else (), limits)
     for each in engines.values():
         # An HA mate's copy of a VPN's writes (under the data directory) before each acknowledgement.
         each.durability.replicate = engine.durability.replicate
         await each.start()
     if mesh is not None:
+        mesh.logins.reloads.applied.append(lambda new: engines.limit(streams_limits(new)))
         mesh.attach(engine)
         for vpn, each in engines.others().items():
             attach_vpn(mesh, each, vpn)

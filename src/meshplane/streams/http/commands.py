@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from typing import Any
 
 from meshplane.streams.errors import (
     BadRequest,
     Forbidden,
+    LimitReached,
     NotFound,
     StreamError,
 )
@@ -66,6 +68,12 @@ class Commands:
 
     def __init__(self, engine: StreamsService) -> None:
         self.engine = engine
+        self.refused: Counter[str] = Counter()  # answers a limit refused, by limit (its VPN's, as the engine)
+
+    def note(self, exc: StreamError) -> None:
+        """Count an answer that a limit refused (every route's and command's: metrics and GET /storage)."""
+        if isinstance(exc, LimitReached):
+            self.refused[exc.limit] += 1
 
     async def run(self, command: str, payload: dict[str, Any], grant: Grant | None = None) -> dict[str, Any]:
         handler = getattr(self, "cmd_" + command.replace(".", "_"), None)
@@ -92,6 +100,7 @@ class Commands:
                 raise BadRequest("payload must be an object")
             result = await self.run(command, payload, grant)
         except StreamError as exc:
+            self.note(exc)
             return failure_envelope(request_id, exc)
         return {"success": True, "request_id": request_id, "payload": result, "error": None}
 

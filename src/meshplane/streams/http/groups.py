@@ -18,6 +18,7 @@ from meshplane.streams.http.params import (
     read_json,
     readable,
 )
+from meshplane.streams.http.vpn_queues import STORED_TOPIC, queue_groups
 from meshplane.streams.service import StreamsService
 
 PATH_FIELDS = {"group": "group", "member": "member_id", "partition": "partition_id"}
@@ -29,14 +30,14 @@ class GroupApi:
         self.commands = commands
 
     async def list(self, request: web.Request) -> web.Response:
-        groups = readable(request, sorted(self.engine.groups))
+        groups = readable(request, sorted({*self.engine.groups, *queue_groups(request)}))
         return json_response({"groups": groups, "count": len(groups)})
 
     async def create(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         group = await self.engine.create_group(
             request.match_info["group"],
-            get_str(body, "topic"),
+            request.get(STORED_TOPIC) or get_str(body, "topic"),  # a VPN's queue's: as stored
             get_int(body, "partition_count", None, minimum=1),
             get_str(body, "strategy", "round_robin"),
             positive(body, "session_timeout_secs"),

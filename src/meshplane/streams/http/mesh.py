@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -29,7 +28,6 @@ from meshplane.streams.http.params import (
     vpn_of,
 )
 
-_json = msgspec.json.Encoder()
 MESH: web.AppKey[MeshNode] = web.AppKey("mesh", MeshNode)
 
 
@@ -131,29 +129,6 @@ async def _pause(request: web.Request, paused: bool) -> web.Response:
     if replicate is not None:  # an HA mate's standby has it before the answer: a takeover keeps it
         await replicate()
     return json_response({"name": name, "paused": queue.paused})
-
-
-def queue_reader(request: web.Request) -> tuple[str, str] | None:
-    """Point a read of VPN ``A``'s topic ``orders`` at its queue's topic (the default VPN's service
-    keeps it as ``A:orders``), unless ``A`` has a topic of that name: (``A:orders``, ``orders``) when
-    it did."""
-    vpn, name = vpn_of(request), request.match_info.get("topic")
-    node = request.app.get(MESH)
-    if vpn == DEFAULT or name is None or node is None or name in request.app[ENGINES][vpn].topics:
-        return None
-    stored = queue_topic(vpn, name)
-    if stored not in request.app[ENGINE].topics:
-        return None
-    request.match_info["topic"] = stored
-    return stored, name
-
-
-def named_as_vpn(response: web.StreamResponse, stored: str, name: str) -> web.StreamResponse:
-    """A read of a VPN's queue answered with the topic named as the VPN names it (``orders``)."""
-    if isinstance(response, web.Response) and isinstance(response.body, bytes):
-        key = b'"topic":'
-        response.body = response.body.replace(key + _json.encode(stored), key + _json.encode(name))
-    return response
 
 
 async def vpns_reload(request: web.Request) -> web.Response:

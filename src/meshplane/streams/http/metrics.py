@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -45,11 +46,17 @@ class EngineCollector(Collector):
     """Reads the engine's counters at scrape time."""
 
     def __init__(
-        self, engine: StreamsService, readers: Readers | None = None, *, vpn: str | None = None
+        self,
+        engine: StreamsService,
+        readers: Readers | None = None,
+        *,
+        vpn: str | None = None,
+        refused: Mapping[str, int] | None = None,
     ) -> None:
         self.engine = engine
         self.readers = readers if readers is not None else Readers()
         self.vpn = vpn  # the Message VPN every sample is labelled with (None: no label, one VPN)
+        self.refused = refused if refused is not None else {}  # answers its limits refused, by limit
 
     def collect(self) -> Any:
         for family in self._families():
@@ -130,3 +137,9 @@ class EngineCollector(Collector):
             limit.add_metric([name], most)
         yield used
         yield limit
+        refused = CounterMetricFamily(
+            "meshplane_limits_refused", "Requests a configured limit refused (429)", labels=["limit"]
+        )
+        for name, count in sorted(self.refused.items()):
+            refused.add_metric([name], count)
+        yield refused

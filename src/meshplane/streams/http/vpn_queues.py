@@ -1,0 +1,116 @@
+"""A Message VPN's mesh queues as its streams token sees them: topics and consumer groups.
+
+VPN ``A``'s queue ``orders`` is stored in the default VPN's streams service as the topic ``A:orders``
+(:func:`meshplane.core.mesh.vpn.queue_topic`), and a consumer group ``A``'s token makes on it as the
+group ``A:workers`` beside it. A token of ``A`` names both as ``A``'s clients do (``orders``,
+``workers``): the app's middleware points such a request at the default VPN's service under the
+stored names (:func:`to_vpn_queue`) and renames them back in the answer (:func:`renamed`). ``A``'s own
+topics and groups come first: a name that is both goes to ``A``'s own. Nothing here reaches another
+VPN's queue: the stored names are made from the request's VPN, never read from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from meshplane.core.mesh.vpn import DEFAULT, queue_topic
+from meshplane.streams.errors import Conflict
+from meshplane.streams.http.mesh import MESH
+from meshplane.streams.http.params import ENGINE, ENGINES, read_json, vpn_of
+
+_json = msgspec.json.Encoder()
+STORED_TOPIC = "meshplane.stored_topic"  # a group made on a VPN's queue: the topic it is stored as
+_GROUP = "/consumer-groups/{group}"
+
+Renames = list[tuple[str, str, str]]  # (JSON key, stored name, the VPN's name)
+
+
+def queue_topics(request: web.Request) -> list[str]:
+    """The topics of the request's VPN's queues on this node, by the VPN's names (none for the
+    default VPN: its queues' topics are its own)."""
+    vpn, node = vpn_of(request), request.app.get(MESH)
+    if vpn == DEFAULT or node is None:
+        return []
+    cut, topics = queue_topic(vpn, ""), request.app[ENGINE].topics
+    return [n[len(cut) :] for n in node.guaranteed.queues.queues if n.startswith(cut) and n in topics]
+
+
+def queue_groups(request: web.Request) -> list[str]:
+    """The consumer groups made on the request's VPN's queues, by the VPN's names."""
+    vpn = vpn_of(request)
+    if vpn == DEFAULT or request.app.get(MESH) is None:
+        return []
+    cut = queue_topic(vpn, "")
+    groups = request.app[ENGINE].groups
+    return [g[len(cut) :] for g, group in groups.items() if g.startswith(cut) and group.topic.startswith(cut)]
+
+
+def _stored_queue(request: web.Request, name: object) -> str | None:
+    """The stored topic of the request's VPN's queue ``name``, unless the VPN has a topic of that name
+    (a request of a VPN beyond the default, on a mesh node)."""
+    vpn = vpn_of(request)
+    if not isinstance(name, str) or name in request.app[ENGINES][vpn].topics:
+        return None
+    stored = queue_topic(vpn, name)
+    known = stored in request.app[MESH].guaranteed.queues.queues and stored in request.app[ENGINE].topics
+    return stored if known else None
+
+
+async def to_vpn_queue(request: web.Request, path: str, access: str | None) -> Renames:
+    """Point a VPN's request on its queue's topic or a group of it at the default VPN's service,
+    under the stored names: what to rename back in the answer (nothing: the request is the VPN's own)."""
+    if vpn_of(request) == DEFAULT or request.app.get(MESH) is None:
+        return []
+    if path.startswith("/topics/{topic}") and access == "read":
+        name = request.match_info["topic"]
+        stored = _stored_queue(request, name)
+        if stored is None:
+            return []
+        request.match_info["topic"] = stored
+        return [("topic", stored, name)]
+    if not path.startswith(_GROUP):
+        return []
+    if path == _GROUP and request.method == "POST":
+        return await _new_group(request)
+    group = request.match_info["group"]
+    stored = queue_topic(vpn_of(request), group)
+    found = request.app[ENGINE].groups.get(stored)
+    if group in request.app[ENGINES][vpn_of(request)].groups or found is None:
+        return []
+    topic = found.topic
+    if not topic.startswith(queue_topic(vpn_of(request), "")):
+        return []  # a default VPN's group that merely carries the prefix: not the VPN's
+    request.match_info["group"] = stored
+    return [("group_id", stored, group), ("topic", topic, topic[len(queue_topic(vpn_of(request), "")) :])]
+
+
+async def _new_group(request: web.Request) -> Renames:
+    """A group made by a VPN's token: on its queue, stored beside the queue's topic; one name per VPN."""
+    group = request.match_info["group"]
+    stored = queue_topic(vpn_of(request), group)
+    own = request.app[ENGINES][vpn_of(request)]
+    body: dict[str, Any] = await read_json(request)  # read again by the handler, from aiohttp's copy
+    topic = _stored_queue(request, body.get("topic"))
+    if topic is None:
+        if stored in request.app[ENGINE].groups:
+            raise Conflict(f"consumer group {group!r} already exists (on one of the VPN's queues)")
+        return []
+    if group in own.groups:
+        raise Conflict(f"consumer group {group!r} already exists")
+    request[STORED_TOPIC] = topic
+    request.match_info["group"] = stored
+    return [("group_id", stored, group), ("topic", topic, str(body["topic"]))]
+
+
+def renamed(response: web.StreamResponse, renames: Renames) -> web.StreamResponse:
+    """An answer about a VPN's queue or its group, naming them as the VPN names them."""
+    if isinstance(response, web.Response) and isinstance(response.body, bytes):
+        body = response.body
+        for key, stored, name in renames:
+            field = _json.encode(key) + b":"
+            body = body.replace(field + _json.encode(stored), field + _json.encode(name))
+        response.body = body
+    return response
