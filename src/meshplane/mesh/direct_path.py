@@ -11,7 +11,12 @@ learnt when the Python path routes such an event, and every learnt route is forg
 interest changes anywhere, when the dedup cache forgets a topic, or when one of its connections stops
 being a plain target (a paused client, a client with events queued, a link down or near its buffer
 limit): from then on its events take the Python path again until it is learnt anew. Counters come out
-as the Python path would have kept them (``tests/unit/test_mesh_direct.py`` compares the two)."""
+as the Python path would have kept them (``tests/unit/test_mesh_direct.py`` compares the two).
+
+Clients' routes are kept per Message VPN: a VPN's subjects (``$vpn:NAME.`` ones) are checked by the
+Python path once per route, for that VPN's clients, so a client cannot route another VPN's bytes
+through a route learnt there. Users' permissions and VPNs' rates are checked per event: their clients
+keep the Python path."""
 
 from __future__ import annotations
 
@@ -338,8 +343,11 @@ class DirectPath:
         table[key] = (route_, seen, buffers)
 
     def forget(self) -> None:
-        for table in self._sent.values():  # emptied, not dropped: the readers hold their VPN's
+        vpns = self.node.config.vpns
+        for table in self._sent.values():  # emptied, not dropped: the readers hold their VPN's ...
             table.clear()
+        if len(self._sent) > len(vpns):  # ... but a VPN a reload removed (its clients closed) goes
+            self._sent = {vpn: table for vpn, table in self._sent.items() if vpn in vpns}
         self._received.clear()
         self._foreign.clear()
         self._doors.clear()
