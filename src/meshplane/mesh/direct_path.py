@@ -343,10 +343,12 @@ class DirectPath:
         table[key] = (route_, seen, buffers)
 
     def forget(self) -> None:
+        # A VPN's table is emptied, not dropped (its clients' readers hold it), unless a reload removed
+        # the VPN (its clients are closed).
         vpns = self.node.config.vpns
-        for table in self._sent.values():  # emptied, not dropped: the readers hold their VPN's ...
+        for table in self._sent.values():
             table.clear()
-        if len(self._sent) > len(vpns):  # ... but a VPN a reload removed (its clients closed) goes
+        if any(vpn not in vpns for vpn in self._sent):
             self._sent = {vpn: table for vpn, table in self._sent.items() if vpn in vpns}
         self._received.clear()
         self._foreign.clear()
