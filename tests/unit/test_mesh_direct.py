@@ -8,6 +8,7 @@ import asyncio
 import socket
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -314,3 +315,42 @@ async def test_gateways_route_the_same_with_and_without_the_direct_path(vpn: str
     assert compiled["direct"] == [True, True]
     for key in ("got", "counts", "links", "vpns"):
         assert python[key] == compiled[key], key
+
+
+async def test_a_vpn_a_reload_removes_leaves_no_route_table_and_the_others_keep_the_direct_path(
+    tmp_path: Path,
+) -> None:
+    """Clients of VPNs A and B on the direct path; a reload removes B: B's client is closed and its
+    VPN's table of routes goes with it (a node reloaded with ever new VPNs holds none of the old
+    ones'), while A's client's events still take the direct path."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.A]\n[vpns.B]\n")
+    node = MeshNode(MeshConfig(node_id="n", vpns=parse_vpns(vpns.read_text()), vpns_file=vpns))
+    await node.start()
+    clients: dict[str, MeshClient] = {}
+    got: dict[str, list[tuple[str, bytes]]] = {"A": [], "B": []}
+    try:
+        for vpn in ("A", "B"):
+            clients[vpn] = await MeshClient(node.route_url, vpn=vpn).connect()
+            clients[vpn].subscribe("r.*", partial(collect, got[vpn]))
+            await clients[vpn].flush()
+        for client in clients.values():
+            for n in range(20):
+                await client.publish("r.x", b"%d" % n)
+                await client.flush()
+        await eventually(lambda: len(got["A"]) == len(got["B"]) == 20, what=f"{got}")
+        assert set(node.direct._sent) == {"A", "B"}
+        vpns.write_text("[vpns.A]\n[vpns.C]\n")
+        assert node.logins.reloads.reload()["closed"] == 1
+        await eventually(lambda: not clients["B"].connected, what="B's client closed")
+        taken = node.direct.events
+        for round_ in range(2):  # the first learns the route again, the second takes it
+            await clients["A"].publish("r.x", b"after-%d" % round_)
+            await clients["A"].flush()
+        await eventually(lambda: len(got["A"]) == 22, what=f"{got['A']}")
+        assert node.direct.events > taken
+        assert set(node.direct._sent) == {"A"}
+    finally:
+        for client in clients.values():
+            await client.close()
+        await node.close()
