@@ -12,6 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import nats
+import pytest
 
 from meshplane.core.doors.mqtt_packets import V311, Connect, Publish, encode
 from meshplane.errors import PermissionDenied
@@ -192,18 +193,19 @@ async def test_a_qos1_publish_past_a_rate_is_never_acknowledged_and_dropped_on_m
             await watcher.close()
 
 
-async def test_a_rate_a_reload_gives_the_default_vpn_holds_for_clients_already_on_the_direct_path(
-    tmp_path: Path,
+@pytest.mark.parametrize("vpn", ["default", "A"])
+async def test_a_rate_a_reload_gives_a_vpn_holds_for_clients_already_on_the_direct_path(
+    tmp_path: Path, vpn: str
 ) -> None:
-    """A mesh client of the default VPN reads its events on the C direct path while the VPN has no
-    rate; a reload that gives it one holds for that client from then on."""
+    """A mesh client of a VPN (the default, or a named one) reads its events on the C direct path
+    while the VPN has no rate; a reload that gives it one holds for that client from then on."""
     vpns = tmp_path / "vpns.toml"
-    vpns.write_text("[vpns.default]\n")
+    vpns.write_text(f"[vpns.{vpn}]\n")
     with MeshCluster(1, extra_args=("--mesh-vpns", str(vpns))) as cluster:
         node = cluster.start()["a"]
         seen = Inbox()
-        watcher = await MeshClient(node.route_url).connect()
-        publisher = await MeshClient(node.route_url).connect()
+        watcher = await MeshClient(node.route_url, vpn=vpn).connect()
+        publisher = await MeshClient(node.route_url, vpn=vpn).connect()
         try:
             watcher.subscribe("rates.r", seen)
             await watcher.flush()
@@ -214,7 +216,7 @@ async def test_a_rate_a_reload_gives_the_default_vpn_holds_for_clients_already_o
             await publisher.flush()
             await eventually(lambda: len(seen.events) == 200, timeout=30, what="the events before")
             assert (await status(node))["counters"]["direct_path_events"] > 0
-            vpns.write_text("[vpns.default]\nmax_events_per_second = 5\n")
+            vpns.write_text(f"[vpns.{vpn}]\nmax_events_per_second = 5\n")
             async with aiohttp.ClientSession() as http, http.post(f"{node.url}/mesh/vpns/reload") as answer:
                 assert answer.status == 200, await answer.text()
             seen.events.clear()
@@ -226,9 +228,7 @@ async def test_a_rate_a_reload_gives_the_default_vpn_holds_for_clients_already_o
             elapsed = time.monotonic() - started
             await watcher.flush()
             allowed = 5 + 5 * (elapsed + 1)
-            assert len(seen.events) <= allowed, (
-                f"{len(seen.events)} events past the default VPN's new 5 a second"
-            )
+            assert len(seen.events) <= allowed, f"{len(seen.events)} events past the VPN's new 5 a second"
         finally:
             await publisher.close()
             await watcher.close()

@@ -137,6 +137,35 @@ async def scrape(node: StreamsServerProcess) -> str:
         return await response.text()
 
 
+async def test_an_exporters_events_reach_the_importer_once_the_direct_path_knows_their_route(
+    pair: MeshCluster,
+) -> None:
+    """A's clients take the C direct path (A has no users): A's events on an exported subject, sent in
+    many reads to a subscriber in A and one in B (through the import) on the same node, reach both,
+    every one: a route with an import on it is left to the Python path, which delivers through it."""
+    url = pair["a"].route_url
+    own, imported = Inbox(), Inbox()
+    in_a, in_b, sender = await connect(url, "A"), await connect(url, "B"), await connect(url, "A")
+    try:
+        in_a.subscribe("orders.eu.>", own)
+        in_b.subscribe("a.orders.eu.>", imported)
+        for client in (in_a, in_b):
+            await client.flush(propagated=True)
+        sent = []
+        for round_ in range(10):  # one read each, at least: the route is known after the first
+            for n in range(50):
+                sent.append(b"%d-%d" % (round_, n))
+                await sender.publish("orders.eu.new", sent[-1])
+            await sender.flush()
+        await eventually(lambda: len(own.events) == len(sent), what="A's own events in A")
+        await eventually(lambda: len(imported.events) >= len(sent), what="A's events in B")
+        assert own.events == [("orders.eu.new", body) for body in sent]
+        assert imported.events == [("a.orders.eu.new", body) for body in sent]
+    finally:
+        for client in (in_a, in_b, sender):
+            await client.close()
+
+
 async def test_an_importer_gets_exactly_what_is_exported_and_imported_across_a_route(
     pair: MeshCluster,
 ) -> None:

@@ -426,26 +426,31 @@ async def test_clients_that_never_log_in_take_none_of_a_vpns_connections(tmp_pat
             await squatter.close()
 
 
-async def test_the_direct_path_keeps_the_default_vpns_events_whole_in_order_and_apart(
-    trio: MeshCluster,
+@pytest.mark.parametrize("vpn", ["default", "A"])
+async def test_the_direct_path_keeps_a_vpns_events_whole_in_order_and_apart(
+    trio: MeshCluster, vpn: str
 ) -> None:
-    """Once its routes are learnt, the C direct path carries the default VPN's events (a client's, and
-    a peer's over its link) exactly as the Python path would: every one, in order, counted as
-    delivered; and frames it must not take, written in the same read as routed ones (another VPN's
-    subject, a reserved one, another origin), are still refused one by one."""
+    """Once its routes are learnt, the C direct path carries a VPN's events (the default's or a named
+    one's; a client's, and a peer's over its link) exactly as the Python path would: every one, in
+    order, counted as delivered; and frames it must not take, written in the same read as routed ones
+    (another VPN's subject, a reserved one, another origin), are still refused one by one."""
     await asyncio.to_thread(trio.wait_linked)
     a, b = trio["a"], trio["b"]
-    publisher = await MeshClient(a.route_url).connect()
+    prefix = "" if vpn == "default" else f"$vpn:{vpn}."
+    publisher = await MeshClient(a.route_url, vpn=vpn).connect()
     in_b = await MeshClient(a.route_url, vpn="B").connect()
     here, there, b_seen = Inbox(), Inbox(), Inbox()
-    subscribers = [await MeshClient(a.route_url).connect(), await MeshClient(b.route_url).connect()]
+    subscribers = [
+        await MeshClient(a.route_url, vpn=vpn).connect(),
+        await MeshClient(b.route_url, vpn=vpn).connect(),
+    ]
     try:
         subscribers[0].subscribe("orders.*", here)
         subscribers[1].subscribe("orders.*", there)
         in_b.subscribe(">", b_seen)
         for client in (*subscribers, in_b):
             await client.flush(propagated=True)
-        await interest_reached(a, "b", "orders.*")
+        await interest_reached(a, "b", prefix + "orders.*")
         before = [(await status(node))["counters"]["direct_path_events"] for node in (a, b)]
         errors = (await status(a))["frame_errors"].get("bad_subject", 0)
         conn, origin = publisher._conn, publisher._origin
@@ -455,12 +460,13 @@ async def test_the_direct_path_keeps_the_default_vpns_events_whole_in_order_and_
             for i in range(50):
                 subject = ("orders.eu", "orders.us")[i % 2]
                 body = b"%d-%d" % (round_, i)
-                conn.send(encode_event(origin, subject, round_ * 50 + i + 1, 0, body))
+                conn.send(encode_event(origin, prefix + subject, round_ * 50 + i + 1, 0, body))
                 expected.append((subject, body))
             # In the same write as routed events: refused by the Python path, never routed.
             conn.send(encode_event(origin, "$vpn:B.orders.eu", 10**6 + round_, 0, b"forged"))
-            conn.send(encode_event(origin, "$G.orders.eu", 2 * 10**6 + round_, 0, b"forged"))
-            conn.send(encode_event("someone-else", "orders.eu", 3 * 10**6 + round_, 0, b"restamped"))
+            conn.send(encode_event(origin, prefix + "$G.orders.eu", 2 * 10**6 + round_, 0, b"forged"))
+            stamped = encode_event("someone-else", prefix + "orders.eu", 3 * 10**6 + round_, 0, b"restamped")
+            conn.send(stamped)
             expected.append(("orders.eu", b"restamped"))
             await publisher.flush()
         await in_b.publish("orders.eu", b"B's own")
@@ -475,7 +481,7 @@ async def test_the_direct_path_keeps_the_default_vpns_events_whole_in_order_and_
         assert after[1] > before[1]  # and a link's read on b
         state = await status(a)
         assert state["frame_errors"].get("bad_subject", 0) - errors == 80
-        delivered = sorted(c["delivered"] for c in state["clients"] if c["vpn"] == "default")
+        delivered = sorted(c["delivered"] for c in state["clients"] if c["vpn"] == vpn)
         assert delivered == [0, len(expected)]  # the publisher, the subscriber: counted as sent
         assert b_seen.events == [("orders.eu", b"B's own")]
     finally:

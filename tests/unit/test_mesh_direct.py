@@ -8,8 +8,10 @@ import asyncio
 import socket
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,18 +19,20 @@ from meshplane.core.mesh import direct
 from meshplane.core.mesh._frames import DedupIds
 from meshplane.core.mesh.dedup import EventId, Ids, PyIds
 from meshplane.core.mesh.frames import FrameType, SyncResponse, encode_event, encode_frame, encode_payload
+from meshplane.core.mesh.vpn import DEFAULT, prefix_of
 from meshplane.core.subjects import MAX_SUBJECT_BYTES
 from meshplane.launchers import free_port
 from meshplane.mesh.client import MeshClient
 from meshplane.mesh.config import MeshConfig
 from meshplane.mesh.node import MeshNode
+from meshplane.mesh.vpns import parse_vpns
 from tests.helpers import eventually
 from tests.mesh_peers import answer_dial
 from tests.unit.test_mesh_frames_native import damaged
 
 MAX_PAYLOAD = 400
 SOURCES = ["a", "node-b", "n" * 16, "é"]
-SUBJECTS = ["x.y", "orders.eu", "ünï.cødé", "z" * 40]
+SUBJECTS = ["x.y", "orders.eu", "ünï.cødé", "z" * 40, "$vpn:A.orders.eu"]
 
 
 def test_the_extension_has_the_direct_path() -> None:
@@ -145,12 +149,24 @@ def test_c_and_python_route_the_same(
 # --- a node with and without its direct path: the same deliveries and counters ----------------------
 
 
-async def run_node(listener: socket.socket, direct_path: bool) -> dict[str, Any]:
-    """Node "b" dialling raw peer "a" (which wants ``direct.>``), a subscriber and a publisher on b:
-    a's events (repeated, duplicated, on subjects b wants and does not) and the publisher's, twice
-    over, so that the second time the direct path knows the routes. What came out, and the counts."""
+def in_vpn(vpn: str) -> dict[str, Any]:
+    """A node's configuration with VPN ``vpn`` (and the default)."""
+    return {"vpns": parse_vpns(f"[vpns.{vpn}]\n")} if vpn != DEFAULT else {}
+
+
+def has(got: list[Any], count: int) -> bool:
+    return len(got) == count
+
+
+async def run_node(listener: socket.socket, direct_path: bool, vpn: str = DEFAULT) -> dict[str, Any]:
+    """Node "b" dialling raw peer "a" (which wants ``direct.>``), a subscriber and a publisher on b,
+    all in ``vpn``: a's events (repeated, duplicated, on subjects b wants and does not) and the
+    publisher's, twice over, so that the second time the direct path knows the routes. What came
+    out, the counts, and how many of the publisher's events the direct path took."""
     port = listener.getsockname()[1]
-    node = MeshNode(MeshConfig(node_id="b", cluster="c1", routes=(f"tcp://127.0.0.1:{port}",)))
+    prefix = prefix_of(vpn)
+    config = MeshConfig(node_id="b", cluster="c1", routes=(f"tcp://127.0.0.1:{port}",), **in_vpn(vpn))
+    node = MeshNode(config)
     node.direct.enabled = direct_path
     await node.start()
     got: list[tuple[str, bytes]] = []
@@ -159,31 +175,37 @@ async def run_node(listener: socket.socket, direct_path: bool) -> dict[str, Any]
     try:
         await asyncio.to_thread(peer.read_until, FrameType.SYNC_REQ)
         peer.send(encode_frame(FrameType.SYNC_RESP, "a", payload=encode_payload(SyncResponse(0, {}))))
-        peer.send(encode_frame(FrameType.SUB_ADD, "a", "direct.>", 1))
-        await eventually(lambda: node.links["a"].state == "up" and bool(node.router.route("direct.x").peers))
-        subscriber = await MeshClient(node.route_url).connect()
+        peer.send(encode_frame(FrameType.SUB_ADD, "a", prefix + "direct.>", 1))
+        await eventually(
+            lambda: node.links["a"].state == "up" and bool(node.router.route(prefix + "direct.x").peers)
+        )
+        subscriber = await MeshClient(node.route_url, vpn=vpn).connect()
         subscriber.subscribe("direct.*", lambda subject, body: got.append((subject, body)))
         await subscriber.flush()
-        publisher = await MeshClient(node.route_url).connect()
+        publisher = await MeshClient(node.route_url, vpn=vpn).connect()
+        from_publisher = 0
         for round_ in range(2):
             plain = [
-                encode_event("a", subject, 2 * n + i, 1000, b"a%d" % n)
+                encode_event("a", prefix + subject, 2 * n + i, 1000, b"a%d" % n)
                 for n in range(100 * round_, 100 * round_ + 40)
                 for i, subject in enumerate(("direct.x", "direct.y"))
             ]
             peer.send(*plain, *plain[:30])  # the first 30 again: duplicates
             peer.send(  # then what only the Python path takes: no interest here, another flag
-                *[encode_event("a", "elsewhere.z", n, 1000, b"z") for n in range(20)],
+                *[encode_event("a", prefix + "elsewhere.z", n, 1000, b"z") for n in range(20)],
                 *[
-                    encode_event("a", "direct.x", 10_000 + 100 * round_ + n, 1000, b"a-json", 1)
+                    encode_event("a", prefix + "direct.x", 10_000 + 100 * round_ + n, 1000, b"a-json", 1)
                     for n in range(20)
                 ],
             )
+            await eventually(partial(has, got, round_ * 150 + 100), what="a's events")
+            taken = node.direct.events
             for n in range(50):
                 await publisher.publish("direct.y" if n % 3 else "direct.x", b"p%d" % n)
             await publisher.flush()
             await subscriber.flush()
-        await eventually(lambda: len(got) == 2 * (80 + 20 + 50), what=f"{len(got)}")
+            await eventually(partial(has, got, round_ * 150 + 150), what="the publisher's events")
+            from_publisher += node.direct.events - taken
         forwarded = [
             (frame.subject, frame.payload[8:])
             for frame in [await asyncio.to_thread(peer.read_until, FrameType.EVENT) for _ in range(100)]
@@ -193,7 +215,10 @@ async def run_node(listener: socket.socket, direct_path: bool) -> dict[str, Any]
             "got": sorted(got, key=lambda event: event[1][:1]),
             "forwarded": forwarded,
             "direct": node.status()["counters"]["direct_path_events"] > 0,
+            "from_publisher": from_publisher,
             "counts": (node.routed, node.deliveries, node.forwarded, link.events_in, link.events_out),
+            "vpns": node.status()["vpns"],
+            "delivered": sorted((c["vpn"], c["delivered"]) for c in node.status()["clients"]),
             "duplicates": (
                 link.counters["duplicates_in"],
                 node.dedup.duplicates,
@@ -208,17 +233,21 @@ async def run_node(listener: socket.socket, direct_path: bool) -> dict[str, Any]
         await node.close()
 
 
-async def test_a_node_routes_the_same_with_and_without_its_direct_path() -> None:
+@pytest.mark.parametrize("vpn", [DEFAULT, "A"])
+async def test_a_node_routes_the_same_with_and_without_its_direct_path(vpn: str) -> None:
+    """A named VPN's events (``$vpn:A.`` subjects) take the direct path as the default VPN's do."""
     assert direct.native_route_events is not None
     outcomes = []
     for direct_path in (False, True):
         with socket.create_server(("127.0.0.1", 0)) as listener:
             listener.settimeout(10)
-            outcomes.append(await run_node(listener, direct_path))
+            outcomes.append(await run_node(listener, direct_path, vpn))
     python, compiled = outcomes
     assert not python["direct"]
+    assert python["from_publisher"] == 0
     assert compiled["direct"]  # the second run took the direct path
-    for key in ("got", "forwarded", "counts", "duplicates"):
+    assert compiled["from_publisher"] > 0  # the publisher's events too, once their route was learnt
+    for key in ("got", "forwarded", "counts", "duplicates", "vpns", "delivered"):
         assert python[key] == compiled[key], key
     assert python["duplicates"] == (2 * 30, 2 * 30, 2 * 20)
 
@@ -227,9 +256,10 @@ def collect(into: list[tuple[str, bytes]], subject: str, body: bytes) -> None:
     into.append((subject, body))
 
 
-async def run_gateways(direct_path: bool) -> dict[str, Any]:
+async def run_gateways(direct_path: bool, vpn: str = DEFAULT) -> dict[str, Any]:
     """Clusters A and B (a node each) joined by gateways; a publisher on a, a subscriber on a and one
-    on b. What each subscriber got, the counts, and whether each node took the direct path."""
+    on b, all in ``vpn``. What each subscriber got, the counts, and whether each node took the direct
+    path."""
     ports = free_port(), free_port()
     nodes = [
         MeshNode(
@@ -238,6 +268,7 @@ async def run_gateways(direct_path: bool) -> dict[str, Any]:
                 cluster=name.upper(),
                 route_port=ports[i],
                 gateways=((other.upper(), f"tcp://127.0.0.1:{ports[1 - i]}"),),
+                **in_vpn(vpn),
             )
         )
         for i, (name, other) in enumerate((("a", "b"), ("b", "a")))
@@ -250,12 +281,12 @@ async def run_gateways(direct_path: bool) -> dict[str, Any]:
             await node.start()
         a, b = nodes
         for node, pattern in ((a, "gw.x"), (b, "gw.*")):
-            client = await MeshClient(node.route_url).connect()
+            client = await MeshClient(node.route_url, vpn=vpn).connect()
             client.subscribe(pattern, partial(collect, got[node.node_id]))
             await client.flush()
             clients.append(client)
-        await eventually(lambda: any(a.router.route("gw.y").local), what="b's interest at a")
-        publisher = await MeshClient(a.route_url).connect()
+        await eventually(lambda: any(a.router.route(prefix_of(vpn) + "gw.y").local), what="b's interest at a")
+        publisher = await MeshClient(a.route_url, vpn=vpn).connect()
         clients.append(publisher)
         for round_ in range(2):
             for n in range(60):
@@ -268,6 +299,7 @@ async def run_gateways(direct_path: bool) -> dict[str, Any]:
             "direct": [node.direct.events > 0 for node in nodes],
             "counts": [(node.routed, node.deliveries, node.forwarded) for node in nodes],
             "links": [(link.events_in, link.events_out, dict(link.counters)) for link in gateway_links],
+            "vpns": [node.status()["vpns"] for node in nodes],
         }
     finally:
         for client in clients:
@@ -276,9 +308,49 @@ async def run_gateways(direct_path: bool) -> dict[str, Any]:
             await node.close()
 
 
-async def test_gateways_route_the_same_with_and_without_the_direct_path() -> None:
-    python, compiled = [await run_gateways(direct_path) for direct_path in (False, True)]
+@pytest.mark.parametrize("vpn", [DEFAULT, "A"])
+async def test_gateways_route_the_same_with_and_without_the_direct_path(vpn: str) -> None:
+    python, compiled = [await run_gateways(direct_path, vpn) for direct_path in (False, True)]
     assert python["direct"] == [False, False]
     assert compiled["direct"] == [True, True]
-    for key in ("got", "counts", "links"):
+    for key in ("got", "counts", "links", "vpns"):
         assert python[key] == compiled[key], key
+
+
+async def test_a_vpn_a_reload_removes_leaves_no_route_table_and_the_others_keep_the_direct_path(
+    tmp_path: Path,
+) -> None:
+    """Clients of VPNs A and B on the direct path; a reload removes B: B's client is closed and its
+    VPN's table of routes goes with it (a node reloaded with ever new VPNs holds none of the old
+    ones'), while A's client's events still take the direct path."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.A]\n[vpns.B]\n")
+    node = MeshNode(MeshConfig(node_id="n", vpns=parse_vpns(vpns.read_text()), vpns_file=vpns))
+    await node.start()
+    clients: dict[str, MeshClient] = {}
+    got: dict[str, list[tuple[str, bytes]]] = {"A": [], "B": []}
+    try:
+        for vpn in ("A", "B"):
+            clients[vpn] = await MeshClient(node.route_url, vpn=vpn).connect()
+            clients[vpn].subscribe("r.*", partial(collect, got[vpn]))
+            await clients[vpn].flush()
+        for client in clients.values():
+            for n in range(20):
+                await client.publish("r.x", b"%d" % n)
+                await client.flush()
+        await eventually(lambda: len(got["A"]) == len(got["B"]) == 20, what=f"{got}")
+        assert set(node.direct._sent) == {"A", "B"}
+        vpns.write_text("[vpns.A]\n[vpns.C]\n")
+        assert node.logins.reloads.reload()["closed"] == 1
+        await eventually(lambda: not clients["B"].connected, what="B's client closed")
+        taken = node.direct.events
+        for round_ in range(2):  # the first learns the route again, the second takes it
+            await clients["A"].publish("r.x", b"after-%d" % round_)
+            await clients["A"].flush()
+        await eventually(lambda: len(got["A"]) == 22, what=f"{got['A']}")
+        assert node.direct.events > taken
+        assert set(node.direct._sent) == {"A"}
+    finally:
+        for client in clients.values():
+            await client.close()
+        await node.close()

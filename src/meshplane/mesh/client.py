@@ -104,7 +104,8 @@ class MeshClient:
         self._subs: dict[int, tuple[str, Callback]] = {}
         self._trie: PatternIndex[int] = PatternIndex()
         self._patterns: dict[str, int] = {}
-        self._cache: dict[str, list[Callback]] = {}
+        # subject as it came -> (as its callbacks see it, its callbacks)
+        self._cache: dict[str, tuple[str, list[Callback]]] = {}
         self._ids = itertools.count(1)
         self._sequence = itertools.count(1)
         self._closing = False
@@ -213,18 +214,18 @@ class MeshClient:
 
     def _on_frame(self, conn: FrameConnection, frame: Frame) -> None:
         if frame.type is FrameType.EVENT:
-            subject = frame.subject
-            callbacks = self._cache.get(subject)
-            if callbacks is None:
+            cached = self._cache.get(frame.subject)
+            if cached is None:
                 if len(self._cache) >= CACHED_SUBJECTS:  # a subscription to ">" sees any number
                     self._cache.clear()
-                callbacks = self._cache[subject] = [
-                    self._subs[sid][1] for sid in self._trie.match(outward(self._prefix, subject))
-                ]
+                external = outward(self._prefix, frame.subject)  # its VPN's prefix off, once a subject
+                cached = self._cache[frame.subject] = (
+                    external,
+                    [self._subs[sid][1] for sid in self._trie.match(external)],
+                )
+            subject, callbacks = cached
             if callbacks:
                 body = frame.payload[STAMP_BYTES:]
-                if self._prefix:
-                    subject = outward(self._prefix, subject)
                 for callback in callbacks:
                     callback(subject, body)
         elif frame.type is FrameType.ACK:

@@ -98,12 +98,12 @@ class Clients:
         self.sessions[client_id] = session
         node.logins.joined(session)
         if (
-            not session.prefix
-            and not session.login_pending
+            not session.login_pending
             and not session.user  # one logged in by its certificate has permissions: checked per event
             and session.vpn not in node.logins.rates
         ):
-            # A VPN's client's subjects, a user's permissions, are checked per event: the Python path.
+            # A user's permissions, a VPN's rates, are checked per event: the Python path. Any VPN's
+            # subjects are checked once per route (its clients' direct table has only those it passed).
             node.direct.client_reader(session)
 
     def _overflowed(self, session: ClientSession) -> None:
@@ -172,7 +172,7 @@ class Clients:
                     MeshEvent(frame.source, subject, frame.sequence, timestamp, body, frame.flags, raw)
                 )
                 if not frame.flags and session.conn.direct is not None:  # learnt from its readers only
-                    node.direct.sent(frame.subject)
+                    node.direct.sent(session.vpn, frame.subject)
             else:
                 node.publish(subject[len(prefix) :], body, frame.flags, prefix=prefix)
         elif kind is FrameType.SUB_ADD:

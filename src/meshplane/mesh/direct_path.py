@@ -11,7 +11,12 @@ learnt when the Python path routes such an event, and every learnt route is forg
 interest changes anywhere, when the dedup cache forgets a topic, or when one of its connections stops
 being a plain target (a paused client, a client with events queued, a link down or near its buffer
 limit): from then on its events take the Python path again until it is learnt anew. Counters come out
-as the Python path would have kept them (``tests/unit/test_mesh_direct.py`` compares the two)."""
+as the Python path would have kept them (``tests/unit/test_mesh_direct.py`` compares the two).
+
+Clients' routes are kept per Message VPN: a VPN's subjects (``$vpn:NAME.`` ones) are checked by the
+Python path once per route, for that VPN's clients, so a client cannot route another VPN's bytes
+through a route learnt there. Users' permissions and VPNs' rates are checked per event: their clients
+keep the Python path."""
 
 from __future__ import annotations
 
@@ -61,7 +66,9 @@ class DirectPath:
     def __init__(self, node: MeshNode) -> None:
         self.node = node
         self.enabled = native_route_events is not None and "duplicate_events" not in node.config.faults
-        self._sent: dict[bytes, Entry] = {}  # clients' events, by raw subject
+        # Clients' events, by VPN, then raw subject: a route is only taken by clients of the VPN whose
+        # client's event the Python path found plain (another VPN's clients' bytes are never routed).
+        self._sent: dict[str, dict[bytes, Entry]] = {}
         self._received: dict[bytes, Entry] = {}  # peers' events, by raw subject
         self._foreign: dict[bytes, Entry] = {}  # other clusters' events, by raw subject
         # NATS clients' PUBs, by VPN prefix, then raw subject: (route, mesh subject, buffers)
@@ -78,14 +85,16 @@ class DirectPath:
     # --- reading: one call per read ------------------------------------------------------------------
 
     def client_reader(self, session: ClientSession) -> None:
-        """Its plain events, stamped with its origin, take the direct path."""
+        """Its plain events, stamped with its origin, on subjects learnt from its VPN's clients, take the
+        direct path."""
         origin = session.origin.encode()
         if not self.enabled or len(origin) > NODE_ID_BYTES or origin.endswith(b"\x00"):
             return
         raw = origin.ljust(NODE_ID_BYTES, b"\x00")
         rates = self.node.logins  # a reload may give its VPN a rate: checked per event, in Python
+        table = self._sent.setdefault(session.vpn, {})  # one per VPN: a reload's new VPNs add theirs
         session.conn.direct = lambda buffer, start: (
-            self._read(session.conn, buffer, start, raw, None, self._sent)
+            self._read(session.conn, buffer, start, raw, None, table)
             if session.vpn not in rates.rates
             else start
         )
@@ -254,9 +263,12 @@ class DirectPath:
 
     # --- learning and forgetting routes --------------------------------------------------------------
 
-    def sent(self, subject: str) -> None:
-        """A client's plain event on ``subject`` took the Python path: learn its route if it is plain."""
-        self._learn(self._sent, subject, gateways=True, peers=True, ids=False)
+    def sent(self, vpn: str, subject: str) -> None:
+        """A plain event of a client of ``vpn`` on ``subject`` (its VPN's prefix on) took the Python path:
+        learn its route, for that VPN's clients only, if it is plain."""
+        table = self._sent.get(vpn)
+        if table is not None:
+            self._learn(table, subject, gateways=True, peers=True, ids=False)
 
     def received(self, subject: str) -> None:
         """A peer's plain event on ``subject`` was delivered by the Python path (to every local holder,
@@ -331,7 +343,13 @@ class DirectPath:
         table[key] = (route_, seen, buffers)
 
     def forget(self) -> None:
-        self._sent.clear()
+        # A VPN's table is emptied, not dropped (its clients' readers hold it), unless a reload removed
+        # the VPN (its clients are closed).
+        vpns = self.node.config.vpns
+        for table in self._sent.values():
+            table.clear()
+        if any(vpn not in vpns for vpn in self._sent):
+            self._sent = {vpn: table for vpn, table in self._sent.items() if vpn in vpns}
         self._received.clear()
         self._foreign.clear()
         self._doors.clear()
