@@ -132,8 +132,8 @@ def _copy_typer(typingctx: Any, dst: Any, dst_at: Any, src: Any, src_at: Any, co
 
 
 def _float_of_typer(typingctx: Any, bits: Any, size: Any) -> Any:
-    """The float64 (``size`` 8) or float32 (``size`` 4, the low half) whose bits are ``bits``: a plain
-    register move, where a view through an array allocated one per float."""
+    """The float64 (``size`` 8) or float32 (``size`` 4, the low half) whose bits are ``bits``: a register
+    move, not a view through a one-element array allocated for each float."""
     sig = types.float64(types.uint64, size)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
