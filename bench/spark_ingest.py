@@ -27,7 +27,8 @@ Events are published in two styles, 1 M each, and read in the same rounds: a 96-
 (``ingest``) and the same object posted as an object (``ingest-json``: what a Python service posting
 dicts stores, a msgpack map), which read back as the same ``value`` bytes (checked). The ratios
 ``text_*`` and ``json_objects_*`` put them side by side. ``--core`` runs only those reads and their
-Parquet ceilings (write it elsewhere than the full run's file with ``--out``).
+Parquet ceilings, each round's ratios listed under ``rounds`` (write it elsewhere than the full run's
+file with ``--out``).
 """
 
 from __future__ import annotations
@@ -253,7 +254,7 @@ def measure(
         for k, v in rounds.items()
     }
     if core:
-        return {"rows_per_s": rates, "ratios": json_ratios(rounds)}
+        return {"rows_per_s": rates, "ratios": json_ratios(rounds), "rounds": json_ratios(rounds, each=True)}
 
     def per_round(read: str, ceiling: str = "parquet") -> list[float]:
         return [p / m for p, m in zip(rounds[ceiling], rounds[read], strict=True)]
@@ -286,11 +287,13 @@ def measure(
     }
 
 
-def json_ratios(rounds: dict[str, list[float]]) -> dict[str, float]:
-    """The publishing styles side by side: each read's median of its rounds' ratios to Parquet."""
+def json_ratios(rounds: dict[str, list[float]], each: bool = False) -> dict[str, Any]:
+    """The publishing styles side by side: each read's median of its rounds' ratios to Parquet (with
+    ``each``, every round's, in the order run: their spread)."""
 
-    def ratio(read: str, ceiling: str) -> float:
-        return round(statistics.median(p / m for p, m in zip(rounds[ceiling], rounds[read], strict=True)), 2)
+    def ratio(read: str, ceiling: str) -> Any:
+        ratios = [p / m for p, m in zip(rounds[ceiling], rounds[read], strict=True)]
+        return [round(r, 3) for r in ratios] if each else round(statistics.median(ratios), 2)
 
     return {
         "text_batch_vs_parquet": ratio("meshplane_arrow", "parquet"),

@@ -195,8 +195,8 @@ def test_any_bytes_are_a_key_written_and_read_back_exactly(
     url = any_storage_server.url
     create_topic(url, "bytes-keyed", 3)
     odd = [b"\xff\x00\xfe", b"\x80", b"\xc3", b"", "caf\u00e9".encode(), b"\x00" * 300, None]
-    # Enough rows for several chunks: ones with only text keys take the compiled scan, the others the
-    # general decoder; both must give the bytes written.
+    # Enough rows for several chunks: the compiled scan copies any bytes into Kafka's binary key column;
+    # columns=legacy's string key takes the general decoder for keys that are not UTF-8.
     keys = odd + [bytes([i % 256, (i * 7) % 256]) if i % 3 else f"k{i}".encode() for i in range(3000)]
     rows = spark.createDataFrame(
         [(k, str(i).encode()) for i, k in enumerate(keys)], "key binary, value binary"

@@ -12,12 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from meshplane.core.keys import stored_key
 from meshplane.core.streamlog import MarkedEvent, StoredEvent, encode_event, encode_record
 from meshplane.spark.bytescan import CRC_TABLE, HAS_CLMUL, _crc32_clmul, _crc32_tables, _utf8
 from meshplane.spark.columnar import scan_to_arrow
 from meshplane.spark.decode import ARROW_SCHEMA, arrow_schema, decode_columns, to_arrow
 
 texts = st.text(max_size=300)  # up to 900 UTF-8 bytes: fixstr, str8 and str16 headers
+# Keys as the log keeps them (core.keys): text, or msgpack bin when not UTF-8 (bin8 and bin16 headers;
+# bin32: test_a_key_of_64_kib_that_is_not_utf8)
+keys = st.one_of(st.none(), texts, st.binary(max_size=300).map(stored_key))
 simple_events = st.one_of(
     *(
         st.builds(
@@ -25,7 +29,7 @@ simple_events = st.one_of(
             id=texts,
             event_type=texts,
             data=st.one_of(texts, st.binary(max_size=70_000)),  # bin8, bin16 and bin32 headers
-            key=st.one_of(st.none(), texts),
+            key=keys,
             metadata=st.one_of(st.none(), st.just({})),
             **({"idempotency": texts} if kind is MarkedEvent else {}),  # an idempotent publish's mark
         )
@@ -67,6 +71,9 @@ def test_the_scan_matches_the_general_decoder(
     data = records(events, first)
     end = first + limit
     result = scan_to_arrow(data, first, end, "orders", 3, schema)
+    if schema.field("key").type == pa.string() and any(type(e.key) is bytes for e in events[:limit]):
+        assert result is None  # keys that are not UTF-8 read with U+FFFD there: the general decoder's
+        return
     assert result is not None
     batch, rows = result
     assert rows == min(limit, len(events))
@@ -128,6 +135,15 @@ def test_garbage_payloads_with_good_crcs_never_leave_their_record(payloads: list
     result = scan_to_arrow(data, 0, len(payloads), "orders", 3, ARROW_SCHEMA)
     if result is not None:
         assert result[0].equals(general(data, 0, len(payloads)))
+
+
+def test_a_key_of_64_kib_that_is_not_utf8() -> None:
+    events = [StoredEvent(id="a", event_type="t", data="x", key=b"\xff" * (2**16 + n)) for n in (0, 1)]
+    data = records(events, 0)
+    result = scan_to_arrow(data, 0, 2, "orders", 3, ARROW_SCHEMA)
+    assert result is not None
+    assert result[0].column("key").to_pylist() == [e.key for e in events]
+    assert result[0].equals(general(data, 0, 2))
 
 
 def test_bytes_after_the_event_go_to_the_general_decoder() -> None:
@@ -198,6 +214,7 @@ def test_an_executor_reuses_the_memory_of_freed_chunks() -> None:
     """Once the scan is loaded, each chunk's columns reuse freed memory: no fresh pages fault in per chunk."""
     probe = """
 import resource
+from meshplane.core.keys import stored_key
 from meshplane.core.streamlog import MarkedEvent, StoredEvent, encode_event, encode_record
 from meshplane.spark.decode import ARROW_SCHEMA
 from meshplane.spark.reader import _record_scan

@@ -131,9 +131,25 @@ def _copy_typer(typingctx: Any, dst: Any, dst_at: Any, src: Any, src_at: Any, co
     return sig, codegen
 
 
+def _float_of_typer(typingctx: Any, bits: Any, size: Any) -> Any:
+    """The float64 (``size`` 8) or float32 (``size`` 4, the low half) whose bits are ``bits``: a register
+    move, not a view through a one-element array allocated for each float."""
+    sig = types.float64(types.uint64, size)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        double = builder.bitcast(args[0], ir.DoubleType())
+        single = builder.bitcast(builder.trunc(args[0], ir.IntType(32)), ir.FloatType())
+        single = builder.fpext(single, ir.DoubleType())
+        is_double = builder.icmp_signed("==", args[1], ir.Constant(args[1].type, 8))
+        return builder.select(is_double, double, single)
+
+    return sig, codegen
+
+
 _clmul: Any = intrinsic(_clmul_typer)
 _le64: Any = intrinsic(_le64_typer)
 _copy: Any = intrinsic(_copy_typer)
+_float_of: Any = intrinsic(_float_of_typer)
 
 
 # Constants of the reflected gzip polynomial P, from Intel's "Fast CRC Computation for Generic

@@ -6,8 +6,8 @@ their text is UTF-8 (as msgspec would) and copies key, value, event type and id 
 columns (offsets + bytes) while the record is in cache; Arrow takes the arrays without a copy. No
 Python object is made per row. It takes what services publish: data as text, bytes, null or a JSON
 value (maps, lists, numbers, written as JSON as it is scanned: :mod:`meshplane.spark.transcode`),
-without metadata. A chunk holding anything else (metadata, bad text, msgpack extension types) returns
-None and goes through the general decoder, which names any problem.
+keys as text or any bytes, without metadata. A chunk holding anything else (metadata, bad text,
+msgpack extension types) returns None and goes through the general decoder, which names any problem.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _put(data, starts, fill, column, row, buf, start, length):  # type: ignore[n
 
 
 @numba.njit(cache=True, nogil=True)
-def scan(buf, first, end, table, room, float_text, float_bounds):  # type: ignore[no-untyped-def]
+def scan(buf, first, end, table, room, float_text, float_bounds, binary_keys):  # type: ignore[no-untyped-def]
     """Records ``first``..``end - 1`` of ``buf`` into columns: (status, rows, offsets, stamps, key_valid,
     value_valid, starts, data, fill, values, floats): key, event_type and id copied out while each record
     is in cache, column c's bytes at ``data[c * len(buf):][:fill[c]]``, its Arrow offsets in
@@ -46,6 +46,10 @@ def scan(buf, first, end, table, room, float_text, float_bounds):  # type: ignor
     ``rows`` has a bad crc or sequence; COMPLEX: record ``rows`` needs the general decoder; OUT_FULL: the
     values need more room; FLOATS: the values hold ``len(floats)`` floats and no ``float_bounds`` were
     given: scan again with their texts (:func:`~meshplane.spark.transcode.float_texts`).
+
+    Keys that are not UTF-8 are stored as msgpack bin (core.keys): with ``binary_keys`` (Kafka's binary
+    key column) their bytes are copied as they are; a string key column (``columns=legacy``) leaves them
+    to the general decoder, which writes U+FFFD for what is not UTF-8.
     """
     size = buf.shape[0]
     most = max(0, min(end - first, size // HEADER_SIZE))
@@ -115,7 +119,7 @@ def scan(buf, first, end, table, room, float_text, float_bounds):  # type: ignor
                 status = OUT_FULL if p == OUT_FULL_VALUE else COMPLEX
                 break
             value_start, value_len = value_at, 0
-        key_start, key_len = np.int64(-1), np.int64(0)
+        key_start, key_len, key_is_text = np.int64(-1), np.int64(0), True
         if fields >= 4 and p >= stop:
             status = COMPLEX
             break
@@ -123,7 +127,8 @@ def scan(buf, first, end, table, room, float_text, float_bounds):  # type: ignor
             if buf[p] == 0xC0:
                 p += 1
             else:
-                key_start, key_len = _text(buf, p, stop, False)
+                key_is_text = buf[p] < 0xC4 or buf[p] > 0xC6  # not bin
+                key_start, key_len = _text(buf, p, stop, binary_keys)
                 if key_start < 0:
                     status = COMPLEX
                     break
@@ -146,15 +151,16 @@ def scan(buf, first, end, table, room, float_text, float_bounds):  # type: ignor
         value_is_text = 0xA0 <= value_header <= 0xBF or 0xD9 <= value_header <= 0xDB  # str, not bin
         key_at = max(key_start, 0)
         value_text_len = value_len if value_is_text else 0
+        key_text_len = key_len if key_is_text else 0
         if (
             _high_bits(buf, id_start, id_len)
             | _high_bits(buf, type_start, type_len)
-            | _high_bits(buf, key_at, key_len)
+            | _high_bits(buf, key_at, key_text_len)
             | _high_bits(buf, value_start, value_text_len)
         ) and not (
             _utf8(buf, id_start, id_len)
             and _utf8(buf, type_start, type_len)
-            and _utf8(buf, key_at, key_len)
+            and _utf8(buf, key_at, key_text_len)
             and _utf8(buf, value_start, value_text_len)
         ):
             status = COMPLEX  # the general decoder names the bad text
@@ -199,11 +205,12 @@ def scan_to_arrow(
     None when a record needs the general decoder (text/bytes data without metadata is the fast case).
     """
     buf = np.frombuffer(data, dtype=np.uint8)
+    binary_keys = schema.field("key").type == pa.binary()
     room = 2 * len(buf) + 4096  # text as it is; JSON: up to ~6 bytes a byte (`false,` for 0xC2)
     float_text, float_bounds = NO_FLOATS
     while True:
         status, rows, offsets, stamps, key_valid, value_valid, starts, fields, fill, values, floats = scan(
-            buf, first, end, CRC_TABLE, room, float_text, float_bounds
+            buf, first, end, CRC_TABLE, room, float_text, float_bounds, binary_keys
         )
         if status == OUT_FULL:
             room = max(2 * room, 6 * len(buf) + 4096)

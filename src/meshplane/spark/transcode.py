@@ -19,7 +19,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from meshplane.spark.bytescan import _be, _copy, _high_bits, _text, _utf8
+from meshplane.spark.bytescan import _be, _copy, _float_of, _high_bits, _text, _utf8
 
 #: What :func:`transcode` returns instead of a position: the general decoder's, or a larger ``out``.
 COMPLEX_VALUE, OUT_FULL_VALUE = -1, -2
@@ -268,10 +268,7 @@ def transcode(buf, pos, stop, out, state, float_text, float_bounds, floats, stac
             size = 4 if b == 0xCA else 8
             if pos + 1 + size > stop:
                 return COMPLEX_VALUE
-            bits = np.empty(1, np.uint64)
-            bits[0] = _be(buf, pos + 1, size)
-            # A float32 is the low half (little-endian); msgspec reads it as the double it is.
-            x = np.float64(bits.view(np.float32)[0]) if size == 4 else bits.view(np.float64)[0]
+            x = _float_of(_be(buf, pos + 1, size), size)  # msgspec reads a float32 as the double it is
             written = _plain_float(x, out, at)
             if written >= 0:
                 at = written
