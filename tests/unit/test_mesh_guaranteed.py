@@ -22,15 +22,15 @@ from meshplane.core.mesh.frames import (
 )
 from meshplane.errors import ConfigError
 from meshplane.mesh import guaranteed as guaranteed_module
-from meshplane.mesh import queues as queues_module
+from meshplane.mesh import queue_items as queues_module
 from meshplane.mesh.client import MeshClient
 from meshplane.mesh.commit_batch import Work, store_batch
 from meshplane.mesh.config import MeshConfig
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.lease import LeaseLost
 from meshplane.mesh.node import MeshNode
+from meshplane.mesh.queue_items import Queue, RecentIds
 from meshplane.mesh.queue_journal import QueueJournal
-from meshplane.mesh.queues import Queue, RecentIds
 from meshplane.mesh.spool import SpoolLimits
 from meshplane.mesh.vpns import parse_vpns
 from meshplane.streams import durability as durability_module
