@@ -35,7 +35,14 @@ from meshplane.mesh.spool import SpoolLimits
 from meshplane.mesh.vpns import parse_vpns
 from meshplane.streams import durability as durability_module
 from meshplane.streams.config import StreamsConfig
-from meshplane.streams.errors import BadRequest, LimitReached, NotStored, OutcomeUnknown, StorageError
+from meshplane.streams.errors import (
+    BadRequest,
+    Conflict,
+    LimitReached,
+    NotStored,
+    OutcomeUnknown,
+    StorageError,
+)
 from meshplane.streams.service import StreamsService
 from tests.faults import FaultInjector
 from tests.helpers import eventually
@@ -129,6 +136,18 @@ async def test_queues_made_at_once_share_one_fsync_and_a_failed_one_makes_none_o
     await queues.make("after", ["c.>"])
     expected = {"kept": ["a.>"], "after": ["c.>"]} | {f"q{i}": [f"q{i}.>"] for i in range(4)}
     assert QueueJournal(mesh_dir).load() == expected
+
+
+async def test_a_queue_being_changed_is_not_deleted_under_the_change(node: MeshNode) -> None:
+    queues = node.guaranteed.queues
+    await queues.make("q", ["a.>"])
+    change = asyncio.ensure_future(queues.make("q", ["b.>"]))
+    await asyncio.sleep(0)  # its fsyncs under way
+    with pytest.raises(Conflict):
+        queues.delete("q")
+    assert (await change).patterns == ["b.>"]
+    assert queues.delete("q")
+    assert "q" not in QueueJournal(queues._root).load()
 
 
 class FsyncFault(FaultInjector):

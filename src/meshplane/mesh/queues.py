@@ -39,6 +39,7 @@ from meshplane.mesh.queue_items import Queue
 from meshplane.mesh.queue_journal import QueueJournal
 from meshplane.streams.errors import (
     BadRequest,
+    Conflict,
     CorruptRecords,
     Forbidden,
     LimitReached,
@@ -277,6 +278,8 @@ class Queues:
         queue = self.queues.get(queue_topic(vpn, name))
         if queue is None:
             return False
+        if queue.name in self._making:  # its line would come after the change's, applied before it
+            raise Conflict(f"queue {name[:80]!r} is being changed: delete it once that is answered")
         if queue.paused:  # its topic stays, readable: a queue made again under the name starts resumed
             self.pause(queue.name, False)
         if queue.name in self.unsaved:
