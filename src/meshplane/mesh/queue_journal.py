@@ -200,6 +200,7 @@ class QueueJournal:
         return self._fd
 
     def _sync(self, fd: int, new_file: bool) -> None:
+        """In a worker thread too: the watchers (the loop's) hear of it in :meth:`_synced`."""
         os.fsync(fd)
         if new_file:  # the file's name too must survive a power loss
             _fsync_dir(self.path.parent)
