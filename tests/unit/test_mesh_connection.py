@@ -52,3 +52,34 @@ async def test_a_partial_batch_is_written_when_its_timeout_passes() -> None:
     conn.send(b"a")
     await eventually(lambda: transport.writes == [b"a"], timeout=5)
     assert conn.buffered_bytes() == 0
+
+
+class Joined:
+    """A batch frame for the test: its items joined, at most three."""
+
+    def __init__(self) -> None:
+        self.items: list[bytes] = []
+
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= 3
+
+    def add(self, item: bytes) -> None:
+        self.items.append(item)
+
+    def encode(self) -> bytes:
+        return b"[" + b"".join(self.items) + b"]"
+
+
+async def test_batched_items_keep_their_place_among_other_frames() -> None:
+    conn, transport = connection(batch_size=100, timeout_ms=0)
+    for item in (b"a", b"b"):
+        conn.send_batched(item, Joined)
+    conn.send(b"X")  # closes the batch: what came before it stays before it
+    for item in (b"c", b"d", b"e", b"f"):  # three fill a batch: the fourth begins the next
+        conn.send_batched(item, Joined)
+    await asyncio.sleep(0)
+    assert transport.writes == [b"[ab]X[cde][f]"]
+    conn.send_batched(b"g", Joined)
+    conn.close()  # closing writes the batch being filled too
+    assert transport.writes[-1] == b"[g]"

@@ -19,6 +19,7 @@ from meshplane.core.mesh.frames import (
     FrameError,
     FrameReader,
     FrameType,
+    InterestChange,
     SyncResponse,
     batched_ack_sequences,
     check_node_id,
@@ -30,7 +31,16 @@ from meshplane.core.mesh.frames import (
     event_parts,
 )
 from meshplane.core.mesh.interest import BUCKETS, OwnInterest, PeerInterest, decode_leaves, encode_leaves
-from meshplane.core.mesh.interest_frames import Known, Refusal, interest_change, sync_answer, sync_reply
+from meshplane.core.mesh.interest_frames import (
+    Changes,
+    InterestBatch,
+    Known,
+    Refusal,
+    interest_batch,
+    interest_change,
+    sync_answer,
+    sync_reply,
+)
 from meshplane.core.mesh.router import Router, RouterLimits
 from meshplane.core.subjects import matches
 
@@ -214,6 +224,71 @@ def test_routes_are_exactly_the_matching_holders_and_peers(
     }
     assert set(route.peers) == {who for who, p in interest if who != "local" and matches(p, subject)}
     assert router.route(subject) is route  # cached until interest changes
+
+
+@given(
+    st.lists(st.tuples(st.booleans(), st.sampled_from(PATTERN_POOL[:8]), st.integers(1, 40)), max_size=40),
+    st.lists(st.tuples(st.sampled_from(PATTERN_POOL[:8]), st.integers(1, 40)), max_size=8),
+    st.lists(SUBJECT_WORDS, min_size=1, max_size=4),
+)
+def test_a_batch_of_changes_applies_as_the_changes_one_by_one(
+    changes: list[tuple[bool, str, int]], before: list[tuple[str, int]], words: list[str]
+) -> None:
+    """An INTEREST frame's changes (stale ones, repeats, an add then its remove) leave a router as
+    SUB_ADD / SUB_REMOVE frames of them would, and report the net difference as gained and lost."""
+    one: Router[str] = Router(RouterLimits(bloom_filter_capacity=4, bloom_filter_fpr=0.5))
+    many: Router[str] = Router(RouterLimits(bloom_filter_capacity=4, bloom_filter_fpr=0.5))
+    subject = ".".join(words)
+    for router in (one, many):
+        router.add_peer("p")
+        for pattern, version in before:
+            router.apply("p", pattern, version, True)
+        router.route(subject)  # cached: the batch must drop it where it changed
+    held = set(many.peers["p"].interest.versions)
+    for added, pattern, version in changes:
+        one.apply("p", pattern, version, added)
+    gained, lost = many.apply_many("p", [InterestChange(a, p, v) for a, p, v in changes])
+    after = set(many.peers["p"].interest.versions)
+    assert after == set(one.peers["p"].interest.versions)
+    assert many.peers["p"].interest.versions == one.peers["p"].interest.versions
+    assert (gained, lost) == (after - held, held - after)
+    assert many.route(subject).peers == one.route(subject).peers
+    assert set(many.route(subject).peers) == ({"p"} if any(matches(p, subject) for p in after) else set())
+
+
+def test_an_interest_frame_is_checked_as_its_changes_would_be() -> None:
+    known = Known(version=5, patterns=2, epoch=0, max_patterns=3)
+    now = 10**18
+    held = {"a.x", "a.y"}
+
+    def batch(*changes: tuple[bool, str, int]) -> object:
+        payload = encode_payload([InterestChange(*c) for c in changes])
+        return interest_batch(payload, known, held, now)
+
+    ok = [InterestChange(False, "a.x", 6), InterestChange(True, "b.1", 7), InterestChange(True, "b.2", 8)]
+    assert batch((False, "a.x", 6), (True, "a..bad", 7), (True, "b.1", 7), (True, "b.2", 8)) == Changes(ok, 1)
+    # One removed makes room for one more; a repeat or a held pattern takes none.
+    assert batch((True, "b.1", 6), (True, "b.1", 7), (True, "a.y", 8)) == Changes(
+        [InterestChange(True, "b.1", 6), InterestChange(True, "b.1", 7), InterestChange(True, "a.y", 8)], 0
+    )
+    assert batch((True, "b.1", 6), (True, "b.2", 7)) == Refusal("pattern_limit", close=True)
+    assert batch((True, "b.1", 6), (False, "b.1", 7), (True, "b.2", 8)) == Changes(
+        [InterestChange(True, "b.1", 6), InterestChange(False, "b.1", 7), InterestChange(True, "b.2", 8)], 0
+    )
+    # Versions may climb within a frame, each within the slack of the highest before it.
+    assert isinstance(batch((False, "a.x", 5 + 10**6), (False, "a.y", 5 + 2 * 10**6)), Changes)
+    assert batch((False, "a.x", 5 + 10**6 + 1)) == Refusal("version_jump", close=True)
+    assert interest_batch(b"\xc1", known, held, now) == Refusal("bad_interest", close=False)
+    too_many = encode_payload([InterestChange(False, "a.x", 6)] * 4097)
+    assert interest_batch(too_many, known, held, now) == Refusal("interest_batch", close=True)
+    frame = InterestBatch("a")
+    for change in ok:
+        frame.add(change)
+    [decoded] = FrameReader().feed(frame.encode())
+    assert isinstance(decoded, Frame)
+    assert decoded.type is FrameType.INTEREST
+    assert decoded.source == "a"
+    assert interest_batch(decoded.payload, known, held, now) == Changes(ok, 0)
 
 
 def test_a_tiny_filter_gives_false_positives_counted_never_a_wrong_route() -> None:

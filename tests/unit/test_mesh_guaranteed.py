@@ -22,20 +22,27 @@ from meshplane.core.mesh.frames import (
 )
 from meshplane.errors import ConfigError
 from meshplane.mesh import guaranteed as guaranteed_module
-from meshplane.mesh import queues as queues_module
+from meshplane.mesh import queue_items as queues_module
 from meshplane.mesh.client import MeshClient
 from meshplane.mesh.commit_batch import Work, store_batch
 from meshplane.mesh.config import MeshConfig
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.lease import LeaseLost
 from meshplane.mesh.node import MeshNode
+from meshplane.mesh.queue_items import Queue, RecentIds
 from meshplane.mesh.queue_journal import QueueJournal
-from meshplane.mesh.queues import Queue, RecentIds
 from meshplane.mesh.spool import SpoolLimits
 from meshplane.mesh.vpns import parse_vpns
 from meshplane.streams import durability as durability_module
 from meshplane.streams.config import StreamsConfig
-from meshplane.streams.errors import BadRequest, LimitReached, NotStored, OutcomeUnknown, StorageError
+from meshplane.streams.errors import (
+    BadRequest,
+    Conflict,
+    LimitReached,
+    NotStored,
+    OutcomeUnknown,
+    StorageError,
+)
 from meshplane.streams.service import StreamsService
 from tests.faults import FaultInjector
 from tests.helpers import eventually
@@ -103,6 +110,74 @@ async def test_a_queue_whose_record_failed_is_not_made_and_the_next_one_is(
     assert not node.router.route("$G.b.x").local  # never advertised
     queues.create("after", ["c.>"])
     assert QueueJournal(mesh_dir).load() == {"kept": ["a.>"], "after": ["c.>"]}
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO], ids=errno.errorcode.get)
+async def test_queues_made_at_once_share_one_fsync_and_a_failed_one_makes_none_of_them(
+    node: MeshNode, tmp_path: Path, error: int
+) -> None:
+    queues = node.guaranteed.queues
+    await queues.make("kept", ["a.>"])
+    mesh_dir = tmp_path / "data" / "mesh"
+    counted = FaultInjector(mesh_dir)
+    with counted.installed():
+        await asyncio.gather(*(queues.make(f"q{i}", [f"q{i}.>"]) for i in range(4)))
+    assert [op for op, _ in counted.seen].count("fsync") == 1  # four lines, one fsync
+    failing = FaultInjector(mesh_dir, fail_at=5, error=error)  # four appends, then their fsync
+    with failing.installed():
+        results = await asyncio.gather(
+            *(queues.make(f"lost{i}", [f"lost{i}.>"]) for i in range(4)), return_exceptions=True
+        )
+    assert failing.failed is not None
+    assert failing.failed[0] == "fsync"
+    assert all(isinstance(r, StorageError) for r in results)
+    assert not any(f"lost{i}" in queues.queues for i in range(4))
+    assert not node.router.route("$G.lost0.x").local  # never advertised
+    await queues.make("after", ["c.>"])
+    expected = {"kept": ["a.>"], "after": ["c.>"]} | {f"q{i}": [f"q{i}.>"] for i in range(4)}
+    assert QueueJournal(mesh_dir).load() == expected
+
+
+async def test_a_queue_being_changed_is_not_deleted_under_the_change(node: MeshNode) -> None:
+    queues = node.guaranteed.queues
+    await queues.make("q", ["a.>"])
+    change = asyncio.ensure_future(queues.make("q", ["b.>"]))
+    await asyncio.sleep(0)  # its fsyncs under way
+    with pytest.raises(Conflict):
+        queues.delete("q")
+    assert (await change).patterns == ["b.>"]
+    assert queues.delete("q")
+    assert "q" not in QueueJournal(queues._root).load()
+
+
+class FsyncFault(FaultInjector):
+    """ENOSPC/EIO at the fsync of one path (the two fsyncs of a topic run at once, in any order)."""
+
+    def __init__(self, root: Path, path: Path) -> None:
+        super().__init__(root, error=errno.EIO)
+        self.path = str(path)
+
+    def _check(self, operation: str, path: str) -> None:
+        if operation == "fsync" and path == self.path and self.failed is None:
+            self.failed = (operation, path)
+            raise OSError(self.error, "injected", path)
+
+
+@pytest.mark.parametrize("which", ["topic.json", "directory"])
+async def test_a_queue_whose_topic_could_not_be_made_durable_is_not_made(
+    node: MeshNode, tmp_path: Path, which: str
+) -> None:
+    queues = node.guaranteed.queues
+    assert queues.engine is not None
+    directory = queues.engine.topic_store.folder / "lost"
+    injector = FsyncFault(directory, directory / "topic.json" if which == "topic.json" else directory)
+    with injector.installed(), pytest.raises(StorageError):
+        await queues.make("lost", ["b.>"])
+    assert injector.failed is not None
+    assert injector.failed[0] == "fsync"
+    assert "lost" not in queues.queues
+    assert not node.router.route("$G.b.x").local
+    assert "lost" not in QueueJournal(tmp_path / "data" / "mesh").load()  # its record undone
 
 
 def test_a_node_keeps_at_most_its_max_queues() -> None:

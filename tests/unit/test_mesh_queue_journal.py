@@ -3,6 +3,8 @@ ENOSPC/EIO injected at any file operation and reloads give back exactly the chan
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import itertools
 import tempfile
@@ -131,3 +133,67 @@ def test_making_queues_appends_a_line_each_not_the_whole_file(tmp_path: Path) ->
     assert max(growth) < 64  # one short line each
     journal.close()
     assert QueueJournal(tmp_path).load() == state
+
+
+GROUPS = st.lists(
+    st.tuples(
+        st.dictionaries(NAMES, PATTERNS, min_size=1, max_size=4),  # one change a queue, as Queues.make
+        st.one_of(st.none(), st.tuples(st.integers(1, 8), st.sampled_from([errno.ENOSPC, errno.EIO]))),
+        st.booleans(),  # a put (a delete, say) made while the commits wait
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(GROUPS)
+def test_concurrent_commits_keep_exactly_the_changes_that_returned(
+    groups: list[tuple[dict[str, list[str]], tuple[int, int] | None, bool]],
+) -> None:
+    """Changes committed at once share fsyncs (group commit, in worker threads); with ENOSPC/EIO at
+    any file operation among them, a reload gives back every change that returned and none that
+    raised (but for a failed fsync of the directory, after which a change may be kept or not)."""
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(journal_module, "COMPACT_AFTER", 3)
+        root = Path(tmp)
+        journal = QueueJournal(root)
+        model = journal.load()
+
+        async def group(changes: dict[str, list[str]], put_too: bool) -> list[BaseException | None]:
+            async def commit(name: str, patterns: list[str]) -> None:  # after(): applied ones and this
+                number = await journal.commit(name, patterns, _after(model, name, patterns), len(model))
+                if patterns:  # applied by its caller at once, as Queues.make does
+                    model[name] = patterns
+                else:
+                    model.pop(name, None)
+                journal.applied(number)
+
+            tasks = [asyncio.ensure_future(commit(name, p)) for name, p in changes.items()]
+            await asyncio.sleep(0)  # the first fsync under way: a put comes while it runs
+            if put_too:
+                try:
+                    journal.put("e", [], _after(model, "e", []), len(model))
+                    model.pop("e", None)
+                except OSError:
+                    pass
+            return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+        for changes, fault, put_too in groups:
+            changes = {k: v for k, v in changes.items() if k != "e"}
+            injector = FaultInjector(root, fail_at=fault[0], error=fault[1]) if fault else None
+            with injector.installed() if injector else contextlib.nullcontext():
+                results = asyncio.run(group(changes, put_too))
+            failed = {name: p for (name, p), r in zip(changes.items(), results, strict=True) if r is not None}
+            journal.close()
+            journal = QueueJournal(root)
+            loaded = journal.load()
+            dir_failed = (
+                injector is not None and injector.failed is not None and Path(injector.failed[1]).is_dir()
+            )
+            for name in set(loaded) | set(model) | set(failed):
+                if dir_failed and name in failed and loaded.get(name) == (failed[name] or None):
+                    continue
+                assert loaded.get(name) == model.get(name), name
+            model = loaded
+        journal.close()
+        assert QueueJournal(root).load() == model

@@ -20,7 +20,7 @@ from meshplane.core.mesh.frames import (
     encode_frame,
 )
 from meshplane.mesh.holders import MeshEvent
-from meshplane.mesh.queues import stored_event
+from meshplane.mesh.queue_items import stored_event
 from meshplane.mesh.spool import Spool, SpoolFull, SpoolLimits, spool_directory, spool_peer
 from meshplane.streams.errors import StorageError
 from meshplane.streams.files import FilePool

@@ -14,7 +14,7 @@ import pytest
 from meshplane.core.mesh.frames import FLAG_GUARANTEED
 from meshplane.core.mesh.source_marks import SourceMarks
 from meshplane.core.streamlog import StoredEvent
-from meshplane.mesh import queues as queues_module
+from meshplane.mesh import queue_items as queues_module
 from meshplane.mesh.commit_batch import store_batch
 from meshplane.mesh.config import MeshConfig
 from meshplane.mesh.holders import MeshEvent

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from meshplane.core.mesh.vpn import vpn_of
 from meshplane.core.streamlog import StoredEvent
 from meshplane.mesh.holders import MeshEvent
-from meshplane.mesh.queues import Queue, stored_event
+from meshplane.mesh.queue_items import Queue, stored_event
 from meshplane.mesh.spool import Spool
 from meshplane.streams.errors import StorageError, StreamError
 

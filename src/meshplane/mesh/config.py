@@ -26,7 +26,8 @@ def secret_from_env(name: str) -> str:
 
 
 # hold_spooled: guaranteed events are stored and acknowledged but never sent (to kill the node then)
-FAULTS = ("drop_sub_add", "duplicate_events", "hold_spooled")
+# no_interest_batches: the node neither takes nor sends INTEREST frames (as nodes before them)
+FAULTS = ("drop_sub_add", "duplicate_events", "hold_spooled", "no_interest_batches")
 
 
 def parse_route(url: str) -> tuple[str, int]:

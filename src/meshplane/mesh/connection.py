@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, Protocol, cast
 
 from meshplane.core.mesh.frames import (
     Frame,
@@ -25,6 +25,18 @@ from meshplane.core.mesh.frames import (
 from meshplane.mesh.session import Opener, Sealer, SessionError, SessionKeys
 
 log = logging.getLogger(__name__)
+
+
+class Batch(Protocol):
+    """Items sent as one frame (:meth:`FrameConnection.send_batched`)."""
+
+    @property
+    def full(self) -> bool: ...
+
+    def add(self, item: Any) -> None: ...
+
+    def encode(self) -> bytes: ...
+
 
 WRITE_HIGH_WATER = 1024 * 1024
 TURN_SECONDS = 0.005  # frames handled in one go, at most this long, before others get a turn
@@ -102,6 +114,7 @@ class FrameConnection(asyncio.Protocol):
         self._closing = False
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._batch: Batch | None = None  # the batch frame being filled, after everything in _pending
         self._flush_handle: asyncio.Handle | None = None
         self._handshake_bytes = b""  # a handshake frame not yet whole (before ``seal``)
         self._sealer: Sealer | None = None
@@ -297,6 +310,7 @@ class FrameConnection(asyncio.Protocol):
             self._flush_handle.cancel()
         self._pending.clear()
         self._pending_bytes = 0
+        self._batch = None
         self.transport = None
         self._writable.set()
         if not self.closed.done():
@@ -333,6 +347,8 @@ class FrameConnection(asyncio.Protocol):
         return self._pending_bytes + written
 
     def send(self, frame: bytes) -> None:
+        if self._batch is not None:
+            self._close_batch()
         if self.transport is None:
             return
         self._pending.append(frame)
@@ -343,7 +359,30 @@ class FrameConnection(asyncio.Protocol):
             return
         if len(self._pending) >= self.batch_size:
             self.flush()
-        elif self._flush_handle is None:
+        else:
+            self._schedule_flush()
+
+    def send_batched(self, item: Any, batch: Callable[[], Batch]) -> None:
+        """Send ``item`` in the batch frame being filled at the end of what is queued, or in a new one
+        (``batch()``) once anything else was sent since or it is full: frames keep the order they were
+        sent in, and a burst of items costs a peer one frame, not one each."""
+        if self.transport is None:
+            return
+        current = self._batch
+        if current is None or current.full:
+            if current is not None:
+                self._close_batch()
+            current = self._batch = batch()
+            self._schedule_flush()
+        current.add(item)
+
+    def _close_batch(self) -> None:
+        current, self._batch = self._batch, None
+        if current is not None:
+            self.send(current.encode())
+
+    def _schedule_flush(self) -> None:
+        if self._flush_handle is None:
             loop = asyncio.get_running_loop()
             self._flush_handle = (
                 loop.call_later(self.batch_delay, self.flush)
@@ -358,6 +397,8 @@ class FrameConnection(asyncio.Protocol):
             self.stats.frames_out += len(frames) - 1
 
     def flush(self) -> None:
+        if self._batch is not None:
+            self._close_batch()
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
@@ -382,6 +423,7 @@ class FrameConnection(asyncio.Protocol):
         self._closing = True
         self._pending.clear()
         self._pending_bytes = 0
+        self._batch = None
         if self._on_limit is not None:
             self._on_limit(self, reason)
         transport.abort()

@@ -46,7 +46,8 @@ from meshplane.core.mesh.frames import (
 from meshplane.mesh.commit_batch import Answer, Work, store_batch
 from meshplane.mesh.holders import Holder, MeshEvent
 from meshplane.mesh.peer_queues import KnownQueues, learn_queues, queue_patterns
-from meshplane.mesh.queues import PREFIX, Queue, Queues
+from meshplane.mesh.queue_items import Queue
+from meshplane.mesh.queues import PREFIX, Queues
 from meshplane.mesh.spool import (
     Spool,
     SpoolLimits,

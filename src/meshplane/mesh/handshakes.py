@@ -106,7 +106,15 @@ class Handshakes:
         is given (echoed, so a client of a VPN can tell a node that knows none)."""
         node = self.node
         hello = Hello(
-            PROTOCOL_VERSION, node.node_id, node.config.cluster, role, node.epoch, nonce, error, vpn=vpn
+            PROTOCOL_VERSION,
+            node.node_id,
+            node.config.cluster,
+            role,
+            node.epoch,
+            nonce,
+            error,
+            vpn=vpn,
+            interest_batches=role == "route" and "no_interest_batches" not in node.config.faults,
         )
         conn.send(encode_frame(FrameType.HELLO, node.node_id, payload=encode_payload(hello)))
 

@@ -26,6 +26,7 @@ LINK_COUNTERS = (
     "sub_remove_out",
     "sub_add_in",
     "sub_remove_in",
+    "interest_frames_in",  # INTEREST frames: many SUB_ADD / SUB_REMOVE each (counted in those too)
     "bad_frames",
     "outside_dmr",  # a VPN's events that do not cross gateways, arrived from another cluster: dropped
 )
@@ -52,6 +53,7 @@ class Link:
     down: asyncio.Event = field(default_factory=asyncio.Event)  # set while the link is down
     retiring: FrameConnection | None = None  # the connection being switched away from, still read
     held: list[Any] = field(default_factory=list)  # events of the new connection until it is done
+    interest_batches: bool = False  # the peer's HELLO: it takes INTEREST frames
     spooled_next: int | None = None  # the spool offset the peer's next SPOOLED frame may have, at most
 
     def __post_init__(self) -> None:

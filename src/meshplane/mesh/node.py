@@ -33,8 +33,10 @@ from meshplane.core.mesh.frames import (
     Frame,
     FrameError,
     FrameType,
+    InterestChange,
     encode_frame,
 )
+from meshplane.core.mesh.interest_frames import InterestBatch
 from meshplane.core.mesh.router import Router
 from meshplane.core.subjects import SubjectCheck, is_reserved
 from meshplane.mesh.clients import Clients
@@ -322,12 +324,21 @@ class MeshNode:
     def _announce(self, kind: FrameType, pattern: str, version: int) -> None:
         if kind is FrameType.SUB_ADD and "drop_sub_add" in self.config.faults:
             return
-        frame = encode_frame(kind, self.node_id, pattern, version)
-        counter = "sub_add_out" if kind is FrameType.SUB_ADD else "sub_remove_out"
+        added = kind is FrameType.SUB_ADD
+        counter = "sub_add_out" if added else "sub_remove_out"
+        frame = change = None
         for link in self.links.values():
             if link.conn is not None and link.state != "down":
-                link.conn.send(frame)
+                if link.interest_batches:  # a burst of changes goes in one INTEREST frame, in order
+                    change = change or InterestChange(added, pattern, version)
+                    link.conn.send_batched(change, self._interest_batch)
+                else:
+                    frame = frame or encode_frame(kind, self.node_id, pattern, version)
+                    link.conn.send(frame)
                 link.counters[counter] += 1
+
+    def _interest_batch(self) -> InterestBatch:
+        return InterestBatch(self.node_id)
 
     def publish(
         self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None, prefix: str = ""

@@ -21,26 +21,25 @@ a client changing its subscriptions could otherwise repeat at will.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections import deque
-from collections.abc import Collection
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from meshplane.core.doors.nats_protocol import NOT_WRAPPED, looks_wrapped
-from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE, FLAG_NATS_ENVELOPE
 from meshplane.core.mesh.source_marks import SourceMarks
 from meshplane.core.mesh.vpn import DEFAULT, outward, prefix_of, queue_topic, vpn_of
-from meshplane.core.streamlog import StoredEvent
 from meshplane.core.subjects import is_reserved, valid_pattern
-from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh import queue_items
+from meshplane.mesh.queue_items import Queue
 from meshplane.mesh.queue_journal import QueueJournal
 from meshplane.streams.errors import (
     BadRequest,
+    Conflict,
     CorruptRecords,
     Forbidden,
     LimitReached,
@@ -48,7 +47,7 @@ from meshplane.streams.errors import (
     StorageError,
     StreamError,
 )
-from meshplane.streams.files import write_atomic
+from meshplane.streams.files import sync_replaced, write_atomic
 
 if TYPE_CHECKING:
     from meshplane.core.mesh.permissions import Permissions
@@ -59,7 +58,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PREFIX = "$G."  # a queue's pattern travels as this + the pattern; guaranteed events are routed so too
-RECENT_IDS = 50_000  # event ids a queue remembers per way in (more than a spool's resends reach back)
 RECALLED = "\x00recalled"  # the way of the ids read back on start (no node id holds a NUL)
 MAX_PATTERNS_PER_QUEUE = 100
 
@@ -77,86 +75,6 @@ class QueueUser(Protocol):
     def permissions(self) -> Permissions | None: ...
 
 
-class RecentIds:
-    """The event ids a queue stored last, RECENT_IDS for each way they came in: this node's
-    publishers (``""``), each peer's spool, each other cluster's. A resend (a link that starts over, a
-    mate's stale confirmed offset after a power loss) comes the way its first copy did and reaches back
-    a bounded number of that way's events, however busy the other ways were meanwhile. A set to ask,
-    each way's order to forget its oldest (an OrderedDict did both at three times the cost)."""
-
-    def __init__(self) -> None:
-        self.ids: set[str] = set()
-        self._order: dict[str, deque[str]] = {}  # by way
-        self._local_at: deque[int] = deque()  # the topic offsets of way ``""``'s ids, in their order
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    @property
-    def local_from(self) -> int | None:
-        """Where the topic holds the oldest id remembered of this node's publishers (None: none)."""
-        return self._local_at[0] if self._local_at else None
-
-    def remember(self, event_ids: Collection[str], way: str = "", offsets: Collection[int] = ()) -> None:
-        """``event_ids``: new ids, each once (the caller asked ``ids``), that came in ``way``;
-        ``offsets``: where the topic holds them (kept for way ``""``)."""
-        ids = self.ids
-        order = self._order.get(way)
-        if order is None:
-            order = self._order[way] = deque()
-        ids.update(event_ids)
-        order.extend(event_ids)
-        for _ in range(len(order) - RECENT_IDS):
-            ids.discard(order.popleft())
-        if not way:
-            self._local_at.extend(offsets)
-            for _ in range(len(self._local_at) - len(order)):
-                self._local_at.popleft()
-
-
-@dataclass(eq=False)
-class Queue:
-    """A guaranteed subscription: a holder of ``$G.`` patterns in the router."""
-
-    name: str  # its topic's: ``VPN:NAME`` beyond the default VPN
-    patterns: list[str]  # with its VPN's prefix
-    recent: RecentIds = field(default_factory=RecentIds)
-    marks: SourceMarks = field(default_factory=SourceMarks)
-    stored: int = 0
-    duplicates: int = 0
-    paused: bool = False  # stores, but its topic's readers get nothing
-
-    def deliver(self, event: MeshEvent) -> None:
-        """Queues take events only through :class:`Guaranteed` (stored, then acknowledged)."""
-
-
-def stored_event(
-    event: MeshEvent, event_id: str | None = None, source: str = "", offset: int = 0
-) -> StoredEvent:
-    """How a queue's topic keeps an event: pub/sub messages by their payload, others as bytes; one
-    that came from a spool says which (``via``) and at what offset (``via_offset``)."""
-    data: Any = event.body
-    if event.flags & FLAG_JSON_MESSAGE:
-        with contextlib.suppress(msgspec.DecodeError, AttributeError, TypeError):
-            data = msgspec.json.decode(event.body).get("payload")
-    vpn = vpn_of(event.subject)
-    subject = outward(prefix_of(vpn), event.subject)  # as the VPN's clients published it
-    metadata = {"subject": subject, "origin": event.source}
-    if vpn != DEFAULT:
-        metadata["vpn"] = vpn
-    if source:
-        metadata["via"], metadata["via_offset"] = source, str(offset)
-    if not event.flags & (FLAG_NATS_ENVELOPE | FLAG_JSON_MESSAGE) and looks_wrapped(event.body):
-        metadata[NOT_WRAPPED] = "1"
-    return StoredEvent(
-        id=event.event_id if event_id is None else event_id,
-        event_type=subject,
-        data=data,
-        key=event.source,
-        metadata=metadata,
-    )
-
-
 class Queues:
     """The queues of one node."""
 
@@ -167,6 +85,9 @@ class Queues:
         self.queues: dict[str, Queue] = {}
         self.unsaved: set[str] = set()  # queues their owner keeps (not in queues.log)
         self._journal: QueueJournal | None = None
+        self._counts: Counter[str] = Counter()  # queues by VPN
+        self._making: dict[str, asyncio.Future[None]] = {}  # queues being made (:meth:`make`), by name
+        self._making_vpn: dict[str, str] = {}  # ... their VPN if new, else ""
 
     def open(self, engine: StreamsService, root: Path) -> None:
         """Load the queues and subscribe them (so they are advertised from the first link on)."""
@@ -224,6 +145,57 @@ class Queues:
         advertised (but with ``saved=False``: its owner keeps it, see the module). ``who``: the VPN
         user asking, held to its queue permissions (Forbidden, counted as its violation: create for a
         new queue, bind for its patterns)."""
+        name, checked = self._checked(name, patterns, vpn, who)
+        self._topic(name, sync=True)
+        if saved:
+            self._save(name, checked)
+            self.unsaved.discard(name)
+        else:
+            if name in self.queues and name not in self.unsaved:  # saved before: taken out of the log
+                self._save(name, [])
+            self.unsaved.add(name)
+        return self._replace(name, checked)
+
+    async def make(
+        self, name: str, patterns: list[str], vpn: str = DEFAULT, who: QueueUser | None = None
+    ) -> Queue:
+        """:meth:`create` (saved) without blocking the event loop: the topic's fsyncs and the journal's
+        (one shared by the queues made meanwhile) in worker threads, all at once; returns once all are
+        durable. Changes of one queue wait for each other; those of others overlap."""
+        while (busy := self._making.get(queue_topic(vpn, name))) is not None:
+            await asyncio.wait([busy])  # its outcome is its caller's
+        name, checked = self._checked(name, patterns, vpn, who)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._making[name] = done
+        self._making_vpn[name] = vpn if name not in self.queues else ""
+        try:
+            topic = self._topic(name, sync=False)
+            synced = sync_replaced(topic / "topic.json") if topic is not None else asyncio.sleep(0)
+            results = await asyncio.gather(synced, self._commit(name, checked), return_exceptions=True)
+            failed = next((r for r in results if isinstance(r, BaseException)), None)
+            recorded = results[1]
+            if isinstance(recorded, int):
+                assert self._journal is not None
+                self._journal.applied(recorded)  # applied below, or undone
+            if failed is not None:
+                if isinstance(recorded, int):  # recorded, its topic not durable: undone
+                    old = self.queues.get(name)
+                    with contextlib.suppress(StorageError):
+                        self._save(name, old.patterns if old is not None and name not in self.unsaved else [])
+                if isinstance(failed, StorageError):
+                    raise failed
+                raise StorageError(f"making queue {name!r}: {failed}") from failed
+            self.unsaved.discard(name)
+            return self._replace(name, checked)
+        finally:
+            del self._making[name], self._making_vpn[name]
+            done.set_result(None)
+
+    def _checked(
+        self, name: str, patterns: list[str], vpn: str, who: QueueUser | None
+    ) -> tuple[str, list[str]]:
+        """The queue's stored name and its patterns (with the VPN's prefix, sorted, once each), or why
+        it may not be made."""
         if self.engine is None:
             raise BadRequest("this mesh node has no streams data directory: it keeps no queues")
         if vpn not in self.node.config.vpns:
@@ -246,26 +218,38 @@ class Queues:
             raise BadRequest(f"a queue takes 1-{MAX_PATTERNS_PER_QUEUE} patterns")
         if who is not None:
             self.allowed(who, "create" if name not in self.queues else "bind", queue_name, tuple(patterns))
-        if name not in self.queues and len(self.queues) >= self.limit:
-            raise LimitReached(f"{self.limit} queues on this node (its limit: --mesh-max-queues)", "queues")
-        limit = self.node.config.vpns[vpn].max_queues
-        if name not in self.queues and limit is not None and self._count(vpn) >= limit:
-            self.node.logins.limits_refused[(vpn, "queues")] += 1
-            raise LimitReached(f"Message VPN {vpn!r}: {limit} queues on this node (its limit)", "queues")
-        if name not in self.engine.topics:  # new, or deleted under the queue: held if it is paused
-            old_queue = self.queues.get(name)
-            self.engine.topic_store.create(name, 1).held = old_queue is not None and old_queue.paused
-        if saved:
-            self._save(name, sorted(set(checked)))
-            self.unsaved.discard(name)
-        else:
-            if name in self.queues and name not in self.unsaved:  # saved before: taken out of the log
-                self._save(name, [])
-            self.unsaved.add(name)
+        if name not in self.queues:  # a new one: within the bounds, those being made counted too
+            if len(self.queues) + self._new_being_made("") >= self.limit:
+                raise LimitReached(
+                    f"{self.limit} queues on this node (its limit: --mesh-max-queues)", "queues"
+                )
+            limit = self.node.config.vpns[vpn].max_queues
+            if limit is not None and self._count(vpn) + self._new_being_made(vpn) >= limit:
+                self.node.logins.limits_refused[(vpn, "queues")] += 1
+                raise LimitReached(f"Message VPN {vpn!r}: {limit} queues on this node (its limit)", "queues")
+        return name, sorted(set(checked))
+
+    def _new_being_made(self, vpn: str) -> int:
+        """New queues being made (of ``vpn``; "": of any)."""
+        return sum(1 for v in self._making_vpn.values() if v and (not vpn or v == vpn))
+
+    def _topic(self, name: str, *, sync: bool) -> Path | None:
+        """The queue's topic, made if it has none (new, or deleted under the queue: held if it is
+        paused); its directory when made."""
+        assert self.engine is not None
+        if name in self.engine.topics:
+            return None
+        old_queue = self.queues.get(name)
+        topic = self.engine.topic_store.create(name, 1, sync=sync)
+        topic.held = old_queue is not None and old_queue.paused
+        return topic.directory
+
+    def _replace(self, name: str, patterns: list[str]) -> Queue:
         old = self.queues.pop(name, None)
         if old is not None:
+            self._counts[vpn_of(old.patterns[0])] -= 1
             self._withdraw(old)
-        return self._install(name, sorted(set(checked)), old)
+        return self._install(name, patterns, old)
 
     def allowed(self, who: QueueUser, action: str, name: str, patterns: tuple[str, ...] = ()) -> None:
         """Forbidden (counted as ``who``'s violation) unless its permissions allow ``action`` on its
@@ -289,13 +273,15 @@ class Queues:
         return self.node.config.max_queues
 
     def _count(self, vpn: str) -> int:
-        return sum(1 for queue in self.queues.values() if vpn_of(queue.patterns[0]) == vpn)
+        return self._counts[vpn]
 
     def delete(self, name: str, vpn: str = DEFAULT) -> bool:
         """Stop the queue's interest (its topic and what it holds stay, to be read or deleted)."""
         queue = self.queues.get(queue_topic(vpn, name))
         if queue is None:
             return False
+        if queue.name in self._making:  # its line would come after the change's, applied before it
+            raise Conflict(f"queue {name[:80]!r} is being changed: delete it once that is answered")
         if queue.paused:  # its topic stays, readable: a queue made again under the name starts resumed
             self.pause(queue.name, False)
         if queue.name in self.unsaved:
@@ -303,6 +289,7 @@ class Queues:
         else:
             self._save(queue.name, [])
         del self.queues[queue.name]
+        self._counts[vpn_of(queue.patterns[0])] -= 1
         self._withdraw(queue)
         return True
 
@@ -314,7 +301,12 @@ class Queues:
     def _save(self, name: str, patterns: list[str]) -> None:
         """Record a queue's patterns (none: deleted) before they apply."""
         assert self._journal is not None
+        try:
+            self._journal.put(name, patterns, self._after(name, patterns), len(self.queues))
+        except OSError as exc:
+            raise StorageError(f"saving the queues: {exc}") from exc
 
+    def _after(self, name: str, patterns: list[str]) -> Callable[[], dict[str, list[str]]]:
         def after() -> dict[str, list[str]]:  # every queue once it applies (asked for to compact)
             state = {
                 q.name: q.patterns
@@ -323,8 +315,13 @@ class Queues:
             }
             return state | {name: patterns} if patterns else state
 
+        return after
+
+    async def _commit(self, name: str, patterns: list[str]) -> int:
+        """:meth:`_save` for :meth:`make`: the fsync shared, in a worker thread; the line's number."""
+        assert self._journal is not None
         try:
-            self._journal.put(name, patterns, after, len(self.queues))
+            return await self._journal.commit(name, patterns, self._after(name, patterns), len(self.queues))
         except OSError as exc:
             raise StorageError(f"saving the queues: {exc}") from exc
 
@@ -335,6 +332,7 @@ class Queues:
         else:
             self._recall(queue)
         self.queues[name] = queue
+        self._counts[vpn_of(patterns[0])] += 1
         for pattern in patterns:
             self.node.subscribe(queue, PREFIX + pattern)
         self.node.gateways.queues_changed(patterns, ())  # other clusters are told of it too
@@ -359,7 +357,7 @@ class Queues:
         marks_from = max(partition.start_offset, start or 0)
         local = queue.marks.local_from
         local_from = marks_from if local is None else max(partition.start_offset, min(local, marks_from))
-        window = max(partition.start_offset, partition.next_offset - RECENT_IDS)  # every way's
+        window = max(partition.start_offset, partition.next_offset - queue_items.RECENT_IDS)  # every way's
         offset = min(marks_from, local_from, window)
         while offset < partition.next_offset:
             try:
@@ -387,7 +385,9 @@ class Queues:
             queue.recent.remember(recalled, RECALLED)
             offset = events[-1].offset + 1
         for index, other in enumerate(topic.partitions[1:], 1):  # a topic made before its queue
-            self._recall_ids(queue, topic, index, max(other.start_offset, other.next_offset - RECENT_IDS))
+            self._recall_ids(
+                queue, topic, index, max(other.start_offset, other.next_offset - queue_items.RECENT_IDS)
+            )
 
     def _recall_ids(self, queue: Queue, topic: Topic, index: int, offset: int) -> None:
         """The ids a partition holds from ``offset`` on."""

@@ -18,7 +18,14 @@ from meshplane.core.mesh.frames import (
     event_parts,
 )
 from meshplane.core.mesh.interest import encode_leaves
-from meshplane.core.mesh.interest_frames import Known, Refusal, interest_change, sync_answer, sync_reply
+from meshplane.core.mesh.interest_frames import (
+    Known,
+    Refusal,
+    interest_batch,
+    interest_change,
+    sync_answer,
+    sync_reply,
+)
 from meshplane.mesh.connection import FrameConnection, close_peer
 from meshplane.mesh.holders import MeshEvent
 from meshplane.mesh.links import Handshake, Link, peer_address
@@ -60,6 +67,7 @@ class Routes:
             node.counters["peer_restarts"] += 1
         same_process = link.epoch == hello.epoch
         link.conn, link.dialed_by, link.epoch = conn, dialer, hello.epoch
+        link.interest_batches = hello.interest_batches and "no_interest_batches" not in node.config.faults
         node.direct.link_reader(link, conn)
         transport = conn.transport
         link.address = peer_address(transport)
@@ -171,6 +179,8 @@ class Routes:
                 gained, lost = ({pattern}, ()) if added else ((), {pattern})
                 node.gateways.changed(gained, lost)
                 node.guaranteed.learnt(link.peer, gained, lost)
+        elif kind is FrameType.INTEREST:
+            self._on_interest(link, frame)
         elif kind is FrameType.HEARTBEAT:
             state = node.router.peers.get(link.peer)
             stale = state is not None and frame.payload != state.interest.root()
@@ -202,6 +212,27 @@ class Routes:
                     node.mqtt.link_up(link)
         else:
             self._count_bad(link, "unexpected_hello")
+
+    def _on_interest(self, link: Link, frame: Frame) -> None:
+        """Many SUB_ADD / SUB_REMOVE in one frame: checked alike, applied in one go."""
+        node = self.node
+        link.counters["interest_frames_in"] += 1
+        if frame.source != link.peer:
+            return self._count_bad(link, "foreign_origin")
+        state = node.router.peers.get(link.peer)
+        held = state.interest.versions if state is not None else {}
+        checked = interest_batch(frame.payload, self._known(link), held, time.time_ns())
+        if isinstance(checked, Refusal):
+            return self._refuse(link, checked)
+        added = sum(change.added for change in checked.changes)
+        link.counters["sub_add_in"] += added
+        link.counters["sub_remove_in"] += len(checked.changes) - added
+        for _ in range(checked.bad):
+            self._count_bad(link, "bad_pattern")
+        gained, lost = node.router.apply_many(link.peer, checked.changes)
+        if gained or lost:
+            node.gateways.changed(gained, lost)
+            node.guaranteed.learnt(link.peer, gained, lost)
 
     def _known(self, link: Link) -> Known:
         state = self.node.router.peers.get(link.peer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -82,6 +83,21 @@ def write_atomic(path: Path, data: bytes, *, sync: bool = True, notify: bool = T
     finally:
         if notify:
             replaced(path, sync)
+
+
+async def sync_replaced(path: Path) -> None:
+    """Make a file :func:`write_atomic` wrote without ``sync`` durable: its data and its name, both
+    fsyncs at once in worker threads (the event loop keeps serving)."""
+
+    def sync_file() -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    await asyncio.gather(asyncio.to_thread(sync_file), asyncio.to_thread(_fsync_dir, path.parent))
+    replaced(path, True)
 
 
 def replaced(path: Path, synced: bool) -> None:

@@ -287,7 +287,11 @@ class TopicStore:
         replication_factor: int = 1,
         retention: RetentionPolicy | None = None,
         segment_bytes: int | None = None,
+        *,
+        sync: bool = True,
     ) -> Topic:
+        """``sync=False``: ``topic.json`` is not fsynced here; the caller makes it durable
+        (:func:`~meshplane.streams.files.sync_replaced`, in a worker thread) before it answers."""
         check_name("topic", name)
         if name in self.topics:
             raise Conflict(f"topic {name!r} already exists")
@@ -314,7 +318,7 @@ class TopicStore:
                 raise
             raise storage_error(exc, f"creating topic {name!r}") from exc
         try:
-            write_atomic(directory / "topic.json", msgspec.json.encode(settings))
+            write_atomic(directory / "topic.json", msgspec.json.encode(settings), sync=sync)
         except OSError as exc:
             for plog in topic.partitions:
                 plog.delete()

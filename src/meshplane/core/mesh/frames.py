@@ -86,6 +86,7 @@ class FrameType(enum.IntEnum):
     MIRROR_ACK = 12  # standby -> active: applied up to barrier ``sequence`` (subject: the mate's token)
     LOGIN = 13  # client -> node, sealed: a VPN user's name and password; node -> client: "" or why not
     REFUSED = 14  # node -> client: a publish (``sequence``: its number) or subscription refused, and why
+    INTEREST = 15  # route -> route, if its HELLO took them: many SUB_ADD / SUB_REMOVE (InterestChange list)
 
 
 @dataclass(slots=True)
@@ -356,6 +357,7 @@ class Hello(msgspec.Struct, frozen=True):
     origin: str = ""  # a client's: the origin it had (to keep it, with its ticket from that AUTH)
     ticket: bytes = b""
     vpn: str = ""  # a client's: the Message VPN it asks for; the node's answer: the one it gave ("": default)
+    interest_batches: bool = False  # a node's: it takes INTEREST frames (older nodes: SUB_ADD / SUB_REMOVE)
 
 
 def restamp(raw: bytes, source: str) -> bytes:
@@ -378,6 +380,17 @@ class SyncResponse(msgspec.Struct, frozen=True):
     buckets: dict[int, list[str]]
 
 
+class InterestChange(msgspec.Struct, frozen=True, array_like=True):
+    """One change an INTEREST frame carries, as a SUB_ADD (``added``) or SUB_REMOVE would."""
+
+    added: bool
+    pattern: str
+    version: int
+
+
+INTEREST_CHANGES_PER_FRAME = 4096  # at most, in one INTEREST frame (a few hundred KB)
+
+
 def payload_decoder(kind: type[T], name: str) -> Callable[[bytes], T]:
     """A MessagePack payload's decoder that raises ValueError on anything but a well-formed one."""
     decoder = msgspec.msgpack.Decoder(kind)
@@ -395,3 +408,4 @@ encode_payload = msgspec.msgpack.Encoder().encode
 decode_hello = payload_decoder(Hello, "HELLO")
 decode_sync = payload_decoder(SyncResponse, "SYNC_RESP")
 decode_login = payload_decoder(Login, "LOGIN")
+decode_interest = payload_decoder(list[InterestChange], "INTEREST")

@@ -66,13 +66,14 @@ class _Buckets:
         self.buckets: list[set[str]] = [set() for _ in range(BUCKETS)]
         self._leaves: list[bytes | None] = [EMPTY_BUCKET] * BUCKETS
 
-    def add(self, pattern: str) -> None:
-        index = bucket_of(pattern)
+    def add(self, pattern: str, index: int | None = None) -> None:
+        """``index``: the pattern's bucket, when the caller has it already."""
+        index = bucket_of(pattern) if index is None else index
         self.buckets[index].add(pattern)
         self._leaves[index] = None
 
-    def discard(self, pattern: str) -> None:
-        index = bucket_of(pattern)
+    def discard(self, pattern: str, index: int | None = None) -> None:
+        index = bucket_of(pattern) if index is None else index
         self.buckets[index].discard(pattern)
         self._leaves[index] = None
 
@@ -151,29 +152,28 @@ class PeerInterest:
     def patterns(self) -> set[str]:
         return set(self.versions)
 
-    def _known(self, pattern: str) -> int:
-        return max(
-            self.floors[bucket_of(pattern)],
-            self.versions.get(pattern, 0),
-            self.tombstones.get(pattern, 0),
-        )
-
     def apply(self, pattern: str, version: int, added: bool) -> bool:
         """A SUB_ADD (``added``) or SUB_REMOVE; True when the copy changed."""
-        self.version = max(self.version, version)
-        if version <= self._known(pattern):
+        if version > self.version:
+            self.version = version
+        index = bucket_of(pattern)
+        if (
+            version <= self.floors[index]
+            or version <= self.versions.get(pattern, 0)
+            or version <= self.tombstones.get(pattern, 0)
+        ):
             self.stale_ignored += 1
             return False
         if added:
             self.tombstones.pop(pattern, None)
             changed = pattern not in self.versions
             self.versions[pattern] = version
-            self._buckets.add(pattern)
+            self._buckets.add(pattern, index)
             return changed
         self._bury(pattern, version)
         if self.versions.pop(pattern, None) is None:
             return False
-        self._buckets.discard(pattern)
+        self._buckets.discard(pattern, index)
         return True
 
     def _bury(self, pattern: str, version: int) -> None:

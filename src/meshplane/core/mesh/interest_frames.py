@@ -1,21 +1,26 @@
 """The interest frames routes and gateways both take, checked alike (sans I/O): a SUB_ADD or
-SUB_REMOVE's pattern, a SYNC_REQ's answer (a ping's, or the buckets a digest asks for), a SYNC_RESP's
+SUB_REMOVE's pattern, an INTEREST frame's changes (many of those in one, between routes), a SYNC_REQ's
+answer (a ping's, or the buckets a digest asks for), a SYNC_RESP's
 buckets. Each check returns what to apply, or a :class:`Refusal`: a bad frame is counted, a protocol
 break (a version from the future, more patterns than allowed) closes the connection."""
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 
 from meshplane.core.mesh.frames import (
+    INTEREST_CHANGES_PER_FRAME,
     Frame,
     FrameType,
+    InterestChange,
     SyncResponse,
+    decode_interest,
     decode_sync,
     encode_frame,
     encode_payload,
 )
-from meshplane.core.mesh.interest import OwnInterest, decode_leaves, version_ceiling
+from meshplane.core.mesh.interest import VERSION_SLACK, OwnInterest, decode_leaves, version_ceiling
 from meshplane.core.subjects import valid_pattern
 
 
@@ -46,6 +51,70 @@ def interest_change(frame: Frame, known: Known, now_ns: int) -> str | Refusal:
     if frame.type is FrameType.SUB_ADD and known.patterns >= known.max_patterns:
         return Refusal("pattern_limit", close=True)
     return pattern
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """An INTEREST frame's changes to apply, in order, and how many were left out (a bad pattern)."""
+
+    changes: list[InterestChange]
+    bad: int
+
+
+def interest_batch(payload: bytes, known: Known, held: Container[str], now_ns: int) -> Changes | Refusal:
+    """An INTEREST frame's changes, each checked as :func:`interest_change` checks one frame's (the
+    version against the highest seen so far, in the frame too), or why the frame is refused. ``held``:
+    the patterns the peer holds, so the pattern limit counts what each change would really hold."""
+    try:
+        changes = decode_interest(payload)
+    except ValueError:
+        return Refusal("bad_interest", close=False)
+    if len(changes) > INTEREST_CHANGES_PER_FRAME:
+        return Refusal("interest_batch", close=True)
+    version, patterns = known.version, known.patterns
+    ceiling = version_ceiling(version, known.epoch, now_ns)
+    present: dict[str, bool] = {}  # patterns this frame changed: held after it so far?
+    checked: list[InterestChange] = []
+    bad = 0
+    for change in changes:
+        pattern = change.pattern
+        if valid_pattern(pattern) is None:
+            bad += 1
+            continue
+        if change.version > ceiling:
+            return Refusal("version_jump", close=True)
+        if change.version > version:
+            version, ceiling = change.version, change.version + VERSION_SLACK
+        holds = present.get(pattern)
+        if holds is None:
+            holds = pattern in held
+        if change.added and not holds:
+            if patterns >= known.max_patterns:
+                return Refusal("pattern_limit", close=True)
+            patterns += 1
+        elif not change.added and holds:
+            patterns -= 1
+        present[pattern] = change.added
+        checked.append(change)
+    return Changes(checked, bad)
+
+
+class InterestBatch:
+    """The changes of one INTEREST frame being filled (a connection's ``send_batched``)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.changes: list[InterestChange] = []
+
+    @property
+    def full(self) -> bool:
+        return len(self.changes) >= INTEREST_CHANGES_PER_FRAME
+
+    def add(self, change: InterestChange) -> None:
+        self.changes.append(change)
+
+    def encode(self) -> bytes:
+        return encode_frame(FrameType.INTEREST, self.source, payload=encode_payload(self.changes))
 
 
 def sync_reply(frame: Frame, node_id: str, own: OwnInterest) -> bytes | Refusal:

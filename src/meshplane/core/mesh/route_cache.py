@@ -91,6 +91,8 @@ class RouteCache(Generic[T]):
                 self._drop(pattern)
             if not self._routes:
                 return
+            if "*" not in pattern and "#" not in pattern and ">" not in pattern:
+                continue  # literal, without a split: done above (a burst of changes is mostly these)
             fixed, tail = pattern_shape(pattern)
             if all(token != ONE for token in fixed) and not tail:
                 continue  # literal: done above

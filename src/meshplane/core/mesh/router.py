@@ -14,12 +14,12 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from meshplane.core.mesh.bloom import BloomFilter, BloomShape, pattern_key, subject_keys
-from meshplane.core.mesh.frames import SyncResponse
+from meshplane.core.mesh.frames import InterestChange, SyncResponse
 from meshplane.core.mesh.interest import OwnInterest, PeerInterest
 from meshplane.core.mesh.remote_index import RemoteIndex, is_literal
 from meshplane.core.mesh.route_cache import RouteCache
@@ -148,6 +148,41 @@ class Router(Generic[H]):
             self._removed(state)
         self._cache.invalidate((pattern,))
         return True
+
+    def apply_many(self, peer: str, changes: Iterable[InterestChange]) -> tuple[set[str], set[str]]:
+        """A peer's INTEREST frame: :meth:`apply` of each change in order, the routes they touch
+        dropped once. Returns the patterns now routed there (gained) and no longer (lost), net of each
+        other (one added, then removed, is neither)."""
+        state = self.peers.get(peer)
+        if state is None:
+            return set(), set()
+        gained: set[str] = set()
+        lost: set[str] = set()
+        interest, remote, bloom, positions = state.interest, self._remote, state.bloom, self.shape.positions
+        removals = 0
+        for change in changes:
+            pattern = change.pattern
+            if not interest.apply(pattern, change.version, change.added):
+                continue
+            if change.added:
+                remote.insert(pattern, peer)
+                bloom.add(positions(pattern_key(pattern)))
+                if pattern in lost:
+                    lost.discard(pattern)
+                else:
+                    gained.add(pattern)
+            else:
+                remote.remove(pattern, peer)
+                removals += 1
+                if pattern in gained:
+                    gained.discard(pattern)
+                else:
+                    lost.add(pattern)
+        if removals:
+            self._removed(state, removals)
+        if gained or lost:
+            self._cache.invalidate(gained | lost)
+        return gained, lost
 
     def apply_sync(self, peer: str, response: SyncResponse) -> tuple[set[str], set[str]]:
         state = self.peers.get(peer)

@@ -38,7 +38,8 @@ from meshplane.errors import ConfigError
 from meshplane.mesh.doors.nats_client import NatsClient
 from meshplane.mesh.doors.nats_groups import QueueGroups
 from meshplane.mesh.preauth import QuietLog, Unproven, bounded
-from meshplane.mesh.queues import PREFIX, Queue
+from meshplane.mesh.queue_items import Queue
+from meshplane.mesh.queues import PREFIX
 from meshplane.version import __version__
 
 if TYPE_CHECKING:

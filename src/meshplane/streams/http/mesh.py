@@ -99,7 +99,7 @@ async def queue_put(request: web.Request) -> web.Response:
     own = vpn_of(request)
     if own != DEFAULT and name in request.app[ENGINES][own].topics:
         raise Conflict(f"the VPN {own} has a topic {name!r} of its own: a queue needs another name")
-    queue = _node(request).guaranteed.queues.create(name, patterns, vpn)
+    queue = await _node(request).guaranteed.queues.make(name, patterns, vpn)
     topic = name if own != DEFAULT else queue.name
     return json_response(
         {"name": name, "vpn": vpn, "patterns": queue_status(queue)["patterns"], "topic": topic}
