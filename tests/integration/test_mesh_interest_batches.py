@@ -15,6 +15,7 @@ from tests.support.mesh import Inbox, link
 BURST = 5_000
 
 
+@pytest.mark.timeout(160)  # its waits add up to 140 s
 @pytest.mark.parametrize("older", [False, True], ids=["batched", "older_peer"])
 async def test_a_burst_of_subscriptions_is_fully_propagated(older: bool) -> None:
     older_b: dict[str, tuple[str, ...]] = {"b": ("--mesh-fault", "no_interest_batches")}

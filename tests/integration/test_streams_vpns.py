@@ -478,6 +478,7 @@ def test_serve_refuses_a_token_of_an_unknown_vpn(tmp_path: Path) -> None:
         proc.start(timeout=20)
 
 
+@pytest.mark.timeout(200)  # its waits add up to 180 s
 def test_the_streams_commands_work_in_the_vpn_the_operator_names(server: StreamsServerProcess) -> None:
     """``--vpn`` (or ``$MESHPLANE_STREAMS_VPN``, a context's too) sends ``X-Meshplane-Vpn``: the
     operator's commands act in that VPN; another VPN's token naming it is refused."""
