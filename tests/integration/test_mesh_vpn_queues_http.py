@@ -265,3 +265,104 @@ async def test_a_vpns_topic_list_shows_its_queues_by_their_names_and_no_other_vp
     assert "listed-a" not in listed["topics"], listed
     status, listed = await _call(node, "GET", "/topics", OPERATOR)
     assert {"A:listed-a", "B:listed-b"} <= set(listed["topics"]), listed
+
+
+async def _commands(node: StreamsServerProcess, token: str, *calls: tuple[str, dict[str, Any]]) -> list[Any]:
+    """Each command's answer envelope: the first over ``POST /api/v1/command``, the rest over one
+    command WebSocket (``/api/v1/ws``), so both channels are exercised."""
+    (first, first_payload), rest = calls[0], calls[1:]
+    answers = []
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        envelope = {"command": first, "request_id": "0", "payload": first_payload}
+        async with http.post(node.url + "/api/v1/command", json=envelope) as answer:
+            answers.append(await answer.json())
+        async with http.ws_connect(node.url + "/api/v1/ws") as ws:
+            for n, (command, payload) in enumerate(rest, 1):
+                await ws.send_json({"command": command, "request_id": str(n), "payload": payload})
+                answers.append(await ws.receive_json(timeout=30))
+    return answers
+
+
+def _lag(exposition: str) -> dict[tuple[str, str], float]:
+    """meshplane_group_lag by (vpn, group), from a /metrics answer."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (sample.labels.get("vpn", "default"), sample.labels["group"]): sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == "meshplane_group_lag"
+    }
+
+
+async def _metrics(node: StreamsServerProcess, token: str) -> str:
+    async with (
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http,
+        http.get(node.url + "/metrics") as answer,
+    ):
+        assert answer.status == 200
+        return await answer.text()
+
+
+async def test_the_command_channel_runs_a_vpns_group_on_its_queue_as_the_rest_routes_do(
+    node: StreamsServerProcess,
+) -> None:
+    assert (await _call(node, "PUT", "/mesh/queues/tasks", A, {"patterns": ["tasks.>"]}))[0] == 200
+    await _publish(node, "A", "tasks.x", [b"t%d" % i for i in range(3)])
+    status, made = await _call(node, "POST", "/consumer-groups/crew", A, {"topic": "tasks"})
+    assert status == 201, made
+    (joined,) = await _commands(node, A, ("group.join", {"group": "crew"}))
+    assert joined["success"], joined
+    assert (joined["payload"]["group_id"], joined["payload"]["partitions"]) == ("crew", [0])
+    member, generation = joined["payload"]["member_id"], joined["payload"]["generation"]
+    mine = {"group": "crew", "member_id": member}
+    commit = {**mine, "partition_id": 0, "offset": 2, "generation": generation}
+    answers = await _commands(
+        node,
+        A,
+        ("group.heartbeat", mine),
+        ("group.assignment", mine),
+        ("group.commit", commit),
+        ("group.offset", {"group": "crew", "partition_id": 0}),
+    )
+    assert all(answer["success"] for answer in answers), answers
+    assert answers[1]["payload"]["group_id"] == "crew"
+    assert answers[2]["payload"]["offset"] == 2
+    assert (answers[3]["payload"]["group_id"], answers[3]["payload"]["offset"]) == ("crew", 2)
+    status, offset = await _call(node, "GET", "/consumer-groups/crew/offsets/0", A)  # the same group
+    assert (status, offset["offset"]) == (200, 2), offset
+
+    # Another VPN's token: A's queue group is unknown to it, by A's name or the stored one.
+    for group in ("crew", "A:crew"):
+        answers = await _commands(
+            node, B, ("group.join", {"group": group}), ("group.offset", {"group": group, "partition_id": 0})
+        )
+        assert [(a["success"], a["code"]) for a in answers] == [(False, 404)] * 2, answers
+    (reset,) = await _commands(
+        node, A_READ, ("group.commit", {"group": "crew", "partition_id": 0, "offset": 0})
+    )
+    assert (reset["success"], reset["code"]) == (False, 403), reset  # a reset needs admin, as on REST
+    (left,) = await _commands(node, A, ("group.leave", mine))
+    assert left["success"], left
+
+
+async def test_a_queue_groups_lag_is_in_metrics_under_its_vpn_and_its_vpns_names(
+    node: StreamsServerProcess,
+) -> None:
+    assert (await _call(node, "PUT", "/mesh/queues/lagging", A, {"patterns": ["lag.>"]}))[0] == 200
+    assert (await _call(node, "PUT", "/mesh/queues/lagging", B, {"patterns": ["lag.>"]}))[0] == 200
+    await _publish(node, "A", "lag.x", [b"l%d" % i for i in range(4)])
+    await _publish(node, "B", "lag.x", [b"m%d" % i for i in range(6)])
+    assert (await _call(node, "POST", "/consumer-groups/slow", A, {"topic": "lagging"}))[0] == 201
+    assert (await _call(node, "POST", "/consumer-groups/slow-b", B, {"topic": "lagging"}))[0] == 201
+    seen_by_a = _lag(await _metrics(node, A))
+    assert seen_by_a.get(("A", "slow")) == 4, seen_by_a
+    assert not [key for key in seen_by_a if key[0] != "A" or ":" in key[1]], seen_by_a
+    seen_by_b = _lag(await _metrics(node, B))
+    assert seen_by_b.get(("B", "slow-b")) == 6, seen_by_b
+    assert not [key for key in seen_by_b if key[0] != "B" or ":" in key[1]], seen_by_b
+    seen_by_operator = _lag(await _metrics(node, OPERATOR))
+    assert (seen_by_operator[("A", "slow")], seen_by_operator[("B", "slow-b")]) == (4, 6), seen_by_operator
+    assert not [key for key in seen_by_operator if ":" in key[1]], seen_by_operator
+    assert ("A", "slow") not in _lag(await _metrics(node, A_ORDERS))  # its scopes: orders* only

@@ -48,7 +48,7 @@ from meshplane.streams.http.params import (
 )
 from meshplane.streams.http.routes import route_table
 from meshplane.streams.http.vpn_bridge import attach_vpn
-from meshplane.streams.http.vpn_queues import renamed, to_vpn_queue
+from meshplane.streams.http.vpn_queues import queue_commands, renamed, to_vpn_queue
 from meshplane.streams.service import StreamsService
 from meshplane.streams.vpn_engines import VpnEngines
 
@@ -78,6 +78,9 @@ def create_app(
     apis = {vpn: Api(each) for vpn, each in engines.items()}
     tables = {vpn: route_table(api) for vpn, api in apis.items()}
     routes = tables[DEFAULT]
+    for vpn, api in apis.items():
+        if mesh is not None and vpn != DEFAULT:  # its mesh queues' groups, by the command channel too
+            api.commands.queue_route = queue_commands(vpn, api.engine, apis[DEFAULT].commands)
     by_key = {(r.method, r.path): r for r in routes}
 
     @web.middleware
@@ -133,9 +136,11 @@ def create_app(
     labelled = len(engines) > 1  # a server that names no VPN keeps its metrics' names and labels
     for vpn, api in apis.items():
         refused = api.commands.refused
-        registry.register(
-            EngineCollector(api.engine, api.readers.readers, vpn=vpn if labelled else None, refused=refused)
+        queues = [each for each in engines if each != DEFAULT] if mesh is not None and vpn == DEFAULT else []
+        collector = EngineCollector(
+            api.engine, api.readers.readers, vpn=vpn if labelled else None, refused=refused, queue_vpns=queues
         )
+        registry.register(collector)
     fsync_hist = Histogram(
         "meshplane_fsync_seconds",
         "fsync latency (group commit)",

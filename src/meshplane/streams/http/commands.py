@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from meshplane.streams.errors import (
@@ -53,6 +54,12 @@ COMMAND_ACCESS: dict[str, tuple[Level, str | None]] = {
 }
 
 
+# A VPN's ``group.*`` command on a group of one of its mesh queues (those are the default VPN's
+# service's, under stored names: vpn_queues.py): the commands to run it, its payload under the stored
+# name, and the group's name as the VPN writes it; None for a command on the VPN's own.
+QueueRoute = Callable[[dict[str, Any]], "tuple[Commands, dict[str, Any], str] | None"]
+
+
 # --- the command endpoint (synap-sdk) --------------------------------------------------------------
 
 
@@ -69,6 +76,7 @@ class Commands:
     def __init__(self, engine: StreamsService) -> None:
         self.engine = engine
         self.refused: Counter[str] = Counter()  # answers a limit refused, by limit (its VPN's, as the engine)
+        self.queue_route: QueueRoute | None = None  # a VPN's, on a mesh node: its queues' groups
 
     def note(self, exc: StreamError) -> None:
         """Count an answer that a limit refused (every route's and command's: metrics and GET /storage)."""
@@ -87,8 +95,13 @@ class Commands:
                 raise Forbidden(f"this token may not {command} {named or ''}".rstrip())
             if command == "group.commit":
                 check_reset(payload, grant)
-        result: dict[str, Any] = await handler(payload)
-        return result
+        routed = self.queue_route(payload) if self.queue_route and command.startswith("group.") else None
+        if routed is None:
+            result: dict[str, Any] = await handler(payload)
+            return result
+        commands, stored, group = routed
+        answer: dict[str, Any] = await getattr(commands, handler.__name__)(stored)
+        return {**answer, "group_id": group} if "group_id" in answer else answer
 
     async def answer(self, envelope: dict[str, Any], grant: Grant | None = None) -> dict[str, Any]:
         """The answer envelope for a request envelope ``{command, request_id, payload}``."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from meshplane.core.mesh.vpn import DEFAULT
+from meshplane.core.mesh.vpn import DEFAULT, queue_topic
 from meshplane.streams.grants import Grant
 from meshplane.streams.http.params import GRANT, readable
 from meshplane.streams.readers import Readers, reader_lag
@@ -52,17 +52,37 @@ class EngineCollector(Collector):
         *,
         vpn: str | None = None,
         refused: Mapping[str, int] | None = None,
+        queue_vpns: Collection[str] = (),
     ) -> None:
         self.engine = engine
         self.readers = readers if readers is not None else Readers()
         self.vpn = vpn  # the Message VPN every sample is labelled with (None: no label, one VPN)
         self.refused = refused if refused is not None else {}  # answers its limits refused, by limit
+        # The VPNs whose mesh queues' groups this (the default VPN's) service holds under stored names.
+        self.queue_vpns = queue_vpns
 
     def collect(self) -> Any:
         for family in self._families():
-            if self.vpn is not None:
-                family.samples = [s._replace(labels={**s.labels, "vpn": self.vpn}) for s in family.samples]
+            if self.vpn is not None:  # a sample of a VPN's queue group keeps its own VPN
+                family.samples = [
+                    s._replace(labels={**s.labels, "vpn": s.labels.get("vpn", self.vpn)})
+                    for s in family.samples
+                ]
             yield family
+
+    def _group_owner(self, stored: str) -> tuple[str, str]:
+        """The VPN and name of a group as its VPN's clients name it: a group made on a VPN's mesh
+        queue is that VPN's (as its REST routes and commands see it), not the default VPN's."""
+        vpn, _, name = stored.partition(":")
+        group = self.engine.groups.get(stored)
+        if (
+            name
+            and vpn in self.queue_vpns
+            and group is not None
+            and group.topic.startswith(queue_topic(vpn, ""))
+        ):
+            return vpn, name
+        return self.vpn or DEFAULT, stored
 
     def _families(self) -> Any:
         e = self.engine
@@ -90,13 +110,13 @@ class EngineCollector(Collector):
                 end.add_metric([topic.name, str(p)], plog.next_offset)
         yield published
         yield end
+        labels = ["group", "partition", "vpn"][: 2 if self.vpn is None else 3]  # vpn: its own, not ours
         lag = GaugeMetricFamily(
-            "meshplane_group_lag",
-            "Events not yet committed by a consumer group",
-            labels=["group", "partition"],
+            "meshplane_group_lag", "Events not yet committed by a consumer group", labels=labels
         )
-        for group, p, value in e.lag():
-            lag.add_metric([group, str(p)], value)
+        for stored, p, value in e.lag():
+            vpn, group = self._group_owner(stored)
+            lag.add_metric([group, str(p), vpn][: len(labels)], value)
         yield lag
         reader_lags = GaugeMetricFamily(
             "meshplane_reader_lag",

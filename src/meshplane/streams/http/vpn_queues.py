@@ -4,7 +4,8 @@ VPN ``A``'s queue ``orders`` is stored in the default VPN's streams service as t
 (:func:`meshplane.core.mesh.vpn.queue_topic`), and a consumer group ``A``'s token makes on it as the
 group ``A:workers`` beside it. A token of ``A`` names both as ``A``'s clients do (``orders``,
 ``workers``): the app's middleware points such a request at the default VPN's service under the
-stored names (:func:`to_vpn_queue`) and renames them back in the answer (:func:`renamed`). ``A``'s own
+stored names (:func:`to_vpn_queue`) and renames them back in the answer (:func:`renamed`); its
+``group.*`` commands go the same way (:func:`queue_commands`). ``A``'s own
 topics and groups come first: a name that is both goes to ``A``'s own. Nothing here reaches another
 VPN's queue: the stored names are made from the request's VPN, never read from it.
 """
@@ -18,8 +19,10 @@ from aiohttp import web
 
 from meshplane.core.mesh.vpn import DEFAULT, queue_topic
 from meshplane.streams.errors import Conflict
+from meshplane.streams.http.commands import Commands, QueueRoute
 from meshplane.streams.http.mesh import MESH
 from meshplane.streams.http.params import ENGINE, ENGINES, read_json, vpn_of
+from meshplane.streams.service import StreamsService
 
 _json = msgspec.json.Encoder()
 STORED_TOPIC = "meshplane.stored_topic"  # a group made on a VPN's queue: the topic it is stored as
@@ -75,16 +78,40 @@ async def to_vpn_queue(request: web.Request, path: str, access: str | None) -> R
         return []
     if path == _GROUP and request.method == "POST":
         return await _new_group(request)
-    group = request.match_info["group"]
-    stored = queue_topic(vpn_of(request), group)
-    found = request.app[ENGINE].groups.get(stored)
-    if group in request.app[ENGINES][vpn_of(request)].groups or found is None:
+    vpn, group = vpn_of(request), request.match_info["group"]
+    found = queue_group(vpn, group, request.app[ENGINES][vpn], request.app[ENGINE])
+    if found is None:
         return []
-    topic = found.topic
-    if not topic.startswith(queue_topic(vpn_of(request), "")):
-        return []  # a default VPN's group that merely carries the prefix: not the VPN's
+    stored, topic = found
     request.match_info["group"] = stored
-    return [("group_id", stored, group), ("topic", topic, topic[len(queue_topic(vpn_of(request), "")) :])]
+    return [("group_id", stored, group), ("topic", topic, topic[len(queue_topic(vpn, "")) :])]
+
+
+def queue_group(
+    vpn: str, group: object, own: StreamsService, default: StreamsService
+) -> tuple[str, str] | None:
+    """The stored names (group, topic) of the VPN's group ``group`` on one of its queues; None for a
+    name of the VPN's own groups, or of no group on its queues."""
+    if vpn == DEFAULT or not isinstance(group, str) or group in own.groups:
+        return None
+    cut = queue_topic(vpn, "")
+    found = default.groups.get(cut + group)
+    if found is None or not found.topic.startswith(cut):
+        return None  # a default VPN's group that merely carries the prefix: not the VPN's
+    return cut + group, found.topic
+
+
+def queue_commands(vpn: str, own: StreamsService, default: Commands) -> QueueRoute:
+    """The route of a VPN's ``group.*`` commands to its queues' groups, as :func:`to_vpn_queue` routes
+    the REST routes: the default VPN's commands, under the stored names, answered by the VPN's."""
+
+    def route(payload: dict[str, Any]) -> tuple[Commands, dict[str, Any], str] | None:
+        found = queue_group(vpn, payload.get("group"), own, default.engine)
+        if found is None:
+            return None
+        return default, {**payload, "group": found[0]}, payload["group"]
+
+    return route
 
 
 async def _new_group(request: web.Request) -> Renames:
