@@ -35,7 +35,7 @@ from meshplane.core.mesh.rate import TokenBucket
 from meshplane.mesh.holders import ClientSession
 from meshplane.mesh.preauth import bounded
 from meshplane.mesh.vpn_reload import VpnReloads
-from meshplane.mesh.vpns import LIMITS, User, Vpn, hash_password
+from meshplane.mesh.vpns import LIMITS, STREAMS_LIMITS, USER_LIMITS, User, Vpn, hash_password
 
 if TYPE_CHECKING:
     from meshplane.mesh.node import MeshNode
@@ -341,7 +341,8 @@ class Logins:
             session.conn.send(refusal)
 
     def status(self) -> dict[str, dict[str, object]]:
-        """Per VPN: its clients, users, refused logins and each user's violations."""
+        """Per VPN: its clients, users, refused logins, limits (each user's too; None: not set) and each
+        user's violations."""
         return {
             name: {
                 "clients": self.connections[name],
@@ -353,7 +354,11 @@ class Logins:
                 },
                 "logins_refused": self.refused[name],
                 "logins_busy": self.busy[name],
-                "limits": {key: getattr(vpn, key) for key in LIMITS},
+                "limits": {key: getattr(vpn, key) for key in (*LIMITS, *STREAMS_LIMITS)},
+                "user_limits": {
+                    u: {key: getattr(user, key) for key in USER_LIMITS}
+                    for u, user in sorted(vpn.users.items())
+                },
                 "limits_refused": {
                     what: n for (v, what), n in sorted(self.limits_refused.items()) if v == name
                 },
