@@ -4,6 +4,8 @@ node's pub/sub service (its WebSocket listeners and HTTP registrations)."""
 from __future__ import annotations
 
 import base64
+import logging
+from collections import Counter
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -16,6 +18,8 @@ from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.mesh.connection import FrameConnection
 from meshplane.streams.pubsub import PubSub
+
+log = logging.getLogger(__name__)
 
 _json = msgspec.json.Encoder()
 
@@ -48,6 +52,12 @@ class MeshEvent:
 
 class Holder(Hashable, Protocol):
     def deliver(self, event: MeshEvent) -> None: ...
+
+
+def delivery_failed(counters: Counter[str], holder: Holder, exc: Exception) -> None:
+    """A holder's delivery raised (a bug, not a slow socket): that event is lost to it alone."""
+    counters["delivery_failures"] += 1
+    log.error("delivering to %r failed, event dropped for it: %r", holder, exc)
 
 
 class Routing(Protocol):

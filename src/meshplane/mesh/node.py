@@ -54,7 +54,7 @@ from meshplane.mesh.doors.nats import NatsDoor
 from meshplane.mesh.gateways import GatewayHolder, Gateways
 from meshplane.mesh.guaranteed import Guaranteed
 from meshplane.mesh.handshakes import Handshakes
-from meshplane.mesh.holders import Holder, MeshEvent, PubSubBridge, PubSubHolder
+from meshplane.mesh.holders import Holder, MeshEvent, PubSubBridge, PubSubHolder, delivery_failed
 from meshplane.mesh.imports import Imports
 from meshplane.mesh.links import Handshake, Link
 from meshplane.mesh.logins import Logins
@@ -392,7 +392,7 @@ class MeshNode:
                 try:
                     holder.deliver(event)
                 except Exception as exc:  # one subscriber's failure is its own, not the publisher's
-                    self.delivery_failed(holder, exc)
+                    delivery_failed(self.counters, holder, exc)
                 copies += 1
         for peer in route.peers:
             if peer not in exclude:
@@ -402,10 +402,6 @@ class MeshNode:
         if sampled:
             self.on_latency(time.perf_counter() - started)
         return copies
-
-    def delivery_failed(self, holder: Holder, exc: Exception) -> None:
-        self.counters["delivery_failures"] += 1
-        log.error("delivering to %r failed, event dropped for it: %r", holder, exc)
 
     def route_foreign(self, event: MeshEvent, exclude: Collection[str] = ()) -> bool:
         """An event from another cluster: to this cluster only (local holders but gateways, and

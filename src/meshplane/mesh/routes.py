@@ -27,7 +27,7 @@ from meshplane.core.mesh.interest_frames import (
     sync_reply,
 )
 from meshplane.mesh.connection import FrameConnection, close_peer
-from meshplane.mesh.holders import MeshEvent
+from meshplane.mesh.holders import MeshEvent, delivery_failed
 from meshplane.mesh.links import Handshake, Link, peer_address
 
 if TYPE_CHECKING:
@@ -285,4 +285,4 @@ class Routes:
             try:
                 holder.deliver(event)
             except Exception as exc:  # one subscriber's failure is its own, not the link's
-                node.delivery_failed(holder, exc)
+                delivery_failed(node.counters, holder, exc)
