@@ -11,12 +11,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from meshplane.core.doors.mqtt_packets import V5, Connect, Publish, encode
 from meshplane.core.doors.mqtt_retained import MAX_RETAINED, Record, encode_body
 from meshplane.core.mesh.frames import FrameType, encode_event
-from meshplane.launchers import MeshCluster
+from meshplane.launchers import MeshCluster, StreamsServerProcess
 from tests.helpers import eventually
 from tests.integration.test_mesh_gateways_guaranteed import TwoClusters, all_up, running
 from tests.integration.test_mesh_mqtt import read_packets
@@ -273,3 +274,32 @@ async def test_a_vpn_left_out_of_dmr_keeps_its_retained_messages_in_its_cluster(
 
 async def _held(topo: TwoClusters, node: str, count: int) -> bool:
     return await _retained(topo, node) >= count
+
+
+async def _reload(node: StreamsServerProcess) -> None:
+    async with aiohttp.ClientSession() as http, http.post(f"{node.url}/mesh/vpns/reload") as answer:
+        assert answer.status == 200, await answer.text()
+
+
+async def test_a_vpn_a_reload_adds_has_its_retained_messages_on_every_node(tmp_path: Path) -> None:
+    """The door took the ``$mqtt.`` subjects of the VPNs it started with only: a VPN a reload added kept
+    its retained messages on the node they were published on (a subscriber on the other node got
+    nothing, nor did it after a restart's catch-up)."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.A]\n")
+    args = ("--mqtt-port", "0", "--mesh-vpns", str(vpns))
+    with MeshCluster(2, node_args={node: args for node in "ab"}) as cluster:
+        cluster.start()
+        await asyncio.to_thread(cluster.wait_linked)
+        vpns.write_text("[vpns.A]\n[vpns.N]\n")
+        for node in "ab":
+            await _reload(cluster[node])
+        await interest_reached(cluster["a"], "b", "$mqtt.$vpn:N.#")
+        await _publish_retained_as(cluster["a"].door_port("mqtt"), "x@N", "new/lamp", b"on")
+        await eventually(
+            lambda: _held_in(cluster, "b", 1), timeout=20, what="b to learn N's retained message"
+        )
+
+
+async def _held_in(cluster: MeshCluster, node: str, count: int) -> bool:
+    return await _retained(cluster, node) >= count
