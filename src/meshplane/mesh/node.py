@@ -56,6 +56,7 @@ from meshplane.mesh.holders import Holder, MeshEvent, PubSubBridge, PubSubHolder
 from meshplane.mesh.imports import Imports
 from meshplane.mesh.links import Handshake, Link
 from meshplane.mesh.logins import Logins
+from meshplane.mesh.preauth import QuietLog
 from meshplane.mesh.routes import Routes
 from meshplane.mesh.status import node_status
 from meshplane.streams.service import StreamsService
@@ -84,6 +85,7 @@ class MeshNode:
         self.dedup = DedupCache(config.dedup_per_topic, config.dedup_ttl_secs, config.dedup_topics)
         self.direct = DirectPath(self)
         self.counters: Counter[str] = Counter()  # rare events, by name
+        self.quiet = QuietLog(log)  # lines that a flood would repeat: one a second per kind
         self.routed = self.forwarded = self.deliveries = 0  # per event: plain attributes, cheaper
         self.frame_errors: Counter[str] = Counter()
         self.route_port = 0
@@ -393,8 +395,8 @@ class MeshNode:
         return copies
 
     def delivery_failed(self, holder: Holder, exc: Exception) -> None:
-        self.counters["delivery_failures"] += 1
-        log.error("delivering to %r failed, event dropped for it: %r", holder, exc)
+        self.counters["delivery_failures"] += 1  # a line a second: one holder may fail at every event
+        self.quiet.error("delivery_failed", "delivering to %r failed, event dropped for it: %r", holder, exc)
 
     def route_foreign(self, event: MeshEvent, exclude: Collection[str] = ()) -> bool:
         """An event from another cluster: to this cluster only (local holders but gateways, and
