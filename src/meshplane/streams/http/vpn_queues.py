@@ -54,19 +54,21 @@ def queue_groups(request: web.Request) -> list[str]:
 
 def counted_groups(request: web.Request, engine: StreamsService) -> tuple[Collection[str], int] | None:
     """The groups a new group of ``request`` counts with and their limit: a VPN's on its queues its
-    VPN's (:func:`_new_group`); the default VPN's its own, not the VPNs' stored beside them."""
+    VPN's (:func:`_new_group`); the default VPN's its own, less those of the VPNs' stored beside them
+    (at most each VPN's limit of them: a name that merely looks like one is counted)."""
     limit: tuple[Collection[str], int] | None = request.get(GROUP_LIMIT)
-    if limit is not None or request.app.get(MESH) is None:
+    if limit is not None or vpn_of(request) != DEFAULT or request.app.get(MESH) is None:
         return limit
-    cuts = tuple(queue_topic(vpn, "") for vpn in request.app[ENGINES] if vpn != DEFAULT)
-    if not cuts:
-        return None
-    own = [
-        name
-        for name, group in engine.groups.items()
-        if not any(name.startswith(cut) and group.topic.startswith(cut) for cut in cuts)
-    ]
-    return own, engine.config.max_groups
+    own = dict.fromkeys(engine.groups)
+    for vpn, its in request.app[ENGINES].items():
+        cut = queue_topic(vpn, "")
+        if vpn != DEFAULT:
+            theirs = [
+                g for g, group in engine.groups.items() if g.startswith(cut) and group.topic.startswith(cut)
+            ]
+            for name in theirs[: its.config.max_groups]:
+                del own[name]
+    return list(own), engine.config.max_groups
 
 
 def _stored_queue(request: web.Request, name: object) -> str | None:
