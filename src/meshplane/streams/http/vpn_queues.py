@@ -61,13 +61,14 @@ def counted_groups(request: web.Request, engine: StreamsService) -> tuple[Collec
         return limit
     own = dict.fromkeys(engine.groups)
     for vpn, its in request.app[ENGINES].items():
+        if vpn == DEFAULT:
+            continue
         cut = queue_topic(vpn, "")
-        if vpn != DEFAULT:
-            theirs = [
-                g for g, group in engine.groups.items() if g.startswith(cut) and group.topic.startswith(cut)
-            ]
-            for name in theirs[: its.config.max_groups]:
-                del own[name]
+        theirs = [
+            g for g, group in engine.groups.items() if g.startswith(cut) and group.topic.startswith(cut)
+        ]
+        for name in theirs[: its.config.max_groups]:
+            del own[name]
     return list(own), engine.config.max_groups
 
 
