@@ -9,13 +9,15 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import aiohttp
 import pytest
 
 from meshplane.core.doors.mqtt_packets import V5, Connect, Publish, encode
 from meshplane.core.doors.mqtt_retained import MAX_RETAINED, Record, encode_body
 from meshplane.core.mesh.frames import FrameType, encode_event
-from meshplane.launchers import MeshCluster
+from meshplane.launchers import MeshCluster, StreamsServerProcess
 from tests.helpers import eventually
 from tests.integration.test_mesh_gateways_guaranteed import TwoClusters, all_up, running
 from tests.integration.test_mesh_mqtt import read_packets
@@ -230,3 +232,74 @@ async def test_a_node_back_from_a_sigkill_learns_all_of_a_full_store_it_missed()
             pub.close()
         cluster["b"].start()
         await eventually(lambda: held("b"), timeout=30, what="b to learn them all")
+
+
+async def _publish_retained_as(port: int, username: str, topic: str, payload: bytes) -> None:
+    pub = Paho(port, f"pub-{username}")
+    pub.client.username_pw_set(username)
+    await connected(pub)
+    try:
+        info = pub.client.publish(topic, payload, qos=1, retain=True)
+        await asyncio.to_thread(info.wait_for_publish, 20)
+        assert info.is_published()
+    finally:
+        pub.close()
+
+
+@pytest.mark.timeout(150)
+async def test_a_vpn_left_out_of_dmr_keeps_its_retained_messages_in_its_cluster(tmp_path: Path) -> None:
+    """VPN L has ``dmr = false``: its retained messages reach the other node of its cluster but never
+    cluster B, neither live nor in the catch-up of a gateway link coming up (``$mqtt.$vpn:L.`` was taken
+    for the default VPN's, which crosses), while VPN A's cross as before."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.A]\n[vpns.L]\ndmr = false\n")
+    with running(TwoClusters(extra_args=("--mesh-vpns", str(vpns), "--mqtt-port", "0"))) as topo:
+        await all_up(topo)
+        a2 = (await status(topo["a2"]))["mqtt"]["port"]
+        await _publish_retained_as(a2, "x@L", "secret/live", b"L's")  # live, the gateway up
+        await _publish_retained_as(a2, "x@A", "fleet/live", b"A's")
+        await eventually(lambda: _held(topo, "b2", 1), timeout=20, what="A's retained message in B")
+        await eventually(lambda: _held(topo, "a1", 2), timeout=20, what="both in A's other node")
+        topo["b1"].kill(signal.SIGKILL)
+        await _publish_retained_as(a2, "x@L", "secret/away", b"L's")  # the catch-up's
+        await _publish_retained_as(a2, "x@A", "fleet/away", b"A's")
+        await eventually(lambda: _held(topo, "a1", 4), timeout=20, what="all four in A's other node")
+        topo["b1"].start()
+        await all_up(topo)
+        await eventually(lambda: _held(topo, "b2", 2), timeout=20, what="A's second in B")
+        await asyncio.sleep(0.5)  # L's would have come with A's
+        for node in ("b1", "b2"):
+            assert (await status(topo[node]))["mqtt"]["retained"] == 2, node
+
+
+async def _held(topo: TwoClusters, node: str, count: int) -> bool:
+    return await _retained(topo, node) >= count
+
+
+async def _reload(node: StreamsServerProcess) -> None:
+    async with aiohttp.ClientSession() as http, http.post(f"{node.url}/mesh/vpns/reload") as answer:
+        assert answer.status == 200, await answer.text()
+
+
+async def test_a_vpn_a_reload_adds_has_its_retained_messages_on_every_node(tmp_path: Path) -> None:
+    """The door took the ``$mqtt.`` subjects of the VPNs it started with only: a VPN a reload added kept
+    its retained messages on the node they were published on (a subscriber on the other node got
+    nothing, nor did it after a restart's catch-up)."""
+    vpns = tmp_path / "vpns.toml"
+    vpns.write_text("[vpns.A]\n")
+    args = ("--mqtt-port", "0", "--mesh-vpns", str(vpns))
+    with MeshCluster(2, node_args={node: args for node in "ab"}) as cluster:
+        cluster.start()
+        await asyncio.to_thread(cluster.wait_linked)
+        vpns.write_text("[vpns.A]\n[vpns.N]\n")
+        for node in "ab":
+            await _reload(cluster[node])
+        await interest_reached(cluster["a"], "b", "$mqtt.$vpn:N.#")
+        await _publish_retained_as(cluster["a"].door_port("mqtt"), "x@N", "new/lamp", b"on")
+        await eventually(
+            lambda: _held_in(cluster, "b", 1), timeout=20, what="b to learn N's retained message"
+        )
+
+
+async def _held_in(cluster: MeshCluster, node: str, count: int) -> bool:
+    return await _retained(cluster, node) >= count

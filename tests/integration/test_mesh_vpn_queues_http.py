@@ -366,3 +366,28 @@ async def test_a_queue_groups_lag_is_in_metrics_under_its_vpn_and_its_vpns_names
     assert (seen_by_operator[("A", "slow")], seen_by_operator[("B", "slow-b")]) == (4, 6), seen_by_operator
     assert not [key for key in seen_by_operator if ":" in key[1]], seen_by_operator
     assert ("A", "slow") not in _lag(await _metrics(node, A_ORDERS))  # its scopes: orders* only
+
+
+async def test_a_vpns_groups_on_its_queues_count_against_its_own_max_groups(tmp_path: Path) -> None:
+    """A's groups on its mesh queues are stored in the default VPN's service: they were counted
+    against the default VPN's limit, not A's (A made 3 with ``max_groups = 1``, and filled the default
+    VPN's 3 so that its operator could make none). Now A's own limit holds them, the default's is
+    untouched."""
+    (tmp_path / "vpns.toml").write_text("[vpns.A]\nmax_groups = 1\n[vpns.B]\n")
+    (tmp_path / "tokens.toml").write_text(TOKENS)
+    files = ("--mesh-vpns", str(tmp_path / "vpns.toml"), "--token-file", str(tmp_path / "tokens.toml"))
+    with StreamsServerProcess(
+        extra_args=("--node-id", "a", "--route-port", "0", *files, "--max-groups", "3")
+    ) as proc:
+        node = proc.start()
+        assert (await _call(node, "PUT", "/mesh/queues/jobs", A, {"patterns": ["jobs.>"]}))[0] == 200
+        await _publish(node, "A", "jobs.x", [b"j"])
+        made = [(await _call(node, "POST", f"/consumer-groups/w{i}", A, {"topic": "jobs"})) for i in range(3)]
+        assert [status for status, _ in made] == [201, 429, 429], made
+        assert made[1][1]["limit"] == "groups", made
+        assert (await _call(node, "POST", "/topics/mine", OPERATOR, {"num_partitions": 1}))[0] == 201
+        for i in range(3):
+            status, body = await _call(node, "POST", f"/consumer-groups/op{i}", OPERATOR, {"topic": "mine"})
+            assert status == 201, body
+        status, body = await _call(node, "POST", "/consumer-groups/w9", A, {"topic": "jobs"})
+        assert status == 429, body

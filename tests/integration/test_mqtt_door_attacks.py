@@ -519,3 +519,39 @@ async def test_a_retained_publish_or_a_vpn_filter_of_the_longest_topic_breaks_no
         finally:
             near.close()
             far.close()
+
+
+def _pubacks(sock: socket.socket, count: int) -> list[int]:
+    """The packet identifiers of the next ``count`` PUBACKs (fewer: the node closed the connection)."""
+    data = b""
+    while len(data) < 4 * count:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    assert all(data[i : i + 2] == b"\x40\x02" for i in range(0, len(data) - 3, 4)), data[:16]
+    return [int.from_bytes(data[i + 2 : i + 4], "big") for i in range(0, len(data) - 3, 4)]
+
+
+async def test_a_311_clients_burst_of_qos1_publishes_waits_for_storage_not_a_disconnect() -> None:
+    """3.1.1 has no Receive Maximum: a client may send any number of QoS 1 PUBLISHes before their
+    PUBACKs. 3,000 in one write (stored in a persistent session's queue) were read in one go past the
+    door's 1,024 unanswered, and the client was cut with none acknowledged; the rest of such a read now
+    waits for the first ones to be stored, as the socket does."""
+    with MeshCluster(1, node_args={"a": ("--mqtt-port", "0")}) as cluster:
+        cluster.start()
+        port = cluster["a"].door_port("mqtt")
+        keeper = await asyncio.to_thread(_connect, port, "keeper", None, False)
+        keeper.sendall(encode(Subscribe(1, (("burst/#", 1),)), V311))
+        assert keeper.recv(5) == b"\x90\x03\x00\x01\x01"
+        keeper.close()
+        publisher = await asyncio.to_thread(_connect, port, "burst")
+        ids = [i % 0xFFFF + 1 for i in range(3000)]
+        burst = b"".join(encode(Publish("burst/x", b"%d" % i, 1, packet_id=i), V311) for i in ids)
+        try:
+            await asyncio.to_thread(publisher.sendall, burst)
+            assert await asyncio.to_thread(_pubacks, publisher, len(ids)) == ids
+        finally:
+            publisher.close()
+        answer = (await status(cluster["a"]))["mqtt"]
+        assert not answer["counters"].get("receive_maximum"), answer["counters"]

@@ -219,7 +219,7 @@ async def test_handshakes_from_one_address_are_capped_before_the_upgrade() -> No
         for _, writer in held:
             writer.write(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n")  # and never the rest
         reader, writer = await asyncio.open_connection("127.0.0.1", ws_port)
-        assert await asyncio.wait_for(reader.read(), 30) == b""  # the fifth: cut
+        assert await _cut(reader)  # the fifth
         writer.close()
         assert not any(r.at_eof() for r, _ in held)  # ... before the first four's deadline
         counters = (await status(cluster["a"]))["mqtt"]["counters"]
@@ -231,11 +231,21 @@ async def test_handshakes_from_one_address_are_capped_before_the_upgrade() -> No
         client.close()
 
 
+async def _cut(reader: asyncio.StreamReader) -> bool:
+    """Whether the node closed the connection unanswered (its abort may come as a reset)."""
+    try:
+        return await asyncio.wait_for(reader.read(), 30) == b""
+    except ConnectionResetError:
+        return True
+
+
 async def _answered(port: int) -> bool:
     """Whether a whole request (no subprotocol offered) gets its answer, not a cut."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n\r\n")
         return (await asyncio.wait_for(reader.read(12), 10)).startswith(b"HTTP/1.1 400")
+    except ConnectionResetError:  # cut: the address's earlier ones not yet seen gone
+        return False
     finally:
         writer.close()

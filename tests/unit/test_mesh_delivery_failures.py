@@ -57,3 +57,15 @@ def test_a_failing_subscriber_costs_the_others_nothing_on_a_peers_event(node: Me
     node.routes.deliver_remote(link, MeshEvent("b", "orders.eu", 1, 1, b"x"), now=1.0)
     assert before.got == after.got == ["orders.eu"]
     assert node.counters["delivery_failures"] == 1
+
+
+def test_a_subscriber_that_fails_at_every_event_does_not_flood_the_log(
+    node: MeshNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each failure was an error line of its own: a publisher's 10,000 events, 10,000 lines."""
+    node.subscribe(Broken(), "orders.>")
+    with caplog.at_level(logging.ERROR):
+        for _ in range(10_000):
+            node.publish("orders.eu", b"x")
+    assert node.counters["delivery_failures"] == 10_000
+    assert 1 <= len(caplog.records) <= 5

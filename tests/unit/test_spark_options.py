@@ -44,6 +44,7 @@ def source(**given: Any) -> Options:
         ({"subscribe": None, "subscribePattern": "("}, r"subscribePattern is not a regular expression"),
         ({"subscribePattern": "t.*"}, r"exactly one of subscribe .*; got subscribe, subscribePattern"),
         ({"subscribe": None, "assign": '{"t": ["0"]}'}, r'assign must be JSON like \{"topic": \[0, 1\]\}'),
+        ({"vpn": "team a\r\nX-Evil: 1"}, r"option vpn: VPN name"),  # it goes in a header
     ],
 )
 def test_a_wrong_option_is_one_line_naming_it(given: dict[str, str | None], message: str) -> None:

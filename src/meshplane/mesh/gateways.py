@@ -11,8 +11,9 @@
 - An event that came over an external link goes to this cluster only (local holders and internal
   peers with interest), never out on another external link.
 - A Message VPN with ``dmr = false`` stays in its cluster (Solace's per-VPN DMR switch): none of its
-  interest is advertised to other clusters nor taken from them, and its events and guaranteed events
-  arriving from one are dropped and counted (``outside_dmr``); routes inside the cluster carry it.
+  interest (its retained messages' ``$mqtt.`` too) is advertised to other clusters nor taken from them,
+  and its events and guaranteed events arriving from one are dropped and counted (``outside_dmr``);
+  routes inside the cluster carry it.
 - Queues' interest (``$G.``) crosses too, aggregated from every node's queues as the gateway knows
   them (kept on disk, so it does not flap when an internal link restarts); guaranteed events then
   cross as SPOOLED frames from a spool per other cluster (:mod:`.guaranteed`).
@@ -29,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from meshplane.core.doors.mqtt_topics import RETAIN_PREFIX
 from meshplane.core.mesh.frames import (
     FLAG_GUARANTEED,
     Frame,
@@ -152,8 +154,9 @@ class Gateways:
                 self._announce(FrameType.SUB_REMOVE, PREFIX + pattern, version)
 
     def crosses(self, subject: str) -> bool:
-        """Whether a subject or pattern (without ``$G.``) belongs to a VPN that crosses gateways."""
-        vpn = self.node.config.vpns.get(vpn_of(subject))
+        """Whether a subject or pattern (without ``$G.``) belongs to a VPN that crosses gateways (a
+        retained message's ``$mqtt.`` subject: its topic's VPN)."""
+        vpn = self.node.config.vpns.get(vpn_of(subject.removeprefix(RETAIN_PREFIX)))
         return vpn is None or vpn.dmr
 
     def _announce(self, kind: FrameType, pattern: str, version: int) -> None:

@@ -17,9 +17,11 @@ from meshplane.core.mesh.frames import FLAG_JSON_MESSAGE, encode_event
 from meshplane.core.mesh.permissions import Permissions
 from meshplane.core.mesh.vpn import DEFAULT
 from meshplane.mesh.connection import FrameConnection
+from meshplane.mesh.preauth import QuietLog
 from meshplane.streams.pubsub import PubSub
 
 log = logging.getLogger(__name__)
+_quiet = QuietLog(log)  # a holder may fail at every event: a line a second
 
 _json = msgspec.json.Encoder()
 
@@ -57,7 +59,7 @@ class Holder(Hashable, Protocol):
 def delivery_failed(counters: Counter[str], holder: Holder, exc: Exception) -> None:
     """A holder's delivery raised (a bug, not a slow socket): that event is lost to it alone."""
     counters["delivery_failures"] += 1
-    log.error("delivering to %r failed, event dropped for it: %r", holder, exc)
+    _quiet.error("delivery_failed", "delivering to %r failed, event dropped for it: %r", holder, exc)
 
 
 class Routing(Protocol):

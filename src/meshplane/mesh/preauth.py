@@ -32,6 +32,12 @@ class QuietLog:
         self._quiet: Counter[str] = Counter()
 
     def warning(self, kind: str, message: str, *args: object) -> None:
+        self.log(logging.WARNING, kind, message, *args)
+
+    def error(self, kind: str, message: str, *args: object) -> None:
+        self.log(logging.ERROR, kind, message, *args)
+
+    def log(self, level: int, kind: str, message: str, *args: object) -> None:
         now = time.monotonic()
         if now - self._last.get(kind, -self.interval) < self.interval:
             self._quiet[kind] += 1
@@ -39,7 +45,7 @@ class QuietLog:
         self._last[kind] = now
         left_out = self._quiet.pop(kind, 0)
         suffix = f" (and {left_out} more like it)" if left_out else ""
-        self.logger.warning(message + suffix, *args)
+        self.logger.log(level, message + suffix, *args)
 
 
 class Unproven(Generic[T]):

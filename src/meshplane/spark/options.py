@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshplane import context
+from meshplane.core.mesh.vpn import check_vpn
 from meshplane.errors import MeshplaneError
 from meshplane.spark import offsets as off
 
@@ -195,6 +196,11 @@ def _server(read: _Reader) -> tuple[str, str | None, str | None]:
         except ValueError:
             raise SparkOptionError(f"option url has a bad port: {each!r}") from None
     vpn = read.text("vpn") or env.get("MESHPLANE_STREAMS_VPN") or None
+    if vpn is not None:
+        try:
+            check_vpn(vpn)  # it travels in a header: a name, never a line break
+        except ValueError as exc:
+            raise SparkOptionError(f"option vpn: {exc}") from None
     return url, read.text("token") or env.get("MESHPLANE_STREAMS_TOKEN"), vpn
 
 

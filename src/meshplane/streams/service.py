@@ -21,7 +21,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -428,8 +428,12 @@ class StreamsService(StagedWrites, LimitCalls):
         partition_count: int | None = None,
         strategy: str = "round_robin",
         session_timeout: float | None = None,
+        counted: tuple[Collection[str], int] | None = None,
     ) -> GroupCoordinator:
-        check_new_group(self.groups, group_id, self.config.max_groups)
+        """``counted``: the groups a new one counts with and their limit, when not this service's own
+        (a Message VPN's groups on its mesh queues, stored here but held to the VPN's limit)."""
+        names, most = counted if counted is not None else (self.groups, self.config.max_groups)
+        check_new_group(names, group_id, most)
         found = self.topics.get(topic)
         partitions = group_partitions(topic, len(found.partitions) if found else None, partition_count)
         timeout = session_timeout or self.config.default_session_timeout

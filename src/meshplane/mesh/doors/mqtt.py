@@ -113,8 +113,7 @@ class MqttDoor:
                 lambda: len(vpns),
                 config.mqtt_session_expiry,
             )
-        for vpn in config.vpns:
-            self.node.subscribe(self.retain_holder, RETAIN_PREFIX + prefix_of(vpn) + "#")
+        self._hold_retained()
         tls = config.tls.server_context() if config.tls is not None else None  # the node's, shared
         if self.config_port is not None:
             self._server = await listen(lambda: MqttConnection(self), config, self.config_port, tls)
@@ -287,8 +286,20 @@ class MqttDoor:
             self._restore(conn, conn.session)
         return 0, ""
 
+    def _hold_retained(self) -> None:
+        """Each VPN's ``$mqtt.`` subjects: its retained messages from the other nodes (a VPN a reload
+        adds too: it is given up with the VPN)."""
+        wanted = {RETAIN_PREFIX + prefix_of(vpn) + "#" for vpn in self.node.config.vpns}
+        held = self.node.router.patterns_of(self.retain_holder)
+        for pattern in sorted(wanted - held):
+            self.node.subscribe(self.retain_holder, pattern)
+        for pattern in sorted(held - wanted):
+            self.node.unsubscribe(self.retain_holder, pattern)
+
     def reloaded(self, why_cut: Callable[[str, str], str]) -> int:
-        """The node's VPNs were read again: the clients they no longer admit are cut, told why."""
+        """The node's VPNs were read again: the clients they no longer admit are cut, told why; each
+        VPN's retained messages spread as the VPN now is."""
+        self._hold_retained()
         cut = 0
         for conn in list(self.connections.values()):
             reason = why_cut(conn.vpn, owner(conn))

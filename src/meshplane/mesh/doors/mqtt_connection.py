@@ -148,7 +148,9 @@ class MqttConnection(asyncio.Protocol):
         for index, item in enumerate(items):
             if self.closing:
                 return
-            if self.saving or (self.level and not self.connected):  # they wait for its answer
+            # They wait for its answer, or (3.1.1's QoS 1 PUBLISHes past half the Receive Maximum) for
+            # the storing ones: the rest of a read as the socket's next reads do.
+            if self.saving or (self.level and not self.connected) or self.paused_reading:
                 self.held.extend(items[index:])
                 return
             try:

@@ -120,4 +120,4 @@ def answered(conn: MqttConnection, entry: Pending, _: int, error: str) -> None:
     if conn.paused_reading and len(conn.publishes) < RECEIVE_MAXIMUM // 4 and conn.transport is not None:
         conn.paused_reading = False
         if conn.saving is None:
-            conn.transport.resume_reading()
+            conn.release_held()  # what came in the same read after the PUBLISH that paused, then reading

@@ -18,7 +18,7 @@ from meshplane.streams.http.params import (
     read_json,
     readable,
 )
-from meshplane.streams.http.vpn_queues import STORED_TOPIC, queue_groups
+from meshplane.streams.http.vpn_queues import STORED_TOPIC, counted_groups, queue_groups
 from meshplane.streams.service import StreamsService
 
 PATH_FIELDS = {"group": "group", "member": "member_id", "partition": "partition_id"}
@@ -41,6 +41,7 @@ class GroupApi:
             get_int(body, "partition_count", None, minimum=1),
             get_str(body, "strategy", "round_robin"),
             positive(body, "session_timeout_secs"),
+            counted_groups(request, self.engine),
         )
         return json_response(
             {

@@ -12,6 +12,7 @@ VPN's queue: the stored names are made from the request's VPN, never read from i
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -19,6 +20,7 @@ from aiohttp import web
 
 from meshplane.core.mesh.vpn import DEFAULT, queue_topic
 from meshplane.streams.errors import Conflict
+from meshplane.streams.groups import check_new_group
 from meshplane.streams.http.commands import Commands, QueueRoute
 from meshplane.streams.http.mesh import MESH
 from meshplane.streams.http.params import ENGINE, ENGINES, read_json, vpn_of
@@ -26,6 +28,7 @@ from meshplane.streams.service import StreamsService
 
 _json = msgspec.json.Encoder()
 STORED_TOPIC = "meshplane.stored_topic"  # a group made on a VPN's queue: the topic it is stored as
+GROUP_LIMIT = "meshplane.group_limit"  # ... and the VPN's groups it counts with, and their limit
 _GROUP = "/consumer-groups/{group}"
 
 Renames = list[tuple[str, str, str]]  # (JSON key, stored name, the VPN's name)
@@ -49,6 +52,26 @@ def queue_groups(request: web.Request) -> list[str]:
     cut = queue_topic(vpn, "")
     groups = request.app[ENGINE].groups
     return [g[len(cut) :] for g, group in groups.items() if g.startswith(cut) and group.topic.startswith(cut)]
+
+
+def counted_groups(request: web.Request, engine: StreamsService) -> tuple[Collection[str], int] | None:
+    """The groups a new group of ``request`` counts with and their limit: a VPN's on its queues its
+    VPN's (:func:`_new_group`); the default VPN's its own, less those of the VPNs' stored beside them
+    (at most each VPN's limit of them: a name that merely looks like one is counted)."""
+    limit: tuple[Collection[str], int] | None = request.get(GROUP_LIMIT)
+    if limit is not None or vpn_of(request) != DEFAULT or request.app.get(MESH) is None:
+        return limit
+    own = dict.fromkeys(engine.groups)
+    for vpn, its in request.app[ENGINES].items():
+        if vpn == DEFAULT:
+            continue
+        cut = queue_topic(vpn, "")
+        theirs = [
+            g for g, group in engine.groups.items() if g.startswith(cut) and group.topic.startswith(cut)
+        ]
+        for name in theirs[: its.config.max_groups]:
+            del own[name]
+    return list(own), engine.config.max_groups
 
 
 def _stored_queue(request: web.Request, name: object) -> str | None:
@@ -127,6 +150,10 @@ async def _new_group(request: web.Request) -> Renames:
         return []
     if group in own.groups:
         raise Conflict(f"consumer group {group!r} already exists")
+    # Stored in the default VPN's service, counted against the VPN's own limit (and not the default's).
+    counted = [*own.groups, *queue_groups(request)]
+    check_new_group(counted, group, own.config.max_groups)
+    request[GROUP_LIMIT] = (counted, own.config.max_groups)
     request[STORED_TOPIC] = topic
     request.match_info["group"] = stored
     return [("group_id", stored, group), ("topic", topic, str(body["topic"]))]
