@@ -430,8 +430,7 @@ class StreamsService(StagedWrites, LimitCalls):
         session_timeout: float | None = None,
         counted: tuple[Collection[str], int] | None = None,
     ) -> GroupCoordinator:
-        """``counted``: the groups a new one counts with and their limit, when not this service's own
-        (a Message VPN's groups on its mesh queues, stored here but held to the VPN's limit)."""
+        """``counted``: (names, limit) a new group counts in, if not this service's (a VPN's queue groups)."""
         names, most = counted if counted is not None else (self.groups, self.config.max_groups)
         check_new_group(names, group_id, most)
         found = self.topics.get(topic)
@@ -487,14 +486,11 @@ class StreamsService(StagedWrites, LimitCalls):
         stats["lag"] = {str(p): lag for g, p, lag in self.lag() if g == group_id}
         return stats
 
-    # --- helpers -------------------------------------------------------------------------------------
-
     def encode(self, event: StoredEvent) -> bytes:
         return encode_checked(event, self.config.max_payload_bytes)
 
     def _count_publish(self, events: int, size: int) -> None:
-        self.counters["events_published"] += events
-        self.counters["bytes_published"] += size
+        self.counters.update(events_published=events, bytes_published=size)
 
     def lag(self) -> Iterable[tuple[str, int, int]]:
         """(group, partition, lag) for every group of an existing topic."""

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshplane.core.doors.mqtt_codec import DEFAULT_MAX_PACKET
 from meshplane.core.doors.mqtt_packets import V5, V311, Code, ConnAck, Connect, Prop
-from meshplane.core.doors.mqtt_topics import RETAIN_PREFIX, BadTopic, to_subject
+from meshplane.core.doors.mqtt_topics import BadTopic, to_subject
 from meshplane.core.doors.nats_groups import MQTT_MARK
 from meshplane.core.mesh.frames import FLAG_GUARANTEED
 from meshplane.core.mesh.login_checks import WRONG
@@ -113,7 +113,7 @@ class MqttDoor:
                 lambda: len(vpns),
                 config.mqtt_session_expiry,
             )
-        self._hold_retained()
+        self.retain_holder.hold()
         tls = config.tls.server_context() if config.tls is not None else None  # the node's, shared
         if self.config_port is not None:
             self._server = await listen(lambda: MqttConnection(self), config, self.config_port, tls)
@@ -286,20 +286,10 @@ class MqttDoor:
             self._restore(conn, conn.session)
         return 0, ""
 
-    def _hold_retained(self) -> None:
-        """Each VPN's ``$mqtt.`` subjects: its retained messages from the other nodes (a VPN a reload
-        adds too: it is given up with the VPN)."""
-        wanted = {RETAIN_PREFIX + prefix_of(vpn) + "#" for vpn in self.node.config.vpns}
-        held = self.node.router.patterns_of(self.retain_holder)
-        for pattern in sorted(wanted - held):
-            self.node.subscribe(self.retain_holder, pattern)
-        for pattern in sorted(held - wanted):
-            self.node.unsubscribe(self.retain_holder, pattern)
-
     def reloaded(self, why_cut: Callable[[str, str], str]) -> int:
         """The node's VPNs were read again: the clients they no longer admit are cut, told why; each
         VPN's retained messages spread as the VPN now is."""
-        self._hold_retained()
+        self.retain_holder.hold()
         cut = 0
         for conn in list(self.connections.values()):
             reason = why_cut(conn.vpn, owner(conn))
@@ -407,8 +397,7 @@ class MqttDoor:
         flags: int = 0,
         user: str = "",
     ) -> None:
-        """A QoS 1 PUBLISH as a guaranteed event; ``answered(0, error)`` once stored (or not); ``user``:
-        its client's (held to the user's ``max_spool_bytes``)."""
+        """A QoS 1 PUBLISH as a guaranteed event (``user``'s: its ``max_spool_bytes``); ``answered``."""
         now = time.time_ns() // 1_000_000
         event = MeshEvent(self.origin, subject, next(self._sequence), now, payload, FLAG_GUARANTEED | flags)
         self.node.guaranteed.publish(event, answered, skip=skip, user=user)

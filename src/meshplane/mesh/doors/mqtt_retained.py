@@ -32,7 +32,7 @@ from meshplane.core.doors.mqtt_retained import (
     encode_body,
 )
 from meshplane.core.doors.mqtt_topics import RETAIN_PREFIX, matches, to_topic
-from meshplane.core.mesh.vpn import outward, vpn_of
+from meshplane.core.mesh.vpn import outward, prefix_of, vpn_of
 from meshplane.mesh.doors.mqtt_filters import qos_for
 from meshplane.mesh.doors.mqtt_retained_catchup import send_catch_up
 from meshplane.mesh.doors.mqtt_retained_journal import RetainedJournal
@@ -226,6 +226,17 @@ class RetainHolder:
                 self.door.count("retained_bad")
             else:
                 self.door.retained.learn(record)
+
+    def hold(self) -> None:
+        """Each VPN's ``$mqtt.`` subjects: its retained messages from the other nodes (a VPN a reload
+        adds too: it is given up with the VPN)."""
+        node = self.door.node
+        wanted = {RETAIN_PREFIX + prefix_of(vpn) + "#" for vpn in node.config.vpns}
+        held = node.router.patterns_of(self)
+        for pattern in sorted(wanted - held):
+            node.subscribe(self, pattern)
+        for pattern in sorted(held - wanted):
+            node.unsubscribe(self, pattern)
 
     def retain(self, subject: str, payload: bytes, qos: int) -> str:
         """Retained here (on disk first, with a data directory), and on the other nodes (a direct event
