@@ -40,7 +40,9 @@ async def test_vpn_show_lists_the_streams_limits_and_each_users_limits(
 ) -> None:
     vpns = tmp_path / "vpns.toml"
     vpns.write_text(_file(max_groups=4))
-    with StreamsServerProcess(extra_args=("--node-id", "a", "--mesh-vpns", str(vpns))) as proc:
+    with StreamsServerProcess(
+        extra_args=("--node-id", "a", "--route-port", "0", "--mesh-vpns", str(vpns))
+    ) as proc:
         node = proc.start()
         shown = await _show(node, "A", capsys)
         want = {"max_queues": 3, "max_topics": 7, "max_partitions": 11, "max_rooms": 5, "max_groups": 4}

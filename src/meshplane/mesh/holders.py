@@ -21,7 +21,6 @@ from meshplane.mesh.preauth import QuietLog
 from meshplane.streams.pubsub import PubSub
 
 log = logging.getLogger(__name__)
-_quiet = QuietLog(log)  # a holder may fail at every event: a line a second
 
 _json = msgspec.json.Encoder()
 
@@ -56,10 +55,11 @@ class Holder(Hashable, Protocol):
     def deliver(self, event: MeshEvent) -> None: ...
 
 
-def delivery_failed(counters: Counter[str], holder: Holder, exc: Exception) -> None:
-    """A holder's delivery raised (a bug, not a slow socket): that event is lost to it alone."""
+def delivery_failed(counters: Counter[str], quiet: QuietLog, holder: Holder, exc: Exception) -> None:
+    """A holder's delivery raised (a bug, not a slow socket): that event is lost to it alone (a line a
+    second at most: a holder may fail at every event)."""
     counters["delivery_failures"] += 1
-    _quiet.error("delivery_failed", "delivering to %r failed, event dropped for it: %r", holder, exc)
+    quiet.error("delivery_failed", "delivering to %r failed, event dropped for it: %r", holder, exc)
 
 
 class Routing(Protocol):

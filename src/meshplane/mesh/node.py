@@ -58,6 +58,7 @@ from meshplane.mesh.holders import Holder, MeshEvent, PubSubBridge, PubSubHolder
 from meshplane.mesh.imports import Imports
 from meshplane.mesh.links import Handshake, Link
 from meshplane.mesh.logins import Logins
+from meshplane.mesh.preauth import QuietLog
 from meshplane.mesh.routes import Routes
 from meshplane.mesh.status import node_status
 from meshplane.streams.service import StreamsService
@@ -86,6 +87,7 @@ class MeshNode:
         self.dedup = DedupCache(config.dedup_per_topic, config.dedup_ttl_secs, config.dedup_topics)
         self.direct = DirectPath(self)
         self.counters: Counter[str] = Counter()  # rare events, by name
+        self.quiet = QuietLog(log)  # lines a flood would repeat: one a second per kind
         self.routed = self.forwarded = self.deliveries = 0  # per event: plain attributes, cheaper
         self.frame_errors: Counter[str] = Counter()
         self.route_port = 0
@@ -392,7 +394,7 @@ class MeshNode:
                 try:
                     holder.deliver(event)
                 except Exception as exc:  # one subscriber's failure is its own, not the publisher's
-                    delivery_failed(self.counters, holder, exc)
+                    delivery_failed(self.counters, self.quiet, holder, exc)
                 copies += 1
         for peer in route.peers:
             if peer not in exclude:

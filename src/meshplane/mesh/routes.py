@@ -285,4 +285,4 @@ class Routes:
             try:
                 holder.deliver(event)
             except Exception as exc:  # one subscriber's failure is its own, not the link's
-                delivery_failed(node.counters, holder, exc)
+                delivery_failed(node.counters, node.quiet, holder, exc)
