@@ -401,7 +401,7 @@ async def test_a_vpns_queues_never_use_up_the_default_vpns_topics(tmp_path: Path
     (tmp_path / "tokens.toml").write_text(TOKENS)
     files = ("--mesh-vpns", str(tmp_path / "vpns.toml"), "--token-file", str(tmp_path / "tokens.toml"))
     limits = ("--max-topics", "2", "--max-partitions", "2")
-    with StreamsServerProcess(extra_args=("--node-id", "a", *files, *limits)) as proc:
+    with StreamsServerProcess(extra_args=("--node-id", "a", "--route-port", "0", *files, *limits)) as proc:
         node = proc.start()
         for i in range(3):
             status, body = await _call(node, "PUT", f"/mesh/queues/q{i}", A, {"patterns": [f"q{i}.>"]})
