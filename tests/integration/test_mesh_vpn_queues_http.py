@@ -391,3 +391,33 @@ async def test_a_vpns_groups_on_its_queues_count_against_its_own_max_groups(tmp_
             assert status == 201, body
         status, body = await _call(node, "POST", "/consumer-groups/w9", A, {"topic": "jobs"})
         assert status == 429, body
+
+
+async def test_a_vpns_queues_never_use_up_the_default_vpns_topics(tmp_path: Path) -> None:
+    """A's queue topics live in the default VPN's store (``A:q0``) but are bounded by the queue limits:
+    under ``--max-topics 2`` A makes 3 queues and the operator still makes its 2 topics (a third is
+    refused), also after a SIGKILL and restart."""
+    (tmp_path / "vpns.toml").write_text("[vpns.A]\n[vpns.B]\n")
+    (tmp_path / "tokens.toml").write_text(TOKENS)
+    files = ("--mesh-vpns", str(tmp_path / "vpns.toml"), "--token-file", str(tmp_path / "tokens.toml"))
+    limits = ("--max-topics", "2", "--max-partitions", "2")
+    with StreamsServerProcess(extra_args=("--node-id", "a", "--route-port", "0", *files, *limits)) as proc:
+        node = proc.start()
+        for i in range(3):
+            status, body = await _call(node, "PUT", f"/mesh/queues/q{i}", A, {"patterns": [f"q{i}.>"]})
+            assert status == 200, body
+        for name in ("mine", "mine2"):
+            status, body = await _call(node, "POST", f"/topics/{name}", OPERATOR, {"num_partitions": 1})
+            assert status == 201, body
+        status, body = await _call(node, "POST", "/topics/mine3", OPERATOR, {"num_partitions": 1})
+        assert (status, body.get("limit")) == (429, "topics"), body
+        proc.kill()
+        node = proc.start()
+        status, body = await _call(node, "PUT", "/mesh/queues/q3", A, {"patterns": ["q3.>"]})
+        assert status == 200, body
+        status, body = await _call(node, "POST", "/topics/mine3", OPERATOR, {"num_partitions": 1})
+        assert (status, body.get("limit")) == (429, "topics"), body
+        status, body = await _call(node, "DELETE", "/topics/mine2", OPERATOR)
+        assert status in (200, 204), body
+        status, body = await _call(node, "POST", "/topics/mine3", OPERATOR, {"num_partitions": 1})
+        assert status == 201, body

@@ -146,7 +146,7 @@ class Queues:
         user asking, held to its queue permissions (Forbidden, counted as its violation: create for a
         new queue, bind for its patterns)."""
         name, checked = self._checked(name, patterns, vpn, who)
-        self._topic(name, sync=True)
+        self._topic(name, vpn, sync=True)
         if saved:
             self._save(name, checked)
             self.unsaved.discard(name)
@@ -169,7 +169,7 @@ class Queues:
         self._making[name] = done
         self._making_vpn[name] = vpn if name not in self.queues else ""
         try:
-            topic = self._topic(name, sync=False)
+            topic = self._topic(name, vpn, sync=False)
             synced = sync_replaced(topic / "topic.json") if topic is not None else asyncio.sleep(0)
             results = await asyncio.gather(synced, self._commit(name, checked), return_exceptions=True)
             failed = next((r for r in results if isinstance(r, BaseException)), None)
@@ -233,10 +233,13 @@ class Queues:
         """New queues being made (of ``vpn``; "": of any)."""
         return sum(1 for v in self._making_vpn.values() if v and (not vpn or v == vpn))
 
-    def _topic(self, name: str, *, sync: bool) -> Path | None:
+    def _topic(self, name: str, vpn: str, *, sync: bool) -> Path | None:
         """The queue's topic, made if it has none (new, or deleted under the queue: held if it is
-        paused); its directory when made."""
+        paused); its directory when made. A named VPN's is outside the streams' topic limits (its VPN's
+        queue limits bound it), so one tenant's queues never use up the default VPN's topics."""
         assert self.engine is not None
+        if vpn != DEFAULT:
+            self.engine.topic_store.exempt.add(name)
         if name in self.engine.topics:
             return None
         old_queue = self.queues.get(name)
@@ -332,7 +335,9 @@ class Queues:
         else:
             self._recall(queue)
         self.queues[name] = queue
-        self._counts[vpn_of(patterns[0])] += 1
+        self._counts[vpn := vpn_of(patterns[0])] += 1
+        if vpn != DEFAULT and self.engine is not None:  # see _topic
+            self.engine.topic_store.exempt.add(name)
         for pattern in patterns:
             self.node.subscribe(queue, PREFIX + pattern)
         self.node.gateways.queues_changed(patterns, ())  # other clusters are told of it too

@@ -131,7 +131,7 @@ class StreamsService(StagedWrites, LimitCalls):
         """Each bounded resource: (in use, limit)."""
         c = self.config
         return {
-            "topics": (len(self.topics), c.max_topics),
+            "topics": (self.topic_store.topic_count, c.max_topics),
             "partitions": (self.topic_store.partition_count, c.max_partitions),
             "rooms": (len(self.rooms), c.max_rooms),
             "groups": (len(self.groups), c.max_groups),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -250,6 +250,9 @@ class TopicStore:
     ) -> None:
         self.folder = folder
         self.topics: dict[str, Topic] = {}
+        # Topics outside the count limits: a Message VPN's mesh queues, bounded by the mesh's queue
+        # limits (the mesh's Queues names them); present or not.
+        self.exempt: set[str] = set()
         self.config = config
         self._files = files
         self._before_seal = before_seal
@@ -295,7 +298,7 @@ class TopicStore:
         check_name("topic", name)
         if name in self.topics:
             raise Conflict(f"topic {name!r} already exists")
-        partitions = check_new_topic(self.config, self.topics, num_partitions)
+        partitions = check_new_topic(self.config, self.topics, num_partitions, self.exempt, name)
         if replication_factor != 1:
             raise BadRequest("replication_factor must be 1: meshplane streams run on one node")
         segment = self.config.segment_bytes if segment_bytes is None else segment_bytes
@@ -328,7 +331,7 @@ class TopicStore:
         return topic
 
     def _check_partition_budget(self, adding: int) -> None:
-        check_partition_budget(self.config, self.topics, adding)
+        check_partition_budget(self.config, self.topics, adding, self.exempt)
 
     def get(self, name: str) -> Topic:
         found = self.topics.get(check_name("topic", name))
@@ -375,12 +378,22 @@ class TopicStore:
         return True
 
     @property
+    def topic_count(self) -> int:
+        """Topics held to the count limits (not :attr:`exempt`)."""
+        return len(self.topics) - sum(1 for name in self.exempt if name in self.topics)
+
+    @property
     def partition_count(self) -> int:
-        return sum(len(t.partitions) for t in self.topics.values())
+        """Their partitions."""
+        total = sum(len(t.partitions) for t in self.topics.values())
+        return total - sum(len(self.topics[name].partitions) for name in self.exempt if name in self.topics)
 
 
-def check_partition_budget(config: StreamsConfig, topics: Mapping[str, TopicBase[Any]], adding: int) -> None:
+def check_partition_budget(
+    config: StreamsConfig, topics: Mapping[str, TopicBase[Any]], adding: int, exempt: Set[str] = frozenset()
+) -> None:
     total = sum(len(t.partitions) for t in topics.values())
+    total -= sum(len(topics[name].partitions) for name in exempt if name in topics)
     if total + adding > config.max_partitions:
         raise LimitReached(
             f"partition limit reached: {total} of {config.max_partitions} in use, {adding} asked",
@@ -389,15 +402,21 @@ def check_partition_budget(config: StreamsConfig, topics: Mapping[str, TopicBase
 
 
 def check_new_topic(
-    config: StreamsConfig, topics: Mapping[str, TopicBase[Any]], num_partitions: int | None
+    config: StreamsConfig,
+    topics: Mapping[str, TopicBase[Any]],
+    num_partitions: int | None,
+    exempt: Set[str] = frozenset(),
+    name: str = "",
 ) -> int:
-    """A new topic's partition count (the default when none is asked), within every limit."""
-    if len(topics) >= config.max_topics:
+    """A new topic's partition count (the default when none is asked), within every limit; topics in
+    ``exempt`` neither count nor are held to them."""
+    if name not in exempt and len(topics) - sum(1 for n in exempt if n in topics) >= config.max_topics:
         raise LimitReached(f"topic limit reached ({config.max_topics} topics)", "topics")
     partitions = config.default_partitions if num_partitions is None else num_partitions
     if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 10_000:
         raise BadRequest(f"num_partitions must be an integer in 1..10000, not {partitions!r}")
-    check_partition_budget(config, topics, partitions)
+    if name not in exempt:
+        check_partition_budget(config, topics, partitions, exempt)
     return partitions
 
 
