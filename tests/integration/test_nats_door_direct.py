@@ -254,3 +254,69 @@ async def test_plain_pubs_in_c_and_requests_in_python_keep_their_publishers_orde
         await near.close()
         for client in (pub, far):
             await client.close()
+
+
+async def test_hpubs_take_the_direct_path_and_arrive_with_their_headers_in_order(mesh: NatsMesh) -> None:
+    """HPUBs without a reply, PUBs and requests (every fifth: Python's) from one publisher: the C path
+    takes the HPUBs as well as the PUBs, and the events arrive in order, with their headers, at a NATS
+    client across the route and in the Python path's envelope at a mesh client on the publisher's node."""
+    pub, far = await nats.connect(mesh.url("a")), await nats.connect(mesh.url("b"))
+    near, inbox = MeshClient(mesh["a"].route_url), Inbox()
+    got = Received()
+    try:
+        await near.connect()
+        near.subscribe("direct.headers", inbox)
+        await near.flush(propagated=True)
+        await far.subscribe("direct.headers", cb=got.cb)
+        await far.flush()
+        await interest_reached(mesh["a"], "b", "direct.headers")
+        before = await direct_events(mesh, "a")
+        sent = [
+            (str(i).encode() + b"\r\nHMSG x 1 2\r\n", {"Seq": str(i)} if i % 5 else None, i % 5 == 0)
+            for i in range(3000)
+        ]
+        for payload, headers, request in sent:
+            await pub.publish("direct.headers", payload, reply="direct.r" if request else "", headers=headers)
+        await pub.flush()
+        await eventually(lambda: len(got.msgs) >= len(sent), timeout=30, what="every event at b")
+        await eventually(lambda: len(inbox.events) >= len(sent), timeout=30, what="every event at a")
+        assert [(m.data, m.headers, m.reply) for m in got.msgs] == [
+            (payload, headers, "direct.r" if request else "") for payload, headers, request in sent
+        ]
+        assert [unwrap(body) for _, body in inbox.events] == [
+            (
+                "direct.r" if request else "",
+                None if headers is None else f"NATS/1.0\r\nSeq: {headers['Seq']}\r\n\r\n".encode(),
+                payload,
+            )
+            for payload, headers, request in sent
+        ]
+        assert await direct_events(mesh, "a") - before > len(sent) // 2  # C took the HPUBs
+    finally:
+        await near.close()
+        for client in (pub, far):
+            await client.close()
+
+
+async def test_an_hpub_from_a_client_that_did_not_announce_headers_closes_it_on_a_learnt_route(
+    mesh: NatsMesh,
+) -> None:
+    """The route is learnt from its PUB; its HPUB is still refused (``headers`` absent from CONNECT),
+    as nats-server refuses it, and nothing of it is delivered."""
+    sub = await nats.connect(mesh.url("b"))
+    raw = await RawClient.connect(mesh.port("a"))
+    got = Received()
+    try:
+        await sub.subscribe("direct.noheaders", cb=got.cb)
+        await sub.flush()
+        await interest_reached(mesh["a"], "b", "direct.noheaders")
+        await raw.ping(b"CONNECT {}\r\nPUB direct.noheaders 5\r\nfirst\r\nPUB direct.noheaders 6\r\nsecond\r\n")
+        raw.writer.write(b"HPUB direct.noheaders 12 14\r\nNATS/1.0\r\n\r\nhi\r\n")
+        await raw.until(lambda: any(isinstance(op, Err) for op in raw.ops))
+        assert next(op for op in raw.ops if isinstance(op, Err)).message == "Unknown Protocol Operation"
+        await eventually(lambda: len(got.msgs) >= 2, what="the PUBs before it")
+        await sub.flush()
+        assert [m.data for m in got.msgs] == [b"first", b"second"]
+    finally:
+        await sub.close()
+        raw.writer.close()
