@@ -310,7 +310,9 @@ async def test_an_hpub_from_a_client_that_did_not_announce_headers_closes_it_on_
         await sub.subscribe("direct.noheaders", cb=got.cb)
         await sub.flush()
         await interest_reached(mesh["a"], "b", "direct.noheaders")
-        await raw.ping(b"CONNECT {}\r\nPUB direct.noheaders 5\r\nfirst\r\nPUB direct.noheaders 6\r\nsecond\r\n")
+        await raw.ping(
+            b"CONNECT {}\r\nPUB direct.noheaders 5\r\nfirst\r\nPUB direct.noheaders 6\r\nsecond\r\n"
+        )
         raw.writer.write(b"HPUB direct.noheaders 12 14\r\nNATS/1.0\r\n\r\nhi\r\n")
         await raw.until(lambda: any(isinstance(op, Err) for op in raw.ops))
         assert next(op for op in raw.ops if isinstance(op, Err)).message == "Unknown Protocol Operation"
