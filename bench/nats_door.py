@@ -61,7 +61,9 @@ const { connect, headers } = require("nats");
     if (i % 1000 === 999) await pub.flush();
   }
   await pub.flush();
-  await Promise.race([done, new Promise((r) => setTimeout(r, 60000))]);
+  let timer;  // cleared: a pending timer kept Node (and the run) alive for its whole 60 s
+  await Promise.race([done, new Promise((r) => { timer = setTimeout(r, 60000); })]);
+  clearTimeout(timer);
   const seconds = Number(last - first) / 1e9;
   console.log(JSON.stringify({ received: got, seconds, rate: Math.round(got / Math.max(seconds, 1e-9)) }));
   await pub.close(); await sub.close();
