@@ -263,7 +263,9 @@ def test_route_pubs_takes_only_what_the_python_path_routes_plainly(
     )
     taken = sum(events for _, events, _ in runs)
     for op in expected[:taken]:
-        assert isinstance(op, Pub) and not op.reply and op.subject in known
+        assert isinstance(op, Pub)
+        assert not op.reply
+        assert op.subject in known
         assert op.headers is None or headers
     assert bytes(out) == b"".join(
         event_of(op.subject, 7 + i, 9, op.payload, op.headers)
