@@ -20,9 +20,9 @@ route_pubs(buffer, start, max_payload, max_control, table, source, sequence, tim
     raw bytes, sequences from ``sequence`` on, ``timestamp`` in ms; a PUB's payload as it is with flags
     0, an HPUB's in the envelope ``nats_protocol.wrap`` makes with FLAG_NATS_ENVELOPE) and is appended
     to each of the entry's bytearrays, with no object per event. A reply subject is Python's: it is
-    checked, may be a service import's request and may be answered 503 (no responders). It stops before a frame that
-    would take a buffer past ``limit``; ``runs`` gets (info, events, 0) per run of one entry (the shape
-    ``route_events`` of ``_frames.c`` gives the direct path). */
+    checked, may be a service import's request and may be answered 503 (no responders). It stops
+    before a frame that would take a buffer past ``limit``; ``runs`` gets (info, events, 0) per run of
+    one entry (the shape ``route_events`` of ``_frames.c`` gives the direct path). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -288,7 +288,7 @@ static PyMethodDef methods[] = {
     {"parse_pubs", (PyCFunction)(void (*)(void))parse_pubs, METH_FASTCALL,
      "Whole, plain PUB/HPUB operations from a buffer; the offset of the first that is not (see the module)."},
     {"route_pubs", (PyCFunction)(void (*)(void))route_pubs, METH_FASTCALL,
-     "A NATS client's PUBs (HPUBs too) without a reply as EVENT frames in the write buffers of their cached routes."},
+     "A NATS client's PUBs and HPUBs without a reply as EVENT frames in the write buffers of their routes."},
     {NULL, NULL, 0, NULL},
 };
 
