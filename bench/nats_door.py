@@ -11,9 +11,11 @@ three-node mesh cluster's NATS doors (``serve --nats-port``), in the same run.
 - latency: publish-to-receive (wall clock, same host) at a paced rate;
 - the JavaScript client (npm ``nats`` under Node, ``make .node-nats``): one Node process, a
   publisher connection to the first server/node and a subscriber connection to the second; the
-  subscriber's rate from its first event to its last.
+  subscriber's rate from its first event to its last; plain PUBs, then (``javascript_headers``) HPUBs,
+  each with a one-header block (``Seq``).
 
-Each throughput run also reports the CPU time the two servers and the two clients spent per event.
+Each throughput run also reports the CPU time the two servers (and, for nats-py, the two clients)
+spent per event.
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from harness import add_out, median_ratio, write_results
-from mesh import run_pair
+from mesh import cpu_seconds, run_pair
 
 NODE_MODULES = Path(__file__).resolve().parent.parent / ".node-nats" / "node_modules"
 JS_BENCH = """
-const { connect } = require("nats");
+const { connect, headers } = require("nats");
 (async () => {
   const [pubUrl, subUrl, count] = [process.argv[2], process.argv[3], Number(process.argv[4])];
+  let options;
+  if (process.argv[5] === "headers") { options = { headers: headers() }; options.headers.set("Seq", "1"); }
   const pub = await connect({ servers: pubUrl });
   const sub = await connect({ servers: subUrl });
   let warm = false, got = 0, first = 0, last = 0;
@@ -53,11 +57,13 @@ const { connect } = require("nats");
   while (!warm) { pub.publish("bench.door.js", new Uint8Array(4)); await pub.flush(); }
   const body = new Uint8Array(100);
   for (let i = 0; i < count; i++) {
-    pub.publish("bench.door.js", body);
+    pub.publish("bench.door.js", body, options);
     if (i % 1000 === 999) await pub.flush();
   }
   await pub.flush();
-  await Promise.race([done, new Promise((r) => setTimeout(r, 60000))]);
+  let timer;  // cleared: a pending timer kept Node (and the run) alive for its whole 60 s
+  await Promise.race([done, new Promise((r) => { timer = setTimeout(r, 60000); })]);
+  clearTimeout(timer);
   const seconds = Number(last - first) / 1e9;
   console.log(JSON.stringify({ received: got, seconds, rate: Math.round(got / Math.max(seconds, 1e-9)) }));
   await pub.close(); await sub.close();
@@ -65,16 +71,20 @@ const { connect } = require("nats");
 """
 
 
-def js_run(pub_url: str, sub_url: str, events: int) -> dict[str, Any]:
-    """One Node process: the JavaScript client publishing on one server, subscribed on the other."""
+def js_run(
+    pub_url: str, sub_url: str, events: int, headers: bool = False, server_pids: tuple[int, ...] = ()
+) -> dict[str, Any]:
+    """One Node process: the JavaScript client publishing on one server (HPUBs with ``headers``),
+    subscribed on the other; with ``server_pids``, the CPU time the servers spent per event."""
     node = shutil.which("node")
     if node is None or not (NODE_MODULES / "nats").is_dir():
         raise SystemExit("the JavaScript client is missing: make .node-nats")
+    before = sum(map(cpu_seconds, server_pids))
     with tempfile.TemporaryDirectory() as folder:
         script = Path(folder) / "bench.js"
         script.write_text(JS_BENCH)
         out = subprocess.run(
-            [node, str(script), pub_url, sub_url, str(events)],
+            [node, str(script), pub_url, sub_url, str(events), "headers" if headers else "plain"],
             capture_output=True,
             text=True,
             timeout=300,
@@ -82,6 +92,9 @@ def js_run(pub_url: str, sub_url: str, events: int) -> dict[str, Any]:
             env={**os.environ, "NODE_PATH": str(NODE_MODULES)},
         )
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    if server_pids:
+        spent = sum(map(cpu_seconds, server_pids)) - before
+        result["servers_cpu_us_per_event"] = round(spent * 1e6 / events, 2)
     return result
 
 
@@ -99,7 +112,7 @@ def main() -> None:
     from meshplane.cli.bench import Steps
     from meshplane.launchers import MeshCluster, NatsServer, free_port
 
-    steps = Steps(4 * args.repeat + 2)
+    steps = Steps(6 * args.repeat + 2)
 
     route_ports = [free_port() for _ in range(3)]
     servers = [
@@ -140,12 +153,19 @@ def main() -> None:
                         f"CPU per event: servers {run['cpu_us_per_event']['servers']} us"
                     )
                     steps.step(f"{kind} throughput")
-            js_runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in urls}
-            for _ in range(args.repeat):
-                for kind, (a, b) in urls.items():
-                    js_runs[kind].append(js_run(a, b, args.events))
-                    print(f"{kind:11} A->B JavaScript client {js_runs[kind][-1]['rate']:>9,} events/s")
-                    steps.step(f"{kind} JavaScript throughput")
+            js_runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+                variant: {kind: [] for kind in urls} for variant in ("plain", "headers")
+            }
+            for variant, kinds in js_runs.items():
+                for _ in range(args.repeat):
+                    for kind, (a, b) in urls.items():
+                        run = js_run(a, b, args.events, variant == "headers", pids[kind])
+                        kinds[kind].append(run)
+                        print(
+                            f"{kind:11} A->B JavaScript client, {variant:7} {run['rate']:>9,} events/s  "
+                            f"CPU per event: servers {run['servers_cpu_us_per_event']} us"
+                        )
+                        steps.step(f"{kind} JavaScript throughput ({variant})")
             latency = {}
             for kind, (a, b) in urls.items():
                 latency[kind] = run_pair("nats", a, b, args.latency_events, True, args.interval)
@@ -161,15 +181,22 @@ def main() -> None:
         kind: {"median_rate": statistics.median(rates[kind]), "runs": kind_runs}
         for kind, kind_runs in runs.items()
     }
-    js_rates = {kind: [r["rate"] for r in kind_runs] for kind, kind_runs in js_runs.items()}
-    results["javascript_throughput"] = {
-        kind: {"median_rate": statistics.median(js_rates[kind]), "runs": kind_runs}
-        for kind, kind_runs in js_runs.items()
+    js_rates = {
+        variant: {kind: [r["rate"] for r in kind_runs] for kind, kind_runs in kinds.items()}
+        for variant, kinds in js_runs.items()
     }
+    for variant, name in (("plain", "javascript_throughput"), ("headers", "javascript_headers_throughput")):
+        results[name] = {
+            kind: {"median_rate": statistics.median(js_rates[variant][kind]), "runs": kind_runs}
+            for kind, kind_runs in js_runs[variant].items()
+        }
     results["latency"] = latency
     results["ratio"] = {
         "throughput": ratio,
-        "javascript_throughput": median_ratio(js_rates["mesh"], js_rates["nats-server"]),
+        "javascript_throughput": median_ratio(js_rates["plain"]["mesh"], js_rates["plain"]["nats-server"]),
+        "javascript_headers_throughput": median_ratio(
+            js_rates["headers"]["mesh"], js_rates["headers"]["nats-server"]
+        ),
         "p50_latency": round(latency["mesh"]["p50_us"] / latency["nats-server"]["p50_us"], 2),
         "p99_latency": round(latency["mesh"]["p99_us"] / latency["nats-server"]["p99_us"], 2),
     }
@@ -177,7 +204,7 @@ def main() -> None:
     print(
         f"mesh NATS door / nats-server cluster, nats-py cross-node: throughput {r['throughput']}x, "
         f"p50 latency {r['p50_latency']}x, p99 {r['p99_latency']}x; JavaScript client throughput "
-        f"{r['javascript_throughput']}x"
+        f"{r['javascript_throughput']}x, with headers {r['javascript_headers_throughput']}x"
     )
     write_results(args.out, results)
     print(f"written to {args.out}")

@@ -161,7 +161,18 @@ async def test_a_client_without_echo_never_gets_its_own_events(mesh: NatsMesh) -
         await other.close()
 
 
-async def test_publishes_before_a_broken_operation_in_the_same_read_are_delivered(mesh: NatsMesh) -> None:
+@pytest.mark.parametrize(
+    "broken",
+    [
+        b"PUB direct.broken 2\r\nbroken\r\n",
+        # refused as nats-server refuses it: the client's CONNECT did not say ``headers``
+        b"HPUB direct.broken 12 14\r\nNATS/1.0\r\n\r\nhi\r\n",
+    ],
+    ids=["a wrong size", "an HPUB without headers in CONNECT"],
+)
+async def test_publishes_before_a_broken_operation_in_the_same_read_are_delivered(
+    mesh: NatsMesh, broken: bytes
+) -> None:
     sub = await nats.connect(mesh.url("b"))
     raw = await RawClient.connect(mesh.port("a"))
     got = Received()
@@ -170,9 +181,10 @@ async def test_publishes_before_a_broken_operation_in_the_same_read_are_delivere
         await sub.flush()
         await interest_reached(mesh["a"], "b", "direct.broken")
         await raw.ping(b"CONNECT {}\r\nPUB direct.broken 5\r\nfirst\r\n")  # the route is learnt
-        raw.writer.write(b"PUB direct.broken 6\r\nsecond\r\nPUB direct.broken 2\r\nbroken\r\n")
+        raw.writer.write(b"PUB direct.broken 6\r\nsecond\r\n" + broken)
         await raw.until(lambda: any(isinstance(op, Err) for op in raw.ops))
         await eventually(lambda: len(got.msgs) >= 2, what="both events before the broken one")
+        await sub.flush()
         assert [m.data for m in got.msgs] == [b"first", b"second"]
         assert next(op for op in raw.ops if isinstance(op, Err)).message == "Unknown Protocol Operation"
     finally:
@@ -225,10 +237,11 @@ async def test_a_subject_bound_to_a_queue_after_its_route_was_learnt_is_stored_b
         await watcher.close()
 
 
-async def test_plain_pubs_in_c_and_requests_in_python_keep_their_publishers_order(mesh: NatsMesh) -> None:
+async def test_pubs_and_hpubs_in_c_and_requests_in_python_keep_their_publishers_order(mesh: NatsMesh) -> None:
     """One publisher's PUBs on one subject, every third with a reply subject (an envelope: the Python
-    path) and the rest plain (the C path once learnt), arrive in the order they were published, on its
-    node (a mesh client) and across the route (a NATS client)."""
+    path), every third with headers (an envelope too, made in C once the route is learnt) and the rest
+    plain (the C path), arrive in the order they were published, on its node (a mesh client, which gets
+    the envelopes) and across the route (a NATS client, with their headers)."""
     pub, far = await nats.connect(mesh.url("a")), await nats.connect(mesh.url("b"))
     near, inbox = MeshClient(mesh["a"].route_url), Inbox()
     got = Received()
@@ -240,16 +253,29 @@ async def test_plain_pubs_in_c_and_requests_in_python_keep_their_publishers_orde
         await far.flush()
         await interest_reached(mesh["a"], "b", "mixed.order")
         before = await direct_events(mesh, "a")
-        payloads = [str(i).encode() for i in range(3000)]
-        for i, payload in enumerate(payloads):
-            await pub.publish("mixed.order", payload, reply="mixed.reply" if i % 3 == 0 else "")
+        sent = [
+            (
+                str(i).encode() + b"\r\nHMSG x 1 2\r\n",
+                "mixed.reply" if i % 3 == 0 else "",
+                {"Seq": str(i)} if i % 3 == 1 else None,
+            )
+            for i in range(3000)
+        ]
+        for payload, reply, headers in sent:
+            await pub.publish("mixed.order", payload, reply=reply, headers=headers)
         await pub.flush()
-        await eventually(lambda: len(got.msgs) >= len(payloads), timeout=30, what="every event at b")
-        await eventually(lambda: len(inbox.events) >= len(payloads), timeout=30, what="every event at a")
-        assert [m.data for m in got.msgs] == payloads
-        assert [m.reply for m in got.msgs[:3]] == ["mixed.reply", "", ""]
-        assert [unwrap(body)[2] for _, body in inbox.events] == payloads
-        assert await direct_events(mesh, "a") - before > len(payloads) // 3  # C took plain ones
+        await eventually(lambda: len(got.msgs) >= len(sent), timeout=30, what="every event at b")
+        await eventually(lambda: len(inbox.events) >= len(sent), timeout=30, what="every event at a")
+        assert [(m.data, m.reply, m.headers) for m in got.msgs] == sent
+        assert [unwrap(body) for _, body in inbox.events] == [
+            (
+                reply,
+                None if headers is None else b"NATS/1.0\r\nSeq: %s\r\n\r\n" % headers["Seq"].encode(),
+                payload,
+            )
+            for payload, reply, headers in sent
+        ]
+        assert await direct_events(mesh, "a") - before > len(sent) // 2  # C took the PUBs and HPUBs
     finally:
         await near.close()
         for client in (pub, far):

@@ -1,6 +1,7 @@
 """The NATS door's C fast path (``core/doors/_nats.c``) against the Python codec, its reference: the
-same operations and the same errors on any stream, split at every byte; ``route_pubs`` makes the EVENT
-frames the node's Python path makes."""
+same operations and the same errors on any stream, split at every byte; ``route_pubs`` takes the PUBs
+and HPUBs the Python path would route without a check of its own (no reply subject) and makes the EVENT
+frames the node's Python path makes of them (an HPUB's payload in ``wrap``'s envelope)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from meshplane.core.doors.nats_protocol import (
     encode_pub,
     native_parse_pubs,
     native_route_pubs,
+    wrap,
 )
-from meshplane.core.mesh.frames import encode_event
+from meshplane.core.mesh.frames import FLAG_NATS_ENVELOPE, encode_event
 
 pytestmark = pytest.mark.skipif(native_parse_pubs is None, reason="the C extension is not built")
 
@@ -180,17 +182,33 @@ SOURCE = "node-a"
 RAW_SOURCE = SOURCE.encode().ljust(16, b"\x00")
 
 
+def event_of(subject: str, sequence: int, timestamp: int, payload: bytes, headers: bytes | None) -> bytes:
+    """The frame the node's Python path makes of a NATS client's PUB/HPUB without a reply
+    (``NatsClient.publish``, then ``MeshNode.publish``)."""
+    if headers is None:
+        return encode_event(SOURCE, "vpn." + subject, sequence, timestamp, payload)
+    body = wrap("", headers, payload)
+    return encode_event(SOURCE, "vpn." + subject, sequence, timestamp, body, FLAG_NATS_ENVELOPE)
+
+
 @given(
-    st.lists(st.tuples(st.sampled_from(["a.b", "c", "other"]), st.binary(max_size=40)), max_size=12),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a.b", "c", "other"]),
+            st.binary(max_size=40),
+            st.one_of(st.none(), blocks),
+        ),
+        max_size=12,
+    ),
     st.integers(0, 2**40),
     st.integers(0, 2**41),
     st.integers(60, 400),
 )
 def test_route_pubs_makes_the_nodes_frames(
-    pubs: list[tuple[str, bytes]], sequence: int, timestamp: int, limit: int
+    pubs: list[tuple[str, bytes, bytes | None]], sequence: int, timestamp: int, limit: int
 ) -> None:
     assert native_route_pubs is not None
-    stream = b"".join(encode_pub(subject, "", payload) for subject, payload in pubs) + b"PUB r x 1\r\nz\r\n"
+    stream = b"".join(encode_pub(s, "", p, h) for s, p, h in pubs) + b"PUB r x 1\r\nz\r\n"
     one, two = bytearray(), bytearray()
     info: dict[str, Any] = {"a.b": object(), "c": object()}
     table = {
@@ -199,28 +217,62 @@ def test_route_pubs_makes_the_nodes_frames(
     }
     runs: list[tuple[Any, int, int]] = []
     end = native_route_pubs(
-        stream, 0, 1024, MAX_CONTROL_LINE, table, RAW_SOURCE, sequence, timestamp, limit, runs
+        stream, 0, 1024, MAX_CONTROL_LINE, table, RAW_SOURCE, sequence, timestamp, limit, runs, True
     )
     taken = sum(events for _, events, _ in runs)
     routed = pubs[:taken]
-    assert end == sum(len(encode_pub(s, "", p)) for s, p in routed)
-    assert all(subject != "other" for subject, _ in routed)
+    assert end == sum(len(encode_pub(s, "", p, h)) for s, p, h in routed)
+    assert all(subject != "other" for subject, _, _ in routed)
     frames = [
-        (subject, encode_event(SOURCE, "vpn." + subject, sequence + i, timestamp, payload))
-        for i, (subject, payload) in enumerate(routed)
+        (subject, event_of(subject, sequence + i, timestamp, payload, headers))
+        for i, (subject, payload, headers) in enumerate(routed)
     ]
     assert bytes(one) == b"".join(frame for _, frame in frames)
     assert bytes(two) == b"".join(frame for subject, frame in frames if subject == "a.b")
     if taken < len(pubs) and pubs[taken][0] != "other":  # it stopped before a buffer went past limit
-        subject, payload = pubs[taken]
-        following = encode_event(SOURCE, "vpn." + subject, sequence + taken, timestamp, payload)
+        subject, payload, headers = pubs[taken]
+        following = event_of(subject, sequence + taken, timestamp, payload, headers)
         targets = (one, two) if subject == "a.b" else (one,)
         assert any(target and len(target) + len(following) > limit for target in targets)
     assert [(info_, events) for info_, events, _ in runs] == [
-        (info[subject], len(run)) for subject, run in runs_of([s for s, _ in routed])
+        (info[subject], len(run)) for subject, run in runs_of([s for s, _, _ in routed])
     ]
     for frame in (frame for _, frame in frames):
         assert zlib.crc32(frame[:-4]).to_bytes(4, "big") == frame[-4:]
+
+
+@given(st.lists(pieces(), max_size=8), st.booleans(), st.sets(subjects, max_size=3))
+@example([b"HPUB a 12 14\r\nNATS/1.0\r\n\r\nhi\r\n", b"PUB a 1\r\nx\r\n"], False, set())
+@example([b"PUB a r 1\r\nx\r\n", b"PUB a 1\r\nx\r\n"], True, set())
+def test_route_pubs_takes_only_what_the_python_path_routes_plainly(
+    parts: list[bytes], headers: bool, unknown: set[str]
+) -> None:
+    """On any stream (replies, odd spellings, broken operations): the operations C takes are the
+    reference parser's first ones, each a PUB without a reply (an HPUB only where the client said
+    ``headers``) on a subject the table knows, routed as the node would route it; the reference reads
+    the rest from where C stopped exactly as it reads it from the whole stream."""
+    assert native_route_pubs is not None
+    stream = b"".join(parts)
+    expected, error = python_reads(stream, [])
+    out = bytearray()
+    known = {op.subject for op in expected if isinstance(op, Pub)} - unknown
+    table = {subject.encode(): (subject, b"vpn." + subject.encode(), (out,)) for subject in known}
+    runs: list[tuple[Any, int, int]] = []
+    end = native_route_pubs(
+        stream, 0, MAX_PAYLOAD, MAX_CONTROL, table, RAW_SOURCE, 7, 9, 1 << 20, runs, headers
+    )
+    taken = sum(events for _, events, _ in runs)
+    for op in expected[:taken]:
+        assert isinstance(op, Pub)
+        assert not op.reply
+        assert op.subject in known
+        assert op.headers is None or headers
+    assert bytes(out) == b"".join(
+        event_of(op.subject, 7 + i, 9, op.payload, op.headers)
+        for i, op in enumerate(expected[:taken])
+        if isinstance(op, Pub)
+    )
+    assert python_reads(stream[end:], []) == (expected[taken:], error)
 
 
 def runs_of(subjects_: list[str]) -> list[tuple[str, list[str]]]:
@@ -233,14 +285,30 @@ def runs_of(subjects_: list[str]) -> list[tuple[str, list[str]]]:
     return grouped
 
 
-def test_route_pubs_leaves_replies_and_headers_to_python() -> None:
+def test_route_pubs_leaves_replies_and_unannounced_headers_to_python() -> None:
+    """A reply subject is checked in Python (a service import's request, a 503 when none responds);
+    an HPUB from a client that did not say ``headers`` in its CONNECT is refused there."""
     assert native_route_pubs is not None
     buffer = bytearray()
-    table = {b"a": (None, b"a", (buffer,))}
-    for stream in (b"PUB a r 1\r\nx\r\n", b"HPUB a 12 12\r\nNATS/1.0\r\n\r\n\r\n", b"PUB a 2\r\nx\r\n"):
+    table = {b"a": (None, b"vpn.a", (buffer,))}
+    hpub = b"HPUB a 12 12\r\nNATS/1.0\r\n\r\n\r\n"
+    cases = [
+        (b"PUB a r 1\r\nx\r\n", True),
+        (b"HPUB a r 12 12\r\nNATS/1.0\r\n\r\n\r\n", True),
+        (hpub, False),
+        (b"PUB a 2\r\nx\r\n", True),
+    ]
+    for stream, headers in cases:
         runs: list[tuple[Any, int, int]] = []
         assert (
-            native_route_pubs(stream, 0, 1024, MAX_CONTROL_LINE, table, RAW_SOURCE, 1, 1, 1 << 20, runs) == 0
+            native_route_pubs(
+                stream, 0, 1024, MAX_CONTROL_LINE, table, RAW_SOURCE, 1, 1, 1 << 20, runs, headers
+            )
+            == 0
         )
         assert runs == []
         assert buffer == b""
+    runs = []
+    end = native_route_pubs(hpub, 0, 1024, MAX_CONTROL_LINE, table, RAW_SOURCE, 1, 1, 1 << 20, runs, True)
+    assert end == len(hpub)
+    assert bytes(buffer) == event_of("a", 1, 1, b"", b"NATS/1.0\r\n\r\n")

@@ -1,7 +1,8 @@
 """A node's direct path: the plain events of a read (a client's, a peer's over its link, another
 cluster's over its gateway) routed in one C call (:mod:`meshplane.core.mesh.direct`), each copied into
 the write buffers of the connections its route names, with no Python object per event; a NATS
-client's plain PUBs too (``core/doors/_nats.c``: made into the node's EVENT frames on the way).
+client's PUBs and HPUBs without a reply subject too (``core/doors/_nats.c``: made into the node's
+EVENT frames on the way, an HPUB's in the envelope the Python path makes).
 
 It knows only routes the Python path has taken before and found plain: every local holder a client
 connection, a NATS client with one subscription on the subject and no UNSUB max (its copy written as
@@ -156,9 +157,12 @@ class DirectPath:
                 node.on_latency((time.perf_counter() - started) / events)
         return start
 
-    def door_read(self, prefix: str, buffer: bytearray, start: int, max_payload: int) -> tuple[int, int]:
-        """A NATS client's plain PUBs at ``buffer[start:]`` on subjects learnt for its VPN (``prefix``),
-        routed in C as the node's own events: (where it stopped, events taken)."""
+    def door_read(
+        self, prefix: str, buffer: bytearray, start: int, max_payload: int, headers: bool
+    ) -> tuple[int, int]:
+        """A NATS client's PUBs without a reply (HPUBs too, for a client that said ``headers`` in its
+        CONNECT) at ``buffer[start:]`` on subjects learnt for its VPN (``prefix``), routed in C as the
+        node's own events: (where it stopped, events taken)."""
         table = self._doors.get(prefix)
         if not table or native_route_pubs is None:
             return start, 0
@@ -173,7 +177,7 @@ class DirectPath:
                 try:
                     end = native_route_pubs(
                         buffer, start, max_payload, MAX_CONTROL_LINE, table, self._source,
-                        sequence + events, timestamp, BATCH_BYTES, runs,
+                        sequence + events, timestamp, BATCH_BYTES, runs, headers,
                     )  # fmt: skip
                 finally:
                     events += self._count(runs, None, now, False)
@@ -187,8 +191,8 @@ class DirectPath:
         return start, events
 
     def door_sent(self, prefix: str, subject: str) -> None:
-        """A NATS client's plain PUB on ``subject`` (of the VPN with ``prefix``) took the Python path:
-        learn its route (its event is the node's own, as a client's is its client's)."""
+        """A NATS client's PUB or HPUB without a reply on ``subject`` (of the VPN with ``prefix``) took
+        the Python path: learn its route (its event is the node's own, as a client's is its client's)."""
         if not self.enabled or native_route_pubs is None:
             return
         known = self._doors.get(prefix)

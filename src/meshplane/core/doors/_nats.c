@@ -12,14 +12,17 @@ reads it from there exactly as it would without them, so both accept and refuse 
 parse_pubs(buffer, start, max_payload, max_control, out) -> offset
     appends (subject, reply, payload, headers or None) per operation to ``out``.
 
-route_pubs(buffer, start, max_payload, max_control, table, source, sequence, timestamp, limit, runs)
-    -> offset
-    the node's direct path for a NATS client's plain PUBs (no reply, no headers) on subjects ``table``
-    knows (raw subject -> (info, mesh subject, buffers)): each becomes the EVENT frame the node would
-    make (flags 0, ``source`` 16 raw bytes, sequences from ``sequence`` on, ``timestamp`` in ms) and is
-    appended to each of the entry's bytearrays, with no object per event. It stops before a frame that
-    would take a buffer past ``limit``; ``runs`` gets (info, events, 0) per run of one entry (the shape
-    ``route_events`` of ``_frames.c`` gives the direct path). */
+route_pubs(buffer, start, max_payload, max_control, table, source, sequence, timestamp, limit, runs,
+           headers) -> offset
+    the node's direct path for a NATS client's PUBs without a reply subject (HPUBs too where
+    ``headers`` is true: the client said so in its CONNECT) on subjects ``table`` knows (raw subject
+    -> (info, mesh subject, buffers)): each becomes the EVENT frame the node would make (``source`` 16
+    raw bytes, sequences from ``sequence`` on, ``timestamp`` in ms; a PUB's payload as it is with flags
+    0, an HPUB's in the envelope ``nats_protocol.wrap`` makes with FLAG_NATS_ENVELOPE) and is appended
+    to each of the entry's bytearrays, with no object per event. A reply subject is Python's: it is
+    checked, may be a service import's request and may be answered 503 (no responders). It stops
+    before a frame that would take a buffer past ``limit``; ``runs`` gets (info, events, 0) per run of
+    one entry (the shape ``route_events`` of ``_frames.c`` gives the direct path). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,6 +35,9 @@ route_pubs(buffer, start, max_payload, max_control, table, source, sequence, tim
 #define MAX_ARGS 4
 #define HEADER_LINE "NATS/1.0"
 #define MIN_HEADERS 12 /* HEADER_LINE and two CR LF */
+#define FLAG_NATS_ENVELOPE 0x40 /* frames.py's */
+#define ENVELOPE_MAGIC "NATS\x01"
+#define ENVELOPE_BYTES 11 /* the magic (5), the reply's length (2), the headers' (4) */
 
 typedef struct {
     const unsigned char *arg[MAX_ARGS];
@@ -168,17 +174,19 @@ error:
 }
 
 static PyObject *route_pubs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10 || !PyDict_Check(args[4]) || !PyBytes_Check(args[5]) ||
+    if (nargs != 11 || !PyDict_Check(args[4]) || !PyBytes_Check(args[5]) ||
         PyBytes_GET_SIZE(args[5]) != SOURCE_BYTES || !PyList_Check(args[9])) {
         PyErr_SetString(PyExc_TypeError,
                         "route_pubs(buffer, start, max_payload, max_control, dict, source: 16 bytes, sequence, "
-                        "timestamp, limit, list)");
+                        "timestamp, limit, list, headers)");
         return NULL;
     }
     uint64_t sequence = (uint64_t)PyLong_AsUnsignedLongLong(args[6]);
     uint64_t timestamp = (uint64_t)PyLong_AsUnsignedLongLong(args[7]);
     Py_ssize_t limit = PyLong_AsSsize_t(args[8]);
     if (PyErr_Occurred()) return NULL;
+    int headers = PyObject_IsTrue(args[10]);
+    if (headers < 0) return NULL;
     Input in;
     if (read_input(args, &in) < 0) return NULL;
     PyObject *table = args[4], *runs = args[9];
@@ -190,7 +198,7 @@ static PyObject *route_pubs(PyObject *self, PyObject *const *args, Py_ssize_t na
     PubOp op;
     for (;;) {
         Py_ssize_t whole = scan_pub(in.data + start, in.size - start, in.max_payload, in.max_control, &op);
-        if (whole == 0 || op.headers || op.args != 2) break; /* a reply or headers: an envelope, Python's */
+        if (whole == 0 || op.args != (op.headers ? 3 : 2) || (op.headers && !headers)) break; /* Python's */
         if (entry == NULL || op.length[0] != last_length || memcmp(op.arg[0], last_subject, (size_t)last_length) != 0) {
             PyObject *key = PyBytes_FromStringAndSize((const char *)op.arg[0], op.length[0]);
             if (key == NULL) goto error;
@@ -216,7 +224,8 @@ static PyObject *route_pubs(PyObject *self, PyObject *const *args, Py_ssize_t na
         }
         PyObject *subject = PyTuple_GET_ITEM(entry, 1), *buffers = PyTuple_GET_ITEM(entry, 2);
         Py_ssize_t subject_length = PyBytes_GET_SIZE(subject);
-        Py_ssize_t body = HEAD_BYTES + subject_length + MIDDLE_BYTES + STAMP_BYTES + op.total;
+        Py_ssize_t envelope = op.headers ? ENVELOPE_BYTES : 0;
+        Py_ssize_t body = HEAD_BYTES + subject_length + MIDDLE_BYTES + STAMP_BYTES + envelope + op.total;
         Py_ssize_t frame = body + CRC_BYTES, count = PyTuple_GET_SIZE(buffers);
         int full = 0;
         for (Py_ssize_t i = 0; i < count; i++) {
@@ -239,15 +248,21 @@ static PyObject *route_pubs(PyObject *self, PyObject *const *args, Py_ssize_t na
                 continue;
             }
             p[0] = EVENT_TYPE;
-            p[1] = 0;
+            p[1] = op.headers ? FLAG_NATS_ENVELOPE : 0;
             memcpy(p + 2, source, SOURCE_BYTES);
             put_be(p + 18, (uint64_t)subject_length, 2);
             memcpy(p + HEAD_BYTES, PyBytes_AS_STRING(subject), (size_t)subject_length);
             unsigned char *middle = p + HEAD_BYTES + subject_length;
             put_be(middle, sequence, 8);
-            put_be(middle + 8, (uint64_t)(STAMP_BYTES + op.total), 4);
+            put_be(middle + 8, (uint64_t)(STAMP_BYTES + envelope + op.total), 4);
             put_be(middle + MIDDLE_BYTES, timestamp, STAMP_BYTES);
-            memcpy(middle + MIDDLE_BYTES + STAMP_BYTES, op.data, (size_t)op.total);
+            unsigned char *payload = middle + MIDDLE_BYTES + STAMP_BYTES;
+            if (op.headers) { /* no reply: its length 0, then the header block's */
+                memcpy(payload, ENVELOPE_MAGIC, 5);
+                put_be(payload + 5, 0, 2);
+                put_be(payload + 7, (uint64_t)op.header_size, 4);
+            }
+            memcpy(payload + envelope, op.data, (size_t)op.total);
             put_be(p + body, crc32_z(0L, p, (z_size_t)body), CRC_BYTES);
             first = p;
         }
@@ -273,7 +288,7 @@ static PyMethodDef methods[] = {
     {"parse_pubs", (PyCFunction)(void (*)(void))parse_pubs, METH_FASTCALL,
      "Whole, plain PUB/HPUB operations from a buffer; the offset of the first that is not (see the module)."},
     {"route_pubs", (PyCFunction)(void (*)(void))route_pubs, METH_FASTCALL,
-     "A NATS client's plain PUBs as EVENT frames in the write buffers of their cached routes."},
+     "A NATS client's PUBs and HPUBs without a reply as EVENT frames in the write buffers of their routes."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -135,12 +135,15 @@ class NatsClient(asyncio.Protocol):
             self.handle(op)
 
     def _direct(self, buffer: bytearray, start: int) -> int:
-        """The node's direct path takes its plain PUBs on subjects it has learnt (see ``publish``)."""
+        """The node's direct path takes its PUBs and HPUBs without a reply on subjects it has learnt (see
+        ``publish``)."""
         if not self.connected or self.checking or self.closed or self.verbose or self.permissions is not None:
             return start
         if self.vpn in self.node.logins.rates:  # its VPN's or user's rate is checked per PUB: Python's
             return start
-        end, events = self.node.direct.door_read(self.prefix, buffer, start, self.parser.max_payload)
+        end, events = self.node.direct.door_read(
+            self.prefix, buffer, start, self.parser.max_payload, self.headers
+        )
         self.msgs_in += events
         return end
 
@@ -307,8 +310,8 @@ class NatsClient(asyncio.Protocol):
             task.add_done_callback(self._stored)
             return
         copies = self.node.publish(subject, body, flags, skip=skip, prefix=self.prefix)
-        if not enveloped and self.permissions is None and self.vpn not in self.node.logins.rates:
-            # a route the direct path may take next time
+        if not op.reply and self.permissions is None and self.vpn not in self.node.logins.rates:
+            # a route the direct path may take next time (a reply is checked and answered here)
             self.node.direct.door_sent(self.prefix, subject)
         if copies == 0 and op.reply and self.no_responders:
             self.door.counters["no_responders"] += 1
