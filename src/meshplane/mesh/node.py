@@ -33,10 +33,8 @@ from meshplane.core.mesh.frames import (
     Frame,
     FrameError,
     FrameType,
-    InterestChange,
     encode_frame,
 )
-from meshplane.core.mesh.interest_frames import InterestBatch
 from meshplane.core.mesh.router import Router
 from meshplane.core.subjects import SubjectCheck, is_reserved
 from meshplane.mesh.clients import Clients
@@ -56,7 +54,7 @@ from meshplane.mesh.guaranteed import Guaranteed
 from meshplane.mesh.handshakes import Handshakes
 from meshplane.mesh.holders import Holder, MeshEvent, PubSubBridge, PubSubHolder
 from meshplane.mesh.imports import Imports
-from meshplane.mesh.links import Handshake, Link
+from meshplane.mesh.links import Handshake, Link, announce
 from meshplane.mesh.logins import Logins
 from meshplane.mesh.routes import Routes
 from meshplane.mesh.status import node_status
@@ -324,21 +322,8 @@ class MeshNode:
     def _announce(self, kind: FrameType, pattern: str, version: int) -> None:
         if kind is FrameType.SUB_ADD and "drop_sub_add" in self.config.faults:
             return
-        added = kind is FrameType.SUB_ADD
-        counter = "sub_add_out" if added else "sub_remove_out"
-        frame = change = None
-        for link in self.links.values():
-            if link.conn is not None and link.state != "down":
-                if link.interest_batches:  # a burst of changes goes in one INTEREST frame, in order
-                    change = change or InterestChange(added, pattern, version)
-                    link.conn.send_batched(change, self._interest_batch)
-                else:
-                    frame = frame or encode_frame(kind, self.node_id, pattern, version)
-                    link.conn.send(frame)
-                link.counters[counter] += 1
-
-    def _interest_batch(self) -> InterestBatch:
-        return InterestBatch(self.node_id)
+        links = (link for link in self.links.values() if link.state != "down")
+        announce(links, self.node_id, kind is FrameType.SUB_ADD, pattern, version)
 
     def publish(
         self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None, prefix: str = ""

@@ -156,30 +156,15 @@ class Router(Generic[H]):
         state = self.peers.get(peer)
         if state is None:
             return set(), set()
-        gained: set[str] = set()
-        lost: set[str] = set()
-        interest, remote, bloom, positions = state.interest, self._remote, state.bloom, self.shape.positions
-        removals = 0
-        for change in changes:
-            pattern = change.pattern
-            if not interest.apply(pattern, change.version, change.added):
-                continue
-            if change.added:
-                remote.insert(pattern, peer)
-                bloom.add(positions(pattern_key(pattern)))
-                if pattern in lost:
-                    lost.discard(pattern)
-                else:
-                    gained.add(pattern)
-            else:
-                remote.remove(pattern, peer)
-                removals += 1
-                if pattern in gained:
-                    gained.discard(pattern)
-                else:
-                    lost.add(pattern)
-        if removals:
-            self._removed(state, removals)
+        gained, lost = state.interest.apply_many(changes)
+        remote, bloom, positions = self._remote, state.bloom, self.shape.positions
+        for pattern in gained:
+            remote.insert(pattern, peer)
+            bloom.add(positions(pattern_key(pattern)))
+        for pattern in lost:
+            remote.remove(pattern, peer)
+        if lost:
+            self._removed(state, len(lost))
         if gained or lost:
             self._cache.invalidate(gained | lost)
         return gained, lost
