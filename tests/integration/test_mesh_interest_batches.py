@@ -4,13 +4,17 @@ exactly; a node that does not take them (as nodes before them) still gets one fr
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
+from meshplane.core.mesh.frames import Frame, FrameType, encode_event, encode_frame, event_parts
+from meshplane.core.subjects import matches
 from meshplane.launchers import MeshCluster
 from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
-from tests.support.mesh import Inbox, link
+from tests.mesh_peers import RawPeer
+from tests.support.mesh import Inbox, link, status
 
 BURST = 5_000
 
@@ -52,3 +56,53 @@ async def test_a_burst_of_subscriptions_is_fully_propagated(older: bool) -> None
         finally:
             for client in (holder, prober):
                 await client.close()
+
+
+async def test_a_clients_burst_of_sub_frames_keeps_its_order_with_its_events() -> None:
+    """A client's SUB_ADD / SUB_REMOVE frames, read many at a time and applied together, act as if
+    applied one by one: each of its events, sent among them, comes back to it exactly when a pattern it
+    held at that point matches; the node's patterns, and its peer's copy, are what one by one leaves."""
+    rng = random.Random(60)
+    patterns = [f"mix.{i}" for i in range(40)] + ["mix.*", "mix.>"]
+    held: set[str] = set()
+    frames: list[bytes] = []
+    expected: list[int] = []  # the numbers of the events it gets back (their bodies), in order
+    for sequence in range(1, 4001):
+        pattern = rng.choice(patterns)
+        if rng.random() < 0.55:
+            held.add(pattern)
+            frames.append(encode_frame(FrameType.SUB_ADD, "", pattern))
+        else:
+            held.discard(pattern)
+            frames.append(encode_frame(FrameType.SUB_REMOVE, "", pattern))
+        if rng.random() < 0.3:
+            subject = f"mix.{rng.randrange(40)}"
+            frames.append(encode_event("", subject, sequence, 0, b"%d" % sequence))
+            if any(matches(p, subject) for p in held):
+                expected.append(sequence)
+    with MeshCluster(2, heartbeat_interval=1.0) as cluster:
+        cluster.start()
+        await asyncio.to_thread(cluster.wait_linked)
+        peer = await asyncio.to_thread(RawPeer(cluster["a"].route_url, "burst", "", "client").authenticate)
+        try:
+            peer.send(*frames, encode_frame(FrameType.SYNC_REQ, "", sequence=1))
+            answered = await asyncio.to_thread(frames_until, peer, FrameType.SYNC_RESP)
+            assert [int(event_parts(f)[1]) for f in answered if f.type is FrameType.EVENT] == expected
+            assert sorted((await status(cluster["a"]))["patterns"]["local"]) == sorted(held)
+
+            async def copied() -> bool:
+                return bool((await status(cluster["b"]))["patterns"]["peers"].get("a") == sorted(held))
+
+            await eventually(copied, timeout=30, interval=0.05, what="b's copy of a's patterns")
+        finally:
+            peer.close()
+
+
+def frames_until(peer: RawPeer, kind: FrameType) -> list[Frame]:
+    """Every frame the node sent up to the first of ``kind``."""
+    while not any(frame.type is kind for frame in peer.frames):
+        data = peer.sock.recv(65536)
+        if not data:
+            raise ConnectionError(f"the node closed the connection before a {kind.name}")
+        peer.receive(data)
+    return peer.frames

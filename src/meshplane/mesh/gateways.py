@@ -190,9 +190,9 @@ class Gateways:
         link.counters["connects"] += 1
         link.down.clear()
         node.direct.link_reader(link, state.conn, foreign=True)
-        for pattern in link.interest.clear():  # learnt afresh, as on an internal link ...
-            if not pattern.startswith(PREFIX):  # ... but its queues stay remembered until it answers
-                node.unsubscribe(link.holder, pattern)
+        # Learnt afresh, as on an internal link, but its queues stay remembered until it answers.
+        forgotten = [p for p in link.interest.clear() if not p.startswith(PREFIX)]
+        node.change_holdings(link.holder, (), forgotten)
         node.guaranteed.link_down(link)  # a new connection resends what was not confirmed
         self._request_sync(link)
 
@@ -273,12 +273,11 @@ class Gateways:
         node, holder = self.node, link.holder
         gained = [p for p in gained if self.crosses(p.removeprefix(PREFIX))]
         lost = [p for p in lost if self.crosses(p.removeprefix(PREFIX))]
-        for pattern in gained:
-            if not pattern.startswith(PREFIX):
-                node.subscribe(holder, pattern)
-        for pattern in lost:
-            if not pattern.startswith(PREFIX):
-                node.unsubscribe(holder, pattern)
+        node.change_holdings(
+            holder,
+            [p for p in gained if not p.startswith(PREFIX)],
+            [p for p in lost if not p.startswith(PREFIX)],
+        )
         if afresh:
             node.guaranteed.link_up(
                 link, [p for p in link.interest.versions if self.crosses(p.removeprefix(PREFIX))]

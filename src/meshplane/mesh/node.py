@@ -300,24 +300,26 @@ class MeshNode:
     # --- the node's API: interest and publishing -----------------------------------------------------
 
     def subscribe(self, holder: Holder, pattern: str) -> None:
-        fresh = not self.router.holds(holder, pattern)
-        version = self.router.subscribe(holder, pattern)
-        if version is not None:
-            self._announce(FrameType.SUB_ADD, pattern, version)
-        if fresh and not isinstance(holder, GatewayHolder):  # what this cluster wants, for gateways
-            self.gateways.changed({pattern}, ())
-            if self.imports.active:
-                self.imports.subscribed(holder, pattern)
+        if not self.router.holds(holder, pattern):
+            self.change_holdings(holder, (pattern,), ())
 
     def unsubscribe(self, holder: Holder, pattern: str) -> None:
-        held = self.router.holds(holder, pattern)
-        version = self.router.unsubscribe(holder, pattern)
-        if version is not None:
-            self._announce(FrameType.SUB_REMOVE, pattern, version)
-        if held and not isinstance(holder, GatewayHolder):
-            self.gateways.changed((), {pattern})
+        if self.router.holds(holder, pattern):
+            self.change_holdings(holder, (), (pattern,))
+
+    def change_holdings(self, holder: Holder, gained: Iterable[str], lost: Iterable[str]) -> None:
+        """``holder`` subscribes to ``gained`` and unsubscribes from ``lost`` (distinct patterns) in one
+        Router call; peers hear of the patterns it was the first or last holder of."""
+        gained, lost, changes = self.router.change_holdings(holder, gained, lost)
+        for added, pattern, version in changes:
+            self._announce(FrameType.SUB_ADD if added else FrameType.SUB_REMOVE, pattern, version)
+        if (gained or lost) and not isinstance(holder, GatewayHolder):  # what this cluster wants
+            self.gateways.changed(gained, lost)
             if self.imports.active:
-                self.imports.unsubscribed(holder, pattern)
+                for pattern in gained:
+                    self.imports.subscribed(holder, pattern)
+                for pattern in lost:
+                    self.imports.unsubscribed(holder, pattern)
 
     def _announce(self, kind: FrameType, pattern: str, version: int) -> None:
         if kind is FrameType.SUB_ADD and "drop_sub_add" in self.config.faults:

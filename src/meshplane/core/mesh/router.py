@@ -68,22 +68,55 @@ class Router(Generic[H]):
 
     def subscribe(self, holder: H, pattern: str) -> int | None:
         """``holder`` wants ``pattern``; the version to announce in a SUB_ADD when it is the first."""
-        held = self._held.setdefault(holder, set())
-        if pattern in held:
+        if not self._hold(holder, pattern):
             return None
-        held.add(pattern)
-        if is_literal(pattern):
-            self._literal.setdefault(pattern, set()).add(holder)
-        else:
-            self._wildcard.insert(pattern, holder)
         self._cache.invalidate((pattern,))
         return self.own.add(pattern)
 
     def unsubscribe(self, holder: H, pattern: str) -> int | None:
         """The version to announce in a SUB_REMOVE when ``holder`` was the pattern's last."""
+        if not self._release(holder, pattern):
+            return None
+        self._cache.invalidate((pattern,))
+        return self.own.remove(pattern)
+
+    def change_holdings(
+        self, holder: H, gained: Iterable[str], lost: Iterable[str]
+    ) -> tuple[list[str], list[str], list[tuple[bool, str, int]]]:
+        """Many :meth:`subscribe` and :meth:`unsubscribe` of one holder (distinct patterns) with the
+        routes they touch dropped once. Returns the patterns it now holds and no longer holds (those it
+        held already, or did not, left out) and the SUB_ADD (True) / SUB_REMOVE to announce."""
+        held: list[str] = [p for p in gained if self._hold(holder, p)]
+        released: list[str] = [p for p in lost if self._release(holder, p)]
+        announce: list[tuple[bool, str, int]] = []
+        own = self.own
+        for pattern in held:
+            version = own.add(pattern)
+            if version is not None:
+                announce.append((True, pattern, version))
+        for pattern in released:
+            version = own.remove(pattern)
+            if version is not None:
+                announce.append((False, pattern, version))
+        if held or released:
+            self._cache.invalidate(held + released)
+        return held, released, announce
+
+    def _hold(self, holder: H, pattern: str) -> bool:
+        held = self._held.setdefault(holder, set())
+        if pattern in held:
+            return False
+        held.add(pattern)
+        if is_literal(pattern):
+            self._literal.setdefault(pattern, set()).add(holder)
+        else:
+            self._wildcard.insert(pattern, holder)
+        return True
+
+    def _release(self, holder: H, pattern: str) -> bool:
         held = self._held.get(holder)
         if held is None or pattern not in held:
-            return None
+            return False
         held.discard(pattern)
         if not held:
             del self._held[holder]
@@ -94,8 +127,7 @@ class Router(Generic[H]):
                 del self._literal[pattern]
         else:
             self._wildcard.remove(pattern, holder)
-        self._cache.invalidate((pattern,))
-        return self.own.remove(pattern)
+        return True
 
     def holds(self, holder: H, pattern: str) -> bool:
         held = self._held.get(holder)
@@ -232,3 +264,36 @@ class Router(Generic[H]):
     def topics_active(self) -> int:
         """Patterns with a subscriber here or at a peer."""
         return len(set(self.own.holders) | {p for s in self.peers.values() for p in s.interest.versions})
+
+
+class PendingHoldings(Generic[H]):
+    """A holder's subscribes and unsubscribes not applied yet (a read's worth of a client's SUB frames):
+    what it would hold after them, for the checks each takes, and the net change, for one
+    :meth:`Router.change_holdings`."""
+
+    def __init__(self, router: Router[H], holder: H) -> None:
+        self.router, self.holder = router, holder
+        self.after: dict[str, bool] = {}  # pattern -> held once these are applied
+        self.count = router.count_of(holder)  # patterns held once these are applied
+
+    def holds(self, pattern: str) -> bool:
+        held = self.after.get(pattern)
+        return self.router.holds(self.holder, pattern) if held is None else held
+
+    def subscribe(self, pattern: str) -> None:
+        if not self.holds(pattern):
+            self.count += 1
+        self.after[pattern] = True
+
+    def unsubscribe(self, pattern: str) -> None:
+        if self.holds(pattern):
+            self.count -= 1
+        self.after[pattern] = False
+
+    def net(self) -> tuple[list[str], list[str]]:
+        """The patterns to subscribe and to unsubscribe, once each (one subscribed, then unsubscribed,
+        is neither)."""
+        holds, holder = self.router.holds, self.holder
+        gained = [p for p, held in self.after.items() if held and not holds(holder, p)]
+        lost = [p for p, held in self.after.items() if not held and holds(holder, p)]
+        return gained, lost
