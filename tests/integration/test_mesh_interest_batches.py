@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import random
+from functools import partial
 
 import pytest
 
 from meshplane.core.mesh.frames import Frame, FrameType, encode_event, encode_frame, event_parts
 from meshplane.core.subjects import matches
 from meshplane.launchers import MeshCluster
-from meshplane.mesh.client import MeshClient
 from tests.helpers import eventually
 from tests.mesh_peers import RawPeer
-from tests.support.mesh import Inbox, link, status
+from tests.support.mesh import burst_crosses, link, status
 
 BURST = 5_000
 
@@ -27,35 +27,9 @@ async def test_a_burst_of_subscriptions_is_fully_propagated(older: bool) -> None
     with MeshCluster(2, heartbeat_interval=1.0, node_args=node_args) as cluster:
         cluster.start()
         await asyncio.to_thread(cluster.wait_linked)
-        holder = await MeshClient(cluster["a"].route_url).connect()
-        prober = await MeshClient(cluster["b"].route_url).connect()
-        inbox = Inbox()
-        try:
-            subs = [holder.subscribe(f"burst.{i}", inbox) for i in range(BURST)]  # no flush in between
-            for i in range(0, BURST, 2):  # and half withdrawn at once, in the same burst
-                holder.unsubscribe(subs[i])
-            await holder.flush()
-
-            async def propagated() -> bool:
-                return bool((await link(cluster["b"], "a"))["patterns_remote"] == BURST // 2)
-
-            await eventually(propagated, timeout=60, interval=0.05, what="the burst's interest at b")
-            b_from_a = await link(cluster["b"], "a")
-            assert b_from_a["sub_add_in"] == BURST
-            assert b_from_a["sub_remove_in"] == BURST // 2
-            if older:
-                assert b_from_a["interest_frames_in"] == 0
-            else:  # batched: a few frames carried them all
-                assert 0 < b_from_a["interest_frames_in"] <= BURST // 100
-            for i in range(BURST):
-                await prober.publish(f"burst.{i}", b"x")
-            await prober.flush()
-            await eventually(lambda: len(inbox.events) >= BURST // 2, timeout=60, what="the odd ones' events")
-            assert sorted(s for s, _ in inbox.events) == sorted(f"burst.{i}" for i in range(1, BURST, 2))
-            assert b_from_a["bad_frames"] == 0
-        finally:
-            for client in (holder, prober):
-                await client.close()
+        await burst_crosses(
+            cluster["a"].route_url, cluster["b"].route_url, partial(link, cluster["b"], "a"), not older, BURST
+        )
 
 
 async def test_a_clients_burst_of_sub_frames_keeps_its_order_with_its_events() -> None:

@@ -504,9 +504,9 @@ def test_a_turn_of_subscriptions_applied_at_once_is_what_one_by_one_makes(
                 batch.unsubscribe(pattern)
             assert batch.count == one.count_of(holder)
         for holder, batch in pending.items():
-            gained, lost = batch.net()
-            held, released, changes = many.change_holdings(holder, gained, lost)
-            assert (held, released) == (gained, lost)
+            net = batch.net()
+            held, released, changes = many.change_holdings(holder, net)
+            assert (held, released) == ([p for a, p in net if a], [p for a, p in net if not a])
             for added, pattern, version in changes:
                 tell(peer_many, added, pattern, version)
             assert many.count_of(holder) == batch.count

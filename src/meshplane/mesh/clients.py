@@ -238,7 +238,7 @@ class Clients:
         """The SUB frames gathered from ``session``, applied."""
         pending = self._pending.pop(session, None)
         if pending is not None:
-            self.node.change_holdings(session, *pending.net())
+            self.node.change_holdings(session, pending.net())
 
     def answer(self, session: ClientSession, sequence: int, error: str) -> None:
         """A client's guaranteed EVENT: ACK once stored (a payload says why it was not). A client that
@@ -320,4 +320,4 @@ class Clients:
         pending = self._pending.pop(session, None)  # never applied: counted as if they were
         patterns = node.router.patterns_of(session)
         node.logins.left(session, len(patterns) if pending is None else pending.count)
-        node.change_holdings(session, (), patterns)
+        node.change_holdings(session, [(False, p) for p in patterns])

@@ -191,8 +191,8 @@ class Gateways:
         link.down.clear()
         node.direct.link_reader(link, state.conn, foreign=True)
         # Learnt afresh, as on an internal link, but its queues stay remembered until it answers.
-        forgotten = [p for p in link.interest.clear() if not p.startswith(PREFIX)]
-        node.change_holdings(link.holder, (), forgotten)
+        forgotten = [(False, p) for p in link.interest.clear() if not p.startswith(PREFIX)]
+        node.change_holdings(link.holder, forgotten)
         node.guaranteed.link_down(link)  # a new connection resends what was not confirmed
         self._request_sync(link)
 
@@ -273,11 +273,8 @@ class Gateways:
         node, holder = self.node, link.holder
         gained = [p for p in gained if self.crosses(p.removeprefix(PREFIX))]
         lost = [p for p in lost if self.crosses(p.removeprefix(PREFIX))]
-        node.change_holdings(
-            holder,
-            [p for p in gained if not p.startswith(PREFIX)],
-            [p for p in lost if not p.startswith(PREFIX)],
-        )
+        changes = [(True, p) for p in gained if not p.startswith(PREFIX)]
+        node.change_holdings(holder, changes + [(False, p) for p in lost if not p.startswith(PREFIX)])
         if afresh:
             node.guaranteed.link_up(
                 link, [p for p in link.interest.versions if self.crosses(p.removeprefix(PREFIX))]

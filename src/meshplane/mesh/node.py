@@ -301,17 +301,17 @@ class MeshNode:
 
     def subscribe(self, holder: Holder, pattern: str) -> None:
         if not self.router.holds(holder, pattern):
-            self.change_holdings(holder, (pattern,), ())
+            self.change_holdings(holder, ((True, pattern),))
 
     def unsubscribe(self, holder: Holder, pattern: str) -> None:
         if self.router.holds(holder, pattern):
-            self.change_holdings(holder, (), (pattern,))
+            self.change_holdings(holder, ((False, pattern),))
 
-    def change_holdings(self, holder: Holder, gained: Iterable[str], lost: Iterable[str]) -> None:
-        """``holder`` subscribes to ``gained`` and unsubscribes from ``lost`` (distinct patterns) in one
-        Router call; peers hear of the patterns it was the first or last holder of."""
-        gained, lost, changes = self.router.change_holdings(holder, gained, lost)
-        for added, pattern, version in changes:
+    def change_holdings(self, holder: Holder, changes: Iterable[tuple[bool, str]]) -> None:
+        """``holder`` subscribes to (True) and unsubscribes from patterns, in order, in one Router call;
+        peers hear of the patterns it was the first or last holder of."""
+        gained, lost, announced = self.router.change_holdings(holder, changes)
+        for added, pattern, version in announced:
             self._announce(FrameType.SUB_ADD if added else FrameType.SUB_REMOVE, pattern, version)
         if (gained or lost) and not isinstance(holder, GatewayHolder):  # what this cluster wants
             self.gateways.changed(gained, lost)

@@ -81,26 +81,32 @@ class Router(Generic[H]):
         return self.own.remove(pattern)
 
     def change_holdings(
-        self, holder: H, gained: Iterable[str], lost: Iterable[str]
+        self, holder: H, changes: Iterable[tuple[bool, str]]
     ) -> tuple[list[str], list[str], list[tuple[bool, str, int]]]:
-        """Many :meth:`subscribe` and :meth:`unsubscribe` of one holder (distinct patterns) with the
-        routes they touch dropped once. Returns the patterns it now holds and no longer holds (those it
-        held already, or did not, left out) and the SUB_ADD (True) / SUB_REMOVE to announce."""
-        held: list[str] = [p for p in gained if self._hold(holder, p)]
-        released: list[str] = [p for p in lost if self._release(holder, p)]
+        """Many :meth:`subscribe` (True) and :meth:`unsubscribe` of one holder, in order, with the routes
+        they touch dropped once. Returns the patterns it now holds and no longer holds (a subscribe of
+        one it held, or an unsubscribe of one it did not, left out) and the SUB_ADD (True) /
+        SUB_REMOVE to announce, in order."""
+        gained: list[str] = []
+        lost: list[str] = []
         announce: list[tuple[bool, str, int]] = []
         own = self.own
-        for pattern in held:
-            version = own.add(pattern)
+        for added, pattern in changes:
+            if added:
+                if not self._hold(holder, pattern):
+                    continue
+                gained.append(pattern)
+                version = own.add(pattern)
+            else:
+                if not self._release(holder, pattern):
+                    continue
+                lost.append(pattern)
+                version = own.remove(pattern)
             if version is not None:
-                announce.append((True, pattern, version))
-        for pattern in released:
-            version = own.remove(pattern)
-            if version is not None:
-                announce.append((False, pattern, version))
-        if held or released:
-            self._cache.invalidate(held + released)
-        return held, released, announce
+                announce.append((added, pattern, version))
+        if gained or lost:
+            self._cache.invalidate(gained + lost)
+        return gained, lost, announce
 
     def _hold(self, holder: H, pattern: str) -> bool:
         held = self._held.setdefault(holder, set())
@@ -290,10 +296,8 @@ class PendingHoldings(Generic[H]):
             self.count -= 1
         self.after[pattern] = False
 
-    def net(self) -> tuple[list[str], list[str]]:
-        """The patterns to subscribe and to unsubscribe, once each (one subscribed, then unsubscribed,
-        is neither)."""
+    def net(self) -> list[tuple[bool, str]]:
+        """The subscribes (True) and unsubscribes to apply, once each, in the order the patterns came
+        (one subscribed, then unsubscribed, is neither)."""
         holds, holder = self.router.holds, self.holder
-        gained = [p for p, held in self.after.items() if held and not holds(holder, p)]
-        lost = [p for p, held in self.after.items() if not held and holds(holder, p)]
-        return gained, lost
+        return [(held, p) for p, held in self.after.items() if held != holds(holder, p)]
