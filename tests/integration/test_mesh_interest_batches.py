@@ -33,9 +33,9 @@ async def test_a_burst_of_subscriptions_is_fully_propagated(older: bool) -> None
 
 
 async def test_a_clients_burst_of_sub_frames_keeps_its_order_with_its_events() -> None:
-    """A client's SUB_ADD / SUB_REMOVE frames, read many at a time and applied together, act as if
-    applied one by one: each of its events, sent among them, comes back to it exactly when a pattern it
-    held at that point matches; the node's patterns, and its peer's copy, are what one by one leaves."""
+    """A client's burst of SUB_ADD / SUB_REMOVE frames, many to a read, among its events: each event
+    comes back to it exactly when a pattern it held at that point matches; the node's patterns, and its
+    peer's copy (in INTEREST frames), are what the frames one by one leave."""
     rng = random.Random(60)
     patterns = [f"mix.{i}" for i in range(40)] + ["mix.*", "mix.>"]
     held: set[str] = set()

@@ -22,11 +22,10 @@ from meshplane.core.mesh.frames import (
     encode_frame,
     event_parts,
 )
-from meshplane.core.mesh.router import PendingHoldings
 from meshplane.core.mesh.vpn import DEFAULT, in_vpn, outward, prefix_of
 from meshplane.core.subjects import RESERVED, is_reserved, valid_pattern
 from meshplane.mesh.connection import close_peer
-from meshplane.mesh.holders import ClientSession, Holder, MeshEvent
+from meshplane.mesh.holders import ClientSession, MeshEvent
 from meshplane.mesh.links import Handshake
 
 if TYPE_CHECKING:
@@ -54,7 +53,6 @@ class Clients:
         # token -> (client, its ping's sequence, peers still to answer, deadline)
         self._pending_pings: dict[int, tuple[ClientSession, int, set[str], float]] = {}
         self._pings_of: Counter[ClientSession] = Counter()
-        self._pending: dict[ClientSession, PendingHoldings[Holder]] = {}  # SUB frames of this turn
         idle = node.config.limits.idle_timeout
         self.heartbeat_every = min(idle / 4, CLIENT_HEARTBEAT_MAX) if idle else CLIENT_HEARTBEAT_MAX
         self._next_heartbeat = 0.0
@@ -119,11 +117,6 @@ class Clients:
     def on_frame(self, session: ClientSession, frame: Frame) -> None:
         node = self.node
         kind = frame.type
-        if kind is FrameType.SUB_ADD or kind is FrameType.SUB_REMOVE:
-            if not session.login_pending:
-                return self._sub_frame(session, frame)
-        elif session in self._pending:  # anything else sees the subscriptions before it applied
-            self.apply_pending(session)
         if session.login_pending:
             return node.logins.on_frame(session, frame)
         prefix = session.prefix
@@ -182,6 +175,30 @@ class Clients:
                     node.direct.sent(session.vpn, frame.subject)
             else:
                 node.publish(subject[len(prefix) :], body, frame.flags, prefix=prefix)
+        elif kind is FrameType.SUB_ADD:
+            pattern = valid_pattern(frame.subject)  # with its VPN's prefix, as a subject
+            if pattern is None or not (
+                in_vpn(valid_pattern, prefix, pattern) if prefix else not is_reserved(pattern)
+            ):
+                node.frame_errors["bad_pattern"] += 1  # reserved: the node's queues, other VPNs
+                return
+            if node.router.count_of(session) >= node.config.max_patterns_per_client:
+                node.frame_errors["client_pattern_limit"] += 1
+                return
+            external = pattern[len(prefix) :]
+            refused = session.permissions.why_not_subscribe(external) if session.permissions else ""
+            if refused:
+                return node.logins.violation(session, external, 0, refused)
+            if not node.router.holds(session, pattern):
+                limited = node.logins.subscription_refused(session)
+                if limited:
+                    return node.logins.violation(session, external, 0, limited, counted=False)
+                node.logins.subscribed(session, 1)
+            node.subscribe(session, pattern)
+        elif kind is FrameType.SUB_REMOVE:
+            if node.router.holds(session, frame.subject):
+                node.logins.subscribed(session, -1)
+            node.unsubscribe(session, frame.subject)
         elif kind is FrameType.SYNC_REQ:  # a client's ping: everything before it has been handled ...
             peers = {peer for peer, link in node.links.items() if link.conn is not None}
             if frame.flags & FLAG_PROPAGATED and peers:  # ... here and, with this flag, at every peer
@@ -200,45 +217,6 @@ class Clients:
                 session.conn.send(encode_frame(FrameType.SYNC_RESP, node.node_id, sequence=frame.sequence))
         elif kind is not FrameType.HEARTBEAT:
             node.frame_errors["unexpected_client_frame"] += 1
-
-    def _sub_frame(self, session: ClientSession, frame: Frame) -> None:
-        """A SUB_ADD or SUB_REMOVE, checked against what the client holds with those before it, and
-        gathered: the turn's are applied in one Router call once it is over (``apply_pending``)."""
-        node = self.node
-        pending = self._pending.get(session)
-        if pending is None:
-            pending = self._pending[session] = PendingHoldings(node.router, session)
-            session.conn.after_turn = partial(self.apply_pending, session)
-        if frame.type is FrameType.SUB_REMOVE:
-            if pending.holds(frame.subject):
-                node.logins.subscribed(session, -1)
-            return pending.unsubscribe(frame.subject)
-        prefix = session.prefix
-        pattern = valid_pattern(frame.subject)  # with its VPN's prefix, as a subject
-        if pattern is None or not (
-            in_vpn(valid_pattern, prefix, pattern) if prefix else not is_reserved(pattern)
-        ):
-            node.frame_errors["bad_pattern"] += 1  # reserved: the node's queues, other VPNs
-            return
-        if pending.count >= node.config.max_patterns_per_client:
-            node.frame_errors["client_pattern_limit"] += 1
-            return
-        external = pattern[len(prefix) :]
-        refused = session.permissions.why_not_subscribe(external) if session.permissions else ""
-        if refused:
-            return node.logins.violation(session, external, 0, refused)
-        if not pending.holds(pattern):
-            limited = node.logins.subscription_refused(session)
-            if limited:
-                return node.logins.violation(session, external, 0, limited, counted=False)
-            node.logins.subscribed(session, 1)
-        pending.subscribe(pattern)
-
-    def apply_pending(self, session: ClientSession) -> None:
-        """The SUB frames gathered from ``session``, applied."""
-        pending = self._pending.pop(session, None)
-        if pending is not None:
-            self.node.change_holdings(session, pending.net())
 
     def answer(self, session: ClientSession, sequence: int, error: str) -> None:
         """A client's guaranteed EVENT: ACK once stored (a payload says why it was not). A client that
@@ -317,7 +295,6 @@ class Clients:
         self.sessions.pop(session.client_id, None)
         self._pings_of.pop(session, None)  # its pings still waiting expire in their time
         node.counters["client_dropped_events"] += session.dropped
-        pending = self._pending.pop(session, None)  # never applied: counted as if they were
         patterns = node.router.patterns_of(session)
-        node.logins.left(session, len(patterns) if pending is None else pending.count)
+        node.logins.left(session, len(patterns))
         node.change_holdings(session, [(False, p) for p in patterns])

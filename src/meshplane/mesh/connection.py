@@ -115,9 +115,6 @@ class FrameConnection(asyncio.Protocol):
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._batch: Batch | None = None  # the batch frame being filled, after everything in _pending
-        # Called once the frames of a turn (a read's worth, at most TURN_SECONDS) are handed over: what
-        # the receiver gathered from them is applied before anything else is read.
-        self.after_turn: Callable[[], None] | None = None
         self._flush_handle: asyncio.Handle | None = None
         self._handshake_bytes = b""  # a handshake frame not yet whole (before ``seal``)
         self._sealer: Sealer | None = None
@@ -220,11 +217,6 @@ class FrameConnection(asyncio.Protocol):
         until the backlog is done, so the peer feels it as TCP backpressure."""
         if self._closing:  # what was read and not yet handled is dropped
             return
-        self._hand_over_turn()
-        if self.after_turn is not None and not self._closing:
-            self.after_turn()
-
-    def _hand_over_turn(self) -> None:
         items, self._backlog = self._backlog, []
         deadline = time.perf_counter() + TURN_SECONDS
         on_frame, stats = self._on_frame, self.stats

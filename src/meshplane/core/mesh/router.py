@@ -270,34 +270,3 @@ class Router(Generic[H]):
     def topics_active(self) -> int:
         """Patterns with a subscriber here or at a peer."""
         return len(set(self.own.holders) | {p for s in self.peers.values() for p in s.interest.versions})
-
-
-class PendingHoldings(Generic[H]):
-    """A holder's subscribes and unsubscribes not applied yet (a read's worth of a client's SUB frames):
-    what it would hold after them, for the checks each takes, and the net change, for one
-    :meth:`Router.change_holdings`."""
-
-    def __init__(self, router: Router[H], holder: H) -> None:
-        self.router, self.holder = router, holder
-        self.after: dict[str, bool] = {}  # pattern -> held once these are applied
-        self.count = router.count_of(holder)  # patterns held once these are applied
-
-    def holds(self, pattern: str) -> bool:
-        held = self.after.get(pattern)
-        return self.router.holds(self.holder, pattern) if held is None else held
-
-    def subscribe(self, pattern: str) -> None:
-        if not self.holds(pattern):
-            self.count += 1
-        self.after[pattern] = True
-
-    def unsubscribe(self, pattern: str) -> None:
-        if self.holds(pattern):
-            self.count -= 1
-        self.after[pattern] = False
-
-    def net(self) -> list[tuple[bool, str]]:
-        """The subscribes (True) and unsubscribes to apply, once each, in the order the patterns came
-        (one subscribed, then unsubscribed, is neither)."""
-        holds, holder = self.router.holds, self.holder
-        return [(held, p) for p, held in self.after.items() if held != holds(holder, p)]
