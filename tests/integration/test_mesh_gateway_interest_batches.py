@@ -38,6 +38,7 @@ async def gateway_at(node: StreamsServerProcess, cluster: str) -> dict[str, Any]
     return next((g for g in (await status(node))["gateways"] if g["cluster"] == cluster), {})
 
 
+@pytest.mark.timeout(170)  # its waits add up to 150 s
 @pytest.mark.parametrize("older", [False, True], ids=["batched", "older_peer"])
 async def test_a_burst_of_subscriptions_crosses_a_gateway(older: bool) -> None:
     nodes = two_clusters(older_b=older)
