@@ -300,16 +300,28 @@ class MeshNode:
     # --- the node's API: interest and publishing -----------------------------------------------------
 
     def subscribe(self, holder: Holder, pattern: str) -> None:
-        if not self.router.holds(holder, pattern):
-            self.change_holdings(holder, ((True, pattern),))
+        fresh = not self.router.holds(holder, pattern)
+        version = self.router.subscribe(holder, pattern)
+        if version is not None:
+            self._announce(FrameType.SUB_ADD, pattern, version)
+        if fresh and not isinstance(holder, GatewayHolder):  # what this cluster wants, for gateways
+            self.gateways.changed({pattern}, ())
+            if self.imports.active:
+                self.imports.subscribed(holder, pattern)
 
     def unsubscribe(self, holder: Holder, pattern: str) -> None:
-        if self.router.holds(holder, pattern):
-            self.change_holdings(holder, ((False, pattern),))
+        held = self.router.holds(holder, pattern)
+        version = self.router.unsubscribe(holder, pattern)
+        if version is not None:
+            self._announce(FrameType.SUB_REMOVE, pattern, version)
+        if held and not isinstance(holder, GatewayHolder):
+            self.gateways.changed((), {pattern})
+            if self.imports.active:
+                self.imports.unsubscribed(holder, pattern)
 
     def change_holdings(self, holder: Holder, changes: Iterable[tuple[bool, str]]) -> None:
-        """``holder`` subscribes to (True) and unsubscribes from patterns, in order, in one Router call;
-        peers hear of the patterns it was the first or last holder of."""
+        """:meth:`subscribe` (True) and :meth:`unsubscribe` of many patterns, in order, in one Router call
+        (a gateway's frame of another cluster's changes, a leaving client's patterns)."""
         gained, lost, announced = self.router.change_holdings(holder, changes)
         for added, pattern, version in announced:
             self._announce(FrameType.SUB_ADD if added else FrameType.SUB_REMOVE, pattern, version)
