@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -93,6 +93,42 @@ async def publish_all(client: MeshClient, subject: str, bodies: list[bytes]) -> 
         await asyncio.gather(
             *(client.publish(subject, body, guaranteed=True) for body in bodies[start : start + 50])
         )
+
+
+async def burst_crosses(
+    holder_url: str, prober_url: str, seen: Callable[[], Awaitable[dict[str, Any]]], batched: bool, count: int
+) -> None:
+    """``count`` subscriptions, half of them withdrawn, sent at once (no flush between) by a client of
+    one node, reach the node ``prober_url`` names whole: its link to the first (``seen()``: as ``GET
+    /mesh`` shows it) counts every change, in a few INTEREST frames when ``batched``, else in none, and
+    routes exactly the patterns kept."""
+    holder = await MeshClient(holder_url).connect()
+    prober = await MeshClient(prober_url).connect()
+    inbox = Inbox()
+    try:
+        subs = [holder.subscribe(f"burst.{i}", inbox) for i in range(count)]
+        for i in range(0, count, 2):
+            holder.unsubscribe(subs[i])
+        await holder.flush()
+
+        async def propagated() -> bool:
+            return (await seen()).get("patterns_remote") == count // 2
+
+        await eventually(propagated, timeout=60, interval=0.05, what="the burst's interest there")
+        link = await seen()
+        assert (link["sub_add_in"], link["sub_remove_in"], link["bad_frames"]) == (count, count // 2, 0)
+        if batched:  # a few frames carried them all
+            assert 0 < link["interest_frames_in"] <= count // 100
+        else:  # one frame per change
+            assert link["interest_frames_in"] == 0
+        for i in range(count):
+            await prober.publish(f"burst.{i}", b"x")
+        await prober.flush()
+        await eventually(lambda: len(inbox.events) >= count // 2, timeout=60, what="the odd ones' events")
+        assert sorted(s for s, _ in inbox.events) == sorted(f"burst.{i}" for i in range(1, count, 2))
+    finally:
+        for client in (holder, prober):
+            await client.close()
 
 
 @contextlib.asynccontextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 import pytest
 from hypothesis import given
@@ -463,3 +464,44 @@ def test_a_batched_ack_whose_payload_is_not_its_count_of_numbers_is_refused(
     assert isinstance(decoded, Frame)
     with pytest.raises(ValueError, match="batched ACK"):
         batched_ack_sequences(decoded)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("hij"), st.booleans(), st.sampled_from(["t1.x", "t1.*", "t2.>", "x.y"])),
+        max_size=40,
+    ),
+    st.lists(st.integers(0, 40), max_size=6),
+    st.lists(SUBJECT_WORDS, min_size=1, max_size=3),
+)
+def test_a_holders_changes_applied_at_once_are_what_one_by_one_makes(
+    ops: list[tuple[str, bool, str]], cuts: list[int], words: list[str]
+) -> None:
+    """A holder's subscribes and unsubscribes (repeats, one withdrawn then taken again) applied in one
+    :meth:`Router.change_holdings` leave the router, and a peer told what it announces, as the same
+    applied one by one with :meth:`Router.subscribe` / :meth:`Router.unsubscribe`."""
+    one: Router[str] = Router()
+    many: Router[str] = Router()
+    subject = ".".join(words)
+    peer_one, peer_many = PeerInterest(), PeerInterest()
+    for router in (one, many):
+        router.route(subject)  # cached: applying must drop it where it changed
+    for a, b in itertools.pairwise([0, *sorted(cuts), len(ops)]):
+        turn: dict[str, list[tuple[bool, str]]] = {}
+        for holder, added, pattern in ops[a:b]:
+            turn.setdefault(holder, []).append((added, pattern))
+            version = one.subscribe(holder, pattern) if added else one.unsubscribe(holder, pattern)
+            if version is not None:
+                peer_one.apply(pattern, version, added)
+        for holder, changes in turn.items():
+            held = set(many.patterns_of(holder))
+            gained, lost, announced = many.change_holdings(holder, changes)
+            after = many.patterns_of(holder)  # what it gained and lost, net, is what changed
+            assert Counter(gained) - Counter(lost) == Counter(after - held)
+            assert Counter(lost) - Counter(gained) == Counter(held - after)
+            for added, pattern, version in announced:
+                peer_many.apply(pattern, version, added)
+        assert sorted(many.holdings()) == sorted(one.holdings())
+        assert many.own.holders == one.own.holders
+        assert many.route(subject).local == one.route(subject).local
+        assert peer_many.patterns == peer_one.patterns == set(one.own.holders)

@@ -297,5 +297,4 @@ class Clients:
         node.counters["client_dropped_events"] += session.dropped
         patterns = node.router.patterns_of(session)
         node.logins.left(session, len(patterns))
-        for pattern in patterns:
-            node.unsubscribe(session, pattern)
+        node.change_holdings(session, [(False, p) for p in patterns])

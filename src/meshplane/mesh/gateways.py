@@ -44,11 +44,18 @@ from meshplane.core.mesh.interest import (
     PeerInterest,
     encode_leaves,
 )
-from meshplane.core.mesh.interest_frames import Known, Refusal, interest_change, sync_answer, sync_reply
+from meshplane.core.mesh.interest_frames import (
+    Known,
+    Refusal,
+    interest_batch,
+    interest_change,
+    sync_answer,
+    sync_reply,
+)
 from meshplane.core.mesh.vpn import vpn_of
 from meshplane.mesh.connection import close_peer
 from meshplane.mesh.holders import MeshEvent
-from meshplane.mesh.links import Handshake, Link, link_status, peer_address
+from meshplane.mesh.links import Handshake, Link, announce, link_status, peer_address
 from meshplane.mesh.queues import PREFIX
 
 if TYPE_CHECKING:
@@ -160,12 +167,7 @@ class Gateways:
         return vpn is None or vpn.dmr
 
     def _announce(self, kind: FrameType, pattern: str, version: int) -> None:
-        frame = encode_frame(kind, self.node.node_id, pattern, version)
-        counter = "sub_add_out" if kind is FrameType.SUB_ADD else "sub_remove_out"
-        for link in self.links.values():
-            if link.conn is not None:
-                link.conn.send(frame)
-                link.counters[counter] += 1
+        announce(self.links.values(), self.node.node_id, kind is FrameType.SUB_ADD, pattern, version)
 
     # --- links ---------------------------------------------------------------------------------------
 
@@ -187,12 +189,13 @@ class Gateways:
             hello.epoch,
         )
         link.since = link.last_heard
+        link.interest_batches = hello.interest_batches and "no_interest_batches" not in node.config.faults
         link.counters["connects"] += 1
         link.down.clear()
         node.direct.link_reader(link, state.conn, foreign=True)
-        for pattern in link.interest.clear():  # learnt afresh, as on an internal link ...
-            if not pattern.startswith(PREFIX):  # ... but its queues stay remembered until it answers
-                node.unsubscribe(link.holder, pattern)
+        # Learnt afresh, as on an internal link, but its queues stay remembered until it answers.
+        forgotten = [(False, p) for p in link.interest.clear() if not p.startswith(PREFIX)]
+        node.change_holdings(link.holder, forgotten)
         node.guaranteed.link_down(link)  # a new connection resends what was not confirmed
         self._request_sync(link)
 
@@ -227,6 +230,8 @@ class Gateways:
                 self._refuse(link, pattern)
             elif link.interest.apply(pattern, frame.sequence, added):
                 self._learnt(link, {pattern} if added else (), () if added else {pattern})
+        elif kind is FrameType.INTEREST:
+            self._on_interest(link, frame)
         elif kind is FrameType.HEARTBEAT:
             if link.state == "up" and link.sync_sent is None and frame.payload != link.interest.root():
                 link.counters["resyncs"] += 1
@@ -248,6 +253,20 @@ class Gateways:
             else:
                 self._learnt(link, gained, lost)
 
+    def _on_interest(self, link: GatewayLink, frame: Frame) -> None:
+        """Many SUB_ADD / SUB_REMOVE in one frame: checked as a route's are, applied in one go."""
+        link.counters["interest_frames_in"] += 1
+        checked = interest_batch(frame.payload, self._known(link), link.interest.versions, time.time_ns())
+        if isinstance(checked, Refusal):
+            return self._refuse(link, checked)
+        added = sum(change.added for change in checked.changes)
+        link.counters["sub_add_in"] += added
+        link.counters["sub_remove_in"] += len(checked.changes) - added
+        link.counters["bad_frames"] += checked.bad
+        gained, lost = link.interest.apply_many(checked.changes)
+        if gained or lost:
+            self._learnt(link, gained, lost)
+
     def _learnt(
         self, link: GatewayLink, gained: Iterable[str], lost: Iterable[str], afresh: bool = False
     ) -> None:
@@ -257,12 +276,8 @@ class Gateways:
         node, holder = self.node, link.holder
         gained = [p for p in gained if self.crosses(p.removeprefix(PREFIX))]
         lost = [p for p in lost if self.crosses(p.removeprefix(PREFIX))]
-        for pattern in gained:
-            if not pattern.startswith(PREFIX):
-                node.subscribe(holder, pattern)
-        for pattern in lost:
-            if not pattern.startswith(PREFIX):
-                node.unsubscribe(holder, pattern)
+        changes = [(True, p) for p in gained if not p.startswith(PREFIX)]
+        node.change_holdings(holder, changes + [(False, p) for p in lost if not p.startswith(PREFIX)])
         if afresh:
             node.guaranteed.link_up(
                 link, [p for p in link.interest.versions if self.crosses(p.removeprefix(PREFIX))]

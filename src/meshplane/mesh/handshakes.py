@@ -114,7 +114,7 @@ class Handshakes:
             nonce,
             error,
             vpn=vpn,
-            interest_batches=role == "route" and "no_interest_batches" not in node.config.faults,
+            interest_batches=role in ("route", "gateway") and "no_interest_batches" not in node.config.faults,
         )
         conn.send(encode_frame(FrameType.HELLO, node.node_id, payload=encode_payload(hello)))
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
-from meshplane.core.mesh.frames import Hello
+from meshplane.core.mesh.frames import FrameType, Hello, InterestChange, encode_frame
+from meshplane.core.mesh.interest_frames import InterestBatch
 from meshplane.mesh.connection import FrameConnection
 from meshplane.mesh.holders import ClientSession
 
@@ -78,6 +81,25 @@ class Handshake:
     origin: str = ""  # a client's: the source id its EVENTs are to carry
     was_current: bool = False  # a route connection that carried its link (its frames apply)
     address: str | None = None  # an accepted connection's source address, while it is not yet proven
+
+
+def announce(links: Iterable[Link], source: str, added: bool, pattern: str, version: int) -> None:
+    """A SUB_ADD (``added``) or SUB_REMOVE of ``source``'s to each of ``links`` that has a connection:
+    in the INTEREST frame being filled to a peer whose HELLO took them (a burst costs it one frame,
+    in order), in a frame of its own to any other."""
+    frame = change = None
+    counter = "sub_add_out" if added else "sub_remove_out"
+    for link in links:
+        if link.conn is None:
+            continue
+        if link.interest_batches:
+            change = change or InterestChange(added, pattern, version)
+            link.conn.send_batched(change, partial(InterestBatch, source))
+        else:
+            kind = FrameType.SUB_ADD if added else FrameType.SUB_REMOVE
+            frame = frame or encode_frame(kind, source, pattern, version)
+            link.conn.send(frame)
+        link.counters[counter] += 1
 
 
 def peer_address(transport: asyncio.BaseTransport | None) -> str:

@@ -33,10 +33,8 @@ from meshplane.core.mesh.frames import (
     Frame,
     FrameError,
     FrameType,
-    InterestChange,
     encode_frame,
 )
-from meshplane.core.mesh.interest_frames import InterestBatch
 from meshplane.core.mesh.router import Router
 from meshplane.core.subjects import SubjectCheck, is_reserved
 from meshplane.mesh.clients import Clients
@@ -56,7 +54,7 @@ from meshplane.mesh.guaranteed import Guaranteed
 from meshplane.mesh.handshakes import Handshakes
 from meshplane.mesh.holders import Holder, MeshEvent, PubSubBridge, PubSubHolder, delivery_failed
 from meshplane.mesh.imports import Imports
-from meshplane.mesh.links import Handshake, Link
+from meshplane.mesh.links import Handshake, Link, announce
 from meshplane.mesh.logins import Logins
 from meshplane.mesh.preauth import QuietLog
 from meshplane.mesh.routes import Routes
@@ -323,24 +321,25 @@ class MeshNode:
             if self.imports.active:
                 self.imports.unsubscribed(holder, pattern)
 
+    def change_holdings(self, holder: Holder, changes: Iterable[tuple[bool, str]]) -> None:
+        """:meth:`subscribe` (True) and :meth:`unsubscribe` of many patterns, in order, in one Router call
+        (a gateway's frame of another cluster's changes, a leaving client's patterns)."""
+        gained, lost, announced = self.router.change_holdings(holder, changes)
+        for added, pattern, version in announced:
+            self._announce(FrameType.SUB_ADD if added else FrameType.SUB_REMOVE, pattern, version)
+        if (gained or lost) and not isinstance(holder, GatewayHolder):  # what this cluster wants
+            self.gateways.changed(gained, lost)
+            if self.imports.active:
+                for pattern in gained:
+                    self.imports.subscribed(holder, pattern)
+                for pattern in lost:
+                    self.imports.unsubscribed(holder, pattern)
+
     def _announce(self, kind: FrameType, pattern: str, version: int) -> None:
         if kind is FrameType.SUB_ADD and "drop_sub_add" in self.config.faults:
             return
-        added = kind is FrameType.SUB_ADD
-        counter = "sub_add_out" if added else "sub_remove_out"
-        frame = change = None
-        for link in self.links.values():
-            if link.conn is not None and link.state != "down":
-                if link.interest_batches:  # a burst of changes goes in one INTEREST frame, in order
-                    change = change or InterestChange(added, pattern, version)
-                    link.conn.send_batched(change, self._interest_batch)
-                else:
-                    frame = frame or encode_frame(kind, self.node_id, pattern, version)
-                    link.conn.send(frame)
-                link.counters[counter] += 1
-
-    def _interest_batch(self) -> InterestBatch:
-        return InterestBatch(self.node_id)
+        links = (link for link in self.links.values() if link.state != "down")
+        announce(links, self.node_id, kind is FrameType.SUB_ADD, pattern, version)
 
     def publish(
         self, subject: str, body: bytes, flags: int = 0, *, skip: Holder | None = None, prefix: str = ""

@@ -17,6 +17,8 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from meshplane.core.mesh.frames import InterestChange
+
 BUCKETS = 64
 HASH_BYTES = 8
 EMPTY_BUCKET = hashlib.blake2b(b"", digest_size=HASH_BYTES).digest()
@@ -175,6 +177,27 @@ class PeerInterest:
             return False
         self._buckets.discard(pattern, index)
         return True
+
+    def apply_many(self, changes: Iterable[InterestChange]) -> tuple[set[str], set[str]]:
+        """An INTEREST frame: :meth:`apply` of each change in order. Returns the patterns the copy
+        gained and lost, net of each other (one added, then removed, is neither)."""
+        gained: set[str] = set()
+        lost: set[str] = set()
+        apply = self.apply
+        for change in changes:
+            pattern = change.pattern
+            if not apply(pattern, change.version, change.added):
+                continue
+            if change.added:
+                if pattern in lost:
+                    lost.discard(pattern)
+                else:
+                    gained.add(pattern)
+            elif pattern in gained:
+                gained.discard(pattern)
+            else:
+                lost.add(pattern)
+        return gained, lost
 
     def _bury(self, pattern: str, version: int) -> None:
         self.tombstones[pattern] = version

@@ -68,22 +68,61 @@ class Router(Generic[H]):
 
     def subscribe(self, holder: H, pattern: str) -> int | None:
         """``holder`` wants ``pattern``; the version to announce in a SUB_ADD when it is the first."""
-        held = self._held.setdefault(holder, set())
-        if pattern in held:
+        if not self._hold(holder, pattern):
             return None
-        held.add(pattern)
-        if is_literal(pattern):
-            self._literal.setdefault(pattern, set()).add(holder)
-        else:
-            self._wildcard.insert(pattern, holder)
         self._cache.invalidate((pattern,))
         return self.own.add(pattern)
 
     def unsubscribe(self, holder: H, pattern: str) -> int | None:
         """The version to announce in a SUB_REMOVE when ``holder`` was the pattern's last."""
+        if not self._release(holder, pattern):
+            return None
+        self._cache.invalidate((pattern,))
+        return self.own.remove(pattern)
+
+    def change_holdings(
+        self, holder: H, changes: Iterable[tuple[bool, str]]
+    ) -> tuple[list[str], list[str], list[tuple[bool, str, int]]]:
+        """Many :meth:`subscribe` (True) and :meth:`unsubscribe` of one holder, in order, with the routes
+        they touch dropped once. Returns the patterns it now holds and no longer holds (a subscribe of
+        one it held, or an unsubscribe of one it did not, left out) and the SUB_ADD (True) /
+        SUB_REMOVE to announce, in order."""
+        gained: list[str] = []
+        lost: list[str] = []
+        announce: list[tuple[bool, str, int]] = []
+        own = self.own
+        for added, pattern in changes:
+            if added:
+                if not self._hold(holder, pattern):
+                    continue
+                gained.append(pattern)
+                version = own.add(pattern)
+            else:
+                if not self._release(holder, pattern):
+                    continue
+                lost.append(pattern)
+                version = own.remove(pattern)
+            if version is not None:
+                announce.append((added, pattern, version))
+        if gained or lost:
+            self._cache.invalidate(gained + lost)
+        return gained, lost, announce
+
+    def _hold(self, holder: H, pattern: str) -> bool:
+        held = self._held.setdefault(holder, set())
+        if pattern in held:
+            return False
+        held.add(pattern)
+        if is_literal(pattern):
+            self._literal.setdefault(pattern, set()).add(holder)
+        else:
+            self._wildcard.insert(pattern, holder)
+        return True
+
+    def _release(self, holder: H, pattern: str) -> bool:
         held = self._held.get(holder)
         if held is None or pattern not in held:
-            return None
+            return False
         held.discard(pattern)
         if not held:
             del self._held[holder]
@@ -94,8 +133,7 @@ class Router(Generic[H]):
                 del self._literal[pattern]
         else:
             self._wildcard.remove(pattern, holder)
-        self._cache.invalidate((pattern,))
-        return self.own.remove(pattern)
+        return True
 
     def holds(self, holder: H, pattern: str) -> bool:
         held = self._held.get(holder)
@@ -156,30 +194,15 @@ class Router(Generic[H]):
         state = self.peers.get(peer)
         if state is None:
             return set(), set()
-        gained: set[str] = set()
-        lost: set[str] = set()
-        interest, remote, bloom, positions = state.interest, self._remote, state.bloom, self.shape.positions
-        removals = 0
-        for change in changes:
-            pattern = change.pattern
-            if not interest.apply(pattern, change.version, change.added):
-                continue
-            if change.added:
-                remote.insert(pattern, peer)
-                bloom.add(positions(pattern_key(pattern)))
-                if pattern in lost:
-                    lost.discard(pattern)
-                else:
-                    gained.add(pattern)
-            else:
-                remote.remove(pattern, peer)
-                removals += 1
-                if pattern in gained:
-                    gained.discard(pattern)
-                else:
-                    lost.add(pattern)
-        if removals:
-            self._removed(state, removals)
+        gained, lost = state.interest.apply_many(changes)
+        remote, bloom, positions = self._remote, state.bloom, self.shape.positions
+        for pattern in gained:
+            remote.insert(pattern, peer)
+            bloom.add(positions(pattern_key(pattern)))
+        for pattern in lost:
+            remote.remove(pattern, peer)
+        if lost:
+            self._removed(state, len(lost))
         if gained or lost:
             self._cache.invalidate(gained | lost)
         return gained, lost
