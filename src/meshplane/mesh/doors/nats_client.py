@@ -135,8 +135,7 @@ class NatsClient(asyncio.Protocol):
             self.handle(op)
 
     def _direct(self, buffer: bytearray, start: int) -> int:
-        """The node's direct path takes its PUBs and HPUBs without a reply on subjects it has learnt (see
-        ``publish``)."""
+        """The direct path takes its PUBs and HPUBs without a reply on subjects it learnt (``publish``)."""
         if not self.connected or self.checking or self.closed or self.verbose or self.permissions is not None:
             return start
         if self.vpn in self.node.logins.rates:  # its VPN's or user's rate is checked per PUB: Python's
