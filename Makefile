@@ -132,7 +132,7 @@ bench: $(STAMP) redis zmq-headers jdk .venv-dynamo .node-nats
 	touch $@
 
 ## .node-nats: the JavaScript NATS client from npm (nats 2.29.3, run with Node 20), a peer of the NATS
-## door's tests (tests/integration/test_nats_door_js.py) and benchmark
+## door's tests (tests/integration/test_nats_door_peers.py) and benchmark
 .node-nats: .node-nats/.installed
 .node-nats/.installed:
 	@command -v npm >/dev/null 2>&1 || { \
