@@ -16,6 +16,7 @@ from meshplane.cli.mates import add_mates_options, run_mates
 from meshplane.cli.options import HelpFormatter, add_token_option
 from meshplane.cli.produce import add_produce_options, json_or_text, produce
 from meshplane.cli.tables import RENDERERS
+from meshplane.core.mesh.vpn import check_vpn
 from meshplane.errors import ConfigError, NotFound
 from meshplane.streams.errors import UNAUTHORIZED, StreamError, Unauthorized
 
@@ -36,6 +37,7 @@ def add_client_commands(commands: Any) -> None:
     common.add_argument(
         "--vpn",
         metavar="NAME",
+        type=vpn_name,
         help="the Message VPN to work in, for the server's operator (sent as X-Meshplane-Vpn; a VPN's own "
         f"token needs none). Default: ${VPN_ENV} or the selected context's",
     )
@@ -256,6 +258,13 @@ def streams_url(text: str) -> str:
             f"{text!r} is not a streams server URL (like http://127.0.0.1:15500)"
         )
     return url.rstrip("/")
+
+
+def vpn_name(text: str) -> str:
+    try:
+        return check_vpn(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _data(text: str) -> Any:

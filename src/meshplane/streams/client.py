@@ -21,6 +21,7 @@ from typing import Any, NamedTuple, TypeVar
 import aiohttp
 import msgspec
 
+from meshplane.core.mesh.vpn import check_vpn
 from meshplane.core.streamlog import Record, scan_records
 from meshplane.streams.command_channel import CommandChannel, payload_of
 from meshplane.streams.errors import (
@@ -73,7 +74,10 @@ class StreamsClient:
         self._current = 0
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         if vpn is not None:
-            headers["X-Meshplane-Vpn"] = vpn
+            try:  # checked here: a header with a line break or a stray name would fail far from its cause
+                headers["X-Meshplane-Vpn"] = check_vpn(vpn)
+            except ValueError as error:
+                raise StreamError(str(error)) from None
         self._session = aiohttp.ClientSession(
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=timeout),
