@@ -218,6 +218,9 @@ class RetainHolder:
     def __init__(self, door: MqttDoor) -> None:
         self.door = door
         self.sequence = itertools.count(1)  # of the door's ``$mqtt.`` events (dedup is per subject)
+        # One catch-up per link: a link that flaps restarts its catch-up instead of adding one (each holds
+        # a copy of the table's records).
+        self.catching_up: dict[Link, asyncio.Task[None]] = {}
 
     def deliver(self, event: MeshEvent) -> None:
         if event.source != self.door.origin:
@@ -263,6 +266,15 @@ class RetainHolder:
     def catch_up(self, link: Link) -> None:
         """What this node holds, to a peer whose link just came up."""
         if self.door.retained.table.entries:
+            running = self.catching_up.pop(link, None)
+            if running is not None:
+                running.cancel()
             task = asyncio.get_running_loop().create_task(send_catch_up(self, link))
+            self.catching_up[link] = task
             self.door.tasks.add(task)
             task.add_done_callback(self.door.tasks.discard)
+            task.add_done_callback(lambda done: self._finished(link, done))
+
+    def _finished(self, link: Link, task: asyncio.Task[None]) -> None:
+        if self.catching_up.get(link) is task:
+            del self.catching_up[link]
