@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from meshplane.core.doors.mqtt_topics import RETAIN_PREFIX
+from meshplane.core.doors.nats_groups import unmarked
 from meshplane.core.mesh.frames import (
     FLAG_GUARANTEED,
     Frame,
@@ -162,8 +163,8 @@ class Gateways:
 
     def crosses(self, subject: str) -> bool:
         """Whether a subject or pattern (without ``$G.``) belongs to a VPN that crosses gateways (a
-        retained message's ``$mqtt.`` subject: its topic's VPN)."""
-        vpn = self.node.config.vpns.get(vpn_of(subject.removeprefix(RETAIN_PREFIX)))
+        retained message's ``$mqtt.`` subject: its topic's VPN; a queue group's marker: its pattern's)."""
+        vpn = self.node.config.vpns.get(vpn_of(unmarked(subject.removeprefix(RETAIN_PREFIX))))
         return vpn is None or vpn.dmr
 
     def _announce(self, kind: FrameType, pattern: str, version: int) -> None:

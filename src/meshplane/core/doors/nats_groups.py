@@ -41,6 +41,16 @@ def marker(group: str, pattern: str, mark: str = MARK) -> str:
     return f"{mark}.{group}.{pattern}"
 
 
+def unmarked(subject: str) -> str:
+    """The pattern inside a group's marker (``$NQ.G.P`` or ``$MQ.G.P``: ``P``, which carries its VPN's
+    prefix); any other subject as it is."""
+    if subject.startswith((MARK + ".", MQTT_MARK + ".")):
+        group_end = subject.find(".", len(MARK) + 1)
+        if group_end > 0:
+            return subject[group_end + 1 :]
+    return subject
+
+
 def chosen(nodes: Collection[str], source: str, sequence: int) -> str:
     """The node whose member gets the event ``(source, sequence)``: the same on every node that knows
     the same ``nodes`` (spread evenly over them by the event's id)."""
