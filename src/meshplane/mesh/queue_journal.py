@@ -18,15 +18,14 @@ journal whole: a torn line never has a line appended after it. On load a torn or
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 
-from meshplane.streams.files import _fsync_dir, changed, fsync_dir, write_atomic
+from meshplane.mesh.journal_file import JournalFile
+from meshplane.streams.files import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +45,15 @@ _encode = msgspec.json.Encoder().encode
 
 class QueueJournal:
     def __init__(self, root: Path) -> None:
-        self.path = root / JOURNAL
+        self.file = JournalFile(root / JOURNAL)
         self._legacy = root / LEGACY
-        self._lines = 0
-        self._fd: int | None = None
-        self._rewrite = False  # the file may end in a torn line: rewrite it whole before appending
         # Lines are numbered as appended; those up to ``_durable`` are on disk for good (but for
         # those a failed write or fsync took off again: ``_lost``).
-        self._size = 0  # where the next line goes
         self._synced_size = 0  # the file's size when the last fsync began (a failed one cuts back to it)
         self._appended = 0
         self._durable = 0
         self._cuts = 0  # an fsync that began before a cut covers nothing
         self._compactions = 0  # ... nor one that began before a compaction (the new file holds its lines)
-        self._new_file = False  # created since the last fsync: its directory entry is to be synced too
         self._committing: asyncio.Future[None] | None = None  # the fsync under way, in a worker thread
         self._pending: dict[int, Entry] = {}  # lines being committed, not yet applied by their caller
         self._lost: dict[int, OSError] = {}  # ... of those, the ones a failure took off again, and why
@@ -74,25 +68,18 @@ class QueueJournal:
             legacy = False
         except (OSError, msgspec.DecodeError) as exc:
             raise OSError(f"{self._legacy}: unreadable ({exc})") from exc
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            data = b""
-        for line in data.splitlines():
+        for line in self.file.read():
             try:
                 entry = _decode(line)
             except msgspec.DecodeError:
-                log.warning("%s: skipped a torn or unreadable line", self.path)
-                self._rewrite = True
+                log.warning("%s: skipped a torn or unreadable line", self.file.path)
+                self.file.torn = True
                 continue
-            self._lines += 1
             if entry.patterns:
                 state[entry.name] = entry.patterns
             else:
                 state.pop(entry.name, None)
-        if data and not data.endswith(b"\n"):
-            self._rewrite = True
-        if legacy or self._rewrite:
+        if legacy or self.file.torn:
             self.compact(state)
         if legacy:
             self._legacy.unlink()
@@ -108,9 +95,9 @@ class QueueJournal:
         outcome is then unknown, as with any write whose fsync failed)."""
         number = self._append(name, patterns, after, count)
         if number > self._durable:
-            target, size, new_file, cuts = self._appended, self._size, self._new_file, self._cuts
+            target, size, new_file, cuts = self._appended, self.file.size, self.file.created, self._cuts
             try:
-                self._sync(self._open_fd(), new_file)
+                self.file.fsync(self._open_fd(), new_file)
             except OSError as exc:
                 self._cut(exc)
                 raise
@@ -147,10 +134,10 @@ class QueueJournal:
     async def _sync_appended(self) -> None:
         """One fsync for every line appended so far; a failed one takes off every line not durable (their
         callers raise its error)."""
-        target, size, new_file, cuts = self._appended, self._size, self._new_file, self._cuts
+        target, size, new_file, cuts = self._appended, self.file.size, self.file.created, self._cuts
         compactions = self._compactions
         try:
-            await asyncio.to_thread(self._sync, self._open_fd(), new_file)
+            await asyncio.to_thread(self.file.fsync, self._open_fd(), new_file)
         except OSError as exc:
             if cuts == self._cuts and compactions == self._compactions:
                 self._cut(exc)
@@ -165,7 +152,7 @@ class QueueJournal:
     ) -> int:
         """Append the line (or compact: durable at once); its number. Raises OSError with the line
         taken off again."""
-        if self._rewrite or self._lines > COMPACT_AFTER + 2 * count:
+        if self.file.torn or self.file.lines > COMPACT_AFTER + 2 * count:
             state = after()
             for number, entry in self._pending.items():  # appended, not yet applied: theirs too
                 if number in self._lost:
@@ -176,34 +163,21 @@ class QueueJournal:
                     state.pop(entry.name, None)
             self.compact(state)
             return self._durable
-        fd = self._open_fd()
-        line = _encode(Entry(name, patterns)) + b"\n"
+        self._open_fd()
         try:
-            view = memoryview(line)
-            while view:
-                view = view[os.write(fd, view) :]
+            self.file.write(_encode(Entry(name, patterns)) + b"\n")
         except OSError as exc:
             self._cut(exc)
             raise
-        finally:
-            changed(self.path)
-        self._size += len(line)
-        self._lines += 1
+        self.file.lines += 1
         self._appended += 1
         return self._appended
 
     def _open_fd(self) -> int:
-        if self._fd is None:
-            self._new_file = self._new_file or not self.path.exists()
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            self._size = self._synced_size = os.fstat(self._fd).st_size
-        return self._fd
-
-    def _sync(self, fd: int, new_file: bool) -> None:
-        """In a worker thread too: the watchers (the loop's) hear of it in :meth:`_synced`."""
-        os.fsync(fd)
-        if new_file:  # the file's name too must survive a power loss
-            _fsync_dir(self.path.parent)
+        if not self.file.is_open:  # what a reopened file holds was written whole (a compaction) or synced
+            self.file.open()
+            self._synced_size = self.file.size
+        return self.file.open()
 
     def _synced(self, target: int, size: int, new_file: bool, cuts: int) -> bool:
         """An fsync that began at line ``target`` (the file ``size`` long) returned; False if a cut
@@ -212,9 +186,7 @@ class QueueJournal:
             return False
         self._durable = max(self._durable, target)
         self._synced_size = max(self._synced_size, size)
-        if new_file:
-            changed(self.path.parent)
-            self._new_file = False
+        self.file.synced(new_file)
         return True
 
     def _cut(self, error: OSError) -> None:
@@ -224,27 +196,14 @@ class QueueJournal:
         for number in self._pending:
             if number > self._durable:
                 self._lost[number] = error
-        if self._fd is None:
-            return
-        try:
-            os.ftruncate(self._fd, self._synced_size)
-            self._size = self._synced_size
-            changed(self.path, cut=self._synced_size)
-        except OSError:
-            self._rewrite = True
-            self.close()
+        if self.file.is_open:  # else nothing was written since the file was last whole
+            self.file.cut(self._synced_size)  # if even that fails, the next change rewrites it
 
     def compact(self, state: dict[str, list[str]]) -> None:
         """Rewrite the journal as ``state``, whole or not at all (raises OSError)."""
-        self.close()
-        lines = [_encode(Entry(name, patterns)) + b"\n" for name, patterns in state.items()]
-        write_atomic(self.path, b"".join(lines))
-        self._lines, self._rewrite, self._new_file = len(lines), False, False
+        self.file.replace([_encode(Entry(name, patterns)) + b"\n" for name, patterns in state.items()])
         self._compactions += 1
         self._durable = self._appended
 
     def close(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
+        self.file.close()
