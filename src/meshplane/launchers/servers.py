@@ -78,6 +78,10 @@ class StreamsServerProcess(ServerProcess):
         self.data_dir = data_dir or self.workdir / "data"
         self.url = ""
         self.announced: dict[str, Any] = {}
+        if "--node-id" in extra_args and not {"--route-port", "--config"} & set(extra_args):
+            # A mesh node's routes on a free port, as its HTTP port: two nodes started side by side
+            # would both take the default (16500). A restart keeps the port it got.
+            extra_args = (*extra_args, "--route-port", "0")
         self._extra_args = extra_args
         self._env = env  # added to this process's environment (tokens go there, never on argv)
         self._launcher = launcher  # e.g. ("ip", "netns", "exec", NAME): the server in a network namespace
