@@ -16,6 +16,7 @@ import requests
 from meshplane.launchers import MeshCluster, NatsServer, StreamsServerProcess
 from meshplane.streams.jetstream import naming
 from tests.helpers import wait_until
+from tests.support.servers import start_together
 
 ADMIN = "admin-actions-token-0123456"
 READER = "reader-actions-token-0123456"
@@ -245,8 +246,7 @@ def test_on_jetstream_each_partitions_stream_takes_the_new_retention_and_other_s
         jetstream.start()
         args = ("--storage", jetstream.url)
         with StreamsServerProcess(extra_args=args) as a, StreamsServerProcess(extra_args=args) as b:
-            a.start()
-            b.start()
+            start_together(a, b)
             ok(call("POST", f"{a.url}/topics/shared", {"num_partitions": 2}))
             policy = {"type": "Messages", "max_messages": 3}
             assert ok(call("PUT", f"{a.url}/topics/shared/retention", {"retention_policy": policy}))

@@ -15,6 +15,7 @@ from meshplane.core.records import key_to_file_name
 from meshplane.dashboard.meshview import node_key
 from meshplane.launchers import StreamsServerProcess
 from tests.helpers import wait_until
+from tests.support.servers import start_together
 
 TOKEN = "dashboard-admin-token-0123"
 READER = "orders-reader-token-0123456"
@@ -246,8 +247,7 @@ def test_the_mesh_view_asks_other_nodes_without_credentials_and_skips_bad_record
         env=env,
     )
     with a, b:
-        a.start()
-        b.start()
+        start_together(a, b)
         for node, junk in (
             ("x", b"{not json"),
             ("y", b'{"node": "y", "cluster": "v", "url": "file:///etc/passwd"}'),

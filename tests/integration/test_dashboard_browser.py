@@ -15,6 +15,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from meshplane.launchers import MeshCluster, StreamsServerProcess, free_port
 from tests.helpers import wait_until
+from tests.support.servers import start_together
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 TOKEN = "dashboard-browser-token-42"
@@ -571,8 +572,7 @@ def test_the_mesh_view_draws_every_node_of_both_clusters_from_a_node_that_is_no_
         for name, port in ports.items()
     }
     try:
-        for node in nodes.values():
-            node.start()
+        start_together(*nodes.values())
         requests.put(f"{nodes['w1'].url}/mesh/queues/orders", json={"patterns": ["orders.>"]}, timeout=5)
         page.goto(nodes["e2"].url + "/ui/plane")
         west = "#mesh-view [data-cluster=west] tr[data-node=w1]"

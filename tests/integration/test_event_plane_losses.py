@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from meshplane import (
     PublisherLeft,
     Scope,
 )
+from tests.conftest import make_config
 from tests.helpers import eventually
 from tests.support.plane import ready, registers_publishers
 
@@ -167,3 +169,25 @@ async def test_what_a_slow_joiner_loses_is_reported(config: PlaneConfig, scope: 
         # ... and counted where it happened: ZeroMQ's publisher sent them with no subscription to route
         # them (one routed by a subscription arriving between its look and its send may be counted too).
         assert 0 <= pub.unrouted - len(missing(sub, publisher_id)) <= 1
+
+
+async def test_a_removed_publishers_connection_lingers_then_goes(
+    tmp_path: Path, scope: Scope, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ZeroMQ direct: once its record is removed, a publisher's connection stays for LEAVING_LINGER
+    (what it sent just before is still on the way), then is let go. 1.5 s instead of 1 s: room for a
+    loaded machine between the removal and the publish that checks the connection is still there."""
+    linger = 1.5
+    monkeypatch.setattr("meshplane.transports.zmq.LEAVING_LINGER", linger)
+    async with EventPlane(make_config("zmq", "mem", tmp_path, None, None)) as plane:
+        sub = await plane.subscriber(scope, "linger")
+        pub = await plane.publisher(scope, "linger")
+        await ready(pub)
+        assert pub.channel is not None
+        removed_at = asyncio.get_running_loop().time()  # before the removal: the linger starts after it
+        await (await plane.discovery()).unregister(pub.channel.key)
+        await eventually(lambda: sub.stats.publishers_discovered == 0, what="removal seen")
+        await pub.publish("in its linger")
+        assert (await sub.next(10)).decode() == "in its linger"
+        await eventually(lambda: pub.subscriber_count == 0, what="the connection let go")
+        assert asyncio.get_running_loop().time() - removed_at >= linger

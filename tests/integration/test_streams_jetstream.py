@@ -7,6 +7,7 @@ shared backend has: what one server does, another sees, and either can go.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import time
@@ -27,19 +28,35 @@ from meshplane.streams.errors import Conflict, NotFound, StreamError
 from meshplane.streams.jetstream import naming
 from meshplane.streams.jetstream.service import JetStreamStreamsService
 from tests.helpers import eventually, wait_until
+from tests.support.servers import start_together
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def jetstream() -> Iterator[NatsServer]:
+    """One JetStream for the module: each test names its own topics, groups and rooms."""
     with NatsServer(jetstream=True) as server:
         yield server.start()
 
 
-@pytest.fixture
-def two_servers(jetstream: NatsServer) -> Iterator[tuple[StreamsServerProcess, StreamsServerProcess]]:
+@contextlib.contextmanager
+def pair_of_servers(jetstream: NatsServer) -> Iterator[tuple[StreamsServerProcess, StreamsServerProcess]]:
     args = ("--storage", jetstream.url)
     with StreamsServerProcess(extra_args=args) as a, StreamsServerProcess(extra_args=args) as b:
-        yield a.start(), b.start()
+        start_together(a, b)
+        yield a, b
+
+
+@pytest.fixture(scope="module")
+def two_servers(jetstream: NatsServer) -> Iterator[tuple[StreamsServerProcess, StreamsServerProcess]]:
+    """Two servers the module's tests share; a test that kills one takes ``own_servers``."""
+    with pair_of_servers(jetstream) as pair:
+        yield pair
+
+
+@pytest.fixture
+def own_servers(jetstream: NatsServer) -> Iterator[tuple[StreamsServerProcess, StreamsServerProcess]]:
+    with pair_of_servers(jetstream) as pair:
+        yield pair
 
 
 @pytest.fixture
@@ -192,9 +209,9 @@ async def test_concurrent_joins_through_two_servers_lose_no_member(
 
 
 async def test_when_a_server_dies_its_clients_continue_on_another(
-    two_servers: tuple[StreamsServerProcess, StreamsServerProcess],
+    own_servers: tuple[StreamsServerProcess, StreamsServerProcess],
 ) -> None:
-    first, second = two_servers
+    first, second = own_servers
     async with (
         StreamsClient([first.url, second.url], channel=True) as client,
         StreamsClient(f"{first.url},{second.url}") as rest,
@@ -359,7 +376,12 @@ async def test_pubsub_reaches_listeners_of_every_server_once(
             await a.command("pubsub.publish", {"topic": "orders.x", "payload": 1, "guaranteed": True})
 
 
-async def test_an_idle_room_is_deleted_once_for_every_server(jetstream: NatsServer, tmp_path: Path) -> None:
+async def test_an_idle_room_is_deleted_once_for_every_server(tmp_path: Path) -> None:
+    with NatsServer(jetstream=True) as jetstream:  # its own: every room idle in it is deleted
+        await _idle_room_deleted_once(jetstream.start(), tmp_path)
+
+
+async def _idle_room_deleted_once(jetstream: NatsServer, tmp_path: Path) -> None:
     config = StreamsConfig(data_dir=tmp_path, cleanup_interval=3600)
     service = JetStreamStreamsService(config, [jetstream.url])
     await service.start()
@@ -383,15 +405,14 @@ async def test_an_idle_room_is_deleted_once_for_every_server(jetstream: NatsServ
 
 
 async def test_spark_readers_go_on_through_another_server_when_theirs_dies(
-    two_servers: tuple[StreamsServerProcess, StreamsServerProcess],
-    clients: tuple[StreamsClient, StreamsClient],
+    own_servers: tuple[StreamsServerProcess, StreamsServerProcess],
 ) -> None:
     from meshplane.spark.http import SyncStreamsClient
 
-    first, second = two_servers
-    a, _ = clients
-    await a.create_topic("spark-in", 1)
-    await a.publish_batch("spark-in", [{"event_type": "e", "data": i} for i in range(30)])
+    first, second = own_servers
+    async with StreamsClient(first.url) as a:
+        await a.create_topic("spark-in", 1)
+        await a.publish_batch("spark-in", [{"event_type": "e", "data": i} for i in range(30)])
     reader = SyncStreamsClient(f"{first.url}, {second.url}")
     try:
         data, _, end = await asyncio.to_thread(reader.fetch_raw, "spark-in", 0, 0, 1 << 20)

@@ -23,6 +23,7 @@ from meshplane.streams.client import StreamsClient
 from meshplane.streams.errors import StreamError
 from meshplane.streams.jetstream import naming
 from tests.helpers import eventually
+from tests.support.servers import start_together
 
 PARTITIONS = 2
 BATCH = 5
@@ -39,7 +40,7 @@ def cluster() -> Iterator[JetStreamCluster]:
 def servers(cluster: JetStreamCluster) -> Iterator[list[StreamsServerProcess]]:
     args = ("--storage", ",".join(cluster.urls), "--replicas", "3")
     with StreamsServerProcess(extra_args=args) as a, StreamsServerProcess(extra_args=args) as b:
-        yield [a.start(), b.start()]
+        yield start_together(a, b)
 
 
 class Publisher:

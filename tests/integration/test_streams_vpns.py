@@ -341,9 +341,11 @@ async def test_the_default_vpn_keeps_its_layout_and_urls(
 # --- where the streams server meets the mesh ------------------------------------------------------
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[StreamsServerProcess]:
-    args = (*_files(tmp_path), "--node-id", "n1", "--route-port", "0")
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamsServerProcess]:
+    """One mesh node for the module's tests: none changes its configuration, and each closes the
+    clients and listeners it opened."""
+    args = (*_files(tmp_path_factory.mktemp("node")), "--node-id", "n1", "--route-port", "0")
     with StreamsServerProcess(extra_args=args) as proc:
         yield proc.start()
 

@@ -42,7 +42,9 @@ class BrokerProcess(ServerProcess):
     def address(self) -> BrokerAddress:
         return BrokerAddress(self.xsub, self.xpub)
 
-    def start(self, timeout: float = 20.0) -> BrokerProcess:
+    def start(self, timeout: float = 20.0, *, ready: bool = True) -> BrokerProcess:
+        """Start the broker and (``ready``) wait until it listens; several started with
+        ``ready=False``, then :meth:`wait_ready` on each, boot at once."""
         self.log_path.write_bytes(b"")
         argv = [
             *self._launcher,
@@ -56,7 +58,12 @@ class BrokerProcess(ServerProcess):
             self.xpub,
             *self._extra_args,
         ]
-        addresses = self._ready_line(self._spawn(argv, self._env), timeout, "broker")
+        self._spawn(argv, self._env)
+        return self.wait_ready(timeout) if ready else self
+
+    def wait_ready(self, timeout: float = 20.0) -> BrokerProcess:
+        assert self.proc is not None
+        addresses = self._ready_line(self.proc, timeout, "broker")
         # Restarts reuse the ports the first start picked.
         self.xsub, self.xpub, self.stats_endpoint = addresses["xsub"], addresses["xpub"], addresses["stats"]
         return self
