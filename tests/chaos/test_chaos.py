@@ -200,7 +200,8 @@ def test_nothing_acknowledged_is_lost_under_every_nemesis(
     run = short_runs[workload]
     waited = time.monotonic()
     assert run.done.wait(timeout=2 * (STAGGER + RUN_LIMIT + CLEANUP) + 10), f"{workload} did not end"
-    print(f"{workload}: ran {run.ended - run.started:.1f} s, waited for here {run.ended - waited:.1f} s")
+    here = max(0.0, run.ended - waited)
+    print(f"{workload}: ran {run.ended - run.started:.1f} s, waited for here {here:.1f} s")
     print(run.errors)  # the schedule as applied, what showed each fault acting, and the verdicts
     lines = run.output.strip().splitlines()
     assert lines, f"the run failed (exit {run.returncode}): {run.errors[-3000:]}"
