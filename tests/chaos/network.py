@@ -12,12 +12,19 @@ once with EINVAL instead, and this kernel has neither nftables nor tc's drop act
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 SUBNET = "10.77.0"
 NOWHERE = f"{SUBNET}.254", "02:00:00:00:00:fe"  # a neighbour no host is: what is routed there is lost
+# Runs at once (the suite's short runs) each build their own namespaces (every name carries the run's
+# pid; the same addresses in each are apart), but one at a time: ``ip netns add`` sets up /run/netns
+# on first use, which two at once can race.
+BUILDING = "/tmp/meshplane-chaos-netns.lock"
 
 
 class NetworkError(RuntimeError):
@@ -48,6 +55,14 @@ def can_build() -> str:
     return ""
 
 
+@contextlib.contextmanager
+def building() -> Iterator[None]:
+    """Namespaces added or removed by this process alone (of those that take this lock)."""
+    with open(BUILDING, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @dataclass
 class Network:
     """Hosts by name (``a``, ``b``, ``client``...), each at ``address(name)`` in namespace ``ns(name)``."""
@@ -75,6 +90,10 @@ class Network:
         return ("ip", "netns", "exec", self.ns(host))
 
     def build(self) -> Network:
+        with building():
+            return self._build()
+
+    def _build(self) -> Network:
         try:
             self._add_namespace(self.switch)
             ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
@@ -101,7 +120,7 @@ class Network:
                 ip("-n", ns, "link", "set", "eth0", "up")
                 ip("-n", ns, "link", "set", "lo", "up")
         except BaseException:
-            self.teardown()
+            self._teardown()
             raise
         return self
 
@@ -113,6 +132,10 @@ class Network:
     def teardown(self) -> None:
         """Remove every namespace (and with them the veths, routes and qdiscs); processes still inside
         keep their sockets but reach nothing."""
+        with building():
+            self._teardown()
+
+    def _teardown(self) -> None:
         while self.built:
             subprocess.run(["ip", "netns", "del", self.built.pop()], capture_output=True, timeout=10)
 
