@@ -137,6 +137,63 @@ def test_every_msgpack_encoding_of_the_data_reads_as_the_general_decoder_reads_i
     assert fast.equals(general), (fast.column("value"), general.column("value"))
 
 
+# Keys as services repeat them from event to event, alike in prefix or length, needing escapes,
+# non-ASCII, longer than a word; "u" twice in one map is a duplicate.
+REPEATED_KEYS = ["u", "us", "user", "usex", "é", "日本", 'q"', "\x01", "a" * 8, "a" * 9, "a" * 8 + "b", ""]
+
+
+@st.composite
+def maps_with_repeated_keys(draw: st.DrawFn, depth: int = 0) -> tuple[bytes, bool]:
+    """A msgpack map (keys in fixstr or str8), maybe nested, or a list of such maps; and whether some
+    map holds a key twice."""
+    if depth == 0 and draw(st.booleans()):
+        items = draw(st.lists(maps_with_repeated_keys(1), max_size=3))
+        return bytes([0x90 | len(items)]) + b"".join(m for m, _ in items), any(t for _, t in items)
+    keys = draw(st.lists(st.sampled_from(REPEATED_KEYS), max_size=5))
+    twice = len(set(keys)) < len(keys)
+    parts = [bytes([0x80 | len(keys)])]
+    for key in keys:
+        raw = key.encode()
+        parts.append(draw(st.sampled_from([bytes([0xA0 | len(raw)]), bytes([0xD9, len(raw)])])) + raw)
+        if depth < 2 and draw(st.booleans()):
+            value, nested_twice = draw(maps_with_repeated_keys(depth + 1))
+            twice |= nested_twice
+        else:
+            value = draw(msgpack_of(draw(st.one_of(st.none(), st.integers(-5, 300), texts))))
+        parts.append(value)
+    return b"".join(parts), twice
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(maps_with_repeated_keys(), min_size=1, max_size=6))
+def test_keys_repeated_from_event_to_event_read_as_the_general_decoder_reads_them(
+    values: list[tuple[bytes, bool]],
+) -> None:
+    """The scan writes a key met again at the same place of a map as it wrote it before (without
+    checking it again): the JSON stays the general decoder's, and a key twice in a map still steps aside."""
+    data = records([stored(v) for v, _ in values])
+    fast, general = both(data, len(values))
+    if any(twice for _, twice in values):
+        assert fast is None
+        return
+    assert fast is not None
+    assert fast.equals(general), (fast.column("value"), general.column("value"))
+
+
+def test_a_key_repeated_after_its_map_changed_shape_is_checked_again() -> None:
+    """Event 2's map has event 1's first key, then a key event 1's nested map held at that slot; event
+    3 repeats event 1's keys but its second key is the first one again (a duplicate)."""
+    first = msgspec.msgpack.encode({"a": {"b": 1}, "c": 2})
+    second = msgspec.msgpack.encode({"a": 1, "b": 2})  # "b" sat at slot 1 in event 1's nested map
+    fast, general = both(records([stored(first), stored(second)]), 2)
+    assert fast is not None
+    assert fast.column("value").to_pylist() == [b'{"a":{"b":1},"c":2}', b'{"a":1,"b":2}']
+    assert fast.equals(general)
+    twice = b"\x82\xa1a\x01\xa1a\x02"  # {"a": 1, "a": 2}
+    again = msgspec.msgpack.encode({"a": 1, "c": 2})
+    assert scan_to_arrow(records([stored(again), stored(twice)]), 0, 2, "orders", 3, ARROW_SCHEMA) is None
+
+
 def test_what_the_general_decoder_reads_otherwise_is_left_to_it() -> None:
     """A key twice in one map (the last value at the first key's place), a key that is not text, an
     extension type, bad UTF-8 in a nested string, nesting past DEPTH: the scan steps aside."""

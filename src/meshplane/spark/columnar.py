@@ -20,7 +20,16 @@ import pyarrow as pa
 from meshplane.core.streamlog import HEADER_SIZE
 from meshplane.spark.bytescan import CRC_TABLE, _be, _copy, _crc32, _high_bits, _text, _utf8
 from meshplane.spark.decode import LOG_APPEND_TIME, empty_headers
-from meshplane.spark.transcode import DEPTH, MAX_KEYS, NO_FLOATS, OUT_FULL_VALUE, float_texts, transcode
+from meshplane.spark.transcode import (
+    DEPTH,
+    KEY_FIELDS,
+    MAX_KEYS,
+    NO_FLOATS,
+    OUT_FULL_VALUE,
+    STACK_FIELDS,
+    float_texts,
+    transcode,
+)
 
 OK, CORRUPT, COMPLEX, OUT_FULL, FLOATS = 0, 1, 2, 3, 4
 
@@ -63,9 +72,9 @@ def scan(buf, first, end, table, room, float_text, float_bounds, binary_keys):  
     values = np.empty(room, np.uint8)
     fill = np.zeros(4, np.int64)
     floats = np.empty(size // 5 + 1 if float_bounds.shape[0] == 0 else 0, np.float64)  # 5+ bytes each
-    state = np.zeros(3, np.int64)  # transcode's: values' fill, next float text, floats collected
-    stack = np.empty((DEPTH, 4), np.int64)
-    keys = np.empty((MAX_KEYS, 2), np.int64)
+    state = np.zeros(4, np.int64)  # transcode's: values' fill, next float text, floats collected, maps
+    stack = np.empty((DEPTH, STACK_FIELDS), np.int64)
+    keys = np.full((MAX_KEYS, KEY_FIELDS), -1, np.int64)  # kept from one record to the next
     status = OK
     pos = np.int64(0)
     row = 0

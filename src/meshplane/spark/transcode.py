@@ -19,15 +19,18 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from meshplane.spark.bytescan import _be, _copy, _float_of, _high_bits, _text, _utf8
+from meshplane.spark.bytescan import _be, _copy, _float_of, _high_bits, _le64, _text, _utf8
 
 #: What :func:`transcode` returns instead of a position: the general decoder's, or a larger ``out``.
 COMPLEX_VALUE, OUT_FULL_VALUE = -1, -2
 DEPTH = 64  # nested maps and arrays
 MAX_KEYS = 1024  # keys of the maps open at once (each map's are compared for duplicates)
+KEY_FIELDS = 5  # ``keys`` columns: start and length in buf, the map's number, its JSON's start and length
 MAX_MAP_KEYS = 256  # keys of one map: compared pairwise
-# Stack columns: items left in the container, 1 for a map, 1 if a map's key comes next, its first key.
-_LEFT, _IS_MAP, _KEY_NEXT, _KEYS_FROM = 0, 1, 2, 3
+# Stack columns: items left in the container, 1 for a map, 1 if a map's key comes next, its first key,
+# the map's number, the number of an earlier map whose keys its own have repeated so far (or -1).
+_LEFT, _IS_MAP, _KEY_NEXT, _KEYS_FROM, _MAP, _REPEATS = 0, 1, 2, 3, 4, 5
+STACK_FIELDS = 6
 
 
 def _escapes() -> npt.NDArray[np.uint8]:
@@ -44,7 +47,33 @@ HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
 BASE64 = np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", np.uint8)
 POWERS = np.array([10.0**k for k in range(18)])  # exact: 10**k < 2**53 * 2**k
 _ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+_ONES_8, _HIGH_8 = np.uint64(0x0101010101010101), np.uint64(0x8080808080808080)  # each byte's
+_SPACES, _QUOTES, _BACKSLASHES = (np.uint64(0x0101010101010101 * c) for c in (0x20, 0x22, 0x5C))
 NO_FLOATS = np.zeros(0, np.uint8), np.zeros((0, 2), np.int64)
+
+
+@numba.njit(inline="always")
+def _escaped8(word):  # type: ignore[no-untyped-def]
+    """Nonzero if one of eight bytes may need escaping (below 0x20, ``"`` or ``\\``). A false alarm (a
+    byte just above one that does) only sends the word through the byte-by-byte path."""
+    below = (word - _SPACES) & ~word
+    quote, backslash = word ^ _QUOTES, word ^ _BACKSLASHES
+    return (below | ((quote - _ONES_8) & ~quote) | ((backslash - _ONES_8) & ~backslash)) & _HIGH_8
+
+
+@numba.njit(inline="always")
+def _same(buf, a, b, length):  # type: ignore[no-untyped-def]
+    """Whether ``buf[a:a + length]`` and ``buf[b:b + length]`` hold the same bytes."""
+    i = 0
+    while i + 8 <= length:
+        if _le64(buf, a + i) != _le64(buf, b + i):
+            return False
+        i += 8
+    while i < length:
+        if buf[a + i] != buf[b + i]:
+            return False
+        i += 1
+    return True
 
 
 @numba.njit(inline="always")
@@ -53,9 +82,14 @@ def _string(buf, start, length, out, at):  # type: ignore[no-untyped-def]
     out[at] = 34
     at += 1
     run, end = start, start + length
-    for i in range(start, end):
+    i = start
+    while i < end:
+        if i + 8 <= end and not _escaped8(_le64(buf, i)):
+            i += 8  # eight bytes that need no escape
+            continue
         escape = ESCAPES[buf[i]]
         if escape == 0:
+            i += 1
             continue
         _copy(out, at, buf, run, i - run)
         at += i - run
@@ -67,7 +101,8 @@ def _string(buf, start, length, out, at):  # type: ignore[no-untyped-def]
         else:
             out[at + 1] = escape
             at += 2
-        run = i + 1
+        i += 1
+        run = i
     _copy(out, at, buf, run, end - run)
     at += end - run
     out[at] = 34
@@ -161,11 +196,18 @@ def _plain_float(x, out, at):  # type: ignore[no-untyped-def]
 @numba.njit(cache=True, nogil=True)
 def transcode(buf, pos, stop, out, state, float_text, float_bounds, floats, stack, keys):  # type: ignore[no-untyped-def]
     """The msgpack value at ``buf[pos]`` (within ``stop``) as JSON at ``out[state[0]]``: its end in
-    ``buf``, or COMPLEX_VALUE or OUT_FULL_VALUE. ``state``: [out's fill, next float text, floats collected].
+    ``buf``, or COMPLEX_VALUE or OUT_FULL_VALUE. ``state``: [out's fill, next float text, floats collected,
+    maps numbered].
 
     With ``float_bounds`` empty, floats are collected into ``floats`` and written as nothing (the
     output is then only good for finding them); else the k-th float is ``float_text[bounds[k]]``.
-    ``stack`` (DEPTH x 4) and ``keys`` (MAX_KEYS x 2) are scratch.
+    ``stack`` (DEPTH x STACK_FIELDS) is scratch; ``keys`` (MAX_KEYS x KEY_FIELDS, map numbers -1 at
+    first) is kept from one value to the next of a scan, whose ``out`` is only appended to.
+
+    A service sends the same keys in each event: a map whose keys so far are those of an earlier map,
+    slot for slot (``keys[k]`` still holds the key last written at slot k), takes the next one's JSON
+    from where that map's was written, without checking it again: it was checked (UTF-8, not twice
+    in its map) when first met, and the keys of the earlier map were distinct, so these are.
     """
     at = state[0]
     room = out.shape[0]
@@ -176,26 +218,36 @@ def transcode(buf, pos, stop, out, state, float_text, float_bounds, floats, stac
             return COMPLEX_VALUE if pos >= stop else OUT_FULL_VALUE
         b = buf[pos]
         if depth > 0 and stack[depth - 1, _KEY_NEXT]:
+            top = depth - 1
             start, length = _text(buf, pos, stop, False)
-            if start < 0 or held == MAX_KEYS or held - stack[depth - 1, _KEYS_FROM] == MAX_MAP_KEYS:
+            if start < 0 or held == MAX_KEYS or held - stack[top, _KEYS_FROM] == MAX_MAP_KEYS:
                 return COMPLEX_VALUE
-            if _high_bits(buf, start, length) and not _utf8(buf, start, length):
-                return COMPLEX_VALUE
-            for k in range(stack[depth - 1, _KEYS_FROM], held):
-                if keys[k, 1] == length:
-                    other = keys[k, 0]
-                    same = True
-                    for j in range(length):
-                        if buf[other + j] != buf[start + j]:
-                            same = False
-                            break
-                    if same:
+            repeats = keys[held, 2] if held == stack[top, _KEYS_FROM] else stack[top, _REPEATS]
+            written = keys[held, 4]
+            if (
+                repeats >= 0
+                and keys[held, 2] == repeats
+                and keys[held, 1] == length
+                and _same(buf, keys[held, 0], start, length)
+            ):
+                if room - at < written:
+                    return OUT_FULL_VALUE
+                _copy(out, at, out, keys[held, 3], written)  # an earlier part of out
+            else:
+                repeats = -1
+                if _high_bits(buf, start, length) and not _utf8(buf, start, length):
+                    return COMPLEX_VALUE
+                for k in range(stack[top, _KEYS_FROM], held):
+                    if keys[k, 1] == length and _same(buf, keys[k, 0], start, length):
                         return COMPLEX_VALUE  # msgspec keeps the last value at the first key's place
-            keys[held, 0], keys[held, 1] = start, length
+                if room - at < 6 * length + 3:
+                    return OUT_FULL_VALUE
+                written = _string(buf, start, length, out, at) - at
+            stack[top, _REPEATS] = repeats
+            keys[held, 0], keys[held, 1], keys[held, 2] = start, length, stack[top, _MAP]
+            keys[held, 3], keys[held, 4] = at, written
             held += 1
-            if room - at < 6 * length + 3:
-                return OUT_FULL_VALUE
-            at = _string(buf, start, length, out, at)
+            at += written
             pos = start + length
         elif b <= 0x7F:
             at = _integer(np.uint64(b), False, out, at)
@@ -222,6 +274,8 @@ def transcode(buf, pos, stop, out, state, float_text, float_bounds, floats, stac
                     return COMPLEX_VALUE
                 stack[depth, _LEFT], stack[depth, _IS_MAP] = count, is_map
                 stack[depth, _KEY_NEXT], stack[depth, _KEYS_FROM] = is_map, held
+                stack[depth, _MAP], stack[depth, _REPEATS] = state[3], -1
+                state[3] += is_map
                 depth += 1
                 continue
             out[at] = 125 if is_map else 93
