@@ -65,7 +65,7 @@ async def play(folder: Path, steps: list[tuple[str, str, int]]) -> None:
         await engine.close()
 
 
-@settings(max_examples=40)
+@settings(max_examples=30)
 @given(operations)
 def test_the_partition_count_is_the_sum_over_topics_and_bounds_them(
     steps: list[tuple[str, str, int]],
