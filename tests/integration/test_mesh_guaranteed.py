@@ -30,6 +30,14 @@ def pair() -> Iterator[MeshCluster]:
         yield cluster.start()
 
 
+@pytest.fixture(scope="module")
+def shared_pair() -> Iterator[MeshCluster]:
+    """A pair for the tests that neither stop nor restart a node: each has its own queue and subjects
+    (queues on b only, but the command line's, on a)."""
+    with MeshCluster(2) as cluster:
+        yield cluster.start()
+
+
 async def queue_on_b(pair: MeshCluster, name: str, pattern: str) -> None:
     """A queue on b, once a knows of it."""
     await put_queue(pair["b"], name, [pattern])
@@ -163,8 +171,9 @@ async def test_a_full_spool_refuses_the_publish_and_says_why() -> None:
 
 
 async def test_publishes_in_flight_without_a_task_each_are_stored_in_order_or_fail_on_their_future(
-    pair: MeshCluster,
+    shared_pair: MeshCluster,
 ) -> None:
+    pair = shared_pair
     await queue_on_b(pair, "pipelined", "g9.>")
     publisher = await MeshClient(pair["a"].route_url).connect()
     try:
@@ -179,7 +188,8 @@ async def test_publishes_in_flight_without_a_task_each_are_stored_in_order_or_fa
         await publisher.close()
 
 
-async def test_bad_queue_requests_are_4xx(pair: MeshCluster) -> None:
+async def test_bad_queue_requests_are_4xx(shared_pair: MeshCluster) -> None:
+    pair = shared_pair
     bodies: list[dict[str, Any]] = [
         {},
         {"patterns": "x"},
@@ -222,9 +232,10 @@ async def test_a_resend_of_stored_events_is_dropped_by_event_id_even_after_a_res
     assert await queue_bodies(pair["b"], "once") == bodies
 
 
-async def test_every_client_can_ask_for_guaranteed_delivery(pair: MeshCluster, tmp_path: Path) -> None:
+async def test_every_client_can_ask_for_guaranteed_delivery(shared_pair: MeshCluster, tmp_path: Path) -> None:
     """HTTP pub/sub, the WebSocket command channel and the event plane (MESHPLANE_GUARANTEED) publish
     guaranteed events that reach a queue on the other node."""
+    pair = shared_pair
     await asyncio.to_thread(pair.wait_linked)
     scope = Scope.endpoint("ns", "comp", "ep")
     await put_queue(pair["b"], "all-clients", ["g6.>", scope.subject("t")])
@@ -280,9 +291,9 @@ async def test_guaranteed_without_a_mesh_node_is_a_400() -> None:
             assert "--node-id" in (await response.json())["error"]
 
 
-async def test_queues_from_the_command_line(pair: MeshCluster) -> None:
-    async def cli(*argv: str) -> dict[str, Any]:
-        result = await asyncio.to_thread(run_cli, "mesh", *argv, "--url", pair["b"].url, "--json")
+async def test_queues_from_the_command_line(shared_pair: MeshCluster) -> None:
+    async def cli(*argv: str) -> dict[str, Any]:  # on a: the other tests sharing the pair queue on b
+        result = await asyncio.to_thread(run_cli, "mesh", *argv, "--url", shared_pair["a"].url, "--json")
         assert result.returncode == 0, result.stdout + result.stderr
         answer: dict[str, Any] = json.loads(result.stdout)
         return answer

@@ -31,7 +31,7 @@ def shm_dir() -> Iterator[Path]:
 @pytest.mark.slow
 async def test_ten_thousand_queues_made_survive_a_sigkill_and_the_bound_holds(shm_dir: Path) -> None:
     node = StreamsServerProcess(
-        data_dir=shm_dir, extra_args=("--node-id", "a", "--mesh-max-queues", str(COUNT))
+        data_dir=shm_dir, extra_args=("--node-id", "a", "--route-port", "0", "--mesh-max-queues", str(COUNT))
     )
     with node:
         node.start()

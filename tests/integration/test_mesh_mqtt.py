@@ -4,6 +4,7 @@ mosquitto_pub / mosquitto_sub, beside meshplane's own MeshClient."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import signal
 import socket
@@ -38,12 +39,27 @@ from tests.support.mesh import Inbox, interest_reached, put_queue, queue_bodies,
 from tests.support.mqtt import Paho, connected, subscribed
 
 
-@pytest.fixture
-def trio(tmp_path: Path) -> Iterator[tuple[MeshCluster, dict[str, int]]]:
+@contextlib.contextmanager
+def mqtt_trio() -> Iterator[tuple[MeshCluster, dict[str, int]]]:
     node_args: dict[str, tuple[str, ...]] = {node: ("--mqtt-port", "0") for node in "abc"}
     with MeshCluster(3, node_args=node_args) as cluster:
         cluster.start()
         yield cluster, {node: cluster[node].door_port("mqtt") for node in "abc"}
+
+
+@pytest.fixture
+def trio() -> Iterator[tuple[MeshCluster, dict[str, int]]]:
+    """Three nodes of a test's own: for one that kills a node or counts every client of one."""
+    with mqtt_trio() as both:
+        yield both
+
+
+@pytest.fixture(scope="module")
+def shared_trio() -> Iterator[tuple[MeshCluster, dict[str, int]]]:
+    """Three nodes for the tests that neither stop a node nor count all its clients: each has its own
+    client ids and topics, closes its clients and counts only what it alone causes."""
+    with mqtt_trio() as both:
+        yield both
 
 
 async def test_mqtt_pub_on_a_reaches_mqtt_on_b_a_mesh_client_and_back(
@@ -92,8 +108,10 @@ async def test_mqtt_pub_on_a_reaches_mqtt_on_b_a_mesh_client_and_back(
 
 
 @pytest.mark.skipif(shutil.which("mosquitto_pub") is None, reason="make mosquitto installs Debian's clients")
-async def test_mosquitto_pub_and_sub_through_two_nodes(trio: tuple[MeshCluster, dict[str, int]]) -> None:
-    cluster, ports = trio
+async def test_mosquitto_pub_and_sub_through_two_nodes(
+    shared_trio: tuple[MeshCluster, dict[str, int]],
+) -> None:
+    cluster, ports = shared_trio
     await asyncio.to_thread(cluster.wait_linked)
     sub = await asyncio.create_subprocess_exec(
         *(
@@ -138,9 +156,9 @@ async def _clients(cluster: MeshCluster, node: str) -> bool:
 
 
 async def test_retained_messages_reach_later_subscribers_on_other_nodes(
-    trio: tuple[MeshCluster, dict[str, int]],
+    shared_trio: tuple[MeshCluster, dict[str, int]],
 ) -> None:
-    cluster, ports = trio
+    cluster, ports = shared_trio
     await asyncio.to_thread(cluster.wait_linked)
     await interest_reached(cluster["a"], "b", "$mqtt.#")
     pub = await connected(Paho(ports["a"], "retainer"))
@@ -172,9 +190,9 @@ async def test_retained_messages_reach_later_subscribers_on_other_nodes(
 
 
 async def test_a_will_is_published_when_its_client_vanishes_not_when_it_disconnects(
-    trio: tuple[MeshCluster, dict[str, int]],
+    shared_trio: tuple[MeshCluster, dict[str, int]],
 ) -> None:
-    cluster, ports = trio
+    cluster, ports = shared_trio
     await asyncio.to_thread(cluster.wait_linked)
     watcher = await connected(Paho(ports["b"], "watcher"))
     await subscribed(watcher, "status/#", 1)
@@ -233,9 +251,9 @@ async def test_qos1_with_a_persistent_session_survives_a_sigkill_of_the_subscrib
 
 
 async def test_hostile_clients_are_cut_with_a_reason_and_the_node_serves_on(
-    trio: tuple[MeshCluster, dict[str, int]],
+    shared_trio: tuple[MeshCluster, dict[str, int]],
 ) -> None:
-    cluster, ports = trio
+    cluster, ports = shared_trio
     port = ports["a"]
 
     def closed_after(data: bytes, timeout: float = 10) -> bytes:
@@ -275,8 +293,8 @@ async def test_hostile_clients_are_cut_with_a_reason_and_the_node_serves_on(
         client.close()
 
 
-async def test_a_slow_consumer_is_cut_and_counted(trio: tuple[MeshCluster, dict[str, int]]) -> None:
-    cluster, ports = trio
+async def test_a_slow_consumer_is_cut_and_counted(shared_trio: tuple[MeshCluster, dict[str, int]]) -> None:
+    cluster, ports = shared_trio
     port = ports["a"]
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -427,9 +445,9 @@ def read_packets(sock: socket.socket, count: int) -> list[tuple[int, int, bytes]
 
 
 async def test_unacknowledged_qos1_messages_come_again_with_dup_to_a_returning_session(
-    trio: tuple[MeshCluster, dict[str, int]],
+    shared_trio: tuple[MeshCluster, dict[str, int]],
 ) -> None:
-    _, ports = trio
+    _, ports = shared_trio
     port = ports["a"]
 
     def session(acknowledge: bool, expected: int) -> tuple[bytes, list[tuple[int, int, bytes]]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,21 @@ def node_process(node_id: str, *args: str) -> StreamsServerProcess:
         extra_args=("--node-id", node_id, "--cluster", "c1", "--route-port", "0", *args),
         env={SECRET_ENV: SECRET},
     )
+
+
+@pytest.fixture(scope="module")
+def node_n() -> Iterator[StreamsServerProcess]:
+    """Node n with the defaults, shared by tests that neither stop it nor reconfigure it: each counts
+    what its own attack added, from peers of its own."""
+    with node_process("n") as node:
+        yield node.start()
+
+
+@pytest.fixture(scope="module")
+def node_b() -> Iterator[StreamsServerProcess]:
+    """Node b, shared likewise."""
+    with node_process("b") as node:
+        yield node.start()
 
 
 def poison(listener: socket.socket, error: str, times: int) -> int:
@@ -95,35 +111,39 @@ def hello_frame(node_id: str, role: str = "route") -> bytes:
     return encode_frame(FrameType.HELLO, "", payload=encode_payload(hello))
 
 
-async def test_an_8_mib_hello_is_cut_off_at_its_header_and_memory_and_log_stay_bounded() -> None:
-    with node_process("n") as node:
-        node.start()
-        before, log_before = rss_mb(node), node.log_path.stat().st_size
-        frame = hello_frame("x" * (8 << 20), "client")
-        for _ in range(5):  # 150 connections, 30 at once (under the per-address cap)
-            await asyncio.gather(*(asyncio.to_thread(send_quietly, node.route_url, frame) for _ in range(30)))
-        counters = (await status(node))["counters"]
-        assert counters["closed_hello_too_large"] == 150
-        assert rss_mb(node) - before < 40  # before issue 54: 150 x 8 MiB held until the deadline
-        assert node.log_path.stat().st_size - log_before < 16_000  # a line a second at most
-        client = await MeshClient(node.route_url, secret=SECRET).connect()
-        await client.flush()  # everyone else is served
-        await client.close()
+async def test_an_8_mib_hello_is_cut_off_at_its_header_and_memory_and_log_stay_bounded(
+    node_n: StreamsServerProcess,
+) -> None:
+    node = node_n
+    before, log_before = rss_mb(node), node.log_path.stat().st_size
+    closed_before = (await status(node))["counters"].get("closed_hello_too_large", 0)
+    frame = hello_frame("x" * (8 << 20), "client")
+    for _ in range(5):  # 150 connections, 30 at once (under the per-address cap)
+        await asyncio.gather(*(asyncio.to_thread(send_quietly, node.route_url, frame) for _ in range(30)))
+    counters = (await status(node))["counters"]
+    assert counters["closed_hello_too_large"] == closed_before + 150
+    assert rss_mb(node) - before < 40  # before issue 54: 150 x 8 MiB held until the deadline
+    assert node.log_path.stat().st_size - log_before < 16_000  # a line a second at most
+    client = await MeshClient(node.route_url, secret=SECRET).connect()
+    await client.flush()  # everyone else is served
+    await client.close()
 
 
-async def test_a_flood_of_long_invalid_ids_echoes_and_logs_a_bounded_text() -> None:
-    with node_process("n") as node:
-        node.start()
-        log_before = node.log_path.stat().st_size
-        frame = hello_frame("\u212a" * 1000)  # non-ASCII (a Kelvin sign), and far longer than an id
-        answers = []
-        for _ in range(10):
-            answers += await asyncio.gather(
-                *(asyncio.to_thread(send_quietly, node.route_url, frame) for _ in range(20))
-            )
-        assert all(0 < len(answer) < 600 for answer in answers)  # the refusal, without the id
-        assert (await status(node))["frame_errors"]["hello_malformed"] == 200
-        assert node.log_path.stat().st_size - log_before < 16_000  # before issue 54: 200 x the id
+async def test_a_flood_of_long_invalid_ids_echoes_and_logs_a_bounded_text(
+    node_n: StreamsServerProcess,
+) -> None:
+    node = node_n
+    log_before = node.log_path.stat().st_size
+    malformed_before = (await status(node))["frame_errors"].get("hello_malformed", 0)
+    frame = hello_frame("\u212a" * 1000)  # non-ASCII (a Kelvin sign), and far longer than an id
+    answers = []
+    for _ in range(10):
+        answers += await asyncio.gather(
+            *(asyncio.to_thread(send_quietly, node.route_url, frame) for _ in range(20))
+        )
+    assert all(0 < len(answer) < 600 for answer in answers)  # the refusal, without the id
+    assert (await status(node))["frame_errors"]["hello_malformed"] == malformed_before + 200
+    assert node.log_path.stat().st_size - log_before < 16_000  # before issue 54: 200 x the id
 
 
 async def test_connections_that_never_prove_anything_are_capped_and_timed_out() -> None:
@@ -153,39 +173,40 @@ async def frame_errors_at_least(node: StreamsServerProcess, name: str, count: in
     return int((await status(node))["frame_errors"].get(name, 0)) >= count
 
 
-async def test_a_member_stamping_another_nodes_origin_hides_none_of_its_events() -> None:
-    with node_process("b") as node:
-        node.start()
-        subscriber = await MeshClient(node.route_url, secret=SECRET).connect()
-        inbox = Inbox()
-        subscriber.subscribe("orders.>", inbox)
-        await subscriber.flush()
-        forger = await asyncio.to_thread(RawPeer(node.route_url, "x", "c1", secret=SECRET).authenticate)
-        real = await asyncio.to_thread(RawPeer(node.route_url, "y", "c1", secret=SECRET).authenticate)
-        forger.send(*(encode_event("y", "orders.eu", n, 1000, b"forged") for n in range(1, 11)))
-        await eventually(lambda: len(inbox.events) == 10, what="the forged events")
-        real.send(*(encode_event("y", "orders.eu", n, 1000, b"real") for n in range(1, 11)))
-        await eventually(  # before issue 54: every real event taken for a duplicate of a forged one
-            lambda: inbox.events.count(("orders.eu", b"real")) == 10, what="y's own events"
-        )
-        forger.close()
-        real.close()
-        await subscriber.close()
+async def test_a_member_stamping_another_nodes_origin_hides_none_of_its_events(
+    node_b: StreamsServerProcess,
+) -> None:
+    node = node_b
+    subscriber = await MeshClient(node.route_url, secret=SECRET).connect()
+    inbox = Inbox()
+    subscriber.subscribe("orders.>", inbox)
+    await subscriber.flush()
+    forger = await asyncio.to_thread(RawPeer(node.route_url, "x", "c1", secret=SECRET).authenticate)
+    real = await asyncio.to_thread(RawPeer(node.route_url, "y", "c1", secret=SECRET).authenticate)
+    forger.send(*(encode_event("y", "orders.eu", n, 1000, b"forged") for n in range(1, 11)))
+    await eventually(lambda: len(inbox.events) == 10, what="the forged events")
+    real.send(*(encode_event("y", "orders.eu", n, 1000, b"real") for n in range(1, 11)))
+    await eventually(  # before issue 54: every real event taken for a duplicate of a forged one
+        lambda: inbox.events.count(("orders.eu", b"real")) == 10, what="y's own events"
+    )
+    forger.close()
+    real.close()
+    await subscriber.close()
 
 
-async def test_a_clients_guaranteed_event_must_carry_the_origin_the_node_gave_it() -> None:
-    with node_process("b") as node:
-        node.start()
-        client = await asyncio.to_thread(
-            RawPeer(node.route_url, "app", "", "client", secret=SECRET).authenticate
-        )
-        for source, sequence in (("b", 1), (client.origin, 2)):
-            client.send(encode_event(source, "orders.eu", sequence, 1000, b"x", FLAG_GUARANTEED))
-            ack = await asyncio.to_thread(client.read_until, FrameType.ACK)
-            assert ack.sequence == sequence
-            assert (b"origin" in ack.payload) == (source != client.origin)
-        assert (await status(node))["frame_errors"]["foreign_origin"] == 1
-        client.close()
+async def test_a_clients_guaranteed_event_must_carry_the_origin_the_node_gave_it(
+    node_b: StreamsServerProcess,
+) -> None:
+    node = node_b
+    before = (await status(node))["frame_errors"].get("foreign_origin", 0)
+    client = await asyncio.to_thread(RawPeer(node.route_url, "app", "", "client", secret=SECRET).authenticate)
+    for source, sequence in (("b", 1), (client.origin, 2)):
+        client.send(encode_event(source, "orders.eu", sequence, 1000, b"x", FLAG_GUARANTEED))
+        ack = await asyncio.to_thread(client.read_until, FrameType.ACK)
+        assert ack.sequence == sequence
+        assert (b"origin" in ack.payload) == (source != client.origin)
+    assert (await status(node))["frame_errors"]["foreign_origin"] == before + 1
+    client.close()
 
 
 MEMBERS, CLIENTS = "the-members-secret-0123456789", "the-clients-secret-0123456789"
@@ -213,13 +234,14 @@ async def test_the_clients_secret_never_links_as_a_member() -> None:
         assert "one mesh secret" not in node.log_path.read_text()
 
 
-async def test_the_single_secret_of_an_earlier_release_still_works_with_a_warning() -> None:
-    with node_process("n") as node:  # MESHPLANE_MESH_SECRET only
-        node.start()
-        client = await MeshClient(node.route_url, secret=SECRET).connect()
-        await asyncio.to_thread(RawPeer(node.route_url, "m", "c1", secret=SECRET).authenticate)
-        await client.close()
-        assert "one mesh secret for members and clients" in node.log_path.read_text()
+async def test_the_single_secret_of_an_earlier_release_still_works_with_a_warning(
+    node_n: StreamsServerProcess,  # MESHPLANE_MESH_SECRET only
+) -> None:
+    client = await MeshClient(node_n.route_url, secret=SECRET).connect()
+    member = await asyncio.to_thread(RawPeer(node_n.route_url, "m", "c1", secret=SECRET).authenticate)
+    member.close()
+    await client.close()
+    assert "one mesh secret for members and clients" in node_n.log_path.read_text()
 
 
 async def test_a_client_certificate_never_links_as_a_member(tmp_path: Path) -> None:

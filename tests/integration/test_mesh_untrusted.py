@@ -44,6 +44,14 @@ def locked() -> Iterator[StreamsServerProcess]:
         yield node.start()
 
 
+@pytest.fixture(scope="module")
+def plain() -> Iterator[StreamsServerProcess]:
+    """A node with the defaults, shared by the tests that neither stop it nor leave state behind that
+    another could see: each sends from its own peer ids and counts what its own attack added."""
+    with node_process("n") as node:
+        yield node.start()
+
+
 async def counter(node: StreamsServerProcess, name: str) -> int:
     return int((await status(node))["counters"].get(name, 0))
 
@@ -154,13 +162,14 @@ async def link_older_than(node: StreamsServerProcess, peer: str, seconds: float)
     return bool((await link(node, peer))["connected_secs"] > seconds)
 
 
-async def test_an_interest_version_beyond_what_the_peer_can_have_made_closes_its_link() -> None:
-    with node_process("n") as node:
-        node.start()
-        peer = await asyncio.to_thread(RawPeer(node.route_url, "x", "c1", epoch=time.time_ns()).authenticate)
-        peer.send(encode_frame(FrameType.SUB_REMOVE, "x", "$G.g.>", 2**62))
-        assert await asyncio.to_thread(peer.closed)
-        assert await counter(node, "closed_version_jump") == 1
+async def test_an_interest_version_beyond_what_the_peer_can_have_made_closes_its_link(
+    plain: StreamsServerProcess,
+) -> None:
+    before = await counter(plain, "closed_version_jump")
+    peer = await asyncio.to_thread(RawPeer(plain.route_url, "x", "c1", epoch=time.time_ns()).authenticate)
+    peer.send(encode_frame(FrameType.SUB_REMOVE, "x", "$G.g.>", 2**62))
+    assert await asyncio.to_thread(peer.closed)
+    assert await counter(plain, "closed_version_jump") == before + 1
 
 
 # 4. A peer grows a node's memory ---------------------------------------------------------------------
@@ -201,7 +210,10 @@ async def test_sync_requests_never_read_close_that_connection_only() -> None:
 
 @pytest.mark.timeout(240)  # its waits add up to 220 s
 async def test_route_and_pattern_limits_close_or_refuse_with_a_reason() -> None:
-    args = ("--mesh-max-routes", "3", "--mesh-max-patterns-per-peer", "100")
+    # Short heartbeats: a peer's EOF alone does not end its link (it may be retiring that connection);
+    # the next heartbeat finds it gone (up to 1 s at the default, paid 21 times below). What is
+    # remembered of a link does not depend on the interval.
+    args = ("--mesh-max-routes", "3", "--mesh-max-patterns-per-peer", "100", "--heartbeat-interval", "0.2")
     with node_process("n", *args) as node:
         node.start()
         for i in range(50):  # HELLOs that never prove anything: nothing remembered
@@ -298,14 +310,13 @@ async def test_half_frames_and_silent_connections_are_closed() -> None:
 # 6. Phantoms block guaranteed publishing; 7. a storage error becomes a reconnect storm -----------------
 
 
-async def test_a_long_peer_id_is_refused_at_hello() -> None:
-    with node_process("n") as node:
-        node.start()
-        answer = await asyncio.to_thread(RawPeer(node.route_url, "g" * 200, "c1").hello)
-        assert "HELLO's node: at most 64" in answer.error
-        answer = await asyncio.to_thread(RawPeer(node.route_url, "g" * 20, "c1").hello)
-        assert "node id 'gggggggggggggggggggg': 1-16" in answer.error
-        assert (await status(node))["frame_errors"]["hello_malformed"] == 2
+async def test_a_long_peer_id_is_refused_at_hello(plain: StreamsServerProcess) -> None:
+    before = (await status(plain))["frame_errors"].get("hello_malformed", 0)
+    answer = await asyncio.to_thread(RawPeer(plain.route_url, "g" * 200, "c1").hello)
+    assert "HELLO's node: at most 64" in answer.error
+    answer = await asyncio.to_thread(RawPeer(plain.route_url, "g" * 20, "c1").hello)
+    assert "node id 'gggggggggggggggggggg': 1-16" in answer.error
+    assert (await status(plain))["frame_errors"]["hello_malformed"] == before + 2
 
 
 async def test_a_failed_store_is_an_error_ack_and_the_client_stays() -> None:
@@ -334,17 +345,17 @@ async def ghost_known(node: StreamsServerProcess) -> bool:
 # 8. The rest ------------------------------------------------------------------------------------------
 
 
-async def test_a_node_that_closes_during_the_handshake_sends_the_client_to_the_next_at_once() -> None:
+async def test_a_node_that_closes_during_the_handshake_sends_the_client_to_the_next_at_once(
+    plain: StreamsServerProcess,
+) -> None:
     listener = socket.create_server(("127.0.0.1", free_port()))
     closing = asyncio.get_running_loop().run_in_executor(None, lambda: listener.accept()[0].close())
-    with node_process("n") as node:
-        node.start()
-        url = f"tcp://127.0.0.1:{listener.getsockname()[1]},{node.route_url}"
-        started = time.monotonic()
-        client = await MeshClient(url, timeout=30).connect()
-        assert time.monotonic() - started < 5
-        assert client.node == "n"
-        await client.close()
+    url = f"tcp://127.0.0.1:{listener.getsockname()[1]},{plain.route_url}"
+    started = time.monotonic()
+    client = await MeshClient(url, timeout=30).connect()
+    assert time.monotonic() - started < 5
+    assert client.node == "n"
+    await client.close()
     await closing
     listener.close()
 

@@ -47,7 +47,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamsServerProc
     (root / "vpns.toml").write_text("[vpns.A]\n[vpns.B]\n")
     (root / "tokens.toml").write_text(TOKENS)
     files = ("--mesh-vpns", str(root / "vpns.toml"), "--token-file", str(root / "tokens.toml"))
-    with StreamsServerProcess(extra_args=("--node-id", "a", *files)) as proc:
+    # A free route port: the default (16500) is taken while another suite or node runs on the host.
+    with StreamsServerProcess(extra_args=("--node-id", "a", "--route-port", "0", *files)) as proc:
         yield proc.start()
         proc.stop()
         assert "Traceback" not in proc.log_path.read_text()

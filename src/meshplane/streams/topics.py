@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -253,6 +253,9 @@ class TopicStore:
         # Topics outside the count limits: a Message VPN's mesh queues, bounded by the mesh's queue
         # limits (the mesh's Queues names them); present or not.
         self.exempt: set[str] = set()
+        # Every topic's partitions, kept as topics come, grow and go: a node with 10,000 queues (a
+        # topic each) counted them all again for each new one, and made its queues in O(n^2).
+        self._partitions = 0
         self.config = config
         self._files = files
         self._before_seal = before_seal
@@ -276,7 +279,8 @@ class TopicStore:
         settings.num_partitions = max(settings.num_partitions, partitions)
         settings.incarnation = settings.incarnation or uuid.uuid4().hex
         name = directory.name
-        self.topics[name] = Topic(name, directory, settings, self._files, self._before_seal)
+        self.topics[name] = topic = Topic(name, directory, settings, self._files, self._before_seal)
+        self._partitions += len(topic.partitions)
         if changed:
             try:
                 write_atomic(path, msgspec.json.encode(settings))
@@ -298,7 +302,8 @@ class TopicStore:
         check_name("topic", name)
         if name in self.topics:
             raise Conflict(f"topic {name!r} already exists")
-        partitions = check_new_topic(self.config, self.topics, num_partitions, self.exempt, name)
+        counts = (self.topic_count, self.partition_count)
+        partitions = check_new_topic(self.config, counts, num_partitions, name in self.exempt)
         if replication_factor != 1:
             raise BadRequest("replication_factor must be 1: meshplane streams run on one node")
         segment = self.config.segment_bytes if segment_bytes is None else segment_bytes
@@ -328,10 +333,8 @@ class TopicStore:
             _remove_tree(directory)
             raise storage_error(exc, f"creating topic {name!r}") from exc
         self.topics[name] = topic
+        self._partitions += len(topic.partitions)
         return topic
-
-    def _check_partition_budget(self, adding: int) -> None:
-        check_partition_budget(self.config, self.topics, adding, self.exempt)
 
     def get(self, name: str) -> Topic:
         found = self.topics.get(check_name("topic", name))
@@ -343,12 +346,15 @@ class TopicStore:
         topic = self.get(name)
         if count > 10_000:
             raise BadRequest("num_partitions must be <= 10000")
-        self._check_partition_budget(count - len(topic.partitions))
+        check_partition_budget(self.config, self.partition_count, count - len(topic.partitions))
+        before = len(topic.partitions)
         try:
             topic.grow(count)
             write_atomic(topic.directory / "topic.json", msgspec.json.encode(topic.settings))
         except OSError as exc:
             raise storage_error(exc, f"adding partitions to {name!r}") from exc
+        finally:
+            self._partitions += len(topic.partitions) - before
         return topic
 
     def set_retention(self, name: str, retention: RetentionPolicy) -> Topic:
@@ -369,6 +375,7 @@ class TopicStore:
         topic = self.topics.pop(check_name("topic", name), None)
         if topic is None:
             return False
+        self._partitions -= len(topic.partitions)
         for plog in topic.partitions:
             plog.delete()
         (topic.directory / "topic.json").unlink(missing_ok=True)
@@ -385,15 +392,12 @@ class TopicStore:
     @property
     def partition_count(self) -> int:
         """Their partitions."""
-        total = sum(len(t.partitions) for t in self.topics.values())
-        return total - sum(len(self.topics[name].partitions) for name in self.exempt if name in self.topics)
+        exempt = sum(len(self.topics[name].partitions) for name in self.exempt if name in self.topics)
+        return self._partitions - exempt
 
 
-def check_partition_budget(
-    config: StreamsConfig, topics: Mapping[str, TopicBase[Any]], adding: int, exempt: Set[str] = frozenset()
-) -> None:
-    total = sum(len(t.partitions) for t in topics.values())
-    total -= sum(len(topics[name].partitions) for name in exempt if name in topics)
+def check_partition_budget(config: StreamsConfig, total: int, adding: int) -> None:
+    """Whether ``adding`` partitions to the ``total`` counted stay within the limit."""
     if total + adding > config.max_partitions:
         raise LimitReached(
             f"partition limit reached: {total} of {config.max_partitions} in use, {adding} asked",
@@ -402,21 +406,17 @@ def check_partition_budget(
 
 
 def check_new_topic(
-    config: StreamsConfig,
-    topics: Mapping[str, TopicBase[Any]],
-    num_partitions: int | None,
-    exempt: Set[str] = frozenset(),
-    name: str = "",
+    config: StreamsConfig, counts: tuple[int, int], num_partitions: int | None, exempt: bool = False
 ) -> int:
-    """A new topic's partition count (the default when none is asked), within every limit; topics in
-    ``exempt`` neither count nor are held to them."""
-    if name not in exempt and len(topics) - sum(1 for n in exempt if n in topics) >= config.max_topics:
+    """A new topic's partition count (the default when none is asked), within every limit given the
+    ``counts`` (topics, partitions) held to them; an ``exempt`` topic is not."""
+    if not exempt and counts[0] >= config.max_topics:
         raise LimitReached(f"topic limit reached ({config.max_topics} topics)", "topics")
     partitions = config.default_partitions if num_partitions is None else num_partitions
     if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 10_000:
         raise BadRequest(f"num_partitions must be an integer in 1..10000, not {partitions!r}")
-    if name not in exempt:
-        check_partition_budget(config, topics, partitions, exempt)
+    if not exempt:
+        check_partition_budget(config, counts[1], partitions)
     return partitions
 
 

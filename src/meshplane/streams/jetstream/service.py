@@ -248,7 +248,9 @@ class JetStreamStreamsService(StreamsService):
         check_name("topic", name)
         if len(self.store.naming.partition_stream(name, 10_000)) > naming.MAX_STREAM_NAME:
             raise BadRequest(f"topic name {name!r} is too long for a JetStream stream name")
-        partitions = check_new_topic(self.config, self.shared_topics, num_partitions)
+        partitions = check_new_topic(
+            self.config, (len(self.shared_topics), self._partition_count), num_partitions
+        )
         if replication_factor not in (1, self.store.replicas):
             raise BadRequest(
                 f"replication_factor must be the server's --replicas ({self.store.replicas}), "
