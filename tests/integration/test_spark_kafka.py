@@ -118,12 +118,13 @@ def test_subscribe_waits_for_a_topic_that_does_not_exist_yet(
         .start()
     )
     try:
-        wait_until(lambda: query.lastProgress is not None, timeout=60, what="a first (empty) micro-batch")
+        wait_until(lambda: query.lastProgress is not None, 60, 0.05, "a first (empty) micro-batch")
         assert query.exception() is None
         run(publish(server.url, "appears-later", 0, 30, partitions=3))
         wait_until(
             lambda: spark.sql("SELECT count(*) AS n FROM appears_later").collect()[0]["n"] == 30,
             timeout=60,
+            interval=0.2,  # each look runs a Spark job: not 100 a second beside the query
             what="the topic's 30 events, once it was created",
         )
     finally:
