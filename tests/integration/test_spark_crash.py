@@ -104,7 +104,7 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Copy
         try:
             wait_until(
                 lambda: all(stored_values(c.server.url, "copy-out") for c in copies.values()),
-                timeout=120,
+                timeout=240,  # a JVM's start (on a loaded machine, minutes), then a batch of each
                 interval=0.05,
                 what="copied events on both backends",
             )
@@ -133,7 +133,7 @@ async def _create_out(url: str) -> None:
         await client.create_topic("copy-out", 2)
 
 
-@pytest.mark.timeout(480)  # the fixture's waits add up to 420 s
+@pytest.mark.timeout(560)  # the fixture's waits add up to 540 s
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_driver_killed_mid_stream_resumes_on_its_checkpoint_and_copies_every_event_once(
     crashed: dict[str, Copy], backend: str

@@ -422,7 +422,7 @@ def test_a_streaming_query_survives_a_server_crash_and_restart(spark: SparkSessi
             proc.kill()
             proc.start()  # same port, same data directory
             run(publish(url, "through-crash", 500, 500, partitions=2))
-            wait_until(lambda: len(seen) >= 1000 or query.exception() is not None, timeout=120, what="all")
+            wait_until(lambda: len(seen) >= 1000 or query.exception() is not None, 120, 0.05, "all")
             assert query.exception() is None
             assert query.isActive
             assert sorted(seen) == list(range(1000))  # nothing lost, nothing twice
