@@ -63,7 +63,7 @@ def test_a_streaming_querys_source_runner_is_forked_from_the_fork_server_and_end
         def read() -> int:
             return sum(p["numInputRows"] for p in query.recentProgress)
 
-        wait_until(lambda: read() >= 10, timeout=60, what="the 10 rows read")
+        wait_until(lambda: read() >= 10, timeout=60, interval=0.05, what="the 10 rows read")
         assert read() == 10
     finally:
         query.stop()
@@ -349,20 +349,30 @@ def test_pipeline_demo_prints_its_progress_and_result_not_sparks_noise(tmp_path:
     assert result.stderr == ""
 
 
-STOP_AFTER_PYTHON_WORK = """
+ONE_SESSION_STOPPED = """
 from meshplane.spark.pipeline import spark_session
-spark = spark_session("stop")
+spark = spark_session("stopped")
+frozen = lambda _: [__import__("gc").get_freeze_count()]
+print(min(spark.sparkContext.parallelize(range(2), 2).mapPartitions(frozen).collect()))
 for _ in range(3):
     assert spark.sparkContext.parallelize(range(100), 2).map(lambda x: x * 2).sum() == 9900
 spark.stop()
 """
 
 
+@pytest.fixture(scope="module")
+def one_session_stopped() -> subprocess.CompletedProcess[str]:
+    """A fresh Python's own session (one JVM for the tests that need a session of their own, stopped):
+    its Python workers' frozen objects counted, some Python work done, then stopped."""
+    return run_python(ONE_SESSION_STOPPED)
+
+
 @pytest.mark.timeout(330)  # a Spark session started (on a loaded machine, minutes)
-def test_a_session_stops_without_a_traceback_from_its_idle_python_workers() -> None:
+def test_a_session_stops_without_a_traceback_from_its_idle_python_workers(
+    one_session_stopped: subprocess.CompletedProcess[str],
+) -> None:
     # PySpark's own daemon printed a BrokenPipeError traceback at about every other such stop
-    result = run_python(STOP_AFTER_PYTHON_WORK)
-    assert "Traceback" not in result.stderr, result.stderr
+    assert "Traceback" not in one_session_stopped.stderr, one_session_stopped.stderr
 
 
 def run_python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -375,22 +385,14 @@ def run_python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
-FROZEN_BEFORE_THE_FORK = """
-from meshplane.spark.pipeline import spark_session
-spark = spark_session("frozen")
-frozen = lambda _: [__import__("gc").get_freeze_count()]
-print(min(spark.sparkContext.parallelize(range(2), 2).mapPartitions(frozen).collect()))
-spark.stop()
-"""
-
-
 @pytest.mark.timeout(330)  # a Spark session started (on a loaded machine, minutes)
-def test_python_workers_inherit_the_daemons_objects_frozen_out_of_their_collections() -> None:
+def test_python_workers_inherit_the_daemons_objects_frozen_out_of_their_collections(
+    one_session_stopped: subprocess.CompletedProcess[str],
+) -> None:
     # PySpark's daemon collects after every task of a reused worker: frozen, what a worker inherits
-    # (PySpark's imports, ~30,000 objects) is not walked each time. No meshplane read ran here, so no
-    # scan froze anything of its own.
-    result = run_python(FROZEN_BEFORE_THE_FORK)
-    assert int(result.stdout.strip().splitlines()[-1]) > 10_000
+    # (PySpark's imports, ~30,000 objects) is not walked each time. No meshplane read ran in that
+    # session (its frozen count is taken first), so no scan froze anything of its own.
+    assert int(one_session_stopped.stdout.strip().splitlines()[-1]) > 10_000
 
 
 REGISTER_ON_A_PLAIN_SESSION = """

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -46,19 +47,24 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
     process.wait(30)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    logs = tmp_path_factory.mktemp("spark-cluster")
-    port = free_port()
-    master_url = f"spark://127.0.0.1:{port}"
-    processes = [
-        _spark_process(
-            logs / "master.log",
-            "org.apache.spark.deploy.master.Master",
-            *("--host", "127.0.0.1", "--port", str(port), "--webui-port", str(free_port())),
-        )
-    ]
-    try:
+class Cluster:
+    """A master started at once; :meth:`ready` waits for it and starts the two workers. Between the
+    two, the test publishes its rows: the master's JVM starts meanwhile."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        port = free_port()
+        self.master = f"spark://127.0.0.1:{port}"
+        self.processes = [
+            _spark_process(
+                logs / "master.log",
+                "org.apache.spark.deploy.master.Master",
+                *("--host", "127.0.0.1", "--port", str(port), "--webui-port", str(free_port())),
+            )
+        ]
+
+    def ready(self) -> str:
+        logs = self.logs
         wait_until(
             lambda: "I have been elected leader" in (logs / "master.log").read_text(),
             timeout=120,
@@ -66,12 +72,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
             what="the master",
         )
         for n in range(2):
-            processes.append(
+            self.processes.append(
                 _spark_process(
                     logs / f"worker{n}.log",
                     "org.apache.spark.deploy.worker.Worker",
                     *("--host", "127.0.0.1", "--cores", "1", "--memory", "1g"),
-                    *("--webui-port", str(free_port()), "--work-dir", str(logs / f"work{n}"), master_url),
+                    *("--webui-port", str(free_port()), "--work-dir", str(logs / f"work{n}"), self.master),
                 )
             )
         wait_until(
@@ -80,9 +86,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
             interval=0.2,
             what="two workers",
         )
-        yield master_url, logs
+        return self.master
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    started = Cluster(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        yield started
     finally:
-        for process in reversed(processes):
+        for process in reversed(started.processes):
             _stop(process)
 
 
@@ -90,6 +103,9 @@ def _driver(master: str, url: str, checkpoint: Path, log: Path) -> subprocess.Po
     argv = [sys.executable, "-m", "tests.spark_copy_driver", url, "cin", "cout", str(checkpoint)]
     argv += [str(PER_BATCH), "shuffle"]
     env = dict(os.environ, MESHPLANE_SPARK_MASTER=master, SPARK_LOCAL_IP="127.0.0.1")
+    if "SPARK_SUBMIT_OPTS" in env:  # the driver's JVM options (see conftest) for its executors too
+        executors = f"spark.executor.extraJavaOptions={env['SPARK_SUBMIT_OPTS']}"
+        env["PYSPARK_SUBMIT_ARGS"] = f"--conf {shlex.quote(executors)} pyspark-shell"
     return subprocess.Popen(
         argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
@@ -124,16 +140,16 @@ def _committed(checkpoint: Path) -> int:
     return len(list((checkpoint / "commits").glob("[0-9]*"))) if (checkpoint / "commits").is_dir() else 0
 
 
-@pytest.mark.timeout(1320)  # its waits add up to 1300 s
+@pytest.mark.timeout(1560)  # its waits add up to 1540 s (the cluster's start, 240 s, among them)
 def test_a_driver_killed_mid_batch_on_a_cluster_with_a_shuffle_writes_every_row_once(
-    cluster: tuple[str, Path], tmp_path: Path
+    cluster: Cluster, tmp_path: Path
 ) -> None:
     with StreamsServerProcess() as server:
         server.start()
         run(_publish(server.url))
+        master, logs = cluster.ready(), cluster.logs
         checkpoint, log = tmp_path / "checkpoint", tmp_path / "driver.log"
         kills: list[tuple[int, int]] = []  # (batches committed, rows visible) at each kill
-        master, logs = cluster
         for delay in (0.3, 0.8, 1.3):  # into the writing: the tasks are part-way through their rows
             apps_before = {a.name for a in logs.glob("work*/app-*")}
             driver = _driver(master, server.url, checkpoint, log)

@@ -99,15 +99,15 @@ def test_a_streaming_sink_copies_every_row_once_while_the_meta_leader_is_killed(
     def copying_while_down(node: str, what: str) -> None:
         cluster.node(node).kill(signal.SIGKILL)
         copied = stored(server.url, "js-out")
-        wait_until(lambda: stored(server.url, "js-out") >= copied + 3_000, timeout=60, what=what)
+        wait_until(lambda: stored(server.url, "js-out") >= copied + 3_000, 60, 0.2, what)
         cluster.node(node).start()
 
     try:
-        wait_until(lambda: stored(server.url, "js-out") >= 3_000, timeout=120, what="3,000 rows copied")
+        wait_until(lambda: stored(server.url, "js-out") >= 3_000, 120, 0.2, "3,000 rows copied")
         copying_while_down(cluster.wait_meta_leader(), "copying with the meta leader killed")
         leader = stream_leader(cluster, naming.partition_stream("js-out", 0))
         copying_while_down(leader, "copying with a partition's leader killed")
-        wait_until(lambda: stored(server.url, "js-out") >= EVENTS, timeout=120, what="every row copied")
+        wait_until(lambda: stored(server.url, "js-out") >= EVENTS, 120, 0.2, "every row copied")
         assert query.exception() is None
     finally:
         query.stop()

@@ -118,12 +118,13 @@ def test_subscribe_waits_for_a_topic_that_does_not_exist_yet(
         .start()
     )
     try:
-        wait_until(lambda: query.lastProgress is not None, timeout=60, what="a first (empty) micro-batch")
+        wait_until(lambda: query.lastProgress is not None, 60, 0.05, "a first (empty) micro-batch")
         assert query.exception() is None
         run(publish(server.url, "appears-later", 0, 30, partitions=3))
         wait_until(
             lambda: spark.sql("SELECT count(*) AS n FROM appears_later").collect()[0]["n"] == 30,
             timeout=60,
+            interval=0.2,  # each look runs a Spark job: not 100 a second beside the query
             what="the topic's 30 events, once it was created",
         )
     finally:
@@ -421,7 +422,7 @@ def test_a_streaming_query_survives_a_server_crash_and_restart(spark: SparkSessi
             proc.kill()
             proc.start()  # same port, same data directory
             run(publish(url, "through-crash", 500, 500, partitions=2))
-            wait_until(lambda: len(seen) >= 1000 or query.exception() is not None, timeout=120, what="all")
+            wait_until(lambda: len(seen) >= 1000 or query.exception() is not None, 120, 0.05, "all")
             assert query.exception() is None
             assert query.isActive
             assert sorted(seen) == list(range(1000))  # nothing lost, nothing twice
