@@ -5,7 +5,11 @@ scan, and its ``value`` column is byte for byte the general decoder's (``msgspec
 from __future__ import annotations
 
 import math
+import os
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -239,3 +243,32 @@ def test_float_texts_are_msgspecs() -> None:
     values = [0.1, 1e16, 1e-5, -0.0, math.inf, math.nan, 5e-324, 123456789.125]
     text, bounds = float_texts(np.array(values))
     assert [bytes(text[a:b]) for a, b in bounds] == [msgspec.json.encode(v) for v in values]
+
+
+_BOUNDS = """
+import numpy as np
+from meshplane.spark.transcode import DEPTH, KEY_FIELDS, MAX_KEYS, NO_FLOATS, STACK_FIELDS, transcode
+key = b"k" * 40
+event = b"\\x81\\xd9\\x28" + key + b"\\x01"  # {key: 1}, the key repeated in the third event
+values = [event, b"\\xdc\\x00\\x4d" + b"\\x01" * 77, event]
+for values, room in ((values, 244), ([b"\\x91" * 40 + b"\\x01"], 72)):
+    buf = np.frombuffer(b"".join(values), np.uint8)
+    out, state = np.zeros(room, np.uint8), np.zeros(4, np.int64)
+    stack = np.empty((DEPTH, STACK_FIELDS), np.int64)
+    keys = np.full((MAX_KEYS, KEY_FIELDS), -1, np.int64)
+    pos = 0
+    for value in values:
+        transcode(buf, pos, pos + len(value), out, state, *NO_FLOATS, np.empty(1), stack, keys)
+        pos += len(value)
+"""
+
+
+def test_no_write_leaves_out_when_it_is_nearly_full(tmp_path: Path) -> None:
+    """numba does not check indexes: with them checked, a key copied from an earlier event that ends
+    exactly at ``out``'s end (its ':' one past), and the brackets closing deep nesting after a value
+    written with just 32 bytes to spare, must still stay inside ``out`` (else OUT_FULL_VALUE)."""
+    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _BOUNDS], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
