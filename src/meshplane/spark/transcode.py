@@ -210,7 +210,9 @@ def transcode(buf, pos, stop, out, state, float_text, float_bounds, floats, stac
     in its map) when first met, and the keys of the earlier map were distinct, so these are.
     """
     at = state[0]
-    room = out.shape[0]
+    # Each check of room leaves DEPTH bytes spare: what a value completes (brackets closing every
+    # container open, then a ':' or ',') is written unchecked.
+    room = out.shape[0] - DEPTH
     depth = 0
     held = 0  # keys in ``keys``
     while True:
