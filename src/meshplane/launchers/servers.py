@@ -85,7 +85,8 @@ class StreamsServerProcess(ServerProcess):
         self.data_dir = data_dir or self.workdir / "data"
         self.url = ""
         self.announced: dict[str, Any] = {}
-        if "--node-id" in extra_args and not {"--route-port", "--config"} & set(extra_args):
+        named = {arg.split("=", 1)[0] for arg in extra_args if arg.startswith("--")}  # --flag v, --flag=v
+        if "--node-id" in named and not {"--route-port", "--config"} & named:
             # A mesh node's routes on a free port, as its HTTP port: two nodes started side by side
             # would both take the default (16500). A restart keeps the port it got.
             extra_args = (*extra_args, "--route-port", "0")
