@@ -1,0 +1,46 @@
+"""A grow that fails opening a new partition (ENOSPC) leaves nothing behind: neither a partition the
+caller was told was not made, nor a topic the caller deleted, comes back after a restart."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from meshplane.errors import MeshplaneError
+from meshplane.streams.log import PartitionLog
+from meshplane.streams.service import StreamsConfig, StreamsService
+
+
+async def test_a_failed_grow_leaves_no_partition_and_no_topic_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = StreamsConfig(data_dir=tmp_path, fsync="never")
+    engine = StreamsService(config)
+    await engine.start()
+    try:
+        await engine.create_topic("kept", 1)
+        await engine.create_topic("gone", 1)
+        recover = PartitionLog._recover
+
+        def full(log: PartitionLog) -> None:
+            if log.directory.name == "1":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            recover(log)
+
+        monkeypatch.setattr(PartitionLog, "_recover", full)
+        for name in ("kept", "gone"):
+            with pytest.raises(MeshplaneError):
+                await engine.add_partitions(name, 2)
+        monkeypatch.undo()
+        assert await engine.delete_topic("gone")
+    finally:
+        await engine.close()
+    engine = StreamsService(config)
+    await engine.start()
+    try:
+        assert sorted(engine.topic_store.topics) == ["kept"], "a deleted topic came back"
+        assert len(engine.topic_store.topics["kept"].partitions) == 1, "the failed grow's partition came back"
+    finally:
+        await engine.close()
