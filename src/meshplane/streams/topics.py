@@ -173,7 +173,14 @@ class Topic(TopicBase[PartitionLog]):
             raise BadRequest(
                 f"topic {self.name!r} has {len(self.partitions)} partitions: ask for more, not {count}"
             )
-        self._open_partitions(count)
+        try:
+            self._open_partitions(count)
+        except BaseException:
+            # The new one that failed made its directory first: left, a restart would count it a
+            # partition (and a deleted topic, whose directory it keeps, would come back).
+            for p in range(len(self.partitions), count):
+                _remove_tree(self.directory / str(p))
+            raise
         self.settings.num_partitions = count
 
     def read(
