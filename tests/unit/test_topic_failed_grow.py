@@ -44,3 +44,31 @@ async def test_a_failed_grow_leaves_no_partition_and_no_topic_behind(
         assert len(engine.topic_store.topics["kept"].partitions) == 1, "the failed grow's partition came back"
     finally:
         await engine.close()
+
+
+async def test_a_partition_failing_to_open_at_start_deletes_no_other_partition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EIO (or EMFILE) opening partition 1 of a topic at start: the start fails, and partition 0's
+    events, acknowledged before, are still on disk for the next start."""
+    config = StreamsConfig(data_dir=tmp_path, fsync="never")
+    engine = StreamsService(config)
+    await engine.start()
+    try:
+        await engine.create_topic("t", 2)
+    finally:
+        await engine.close()
+    segments = sorted((tmp_path / "topics" / "t" / "0").iterdir())
+    assert segments
+    recover = PartitionLog._recover
+
+    def failing(log: PartitionLog) -> None:
+        if log.directory.name == "1":
+            raise OSError(errno.EIO, "Input/output error")
+        recover(log)
+
+    monkeypatch.setattr(PartitionLog, "_recover", failing)
+    with pytest.raises(MeshplaneError):
+        await StreamsService(config).start()
+    monkeypatch.undo()
+    assert sorted((tmp_path / "topics" / "t" / "0").iterdir()) == segments, "partition 0's log was deleted"
