@@ -143,13 +143,14 @@ class Topic(TopicBase[PartitionLog]):
         self._open_partitions(settings.num_partitions)
 
     def _open_partitions(self, count: int) -> None:
-        """Open partitions up to ``count``; if one fails, those opened here are removed again."""
+        """Open partitions up to ``count``; if one fails, those opened here are closed again (at a start
+        they hold events: only a grow, whose new ones are empty, removes them)."""
         before = len(self.partitions)
         try:
             self._open_more(count)
         except BaseException:
             for plog in self.partitions[before:]:
-                plog.delete()
+                plog.close()
             del self.partitions[before:], self.notifiers[before:]
             del self.published[before:], self.consumed[before:]
             raise
@@ -176,8 +177,8 @@ class Topic(TopicBase[PartitionLog]):
         try:
             self._open_partitions(count)
         except BaseException:
-            # The new one that failed made its directory first: left, a restart would count it a
-            # partition (and a deleted topic, whose directory it keeps, would come back).
+            # Its new partitions, also the one that failed (which made its directory first): left, a
+            # restart would count them (and a deleted topic, whose directory they keep, would come back).
             for p in range(len(self.partitions), count):
                 _remove_tree(self.directory / str(p))
             raise
