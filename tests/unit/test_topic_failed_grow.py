@@ -4,6 +4,7 @@ caller was told was not made, nor a topic the caller deleted, comes back after a
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,18 @@ import pytest
 from meshplane.errors import MeshplaneError
 from meshplane.streams.log import PartitionLog
 from meshplane.streams.service import StreamsConfig, StreamsService
+
+
+def fail_opening_partition_1(monkeypatch: pytest.MonkeyPatch, error: int) -> None:
+    """Opening any topic's partition 1 fails with ``error`` (until ``monkeypatch.undo()``)."""
+    recover = PartitionLog._recover
+
+    def failing(log: PartitionLog) -> None:
+        if log.directory.name == "1":
+            raise OSError(error, os.strerror(error))
+        recover(log)
+
+    monkeypatch.setattr(PartitionLog, "_recover", failing)
 
 
 async def test_a_failed_grow_leaves_no_partition_and_no_topic_behind(
@@ -22,14 +35,7 @@ async def test_a_failed_grow_leaves_no_partition_and_no_topic_behind(
     try:
         await engine.create_topic("kept", 1)
         await engine.create_topic("gone", 1)
-        recover = PartitionLog._recover
-
-        def full(log: PartitionLog) -> None:
-            if log.directory.name == "1":
-                raise OSError(errno.ENOSPC, "No space left on device")
-            recover(log)
-
-        monkeypatch.setattr(PartitionLog, "_recover", full)
+        fail_opening_partition_1(monkeypatch, errno.ENOSPC)
         for name in ("kept", "gone"):
             with pytest.raises(MeshplaneError):
                 await engine.add_partitions(name, 2)
@@ -60,14 +66,7 @@ async def test_a_partition_failing_to_open_at_start_deletes_no_other_partition(
         await engine.close()
     segments = sorted((tmp_path / "topics" / "t" / "0").iterdir())
     assert segments
-    recover = PartitionLog._recover
-
-    def failing(log: PartitionLog) -> None:
-        if log.directory.name == "1":
-            raise OSError(errno.EIO, "Input/output error")
-        recover(log)
-
-    monkeypatch.setattr(PartitionLog, "_recover", failing)
+    fail_opening_partition_1(monkeypatch, errno.EIO)
     with pytest.raises(MeshplaneError):
         await StreamsService(config).start()
     monkeypatch.undo()
