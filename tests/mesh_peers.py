@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -123,9 +124,17 @@ class RawPeer:
         return decode_hello(self.read_until(FrameType.HELLO).payload)
 
     def authenticate(self) -> RawPeer:
+        answer = self.prove()
+        self.seal(answer.nonce, answer.node, dialler=True)
+        return self
+
+    def prove(self, pause: float = 0.0) -> Hello:
+        """The handshake up to the node's proof (``pause`` seconds between its HELLO and our AUTH),
+        short of our first record, which confirms it: returns the node's HELLO, to ``seal`` with."""
         answer = self.hello()
         if answer.error:
             raise ConnectionRefusedError(answer.error)
+        time.sleep(pause)
         ours = proof(
             self.secret,
             dialler=True,
@@ -141,8 +150,7 @@ class RawPeer:
         if frame.type is FrameType.HELLO:
             raise ConnectionRefusedError(decode_hello(frame.payload).error)
         self.origin = decode_auth(frame.payload).origin
-        self.seal(answer.nonce, answer.node, dialler=True)
-        return self
+        return answer
 
     def close(self) -> None:
         self.sock.close()

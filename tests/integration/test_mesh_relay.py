@@ -18,7 +18,7 @@ from meshplane.launchers import StreamsServerProcess, free_port
 from meshplane.mesh.client import MeshClient
 from meshplane.mesh.config import SECRET_ENV
 from tests.helpers import eventually
-from tests.mesh_peers import relay_handshake
+from tests.mesh_peers import RawPeer, relay_handshake
 from tests.mesh_pki import MeshCA
 from tests.support.mesh import Inbox, publish_all, put_queue, queue_bodies, status
 
@@ -224,3 +224,39 @@ async def test_a_relay_beside_a_live_gateway_link_loses_no_acknowledged_event(
         await eventually(all_there, timeout=30, what=f"all {len(acknowledged)} acknowledged events at A")
         await publisher.close()
     listener.close()
+
+
+def confirm_late(route_url: str, pause: float, confirm_at: float | None) -> bool:
+    """A client whose proof goes ``pause`` seconds after the node's HELLO, whose first record (the one
+    that confirms it holds the session's keys) goes ``confirm_at`` seconds after it connected (None:
+    never). Whether the node then answers a ping (None: whether it closed the connection)."""
+    peer = RawPeer(route_url, "late", "", "client", secret=SECRET)
+    connected = time.monotonic()
+    try:
+        answer = peer.prove(pause)
+        if confirm_at is None:
+            return peer.closed(timeout=10)
+        time.sleep(max(0.0, connected + confirm_at - time.monotonic()))
+        peer.seal(answer.nonce, answer.node, dialler=True)
+        peer.send(encode_frame(FrameType.SYNC_REQ, ""))
+        return peer.read_until(FrameType.SYNC_RESP).type is FrameType.SYNC_RESP
+    except OSError:
+        return False
+    finally:
+        peer.close()
+
+
+async def test_a_client_told_it_is_in_is_not_closed_at_the_accept_deadline_one_never_confirming_is() -> None:
+    """The node answers a client's proof with its own, then installs the client at its first record
+    (a relay holds no keys to make one). Waiting for that record has an auth timeout of its own, from
+    the node's proof: a client whose handshake took most of the timeout (a loaded machine; CI lost a
+    TLS publisher's events so) is not closed after it was told it was in. One that never confirms is
+    still closed, and counted."""
+    with process("a", "c1", 0, "--mesh-auth-timeout", "2") as node:
+        node.start()
+        before = (await status(node))["frame_errors"].get("handshake_timeout", 0)
+        # Proof at 1.5 s, first record at 2.6 s: past the accept's 2 s, within its proof's 2 s.
+        assert await asyncio.to_thread(confirm_late, node.route_url, 1.5, 2.6), "closed after its proof"
+        assert (await status(node))["frame_errors"].get("handshake_timeout", 0) == before
+        assert await asyncio.to_thread(confirm_late, node.route_url, 1.5, None), "never closed"
+        assert (await status(node))["frame_errors"]["handshake_timeout"] == before + 1

@@ -81,10 +81,18 @@ class Handshakes:
                 oldest.conn.close()
             state.address = address
             timeout = node.config.limits.auth_timeout
-        asyncio.get_running_loop().call_later(timeout, self._deadline, state)
+        self._arm_deadline(state, timeout)
+
+    def _arm_deadline(self, state: Handshake, timeout: float) -> None:
+        if state.deadline is not None:
+            state.deadline.cancel()
+        state.deadline = asyncio.get_running_loop().call_later(timeout, self._deadline, state)
 
     def proven(self, state: Handshake) -> None:
         """The connection's handshake is over (it was installed, or it closed)."""
+        if state.deadline is not None:
+            state.deadline.cancel()
+            state.deadline = None
         if state.address is not None:
             self.unproven.done(state)
             state.address = None
@@ -343,6 +351,8 @@ class Handshakes:
             return self._install(state, hello)
         self._send_proof(state, hello, state.origin)
         # Installed once the dialler's first record opens: whoever relayed the handshake holds no keys.
+        # The dialler was told it is in: that record has an auth timeout of its own, from now.
+        self._arm_deadline(state, node.config.limits.auth_timeout)
         state.conn.seal(keys, dialler=False, on_confirmed=lambda _: self._confirmed(state, hello))
 
     def _confirmed(self, state: Handshake, hello: Hello) -> None:

@@ -81,6 +81,7 @@ class Handshake:
     origin: str = ""  # a client's: the source id its EVENTs are to carry
     was_current: bool = False  # a route connection that carried its link (its frames apply)
     address: str | None = None  # an accepted connection's source address, while it is not yet proven
+    deadline: asyncio.TimerHandle | None = None  # closes it unless its handshake is over by then
 
 
 def announce(links: Iterable[Link], source: str, added: bool, pattern: str, version: int) -> None:
