@@ -17,6 +17,7 @@ from hypothesis import settings
 import meshplane
 from meshplane import PlaneConfig
 from meshplane.launchers import BrokerProcess, EtcdServer, NatsServer, StreamsServerProcess
+from tests.support import server_logs
 
 # The developer's connection contexts (`meshplane up`, `meshplane context select`) must not reach the
 # tests, nor the tests' `up` runs the developer's: every test process reads its own, empty, config folder.
@@ -24,6 +25,7 @@ os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="meshplane-test-config-"
 # Nor their state folder: every mesh node registers there (file discovery's default) for the mesh view.
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="meshplane-test-state-")
 os.environ.pop("MESHPLANE_CONTEXT", None)
+server_logs.install()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -250,3 +252,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:  # one given the Spark session starts a JVM: `make check` leaves it out
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark_jvm)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test's report ends with its servers' logs (``tests/support/server_logs.py``)."""
+    if call.when == "setup":
+        server_logs.begin_test()
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and call.when == "call":
+        report.sections.append(("servers' logs", server_logs.tails()))

@@ -100,6 +100,7 @@ class Handshakes:
     def _deadline(self, state: Handshake) -> None:
         if not state.role and state.conn.is_open:
             self.node.frame_errors["handshake_timeout"] += 1
+            self.quiet.warning("handshake_timeout", "closed a connection whose handshake ran out of time")
             state.conn.close()
 
     def send_hello(
