@@ -79,6 +79,8 @@ async def test_a_client_certificate_logs_in_as_the_user_it_names_and_one_naming_
             await eventually(lambda: [body for _, body in seen.events] == [b"allowed"], what="alice's event")
 
             await mallory.connect()  # the handshake passes; the node refuses it without a user
+            with pytest.raises(TransportAuthError, match="names none of them"):
+                await mallory.flush()  # waiting as the refusal comes: it is told why, not "lost"
             await eventually(lambda: bool(told), timeout=10, what="mallory told why")
             assert "the client's certificate names none of them" in str(told[0])
             await eventually(lambda: not mallory.connected, timeout=10, what="mallory closed")
