@@ -276,11 +276,11 @@ class MeshClient:
         if conn is not self._conn:
             return
         self._conn = None
-        for ping in self._pings:
-            if not ping.done():
-                ping.set_exception(TransportError(f"lost the mesh node at {self.url}"))
-        self._pings.clear()
         refused, self._session_refused = self._session_refused, None
+        for ping in self._pings:  # a refused session's flush is told why
+            if not ping.done():
+                ping.set_exception(refused or TransportError(f"lost the mesh node at {self.url}"))
+        self._pings.clear()
         self._sessions_refused = self._sessions_refused + 1 if refused is not None else 0
         if refused is not None and self._sessions_refused >= len(self.addresses):
             # Dialling again would be refused again, at once and for ever: the application is told.
