@@ -32,7 +32,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Compile meshplane's sources (and the suite's, which the chaos harness runs as modules) once.
     An editable install leaves that to the first import, and with PYTHONDONTWRITEBYTECODE no import
     writes it: every server, broker and CLI command the suite starts (hundreds) compiled ~150 modules
-    again (test_cli_config and test_cli_errors took 25% more CPU). Only what changed is compiled again."""
+    again (test_cli_config and test_cli_errors took 25% more CPU). Only what changed is compiled again;
+    by pytest-xdist's controller, not by each of its workers."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return
     for package in (Path(meshplane.__file__).parent, Path(__file__).parent):
         compileall.compile_dir(package, quiet=2, workers=1)
 
