@@ -76,6 +76,7 @@ README_SPARK = re.search(
 )
 
 
+@pytest.mark.spark_jvm  # the snippet starts a Spark session
 @pytest.mark.timeout(500)  # its waits add up to 480 s
 def test_the_readme_spark_snippet_runs_on_the_context_behind_pyenv_shims(tmp_path: Path) -> None:
     """Issue 57: the README's snippet hard-coded the URL and, behind pyenv's shims, failed in Spark's
