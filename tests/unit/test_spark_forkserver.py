@@ -158,6 +158,7 @@ def test_a_request_refused_by_its_length_says_why_though_the_server_hangs_up_mid
     _as_a_spark_worker(monkeypatch, BIG="x" * 2 * forkserver.MAX_REQUEST)
     assert worker_python.run_forked(server[1], ["-m", "tests.forkserver_probe", "exit"]) is None
     assert f"(at most {forkserver.MAX_REQUEST})): starting a fresh Python" in capsys.readouterr().err
+    monkeypatch.delenv("BIG")
     proc = launch(server[1], "exit")  # and it serves on
     assert report(proc)["ppid"] == server[0].pid
     assert proc.wait(timeout=30) == 7
