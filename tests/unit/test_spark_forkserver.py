@@ -182,8 +182,8 @@ def test_a_request_not_all_sent_within_the_timeout_is_refused_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trickle: bool
 ) -> None:
     """The server reads one launcher at a time: one that sends nothing, or trickles its request, holds
-    up every other launcher until REQUEST_TIMEOUT, which bounds the whole request (not each read), and
-    is told why it was refused (it was closed on without a word)."""
+    up every other launcher until REQUEST_TIMEOUT, which bounds the whole request (it bounded each read),
+    and is told why it was refused (it was hung up on without a word)."""
     monkeypatch.setattr(forkserver, "REQUEST_TIMEOUT", 1.0)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(tmp_path / "socket"))
