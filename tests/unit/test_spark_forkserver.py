@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import selectors
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from meshplane.spark import forkserver
+from meshplane.spark import forkserver, worker_python
 from tests.helpers import wait_until
 
 LAUNCHER = Path(sys.executable).with_name("meshplane-spark-python")
@@ -110,6 +113,103 @@ def test_other_interpreter_settings_are_refused_and_a_fresh_python_runs_instead(
     assert proc.wait(timeout=30) == 7
     assert proc.stderr is not None
     assert "not forked (interpreter settings differ: PYTHONHASHSEED)" in proc.stderr.read()
+
+
+def _as_a_spark_worker(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    for name, value in {**forkserver.SPARK_WORKER_SETTINGS, **env}.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_a_refusal_that_comes_before_the_launcher_is_done_writing_still_says_why(
+    server: tuple[subprocess.Popen[bytes], str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A loaded machine's order, made certain: the launcher is preempted as soon as its request is out,
+    and the server reads it, refuses, answers and hangs up before the launcher's next step. That step
+    wrote nothing (a `sendall` of the empty rest, which still makes a `send`) and got a broken pipe:
+    the launcher said "no answer: Broken pipe" with the server's reason waiting unread."""
+    send_fds = socket.send_fds
+
+    def send_and_be_preempted(sock: socket.socket, *args: Any) -> int:
+        sent = send_fds(sock, *args)
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+
+        def hung_up() -> bool:
+            return any(events & select.POLLHUP for _, events in poller.poll(0))
+
+        wait_until(hung_up, timeout=30, what="the server answered and hung up")
+        return int(sent)
+
+    monkeypatch.setattr(socket, "send_fds", send_and_be_preempted)
+    _as_a_spark_worker(monkeypatch, PYTHONHASHSEED="1")
+    assert worker_python.run_forked(server[1], ["-m", "tests.forkserver_probe", "exit"]) is None
+    assert "not forked (interpreter settings differ: PYTHONHASHSEED)" in capsys.readouterr().err
+
+
+def test_a_request_refused_by_its_length_says_why_though_the_server_hangs_up_mid_write(
+    server: tuple[subprocess.Popen[bytes], str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The server refuses a request over MAX_REQUEST from its length, answers and hangs up without
+    reading the rest: the launcher's writes fail, and it must read the answer all the same."""
+    _as_a_spark_worker(monkeypatch, BIG="x" * 2 * forkserver.MAX_REQUEST)
+    assert worker_python.run_forked(server[1], ["-m", "tests.forkserver_probe", "exit"]) is None
+    assert f"(at most {forkserver.MAX_REQUEST})): starting a fresh Python" in capsys.readouterr().err
+    monkeypatch.delenv("BIG")
+    proc = launch(server[1], "exit")  # and it serves on
+    assert report(proc)["ppid"] == server[0].pid
+    assert proc.wait(timeout=30) == 7
+
+
+def _trickle(sock: socket.socket, stop: threading.Event) -> None:
+    """A request that does not end for 10 s: its length, then a byte at a time, each well within the
+    timeout; then it ends early (not to hold a server that waits out each read for an hour)."""
+    socket.send_fds(sock, [struct.pack(">I", 100_000) + b"{"], [0, 1, 2])
+    deadline = time.monotonic() + 10
+    while not stop.wait(0.05) and time.monotonic() < deadline:
+        try:
+            sock.sendall(b" ")
+        except OSError:
+            return  # the server hung up
+    sock.shutdown(socket.SHUT_WR)
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["nothing", "a-trickle"])
+def test_a_request_not_all_sent_within_the_timeout_is_refused_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trickle: bool
+) -> None:
+    """The server reads one launcher at a time: one that sends nothing, or trickles its request, holds
+    up every other launcher until REQUEST_TIMEOUT, which bounds the whole request (it bounded each read),
+    and is told why it was refused (it was hung up on without a word)."""
+    monkeypatch.setattr(forkserver, "REQUEST_TIMEOUT", 1.0)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "socket"))
+    listener.listen(1)
+    server = forkserver.ForkServer(listener)
+    launcher = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    launcher.connect(str(tmp_path / "socket"))
+    stop = threading.Event()
+    writer = threading.Thread(target=_trickle, args=(launcher, stop)) if trickle else None
+    if writer is not None:
+        writer.start()
+    started = time.monotonic()
+    try:
+        server._accept(None)
+        waited = time.monotonic() - started
+    finally:
+        stop.set()
+        if writer is not None:
+            writer.join(timeout=30)
+    launcher.settimeout(30)
+    answer = json.loads(launcher.makefile("rb").readline() or b"{}")
+    assert "within 1 s" in answer.get("refused", ""), answer
+    assert waited >= 1.0  # not refused before its time
+    assert server.children == {}
+    launcher.close()
+    listener.close()
 
 
 def test_without_a_server_the_launcher_starts_a_fresh_python(tmp_path: Path) -> None:

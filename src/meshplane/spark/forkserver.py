@@ -178,10 +178,15 @@ def _answer(conn: socket.socket, message: dict[str, Any]) -> None:
         conn.sendall(json.dumps(message).encode() + b"\n")
 
 
-def receive_request(conn: socket.socket) -> tuple[Any, list[int]]:
-    """A launcher's request and the three file descriptors sent with it (length-prefixed JSON)."""
-    data, fds, _, _ = socket.recv_fds(conn, 65536, 3)
+def receive_request(conn: socket.socket, timeout: float) -> tuple[Any, list[int]]:
+    """A launcher's request and the three file descriptors sent with it (length-prefixed JSON), all of
+    it within ``timeout``: the server reads one launcher at a time, so one that trickles its request
+    holds up the others for ``timeout`` in all, not for ``timeout`` per read."""
+    deadline = time.monotonic() + timeout
+    fds: list[int] = []
     try:
+        conn.settimeout(timeout)
+        data, fds, _, _ = socket.recv_fds(conn, 65536, 3)
         if len(fds) != 3:
             raise Refused(f"{len(fds)} file descriptors sent, not 3 (stdin, stdout, stderr)")
         if len(data) < HEADER.size:
@@ -191,6 +196,10 @@ def receive_request(conn: socket.socket) -> tuple[Any, list[int]]:
             raise Refused(f"a request of {size} bytes (at most {MAX_REQUEST})")
         body = bytearray(data[HEADER.size :])
         while len(body) < size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            conn.settimeout(left)
             chunk = conn.recv(size - len(body))
             if not chunk:
                 raise Refused("the request ended early")
@@ -199,9 +208,11 @@ def receive_request(conn: socket.socket) -> tuple[Any, list[int]]:
             return json.loads(bytes(body[:size])), fds
         except ValueError as exc:
             raise Refused(f"the request is not JSON: {exc}") from None
-    except BaseException:
+    except BaseException as exc:
         for fd in fds:
             os.close(fd)
+        if isinstance(exc, TimeoutError):  # told, so that its launcher need not guess
+            raise Refused(f"the request was not all sent within {timeout:g} s") from None
         raise
 
 
@@ -263,7 +274,7 @@ class ForkServer:
                 raise Refused("a launcher of another user")
             if len(self.children) >= MAX_CHILDREN:
                 raise Refused(f"{MAX_CHILDREN} children running already")
-            request, streams = receive_request(conn)
+            request, streams = receive_request(conn, REQUEST_TIMEOUT)
             try:
                 child = plan(request)
                 pid = os.fork()

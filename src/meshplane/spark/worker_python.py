@@ -16,6 +16,7 @@ This module imports nothing of meshplane or PySpark: it runs before each of Spar
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -60,6 +61,26 @@ def without_bundled_zips(python_path: str, importable_from: list[str]) -> str:
     return os.pathsep.join(kept)
 
 
+def _ask(sock: socket.socket, message: bytes, answers: io.BufferedReader) -> bytes:
+    """The server's first answer to ``message`` (sent with this process's standard streams), ``b""``
+    if it hung up without one. A server that refuses answers, then hangs up: maybe before this process
+    wrote all of it (refused by its length), or before the next write, its turn delayed on a loaded
+    machine. Such a write fails with a broken pipe; the answer is there to read all the same."""
+    try:
+        sent = socket.send_fds(sock, [message], [0, 1, 2])
+        if sent < len(message):  # sendall(b"") still sends: to a server that hung up, a broken pipe
+            sock.sendall(message[sent:])
+    except ConnectionError as unsent:  # EPIPE, ECONNRESET: not a timeout, that would wait again
+        try:
+            line = answers.readline()
+        except OSError:
+            line = b""
+        if not line:
+            raise unsent from None
+        return line
+    return answers.readline()
+
+
 def run_forked(server: str, argv: list[str]) -> int | None:
     """The exit code of ``python argv`` run as a child of the fork server at ``server``, or ``None`` when
     it did not start one (no server there, or it refused: then it says why on stderr)."""
@@ -73,12 +94,10 @@ def run_forked(server: str, argv: list[str]) -> int | None:
         sock.connect(server)
     except OSError:
         return None  # no fork server there: Spark's way, silently
+    answers = sock.makefile("rb")
     try:
         sock.settimeout(ANSWER_TIMEOUT)
-        sent = socket.send_fds(sock, [message], [0, 1, 2])
-        sock.sendall(message[sent:])
-        answers = sock.makefile("rb")
-        started = json.loads(answers.readline() or b"{}")
+        started = json.loads(_ask(sock, message, answers) or b"{}")
     except (OSError, ValueError) as exc:
         started = {"refused": f"no answer: {exc or type(exc).__name__}"}
     if not isinstance(started, dict) or "pid" not in started:
