@@ -259,10 +259,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """A failed test's report ends with its servers' logs (``tests/support/server_logs.py``)."""
-    if call.when == "setup":
-        server_logs.begin_test()
+    """A failed test's report (or its failed setup's: a cluster that never formed) ends with its
+    servers' logs (``tests/support/server_logs.py``)."""
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
-    if report.failed and call.when == "call":
+    if report.failed and call.when in ("setup", "call"):
         report.sections.append(("servers' logs", server_logs.tails()))
+    if call.when == "setup":
+        server_logs.begin_test()
