@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import compileall
 import contextlib
 import os
@@ -24,6 +25,8 @@ from tests.support import server_logs
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="meshplane-test-config-")
 # Nor their state folder: every mesh node registers there (file discovery's default) for the mesh view.
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="meshplane-test-state-")
+for _folder in (os.environ["XDG_CONFIG_HOME"], os.environ["XDG_STATE_HOME"]):  # removed on exit
+    atexit.register(shutil.rmtree, _folder, ignore_errors=True)
 os.environ.pop("MESHPLANE_CONTEXT", None)
 server_logs.install()
 
