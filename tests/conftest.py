@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import compileall
 import contextlib
 import os
@@ -24,6 +25,8 @@ from tests.support import server_logs
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="meshplane-test-config-")
 # Nor their state folder: every mesh node registers there (file discovery's default) for the mesh view.
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="meshplane-test-state-")
+for _folder in (os.environ["XDG_CONFIG_HOME"], os.environ["XDG_STATE_HOME"]):  # removed on exit
+    atexit.register(shutil.rmtree, _folder, ignore_errors=True)
 os.environ.pop("MESHPLANE_CONTEXT", None)
 server_logs.install()
 
@@ -259,10 +262,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """A failed test's report ends with its servers' logs (``tests/support/server_logs.py``)."""
-    if call.when == "setup":
-        server_logs.begin_test()
+    """A failed test's report (or its failed setup's: a cluster that never formed) ends with its
+    servers' logs (``tests/support/server_logs.py``)."""
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
-    if report.failed and call.when == "call":
+    if report.failed and call.when in ("setup", "call"):
         report.sections.append(("servers' logs", server_logs.tails()))
+    if call.when == "setup":
+        server_logs.begin_test()

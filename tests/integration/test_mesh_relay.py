@@ -260,3 +260,29 @@ async def test_a_client_told_it_is_in_is_not_closed_at_the_accept_deadline_one_n
         assert (await status(node))["frame_errors"].get("handshake_timeout", 0) == before
         assert await asyncio.to_thread(confirm_late, node.route_url, 1.5, None), "never closed"
         assert (await status(node))["frame_errors"]["handshake_timeout"] == before + 1
+
+
+def prove_twice(route_url: str) -> bool:
+    """A client that proves, then sends its AUTH again instead of its first record (as if a second
+    proof could buy a second auth timeout). Whether the node closed it."""
+    peer = RawPeer(route_url, "twice", "", "client", secret=SECRET)
+    try:
+        peer.prove()
+        peer.sock.sendall(peer.sent_auth)  # in clear, where a record is due
+        return peer.closed(timeout=10)
+    finally:
+        peer.close()
+
+
+async def test_a_second_proof_buys_no_second_auth_timeout() -> None:
+    """Only the first valid AUTH re-arms the handshake's deadline: after it every byte is a record, so
+    an AUTH again is a bad record, closed at once (not at a deadline it re-armed)."""
+    with process("a", "c1", 0, "--mesh-auth-timeout", "30") as node:
+        node.start()
+        before = await status(node)
+        assert await asyncio.to_thread(prove_twice, node.route_url), "open after a second AUTH"
+        after = await status(node)
+        assert after["counters"]["closed_bad_record"] == before["counters"].get("closed_bad_record", 0) + 1
+        assert after["frame_errors"].get("handshake_timeout", 0) == before["frame_errors"].get(
+            "handshake_timeout", 0
+        )

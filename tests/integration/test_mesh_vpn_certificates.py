@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import ssl
+import traceback
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,14 @@ async def test_a_client_certificate_logs_in_as_the_user_it_names_and_one_naming_
             # Dialling again would be refused again at once: it stops, and the application is told.
             with pytest.raises(TransportAuthError, match="names none of them"):
                 await mallory.flush()
+            # Asked again and again, it says so again: the error's traceback does not grow with each
+            # ask (the frames it would keep hold their locals: an application retrying leaked them).
+            depths = []
+            for _ in range(3):
+                with pytest.raises(TransportAuthError, match="names none of them") as raised:
+                    await mallory.flush()
+                depths.append(len(traceback.extract_tb(raised.value.__traceback__)))
+            assert depths[0] == depths[-1], f"traceback frames, ask after ask: {depths}"
             assert not mallory.connected
             await mallory.close()
             await carol.connect()  # a password logs in whoever has one, whatever its certificate

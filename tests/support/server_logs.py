@@ -4,12 +4,14 @@ the shared ones) and those stopped since the test began, the last lines of each.
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any
 
 from meshplane.launchers.base import ServerProcess
 
 TAIL_LINES = 40
+TAIL_BYTES = 8192  # of the log's end, read: a server's log (or one line of it) may be large
 MAX_STOPPED = 64  # a test that starts hundreds of servers keeps its first ones' tails only
 
 _live: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
@@ -19,7 +21,9 @@ _stopped: list[str] = []
 def _tail(server: ServerProcess) -> str:
     pid = server.proc.pid if server.proc is not None else "-"
     try:
-        lines = server.log_path.read_text(errors="replace").splitlines()[-TAIL_LINES:]
+        with server.log_path.open("rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - TAIL_BYTES))
+            lines = log.read().decode(errors="replace").splitlines()[-TAIL_LINES:]
     except OSError:
         lines = ["(no log)"]
     return "\n".join([f"--- {type(server).__name__} pid {pid}, {server.workdir}", *lines])
@@ -34,6 +38,7 @@ def install() -> None:
         _live.add(self)
 
     def keeping_tail(self: ServerProcess) -> None:
+        self.stop()  # what it says as it stops is in its log too
         if self.proc is not None and len(_stopped) < MAX_STOPPED:
             _stopped.append(_tail(self))
         _live.discard(self)

@@ -202,7 +202,7 @@ PEER_LIMIT_FLAGS: dict[str, tuple[type, str]] = {
     "ping_timeout": (float, "seconds before a propagated ping is answered whatever the peers do"),
     "frame_timeout": (float, "seconds a connection may take to finish a frame"),
     "idle_timeout": (float, "seconds a mesh connection may send nothing (0: no limit)"),
-    "auth_timeout": (float, "seconds an accepted connection has for its TLS handshake and its proof"),
+    "auth_timeout": (float, "seconds an accepted connection has to prove itself (again: its first record)"),
     "max_unauthenticated": (int, "accepted connections not yet proven, in all (more are closed at once)"),
     "max_unauthenticated_per_address": (int, "accepted connections not yet proven from one address"),
 }

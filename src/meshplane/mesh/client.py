@@ -397,7 +397,9 @@ class MeshClient:
         node linked to it has too (a subscription made before is then known cluster-wide)."""
         conn = self._conn
         if conn is None:
-            raise self._refused_login or TransportError(f"not connected to the mesh node at {self.url}")
+            if self._refused_login is not None:  # raised afresh: each raise would add its frames to it
+                raise self._refused_login.with_traceback(None)
+            raise TransportError(f"not connected to the mesh node at {self.url}")
         ping: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pings.append(ping)
         conn.send(encode_frame(FrameType.SYNC_REQ, "", flags=FLAG_PROPAGATED if propagated else 0))
