@@ -317,3 +317,77 @@ def test_group_consume_count_says_it_waits_for_the_rest_and_e_stops_at_the_end(
     assert result.returncode == 0, result.stderr
     assert sorted(json.loads(line)["data"] for line in result.stdout.splitlines()) == [3, 4]
     assert "waiting for" not in result.stderr
+
+
+def _group_member(
+    server: StreamsServerProcess, group: str, *, sigint_ignored: bool = False
+) -> subprocess.Popen[str]:
+    """``group consume GROUP``; ``sigint_ignored``: started as a script's background job is (``cmd &``)."""
+    return subprocess.Popen(
+        [*MESHPLANE, "group", "consume", group],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=streams_env(server),
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
+    )
+
+
+def _members(server: StreamsServerProcess, group: str) -> list[Any]:
+    async def members() -> list[Any]:
+        async with StreamsClient(server.url) as client:
+            return list((await client.group_stats(group))["members"])
+
+    return asyncio.run(members())
+
+
+def test_group_consume_leaves_on_sigint_even_when_started_with_it_ignored(
+    server: StreamsServerProcess,
+) -> None:
+    """A background job of a script inherits SIGINT ignored; `kill -INT` (or a test's SIGINT) must still
+    stop a member as SIGTERM does: it ignored it, and the -n 4 run's two SIGINT tests waited 30 s for it."""
+    publish(server.url, "ignored-int", range(6), partitions=2)
+    _group(server, "ignored-int", "ignored-int")
+    member = _group_member(server, "ignored-int", sigint_ignored=True)
+    try:
+        wait_until(
+            lambda: _committed(server, "ignored-int", 2) == 6, timeout=30, interval=0.2, what="all 6 read"
+        )
+        member.send_signal(signal.SIGINT)
+        out, err = member.communicate(timeout=30)
+    finally:
+        member.kill()
+    assert member.returncode == 130, err
+    assert sorted(json.loads(line)["data"] for line in out.splitlines()) == list(range(6))
+    assert "stopped by SIGINT after 6 events, each committed before it was printed; left the group" in err
+    assert _members(server, "ignored-int") == []
+
+
+def test_group_consume_stops_within_a_bound_on_ctrl_c_while_its_server_does_not_answer() -> None:
+    """Ctrl-C while the server is paused: the leave on the way out is bounded (it waited the client's 30 s
+    request timeout), and the member says it could not leave."""
+    with StreamsServerProcess() as proc:
+        paused = proc.start()
+        publish(paused.url, "paused", range(4), partitions=1)
+        _group(paused, "paused", "paused")
+        member = _group_member(paused, "paused")
+        try:
+            wait_until(
+                lambda: _committed(paused, "paused", 1) == 4, timeout=30, interval=0.2, what="all 4 read"
+            )
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                member.send_signal(signal.SIGINT)
+                started = time.monotonic()
+                _, err = member.communicate(timeout=60)
+                took = time.monotonic() - started
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+        finally:
+            member.kill()
+        assert member.returncode == 130, err
+        assert took < 20, (
+            f"{took:.1f}s after Ctrl-C: {err}"
+        )  # its leave has 5 s; the client's timeout is 30 s
+        assert "stopped by SIGINT after 4 events" in err
+        assert "could not leave the group within 5s" in err
