@@ -227,15 +227,16 @@ async def consume_group(client: StreamsClient, args: argparse.Namespace) -> int:
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()  # the cancellation was our stop: the way out below awaits
+        joined, joining = joining, False  # a second signal ends the way out: no leave again in `finally`
         unfinished = await _stop_reading(reading, printer)
-        left = await _leave(client, args.group, member) if joining else "it had not joined"
-        joining = False
+        left = await _leave(client, args.group, member) if joined else "it had not joined"
         said = f"member {member} of {args.group}: stopped by {stop.received.name}"
         say(
             f"{said} after {printer.printed} events, each committed before it was printed; {left}{unfinished}"
         )
         return EXIT_INTERRUPTED
     finally:
+        stop.task = None  # a signal on the way out ends it at once
         try:
             if joining and (left := await _leave(client, args.group, member)) != LEFT:
                 say(f"member {member} of {args.group}: {left}")
@@ -244,21 +245,22 @@ async def consume_group(client: StreamsClient, args: argparse.Namespace) -> int:
 
 
 class _StopSignals:
-    """SIGINT, SIGTERM and SIGHUP cancel the task that made this (the first); the second raises
-    KeyboardInterrupt. Installed on the loop, so a SIGINT the process inherited ignored is caught too."""
+    """SIGINT, SIGTERM and SIGHUP cancel ``task`` (the one that made this); a second signal, or one
+    once ``task`` is None, raises KeyboardInterrupt. Installed on the loop, so a SIGINT the process
+    inherited ignored is caught too."""
 
     def __init__(self) -> None:
         self.received: signal.Signals | None = None
-        self._task = asyncio.current_task()
+        self.task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         for stop_signal in STOP_SIGNALS:
             self._loop.add_signal_handler(stop_signal, self._on_signal, stop_signal)
 
     def _on_signal(self, received: signal.Signals) -> None:
-        if self.received is not None or self._task is None:
-            raise KeyboardInterrupt  # asked twice: out now, past the bounds
+        if self.received is not None or self.task is None:
+            raise KeyboardInterrupt  # asked twice, or on the way out: out now, past the bounds
         self.received = received
-        self._task.cancel()
+        self.task.cancel()
 
     def remove(self) -> None:
         for stop_signal in STOP_SIGNALS:
