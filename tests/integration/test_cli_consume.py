@@ -272,15 +272,11 @@ def test_group_consume_leaves_its_group_on_sigterm_and_sighup(
         env=streams_env(server),
     )
 
-    async def members() -> list[Any]:
-        async with StreamsClient(server.url) as client:
-            return list((await client.group_stats(topic))["members"])
-
     wait_until(lambda: _committed(server, topic, 2) == 20, timeout=30, interval=0.2, what="all 20 read")
-    assert len(asyncio.run(members())) == 1
+    assert len(_members(server, topic)) == 1
     member.send_signal(stop_signal)
     member.communicate(timeout=30)
-    assert asyncio.run(members()) == []  # it left at once: no session timeout to wait for
+    assert _members(server, topic) == []  # it left at once: no session timeout to wait for
 
 
 @pytest.mark.timeout(170)  # its waits add up to 150 s
@@ -344,8 +340,8 @@ def _members(server: StreamsServerProcess, group: str) -> list[Any]:
 def test_group_consume_leaves_on_sigint_even_when_started_with_it_ignored(
     server: StreamsServerProcess,
 ) -> None:
-    """A background job of a script inherits SIGINT ignored; `kill -INT` (or a test's SIGINT) must still
-    stop a member as SIGTERM does: it ignored it, and the -n 4 run's two SIGINT tests waited 30 s for it."""
+    """A script's background job (and so a test run started as one) inherits SIGINT ignored; `kill -INT`
+    must still stop a member as SIGTERM does. It was ignored: the two SIGINT tests above waited 30 s."""
     publish(server.url, "ignored-int", range(6), partitions=2)
     _group(server, "ignored-int", "ignored-int")
     member = _group_member(server, "ignored-int", sigint_ignored=True)
@@ -386,8 +382,7 @@ def test_group_consume_stops_within_a_bound_on_ctrl_c_while_its_server_does_not_
         finally:
             member.kill()
         assert member.returncode == 130, err
-        assert took < 20, (
-            f"{took:.1f}s after Ctrl-C: {err}"
-        )  # its leave has 5 s; the client's timeout is 30 s
+        # its leave has 5 s (it had the client's 30 s request timeout): 20 leaves room for a loaded machine
+        assert took < 20, f"{took:.1f}s after Ctrl-C: {err}"
         assert "stopped by SIGINT after 4 events" in err
         assert "could not leave the group within 5s" in err
