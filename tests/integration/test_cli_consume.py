@@ -18,7 +18,7 @@ import pytest
 
 from meshplane.launchers import StreamsServerProcess
 from meshplane.streams.client import StreamsClient
-from tests.helpers import wait_until
+from tests.helpers import read_until, wait_until
 from tests.support.cli import MESHPLANE, streams_env
 
 
@@ -285,8 +285,6 @@ def test_group_consume_count_says_it_waits_for_the_rest_and_e_stops_at_the_end(
 ) -> None:
     """Issue 57: the README's `group consume billing --topic orders -c 10` waited forever (as kcat does)
     on a topic with fewer events, without a word."""
-    from tests.helpers import read_until
-
     publish(server.url, "few", range(3), partitions=2)
     member = subprocess.Popen(
         [*MESHPLANE, "group", "consume", "billing-few", "--topic", "few", "-c", "10"],
@@ -386,3 +384,26 @@ def test_group_consume_stops_within_a_bound_on_ctrl_c_while_its_server_does_not_
         assert took < 20, f"{took:.1f}s after Ctrl-C: {err}"
         assert "stopped by SIGINT after 4 events" in err
         assert "could not leave the group within 5s" in err
+
+
+def test_topic_consume_stops_on_sigint_even_when_started_with_it_ignored(
+    server: StreamsServerProcess,
+) -> None:
+    publish(server.url, "ignored-int-topic", range(3), partitions=1)
+    reader = subprocess.Popen(
+        [*MESHPLANE, "topic", "consume", "ignored-int-topic"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=streams_env(server),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        printed = read_until(reader.stdout, r'"data": 2\b', 60, "topic consume's third event")
+        reader.send_signal(signal.SIGINT)
+        _, err = reader.communicate(timeout=30)
+    finally:
+        reader.kill()
+    assert [json.loads(line)["data"] for line in printed] == [0, 1, 2]
+    assert reader.returncode == 130, err
+    assert "stopped by SIGINT after 3 events" in err
