@@ -1,9 +1,9 @@
 """``meshplane topic consume`` and ``meshplane group consume``: read topics as kcat does.
 
 ``topic consume`` reads every partition (or ``-p``) from ``-o beginning|end|-N|N|s@MS`` and follows
-new events until Ctrl-C (``-e``: exit at the end). ``group consume`` is a real group member: it
-joins, reads the partitions the group assigns it from the group's committed offsets, heartbeats,
-follows rebalances, and leaves on exit. It commits each batch (fenced by its generation) before
+new events until Ctrl-C, SIGTERM or SIGHUP (``-e``: exit at the end). ``group consume`` is a real
+group member: it joins, reads the partitions the group assigns it from the group's committed offsets,
+heartbeats, follows rebalances, and leaves on exit. It commits each batch (fenced by its generation) before
 printing it: no event is printed by two members, and a crash loses at most the batch it was printing.
 SIGINT, SIGTERM and SIGHUP stop a member in any phase, even one started with SIGINT ignored (a script's
 background job): it finishes the batch it is committing, leaves the group (each within a bound) and says so.
@@ -164,6 +164,21 @@ async def _read_from(
 
 
 async def consume_topic(client: StreamsClient, args: argparse.Namespace) -> int:
+    stop = _StopSignals()
+    printer = _Printer(args.count)
+    try:
+        await _read_topic(client, args, printer)
+    except asyncio.CancelledError:
+        if (stopped_by := stop.stopped_by()) is None:
+            raise
+        say(f"{args.topic}: stopped by {stopped_by} after {printer.printed} events")
+        return EXIT_INTERRUPTED
+    finally:
+        stop.remove()
+    return 0
+
+
+async def _read_topic(client: StreamsClient, args: argparse.Namespace, printer: _Printer) -> None:
     stats = await client.topic_stats(args.topic)
     bounds = {
         int(p["partition_id"]): (int(p["min_offset"]), int(p["next_offset"])) for p in stats["partitions"]
@@ -175,9 +190,7 @@ async def consume_topic(client: StreamsClient, args: argparse.Namespace) -> int:
     when = _timestamp(args.offset)
     by_time = await client.offsets_for_time(args.topic, when) if when is not None else {}
     positions = {p: start_offset(args.offset, *bounds[p], by_time.get(p)) for p in chosen}
-    printer = _Printer(args.count)
     await _read_from(client, args.topic, positions, printer, args.exit_at_end)
-    return 0
 
 
 async def consume_group(client: StreamsClient, args: argparse.Namespace) -> int:
@@ -222,15 +235,12 @@ async def consume_group(client: StreamsClient, args: argparse.Namespace) -> int:
                 continue
             return 0
     except asyncio.CancelledError:
-        if stop.received is None:
+        if (stopped_by := stop.stopped_by()) is None:
             raise
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()  # the cancellation was our stop: the way out below awaits
         joined, joining = joining, False  # a second signal ends the way out: no leave again in `finally`
         unfinished = await _stop_reading(reading, printer)
         left = await _leave(client, args.group, member) if joined else "it had not joined"
-        said = f"member {member} of {args.group}: stopped by {stop.received.name}"
+        said = f"member {member} of {args.group}: stopped by {stopped_by}"
         say(
             f"{said} after {printer.printed} events, each committed before it was printed; {left}{unfinished}"
         )
@@ -255,6 +265,14 @@ class _StopSignals:
         self._loop = asyncio.get_running_loop()
         for stop_signal in STOP_SIGNALS:
             self._loop.add_signal_handler(stop_signal, self._on_signal, stop_signal)
+
+    def stopped_by(self) -> str | None:
+        """The stop signal the cancellation being handled came from (taken back, so that the way out
+        can await), or None: not ours."""
+        if self.received is None or self.task is None:
+            return None
+        self.task.uncancel()
+        return self.received.name
 
     def _on_signal(self, received: signal.Signals) -> None:
         if self.received is not None or self.task is None:
