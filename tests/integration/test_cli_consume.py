@@ -18,7 +18,7 @@ import pytest
 
 from meshplane.launchers import StreamsServerProcess
 from meshplane.streams.client import StreamsClient
-from tests.helpers import wait_until
+from tests.helpers import read_until, wait_until
 from tests.support.cli import MESHPLANE, streams_env
 
 
@@ -272,15 +272,11 @@ def test_group_consume_leaves_its_group_on_sigterm_and_sighup(
         env=streams_env(server),
     )
 
-    async def members() -> list[Any]:
-        async with StreamsClient(server.url) as client:
-            return list((await client.group_stats(topic))["members"])
-
     wait_until(lambda: _committed(server, topic, 2) == 20, timeout=30, interval=0.2, what="all 20 read")
-    assert len(asyncio.run(members())) == 1
+    assert len(_members(server, topic)) == 1
     member.send_signal(stop_signal)
     member.communicate(timeout=30)
-    assert asyncio.run(members()) == []  # it left at once: no session timeout to wait for
+    assert _members(server, topic) == []  # it left at once: no session timeout to wait for
 
 
 @pytest.mark.timeout(170)  # its waits add up to 150 s
@@ -289,8 +285,6 @@ def test_group_consume_count_says_it_waits_for_the_rest_and_e_stops_at_the_end(
 ) -> None:
     """Issue 57: the README's `group consume billing --topic orders -c 10` waited forever (as kcat does)
     on a topic with fewer events, without a word."""
-    from tests.helpers import read_until
-
     publish(server.url, "few", range(3), partitions=2)
     member = subprocess.Popen(
         [*MESHPLANE, "group", "consume", "billing-few", "--topic", "few", "-c", "10"],
@@ -317,3 +311,99 @@ def test_group_consume_count_says_it_waits_for_the_rest_and_e_stops_at_the_end(
     assert result.returncode == 0, result.stderr
     assert sorted(json.loads(line)["data"] for line in result.stdout.splitlines()) == [3, 4]
     assert "waiting for" not in result.stderr
+
+
+def _group_member(
+    server: StreamsServerProcess, group: str, *, sigint_ignored: bool = False
+) -> subprocess.Popen[str]:
+    """``group consume GROUP``; ``sigint_ignored``: started as a script's background job is (``cmd &``)."""
+    return subprocess.Popen(
+        [*MESHPLANE, "group", "consume", group],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=streams_env(server),
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
+    )
+
+
+def _members(server: StreamsServerProcess, group: str) -> list[Any]:
+    async def members() -> list[Any]:
+        async with StreamsClient(server.url) as client:
+            return list((await client.group_stats(group))["members"])
+
+    return asyncio.run(members())
+
+
+def test_group_consume_leaves_on_sigint_even_when_started_with_it_ignored(
+    server: StreamsServerProcess,
+) -> None:
+    """A script's background job (and so a test run started as one) inherits SIGINT ignored; `kill -INT`
+    must still stop a member as SIGTERM does. It was ignored: the two SIGINT tests above waited 30 s."""
+    publish(server.url, "ignored-int", range(6), partitions=2)
+    _group(server, "ignored-int", "ignored-int")
+    member = _group_member(server, "ignored-int", sigint_ignored=True)
+    try:
+        wait_until(
+            lambda: _committed(server, "ignored-int", 2) == 6, timeout=30, interval=0.2, what="all 6 read"
+        )
+        member.send_signal(signal.SIGINT)
+        out, err = member.communicate(timeout=30)
+    finally:
+        member.kill()
+    assert member.returncode == 130, err
+    assert sorted(json.loads(line)["data"] for line in out.splitlines()) == list(range(6))
+    assert "stopped by SIGINT after 6 events, each committed before it was printed; left the group" in err
+    assert _members(server, "ignored-int") == []
+
+
+def test_group_consume_stops_within_a_bound_on_ctrl_c_while_its_server_does_not_answer() -> None:
+    """Ctrl-C while the server is paused: the leave on the way out is bounded (it waited the client's 30 s
+    request timeout), and the member says it could not leave."""
+    with StreamsServerProcess() as proc:
+        paused = proc.start()
+        publish(paused.url, "paused", range(4), partitions=1)
+        _group(paused, "paused", "paused")
+        member = _group_member(paused, "paused")
+        try:
+            wait_until(
+                lambda: _committed(paused, "paused", 1) == 4, timeout=30, interval=0.2, what="all 4 read"
+            )
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                member.send_signal(signal.SIGINT)
+                started = time.monotonic()
+                _, err = member.communicate(timeout=60)
+                took = time.monotonic() - started
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+        finally:
+            member.kill()
+        assert member.returncode == 130, err
+        # its leave has 5 s (it had the client's 30 s request timeout): 20 leaves room for a loaded machine
+        assert took < 20, f"{took:.1f}s after Ctrl-C: {err}"
+        assert "stopped by SIGINT after 4 events" in err
+        assert "could not leave the group within 5s" in err
+
+
+def test_topic_consume_stops_on_sigint_even_when_started_with_it_ignored(
+    server: StreamsServerProcess,
+) -> None:
+    publish(server.url, "ignored-int-topic", range(3), partitions=1)
+    reader = subprocess.Popen(
+        [*MESHPLANE, "topic", "consume", "ignored-int-topic"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=streams_env(server),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        printed = read_until(reader.stdout, r'"data": 2\b', 60, "topic consume's third event")
+        reader.send_signal(signal.SIGINT)
+        _, err = reader.communicate(timeout=30)
+    finally:
+        reader.kill()
+    assert [json.loads(line)["data"] for line in printed] == [0, 1, 2]
+    assert reader.returncode == 130, err
+    assert "stopped by SIGINT after 3 events" in err

@@ -1,10 +1,12 @@
 """``meshplane topic consume`` and ``meshplane group consume``: read topics as kcat does.
 
 ``topic consume`` reads every partition (or ``-p``) from ``-o beginning|end|-N|N|s@MS`` and follows
-new events until Ctrl-C (``-e``: exit at the end). ``group consume`` is a real group member: it
-joins, reads the partitions the group assigns it from the group's committed offsets, heartbeats,
-follows rebalances, and leaves on exit. It commits each batch (fenced by its generation) before
+new events until Ctrl-C, SIGTERM or SIGHUP (``-e``: exit at the end). ``group consume`` is a real
+group member: it joins, reads the partitions the group assigns it from the group's committed offsets,
+heartbeats, follows rebalances, and leaves on exit. It commits each batch (fenced by its generation) before
 printing it: no event is printed by two members, and a crash loses at most the batch it was printing.
+SIGINT, SIGTERM and SIGHUP stop a member in any phase, even one started with SIGINT ignored (a script's
+background job): it finishes the batch it is committing, leaves the group (each within a bound) and says so.
 Events are JSON lines on stdout.
 """
 
@@ -12,15 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import signal
 import sys
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from meshplane.aio import cancel_and_wait
-from meshplane.cli.errors import CliError
+from meshplane.cli.errors import EXIT_INTERRUPTED, CliError
 from meshplane.streams.errors import Conflict, NotFound, OffsetOutOfRange, StreamError
 
 if TYPE_CHECKING:  # the client needs the streams extra (aiohttp); the CLI starts without it
@@ -29,6 +31,8 @@ if TYPE_CHECKING:  # the client needs the streams extra (aiohttp); the CLI start
 POLL_INTERVAL = 0.2  # how often a caught-up partition is asked again
 HEARTBEAT_EVERY = 1.0  # well inside any session timeout a group allows
 BATCH = 500
+STOP_WITHIN = 5.0  # on a stop signal: for the batch being committed to be printed, then for the leave
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def add_consume_options(parser: argparse.ArgumentParser, *, group: bool) -> None:
@@ -91,6 +95,8 @@ class _Printer:
         self.limit = limit
         self.printed = 0
         self.said_waiting = False  # that -c waits at the end, said once each time the end is reached
+        self.stopping = False  # a stop signal: read no more, but print what is committed
+        self.committing = False  # a batch between its commit and its printing
 
     def print(self, topic: str, partition: int, events: list[dict[str, Any]]) -> None:
         for event in events:
@@ -112,10 +118,13 @@ async def _read_from(
     exit_at_end: bool,
     on_batch: Callable[[int, int], Awaitable[None]] | None = None,
 ) -> None:
-    """Read each partition from its position until the end (``exit_at_end``) or forever."""
+    """Read each partition from its position until the end (``exit_at_end``), ``printer.stopping``
+    or forever."""
     while not printer.done:
         progressed = False
         for partition, offset in list(positions.items()):
+            if printer.stopping:
+                return
             try:
                 page = await client.consume_partition(topic, partition, offset, BATCH)
             except OffsetOutOfRange as exc:
@@ -132,8 +141,10 @@ async def _read_from(
                 next_offset = int(events[-1]["offset"]) + 1 if events else offset
             if events:
                 if on_batch is not None:  # a group member commits first: a fenced commit prints nothing
+                    printer.committing = True
                     await on_batch(partition, next_offset)
                 printer.print(topic, partition, events)
+                printer.committing = False
                 positions[partition] = next_offset
                 progressed = True
             if printer.done:
@@ -153,6 +164,21 @@ async def _read_from(
 
 
 async def consume_topic(client: StreamsClient, args: argparse.Namespace) -> int:
+    stop = _StopSignals()
+    printer = _Printer(args.count)
+    try:
+        await _read_topic(client, args, printer)
+    except asyncio.CancelledError:
+        if (stopped_by := stop.stopped_by()) is None:
+            raise
+        say(f"{args.topic}: stopped by {stopped_by} after {printer.printed} events")
+        return EXIT_INTERRUPTED
+    finally:
+        stop.remove()
+    return 0
+
+
+async def _read_topic(client: StreamsClient, args: argparse.Namespace, printer: _Printer) -> None:
     stats = await client.topic_stats(args.topic)
     bounds = {
         int(p["partition_id"]): (int(p["min_offset"]), int(p["next_offset"])) for p in stats["partitions"]
@@ -164,20 +190,20 @@ async def consume_topic(client: StreamsClient, args: argparse.Namespace) -> int:
     when = _timestamp(args.offset)
     by_time = await client.offsets_for_time(args.topic, when) if when is not None else {}
     positions = {p: start_offset(args.offset, *bounds[p], by_time.get(p)) for p in chosen}
-    printer = _Printer(args.count)
     await _read_from(client, args.topic, positions, printer, args.exit_at_end)
-    return 0
 
 
 async def consume_group(client: StreamsClient, args: argparse.Namespace) -> int:
     """A member of ``args.group``: reads its partitions, commits what it printed, follows rebalances."""
-    topic = await _group_topic(client, args.group, args.topic)
-    for stop_signal in (signal.SIGTERM, signal.SIGHUP):  # leave the group as on Ctrl-C
-        signal.signal(stop_signal, _interrupted)
-    joined = await client.join(args.group)
-    member, generation = joined["member_id"], int(joined["generation"])
+    stop = _StopSignals()
     printer = _Printer(args.count)
+    member = str(uuid.uuid4())  # ours before the join: a stop during the join can still leave
+    joining = False  # from the join on: a stop leaves
+    reading: asyncio.Task[None] | None = None
     try:
+        topic = await _group_topic(client, args.group, args.topic)
+        joining = True
+        generation = int((await client.join(args.group, member_id=member))["generation"])
         while True:
             assigned = (await client.assignment(args.group, member))["partitions"]
             say(f"member {member} of {args.group}: generation {generation}, partitions {assigned}")
@@ -208,9 +234,89 @@ async def consume_group(client: StreamsClient, args: argparse.Namespace) -> int:
                 generation = int((await client.heartbeat(args.group, member))["generation"])
                 continue
             return 0
+    except asyncio.CancelledError:
+        if (stopped_by := stop.stopped_by()) is None:
+            raise
+        joined, joining = joining, False  # a second signal ends the way out: no leave again in `finally`
+        unfinished = await _stop_reading(reading, printer)
+        left = await _leave(client, args.group, member) if joined else "it had not joined"
+        said = f"member {member} of {args.group}: stopped by {stopped_by}"
+        say(
+            f"{said} after {printer.printed} events, each committed before it was printed; {left}{unfinished}"
+        )
+        return EXIT_INTERRUPTED
     finally:
-        with contextlib.suppress(StreamError):
-            await client.leave(args.group, member)
+        stop.task = None  # a signal on the way out ends it at once
+        try:
+            if joining and (left := await _leave(client, args.group, member)) != LEFT:
+                say(f"member {member} of {args.group}: {left}")
+        finally:
+            stop.remove()
+
+
+class _StopSignals:
+    """SIGINT, SIGTERM and SIGHUP cancel ``task`` (the one that made this); a second signal, or one
+    once ``task`` is None, raises KeyboardInterrupt. Installed on the loop, so a SIGINT the process
+    inherited ignored is caught too."""
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+        self.task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        for stop_signal in STOP_SIGNALS:
+            self._loop.add_signal_handler(stop_signal, self._on_signal, stop_signal)
+
+    def stopped_by(self) -> str | None:
+        """The stop signal the cancellation being handled came from (taken back, so that the way out
+        can await), or None: not ours."""
+        if self.received is None or self.task is None:
+            return None
+        self.task.uncancel()
+        return self.received.name
+
+    def _on_signal(self, received: signal.Signals) -> None:
+        if self.received is not None or self.task is None:
+            raise KeyboardInterrupt  # asked twice, or on the way out: out now, past the bounds
+        self.received = received
+        self.task.cancel()
+
+    def remove(self) -> None:
+        for stop_signal in STOP_SIGNALS:
+            self._loop.remove_signal_handler(stop_signal)
+
+
+async def _stop_reading(reading: asyncio.Task[None] | None, printer: _Printer) -> str:
+    """Stop the reader; a batch it is committing is printed first if its commit answers within a bound."""
+    printer.stopping = True
+    if reading is None or reading.done():
+        return ""
+    if printer.committing:
+        await asyncio.wait({reading}, timeout=STOP_WITHIN)
+    committing = printer.committing and not reading.done()
+    await cancel_and_wait(reading)  # a fetch or the poll's sleep: nothing is lost by cancelling them
+    if reading.done() and not reading.cancelled():
+        reading.exception()  # retrieved: a failed fetch on the way out is not worth a traceback
+    if committing:
+        return f"; a commit had no answer within {STOP_WITHIN:g}s: if it landed, its batch was not printed"
+    return ""
+
+
+LEFT = "left the group"
+
+
+async def _leave(client: StreamsClient, group: str, member: str) -> str:
+    """Leave ``group`` within a bound; what happened, said as the end of a sentence."""
+    try:
+        async with asyncio.timeout(STOP_WITHIN):
+            await client.leave(group, member)
+    except NotFound:
+        pass  # never got in (a stop during the join), or expelled already
+    except (StreamError, TimeoutError) as exc:
+        return (
+            f"could not leave the group within {STOP_WITHIN:g}s ({exc or 'no answer'}): its partitions go "
+            "to the other members when its session times out"
+        )
+    return LEFT
 
 
 async def _group_topic(client: StreamsClient, group: str, create_on: str | None) -> str:
@@ -228,10 +334,6 @@ async def _group_topic(client: StreamsClient, group: str, create_on: str | None)
         return str((await client.group_stats(group))["topic"])
     say(f"created consumer group {group!r} on topic {create_on!r}")
     return create_on
-
-
-def _interrupted(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # asyncio.run cancels the consumer: its `finally` leaves the group
 
 
 def say(line: str) -> None:
