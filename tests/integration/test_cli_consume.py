@@ -317,14 +317,21 @@ def _group_member(
     server: StreamsServerProcess, group: str, *, sigint_ignored: bool = False
 ) -> subprocess.Popen[str]:
     """``group consume GROUP``; ``sigint_ignored``: started as a script's background job is (``cmd &``)."""
+    argv = [*MESHPLANE, "group", "consume", group]
     return subprocess.Popen(
-        [*MESHPLANE, "group", "consume", group],
+        started_with_sigint_ignored(argv) if sigint_ignored else argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=streams_env(server),
-        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
     )
+
+
+def started_with_sigint_ignored(argv: list[str]) -> list[str]:
+    """``argv`` run as a script's background job runs (``cmd &``): SIGINT ignored, which exec keeps. Not
+    a ``preexec_fn``: Python in the forked child of this process, whose other threads (gRPC's) may hold
+    locks, crashed it (a segfault in a pytest-xdist worker, the member never started)."""
+    return ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
 
 
 def _members(server: StreamsServerProcess, group: str) -> list[Any]:
@@ -391,12 +398,11 @@ def test_topic_consume_stops_on_sigint_even_when_started_with_it_ignored(
 ) -> None:
     publish(server.url, "ignored-int-topic", range(3), partitions=1)
     reader = subprocess.Popen(
-        [*MESHPLANE, "topic", "consume", "ignored-int-topic"],
+        started_with_sigint_ignored([*MESHPLANE, "topic", "consume", "ignored-int-topic"]),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=streams_env(server),
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
         printed = read_until(reader.stdout, r'"data": 2\b', 60, "topic consume's third event")
