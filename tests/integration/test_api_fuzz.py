@@ -27,7 +27,7 @@ from meshplane.streams.service import StreamsConfig, StreamsService
 schema = schemathesis.openapi.from_dict(openapi_document(route_table(Api(StreamsService(StreamsConfig())))))
 EXAMPLES = int(os.environ.get("MESHPLANE_FUZZ_EXAMPLES", "15"))
 # In a pytest-xdist worker schemathesis folds every route into one test, which sent 10 requests in all
-# (one at a time, every route gets up to 15 examples): make test runs this module in its serial phase.
+# (one at a time, every route gets up to 15 examples): make check runs this module first, alone.
 pytestmark = pytest.mark.serial
 
 
